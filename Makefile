@@ -1,0 +1,48 @@
+# keyswap's entry points. `make test` is what CI runs (.ci/run) and what a
+# newcomer runs: it installs what it needs, then runs every check and test in
+# every module of the repository.
+
+STATICCHECK_VERSION := v0.8.2
+BIN := $(CURDIR)/.bin
+# Every Go module in the repository: the library and the nested programs.
+MODULES := $(patsubst %/go.mod,%,$(shell git ls-files --cached --others --exclude-standard -- 'go.mod' '*/go.mod'))
+GO_FILES := $(shell git ls-files --cached --others --exclude-standard -- '*.go')
+
+.PHONY: test quickstart redis-server fmt vet staticcheck unit
+
+## test: install redis-server if missing, then gofmt, go vet, staticcheck and go test -race in every module.
+test: redis-server fmt vet staticcheck unit
+
+## quickstart: run the quickstart on an embedded Redis (or -redis URL / REDIS_URL).
+quickstart:
+	go run ./examples/quickstart
+
+# The tests start their own redis-server processes; they never use a server
+# someone else runs. Install it when missing (as root, through apt-get), or
+# stop with a message that says how.
+redis-server:
+	@if command -v redis-server >/dev/null && command -v redis-cli >/dev/null; then \
+		redis-server --version; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "redis-server not found: installing the Debian package redis-server"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null && redis-server --version; \
+	else \
+		echo "redis-server (and redis-cli) not found. The tests start their own servers; install Redis 7, e.g. 'sudo apt-get install redis-server', and run 'make test' again." >&2; \
+		exit 1; \
+	fi
+
+fmt:
+	@out=$$(gofmt -l $(GO_FILES)); if [ -n "$$out" ]; then echo "gofmt would change:" >&2; echo "$$out" >&2; exit 1; fi
+
+vet:
+	@for m in $(MODULES); do echo "go vet $$m/..."; (cd $$m && go vet ./...) || exit 1; done
+
+$(BIN)/staticcheck-$(STATICCHECK_VERSION):
+	GOBIN=$(BIN) go install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
+	mv $(BIN)/staticcheck $@
+
+staticcheck: $(BIN)/staticcheck-$(STATICCHECK_VERSION)
+	@for m in $(MODULES); do echo "staticcheck $$m/..."; (cd $$m && $< ./...) || exit 1; done
+
+unit:
+	@for m in $(MODULES); do echo "go test -race $$m/..."; (cd $$m && go test -race -count=1 ./...) || exit 1; done
