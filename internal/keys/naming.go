@@ -1,0 +1,129 @@
+package keys
+
+import (
+	"math"
+	"strconv"
+	"strings"
+)
+
+const (
+	// LockSuffix ends every lock key. It never matches the sweep pattern
+	// "*:rebuild:*" nor the temp-key recogniser, so a sweep can never
+	// delete a lock (C4).
+	LockSuffix = ":rebuild-lock"
+	// TempInfix separates a temp key's base from its timestamp.
+	TempInfix = ":rebuild:"
+	// NonceLen is the length of a temp key's hex nonce: 64 bits (C1).
+	NonceLen = 16
+)
+
+// Base returns the key that the lock and temp keys of final are derived
+// from. On a standalone server it is final itself (Familia's shapes). On a
+// cluster it is a key in final's slot whose derived keys stay in that slot;
+// see the package documentation for the three cases.
+func Base(final string, cluster bool) string {
+	if !cluster {
+		return final
+	}
+	if _, ok := HashTag(final); ok {
+		// Appending a suffix cannot change which '{' comes first, nor the
+		// '}' that closes it, so every derived key keeps final's tag.
+		return final
+	}
+	if final != "" && !strings.Contains(final, "}") {
+		// "{" + final + "}" is tagged with all of final: the first '{' is
+		// ours and, final having no '}', the first '}' after it is ours too.
+		return "{" + final + "}"
+	}
+	// Keys such as "a{}b" or "a}b" hash as a whole, and wrapping them would
+	// tag only the part before their own '}' ("{}" would not tag at all).
+	// Borrow a tag in their slot.
+	return "{" + SyntheticTag(Slot(final)) + "}" + final
+}
+
+// SyntheticTag returns "rbN" for the smallest N ≥ 0 with Slot("rbN") ==
+// slot. Every slot is reached before N = 200000; the search costs about
+// a millisecond on average.
+func SyntheticTag(slot uint16) string {
+	buf := []byte("rb")
+	for n := uint64(0); ; n++ {
+		buf = strconv.AppendUint(buf[:2], n, 10)
+		if crc16(string(buf))%SlotCount == slot%SlotCount {
+			return string(buf)
+		}
+	}
+}
+
+// LockKey returns the rebuild lock key of final: Base(final) + ":rebuild-lock".
+func LockKey(final string, cluster bool) string {
+	return LockKeyForBase(Base(final, cluster))
+}
+
+// LockKeyForBase returns the lock key that guards the temp keys derived from
+// base, as returned by [ParseTempKey].
+func LockKeyForBase(base string) string {
+	return base + LockSuffix
+}
+
+// TempKey returns Base(final) + ":rebuild:<unix>:<nonce>", where nonce is
+// the 16-digit lowercase hex form of the 64 random bits n (C1).
+func TempKey(final string, cluster bool, unix int64, n uint64) string {
+	base := Base(final, cluster)
+	b := make([]byte, 0, len(base)+len(TempInfix)+20+1+NonceLen)
+	b = append(b, base...)
+	b = append(b, TempInfix...)
+	b = strconv.AppendInt(b, unix, 10)
+	b = append(b, ':')
+	const hex = "0123456789abcdef"
+	for shift := 60; shift >= 0; shift -= 4 {
+		b = append(b, hex[n>>uint(shift)&0xf])
+	}
+	return string(b)
+}
+
+// ParseTempKey recognises a temp key and returns its base and timestamp.
+//
+// The recogniser is anchored at the end of the key (C5): ":rebuild:",
+// decimal digits, then optionally ":" and 16 hex digits of either case. The
+// legacy shape without a nonce is accepted (C3). The base is everything
+// before that suffix, so the base of "a:rebuild:1:rebuild:2" is
+// "a:rebuild:1". Lock keys are never recognised (C4).
+func ParseTempKey(key string) (base string, unix int64, ok bool) {
+	rest := key
+	// Optional ":<16 hex>" nonce.
+	if n := len(rest); n > NonceLen && rest[n-NonceLen-1] == ':' && isHex(rest[n-NonceLen:]) {
+		if b, u, ok := parseStamp(rest[:n-NonceLen-1]); ok {
+			return b, u, true
+		}
+	}
+	return parseStamp(rest)
+}
+
+// parseStamp matches "<base>:rebuild:<digits>" anchored at the end.
+func parseStamp(s string) (base string, unix int64, ok bool) {
+	i := len(s)
+	for i > 0 && s[i-1] >= '0' && s[i-1] <= '9' {
+		i--
+	}
+	if i == len(s) || !strings.HasSuffix(s[:i], TempInfix) {
+		return "", 0, false
+	}
+	u, err := strconv.ParseInt(s[i:], 10, 64)
+	if err != nil {
+		// More digits than an int64 holds: not a timestamp we wrote. Ruby's
+		// Integer would read it as a huge number, never older than the
+		// sweep's cutoff; saturate so the Go sweep leaves it alone too.
+		u = math.MaxInt64
+	}
+	return s[:i-len(TempInfix)], u, true
+}
+
+func isHex(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F') {
+			return false
+		}
+	}
+	return true
+}
