@@ -68,10 +68,10 @@ func TestParseTempKey(t *testing.T) {
 		{"idx:rebuild:1700000000:0123456789abcdef", "idx", 1700000000, true},
 		{"idx:rebuild:1700000000:0123456789ABCDEF", "idx", 1700000000, true}, // C5: either case
 		{"idx:rebuild:1700000000", "idx", 1700000000, true},                  // C3: legacy
-		{"a:rebuild:1:rebuild:2", "a:rebuild:1", 2, true},                     // C5: anchored at the end
+		{"a:rebuild:1:rebuild:2", "a:rebuild:1", 2, true},                    // C5: anchored at the end
 		{"a:rebuild:1:rebuild:2:ffffffffffffffff", "a:rebuild:1", 2, true},
 		{":rebuild:5", "", 5, true},
-		{"x:rebuild:1234567890123456", "x", 1234567890123456, true}, // 16 digits are a timestamp here
+		{"x:rebuild:1234567890123456", "x", 1234567890123456, true},  // 16 digits are a timestamp here
 		{"x:rebuild:99999999999999999999", "x", math.MaxInt64, true}, // overflow saturates: never old
 		{"x:rebuild:123:abc", "", 0, false},
 		{"x:rebuild:", "", 0, false},
