@@ -1,0 +1,111 @@
+package scan
+
+import (
+	"context"
+	"errors"
+	"iter"
+	"maps"
+	"slices"
+	"strings"
+
+	"github.com/redis/rueidis"
+)
+
+// Options selects the keys to iterate.
+type Options struct {
+	// Match is the SCAN MATCH glob. Empty matches every key.
+	Match string
+	// Type is the SCAN TYPE filter ("set", "hash", ...). Empty means any.
+	Type string
+	// Count is the SCAN COUNT hint. Zero means 1000.
+	Count int64
+}
+
+// Masters returns a client per master node: the one node of a standalone
+// deployment, every master of a cluster, in address order. Nodes whose ROLE
+// is not "master" are skipped; a node that cannot answer ROLE (miniredis)
+// counts as a master.
+func Masters(ctx context.Context, client rueidis.Client) ([]rueidis.Client, error) {
+	nodes := client.Nodes()
+	var out []rueidis.Client
+	for _, addr := range slices.Sorted(maps.Keys(nodes)) {
+		node := nodes[addr]
+		role, err := node.Do(ctx, node.B().Role().Build()).ToArray()
+		if err == nil && len(role) > 0 {
+			if r, _ := role[0].ToString(); r != "master" {
+				continue
+			}
+		} else if err != nil && ctx.Err() != nil {
+			return nil, context.Cause(ctx)
+		}
+		out = append(out, node)
+	}
+	if len(out) == 0 {
+		return nil, errors.New("no master node to scan")
+	}
+	return out, nil
+}
+
+// Pages yields the keys matching opts, one SCAN reply at a time, from every
+// master in turn. SCAN guarantees every key present throughout the scan is
+// returned at least once; a key may come back more than once, and keys
+// created or deleted during the scan may or may not be returned. Pages stops
+// after yielding the first error.
+func Pages(ctx context.Context, client rueidis.Client, opts Options) iter.Seq2[[]string, error] {
+	count := opts.Count
+	if count <= 0 {
+		count = 1000
+	}
+	return func(yield func([]string, error) bool) {
+		masters, err := Masters(ctx, client)
+		if err != nil {
+			yield(nil, err)
+			return
+		}
+		for _, node := range masters {
+			var cursor uint64
+			for {
+				var cmd rueidis.Completed
+				base := node.B().Scan().Cursor(cursor)
+				switch {
+				case opts.Match != "" && opts.Type != "":
+					cmd = base.Match(opts.Match).Count(count).Type(opts.Type).Build()
+				case opts.Match != "":
+					cmd = base.Match(opts.Match).Count(count).Build()
+				case opts.Type != "":
+					cmd = base.Count(count).Type(opts.Type).Build()
+				default:
+					cmd = base.Count(count).Build()
+				}
+				page, err := node.Do(ctx, cmd).AsScanEntry()
+				if err != nil {
+					yield(nil, err)
+					return
+				}
+				if len(page.Elements) > 0 && !yield(page.Elements, nil) {
+					return
+				}
+				if cursor = page.Cursor; cursor == 0 {
+					break
+				}
+			}
+		}
+	}
+}
+
+// EscapeGlob escapes the characters that SCAN MATCH treats specially, so
+// that EscapeGlob(prefix) + "*" matches exactly the keys starting with
+// prefix.
+func EscapeGlob(s string) string {
+	if !strings.ContainsAny(s, `*?[]\`) {
+		return s
+	}
+	var b strings.Builder
+	for _, r := range s {
+		if strings.ContainsRune(`*?[]\`, r) {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}

@@ -1,0 +1,49 @@
+package store
+
+import "errors"
+
+// ErrInProgress reports that another rebuild holds the key's lock. Acquire
+// never waits for it (C6, C7).
+var ErrInProgress = errors.New("rebuild already in progress")
+
+// ErrLockLost reports that a rebuild no longer holds its lock: it expired
+// during a stall, or another rebuild took it over. A rebuild that lost its
+// lock never publishes.
+//
+// ErrLockLost also matches [ErrInProgress] under [errors.Is], as Familia's
+// RebuildLockLostError subclasses RebuildInProgressError: either way, some
+// other rebuild owns the key.
+var ErrLockLost error = lockLostError{}
+
+// ErrTempKeyLost reports that a populated temp key disappeared (it expired,
+// was evicted or was swept) before or during the swap. The live key is left
+// unchanged: reading the missing key as an empty rebuild would delete it.
+var ErrTempKeyLost = errors.New("temp key lost")
+
+type lockLostError struct{}
+
+func (lockLostError) Error() string {
+	return "rebuild lock lost: it expired or another rebuild took over"
+}
+
+func (lockLostError) Is(target error) bool { return target == ErrInProgress }
+
+// Error is the error type returned by [Store] methods. Op names the
+// operation ("acquire", "touch", "swap", ...), Key the live key it was
+// working on, and Err the cause, which may be one of the sentinels above, a
+// Redis or transport error, or a description of bad input.
+type Error struct {
+	Op  string
+	Key string
+	Err error
+}
+
+func (e *Error) Error() string {
+	if e.Key == "" {
+		return "keyswap: " + e.Op + ": " + e.Err.Error()
+	}
+	return "keyswap: " + e.Op + " " + e.Key + ": " + e.Err.Error()
+}
+
+// Unwrap returns e.Err.
+func (e *Error) Unwrap() error { return e.Err }

@@ -1,0 +1,190 @@
+package store_test
+
+import (
+	"errors"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/keyswap/keyswap/internal/redistest"
+	"github.com/keyswap/keyswap/store"
+)
+
+func TestAcquire(t *testing.T) {
+	forEachTarget(t, func(t *testing.T, tg target) {
+		ctx := ctxT(t)
+		s := tg.store(store.Options{})
+		lock, err := s.Acquire(ctx, tg.final, 60*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// C6: one SET NX EX of a 128-bit token as 32 hex characters.
+		if !regexp.MustCompile(`^[0-9a-f]{32}$`).MatchString(lock.Token) {
+			t.Errorf("token %q, want 32 lowercase hex characters", lock.Token)
+		}
+		if lock.Key != s.LockKey(tg.final) || lock.Final != tg.final || lock.TTL != 60*time.Second {
+			t.Errorf("lock = %+v", lock)
+		}
+		wantLock(t, tg.other, lock.Key, lock.Token)
+		wantTTL(t, tg.other, lock.Key, 60*time.Second)
+
+		// C7: a held lock gives ErrInProgress naming the live key, and
+		// changes nothing.
+		do(t, tg.other, "EXPIRE", lock.Key, "50")
+		_, err = s.Acquire(ctx, tg.final, 60*time.Second)
+		wantErr(t, err, store.ErrInProgress)
+		if errors.Is(err, store.ErrLockLost) {
+			t.Errorf("ErrInProgress must not match ErrLockLost: %v", err)
+		}
+		if !strings.Contains(err.Error(), tg.final) {
+			t.Errorf("error %q does not name the live key %q", err, tg.final)
+		}
+		wantLock(t, tg.other, lock.Key, lock.Token)
+		wantTTL(t, tg.other, lock.Key, 50*time.Second)
+
+		// C6: a fresh token for each rebuild.
+		if err := s.Release(ctx, lock); err != nil {
+			t.Fatal(err)
+		}
+		again, err := s.Acquire(ctx, tg.final, 60*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if again.Token == lock.Token {
+			t.Errorf("token reused: %q", again.Token)
+		}
+	})
+}
+
+func TestAcquireBadInput(t *testing.T) {
+	s := store.New(env.Standalone.Client(t), store.Options{})
+	final := redistest.Prefix(t) + "idx"
+	for _, tt := range []struct {
+		name  string
+		final string
+		ttl   time.Duration
+		want  string
+	}{
+		{"empty key", "", time.Minute, "empty key"},
+		{"zero ttl", final, 0, "must be positive"},
+		{"negative ttl", final, -time.Second, "must be positive"},
+		{"sub-second ttl", final, 500 * time.Millisecond, "whole number of seconds"},
+		{"fractional ttl", final, 1500 * time.Millisecond, "whole number of seconds"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := s.Acquire(ctxT(t), tt.final, tt.ttl)
+			var e *store.Error
+			if !errors.As(err, &e) || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("err = %v, want *store.Error containing %q", err, tt.want)
+			}
+			wantLock(t, env.Standalone.Client(t), final+":rebuild-lock", "")
+		})
+	}
+}
+
+func TestExtend(t *testing.T) {
+	forEachTarget(t, func(t *testing.T, tg target) {
+		ctx := ctxT(t)
+		s := tg.store(store.Options{})
+		lock, err := s.Acquire(ctx, tg.final, 60*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		do(t, tg.other, "EXPIRE", lock.Key, "5")
+		// C9: only a matching token resets the TTL.
+		if err := s.Extend(ctx, lock); err != nil {
+			t.Fatal(err)
+		}
+		if got := pttl(t, tg.other, lock.Key); got <= 5*time.Second {
+			t.Errorf("PTTL after extend = %v, want reset to ~60s", got)
+		}
+		// Steal the lock: extend changes nothing and reports ErrLockLost.
+		do(t, tg.other, "SET", lock.Key, "thief", "EX", "40")
+		err = s.Extend(ctx, lock)
+		wantErr(t, err, store.ErrLockLost)
+		wantErr(t, err, store.ErrInProgress) // C42: ErrLockLost matches ErrInProgress
+		wantLock(t, tg.other, lock.Key, "thief")
+		wantTTL(t, tg.other, lock.Key, 40*time.Second)
+		// Expired lock: still lost, still nothing created.
+		do(t, tg.other, "DEL", lock.Key)
+		wantErr(t, s.Extend(ctx, lock), store.ErrLockLost)
+		wantLock(t, tg.other, lock.Key, "")
+	})
+}
+
+func TestRelease(t *testing.T) {
+	forEachTarget(t, func(t *testing.T, tg target) {
+		ctx := ctxT(t)
+		s := tg.store(store.Options{})
+		lock, err := s.Acquire(ctx, tg.final, 60*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// C8: never deletes a lock someone else holds.
+		do(t, tg.other, "SET", lock.Key, "successor", "EX", "60")
+		wantErr(t, s.Release(ctx, lock), store.ErrLockLost)
+		wantLock(t, tg.other, lock.Key, "successor")
+		// Our own lock is deleted.
+		do(t, tg.other, "SET", lock.Key, lock.Token, "EX", "60")
+		if err := s.Release(ctx, lock); err != nil {
+			t.Fatal(err)
+		}
+		wantLock(t, tg.other, lock.Key, "")
+	})
+}
+
+func TestLockBadInput(t *testing.T) {
+	s := store.New(env.Standalone.Client(t), store.Options{})
+	ctx := ctxT(t)
+	for _, tt := range []struct {
+		name string
+		lock *store.Lock
+		want string
+	}{
+		{"nil", nil, "nil lock"},
+		{"empty key", &store.Lock{Final: "x", Token: "t", TTL: time.Second}, "empty key"},
+		{"blank token", &store.Lock{Final: "x", Key: "x:rebuild-lock", TTL: time.Second}, "token must be non-empty"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			for op, err := range map[string]error{"extend": s.Extend(ctx, tt.lock), "release": s.Release(ctx, tt.lock)} {
+				if err == nil || !strings.Contains(err.Error(), tt.want) {
+					t.Errorf("%s: err = %v, want it to contain %q", op, err, tt.want)
+				}
+			}
+		})
+	}
+}
+
+func TestAcquireRace(t *testing.T) {
+	// C43: at most one rebuild of a key at a time; the others fail at once.
+	forEachTarget(t, func(t *testing.T, tg target) {
+		ctx := ctxT(t)
+		s := tg.store(store.Options{})
+		const n = 16
+		var wg sync.WaitGroup
+		locks := make(chan *store.Lock, n)
+		errs := make(chan error, n)
+		for range n {
+			wg.Go(func() {
+				l, err := s.Acquire(ctx, tg.final, 60*time.Second)
+				if err != nil {
+					errs <- err
+					return
+				}
+				locks <- l
+			})
+		}
+		wg.Wait()
+		close(locks)
+		close(errs)
+		if len(locks) != 1 {
+			t.Fatalf("%d goroutines acquired the lock, want 1", len(locks))
+		}
+		for err := range errs {
+			wantErr(t, err, store.ErrInProgress)
+		}
+		wantLock(t, tg.other, s.LockKey(tg.final), (<-locks).Token)
+	})
+}

@@ -1,0 +1,43 @@
+package store
+
+import (
+	_ "embed"
+
+	"github.com/redis/rueidis"
+)
+
+var (
+	//go:embed scripts/lease.lua
+	leaseSource string
+	//go:embed scripts/release.lua
+	releaseSource string
+	//go:embed scripts/publish.lua
+	publishSource string
+)
+
+// The scripts are immutable package-level values, as in rueidis's own
+// lock: rueidis computes each SHA1 once, sends EVALSHA, and falls back to
+// EVAL on NOSCRIPT.
+//
+// lease and release are idempotent (compare-and-extend, compare-and-delete),
+// so rueidis may retry them after a dropped connection. publish must never
+// be retried: a retried RENAME would find its own temp key gone and report
+// a loss that did not happen.
+var (
+	leaseScript   = rueidis.NewLuaScriptRetryable(leaseSource)
+	releaseScript = rueidis.NewLuaScriptRetryable(releaseSource)
+	publishScript = rueidis.NewLuaScript(publishSource)
+)
+
+// Return codes: the first element of the scripts' array replies.
+const (
+	codeLockLost = -1 // lease, publish: {-1, i}: lock i is not ours
+	codeTempLost = 0  // publish: {0, i}: populated temp key i is gone
+	codeOK       = 1  // lease: {1, expire...}; publish: {1, outcome...}
+)
+
+// Per-target outcomes in publish's {1, o1, ..., oT} reply.
+const (
+	codeRenamed = 1
+	codeEmptied = 2
+)

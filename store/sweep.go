@@ -1,0 +1,206 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/keyswap/keyswap/internal/keys"
+	"github.com/keyswap/keyswap/internal/scan"
+	"github.com/redis/rueidis"
+)
+
+// SweepOptions configures [Store.Sweep]. The zero value sweeps every temp
+// key older than an hour.
+type SweepOptions struct {
+	// Pattern is the SCAN MATCH pattern. Empty means DefaultSweepPattern,
+	// "*:rebuild:*". Keys the pattern matches are still checked against the
+	// temp-key shape.
+	Pattern string
+	// OlderThan is the minimum age of a temp key to delete, judged by the
+	// timestamp in its name. Zero means DefaultSweepOlderThan; negative is
+	// an error.
+	OlderThan time.Duration
+	// DryRun reports what would be deleted and deletes nothing.
+	DryRun bool
+}
+
+// sweepChunk bounds the keys per SCAN page and per UNLINK.
+const sweepChunk = 500
+
+// Sweep deletes orphaned temp keys left behind by crashed processes, and
+// returns the keys it deleted (or, with DryRun, would delete) (C37).
+//
+// A key is deleted only if all of these hold, checked in this order (C38):
+//
+//  1. it has a temp key's shape, current or legacy;
+//  2. no rebuild lock exists for its base, nor for any ':'-separated prefix
+//     of its base (a SetIndex family locks its prefix, while its buckets'
+//     temp keys derive from the bucket keys below it);
+//  3. it has no TTL (TTL is exactly -1), so it would never clean itself up:
+//     a TTL means its rebuild is alive or it is on a diagnostic window;
+//  4. its timestamp is strictly older than now - OlderThan.
+//
+// So the sweep never deletes a lock, a key with a TTL, a vanished key, a
+// recent key, or a key whose rebuild holds the lock (C39). A running
+// rebuild's temp key has no TTL between the write that creates it and the
+// first touch; deleting it then would turn the owner's swap into an empty
+// rebuild, which is why a held lock vetoes it.
+//
+// Sweep uses SCAN, never KEYS (C40). On a cluster it scans every master
+// (nodes whose ROLE is not "master" are skipped; a node that cannot answer
+// ROLE, as with miniredis, is scanned anyway) and deletes through the
+// Store's client, one hash slot at a time, in chunks.
+//
+// # Rolling upgrades
+//
+// Do not run Sweep during a rolling upgrade from a version without the
+// rebuild lock (C41). Such versions hold no lock and put no TTL on their
+// temp keys, so the sweep cannot tell their running rebuilds from abandoned
+// ones: past OlderThan it deletes both, and the old code then swaps a
+// missing temp key as an empty rebuild and deletes the live index. Sweep
+// once every process runs a locking version and no older rebuild is left.
+func (s *Store) Sweep(ctx context.Context, opts SweepOptions) ([]string, error) {
+	const op = "sweep"
+	pattern := opts.Pattern
+	if pattern == "" {
+		pattern = DefaultSweepPattern
+	}
+	olderThan := orDefault(opts.OlderThan, DefaultSweepOlderThan)
+	if olderThan < 0 {
+		return nil, &Error{Op: op, Err: fmt.Errorf("OlderThan %v: must not be negative", olderThan)}
+	}
+	cutoff := s.now().Add(-olderThan).Unix()
+
+	swept := []string{}
+	seen := map[string]bool{} // SCAN may return a key more than once
+	for page, err := range scan.Pages(ctx, s.client, scan.Options{Match: pattern, Count: sweepChunk}) {
+		if err != nil {
+			return swept, &Error{Op: op, Err: err}
+		}
+		fresh := page[:0]
+		for _, k := range page {
+			if !seen[k] {
+				seen[k] = true
+				fresh = append(fresh, k)
+			}
+		}
+		doomed, err := s.orphans(ctx, fresh, cutoff)
+		if err != nil {
+			return swept, &Error{Op: op, Err: err}
+		}
+		if !opts.DryRun {
+			if err := s.unlinkBySlot(ctx, doomed); err != nil {
+				return swept, &Error{Op: op, Err: err}
+			}
+		}
+		swept = append(swept, doomed...)
+	}
+	return swept, nil
+}
+
+// orphans returns the keys among candidates that pass all four sweep checks.
+func (s *Store) orphans(ctx context.Context, candidates []string, cutoff int64) ([]string, error) {
+	// 1. The temp-key shape.
+	type temp struct {
+		key   string
+		unix  int64
+		locks []string
+	}
+	var temps []temp
+	lockSet := map[string]bool{}
+	for _, k := range candidates {
+		base, unix, ok := keys.ParseTempKey(k)
+		if !ok {
+			continue
+		}
+		t := temp{key: k, unix: unix, locks: vetoLocks(base)}
+		for _, l := range t.locks {
+			lockSet[l] = true
+		}
+		temps = append(temps, t)
+	}
+	if len(temps) == 0 {
+		return nil, nil
+	}
+
+	// 2. No lock for the base or a prefix of it.
+	lockKeys := slices.Sorted(maps.Keys(lockSet))
+	cmds := make(rueidis.Commands, 0, len(lockKeys))
+	for _, l := range lockKeys {
+		cmds = append(cmds, s.client.B().Exists().Key(l).Build())
+	}
+	held := map[string]bool{}
+	for i, r := range s.client.DoMulti(ctx, cmds...) {
+		n, err := r.AsInt64()
+		if err != nil {
+			return nil, err
+		}
+		held[lockKeys[i]] = n > 0
+	}
+	unlocked := temps[:0]
+	for _, t := range temps {
+		if !slices.ContainsFunc(t.locks, func(l string) bool { return held[l] }) {
+			unlocked = append(unlocked, t)
+		}
+	}
+
+	// 3. No TTL, and 4. older than the cutoff.
+	cmds = cmds[:0]
+	for _, t := range unlocked {
+		cmds = append(cmds, s.client.B().Ttl().Key(t.key).Build())
+	}
+	var doomed []string
+	for i, r := range s.client.DoMulti(ctx, cmds...) {
+		ttl, err := r.AsInt64()
+		if err != nil {
+			return nil, err
+		}
+		if ttl == -1 && unlocked[i].unix < cutoff {
+			doomed = append(doomed, unlocked[i].key)
+		}
+	}
+	return doomed, nil
+}
+
+// vetoLocks returns the lock keys whose existence protects a temp key
+// derived from base: base's own lock, and the lock of every prefix of base
+// that ends before a ':'. The second part is what lets a SetIndex family,
+// which locks only its prefix, protect the temp keys of all its buckets.
+// A lock on an unrelated shorter key may delay a sweep; it never makes the
+// sweep delete anything.
+func vetoLocks(base string) []string {
+	locks := []string{keys.LockKeyForBase(base)}
+	for i := strings.LastIndexByte(base, ':'); i > 0; i = strings.LastIndexByte(base[:i], ':') {
+		locks = append(locks, keys.LockKeyForBase(base[:i]))
+	}
+	return locks
+}
+
+// unlinkBySlot deletes ks through the main client, in chunks of keys that
+// share a hash slot (a multi-key command may not cross slots on a cluster).
+func (s *Store) unlinkBySlot(ctx context.Context, ks []string) error {
+	groups := map[uint16][]string{}
+	for _, k := range ks {
+		slot := uint16(0)
+		if s.cluster {
+			slot = keys.Slot(k)
+		}
+		groups[slot] = append(groups[slot], k)
+	}
+	var cmds rueidis.Commands
+	for _, slot := range slices.Sorted(maps.Keys(groups)) {
+		for chunk := range slices.Chunk(groups[slot], sweepChunk) {
+			cmds = append(cmds, s.client.B().Unlink().Key(chunk...).Build())
+		}
+	}
+	var errs []error
+	for _, r := range s.client.DoMulti(ctx, cmds...) {
+		errs = append(errs, r.Error())
+	}
+	return errors.Join(errs...)
+}
