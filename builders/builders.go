@@ -1,0 +1,56 @@
+package builders
+
+import (
+	"strings"
+
+	"github.com/keyswap/keyswap/rebuild"
+)
+
+// MaxArgs is the most entries (fields, members) one command carries. Past
+// about 1000, bigger commands no longer make the server faster per entry,
+// and they make each command block it for longer.
+const MaxArgs = 1000
+
+// Blank reports whether s is empty or only whitespace: an index value
+// Familia would skip. Use it in a builder function's ok result.
+func Blank(s string) bool { return strings.TrimSpace(s) == "" }
+
+// single is the part every one-key builder shares.
+type single struct{ key string }
+
+// Key returns the live key the builder rebuilds.
+func (s single) Key() string { return s.key }
+
+// variadic accumulates the entries of one variadic command (HSET, ZADD,
+// SADD) and adds it to c every MaxArgs entries.
+type variadic struct {
+	c    *rebuild.Commands
+	name string // command name
+	key  string // temp key
+	args []string
+	n    int // entries in args
+}
+
+func newVariadic(c *rebuild.Commands, name, temp string, perEntry int) *variadic {
+	return &variadic{c: c, name: name, key: temp, args: make([]string, 0, perEntry*MaxArgs)}
+}
+
+// add appends one entry of one or two arguments.
+func (v *variadic) add(a, b string, two bool) {
+	v.args = append(v.args, a)
+	if two {
+		v.args = append(v.args, b)
+	}
+	if v.n++; v.n == MaxArgs {
+		v.flush()
+	}
+}
+
+// flush adds the pending command, if any.
+func (v *variadic) flush() {
+	if v.n == 0 {
+		return
+	}
+	v.c.Add(v.c.B().Arbitrary(v.name).Keys(v.key).Args(v.args...).Build(), v.n)
+	v.args, v.n = v.args[:0], 0
+}

@@ -1,0 +1,62 @@
+package builders
+
+import "github.com/keyswap/keyswap/rebuild"
+
+// SetIndex returns a builder of a family of sets, one per value: the
+// members of bucket b are in the set "<prefix>:<b>", as in
+// users:by-country:fr. fn maps an item to its bucket and member, or ok false
+// to skip the item (C48). A SetIndex implements [rebuild.Family].
+//
+// Every bucket is published in the same atomic step, and so is the removal
+// of orphans: live sets under "<prefix>:" that this run did not produce. A
+// value that moved buckets is only in its new one, and a bucket left without
+// members disappears (C53+). Readers never see an empty or half-built
+// bucket, which Familia's clear-then-refill allowed.
+//
+// The family owns every set whose key starts with "<prefix>:": do not keep
+// other sets there. On Redis Cluster the prefix must carry a hash tag, such
+// as "{users}:by-country", so that every bucket shares one hash slot.
+func SetIndex[T any](prefix string, fn func(T) (bucket, member string, ok bool)) rebuild.Builder[T] {
+	return &setIndex[T]{prefix, fn}
+}
+
+type setIndex[T any] struct {
+	prefix string
+	fn     func(T) (string, string, bool)
+}
+
+var _ rebuild.Family = (*setIndex[int])(nil)
+
+// Key returns the family's prefix.
+func (s *setIndex[T]) Key() string { return s.prefix }
+
+// KeyType returns "set": only sets under the prefix can be orphans.
+func (s *setIndex[T]) KeyType() string { return "set" }
+
+// Build groups the batch by bucket and writes each bucket with SADD,
+// MaxArgs members per command.
+func (s *setIndex[T]) Build(c *rebuild.Commands, items []T) error {
+	buckets := map[string]*variadic{}
+	var order []*variadic
+	for _, it := range items {
+		b, m, ok := s.fn(it)
+		if !ok {
+			continue
+		}
+		v := buckets[b]
+		if v == nil {
+			temp, err := c.Temp(s.prefix + ":" + b)
+			if err != nil {
+				return err
+			}
+			v = &variadic{c: c, name: "SADD", key: temp}
+			buckets[b] = v
+			order = append(order, v)
+		}
+		v.add(m, "", false)
+	}
+	for _, v := range order {
+		v.flush()
+	}
+	return nil
+}

@@ -1,0 +1,46 @@
+package rebuild
+
+import (
+	"fmt"
+
+	"github.com/keyswap/keyswap/store"
+)
+
+// The errors a run can return are those of package store, re-exported here
+// so that callers of Run need not import it.
+var (
+	// ErrInProgress: another rebuild holds the lock of one of the keys. Run
+	// fails at once, without writing anything.
+	ErrInProgress = store.ErrInProgress
+	// ErrLockLost: the run lost its lease (a stall longer than TTL, or
+	// another process took the lock over). Nothing was published. It also
+	// matches ErrInProgress.
+	ErrLockLost = store.ErrLockLost
+	// ErrTempKeyLost: a populated temp key disappeared before the publish
+	// (expired, evicted, swept). Nothing was published.
+	ErrTempKeyLost = store.ErrTempKeyLost
+)
+
+// Error is the error type of a failed run. Op names the step that failed
+// ("config", "acquire", "source", "build", "write", "lease", "publish"), Key
+// the builders' keys, and Err the cause.
+type Error = store.Error
+
+// PanicError is what Run panics with after cleaning up, when a builder
+// panicked in a writer goroutine: the original value and the stack of the
+// goroutine that panicked, which would otherwise be lost. A panic in the
+// source happens in Run's own goroutine and propagates unchanged.
+type PanicError struct {
+	Value any
+	Stack []byte
+}
+
+func (p *PanicError) Error() string {
+	return fmt.Sprintf("keyswap: builder panicked: %v\n\n%s", p.Value, p.Stack)
+}
+
+// Unwrap returns Value if it is an error.
+func (p *PanicError) Unwrap() error {
+	err, _ := p.Value.(error)
+	return err
+}

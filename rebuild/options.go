@@ -1,0 +1,87 @@
+package rebuild
+
+import (
+	"log/slog"
+	"time"
+
+	"github.com/keyswap/keyswap/store"
+)
+
+// Defaults for [Options].
+const (
+	// DefaultBatchSize is the number of items per batch.
+	DefaultBatchSize = 1000
+	// DefaultWriters is the number of batches in flight at once.
+	DefaultWriters = 4
+	// DefaultTTL is the lease: the lifetime of the locks and the temp keys
+	// without renewal. See store.DefaultTTL.
+	DefaultTTL = store.DefaultTTL
+	// DefaultPreserveFor is how long temp keys are kept after the publish
+	// script itself fails. See store.DefaultPreserveFor.
+	DefaultPreserveFor = store.DefaultPreserveFor
+)
+
+// Options configures a [Rebuilder]. The zero value uses every default.
+type Options struct {
+	// BatchSize is the number of source items per batch. Builders turn a
+	// batch into variadic commands of at most about 1000 entries each.
+	// Zero means DefaultBatchSize; negative is an error.
+	BatchSize int
+	// Writers is the number of batches written concurrently. Together with
+	// BatchSize it bounds memory: a run holds at most about
+	// (Writers+1) × BatchSize items, whatever the size of the source. Zero
+	// means DefaultWriters; negative is an error.
+	Writers int
+	// TTL is the lease of a run: its locks and temp keys expire TTL after
+	// the last renewal. The Rebuilder renews at least every TTL/3 while
+	// batches keep completing; a run that completes no batch for a whole
+	// TTL loses its lease and fails with ErrLockLost, so that a stalled
+	// process cannot hold the lock forever. Zero means DefaultTTL. It must
+	// be a whole number of seconds, at least one.
+	TTL time.Duration
+	// PreserveFor is how long the temp keys are kept, for diagnosis, after
+	// the publish script itself fails (OOM, a timeout, a dropped
+	// connection). Zero means DefaultPreserveFor.
+	PreserveFor time.Duration
+	// Progress, if not nil, is called after each batch completes, from one
+	// goroutine at a time, with counts that never decrease. The last call
+	// reports the totals. It should return quickly: batches wait for it.
+	Progress func(Progress)
+	// Logger receives what returned errors cannot carry, such as a failed
+	// cleanup after an error that is returned instead. Nil discards.
+	Logger *slog.Logger
+}
+
+// Progress is a snapshot of a run in progress.
+type Progress struct {
+	// Items is the number of source items in completed batches, skipped
+	// items included.
+	Items int64
+	// Batches is the number of completed batches.
+	Batches int64
+	// Elapsed is the time since the run started.
+	Elapsed time.Duration
+	// Rate is Items per second of Elapsed.
+	Rate float64
+}
+
+// Stats describes a run, successful or not.
+type Stats struct {
+	// Items is the number of items the source yielded, skipped items
+	// included.
+	Items int64
+	// Batches is the number of batches written.
+	Batches int64
+	// Targets is the number of entries (fields, members) written per
+	// builder, keyed by the builder's Key: its live key, or its prefix for
+	// a family builder. The last write of a hash field or sorted-set member
+	// wins, so a key can end with fewer entries than were written.
+	Targets map[string]int64
+	// Outcomes is what the publish did to each live key: Swapped (replaced
+	// with the rebuilt value) or Emptied (deleted: the builder produced
+	// nothing for it, or it was a family bucket the run no longer
+	// produced). It is empty when the run failed.
+	Outcomes map[string]store.Outcome
+	// Elapsed is the run's duration, from locking to release.
+	Elapsed time.Duration
+}

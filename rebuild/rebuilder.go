@@ -1,0 +1,520 @@
+package rebuild
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"iter"
+	"log/slog"
+	"maps"
+	"runtime/debug"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/keyswap/keyswap/internal/keys"
+	"github.com/keyswap/keyswap/internal/scan"
+	"github.com/keyswap/keyswap/store"
+	"github.com/redis/rueidis"
+	"golang.org/x/sync/errgroup"
+)
+
+// Rebuilder rebuilds the keys of its builders from one pass over a source,
+// and publishes them all at once. It is safe for concurrent use; runs of
+// the same keys exclude each other through their locks.
+type Rebuilder[T any] struct {
+	client   rueidis.Client
+	store    *store.Store
+	opts     Options
+	builders []Builder[T]
+	owners   []owner
+	key      string // the builders' keys, for errors
+	err      error  // a configuration error, returned by Run
+	ttlSecs  int64
+}
+
+// New returns a Rebuilder that writes through client with builders. Run
+// reports invalid options or builders (a negative BatchSize, an empty or
+// duplicated key, keys in different hash slots on a cluster, ...) before
+// touching Redis.
+//
+// New panics if client or a builder is nil: those are programming errors.
+func New[T any](client rueidis.Client, opts Options, builders ...Builder[T]) *Rebuilder[T] {
+	if client == nil {
+		panic("keyswap: rebuild.New: nil rueidis.Client")
+	}
+	for i, b := range builders {
+		if b == nil {
+			panic(fmt.Sprintf("keyswap: rebuild.New: builder %d is nil", i))
+		}
+	}
+	r := &Rebuilder[T]{
+		client:   client,
+		store:    store.New(client, store.Options{Logger: opts.Logger}),
+		builders: builders,
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	r.opts = opts
+	r.err = r.configure()
+	return r
+}
+
+// configure fills in defaults and validates the options and builders.
+func (r *Rebuilder[T]) configure() error {
+	o := &r.opts
+	var ks []string
+	for _, b := range r.builders {
+		_, family := b.(Family)
+		r.owners = append(r.owners, owner{key: b.Key(), family: family})
+		ks = append(ks, b.Key())
+	}
+	r.key = strings.Join(ks, ", ")
+	bad := func(format string, args ...any) error {
+		return &Error{Op: "config", Key: r.key, Err: fmt.Errorf(format, args...)}
+	}
+	switch {
+	case o.BatchSize < 0:
+		return bad("BatchSize %d: must not be negative (zero means %d)", o.BatchSize, DefaultBatchSize)
+	case o.Writers < 0:
+		return bad("Writers %d: must not be negative (zero means %d)", o.Writers, DefaultWriters)
+	case o.TTL < 0:
+		return bad("TTL %v: must not be negative (zero means %v)", o.TTL, DefaultTTL)
+	case o.PreserveFor < 0:
+		return bad("PreserveFor %v: must not be negative (zero means %v)", o.PreserveFor, DefaultPreserveFor)
+	case len(r.builders) == 0:
+		return bad("no builders")
+	}
+	o.BatchSize = cmp(o.BatchSize, DefaultBatchSize)
+	o.Writers = cmp(o.Writers, DefaultWriters)
+	o.TTL = cmp(o.TTL, DefaultTTL)
+	o.PreserveFor = cmp(o.PreserveFor, DefaultPreserveFor)
+	for what, d := range map[string]time.Duration{"TTL": o.TTL, "PreserveFor": o.PreserveFor} {
+		if d < time.Second || d%time.Second != 0 {
+			return bad("%s %v: must be a whole number of seconds, at least 1s (Redis expiries here are in seconds)", what, d)
+		}
+	}
+	r.ttlSecs = int64(o.TTL / time.Second)
+
+	for i, a := range r.owners {
+		if a.key == "" {
+			return bad("builder %d (%T) has an empty key", i, r.builders[i])
+		}
+		for j, b := range r.owners[:i] {
+			switch {
+			case a.key == b.key:
+				return bad("builders %d and %d both target key %q", j, i, a.key)
+			case b.family && strings.HasPrefix(a.key, b.key+":"):
+				return bad("key %q of builder %d is inside the family %q of builder %d, whose publish would delete it", a.key, i, b.key+":*", j)
+			case a.family && strings.HasPrefix(b.key, a.key+":"):
+				return bad("key %q of builder %d is inside the family %q of builder %d, whose publish would delete it", b.key, j, a.key+":*", i)
+			}
+		}
+	}
+	if r.store.Cluster() {
+		return r.checkSlots(bad)
+	}
+	return nil
+}
+
+// checkSlots refuses, on a cluster, builders whose keys cannot be published
+// in one single-slot script.
+func (r *Rebuilder[T]) checkSlots(bad func(string, ...any) error) error {
+	for _, o := range r.owners {
+		if _, tagged := keys.HashTag(o.key); o.family && !tagged {
+			return bad("family prefix %q has no hash tag, so on Redis Cluster its buckets would spread over many hash slots and could not be published atomically; put the part that must stay together in braces, e.g. %q",
+				o.key, "{"+o.key+"}")
+		}
+	}
+	first := r.owners[0].key
+	for _, o := range r.owners[1:] {
+		if keys.Slot(o.key) != keys.Slot(first) {
+			return bad("keys %q (slot %d) and %q (slot %d) are in different hash slots, and one publish must stay in one slot on Redis Cluster; give them a common hash tag, e.g. %q and %q",
+				first, keys.Slot(first), o.key, keys.Slot(o.key), "{idx}:"+first, "{idx}:"+o.key)
+		}
+	}
+	return nil
+}
+
+func cmp[N int | time.Duration](v, def N) N {
+	if v == 0 {
+		return def
+	}
+	return v
+}
+
+// Run rebuilds every builder's keys from src and publishes them in one
+// fenced atomic step. Readers see the old keys or the new ones, never a
+// missing, empty or half-built key, and never a mixture of the two runs.
+//
+// # Lifecycle
+//
+//  1. Lock every builder's key (a family's prefix) under one token. If any
+//     lock is held, release the others and return an error matching
+//     ErrInProgress that names the key. Nothing is written.
+//  2. Pull src, cut batches of BatchSize items, and let up to Writers
+//     goroutines turn each batch into commands through the builders and send
+//     them in one pipelined DoMulti, together with the EXPIRE of every temp
+//     key written and, when due, the renewal of the lease.
+//  3. Renew once more, check that every populated temp key still exists,
+//     and publish: one script checks the locks and replaces every live key,
+//     deletes the keys of builders that produced nothing, and deletes the
+//     family buckets the run no longer produced.
+//  4. Release the locks.
+//
+// # Errors
+//
+// A run is all or nothing. A source error, a builder error, a write error, a
+// lost lease or a cancelled ctx discards every temp key, leaves every live
+// key untouched, releases the locks, and returns the cause wrapped in an
+// *Error, so that errors.Is and errors.As see it. A panic in the source or
+// a builder gets the same cleanup, then propagates (see [PanicError]).
+// Publish failures are those of store.Store.Publish: ErrLockLost,
+// ErrTempKeyLost, or the script's own error, after which the temp keys are
+// kept for PreserveFor.
+//
+// Stats are returned on failure too, with what was done before it.
+func (r *Rebuilder[T]) Run(ctx context.Context, src iter.Seq2[T, error]) (Stats, error) {
+	start := time.Now()
+	stats := Stats{Targets: map[string]int64{}, Outcomes: map[string]store.Outcome{}}
+	if r.err != nil {
+		return stats, r.err
+	}
+	if src == nil {
+		return stats, &Error{Op: "config", Key: r.key, Err: errors.New("nil source")}
+	}
+	lockKeys := make([]string, len(r.owners))
+	for i, o := range r.owners {
+		lockKeys[i] = o.key
+	}
+	locks, err := r.store.AcquireAll(ctx, lockKeys, r.opts.TTL)
+	if err != nil {
+		return stats, err
+	}
+	x := &execution[T]{r: r, start: start, locks: locks, stats: &stats}
+	err = x.run(ctx, src)
+	stats.Elapsed = time.Since(start)
+	return stats, err
+}
+
+// execution is the state of one Run.
+type execution[T any] struct {
+	r       *Rebuilder[T]
+	start   time.Time
+	locks   []*store.Lock
+	stats   *Stats
+	targets *targets
+	lease   *lease
+
+	items, batches atomic.Int64 // completed batches' items, completed batches
+	entries        []atomic.Int64
+	progressMu     sync.Mutex
+	free           chan []T // batch buffers to reuse
+}
+
+// run is Run after the locks are taken. Every way out of it, a panic
+// included, ends every goroutine it started, then either publishes or
+// discards every temp key, and releases the locks.
+func (x *execution[T]) run(ctx context.Context, src iter.Seq2[T, error]) (err error) {
+	r := x.r
+	x.entries = make([]atomic.Int64, len(r.builders))
+	x.free = make(chan []T, r.opts.Writers+1)
+	x.targets = newTargets(r.owners, r.store.Cluster(), r.store.NewTempKey)
+
+	runCtx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	x.lease = newLease(r.store, x.locks, x.targets, r.opts.TTL, r.key, cancel, x.batches.Load, x.start)
+	var leaseDone sync.WaitGroup
+	leaseDone.Go(func() { x.lease.run(runCtx) })
+
+	// The family scans and the writers run concurrently with the source.
+	scans, scanCtx := errgroup.WithContext(runCtx)
+	live := x.scanFamilies(scanCtx, scans)
+	writers, writeCtx := errgroup.WithContext(runCtx)
+	writers.SetLimit(r.opts.Writers)
+
+	published := false
+	defer func() {
+		// On every path, a panic in the source included: stop, wait, clean up.
+		cancel(errors.New("keyswap: run ended"))
+		_ = writers.Wait()
+		_ = scans.Wait()
+		x.lease.stop()
+		leaseDone.Wait()
+		if !published {
+			x.discard(ctx)
+		}
+		err = x.release(ctx, err)
+	}()
+
+	srcErr := x.pump(writeCtx, writers, src)
+	werr := writers.Wait()
+	serr := scans.Wait()
+	if pe, ok := werr.(*PanicError); ok {
+		panic(pe) // after the deferred cleanup, in the caller's goroutine
+	}
+	switch {
+	case runCtx.Err() != nil && context.Cause(runCtx) != nil:
+		// The caller cancelled, or the lease was lost.
+		return x.wrap("run", context.Cause(runCtx))
+	case werr != nil:
+		return werr
+	case srcErr != nil:
+		return &Error{Op: "source", Key: r.key, Err: srcErr}
+	case serr != nil:
+		return &Error{Op: "scan", Key: r.key, Err: serr}
+	}
+
+	x.lease.stop()
+	leaseDone.Wait()
+	published, err = x.publish(runCtx, live)
+	return err
+}
+
+// pump pulls src into batches and hands them to the writers. It returns the
+// source's error, if any. It stops early when ctx is done.
+func (x *execution[T]) pump(ctx context.Context, g *errgroup.Group, src iter.Seq2[T, error]) error {
+	size := x.r.opts.BatchSize
+	batch := x.buffer(size)
+	for item, err := range src {
+		if err != nil {
+			return err
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		x.stats.Items++
+		batch = append(batch, item)
+		if len(batch) == size {
+			b := batch
+			g.Go(func() error { return x.write(ctx, b) })
+			batch = x.buffer(size)
+		}
+	}
+	if len(batch) > 0 && ctx.Err() == nil {
+		g.Go(func() error { return x.write(ctx, batch) })
+	}
+	return nil
+}
+
+// buffer returns an empty batch buffer, reusing a written one if possible.
+func (x *execution[T]) buffer(size int) []T {
+	select {
+	case b := <-x.free:
+		return b
+	default:
+		return make([]T, 0, size)
+	}
+}
+
+// write builds and sends one batch. The batch's DoMulti carries its writes,
+// an EXPIRE of every temp key it wrote (so that every temp key has a TTL as
+// soon as it exists, C34), and the lease renewal when one is due.
+func (x *execution[T]) write(ctx context.Context, batch []T) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = &PanicError{Value: p, Stack: debug.Stack()}
+		}
+	}()
+	if ctx.Err() != nil {
+		return nil // the run is over; its cause is reported by run
+	}
+	r := x.r
+	c := &Commands{
+		cb: r.client.B(), targets: x.targets, entries: make([]int64, len(r.builders)),
+		seen: map[*target]bool{}, temps: map[string]*target{},
+	}
+	for i, b := range r.builders {
+		c.builder = i
+		if err := b.Build(c, batch); err != nil {
+			return &Error{Op: "build", Key: b.Key(), Err: err}
+		}
+	}
+	if x.targets.cluster {
+		for _, cmd := range c.cmds {
+			if cmd.Slot() != x.targets.slot {
+				return &Error{Op: "build", Key: r.key, Err: fmt.Errorf("a builder's command %q is outside the rebuild's hash slot %d; builders must write only to keys from Commands.Temp", cmd.Commands()[0], x.targets.slot)}
+			}
+		}
+	}
+	writes := len(c.cmds)
+	for _, t := range c.touched {
+		// NX: only a key this batch created has no TTL yet, so a reply of 1
+		// is the creation of the temp key, and a second one for the same
+		// key is a loss (see target.created).
+		c.cmds = append(c.cmds, c.cb.Expire().Key(t.temp).Seconds(r.ttlSecs).Nx().Build())
+	}
+	sent := time.Now()
+	renewTemps, renew := x.lease.claim(sent, false)
+	if renew {
+		cmd, err := x.lease.command(renewTemps)
+		if err != nil {
+			x.lease.settle(ctx, sent, renewTemps, nil) // reports the same error
+			renew = false
+		} else {
+			c.cmds = append(c.cmds, cmd)
+		}
+	}
+
+	// The writes are not cancelled with the run: once sent they will run,
+	// and the cleanup must come after them, or a late write could recreate
+	// a temp key after it was discarded. A write that outlives the lease is
+	// bounded by it.
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.opts.TTL)
+	defer cancel()
+	res := r.client.DoMulti(wctx, c.cmds...)
+	if renew {
+		x.lease.settle(wctx, sent, renewTemps, &res[len(res)-1])
+	}
+	for i, cmd := range res[:writes] {
+		if err := cmd.Error(); err != nil {
+			return &Error{Op: "write", Key: r.key, Err: fmt.Errorf("batch of %d items, command %d of %d: %w", len(batch), i+1, writes, err)}
+		}
+	}
+	for i, t := range c.touched {
+		n, err := res[writes+i].AsInt64()
+		if err != nil {
+			return &Error{Op: "write", Key: r.key, Err: fmt.Errorf("EXPIRE %s: %w", t.temp, err)}
+		}
+		if n == 1 && !t.created() {
+			return &Error{Op: "write", Key: r.key, Err: lostTemp(t, "vanished and was re-created by a later write (or a write removed its TTL, as a plain SET does: use SET KEEPTTL), so it holds only part of the rebuild")}
+		}
+	}
+
+	for i, n := range c.entries {
+		x.entries[i].Add(n)
+	}
+	x.items.Add(int64(len(batch)))
+	x.batches.Add(1)
+	clear(batch)
+	select {
+	case x.free <- batch[:0]:
+	default:
+	}
+	if p := r.opts.Progress; p != nil {
+		x.progressMu.Lock()
+		defer x.progressMu.Unlock()
+		items, elapsed := x.items.Load(), time.Since(x.start)
+		p(Progress{Items: items, Batches: x.batches.Load(), Elapsed: elapsed, Rate: float64(items) / elapsed.Seconds()})
+	}
+	return nil
+}
+
+// scanFamilies starts a SCAN per family builder for its live keys, whose
+// leftovers become orphans at publish. It returns the sets the scans fill.
+func (x *execution[T]) scanFamilies(ctx context.Context, g *errgroup.Group) []map[string]bool {
+	live := make([]map[string]bool, len(x.r.builders))
+	for i, b := range x.r.builders {
+		f, ok := b.(Family)
+		if !ok {
+			continue
+		}
+		live[i] = map[string]bool{}
+		prefix := b.Key() + ":"
+		opts := scan.Options{Match: scan.EscapeGlob(prefix) + "*", Type: f.KeyType()}
+		g.Go(func() error {
+			for page, err := range scan.Pages(ctx, x.r.client, opts) {
+				if err != nil {
+					return fmt.Errorf("SCAN %s: %w", opts.Match, err)
+				}
+				for _, k := range page {
+					if _, _, temp := keys.ParseTempKey(k); !temp && !strings.HasSuffix(k, keys.LockSuffix) {
+						live[i][k] = true
+					}
+				}
+			}
+			return nil
+		})
+	}
+	return live
+}
+
+// publish renews the lease a last time, checks the temp keys, and publishes
+// every target in one script. It reports whether the temp keys were handed
+// over to the publish (and so must not be discarded).
+func (x *execution[T]) publish(ctx context.Context, live []map[string]bool) (bool, error) {
+	r := x.r
+	x.stats.Batches = x.batches.Load()
+	for i, b := range r.builders {
+		x.stats.Targets[b.Key()] = x.entries[i].Load()
+	}
+	all := x.targets.all()
+	states, err := r.store.TouchAll(ctx, x.locks, tempKeys(all))
+	if err != nil {
+		return false, x.wrap("lease", err)
+	}
+	// A populated temp key that is gone would read as an empty result and
+	// delete its live key; one re-created holds part of the rebuild.
+	if err := checkTemps(all, states, "before the swap"); err != nil {
+		return false, &Error{Op: "publish", Key: r.key, Err: err}
+	}
+	targets := make([]store.Target, len(all))
+	for i, t := range all {
+		targets[i] = store.Target{Temp: t.temp, Final: t.final, Populated: t.populated.Load()}
+	}
+	var orphans []string
+	for _, set := range live {
+		for _, k := range slices.Sorted(maps.Keys(set)) {
+			if !x.targets.has(k) {
+				orphans = append(orphans, k)
+			}
+		}
+	}
+	outcomes, err := r.store.Publish(ctx, store.PublishOptions{
+		Locks: x.locks, Targets: targets, Orphans: orphans, PreserveFor: r.opts.PreserveFor,
+	})
+	if err != nil {
+		return true, err
+	}
+	for i, t := range all {
+		x.stats.Outcomes[t.final] = outcomes[i]
+	}
+	for _, o := range orphans {
+		x.stats.Outcomes[o] = store.Emptied
+	}
+	return true, nil
+}
+
+// discard deletes every temp key of the run, best effort: they have TTLs.
+func (x *execution[T]) discard(ctx context.Context) {
+	all := x.targets.all()
+	if len(all) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if err := x.r.store.Discard(ctx, tempKeys(all)...); err != nil {
+		x.r.opts.Logger.Warn("keyswap: could not delete temp keys after a failed rebuild; they expire within the TTL",
+			"key", x.r.key, "ttl", x.r.opts.TTL, "err", err)
+	}
+}
+
+// release releases the locks after the run ended with err (C8): a release
+// failure is joined onto err, or logged after a success.
+func (x *execution[T]) release(ctx context.Context, err error) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	rerr := x.r.store.ReleaseAll(ctx, x.locks)
+	switch {
+	case rerr == nil, errors.Is(rerr, ErrLockLost):
+	case err != nil:
+		err = errors.Join(err, rerr)
+	default:
+		x.r.opts.Logger.Warn("keyswap: could not release rebuild locks; they expire by themselves",
+			"key", x.r.key, "ttl", x.r.opts.TTL, "err", rerr)
+	}
+	x.stats.Batches = x.batches.Load()
+	return err
+}
+
+// wrap returns err as an *Error of op, unless it already is one.
+func (x *execution[T]) wrap(op string, err error) error {
+	var e *Error
+	if errors.As(err, &e) {
+		return err
+	}
+	return &Error{Op: op, Key: x.r.key, Err: err}
+}

@@ -1,0 +1,108 @@
+package rebuild
+
+import (
+	"context"
+	"fmt"
+	"iter"
+
+	"github.com/keyswap/keyswap/internal/scan"
+	"github.com/redis/rueidis"
+)
+
+// FromSlice returns a source that yields the items of s.
+func FromSlice[T any](s []T) iter.Seq2[T, error] {
+	return func(yield func(T, error) bool) {
+		for _, it := range s {
+			if !yield(it, nil) {
+				return
+			}
+		}
+	}
+}
+
+// FromSeq returns a source that yields the items of seq, which cannot fail.
+func FromSeq[T any](seq iter.Seq[T]) iter.Seq2[T, error] {
+	return func(yield func(T, error) bool) {
+		for it := range seq {
+			if !yield(it, nil) {
+				return
+			}
+		}
+	}
+}
+
+// ScanOptions selects the keys of a SCAN source.
+type ScanOptions struct {
+	// Match is the SCAN MATCH pattern, such as "user:*:object". Empty
+	// matches every key.
+	Match string
+	// Type is the SCAN TYPE filter, such as "hash". Empty means any type.
+	Type string
+	// Count is the SCAN COUNT hint, and the number of keys read per round
+	// trip. Zero means 1000.
+	Count int64
+}
+
+// FromScan returns a source that streams the keys matching opts with SCAN
+// (on every master of a cluster), reads each with the command read returns,
+// and yields what decode makes of the reply. decode returns ok false to
+// skip a key, such as one deleted since SCAN returned it. This is Familia's
+// fallback strategy of rebuilding an index from the object keys themselves.
+//
+// Memory is bounded by one SCAN page: keys are read Count at a time, in one
+// pipelined round trip, and yielded before the next page is fetched. SCAN
+// returns every key that exists for the whole scan at least once; it may
+// return a key twice, which index writes absorb (the last write wins).
+// The source stops at the first error, read or decode, and yields it.
+func FromScan[T any](ctx context.Context, client rueidis.Client, opts ScanOptions,
+	read func(cb rueidis.Builder, key string) rueidis.Completed,
+	decode func(key string, reply rueidis.RedisMessage) (item T, ok bool, err error)) iter.Seq2[T, error] {
+	return func(yield func(T, error) bool) {
+		var zero T
+		for page, err := range scan.Pages(ctx, client, scan.Options(opts)) {
+			if err != nil {
+				yield(zero, fmt.Errorf("SCAN %q: %w", opts.Match, err))
+				return
+			}
+			cmds := make(rueidis.Commands, len(page))
+			for i, k := range page {
+				cmds[i] = read(client.B(), k)
+			}
+			for i, r := range client.DoMulti(ctx, cmds...) {
+				msg, err := r.ToMessage()
+				if err != nil && !rueidis.IsRedisNil(err) {
+					yield(zero, fmt.Errorf("read %q: %w", page[i], err))
+					return
+				}
+				item, ok, err := decode(page[i], msg)
+				if err != nil {
+					yield(zero, fmt.Errorf("decode %q: %w", page[i], err))
+					return
+				}
+				if ok && !yield(item, nil) {
+					return
+				}
+			}
+		}
+	}
+}
+
+// FromHashes is [FromScan] for hashes read with HGETALL: it yields what
+// decode makes of each hash matching match, and skips keys that vanished
+// (or were emptied) between SCAN and HGETALL.
+func FromHashes[T any](ctx context.Context, client rueidis.Client, match string,
+	decode func(key string, fields map[string]string) (item T, ok bool, err error)) iter.Seq2[T, error] {
+	return FromScan(ctx, client, ScanOptions{Match: match, Type: "hash"},
+		func(cb rueidis.Builder, key string) rueidis.Completed { return cb.Hgetall().Key(key).Build() },
+		func(key string, reply rueidis.RedisMessage) (T, bool, error) {
+			var zero T
+			fields, err := reply.AsStrMap()
+			if err != nil {
+				return zero, false, err
+			}
+			if len(fields) == 0 {
+				return zero, false, nil
+			}
+			return decode(key, fields)
+		})
+}
