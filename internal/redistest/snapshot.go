@@ -1,0 +1,101 @@
+package redistest
+
+import (
+	"context"
+	"maps"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/keyswap/keyswap/internal/keys"
+	"github.com/redis/rueidis"
+)
+
+// KeyState is one key's exact value (its DUMP serialisation) and its PTTL.
+type KeyState struct {
+	Dump string
+	PTTL time.Duration // -1: no expiry
+}
+
+// Keys returns the keys whose names start with prefix, on every master of
+// c's deployment, sorted. It scans with SCAN, so it suits test keyspaces.
+func Keys(tb testing.TB, c rueidis.Client, prefix string) []string {
+	tb.Helper()
+	ctx := context.Background()
+	seen := map[string]bool{}
+	for addr, node := range c.Nodes() {
+		if role, err := node.Do(ctx, node.B().Role().Build()).ToArray(); err == nil && len(role) > 0 {
+			if r, _ := role[0].ToString(); r != "master" {
+				continue
+			}
+		}
+		var cursor uint64
+		for {
+			e, err := node.Do(ctx, node.B().Scan().Cursor(cursor).Match(globEscape(prefix)+"*").Count(1000).Build()).AsScanEntry()
+			if err != nil {
+				tb.Fatalf("redistest: SCAN %s on %s: %v", prefix, addr, err)
+			}
+			for _, k := range e.Elements {
+				seen[k] = true
+			}
+			if cursor = e.Cursor; cursor == 0 {
+				break
+			}
+		}
+	}
+	return slices.Sorted(maps.Keys(seen))
+}
+
+// Snapshot returns the exact state of every key starting with prefix, to
+// compare before and after a rebuild that must leave them byte-identical.
+// PTTLs are rounded down to seconds, so that a comparison tolerates the
+// time between two snapshots but not a changed expiry.
+func Snapshot(tb testing.TB, c rueidis.Client, prefix string) map[string]KeyState {
+	tb.Helper()
+	ctx := context.Background()
+	out := map[string]KeyState{}
+	for _, k := range Keys(tb, c, prefix) {
+		dump, err := c.Do(ctx, c.B().Dump().Key(k).Build()).ToString()
+		if rueidis.IsRedisNil(err) {
+			continue // deleted since SCAN
+		}
+		if err != nil {
+			tb.Fatalf("redistest: DUMP %s: %v", k, err)
+		}
+		pttl, err := c.Do(ctx, c.B().Pttl().Key(k).Build()).AsInt64()
+		if err != nil {
+			tb.Fatalf("redistest: PTTL %s: %v", k, err)
+		}
+		d := time.Duration(pttl)
+		if pttl >= 0 {
+			d = (time.Duration(pttl) * time.Millisecond).Truncate(time.Second)
+		}
+		out[k] = KeyState{Dump: dump, PTTL: d}
+	}
+	return out
+}
+
+// Leftovers returns the keys starting with prefix that a finished rebuild
+// must not leave behind: temp keys and lock keys.
+func Leftovers(tb testing.TB, c rueidis.Client, prefix string) []string {
+	tb.Helper()
+	var out []string
+	for _, k := range Keys(tb, c, prefix) {
+		if _, _, temp := keys.ParseTempKey(k); temp || strings.HasSuffix(k, keys.LockSuffix) {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+func globEscape(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		if strings.ContainsRune(`*?[]\`, r) {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
