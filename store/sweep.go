@@ -27,6 +27,9 @@ type SweepOptions struct {
 	OlderThan time.Duration
 	// DryRun reports what would be deleted and deletes nothing.
 	DryRun bool
+	// Progress, if not nil, is called after each SCAN page with the number
+	// of keys scanned and of keys swept (or, with DryRun, to sweep) so far.
+	Progress func(scanned, swept int)
 }
 
 // sweepChunk bounds the keys per SCAN page and per UNLINK.
@@ -77,6 +80,7 @@ func (s *Store) Sweep(ctx context.Context, opts SweepOptions) ([]string, error) 
 	cutoff := s.now().Add(-olderThan).Unix()
 
 	swept := []string{}
+	scanned := 0
 	seen := map[string]bool{} // SCAN may return a key more than once
 	for page, err := range scan.Pages(ctx, s.client, scan.Options{Match: pattern, Count: sweepChunk}) {
 		if err != nil {
@@ -99,6 +103,10 @@ func (s *Store) Sweep(ctx context.Context, opts SweepOptions) ([]string, error) 
 			}
 		}
 		swept = append(swept, doomed...)
+		scanned += len(page)
+		if opts.Progress != nil {
+			opts.Progress(scanned, len(swept))
+		}
 	}
 	return swept, nil
 }
