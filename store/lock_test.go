@@ -55,6 +55,9 @@ func TestAcquire(t *testing.T) {
 		if again.Token == lock.Token {
 			t.Errorf("token reused: %q", again.Token)
 		}
+		if err := s.Release(ctx, again); err != nil {
+			t.Fatal(err)
+		}
 	})
 }
 
@@ -92,6 +95,7 @@ func TestExtend(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		t.Cleanup(func() { do(t, tg.other, "DEL", lock.Key) })
 		do(t, tg.other, "EXPIRE", lock.Key, "5")
 		// C9: only a matching token resets the TTL.
 		if err := s.Extend(ctx, lock); err != nil {
@@ -122,6 +126,7 @@ func TestRelease(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		t.Cleanup(func() { do(t, tg.other, "DEL", lock.Key) })
 		// C8: never deletes a lock someone else holds.
 		do(t, tg.other, "SET", lock.Key, "successor", "EX", "60")
 		wantErr(t, s.Release(ctx, lock), store.ErrLockLost)
@@ -185,6 +190,10 @@ func TestAcquireRace(t *testing.T) {
 		for err := range errs {
 			wantErr(t, err, store.ErrInProgress)
 		}
-		wantLock(t, tg.other, s.LockKey(tg.final), (<-locks).Token)
+		winner := <-locks
+		wantLock(t, tg.other, s.LockKey(tg.final), winner.Token)
+		if err := s.Release(ctx, winner); err != nil {
+			t.Fatal(err)
+		}
 	})
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 )
 
@@ -45,7 +46,15 @@ type RebuildOptions struct {
 // TTL).
 //
 // fn must write temp through the same Redis deployment and database as the
-// Store's client: the lock, the touches and the swap all run there.
+// Store's client: the lock, the touches and the swap all run there. touch is
+// safe to call from several goroutines.
+//
+// Beyond Familia, a touch also notices a populated temp key that was lost
+// (evicted, say) and then re-created by a later write: it would hold only
+// the later batches, so touch and WithRebuild fail with [ErrTempKeyLost]
+// instead of publishing it (C45). The sign is a temp key without a TTL after
+// one was seen, so writes must not remove the temp key's TTL: a plain SET or
+// a *STORE command into the temp key does; use SET KEEPTTL.
 func (s *Store) WithRebuild(ctx context.Context, final string, opts RebuildOptions,
 	fn func(ctx context.Context, temp string, touch func(context.Context) error) error) (err error) {
 	const op = "rebuild"
@@ -74,12 +83,19 @@ func (s *Store) WithRebuild(ctx context.Context, final string, opts RebuildOptio
 	// seen: some touch found temp; present: the last one did; lost: a touch
 	// found it re-created after it was seen, so it holds only part of the
 	// rebuild. lost is sticky: the re-created key has a TTL again after.
-	var seen, present, lost bool
+	// The callback may touch from several goroutines, hence the mutex; it is
+	// not held across the touch itself.
+	var (
+		mu                  sync.Mutex
+		seen, present, lost bool
+	)
 	touch := func(ctx context.Context) error {
 		states, err := s.touch(ctx, "touch", []*Lock{lock}, []string{temp})
 		if err != nil {
 			return err
 		}
+		mu.Lock()
+		defer mu.Unlock()
 		if states[0] == TempCreated && seen {
 			lost = true
 		}
@@ -106,13 +122,16 @@ func (s *Store) WithRebuild(ctx context.Context, final string, opts RebuildOptio
 		return err
 	}
 	discard = false
-	if seen && !present {
+	mu.Lock()
+	vanished := seen && !present
+	mu.Unlock()
+	if vanished {
 		// Expired, evicted or swept between touches. The swap would read
 		// the missing key as an empty result set and delete the live index.
 		return &Error{Op: op, Key: final, Err: fmt.Errorf("%w: %s vanished before the swap; live key left unchanged", ErrTempKeyLost, temp)}
 	}
 	populated := PopulatedNo
-	if seen {
+	if seen { // no touch can run any more: fn has returned
 		// What the touches saw goes into the script itself, so a temp key
 		// that vanishes after the last touch fails closed inside the atomic
 		// step instead of being read as an empty rebuild.
