@@ -118,8 +118,8 @@ type targets struct {
 	cluster bool
 	slot    uint16
 
-	mu     sync.Mutex
-	byKey  map[string]*target
+	mu      sync.Mutex
+	byKey   map[string]*target
 	ordered []*target
 }
 
