@@ -28,7 +28,7 @@ import (
 	"os/signal"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
+	"github.com/keyswap/keyswap/examples/internal/connect"
 	"github.com/keyswap/keyswap/rebuild"
 	"github.com/redis/rueidis"
 )
@@ -46,12 +46,12 @@ func main() {
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("quickstart", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	url := fs.String("redis", os.Getenv("REDIS_URL"), "Redis `URL`, e.g. redis://127.0.0.1:6379 (default $REDIS_URL, else an embedded miniredis)")
+	url := connect.Flag(fs)
 	n := fs.Int("users", 50000, "number of users in today's table")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	client, where, closeFn, err := connect(*url)
+	client, where, closeFn, err := connect.Open(*url)
 	if err != nil {
 		return err
 	}
@@ -120,36 +120,4 @@ func progress(w io.Writer) func(rebuild.Progress) {
 func isTerminal(f *os.File) bool {
 	st, err := f.Stat()
 	return err == nil && st.Mode()&os.ModeCharDevice != 0
-}
-
-// connect returns a client for url, or for an embedded miniredis when url
-// is empty, with a description and a function that releases it all.
-func connect(url string) (rueidis.Client, string, func(), error) {
-	if url == "" {
-		m := miniredis.NewMiniRedis()
-		if err := m.Start(); err != nil {
-			return nil, "", nil, fmt.Errorf("starting the embedded Redis: %w", err)
-		}
-		m.ClockTTL(true) // TTLs run in real time, as on a real server
-		c, err := rueidis.NewClient(rueidis.ClientOption{
-			InitAddress:       []string{m.Addr()},
-			DisableCache:      true, // miniredis has no client-side caching
-			ForceSingleClient: true, // nor CLUSTER commands
-		})
-		if err != nil {
-			m.Close()
-			return nil, "", nil, err
-		}
-		return c, "an embedded Redis (miniredis; pass -redis redis://host:port for a real server)", func() { c.Close(); m.Close() }, nil
-	}
-	opt, err := rueidis.ParseURL(url)
-	if err != nil {
-		return nil, "", nil, fmt.Errorf("-redis %q: %w", url, err)
-	}
-	opt.Dialer.Timeout = 5 * time.Second
-	c, err := rueidis.NewClient(opt)
-	if err != nil {
-		return nil, "", nil, fmt.Errorf("connecting to %s: %w", url, err)
-	}
-	return c, url, c.Close, nil
 }

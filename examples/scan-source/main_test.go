@@ -1,0 +1,47 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/keyswap/keyswap/internal/redistest"
+)
+
+var env *redistest.Env
+
+func TestMain(m *testing.M) { os.Exit(redistest.Main(m, &env, true)) }
+
+func TestScanSource(t *testing.T) {
+	for _, tc := range []struct {
+		name, index string
+		args        []string
+	}{
+		{"embedded", "scan-source:users:by-email", nil},
+		{"standalone", "scan-source:users:by-email", []string{"-redis", "redis://" + env.Standalone.Addr}},
+		{"cluster", "{scan-source}:users:by-email", []string{"-redis", clusterURL(env.Cluster.Addrs)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv("REDIS_URL", "")
+			var out bytes.Buffer
+			if err := run(context.Background(), append(tc.args, "-objects", "3000"), &out); err != nil {
+				t.Fatalf("run: %v\n%s", err, &out)
+			}
+			for _, want := range []string{
+				"scanned 3000 objects in 3 batches",
+				tc.index + ": 3000 entries; stale entry for deleted@example.com present: false",
+			} {
+				if !strings.Contains(out.String(), want) {
+					t.Errorf("output lacks %q:\n%s", want, &out)
+				}
+			}
+		})
+	}
+}
+
+func clusterURL(addrs []string) string {
+	u := "redis://" + addrs[0] + "?addr=" + strings.Join(addrs, "&addr=")
+	return u
+}
