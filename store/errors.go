@@ -1,6 +1,10 @@
 package store
 
-import "errors"
+import (
+	"context"
+	"errors"
+	"fmt"
+)
 
 // ErrInProgress reports that another rebuild holds the key's lock. Acquire
 // never waits for it (C6, C7).
@@ -36,6 +40,17 @@ type Error struct {
 	Op  string
 	Key string
 	Err error
+}
+
+// fail wraps err, the error of a command sent with ctx, in an *Error. When
+// ctx was cancelled with a cause of its own (context.WithCancelCause), the
+// cause is wrapped too, so that errors.Is finds both it and
+// context.Canceled.
+func fail(ctx context.Context, op, key string, err error) error {
+	if cause := context.Cause(ctx); cause != nil && ctx.Err() != nil && errors.Is(err, ctx.Err()) && cause != ctx.Err() {
+		err = fmt.Errorf("%w (%w)", err, cause)
+	}
+	return &Error{Op: op, Key: key, Err: err}
 }
 
 func (e *Error) Error() string {

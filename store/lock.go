@@ -96,7 +96,7 @@ func (s *Store) acquire(ctx context.Context, op string, finals []string, ttl tim
 		case rueidis.IsRedisNil(err):
 			failed = &Error{Op: op, Key: order[i].Final, Err: ErrInProgress}
 		default:
-			failed = &Error{Op: op, Key: order[i].Final, Err: err}
+			failed = fail(ctx, op, order[i].Final, err)
 		}
 		if err != nil && !rueidis.IsRedisNil(err) && !isServerReply(err) {
 			// The SET may have run before its reply was lost. The token is
@@ -145,7 +145,7 @@ func (s *Store) ReleaseAll(ctx context.Context, locks []*Lock) error {
 	}
 	n, err := releaseScript.Exec(ctx, s.client, lockKeys, []string{token}).AsInt64()
 	if err != nil {
-		return &Error{Op: op, Key: locks[0].Final, Err: err}
+		return fail(ctx, op, locks[0].Final, err)
 	}
 	if int(n) != len(locks) {
 		return &Error{Op: op, Key: locks[0].Final, Err: ErrLockLost}
@@ -160,7 +160,7 @@ func (s *Store) touch(ctx context.Context, op string, locks []*Lock, temps []str
 	if err != nil {
 		return nil, err
 	}
-	return s.leaseReply(op, locks, temps, leaseScript.Exec(ctx, s.client, keys, args))
+	return s.leaseReply(ctx, op, locks, temps, leaseScript.Exec(ctx, s.client, keys, args))
 }
 
 // leaseCall validates a lease script call and returns its keys and args.
@@ -191,10 +191,10 @@ func (s *Store) leaseCall(op string, locks []*Lock, temps []string) (keys, args 
 }
 
 // leaseReply interprets the lease script's reply.
-func (s *Store) leaseReply(op string, locks []*Lock, temps []string, r rueidis.RedisResult) ([]TempState, error) {
+func (s *Store) leaseReply(ctx context.Context, op string, locks []*Lock, temps []string, r rueidis.RedisResult) ([]TempState, error) {
 	reply, err := r.AsIntSlice()
 	if err != nil {
-		return nil, &Error{Op: op, Key: locks[0].Final, Err: err}
+		return nil, fail(ctx, op, locks[0].Final, err)
 	}
 	switch {
 	case len(reply) == 2 && reply[0] == codeLockLost && reply[1] >= 1 && int(reply[1]) <= len(locks):

@@ -131,7 +131,7 @@ func (s *Store) publishTargets(ctx context.Context, op, final string, locks []*L
 			s.preserveTemp(ctx, t.Final, t.Temp, preserve)
 		}
 	}
-	return nil, &Error{Op: op, Key: final, Err: err}
+	return nil, fail(ctx, op, final, err)
 }
 
 // lockKeys returns the keys of locks.

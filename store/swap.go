@@ -111,15 +111,23 @@ func (s *Store) Swap(ctx context.Context, temp, final string, opts SwapOptions) 
 	if err != nil {
 		return 0, err
 	}
+	if opts.Populated < PopulatedUnknown || opts.Populated > PopulatedNo {
+		// Read as "no", an unknown value would delete the live key.
+		return 0, &Error{Op: op, Key: final, Err: fmt.Errorf("invalid %v", opts.Populated)}
+	}
 	var locks []*Lock
 	if opts.Lock != nil {
-		if err := checkLock(op, opts.Lock); err != nil {
+		l := *opts.Lock
+		switch {
+		case l.Final == "":
+			l.Final = final // a hand-built lock: errors still name the live key
+		case l.Final != final:
+			return 0, &Error{Op: op, Key: final, Err: fmt.Errorf("lock guards %q, not this key", l.Final)}
+		}
+		if err := checkLock(op, &l); err != nil {
 			return 0, err
 		}
-		if opts.Lock.Final != "" && opts.Lock.Final != final {
-			return 0, &Error{Op: op, Key: final, Err: fmt.Errorf("lock guards %q, not this key", opts.Lock.Final)}
-		}
-		locks = []*Lock{opts.Lock}
+		locks = []*Lock{&l}
 	}
 	target := Target{Temp: temp, Final: final}
 	if err := s.sameSlot(op, final, append([]string{temp, final}, lockKeys(locks)...)...); err != nil {
@@ -132,7 +140,7 @@ func (s *Store) Swap(ctx context.Context, temp, final string, opts SwapOptions) 
 	case PopulatedUnknown:
 		n, err := s.client.Do(ctx, s.client.B().Exists().Key(temp).Build()).AsInt64()
 		if err != nil {
-			return 0, &Error{Op: op, Key: final, Err: err}
+			return 0, fail(ctx, op, final, err)
 		}
 		target.Populated = n > 0
 	}

@@ -84,7 +84,7 @@ func (s *Store) Sweep(ctx context.Context, opts SweepOptions) ([]string, error) 
 	seen := map[string]bool{} // SCAN may return a key more than once
 	for page, err := range scan.Pages(ctx, s.client, scan.Options{Match: pattern, Count: sweepChunk}) {
 		if err != nil {
-			return swept, &Error{Op: op, Err: err}
+			return swept, fail(ctx, op, "", err)
 		}
 		fresh := page[:0]
 		for _, k := range page {
@@ -95,11 +95,11 @@ func (s *Store) Sweep(ctx context.Context, opts SweepOptions) ([]string, error) 
 		}
 		doomed, err := s.orphans(ctx, fresh, cutoff)
 		if err != nil {
-			return swept, &Error{Op: op, Err: err}
+			return swept, fail(ctx, op, "", err)
 		}
 		if !opts.DryRun {
 			if err := s.unlinkBySlot(ctx, doomed); err != nil {
-				return swept, &Error{Op: op, Err: err}
+				return swept, fail(ctx, op, "", err)
 			}
 		}
 		swept = append(swept, doomed...)

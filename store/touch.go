@@ -103,7 +103,7 @@ func (s *Store) TouchReply(ctx context.Context, r rueidis.RedisResult, locks []*
 	if rerr, ok := rueidis.IsRedisErr(r.Error()); ok && rerr.IsNoScript() {
 		return s.TouchAll(ctx, locks, temps)
 	}
-	return s.leaseReply("touch", locks, temps, r)
+	return s.leaseReply(ctx, "touch", locks, temps, r)
 }
 
 // lockFinal returns l.Final, or "" for a nil lock.

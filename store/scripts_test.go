@@ -1,0 +1,704 @@
+package store_test
+
+import (
+	"context"
+	"crypto/sha1"
+	"encoding/hex"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/keyswap/keyswap/internal/redistest"
+	"github.com/keyswap/keyswap/store"
+	"github.com/redis/rueidis"
+)
+
+// STYLE rule 11: every branch of every Lua script runs against a real
+// server, on the standalone server and on the cluster. Branches that need
+// several keys at once are reached by running the script text directly;
+// the rest also run through the public API.
+
+// scriptsEach runs f as a parallel subtest on the standalone server and on
+// the cluster. Raw script runs use scriptsKeys, whose keys share one hash
+// tag, so multi-key calls stay in one slot.
+func scriptsEach(t *testing.T, f func(t *testing.T, tg target)) {
+	t.Helper()
+	for _, tg := range targets(t) {
+		if tg.name != "standalone" && tg.name != "cluster/untagged" {
+			continue // the key kinds matter to the Store, not to raw scripts
+		}
+		t.Run(tg.name, func(t *testing.T) {
+			t.Parallel()
+			f(t, tg)
+		})
+	}
+}
+
+// scriptsKeys returns a function naming keys that share the hash tag
+// {<tg.final>/<group>}. The final keys under test have no braces.
+func scriptsKeys(tg target, group string) func(name string) string {
+	tag := "{" + tg.final + "/" + group + "}:"
+	return func(name string) string { return tag + name }
+}
+
+// scriptsLoad returns store/scripts/<name>.lua as a rueidis script.
+func scriptsLoad(t *testing.T, name string) *rueidis.Lua {
+	t.Helper()
+	src, err := os.ReadFile("scripts/" + name + ".lua")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rueidis.NewLuaScript(string(src))
+}
+
+// scriptsRun runs script on c and returns its integer array reply.
+func scriptsRun(t *testing.T, c rueidis.Client, script *rueidis.Lua, keys, args []string) []int64 {
+	t.Helper()
+	reply, err := script.Exec(context.Background(), c, keys, args).AsIntSlice()
+	if err != nil {
+		t.Fatalf("script(%q, %q): %v", keys, args, err)
+	}
+	return reply
+}
+
+func scriptsWantReply(t *testing.T, got []int64, want ...int64) {
+	t.Helper()
+	if !slices.Equal(got, want) {
+		t.Errorf("reply = %v, want %v", got, want)
+	}
+}
+
+// scriptsWantPTTL fails unless key's PTTL is in (lo, hi]. With lo = hi = -1
+// the key must exist with no TTL.
+func scriptsWantPTTL(t *testing.T, c rueidis.Client, key string, lo, hi time.Duration) {
+	t.Helper()
+	got := pttl(t, c, key)
+	if lo == -1 && hi == -1 {
+		if got != -1 {
+			t.Errorf("%s: PTTL %v, want -1 (no expiry)", key, got)
+		}
+		return
+	}
+	if got <= lo || got > hi {
+		t.Errorf("%s: PTTL %v, want in (%v, %v]", key, got, lo, hi)
+	}
+}
+
+func TestScriptLease(t *testing.T) {
+	// lease.lua: {1, s...} with every lock extended first (C11, C13, C15)
+	// and s per temp key: 0 absent, 1 alive (had a TTL), 2 created since
+	// the last touch (had none); {-1, i} for the first lock that is not
+	// ours, with nothing changed (C9).
+	scriptsEach(t, func(t *testing.T, tg target) {
+		lease := scriptsLoad(t, "lease")
+		const tok = "0123456789abcdef0123456789abcdef"
+
+		t.Run("all ours", func(t *testing.T) {
+			k := scriptsKeys(tg, "lease-ok")
+			l1, l2, t1, t2, t3 := k("l1"), k("l2"), k("t1"), k("t2"), k("t3")
+			do(t, tg.other, "SET", l1, tok, "EX", "10")
+			do(t, tg.other, "SET", l2, tok, "EX", "10")
+			seedHash(t, tg.other, t1, fields("a", 3))
+			do(t, tg.other, "EXPIRE", t1, "10")
+			do(t, tg.other, "DEL", t2)
+			seedHash(t, tg.other, t3, fields("c", 3)) // no TTL yet (C34.1)
+			got := scriptsRun(t, tg.client, lease, []string{l1, l2, t1, t2, t3}, []string{tok, "100", "2"})
+			scriptsWantReply(t, got, 1, 1, 0, 2)
+			for _, key := range []string{l1, l2, t1, t3} {
+				scriptsWantPTTL(t, tg.other, key, 10*time.Second, 100*time.Second) // reset, not left to decay
+			}
+			wantLock(t, tg.other, l1, tok)
+			wantLock(t, tg.other, l2, tok)
+			wantAbsent(t, tg.other, t2) // EXPIRE does not create it (C12)
+		})
+
+		t.Run("no temps", func(t *testing.T) {
+			k := scriptsKeys(tg, "lease-lock-only")
+			do(t, tg.other, "SET", k("l1"), tok, "EX", "10")
+			scriptsWantReply(t, scriptsRun(t, tg.client, lease, []string{k("l1")}, []string{tok, "100", "1"}), 1)
+			scriptsWantPTTL(t, tg.other, k("l1"), 10*time.Second, 100*time.Second)
+		})
+
+		for _, tt := range []struct {
+			name   string
+			thief  string // value of the lost lock; "" = expired
+			lostAt int64  // which lock is lost (1 or 2)
+		}{
+			{"second stolen", "thief", 2},
+			{"first stolen", "thief", 1},
+			{"second expired", "", 2},
+			{"first expired", "", 1},
+		} {
+			t.Run(tt.name, func(t *testing.T) {
+				k := scriptsKeys(tg, "lease-"+strings.ReplaceAll(tt.name, " ", "-"))
+				locks := []string{k("l1"), k("l2")}
+				t1, t3 := k("t1"), k("t3")
+				for _, l := range locks {
+					do(t, tg.other, "SET", l, tok, "EX", "10")
+				}
+				lost := locks[tt.lostAt-1]
+				if tt.thief != "" {
+					do(t, tg.other, "SET", lost, tt.thief, "EX", "20")
+				} else {
+					do(t, tg.other, "DEL", lost)
+				}
+				seedHash(t, tg.other, t1, fields("a", 3))
+				do(t, tg.other, "EXPIRE", t1, "10")
+				seedHash(t, tg.other, t3, fields("c", 3))
+
+				got := scriptsRun(t, tg.client, lease, []string{locks[0], locks[1], t1, t3}, []string{tok, "100", "2"})
+				scriptsWantReply(t, got, -1, tt.lostAt)
+				for _, l := range locks {
+					switch {
+					case l != lost:
+						wantLock(t, tg.other, l, tok)
+						scriptsWantPTTL(t, tg.other, l, 0, 10*time.Second) // not extended
+					case tt.thief != "":
+						wantLock(t, tg.other, l, tt.thief)
+						scriptsWantPTTL(t, tg.other, l, 0, 20*time.Second)
+					default:
+						wantLock(t, tg.other, l, "")
+					}
+				}
+				scriptsWantPTTL(t, tg.other, t1, 0, 10*time.Second) // not touched
+				scriptsWantPTTL(t, tg.other, t3, -1, -1)            // still no TTL
+			})
+		}
+	})
+}
+
+func TestScriptLeaseViaTouch(t *testing.T) {
+	// lease.lua through the public API: {1, 1}, {1, 0}, {-1, 1} (C11, C12).
+	forEachTarget(t, func(t *testing.T, tg target) {
+		ctx := ctxT(t)
+		s := tg.store(store.Options{})
+		temp := s.NewTempKey(tg.final)
+		swapClean(t, tg.other, s.LockKey(tg.final), temp)
+		lock, err := s.Acquire(ctx, tg.final, 60*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		do(t, tg.other, "EXPIRE", lock.Key, "10")
+
+		if populated, err := s.Touch(ctx, lock, temp); err != nil || populated {
+			t.Errorf("Touch before any write = %v, %v; want false, nil", populated, err)
+		}
+		scriptsWantPTTL(t, tg.other, lock.Key, 10*time.Second, 60*time.Second)
+		wantAbsent(t, tg.other, temp)
+
+		seedHash(t, tg.other, temp, fields("a", 2))
+		do(t, tg.other, "EXPIRE", lock.Key, "10")
+		if populated, err := s.Touch(ctx, lock, temp); err != nil || !populated {
+			t.Errorf("Touch after a write = %v, %v; want true, nil", populated, err)
+		}
+		scriptsWantPTTL(t, tg.other, lock.Key, 10*time.Second, 60*time.Second)
+		scriptsWantPTTL(t, tg.other, temp, 10*time.Second, 60*time.Second)
+
+		do(t, tg.other, "SET", lock.Key, "thief", "EX", "20")
+		do(t, tg.other, "EXPIRE", temp, "10")
+		_, err = s.Touch(ctx, lock, temp)
+		wantErr(t, err, store.ErrLockLost)
+		swapWantLock(t, tg.other, lock.Key, "thief", 20*time.Second)
+		scriptsWantPTTL(t, tg.other, temp, 0, 10*time.Second)
+	})
+}
+
+func TestScriptsMultiKeyViaStore(t *testing.T) {
+	// The multi-key branches through the public API: two live keys locked
+	// under one token, touched, published together with an orphan, released.
+	scriptsEach(t, func(t *testing.T, tg target) {
+		ctx := ctxT(t)
+		s := tg.store(store.Options{})
+		k := scriptsKeys(tg, "multi")
+		a, b, orphan := k("a"), k("b"), k("orphan")
+		swapClean(t, tg.other, a, b, orphan, s.LockKey(a), s.LockKey(b))
+		locks, err := s.AcquireAll(ctx, []string{a, b}, 60*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tempA, tempB := s.NewTempKey(a), s.NewTempKey(b)
+		swapClean(t, tg.other, tempA, tempB)
+		seedHash(t, tg.other, a, fields("oldA", 6))
+		seedHash(t, tg.other, b, fields("oldB", 6))
+		seedHash(t, tg.other, orphan, fields("orphan", 2))
+		seedHash(t, tg.other, tempA, fields("newA", 3)) // written, not yet touched: no TTL
+		shorten := func(keys ...string) {
+			for _, key := range keys {
+				do(t, tg.other, "EXPIRE", key, "10")
+			}
+		}
+
+		// lease {1, 2, 0}, then {1, 1, 0}; every lock extended.
+		shorten(locks[0].Key, locks[1].Key)
+		states, err := s.TouchAll(ctx, locks, []string{tempA, tempB})
+		if want := []store.TempState{store.TempCreated, store.TempAbsent}; err != nil || !slices.Equal(states, want) {
+			t.Fatalf("first TouchAll = %v, %v; want %v, nil", states, err, want)
+		}
+		for _, key := range []string{locks[0].Key, locks[1].Key, tempA} {
+			scriptsWantPTTL(t, tg.other, key, 10*time.Second, 60*time.Second)
+		}
+		wantAbsent(t, tg.other, tempB)
+		states, err = s.TouchAll(ctx, locks, []string{tempA, tempB})
+		if want := []store.TempState{store.TempAlive, store.TempAbsent}; err != nil || !slices.Equal(states, want) {
+			t.Fatalf("second TouchAll = %v, %v; want %v, nil", states, err, want)
+		}
+
+		// lease {-1, 2}: the error names b, and nothing changed.
+		shorten(locks[0].Key, tempA)
+		do(t, tg.other, "SET", locks[1].Key, "thief", "EX", "20")
+		_, err = s.TouchAll(ctx, locks, []string{tempA, tempB})
+		wantErr(t, err, store.ErrLockLost)
+		if !strings.Contains(err.Error(), b) {
+			t.Errorf("error %q does not name %s, whose lock was lost", err, b)
+		}
+		swapWantLock(t, tg.other, locks[0].Key, locks[0].Token, 10*time.Second)
+		swapWantLock(t, tg.other, locks[1].Key, "thief", 20*time.Second)
+		scriptsWantPTTL(t, tg.other, tempA, 0, 10*time.Second)
+		do(t, tg.other, "SET", locks[1].Key, locks[1].Token, "EX", "10")
+
+		// publish {0, 2}: b was seen populated and is gone; nothing changed.
+		_, err = s.Publish(ctx, store.PublishOptions{Locks: locks, Orphans: []string{orphan}, Targets: []store.Target{
+			{Temp: tempA, Final: a, Populated: true}, {Temp: tempB, Final: b, Populated: true},
+		}})
+		wantErr(t, err, store.ErrTempKeyLost)
+		if !strings.Contains(err.Error(), tempB) {
+			t.Errorf("error %q does not name the lost temp key %s", err, tempB)
+		}
+		wantHash(t, tg.other, a, fields("oldA", 6))
+		wantHash(t, tg.other, b, fields("oldB", 6))
+		wantHash(t, tg.other, orphan, fields("orphan", 2))
+		scriptsWantPTTL(t, tg.other, tempA, 0, 10*time.Second)
+
+		// publish {1, 1, 2}: a renamed, b emptied, the orphan unlinked.
+		out, err := s.Publish(ctx, store.PublishOptions{Locks: locks, Orphans: []string{orphan}, Targets: []store.Target{
+			{Temp: tempA, Final: a, Populated: true}, {Temp: tempB, Final: b},
+		}})
+		if want := []store.Outcome{store.Swapped, store.Emptied}; err != nil || !slices.Equal(out, want) {
+			t.Fatalf("Publish = %v, %v; want %v, nil", out, err, want)
+		}
+		wantHash(t, tg.other, a, fields("newA", 3))
+		for _, key := range []string{tempA, tempB, b, orphan} {
+			wantAbsent(t, tg.other, key)
+		}
+		swapWantLock(t, tg.other, locks[0].Key, locks[0].Token, 10*time.Second)
+		swapWantLock(t, tg.other, locks[1].Key, locks[1].Token, 10*time.Second)
+
+		// release 1 of 2: ours goes, the thief's stays.
+		do(t, tg.other, "SET", locks[1].Key, "thief", "EX", "20")
+		wantErr(t, s.ReleaseAll(ctx, locks), store.ErrLockLost)
+		wantLock(t, tg.other, locks[0].Key, "")
+		swapWantLock(t, tg.other, locks[1].Key, "thief", 20*time.Second)
+	})
+}
+
+func TestScriptRelease(t *testing.T) {
+	// release.lua: deletes only the locks that hold the token and returns
+	// how many (C8).
+	scriptsEach(t, func(t *testing.T, tg target) {
+		release := scriptsLoad(t, "release")
+		const tok = "0123456789abcdef0123456789abcdef"
+		for _, tt := range []struct {
+			name   string
+			values []string // per lock: "" = absent
+			want   int64
+		}{
+			{"mixed", []string{tok, "thief", "", tok}, 2},
+			{"none ours", []string{"thief", "", tok + "x"}, 0},
+			{"one ours", []string{tok}, 1},
+		} {
+			t.Run(tt.name, func(t *testing.T) {
+				k := scriptsKeys(tg, "release-"+strings.ReplaceAll(tt.name, " ", "-"))
+				var locks []string
+				for i, v := range tt.values {
+					l := k("l" + strconv.Itoa(i))
+					locks = append(locks, l)
+					if v == "" {
+						do(t, tg.other, "DEL", l)
+					} else {
+						do(t, tg.other, "SET", l, v, "EX", "30")
+					}
+				}
+				got, err := release.Exec(context.Background(), tg.client, locks, []string{tok}).AsInt64()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got != tt.want {
+					t.Errorf("reply = %d, want %d", got, tt.want)
+				}
+				for i, v := range tt.values {
+					if v == tok {
+						wantLock(t, tg.other, locks[i], "")
+						continue
+					}
+					wantLock(t, tg.other, locks[i], v)
+					if v != "" {
+						scriptsWantPTTL(t, tg.other, locks[i], 0, 30*time.Second)
+					}
+				}
+			})
+		}
+	})
+}
+
+func TestScriptReleaseViaStore(t *testing.T) {
+	// release.lua through the public API: 1 deletes our lock, 0 is
+	// ErrLockLost and leaves the holder's lock alone (C8).
+	forEachTarget(t, func(t *testing.T, tg target) {
+		ctx := ctxT(t)
+		s := tg.store(store.Options{})
+		swapClean(t, tg.other, s.LockKey(tg.final))
+		lock, err := s.Acquire(ctx, tg.final, 60*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Release(ctx, lock); err != nil {
+			t.Fatalf("Release: %v", err)
+		}
+		wantLock(t, tg.other, lock.Key, "")
+		wantErr(t, s.Release(ctx, lock), store.ErrLockLost)
+		wantLock(t, tg.other, lock.Key, "")
+		do(t, tg.other, "SET", lock.Key, "successor", "EX", "30")
+		wantErr(t, s.Release(ctx, lock), store.ErrLockLost)
+		swapWantLock(t, tg.other, lock.Key, "successor", 30*time.Second)
+	})
+}
+
+// scriptsPublishFixture is the keys of one raw publish run: L locks, T
+// temp keys (with contents and a TTL, or absent), T live keys (with old
+// contents and a TTL) and orphans (with contents).
+type scriptsPublishFixture struct {
+	tok                           string
+	locks, temps, finals, orphans []string
+	tempFields                    []map[string]string
+	finalFields                   []map[string]string
+}
+
+// seed creates the fixture. present[i] says whether temp i exists; locks
+// all hold tok, with TTL 10 s.
+func (f *scriptsPublishFixture) seed(t *testing.T, c rueidis.Client, k func(string) string, nLocks int, tok string, present []bool, nOrphans int) {
+	t.Helper()
+	f.tok = tok
+	for i := range nLocks {
+		l := k("lock" + strconv.Itoa(i))
+		do(t, c, "SET", l, tok, "EX", "10")
+		f.locks = append(f.locks, l)
+	}
+	for i, p := range present {
+		temp, final := k("temp"+strconv.Itoa(i)), k("final"+strconv.Itoa(i))
+		tf, ff := fields("new"+strconv.Itoa(i), 3), fields("old"+strconv.Itoa(i), 8)
+		if !p {
+			tf = nil
+		}
+		seedHash(t, c, temp, tf)
+		if p {
+			do(t, c, "EXPIRE", temp, "30")
+		}
+		seedHash(t, c, final, ff)
+		do(t, c, "EXPIRE", final, "1000")
+		f.temps, f.finals = append(f.temps, temp), append(f.finals, final)
+		f.tempFields, f.finalFields = append(f.tempFields, tf), append(f.finalFields, ff)
+	}
+	for i := range nOrphans {
+		o := k("orphan" + strconv.Itoa(i))
+		seedHash(t, c, o, fields("orphan", 2))
+		f.orphans = append(f.orphans, o)
+	}
+}
+
+func (f *scriptsPublishFixture) keys() []string {
+	return slices.Concat(f.locks, f.temps, f.finals, f.orphans)
+}
+
+// wantUnchanged fails unless every key is as seed left it; lockValue is
+// the expected value of each lock ("" = absent). Our locks must not have
+// been extended past the 10 s seed gave them; a thief's are set to 40 s.
+func (f *scriptsPublishFixture) wantUnchanged(t *testing.T, c rueidis.Client, lockValue map[string]string) {
+	t.Helper()
+	for _, l := range f.locks {
+		wantLock(t, c, l, lockValue[l])
+		switch lockValue[l] {
+		case "":
+		case f.tok:
+			scriptsWantPTTL(t, c, l, 0, 10*time.Second)
+		default:
+			scriptsWantPTTL(t, c, l, 0, 40*time.Second)
+		}
+	}
+	for i := range f.temps {
+		if f.tempFields[i] == nil {
+			wantAbsent(t, c, f.temps[i])
+		} else {
+			if diff := hashOf(t, c, f.temps[i]); !scriptsMapsEqual(diff, f.tempFields[i]) {
+				t.Errorf("temp %s = %v, want %v", f.temps[i], diff, f.tempFields[i])
+			}
+			scriptsWantPTTL(t, c, f.temps[i], 0, 30*time.Second)
+		}
+		if got := hashOf(t, c, f.finals[i]); !scriptsMapsEqual(got, f.finalFields[i]) {
+			t.Errorf("live %s = %v, want %v", f.finals[i], got, f.finalFields[i])
+		}
+		scriptsWantPTTL(t, c, f.finals[i], 30*time.Second, 1000*time.Second)
+	}
+	for _, o := range f.orphans {
+		if !exists(t, c, o) {
+			t.Errorf("orphan %s was deleted, want it kept", o)
+		}
+	}
+}
+
+func scriptsMapsEqual(a, b map[string]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if w, ok := b[k]; !ok || w != v {
+			return false
+		}
+	}
+	return true
+}
+
+func TestScriptPublish(t *testing.T) {
+	// publish.lua (C22-C28, C53+).
+	scriptsEach(t, func(t *testing.T, tg target) {
+		publish := scriptsLoad(t, "publish")
+		const tok = "0123456789abcdef0123456789abcdef"
+
+		t.Run("lock lost", func(t *testing.T) {
+			// {-1, i} for the first lock not ours; nothing changed, and the
+			// fence is checked before existence (C28): temp 2 is missing
+			// though flagged populated.
+			for _, tt := range []struct {
+				name   string
+				lostAt int
+				thief  string
+			}{
+				{"second stolen", 2, "thief"},
+				{"first stolen", 1, "thief"},
+				{"second expired", 2, ""},
+			} {
+				t.Run(tt.name, func(t *testing.T) {
+					k := scriptsKeys(tg, "publish-lost-"+strings.ReplaceAll(tt.name, " ", "-"))
+					var f scriptsPublishFixture
+					f.seed(t, tg.other, k, 2, tok, []bool{true, false, true}, 2)
+					values := map[string]string{f.locks[0]: tok, f.locks[1]: tok}
+					lost := f.locks[tt.lostAt-1]
+					values[lost] = tt.thief
+					if tt.thief != "" {
+						do(t, tg.other, "SET", lost, tt.thief, "EX", "40")
+					} else {
+						do(t, tg.other, "DEL", lost)
+					}
+					got := scriptsRun(t, tg.client, publish, f.keys(), []string{tok, "2", "3", "111"})
+					scriptsWantReply(t, got, -1, int64(tt.lostAt))
+					f.wantUnchanged(t, tg.other, values)
+				})
+			}
+		})
+
+		t.Run("temp lost", func(t *testing.T) {
+			// {0, i} for the first populated temp key that is missing;
+			// nothing changed, not even target 1, which could have been
+			// renamed, nor the orphans.
+			k := scriptsKeys(tg, "publish-temp-lost")
+			var f scriptsPublishFixture
+			f.seed(t, tg.other, k, 1, tok, []bool{true, false, false, true}, 2)
+			got := scriptsRun(t, tg.client, publish, f.keys(), []string{tok, "1", "4", "1011"})
+			scriptsWantReply(t, got, 0, 3)
+			f.wantUnchanged(t, tg.other, map[string]string{f.locks[0]: tok})
+		})
+
+		for _, tt := range []struct {
+			name   string
+			token  string
+			nLocks int
+		}{
+			{"published fenced", tok, 2},
+			{"published unfenced", "", 0}, // '' token, L = 0
+		} {
+			t.Run(tt.name, func(t *testing.T) {
+				// {1, 1, 2, 1}: renamed, emptied, and renamed despite a '0'
+				// flag because the temp key exists. Orphans are UNLINKed,
+				// PERSIST clears the TTL the temp key carried over (C23), and
+				// the locks are neither extended nor released (C31).
+				k := scriptsKeys(tg, "publish-ok-"+strings.ReplaceAll(tt.name, " ", "-"))
+				var f scriptsPublishFixture
+				f.seed(t, tg.other, k, tt.nLocks, tok, []bool{true, false, true}, 2)
+				args := []string{tt.token, strconv.Itoa(tt.nLocks), "3", "100"}
+				got := scriptsRun(t, tg.client, publish, f.keys(), args)
+				scriptsWantReply(t, got, 1, 1, 2, 1)
+				wantHash(t, tg.other, f.finals[0], f.tempFields[0]) // PTTL -1
+				wantAbsent(t, tg.other, f.finals[1])
+				wantHash(t, tg.other, f.finals[2], f.tempFields[2])
+				for _, temp := range f.temps {
+					wantAbsent(t, tg.other, temp)
+				}
+				for _, o := range f.orphans {
+					wantAbsent(t, tg.other, o)
+				}
+				for _, l := range f.locks {
+					wantLock(t, tg.other, l, tok)
+					scriptsWantPTTL(t, tg.other, l, 0, 10*time.Second)
+				}
+			})
+		}
+
+		t.Run("empty and idempotent", func(t *testing.T) {
+			// {1, 2}: neither key exists; the empty path still succeeds (C24).
+			k := scriptsKeys(tg, "publish-nothing")
+			got := scriptsRun(t, tg.client, publish, []string{k("temp"), k("final")}, []string{"", "0", "1", "0"})
+			scriptsWantReply(t, got, 1, 2)
+			wantAbsent(t, tg.other, k("final"))
+		})
+	})
+}
+
+// scriptsInfoInt returns field from INFO section on c.
+func scriptsInfoInt(t *testing.T, c rueidis.Client, section, field string) int64 {
+	t.Helper()
+	info, err := c.Do(context.Background(), c.B().Info().Section(section).Build()).ToString()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.SplitSeq(info, "\r\n") {
+		if v, ok := strings.CutPrefix(line, field+":"); ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				t.Fatalf("INFO %s: %q: %v", section, line, err)
+			}
+			return n
+		}
+	}
+	t.Fatalf("INFO %s has no %s", section, field)
+	return 0
+}
+
+func TestScriptPublishUnlinksOldValue(t *testing.T) {
+	// C23+: the old value is UNLINKed before the RENAME, so a large live key
+	// is freed in the background, never on the server's main thread. On a
+	// server of our own, where a plain RENAME frees synchronously
+	// (lazyfree-lazy-server-del no), the lazy-free counter tells the two
+	// apart.
+	srv, err := redistest.StartServer("--lazyfree-lazy-server-del", "no")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := srv.Stop(); err != nil {
+			t.Error(err)
+		}
+	})
+	c := srv.Client(t)
+	ctx := ctxT(t)
+	s := store.New(c, store.Options{})
+	p := redistest.Prefix(t)
+	big := fields("old", 2000) // a real hash table: above the lazy-free threshold of 64
+
+	// Control: a plain RENAME over a large key does not free lazily here.
+	seedHash(t, c, p+"control", big)
+	seedHash(t, c, p+"control-temp", fields("new", 3))
+	before := scriptsInfoInt(t, c, "memory", "lazyfreed_objects")
+	do(t, c, "RENAME", p+"control-temp", p+"control")
+	if after := scriptsInfoInt(t, c, "memory", "lazyfreed_objects"); after != before {
+		t.Fatalf("control: a plain RENAME lazily freed %d objects; the server frees lazily, so this test cannot tell", after-before)
+	}
+
+	final := p + "idx"
+	temp := s.NewTempKey(final)
+	seedHash(t, c, final, big)
+	seedHash(t, c, temp, fields("new", 3))
+	before = scriptsInfoInt(t, c, "memory", "lazyfreed_objects")
+	if out, err := s.Swap(ctx, temp, final, store.SwapOptions{Populated: store.PopulatedYes}); err != nil || out != store.Swapped {
+		t.Fatalf("Swap = %v, %v; want %v, nil", out, err, store.Swapped)
+	}
+	swapPollUntil(t, 10*time.Second, "the old value freed lazily (lazyfreed_objects +1)", func() bool {
+		return scriptsInfoInt(t, c, "memory", "lazyfreed_objects") > before
+	})
+	wantHash(t, c, final, fields("new", 3))
+}
+
+func TestScriptsSurviveScriptFlush(t *testing.T) {
+	// After SCRIPT FLUSH every script still runs: rueidis gets NOSCRIPT from
+	// EVALSHA and falls back to EVAL. On a server of our own, since the
+	// flush would slow every other test on a shared one.
+	srv, err := redistest.StartServer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := srv.Stop(); err != nil {
+			t.Error(err)
+		}
+	})
+	admin := srv.Client(t)
+	s, sp := swapSpied(t, srv.Client(t), nil)
+	ctx := ctxT(t)
+	final := redistest.Prefix(t) + "idx"
+
+	// round runs each script once through the Store and checks its result.
+	round := func(t *testing.T, gen string) {
+		t.Helper()
+		lock, err := s.Acquire(ctx, final, 60*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		temp := s.NewTempKey(final)
+		seedHash(t, admin, temp, fields(gen, 4))
+		if populated, err := s.Touch(ctx, lock, temp); err != nil || !populated { // lease
+			t.Fatalf("Touch = %v, %v; want true, nil", populated, err)
+		}
+		if out, err := s.Swap(ctx, temp, final, store.SwapOptions{Lock: lock, Populated: store.PopulatedYes}); err != nil || out != store.Swapped { // publish
+			t.Fatalf("Swap = %v, %v; want %v, nil", out, err, store.Swapped)
+		}
+		if err := s.Release(ctx, lock); err != nil { // release
+			t.Fatalf("Release: %v", err)
+		}
+		wantHash(t, admin, final, fields(gen, 4))
+		wantLock(t, admin, lock.Key, "")
+	}
+
+	var shas []string
+	for _, name := range []string{"lease", "publish", "release"} {
+		src, err := os.ReadFile("scripts/" + name + ".lua")
+		if err != nil {
+			t.Fatal(err)
+		}
+		sum := sha1.Sum(src)
+		shas = append(shas, hex.EncodeToString(sum[:]))
+	}
+	cached := func() []int64 {
+		t.Helper()
+		n, err := admin.Do(ctx, admin.B().ScriptExists().Sha1(shas...).Build()).AsIntSlice()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+
+	round(t, "first") // loads every script
+	if got := cached(); !slices.Equal(got, []int64{1, 1, 1}) {
+		t.Fatalf("SCRIPT EXISTS after a first round = %v, want [1 1 1]", got)
+	}
+	sp.recorded()
+	if err := admin.Do(ctx, admin.B().ScriptFlush().Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	if got := cached(); !slices.Equal(got, []int64{0, 0, 0}) {
+		t.Fatalf("SCRIPT EXISTS after SCRIPT FLUSH = %v, want [0 0 0]", got)
+	}
+	round(t, "second")
+
+	// Each script went EVALSHA (NOSCRIPT), then EVAL.
+	var got []string
+	for _, c := range sp.recorded() {
+		if c.script != "" {
+			got = append(got, c.args[0]+" "+c.script)
+		}
+	}
+	want := []string{"EVALSHA lease", "EVAL lease", "EVALSHA publish", "EVAL publish", "EVALSHA release", "EVAL release"}
+	if !slices.Equal(got, want) {
+		t.Errorf("script commands after SCRIPT FLUSH = %q, want %q", got, want)
+	}
+}
