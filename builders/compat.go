@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
+	"runtime/debug"
 	"strings"
 
 	"github.com/keyswap/keyswap/rebuild"
@@ -46,12 +48,7 @@ func (b *compat[T]) Build(c *rebuild.Commands, items []T) error {
 		return err
 	}
 	sink := &capture{cb: c.B()}
-	p := rueidiscompat.NewAdapter(sink).Pipeline()
-	ctx := context.Background() // the pipeline only queues; nothing is sent
-	if err := b.fn(ctx, p, temp, items); err != nil {
-		return err
-	}
-	if _, err := p.Exec(ctx); err != nil && !errors.Is(err, errCaptured) {
+	if err := b.queue(sink, temp, items); err != nil {
 		return err
 	}
 	for _, cmd := range sink.cmds {
@@ -67,6 +64,38 @@ func (b *compat[T]) Build(c *rebuild.Commands, items []T) error {
 	}
 	return nil
 }
+
+// queue runs fn on a pipeline over sink and hands its commands to sink. On a
+// cluster client, rueidis's command builder panics on a command whose keys
+// span several hash slots: that is a refusal, reported as an error.
+func (b *compat[T]) queue(sink *capture, temp string, items []T) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			msg := fmt.Sprint(p)
+			if !strings.Contains(msg, "slot") {
+				panic(p)
+			}
+			// The panic value does not name the command; the stack does.
+			cmd := "a command"
+			if m := compatMethod.FindSubmatch(debug.Stack()); m != nil {
+				cmd = strings.ToUpper(string(m[1]))
+			}
+			err = fmt.Errorf("compat builder %q queued %s on keys outside its temp key's hash slot: %s", b.key, cmd, msg)
+		}
+	}()
+	p := rueidiscompat.NewAdapter(sink).Pipeline()
+	ctx := context.Background() // the pipeline only queues; nothing is sent
+	if err := b.fn(ctx, p, temp, items); err != nil {
+		return err
+	}
+	if _, err := p.Exec(ctx); err != nil && !errors.Is(err, errCaptured) {
+		return err
+	}
+	return nil
+}
+
+// compatMethod finds the rueidiscompat method in a stack trace.
+var compatMethod = regexp.MustCompile(`rueidiscompat\.\(\*(?:Compat|Pipeline)\)\.(\w+)\(`)
 
 // writesOtherKeys lists commands whose first argument is a key but which
 // can write another key too, or which take a key count first.

@@ -149,6 +149,8 @@ func (ts *targets) get(b int, live string) (*target, error) {
 		return nil, fmt.Errorf("builder %q wrote to key %q, which it does not own", o.key, live)
 	case o.family && (!strings.HasPrefix(live, o.key+":") || len(live) == len(o.key)+1):
 		return nil, fmt.Errorf("family builder %q wrote to key %q, which is not %q followed by a bucket", o.key, live, o.key+":")
+	case reserved(live):
+		return nil, fmt.Errorf("builder %q wrote to key %q, which has the shape of a rebuild lock or temp key; keyswap would take it for one (a lock key collision would block every later rebuild), so such keys cannot be rebuilt", o.key, live)
 	case ts.cluster && keys.Slot(live) != ts.slot:
 		return nil, fmt.Errorf("builder %q wrote to key %q in hash slot %d, outside this rebuild's slot %d; give it the rebuild's hash tag", o.key, live, keys.Slot(live), ts.slot)
 	}
@@ -161,6 +163,12 @@ func (ts *targets) get(b int, live string) (*target, error) {
 		ts.ordered = append(ts.ordered, t)
 	}
 	return t, nil
+}
+
+// reserved reports whether key has the shape of a rebuild lock or temp key.
+func reserved(key string) bool {
+	_, _, temp := keys.ParseTempKey(key)
+	return temp || strings.HasSuffix(key, keys.LockSuffix)
 }
 
 // all returns every target so far.

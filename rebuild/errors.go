@@ -21,6 +21,18 @@ var (
 	ErrTempKeyLost = store.ErrTempKeyLost
 )
 
+// Outcome is what the publish did to a live key; see Stats.Outcomes.
+type Outcome = store.Outcome
+
+// The outcomes of a publish, re-exported from package store.
+const (
+	// Swapped: the live key now holds the rebuilt value.
+	Swapped = store.Swapped
+	// Emptied: the live key was deleted: its builder produced nothing for
+	// it, or it was a family bucket the run no longer produced.
+	Emptied = store.Emptied
+)
+
 // Error is the error type of a failed run. Op names the step that failed
 // ("config", "acquire", "source", "build", "write", "lease", "publish"), Key
 // the builders' keys, and Err the cause.

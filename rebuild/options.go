@@ -81,7 +81,7 @@ type Stats struct {
 	// with the rebuilt value) or Emptied (deleted: the builder produced
 	// nothing for it, or it was a family bucket the run no longer
 	// produced). It is empty when the run failed.
-	Outcomes map[string]store.Outcome
+	Outcomes map[string]Outcome
 	// Elapsed is the run's duration, from locking to release.
 	Elapsed time.Duration
 }

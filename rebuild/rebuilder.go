@@ -103,6 +103,9 @@ func (r *Rebuilder[T]) configure() error {
 		if a.key == "" {
 			return bad("builder %d (%T) has an empty key", i, r.builders[i])
 		}
+		if reserved(a.key) {
+			return bad("key %q of builder %d has the shape of a rebuild lock or temp key, so it cannot be rebuilt", a.key, i)
+		}
 		for j, b := range r.owners[:i] {
 			switch {
 			case a.key == b.key:
@@ -209,19 +212,36 @@ type execution[T any] struct {
 	targets *targets
 	lease   *lease
 
-	items, batches atomic.Int64 // completed batches' items, completed batches
-	entries        []atomic.Int64
-	progressMu     sync.Mutex
-	free           chan []T // batch buffers to reuse
+	items, batches atomic.Int64 // items in sent batches, sent batches
+	entries        []int64      // entries written per builder; only the sender writes
+	free           chan []T     // batch buffers to reuse
+}
+
+// batch is one batch on its way from the source to Redis: built by its own
+// goroutine, then sent in source order by the sender.
+type batch[T any] struct {
+	items []T
+	built chan struct{} // closed when c and err are set
+	c     *Commands
+	err   error
 }
 
 // run is Run after the locks are taken. Every way out of it, a panic
 // included, ends every goroutine it started, then either publishes or
 // discards every temp key, and releases the locks.
+//
+// The pipeline has three stages. The caller's goroutine pulls the source and
+// cuts batches. Each batch is built (turned into commands by the builders)
+// in a goroutine of its own, up to Writers batches ahead. One sender takes
+// the built batches in source order and sends every batch already waiting
+// in one DoMulti, which rueidis writes to one connection in order. So the
+// server is kept busy with several batches per round trip, and the last
+// write of a field or member in source order wins (C50, C54): concurrent
+// DoMulti calls would go out on different connections, in no set order.
 func (x *execution[T]) run(ctx context.Context, src iter.Seq2[T, error]) (err error) {
 	r := x.r
-	x.entries = make([]atomic.Int64, len(r.builders))
-	x.free = make(chan []T, r.opts.Writers+1)
+	x.entries = make([]int64, len(r.builders))
+	x.free = make(chan []T, r.opts.Writers+2)
 	x.targets = newTargets(r.owners, r.store.Cluster(), r.store.NewTempKey)
 
 	runCtx, cancel := context.WithCancelCause(ctx)
@@ -230,17 +250,18 @@ func (x *execution[T]) run(ctx context.Context, src iter.Seq2[T, error]) (err er
 	var leaseDone sync.WaitGroup
 	leaseDone.Go(func() { x.lease.run(runCtx) })
 
-	// The family scans and the writers run concurrently with the source.
+	// The family scans run concurrently with the source.
 	scans, scanCtx := errgroup.WithContext(runCtx)
 	live := x.scanFamilies(scanCtx, scans)
-	writers, writeCtx := errgroup.WithContext(runCtx)
-	writers.SetLimit(r.opts.Writers)
+	g, gctx := errgroup.WithContext(runCtx)
+	queue := make(chan *batch[T], r.opts.Writers)
+	g.Go(func() error { return x.send(gctx, queue) })
 
 	published := false
 	defer func() {
 		// On every path, a panic in the source included: stop, wait, clean up.
 		cancel(errors.New("keyswap: run ended"))
-		_ = writers.Wait()
+		_ = g.Wait()
 		_ = scans.Wait()
 		x.lease.stop()
 		leaseDone.Wait()
@@ -250,8 +271,8 @@ func (x *execution[T]) run(ctx context.Context, src iter.Seq2[T, error]) (err er
 		err = x.release(ctx, err)
 	}()
 
-	srcErr := x.pump(writeCtx, writers, src)
-	werr := writers.Wait()
+	srcErr := x.pump(gctx, g, queue, src)
+	werr := g.Wait()
 	serr := scans.Wait()
 	if pe, ok := werr.(*PanicError); ok {
 		panic(pe) // after the deferred cleanup, in the caller's goroutine
@@ -274,11 +295,25 @@ func (x *execution[T]) run(ctx context.Context, src iter.Seq2[T, error]) (err er
 	return err
 }
 
-// pump pulls src into batches and hands them to the writers. It returns the
-// source's error, if any. It stops early when ctx is done.
-func (x *execution[T]) pump(ctx context.Context, g *errgroup.Group, src iter.Seq2[T, error]) error {
+// pump pulls src into batches, starts building each, and queues it for the
+// sender in source order; the queue's capacity is the backpressure that
+// bounds memory. It closes queue when done, and returns the source's error,
+// if any. It stops early when ctx is done.
+func (x *execution[T]) pump(ctx context.Context, g *errgroup.Group, queue chan<- *batch[T], src iter.Seq2[T, error]) error {
+	defer close(queue)
 	size := x.r.opts.BatchSize
-	batch := x.buffer(size)
+	items := x.buffer(size)
+	hand := func() bool {
+		b := &batch[T]{items: items, built: make(chan struct{})}
+		g.Go(func() error { x.build(b); return nil }) // its error goes to the sender, in order
+		items = x.buffer(size)
+		select {
+		case queue <- b:
+			return true
+		case <-ctx.Done():
+			return false
+		}
+	}
 	for item, err := range src {
 		if err != nil {
 			return err
@@ -287,20 +322,17 @@ func (x *execution[T]) pump(ctx context.Context, g *errgroup.Group, src iter.Seq
 			return nil
 		}
 		x.stats.Items++
-		batch = append(batch, item)
-		if len(batch) == size {
-			b := batch
-			g.Go(func() error { return x.write(ctx, b) })
-			batch = x.buffer(size)
+		if items = append(items, item); len(items) == size && !hand() {
+			return nil
 		}
 	}
-	if len(batch) > 0 && ctx.Err() == nil {
-		g.Go(func() error { return x.write(ctx, batch) })
+	if len(items) > 0 && ctx.Err() == nil {
+		hand()
 	}
 	return nil
 }
 
-// buffer returns an empty batch buffer, reusing a written one if possible.
+// buffer returns an empty batch buffer, reusing a sent one if possible.
 func (x *execution[T]) buffer(size int) []T {
 	select {
 	case b := <-x.free:
@@ -310,42 +342,95 @@ func (x *execution[T]) buffer(size int) []T {
 	}
 }
 
-// write builds and sends one batch. The batch's DoMulti carries its writes,
-// an EXPIRE of every temp key it wrote (so that every temp key has a TTL as
-// soon as it exists, C34), and the lease renewal when one is due.
-func (x *execution[T]) write(ctx context.Context, batch []T) (err error) {
+// build turns b's items into commands through every builder. A panic in a
+// builder becomes a *PanicError, which Run re-panics after cleaning up.
+func (x *execution[T]) build(b *batch[T]) {
+	defer close(b.built)
 	defer func() {
 		if p := recover(); p != nil {
-			err = &PanicError{Value: p, Stack: debug.Stack()}
+			b.err = &PanicError{Value: p, Stack: debug.Stack()}
 		}
 	}()
-	if ctx.Err() != nil {
-		return nil // the run is over; its cause is reported by run
-	}
 	r := x.r
 	c := &Commands{
 		cb: r.client.B(), targets: x.targets, entries: make([]int64, len(r.builders)),
 		seen: map[*target]bool{}, temps: map[string]*target{},
 	}
-	for i, b := range r.builders {
+	for i, bl := range r.builders {
 		c.builder = i
-		if err := b.Build(c, batch); err != nil {
-			return &Error{Op: "build", Key: b.Key(), Err: err}
+		if err := bl.Build(c, b.items); err != nil {
+			b.err = &Error{Op: "build", Key: bl.Key(), Err: err}
+			return
 		}
 	}
 	if x.targets.cluster {
 		for _, cmd := range c.cmds {
 			if cmd.Slot() != x.targets.slot {
-				return &Error{Op: "build", Key: r.key, Err: fmt.Errorf("a builder's command %q is outside the rebuild's hash slot %d; builders must write only to keys from Commands.Temp", cmd.Commands()[0], x.targets.slot)}
+				b.err = &Error{Op: "build", Key: r.key, Err: fmt.Errorf("a builder's command %q is outside the rebuild's hash slot %d; builders must write only to keys from Commands.Temp", cmd.Commands()[0], x.targets.slot)}
+				return
 			}
 		}
 	}
-	writes := len(c.cmds)
-	for _, t := range c.touched {
-		// NX: only a key this batch created has no TTL yet, so a reply of 1
-		// is the creation of the temp key, and a second one for the same
-		// key is a loss (see target.created).
-		c.cmds = append(c.cmds, c.cb.Expire().Key(t.temp).Seconds(r.ttlSecs).Nx().Build())
+	b.c = c
+}
+
+// send takes built batches from queue in source order and writes them,
+// every batch already waiting (up to Writers) in one DoMulti.
+func (x *execution[T]) send(ctx context.Context, queue <-chan *batch[T]) error {
+	for {
+		var group []*batch[T]
+		select {
+		case b, ok := <-queue:
+			if !ok {
+				return nil
+			}
+			group = append(group, b)
+		case <-ctx.Done():
+			return nil // run reports the cause
+		}
+	more:
+		for len(group) < x.r.opts.Writers {
+			select {
+			case b, ok := <-queue:
+				if !ok {
+					break more
+				}
+				group = append(group, b)
+			default:
+				break more
+			}
+		}
+		for _, b := range group {
+			select {
+			case <-b.built:
+			case <-ctx.Done():
+				return nil
+			}
+			if b.err != nil {
+				return b.err
+			}
+		}
+		if err := x.write(ctx, group); err != nil {
+			return err
+		}
+	}
+}
+
+// write sends a group of built batches in one DoMulti: each batch's writes,
+// then an EXPIRE NX of every temp key it wrote (so that every temp key has a
+// TTL as soon as it exists, C34), and at the end the lease renewal when one
+// is due. Then it accounts for each batch, in order.
+func (x *execution[T]) write(ctx context.Context, group []*batch[T]) error {
+	r := x.r
+	var cmds rueidis.Commands
+	for _, b := range group {
+		cmds = append(cmds, b.c.cmds...)
+		for _, t := range b.c.touched {
+			// NX: only a key this batch created has no TTL yet, so a reply
+			// of 1 is the creation of the temp key, and a second one for the
+			// same key is a loss (see target.created).
+			cmds = append(cmds, b.c.cb.Expire().Key(t.temp).Seconds(r.ttlSecs).Nx().Build())
+		}
 	}
 	sent := time.Now()
 	renewTemps, renew := x.lease.claim(sent, false)
@@ -355,7 +440,7 @@ func (x *execution[T]) write(ctx context.Context, batch []T) (err error) {
 			x.lease.settle(ctx, sent, renewTemps, nil) // reports the same error
 			renew = false
 		} else {
-			c.cmds = append(c.cmds, cmd)
+			cmds = append(cmds, cmd)
 		}
 	}
 
@@ -365,42 +450,49 @@ func (x *execution[T]) write(ctx context.Context, batch []T) (err error) {
 	// bounded by it.
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.opts.TTL)
 	defer cancel()
-	res := r.client.DoMulti(wctx, c.cmds...)
+	res := r.client.DoMulti(wctx, cmds...)
 	if renew {
 		x.lease.settle(wctx, sent, renewTemps, &res[len(res)-1])
 	}
-	for i, cmd := range res[:writes] {
-		if err := cmd.Error(); err != nil {
-			return &Error{Op: "write", Key: r.key, Err: fmt.Errorf("batch of %d items, command %d of %d: %w", len(batch), i+1, writes, err)}
+	for _, b := range group {
+		writes := len(b.c.cmds)
+		for i, cmd := range res[:writes] {
+			if err := cmd.Error(); err != nil {
+				return &Error{Op: "write", Key: r.key, Err: fmt.Errorf("batch %d (%d items), command %d of %d: %w",
+					x.batches.Load()+1, len(b.items), i+1, writes, err)}
+			}
 		}
-	}
-	for i, t := range c.touched {
-		n, err := res[writes+i].AsInt64()
-		if err != nil {
-			return &Error{Op: "write", Key: r.key, Err: fmt.Errorf("EXPIRE %s: %w", t.temp, err)}
+		for i, t := range b.c.touched {
+			n, err := res[writes+i].AsInt64()
+			if err != nil {
+				return &Error{Op: "write", Key: r.key, Err: fmt.Errorf("EXPIRE %s: %w", t.temp, err)}
+			}
+			if n == 1 && !t.created() {
+				return &Error{Op: "write", Key: r.key, Err: lostTemp(t, "vanished and was re-created by a later write (or a write removed its TTL, as a plain SET does: use SET KEEPTTL), so it holds only part of the rebuild")}
+			}
 		}
-		if n == 1 && !t.created() {
-			return &Error{Op: "write", Key: r.key, Err: lostTemp(t, "vanished and was re-created by a later write (or a write removed its TTL, as a plain SET does: use SET KEEPTTL), so it holds only part of the rebuild")}
-		}
-	}
-
-	for i, n := range c.entries {
-		x.entries[i].Add(n)
-	}
-	x.items.Add(int64(len(batch)))
-	x.batches.Add(1)
-	clear(batch)
-	select {
-	case x.free <- batch[:0]:
-	default:
-	}
-	if p := r.opts.Progress; p != nil {
-		x.progressMu.Lock()
-		defer x.progressMu.Unlock()
-		items, elapsed := x.items.Load(), time.Since(x.start)
-		p(Progress{Items: items, Batches: x.batches.Load(), Elapsed: elapsed, Rate: float64(items) / elapsed.Seconds()})
+		res = res[writes+len(b.c.touched):]
+		x.account(b)
 	}
 	return nil
+}
+
+// account records a written batch, recycles its buffer and reports progress.
+func (x *execution[T]) account(b *batch[T]) {
+	for i, n := range b.c.entries {
+		x.entries[i] += n
+	}
+	items := x.items.Add(int64(len(b.items)))
+	batches := x.batches.Add(1)
+	clear(b.items)
+	select {
+	case x.free <- b.items[:0]:
+	default:
+	}
+	if p := x.r.opts.Progress; p != nil {
+		elapsed := time.Since(x.start)
+		p(Progress{Items: items, Batches: batches, Elapsed: elapsed, Rate: float64(items) / elapsed.Seconds()})
+	}
 }
 
 // scanFamilies starts a SCAN per family builder for its live keys, whose
@@ -439,7 +531,7 @@ func (x *execution[T]) publish(ctx context.Context, live []map[string]bool) (boo
 	r := x.r
 	x.stats.Batches = x.batches.Load()
 	for i, b := range r.builders {
-		x.stats.Targets[b.Key()] = x.entries[i].Load()
+		x.stats.Targets[b.Key()] = x.entries[i]
 	}
 	all := x.targets.all()
 	states, err := r.store.TouchAll(ctx, x.locks, tempKeys(all))

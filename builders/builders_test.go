@@ -1,0 +1,1060 @@
+package builders_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/keyswap/keyswap/builders"
+	"github.com/keyswap/keyswap/internal/keys"
+	"github.com/keyswap/keyswap/internal/redistest"
+	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/store"
+	"github.com/redis/rueidis"
+	"github.com/redis/rueidis/rueidiscompat"
+	"github.com/redis/rueidis/rueidishook"
+)
+
+// Every constructor returns a rebuild.Builder (STYLE.md rule 8).
+var (
+	_ rebuild.Builder[user] = builders.Hash[user]("h", func(user) (string, string, bool) { return "", "", false })
+	_ rebuild.Builder[user] = builders.SortedSet[user]("z", func(user) (string, float64, bool) { return "", 0, false })
+	_ rebuild.Builder[user] = builders.Set[user]("s", func(user) (string, bool) { return "", false })
+	_ rebuild.Builder[user] = builders.SetIndex[user]("i", func(user) (string, string, bool) { return "", "", false })
+	_ rebuild.Builder[user] = builders.Func[user]("f", func(*rebuild.Commands, []user) error { return nil })
+	_ rebuild.Builder[user] = builders.Compat[user]("c", func(context.Context, rueidiscompat.Pipeliner, string, []user) error { return nil })
+)
+
+// The builders the tests use, over user.
+func byEmail(key string) rebuild.Builder[user] {
+	return builders.Hash(key, func(u user) (string, string, bool) { return u.Email, u.ID, !builders.Blank(u.Email) })
+}
+
+func byScore(key string) rebuild.Builder[user] {
+	return builders.SortedSet(key, func(u user) (string, float64, bool) { return u.ID, u.Score, !builders.Blank(u.ID) })
+}
+
+func ids(key string) rebuild.Builder[user] {
+	return builders.Set(key, func(u user) (string, bool) { return u.ID, !builders.Blank(u.ID) })
+}
+
+func byCountry(prefix string) rebuild.Builder[user] {
+	return builders.SetIndex(prefix, func(u user) (string, string, bool) { return u.Country, u.ID, !builders.Blank(u.Country) })
+}
+
+// recorder is a redistest.Hook that records the commands of every DoMulti,
+// which is how the Rebuilder sends batches.
+type recorder struct {
+	mu    sync.Mutex
+	multi [][]string
+}
+
+func (r *recorder) client(c rueidis.Client) rueidis.Client {
+	return rueidishook.WithHook(c, redistest.Hook{
+		OnDoMulti: func(c rueidis.Client, ctx context.Context, multi ...rueidis.Completed) []rueidis.RedisResult {
+			r.mu.Lock()
+			for _, cmd := range multi {
+				r.multi = append(r.multi, slices.Clone(cmd.Commands()))
+			}
+			r.mu.Unlock()
+			return c.DoMulti(ctx, multi...)
+		},
+	})
+}
+
+// entries returns the number of entries (fields, members) of each HSET,
+// ZADD, SADD and PFADD sent, in order.
+func (r *recorder) entries() []int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []int
+	for _, args := range r.multi {
+		switch strings.ToUpper(args[0]) {
+		case "HSET", "ZADD":
+			out = append(out, (len(args)-2)/2)
+		case "SADD", "PFADD":
+			out = append(out, len(args)-2)
+		}
+	}
+	return out
+}
+
+// commands returns the commands sent, in order.
+func (r *recorder) commands() [][]string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.multi)
+}
+
+// wantRunError checks that err is a failed run's *rebuild.Error of op op,
+// whose message contains every string of want.
+func wantRunError(t *testing.T, err error, op string, want ...string) {
+	t.Helper()
+	if err == nil {
+		t.Fatalf("Run: got nil error, want a %q error", op)
+	}
+	var e *rebuild.Error
+	if !errors.As(err, &e) {
+		t.Fatalf("Run: got error %v (%T), want a *rebuild.Error", err, err)
+	}
+	if e.Op != op {
+		t.Errorf("Run: got Op %q, want %q (error %v)", e.Op, op, err)
+	}
+	for _, w := range want {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("Run: got error %q, want it to contain %q", err, w)
+		}
+	}
+}
+
+func TestBuilderKeyAndFamily(t *testing.T) {
+	// The Rebuilder finds family builders by type assertion (database/sql
+	// style): only SetIndex is one, and its Key is its prefix.
+	for _, tc := range []struct {
+		name   string
+		b      rebuild.Builder[user]
+		key    string
+		family bool
+	}{
+		{"Hash", byEmail("users:by-email"), "users:by-email", false},
+		{"SortedSet", byScore("users:by-score"), "users:by-score", false},
+		{"Set", ids("users:ids"), "users:ids", false},
+		{"SetIndex", byCountry("users:by-country"), "users:by-country", true},
+		{"Func", builders.Func("visitors", func(*rebuild.Commands, []user) error { return nil }), "visitors", false},
+		{"Compat", builders.Compat("c", func(context.Context, rueidiscompat.Pipeliner, string, []user) error { return nil }), "c", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := tc.b.Key(); got != tc.key {
+				t.Errorf("Key(): got %q, want %q", got, tc.key)
+			}
+			f, ok := tc.b.(rebuild.Family)
+			if ok != tc.family {
+				t.Fatalf("implements rebuild.Family: got %v, want %v", ok, tc.family)
+			}
+			if ok && f.KeyType() != "set" {
+				t.Errorf("KeyType(): got %q, want %q", f.KeyType(), "set")
+			}
+		})
+	}
+}
+
+func TestBlank(t *testing.T) {
+	// C48: Familia skips nil, empty and whitespace-only index values.
+	for _, tc := range []struct {
+		s    string
+		want bool
+	}{
+		{"", true}, {" ", true}, {"\t\n\r ", true},
+		{"a", false}, {" a ", false}, {"0", false}, {"-", false},
+	} {
+		t.Run(fmt.Sprintf("%q", tc.s), func(t *testing.T) {
+			if got := builders.Blank(tc.s); got != tc.want {
+				t.Errorf("Blank(%q): got %v, want %v", tc.s, got, tc.want)
+			}
+		})
+	}
+}
+
+func TestHash(t *testing.T) {
+	// C48 (skip blanks), C50 (last write of a field wins, written entries
+	// counted), C23 (replaced, not merged; no TTL left on the live key).
+	src := []user{
+		{ID: "1", Email: "ann@example.com"},
+		{ID: "2", Email: ""},
+		{ID: "3", Email: "bob@example.com"},
+		{ID: "4", Email: " \t "},
+		{ID: "5", Email: "ann@example.com"}, // same field as ID 1: the last write wins
+		{ID: "6", Email: "cy@example.com"},
+	}
+	want := map[string]string{"ann@example.com": "5", "bob@example.com": "3", "cy@example.com": "6"}
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		for _, bs := range []int{1, 2, 1000} {
+			t.Run(fmt.Sprintf("batch=%d", bs), func(t *testing.T) {
+				key := fmt.Sprintf("%sby-email:%d", d.prefix, bs)
+				do(t, d.other, d.other.B().Hset().Key(key).FieldValue().FieldValue("stale@example.com", "99").Build())
+
+				stats := mustRun(t, d.client, rebuild.Options{BatchSize: bs, Writers: 1}, src, byEmail(key))
+
+				if diff := cmp.Diff(want, hgetall(t, d.other, key)); diff != "" {
+					t.Errorf("HGETALL %s (-want +got):\n%s", key, diff)
+				}
+				if got := stats.Targets[key]; got != 4 {
+					t.Errorf("Stats.Targets[%q]: got %d, want 4 (6 items, 2 blank)", key, got)
+				}
+				if stats.Items != 6 {
+					t.Errorf("Stats.Items: got %d, want 6 (skipped items included)", stats.Items)
+				}
+				if want := int64((6 + bs - 1) / bs); stats.Batches != want {
+					t.Errorf("Stats.Batches: got %d, want %d", stats.Batches, want)
+				}
+				if got := stats.Outcomes[key]; got != store.Swapped {
+					t.Errorf("Stats.Outcomes[%q]: got %v, want %v", key, got, store.Swapped)
+				}
+				if got := pttl(t, d.other, key); got != -1 {
+					t.Errorf("PTTL %s: got %v, want -1 (no expiry)", key, got)
+				}
+				wantClean(t, d.other, d.prefix)
+			})
+		}
+	})
+}
+
+func TestSortedSet(t *testing.T) {
+	// C54: a member's score is whatever the builder returns, exactly, and
+	// the last write of a member wins. C48: blank members are skipped.
+	src := []user{
+		{ID: "a", Score: 1.5},
+		{ID: "b", Score: -2},
+		{ID: "a", Score: 3}, // last write wins
+		{ID: "inf", Score: math.Inf(1)},
+		{ID: "-inf", Score: math.Inf(-1)},
+		{ID: "big", Score: 1e300},
+		{ID: "-small", Score: -1e-300},
+		{ID: "max", Score: math.MaxFloat64},
+		{ID: "tiny", Score: math.SmallestNonzeroFloat64},
+		{ID: "tenth", Score: 0.1},
+		{ID: "third", Score: 1.0 / 3},
+		{ID: "  ", Score: 7}, // skipped
+	}
+	want := map[string]float64{
+		"a": 3, "b": -2, "inf": math.Inf(1), "-inf": math.Inf(-1), "big": 1e300, "-small": -1e-300,
+		"max": math.MaxFloat64, "tiny": math.SmallestNonzeroFloat64, "tenth": 0.1, "third": 1.0 / 3,
+	}
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		for _, bs := range []int{1, 1000} {
+			t.Run(fmt.Sprintf("batch=%d", bs), func(t *testing.T) {
+				key := fmt.Sprintf("%sby-score:%d", d.prefix, bs)
+				do(t, d.other, d.other.B().Zadd().Key(key).ScoreMember().ScoreMember(1, "phantom").Build())
+
+				stats := mustRun(t, d.client, rebuild.Options{BatchSize: bs, Writers: 1}, src, byScore(key))
+
+				got := zrangeWithScores(t, d.other, key)
+				if diff := cmp.Diff(want, got); diff != "" {
+					t.Errorf("ZRANGE %s WITHSCORES (-want +got):\n%s", key, diff)
+				}
+				for _, m := range sortedKeys(want) { // cmp.Diff compares with ==; say it for the bits too
+					if math.Float64bits(got[m]) != math.Float64bits(want[m]) {
+						t.Errorf("score of %q: got %v (%#x), want %v (%#x)", m, got[m], math.Float64bits(got[m]), want[m], math.Float64bits(want[m]))
+					}
+				}
+				if got := stats.Targets[key]; got != 11 {
+					t.Errorf("Stats.Targets[%q]: got %d, want 11 (12 items, 1 blank)", key, got)
+				}
+				wantClean(t, d.other, d.prefix)
+			})
+		}
+	})
+}
+
+func TestSortedSetNaN(t *testing.T) {
+	// A NaN score fails the run with an error naming the member (Redis
+	// would refuse it), after earlier batches were written: nothing is
+	// published, the temp key is discarded, the lock released (C52, C18).
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		key := d.prefix + "by-score"
+		do(t, d.other, d.other.B().Zadd().Key(key).ScoreMember().ScoreMember(1, "old").Build())
+		before := redistest.Snapshot(t, d.other, d.prefix)
+
+		src := []user{{ID: "a", Score: 1}, {ID: "b", Score: 2}, {ID: "c", Score: 3}, {ID: "not-a-number", Score: math.NaN()}, {ID: "e", Score: 5}}
+		var rec recorder
+		_, err := rebuild.New(rec.client(d.client), rebuild.Options{BatchSize: 2, Writers: 1}, byScore(key)).
+			Run(ctxT(t), rebuild.FromSlice(src))
+
+		wantRunError(t, err, "build", "NaN", `"not-a-number"`, key)
+		if got := rec.entries(); !slices.Equal(got, []int{2}) {
+			t.Errorf("ZADDs sent before the failure: got entries %v, want [2] (the first batch)", got)
+		}
+		wantUnchanged(t, d.other, d.prefix, before)
+		wantClean(t, d.other, d.prefix)
+	})
+}
+
+func TestSet(t *testing.T) {
+	// C48: blank members skipped; duplicates are written (and counted)
+	// but a set holds each member once.
+	src := []user{{ID: "a"}, {ID: ""}, {ID: "b"}, {ID: "a"}, {ID: "c"}}
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		key := d.prefix + "ids"
+		do(t, d.other, d.other.B().Sadd().Key(key).Member("stale").Build())
+
+		stats := mustRun(t, d.client, rebuild.Options{BatchSize: 2}, src, ids(key))
+
+		if got, want := smembers(t, d.other, key), []string{"a", "b", "c"}; !slices.Equal(got, want) {
+			t.Errorf("SMEMBERS %s: got %v, want %v", key, got, want)
+		}
+		if got := stats.Targets[key]; got != 4 {
+			t.Errorf("Stats.Targets[%q]: got %d, want 4", key, got)
+		}
+		wantClean(t, d.other, d.prefix)
+	})
+}
+
+func TestSetIndex(t *testing.T) {
+	// C53+: buckets grouped across batches, the orphan bucket removed in
+	// the same publish; keys under the prefix that are not sets, and
+	// temp- or lock-shaped keys, are not buckets and are left alone, as are
+	// the bare prefix key and keys that only share its first characters.
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		prefix := d.prefix + "by-country"
+		o := d.other
+		do(t, o, o.B().Sadd().Key(prefix+":fr").Member("stale").Build())
+		do(t, o, o.B().Sadd().Key(prefix+":xx").Member("orphan").Build())
+		keep := []string{
+			prefix + ":meta", // a hash: not of the family's type
+			prefix + ":note", // a string
+			prefix + ":zz:rebuild:1700000000:0123456789abcdef", // temp-shaped set
+			prefix + ":yy:rebuild-lock",                        // lock-shaped set
+			prefix,                                             // the bare prefix, a set
+			prefix + "X",                                       // shares the prefix but not "prefix:"
+		}
+		do(t, o, o.B().Hset().Key(keep[0]).FieldValue().FieldValue("a", "1").Build())
+		do(t, o, o.B().Set().Key(keep[1]).Value("hello").Build())
+		for _, k := range keep[2:] {
+			do(t, o, o.B().Sadd().Key(k).Member("keep-me").Build())
+		}
+		before := redistest.Snapshot(t, o, d.prefix)
+
+		src := users(9)
+		src = append(src, user{ID: "nowhere", Country: " "}) // skipped
+		stats := mustRun(t, d.client, rebuild.Options{BatchSize: 2, Writers: 2}, src, byCountry(prefix))
+
+		for bucket, want := range map[string][]string{
+			"fr": {"u000000", "u000003", "u000006"},
+			"de": {"u000001", "u000004", "u000007"},
+			"us": {"u000002", "u000005", "u000008"},
+		} {
+			if got := smembers(t, o, prefix+":"+bucket); !slices.Equal(got, want) {
+				t.Errorf("SMEMBERS %s:%s: got %v, want %v", prefix, bucket, got, want)
+			}
+		}
+		if exists(t, o, prefix+":xx") {
+			t.Errorf("orphan bucket %s:xx: got present, want removed", prefix)
+		}
+		after := redistest.Snapshot(t, o, d.prefix)
+		for _, k := range keep {
+			if after[k] != before[k] {
+				t.Errorf("key %s: got %+v, want unchanged %+v", k, after[k], before[k])
+			}
+		}
+		wantOutcomes := map[string]store.Outcome{
+			prefix + ":fr": store.Swapped, prefix + ":de": store.Swapped, prefix + ":us": store.Swapped,
+			prefix + ":xx": store.Emptied,
+		}
+		if diff := cmp.Diff(wantOutcomes, stats.Outcomes); diff != "" {
+			t.Errorf("Stats.Outcomes (-want +got):\n%s", diff)
+		}
+		if got := stats.Targets[prefix]; got != 9 {
+			t.Errorf("Stats.Targets[%q]: got %d, want 9", prefix, got)
+		}
+		for _, b := range []string{"fr", "de", "us"} {
+			if got := pttl(t, o, prefix+":"+b); got != -1 {
+				t.Errorf("PTTL %s:%s: got %v, want -1", prefix, b, got)
+			}
+		}
+		// Only the two planted look-alikes may look like leftovers.
+		if got, want := redistest.Leftovers(t, o, d.prefix), []string{keep[3], keep[2]}; !slices.Equal(got, want) {
+			t.Errorf("temp- and lock-shaped keys: got %v, want exactly the planted %v", got, want)
+		}
+	})
+}
+
+func TestSetIndexEmptyBucket(t *testing.T) {
+	// A bucket must be non-empty: "<prefix>:" is not a key of the family.
+	// The run fails with an error naming the family, nothing published.
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		prefix := d.prefix + "by-country"
+		do(t, d.other, d.other.B().Sadd().Key(prefix+":fr").Member("old").Build())
+		before := redistest.Snapshot(t, d.other, d.prefix)
+
+		b := builders.SetIndex(prefix, func(u user) (string, string, bool) { return u.Country, u.ID, true })
+		src := []user{{ID: "1", Country: "fr"}, {ID: "2", Country: "de"}, {ID: "3", Country: ""}}
+		_, err := rebuild.New(d.client, rebuild.Options{BatchSize: 2, Writers: 1}, b).Run(ctxT(t), rebuild.FromSlice(src))
+
+		wantRunError(t, err, "build", fmt.Sprintf("%q", prefix+":"), "bucket")
+		wantUnchanged(t, d.other, d.prefix, before)
+		wantClean(t, d.other, d.prefix)
+	})
+}
+
+func TestSetIndexBucketShapedLikeLockOrTemp(t *testing.T) {
+	// Bucket values come from data. A value that makes "<prefix>:<bucket>"
+	// the family's own lock key ("rebuild-lock"), or a temp-shaped key, must
+	// not break the family (C43, C53+): either the run refuses it with an
+	// error and publishes nothing, or the bucket behaves like any other, and
+	// the next run, from a source without it, succeeds and removes it.
+	for _, bucket := range []string{"rebuild-lock", "x:rebuild:1600000000:0123456789abcdef"} {
+		t.Run(bucket, func(t *testing.T) {
+			forEachDeployment(t, func(t *testing.T, d deployment) {
+				prefix := d.prefix + "tags"
+				do(t, d.other, d.other.B().Sadd().Key(prefix+":fr").Member("old").Build())
+				before := redistest.Snapshot(t, d.other, d.prefix)
+
+				_, err := rebuild.New(d.client, rebuild.Options{}, byCountry(prefix)).
+					Run(ctxT(t), rebuild.FromSlice([]user{{ID: "1", Country: "fr"}, {ID: "2", Country: bucket}}))
+				if err != nil {
+					wantUnchanged(t, d.other, d.prefix, before)
+				}
+
+				_, err = rebuild.New(d.client, rebuild.Options{}, byCountry(prefix)).
+					Run(ctxT(t), rebuild.FromSlice([]user{{ID: "1", Country: "fr"}}))
+				if err != nil {
+					t.Fatalf("second run, without bucket %q: got error %v, want nil", bucket, err)
+				}
+				if diff := cmp.Diff(map[string]string{"tags:fr": "set [1]"}, contents(t, d.other, d.prefix)); diff != "" {
+					t.Errorf("keys after the second run (-want +got):\n%s", diff)
+				}
+				wantClean(t, d.other, d.prefix)
+			})
+		})
+	}
+}
+
+func TestMaxArgs(t *testing.T) {
+	// A batch larger than MaxArgs entries is split into commands of at most
+	// MaxArgs entries each (DESIGN.md, "Batching and writers").
+	const n, batch = 2600, 2500
+	src := users(n)
+	for i := range src {
+		src[i].Country = "all" // one SetIndex bucket, so that it is split too
+	}
+	wantSizes := []int{builders.MaxArgs, builders.MaxArgs, batch - 2*builders.MaxArgs, n - batch}
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		for _, tc := range []struct {
+			name  string
+			b     rebuild.Builder[user]
+			count func(t *testing.T) int
+		}{
+			{"Hash", byEmail(d.prefix + "h"), func(t *testing.T) int { return len(hgetall(t, d.other, d.prefix+"h")) }},
+			{"SortedSet", byScore(d.prefix + "z"), func(t *testing.T) int { return len(zrangeWithScores(t, d.other, d.prefix+"z")) }},
+			{"Set", ids(d.prefix + "s"), func(t *testing.T) int { return len(smembers(t, d.other, d.prefix+"s")) }},
+			{"SetIndex", byCountry(d.prefix + "i"), func(t *testing.T) int { return len(smembers(t, d.other, d.prefix+"i:all")) }},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				var rec recorder
+				stats, err := rebuild.New(rec.client(d.client), rebuild.Options{BatchSize: batch, Writers: 1}, tc.b).
+					Run(ctxT(t), rebuild.FromSlice(src))
+				if err != nil {
+					t.Fatalf("Run: %v", err)
+				}
+				if got := rec.entries(); !slices.Equal(got, wantSizes) {
+					t.Errorf("entries per command: got %v, want %v", got, wantSizes)
+				}
+				if got := tc.count(t); got != n {
+					t.Errorf("entries in the live key: got %d, want %d", got, n)
+				}
+				if got := stats.Targets[tc.b.Key()]; got != n {
+					t.Errorf("Stats.Targets[%q]: got %d, want %d", tc.b.Key(), got, n)
+				}
+			})
+		}
+		wantClean(t, d.other, d.prefix)
+	})
+}
+
+// familiaSource is a source with what real data has: blank index values,
+// and records that claim the same unique value (the last one wins).
+func familiaSource() []user {
+	src := users(250)
+	for i := 0; i < 250; i += 25 {
+		src[i].Email = []string{"", "  ", "\t"}[i%3]
+		src[i].Country = ""
+	}
+	for i := range 10 { // ten later records claim earlier emails
+		u := users(300)[260+i]
+		u.Email = src[i*7+1].Email
+		src = append(src, u)
+	}
+	return src
+}
+
+// familiaBuilders returns a unique index, a timeline, a set and a
+// set-per-value index under p.
+func familiaBuilders(p string) []rebuild.Builder[user] {
+	return []rebuild.Builder[user]{byEmail(p + "by-email"), byScore(p + "by-score"), ids(p + "ids"), byCountry(p + "by-country")}
+}
+
+// familiaWant models what familiaBuilders must produce from src, applying
+// writes in source order, under p.
+func familiaWant(src []user) map[string]string {
+	h := map[string]string{}
+	z := map[string]float64{}
+	s := map[string]bool{}
+	buckets := map[string]map[string]bool{}
+	for _, u := range src {
+		if !builders.Blank(u.Email) {
+			h[u.Email] = u.ID
+		}
+		z[u.ID] = u.Score
+		s[u.ID] = true
+		if !builders.Blank(u.Country) {
+			if buckets[u.Country] == nil {
+				buckets[u.Country] = map[string]bool{}
+			}
+			buckets[u.Country][u.ID] = true
+		}
+	}
+	out := map[string]string{
+		"by-email": "hash " + fmt.Sprint(h),
+		"by-score": "zset " + fmt.Sprint(z),
+		"ids":      "set " + fmt.Sprint(sortedKeys(s)),
+	}
+	for b, ms := range buckets {
+		out["by-country:"+b] = "set " + fmt.Sprint(sortedKeys(ms))
+	}
+	return out
+}
+
+func TestFamiliaUniqueIndex(t *testing.T) {
+	// Familia's unique index as a Hash: blank and whitespace-only values
+	// skipped (C48), only written entries counted, the last write wins
+	// (C50), and the entries of deleted records are gone after the next
+	// rebuild (C23: replaced, not merged).
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		key := d.prefix + "users:by-email"
+		opts := rebuild.Options{BatchSize: 2, Writers: 1}
+		first := []user{
+			{ID: "1", Email: "ann@example.com"},
+			{ID: "2", Email: ""},
+			{ID: "3", Email: "   "},
+			{ID: "4", Email: "bob@example.com"},
+			{ID: "5", Email: "ann@example.com"},
+			{ID: "6", Email: "cy@example.com"},
+		}
+		stats := mustRun(t, d.client, opts, first, byEmail(key))
+		want := map[string]string{"ann@example.com": "5", "bob@example.com": "4", "cy@example.com": "6"}
+		if diff := cmp.Diff(want, hgetall(t, d.other, key)); diff != "" {
+			t.Errorf("first rebuild (-want +got):\n%s", diff)
+		}
+		if got := stats.Targets[key]; got != 4 {
+			t.Errorf("first rebuild: Stats.Targets: got %d, want 4", got)
+		}
+
+		// Record 4 is deleted; record 6 changes its email.
+		second := []user{first[0], first[1], first[2], first[4], {ID: "6", Email: "cy2@example.com"}}
+		stats = mustRun(t, d.client, opts, second, byEmail(key))
+		want = map[string]string{"ann@example.com": "5", "cy2@example.com": "6"}
+		if diff := cmp.Diff(want, hgetall(t, d.other, key)); diff != "" {
+			t.Errorf("second rebuild (-want +got):\n%s", diff)
+		}
+		if got := stats.Targets[key]; got != 3 {
+			t.Errorf("second rebuild: Stats.Targets: got %d, want 3", got)
+		}
+		wantClean(t, d.other, d.prefix)
+	})
+}
+
+func TestFamiliaSetPerValue(t *testing.T) {
+	// C53+: a bucket from the previous run that no longer has members is
+	// removed, and a value that moved buckets is only in its new one.
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		prefix := d.prefix + "users:by-country"
+		opts := rebuild.Options{BatchSize: 1}
+		mustRun(t, d.client, opts, []user{
+			{ID: "a", Country: "fr"}, {ID: "b", Country: "fr"}, {ID: "c", Country: "de"}, {ID: "d", Country: "us"},
+		}, byCountry(prefix))
+		want := map[string]string{"by-country:de": "set [c]", "by-country:fr": "set [a b]", "by-country:us": "set [d]"}
+		if diff := cmp.Diff(want, contents(t, d.other, d.prefix+"users:")); diff != "" {
+			t.Fatalf("first rebuild (-want +got):\n%s", diff)
+		}
+
+		// a moves to de; d, the only member of us, is deleted.
+		stats := mustRun(t, d.client, opts, []user{
+			{ID: "a", Country: "de"}, {ID: "b", Country: "fr"}, {ID: "c", Country: "de"},
+		}, byCountry(prefix))
+		want = map[string]string{"by-country:de": "set [a c]", "by-country:fr": "set [b]"}
+		if diff := cmp.Diff(want, contents(t, d.other, d.prefix+"users:")); diff != "" {
+			t.Errorf("second rebuild (-want +got):\n%s", diff)
+		}
+		if got := stats.Outcomes[prefix+":us"]; got != store.Emptied {
+			t.Errorf("Stats.Outcomes[%q]: got %v, want %v", prefix+":us", got, store.Emptied)
+		}
+		wantClean(t, d.other, d.prefix)
+	})
+}
+
+func TestFamiliaTimeline(t *testing.T) {
+	// A timeline sorted set: a phantom member that is not in the source is
+	// gone after the rebuild, and stale scores are replaced (C23, C54).
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		key := d.prefix + "users:timeline"
+		do(t, d.other, d.other.B().Zadd().Key(key).ScoreMember().ScoreMember(42, "phantom").ScoreMember(1, "u000001").Build())
+
+		mustRun(t, d.client, rebuild.Options{BatchSize: 2}, users(5), byScore(key))
+
+		want := map[string]float64{"u000000": 0, "u000001": 1, "u000002": 2, "u000003": 3, "u000004": 4}
+		if diff := cmp.Diff(want, zrangeWithScores(t, d.other, key)); diff != "" {
+			t.Errorf("ZRANGE %s WITHSCORES (-want +got):\n%s", key, diff)
+		}
+		wantClean(t, d.other, d.prefix)
+	})
+}
+
+func TestFamiliaBatchSizes(t *testing.T) {
+	// Batch sizes 1, 2, 100 and 1000 give identical results, equal to a
+	// model that applies the source in order (C48, C50, C54, C53+). With
+	// concurrent writers the source has no duplicate unique values: see
+	// TestLastWriteWinsAcrossConcurrentBatches.
+	noDup := users(250)
+	for i := 0; i < len(noDup); i += 25 {
+		noDup[i].Email, noDup[i].Country = " ", ""
+	}
+	for _, tc := range []struct {
+		name    string
+		writers int
+		src     []user
+	}{
+		{"writers=1, duplicates", 1, familiaSource()},
+		{"writers=4, no duplicates", 4, noDup},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			want := familiaWant(tc.src)
+			forEachDeployment(t, func(t *testing.T, d deployment) {
+				for _, bs := range []int{1, 2, 100, 1000} {
+					p := fmt.Sprintf("%sbs%d:", d.prefix, bs)
+					mustRun(t, d.client, rebuild.Options{BatchSize: bs, Writers: tc.writers}, tc.src, familiaBuilders(p)...)
+					if diff := cmp.Diff(want, contents(t, d.other, p)); diff != "" {
+						t.Errorf("batch size %d (-want +got):\n%s", bs, diff)
+					}
+				}
+				wantClean(t, d.other, d.prefix)
+			})
+		})
+	}
+}
+
+func TestFamiliaRepeatedRebuilds(t *testing.T) {
+	// Three rebuilds in a row from the same source give identical results,
+	// each published (C23, C32), nothing left behind.
+	src := familiaSource()
+	want := familiaWant(src)
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		for i := range 3 {
+			stats := mustRun(t, d.client, rebuild.Options{BatchSize: 64, Writers: 1}, src, familiaBuilders(d.prefix)...)
+			if diff := cmp.Diff(want, contents(t, d.other, d.prefix)); diff != "" {
+				t.Errorf("rebuild %d (-want +got):\n%s", i+1, diff)
+			}
+			for k, o := range stats.Outcomes {
+				if o != store.Swapped {
+					t.Errorf("rebuild %d: Stats.Outcomes[%q]: got %v, want %v", i+1, k, o, store.Swapped)
+				}
+			}
+			if got, want := len(stats.Outcomes), len(want); got != want {
+				t.Errorf("rebuild %d: got %d outcomes, want %d", i+1, got, want)
+			}
+		}
+		wantClean(t, d.other, d.prefix)
+	})
+}
+
+func TestFamiliaEmptySource(t *testing.T) {
+	// C24: an empty result deletes the live keys, and Stats.Outcomes says
+	// Emptied for each, whether the source yields nothing or only items
+	// every builder skips.
+	allSkipped := []user{{ID: " ", Email: "", Country: "\t"}, {ID: "", Email: " ", Country: ""}}
+	for _, tc := range []struct {
+		name  string
+		src   []user
+		items int64
+	}{
+		{"no items", nil, 0},
+		{"every item skipped", allSkipped, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			forEachDeployment(t, func(t *testing.T, d deployment) {
+				p := d.prefix
+				mustRun(t, d.client, rebuild.Options{}, users(6), familiaBuilders(p)...)
+				live := sortedKeys(contents(t, d.other, p))
+				if len(live) != 6 { // 3 keys and 3 buckets
+					t.Fatalf("before: got live keys %v, want 6", live)
+				}
+
+				stats := mustRun(t, d.client, rebuild.Options{BatchSize: 1}, tc.src, familiaBuilders(p)...)
+
+				if got := redistest.Keys(t, d.other, p); len(got) != 0 {
+					t.Errorf("keys after an empty rebuild: got %v, want none", got)
+				}
+				want := map[string]store.Outcome{}
+				for _, k := range live {
+					want[p+k] = store.Emptied
+				}
+				if diff := cmp.Diff(want, stats.Outcomes); diff != "" {
+					t.Errorf("Stats.Outcomes (-want +got):\n%s", diff)
+				}
+				for k, n := range stats.Targets {
+					if n != 0 {
+						t.Errorf("Stats.Targets[%q]: got %d, want 0", k, n)
+					}
+				}
+				if stats.Items != tc.items {
+					t.Errorf("Stats.Items: got %d, want %d", stats.Items, tc.items)
+				}
+			})
+		})
+	}
+}
+
+func TestLastWriteWinsAcrossConcurrentBatches(t *testing.T) {
+	// C50 and Familia: the last write of a field wins, in source order. With
+	// Writers > 1 two batches are sent concurrently; here the batch that
+	// holds the earlier write is held back (through rueidishook) until the
+	// later batch has been written, as a scheduler or a slow connection can
+	// do. The source-order last write must still win.
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		key := d.prefix + "by-email"
+		secondDone := make(chan struct{})
+		var once sync.Once
+		hooked := rueidishook.WithHook(d.client, redistest.Hook{
+			OnDoMulti: func(c rueidis.Client, ctx context.Context, multi ...rueidis.Completed) []rueidis.RedisResult {
+				var first, second bool
+				for _, cmd := range multi {
+					if args := cmd.Commands(); args[0] == "HSET" {
+						first = first || slices.Contains(args, "first")
+						second = second || slices.Contains(args, "second")
+					}
+				}
+				if first {
+					select { // bounded: if the batches are not concurrent, go on
+					case <-secondDone:
+					case <-time.After(3 * time.Second):
+					}
+				}
+				res := c.DoMulti(ctx, multi...)
+				if second {
+					once.Do(func() { close(secondDone) })
+				}
+				return res
+			},
+		})
+		src := []user{{ID: "first", Email: "dup@example.com"}, {ID: "second", Email: "dup@example.com"}}
+
+		mustRun(t, hooked, rebuild.Options{BatchSize: 1, Writers: 2}, src, byEmail(key))
+
+		if got := hgetall(t, d.other, key)["dup@example.com"]; got != "second" {
+			t.Errorf("HGET %s dup@example.com: got %q, want %q (the last write in source order)", key, got, "second")
+		}
+	})
+}
+
+func TestFuncHyperLogLog(t *testing.T) {
+	// A custom key type through Func: a HyperLogLog built with PFADD.
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		key := d.prefix + "visitors"
+		do(t, d.other, d.other.B().Pfadd().Key(key).Element("someone-else").Build())
+		hll := builders.Func(key, func(c *rebuild.Commands, us []user) error {
+			temp, err := c.Temp(key)
+			if err != nil {
+				return err
+			}
+			els := make([]string, len(us))
+			for i, u := range us {
+				els[i] = u.ID
+			}
+			c.Add(c.B().Pfadd().Key(temp).Element(els...).Build(), len(els))
+			return nil
+		})
+		src := users(20)
+		src = append(src, src[:10]...) // repeat visitors
+
+		stats := mustRun(t, d.client, rebuild.Options{BatchSize: 7}, src, hll)
+
+		n, err := d.other.Do(context.Background(), d.other.B().Pfcount().Key(key).Build()).AsInt64()
+		if err != nil {
+			t.Fatalf("PFCOUNT: %v", err)
+		}
+		if n != 20 {
+			t.Errorf("PFCOUNT %s: got %d, want 20", key, n)
+		}
+		if got := stats.Targets[key]; got != 30 {
+			t.Errorf("Stats.Targets[%q]: got %d, want 30", key, got)
+		}
+		if got := pttl(t, d.other, key); got != -1 {
+			t.Errorf("PTTL %s: got %v, want -1", key, got)
+		}
+		wantClean(t, d.other, d.prefix)
+	})
+}
+
+var errBoom = errors.New("boom: the catalogue is unreachable")
+
+func TestFuncError(t *testing.T) {
+	// A builder error on the second batch fails the run: the cause matches
+	// under errors.Is, nothing is published, the temp key written by the
+	// first batch is discarded (C52, C18).
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		key := d.prefix + "visitors"
+		do(t, d.other, d.other.B().Pfadd().Key(key).Element("old").Build())
+		before := redistest.Snapshot(t, d.other, d.prefix)
+		b := builders.Func(key, func(c *rebuild.Commands, us []user) error {
+			if us[0].ID == users(3)[1].ID { // the second batch (BatchSize 1)
+				return errBoom
+			}
+			temp, err := c.Temp(key)
+			if err != nil {
+				return err
+			}
+			c.Add(c.B().Pfadd().Key(temp).Element(us[0].ID).Build(), 1)
+			return nil
+		})
+		var rec recorder
+		_, err := rebuild.New(rec.client(d.client), rebuild.Options{BatchSize: 1, Writers: 1}, b).
+			Run(ctxT(t), rebuild.FromSlice(users(3)))
+
+		if !errors.Is(err, errBoom) {
+			t.Errorf("Run: got error %v, want one matching errBoom", err)
+		}
+		wantRunError(t, err, "build", key)
+		// Batches are built ahead of the sender, which stops at the first
+		// failed one: the first batch may or may not have been sent, the
+		// failed one and those after it never are.
+		if got := rec.entries(); !slices.Equal(got, []int{1}) && len(got) != 0 {
+			t.Errorf("PFADDs sent: got entries %v, want [1] or none (never past the failed batch)", got)
+		}
+		wantUnchanged(t, d.other, d.prefix, before)
+		wantClean(t, d.other, d.prefix)
+	})
+}
+
+func TestTempOfForeignKey(t *testing.T) {
+	// Commands.Temp refuses a key the builder does not own, even another
+	// builder's key of the same run: the run fails with an error naming
+	// both, and nothing is published.
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		own, other := d.prefix+"mine", d.prefix+"theirs"
+		for _, tc := range []struct {
+			name    string
+			foreign string
+			with    []rebuild.Builder[user]
+		}{
+			{"unrelated key", d.prefix + "elsewhere", nil},
+			{"the live key's neighbour", own + ":x", nil},
+			{"another builder's key", other, []rebuild.Builder[user]{ids(other)}},
+			{"a SetIndex bucket of another builder", other + ":fr", []rebuild.Builder[user]{byCountry(other)}},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				do(t, d.other, d.other.B().Set().Key(own).Value("old").Build())
+				do(t, d.other, d.other.B().Sadd().Key(tc.foreign).Member("old").Build())
+				before := redistest.Snapshot(t, d.other, d.prefix)
+				f := builders.Func(own, func(c *rebuild.Commands, us []user) error {
+					temp, err := c.Temp(tc.foreign)
+					if err != nil {
+						return err
+					}
+					c.Add(c.B().Sadd().Key(temp).Member(us[0].ID).Build(), 1)
+					return nil
+				})
+				bs := append(slices.Clone(tc.with), f)
+				_, err := rebuild.New(d.client, rebuild.Options{}, bs...).Run(ctxT(t), rebuild.FromSlice(users(3)))
+
+				wantRunError(t, err, "build", fmt.Sprintf("%q", own), fmt.Sprintf("%q", tc.foreign), "does not own")
+				wantUnchanged(t, d.other, d.prefix, before)
+				wantClean(t, d.other, d.prefix)
+			})
+		}
+	})
+}
+
+func TestCompat(t *testing.T) {
+	// go-redis style code through rueidiscompat: each HSet, however many
+	// fields it is given (pairs, a map), is exactly one command, and Stats
+	// counts one entry per queued command, as Compat documents.
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		key := d.prefix + "by-email"
+		do(t, d.other, d.other.B().Hset().Key(key).FieldValue().FieldValue("stale", "0").Build())
+		b := builders.Compat(key, func(ctx context.Context, p rueidiscompat.Pipeliner, temp string, us []user) error {
+			fields := map[string]string{}
+			for _, u := range us[1:] {
+				fields[u.Email] = u.ID
+			}
+			p.HSet(ctx, temp, us[0].Email, us[0].ID) // pairs
+			p.HSet(ctx, temp, fields)                // a map
+			return nil
+		})
+		var rec recorder
+		stats, err := rebuild.New(rec.client(d.client), rebuild.Options{BatchSize: 4, Writers: 1}, b).
+			Run(ctxT(t), rebuild.FromSlice(users(8)))
+		if err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+
+		want := map[string]string{}
+		for _, u := range users(8) {
+			want[u.Email] = u.ID
+		}
+		if diff := cmp.Diff(want, hgetall(t, d.other, key)); diff != "" {
+			t.Errorf("HGETALL %s (-want +got):\n%s", key, diff)
+		}
+		if got, want := rec.entries(), []int{1, 3, 1, 3}; !slices.Equal(got, want) {
+			t.Errorf("fields per HSET sent: got %v, want %v", got, want)
+		}
+		if got := stats.Targets[key]; got != 4 {
+			t.Errorf("Stats.Targets[%q]: got %d, want 4 (one per command)", key, got)
+		}
+		wantClean(t, d.other, d.prefix)
+	})
+}
+
+func TestCompatRefused(t *testing.T) {
+	// A Compat builder is bound to its temp key: a command on another key
+	// (the live key above all), or one that can write a second key, fails
+	// the run with an error naming the command, and no batch is sent.
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		live, other := d.prefix+"by-email", d.prefix+"other"
+		for _, tc := range []struct {
+			name string
+			cmd  string
+			fn   func(ctx context.Context, p rueidiscompat.Pipeliner, temp string)
+		}{
+			{"the live key", "HSET", func(ctx context.Context, p rueidiscompat.Pipeliner, _ string) { p.HSet(ctx, live, "f", "v") }},
+			{"another key", "SADD", func(ctx context.Context, p rueidiscompat.Pipeliner, _ string) { p.SAdd(ctx, other, "m") }},
+			{"DEL", "DEL", func(ctx context.Context, p rueidiscompat.Pipeliner, temp string) { p.Del(ctx, temp) }},
+			{"SMOVE", "SMOVE", func(ctx context.Context, p rueidiscompat.Pipeliner, temp string) { p.SMove(ctx, temp, other, "m") }},
+			{"RENAME", "RENAME", func(ctx context.Context, p rueidiscompat.Pipeliner, temp string) { p.Rename(ctx, temp, live) }},
+			{"COPY", "COPY", func(ctx context.Context, p rueidiscompat.Pipeliner, temp string) { p.Copy(ctx, temp, live, 0, true) }},
+			{"MSET", "MSET", func(ctx context.Context, p rueidiscompat.Pipeliner, temp string) { p.MSet(ctx, temp, "a", other, "b") }},
+			{"Do del", "DEL", func(ctx context.Context, p rueidiscompat.Pipeliner, temp string) { p.Do(ctx, "del", temp) }},
+			{"EVAL", "EVAL", func(ctx context.Context, p rueidiscompat.Pipeliner, temp string) {
+				p.Eval(ctx, "return redis.call('DEL', KEYS[1])", []string{temp})
+			}},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				do(t, d.other, d.other.B().Hset().Key(live).FieldValue().FieldValue("f", "old").Build())
+				do(t, d.other, d.other.B().Sadd().Key(other).Member("m").Build())
+				before := redistest.Snapshot(t, d.other, d.prefix)
+				b := builders.Compat(live, func(ctx context.Context, p rueidiscompat.Pipeliner, temp string, us []user) error {
+					p.HSet(ctx, temp, "ok", "1") // a good command first
+					tc.fn(ctx, p, temp)
+					return nil
+				})
+				var rec recorder
+				_, err := rebuild.New(rec.client(d.client), rebuild.Options{}, b).Run(ctxT(t), rebuild.FromSlice(users(2)))
+
+				wantRunError(t, err, "build", tc.cmd, fmt.Sprintf("%q", live))
+				for _, args := range rec.commands() {
+					// Only taking the lock and the cleanup of the (never
+					// written) temp key; no batch.
+					if args[0] != "UNLINK" && !strings.HasSuffix(args[1], ":rebuild-lock") {
+						t.Errorf("command sent in a DoMulti: got %v, want no batch sent", args)
+					}
+				}
+				wantUnchanged(t, d.other, d.prefix, before)
+				wantClean(t, d.other, d.prefix)
+			})
+		}
+	})
+}
+
+func TestCompatRefusedOtherSlot(t *testing.T) {
+	// On a cluster, a command over keys of two hash slots cannot even be
+	// built: the rueidis command builder panics. Compat documents that a
+	// command writing a second key fails the rebuild with an error naming
+	// the command; it must say so on a cluster too, not panic.
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		live := d.prefix + "by-email"
+		far := "far"
+		for i := 0; keys.Slot(far) == keys.Slot(live); i++ {
+			far = fmt.Sprintf("far%d", i)
+		}
+		do(t, d.other, d.other.B().Hset().Key(live).FieldValue().FieldValue("f", "old").Build())
+		before := redistest.Snapshot(t, d.other, d.prefix)
+		b := builders.Compat(live, func(ctx context.Context, p rueidiscompat.Pipeliner, temp string, us []user) error {
+			p.SMove(ctx, temp, far, us[0].ID)
+			return nil
+		})
+
+		var err error
+		panicked := func() (p any) {
+			defer func() { p = recover() }()
+			_, err = rebuild.New(d.client, rebuild.Options{}, b).Run(ctxT(t), rebuild.FromSlice(users(2)))
+			return nil
+		}()
+
+		if panicked != nil {
+			first, _, _ := strings.Cut(fmt.Sprint(panicked), "\n")
+			t.Errorf("Run: got a panic %q, want an error naming SMOVE", first)
+		} else {
+			wantRunError(t, err, "build", "SMOVE")
+		}
+		wantUnchanged(t, d.other, d.prefix, before)
+		wantClean(t, d.other, d.prefix)
+	})
+}
+
+func TestCompatServerRefusal(t *testing.T) {
+	// A command the server refuses (HSet with an empty map is "HSET temp",
+	// a wrong number of arguments) fails the run as a write error after
+	// earlier batches were written: nothing published, temp key discarded.
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		key := d.prefix + "by-email"
+		do(t, d.other, d.other.B().Hset().Key(key).FieldValue().FieldValue("f", "old").Build())
+		before := redistest.Snapshot(t, d.other, d.prefix)
+		b := builders.Compat(key, func(ctx context.Context, p rueidiscompat.Pipeliner, temp string, us []user) error {
+			fields := map[string]string{}
+			for _, u := range us {
+				if !builders.Blank(u.Email) {
+					fields[u.Email] = u.ID
+				}
+			}
+			p.HSet(ctx, temp, fields)
+			return nil
+		})
+		src := []user{{ID: "1", Email: "a@example.com"}, {ID: "2", Email: " "}}
+
+		_, err := rebuild.New(d.client, rebuild.Options{BatchSize: 1, Writers: 1}, b).Run(ctxT(t), rebuild.FromSlice(src))
+
+		wantRunError(t, err, "write", "wrong number of arguments")
+		wantUnchanged(t, d.other, d.prefix, before)
+		wantClean(t, d.other, d.prefix)
+	})
+}
+
+func TestCompatStringKeepTTL(t *testing.T) {
+	// C34: every temp key has a TTL from its first batch on. A plain SET
+	// removes it, so a second batch's SET reads as a temp key that vanished
+	// and was re-created: the run fails closed with ErrTempKeyLost and says
+	// to use KEEPTTL. With KEEPTTL the same builder works.
+	for _, tc := range []struct {
+		name    string
+		keepTTL bool
+	}{{"plain SET", false}, {"SET KEEPTTL", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			forEachDeployment(t, func(t *testing.T, d deployment) {
+				key := d.prefix + "last-signup"
+				do(t, d.other, d.other.B().Set().Key(key).Value("old").Build())
+				before := redistest.Snapshot(t, d.other, d.prefix)
+				b := builders.Compat(key, func(ctx context.Context, p rueidiscompat.Pipeliner, temp string, us []user) error {
+					last := us[len(us)-1].ID
+					if tc.keepTTL {
+						p.SetArgs(ctx, temp, last, rueidiscompat.SetArgs{KeepTTL: true})
+					} else {
+						p.Set(ctx, temp, last, 0)
+					}
+					return nil
+				})
+				_, err := rebuild.New(d.client, rebuild.Options{BatchSize: 1, Writers: 1}, b).Run(ctxT(t), rebuild.FromSlice(users(3)))
+
+				if tc.keepTTL {
+					if err != nil {
+						t.Fatalf("Run: %v", err)
+					}
+					if got, _ := d.other.Do(context.Background(), d.other.B().Get().Key(key).Build()).ToString(); got != "u000002" {
+						t.Errorf("GET %s: got %q, want %q", key, got, "u000002")
+					}
+				} else {
+					if !errors.Is(err, rebuild.ErrTempKeyLost) {
+						t.Errorf("Run: got error %v, want one matching ErrTempKeyLost", err)
+					}
+					wantRunError(t, err, "write", "KEEPTTL")
+					wantUnchanged(t, d.other, d.prefix, before)
+				}
+				wantClean(t, d.other, d.prefix)
+			})
+		})
+	}
+}

@@ -1,0 +1,14 @@
+package builders_test
+
+import (
+	"os"
+	"testing"
+
+	"github.com/keyswap/keyswap/internal/redistest"
+)
+
+// env holds the package's redis-server processes: one standalone server and
+// a 3-master cluster, started by TestMain.
+var env *redistest.Env
+
+func TestMain(m *testing.M) { os.Exit(redistest.Main(m, &env, true)) }
