@@ -126,28 +126,32 @@ func (s *Store) Extend(ctx context.Context, l *Lock) error {
 }
 
 // Release deletes the lock if it still holds l.Token (compare-and-delete,
-// C8). It never deletes a lock someone else holds: if the lock expired or
-// was taken over, Release changes nothing and returns an error matching
-// [ErrLockLost].
+// C8). It never deletes a lock someone else holds: if another rebuild took
+// the lock over, Release changes nothing and returns an error matching
+// [ErrLockLost]. A lock that is already gone (it expired, or this release
+// ran before and its reply was lost) leaves nothing to release: nil.
 func (s *Store) Release(ctx context.Context, l *Lock) error {
 	return s.ReleaseAll(ctx, []*Lock{l})
 }
 
 // ReleaseAll deletes every lock of locks that still holds its token, in one
-// compare-and-delete script, and never a lock someone else holds. If some
-// lock was no longer ours, the others are still released and the error
-// matches [ErrLockLost]. The locks must share one token.
+// compare-and-delete script, and never a lock someone else holds. If
+// another rebuild holds some lock, the others are still released and the
+// error matches [ErrLockLost]. The locks must share one token.
 func (s *Store) ReleaseAll(ctx context.Context, locks []*Lock) error {
 	const op = "release"
 	lockKeys, token, err := s.checkLocks(op, locks)
 	if err != nil {
 		return err
 	}
-	n, err := releaseScript.Exec(ctx, s.client, lockKeys, []string{token}).AsInt64()
+	reply, err := releaseScript.Exec(ctx, s.client, lockKeys, []string{token}).AsIntSlice()
 	if err != nil {
 		return fail(ctx, op, locks[0].Final, err)
 	}
-	if int(n) != len(locks) {
+	if len(reply) != 2 {
+		return &Error{Op: op, Key: locks[0].Final, Err: fmt.Errorf("unexpected release script reply %v", reply)}
+	}
+	if reply[1] > 0 {
 		return &Error{Op: op, Key: locks[0].Final, Err: ErrLockLost}
 	}
 	return nil

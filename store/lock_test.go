@@ -2,14 +2,17 @@ package store_test
 
 import (
 	"errors"
+	"net"
 	"regexp"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/keyswap/keyswap/internal/faultproxy"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/store"
+	"github.com/redis/rueidis"
 )
 
 func TestAcquire(t *testing.T) {
@@ -196,4 +199,49 @@ func TestAcquireRace(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
+}
+
+func TestReleaseAfterLostReply(t *testing.T) {
+	// C8: the release script is retryable. When the connection drops after
+	// the script ran but before its reply arrived, rueidis runs it again;
+	// the rerun finds the lock gone. That is a release that worked, not
+	// ErrLockLost, which would be joined onto a successful rebuild's result.
+	p, err := faultproxy.New(env.Standalone.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	c, err := rueidis.NewClient(rueidis.ClientOption{
+		InitAddress: []string{p.Addr()}, DisableCache: true, ForceSingleClient: true,
+		PipelineMultiplex: -1,                        // one connection, so the cut hits the release
+		Dialer:            net.Dialer{KeepAlive: -1}, // and no background PING shares its bytes
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	ctx := ctxT(t)
+	s := store.New(c, store.Options{})
+	// Load the script first: otherwise the lost reply would be EVALSHA's
+	// NOSCRIPT, and the EVAL fallback would run the script only once.
+	warm, err := s.Acquire(ctx, redistest.Prefix(t)+"warm", 60*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Release(ctx, warm); err != nil {
+		t.Fatal(err)
+	}
+	lock, err := s.Acquire(ctx, redistest.Prefix(t)+"idx", 60*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := env.Standalone.Client(t)
+	p.CutAfter(faultproxy.ToClient, 0) // the next reply is lost
+	if err := s.Release(ctx, lock); err != nil {
+		t.Fatalf("Release after a lost reply: %v, want nil", err)
+	}
+	wantLock(t, other, lock.Key, "")
+	if st := p.Stats(); st.Cut == 0 {
+		t.Fatalf("the proxy cut nothing (%+v): the test did not lose the reply", st)
+	}
 }

@@ -20,7 +20,9 @@ var (
 // EVAL on NOSCRIPT.
 //
 // lease and release are idempotent (compare-and-extend, compare-and-delete),
-// so rueidis may retry them after a dropped connection. publish must never
+// so rueidis may retry them after a dropped connection, even one that lost
+// the reply of a script that ran: a rerun of the lease replies the same, and
+// release tells a lock already gone from one held by another. publish must never
 // be retried: a retried RENAME would find its own temp key gone and report
 // a loss that did not happen.
 var (
