@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/keyswap/keyswap/internal/keys"
@@ -27,9 +26,20 @@ type SweepOptions struct {
 	OlderThan time.Duration
 	// DryRun reports what would be deleted and deletes nothing.
 	DryRun bool
-	// Progress, if not nil, is called after each SCAN page with the number
-	// of keys scanned and of keys swept (or, with DryRun, to sweep) so far.
-	Progress func(scanned, swept int)
+	// Progress, if not nil, is called after each SCAN call with the sweep's
+	// progress so far.
+	Progress func(SweepProgress)
+}
+
+// SweepProgress is a sweep's progress, for a progress bar.
+type SweepProgress struct {
+	// Visited estimates the keys SCAN has visited: its COUNT hint times
+	// the SCAN calls so far, over every master. Compare it with DBSIZE.
+	Visited int64
+	// Matched is the number of keys the pattern matched so far.
+	Matched int
+	// Swept is the number of keys deleted (or, with DryRun, to delete).
+	Swept int
 }
 
 // sweepChunk bounds the keys per SCAN page and per UNLINK.
@@ -80,7 +90,7 @@ func (s *Store) Sweep(ctx context.Context, opts SweepOptions) ([]string, error) 
 	cutoff := s.now().Add(-olderThan).Unix()
 
 	swept := []string{}
-	scanned := 0
+	var progress SweepProgress
 	seen := map[string]bool{} // SCAN may return a key more than once
 	for page, err := range scan.Pages(ctx, s.client, scan.Options{Match: pattern, Count: sweepChunk}) {
 		if err != nil {
@@ -103,9 +113,11 @@ func (s *Store) Sweep(ctx context.Context, opts SweepOptions) ([]string, error) 
 			}
 		}
 		swept = append(swept, doomed...)
-		scanned += len(page)
+		progress.Visited += sweepChunk
+		progress.Matched += len(page)
+		progress.Swept = len(swept)
 		if opts.Progress != nil {
-			opts.Progress(scanned, len(swept))
+			opts.Progress(progress)
 		}
 	}
 	return swept, nil
@@ -126,7 +138,7 @@ func (s *Store) orphans(ctx context.Context, candidates []string, cutoff int64) 
 		if !ok {
 			continue
 		}
-		t := temp{key: k, unix: unix, locks: vetoLocks(base)}
+		t := temp{key: k, unix: unix, locks: keys.VetoLocks(base)}
 		for _, l := range t.locks {
 			lockSet[l] = true
 		}
@@ -173,20 +185,6 @@ func (s *Store) orphans(ctx context.Context, candidates []string, cutoff int64) 
 		}
 	}
 	return doomed, nil
-}
-
-// vetoLocks returns the lock keys whose existence protects a temp key
-// derived from base: base's own lock, and the lock of every prefix of base
-// that ends before a ':'. The second part is what lets a SetIndex family,
-// which locks only its prefix, protect the temp keys of all its buckets.
-// A lock on an unrelated shorter key may delay a sweep; it never makes the
-// sweep delete anything.
-func vetoLocks(base string) []string {
-	locks := []string{keys.LockKeyForBase(base)}
-	for i := strings.LastIndexByte(base, ':'); i > 0; i = strings.LastIndexByte(base[:i], ':') {
-		locks = append(locks, keys.LockKeyForBase(base[:i]))
-	}
-	return locks
 }
 
 // unlinkBySlot deletes ks through the main client, in chunks of keys that

@@ -65,6 +65,20 @@ func LockKeyForBase(base string) string {
 	return base + LockSuffix
 }
 
+// VetoLocks returns the lock keys whose existence protects a temp key
+// derived from base, as the sweep applies them: base's own lock, then the
+// lock of every prefix of base that ends before a ':'. The second part lets
+// a SetIndex family, which locks only its prefix, protect the temp keys of
+// all its buckets, whose bases are the bucket keys below the prefix. A lock
+// on an unrelated shorter key may delay a sweep; it never makes it delete.
+func VetoLocks(base string) []string {
+	locks := []string{LockKeyForBase(base)}
+	for i := strings.LastIndexByte(base, ':'); i > 0; i = strings.LastIndexByte(base[:i], ':') {
+		locks = append(locks, LockKeyForBase(base[:i]))
+	}
+	return locks
+}
+
 // TempKey returns Base(final) + ":rebuild:<unix>:<nonce>", where nonce is
 // the 16-digit lowercase hex form of the 64 random bits n (C1).
 func TempKey(final string, cluster bool, unix int64, n uint64) string {

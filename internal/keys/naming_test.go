@@ -3,6 +3,7 @@ package keys
 import (
 	"math"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -166,4 +167,20 @@ func FuzzParseTempKey(f *testing.F) {
 			t.Fatalf("ParseTempKey(%q) = %q, %v; Familia's pattern gives %q", key, base, ok, m)
 		}
 	})
+}
+
+func TestVetoLocks(t *testing.T) {
+	for _, tt := range []struct {
+		base string
+		want []string
+	}{
+		{"idx", []string{"idx:rebuild-lock"}},
+		{"users:by-country:fr", []string{"users:by-country:fr:rebuild-lock", "users:by-country:rebuild-lock", "users:rebuild-lock"}},
+		{"{u}:fam:a:b", []string{"{u}:fam:a:b:rebuild-lock", "{u}:fam:a:rebuild-lock", "{u}:fam:rebuild-lock", "{u}:rebuild-lock"}},
+		{":x", []string{":x:rebuild-lock"}},
+	} {
+		if got := VetoLocks(tt.base); !slices.Equal(got, tt.want) {
+			t.Errorf("VetoLocks(%q) = %q, want %q", tt.base, got, tt.want)
+		}
+	}
 }

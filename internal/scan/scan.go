@@ -46,8 +46,9 @@ func Masters(ctx context.Context, client rueidis.Client) ([]rueidis.Client, erro
 	return out, nil
 }
 
-// Pages yields the keys matching opts, one SCAN reply at a time, from every
-// master in turn. SCAN guarantees every key present throughout the scan is
+// Pages yields the keys matching opts, one SCAN reply at a time (possibly
+// none: MATCH and TYPE filter after SCAN visits about Count keys), from
+// every master in turn. SCAN guarantees every key present throughout the scan is
 // returned at least once; a key may come back more than once, and keys
 // created or deleted during the scan may or may not be returned. Pages stops
 // after yielding the first error.
@@ -82,7 +83,7 @@ func Pages(ctx context.Context, client rueidis.Client, opts Options) iter.Seq2[[
 					yield(nil, err)
 					return
 				}
-				if len(page.Elements) > 0 && !yield(page.Elements, nil) {
+				if !yield(page.Elements, nil) {
 					return
 				}
 				if cursor = page.Cursor; cursor == 0 {
@@ -101,11 +102,11 @@ func EscapeGlob(s string) string {
 		return s
 	}
 	var b strings.Builder
-	for _, r := range s {
-		if strings.ContainsRune(`*?[]\`, r) {
+	for i := 0; i < len(s); i++ { // bytes, not runes: keys need not be UTF-8
+		if strings.IndexByte(`*?[]\`, s[i]) >= 0 {
 			b.WriteByte('\\')
 		}
-		b.WriteRune(r)
+		b.WriteByte(s[i])
 	}
 	return b.String()
 }
