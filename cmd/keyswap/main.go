@@ -1,0 +1,183 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Exit codes.
+const (
+	exitOK    = 0 // success, or help asked for
+	exitError = 1 // a runtime error, including an unreachable Redis
+	exitUsage = 2 // a bad command line
+)
+
+const mainUsage = `keyswap is the operator's tool for keyswap's atomic key rebuilds in Redis:
+it shows the rebuilds in progress and sweeps the temp keys that crashed
+processes left behind.
+
+Usage:
+
+	keyswap <command> [flags] [arguments]
+
+Commands:
+
+	status   list rebuilds in progress, temp keys, and sweep candidates
+	sweep    delete orphaned temp keys (a dry run unless --delete is given)
+
+Run 'keyswap <command> -h' for a command's flags. Flags take one dash or two
+(-json or --json) and may follow the arguments.
+
+Every command connects with -redis URL, which defaults to $REDIS_URL, else
+redis://127.0.0.1:6379. Give several -redis flags, or comma-separated URLs,
+to seed a cluster.
+
+Exit status: 0 on success, 1 on an error (Redis unreachable, a command
+failed), 2 on a usage error.
+`
+
+// command is a subcommand: one file each (status.go, sweep.go).
+type command struct {
+	name string
+	// run runs the command with the arguments that follow its name.
+	run func(c *cli, ctx context.Context, args []string) error
+}
+
+// commands are the subcommands, in the order of mainUsage.
+var commands = []command{
+	{name: "status", run: (*cli).status},
+	{name: "sweep", run: (*cli).sweep},
+}
+
+// cli is what one invocation reads and writes. run fills it from the
+// process; tests replace what they need.
+type cli struct {
+	stdout, stderr io.Writer
+	// now is the clock for temp-key ages and the sweep's cutoff.
+	now func() time.Time
+	// getenv reads the environment ($REDIS_URL).
+	getenv func(string) string
+	// isTerminal reports whether w is a terminal, for the progress bar.
+	isTerminal func(w io.Writer) bool
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// run runs keyswap with args (without the program name), and returns the
+// exit status: exitOK, exitError or exitUsage.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	c := &cli{stdout: stdout, stderr: stderr, now: time.Now, getenv: os.Getenv, isTerminal: isTerminal}
+	return c.main(ctx, args)
+}
+
+// main dispatches args to a command and turns its error into an exit
+// status and a message on stderr.
+func (c *cli) main(ctx context.Context, args []string) int {
+	if len(args) == 0 {
+		fmt.Fprint(c.stderr, mainUsage)
+		return exitUsage
+	}
+	name, rest := args[0], args[1:]
+	switch name {
+	case "help", "-h", "-help", "--help":
+		if len(rest) == 0 {
+			fmt.Fprint(c.stdout, mainUsage)
+			return exitOK
+		}
+		// "keyswap help sweep" is "keyswap sweep -h".
+		name, rest = rest[0], []string{"-h"}
+	}
+	for _, cmd := range commands {
+		if cmd.name == name {
+			return c.exit(cmd.name, cmd.run(c, ctx, rest))
+		}
+	}
+	fmt.Fprintf(c.stderr, "keyswap: unknown command %q\nRun 'keyswap -h' for usage.\n", name)
+	return exitUsage
+}
+
+// exit reports err, the result of the command called name, and returns the
+// exit status.
+func (c *cli) exit(name string, err error) int {
+	var ue *usageError
+	switch {
+	case err == nil, errors.Is(err, errHelp):
+		return exitOK
+	case errors.As(err, &ue):
+		fmt.Fprintf(c.stderr, "keyswap %s: %v\nRun 'keyswap %s -h' for usage.\n", name, ue.err, name)
+		return exitUsage
+	default:
+		fmt.Fprintf(c.stderr, "keyswap: %v\n", err)
+		return exitError
+	}
+}
+
+// errHelp reports that a command printed its help, as asked: exit status 0.
+var errHelp = errors.New("help requested")
+
+// usageError is a bad command line: exit status 2.
+type usageError struct{ err error }
+
+func (e *usageError) Error() string { return e.err.Error() }
+func (e *usageError) Unwrap() error { return e.err }
+
+// usagef returns a *usageError with a formatted message.
+func usagef(format string, args ...any) error {
+	return &usageError{err: fmt.Errorf(format, args...)}
+}
+
+// newFlagSet returns a FlagSet for the command called name that reports
+// errors instead of printing them or exiting: parse prints what is needed.
+func newFlagSet(name string) *flag.FlagSet {
+	fs := flag.NewFlagSet("keyswap "+name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	return fs
+}
+
+// parse parses args with fs and returns the positional arguments. Flags may
+// follow positional arguments ("status 'users:*' -json"); a "--" ends the
+// flags. On -h it prints usage, then fs's flags, to stdout and returns
+// errHelp; on a bad flag it returns a *usageError.
+func (c *cli) parse(fs *flag.FlagSet, args []string, usage string) ([]string, error) {
+	var positional []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				c.printUsage(fs, usage)
+				return nil, errHelp
+			}
+			return nil, &usageError{err: err}
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			return positional, nil
+		}
+		if n := len(args) - len(rest); n > 0 && args[n-1] == "--" {
+			return append(positional, rest...), nil
+		}
+		positional = append(positional, rest[0])
+		args = rest[1:]
+	}
+}
+
+// printUsage prints usage and then fs's flags to stdout.
+func (c *cli) printUsage(fs *flag.FlagSet, usage string) {
+	fmt.Fprint(c.stdout, strings.TrimRight(usage, "\n")+"\n\nFlags:\n\n")
+	fs.SetOutput(c.stdout)
+	fs.PrintDefaults()
+	fs.SetOutput(io.Discard)
+}

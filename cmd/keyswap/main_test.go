@@ -1,0 +1,293 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/keyswap/keyswap/internal/redistest"
+	"github.com/keyswap/keyswap/internal/scan"
+	"github.com/keyswap/keyswap/store"
+	"github.com/redis/rueidis"
+)
+
+// env holds the package's redis-server processes: one standalone server and
+// a 3-master cluster, started by TestMain. No test uses a Redis it did not
+// start (and none uses 127.0.0.1:6379).
+var env *redistest.Env
+
+func TestMain(m *testing.M) { os.Exit(redistest.Main(m, &env, true)) }
+
+// result is what one invocation of the CLI returned and printed.
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+// keyswap runs the CLI in-process with args, with $REDIS_URL unset and a
+// stderr that is not a terminal, and returns what it did.
+func keyswap(t *testing.T, args ...string) result {
+	t.Helper()
+	return keyswapEnv(t, nil, args...)
+}
+
+// keyswapEnv is keyswap with the environment variables in environ.
+func keyswapEnv(t *testing.T, environ map[string]string, args ...string) result {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	c := &cli{
+		stdout:     &stdout,
+		stderr:     &stderr,
+		now:        time.Now,
+		getenv:     func(k string) string { return environ[k] },
+		isTerminal: func(io.Writer) bool { return false },
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	code := c.main(ctx, args)
+	return result{code: code, stdout: stdout.String(), stderr: stderr.String()}
+}
+
+// wantCode fails the test unless r exited with code.
+func (r result) wantCode(t *testing.T, code int) {
+	t.Helper()
+	if r.code != code {
+		t.Fatalf("exit status: got %d, want %d\nstdout:\n%s\nstderr:\n%s", r.code, code, r.stdout, r.stderr)
+	}
+}
+
+// deployment is a Redis deployment the CLI tests run against.
+type deployment struct {
+	name    string
+	cluster bool
+	// redis are the -redis flags that reach the deployment.
+	redis []string
+	// client is a client of the deployment, for seeding and checking.
+	client rueidis.Client
+}
+
+// deployments returns the standalone server and the cluster, the latter
+// given by all three of its seeds.
+func deployments(t *testing.T) []deployment {
+	t.Helper()
+	cluster := deployment{name: "cluster", cluster: true, client: env.Cluster.Client(t)}
+	for _, a := range env.Cluster.Addrs {
+		cluster.redis = append(cluster.redis, "-redis", "redis://"+a)
+	}
+	return []deployment{
+		{name: "standalone", redis: []string{"-redis", "redis://" + env.Standalone.Addr}, client: env.Standalone.Client(t)},
+		cluster,
+	}
+}
+
+// args returns cmd, then d's -redis flags, then rest.
+func (d deployment) args(cmd string, rest ...string) []string {
+	return append(append([]string{cmd}, d.redis...), rest...)
+}
+
+// testPrefix returns the running test's key prefix (redistest.Prefix) after
+// deleting any key that contains it on d, as left by an earlier run of the
+// same test (go test -count=N), and deletes them again when the test ends.
+func testPrefix(t *testing.T, d deployment) string {
+	t.Helper()
+	p := redistest.Prefix(t)
+	clean := func() {
+		ctx := context.Background()
+		for page, err := range scan.Pages(ctx, d.client, scan.Options{Match: "*" + scan.EscapeGlob(p) + "*"}) {
+			if err != nil {
+				t.Errorf("SCAN for %s: %v", p, err)
+				return
+			}
+			for _, k := range page {
+				if err := d.client.Do(ctx, d.client.B().Unlink().Key(k).Build()).Error(); err != nil {
+					t.Errorf("UNLINK %s: %v", k, err)
+				}
+			}
+		}
+	}
+	clean()
+	t.Cleanup(clean)
+	return p
+}
+
+// do runs a command given as words on c, failing the test on error.
+func do(t *testing.T, c rueidis.Client, words ...string) rueidis.RedisResult {
+	t.Helper()
+	r := c.Do(context.Background(), c.B().Arbitrary(words[0]).Keys(words[1]).Args(words[2:]...).Build())
+	if err := r.Error(); err != nil && !rueidis.IsRedisNil(err) {
+		t.Fatalf("%q: %v", words, err)
+	}
+	return r
+}
+
+// exists reports whether key exists.
+func exists(t *testing.T, c rueidis.Client, key string) bool {
+	t.Helper()
+	n, err := do(t, c, "EXISTS", key).AsInt64()
+	if err != nil {
+		t.Fatalf("EXISTS %s: %v", key, err)
+	}
+	return n == 1
+}
+
+// rebuild is a store.WithRebuild held open in a goroutine: its callback has
+// written three hash fields into its temp key and waits for finish.
+type rebuild struct {
+	final, temp, lockKey string
+	release              chan struct{}
+	once                 sync.Once
+	done                 chan error
+	err                  error
+}
+
+// startRebuild starts a rebuild of final through client and returns once its
+// callback has written the temp key and, when touch is true, touched it (so
+// that the temp key has a TTL). opts sets the Store's clock: an old clock
+// gives the temp key an old timestamp. The rebuild is finished at cleanup if
+// the test did not finish it.
+func startRebuild(t *testing.T, client rueidis.Client, final string, opts store.Options, touch bool) *rebuild {
+	t.Helper()
+	s := store.New(client, opts)
+	rb := &rebuild{final: final, lockKey: s.LockKey(final), release: make(chan struct{}), done: make(chan error, 1)}
+	started := make(chan string, 1)
+	go func() {
+		// Not t.Context(): it is cancelled before cleanup lets the rebuild finish.
+		rb.done <- s.WithRebuild(context.Background(), final, store.RebuildOptions{},
+			func(ctx context.Context, temp string, touchFn func(context.Context) error) error {
+				hset := client.B().Hset().Key(temp).FieldValue().FieldValue("a", "1").FieldValue("b", "2").FieldValue("c", "3")
+				if err := client.Do(ctx, hset.Build()).Error(); err != nil {
+					return err
+				}
+				if touch {
+					if err := touchFn(ctx); err != nil {
+						return err
+					}
+				}
+				started <- temp
+				<-rb.release
+				return nil
+			})
+	}()
+	select {
+	case rb.temp = <-started:
+	case err := <-rb.done:
+		t.Fatalf("rebuild of %s ended before it started: %v", final, err)
+	case <-time.After(30 * time.Second):
+		t.Fatalf("rebuild of %s did not start within 30s", final)
+	}
+	t.Cleanup(func() { rb.finish() })
+	return rb
+}
+
+// finish lets the rebuild's callback return, waits for the swap, and
+// returns the rebuild's result.
+func (rb *rebuild) finish() error {
+	rb.once.Do(func() {
+		close(rb.release)
+		rb.err = <-rb.done
+	})
+	return rb.err
+}
+
+func TestHelp(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-h"}, "keyswap <command> [flags] [arguments]"},
+		{[]string{"--help"}, "Commands:"},
+		{[]string{"help"}, "Exit status"},
+		{[]string{"help", "sweep"}, "Usage: keyswap sweep [flags]"},
+		{[]string{"status", "-h"}, "Usage: keyswap status [flags] [pattern]"},
+		{[]string{"status", "--help"}, `"sweep_candidate": false`},
+		{[]string{"sweep", "-h"}, "WARNING: do not sweep during a rolling upgrade from a version without the\nrebuild lock."},
+		{[]string{"sweep", "-h"}, "-delete\n"},
+		{[]string{"sweep", "-h"}, `(default "*:rebuild:*")`},
+	} {
+		r := keyswap(t, tc.args...)
+		r.wantCode(t, exitOK)
+		if !strings.Contains(r.stdout, tc.want) {
+			t.Errorf("keyswap %q: stdout has no %q:\n%s", tc.args, tc.want, r.stdout)
+		}
+		if r.stderr != "" {
+			t.Errorf("keyswap %q: got stderr %q, want none", tc.args, r.stderr)
+		}
+	}
+}
+
+func TestUsageErrors(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "Usage:"},
+		{[]string{"frobnicate"}, `keyswap: unknown command "frobnicate"`},
+		{[]string{"sweep", "--bogus"}, "keyswap sweep: flag provided but not defined: -bogus\nRun 'keyswap sweep -h' for usage."},
+		{[]string{"sweep", "orphans"}, "did you mean --pattern?"},
+		{[]string{"sweep", "--older-than", "-1h"}, "--older-than -1h0m0s: must be positive"},
+		{[]string{"sweep", "--older-than", "0"}, "must be positive"},
+		{[]string{"sweep", "--older-than", "soon"}, `invalid value "soon" for flag -older-than`},
+		{[]string{"sweep", "--pattern", ""}, "--pattern must not be empty"},
+		{[]string{"sweep", "--progress", "sometimes"}, `--progress "sometimes": want auto, always or never`},
+		{[]string{"status", "a*", "b*"}, "want at most one pattern"},
+		{[]string{"status", "-older-than", "-5m"}, "must be positive"},
+		{[]string{"status", "-redis", ""}, "no URL"},
+		{[]string{"status", "-redis", "http://example.com"}, "-redis: invalid Redis URL http://example.com: redis: invalid URL scheme: http"},
+		{[]string{"status", "-redis", "redis://a:1,rediss://b:2"}, "user, password, database and TLS must be the same in every URL"},
+	} {
+		r := keyswap(t, tc.args...)
+		r.wantCode(t, exitUsage)
+		if !strings.Contains(r.stderr, tc.want) {
+			t.Errorf("keyswap %q: stderr has no %q:\n%s", tc.args, tc.want, r.stderr)
+		}
+		if r.stdout != "" {
+			t.Errorf("keyswap %q: got stdout %q, want none", tc.args, r.stdout)
+		}
+	}
+}
+
+// TestUnreachable runs the real entry point, run, against a port nobody
+// listens on: a clear message and exit status 1, quickly.
+func TestUnreachable(t *testing.T) {
+	for _, args := range [][]string{
+		{"status", "-redis", "redis://127.0.0.1:1"},
+		{"status", "-json", "-redis", "127.0.0.1:1"},
+		{"sweep", "--delete", "-redis", "redis://127.0.0.1:1"},
+		{"sweep", "-redis", "redis://127.0.0.1:1", "-redis", "redis://127.0.0.1:2"},
+	} {
+		var stdout, stderr bytes.Buffer
+		start := time.Now()
+		code := run(t.Context(), args, &stdout, &stderr)
+		if code != exitError {
+			t.Errorf("keyswap %q: exit status %d, want %d", args, code, exitError)
+		}
+		const want = "keyswap: cannot reach Redis at 127.0.0.1:1"
+		if got := stderr.String(); !strings.HasPrefix(got, want) || !strings.Contains(got, "connection refused") {
+			t.Errorf("keyswap %q: got stderr %q, want %q... connection refused", args, got, want)
+		}
+		if stdout.Len() > 0 {
+			t.Errorf("keyswap %q: got stdout %q, want none", args, stdout.String())
+		}
+		if d := time.Since(start); d > 10*time.Second {
+			t.Errorf("keyswap %q: took %v to fail, want it fast", args, d)
+		}
+	}
+}
+
+// TestRedisURLFromEnvironment connects with $REDIS_URL when -redis is not
+// given.
+func TestRedisURLFromEnvironment(t *testing.T) {
+	t.Parallel()
+	r := keyswapEnv(t, map[string]string{"REDIS_URL": "redis://" + env.Standalone.Addr}, "status", "-json", redistest.Prefix(t)+"*")
+	r.wantCode(t, exitOK)
+	r = keyswapEnv(t, map[string]string{"REDIS_URL": "redis://127.0.0.1:1"}, "status")
+	r.wantCode(t, exitError)
+	if !strings.Contains(r.stderr, "cannot reach Redis at 127.0.0.1:1") {
+		t.Errorf("got stderr %q, want it to name $REDIS_URL's address", r.stderr)
+	}
+}

@@ -1,0 +1,187 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/keyswap/keyswap/internal/keys"
+	"github.com/keyswap/keyswap/store"
+)
+
+// tableRow returns the fields of the line of table output that starts with
+// key, or fails the test.
+func tableRow(t *testing.T, out, key string) []string {
+	t.Helper()
+	for line := range strings.Lines(out) {
+		if f := strings.Fields(line); len(f) > 0 && f[0] == key {
+			return f
+		}
+	}
+	t.Fatalf("no row for %s in:\n%s", key, out)
+	return nil
+}
+
+// TestStatusShowsRebuildInProgress starts a rebuild and, while its callback
+// waits, checks that status shows its lock and its temp key, in the table
+// and in JSON, beside an orphan that is a sweep candidate.
+func TestStatusShowsRebuildInProgress(t *testing.T) {
+	for _, d := range deployments(t) {
+		t.Run(d.name, func(t *testing.T) {
+			t.Parallel()
+			p := testPrefix(t, d)
+			rb := startRebuild(t, d.client, p+"users:by-email", store.Options{}, true)
+			token, err := do(t, d.client, "GET", rb.lockKey).ToString()
+			if err != nil {
+				t.Fatalf("GET %s: %v", rb.lockKey, err)
+			}
+			// A crashed rebuild's temp key: two hours old, no TTL, no lock.
+			orphan := keys.TempKey(p+"crashed", d.cluster, time.Now().Add(-2*time.Hour).Unix(), 0xfeed)
+			do(t, d.client, "SADD", orphan, "x", "y")
+
+			// Table. The flag after the pattern is parsed too.
+			r := keyswap(t, d.args("status", p+"*", "-older-than", "1h")...)
+			r.wantCode(t, exitOK)
+			if !strings.Contains(r.stdout, "REBUILDS IN PROGRESS\nLOCK ") {
+				t.Errorf("no REBUILDS IN PROGRESS table in:\n%s", r.stdout)
+			}
+			lock := tableRow(t, r.stdout, rb.lockKey)
+			if want := []string{rb.lockKey, lock[1], token[:8]}; !slices.Equal(lock, want) || lock[1] == "none" {
+				t.Errorf("lock row: got %q, want %q with a TTL", lock, want)
+			}
+			// KEY AGE TTL TYPE SIZE MEMORY(2 fields) LOCKED SWEEP
+			temp := tableRow(t, r.stdout, rb.temp)
+			if len(temp) != 9 || temp[2] == "none" || temp[3] != "hash" || temp[4] != "3" || temp[7] != "yes" || temp[8] != "no" {
+				t.Errorf("temp key row: got %q, want a TTL, hash, size 3, locked yes, sweep no", temp)
+			}
+			row := tableRow(t, r.stdout, orphan)
+			if len(row) != 9 || !strings.HasPrefix(row[1], "2h") || row[2] != "none" || row[3] != "set" || row[4] != "2" || row[7] != "no" || row[8] != "yes" {
+				t.Errorf("orphan row: got %q, want age 2h, TTL none, set, size 2, locked no, sweep yes", row)
+			}
+			if !strings.Contains(r.stdout, "\n1 rebuild in progress; 2 temp keys, 1 without a TTL; 1 sweep candidate (no TTL, no lock, older than 1h0m0s).\n") {
+				t.Errorf("no summary line in:\n%s", r.stdout)
+			}
+
+			// JSON.
+			r = keyswap(t, d.args("status", "-json", p+"*")...)
+			r.wantCode(t, exitOK)
+			var rep statusReport
+			if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
+				t.Fatalf("status -json: %v\n%s", err, r.stdout)
+			}
+			if rep.Pattern != p+"*" || rep.Cluster != d.cluster || rep.OlderThanSeconds != 3600 || time.Since(rep.Time) > time.Minute {
+				t.Errorf("got pattern %q, cluster %v, older_than_seconds %d, time %v", rep.Pattern, rep.Cluster, rep.OlderThanSeconds, rep.Time)
+			}
+			if len(rep.Locks) != 1 {
+				t.Fatalf("locks: got %+v, want the rebuild's lock only", rep.Locks)
+			}
+			if l := rep.Locks[0]; l.Key != rb.lockKey || l.TTLSeconds <= 0 || l.TTLSeconds > 300 || l.TokenPrefix != token[:8] ||
+				l.Base != strings.TrimSuffix(rb.lockKey, ":rebuild-lock") {
+				t.Errorf("lock: got %+v, want key %s, TTL in (0, 300], token prefix %s", l, rb.lockKey, token[:8])
+			}
+			if len(rep.TempKeys) != 2 {
+				t.Fatalf("temp keys: got %+v, want the rebuild's and the orphan", rep.TempKeys)
+			}
+			byKey := map[string]tempStatus{}
+			for _, tk := range rep.TempKeys {
+				byKey[tk.Key] = tk
+			}
+			live := byKey[rb.temp]
+			if live.TTLSeconds <= 0 || live.Type != "hash" || live.Size == nil || *live.Size != 3 ||
+				live.MemoryBytes == nil || *live.MemoryBytes <= 0 || !live.Locked || live.LockKey != rb.lockKey ||
+				live.SweepCandidate || live.AgeSeconds < 0 || live.AgeSeconds > 60 {
+				t.Errorf("rebuild's temp key: got %+v", live)
+			}
+			o := byKey[orphan]
+			if o.TTLSeconds != -1 || o.Type != "set" || o.Size == nil || *o.Size != 2 || o.Locked || o.LockKey != "" ||
+				!o.SweepCandidate || o.AgeSeconds < 7200 || o.Base != keys.Base(p+"crashed", d.cluster) {
+				t.Errorf("orphan: got %+v", o)
+			}
+
+			// The pattern applies to the live key, with or without the hash
+			// tag a cluster adds.
+			r = keyswap(t, d.args("status", "-json", p+"users:*")...)
+			r.wantCode(t, exitOK)
+			rep = statusReport{}
+			if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
+				t.Fatal(err)
+			}
+			if len(rep.Locks) != 1 || len(rep.TempKeys) != 1 || rep.TempKeys[0].Key != rb.temp {
+				t.Errorf("status %s*: got %+v, want only the rebuild's lock and temp key", p+"users:", rep)
+			}
+
+			// Once the rebuild has swapped, status shows nothing left of it.
+			if err := rb.finish(); err != nil {
+				t.Fatalf("rebuild: %v", err)
+			}
+			r = keyswap(t, d.args("status", p+"users:*")...)
+			r.wantCode(t, exitOK)
+			if want := "No rebuild in progress.\n\nNo temp keys.\n\n0 rebuilds in progress; 0 temp keys, 0 without a TTL; 0 sweep candidates (no TTL, no lock, older than 1h0m0s).\n"; r.stdout != want {
+				t.Errorf("status after the rebuild: got\n%s\nwant\n%s", r.stdout, want)
+			}
+		})
+	}
+}
+
+// TestWriteStatus pins the table format on a fixed report.
+func TestWriteStatus(t *testing.T) {
+	size, mem := int64(1000), int64(72088)
+	rep := &statusReport{
+		OlderThanSeconds: 3600,
+		Locks: []lockStatus{
+			{Key: "users:by-email:rebuild-lock", Base: "users:by-email", TTLSeconds: 298, TokenPrefix: "3f9a1c2e"},
+		},
+		TempKeys: []tempStatus{
+			{Key: "users:by-email:rebuild:1700000000:0123456789abcdef", AgeSeconds: 12, TTLSeconds: -1, Type: "hash",
+				Size: &size, MemoryBytes: &mem, Locked: true},
+			{Key: "tags:rebuild:1699990000:fedcba9876543210", AgeSeconds: 10012, TTLSeconds: -1, Type: "zset",
+				Size: &size, MemoryBytes: &mem, SweepCandidate: true},
+			{Key: "odd key\t:rebuild:1700000000", AgeSeconds: -5, TTLSeconds: 3599, Type: "ReJSON-RL"},
+		},
+	}
+	var out bytes.Buffer
+	if err := writeStatus(&out, rep); err != nil {
+		t.Fatal(err)
+	}
+	want := `REBUILDS IN PROGRESS
+LOCK                         TTL    TOKEN
+users:by-email:rebuild-lock  4m58s  3f9a1c2e
+
+TEMP KEYS
+KEY                                                 AGE     TTL     TYPE       SIZE  MEMORY    LOCKED  SWEEP
+users:by-email:rebuild:1700000000:0123456789abcdef  12s     none    hash       1000  70.4 KiB  yes     no
+tags:rebuild:1699990000:fedcba9876543210            2h46m   none    zset       1000  70.4 KiB  no      yes
+"odd key\t:rebuild:1700000000"                      future  59m59s  ReJSON-RL  -     -         no      no
+
+1 rebuild in progress; 3 temp keys, 2 without a TTL; 1 sweep candidate (no TTL, no lock, older than 1h0m0s).
+Run 'keyswap sweep -older-than 1h0m0s' to list them, with --delete to delete them.
+`
+	if got := out.String(); got != want {
+		t.Errorf("got\n%s\nwant\n%s", got, want)
+	}
+}
+
+func TestLiveKeys(t *testing.T) {
+	odd := keys.Base("a{}b", true) // "{rbN}a{}b"
+	for _, tc := range []struct {
+		base    string
+		cluster bool
+		want    []string
+	}{
+		{"users:by-email", false, []string{"users:by-email"}},
+		{"{users:by-email}", false, []string{"{users:by-email}"}},
+		{"{users:by-email}", true, []string{"{users:by-email}", "users:by-email"}},
+		{"user{42}:idx", true, []string{"user{42}:idx"}},
+		{"{a{b}", true, []string{"{a{b}", "a{b"}},
+		{odd, true, []string{odd, "a{}b"}},
+		{"{rb1}a{}b", true, []string{"{rb1}a{}b"}}, // not a{}b's slot
+		{"{}x", true, []string{"{}x"}},
+	} {
+		if got := liveKeys(tc.base, tc.cluster); !slices.Equal(got, tc.want) {
+			t.Errorf("liveKeys(%q, %v): got %q, want %q", tc.base, tc.cluster, got, tc.want)
+		}
+	}
+}
