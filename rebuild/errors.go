@@ -33,9 +33,20 @@ const (
 	Emptied = store.Emptied
 )
 
-// Error is the error type of a failed run. Op names the step that failed
-// ("config", "acquire", "source", "build", "write", "lease", "publish"), Key
-// the builders' keys, and Err the cause.
+// Error is the error type of a failed run. Op names the step that failed:
+//
+//	config   invalid options or builders; nothing was sent
+//	acquire  taking the locks (ErrInProgress: another rebuild holds one)
+//	source   the source yielded an error
+//	build    a builder returned an error or wrote outside its keys
+//	write    Redis refused a batch, or a temp key was lost and re-created
+//	lease    renewing the lease failed or found it lost (ErrLockLost,
+//	         ErrTempKeyLost); "touch" when the last renewal did
+//	run      the caller's context was cancelled (its cause is wrapped)
+//	scan     the SCAN for a family's live keys failed
+//	publish  the publish script (ErrLockLost, ErrTempKeyLost, or its own error)
+//
+// Key is the builders' keys, or the one key concerned, and Err the cause.
 type Error = store.Error
 
 // PanicError is what Run panics with after cleaning up, when a builder

@@ -273,20 +273,29 @@ func (x *execution[T]) run(ctx context.Context, src iter.Seq2[T, error]) (err er
 
 	srcErr := x.pump(gctx, g, queue, src)
 	werr := g.Wait()
-	serr := scans.Wait()
-	if pe, ok := werr.(*PanicError); ok {
-		panic(pe) // after the deferred cleanup, in the caller's goroutine
-	}
-	switch {
-	case runCtx.Err() != nil && context.Cause(runCtx) != nil:
-		// The caller cancelled, or the lease was lost.
-		return x.wrap("run", context.Cause(runCtx))
+	// The first failure: a write or build error (a panic included) or the
+	// source's error, which happen before anything cancels the run; or else
+	// the caller's cancellation or a lost lease, which stop the pipeline
+	// without an error of its own.
+	var failure error
+	switch cause := context.Cause(runCtx); {
 	case werr != nil:
-		return werr
+		failure = werr
 	case srcErr != nil:
-		return &Error{Op: "source", Key: r.key, Err: srcErr}
-	case serr != nil:
-		return &Error{Op: "scan", Key: r.key, Err: serr}
+		failure = &Error{Op: "source", Key: r.key, Err: srcErr}
+	case cause != nil:
+		failure = x.wrap("run", cause)
+	}
+	if failure != nil {
+		cancel(failure) // stops the family scans: nothing will be published
+		_ = scans.Wait()
+		if pe, ok := failure.(*PanicError); ok {
+			panic(pe) // after the deferred cleanup, in the caller's goroutine
+		}
+		return failure
+	}
+	if err := scans.Wait(); err != nil {
+		return &Error{Op: "scan", Key: r.key, Err: err}
 	}
 
 	x.lease.stop()

@@ -1,0 +1,893 @@
+package rebuild_test
+
+// All or nothing (DESIGN.md "All or nothing", Guarantees 3-5; C8, C16, C16+,
+// C18, C20, C26, C29, C34, C43-C45, C52): every way a run can fail is made to
+// happen for real against a live server, after a first successful run has
+// populated the live keys, and every test then checks that each live key is
+// byte-identical to before and that no temp key and no lock of ours is left.
+
+import (
+	"context"
+	"crypto/sha1"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/keyswap/keyswap/builders"
+	"github.com/keyswap/keyswap/internal/redistest"
+	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/store"
+	"github.com/redis/rueidis"
+	"github.com/redis/rueidis/rueidishook"
+)
+
+// failN is the size of both runs of the all-or-nothing tests: 10 batches of
+// failBatch items.
+const (
+	failN     = 10000
+	failBatch = 1000
+)
+
+// failShape is the Rebuilder shape of the all-or-nothing tests: a Hash, a
+// SortedSet, a SetIndex and a Func builder (the set of ids, where faults are
+// injected) over users.
+type failShape struct {
+	email, score, country, ids string
+}
+
+func failNewShape(d deployment) failShape {
+	return failShape{
+		email:   d.prefix + "users:by-email",
+		score:   d.prefix + "users:by-score",
+		country: d.prefix + "users:by-country",
+		ids:     d.prefix + "users:ids",
+	}
+}
+
+// three returns the Hash, SortedSet and SetIndex builders.
+func (s failShape) three() []rebuild.Builder[user] {
+	return []rebuild.Builder[user]{
+		builders.Hash(s.email, func(u user) (string, string, bool) { return u.Email, u.ID, true }),
+		builders.SortedSet(s.score, func(u user) (string, float64, bool) { return u.ID, u.Score, true }),
+		builders.SetIndex(s.country, func(u user) (string, string, bool) { return u.Country, u.ID, true }),
+	}
+}
+
+// builders returns three() and a Func builder of the set of ids that calls
+// fault, if not nil, with each batch before building it.
+func (s failShape) builders(fault func(items []user)) []rebuild.Builder[user] {
+	return append(s.three(), builders.Func(s.ids, func(c *rebuild.Commands, items []user) error {
+		if fault != nil {
+			fault(items)
+		}
+		temp, err := c.Temp(s.ids)
+		if err != nil {
+			return err
+		}
+		ids := make([]string, len(items))
+		for i, u := range items {
+			ids[i] = u.ID
+		}
+		c.Add(c.B().Sadd().Key(temp).Member(ids...).Build(), len(ids))
+		return nil
+	}))
+}
+
+// finals returns the live keys a run over users(n) produces: those of
+// three(), and with withIDs the Func builder's too.
+func (s failShape) finals(withIDs bool) []string {
+	out := []string{s.email, s.score, s.country + ":fr", s.country + ":de", s.country + ":us"}
+	if withIDs {
+		out = append(out, s.ids)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// failSecondUsers is the data of the failing second run: every key would
+// change, and the buckets would move from fr/de/us to it/es.
+func failSecondUsers(n int) []user {
+	us := users(n)
+	for i := range us {
+		us[i].Email = fmt.Sprintf("changed%06d@example.org", i)
+		us[i].Country = []string{"it", "es"}[i%2]
+		us[i].Score = float64(-i)
+	}
+	return us
+}
+
+// failPopulate runs bs once successfully over users(failN) and returns the
+// snapshot of every key under d.prefix.
+func failPopulate(t *testing.T, d deployment, s failShape, bs []rebuild.Builder[user]) map[string]redistest.KeyState {
+	t.Helper()
+	if _, err := rebuild.New(d.client, rebuild.Options{}, bs...).Run(ctxT(t), rebuild.FromSlice(users(failN))); err != nil {
+		t.Fatalf("first run: %v", err)
+	}
+	if got := len(hgetall(t, d.other, s.email)); got != failN {
+		t.Fatalf("first run: HLEN %s: got %d, want %d", s.email, got, failN)
+	}
+	wantClean(t, d.other, d.prefix)
+	before := redistest.Snapshot(t, d.other, d.prefix)
+	want := s.finals(len(bs) == 4)
+	var got []string
+	for k := range before {
+		got = append(got, k)
+	}
+	slices.Sort(got)
+	if !slices.Equal(got, want) {
+		t.Fatalf("first run: live keys: got %q, want %q", got, want)
+	}
+	return before
+}
+
+// failWantNothingChanged is the all-or-nothing check: live keys
+// byte-identical, no temp key and no lock left.
+func failWantNothingChanged(t *testing.T, d deployment, before map[string]redistest.KeyState) {
+	t.Helper()
+	wantUnchanged(t, d.other, d.prefix, before)
+	wantClean(t, d.other, d.prefix)
+}
+
+// failWantError checks that err is a *rebuild.Error of op matching target.
+func failWantError(t *testing.T, err error, op string, target error) *rebuild.Error {
+	t.Helper()
+	if err == nil {
+		t.Fatalf("Run: got nil error, want one of op %q matching %v", op, target)
+	}
+	if target != nil && !errors.Is(err, target) {
+		t.Errorf("Run: got error %v, want one matching %v", err, target)
+	}
+	t.Logf("Run: %v", err)
+	var e *rebuild.Error
+	if !errors.As(err, &e) {
+		t.Fatalf("Run: got error %T %v, want a *rebuild.Error", err, err)
+	}
+	if op != "" && e.Op != op {
+		t.Errorf("Run: got Op %q (%v), want %q", e.Op, err, op)
+	}
+	return e
+}
+
+// failSource yields items[:at], then err.
+func failSource(items []user, at int, err error) func(yield func(user, error) bool) {
+	return func(yield func(user, error) bool) {
+		for _, u := range items[:at] {
+			if !yield(u, nil) {
+				return
+			}
+		}
+		yield(user{}, err)
+	}
+}
+
+// failTemps returns the temp keys under prefix whose base is base, scanning
+// every node of c. It does not take a testing.TB, so that it can run in a
+// Progress callback, on a writer goroutine.
+func failTemps(ctx context.Context, c rueidis.Client, prefix, base string) ([]string, error) {
+	var out []string
+	for addr, node := range c.Nodes() {
+		var cursor uint64
+		for {
+			e, err := node.Do(ctx, node.B().Scan().Cursor(cursor).Match(prefix+"*").Count(1000).Build()).AsScanEntry()
+			if err != nil {
+				return nil, fmt.Errorf("SCAN on %s: %w", addr, err)
+			}
+			for _, k := range e.Elements {
+				if b, _, ok := store.ParseTempKey(k); ok && b == base {
+					out = append(out, k)
+				}
+			}
+			if cursor = e.Cursor; cursor == 0 {
+				break
+			}
+		}
+	}
+	return out, nil
+}
+
+// failScriptSHA returns the SHA1 rueidis sends in EVALSHA for the store
+// script of file name.
+func failScriptSHA(t *testing.T, name string) (sha, src string) {
+	t.Helper()
+	b, err := os.ReadFile("../store/scripts/" + name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha1.Sum(b)
+	return hex.EncodeToString(sum[:]), string(b)
+}
+
+// failRun runs r and returns its error, or the value it panicked with.
+// check runs inside the recover handler, before the panic is swallowed:
+// whatever it sees is what the caller sees when the panic reaches it.
+func failRun(r *rebuild.Rebuilder[user], ctx context.Context, src func(yield func(user, error) bool), check func()) (panicked any, err error) {
+	defer func() {
+		if panicked = recover(); panicked != nil {
+			check()
+		}
+	}()
+	_, err = r.Run(ctx, src)
+	return nil, err
+}
+
+// TestFailSourceError: a source error at item 5,000 of 10,000 discards the
+// run and comes back as a *rebuild.Error of Op "source" that errors.Is
+// matches to the source's own error (C45, C52, DESIGN "All or nothing").
+func TestFailSourceError(t *testing.T) {
+	t.Parallel()
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		s := failNewShape(d)
+		before := failPopulate(t, d, s, s.builders(nil))
+		errSource := errors.New("source: database connection reset")
+		r := rebuild.New(d.client, rebuild.Options{BatchSize: failBatch, Writers: 4}, s.builders(nil)...)
+		stats, err := r.Run(ctxT(t), failSource(failSecondUsers(failN), failN/2, errSource))
+		failWantError(t, err, "source", errSource)
+		if len(stats.Outcomes) != 0 {
+			t.Errorf("Stats.Outcomes: got %v, want none after a failure", stats.Outcomes)
+		}
+		failWantNothingChanged(t, d, before)
+	})
+}
+
+// failPanicValue is what the panicking builder and source panic with, so
+// that identity shows the original value came through.
+type failPanicValue struct{ where string }
+
+// TestFailPanic: a panic in a builder (on a writer goroutine) or in the
+// source (on Run's goroutine) gets the full cleanup before it reaches the
+// caller (C18), a builder's wrapped in a *rebuild.PanicError that keeps the
+// original value and its stack, the source's unchanged.
+func TestFailPanic(t *testing.T) {
+	t.Parallel()
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		s := failNewShape(d)
+		before := failPopulate(t, d, s, s.builders(nil))
+
+		t.Run("builder", func(t *testing.T) {
+			val := &failPanicValue{"builder"}
+			var built atomic.Int64
+			r := rebuild.New(d.client, rebuild.Options{BatchSize: failBatch, Writers: 4}, s.builders(func(items []user) {
+				built.Add(1)
+				if items[0].ID == fmt.Sprintf("u%06d", failN/2) {
+					panic(val)
+				}
+			})...)
+			checked := false
+			p, err := failRun(r, ctxT(t), rebuild.FromSlice(failSecondUsers(failN)), func() {
+				// The panic has reached us: the cleanup must be over.
+				checked = true
+				failWantNothingChanged(t, d, before)
+			})
+			if err != nil || p == nil {
+				t.Fatalf("Run: got error %v and no panic, want a panic", err)
+			}
+			if !checked {
+				t.Error("the recover handler did not run its checks")
+			}
+			pe, ok := p.(*rebuild.PanicError)
+			if !ok {
+				t.Fatalf("panic value: got %T %v, want *rebuild.PanicError", p, p)
+			}
+			if pe.Value != val {
+				t.Errorf("PanicError.Value: got %#v, want the builder's %#v", pe.Value, val)
+			}
+			if !strings.Contains(string(pe.Stack), "failure_test.go") {
+				t.Errorf("PanicError.Stack: got %q, want the panicking goroutine's stack, through failure_test.go", pe.Stack)
+			}
+			if built.Load() < 2 {
+				t.Errorf("builder calls: got %d, want the panic mid-run, after other batches", built.Load())
+			}
+		})
+
+		t.Run("source", func(t *testing.T) {
+			val := &failPanicValue{"source"}
+			us := failSecondUsers(failN)
+			src := func(yield func(user, error) bool) {
+				for i, u := range us {
+					if i == failN/2 {
+						panic(val)
+					}
+					if !yield(u, nil) {
+						return
+					}
+				}
+			}
+			r := rebuild.New(d.client, rebuild.Options{BatchSize: failBatch, Writers: 4}, s.builders(nil)...)
+			checked := false
+			p, err := failRun(r, ctxT(t), src, func() {
+				checked = true
+				failWantNothingChanged(t, d, before)
+			})
+			if err != nil || p == nil {
+				t.Fatalf("Run: got error %v and no panic, want a panic", err)
+			}
+			if !checked {
+				t.Error("the recover handler did not run its checks")
+			}
+			if p != any(val) {
+				t.Errorf("panic value: got %T %#v, want the source's own %#v, unwrapped", p, p, val)
+			}
+		})
+	})
+}
+
+// TestFailCancel: a ctx cancelled mid-run (from Progress, after 3 of 10
+// batches) discards the run and returns context.Canceled, or the cause given
+// to a context.CancelCauseFunc (STYLE 4: "Cancellation returns
+// context.Cause(ctx)"; DESIGN "All or nothing").
+func TestFailCancel(t *testing.T) {
+	t.Parallel()
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		s := failNewShape(d)
+		before := failPopulate(t, d, s, s.builders(nil))
+		errCause := errors.New("operator pressed ctrl-c")
+		for _, tc := range []struct {
+			name string
+			want error
+			ctx  func(parent context.Context) (context.Context, func())
+		}{
+			{"cancel", context.Canceled, func(p context.Context) (context.Context, func()) {
+				ctx, cancel := context.WithCancel(p)
+				return ctx, cancel
+			}},
+			{"cancel cause", errCause, func(p context.Context) (context.Context, func()) {
+				ctx, cancel := context.WithCancelCause(p)
+				return ctx, func() { cancel(errCause) }
+			}},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				ctx, cancel := tc.ctx(ctxT(t))
+				defer cancel()
+				var once sync.Once
+				r := rebuild.New(d.client, rebuild.Options{BatchSize: failBatch, Writers: 4, Progress: func(p rebuild.Progress) {
+					if p.Batches >= 3 {
+						once.Do(cancel)
+					}
+				}}, s.builders(nil)...)
+				_, err := r.Run(ctx, rebuild.FromSlice(failSecondUsers(failN)))
+				failWantError(t, err, "", tc.want)
+				failWantNothingChanged(t, d, before)
+			})
+		}
+	})
+}
+
+// TestFailLockStolen: another process takes a lock over (DEL, then SET to
+// its own token), mid-run from Progress, or just before the publish script
+// runs (from a hook on its EVALSHA, so that only the script's own fence can
+// see it). The run fails with ErrLockLost, never publishes, drops its temp
+// keys and leaves the thief's lock alone (C8, C16, C22, C27, C44).
+func TestFailLockStolen(t *testing.T) {
+	t.Parallel()
+	publishSHA, _ := failScriptSHA(t, "publish.lua")
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		s := failNewShape(d)
+		before := failPopulate(t, d, s, s.builders(nil))
+		st := store.New(d.other, store.Options{})
+		for _, tc := range []struct {
+			name      string
+			key       string
+			atPublish bool
+		}{
+			{"hash lock mid-run", s.email, false},
+			{"family lock mid-run", s.country, false},
+			{"family lock before the publish script", s.country, true},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				lock := st.LockKey(tc.key)
+				var once sync.Once
+				stolen := false
+				steal := func() {
+					once.Do(func() {
+						ctx := context.Background()
+						if err := d.other.Do(ctx, d.other.B().Del().Key(lock).Build()).Error(); err != nil {
+							t.Errorf("DEL %s: %v", lock, err)
+						}
+						if err := d.other.Do(ctx, d.other.B().Set().Key(lock).Value("thief").ExSeconds(60).Build()).Error(); err != nil {
+							t.Errorf("SET %s: %v", lock, err)
+						}
+						stolen = true
+					})
+				}
+				client := d.client
+				opts := rebuild.Options{BatchSize: failBatch, Writers: 4, TTL: 3 * time.Second}
+				if tc.atPublish {
+					client = rueidishook.WithHook(d.client, redistest.Hook{
+						OnDo: func(c rueidis.Client, ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
+							if args := cmd.Commands(); args[0] == "EVALSHA" && args[1] == publishSHA {
+								steal()
+							}
+							return c.Do(ctx, cmd)
+						},
+					})
+				} else {
+					opts.Progress = func(p rebuild.Progress) {
+						if p.Batches >= 2 {
+							steal()
+						}
+					}
+				}
+				_, err := rebuild.New(client, opts, s.builders(nil)...).Run(ctxT(t), rebuild.FromSlice(failSecondUsers(failN)))
+				if !stolen {
+					t.Fatal("the lock was never stolen")
+				}
+				failWantError(t, err, "", rebuild.ErrLockLost)
+
+				// The thief's lock is untouched, value and TTL.
+				got, gerr := d.other.Do(context.Background(), d.other.B().Get().Key(lock).Build()).ToString()
+				if gerr != nil || got != "thief" {
+					t.Errorf("GET %s: got %q, %v, want the thief's %q", lock, got, gerr, "thief")
+				}
+				if ttl := pttl(t, d.other, lock); ttl <= 50*time.Second {
+					t.Errorf("PTTL %s: got %v, want the thief's (50s, 60s]", lock, ttl)
+				}
+				if err := d.other.Do(context.Background(), d.other.B().Del().Key(lock).Build()).Error(); err != nil {
+					t.Fatal(err)
+				}
+				failWantNothingChanged(t, d, before)
+			})
+		}
+	})
+}
+
+// TestFailStall: a builder that stalls on a batch for longer than a 2 s TTL
+// loses the lease: no renewal reaches Redis for a whole TTL, so the locks
+// expire there, and the run fails with ErrLockLost without publishing (C16,
+// C16+). Writers is 1 so that nothing else renews meanwhile.
+func TestFailStall(t *testing.T) {
+	t.Parallel()
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		s := failNewShape(d)
+		before := failPopulate(t, d, s, s.builders(nil))
+		var stalled atomic.Bool
+		r := rebuild.New(d.client, rebuild.Options{BatchSize: failBatch, Writers: 1, TTL: 2 * time.Second}, s.builders(func(items []user) {
+			if items[0].ID == "u000000" && stalled.CompareAndSwap(false, true) {
+				time.Sleep(3 * time.Second) // the injected fault: a stall longer than TTL, not synchronisation
+			}
+		})...)
+		_, err := r.Run(ctxT(t), rebuild.FromSlice(failSecondUsers(failN)))
+		if !stalled.Load() {
+			t.Fatal("the builder never stalled")
+		}
+		failWantError(t, err, "", rebuild.ErrLockLost)
+		failWantNothingChanged(t, d, before)
+	})
+}
+
+// TestFailWrite: the server rejects one batch's HSET (the hook replaces it
+// with an HSET missing its value). The run fails with Op "write", carrying
+// the server's error, publishes nothing and discards its temp keys (C52).
+func TestFailWrite(t *testing.T) {
+	t.Parallel()
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		s := failNewShape(d)
+		before := failPopulate(t, d, s, s.builders(nil))
+		us := failSecondUsers(failN)
+		marker := us[failN/2].Email
+		var replaced atomic.Int64
+		hooked := rueidishook.WithHook(d.client, redistest.Hook{
+			OnDoMulti: func(c rueidis.Client, ctx context.Context, multi ...rueidis.Completed) []rueidis.RedisResult {
+				cmds := slices.Clone(multi)
+				for i, cmd := range cmds {
+					if args := cmd.Commands(); args[0] == "HSET" && slices.Contains(args, marker) {
+						cmds[i] = c.B().Arbitrary("HSET").Keys(args[1]).Args("field-without-value").Build()
+						replaced.Add(1)
+					}
+				}
+				return c.DoMulti(ctx, cmds...)
+			},
+		})
+		r := rebuild.New(hooked, rebuild.Options{BatchSize: failBatch, Writers: 4}, s.builders(nil)...)
+		_, err := r.Run(ctxT(t), rebuild.FromSlice(us))
+		if n := replaced.Load(); n != 1 {
+			t.Fatalf("HSETs replaced: got %d, want 1", n)
+		}
+		failWantError(t, err, "write", nil)
+		var rerr *rueidis.RedisError
+		if !errors.As(err, &rerr) || !strings.Contains(err.Error(), "wrong number of arguments") {
+			t.Errorf("Run: got %v, want the server's error for the rejected HSET", err)
+		}
+		failWantNothingChanged(t, d, before)
+	})
+}
+
+// TestFailTempKeyDeleted: another client deletes a temp key mid-run. Whether
+// nothing writes it again (it is found gone before the swap, C20) or later
+// batches re-create it with only part of the rebuild (the hole Familia has:
+// a re-created key looks populated; our EXPIRE NX reply catches it, C45),
+// the run fails with ErrTempKeyLost and publishes nothing.
+func TestFailTempKeyDeleted(t *testing.T) {
+	t.Parallel()
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		s := failNewShape(d)
+		before := failPopulate(t, d, s, s.builders(nil))
+		for _, tc := range []struct {
+			name    string
+			base    string // live key whose temp key is deleted
+			batches int64  // after this many batches
+		}{
+			{"hash after the last batch", s.email, failN / failBatch},
+			{"bucket after the last batch", s.country + ":es", failN / failBatch},
+			{"hash after batch 1 then re-created", s.email, 1},
+			{"bucket after batch 1 then re-created", s.country + ":it", 1},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				var once sync.Once
+				deleted := ""
+				r := rebuild.New(d.client, rebuild.Options{BatchSize: failBatch, Writers: 4, Progress: func(p rebuild.Progress) {
+					if p.Batches < tc.batches {
+						return
+					}
+					once.Do(func() {
+						ctx := context.Background()
+						temps, err := failTemps(ctx, d.other, d.prefix, tc.base)
+						if err != nil || len(temps) != 1 {
+							t.Errorf("temp keys of %s: got %q, %v, want one", tc.base, temps, err)
+							return
+						}
+						if n, err := d.other.Do(ctx, d.other.B().Del().Key(temps[0]).Build()).AsInt64(); err != nil || n != 1 {
+							t.Errorf("DEL %s: got %d, %v, want 1", temps[0], n, err)
+							return
+						}
+						deleted = temps[0]
+					})
+				}}, s.builders(nil)...)
+				_, err := r.Run(ctxT(t), rebuild.FromSlice(failSecondUsers(failN)))
+				if deleted == "" {
+					t.Fatal("no temp key was deleted")
+				}
+				failWantError(t, err, "", rebuild.ErrTempKeyLost)
+				failWantNothingChanged(t, d, before)
+			})
+		}
+	})
+}
+
+// TestFailPublishScript: the publish script itself fails with a server
+// error (the hook answers its EVALSHA with a script's OOM error reply). The
+// error is returned wrapped, the live keys are unchanged, the locks are
+// released, and the temp keys are kept, for diagnosis, with
+// 0 < TTL <= PreserveFor (C29, C34.4).
+func TestFailPublishScript(t *testing.T) {
+	t.Parallel()
+	publishSHA, _ := failScriptSHA(t, "publish.lua")
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		s := failNewShape(d)
+		before := failPopulate(t, d, s, s.builders(nil))
+		var failed atomic.Int64
+		hooked := rueidishook.WithHook(d.client, redistest.Hook{
+			OnDo: func(c rueidis.Client, ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
+				if args := cmd.Commands(); (args[0] == "EVALSHA" || args[0] == "EVAL") && args[1] == publishSHA {
+					failed.Add(1)
+					// A real server error reply, in the slot of the script's first key.
+					return c.Do(ctx, c.B().Eval().Script("return redis.error_reply('OOM command not allowed (injected by failure_test)')").
+						Numkeys(1).Key(args[3]).Build())
+				}
+				return c.Do(ctx, cmd)
+			},
+		})
+		const preserve = 60 * time.Second
+		r := rebuild.New(hooked, rebuild.Options{BatchSize: failBatch, Writers: 4, PreserveFor: preserve}, s.builders(nil)...)
+		_, err := r.Run(ctxT(t), rebuild.FromSlice(failSecondUsers(failN)))
+		if n := failed.Load(); n != 1 {
+			t.Fatalf("publish scripts failed: got %d, want 1", n)
+		}
+		failWantError(t, err, "publish", nil)
+		var rerr *rueidis.RedisError
+		if !errors.As(err, &rerr) || !strings.Contains(err.Error(), "OOM command not allowed") {
+			t.Errorf("Run: got %v, want the script's OOM error, wrapped", err)
+		}
+
+		// The temp keys are kept, one per live key the run built, each with
+		// PreserveFor (not the 300 s lease).
+		want := []string{s.email, s.score, s.country + ":es", s.country + ":it", s.ids}
+		slices.Sort(want)
+		var bases, temps []string
+		for _, k := range redistest.Keys(t, d.other, d.prefix) {
+			base, _, ok := store.ParseTempKey(k)
+			switch {
+			case ok:
+				bases = append(bases, base)
+				temps = append(temps, k)
+				if ttl := pttl(t, d.other, k); ttl <= 0 || ttl > preserve {
+					t.Errorf("PTTL %s: got %v, want (0, %v]", k, ttl, preserve)
+				}
+			case strings.HasSuffix(k, ":rebuild-lock"):
+				t.Errorf("lock %s left behind, want it released", k)
+			}
+		}
+		slices.Sort(bases)
+		if !slices.Equal(bases, want) {
+			t.Errorf("temp keys kept for: got %q, want %q", bases, want)
+		}
+		if len(temps) > 0 {
+			if err := d.other.Do(context.Background(), d.other.B().Del().Key(temps...).Build()).Error(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		failWantNothingChanged(t, d, before)
+	})
+}
+
+// TestFailScriptFlushMidRun: SCRIPT FLUSH while a run is going (on a server
+// of the test's own) makes the lease renewal that rides in a batch's
+// DoMulti hit NOSCRIPT, where rueidis has no EVAL fallback. The Rebuilder
+// handles it and the run succeeds (C16+, DESIGN "Lease").
+func TestFailScriptFlushMidRun(t *testing.T) {
+	t.Parallel()
+	srv, err := redistest.StartServer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := srv.Stop(); err != nil {
+			t.Error(err)
+		}
+	})
+	client, other := srv.Client(t), srv.Client(t)
+	ctx := ctxT(t)
+	leaseSHA, leaseSrc := failScriptSHA(t, "lease.lua")
+	// Loaded first, so that the NOSCRIPT below comes from the flush.
+	if sha, err := other.Do(ctx, other.B().ScriptLoad().Script(leaseSrc).Build()).ToString(); err != nil || sha != leaseSHA {
+		t.Fatalf("SCRIPT LOAD lease.lua: got %q, %v, want %s", sha, err, leaseSHA)
+	}
+
+	var flushed, sawNoScript atomic.Bool
+	var noScripts atomic.Int64
+	hooked := rueidishook.WithHook(client, redistest.Hook{
+		OnDoMulti: func(c rueidis.Client, ctx context.Context, multi ...rueidis.Completed) []rueidis.RedisResult {
+			at := slices.IndexFunc(multi, func(cmd rueidis.Completed) bool {
+				args := cmd.Commands()
+				return args[0] == "EVALSHA" && args[1] == leaseSHA
+			})
+			if at >= 0 && flushed.CompareAndSwap(false, true) {
+				if err := other.Do(ctx, other.B().ScriptFlush().Build()).Error(); err != nil {
+					t.Errorf("SCRIPT FLUSH: %v", err)
+				}
+			}
+			res := c.DoMulti(ctx, multi...)
+			if at >= 0 {
+				if rerr, ok := rueidis.IsRedisErr(res[at].Error()); ok && rerr.IsNoScript() {
+					noScripts.Add(1)
+					sawNoScript.Store(true)
+				}
+			}
+			return res
+		},
+	})
+
+	// The source runs until a renewal has ridden in a DoMulti after the
+	// flush (renewals are due every TTL/3 = 1 s), then a little longer. It
+	// cycles over 1000 users, so that the key stays small however long that
+	// takes.
+	const n = 1000
+	us := users(n)
+	deadline := time.Now().Add(30 * time.Second)
+	yielded := 0
+	src := func(yield func(user, error) bool) {
+		after := -1
+		for i := 0; ; i++ {
+			if after < 0 && sawNoScript.Load() {
+				after = i
+			}
+			if (after >= 0 && i >= after+5*n && i >= n) || time.Now().After(deadline) {
+				return
+			}
+			yielded++
+			if !yield(us[i%n], nil) {
+				return
+			}
+		}
+	}
+	p := redistest.Prefix(t)
+	key, idx := p+"users:by-email", p+"users:by-country"
+	r := rebuild.New(hooked, rebuild.Options{BatchSize: 50, Writers: 4, TTL: 3 * time.Second},
+		builders.Hash(key, func(u user) (string, string, bool) { return u.Email, u.ID, true }),
+		builders.SetIndex(idx, func(u user) (string, string, bool) { return u.Country, u.ID, true }),
+	)
+	stats, err := r.Run(ctx, src)
+	if !sawNoScript.Load() {
+		t.Fatalf("no lease renewal inside a DoMulti hit NOSCRIPT after SCRIPT FLUSH (flushed: %v, %d items)", flushed.Load(), yielded)
+	}
+	if err != nil {
+		t.Fatalf("Run: got %v, want success after SCRIPT FLUSH", err)
+	}
+	// Handled, the renewal that hit NOSCRIPT is re-run at once through
+	// EVALSHA with EVAL fallback, which loads the script again, and it
+	// counts as the renewal. Unhandled, it would count as a failed one, so
+	// the very next batch would carry the renewal again and hit NOSCRIPT
+	// again.
+	if n := noScripts.Load(); n != 1 {
+		t.Errorf("lease renewals in a DoMulti that hit NOSCRIPT: got %d, want 1 (the one right after the flush)", n)
+	}
+	if stats.Items != int64(yielded) {
+		t.Errorf("Stats.Items: got %d, want %d", stats.Items, yielded)
+	}
+	if got := len(hgetall(t, other, key)); got != n {
+		t.Errorf("HLEN %s: got %d, want %d", key, got, n)
+	}
+	if got := len(smembers(t, other, idx+":fr")); got != (n+2)/3 {
+		t.Errorf("SCARD %s: got %d, want %d", idx+":fr", got, (n+2)/3)
+	}
+	wantClean(t, other, p)
+}
+
+// TestFailInProgress: a lock held by someone else on any one of three
+// builders' keys makes Run fail at once with ErrInProgress naming that key
+// (C7, C43): the source is never read, no temp key is created, the locks the
+// run took are released, and the held lock and the live keys are untouched.
+func TestFailInProgress(t *testing.T) {
+	t.Parallel()
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		s := failNewShape(d)
+		before := failPopulate(t, d, s, s.three())
+		st := store.New(d.other, store.Options{})
+		for _, key := range []string{s.email, s.score, s.country} {
+			t.Run(strings.TrimPrefix(key, d.prefix), func(t *testing.T) {
+				ctx := context.Background()
+				lock := st.LockKey(key)
+				if err := d.other.Do(ctx, d.other.B().Set().Key(lock).Value("someone-else").ExSeconds(60).Build()).Error(); err != nil {
+					t.Fatal(err)
+				}
+				read := false
+				src := func(yield func(user, error) bool) {
+					read = true
+					for _, u := range failSecondUsers(failN) {
+						if !yield(u, nil) {
+							return
+						}
+					}
+				}
+				r := rebuild.New(d.client, rebuild.Options{Progress: func(rebuild.Progress) { read = true }}, s.three()...)
+				_, err := r.Run(ctxT(t), src)
+				e := failWantError(t, err, "", rebuild.ErrInProgress)
+				if errors.Is(err, rebuild.ErrLockLost) {
+					t.Errorf("Run: got %v, want ErrInProgress, not ErrLockLost", err)
+				}
+				if e.Key != key || !strings.Contains(err.Error(), key) {
+					t.Errorf("Run: got Key %q in %q, want %q", e.Key, err, key)
+				}
+				if read {
+					t.Error("the source was read, want Run to fail before it")
+				}
+				got, gerr := d.other.Do(ctx, d.other.B().Get().Key(lock).Build()).ToString()
+				if gerr != nil || got != "someone-else" {
+					t.Errorf("GET %s: got %q, %v, want %q", lock, got, gerr, "someone-else")
+				}
+				if ttl := pttl(t, d.other, lock); ttl <= 50*time.Second {
+					t.Errorf("PTTL %s: got %v, want the holder's (50s, 60s]", lock, ttl)
+				}
+				if left := redistest.Leftovers(t, d.other, d.prefix); !slices.Equal(left, []string{lock}) {
+					t.Errorf("left behind: got %q, want only the held lock %q", left, lock)
+				}
+				if err := d.other.Do(ctx, d.other.B().Del().Key(lock).Build()).Error(); err != nil {
+					t.Fatal(err)
+				}
+				failWantNothingChanged(t, d, before)
+			})
+		}
+	})
+}
+
+// TestFailConcurrentRuns: two Runs of the same Rebuilder at once. The first
+// holds its locks while its source blocks until the second has returned, so
+// exactly one fails, with ErrInProgress, and the other publishes (C43,
+// Guarantee 2).
+func TestFailConcurrentRuns(t *testing.T) {
+	t.Parallel()
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		s := failNewShape(d)
+		failPopulate(t, d, s, s.builders(nil))
+		ctx := ctxT(t)
+		r := rebuild.New(d.client, rebuild.Options{}, s.builders(nil)...)
+		us := failSecondUsers(failN)
+
+		started, secondDone := make(chan struct{}), make(chan struct{})
+		first := make(chan error, 1)
+		go func() {
+			_, err := r.Run(ctx, func(yield func(user, error) bool) {
+				close(started)
+				select {
+				case <-secondDone:
+				case <-ctx.Done():
+					yield(user{}, ctx.Err())
+					return
+				}
+				for _, u := range us {
+					if !yield(u, nil) {
+						return
+					}
+				}
+			})
+			first <- err
+		}()
+		select {
+		case <-started:
+		case err := <-first:
+			t.Fatalf("first Run returned %v before reading its source", err)
+		}
+		secondRead := false
+		_, err2 := r.Run(ctx, func(yield func(user, error) bool) { secondRead = true })
+		close(secondDone)
+		err1 := <-first
+
+		if err1 != nil {
+			t.Errorf("first Run: got %v, want success", err1)
+		}
+		failWantError(t, err2, "", rebuild.ErrInProgress)
+		if errors.Is(err2, rebuild.ErrLockLost) {
+			t.Errorf("second Run: got %v, want ErrInProgress, not ErrLockLost", err2)
+		}
+		if secondRead {
+			t.Error("second Run read its source, want it to fail first")
+		}
+		if got := hgetall(t, d.other, s.email)[us[0].Email]; got != us[0].ID {
+			t.Errorf("HGET %s %s: got %q, want %q (the first Run's data)", s.email, us[0].Email, got, us[0].ID)
+		}
+		wantClean(t, d.other, d.prefix)
+	})
+}
+
+// TestFailSourceErrorCancelsFamilyScan: a run that fails must not wait for
+// its SetIndex's SCAN of the live buckets (fail fast, DESIGN "All or
+// nothing"; STYLE 7: "Run stops at the first one"). The hook holds the SCAN
+// until its ctx is done, as a SCAN of a large keyspace or of an unreachable
+// node does (rueidis retries a read-only SCAN until ctx expires); the source
+// fails meanwhile. Run must cancel the scan and return the source's error.
+func TestFailSourceErrorCancelsFamilyScan(t *testing.T) {
+	t.Parallel()
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		s := failNewShape(d)
+		before := failPopulate(t, d, s, s.three())
+		scanning := make(chan struct{})
+		var once sync.Once
+		hooked := rueidishook.WithHook(d.client, redistest.Hook{
+			OnDo: func(c rueidis.Client, ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
+				if args := cmd.Commands(); args[0] == "SCAN" && slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, s.country) }) {
+					once.Do(func() { close(scanning) })
+					<-ctx.Done()
+					return rueidis.NewErrorResult(context.Cause(ctx))
+				}
+				return c.Do(ctx, cmd)
+			},
+		})
+		ctx, cancel := context.WithCancel(ctxT(t))
+		defer cancel()
+		errSource := errors.New("source: database connection reset")
+		us := failSecondUsers(failN)
+		src := func(yield func(user, error) bool) {
+			for _, u := range us[:10] {
+				if !yield(u, nil) {
+					return
+				}
+			}
+			select {
+			case <-scanning:
+			case <-ctx.Done():
+			}
+			yield(user{}, errSource)
+		}
+		done := make(chan error, 1)
+		go func() {
+			_, err := rebuild.New(hooked, rebuild.Options{}, s.three()...).Run(ctx, src)
+			done <- err
+		}()
+		var err error
+		select {
+		case err = <-done:
+		case <-time.After(5 * time.Second):
+			t.Errorf("Run: still running 5s after its source failed: the SetIndex's SCAN is not cancelled when the run fails, so Run waits for it (here until ctx ends)")
+			cancel()
+			err = <-done
+		}
+		failWantError(t, err, "source", errSource)
+		failWantNothingChanged(t, d, before)
+	})
+}
