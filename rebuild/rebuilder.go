@@ -515,7 +515,9 @@ func (x *execution[T]) scanFamilies(ctx context.Context, g *errgroup.Group) []ma
 		}
 		live[i] = map[string]bool{}
 		prefix := b.Key() + ":"
-		opts := scan.Options{Match: scan.EscapeGlob(prefix) + "*", Type: f.KeyType()}
+		// On a cluster every bucket is in the prefix's slot (its hash tag is
+		// required): only that slot's master is scanned.
+		opts := scan.Options{Match: scan.EscapeGlob(prefix) + "*", Type: f.KeyType(), InSlot: true, Slot: keys.Slot(b.Key())}
 		g.Go(func() error {
 			for page, err := range scan.Pages(ctx, x.r.client, opts) {
 				if err != nil {

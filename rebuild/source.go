@@ -59,10 +59,13 @@ func FromScan[T any](ctx context.Context, client rueidis.Client, opts ScanOption
 	decode func(key string, reply rueidis.RedisMessage) (item T, ok bool, err error)) iter.Seq2[T, error] {
 	return func(yield func(T, error) bool) {
 		var zero T
-		for page, err := range scan.Pages(ctx, client, scan.Options(opts)) {
+		for page, err := range scan.Pages(ctx, client, scan.Options{Match: opts.Match, Type: opts.Type, Count: opts.Count}) {
 			if err != nil {
 				yield(zero, fmt.Errorf("SCAN %q: %w", opts.Match, err))
 				return
+			}
+			if len(page) == 0 {
+				continue
 			}
 			cmds := make(rueidis.Commands, len(page))
 			for i, k := range page {

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"iter"
 	"maps"
+	"net"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/redis/rueidis"
@@ -19,6 +21,11 @@ type Options struct {
 	Type string
 	// Count is the SCAN COUNT hint. Zero means 1000.
 	Count int64
+	// InSlot, on a cluster, limits the scan to the master that serves hash
+	// slot Slot, when every key sought is in that slot: the other masters'
+	// keyspaces are not walked for nothing.
+	InSlot bool
+	Slot   uint16
 }
 
 // Masters returns a client per master node: the one node of a standalone
@@ -63,6 +70,14 @@ func Pages(ctx context.Context, client rueidis.Client, opts Options) iter.Seq2[[
 			yield(nil, err)
 			return
 		}
+		if opts.InSlot && client.Mode() == rueidis.ClientModeCluster {
+			if node, err := masterOf(ctx, client, opts.Slot); err != nil {
+				yield(nil, err)
+				return
+			} else if node != nil {
+				masters = []rueidis.Client{node}
+			}
+		}
 		for _, node := range masters {
 			var cursor uint64
 			for {
@@ -92,6 +107,36 @@ func Pages(ctx context.Context, client rueidis.Client, opts Options) iter.Seq2[[
 			}
 		}
 	}
+}
+
+// masterOf returns the client of the master serving slot, as CLUSTER SLOTS
+// says, or nil when it is not among client.Nodes() (the caller then scans
+// every master).
+func masterOf(ctx context.Context, client rueidis.Client, slot uint16) (rueidis.Client, error) {
+	ranges, err := client.Do(ctx, client.B().ClusterSlots().Build()).ToArray()
+	if err != nil {
+		return nil, err
+	}
+	nodes := client.Nodes()
+	for _, r := range ranges {
+		v, err := r.ToArray()
+		if err != nil || len(v) < 3 {
+			continue
+		}
+		lo, _ := v[0].AsInt64()
+		hi, _ := v[1].AsInt64()
+		if int64(slot) < lo || int64(slot) > hi {
+			continue
+		}
+		master, err := v[2].ToArray()
+		if err != nil || len(master) < 2 {
+			return nil, nil
+		}
+		host, _ := master[0].ToString()
+		port, _ := master[1].AsInt64()
+		return nodes[net.JoinHostPort(host, strconv.FormatInt(port, 10))], nil
+	}
+	return nil, nil
 }
 
 // EscapeGlob escapes the characters that SCAN MATCH treats specially, so
