@@ -1,10 +1,10 @@
 // Package rebuild rebuilds Redis indexes from a source of truth in one pass,
 // and publishes them atomically, with zero downtime.
 //
-// A [Rebuilder] pulls items from a source, cuts them into batches, and lets
-// concurrent writers turn each batch into commands through its builders
-// (package builders: hashes, sorted sets, sets, one set per value) and send
-// them to fresh temp keys. When the source is exhausted it publishes every
+// A [Rebuilder] pulls items from a source, cuts them into batches, turns
+// each batch into commands through its builders (package builders: hashes,
+// sorted sets, sets, one set per value), concurrently, and sends them to
+// fresh temp keys in source order. When the source is exhausted it publishes every
 // key in one fenced Lua script:
 //
 //	emails := builders.Hash("users:by-email", func(u User) (string, string, bool) {
@@ -31,9 +31,10 @@
 //
 // Run locks every builder's key (under one token), streams the source,
 // renews the lease as batches complete, publishes, and releases the locks.
-// Memory is bounded by about (Writers+1) × BatchSize items, whatever the
-// size of the source: the source is pulled only as fast as the writers
-// drain it. Writes made to a live key while its rebuild runs are replaced
+// Memory is bounded by (Writers+1) × BatchSize items, whatever the size of
+// the source: the source is pulled only as fast as Redis takes the writes.
+// Batches are built concurrently but sent in source order, so the last
+// write of a field or member in the source wins. Writes made to a live key while its rebuild runs are replaced
 // by the publish: the result is a snapshot of the source, not a merge.
 //
 // # Errors
@@ -48,7 +49,7 @@
 // A Rebuilder is safe for concurrent use. Run is synchronous: every
 // goroutine it starts has ended when it returns. Builders are called
 // concurrently for different batches; Progress is called from one goroutine
-// at a time.
+// (the one that sends the batches).
 //
 // # Redis Cluster
 //

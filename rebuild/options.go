@@ -27,10 +27,12 @@ type Options struct {
 	// batch into variadic commands of at most about 1000 entries each.
 	// Zero means DefaultBatchSize; negative is an error.
 	BatchSize int
-	// Writers is the number of batches written concurrently. Together with
-	// BatchSize it bounds memory: a run holds at most about
-	// (Writers+1) × BatchSize items, whatever the size of the source. Zero
-	// means DefaultWriters; negative is an error.
+	// Writers is the number of batches in flight at once: built
+	// concurrently by the builders, then sent in source order, as many as
+	// are ready (up to Writers) in one round trip. Together with BatchSize
+	// it bounds memory: a run holds at most (Writers+1) × BatchSize items,
+	// whatever the size of the source. Zero means DefaultWriters; negative
+	// is an error.
 	Writers int
 	// TTL is the lease of a run: its locks and temp keys expire TTL after
 	// the last renewal. The Rebuilder renews at least every TTL/3 while

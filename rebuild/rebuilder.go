@@ -212,9 +212,10 @@ type execution[T any] struct {
 	targets *targets
 	lease   *lease
 
-	items, batches atomic.Int64 // items in sent batches, sent batches
-	entries        []int64      // entries written per builder; only the sender writes
-	free           chan []T     // batch buffers to reuse
+	items, batches atomic.Int64  // items in sent batches, sent batches
+	entries        []int64       // entries written per builder; only the sender writes
+	free           chan []T      // batch buffers to reuse
+	slots          chan struct{} // one per batch in flight: built, queued or being sent
 }
 
 // batch is one batch on its way from the source to Redis: built by its own
@@ -241,7 +242,8 @@ type batch[T any] struct {
 func (x *execution[T]) run(ctx context.Context, src iter.Seq2[T, error]) (err error) {
 	r := x.r
 	x.entries = make([]int64, len(r.builders))
-	x.free = make(chan []T, r.opts.Writers+2)
+	x.free = make(chan []T, r.opts.Writers+1)
+	x.slots = make(chan struct{}, r.opts.Writers)
 	x.targets = newTargets(r.owners, r.store.Cluster(), r.store.NewTempKey)
 
 	runCtx, cancel := context.WithCancelCause(ctx)
@@ -305,14 +307,21 @@ func (x *execution[T]) run(ctx context.Context, src iter.Seq2[T, error]) (err er
 }
 
 // pump pulls src into batches, starts building each, and queues it for the
-// sender in source order; the queue's capacity is the backpressure that
-// bounds memory. It closes queue when done, and returns the source's error,
-// if any. It stops early when ctx is done.
+// sender in source order. A batch takes one of Writers slots before it is
+// handed on and gives it back once written: that is the backpressure that
+// bounds memory to the batch being filled plus Writers in flight. It closes
+// queue when done, and returns the source's error, if any. It stops early
+// when ctx is done.
 func (x *execution[T]) pump(ctx context.Context, g *errgroup.Group, queue chan<- *batch[T], src iter.Seq2[T, error]) error {
 	defer close(queue)
 	size := x.r.opts.BatchSize
 	items := x.buffer(size)
 	hand := func() bool {
+		select {
+		case x.slots <- struct{}{}:
+		case <-ctx.Done():
+			return false
+		}
 		b := &batch[T]{items: items, built: make(chan struct{})}
 		g.Go(func() error { x.build(b); return nil }) // its error goes to the sender, in order
 		items = x.buffer(size)
@@ -502,6 +511,7 @@ func (x *execution[T]) account(b *batch[T]) {
 		elapsed := time.Since(x.start)
 		p(Progress{Items: items, Batches: batches, Elapsed: elapsed, Rate: float64(items) / elapsed.Seconds()})
 	}
+	<-x.slots // the batch is done: the source may fill another
 }
 
 // scanFamilies starts a SCAN per family builder for its live keys, whose

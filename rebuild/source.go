@@ -54,6 +54,8 @@ type ScanOptions struct {
 // returns every key that exists for the whole scan at least once; it may
 // return a key twice, which index writes absorb (the last write wins).
 // The source stops at the first error, read or decode, and yields it.
+// decode sees a missing key as Redis replies for it: a nil message for GET
+// or HGET, an empty map for HGETALL, an array of nils for HMGET.
 func FromScan[T any](ctx context.Context, client rueidis.Client, opts ScanOptions,
 	read func(cb rueidis.Builder, key string) rueidis.Completed,
 	decode func(key string, reply rueidis.RedisMessage) (item T, ok bool, err error)) iter.Seq2[T, error] {

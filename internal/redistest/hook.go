@@ -12,6 +12,9 @@ import (
 // its non-nil fields intercept. Wrap a client with
 // rueidishook.WithHook(client, redistest.Hook{...}) to fail, delay or
 // observe one specific command.
+//
+// rueidis recycles a command once it has been sent: copy cmd.Commands()
+// (slices.Clone) before passing the command on if you read it afterwards.
 type Hook struct {
 	// OnDo intercepts Do. Call c.Do(ctx, cmd) to pass the command on.
 	OnDo func(c rueidis.Client, ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult
