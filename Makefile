@@ -5,7 +5,7 @@
 STATICCHECK_VERSION := v0.8.2
 BIN := $(CURDIR)/.bin
 # Every Go module in the repository: the library and the nested programs.
-MODULES := $(patsubst %/go.mod,%,$(shell git ls-files --cached --others --exclude-standard -- 'go.mod' '*/go.mod'))
+MODULES := $(patsubst %/,%,$(dir $(shell git ls-files --cached --others --exclude-standard -- 'go.mod' '*/go.mod')))
 GO_FILES := $(shell git ls-files --cached --others --exclude-standard -- '*.go')
 
 .PHONY: test quickstart redis-server fmt vet staticcheck unit
