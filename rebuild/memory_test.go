@@ -91,7 +91,7 @@ func memMeasure(t *testing.T, f func()) memPeak {
 }
 
 // memEvery is the period of memMeasure's measurements.
-const memEvery = 20 * time.Millisecond
+const memEvery = 2 * time.Millisecond
 
 // memSource generates n items without holding them: a FromSeq generator,
 // not a slice, so that the source itself costs no memory per item.

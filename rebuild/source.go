@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"iter"
+	"slices"
 
 	"github.com/keyswap/keyswap/internal/scan"
 	"github.com/redis/rueidis"
@@ -49,8 +50,8 @@ type ScanOptions struct {
 // skip a key, such as one deleted since SCAN returned it. This is Familia's
 // fallback strategy of rebuilding an index from the object keys themselves.
 //
-// Memory is bounded by one SCAN page: keys are read Count at a time, in one
-// pipelined round trip, and yielded before the next page is fetched. SCAN
+// Memory is bounded by one SCAN page: keys are read Count at a time, each
+// group in one pipelined round trip, and yielded before more are read. SCAN
 // returns every key that exists for the whole scan at least once; it may
 // return a key twice, which index writes absorb (the last write wins).
 // The source stops at the first error, read or decode, and yields it.
@@ -59,37 +60,55 @@ type ScanOptions struct {
 func FromScan[T any](ctx context.Context, client rueidis.Client, opts ScanOptions,
 	read func(cb rueidis.Builder, key string) rueidis.Completed,
 	decode func(key string, reply rueidis.RedisMessage) (item T, ok bool, err error)) iter.Seq2[T, error] {
+	count := opts.Count
+	if count <= 0 {
+		count = 1000
+	}
 	return func(yield func(T, error) bool) {
 		var zero T
-		for page, err := range scan.Pages(ctx, client, scan.Options{Match: opts.Match, Type: opts.Type, Count: opts.Count}) {
+		for page, err := range scan.Pages(ctx, client, scan.Options{Match: opts.Match, Type: opts.Type, Count: count}) {
 			if err != nil {
 				yield(zero, fmt.Errorf("SCAN %q: %w", opts.Match, err))
 				return
 			}
-			if len(page) == 0 {
-				continue
-			}
-			cmds := make(rueidis.Commands, len(page))
-			for i, k := range page {
-				cmds[i] = read(client.B(), k)
-			}
-			for i, r := range client.DoMulti(ctx, cmds...) {
-				msg, err := r.ToMessage()
-				if err != nil && !rueidis.IsRedisNil(err) {
-					yield(zero, fmt.Errorf("read %q: %w", page[i], err))
-					return
-				}
-				item, ok, err := decode(page[i], msg)
-				if err != nil {
-					yield(zero, fmt.Errorf("decode %q: %w", page[i], err))
-					return
-				}
-				if ok && !yield(item, nil) {
+			// SCAN's COUNT is a hint: a page can hold many more keys (small
+			// keyspaces, some servers ignore it). Read Count at a time.
+			for chunk := range slices.Chunk(page, int(count)) {
+				if !readChunk(ctx, client, chunk, read, decode, yield) {
 					return
 				}
 			}
 		}
 	}
+}
+
+// readChunk reads keys in one DoMulti and yields what decode makes of them.
+// It reports whether the source should go on.
+func readChunk[T any](ctx context.Context, client rueidis.Client, page []string,
+	read func(cb rueidis.Builder, key string) rueidis.Completed,
+	decode func(key string, reply rueidis.RedisMessage) (item T, ok bool, err error),
+	yield func(T, error) bool) bool {
+	var zero T
+	cmds := make(rueidis.Commands, len(page))
+	for i, k := range page {
+		cmds[i] = read(client.B(), k)
+	}
+	for i, r := range client.DoMulti(ctx, cmds...) {
+		msg, err := r.ToMessage()
+		if err != nil && !rueidis.IsRedisNil(err) {
+			yield(zero, fmt.Errorf("read %q: %w", page[i], err))
+			return false
+		}
+		item, ok, err := decode(page[i], msg)
+		if err != nil {
+			yield(zero, fmt.Errorf("decode %q: %w", page[i], err))
+			return false
+		}
+		if ok && !yield(item, nil) {
+			return false
+		}
+	}
+	return true
 }
 
 // FromHashes is [FromScan] for hashes read with HGETALL: it yields what

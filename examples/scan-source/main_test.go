@@ -26,12 +26,12 @@ func TestScanSource(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Setenv("REDIS_URL", "")
 			var out bytes.Buffer
-			if err := run(context.Background(), append(tc.args, "-objects", "3000"), &out); err != nil {
+			if err := run(context.Background(), append(tc.args, "-objects", "1500"), &out); err != nil {
 				t.Fatalf("run: %v\n%s", err, &out)
 			}
 			for _, want := range []string{
-				"scanned 3000 objects in 3 batches",
-				tc.index + ": 3000 entries; stale entry for deleted@example.com present: false",
+				"scanned 1500 objects in 2 batches",
+				tc.index + ": 1500 entries; stale entry for deleted@example.com present: false",
 			} {
 				if !strings.Contains(out.String(), want) {
 					t.Errorf("output lacks %q:\n%s", want, &out)
