@@ -52,6 +52,7 @@ type Commands struct {
 	cmds    rueidis.Commands
 	entries []int64            // entries written, per builder
 	touched []*target          // temp keys this batch writes, in order
+	err     error              // the first argument over maxBulk
 	seen    map[*target]bool   // set of touched
 	temps   map[string]*target // this batch's cache of targets.get
 }
@@ -82,11 +83,23 @@ func (c *Commands) Temp(live string) (string, error) {
 }
 
 // Add appends cmd, which writes entries index entries (fields, members), to
-// the batch. The entry count feeds [Stats].Targets.
+// the batch. The entry count feeds [Stats].Targets. A command with an
+// argument over Redis's 512 MB limit fails the rebuild before anything of
+// the batch is sent.
 func (c *Commands) Add(cmd rueidis.Completed, entries int) {
+	for _, a := range cmd.Commands() {
+		if len(a) > maxBulk && c.err == nil {
+			args := cmd.Commands()
+			c.err = fmt.Errorf("%s on %q has an argument of %d bytes, over the 512 MB Redis accepts (proto-max-bulk-len)", args[0], args[min(1, len(args)-1)], len(a))
+		}
+	}
 	c.cmds = append(c.cmds, cmd)
 	c.entries[c.builder] += int64(entries)
 }
+
+// maxBulk is Redis's default proto-max-bulk-len: the largest argument a
+// command may carry.
+const maxBulk = 512 << 20
 
 // target is one live key of a run and its temp key.
 type target struct {

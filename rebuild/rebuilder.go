@@ -281,6 +281,10 @@ func (x *execution[T]) run(ctx context.Context, src iter.Seq2[T, error]) (err er
 	// without an error of its own.
 	var failure error
 	switch cause := context.Cause(runCtx); {
+	case werr != nil && errors.Is(cause, ErrLockLost):
+		// A stall that outlived the lease also timed out the batch in
+		// flight: the lost lease is the cause, the write error its symptom.
+		failure = errors.Join(x.wrap("lease", cause), werr)
 	case werr != nil:
 		failure = werr
 	case srcErr != nil:
@@ -376,7 +380,11 @@ func (x *execution[T]) build(b *batch[T]) {
 	}
 	for i, bl := range r.builders {
 		c.builder = i
-		if err := bl.Build(c, b.items); err != nil {
+		err := bl.Build(c, b.items)
+		if err == nil {
+			err = c.err
+		}
+		if err != nil {
 			b.err = &Error{Op: "build", Key: bl.Key(), Err: err}
 			return
 		}
