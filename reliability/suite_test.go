@@ -12,4 +12,11 @@ import (
 // server start their own with redistest.StartServer.
 var env *redistest.Env
 
-func TestMain(m *testing.M) { os.Exit(redistest.Main(m, &env, true)) }
+func TestMain(m *testing.M) {
+	if os.Getenv(raceHelperEnv) != "" {
+		// The race suite's separate rebuilder process: it is given the
+		// servers to use, and needs none of its own.
+		os.Exit(m.Run())
+	}
+	os.Exit(redistest.Main(m, &env, true))
+}
