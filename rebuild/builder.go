@@ -181,7 +181,7 @@ func (ts *targets) get(b int, live string) (*target, error) {
 // reserved reports whether key has the shape of a rebuild lock or temp key.
 func reserved(key string) bool {
 	_, _, temp := keys.ParseTempKey(key)
-	return temp || strings.HasSuffix(key, keys.LockSuffix)
+	return temp || strings.HasSuffix(key, keys.LockSuffix) || strings.HasSuffix(key, keys.LockSuffix+keys.ReceiptSuffix)
 }
 
 // all returns every target so far.

@@ -19,6 +19,12 @@ var (
 	// ErrTempKeyLost: a populated temp key disappeared before the publish
 	// (expired, evicted, swept). Nothing was published.
 	ErrTempKeyLost = store.ErrTempKeyLost
+	// ErrOutcomeUnknown: the publish script's reply was lost and Redis
+	// could not be reached to find out whether it ran. Every live key holds
+	// its old value or every one its new value: the script is atomic. When
+	// Redis could be reached, Run found out: a publish that ran is a
+	// success, one that did not is the original error.
+	ErrOutcomeUnknown = store.ErrOutcomeUnknown
 )
 
 // Outcome is what the publish did to a live key; see Stats.Outcomes.

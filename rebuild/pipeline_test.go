@@ -221,7 +221,13 @@ func TestRunPublishesEveryTargetInOneScript(t *testing.T) {
 			if diff := cmp.Diff(slices.Sorted(slices.Values(tc.wantFinals)), finals); diff != "" {
 				t.Errorf("run %d: live keys named by the publish (-want +got):\n%s", run, diff)
 			}
-			if diff := cmp.Diff(tc.wantOrphans, call.keys[l+2*n:]); diff != "" {
+			// A fenced publish ends its keys with its receipt (ARGV[5] is
+			// the receipt's TTL): the lock key + ":done".
+			rest := call.keys[l+2*n:]
+			if len(call.args) < 5 || len(rest) == 0 || rest[len(rest)-1] != call.keys[0]+":done" {
+				t.Fatalf("run %d: publish keys %q, args %q: want the receipt %q last", run, call.keys, call.args, call.keys[0]+":done")
+			}
+			if diff := cmp.Diff(tc.wantOrphans, rest[:len(rest)-1]); diff != "" {
 				t.Errorf("run %d: orphans named by the publish (-want +got):\n%s", run, diff)
 			}
 			pipeWant(t, d.other, k, tc.us)

@@ -177,7 +177,11 @@ func cmp[N int | time.Duration](v, def N) N {
 // a builder gets the same cleanup, then propagates (see [PanicError]).
 // Publish failures are those of store.Store.Publish: ErrLockLost,
 // ErrTempKeyLost, or the script's own error, after which the temp keys are
-// kept for PreserveFor.
+// kept for PreserveFor. When the publish script's reply is lost (a dropped
+// connection, a timeout, a cancelled ctx), Run finds out whether it ran
+// (store.Store.Settle): if it did, Run succeeds; if Redis cannot be asked,
+// the error matches ErrOutcomeUnknown. Every other error means that nothing
+// was published.
 //
 // Stats are returned on failure too, with what was done before it.
 func (r *Rebuilder[T]) Run(ctx context.Context, src iter.Seq2[T, error]) (Stats, error) {
@@ -442,14 +446,18 @@ func (x *execution[T]) send(ctx context.Context, queue <-chan *batch[T]) error {
 	}
 }
 
-// write sends a group of built batches in one DoMulti: each batch's writes,
-// then an EXPIRE NX of every temp key it wrote (so that every temp key has a
-// TTL as soon as it exists, C34), and at the end the lease renewal when one
-// is due. Then it accounts for each batch, in order.
+// write sends a group of built batches in one DoMulti. Each batch is one
+// MULTI ... EXEC transaction of its writes followed by an EXPIRE NX of every
+// temp key it wrote, so that no temp key ever exists without a TTL (C34):
+// if the connection breaks before EXEC arrives, the server drops the
+// transaction; if EXEC runs late, the TTL comes with the writes. At the end
+// of the DoMulti rides the lease renewal, when one is due. Then write
+// accounts for each batch, in order.
 func (x *execution[T]) write(ctx context.Context, group []*batch[T]) error {
 	r := x.r
 	var cmds rueidis.Commands
 	for _, b := range group {
+		cmds = append(cmds, b.c.cb.Multi().Build())
 		cmds = append(cmds, b.c.cmds...)
 		for _, t := range b.c.touched {
 			// NX: only a key this batch created has no TTL yet, so a reply
@@ -457,6 +465,7 @@ func (x *execution[T]) write(ctx context.Context, group []*batch[T]) error {
 			// same key is a loss (see target.created).
 			cmds = append(cmds, b.c.cb.Expire().Key(t.temp).Seconds(r.ttlSecs).Nx().Build())
 		}
+		cmds = append(cmds, b.c.cb.Exec().Build())
 	}
 	sent := time.Now()
 	renewTemps, renew := x.lease.claim(sent, false)
@@ -471,9 +480,8 @@ func (x *execution[T]) write(ctx context.Context, group []*batch[T]) error {
 	}
 
 	// The writes are not cancelled with the run: once sent they will run,
-	// and the cleanup must come after them, or a late write could recreate
-	// a temp key after it was discarded. A write that outlives the lease is
-	// bounded by it.
+	// and the cleanup must come after them. A write that outlives the lease
+	// is bounded by it.
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.opts.TTL)
 	defer cancel()
 	res := r.client.DoMulti(wctx, cmds...)
@@ -481,15 +489,20 @@ func (x *execution[T]) write(ctx context.Context, group []*batch[T]) error {
 		x.lease.settle(wctx, sent, renewTemps, &res[len(res)-1])
 	}
 	for _, b := range group {
+		n := len(b.c.cmds) + len(b.c.touched)
+		replies, err := execReplies(res[:n+2], n)
+		if err != nil {
+			return &Error{Op: "write", Key: r.key, Err: fmt.Errorf("batch %d (%d items): %w", x.batches.Load()+1, len(b.items), err)}
+		}
 		writes := len(b.c.cmds)
-		for i, cmd := range res[:writes] {
-			if err := cmd.Error(); err != nil {
+		for i, m := range replies[:writes] {
+			if err := m.Error(); err != nil {
 				return &Error{Op: "write", Key: r.key, Err: fmt.Errorf("batch %d (%d items), command %d of %d: %w",
 					x.batches.Load()+1, len(b.items), i+1, writes, err)}
 			}
 		}
 		for i, t := range b.c.touched {
-			n, err := res[writes+i].AsInt64()
+			n, err := replies[writes+i].AsInt64()
 			if err != nil {
 				return &Error{Op: "write", Key: r.key, Err: fmt.Errorf("EXPIRE %s: %w", t.temp, err)}
 			}
@@ -497,10 +510,33 @@ func (x *execution[T]) write(ctx context.Context, group []*batch[T]) error {
 				return &Error{Op: "write", Key: r.key, Err: lostTemp(t, "vanished and was re-created by a later write (or a write removed its TTL, as a plain SET does: use SET KEEPTTL), so it holds only part of the rebuild")}
 			}
 		}
-		res = res[writes+len(b.c.touched):]
+		res = res[n+2:]
 		x.account(b)
 	}
 	return nil
+}
+
+// execReplies returns the replies to the n commands of a MULTI ... EXEC
+// transaction, given the replies to all of its n+2 commands. A command the
+// server refused to queue (OOM, a syntax error) aborts the transaction: its
+// error is returned.
+func execReplies(res []rueidis.RedisResult, n int) ([]rueidis.RedisMessage, error) {
+	for i, r := range res[:n+1] { // MULTI, then each QUEUED
+		if err := r.Error(); err != nil {
+			if i == 0 {
+				return nil, fmt.Errorf("MULTI: %w", err)
+			}
+			return nil, fmt.Errorf("command %d of %d: %w", i, n, err)
+		}
+	}
+	replies, err := res[n+1].ToArray()
+	if err != nil {
+		return nil, fmt.Errorf("EXEC: %w", err)
+	}
+	if len(replies) != n {
+		return nil, fmt.Errorf("EXEC returned %d replies for %d commands", len(replies), n)
+	}
+	return replies, nil
 }
 
 // account records a written batch, recycles its buffer and reports progress.
@@ -588,7 +624,18 @@ func (x *execution[T]) publish(ctx context.Context, live []map[string]bool) (boo
 		Locks: x.locks, Targets: targets, Orphans: orphans, PreserveFor: r.opts.PreserveFor,
 	})
 	if err != nil {
-		return true, err
+		// A lost reply leaves it open whether the publish ran: settle it.
+		published, err := r.store.Settle(ctx, err, x.locks)
+		if !published {
+			return true, err
+		}
+		outcomes = make([]store.Outcome, len(targets))
+		for i, t := range targets {
+			outcomes[i] = store.Emptied
+			if t.Populated {
+				outcomes[i] = store.Swapped
+			}
+		}
 	}
 	for i, t := range all {
 		x.stats.Outcomes[t.final] = outcomes[i]
@@ -599,13 +646,18 @@ func (x *execution[T]) publish(ctx context.Context, live []map[string]bool) (boo
 	return true, nil
 }
 
+// cleanupTimeout bounds each cleanup step after a failed run (discarding the
+// temp keys, releasing the locks), which must run even after ctx is
+// cancelled. Its commands are retried on a fresh connection within it.
+const cleanupTimeout = 5 * time.Second
+
 // discard deletes every temp key of the run, best effort: they have TTLs.
 func (x *execution[T]) discard(ctx context.Context) {
 	all := x.targets.all()
 	if len(all) == 0 {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
 	if err := x.r.store.Discard(ctx, tempKeys(all)...); err != nil {
 		x.r.opts.Logger.Warn("keyswap: could not delete temp keys after a failed rebuild; they expire within the TTL",
@@ -616,7 +668,7 @@ func (x *execution[T]) discard(ctx context.Context) {
 // release releases the locks after the run ended with err (C8): a release
 // failure is joined onto err, or logged after a success.
 func (x *execution[T]) release(ctx context.Context, err error) error {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
 	rerr := x.r.store.ReleaseAll(ctx, x.locks)
 	switch {

@@ -24,6 +24,13 @@ var ErrLockLost error = lockLostError{}
 // unchanged: reading the missing key as an empty rebuild would delete it.
 var ErrTempKeyLost = errors.New("temp key lost")
 
+// ErrOutcomeUnknown reports that a publish script was sent but its reply
+// never came (a dropped connection, a timeout, a cancelled context), and
+// that keyswap could not find out afterwards whether it ran: Redis could not
+// be reached. The live keys hold either the old values or the new ones,
+// never a mixture: the script is atomic. See [Store.Settle].
+var ErrOutcomeUnknown = errors.New("publish outcome unknown: its reply was lost and Redis could not be asked")
+
 type lockLostError struct{}
 
 func (lockLostError) Error() string {

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/redis/rueidis"
 )
 
@@ -139,22 +140,33 @@ func (s *Store) Release(ctx context.Context, l *Lock) error {
 // another rebuild holds some lock, the others are still released and the
 // error matches [ErrLockLost]. The locks must share one token.
 func (s *Store) ReleaseAll(ctx context.Context, locks []*Lock) error {
+	_, err := s.release(ctx, locks)
+	return err
+}
+
+// release releases locks and deletes the receipt a publish fenced on them
+// left, in one script, and reports whether there was one.
+func (s *Store) release(ctx context.Context, locks []*Lock) (receipt bool, err error) {
 	const op = "release"
 	lockKeys, token, err := s.checkLocks(op, locks)
 	if err != nil {
-		return err
+		return false, err
 	}
-	reply, err := releaseScript.Exec(ctx, s.client, lockKeys, []string{token}).AsIntSlice()
+	ks := append(lockKeys, keys.ReceiptKey(locks[0].Key))
+	if err := s.sameSlot(op, locks[0].Final, ks...); err != nil {
+		return false, err
+	}
+	reply, err := releaseScript.Exec(ctx, s.client, ks, []string{token, "1"}).AsIntSlice()
 	if err != nil {
-		return fail(ctx, op, locks[0].Final, err)
+		return false, fail(ctx, op, locks[0].Final, err)
 	}
-	if len(reply) != 2 {
-		return &Error{Op: op, Key: locks[0].Final, Err: fmt.Errorf("unexpected release script reply %v", reply)}
+	if len(reply) != 3 {
+		return false, &Error{Op: op, Key: locks[0].Final, Err: fmt.Errorf("unexpected release script reply %v", reply)}
 	}
 	if reply[1] > 0 {
-		return &Error{Op: op, Key: locks[0].Final, Err: ErrLockLost}
+		return reply[2] == 1, &Error{Op: op, Key: locks[0].Final, Err: ErrLockLost}
 	}
-	return nil
+	return reply[2] == 1, nil
 }
 
 // touch extends locks and refreshes the TTL of temps in one lease script.

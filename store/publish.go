@@ -4,9 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/keyswap/keyswap/internal/keys"
 )
 
 // Target is one live key of a [Store.Publish] and the temp key that replaces
@@ -99,6 +103,9 @@ func (s *Store) publishTargets(ctx context.Context, op, final string, locks []*L
 		plan.locks = append(plan.locks, l.Key)
 		plan.lockFinals = append(plan.lockFinals, l.Final)
 	}
+	if len(locks) > 0 {
+		plan.receipt = keys.ReceiptKey(locks[0].Key)
+	}
 	for _, t := range targets {
 		plan.temps = append(plan.temps, t.Temp)
 		plan.finals = append(plan.finals, t.Final)
@@ -134,6 +141,65 @@ func (s *Store) publishTargets(ctx context.Context, op, final string, locks []*L
 	return nil, fail(ctx, op, final, err)
 }
 
+// receiptTTL is how long the receipt of a fenced publish lives: long
+// enough for Settle, which runs right after the publish failed.
+const receiptTTL = 30 * time.Second
+
+// Settle settles the outcome of a [Store.Publish] or [Store.Swap] fenced on
+// locks that returned perr. It returns perr unchanged when perr is an
+// answer: Redis replied (an error reply, ErrLockLost, ErrTempKeyLost), so
+// the publish did not happen; or when the publish was not fenced, since
+// nothing can then stop a script still on its way.
+//
+// When the reply was lost instead (a dropped connection, a timeout, a
+// cancelled context), the script may or may not have run, and Settle finds
+// out. A fenced publish script leaves a receipt, in the same atomic step as
+// the publish: our token under "<lock key>:done". Settle releases locks and
+// takes the receipt in one script, so that a publish script still on its way
+// on a broken connection fails its fence if it runs at all: what the receipt
+// says is final. Our receipt means the publish happened, and Settle returns
+// (true, nil); no receipt means it did not, and Settle returns (false,
+// perr). A receipt that was lost (evicted) errs on the safe side: a publish
+// that happened is reported as failed, never the reverse. Every release
+// deletes the receipt, so it lingers only when a release fails, for 30 s.
+//
+// When Redis cannot be reached to settle it, the error matches both
+// [ErrOutcomeUnknown] and perr. Settle runs even after ctx is cancelled,
+// bounded by a short timeout.
+func (s *Store) Settle(ctx context.Context, perr error, locks []*Lock) (published bool, err error) {
+	if perr == nil || !replyLost(perr) || len(locks) == 0 {
+		return false, perr
+	}
+	unknown := func(err error) error {
+		return &Error{Op: "publish", Key: locks[0].Final, Err: fmt.Errorf("%w: %w; publish failed: %w", ErrOutcomeUnknown, err, perr)}
+	}
+	ctx, cancel := cleanupContext(ctx)
+	defer cancel()
+	// One script releases the locks and takes the receipt: from then on no
+	// publish fenced on them can happen, and the receipt says whether one
+	// did. (Another rebuild's lock found instead of ours: ours expired, and
+	// its publish, if any, is over too.)
+	receipt, err := s.release(ctx, locks)
+	if err != nil && !errors.Is(err, ErrLockLost) {
+		return false, unknown(fmt.Errorf("releasing the locks: %w", err))
+	}
+	if !receipt {
+		return false, perr
+	}
+	s.log.Warn("keyswap: the publish reply was lost, but the publish happened", "key", locks[0].Final, "err", perr)
+	return true, nil
+}
+
+// replyLost reports whether err, from a publish, leaves it unknown whether
+// the script ran: the connection broke or the wait for the reply ended
+// (a timeout, a cancelled context), as opposed to a reply from Redis or a
+// refusal of ours before anything was sent.
+func replyLost(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.As(err, &ne)
+}
+
 // lockKeys returns the keys of locks.
 func lockKeys(locks []*Lock) []string {
 	out := make([]string, len(locks))
@@ -159,6 +225,7 @@ type publishPlan struct {
 	finals     []string // finals[i] receives temps[i]
 	populated  []bool   // populated[i]: temps[i] was seen holding data
 	orphans    []string // live keys to delete in the same step
+	receipt    string   // fenced: the key the script leaves its receipt in
 }
 
 // lostLockError carries the lock that publish found not ours.
@@ -176,6 +243,9 @@ func (s *Store) publish(ctx context.Context, op, final string, p publishPlan) ([
 	ks = append(ks, p.temps...)
 	ks = append(ks, p.finals...)
 	ks = append(ks, p.orphans...)
+	if p.receipt != "" {
+		ks = append(ks, p.receipt)
+	}
 	if err := s.sameSlot(op, final, ks...); err != nil {
 		return nil, err
 	}
@@ -188,6 +258,9 @@ func (s *Store) publish(ctx context.Context, op, final string, p publishPlan) ([
 		}
 	}
 	args := []string{p.token, strconv.Itoa(len(p.locks)), strconv.Itoa(len(p.temps)), flags.String()}
+	if p.receipt != "" {
+		args = append(args, strconv.Itoa(int(receiptTTL/time.Second)))
+	}
 	reply, err := publishScript.Exec(ctx, s.client, ks, args).AsIntSlice()
 	if err != nil {
 		return nil, err
@@ -222,7 +295,8 @@ func (s *Store) publish(ctx context.Context, op, final string, p publishPlan) ([
 func (s *Store) preserveTemp(ctx context.Context, final, temp string, secs int64) {
 	ctx, cancel := cleanupContext(ctx)
 	defer cancel()
-	if err := s.client.Do(ctx, s.client.B().Expire().Key(temp).Seconds(secs).Build()).Error(); err != nil {
+	// Idempotent, so rueidis may retry it on a fresh connection.
+	if err := s.client.Do(ctx, s.client.B().Expire().Key(temp).Seconds(secs).Build().ToRetryable()).Error(); err != nil {
 		s.log.Warn("keyswap: could not bound temp key after a failed swap", "key", final, "temp_key", temp, "err", err)
 		return
 	}

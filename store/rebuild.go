@@ -138,6 +138,13 @@ func (s *Store) WithRebuild(ctx context.Context, final string, opts RebuildOptio
 		populated = PopulatedYes
 	}
 	_, err = s.Swap(ctx, temp, final, SwapOptions{Lock: lock, Populated: populated, PreserveFor: preserveFor})
+	// A lost reply (a dropped connection, a timeout) leaves it open whether
+	// the swap ran; Settle finds out, so that a swap that happened is not
+	// reported as a failure, nor one that did not as a success.
+	published, err := s.Settle(ctx, err, []*Lock{lock})
+	if published {
+		return nil
+	}
 	return err
 }
 

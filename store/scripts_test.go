@@ -296,7 +296,8 @@ func TestScriptsMultiKeyViaStore(t *testing.T) {
 
 func TestScriptRelease(t *testing.T) {
 	// release.lua: deletes only the locks that hold the token and returns
-	// {deleted, held by another} (C8); absent locks count in neither.
+	// {deleted, held by another, receipt} (C8); absent locks count in
+	// neither. Without ARGV[2] there is no receipt key.
 	scriptsEach(t, func(t *testing.T, tg target) {
 		release := scriptsLoad(t, "release")
 		const tok = "0123456789abcdef0123456789abcdef"
@@ -305,10 +306,10 @@ func TestScriptRelease(t *testing.T) {
 			values []string // per lock: "" = absent
 			want   []int64
 		}{
-			{"mixed", []string{tok, "thief", "", tok}, []int64{2, 1}},
-			{"none ours", []string{"thief", "", tok + "x"}, []int64{0, 2}},
-			{"one ours", []string{tok}, []int64{1, 0}},
-			{"all absent", []string{"", ""}, []int64{0, 0}},
+			{"mixed", []string{tok, "thief", "", tok}, []int64{2, 1, 0}},
+			{"none ours", []string{"thief", "", tok + "x"}, []int64{0, 2, 0}},
+			{"one ours", []string{tok}, []int64{1, 0, 0}},
+			{"all absent", []string{"", ""}, []int64{0, 0, 0}},
 		} {
 			t.Run(tt.name, func(t *testing.T) {
 				k := scriptsKeys(tg, "release-"+strings.ReplaceAll(tt.name, " ", "-"))
@@ -341,6 +342,103 @@ func TestScriptRelease(t *testing.T) {
 				}
 			})
 		}
+	})
+}
+
+func TestScriptReleaseReceipt(t *testing.T) {
+	// release.lua with ARGV[2] = '1': the last key is the receipt a fenced
+	// publish leaves. Ours is deleted and reported (1), in the same step as
+	// the locks are released; another's is kept (0); none is 0.
+	scriptsEach(t, func(t *testing.T, tg target) {
+		release := scriptsLoad(t, "release")
+		const tok = "0123456789abcdef0123456789abcdef"
+		for _, tt := range []struct {
+			name    string
+			receipt string // "" = absent
+			want    []int64
+		}{
+			{"ours", tok, []int64{1, 0, 1}},
+			{"another's", "other-token", []int64{1, 0, 0}},
+			{"absent", "", []int64{1, 0, 0}},
+		} {
+			t.Run(tt.name, func(t *testing.T) {
+				k := scriptsKeys(tg, "receipt-"+strings.ReplaceAll(tt.name, "'", ""))
+				lock, receipt := k("lock"), k("lock")+":done"
+				do(t, tg.other, "SET", lock, tok, "EX", "30")
+				do(t, tg.other, "DEL", receipt)
+				if tt.receipt != "" {
+					do(t, tg.other, "SET", receipt, tt.receipt, "EX", "30")
+				}
+				got, err := release.Exec(context.Background(), tg.client, []string{lock, receipt}, []string{tok, "1"}).AsIntSlice()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !slices.Equal(got, tt.want) {
+					t.Errorf("reply = %v, want %v", got, tt.want)
+				}
+				wantLock(t, tg.other, lock, "")
+				if tt.receipt == tok {
+					wantLock(t, tg.other, receipt, "")
+				} else {
+					wantLock(t, tg.other, receipt, tt.receipt)
+				}
+			})
+		}
+	})
+}
+
+func TestScriptPublishReceipt(t *testing.T) {
+	// publish.lua with ARGV[5]: a fenced publish sets the last key to its
+	// token, with that TTL, in the same step; a publish that fails its fence
+	// or its existence check leaves none; an unfenced one ignores ARGV[5].
+	scriptsEach(t, func(t *testing.T, tg target) {
+		publish := scriptsLoad(t, "publish")
+		const tok = "0123456789abcdef0123456789abcdef"
+		k := scriptsKeys(tg, "publish-receipt")
+		lock, temp, final, receipt := k("lock"), k("temp"), k("final"), k("lock")+":done"
+		reset := func() {
+			for _, key := range []string{lock, temp, final, receipt} {
+				do(t, tg.other, "DEL", key)
+			}
+			do(t, tg.other, "SET", lock, tok, "EX", "30")
+			do(t, tg.other, "HSET", temp, "f", "new")
+		}
+		run := func(token string, keys []string, args ...string) []int64 {
+			t.Helper()
+			got, err := publish.Exec(context.Background(), tg.client, keys, append([]string{token}, args...)).AsIntSlice()
+			if err != nil {
+				t.Fatal(err)
+			}
+			return got
+		}
+
+		reset()
+		if got := run(tok, []string{lock, temp, final, receipt}, "1", "1", "1", "30"); !slices.Equal(got, []int64{1, 1}) {
+			t.Fatalf("fenced publish: reply %v, want [1 1]", got)
+		}
+		wantLock(t, tg.other, receipt, tok)
+		scriptsWantPTTL(t, tg.other, receipt, 0, 30*time.Second)
+
+		reset()
+		do(t, tg.other, "SET", lock, "thief", "EX", "30")
+		if got := run(tok, []string{lock, temp, final, receipt}, "1", "1", "1", "30"); !slices.Equal(got, []int64{-1, 1}) {
+			t.Fatalf("lost lock: reply %v, want [-1 1]", got)
+		}
+		wantLock(t, tg.other, receipt, "")
+
+		reset()
+		do(t, tg.other, "DEL", temp)
+		if got := run(tok, []string{lock, temp, final, receipt}, "1", "1", "1", "30"); !slices.Equal(got, []int64{0, 1}) {
+			t.Fatalf("vanished temp: reply %v, want [0 1]", got)
+		}
+		wantLock(t, tg.other, receipt, "")
+
+		reset()
+		if got := run("", []string{temp, final, receipt}, "0", "1", "1", "30"); !slices.Equal(got, []int64{1, 1}) {
+			t.Fatalf("unfenced: reply %v, want [1 1]", got)
+		}
+		// Unfenced: no receipt, and the last key is an orphan to delete.
+		wantLock(t, tg.other, receipt, "")
 	})
 }
 

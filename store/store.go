@@ -190,7 +190,9 @@ func (s *Store) Discard(ctx context.Context, temps ...string) error {
 	}
 	cmds := make(rueidis.Commands, 0, len(temps))
 	for _, t := range temps {
-		cmds = append(cmds, s.client.B().Unlink().Key(t).Build())
+		// Idempotent, so rueidis may retry it on a fresh connection: the
+		// cleanup after a dropped connection should not fail for that.
+		cmds = append(cmds, s.client.B().Unlink().Key(t).Build().ToRetryable())
 	}
 	var errs []error
 	for i, r := range s.client.DoMulti(ctx, cmds...) {

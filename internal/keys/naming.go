@@ -15,7 +15,16 @@ const (
 	TempInfix = ":rebuild:"
 	// NonceLen is the length of a temp key's hex nonce: 64 bits (C1).
 	NonceLen = 16
+	// ReceiptSuffix follows a lock key to name the receipt a fenced
+	// publish leaves: "<lock key>:done", holding the lock's token for a
+	// short while, in the lock's slot. Like the lock it never matches the
+	// sweep pattern nor the temp-key recogniser.
+	ReceiptSuffix = ":done"
 )
+
+// ReceiptKey returns the key of the receipt a publish fenced on lockKey
+// leaves.
+func ReceiptKey(lockKey string) string { return lockKey + ReceiptSuffix }
 
 // Base returns the key that the lock and temp keys of final are derived
 // from. On a standalone server it is final itself (Familia's shapes). On a

@@ -19,12 +19,17 @@
 -- KEYS[L+T+1..L+2T]    live keys, in the same order as the temp keys
 -- KEYS[L+2T+1..]       orphans: live keys to UNLINK, e.g. SetIndex buckets
 --                      this run did not produce
+-- KEYS[#KEYS]          with ARGV[5]: the receipt key
 -- ARGV[1]              lock token; '' skips the ownership check
 -- ARGV[2]              L
 -- ARGV[3]              T
 -- ARGV[4]              T characters: '1' where the caller saw temp key i
 --                      populated, so a missing key is a loss and must fail
 --                      closed; '0' where a missing key is an empty rebuild
+-- ARGV[5]              optional, fenced only: the receipt's TTL in seconds.
+--                      The script then sets the last key to the token, in
+--                      the same atomic step as the publish, so that a caller
+--                      whose reply was lost can tell whether it ran.
 --
 -- Returns {-1, i}: lock i does not hold the token; nothing changed.
 --         {0, i}:  temp key i was populated but is gone; nothing changed.
@@ -34,6 +39,10 @@ local token = ARGV[1]
 local l = tonumber(ARGV[2])
 local t = tonumber(ARGV[3])
 local populated = ARGV[4]
+local receipt = nil
+if ARGV[5] and token ~= '' then
+  receipt = KEYS[#KEYS]
+end
 
 if token ~= '' then
   for i = 1, l do
@@ -63,7 +72,14 @@ for i = 1, t do
     out[#out + 1] = 2
   end
 end
-for i = l + 2 * t + 1, #KEYS do
+local last = #KEYS
+if receipt then
+  last = last - 1
+end
+for i = l + 2 * t + 1, last do
   redis.call('UNLINK', KEYS[i])
+end
+if receipt then
+  redis.call('SET', receipt, token, 'EX', ARGV[5])
 end
 return out
