@@ -12,7 +12,8 @@ import (
 const MaxArgs = 1000
 
 // Blank reports whether s is empty or only whitespace: an index value
-// Familia would skip. Use it in a builder function's ok result.
+// Familia would skip. Use it in a builder function's ok result. Whitespace is
+// Unicode's (strings.TrimSpace), a superset of what Ruby's strip removes.
 func Blank(s string) bool { return strings.TrimSpace(s) == "" }
 
 // single is the part every one-key builder shares.

@@ -31,6 +31,9 @@
 //
 // Run locks every builder's key (under one token), streams the source,
 // renews the lease as batches complete, publishes, and releases the locks.
+// Each batch is one MULTI/EXEC transaction that also gives every temp key it
+// creates its TTL, so no temp key outlives a crashed process by more than
+// the TTL.
 // Memory is bounded by (Writers+1) × BatchSize items, whatever the size of
 // the source: the source is pulled only as fast as Redis takes the writes.
 // Batches are built concurrently but sent in source order, so the last
@@ -42,7 +45,10 @@
 // Run returns an *Error naming the failed step and wrapping its cause, so
 // errors.Is and errors.As see the source's error, a Redis error,
 // context.Canceled, or one of [ErrInProgress], [ErrLockLost] and
-// [ErrTempKeyLost].
+// [ErrTempKeyLost]. Any of those means that nothing was published. When the
+// publish script's reply is lost, Run finds out whether it ran; only if
+// Redis cannot be asked does the error match [ErrOutcomeUnknown], and then
+// every live key holds its old value or every one its new value.
 //
 // # Concurrency
 //

@@ -51,6 +51,12 @@
 // ErrInProgress) and ErrTempKeyLost, a Redis or transport error, or a
 // description of bad input. Use errors.Is and errors.As.
 //
+// A swap whose reply was lost (a dropped connection, a timeout) may or may
+// not have happened. [Store.Settle] finds out from the receipt a fenced
+// publish leaves; WithRebuild uses it, and returns nil for a swap that
+// happened, and an error matching ErrOutcomeUnknown only when Redis cannot
+// be asked.
+//
 // # Concurrency
 //
 // A Store is safe for concurrent use. Every command goes through the one
