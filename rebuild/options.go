@@ -10,9 +10,9 @@ import (
 // Defaults for [Options].
 const (
 	// DefaultBatchSize is the number of items per batch.
-	DefaultBatchSize = 1000
+	DefaultBatchSize = 2000
 	// DefaultWriters is the number of batches in flight at once.
-	DefaultWriters = 4
+	DefaultWriters = 8
 	// DefaultTTL is the lease: the lifetime of the locks and the temp keys
 	// without renewal. See store.DefaultTTL.
 	DefaultTTL = store.DefaultTTL
@@ -29,10 +29,10 @@ type Options struct {
 	BatchSize int
 	// Writers is the number of batches in flight at once: built
 	// concurrently by the builders, then sent in source order, as many as
-	// are ready (up to Writers) in one round trip. Together with BatchSize
-	// it bounds memory: a run holds at most (Writers+1) × BatchSize items,
-	// whatever the size of the source. Zero means DefaultWriters; negative
-	// is an error.
+	// are ready (up to Writers/2) in one round trip while the others are
+	// being built. Together with BatchSize it bounds memory: a run holds at
+	// most (Writers+1) × BatchSize items, whatever the size of the source.
+	// Zero means DefaultWriters; negative is an error.
 	Writers int
 	// TTL is the lease of a run: its locks and temp keys expire TTL after
 	// the last renewal. The Rebuilder renews at least every TTL/3 while

@@ -405,8 +405,12 @@ func (x *execution[T]) build(b *batch[T]) {
 }
 
 // send takes built batches from queue in source order and writes them,
-// every batch already waiting (up to Writers) in one DoMulti.
+// every batch already waiting, up to half of Writers, in one DoMulti. The
+// other half of the slots are being built meanwhile, so that the next
+// DoMulti is ready when this one's replies come back: the server is not
+// left waiting for the client to build.
 func (x *execution[T]) send(ctx context.Context, queue <-chan *batch[T]) error {
+	perTrip := max(1, x.r.opts.Writers/2)
 	for {
 		var group []*batch[T]
 		select {
@@ -419,7 +423,7 @@ func (x *execution[T]) send(ctx context.Context, queue <-chan *batch[T]) error {
 			return nil // run reports the cause
 		}
 	more:
-		for len(group) < x.r.opts.Writers {
+		for len(group) < perTrip {
 			select {
 			case b, ok := <-queue:
 				if !ok {

@@ -47,7 +47,7 @@ func TestQuickstart(t *testing.T) {
 			for _, want := range []string{
 				"verified: every index matches today's 18000 users exactly",
 				"0 times one was missing, 0 times half-built or mixed",
-				"published 7 keys in one atomic step: 18000 users in 18 batches",
+				"published 7 keys in one atomic step: 18000 users in 9 batches",
 			} {
 				if !strings.Contains(out, want) {
 					t.Errorf("output lacks %q:\n%s", want, out)

@@ -95,7 +95,11 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "scanned %d objects in %d batches\n", stats.Items, stats.Batches)
+	batches := "batches"
+	if stats.Batches == 1 {
+		batches = "batch"
+	}
+	fmt.Fprintf(stdout, "scanned %d objects in %d %s\n", stats.Items, stats.Batches, batches)
 	fmt.Fprintf(stdout, "%s: %d entries; stale entry for deleted@example.com present: %v\n", index, size, stale)
 	if size != int64(*n) || stale {
 		return fmt.Errorf("index has %d entries (stale %v), want %d", size, stale, *n)

@@ -30,7 +30,7 @@ func TestScanSource(t *testing.T) {
 				t.Fatalf("run: %v\n%s", err, &out)
 			}
 			for _, want := range []string{
-				"scanned 1500 objects in 2 batches",
+				"scanned 1500 objects in 1 batch",
 				tc.index + ": 1500 entries; stale entry for deleted@example.com present: false",
 			} {
 				if !strings.Contains(out.String(), want) {

@@ -29,7 +29,7 @@ func TestSQLSource(t *testing.T) {
 				t.Fatalf("run: %v\n%s", err, &out)
 			}
 			for _, want := range []string{
-				"streamed 8000 rows in 8 batches, published 5 keys",
+				"streamed 8000 rows in 4 batches, published 5 keys",
 				"new        SQL  2000  Redis  2000",
 				"shipped    SQL  2000  Redis  2000",
 				// Ties at 499.5 come in reverse lexicographic order.
