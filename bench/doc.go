@@ -1,0 +1,52 @@
+// Command bench measures how fast keyswap rebuilds Redis keys, against the
+// fastest way Redis can take the same data, in one run on one machine.
+//
+//	go run ./bench                    # the default configuration (about 20 minutes)
+//	go run ./bench -n 20000 -rounds 1 # a smoke run, in seconds
+//	go run ./bench -h                 # every flag
+//
+// Absolute numbers vary too much on shared machines to mean anything alone,
+// so the bench reports ratios: each method runs interleaved with the others,
+// in rounds (limit, raw, keyswap, naive, limit, raw, ...), on the same
+// generated data, against the same server.
+//
+// # Methods
+//
+//   - limit: redis-cli --pipe loading pre-generated RESP with 1000 entries
+//     per command: the documented mass-insertion path, and the physical
+//     limit. The server's single thread is the bottleneck.
+//   - raw: the same variadic commands, pipelined through rueidis with
+//     rebuild.DefaultWriters batches in flight, and no lock, lease or swap.
+//     The floor of keyswap's own overhead.
+//   - keyswap: a full rebuild.Rebuilder run (lock, lease, publish) onto an
+//     existing key of the same size.
+//   - naive: one command per entry, pipelined the same way: what most
+//     hand-written rebuilds do.
+//
+// # Sections
+//
+//   - throughput: every method for a hash, a sorted set, a set, a SetIndex of
+//     -buckets buckets, and one Rebuilder of all three (hash, sorted set,
+//     SetIndex) fed by one source. Every run's final cardinality is checked,
+//     and a wrong count fails the bench.
+//   - swap: the pause of the publish onto a live 1M-field hash, next to a
+//     plain RENAME over it: server time from SLOWLOG, and the worst PING
+//     round trip of a concurrent probe.
+//   - scaling: limit and keyswap at several sizes: per-entry cost and peak
+//     heap should be flat.
+//   - knobs: keyswap with BatchSize × Writers around the defaults.
+//
+// # Output
+//
+// A Markdown report on stdout and in <out>/<date>.md, the same data as JSON
+// in <out>/<date>.json, and a chart in <out>/<date>.png and .svg. A
+// progress bar runs on stderr.
+//
+// # Redis
+//
+// By default the bench starts its own redis-server on a free loopback port
+// (--save "" --appendonly no) and flushes it between runs. With -addr it
+// uses that server instead: it writes and deletes only keys under
+// "keyswap-bench:", and changes slowlog settings for the swap section,
+// restoring them afterwards. Never point -addr at a server in production.
+package main

@@ -1,0 +1,408 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime/pprof"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/keyswap/keyswap/rebuild"
+)
+
+// Exit codes.
+const (
+	exitOK    = 0 // success, or help asked for
+	exitError = 1 // a failed run: no server, a wrong count, an error reply
+	exitUsage = 2 // a bad command line
+)
+
+// Section names, in the order they run.
+const (
+	sectionThroughput = "throughput"
+	sectionSwap       = "swap"
+	sectionScaling    = "scaling"
+	sectionKnobs      = "knobs"
+)
+
+var allSections = []string{sectionThroughput, sectionSwap, sectionScaling, sectionKnobs}
+
+const usageHeader = `bench measures keyswap's rebuild throughput against redis-cli --pipe, the
+physical limit, with every method interleaved in rounds on the same data.
+
+Usage:
+
+	go run ./bench [flags]
+
+It starts its own redis-server on a free loopback port unless -addr is given,
+writes a Markdown report to stdout and <out>/<date>.md, the same data as JSON
+(<date>.json), and a chart (<date>.png, <date>.svg). A wrong cardinality after
+any run fails the bench (exit status 1).
+
+Flags:
+`
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		os.Exit(exitOK)
+	case errors.As(err, new(*usageError)):
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(exitUsage)
+	default:
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(exitError)
+	}
+}
+
+// usageError is a bad command line.
+type usageError struct{ err error }
+
+func (e *usageError) Error() string { return e.err.Error() }
+func (e *usageError) Unwrap() error { return e.err }
+
+// config is the parsed command line.
+type config struct {
+	args       []string // as given, for the report
+	addr       string
+	n          int
+	rounds     int
+	sections   []string
+	workloads  []string
+	methods    []method
+	sizes      []int
+	batchSizes []int
+	writers    []int
+	buckets    int
+	out        string
+	cli        string
+	progress   bool
+	cpuProfile string
+	serverCPU  int
+	render     string
+	keyswap    rebuild.Options // the keyswap method's options outside the knobs section
+}
+
+// has reports whether section s is selected.
+func (c config) has(s string) bool { return slices.Contains(c.sections, s) }
+
+// parseFlags parses args. It returns flag.ErrHelp after printing the usage
+// for -h, and a *usageError for a bad command line.
+func parseFlags(args []string, stderr io.Writer) (config, error) {
+	cfg := config{args: args}
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, usageHeader)
+		fs.PrintDefaults()
+	}
+	fs.StringVar(&cfg.addr, "addr", "", "use the Redis at `host:port` instead of starting redis-server; the bench writes and deletes keys under \""+keyPrefix+"\" there, and changes its slowlog settings during the swap section")
+	fs.IntVar(&cfg.n, "n", 1_000_000, "entries per run (hash fields, members) in the throughput, swap and knobs sections")
+	fs.IntVar(&cfg.rounds, "rounds", 5, "rounds of interleaved runs; the report gives medians and min–max over them")
+	sections := fs.String("sections", strings.Join(allSections, ","), "comma-separated sections to run: "+strings.Join(allSections, ", "))
+	workloads := fs.String("workloads", "hash,zset,set,setindex,multi", "comma-separated workloads of the throughput section: hash, zset (sorted set), set, setindex (SetIndex), multi (hash + zset + SetIndex from one source)")
+	methods := fs.String("methods", "limit,raw,keyswap,naive", "comma-separated methods of the throughput section: limit (redis-cli --pipe), raw, keyswap, naive")
+	sizes := fs.String("sizes", "", "comma-separated entry counts of the scaling section (default -n/10, -n and 5×-n: 100000,1000000,5000000)")
+	batchSizes := fs.String("batch-sizes", "100,1000,5000", "comma-separated rebuild.Options.BatchSize values of the knobs section")
+	writers := fs.String("writers", "1,2,4,8", "comma-separated rebuild.Options.Writers values of the knobs section")
+	fs.IntVar(&cfg.buckets, "buckets", 1000, "buckets of the SetIndex workloads")
+	fs.StringVar(&cfg.out, "out", defaultOut(), "directory for <date>.md, .json, .png and .svg; empty writes no files")
+	fs.StringVar(&cfg.cli, "redis-cli", "redis-cli", "redis-cli binary for the limit method; if it is not found, the limit is left out")
+	fs.BoolVar(&cfg.progress, "progress", true, "show a progress bar on stderr")
+	fs.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write a CPU profile of each measured in-process run to `dir`/<section>-<workload>-<method>-<round>.pprof (merge them with go tool pprof)")
+	fs.IntVar(&cfg.keyswap.BatchSize, "keyswap-batch-size", 0, "rebuild.Options.BatchSize of the keyswap method in the throughput, swap and scaling sections; 0 is the library's default")
+	fs.IntVar(&cfg.keyswap.Writers, "keyswap-writers", 0, "rebuild.Options.Writers of the keyswap method in the throughput, swap and scaling sections; 0 is the library's default")
+	fs.StringVar(&cfg.render, "render", "", "render the report of an earlier run from its JSON `file` (to stdout and -out) instead of running")
+	fs.IntVar(&cfg.serverCPU, "server-cpu", -1, "pin the bench's own redis-server to this CPU (Linux), e.g. with the bench itself under taskset -c 0, so that client and server do not share a core; -1 leaves it alone")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return cfg, err
+		}
+		return cfg, &usageError{err}
+	}
+	if fs.NArg() > 0 {
+		return cfg, &usageError{fmt.Errorf("unexpected arguments %q", fs.Args())}
+	}
+	bad := func(format string, a ...any) (config, error) { return cfg, &usageError{fmt.Errorf(format, a...)} }
+	if cfg.n < 1 || cfg.rounds < 1 || cfg.buckets < 1 {
+		return bad("-n, -rounds and -buckets must be at least 1")
+	}
+	if cfg.keyswap.BatchSize < 0 || cfg.keyswap.Writers < 0 {
+		return bad("-keyswap-batch-size and -keyswap-writers must not be negative")
+	}
+	var err error
+	if cfg.sections, err = names(*sections, allSections, "-sections"); err != nil {
+		return cfg, err
+	}
+	var allW []string
+	for _, w := range allWorkloads(cfg.buckets) {
+		allW = append(allW, w.name)
+	}
+	if cfg.workloads, err = names(*workloads, allW, "-workloads"); err != nil {
+		return cfg, err
+	}
+	var allM []string
+	for _, m := range allMethods {
+		allM = append(allM, string(m))
+	}
+	ms, err := names(*methods, allM, "-methods")
+	if err != nil {
+		return cfg, err
+	}
+	for _, m := range ms {
+		cfg.methods = append(cfg.methods, method(m))
+	}
+	if *sizes == "" {
+		cfg.sizes = []int{max(cfg.n/10, 1), cfg.n, 5 * cfg.n}
+	} else if cfg.sizes, err = ints(*sizes, "-sizes"); err != nil {
+		return cfg, err
+	}
+	if cfg.batchSizes, err = ints(*batchSizes, "-batch-sizes"); err != nil {
+		return cfg, err
+	}
+	if cfg.writers, err = ints(*writers, "-writers"); err != nil {
+		return cfg, err
+	}
+	return cfg, nil
+}
+
+// defaultOut is bench/results when run from the repository's root (go run
+// ./bench), else results.
+func defaultOut() string {
+	if _, err := os.Stat(filepath.Join("bench", "go.mod")); err == nil {
+		return filepath.Join("bench", "results")
+	}
+	return "results"
+}
+
+// names splits a comma-separated list and checks each name against valid,
+// keeping valid's order.
+func names(list string, valid []string, flagName string) ([]string, error) {
+	var out []string
+	for name := range strings.SplitSeq(list, ",") {
+		name = strings.TrimSpace(name)
+		if name == "" {
+			continue
+		}
+		if !slices.Contains(valid, name) {
+			return nil, &usageError{fmt.Errorf("%s: unknown %q (valid: %s)", flagName, name, strings.Join(valid, ", "))}
+		}
+		out = append(out, name)
+	}
+	if len(out) == 0 {
+		return nil, &usageError{fmt.Errorf("%s: empty", flagName)}
+	}
+	slices.SortStableFunc(out, func(a, b string) int { return slices.Index(valid, a) - slices.Index(valid, b) })
+	return slices.Compact(out), nil
+}
+
+// ints splits a comma-separated list of positive integers.
+func ints(list, flagName string) ([]int, error) {
+	var out []int
+	for f := range strings.SplitSeq(list, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(strings.ReplaceAll(f, "_", "")))
+		if err != nil || n < 1 {
+			return nil, &usageError{fmt.Errorf("%s: %q is not a positive integer", flagName, f)}
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+// run is the bench: it parses args, runs the selected sections, and writes
+// the report to stdout and to files under -out. Progress goes to stderr.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
+	cfg, err := parseFlags(args, stderr)
+	if err != nil {
+		return err
+	}
+	if cfg.render != "" {
+		return render(cfg.render, stdout, cfg.out)
+	}
+	r := &runner{cfg: cfg, stderr: stderr}
+	if path, err := exec.LookPath(cfg.cli); err == nil {
+		r.cli = path
+	} else {
+		r.note("redis-cli (%s) was not found, so the limit method is left out and there are no ratios; install it (Debian: redis-tools) for a complete report", cfg.cli)
+	}
+	if r.srv, err = openServer(ctx, cfg.addr, cfg.serverCPU); err != nil {
+		return err
+	}
+	defer func() {
+		if cerr := r.srv.close(); err == nil {
+			err = cerr
+		}
+	}()
+
+	rep := newReport(ctx, cfg, r)
+	r.bar = newProgress(cfg, r.plannedRuns(), stderr)
+	defer r.bar.exit(stderr) // after a failure; finish has ended it otherwise
+
+	if cfg.cpuProfile != "" {
+		if err := os.MkdirAll(cfg.cpuProfile, 0o755); err != nil {
+			return err
+		}
+	}
+	if cfg.has(sectionThroughput) {
+		if rep.Throughput, err = r.throughput(ctx); err != nil {
+			return fmt.Errorf("throughput: %w", err)
+		}
+	}
+	if cfg.has(sectionSwap) {
+		if rep.Swap, err = r.swap(ctx); err != nil {
+			return fmt.Errorf("swap: %w", err)
+		}
+	}
+	if cfg.has(sectionScaling) {
+		if rep.Scaling, err = r.scaling(ctx); err != nil {
+			return fmt.Errorf("scaling: %w", err)
+		}
+	}
+	if cfg.has(sectionKnobs) {
+		if rep.Knobs, err = r.knobs(ctx); err != nil {
+			return fmt.Errorf("knobs: %w", err)
+		}
+	}
+	r.bar.finish(stderr)
+	rep.finish(r)
+	return rep.write(stdout, cfg.out)
+}
+
+// startProfile starts a CPU profile written to path, and returns the
+// function that stops it.
+func startProfile(path string) (func() error, error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() error {
+		pprof.StopCPUProfile()
+		return f.Close()
+	}, nil
+}
+
+// runner runs the sections against one server.
+type runner struct {
+	cfg    config
+	srv    *server
+	cli    string // redis-cli's path; "" leaves the limit out
+	bar    *progress
+	stderr io.Writer
+	notes  []string
+}
+
+// note adds a line to the report's notes.
+func (r *runner) note(format string, a ...any) { r.notes = append(r.notes, fmt.Sprintf(format, a...)) }
+
+// hasLimit reports whether the limit method can run.
+func (r *runner) hasLimit() bool { return r.cli != "" }
+
+// methods returns the throughput section's methods that can run.
+func (r *runner) methods() []method {
+	var out []method
+	for _, m := range r.cfg.methods {
+		if m != methodLimit || r.hasLimit() {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// limitRuns is 1 when the limit can run, for counting runs.
+func (r *runner) limitRuns() int {
+	if r.hasLimit() {
+		return 1
+	}
+	return 0
+}
+
+// plannedRuns counts the measured runs of the selected sections, for the
+// progress bar.
+func (r *runner) plannedRuns() int {
+	c := r.cfg
+	n := 0
+	if c.has(sectionThroughput) {
+		n += c.rounds * len(c.workloads) * len(r.methods())
+	}
+	if c.has(sectionSwap) {
+		n += c.rounds * 2
+	}
+	if c.has(sectionScaling) {
+		n += c.rounds * len(c.sizes) * (1 + r.limitRuns())
+	}
+	if c.has(sectionKnobs) {
+		n += c.rounds * (len(c.batchSizes)*len(c.writers) + r.limitRuns())
+	}
+	return n
+}
+
+// workloads returns the throughput section's selected workloads.
+func (r *runner) workloads() []workload {
+	var out []workload
+	for _, w := range allWorkloads(r.cfg.buckets) {
+		if slices.Contains(r.cfg.workloads, w.name) {
+			out = append(out, w)
+		}
+	}
+	return out
+}
+
+// runOnce runs method m for w on d from a clean server, measures it, and
+// verifies the result. resp is the limit's input; opts the keyswap
+// Rebuilder's options. The run is round (from 0) of section, and label
+// says what it runs, for the progress bar and the profile's name.
+func (r *runner) runOnce(ctx context.Context, section string, round int, label string, m method, w workload, d dataset, resp respFile, opts rebuild.Options) (sample, error) {
+	r.bar.describe("%s %d/%d: %s", section, round+1, r.cfg.rounds, label)
+	c := r.srv.client
+	if err := r.srv.reset(ctx); err != nil {
+		return sample{}, err
+	}
+	var fn func() (*child, error)
+	switch m {
+	case methodLimit:
+		fn = func() (*child, error) { return runLimit(ctx, r.cli, r.srv, resp) }
+	case methodRaw:
+		fn = func() (*child, error) { return nil, runRaw(ctx, c, w, d) }
+	case methodNaive:
+		fn = func() (*child, error) { return nil, runNaive(ctx, c, w, d) }
+	case methodKeyswap:
+		if err := preload(ctx, c, w, d); err != nil {
+			return sample{}, err
+		}
+		if err := r.srv.settle(ctx); err != nil {
+			return sample{}, err
+		}
+		rb := rebuilder(c, w, opts)
+		fn = func() (*child, error) { return nil, runKeyswap(ctx, rb, w, d) }
+	}
+	profile := ""
+	if r.cfg.cpuProfile != "" && m != methodLimit {
+		name := fmt.Sprintf("%s-%s-r%d.pprof", section, strings.NewReplacer(" ", "-", ",", "").Replace(label), round+1)
+		profile = filepath.Join(r.cfg.cpuProfile, name)
+	}
+	s, err := measure(ctx, r.srv, d.n, profile, fn)
+	if err != nil {
+		return sample{}, fmt.Errorf("%s %s, %d entries: %w", w.name, m, d.n, err)
+	}
+	if err := w.verify(ctx, r.srv.admin, d); err != nil {
+		return sample{}, fmt.Errorf("%s %s, %d entries: wrong result: %w", w.name, m, d.n, err)
+	}
+	r.bar.step()
+	return s, nil
+}

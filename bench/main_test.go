@@ -1,0 +1,218 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/keyswap/keyswap/internal/redistest"
+)
+
+// env holds the package's redis-server, for the -addr test and the
+// benchmarks. The smoke test starts its own, as the bench does by default.
+var env *redistest.Env
+
+func TestMain(m *testing.M) { os.Exit(redistest.Main(m, &env, false)) }
+
+// smokeArgs is the CI configuration: every section, tiny.
+var smokeArgs = []string{"-n", "20000", "-rounds", "1", "-sizes", "2000,20000", "-batch-sizes", "100,1000", "-writers", "1,4"}
+
+// TestRunSmoke runs every section of the bench against its own redis-server
+// and checks the report's shape, never its numbers.
+func TestRunSmoke(t *testing.T) {
+	out := t.TempDir()
+	var stdout, stderr bytes.Buffer
+	if err := run(t.Context(), append(slices.Clone(smokeArgs), "-out", out), &stdout, &stderr); err != nil {
+		t.Fatalf("run: %v\nstderr:\n%s", err, stderr.String())
+	}
+	md := stdout.String()
+	for _, want := range []string{
+		"# keyswap bench, ", "go run ./bench -n 20000 -rounds 1",
+		"## Summary", "keyswap / limit at 20,000 entries",
+		"## Throughput", "| hash | **keyswap** |", "| sorted set | limit |", "| SetIndex (1000 buckets) | naive |", "| hash + sorted set + SetIndex | raw |",
+		"### Server time per command",
+		"## Swap pause", "| keyswap publish script", "| plain RENAME",
+		"## Scaling", "| 2,000 |", "| 20,000 |",
+		"## Knobs", "| BatchSize 100 |", "Writers 4",
+		"## Methods",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("report lacks %q:\n%s", want, md)
+		}
+	}
+	if !strings.Contains(stderr.String(), "100%") {
+		t.Errorf("stderr has no finished progress bar:\n%s", stderr.String())
+	}
+
+	date := time.Now().UTC().Format("2006-01-02")
+	for _, ext := range []string{".md", ".json", ".png", ".svg"} {
+		if fi, err := os.Stat(filepath.Join(out, date+ext)); err != nil || fi.Size() == 0 {
+			t.Errorf("%s%s: %v, want a non-empty file", date, ext, err)
+		}
+	}
+	if saved, err := os.ReadFile(filepath.Join(out, date+".md")); err != nil || string(saved) != md {
+		t.Errorf("%s.md differs from stdout (%v)", date, err)
+	}
+	var rep report
+	js, _ := os.ReadFile(filepath.Join(out, date+".json"))
+	if err := json.Unmarshal(js, &rep); err != nil {
+		t.Fatalf("JSON: %v", err)
+	}
+	if rep.Throughput == nil || len(rep.Throughput.Workloads) != 5 {
+		t.Fatalf("JSON throughput: got %+v, want 5 workloads", rep.Throughput)
+	}
+	for _, w := range rep.Throughput.Workloads {
+		if len(w.Methods) != 4 {
+			t.Errorf("JSON %s: got %d methods, want 4", w.Name, len(w.Methods))
+		}
+		for _, m := range w.Methods {
+			if len(m.Samples) != 1 || m.Samples[0].Items != 20000 {
+				t.Errorf("JSON %s %s: got %d samples (%+v), want 1 of 20000 items", w.Name, m.Method, len(m.Samples), m.Samples)
+			}
+		}
+	}
+	if rep.Swap == nil || len(rep.Swap.Publish) != 1 || len(rep.Swap.Rename) != 1 {
+		t.Errorf("JSON swap: got %+v, want 1 publish and 1 rename", rep.Swap)
+	}
+	if rep.Scaling == nil || len(rep.Scaling.Sizes) != 2 {
+		t.Errorf("JSON scaling: got %+v, want 2 sizes", rep.Scaling)
+	}
+	if rep.Knobs == nil || len(rep.Knobs.Cells) != 2 || len(rep.Knobs.Cells[0]) != 2 {
+		t.Errorf("JSON knobs: got %+v, want 2×2 cells", rep.Knobs)
+	}
+
+	// -render makes the same report again from the JSON.
+	var again bytes.Buffer
+	rendered := t.TempDir()
+	if err := run(t.Context(), []string{"-render", filepath.Join(out, date+".json"), "-out", rendered}, &again, &stderr); err != nil {
+		t.Fatalf("run -render: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(rendered, date+".png")); err != nil {
+		t.Errorf("-render wrote no chart: %v", err)
+	}
+	if again.String() != md {
+		t.Errorf("-render: got a different report:\n%s\nwant:\n%s", again.String(), md)
+	}
+}
+
+// TestRunAddr runs the bench against a server it does not own: it must
+// leave other keys and the slowlog settings alone.
+func TestRunAddr(t *testing.T) {
+	c := env.Standalone.Client(t)
+	ctx := t.Context()
+	const other = "not-the-bench:key"
+	if err := c.Do(ctx, c.B().Set().Key(other).Value("kept").Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	before := slowlogConfig(t, ctx)
+	var stdout, stderr bytes.Buffer
+	err := run(ctx, []string{"-addr", env.Standalone.Addr, "-n", "3000", "-rounds", "1", "-sections", "throughput,swap",
+		"-workloads", "setindex", "-out", "", "-progress=false"}, &stdout, &stderr)
+	if err != nil {
+		t.Fatalf("run: %v\nstderr:\n%s", err, stderr.String())
+	}
+	if got, err := c.Do(ctx, c.B().Get().Key(other).Build()).ToString(); err != nil || got != "kept" {
+		t.Errorf("GET %s = %q, %v; want kept", other, got, err)
+	}
+	if after := slowlogConfig(t, ctx); !slices.Equal(after, before) {
+		t.Errorf("slowlog settings: got %v after the run, want %v as before", after, before)
+	}
+	for _, unwanted := range []string{"## Scaling", "## Knobs", "| hash |"} {
+		if strings.Contains(stdout.String(), unwanted) {
+			t.Errorf("report has %q, which was not selected", unwanted)
+		}
+	}
+}
+
+func slowlogConfig(t *testing.T, ctx context.Context) []string {
+	t.Helper()
+	c := env.Standalone.Client(t)
+	var out []string
+	for _, name := range []string{"slowlog-log-slower-than", "slowlog-max-len"} {
+		m, err := c.Do(ctx, c.B().ConfigGet().Parameter(name).Build()).AsStrMap()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, m[name])
+	}
+	return out
+}
+
+func TestParseFlags(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		want error // nil, flag.ErrHelp, or a *usageError (any)
+	}{
+		{"defaults", nil, nil},
+		{"help", []string{"-h"}, flag.ErrHelp},
+		{"unknown flag", []string{"-bogus"}, &usageError{}},
+		{"argument", []string{"extra"}, &usageError{}},
+		{"zero n", []string{"-n", "0"}, &usageError{}},
+		{"unknown section", []string{"-sections", "throughput,speed"}, &usageError{}},
+		{"unknown workload", []string{"-workloads", "list"}, &usageError{}},
+		{"unknown method", []string{"-methods", "fast"}, &usageError{}},
+		{"bad size", []string{"-sizes", "10,x"}, &usageError{}},
+		{"negative writers", []string{"-writers", "-1"}, &usageError{}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := parseFlags(tt.args, new(bytes.Buffer))
+			switch tt.want.(type) {
+			case nil:
+				if err != nil {
+					t.Errorf("got %v, want nil", err)
+				}
+			case *usageError:
+				if !errors.As(err, new(*usageError)) {
+					t.Errorf("got %v, want a usage error", err)
+				}
+			default:
+				if !errors.Is(err, tt.want) {
+					t.Errorf("got %v, want %v", err, tt.want)
+				}
+			}
+		})
+	}
+}
+
+func TestParseFlagsDefaults(t *testing.T) {
+	cfg, err := parseFlags([]string{"-n", "20000", "-methods", "keyswap,limit", "-sections", "knobs,throughput"}, new(bytes.Buffer))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []int{2000, 20000, 100000}; !slices.Equal(cfg.sizes, want) {
+		t.Errorf("sizes: got %v, want %v", cfg.sizes, want)
+	}
+	if want := []method{methodLimit, methodKeyswap}; !slices.Equal(cfg.methods, want) {
+		t.Errorf("methods: got %v, want %v (the order of a round)", cfg.methods, want)
+	}
+	if want := []string{sectionThroughput, sectionKnobs}; !slices.Equal(cfg.sections, want) {
+		t.Errorf("sections: got %v, want %v", cfg.sections, want)
+	}
+}
+
+func TestCommandLine(t *testing.T) {
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{nil, "go run ./bench"},
+		{[]string{"-n", "20000", "-rounds", "1"}, "go run ./bench -n 20000 -rounds 1"},
+		{[]string{"-out", "my results"}, `go run ./bench -out "my results"`},
+		{[]string{"-out", ""}, `go run ./bench -out ""`},
+	}
+	for _, tt := range tests {
+		if got := commandLine(tt.args); got != tt.want {
+			t.Errorf("commandLine(%q): got %q, want %q", tt.args, got, tt.want)
+		}
+	}
+}

@@ -1,0 +1,519 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"maps"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/keyswap/keyswap/rebuild"
+)
+
+// targetRatio is the keyswap/limit ratio the bench checks the single-key
+// workloads against.
+const targetRatio = 0.95
+
+// report is everything one run of the bench measured: the Markdown report
+// and the JSON file are both made from it.
+type report struct {
+	Command    string            `json:"command"`
+	Start      time.Time         `json:"start"`
+	Duration   time.Duration     `json:"duration_ns"`
+	Machine    machine           `json:"machine"`
+	Items      int               `json:"items"`
+	Rounds     int               `json:"rounds"`
+	Throughput *throughputResult `json:"throughput,omitempty"`
+	Swap       *swapResult       `json:"swap,omitempty"`
+	Scaling    *scalingResult    `json:"scaling,omitempty"`
+	Knobs      *knobsResult      `json:"knobs,omitempty"`
+	Notes      []string          `json:"notes,omitempty"`
+}
+
+// machine describes where the bench ran.
+type machine struct {
+	CPUs         int    `json:"cpus"`
+	GOMAXPROCS   int    `json:"gomaxprocs"`
+	CPUModel     string `json:"cpu_model"`
+	Memory       string `json:"memory"`
+	OS           string `json:"os"`
+	Go           string `json:"go"`
+	Redis        string `json:"redis_server"`
+	RedisWhere   string `json:"redis_where"`
+	RedisCLI     string `json:"redis_cli"`
+	Nice         int    `json:"nice"`
+	LoadAtStart  string `json:"loadavg_start"`
+	LoadAtFinish string `json:"loadavg_end"`
+}
+
+// newReport starts the report of a run with cfg.
+func newReport(ctx context.Context, cfg config, r *runner) *report {
+	rep := &report{
+		Command: commandLine(cfg.args),
+		Start:   time.Now().UTC(),
+		Items:   cfg.n,
+		Rounds:  cfg.rounds,
+		Machine: machine{
+			CPUs:        runtime.NumCPU(),
+			GOMAXPROCS:  runtime.GOMAXPROCS(0),
+			CPUModel:    procField("/proc/cpuinfo", "model name"),
+			Memory:      procField("/proc/meminfo", "MemTotal"),
+			OS:          runtime.GOOS + "/" + runtime.GOARCH + " " + strings.TrimSpace(readFile("/proc/sys/kernel/osrelease")),
+			Go:          runtime.Version(),
+			Redis:       r.srv.version,
+			Nice:        niceness(),
+			LoadAtStart: loadAverage(),
+		},
+	}
+	if r.srv.own != nil {
+		rep.Machine.RedisWhere = `its own redis-server on a loopback port, --save "" --appendonly no`
+	} else {
+		rep.Machine.RedisWhere = "-addr " + cfg.addr
+	}
+	if r.hasLimit() {
+		rep.Machine.RedisCLI = cliVersion(ctx, r.cli)
+	}
+	return rep
+}
+
+// finish records the end of the run.
+func (rep *report) finish(r *runner) {
+	rep.Duration = time.Since(rep.Start)
+	rep.Machine.LoadAtFinish = loadAverage()
+	rep.Notes = r.notes
+}
+
+// commandLine returns the command that reproduces the run.
+func commandLine(args []string) string {
+	parts := []string{"go", "run", "./bench"}
+	for _, a := range args {
+		if a == "" || strings.ContainsAny(a, " \t\"'$\\*?;&|<>()") {
+			a = strconv.Quote(a)
+		}
+		parts = append(parts, a)
+	}
+	return strings.Join(parts, " ")
+}
+
+func readFile(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	return string(b)
+}
+
+// procField returns the first "name : value" field of a /proc file.
+func procField(path, name string) string {
+	for line := range strings.Lines(readFile(path)) {
+		k, v, ok := strings.Cut(line, ":")
+		if ok && strings.TrimSpace(k) == name {
+			return strings.TrimSpace(v)
+		}
+	}
+	return "unknown"
+}
+
+// niceness returns the process's nice value, which redis-server and
+// redis-cli inherit.
+func niceness() int {
+	prio, err := syscall.Getpriority(syscall.PRIO_PROCESS, 0)
+	if err != nil {
+		return 0
+	}
+	return 20 - prio // Linux's raw getpriority returns 20 - nice.
+}
+
+// loadAverage returns the 1, 5 and 15 minute load averages.
+func loadAverage() string {
+	f := strings.Fields(readFile("/proc/loadavg"))
+	if len(f) < 3 {
+		return "unknown"
+	}
+	return strings.Join(f[:3], " ")
+}
+
+// render writes the report of an earlier run from its JSON file, as write
+// does: to stdout and, unless out is empty, to out/<date>.{md,json,png,svg}.
+func render(path string, stdout io.Writer, out string) error {
+	js, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	var rep report
+	if err := json.Unmarshal(js, &rep); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	return rep.write(stdout, out)
+}
+
+// write writes the Markdown report to stdout and, unless out is empty,
+// the report, its JSON and its chart to out/<date>.{md,json,png,svg}.
+func (rep *report) write(stdout io.Writer, out string) error {
+	base := rep.Start.Format("2006-01-02")
+	md := rep.markdown(base, out != "" && rep.Throughput != nil)
+	if _, err := stdout.Write(md); err != nil {
+		return err
+	}
+	if out == "" {
+		return nil
+	}
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		return err
+	}
+	js, err := json.MarshalIndent(rep, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(out, base+".md"), md, 0o644); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(out, base+".json"), append(js, '\n'), 0o644); err != nil {
+		return err
+	}
+	if rep.Throughput != nil {
+		for _, ext := range []string{".png", ".svg"} {
+			if err := rep.Throughput.chart(filepath.Join(out, base+ext), rep.Command); err != nil {
+				return fmt.Errorf("chart: %w", err)
+			}
+		}
+	}
+	return nil
+}
+
+// markdown renders the report. chart says whether <base>.png exists.
+func (rep *report) markdown(base string, chart bool) []byte {
+	var b bytes.Buffer
+	p := func(format string, a ...any) { fmt.Fprintf(&b, format, a...) }
+	m := rep.Machine
+	p("# keyswap bench, %s\n\n", rep.Start.Format("2006-01-02"))
+	p("```sh\n%s\n```\n\n", rep.Command)
+	p("| | |\n|---|---|\n")
+	p("| date | %s UTC, the run took %s |\n", rep.Start.Format("2006-01-02 15:04"), rep.Duration.Round(time.Second))
+	p("| machine | %d CPUs (%s), %s, %s |\n", m.CPUs, m.CPUModel, m.Memory, m.OS)
+	p("| Go | %s, GOMAXPROCS %d |\n", m.Go, m.GOMAXPROCS)
+	p("| Redis | redis-server %s: %s |\n", m.Redis, m.RedisWhere)
+	if m.RedisCLI != "" {
+		p("| limit | %s --pipe |\n", m.RedisCLI)
+	}
+	p("| load average (1, 5, 15 min) | %s at the start, %s at the end |\n", m.LoadAtStart, m.LoadAtFinish)
+	if m.Nice != 0 {
+		p("| priority | nice %d (the bench, its redis-server and redis-cli), against other load on the machine |\n", m.Nice)
+	}
+	p("| data | %s entries per run unless said otherwise: field `user:%%07d`, value `user%%07d@example.test` (24 bytes), integer scores, generated while the run streams it |\n", commas(rep.Items))
+	p("| rounds | %d, interleaved (limit, raw, keyswap, naive, limit, …): medians and min–max over rounds |\n\n", rep.Rounds)
+
+	rep.summaryMarkdown(&b)
+	if t := rep.Throughput; t != nil {
+		t.markdown(&b, base, chart)
+	}
+	if s := rep.Swap; s != nil {
+		s.markdown(&b)
+	}
+	if s := rep.Scaling; s != nil {
+		s.markdown(&b)
+	}
+	if k := rep.Knobs; k != nil {
+		k.markdown(&b)
+	}
+	p("## Methods\n\n")
+	for _, meth := range allMethods {
+		p("- **%s**: %s.\n", meth, meth.describe())
+	}
+	p("\nServer CPU is INFO's used_cpu_user + used_cpu_sys over the run, all server threads; \"busy\" is server CPU over wall time. ")
+	p("Client CPU is getrusage of the bench process (of redis-cli for the limit), which also generates the source's items; ")
+	p("peak heap is the peak of the Go heap's objects, sampled every %v (redis-cli's maximum RSS for the limit). ", heapSampleEvery)
+	p("After every run the bench checks the exact cardinality of every key and that no temp key or lock is left.\n")
+	if len(rep.Notes) > 0 {
+		p("\n## Notes\n\n")
+		for _, n := range rep.Notes {
+			p("- %s\n", n)
+		}
+	}
+	return b.Bytes()
+}
+
+// summaryMarkdown writes the headline numbers.
+func (rep *report) summaryMarkdown(b *bytes.Buffer) {
+	p := func(format string, a ...any) { fmt.Fprintf(b, format, a...) }
+	var lines []string
+	if t := rep.Throughput; t != nil {
+		var parts []string
+		met := true
+		for _, w := range t.Workloads {
+			k := w.method(methodKeyswap)
+			if k == nil || k.Summary.Ratio == 0 || w.Name == "setindex" || w.Name == "multi" {
+				continue
+			}
+			parts = append(parts, fmt.Sprintf("%s **%.2f**", w.Title, k.Summary.Ratio))
+			met = met && k.Summary.Ratio >= targetRatio
+		}
+		if len(parts) > 0 {
+			verdict := "met"
+			if !met {
+				verdict = "not met"
+			}
+			lines = append(lines, fmt.Sprintf("keyswap / limit at %s entries: %s (target ≥ %.2f: %s).",
+				commas(t.Items), strings.Join(parts, ", "), targetRatio, verdict))
+		}
+	}
+	if s := rep.Swap; s != nil {
+		lines = append(lines, fmt.Sprintf("Swap pause onto a live %s-field hash: the publish blocks the server for **%s** (worst concurrent PING %s); a plain RENAME over it, %s (worst PING %s).",
+			commas(s.Items), dur(s.Summary.PublishServer), dur(s.Summary.PublishPing), dur(s.Summary.RenameServer), dur(s.Summary.RenamePing)))
+	}
+	if s := rep.Scaling; s != nil && len(s.Sizes) > 0 {
+		var ratios, ns, heap []string
+		for _, sz := range s.Sizes {
+			ratios = append(ratios, fmt.Sprintf("%.2f", sz.Keyswap.Summary.Ratio))
+			ns = append(ns, perItem(sz.Keyswap.Summary.ClientCPU, sz.Items))
+			heap = append(heap, mib(sz.Keyswap.Summary.PeakHeap))
+		}
+		lines = append(lines, fmt.Sprintf("Scaling, hash, %s entries: keyswap / limit %s; keyswap's client CPU per entry %s, peak heap %s.",
+			sizesList(s), strings.Join(ratios, ", "), strings.Join(ns, ", "), strings.Join(heap, ", ")))
+	}
+	if len(lines) == 0 {
+		return
+	}
+	p("## Summary\n\n")
+	for _, l := range lines {
+		p("- %s\n", l)
+	}
+	p("\n")
+}
+
+func sizesList(s *scalingResult) string {
+	var out []string
+	for _, sz := range s.Sizes {
+		out = append(out, commas(sz.Items))
+	}
+	return strings.Join(out, " / ")
+}
+
+// markdown writes the throughput section.
+func (t *throughputResult) markdown(b *bytes.Buffer, base string, chart bool) {
+	p := func(format string, a ...any) { fmt.Fprintf(b, format, a...) }
+	p("## Throughput\n\n")
+	p("%s entries per run, %d rounds. Items/s counts source items; the multi workload writes 3 entries per item.\n\n", commas(t.Items), t.Rounds)
+	if chart {
+		p("![items/s per method and workload, with the limit as a line](%s.png)\n\n", base)
+	}
+	p("| workload | method | items/s, median | min–max | ratio to limit (min–max) | server CPU | server busy | client CPU | peak heap | allocs/item |\n")
+	p("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+	for _, w := range t.Workloads {
+		for _, m := range w.Methods {
+			s := m.Summary
+			name := string(m.Method)
+			if m.Method == methodKeyswap {
+				name = "**keyswap**"
+			}
+			ratio := "—"
+			if s.Ratio != 0 && m.Method != methodLimit {
+				ratio = fmt.Sprintf("%.2f (%.2f–%.2f)", s.Ratio, s.RatioMin, s.RatioMax)
+			}
+			allocs := fmt.Sprintf("%.2f", s.AllocsPerItem)
+			if m.Method == methodLimit {
+				allocs = "—"
+			}
+			p("| %s | %s | %s | %s–%s | %s | %s | %.0f%% | %s | %s | %s |\n", w.Title, name,
+				rate(s.Rate), rate(s.RateMin), rate(s.RateMax), ratio,
+				secs(s.ServerCPU), 100*s.ServerUtil, secs(s.ClientCPU), heapCell(m.Method, s.PeakHeap), allocs)
+		}
+	}
+	p("\n### Server time per command\n\n")
+	p("INFO commandstats over a run, mean of the rounds: calls, and time spent executing them (parsing and I/O excluded).\n\n")
+	p("| workload | method | commands |\n|---|---|---|\n")
+	for _, w := range t.Workloads {
+		for _, m := range w.Methods {
+			p("| %s | %s | %s |\n", w.Title, m.Method, commandsCell(m.Samples))
+		}
+	}
+	p("\n")
+}
+
+// commandsCell formats the mean commandstats of samples, busiest first.
+func commandsCell(samples []sample) string {
+	type agg struct {
+		name        string
+		calls, usec int64
+	}
+	sum := map[string]*agg{}
+	for _, s := range samples {
+		for name, st := range s.Commands {
+			a := sum[name]
+			if a == nil {
+				a = &agg{name: name}
+				sum[name] = a
+			}
+			a.calls += st.Calls
+			a.usec += st.Usec
+		}
+	}
+	all := slices.Collect(maps.Values(sum))
+	slices.SortFunc(all, func(a, b *agg) int {
+		if a.usec != b.usec {
+			return int(b.usec - a.usec)
+		}
+		return strings.Compare(a.name, b.name)
+	})
+	var parts []string
+	n := int64(max(len(samples), 1))
+	for _, a := range all {
+		if strings.HasPrefix(a.name, "info") || a.calls < n {
+			continue // the bench's own INFO, and what is not part of every run (reconnects, keepalive)
+		}
+		if a.name == "exec" {
+			// EXEC's time is that of the commands it runs, listed apart.
+			parts = append(parts, fmt.Sprintf("EXEC %s (running the queued commands)", commas(int(a.calls/n))))
+			continue
+		}
+		parts = append(parts, fmt.Sprintf("%s %s × %.2f µs = %s", strings.ToUpper(a.name), commas(int(a.calls/n)),
+			float64(a.usec)/float64(max(a.calls, 1)), dur(time.Duration(a.usec/n)*time.Microsecond)))
+	}
+	return strings.Join(parts, "; ")
+}
+
+// markdown writes the swap section.
+func (s *swapResult) markdown(b *bytes.Buffer) {
+	p := func(format string, a ...any) { fmt.Fprintf(b, format, a...) }
+	sm := s.Summary
+	p("## Swap pause\n\n")
+	p("A keyswap rebuild of a %s-field hash onto a live hash of %s fields, next to a plain RENAME of a %s-field hash over it; %d rounds. ",
+		commas(s.Items), commas(s.Items), commas(s.Items), len(s.Publish))
+	p("Server time is the command's SLOWLOG duration; the worst PING is the longest round trip of a probe pinging on its own connection while the command ran (idle PING: %s).\n\n", dur(sm.IdlePing))
+	p("| command | server time, median (max) | worst PING, median (max) |\n|---|--:|--:|\n")
+	p("| keyswap publish script (UNLINK old, RENAME, PERSIST) | %s (%s) | %s (%s) |\n", dur(sm.PublishServer), dur(sm.PublishServerMax), dur(sm.PublishPing), dur(sm.PublishPingMax))
+	p("| plain RENAME over the live key | %s (%s) | %s (%s) |\n\n", dur(sm.RenameServer), dur(sm.RenameServerMax), dur(sm.RenamePing), dur(sm.RenamePingMax))
+}
+
+// markdown writes the scaling section.
+func (s *scalingResult) markdown(b *bytes.Buffer) {
+	p := func(format string, a ...any) { fmt.Fprintf(b, format, a...) }
+	p("## Scaling\n\n")
+	p("A hash rebuilt onto a live hash of the same size, next to the limit writing the same hash; %d rounds, medians. ", s.Rounds)
+	p("The server's own cost per entry grows with the size of the hash (its table outgrows the CPU caches), for the limit as much as for keyswap; ")
+	p("what keyswap adds should not: its ratio to the limit, its client CPU per entry and its peak heap.\n\n")
+	p("| entries | limit items/s | keyswap items/s | ratio to limit | limit wall per entry | keyswap wall per entry | keyswap server CPU per entry | keyswap client CPU per entry | keyswap peak heap |\n")
+	p("|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+	for _, sz := range s.Sizes {
+		k := sz.Keyswap.Summary
+		limit, ratio, limitNs := "—", "—", "—"
+		if sz.Limit != nil {
+			limit = rate(sz.Limit.Summary.Rate)
+			ratio = fmt.Sprintf("%.2f", k.Ratio)
+			limitNs = fmt.Sprintf("%.2f µs", sz.Limit.Summary.NsPerItem/1e3)
+		}
+		p("| %s | %s | %s | %s | %s | %.2f µs | %s | %s | %s |\n", commas(sz.Items), limit, rate(k.Rate), ratio,
+			limitNs, k.NsPerItem/1e3, perItem(k.ServerCPU, sz.Items), perItem(k.ClientCPU, sz.Items), mib(k.PeakHeap))
+	}
+	p("\n")
+}
+
+// perItem formats d per item in µs.
+func perItem(d time.Duration, items int) string {
+	return fmt.Sprintf("%.2f µs", float64(d.Nanoseconds())/float64(items)/1e3)
+}
+
+// markdown writes the knobs section.
+func (k *knobsResult) markdown(b *bytes.Buffer) {
+	p := func(format string, a ...any) { fmt.Fprintf(b, format, a...) }
+	p("## Knobs\n\n")
+	p("keyswap on a %s-field hash with each `BatchSize` × `Writers`, %d rounds; the defaults are %d × %d (marked *), the best cell is bold.", commas(k.Items), k.Rounds, rebuild.DefaultBatchSize, rebuild.DefaultWriters)
+	if k.Limit != nil {
+		p(" The limit ran %s items/s.", rate(k.Limit.Summary.Rate))
+	}
+	p("\n\n")
+	best := 0.0
+	for _, row := range k.Cells {
+		for _, c := range row {
+			best = max(best, c.Summary.Rate)
+		}
+	}
+	table := func(title string, cell func(series) string) {
+		p("| %s | ", title)
+		for _, w := range k.Writers {
+			p("Writers %d | ", w)
+		}
+		p("\n|--:|%s\n", strings.Repeat("--:|", len(k.Writers)))
+		for i, bs := range k.BatchSizes {
+			p("| BatchSize %d |", bs)
+			for j, w := range k.Writers {
+				c := k.Cells[i][j]
+				text := cell(c)
+				if bs == rebuild.DefaultBatchSize && w == rebuild.DefaultWriters {
+					text += " *"
+				}
+				if c.Summary.Rate == best {
+					text = "**" + text + "**"
+				}
+				p(" %s |", text)
+			}
+			p("\n")
+		}
+		p("\n")
+	}
+	table("items/s (ratio to limit)", func(s series) string {
+		if s.Summary.Ratio == 0 {
+			return rate(s.Summary.Rate)
+		}
+		return fmt.Sprintf("%s (%.2f)", rate(s.Summary.Rate), s.Summary.Ratio)
+	})
+	table("peak heap", func(s series) string { return mib(s.Summary.PeakHeap) })
+}
+
+// rate formats items per second.
+func rate(r float64) string {
+	switch {
+	case r >= 1e6:
+		return fmt.Sprintf("%.3f M", r/1e6)
+	case r >= 1e3:
+		return fmt.Sprintf("%.1f k", r/1e3)
+	}
+	return fmt.Sprintf("%.0f", r)
+}
+
+// secs formats a CPU time in seconds.
+func secs(d time.Duration) string { return fmt.Sprintf("%.2f s", d.Seconds()) }
+
+// dur formats a short duration with 3 significant digits.
+func dur(d time.Duration) string {
+	switch {
+	case d >= time.Second:
+		return fmt.Sprintf("%.3g s", d.Seconds())
+	case d >= time.Millisecond:
+		return fmt.Sprintf("%.3g ms", float64(d)/float64(time.Millisecond))
+	}
+	return fmt.Sprintf("%.3g µs", float64(d)/float64(time.Microsecond))
+}
+
+// mib formats bytes in MiB.
+func mib(n uint64) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }
+
+// heapCell formats a peak heap, which for the limit is redis-cli's RSS.
+func heapCell(m method, n uint64) string {
+	if m == methodLimit {
+		return mib(n) + " RSS"
+	}
+	return mib(n)
+}
+
+// commas formats n with thousands separators.
+func commas(n int) string {
+	s := strconv.Itoa(n)
+	var out []byte
+	for i := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			out = append(out, ',')
+		}
+		out = append(out, s[i])
+	}
+	return string(out)
+}
