@@ -17,8 +17,9 @@ import (
 // A renewal is the store's touch: one script that compare-and-extends every
 // lock and then resets every temp key's TTL. Only renewals extend the locks,
 // and they reset every temp key at the same instant, so a temp key's
-// deadline is never earlier than its lock's (C15); between renewals, each
-// batch's own EXPIREs only push the deadlines of the keys it wrote later.
+// deadline is never earlier than its lock's (C15); between renewals, a
+// batch's EXPIRE NX only gives the temp keys it creates their first TTL,
+// which ends after the lock's deadline.
 //
 // A renewal is due TTL/3 after the previous one. It rides in the DoMulti of
 // the next batch sent, at no extra round trip. When no batch is sent but

@@ -88,10 +88,10 @@ func (r *Rebuilder[T]) configure() error {
 	case len(r.builders) == 0:
 		return bad("no builders")
 	}
-	o.BatchSize = cmp(o.BatchSize, DefaultBatchSize)
-	o.Writers = cmp(o.Writers, DefaultWriters)
-	o.TTL = cmp(o.TTL, DefaultTTL)
-	o.PreserveFor = cmp(o.PreserveFor, DefaultPreserveFor)
+	o.BatchSize = orDefault(o.BatchSize, DefaultBatchSize)
+	o.Writers = orDefault(o.Writers, DefaultWriters)
+	o.TTL = orDefault(o.TTL, DefaultTTL)
+	o.PreserveFor = orDefault(o.PreserveFor, DefaultPreserveFor)
 	for what, d := range map[string]time.Duration{"TTL": o.TTL, "PreserveFor": o.PreserveFor} {
 		if d < time.Second || d%time.Second != 0 {
 			return bad("%s %v: must be a whole number of seconds, at least 1s (Redis expiries here are in seconds)", what, d)
@@ -142,7 +142,8 @@ func (r *Rebuilder[T]) checkSlots(bad func(string, ...any) error) error {
 	return nil
 }
 
-func cmp[N int | time.Duration](v, def N) N {
+// orDefault returns v, or def when v is zero.
+func orDefault[N int | time.Duration](v, def N) N {
 	if v == 0 {
 		return def
 	}
@@ -158,10 +159,11 @@ func cmp[N int | time.Duration](v, def N) N {
 //  1. Lock every builder's key (a family's prefix) under one token. If any
 //     lock is held, release the others and return an error matching
 //     ErrInProgress that names the key. Nothing is written.
-//  2. Pull src, cut batches of BatchSize items, and let up to Writers
-//     goroutines turn each batch into commands through the builders and send
-//     them in one pipelined DoMulti, together with the EXPIRE of every temp
-//     key written and, when due, the renewal of the lease.
+//  2. Pull src and cut batches of BatchSize items. Builders turn up to
+//     Writers batches into commands concurrently; one sender sends them in
+//     source order, each batch a MULTI/EXEC transaction that also gives
+//     every temp key it creates its TTL, up to Writers/2 batches per
+//     pipelined round trip, with the renewal of the lease when one is due.
 //  3. Renew once more, check that every populated temp key still exists,
 //     and publish: one script checks the locks and replaces every live key,
 //     deletes the keys of builders that produced nothing, and deletes the
@@ -238,11 +240,12 @@ type batch[T any] struct {
 // The pipeline has three stages. The caller's goroutine pulls the source and
 // cuts batches. Each batch is built (turned into commands by the builders)
 // in a goroutine of its own, up to Writers batches ahead. One sender takes
-// the built batches in source order and sends every batch already waiting
-// in one DoMulti, which rueidis writes to one connection in order. So the
-// server is kept busy with several batches per round trip, and the last
-// write of a field or member in source order wins (C50, C54): concurrent
-// DoMulti calls would go out on different connections, in no set order.
+// the built batches in source order and sends those already waiting (up to
+// Writers/2) in one DoMulti, which rueidis writes to one connection in
+// order, while the next ones are built. So the server is kept busy, and the
+// last write of a field or member in source order wins (C50, C54):
+// concurrent DoMulti calls would go out on different connections, in no set
+// order.
 func (x *execution[T]) run(ctx context.Context, src iter.Seq2[T, error]) (err error) {
 	r := x.r
 	x.entries = make([]int64, len(r.builders))
@@ -285,6 +288,8 @@ func (x *execution[T]) run(ctx context.Context, src iter.Seq2[T, error]) (err er
 	// without an error of its own.
 	var failure error
 	switch cause := context.Cause(runCtx); {
+	case isPanic(werr):
+		failure = werr
 	case werr != nil && errors.Is(cause, ErrLockLost):
 		// A stall that outlived the lease also timed out the batch in
 		// flight: the lost lease is the cause, the write error its symptom.
@@ -299,8 +304,8 @@ func (x *execution[T]) run(ctx context.Context, src iter.Seq2[T, error]) (err er
 	if failure != nil {
 		cancel(failure) // stops the family scans: nothing will be published
 		_ = scans.Wait()
-		if pe, ok := failure.(*PanicError); ok {
-			panic(pe) // after the deferred cleanup, in the caller's goroutine
+		if isPanic(failure) {
+			panic(failure) // after the deferred cleanup, in the caller's goroutine
 		}
 		return failure
 	}
@@ -312,6 +317,12 @@ func (x *execution[T]) run(ctx context.Context, src iter.Seq2[T, error]) (err er
 	leaseDone.Wait()
 	published, err = x.publish(runCtx, live)
 	return err
+}
+
+// isPanic reports whether err is a builder's panic, which Run re-panics.
+func isPanic(err error) bool {
+	_, ok := err.(*PanicError)
+	return ok
 }
 
 // pump pulls src into batches, starts building each, and queues it for the
