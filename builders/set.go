@@ -3,7 +3,7 @@ package builders
 import "github.com/keyswap/keyswap/rebuild"
 
 // Set returns a builder of the set key. fn maps an item to a member, or ok
-// false to skip the item (C48).
+// false to skip the item (C48). A Set implements [rebuild.Commutative].
 func Set[T any](key string, fn func(T) (member string, ok bool)) rebuild.Builder[T] {
 	return &set[T]{single{key}, fn}
 }
@@ -12,6 +12,9 @@ type set[T any] struct {
 	single
 	fn func(T) (string, bool)
 }
+
+// Commutative reports true: SADDs give the same set in any order.
+func (s *set[T]) Commutative() bool { return true }
 
 // Build writes items with SADD, MaxArgs members per command.
 func (s *set[T]) Build(c *rebuild.Commands, items []T) error {

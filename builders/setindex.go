@@ -5,7 +5,8 @@ import "github.com/keyswap/keyswap/rebuild"
 // SetIndex returns a builder of a family of sets, one per value: the
 // members of bucket b are in the set "<prefix>:<b>", as in
 // users:by-country:fr. fn maps an item to its bucket and member, or ok false
-// to skip the item (C48). A SetIndex implements [rebuild.Family].
+// to skip the item (C48). A SetIndex implements [rebuild.Family] and
+// [rebuild.Commutative].
 //
 // Every bucket is published in the same atomic step, and so is the removal
 // of orphans: live sets under "<prefix>:" that this run did not produce. A
@@ -25,13 +26,20 @@ type setIndex[T any] struct {
 	fn     func(T) (string, string, bool)
 }
 
-var _ rebuild.Family = (*setIndex[int])(nil)
+var (
+	_ rebuild.Family      = (*setIndex[int])(nil)
+	_ rebuild.Commutative = (*setIndex[int])(nil)
+	_ rebuild.Commutative = (*set[int])(nil)
+)
 
 // Key returns the family's prefix.
 func (s *setIndex[T]) Key() string { return s.prefix }
 
 // KeyType returns "set": only sets under the prefix can be orphans.
 func (s *setIndex[T]) KeyType() string { return "set" }
+
+// Commutative reports true: SADDs give the same sets in any order.
+func (s *setIndex[T]) Commutative() bool { return true }
 
 // Build groups the batch by bucket and writes each bucket with SADD,
 // MaxArgs members per command.

@@ -43,6 +43,20 @@ type Family interface {
 	KeyType() string
 }
 
+// Commutative is an optional interface for a [Builder] whose writes give
+// the same result in whatever order its batches reach Redis, as SADD's do:
+// builders.Set and builders.SetIndex implement it. When every builder of a
+// Rebuilder is commutative, the Rebuilder overlaps its round trips as if
+// [Options.Unordered] were set, and the result is the same as in order.
+//
+// A builder whose batches can write one entry twice with different values
+// (HSET of a field, ZADD of a member) is not commutative: which value wins
+// depends on the order.
+type Commutative interface {
+	// Commutative reports whether the builder's writes commute.
+	Commutative() bool
+}
+
 // Commands collects the commands one batch sends. A Builder receives it in
 // Build.
 type Commands struct {

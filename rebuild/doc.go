@@ -37,8 +37,10 @@
 // Memory is bounded by (Writers+1) × BatchSize items, whatever the size of
 // the source: the source is pulled only as fast as Redis takes the writes.
 // Batches are built concurrently but sent in source order, so the last
-// write of a field or member in the source wins. Writes made to a live key while its rebuild runs are replaced
-// by the publish: the result is a snapshot of the source, not a merge.
+// write of a field or member in the source wins, unless
+// [Options.Unordered] trades that for speed. Writes made to a live key
+// while its rebuild runs are replaced by the publish: the result is a
+// snapshot of the source, not a merge.
 //
 // # Errors
 //

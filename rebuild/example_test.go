@@ -168,6 +168,37 @@ func ExampleNew_hash() {
 	// users:by-email (hash): ann@example.com=3
 }
 
+// A rebuild whose source yields every field once, such as rows keyed by
+// their primary key, may give up the order of its batches: a second round
+// trip goes out while the first is in flight, and Redis never waits for the
+// client between them.
+func ExampleOptions_unordered() {
+	m, client := exampleRedis()
+	defer m.Close()
+	defer client.Close()
+	ctx := context.Background()
+
+	users := make([]User, 5000)
+	for i := range users {
+		users[i] = User{ID: strconv.Itoa(i), Email: fmt.Sprintf("user%d@example.com", i)}
+	}
+	emails := builders.Hash("users:by-email", func(u User) (string, string, bool) {
+		return u.Email, u.ID, true
+	})
+	opts := rebuild.Options{Unordered: true} // every email appears once in the source
+	stats, err := rebuild.New(client, opts, emails).Run(ctx, rebuild.FromSlice(users))
+	if err != nil {
+		log.Fatal(err)
+	}
+	n, err := client.Do(ctx, client.B().Hlen().Key("users:by-email").Build()).AsInt64()
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("batches:", stats.Batches, "fields:", n)
+	// Output:
+	// batches: 3 fields: 5000
+}
+
 // A leaderboard: a member's score is whatever the function returns, and a
 // member missing from the source disappears from the sorted set.
 func ExampleNew_sortedSet() {

@@ -30,10 +30,25 @@ type Options struct {
 	// Writers is the number of batches in flight at once: built
 	// concurrently by the builders, then sent in source order, as many as
 	// are ready (up to Writers/2) in one round trip while the others are
-	// being built. Together with BatchSize it bounds memory: a run holds at
+	// being built (or, with Unordered, sent in a second round trip). Together with BatchSize it bounds memory: a run holds at
 	// most (Writers+1) × BatchSize items, whatever the size of the source.
 	// Zero means DefaultWriters; negative is an error.
 	Writers int
+	// Unordered lets a second round trip be sent while the first is still
+	// in flight, so that Redis does not wait for the client between them.
+	// In order, it does: rueidis writes a whole round trip before sending
+	// any of it, and the server is idle meanwhile, about a tenth of a
+	// rebuild of a hash or a set (see bench/results).
+	//
+	// The price: batches of two round trips may run in either order, so
+	// when the source yields a hash field or sorted-set member more than
+	// once, which of its values ends in the index is undefined, instead of
+	// the last in source order. Set it only when every entry appears once
+	// in the source, such as fields keyed by a primary key. Nothing else
+	// changes: a run is still published all at once or not at all, and
+	// memory is bounded alike. Rebuilders whose builders are all
+	// [Commutative] (sets) overlap without it, at no such price.
+	Unordered bool
 	// TTL is the lease of a run: its locks and temp keys expire TTL after
 	// the last renewal. The Rebuilder renews at least every TTL/3 while
 	// batches keep completing; a run that completes no batch for a whole

@@ -33,6 +33,7 @@ type Rebuilder[T any] struct {
 	key      string // the builders' keys, for errors
 	err      error  // a configuration error, returned by Run
 	ttlSecs  int64
+	overlap  bool // two round trips may be in flight: Unordered, or every builder commutative
 }
 
 // New returns a Rebuilder that writes through client with builders. Run
@@ -67,7 +68,11 @@ func New[T any](client rueidis.Client, opts Options, builders ...Builder[T]) *Re
 func (r *Rebuilder[T]) configure() error {
 	o := &r.opts
 	var ks []string
+	r.overlap = true
 	for _, b := range r.builders {
+		if c, ok := b.(Commutative); !ok || !c.Commutative() {
+			r.overlap = o.Unordered
+		}
 		_, family := b.(Family)
 		r.owners = append(r.owners, owner{key: b.Key(), family: family})
 		ks = append(ks, b.Key())
@@ -164,6 +169,8 @@ func orDefault[N int | time.Duration](v, def N) N {
 //     source order, each batch a MULTI/EXEC transaction that also gives
 //     every temp key it creates its TTL, up to Writers/2 batches per
 //     pipelined round trip, with the renewal of the lease when one is due.
+//     One round trip is in flight at a time; two with Options.Unordered,
+//     or when every builder is Commutative.
 //  3. Renew once more, check that every populated temp key still exists,
 //     and publish: one script checks the locks and replaces every live key,
 //     deletes the keys of builders that produced nothing, and deletes the
@@ -227,6 +234,7 @@ type execution[T any] struct {
 // batch is one batch on its way from the source to Redis: built by its own
 // goroutine, then sent in source order by the sender.
 type batch[T any] struct {
+	seq   int64 // 1 for the source's first batch
 	items []T
 	built chan struct{} // closed when c and err are set
 	c     *Commands
@@ -245,7 +253,8 @@ type batch[T any] struct {
 // order, while the next ones are built. So the server is kept busy, and the
 // last write of a field or member in source order wins (C50, C54):
 // concurrent DoMulti calls would go out on different connections, in no set
-// order.
+// order. Only when order cannot matter (r.overlap) does the sender send the
+// next DoMulti while one is in flight.
 func (x *execution[T]) run(ctx context.Context, src iter.Seq2[T, error]) (err error) {
 	r := x.r
 	x.entries = make([]int64, len(r.builders))
@@ -335,13 +344,15 @@ func (x *execution[T]) pump(ctx context.Context, g *errgroup.Group, queue chan<-
 	defer close(queue)
 	size := x.r.opts.BatchSize
 	items := x.buffer(size)
+	var seq int64
 	hand := func() bool {
 		select {
 		case x.slots <- struct{}{}:
 		case <-ctx.Done():
 			return false
 		}
-		b := &batch[T]{items: items, built: make(chan struct{})}
+		seq++
+		b := &batch[T]{seq: seq, items: items, built: make(chan struct{})}
 		g.Go(func() error { x.build(b); return nil }) // its error goes to the sender, in order
 		items = x.buffer(size)
 		select {
@@ -420,18 +431,47 @@ func (x *execution[T]) build(b *batch[T]) {
 // other half of the slots are being built meanwhile, so that the next
 // DoMulti is ready when this one's replies come back: the server is not
 // left waiting for the client to build.
-func (x *execution[T]) send(ctx context.Context, queue <-chan *batch[T]) error {
+//
+// With overlap, the next DoMulti is sent as soon as it is built, while the
+// previous one is still in flight, so that the server is not left waiting
+// either while rueidis writes it out. At most two are in flight, and each
+// is accounted for in source order. Either way, send returns only once
+// every DoMulti it sent has returned: once sent, writes run to their end,
+// and the cleanup must come after them.
+func (x *execution[T]) send(ctx context.Context, queue <-chan *batch[T]) (err error) {
 	perTrip := max(1, x.r.opts.Writers/2)
+	var pending *trip[T] // the DoMulti in flight, with overlap
+	defer func() {
+		if pending != nil {
+			if perr := pending.wait(x); err == nil {
+				err = perr
+			}
+		}
+	}()
 	for {
 		var group []*batch[T]
-		select {
-		case b, ok := <-queue:
-			if !ok {
-				return nil
+		for group == nil {
+			var done <-chan error // nil, which blocks, when no trip is pending
+			if pending != nil {
+				done = pending.done
 			}
-			group = append(group, b)
-		case <-ctx.Done():
-			return nil // run reports the cause
+			select {
+			case b, ok := <-queue:
+				if !ok {
+					return nil
+				}
+				group = append(group, b)
+			case werr := <-done:
+				// Account for it now: its slots let the source fill the
+				// batches this loop waits for.
+				t := pending
+				pending = nil
+				if err := t.finish(x, werr); err != nil {
+					return err
+				}
+			case <-ctx.Done():
+				return nil // run reports the cause
+			}
 		}
 	more:
 		for len(group) < perTrip {
@@ -455,10 +495,44 @@ func (x *execution[T]) send(ctx context.Context, queue <-chan *batch[T]) error {
 				return b.err
 			}
 		}
-		if err := x.write(ctx, group); err != nil {
-			return err
+		t := &trip[T]{group: group, done: make(chan error, 1)}
+		if !x.r.overlap {
+			t.done <- x.write(ctx, group)
+			if err := t.wait(x); err != nil {
+				return err
+			}
+			continue
+		}
+		go func() { t.done <- x.write(ctx, group) }()
+		prev := pending
+		pending = t
+		if prev != nil {
+			if err := prev.wait(x); err != nil {
+				return err
+			}
 		}
 	}
+}
+
+// trip is one DoMulti of batches, sent by write.
+type trip[T any] struct {
+	group []*batch[T]
+	done  chan error // write's result
+}
+
+// wait waits for t's write, and finishes t.
+func (t *trip[T]) wait(x *execution[T]) error { return t.finish(x, <-t.done) }
+
+// finish accounts for t's batches if its write, which returned err,
+// succeeded, and returns err.
+func (t *trip[T]) finish(x *execution[T], err error) error {
+	if err != nil {
+		return err
+	}
+	for _, b := range t.group {
+		x.account(b)
+	}
+	return nil
 }
 
 // write sends a group of built batches in one DoMulti. Each batch is one
@@ -466,8 +540,8 @@ func (x *execution[T]) send(ctx context.Context, queue <-chan *batch[T]) error {
 // temp key it wrote, so that no temp key ever exists without a TTL (C34):
 // if the connection breaks before EXEC arrives, the server drops the
 // transaction; if EXEC runs late, the TTL comes with the writes. At the end
-// of the DoMulti rides the lease renewal, when one is due. Then write
-// accounts for each batch, in order.
+// of the DoMulti rides the lease renewal, when one is due. write checks
+// every reply; the sender accounts for the batches.
 func (x *execution[T]) write(ctx context.Context, group []*batch[T]) error {
 	r := x.r
 	var cmds rueidis.Commands
@@ -507,13 +581,13 @@ func (x *execution[T]) write(ctx context.Context, group []*batch[T]) error {
 		n := len(b.c.cmds) + len(b.c.touched)
 		replies, err := execReplies(res[:n+2], n)
 		if err != nil {
-			return &Error{Op: "write", Key: r.key, Err: fmt.Errorf("batch %d (%d items): %w", x.batches.Load()+1, len(b.items), err)}
+			return &Error{Op: "write", Key: r.key, Err: fmt.Errorf("batch %d (%d items): %w", b.seq, len(b.items), err)}
 		}
 		writes := len(b.c.cmds)
 		for i, m := range replies[:writes] {
 			if err := m.Error(); err != nil {
 				return &Error{Op: "write", Key: r.key, Err: fmt.Errorf("batch %d (%d items), command %d of %d: %w",
-					x.batches.Load()+1, len(b.items), i+1, writes, err)}
+					b.seq, len(b.items), i+1, writes, err)}
 			}
 		}
 		for i, t := range b.c.touched {
@@ -526,7 +600,6 @@ func (x *execution[T]) write(ctx context.Context, group []*batch[T]) error {
 			}
 		}
 		res = res[n+2:]
-		x.account(b)
 	}
 	return nil
 }

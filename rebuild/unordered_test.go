@@ -1,0 +1,269 @@
+package rebuild_test
+
+import (
+	"context"
+	"errors"
+	"maps"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/keyswap/keyswap/builders"
+	"github.com/keyswap/keyswap/internal/redistest"
+	"github.com/keyswap/keyswap/rebuild"
+	"github.com/redis/rueidis"
+	"github.com/redis/rueidis/rueidishook"
+)
+
+// overlapHook counts the batch DoMultis in flight at once. It holds the
+// DoMulti chosen by hold (the first batch DoMulti when hold is nil) until
+// another batch DoMulti is in flight, or for at most wait: a server slow to
+// answer it. Then it records whether the overlap happened.
+type overlapHook struct {
+	hold func(multi []rueidis.Completed) bool
+	wait time.Duration
+
+	inFlight, max atomic.Int64
+	held          atomic.Int64 // DoMultis held
+	overlapped    atomic.Bool  // a held DoMulti saw another one arrive
+	mu            sync.Mutex
+	arrived       chan struct{} // closed, and replaced, when a batch DoMulti arrives
+	batches       atomic.Int64
+}
+
+func newOverlapHook(wait time.Duration, hold func([]rueidis.Completed) bool) *overlapHook {
+	return &overlapHook{hold: hold, wait: wait, arrived: make(chan struct{})}
+}
+
+func (h *overlapHook) client(c rueidis.Client) rueidis.Client {
+	return rueidishook.WithHook(c, redistest.Hook{
+		OnDoMulti: func(c rueidis.Client, ctx context.Context, multi ...rueidis.Completed) []rueidis.RedisResult {
+			if !pipeIsBatch(multi) {
+				return c.DoMulti(ctx, multi...)
+			}
+			n := h.inFlight.Add(1)
+			defer h.inFlight.Add(-1)
+			for m := h.max.Load(); n > m && !h.max.CompareAndSwap(m, n); m = h.max.Load() {
+			}
+			h.mu.Lock()
+			close(h.arrived) // wakes a held DoMulti: this one overlaps it
+			h.arrived = make(chan struct{})
+			next := h.arrived
+			h.mu.Unlock()
+			first := h.batches.Add(1) == 1
+			if (h.hold == nil && first) || (h.hold != nil && h.hold(multi)) {
+				h.held.Add(1)
+				timer := time.NewTimer(h.wait)
+				select {
+				case <-next:
+					h.overlapped.Store(true)
+				case <-timer.C:
+				}
+				timer.Stop()
+			}
+			return c.DoMulti(ctx, multi...)
+		},
+	})
+}
+
+// TestUnorderedOverlapsRoundTrips (C50, C54): a Rebuilder keeps one batch
+// DoMulti in flight while order matters, and two when it cannot (every
+// builder Commutative, as Set and SetIndex are) or when the caller gave it
+// up (Options.Unordered). The hook holds the first batch DoMulti, a slow
+// server, and sees whether the next one arrives meanwhile. Never more than
+// two are in flight, and the result is exact.
+func TestUnorderedOverlapsRoundTrips(t *testing.T) {
+	type tc struct {
+		name      string
+		unordered bool
+		writers   int // 0 means 4
+		builders  func(k pipeKeys) []rebuild.Builder[user]
+		want      func(t *testing.T, c rueidis.Client, k pipeKeys, us []user)
+		overlap   bool
+	}
+	hash := func(k pipeKeys) rebuild.Builder[user] {
+		return builders.Hash(k.hash, func(u user) (string, string, bool) { return u.Email, u.ID, true })
+	}
+	set := func(k pipeKeys) rebuild.Builder[user] {
+		return builders.Set(k.zset, func(u user) (string, bool) { return u.ID, true })
+	}
+	index := func(k pipeKeys) rebuild.Builder[user] {
+		return builders.SetIndex(k.country, func(u user) (string, string, bool) { return u.Country, u.ID, true })
+	}
+	wantHash := func(t *testing.T, c rueidis.Client, k pipeKeys, us []user) {
+		t.Helper()
+		want := map[string]string{}
+		for _, u := range us {
+			want[u.Email] = u.ID
+		}
+		if got := hgetall(t, c, k.hash); !maps.Equal(want, got) {
+			t.Errorf("hash %s (-want +got):\n%s", k.hash, cmp.Diff(want, got))
+		}
+	}
+	wantSet := func(t *testing.T, c rueidis.Client, k pipeKeys, us []user) {
+		t.Helper()
+		want := map[string]bool{}
+		for _, u := range us {
+			want[u.ID] = true
+		}
+		if got := smembers(t, c, k.zset); !maps.Equal(want, got) {
+			t.Errorf("set %s: got %d members, want %d (-want +got):\n%s", k.zset, len(got), len(want), cmp.Diff(want, got))
+		}
+	}
+	wantIndex := func(t *testing.T, c rueidis.Client, k pipeKeys, us []user) {
+		t.Helper()
+		want := map[string]map[string]bool{}
+		for _, u := range us {
+			b := k.country + ":" + u.Country
+			if want[b] == nil {
+				want[b] = map[string]bool{}
+			}
+			want[b][u.ID] = true
+		}
+		got := map[string]map[string]bool{}
+		for _, b := range redistest.Keys(t, c, k.country+":") {
+			got[b] = smembers(t, c, b)
+		}
+		if !maps.EqualFunc(want, got, maps.Equal) {
+			t.Errorf("buckets under %s (-want +got):\n%s", k.country+":", cmp.Diff(want, got))
+		}
+	}
+	for _, c := range []tc{
+		{name: "Hash", builders: func(k pipeKeys) []rebuild.Builder[user] { return []rebuild.Builder[user]{hash(k)} },
+			want: wantHash, overlap: false},
+		{name: "Hash+Set", builders: func(k pipeKeys) []rebuild.Builder[user] { return []rebuild.Builder[user]{hash(k), set(k)} },
+			want: func(t *testing.T, c rueidis.Client, k pipeKeys, us []user) {
+				wantHash(t, c, k, us)
+				wantSet(t, c, k, us)
+			}, overlap: false},
+		{name: "Hash Unordered", unordered: true, builders: func(k pipeKeys) []rebuild.Builder[user] { return []rebuild.Builder[user]{hash(k)} },
+			want: wantHash, overlap: true},
+		{name: "Set", builders: func(k pipeKeys) []rebuild.Builder[user] { return []rebuild.Builder[user]{set(k)} },
+			want: wantSet, overlap: true},
+		// One slot: the batch in flight holds it, so the source cannot fill
+		// a second until the first is written (this once hung).
+		{name: "Set Writers=1", writers: 1, builders: func(k pipeKeys) []rebuild.Builder[user] { return []rebuild.Builder[user]{set(k)} },
+			want: wantSet, overlap: false},
+		{name: "Set+SetIndex", builders: func(k pipeKeys) []rebuild.Builder[user] { return []rebuild.Builder[user]{set(k), index(k)} },
+			want: func(t *testing.T, c rueidis.Client, k pipeKeys, us []user) {
+				wantSet(t, c, k, us)
+				wantIndex(t, c, k, us)
+			}, overlap: true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			forEachDeployment(t, func(t *testing.T, d deployment) {
+				k := pipeNames(d)
+				h := newOverlapHook(300*time.Millisecond, nil)
+				us := users(1000)
+				writers := c.writers
+				if writers == 0 {
+					writers = 4
+				}
+				r := rebuild.New(h.client(d.client), rebuild.Options{BatchSize: 100, Writers: writers, Unordered: c.unordered}, c.builders(k)...)
+				stats, err := r.Run(ctxT(t), rebuild.FromSlice(us))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if stats.Batches != 10 {
+					t.Errorf("Stats.Batches: got %d, want 10", stats.Batches)
+				}
+				want := int64(1)
+				if c.overlap {
+					want = 2
+				}
+				if got := h.max.Load(); got != want {
+					t.Errorf("got at most %d batch DoMultis in flight at once, want %d", got, want)
+				}
+				if got := h.overlapped.Load(); got != c.overlap {
+					t.Errorf("a second batch DoMulti was sent while the first was held: %v, want %v", got, c.overlap)
+				}
+				c.want(t, d.other, k, us)
+				wantClean(t, d.other, d.prefix)
+			})
+		})
+	}
+}
+
+// TestUnorderedFailWithRoundTripInFlight (C45, C52): with Options.Unordered,
+// a run fails while a second round trip is in flight: the server rejects a
+// write of the held DoMulti, the source fails, or ctx is cancelled. The run
+// returns its error only after the other round trip has returned, so its
+// writes cannot land after the cleanup: the live keys stay byte-identical,
+// and no temp key or lock is left.
+func TestUnorderedFailWithRoundTripInFlight(t *testing.T) {
+	t.Parallel()
+	errSource := errors.New("source failed")
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		s := failNewShape(d)
+		before := failPopulate(t, d, s, s.builders(nil))
+		us := failSecondUsers(failN)
+		marker := us[failN/2].Email
+		for _, tc := range []struct {
+			name string
+			op   string
+			want error
+			run  func(t *testing.T, c rueidis.Client) error
+		}{
+			{"write error", "write", nil, func(t *testing.T, c rueidis.Client) error {
+				hooked := rueidishook.WithHook(c, redistest.Hook{
+					OnDoMulti: func(c rueidis.Client, ctx context.Context, multi ...rueidis.Completed) []rueidis.RedisResult {
+						cmds := slices.Clone(multi)
+						for i, cmd := range cmds {
+							if args := cmd.Commands(); args[0] == "HSET" && slices.Contains(args, marker) {
+								cmds[i] = c.B().Arbitrary("HSET").Keys(args[1]).Args("field-without-value").Build()
+							}
+						}
+						return c.DoMulti(ctx, cmds...)
+					},
+				})
+				_, err := rebuild.New(hooked, rebuild.Options{BatchSize: failBatch, Writers: 4, Unordered: true}, s.builders(nil)...).
+					Run(ctxT(t), rebuild.FromSlice(us))
+				return err
+			}},
+			{"source error", "source", errSource, func(t *testing.T, c rueidis.Client) error {
+				_, err := rebuild.New(c, rebuild.Options{BatchSize: failBatch, Writers: 4, Unordered: true}, s.builders(nil)...).
+					Run(ctxT(t), failSource(us, failN/2+failBatch/2, errSource))
+				return err
+			}},
+			{"cancel", "", context.Canceled, func(t *testing.T, c rueidis.Client) error {
+				ctx, cancel := context.WithCancel(ctxT(t))
+				defer cancel()
+				var once sync.Once
+				_, err := rebuild.New(c, rebuild.Options{BatchSize: failBatch, Writers: 4, Unordered: true, Progress: func(p rebuild.Progress) {
+					if p.Batches >= 3 {
+						once.Do(cancel)
+					}
+				}}, s.builders(nil)...).Run(ctx, rebuild.FromSlice(us))
+				return err
+			}},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				// Hold the DoMulti carrying the marker (the write error's
+				// batch), or else every batch DoMulti, until another is in
+				// flight.
+				h := newOverlapHook(2*time.Second, func(multi []rueidis.Completed) bool {
+					for _, cmd := range multi {
+						// The write error's hook runs first: it has replaced
+						// the marker's HSET.
+						if args := cmd.Commands(); args[0] == "HSET" && slices.Contains(args, "field-without-value") {
+							return true
+						}
+					}
+					return tc.name != "write error"
+				})
+				err := tc.run(t, h.client(d.client))
+				failWantError(t, err, tc.op, tc.want)
+				if h.held.Load() == 0 || !h.overlapped.Load() {
+					t.Errorf("held %d DoMultis, overlap seen: %v; want a second round trip in flight while one was held", h.held.Load(), h.overlapped.Load())
+				}
+				if got := h.max.Load(); got > 2 {
+					t.Errorf("got %d batch DoMultis in flight at once, want at most 2", got)
+				}
+				failWantNothingChanged(t, d, before)
+			})
+		}
+	})
+}
