@@ -113,7 +113,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.IntVar(&cfg.rounds, "rounds", 5, "rounds of interleaved runs; the report gives medians and min–max over them")
 	sections := fs.String("sections", strings.Join(allSections, ","), "comma-separated sections to run: "+strings.Join(allSections, ", "))
 	workloads := fs.String("workloads", "hash,zset,set,setindex,multi", "comma-separated workloads of the throughput section: hash, zset (sorted set), set, setindex (SetIndex), multi (hash + zset + SetIndex from one source)")
-	methods := fs.String("methods", "limit,raw,keyswap,naive", "comma-separated methods of the throughput section: limit (redis-cli --pipe), raw, keyswap, naive")
+	methods := fs.String("methods", "limit,raw,keyswap,unordered,naive", "comma-separated methods of the throughput section: limit (redis-cli --pipe), raw, keyswap, unordered (keyswap with Options.Unordered), naive")
 	sizes := fs.String("sizes", "", "comma-separated entry counts of the scaling section (default -n/10, -n and 5×-n: 100000,1000000,5000000)")
 	batchSizes := fs.String("batch-sizes", "100,1000,5000", "comma-separated rebuild.Options.BatchSize values of the knobs section")
 	writers := fs.String("writers", "1,2,4,8", "comma-separated rebuild.Options.Writers values of the knobs section")
@@ -124,6 +124,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write a CPU profile of each measured in-process run to `dir`/<section>-<workload>-<method>-<round>.pprof (merge them with go tool pprof)")
 	fs.IntVar(&cfg.keyswap.BatchSize, "keyswap-batch-size", 0, "rebuild.Options.BatchSize of the keyswap method in the throughput, swap and scaling sections; 0 is the library's default")
 	fs.IntVar(&cfg.keyswap.Writers, "keyswap-writers", 0, "rebuild.Options.Writers of the keyswap method in the throughput, swap and scaling sections; 0 is the library's default")
+	fs.BoolVar(&cfg.keyswap.Unordered, "keyswap-unordered", false, "set rebuild.Options.Unordered for the keyswap method in every section")
 	fs.StringVar(&cfg.render, "render", "", "render the report of an earlier run from its JSON `file` (to stdout and -out) instead of running")
 	fs.IntVar(&cfg.serverCPU, "server-cpu", -1, "pin the bench's own redis-server to this CPU (Linux), e.g. with the bench itself under taskset -c 0, so that client and server do not share a core; -1 leaves it alone")
 	if err := fs.Parse(args); err != nil {
@@ -381,7 +382,8 @@ func (r *runner) runOnce(ctx context.Context, section string, round int, label s
 		fn = func() (*child, error) { return nil, runRaw(ctx, c, w, d) }
 	case methodNaive:
 		fn = func() (*child, error) { return nil, runNaive(ctx, c, w, d) }
-	case methodKeyswap:
+	case methodKeyswap, methodUnordered:
+		opts.Unordered = opts.Unordered || m == methodUnordered
 		if err := preload(ctx, c, w, d); err != nil {
 			return sample{}, err
 		}

@@ -70,8 +70,8 @@ func TestRunSmoke(t *testing.T) {
 		t.Fatalf("JSON throughput: got %+v, want 5 workloads", rep.Throughput)
 	}
 	for _, w := range rep.Throughput.Workloads {
-		if len(w.Methods) != 4 {
-			t.Errorf("JSON %s: got %d methods, want 4", w.Name, len(w.Methods))
+		if len(w.Methods) != len(allMethods) {
+			t.Errorf("JSON %s: got %d methods, want %d", w.Name, len(w.Methods), len(allMethods))
 		}
 		for _, m := range w.Methods {
 			if len(m.Samples) != 1 || m.Samples[0].Items != 20000 {

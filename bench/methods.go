@@ -17,11 +17,14 @@ const (
 	methodLimit   method = "limit"   // redis-cli --pipe, 1000 entries per command
 	methodRaw     method = "raw"     // the same commands through rueidis, no lock, lease or swap
 	methodKeyswap method = "keyswap" // a full Rebuilder run onto an existing key
-	methodNaive   method = "naive"   // one command per entry, pipelined
+	// methodUnordered is keyswap with Options.Unordered: two round trips in
+	// flight. It is the same as keyswap where every builder is commutative.
+	methodUnordered method = "unordered"
+	methodNaive     method = "naive" // one command per entry, pipelined
 )
 
 // allMethods is every method, in the order of a round.
-var allMethods = []method{methodLimit, methodRaw, methodKeyswap, methodNaive}
+var allMethods = []method{methodLimit, methodRaw, methodKeyswap, methodUnordered, methodNaive}
 
 // describe says what a method does, for the report.
 func (m method) describe() string {
@@ -32,6 +35,8 @@ func (m method) describe() string {
 		return fmt.Sprintf("the same variadic commands through rueidis, %d batches in flight, no lock, lease or swap: the floor of our overhead", rebuild.DefaultWriters)
 	case methodKeyswap:
 		return "a full `rebuild.Rebuilder` run (lock, lease, fenced publish), default options unless the command says otherwise, onto an existing key of the same size"
+	case methodUnordered:
+		return "keyswap with `Options.Unordered`: a second round trip is sent while the first is in flight, for sources that yield each field or member once (for the set and SetIndex workloads, whose builders commute, keyswap does this by default)"
 	case methodNaive:
 		return fmt.Sprintf("one command per entry, pipelined in DoMulti batches of %d commands, %d in flight", rebuild.DefaultBatchSize, rebuild.DefaultWriters)
 	}

@@ -247,23 +247,30 @@ func (rep *report) summaryMarkdown(b *bytes.Buffer) {
 	p := func(format string, a ...any) { fmt.Fprintf(b, format, a...) }
 	var lines []string
 	if t := rep.Throughput; t != nil {
-		var parts []string
-		met := true
-		for _, w := range t.Workloads {
-			k := w.method(methodKeyswap)
-			if k == nil || k.Summary.Ratio == 0 || w.Name == "setindex" || w.Name == "multi" {
+		for _, m := range []method{methodKeyswap, methodUnordered} {
+			var parts []string
+			met := true
+			for _, w := range t.Workloads {
+				k := w.method(m)
+				if k == nil || k.Summary.Ratio == 0 || w.Name == "setindex" || w.Name == "multi" {
+					continue
+				}
+				parts = append(parts, fmt.Sprintf("%s **%.2f**", w.Title, k.Summary.Ratio))
+				met = met && k.Summary.Ratio >= targetRatio
+			}
+			if len(parts) == 0 {
 				continue
 			}
-			parts = append(parts, fmt.Sprintf("%s **%.2f**", w.Title, k.Summary.Ratio))
-			met = met && k.Summary.Ratio >= targetRatio
-		}
-		if len(parts) > 0 {
 			verdict := "met"
 			if !met {
 				verdict = "not met"
 			}
-			lines = append(lines, fmt.Sprintf("keyswap / limit at %s entries: %s (target ≥ %.2f: %s).",
-				commas(t.Items), strings.Join(parts, ", "), targetRatio, verdict))
+			name := "keyswap"
+			if m == methodUnordered {
+				name = "keyswap with `Options.Unordered`"
+			}
+			lines = append(lines, fmt.Sprintf("%s / limit at %s entries: %s (target ≥ %.2f: %s).",
+				name, commas(t.Items), strings.Join(parts, ", "), targetRatio, verdict))
 		}
 	}
 	if s := rep.Swap; s != nil {
