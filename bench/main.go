@@ -115,7 +115,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	workloads := fs.String("workloads", "hash,zset,set,setindex,multi", "comma-separated workloads of the throughput section: hash, zset (sorted set), set, setindex (SetIndex), multi (hash + zset + SetIndex from one source)")
 	methods := fs.String("methods", "limit,raw,keyswap,unordered,naive", "comma-separated methods of the throughput section: limit (redis-cli --pipe), raw, keyswap, unordered (keyswap with Options.Unordered), naive")
 	sizes := fs.String("sizes", "", "comma-separated entry counts of the scaling section (default -n/10, -n and 5×-n: 100000,1000000,5000000)")
-	batchSizes := fs.String("batch-sizes", "100,1000,5000", "comma-separated rebuild.Options.BatchSize values of the knobs section")
+	batchSizes := fs.String("batch-sizes", "100,1000,2000,5000", "comma-separated rebuild.Options.BatchSize values of the knobs section")
 	writers := fs.String("writers", "1,2,4,8", "comma-separated rebuild.Options.Writers values of the knobs section")
 	fs.IntVar(&cfg.buckets, "buckets", 1000, "buckets of the SetIndex workloads")
 	fs.StringVar(&cfg.out, "out", defaultOut(), "directory for <date>.md, .json, .png and .svg; empty writes no files")

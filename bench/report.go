@@ -210,7 +210,15 @@ func (rep *report) markdown(base string, chart bool) []byte {
 		p("| priority | nice %d (the bench, its redis-server and redis-cli), against other load on the machine |\n", m.Nice)
 	}
 	p("| data | %s entries per run unless said otherwise: field `user:%%07d`, value `user%%07d@example.test` (24 bytes), integer scores, generated while the run streams it |\n", commas(rep.Items))
-	p("| rounds | %d, interleaved (limit, raw, keyswap, naive, limit, …): medians and min–max over rounds |\n\n", rep.Rounds)
+	order := "each method in turn"
+	if t := rep.Throughput; t != nil && len(t.Workloads) > 0 {
+		var ms []string
+		for _, m := range t.Workloads[0].Methods {
+			ms = append(ms, string(m.Method))
+		}
+		order = strings.Join(append(ms, ms[0], "…"), ", ")
+	}
+	p("| rounds | %d, interleaved (%s): medians and min–max over rounds |\n\n", rep.Rounds, order)
 
 	rep.summaryMarkdown(&b)
 	if t := rep.Throughput; t != nil {
