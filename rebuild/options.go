@@ -30,9 +30,16 @@ type Options struct {
 	// Writers is the number of batches in flight at once: built
 	// concurrently by the builders, then sent in source order, as many as
 	// are ready (up to Writers/2) in one round trip while the others are
-	// being built (or, with Unordered, sent in a second round trip). Together with BatchSize it bounds memory: a run holds at
-	// most (Writers+1) × BatchSize items, whatever the size of the source.
+	// being built (or, with Unordered, sent in a second round trip).
+	// Together with BatchSize it bounds memory: a run holds at most
+	// (Writers+1) × BatchSize items, whatever the size of the source.
 	// Zero means DefaultWriters; negative is an error.
+	//
+	// Each batch is one MULTI/EXEC transaction, which other clients of the
+	// server wait behind while it runs: about 1.2 µs per hash field or set
+	// member and 4 µs per sorted-set member on a 2-core machine (so 2.4 ms
+	// and 8 ms for the default 2000 items). Lower BatchSize if that is more
+	// than your latency budget.
 	Writers int
 	// Unordered lets a second round trip be sent while the first is still
 	// in flight, so that Redis does not wait for the client between them.
