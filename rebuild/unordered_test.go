@@ -22,6 +22,12 @@ import (
 // DoMulti chosen by hold (the first batch DoMulti when hold is nil) until
 // another batch DoMulti is in flight, or for at most wait: a server slow to
 // answer it. Then it records whether the overlap happened.
+//
+// The Rebuilder sends each overlapping DoMulti from a goroutine of its own,
+// so a later one can reach the hook first. A held DoMulti that finds one
+// from later in the source already arrived has overlapped too: the later
+// one was sent before it returned. Positions in the source are the
+// smallest user id a DoMulti adds to a set (ids sort in source order).
 type overlapHook struct {
 	hold func(multi []rueidis.Completed) bool
 	wait time.Duration
@@ -31,7 +37,23 @@ type overlapHook struct {
 	overlapped    atomic.Bool  // a held DoMulti saw another one arrive
 	mu            sync.Mutex
 	arrived       chan struct{} // closed, and replaced, when a batch DoMulti arrives
+	maxPos        string        // the latest position in the source arrived so far
 	batches       atomic.Int64
+}
+
+// position returns the smallest member of multi's SADDs, or "".
+func position(multi []rueidis.Completed) string {
+	pos := ""
+	for _, cmd := range multi {
+		if args := cmd.Commands(); args[0] == "SADD" {
+			for _, m := range args[2:] {
+				if pos == "" || m < pos {
+					pos = m
+				}
+			}
+		}
+	}
+	return pos
 }
 
 func newOverlapHook(wait time.Duration, hold func([]rueidis.Completed) bool) *overlapHook {
@@ -48,21 +70,28 @@ func (h *overlapHook) client(c rueidis.Client) rueidis.Client {
 			defer h.inFlight.Add(-1)
 			for m := h.max.Load(); n > m && !h.max.CompareAndSwap(m, n); m = h.max.Load() {
 			}
+			pos := position(multi)
 			h.mu.Lock()
 			close(h.arrived) // wakes a held DoMulti: this one overlaps it
 			h.arrived = make(chan struct{})
 			next := h.arrived
+			overtaken := pos != "" && h.maxPos > pos
+			h.maxPos = max(h.maxPos, pos)
 			h.mu.Unlock()
 			first := h.batches.Add(1) == 1
 			if (h.hold == nil && first) || (h.hold != nil && h.hold(multi)) {
 				h.held.Add(1)
-				timer := time.NewTimer(h.wait)
-				select {
-				case <-next:
+				if overtaken {
 					h.overlapped.Store(true)
-				case <-timer.C:
+				} else {
+					timer := time.NewTimer(h.wait)
+					select {
+					case <-next:
+						h.overlapped.Store(true)
+					case <-timer.C:
+					}
+					timer.Stop()
 				}
-				timer.Stop()
 			}
 			return c.DoMulti(ctx, multi...)
 		},
