@@ -274,6 +274,8 @@ type deployment struct {
 	client  rueidis.Client // the rebuild's client, through the proxy
 	prefix  string
 	observe func(tb testing.TB) rueidis.Client // a new client straight to the server(s)
+
+	unordered bool // the faulted run sets rebuild.Options.Unordered
 }
 
 // rebuildClientOption is the rebuild client's configuration: no background

@@ -439,6 +439,23 @@ func TestFaults(t *testing.T) {
 			}
 		}
 	})
+	// Mid-stream, with Options.Unordered: a second round trip is in flight
+	// when the fault hits, and must be over before the cleanup.
+	t.Run("standalone-unordered", func(t *testing.T) {
+		t.Parallel()
+		for _, f := range faults {
+			if f.holds {
+				continue
+			}
+			t.Run(f.name+"/"+atMid.short(), func(t *testing.T) {
+				t.Parallel()
+				d := standalone(t, f.serverArgs...)
+				d.name += ", unordered"
+				d.unordered = true
+				runCase(t, f, atMid, d)
+			})
+		}
+	})
 	t.Run("cluster", func(t *testing.T) {
 		t.Parallel()
 		for _, f := range faults {
@@ -603,7 +620,8 @@ func runCase(t testing.TB, f faultSpec, p point, d *deployment) {
 	var logged lockedBuffer // what the run logs: the cleanup steps that failed
 	rb := rebuild.New(in.wrap(d.client), rebuild.Options{
 		BatchSize: faultBatch, Writers: faultWriters, TTL: faultTTL, PreserveFor: faultPreserveFor,
-		Logger: slog.New(slog.NewTextHandler(&logged, nil)),
+		Unordered: d.unordered,
+		Logger:    slog.New(slog.NewTextHandler(&logged, nil)),
 	}, c.s.builders()...)
 	go func() {
 		var res result
