@@ -60,21 +60,39 @@ func (l *lease) lapse() {
 	l.cancel(&Error{Op: "lease", Key: l.key, Err: fmt.Errorf("%w: no renewal for a whole TTL (%v): the run stalled", ErrLockLost, l.ttl)})
 }
 
+// renewal is a claimed renewal: the temp keys it covers, and which of them
+// were populated when it was claimed. Only those can have vanished if the
+// renewal finds them absent: a key created later, by a round trip still in
+// flight or on another connection, may be created after the renewal runs.
+type renewal struct {
+	temps     []*target
+	populated []bool
+}
+
 // claim reserves the next renewal if one is due and none is in flight, and
 // returns the temp keys it must cover.
-func (l *lease) claim(now time.Time, needProgress bool) ([]*target, bool) {
+func (l *lease) claim(now time.Time, needProgress bool) (renewal, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.stopped || l.inFlight || now.Sub(l.last) < l.ttl/3 {
-		return nil, false
+		return renewal{}, false
 	}
 	done := l.done()
 	if needProgress && done == l.lastDone {
-		return nil, false
+		return renewal{}, false
 	}
 	l.inFlight = true
 	l.lastDone = done
-	return l.targets.all(), true
+	return snapshot(l.targets.all()), true
+}
+
+// snapshot returns a renewal of temps as they are now.
+func snapshot(temps []*target) renewal {
+	rn := renewal{temps: temps, populated: make([]bool, len(temps))}
+	for i, t := range temps {
+		rn.populated[i] = t.populated.Load()
+	}
+	return rn
 }
 
 // command returns the renewal of temps as a command for a batch's DoMulti.
@@ -84,13 +102,13 @@ func (l *lease) command(temps []*target) (rueidis.Completed, error) {
 
 // settle records the reply of a renewal claimed and sent at sent. reply is
 // the reply to command, or nil when the renewal was sent alone.
-func (l *lease) settle(ctx context.Context, sent time.Time, temps []*target, reply *rueidis.RedisResult) {
+func (l *lease) settle(ctx context.Context, sent time.Time, rn renewal, reply *rueidis.RedisResult) {
 	var states []store.TempState
 	var err error
 	if reply != nil {
-		states, err = l.st.TouchReply(ctx, *reply, l.locks, tempKeys(temps))
+		states, err = l.st.TouchReply(ctx, *reply, l.locks, tempKeys(rn.temps))
 	} else {
-		states, err = l.st.TouchAll(ctx, l.locks, tempKeys(temps))
+		states, err = l.st.TouchAll(ctx, l.locks, tempKeys(rn.temps))
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -108,7 +126,7 @@ func (l *lease) settle(ctx context.Context, sent time.Time, temps []*target, rep
 	if !l.stopped {
 		l.watchdog.Reset(time.Until(sent.Add(l.ttl)))
 	}
-	if err := checkTemps(temps, states, "during the run"); err != nil {
+	if err := checkTemps(rn, states, "during the run"); err != nil {
 		l.cancel(&Error{Op: "lease", Key: l.key, Err: err})
 	}
 }
@@ -126,8 +144,8 @@ func (l *lease) run(ctx context.Context) {
 		case <-l.stopTimer:
 			return
 		case now := <-tick.C:
-			if temps, ok := l.claim(now, true); ok {
-				l.settle(ctx, now, temps, nil)
+			if rn, ok := l.claim(now, true); ok {
+				l.settle(ctx, now, rn, nil)
 			}
 		}
 	}
@@ -152,16 +170,16 @@ func tempKeys(ts []*target) []string {
 	return out
 }
 
-// checkTemps records what a renewal found of temps, and returns an error
-// matching ErrTempKeyLost if a populated temp key is gone or was re-created.
-// A key a renewal finds alive with a TTL is left to the EXPIRE NX reply of
-// the batch that created it.
-func checkTemps(temps []*target, states []store.TempState, when string) error {
-	for i, t := range temps {
+// checkTemps records what a renewal found of rn's temp keys, and returns an
+// error matching ErrTempKeyLost if one populated when the renewal was
+// claimed is gone, or one was re-created. A key a renewal finds alive with
+// a TTL is left to the EXPIRE NX reply of the batch that created it.
+func checkTemps(rn renewal, states []store.TempState, when string) error {
+	for i, t := range rn.temps {
 		switch {
 		case states[i] == store.TempCreated && !t.created():
 			return lostTemp(t, "vanished and was re-created by a later write (or a write removed its TTL, as a plain SET does: use SET KEEPTTL), so it holds only part of the rebuild")
-		case states[i] == store.TempAbsent && t.populated.Load():
+		case states[i] == store.TempAbsent && rn.populated[i]:
 			return lostTemp(t, "vanished "+when)
 		}
 	}

@@ -557,11 +557,11 @@ func (x *execution[T]) write(ctx context.Context, group []*batch[T]) error {
 		cmds = append(cmds, b.c.cb.Exec().Build())
 	}
 	sent := time.Now()
-	renewTemps, renew := x.lease.claim(sent, false)
+	rn, renew := x.lease.claim(sent, false)
 	if renew {
-		cmd, err := x.lease.command(renewTemps)
+		cmd, err := x.lease.command(rn.temps)
 		if err != nil {
-			x.lease.settle(ctx, sent, renewTemps, nil) // reports the same error
+			x.lease.settle(ctx, sent, rn, nil) // reports the same error
 			renew = false
 		} else {
 			cmds = append(cmds, cmd)
@@ -575,7 +575,7 @@ func (x *execution[T]) write(ctx context.Context, group []*batch[T]) error {
 	defer cancel()
 	res := r.client.DoMulti(wctx, cmds...)
 	if renew {
-		x.lease.settle(wctx, sent, renewTemps, &res[len(res)-1])
+		x.lease.settle(wctx, sent, rn, &res[len(res)-1])
 	}
 	for _, b := range group {
 		n := len(b.c.cmds) + len(b.c.touched)
@@ -687,13 +687,14 @@ func (x *execution[T]) publish(ctx context.Context, live []map[string]bool) (boo
 		x.stats.Targets[b.Key()] = x.entries[i]
 	}
 	all := x.targets.all()
+	rn := snapshot(all) // every write has returned: populated is final
 	states, err := r.store.TouchAll(ctx, x.locks, tempKeys(all))
 	if err != nil {
 		return false, x.wrap("lease", err)
 	}
 	// A populated temp key that is gone would read as an empty result and
 	// delete its live key; one re-created holds part of the rebuild.
-	if err := checkTemps(all, states, "before the swap"); err != nil {
+	if err := checkTemps(rn, states, "before the swap"); err != nil {
 		return false, &Error{Op: "publish", Key: r.key, Err: err}
 	}
 	targets := make([]store.Target, len(all))

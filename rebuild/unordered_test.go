@@ -5,6 +5,7 @@ import (
 	"errors"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -294,5 +295,87 @@ func TestUnorderedFailWithRoundTripInFlight(t *testing.T) {
 				failWantNothingChanged(t, d, before)
 			})
 		}
+	})
+}
+
+// TestOverlapRenewalBeforeCreation (C20, C45): with two round trips in
+// flight, the newer one can run first. Here it carries a lease renewal
+// that finds a bucket's temp key absent, because the older round trip,
+// which creates it, runs after it; and the older one's reply is handled
+// before the renewal's. The key was not populated when the renewal was
+// claimed, so its absence is no loss: the run publishes, exactly.
+func TestOverlapRenewalBeforeCreation(t *testing.T) {
+	t.Parallel()
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		ctx := ctxT(t)
+		prefix := d.prefix + "users:by-country"
+		renewed := make(chan struct{})       // the newer round trip has run
+		olderReturned := make(chan struct{}) // the older one has returned
+		var renewals atomic.Int64
+		hooked := rueidishook.WithHook(d.client, redistest.Hook{
+			OnDoMulti: func(c rueidis.Client, ctx context.Context, multi ...rueidis.Completed) []rueidis.RedisResult {
+				older, renewal := false, false
+				for _, cmd := range multi {
+					args := cmd.Commands()
+					older = older || (args[0] == "SADD" && strings.Contains(args[1], ":only-b:"))
+					renewal = renewal || args[0] == "EVALSHA" || args[0] == "EVAL"
+				}
+				switch {
+				case older:
+					select { // run after the renewal
+					case <-renewed:
+					case <-time.After(5 * time.Second):
+						t.Error("the round trip with the renewal never came")
+					}
+					defer close(olderReturned)
+				case renewal && pipeIsBatch(multi) && renewals.Add(1) == 1:
+					res := c.DoMulti(ctx, multi...)
+					close(renewed)
+					<-olderReturned
+					time.Sleep(50 * time.Millisecond) // the older reply is handled
+					return res
+				}
+				return c.DoMulti(ctx, multi...)
+			},
+		})
+		// The renewal's script is cached in every server, so that it runs
+		// where it was sent, not later through a NOSCRIPT fallback.
+		_, lease := pipeScript(t, "lease.lua")
+		for addr, n := range d.other.Nodes() {
+			if err := n.Do(ctx, n.B().ScriptLoad().Script(lease).Build()).Error(); err != nil {
+				t.Fatalf("SCRIPT LOAD on %s: %v", addr, err)
+			}
+		}
+		us := users(20)
+		for i := range us {
+			us[i].Country = "only-b"
+			if i >= 10 {
+				us[i].Country = "other"
+			}
+		}
+		src := func(yield func(user, error) bool) {
+			for i, u := range us {
+				if i == 10 {
+					time.Sleep(800 * time.Millisecond) // a renewal is due: TTL/3 has passed
+				}
+				if !yield(u, nil) {
+					return
+				}
+			}
+		}
+		r := rebuild.New(hooked, rebuild.Options{BatchSize: 10, Writers: 2, TTL: 2 * time.Second},
+			builders.SetIndex(prefix, func(u user) (string, string, bool) { return u.Country, u.ID, true }))
+		if _, err := r.Run(ctx, src); err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+		if renewals.Load() == 0 {
+			t.Fatal("no batch round trip carried a renewal: the test did not test")
+		}
+		for bucket, want := range map[string]int{"only-b": 10, "other": 10} {
+			if got := len(smembers(t, d.other, prefix+":"+bucket)); got != want {
+				t.Errorf("SCARD %s:%s: got %d, want %d", prefix, bucket, got, want)
+			}
+		}
+		wantClean(t, d.other, d.prefix)
 	})
 }
