@@ -472,19 +472,7 @@ func TestFailWrite(t *testing.T) {
 		us := failSecondUsers(failN)
 		marker := us[failN/2].Email
 		var replaced atomic.Int64
-		hooked := rueidishook.WithHook(d.client, redistest.Hook{
-			OnDoMulti: func(c rueidis.Client, ctx context.Context, multi ...rueidis.Completed) []rueidis.RedisResult {
-				cmds := slices.Clone(multi)
-				for i, cmd := range cmds {
-					if args := cmd.Commands(); args[0] == "HSET" && slices.Contains(args, marker) {
-						cmds[i] = c.B().Arbitrary("HSET").Keys(args[1]).Args("field-without-value").Build()
-						replaced.Add(1)
-					}
-				}
-				return c.DoMulti(ctx, cmds...)
-			},
-		})
-		r := rebuild.New(hooked, rebuild.Options{BatchSize: failBatch, Writers: 4}, s.builders(nil)...)
+		r := rebuild.New(failRejectHSET(d.client, marker, &replaced), rebuild.Options{BatchSize: failBatch, Writers: 4}, s.builders(nil)...)
 		_, err := r.Run(ctxT(t), rebuild.FromSlice(us))
 		if n := replaced.Load(); n != 1 {
 			t.Fatalf("HSETs replaced: got %d, want 1", n)
@@ -497,6 +485,27 @@ func TestFailWrite(t *testing.T) {
 		failWantNothingChanged(t, d, before)
 	})
 }
+
+// failRejectHSET returns c with a hook that replaces every HSET carrying
+// marker with one the server rejects (a field without its value), and
+// counts the replacements in replaced.
+func failRejectHSET(c rueidis.Client, marker string, replaced *atomic.Int64) rueidis.Client {
+	return rueidishook.WithHook(c, redistest.Hook{
+		OnDoMulti: func(c rueidis.Client, ctx context.Context, multi ...rueidis.Completed) []rueidis.RedisResult {
+			cmds := slices.Clone(multi)
+			for i, cmd := range cmds {
+				if args := cmd.Commands(); args[0] == "HSET" && slices.Contains(args, marker) {
+					cmds[i] = c.B().Arbitrary("HSET").Keys(args[1]).Args(failRejectedField).Build()
+					replaced.Add(1)
+				}
+			}
+			return c.DoMulti(ctx, cmds...)
+		},
+	})
+}
+
+// failRejectedField is the lone argument of the HSETs failRejectHSET makes.
+const failRejectedField = "field-without-value"
 
 // TestFailTempKeyDeleted: another client deletes a temp key mid-run. Whether
 // nothing writes it again (it is found gone before the swap, C20) or later

@@ -238,19 +238,12 @@ func TestUnorderedFailWithRoundTripInFlight(t *testing.T) {
 			run  func(t *testing.T, c rueidis.Client) error
 		}{
 			{"write error", "write", nil, func(t *testing.T, c rueidis.Client) error {
-				hooked := rueidishook.WithHook(c, redistest.Hook{
-					OnDoMulti: func(c rueidis.Client, ctx context.Context, multi ...rueidis.Completed) []rueidis.RedisResult {
-						cmds := slices.Clone(multi)
-						for i, cmd := range cmds {
-							if args := cmd.Commands(); args[0] == "HSET" && slices.Contains(args, marker) {
-								cmds[i] = c.B().Arbitrary("HSET").Keys(args[1]).Args("field-without-value").Build()
-							}
-						}
-						return c.DoMulti(ctx, cmds...)
-					},
-				})
-				_, err := rebuild.New(hooked, rebuild.Options{BatchSize: failBatch, Writers: 4, Unordered: true}, s.builders(nil)...).
+				var replaced atomic.Int64
+				_, err := rebuild.New(failRejectHSET(c, marker, &replaced), rebuild.Options{BatchSize: failBatch, Writers: 4, Unordered: true}, s.builders(nil)...).
 					Run(ctxT(t), rebuild.FromSlice(us))
+				if n := replaced.Load(); n != 1 {
+					t.Errorf("HSETs replaced: got %d, want 1", n)
+				}
 				return err
 			}},
 			{"source error", "source", errSource, func(t *testing.T, c rueidis.Client) error {
@@ -278,7 +271,7 @@ func TestUnorderedFailWithRoundTripInFlight(t *testing.T) {
 					for _, cmd := range multi {
 						// The write error's hook runs first: it has replaced
 						// the marker's HSET.
-						if args := cmd.Commands(); args[0] == "HSET" && slices.Contains(args, "field-without-value") {
+						if args := cmd.Commands(); args[0] == "HSET" && slices.Contains(args, failRejectedField) {
 							return true
 						}
 					}
