@@ -456,6 +456,21 @@ func TestFaults(t *testing.T) {
 			})
 		}
 	})
+	t.Run("cluster-unordered", func(t *testing.T) {
+		t.Parallel()
+		for _, f := range faults {
+			if row, ok := clusterRows[f.name]; f.holds || !ok || row.private {
+				continue
+			}
+			t.Run(f.name+"/"+atMid.short(), func(t *testing.T) {
+				t.Parallel()
+				d := onCluster(t, env.Cluster, true)
+				d.name += ", unordered"
+				d.unordered = true
+				runCase(t, f, atMid, d)
+			})
+		}
+	})
 	t.Run("cluster", func(t *testing.T) {
 		t.Parallel()
 		for _, f := range faults {
