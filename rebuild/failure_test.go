@@ -631,15 +631,7 @@ func TestFailPublishScript(t *testing.T) {
 // handles it and the run succeeds (C16+, DESIGN "Lease").
 func TestFailScriptFlushMidRun(t *testing.T) {
 	t.Parallel()
-	srv, err := redistest.StartServer()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := srv.Stop(); err != nil {
-			t.Error(err)
-		}
-	})
+	srv := redistest.OwnServer(t)
 	client, other := srv.Client(t), srv.Client(t)
 	ctx := ctxT(t)
 	leaseSHA, leaseSrc := failScriptSHA(t, "lease.lua")

@@ -116,15 +116,7 @@ func memSource(n int) iter.Seq2[int, error] {
 // themselves) do not overlap a sequential test. It runs on a server of its
 // own, so that 2M fields do not weigh on the shared one.
 func TestMemoryBoundedBySourceSize(t *testing.T) {
-	srv, err := redistest.StartServer()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := srv.Stop(); err != nil {
-			t.Error(err)
-		}
-	})
+	srv := redistest.OwnServer(t)
 	c := srv.Client(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()

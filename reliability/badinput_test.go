@@ -284,12 +284,7 @@ func TestBadInput(t *testing.T) {
 			p := redistest.Prefix(t)
 			switch {
 			case tc.server != nil:
-				s, err := redistest.StartServer(tc.server...)
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { _ = s.Stop() })
-				c = s.Client(t)
+				c = redistest.OwnServer(t, tc.server...).Client(t)
 			case tc.cluster:
 				c = env.Cluster.Client(t)
 				p = raceTag(t)
@@ -367,19 +362,14 @@ func TestBadInputOver512MB(t *testing.T) {
 	if !*bigValue {
 		t.Skip("sends a 512 MB value: run with -bigvalue")
 	}
-	s, err := redistest.StartServer() // proto-max-bulk-len 512mb, the default
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Stop() })
-	c := s.Client(t)
+	c := redistest.OwnServer(t).Client(t) // proto-max-bulk-len 512mb, the default
 	p := redistest.Prefix(t)
 	if err := badRun(c, rebuild.Options{}, badGood(p)...); err != nil {
 		t.Fatalf("first run: %v", err)
 	}
 	before := redistest.Snapshot(t, c, p)
 	big := strings.Repeat("x", 512<<20+1)
-	err = badRunSource(c, rebuild.Options{BatchSize: 500}, badItems(3000, 1200, big), badGood(p)...)
+	err := badRunSource(c, rebuild.Options{BatchSize: 500}, badItems(3000, 1200, big), badGood(p)...)
 	// The key names hold the test's name, "…512MB": look past them.
 	if err == nil || !strings.Contains(strings.ReplaceAll(err.Error(), p, "<prefix>"), "512") || !strings.Contains(err.Error(), p+"h") {
 		t.Errorf("got %v, want an error that names the 512 MB limit and the key %s", err, p+"h")

@@ -289,15 +289,7 @@ func rebuildClientOption() rueidis.ClientOption {
 // standalone starts a private server (with args) behind a private proxy.
 func standalone(t testing.TB, args ...string) *deployment {
 	t.Helper()
-	srv, err := redistest.StartServer(args...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := srv.Stop(); err != nil {
-			t.Error(err)
-		}
-	})
+	srv := redistest.OwnServer(t, args...)
 	p, err := faultproxy.New(srv.Addr)
 	if err != nil {
 		t.Fatal(err)
@@ -787,8 +779,8 @@ func pointOrder(p string) int {
 	return 3
 }
 
-// lockedBuffer is a bytes.Buffer safe for concurrent writes, for a run's
-// Logger.
+// lockedBuffer is a bytes.Buffer safe for concurrent use: a run's Logger,
+// a helper process's output.
 type lockedBuffer struct {
 	mu sync.Mutex
 	b  bytes.Buffer

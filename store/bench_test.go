@@ -100,15 +100,7 @@ func benchDo(b *testing.B, c rueidis.Client, cmd rueidis.Completed) {
 // server-side durations come from SLOWLOG, on a server of the benchmark's
 // own with slowlog-log-slower-than 0.
 func BenchmarkSwap1M(b *testing.B) {
-	srv, err := redistest.StartServer("--slowlog-log-slower-than", "0", "--slowlog-max-len", "1024")
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() {
-		if err := srv.Stop(); err != nil {
-			b.Error(err)
-		}
-	})
+	srv := redistest.OwnServer(b, "--slowlog-log-slower-than", "0", "--slowlog-max-len", "1024")
 	c := srv.Client(b)
 	ctx := context.Background()
 	// Load the publish script, so that the swap is one EVALSHA, as in

@@ -683,15 +683,7 @@ func TestScriptPublishUnlinksOldValue(t *testing.T) {
 	// server of our own, where a plain RENAME frees synchronously
 	// (lazyfree-lazy-server-del no), the lazy-free counter tells the two
 	// apart.
-	srv, err := redistest.StartServer("--lazyfree-lazy-server-del", "no")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := srv.Stop(); err != nil {
-			t.Error(err)
-		}
-	})
+	srv := redistest.OwnServer(t, "--lazyfree-lazy-server-del", "no")
 	c := srv.Client(t)
 	ctx := ctxT(t)
 	s := store.New(c, store.Options{})
@@ -725,15 +717,7 @@ func TestScriptsSurviveScriptFlush(t *testing.T) {
 	// After SCRIPT FLUSH every script still runs: rueidis gets NOSCRIPT from
 	// EVALSHA and falls back to EVAL. On a server of our own, since the
 	// flush would slow every other test on a shared one.
-	srv, err := redistest.StartServer()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := srv.Stop(); err != nil {
-			t.Error(err)
-		}
-	})
+	srv := redistest.OwnServer(t)
 	admin := srv.Client(t)
 	s, sp := swapSpied(t, srv.Client(t), nil)
 	ctx := ctxT(t)

@@ -238,15 +238,7 @@ func TestSweepFamilyLock(t *testing.T) {
 // key, so this runs on a server of its own.
 func TestSweepOptions(t *testing.T) {
 	t.Parallel()
-	srv, err := redistest.StartServer()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := srv.Stop(); err != nil {
-			t.Error(err)
-		}
-	})
+	srv := redistest.OwnServer(t)
 	c := srv.Client(t)
 	now := sweepNow.Unix()
 	const nonce = "fedcba9876543210"
@@ -494,8 +486,8 @@ func sweepDuplicates(ks []string) []string {
 func TestSweepSkipsReplica(t *testing.T) {
 	t.Parallel()
 	// No diskless-sync delay: the replica syncs at once.
-	primary := sweepServer(t, "--repl-diskless-sync-delay", "0")
-	replica := sweepServer(t, "--replicaof", "127.0.0.1", strconv.Itoa(primary.Port), "--replica-read-only", "no")
+	primary := redistest.OwnServer(t, "--repl-diskless-sync-delay", "0")
+	replica := redistest.OwnServer(t, "--replicaof", "127.0.0.1", strconv.Itoa(primary.Port), "--replica-read-only", "no")
 	pc, rc := primary.Client(t), replica.Client(t)
 	ctx := ctxT(t)
 
@@ -569,21 +561,6 @@ func TestSweepMiniredis(t *testing.T) {
 	if got, want := m.Keys(), []string{recent}; !slices.Equal(got, want) {
 		t.Errorf("keys left: got %q, want %q", got, want)
 	}
-}
-
-// sweepServer starts a redis-server of the test's own, stopped at cleanup.
-func sweepServer(t *testing.T, args ...string) *redistest.Server {
-	t.Helper()
-	srv, err := redistest.StartServer(args...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := srv.Stop(); err != nil {
-			t.Error(err)
-		}
-	})
-	return srv
 }
 
 // sweepPoll waits until cond holds, for at most 10 s.

@@ -77,22 +77,6 @@ func newClient(t *testing.T, addr string) rueidis.Client {
 	return c
 }
 
-// startServer starts a server of the test's own, stopped when it ends, for
-// tests that kill or pause it.
-func startServer(t *testing.T) *redistest.Server {
-	t.Helper()
-	s, err := redistest.StartServer()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := s.Stop(); err != nil {
-			t.Error(err)
-		}
-	})
-	return s
-}
-
 // set runs SET key value on c, failing the test on error.
 func set(t *testing.T, c rueidis.Client, key, value string) {
 	t.Helper()

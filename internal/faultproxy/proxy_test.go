@@ -131,7 +131,7 @@ func TestClientObserves(t *testing.T) {
 	})
 	t.Run("a server that goes away is an EOF", func(t *testing.T) {
 		t.Parallel()
-		s := startServer(t)
+		s := redistest.OwnServer(t)
 		p := newProxy(t, s.Addr)
 		conn, r := rawConn(t, p)
 		if got := roundTrip(t, conn, r, "PING"); got != "+PONG" {
@@ -155,7 +155,7 @@ func TestClientObserves(t *testing.T) {
 
 func TestCloseEndsEverything(t *testing.T) {
 	// Not parallel: it counts the goroutines of the whole process.
-	s := startServer(t)
+	s := redistest.OwnServer(t)
 	before := runtime.NumGoroutine()
 	p, err := New(s.Addr)
 	if err != nil {

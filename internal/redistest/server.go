@@ -64,6 +64,24 @@ func StartServer(args ...string) (*Server, error) {
 	return startServer("redis-server", false, args)
 }
 
+// OwnServer starts a redis-server of tb's own, with args, as StartServer
+// does, and stops it when tb ends. A server that does not start, or does not
+// stop cleanly, fails tb. Tests use it for what would disturb the package's
+// shared server: a config change, a flush, millions of keys.
+func OwnServer(tb testing.TB, args ...string) *Server {
+	tb.Helper()
+	srv, err := StartServer(args...)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		if err := srv.Stop(); err != nil {
+			tb.Error(err)
+		}
+	})
+	return srv
+}
+
 // startServer starts the binary called name, looked up in PATH. A cluster
 // node also gets the cluster options and a free cluster bus port. When the
 // server fails to bind its ports, which another process may have taken since
