@@ -1058,8 +1058,8 @@ func raceBreakLock(c rueidis.Client) rueidis.Client {
 // raceHelper is a rebuilder process: the test binary, re-executed.
 type raceHelper struct {
 	cmd    *exec.Cmd
-	out    string // its tally file
-	output raceSyncWriter
+	out    string       // its tally file
+	output lockedBuffer // exec's copying goroutines write it while the test may read it
 	done   chan error
 }
 
@@ -1091,25 +1091,6 @@ func raceStartHelper(t *testing.T, d raceDeployment, keys raceKeys, s raceSetup,
 		}
 	})
 	return h
-}
-
-// raceSyncWriter collects a process's output, which exec's copying
-// goroutines write while the test may read it.
-type raceSyncWriter struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (w *raceSyncWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.Write(p)
-}
-
-func (w *raceSyncWriter) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.String()
 }
 
 // raceWaitReady polls until every helper process is connected and about to
