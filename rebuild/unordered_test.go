@@ -302,8 +302,11 @@ func TestOverlapRenewalBeforeCreation(t *testing.T) {
 	forEachDeployment(t, func(t *testing.T, d deployment) {
 		ctx := ctxT(t)
 		prefix := d.prefix + "users:by-country"
-		renewed := make(chan struct{})       // the newer round trip has run
-		olderReturned := make(chan struct{}) // the older one has returned
+		renewed := make(chan struct{}) // the newer round trip has run
+		// The older one's replies are handled: the Rebuilder reports its
+		// batch done, which it does only after write has checked them.
+		olderHandled := make(chan struct{})
+		var handledOnce sync.Once
 		var renewals atomic.Int64
 		hooked := rueidishook.WithHook(d.client, redistest.Hook{
 			OnDoMulti: func(c rueidis.Client, ctx context.Context, multi ...rueidis.Completed) []rueidis.RedisResult {
@@ -320,12 +323,10 @@ func TestOverlapRenewalBeforeCreation(t *testing.T) {
 					case <-time.After(5 * time.Second):
 						t.Error("the round trip with the renewal never came")
 					}
-					defer close(olderReturned)
 				case renewal && pipeIsBatch(multi) && renewals.Add(1) == 1:
 					res := c.DoMulti(ctx, multi...)
 					close(renewed)
-					<-olderReturned
-					time.Sleep(50 * time.Millisecond) // the older reply is handled
+					<-olderHandled
 					return res
 				}
 				return c.DoMulti(ctx, multi...)
@@ -356,7 +357,8 @@ func TestOverlapRenewalBeforeCreation(t *testing.T) {
 				}
 			}
 		}
-		r := rebuild.New(hooked, rebuild.Options{BatchSize: 10, Writers: 2, TTL: 2 * time.Second},
+		progress := func(rebuild.Progress) { handledOnce.Do(func() { close(olderHandled) }) }
+		r := rebuild.New(hooked, rebuild.Options{BatchSize: 10, Writers: 2, TTL: 2 * time.Second, Progress: progress},
 			builders.SetIndex(prefix, func(u user) (string, string, bool) { return u.Country, u.ID, true }))
 		if _, err := r.Run(ctx, src); err != nil {
 			t.Fatalf("Run: %v", err)
