@@ -497,8 +497,7 @@ func (x *execution[T]) send(ctx context.Context, queue <-chan *batch[T]) (err er
 		}
 		t := &trip[T]{group: group, done: make(chan error, 1)}
 		if !x.r.overlap {
-			t.done <- x.write(ctx, group)
-			if err := t.wait(x); err != nil {
+			if err := t.finish(x, x.write(ctx, group)); err != nil {
 				return err
 			}
 			continue
