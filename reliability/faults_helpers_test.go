@@ -49,6 +49,7 @@ const (
 	faultHold        = faultTTL + 500*time.Millisecond // stall and SIGSTOP: longer than the TTL
 	faultRunTimeout  = 60 * time.Second                // bounds every Run (the rebuild client has no keepalive)
 	faultWait        = 15 * time.Second                // bounds every poll
+	closeGrace       = 5 * time.Second                 // for a closed client's connections to end on their own
 	holdingBusy      = 4                               // holding cases busy at once (see caseT)
 )
 
@@ -268,14 +269,24 @@ func leftovers(t testing.TB, c rueidis.Client, prefix string) []leftover {
 // the proxy on the rebuild client's path to it, and how to make clients.
 type deployment struct {
 	name    string
-	srv     *redistest.Server // the server holding the case's keys
-	proxy   *faultproxy.Proxy // in front of srv, on the rebuild client's path
-	stats   func() faultproxy.Stats
-	client  rueidis.Client // the rebuild's client, through the proxy
+	srv     *redistest.Server       // the server holding the case's keys
+	proxy   *faultproxy.Proxy       // in front of srv, on the rebuild client's path
+	stats   func() faultproxy.Stats // of every proxy on the rebuild client's path
+	cutAll  func()                  // cuts every connection of every such proxy
+	client  rueidis.Client          // the rebuild's client, through the proxy
 	prefix  string
 	observe func(tb testing.TB) rueidis.Client // a new client straight to the server(s)
 
 	unordered bool // the faulted run sets rebuild.Options.Unordered
+}
+
+// allClosed reports an error while connections through d's proxies are
+// open.
+func (d *deployment) allClosed() error {
+	if open := d.stats().Open; open > 0 {
+		return fmt.Errorf("%d connections of the run still open through the proxy", open)
+	}
+	return nil
 }
 
 // rebuildClientOption is the rebuild client's configuration: no background
@@ -308,7 +319,7 @@ func standalone(t testing.TB, args ...string) *deployment {
 	}
 	t.Cleanup(c.Close)
 	return &deployment{
-		name: "standalone", srv: srv, proxy: p, stats: p.Stats, client: c,
+		name: "standalone", srv: srv, proxy: p, stats: p.Stats, cutAll: p.CutAll, client: c,
 		prefix:  redistest.Prefix(t),
 		observe: srv.Client,
 	}
@@ -350,7 +361,7 @@ func onCluster(t testing.TB, cl *redistest.Cluster, shared bool) *deployment {
 		t.Fatal(err)
 	}
 	return &deployment{
-		name: "cluster", srv: srv, proxy: p, stats: d.Stats, client: c,
+		name: "cluster", srv: srv, proxy: p, stats: d.Stats, cutAll: d.CutAll, client: c,
 		prefix: prefix, observe: cl.Client,
 	}
 }
@@ -394,6 +405,40 @@ type interceptor struct {
 	afterErr   chan error   // buffered: the first error of an after or splitFirst
 	// heal, if set, is called once, after the next command that fails.
 	heal atomic.Pointer[func()]
+	// inflight counts the run's commands that have not returned yet;
+	// returned is set once Run has returned, and late counts the commands
+	// sent after that, lateCmd naming the first. A run must leave nothing
+	// behind: no command in flight when Run returns, none sent later.
+	inflight atomic.Int64
+	returned atomic.Bool
+	late     atomic.Int64
+	lateCmd  atomic.Pointer[string]
+}
+
+// enter counts a command of the run as sent; call exit when it returns.
+func (in *interceptor) enter(cmds []rueidis.Completed) {
+	in.inflight.Add(1)
+	if in.returned.Load() && in.late.Add(1) == 1 {
+		name := strings.Join(cmds[0].Commands()[:min(2, len(cmds[0].Commands()))], " ")
+		in.lateCmd.Store(&name)
+	}
+}
+
+func (in *interceptor) exit() { in.inflight.Add(-1) }
+
+// runReturned marks the run as returned and reports how many of its
+// commands were still in flight.
+func (in *interceptor) runReturned() (inflight int64) {
+	in.returned.Store(true)
+	return in.inflight.Load()
+}
+
+// lateCommands reports the commands sent after Run returned, and the first.
+func (in *interceptor) lateCommands() (n int64, first string) {
+	if p := in.lateCmd.Load(); p != nil {
+		first = *p
+	}
+	return in.late.Load(), first
 }
 
 // healAfterFailure arms heal: the next command of the run that fails calls
@@ -440,6 +485,8 @@ func (in *interceptor) isPublish(cmd rueidis.Completed) bool {
 func (in *interceptor) wrap(c rueidis.Client) rueidis.Client {
 	return rueidishook.WithHook(c, redistest.Hook{
 		OnDoMulti: func(c rueidis.Client, ctx context.Context, multi ...rueidis.Completed) (res []rueidis.RedisResult) {
+			in.enter(multi)
+			defer in.exit()
 			if isWrite(multi) {
 				n := in.writes.Add(1)
 				if in.hooked && ((in.at == atBefore && n == 1) || (in.at == atMid && n == faultMidDoMulti)) {
@@ -463,6 +510,8 @@ func (in *interceptor) wrap(c rueidis.Client) rueidis.Client {
 			return res
 		},
 		OnDo: func(c rueidis.Client, ctx context.Context, cmd rueidis.Completed) (res rueidis.RedisResult) {
+			in.enter([]rueidis.Completed{cmd})
+			defer in.exit()
 			if in.hooked && in.at == atPublish && in.isPublish(cmd) {
 				in.intercept([]rueidis.Completed{cmd}, func() { res = c.Do(ctx, cmd) }, nil)
 			} else {
@@ -488,10 +537,11 @@ func isCleanup(cmd rueidis.Completed) bool {
 	return temp
 }
 
-// failed calls the armed heal if a cleanup step failed with a network
-// error.
+// failed calls the armed heal if a cleanup step failed: with a network
+// error, or with its deadline (rueidis may wait for a cluster refresh that
+// the partition keeps failing).
 func (in *interceptor) failed(cleanup bool, err error) {
-	if !cleanup || !isNetwork(err) {
+	if !cleanup || (!isNetwork(err) && !errors.Is(err, context.DeadlineExceeded)) {
 		return
 	}
 	if h := in.heal.Swap(nil); h != nil {
@@ -751,7 +801,7 @@ func markdown(rows []row) string {
 			broken++
 		}
 	}
-	fmt.Fprintf(&b, "\nCases: %d. Lost data: %d. Gaps: %d. Stale publishes: %d. Leaked keys: %d. Cases with a broken invariant: %d.\n",
+	fmt.Fprintf(&b, "\nCases: %d. Lost data: %d. Gaps: %d. Stale publishes: %d. Leaks (keys or commands): %d. Cases with a broken invariant: %d.\n",
 		len(rows), lost, gaps, stale, leaks, broken)
 	for _, r := range rows {
 		for _, x := range r.bad {
@@ -853,8 +903,12 @@ func (c *caseT) FailNow() { c.TB.Fail(); runtime.Goexit() }
 
 // poll calls f until it returns nil or faultWait passes, and returns f's
 // last error.
-func poll(f func() error) error {
-	deadline := time.Now().Add(faultWait)
+func poll(f func() error) error { return pollFor(faultWait, f) }
+
+// pollFor calls f until it returns nil or dur has passed, and returns its
+// last error.
+func pollFor(dur time.Duration, f func() error) error {
+	deadline := time.Now().Add(dur)
 	for {
 		err := f()
 		if err == nil || time.Now().After(deadline) {

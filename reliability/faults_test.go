@@ -669,6 +669,9 @@ wait:
 	}
 	runEnd := time.Now()
 	r.elapsed = runEnd.Sub(started)
+	if n := in.runReturned(); n != 0 {
+		r.bad = append(r.bad, fmt.Sprintf("leak: %d commands of the run still in flight when Run returned", n))
+	}
 	d.proxy.Refuse(false)
 	if f.hook && !injected {
 		t.Fatalf("the run never reached the injection point (%d write DoMultis): Run returned %v, panic %v, after %v",
@@ -704,13 +707,20 @@ wait:
 	default:
 	}
 	d.client.Close()
-	if err := poll(func() error {
-		if open := d.stats().Open; open > 0 {
-			return fmt.Errorf("%d connections of the run still open through the proxy", open)
+	if err := pollFor(closeGrace, d.allClosed); err != nil {
+		// rueidis v1.0.79 leaks a connection it was dialing when Close
+		// ran: mux._pipe stores the new wire over the dead one Close put
+		// in its place, and the connection stays open, idle, until the
+		// process ends. A cluster refresh that a fault scheduled can be
+		// dialing just then. None of the run's commands is on it: the
+		// interceptor saw none in flight when Run returned and none sent
+		// later (both checked above). Cut what is left: the server still
+		// runs every command it received, then closes.
+		t.Logf("%v after the client closed: connections rueidis dialed while closing; cutting them", err)
+		d.cutAll()
+		if err := poll(d.allClosed); err != nil {
+			t.Error(err)
 		}
-		return nil
-	}); err != nil {
-		t.Error(err)
 	}
 	reads, gaps, firstGap := rd.finish()
 	r.reads, r.gaps = reads, gaps
@@ -831,6 +841,11 @@ wait:
 	}
 	if r.locksPastTTL = len(lastLocks); r.locksPastTTL > 0 {
 		r.bad = append(r.bad, fmt.Sprintf("leak: locks %q outlived the lease (%v after the run returned)", lastLocks, faultTTL))
+	}
+	// Checked last, so that the run's leftovers, if any, had the whole
+	// observation to show up.
+	if n, first := in.lateCommands(); n != 0 {
+		r.bad = append(r.bad, fmt.Sprintf("leak: %d commands sent after Run returned (first: %s)", n, first))
 	}
 
 	addRow(r)
