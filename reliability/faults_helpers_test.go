@@ -405,6 +405,9 @@ type interceptor struct {
 	afterErr   chan error   // buffered: the first error of an after or splitFirst
 	// heal, if set, is called once, after the next command that fails.
 	heal atomic.Pointer[func()]
+	// split is held by a split DoMulti while it is sent, and shared by
+	// every other command of the run while it is sent.
+	split sync.RWMutex
 	// inflight counts the run's commands that have not returned yet;
 	// returned is set once Run has returned, and late counts the commands
 	// sent after that, lateCmd naming the first. A run must leave nothing
@@ -491,6 +494,18 @@ func (in *interceptor) wrap(c rueidis.Client) rueidis.Client {
 				n := in.writes.Add(1)
 				if in.hooked && ((in.at == atBefore && n == 1) || (in.at == atMid && n == faultMidDoMulti)) {
 					in.intercept(multi, func() { res = c.DoMulti(ctx, multi...) }, func(between func() error) {
+						// The first command (a MULTI) alone, the fault,
+						// then the rest, while the run's other commands
+						// wait: those of another round trip in flight
+						// (Unordered) would otherwise be pipelined into
+						// the open transaction ("MULTI calls can not be
+						// nested"), which rueidis never does within a
+						// DoMulti; and a cleanup step that failed could
+						// heal the partition before the rest is sent,
+						// which would then run outside the transaction
+						// ("EXEC without MULTI").
+						in.split.Lock()
+						defer in.split.Unlock()
 						res = []rueidis.RedisResult{c.Do(ctx, multi[0])}
 						in.report(between())
 						res = append(res, c.DoMulti(ctx, multi[1:]...)...)
@@ -502,7 +517,9 @@ func (in *interceptor) wrap(c rueidis.Client) rueidis.Client {
 			for i, cmd := range multi {
 				cleanup[i] = isCleanup(cmd)
 			}
+			in.split.RLock()
 			res = c.DoMulti(ctx, multi...)
+			in.split.RUnlock()
 			for i, r := range res {
 				in.countNoScript(r)
 				in.failed(cleanup[i], r.Error())
@@ -516,7 +533,9 @@ func (in *interceptor) wrap(c rueidis.Client) rueidis.Client {
 				in.intercept([]rueidis.Completed{cmd}, func() { res = c.Do(ctx, cmd) }, nil)
 			} else {
 				cleanup := isCleanup(cmd)
+				in.split.RLock()
 				res = c.Do(ctx, cmd)
+				in.split.RUnlock()
 				in.failed(cleanup, res.Error())
 			}
 			in.countNoScript(res)

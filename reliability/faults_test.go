@@ -146,9 +146,9 @@ var faults = []faultSpec{
 	},
 	{
 		// A network partition: the network fails right after the first
-		// command of the intercepted batch DoMulti has run (before the
-		// first batch, that command creates a temp key, and the batch's
-		// EXPIRE NX never arrives), or before the publish script is sent:
+		// command of the intercepted batch DoMulti has run (its MULTI: the
+		// server holds an open transaction, which it discards when the
+		// connection ends), or before the publish script is sent:
 		// the proxy cuts every connection and refuses new ones until Run
 		// returns, so the run's cleanup cannot reach the server either.
 		// (The hook sends the first command alone, then the rest, which
