@@ -17,16 +17,21 @@ func TestRueidisCloseLeaksDialingConnection(t *testing.T) {
 	d := standalone(t)
 	ctx := context.Background()
 	c := d.client
-	// Break the client's connection, so that its next command dials.
+	// Break the client's connection while the proxy refuses new ones: the
+	// first PING fails on the broken connection or on a refused dial, the
+	// second on a refused dial. Then no connection is left, and the next
+	// command dials.
+	d.proxy.Refuse(true)
 	d.proxy.CutAll()
 	if err := poll(d.allClosed); err != nil {
 		t.Fatal(err)
 	}
-	_ = c.Do(ctx, c.B().Ping().Build()).Error() // fails on the broken connection, or dials anew
-	d.proxy.CutAll()
-	if err := poll(d.allClosed); err != nil {
-		t.Fatal(err)
+	for i := range 2 {
+		if err := c.Do(ctx, c.B().Ping().Build()).Error(); err == nil {
+			t.Fatalf("PING %d through a proxy that refuses connections: no error", i+1)
+		}
 	}
+	d.proxy.Refuse(false)
 
 	// Hold the next dial's handshake at the proxy, close, then let it on.
 	d.proxy.Pause()
