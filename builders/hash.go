@@ -5,6 +5,7 @@ import "github.com/keyswap/keyswap/rebuild"
 // Hash returns a builder of the hash key: a unique index such as
 // users:by-email (email → id). fn maps an item to a field and its value, or
 // ok false to skip the item (C48). The last write of a field wins (C50).
+// A Hash implements [rebuild.Keyed].
 func Hash[T any](key string, fn func(T) (field, value string, ok bool)) rebuild.Builder[T] {
 	return &hash[T]{single{key}, fn}
 }
@@ -14,7 +15,12 @@ type hash[T any] struct {
 	fn func(T) (string, string, bool)
 }
 
-// Build writes items with HSET, MaxArgs fields per command.
+// Keyed reports true: batches that write no field in common may reach
+// Redis in any order.
+func (h *hash[T]) Keyed() bool { return true }
+
+// Build writes items with HSET, MaxArgs fields per command, and reports
+// each field with Writes.
 func (h *hash[T]) Build(c *rebuild.Commands, items []T) error {
 	temp, err := c.Temp(h.key)
 	if err != nil {
@@ -24,6 +30,7 @@ func (h *hash[T]) Build(c *rebuild.Commands, items []T) error {
 	for _, it := range items {
 		if f, val, ok := h.fn(it); ok {
 			v.add(f, val, true)
+			c.Writes(f)
 		}
 	}
 	v.flush()

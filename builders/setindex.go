@@ -30,6 +30,8 @@ var (
 	_ rebuild.Family      = (*setIndex[int])(nil)
 	_ rebuild.Commutative = (*setIndex[int])(nil)
 	_ rebuild.Commutative = (*set[int])(nil)
+	_ rebuild.Keyed       = (*hash[int])(nil)
+	_ rebuild.Keyed       = (*sortedSet[int])(nil)
 )
 
 // Key returns the family's prefix.

@@ -57,6 +57,21 @@ type Commutative interface {
 	Commutative() bool
 }
 
+// Keyed is an optional interface for a [Builder] that is not [Commutative]
+// but whose batches can disagree only on an entry both of them write, as
+// HSET's fields and ZADD's members do: builders.Hash and builders.SortedSet
+// implement it. Its Build reports every entry it writes with
+// [Commands.Writes].
+//
+// When every builder of a Rebuilder is Commutative or Keyed, the Rebuilder
+// overlaps two round trips whenever they write no entry in common, and
+// sends the later one only after the earlier has returned when they do, so
+// the last write in source order still wins (C50, C54).
+type Keyed interface {
+	// Keyed reports whether Build reports every entry it writes.
+	Keyed() bool
+}
+
 // Commands collects the commands one batch sends. A Builder receives it in
 // Build.
 type Commands struct {
@@ -64,11 +79,47 @@ type Commands struct {
 	targets *targets
 	builder int // index of the builder now building
 	cmds    rueidis.Commands
-	entries []int64            // entries written, per builder
-	touched []*target          // temp keys this batch writes, in order
-	err     error              // the first argument over maxBulk
-	seen    map[*target]bool   // set of touched
-	temps   map[string]*target // this batch's cache of targets.get
+	entries []int64               // entries written, per builder
+	touched []*target             // temp keys this batch writes, in order
+	err     error                 // the first argument over maxBulk
+	seen    map[*target]bool      // set of touched
+	temps   map[string]*target    // this batch's cache of targets.get
+	writes  []map[string]struct{} // entries written, per builder, reported by Keyed builders
+}
+
+// Writes records that the builder now building writes entry (a hash field,
+// a sorted-set member) in this batch. A [Keyed] builder calls it for every
+// entry it writes; for a family, an entry of any of its keys. Two batches
+// that write a common entry of one builder are sent in order.
+func (c *Commands) Writes(entry string) {
+	if c.writes == nil {
+		c.writes = make([]map[string]struct{}, len(c.entries))
+	}
+	m := c.writes[c.builder]
+	if m == nil {
+		m = map[string]struct{}{}
+		c.writes[c.builder] = m
+	}
+	m[entry] = struct{}{}
+}
+
+// conflicts reports whether c and o write a common entry of one builder.
+func (c *Commands) conflicts(o *Commands) bool {
+	if c.writes == nil || o.writes == nil {
+		return false
+	}
+	for i, m := range c.writes {
+		n := o.writes[i]
+		if len(n) < len(m) {
+			m, n = n, m
+		}
+		for e := range m {
+			if _, ok := n[e]; ok {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // B returns the command builder for the commands passed to [Commands.Add].

@@ -47,14 +47,22 @@ type Options struct {
 	// any of it, and the server is idle meanwhile, about a tenth of a
 	// rebuild of a hash or a set (see bench/results).
 	//
+	// Most Rebuilders need not set it. Those whose builders are all
+	// [Commutative] (sets) or [Keyed] (builders.Hash, builders.SortedSet)
+	// overlap their round trips anyway whenever the two write no field or
+	// member in common, and keep them in order when they do, so the last
+	// write in source order still wins. Unordered makes a difference only
+	// with other builders (builders.Func, builders.Compat, your own), or
+	// to save the Keyed builders' bookkeeping: a set of the entries of
+	// each batch in flight.
+	//
 	// The price: batches of two round trips may run in either order, so
 	// when the source yields a hash field or sorted-set member more than
 	// once, which of its values ends in the index is undefined, instead of
 	// the last in source order. Set it only when every entry appears once
 	// in the source, such as fields keyed by a primary key. Nothing else
 	// changes: a run is still published all at once or not at all, and
-	// memory is bounded alike. Rebuilders whose builders are all
-	// [Commutative] (sets) overlap without it, at no such price.
+	// memory is bounded alike.
 	Unordered bool
 	// TTL is the lease of a run: its locks and temp keys expire TTL after
 	// the last renewal. The Rebuilder renews at least every TTL/3 while

@@ -504,6 +504,11 @@ func pipeBatchesIn(multi []rueidis.Completed) int {
 // that it goes alone. The hook then holds that DoMulti (a slow server)
 // until the source has yielded max(Writers, 2) batches in all, or for at
 // most 300 ms when the Rebuilder (rightly) stops pulling before that.
+//
+// The last user of every batch has the email shared@example.com, so that
+// every two batches write a common hash field and must go in order (Hash is
+// Keyed: batches with no field in common would overlap); the last batch's
+// user must own it.
 func TestWritersGroupBatchesInSourceOrder(t *testing.T) {
 	for _, writers := range []int{1, 4} {
 		t.Run(fmt.Sprintf("Writers=%d", writers), func(t *testing.T) {
@@ -547,6 +552,9 @@ func TestWritersGroupBatchesInSourceOrder(t *testing.T) {
 					},
 				})
 				us := users(10 * batch)
+				for b := range 10 {
+					us[b*batch+batch-1].Email = "shared@example.com"
+				}
 				src := func(yield func(user, error) bool) {
 					for i, u := range us {
 						if !yield(u, nil) {
@@ -673,7 +681,9 @@ func TestTempKeysGetTTLWithFirstWrite(t *testing.T) {
 // hook holds it for TTL/3 and more. No batch completes in that time, so
 // the lease's ticker (which renews only after progress) stands down, and
 // the renewal then due rides in the DoMulti of the second batch, which the
-// source yielded as soon as the first was sent.
+// source yielded as soon as the first was sent. Every batch writes the field
+// shared@example.com, so that the second goes out only once the first has
+// returned (Hash is Keyed: batches with no field in common would overlap).
 func TestLeaseRenewedDuringSlowSource(t *testing.T) {
 	leaseSHA, _ := pipeScript(t, "lease.lua")
 	forEachDeployment(t, func(t *testing.T, d deployment) {
@@ -724,6 +734,9 @@ func TestLeaseRenewedDuringSlowSource(t *testing.T) {
 		src := func(yield func(user, error) bool) {
 			defer close(finished)
 			us := users(batch * batches)
+			for b := range batches {
+				us[b*batch].Email = "shared@example.com"
+			}
 			tick := time.NewTicker(500 * time.Millisecond) // a slow source: that is the test
 			defer tick.Stop()
 			for b := range batches {
@@ -808,8 +821,8 @@ func TestLeaseRenewedDuringSlowSource(t *testing.T) {
 		if !secondRode.Load() {
 			t.Errorf("the second batch DoMulti, sent after TTL/3 with no batch completed, carried no lease renewal; want it to (%d renewals rode in batches, %d alone)", ridden.Load(), alone.Load())
 		}
-		if n := len(hgetall(t, d.other, key)); n != batch*batches {
-			t.Errorf("HLEN %s: got %d, want %d", key, n, batch*batches)
+		if n, want := len(hgetall(t, d.other, key)), batch*batches-batches+1; n != want {
+			t.Errorf("HLEN %s: got %d, want %d", key, n, want)
 		}
 		wantClean(t, d.other, d.prefix)
 	})

@@ -34,6 +34,7 @@ type Rebuilder[T any] struct {
 	err      error  // a configuration error, returned by Run
 	ttlSecs  int64
 	overlap  bool // two round trips may be in flight: Unordered, or every builder commutative
+	keyed    bool // not overlap, but every builder commutative or keyed: overlap unless entries conflict
 }
 
 // New returns a Rebuilder that writes through client with builders. Run
@@ -68,10 +69,13 @@ func New[T any](client rueidis.Client, opts Options, builders ...Builder[T]) *Re
 func (r *Rebuilder[T]) configure() error {
 	o := &r.opts
 	var ks []string
-	r.overlap = true
+	r.overlap, r.keyed = true, true
 	for _, b := range r.builders {
 		if c, ok := b.(Commutative); !ok || !c.Commutative() {
 			r.overlap = o.Unordered
+			if k, ok := b.(Keyed); !ok || !k.Keyed() {
+				r.keyed = false
+			}
 		}
 		_, family := b.(Family)
 		r.owners = append(r.owners, owner{key: b.Key(), family: family})
@@ -170,7 +174,9 @@ func orDefault[N int | time.Duration](v, def N) N {
 //     every temp key it creates its TTL, up to Writers/2 batches per
 //     pipelined round trip, with the renewal of the lease when one is due.
 //     One round trip is in flight at a time; two with Options.Unordered,
-//     or when every builder is Commutative.
+//     when every builder is Commutative, or when every builder is
+//     Commutative or Keyed and the two round trips write no field or
+//     member of a Keyed builder in common.
 //  3. Renew once more, check that every populated temp key still exists,
 //     and publish: one script checks the locks and replaces every live key,
 //     deletes the keys of builders that produced nothing, and deletes the
@@ -253,8 +259,9 @@ type batch[T any] struct {
 // order, while the next ones are built. So the server is kept busy, and the
 // last write of a field or member in source order wins (C50, C54):
 // concurrent DoMulti calls would go out on different connections, in no set
-// order. Only when order cannot matter (r.overlap) does the sender send the
-// next DoMulti while one is in flight.
+// order. Only when order cannot matter does the sender send the next
+// DoMulti while one is in flight: r.overlap (Unordered, or every builder
+// Commutative), or r.keyed and the two write no entry in common.
 func (x *execution[T]) run(ctx context.Context, src iter.Seq2[T, error]) (err error) {
 	r := x.r
 	x.entries = make([]int64, len(r.builders))
@@ -440,7 +447,7 @@ func (x *execution[T]) build(b *batch[T]) {
 // and the cleanup must come after them.
 func (x *execution[T]) send(ctx context.Context, queue <-chan *batch[T]) (err error) {
 	perTrip := max(1, x.r.opts.Writers/2)
-	var pending *trip[T] // the DoMulti in flight, with overlap
+	var pending *trip[T] // the DoMulti in flight, with overlap or keyed
 	defer func() {
 		if pending != nil {
 			if perr := pending.wait(x); err == nil {
@@ -496,11 +503,21 @@ func (x *execution[T]) send(ctx context.Context, queue <-chan *batch[T]) (err er
 			}
 		}
 		t := &trip[T]{group: group, done: make(chan error, 1)}
-		if !x.r.overlap {
+		if !x.r.overlap && !x.r.keyed {
 			if err := t.finish(x, x.write(ctx, group)); err != nil {
 				return err
 			}
 			continue
+		}
+		if pending != nil && !x.r.overlap && pending.conflicts(t) {
+			// t rewrites an entry that the trip in flight writes: it
+			// goes out after that one has returned, so the later write
+			// wins.
+			prev := pending
+			pending = nil
+			if err := prev.wait(x); err != nil {
+				return err
+			}
 		}
 		go func() { t.done <- x.write(ctx, group) }()
 		prev := pending
@@ -517,6 +534,19 @@ func (x *execution[T]) send(ctx context.Context, queue <-chan *batch[T]) (err er
 type trip[T any] struct {
 	group []*batch[T]
 	done  chan error // write's result
+}
+
+// conflicts reports whether a batch of t and a batch of o write a common
+// entry of a Keyed builder.
+func (t *trip[T]) conflicts(o *trip[T]) bool {
+	for _, a := range t.group {
+		for _, b := range o.group {
+			if a.c.conflicts(b.c) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // wait waits for t's write, and finishes t.

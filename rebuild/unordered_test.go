@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"maps"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync"
@@ -101,21 +102,38 @@ func (h *overlapHook) client(c rueidis.Client) rueidis.Client {
 
 // TestUnorderedOverlapsRoundTrips (C50, C54): a Rebuilder keeps one batch
 // DoMulti in flight while order matters, and two when it cannot (every
-// builder Commutative, as Set and SetIndex are) or when the caller gave it
-// up (Options.Unordered). The hook holds the first batch DoMulti, a slow
+// builder Commutative, as Set and SetIndex are, or Keyed, as Hash is, and
+// no entry written by both) or when the caller gave it up
+// (Options.Unordered). The hook holds the first batch DoMulti, a slow
 // server, and sees whether the next one arrives meanwhile. Never more than
 // two are in flight, and the result is exact.
 func TestUnorderedOverlapsRoundTrips(t *testing.T) {
 	type tc struct {
 		name      string
 		unordered bool
-		writers   int // 0 means 4
+		writers   int  // 0 means 4
+		dup       bool // every batch writes the field "dup@example.com"
 		builders  func(k pipeKeys) []rebuild.Builder[user]
 		want      func(t *testing.T, c rueidis.Client, k pipeKeys, us []user)
 		overlap   bool
 	}
 	hash := func(k pipeKeys) rebuild.Builder[user] {
 		return builders.Hash(k.hash, func(u user) (string, string, bool) { return u.Email, u.ID, true })
+	}
+	// The same hash through Func: not Keyed, so order must hold.
+	funcHash := func(k pipeKeys) rebuild.Builder[user] {
+		return builders.Func(k.hash, func(c *rebuild.Commands, us []user) error {
+			temp, err := c.Temp(k.hash)
+			if err != nil {
+				return err
+			}
+			fvs := c.B().Hset().Key(temp).FieldValue()
+			for _, u := range us {
+				fvs = fvs.FieldValue(u.Email, u.ID)
+			}
+			c.Add(fvs.Build(), len(us))
+			return nil
+		})
 	}
 	set := func(k pipeKeys) rebuild.Builder[user] {
 		return builders.Set(k.zset, func(u user) (string, bool) { return u.ID, true })
@@ -162,9 +180,20 @@ func TestUnorderedOverlapsRoundTrips(t *testing.T) {
 		}
 	}
 	for _, c := range []tc{
+		// Hash is Keyed: batches that share no field overlap...
 		{name: "Hash", builders: func(k pipeKeys) []rebuild.Builder[user] { return []rebuild.Builder[user]{hash(k)} },
-			want: wantHash, overlap: false},
+			want: wantHash, overlap: true},
 		{name: "Hash+Set", builders: func(k pipeKeys) []rebuild.Builder[user] { return []rebuild.Builder[user]{hash(k), set(k)} },
+			want: func(t *testing.T, c rueidis.Client, k pipeKeys, us []user) {
+				wantHash(t, c, k, us)
+				wantSet(t, c, k, us)
+			}, overlap: true},
+		// ... and batches that do go in order, the last write winning.
+		{name: "Hash, a field in every batch", dup: true, builders: func(k pipeKeys) []rebuild.Builder[user] { return []rebuild.Builder[user]{hash(k)} },
+			want: wantHash, overlap: false},
+		{name: "Func", builders: func(k pipeKeys) []rebuild.Builder[user] { return []rebuild.Builder[user]{funcHash(k)} },
+			want: wantHash, overlap: false},
+		{name: "Func+Set", builders: func(k pipeKeys) []rebuild.Builder[user] { return []rebuild.Builder[user]{funcHash(k), set(k)} },
 			want: func(t *testing.T, c rueidis.Client, k pipeKeys, us []user) {
 				wantHash(t, c, k, us)
 				wantSet(t, c, k, us)
@@ -188,6 +217,13 @@ func TestUnorderedOverlapsRoundTrips(t *testing.T) {
 				k := pipeNames(d)
 				h := newOverlapHook(300*time.Millisecond, nil)
 				us := users(1000)
+				if c.dup {
+					for i := range us {
+						if i%50 == 7 {
+							us[i].Email = "dup@example.com"
+						}
+					}
+				}
 				writers := c.writers
 				if writers == 0 {
 					writers = 4
@@ -372,5 +408,67 @@ func TestOverlapRenewalBeforeCreation(t *testing.T) {
 			}
 		}
 		wantClean(t, d.other, d.prefix)
+	})
+}
+
+// TestKeyedOverlapKeepsLastWrite (C50, C54): with Hash and SortedSet, which
+// are Keyed, round trips overlap unless they write a common field or
+// member. One item in 60 rewrites an entry from up to 150 items
+// back, often in the trip still in flight, and the hook delays each batch
+// DoMulti by a random 0–3 ms before sending it, so that an overlapping
+// later trip can reach Redis first. The last write in source order must
+// win every field and member, and two round trips must have been in flight
+// at once. (With the conflict check removed, every seed loses last writes.)
+func TestKeyedOverlapKeepsLastWrite(t *testing.T) {
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		k := pipeNames(d)
+		for seed := range uint64(4) {
+			rng := rand.New(rand.NewPCG(seed, 42))
+			us := users(3000)
+			for i := range us {
+				if i > 0 && rng.IntN(60) == 0 {
+					us[i].Email = us[max(0, i-1-rng.IntN(150))].Email
+				}
+			}
+			var mu sync.Mutex
+			delays := rand.New(rand.NewPCG(seed, 7))
+			var inFlight, most atomic.Int64
+			hooked := rueidishook.WithHook(d.client, redistest.Hook{
+				OnDoMulti: func(c rueidis.Client, ctx context.Context, multi ...rueidis.Completed) []rueidis.RedisResult {
+					if !pipeIsBatch(multi) {
+						return c.DoMulti(ctx, multi...)
+					}
+					n := inFlight.Add(1)
+					defer inFlight.Add(-1)
+					for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+					}
+					mu.Lock()
+					delay := time.Duration(delays.IntN(3000)) * time.Microsecond
+					mu.Unlock()
+					time.Sleep(delay)
+					return c.DoMulti(ctx, multi...)
+				},
+			})
+			r := rebuild.New(hooked, rebuild.Options{BatchSize: 50, Writers: 4},
+				builders.Hash(k.hash, func(u user) (string, string, bool) { return u.Email, u.ID, true }),
+				builders.SortedSet(k.zset, func(u user) (string, float64, bool) { return u.Email, u.Score, true }))
+			if _, err := r.Run(ctxT(t), rebuild.FromSlice(us)); err != nil {
+				t.Fatal(err)
+			}
+			wantH, wantZ := map[string]string{}, map[string]float64{}
+			for _, u := range us {
+				wantH[u.Email], wantZ[u.Email] = u.ID, u.Score
+			}
+			if got := hgetall(t, d.other, k.hash); !maps.Equal(wantH, got) {
+				t.Errorf("seed %d: hash %s (-want +got):\n%s", seed, k.hash, cmp.Diff(wantH, got))
+			}
+			if got := zrangeWithScores(t, d.other, k.zset); !maps.Equal(wantZ, got) {
+				t.Errorf("seed %d: sorted set %s (-want +got):\n%s", seed, k.zset, cmp.Diff(wantZ, got))
+			}
+			if got := most.Load(); got != 2 {
+				t.Errorf("seed %d: at most %d batch DoMultis in flight at once, want 2 (trips that share no entry overlap)", seed, got)
+			}
+			wantClean(t, d.other, d.prefix)
+		}
 	})
 }
