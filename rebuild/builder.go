@@ -2,6 +2,8 @@ package rebuild
 
 import (
 	"fmt"
+	"hash/maphash"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -79,13 +81,16 @@ type Commands struct {
 	targets *targets
 	builder int // index of the builder now building
 	cmds    rueidis.Commands
-	entries []int64               // entries written, per builder
-	touched []*target             // temp keys this batch writes, in order
-	err     error                 // the first argument over maxBulk
-	seen    map[*target]bool      // set of touched
-	temps   map[string]*target    // this batch's cache of targets.get
-	writes  []map[string]struct{} // entries written, per builder, reported by Keyed builders
+	entries []int64            // entries written, per builder
+	touched []*target          // temp keys this batch writes, in order
+	err     error              // the first argument over maxBulk
+	seen    map[*target]bool   // set of touched
+	temps   map[string]*target // this batch's cache of targets.get
+	writes  [][]uint64         // hashes of the entries written, per builder (Keyed builders); sorted once built
 }
+
+// entrySeed seeds the hashes of the entries that Keyed builders write.
+var entrySeed = maphash.MakeSeed()
 
 // Writes records that the builder now building writes entry (a hash field,
 // a sorted-set member) in this batch. A [Keyed] builder calls it for every
@@ -93,28 +98,35 @@ type Commands struct {
 // that write a common entry of one builder are sent in order.
 func (c *Commands) Writes(entry string) {
 	if c.writes == nil {
-		c.writes = make([]map[string]struct{}, len(c.entries))
+		c.writes = make([][]uint64, len(c.entries))
 	}
-	m := c.writes[c.builder]
-	if m == nil {
-		m = map[string]struct{}{}
-		c.writes[c.builder] = m
-	}
-	m[entry] = struct{}{}
+	c.writes[c.builder] = append(c.writes[c.builder], maphash.String(entrySeed, entry))
 }
 
-// conflicts reports whether c and o write a common entry of one builder.
+// sortWrites sorts the recorded entry hashes, for conflicts. The batch's
+// goroutine calls it once every builder has built.
+func (c *Commands) sortWrites() {
+	for _, w := range c.writes {
+		slices.Sort(w)
+	}
+}
+
+// conflicts reports whether c and o write a common entry of one builder. A
+// collision of two entries' 64-bit hashes reports a conflict too, which
+// only costs an overlap.
 func (c *Commands) conflicts(o *Commands) bool {
 	if c.writes == nil || o.writes == nil {
 		return false
 	}
-	for i, m := range c.writes {
-		n := o.writes[i]
-		if len(n) < len(m) {
-			m, n = n, m
-		}
-		for e := range m {
-			if _, ok := n[e]; ok {
+	for i, a := range c.writes {
+		b := o.writes[i]
+		for len(a) > 0 && len(b) > 0 {
+			switch {
+			case a[0] < b[0]:
+				a = a[1:]
+			case a[0] > b[0]:
+				b = b[1:]
+			default:
 				return true
 			}
 		}

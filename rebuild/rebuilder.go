@@ -430,6 +430,7 @@ func (x *execution[T]) build(b *batch[T]) {
 			}
 		}
 	}
+	c.sortWrites()
 	b.c = c
 }
 
