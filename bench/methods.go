@@ -18,7 +18,8 @@ const (
 	methodRaw     method = "raw"     // the same commands through rueidis, no lock, lease or swap
 	methodKeyswap method = "keyswap" // a full Rebuilder run onto an existing key
 	// methodUnordered is keyswap with Options.Unordered: two round trips in
-	// flight. It is the same as keyswap where every builder is commutative.
+	// flight whatever they write. keyswap overlaps them too when every
+	// builder is commutative or keyed and they share no entry.
 	methodUnordered method = "unordered"
 	methodNaive     method = "naive" // one command per entry, pipelined
 )
@@ -36,7 +37,7 @@ func (m method) describe() string {
 	case methodKeyswap:
 		return "a full `rebuild.Rebuilder` run (lock, lease, fenced publish), default options unless the command says otherwise, onto an existing key of the same size"
 	case methodUnordered:
-		return "keyswap with `Options.Unordered`: a second round trip is sent while the first is in flight, for sources that yield each field or member once (for the set and SetIndex workloads, whose builders commute, keyswap does this by default)"
+		return "keyswap with `Options.Unordered`: a second round trip is sent while the first is in flight, whatever the two write, for sources that yield each field or member once. keyswap does this by default when every builder is `Commutative` (Set, SetIndex) or `Keyed` (Hash, SortedSet) and the two round trips write no field or member in common, as in every workload here"
 	case methodNaive:
 		return fmt.Sprintf("one command per entry, pipelined in DoMulti batches of %d commands, %d in flight", rebuild.DefaultBatchSize, rebuild.DefaultWriters)
 	}

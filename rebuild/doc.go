@@ -36,11 +36,12 @@
 // the TTL.
 // Memory is bounded by (Writers+1) × BatchSize items, whatever the size of
 // the source: the source is pulled only as fast as Redis takes the writes.
-// Batches are built concurrently but sent in source order, so the last
-// write of a field or member in the source wins, unless
-// [Options.Unordered] trades that for speed. Writes made to a live key
-// while its rebuild runs are replaced by the publish: the result is a
-// snapshot of the source, not a merge.
+// Batches are built concurrently and sent in source order; two round trips
+// overlap only when their order cannot matter ([Commutative] builders, or
+// [Keyed] ones that write no entry in common), so the last write of a field
+// or member in the source wins, unless [Options.Unordered] trades that for
+// speed. Writes made to a live key while its rebuild runs are replaced by
+// the publish: the result is a snapshot of the source, not a merge.
 //
 // # Errors
 //

@@ -168,10 +168,13 @@ func ExampleNew_hash() {
 	// users:by-email (hash): ann@example.com=3
 }
 
-// A rebuild whose source yields every field once, such as rows keyed by
-// their primary key, may give up the order of its batches: a second round
-// trip goes out while the first is in flight, and Redis never waits for the
-// client between them.
+// A builder that is neither Commutative nor Keyed, such as this Func
+// writing a hash, keeps one round trip in flight, in source order. A source
+// that yields every field once, such as rows keyed by their primary key, may
+// give up that order: a second round trip goes out while the first is in
+// flight, and Redis never waits for the client between them.
+// (builders.Hash needs no such option: it is Keyed, and overlaps round
+// trips that share no field.)
 func ExampleOptions_unordered() {
 	m, client := exampleRedis()
 	defer m.Close()
@@ -182,8 +185,17 @@ func ExampleOptions_unordered() {
 	for i := range users {
 		users[i] = User{ID: strconv.Itoa(i), Email: fmt.Sprintf("user%d@example.com", i)}
 	}
-	emails := builders.Hash("users:by-email", func(u User) (string, string, bool) {
-		return u.Email, u.ID, true
+	emails := builders.Func("users:by-email", func(c *rebuild.Commands, us []User) error {
+		temp, err := c.Temp("users:by-email")
+		if err != nil {
+			return err
+		}
+		fields := c.B().Hset().Key(temp).FieldValue()
+		for _, u := range us {
+			fields = fields.FieldValue(u.Email, u.ID)
+		}
+		c.Add(fields.Build(), len(us))
+		return nil
 	})
 	opts := rebuild.Options{Unordered: true} // every email appears once in the source
 	stats, err := rebuild.New(client, opts, emails).Run(ctx, rebuild.FromSlice(users))
