@@ -418,7 +418,7 @@ func TestOverlapRenewalBeforeCreation(t *testing.T) {
 // DoMulti by a random 0–3 ms before sending it, so that an overlapping
 // later trip can reach Redis first. The last write in source order must
 // win every field and member, and two round trips must have been in flight
-// at once. (With the conflict check removed, every seed loses last writes.)
+// at once. (With the conflict check removed, last writes are lost.)
 func TestKeyedOverlapKeepsLastWrite(t *testing.T) {
 	forEachDeployment(t, func(t *testing.T, d deployment) {
 		k := pipeNames(d)
