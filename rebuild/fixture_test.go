@@ -3,6 +3,7 @@ package rebuild_test
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -53,6 +54,17 @@ type user struct {
 
 // users returns n users with distinct ids and emails, countries cycling
 // over fr, de, us, and scores equal to their index.
+// flight counts the calls in flight and the most at once.
+type flight struct{ now, most atomic.Int64 }
+
+// enter counts a call as started; call the returned func when it returns.
+func (f *flight) enter() (exit func()) {
+	n := f.now.Add(1)
+	for m := f.most.Load(); n > m && !f.most.CompareAndSwap(m, n); m = f.most.Load() {
+	}
+	return func() { f.now.Add(-1) }
+}
+
 func users(n int) []user {
 	out := make([]user, n)
 	for i := range out {

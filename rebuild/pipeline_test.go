@@ -517,7 +517,7 @@ func TestWritersGroupBatchesInSourceOrder(t *testing.T) {
 				k := pipeNames(d)
 				const batch = 100
 				firstSent, queued := make(chan struct{}), make(chan struct{})
-				var inFlight, maxInFlight atomic.Int64
+				var batches flight
 				var mu sync.Mutex
 				var groups []int    // batches per DoMulti, in send order
 				var firsts []string // the first field of each batch, in send order
@@ -526,10 +526,7 @@ func TestWritersGroupBatchesInSourceOrder(t *testing.T) {
 						if !pipeIsBatch(multi) {
 							return c.DoMulti(ctx, multi...)
 						}
-						n := inFlight.Add(1)
-						defer inFlight.Add(-1)
-						for m := maxInFlight.Load(); n > m && !maxInFlight.CompareAndSwap(m, n); m = maxInFlight.Load() {
-						}
+						defer batches.enter()()
 						mu.Lock()
 						groups = append(groups, pipeBatchesIn(multi))
 						for _, cmd := range multi {
@@ -579,7 +576,7 @@ func TestWritersGroupBatchesInSourceOrder(t *testing.T) {
 				mu.Lock()
 				defer mu.Unlock()
 				t.Logf("%d batches in %d DoMultis: %v", stats.Batches, len(groups), groups)
-				if got := maxInFlight.Load(); got != 1 {
+				if got := batches.most.Load(); got != 1 {
 					t.Errorf("got %d batch DoMultis in flight at once, want 1: one sender, in source order", got)
 				}
 				if len(groups) < 2 || groups[0] != 1 {

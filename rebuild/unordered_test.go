@@ -34,13 +34,13 @@ type overlapHook struct {
 	hold func(multi []rueidis.Completed) bool
 	wait time.Duration
 
-	inFlight, max atomic.Int64
-	held          atomic.Int64 // DoMultis held
-	overlapped    atomic.Bool  // a held DoMulti saw another one arrive
-	mu            sync.Mutex
-	arrived       chan struct{} // closed, and replaced, when a batch DoMulti arrives
-	maxPos        string        // the latest position in the source arrived so far
-	batches       atomic.Int64
+	flight     flight
+	held       atomic.Int64 // DoMultis held
+	overlapped atomic.Bool  // a held DoMulti saw another one arrive
+	mu         sync.Mutex
+	arrived    chan struct{} // closed, and replaced, when a batch DoMulti arrives
+	maxPos     string        // the latest position in the source arrived so far
+	batches    atomic.Int64
 }
 
 // position returns the smallest member of multi's SADDs, or "".
@@ -68,10 +68,7 @@ func (h *overlapHook) client(c rueidis.Client) rueidis.Client {
 			if !pipeIsBatch(multi) {
 				return c.DoMulti(ctx, multi...)
 			}
-			n := h.inFlight.Add(1)
-			defer h.inFlight.Add(-1)
-			for m := h.max.Load(); n > m && !h.max.CompareAndSwap(m, n); m = h.max.Load() {
-			}
+			defer h.flight.enter()()
 			pos := position(multi)
 			h.mu.Lock()
 			close(h.arrived) // wakes a held DoMulti: this one overlaps it
@@ -179,25 +176,24 @@ func TestUnorderedOverlapsRoundTrips(t *testing.T) {
 			t.Errorf("buckets under %s (-want +got):\n%s", k.country+":", cmp.Diff(want, got))
 		}
 	}
+	wantHashSet := func(t *testing.T, c rueidis.Client, k pipeKeys, us []user) {
+		t.Helper()
+		wantHash(t, c, k, us)
+		wantSet(t, c, k, us)
+	}
 	for _, c := range []tc{
 		// Hash is Keyed: batches that share no field overlap...
 		{name: "Hash", builders: func(k pipeKeys) []rebuild.Builder[user] { return []rebuild.Builder[user]{hash(k)} },
 			want: wantHash, overlap: true},
 		{name: "Hash+Set", builders: func(k pipeKeys) []rebuild.Builder[user] { return []rebuild.Builder[user]{hash(k), set(k)} },
-			want: func(t *testing.T, c rueidis.Client, k pipeKeys, us []user) {
-				wantHash(t, c, k, us)
-				wantSet(t, c, k, us)
-			}, overlap: true},
+			want: wantHashSet, overlap: true},
 		// ... and batches that do go in order, the last write winning.
 		{name: "Hash, a field in every batch", dup: true, builders: func(k pipeKeys) []rebuild.Builder[user] { return []rebuild.Builder[user]{hash(k)} },
 			want: wantHash, overlap: false},
 		{name: "Func", builders: func(k pipeKeys) []rebuild.Builder[user] { return []rebuild.Builder[user]{funcHash(k)} },
 			want: wantHash, overlap: false},
 		{name: "Func+Set", builders: func(k pipeKeys) []rebuild.Builder[user] { return []rebuild.Builder[user]{funcHash(k), set(k)} },
-			want: func(t *testing.T, c rueidis.Client, k pipeKeys, us []user) {
-				wantHash(t, c, k, us)
-				wantSet(t, c, k, us)
-			}, overlap: false},
+			want: wantHashSet, overlap: false},
 		{name: "Hash Unordered", unordered: true, builders: func(k pipeKeys) []rebuild.Builder[user] { return []rebuild.Builder[user]{hash(k)} },
 			want: wantHash, overlap: true},
 		{name: "Set", builders: func(k pipeKeys) []rebuild.Builder[user] { return []rebuild.Builder[user]{set(k)} },
@@ -240,7 +236,7 @@ func TestUnorderedOverlapsRoundTrips(t *testing.T) {
 				if c.overlap {
 					want = 2
 				}
-				if got := h.max.Load(); got != want {
+				if got := h.flight.most.Load(); got != want {
 					t.Errorf("got at most %d batch DoMultis in flight at once, want %d", got, want)
 				}
 				if got := h.overlapped.Load(); got != c.overlap {
@@ -318,7 +314,7 @@ func TestUnorderedFailWithRoundTripInFlight(t *testing.T) {
 				if h.held.Load() == 0 || !h.overlapped.Load() {
 					t.Errorf("held %d DoMultis, overlap seen: %v; want a second round trip in flight while one was held", h.held.Load(), h.overlapped.Load())
 				}
-				if got := h.max.Load(); got > 2 {
+				if got := h.flight.most.Load(); got > 2 {
 					t.Errorf("got %d batch DoMultis in flight at once, want at most 2", got)
 				}
 				failWantNothingChanged(t, d, before)
@@ -432,16 +428,13 @@ func TestKeyedOverlapKeepsLastWrite(t *testing.T) {
 			}
 			var mu sync.Mutex
 			delays := rand.New(rand.NewPCG(seed, 7))
-			var inFlight, most atomic.Int64
+			var batches flight
 			hooked := rueidishook.WithHook(d.client, redistest.Hook{
 				OnDoMulti: func(c rueidis.Client, ctx context.Context, multi ...rueidis.Completed) []rueidis.RedisResult {
 					if !pipeIsBatch(multi) {
 						return c.DoMulti(ctx, multi...)
 					}
-					n := inFlight.Add(1)
-					defer inFlight.Add(-1)
-					for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
-					}
+					defer batches.enter()()
 					mu.Lock()
 					delay := time.Duration(delays.IntN(3000)) * time.Microsecond
 					mu.Unlock()
@@ -465,7 +458,7 @@ func TestKeyedOverlapKeepsLastWrite(t *testing.T) {
 			if got := zrangeWithScores(t, d.other, k.zset); !maps.Equal(wantZ, got) {
 				t.Errorf("seed %d: sorted set %s (-want +got):\n%s", seed, k.zset, cmp.Diff(wantZ, got))
 			}
-			if got := most.Load(); got != 2 {
+			if got := batches.most.Load(); got != 2 {
 				t.Errorf("seed %d: at most %d batch DoMultis in flight at once, want 2 (trips that share no entry overlap)", seed, got)
 			}
 			wantClean(t, d.other, d.prefix)
