@@ -38,7 +38,10 @@ func BenchmarkClient(b *testing.B) {
 						if err := preload(ctx, srv.client, w, d); err != nil {
 							b.Fatal(err)
 						}
-						r := rebuilder(srv.client, w, rebuild.Options{})
+						r, err := rebuilder(srv.client, w, rebuild.Options{})
+						if err != nil {
+							b.Fatal(err)
+						}
 						fn = func() error { return runKeyswap(ctx, r, w, d) }
 					}
 					cpu0, m0 := rusage(), readMetrics()

@@ -390,7 +390,10 @@ func (r *runner) runOnce(ctx context.Context, section string, round int, label s
 		if err := r.srv.settle(ctx); err != nil {
 			return sample{}, err
 		}
-		rb := rebuilder(c, w, opts)
+		rb, err := rebuilder(c, w, opts)
+		if err != nil {
+			return sample{}, err
+		}
 		fn = func() (*child, error) { return nil, runKeyswap(ctx, rb, w, d) }
 	}
 	profile := ""

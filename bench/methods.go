@@ -103,7 +103,7 @@ func preload(ctx context.Context, c rueidis.Client, w workload, d dataset) error
 }
 
 // rebuilder returns the Rebuilder of the keyswap method.
-func rebuilder(c rueidis.Client, w workload, opts rebuild.Options) *rebuild.Rebuilder[item] {
+func rebuilder(c rueidis.Client, w workload, opts rebuild.Options) (*rebuild.Rebuilder[item], error) {
 	return rebuild.New(c, opts, w.builders()...)
 }
 
@@ -118,7 +118,7 @@ func runKeyswap(ctx context.Context, r *rebuild.Rebuilder[item], w workload, d d
 		return fmt.Errorf("keyswap: the run saw %d items, want %d", stats.Items, d.n)
 	}
 	for _, t := range w.targets {
-		if got := stats.Targets[t.key]; got != int64(d.n) {
+		if got := stats.Entries[t.key]; got != int64(d.n) {
 			return fmt.Errorf("keyswap: %s: %d entries written, want %d", t.key, got, d.n)
 		}
 		if o, ok := stats.Outcomes[t.key]; t.kind != kindIndex && (!ok || o != store.Swapped) {

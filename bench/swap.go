@@ -86,7 +86,11 @@ func (r *runner) swap(ctx context.Context) (_ *swapResult, err error) {
 	if err := s.reset(ctx); err != nil {
 		return nil, err
 	}
-	if err := runKeyswap(ctx, rebuilder(s.client, w, rebuild.Options{}), w, newDataset(1, 1)); err != nil {
+	rb, err := rebuilder(s.client, w, rebuild.Options{})
+	if err != nil {
+		return nil, err
+	}
+	if err := runKeyswap(ctx, rb, w, newDataset(1, 1)); err != nil {
 		return nil, fmt.Errorf("warm-up: %w", err)
 	}
 
@@ -178,7 +182,11 @@ func (r *runner) publishPause(ctx context.Context, w workload, d dataset, live s
 			return (strings.EqualFold(args[0], "EVALSHA") || strings.EqualFold(args[0], "EVAL")) && slices.Contains(args, live)
 		})
 	}}
-	if err := runKeyswap(ctx, rebuilder(hooked, w, r.cfg.keyswap), w, d); err != nil {
+	rb, err := rebuilder(hooked, w, r.cfg.keyswap)
+	if err != nil {
+		return pause{}, err
+	}
+	if err := runKeyswap(ctx, rb, w, d); err != nil {
 		return pause{}, err
 	}
 	switch {

@@ -22,7 +22,7 @@ import (
 	"github.com/redis/rueidis/rueidishook"
 )
 
-// Every constructor returns a rebuild.Builder (STYLE.md rule 8).
+// Every constructor returns a rebuild.Builder.
 var (
 	_ rebuild.Builder[user] = builders.Hash[user]("h", func(user) (string, string, bool) { return "", "", false })
 	_ rebuild.Builder[user] = builders.SortedSet[user]("z", func(user) (string, float64, bool) { return "", 0, false })
@@ -177,16 +177,16 @@ func TestHash(t *testing.T) {
 	forEachDeployment(t, func(t *testing.T, d deployment) {
 		for _, bs := range []int{1, 2, 1000} {
 			t.Run(fmt.Sprintf("batch=%d", bs), func(t *testing.T) {
-				key := fmt.Sprintf("%sby-email:%d", d.prefix, bs)
-				do(t, d.other, d.other.B().Hset().Key(key).FieldValue().FieldValue("stale@example.com", "99").Build())
+				key := fmt.Sprintf("%sby-email:%d", d.Prefix, bs)
+				redistest.Do(t, d.Other, d.Other.B().Hset().Key(key).FieldValue().FieldValue("stale@example.com", "99").Build())
 
-				stats := mustRun(t, d.client, rebuild.Options{BatchSize: bs, Writers: 1}, src, byEmail(key))
+				stats := mustRun(t, d.Client, rebuild.Options{BatchSize: bs, Writers: 1}, src, byEmail(key))
 
-				if diff := cmp.Diff(want, hgetall(t, d.other, key)); diff != "" {
+				if diff := cmp.Diff(want, redistest.HGetAll(t, d.Other, key)); diff != "" {
 					t.Errorf("HGETALL %s (-want +got):\n%s", key, diff)
 				}
-				if got := stats.Targets[key]; got != 4 {
-					t.Errorf("Stats.Targets[%q]: got %d, want 4 (6 items, 2 blank)", key, got)
+				if got := stats.Entries[key]; got != 4 {
+					t.Errorf("Stats.Entries[%q]: got %d, want 4 (6 items, 2 blank)", key, got)
 				}
 				if stats.Items != 6 {
 					t.Errorf("Stats.Items: got %d, want 6 (skipped items included)", stats.Items)
@@ -197,10 +197,10 @@ func TestHash(t *testing.T) {
 				if got := stats.Outcomes[key]; got != store.Swapped {
 					t.Errorf("Stats.Outcomes[%q]: got %v, want %v", key, got, store.Swapped)
 				}
-				if got := pttl(t, d.other, key); got != -1 {
+				if got := redistest.PTTL(t, d.Other, key); got != -1 {
 					t.Errorf("PTTL %s: got %v, want -1 (no expiry)", key, got)
 				}
-				wantClean(t, d.other, d.prefix)
+				redistest.WantClean(t, d.Other, d.Prefix)
 			})
 		}
 	})
@@ -230,12 +230,12 @@ func TestSortedSet(t *testing.T) {
 	forEachDeployment(t, func(t *testing.T, d deployment) {
 		for _, bs := range []int{1, 1000} {
 			t.Run(fmt.Sprintf("batch=%d", bs), func(t *testing.T) {
-				key := fmt.Sprintf("%sby-score:%d", d.prefix, bs)
-				do(t, d.other, d.other.B().Zadd().Key(key).ScoreMember().ScoreMember(1, "phantom").Build())
+				key := fmt.Sprintf("%sby-score:%d", d.Prefix, bs)
+				redistest.Do(t, d.Other, d.Other.B().Zadd().Key(key).ScoreMember().ScoreMember(1, "phantom").Build())
 
-				stats := mustRun(t, d.client, rebuild.Options{BatchSize: bs, Writers: 1}, src, byScore(key))
+				stats := mustRun(t, d.Client, rebuild.Options{BatchSize: bs, Writers: 1}, src, byScore(key))
 
-				got := zrangeWithScores(t, d.other, key)
+				got := redistest.ZScores(t, d.Other, key)
 				if diff := cmp.Diff(want, got); diff != "" {
 					t.Errorf("ZRANGE %s WITHSCORES (-want +got):\n%s", key, diff)
 				}
@@ -244,10 +244,10 @@ func TestSortedSet(t *testing.T) {
 						t.Errorf("score of %q: got %v (%#x), want %v (%#x)", m, got[m], math.Float64bits(got[m]), want[m], math.Float64bits(want[m]))
 					}
 				}
-				if got := stats.Targets[key]; got != 11 {
-					t.Errorf("Stats.Targets[%q]: got %d, want 11 (12 items, 1 blank)", key, got)
+				if got := stats.Entries[key]; got != 11 {
+					t.Errorf("Stats.Entries[%q]: got %d, want 11 (12 items, 1 blank)", key, got)
 				}
-				wantClean(t, d.other, d.prefix)
+				redistest.WantClean(t, d.Other, d.Prefix)
 			})
 		}
 	})
@@ -258,21 +258,21 @@ func TestSortedSetNaN(t *testing.T) {
 	// would refuse it), after earlier batches were written: nothing is
 	// published, the temp key is discarded, the lock released (C52, C18).
 	forEachDeployment(t, func(t *testing.T, d deployment) {
-		key := d.prefix + "by-score"
-		do(t, d.other, d.other.B().Zadd().Key(key).ScoreMember().ScoreMember(1, "old").Build())
-		before := redistest.Snapshot(t, d.other, d.prefix)
+		key := d.Prefix + "by-score"
+		redistest.Do(t, d.Other, d.Other.B().Zadd().Key(key).ScoreMember().ScoreMember(1, "old").Build())
+		before := redistest.Snapshot(t, d.Other, d.Prefix)
 
 		src := []user{{ID: "a", Score: 1}, {ID: "b", Score: 2}, {ID: "c", Score: 3}, {ID: "not-a-number", Score: math.NaN()}, {ID: "e", Score: 5}}
 		var rec recorder
-		_, err := rebuild.New(rec.client(d.client), rebuild.Options{BatchSize: 2, Writers: 1}, byScore(key)).
-			Run(ctxT(t), rebuild.FromSlice(src))
+		_, err := redistest.Rebuilder(t, rec.client(d.Client), rebuild.Options{BatchSize: 2, Writers: 1}, byScore(key)).
+			Run(redistest.Ctx(t), rebuild.FromSlice(src))
 
 		wantRunError(t, err, "build", "NaN", `"not-a-number"`, key)
 		if got := rec.entries(); !slices.Equal(got, []int{2}) {
 			t.Errorf("ZADDs sent before the failure: got entries %v, want [2] (the first batch)", got)
 		}
-		wantUnchanged(t, d.other, d.prefix, before)
-		wantClean(t, d.other, d.prefix)
+		redistest.WantUnchanged(t, d.Other, d.Prefix, before)
+		redistest.WantClean(t, d.Other, d.Prefix)
 	})
 }
 
@@ -281,18 +281,18 @@ func TestSet(t *testing.T) {
 	// but a set holds each member once.
 	src := []user{{ID: "a"}, {ID: ""}, {ID: "b"}, {ID: "a"}, {ID: "c"}}
 	forEachDeployment(t, func(t *testing.T, d deployment) {
-		key := d.prefix + "ids"
-		do(t, d.other, d.other.B().Sadd().Key(key).Member("stale").Build())
+		key := d.Prefix + "ids"
+		redistest.Do(t, d.Other, d.Other.B().Sadd().Key(key).Member("stale").Build())
 
-		stats := mustRun(t, d.client, rebuild.Options{BatchSize: 2}, src, ids(key))
+		stats := mustRun(t, d.Client, rebuild.Options{BatchSize: 2}, src, ids(key))
 
-		if got, want := smembers(t, d.other, key), []string{"a", "b", "c"}; !slices.Equal(got, want) {
+		if got, want := redistest.SMembers(t, d.Other, key), []string{"a", "b", "c"}; !slices.Equal(got, want) {
 			t.Errorf("SMEMBERS %s: got %v, want %v", key, got, want)
 		}
-		if got := stats.Targets[key]; got != 4 {
-			t.Errorf("Stats.Targets[%q]: got %d, want 4", key, got)
+		if got := stats.Entries[key]; got != 4 {
+			t.Errorf("Stats.Entries[%q]: got %d, want 4", key, got)
 		}
-		wantClean(t, d.other, d.prefix)
+		redistest.WantClean(t, d.Other, d.Prefix)
 	})
 }
 
@@ -302,10 +302,10 @@ func TestSetIndex(t *testing.T) {
 	// temp- or lock-shaped keys, are not buckets and are left alone, as are
 	// the bare prefix key and keys that only share its first characters.
 	forEachDeployment(t, func(t *testing.T, d deployment) {
-		prefix := d.prefix + "by-country"
-		o := d.other
-		do(t, o, o.B().Sadd().Key(prefix+":fr").Member("stale").Build())
-		do(t, o, o.B().Sadd().Key(prefix+":xx").Member("orphan").Build())
+		prefix := d.Prefix + "by-country"
+		o := d.Other
+		redistest.Do(t, o, o.B().Sadd().Key(prefix+":fr").Member("stale").Build())
+		redistest.Do(t, o, o.B().Sadd().Key(prefix+":xx").Member("orphan").Build())
 		keep := []string{
 			prefix + ":meta", // a hash: not of the family's type
 			prefix + ":note", // a string
@@ -314,30 +314,30 @@ func TestSetIndex(t *testing.T) {
 			prefix,                                             // the bare prefix, a set
 			prefix + "X",                                       // shares the prefix but not "prefix:"
 		}
-		do(t, o, o.B().Hset().Key(keep[0]).FieldValue().FieldValue("a", "1").Build())
-		do(t, o, o.B().Set().Key(keep[1]).Value("hello").Build())
+		redistest.Do(t, o, o.B().Hset().Key(keep[0]).FieldValue().FieldValue("a", "1").Build())
+		redistest.Do(t, o, o.B().Set().Key(keep[1]).Value("hello").Build())
 		for _, k := range keep[2:] {
-			do(t, o, o.B().Sadd().Key(k).Member("keep-me").Build())
+			redistest.Do(t, o, o.B().Sadd().Key(k).Member("keep-me").Build())
 		}
-		before := redistest.Snapshot(t, o, d.prefix)
+		before := redistest.Snapshot(t, o, d.Prefix)
 
 		src := users(9)
 		src = append(src, user{ID: "nowhere", Country: " "}) // skipped
-		stats := mustRun(t, d.client, rebuild.Options{BatchSize: 2, Writers: 2}, src, byCountry(prefix))
+		stats := mustRun(t, d.Client, rebuild.Options{BatchSize: 2, Writers: 2}, src, byCountry(prefix))
 
 		for bucket, want := range map[string][]string{
 			"fr": {"u000000", "u000003", "u000006"},
 			"de": {"u000001", "u000004", "u000007"},
 			"us": {"u000002", "u000005", "u000008"},
 		} {
-			if got := smembers(t, o, prefix+":"+bucket); !slices.Equal(got, want) {
+			if got := redistest.SMembers(t, o, prefix+":"+bucket); !slices.Equal(got, want) {
 				t.Errorf("SMEMBERS %s:%s: got %v, want %v", prefix, bucket, got, want)
 			}
 		}
-		if exists(t, o, prefix+":xx") {
+		if redistest.Exists(t, o, prefix+":xx") {
 			t.Errorf("orphan bucket %s:xx: got present, want removed", prefix)
 		}
-		after := redistest.Snapshot(t, o, d.prefix)
+		after := redistest.Snapshot(t, o, d.Prefix)
 		for _, k := range keep {
 			if after[k] != before[k] {
 				t.Errorf("key %s: got %+v, want unchanged %+v", k, after[k], before[k])
@@ -350,16 +350,16 @@ func TestSetIndex(t *testing.T) {
 		if diff := cmp.Diff(wantOutcomes, stats.Outcomes); diff != "" {
 			t.Errorf("Stats.Outcomes (-want +got):\n%s", diff)
 		}
-		if got := stats.Targets[prefix]; got != 9 {
-			t.Errorf("Stats.Targets[%q]: got %d, want 9", prefix, got)
+		if got := stats.Entries[prefix]; got != 9 {
+			t.Errorf("Stats.Entries[%q]: got %d, want 9", prefix, got)
 		}
 		for _, b := range []string{"fr", "de", "us"} {
-			if got := pttl(t, o, prefix+":"+b); got != -1 {
+			if got := redistest.PTTL(t, o, prefix+":"+b); got != -1 {
 				t.Errorf("PTTL %s:%s: got %v, want -1", prefix, b, got)
 			}
 		}
 		// Only the two planted look-alikes may look like leftovers.
-		if got, want := redistest.Leftovers(t, o, d.prefix), []string{keep[3], keep[2]}; !slices.Equal(got, want) {
+		if got, want := redistest.Leftovers(t, o, d.Prefix), []string{keep[3], keep[2]}; !slices.Equal(got, want) {
 			t.Errorf("temp- and lock-shaped keys: got %v, want exactly the planted %v", got, want)
 		}
 	})
@@ -369,17 +369,17 @@ func TestSetIndexEmptyBucket(t *testing.T) {
 	// A bucket must be non-empty: "<prefix>:" is not a key of the family.
 	// The run fails with an error naming the family, nothing published.
 	forEachDeployment(t, func(t *testing.T, d deployment) {
-		prefix := d.prefix + "by-country"
-		do(t, d.other, d.other.B().Sadd().Key(prefix+":fr").Member("old").Build())
-		before := redistest.Snapshot(t, d.other, d.prefix)
+		prefix := d.Prefix + "by-country"
+		redistest.Do(t, d.Other, d.Other.B().Sadd().Key(prefix+":fr").Member("old").Build())
+		before := redistest.Snapshot(t, d.Other, d.Prefix)
 
 		b := builders.SetIndex(prefix, func(u user) (string, string, bool) { return u.Country, u.ID, true })
 		src := []user{{ID: "1", Country: "fr"}, {ID: "2", Country: "de"}, {ID: "3", Country: ""}}
-		_, err := rebuild.New(d.client, rebuild.Options{BatchSize: 2, Writers: 1}, b).Run(ctxT(t), rebuild.FromSlice(src))
+		_, err := redistest.Rebuilder(t, d.Client, rebuild.Options{BatchSize: 2, Writers: 1}, b).Run(redistest.Ctx(t), rebuild.FromSlice(src))
 
 		wantRunError(t, err, "build", fmt.Sprintf("%q", prefix+":"), "bucket")
-		wantUnchanged(t, d.other, d.prefix, before)
-		wantClean(t, d.other, d.prefix)
+		redistest.WantUnchanged(t, d.Other, d.Prefix, before)
+		redistest.WantClean(t, d.Other, d.Prefix)
 	})
 }
 
@@ -392,25 +392,25 @@ func TestSetIndexBucketShapedLikeLockOrTemp(t *testing.T) {
 	for _, bucket := range []string{"rebuild-lock", "x:rebuild:1600000000:0123456789abcdef"} {
 		t.Run(bucket, func(t *testing.T) {
 			forEachDeployment(t, func(t *testing.T, d deployment) {
-				prefix := d.prefix + "tags"
-				do(t, d.other, d.other.B().Sadd().Key(prefix+":fr").Member("old").Build())
-				before := redistest.Snapshot(t, d.other, d.prefix)
+				prefix := d.Prefix + "tags"
+				redistest.Do(t, d.Other, d.Other.B().Sadd().Key(prefix+":fr").Member("old").Build())
+				before := redistest.Snapshot(t, d.Other, d.Prefix)
 
-				_, err := rebuild.New(d.client, rebuild.Options{}, byCountry(prefix)).
-					Run(ctxT(t), rebuild.FromSlice([]user{{ID: "1", Country: "fr"}, {ID: "2", Country: bucket}}))
+				_, err := redistest.Rebuilder(t, d.Client, rebuild.Options{}, byCountry(prefix)).
+					Run(redistest.Ctx(t), rebuild.FromSlice([]user{{ID: "1", Country: "fr"}, {ID: "2", Country: bucket}}))
 				if err != nil {
-					wantUnchanged(t, d.other, d.prefix, before)
+					redistest.WantUnchanged(t, d.Other, d.Prefix, before)
 				}
 
-				_, err = rebuild.New(d.client, rebuild.Options{}, byCountry(prefix)).
-					Run(ctxT(t), rebuild.FromSlice([]user{{ID: "1", Country: "fr"}}))
+				_, err = redistest.Rebuilder(t, d.Client, rebuild.Options{}, byCountry(prefix)).
+					Run(redistest.Ctx(t), rebuild.FromSlice([]user{{ID: "1", Country: "fr"}}))
 				if err != nil {
 					t.Fatalf("second run, without bucket %q: got error %v, want nil", bucket, err)
 				}
-				if diff := cmp.Diff(map[string]string{"tags:fr": "set [1]"}, contents(t, d.other, d.prefix)); diff != "" {
+				if diff := cmp.Diff(map[string]string{"tags:fr": "set [1]"}, contents(t, d.Other, d.Prefix)); diff != "" {
 					t.Errorf("keys after the second run (-want +got):\n%s", diff)
 				}
-				wantClean(t, d.other, d.prefix)
+				redistest.WantClean(t, d.Other, d.Prefix)
 			})
 		})
 	}
@@ -418,7 +418,7 @@ func TestSetIndexBucketShapedLikeLockOrTemp(t *testing.T) {
 
 func TestMaxArgs(t *testing.T) {
 	// A batch larger than MaxArgs entries is split into commands of at most
-	// MaxArgs entries each (DESIGN.md, "Batching and writers").
+	// MaxArgs entries each.
 	const n, batch = 2600, 2500
 	src := users(n)
 	for i := range src {
@@ -431,15 +431,15 @@ func TestMaxArgs(t *testing.T) {
 			b     rebuild.Builder[user]
 			count func(t *testing.T) int
 		}{
-			{"Hash", byEmail(d.prefix + "h"), func(t *testing.T) int { return len(hgetall(t, d.other, d.prefix+"h")) }},
-			{"SortedSet", byScore(d.prefix + "z"), func(t *testing.T) int { return len(zrangeWithScores(t, d.other, d.prefix+"z")) }},
-			{"Set", ids(d.prefix + "s"), func(t *testing.T) int { return len(smembers(t, d.other, d.prefix+"s")) }},
-			{"SetIndex", byCountry(d.prefix + "i"), func(t *testing.T) int { return len(smembers(t, d.other, d.prefix+"i:all")) }},
+			{"Hash", byEmail(d.Prefix + "h"), func(t *testing.T) int { return len(redistest.HGetAll(t, d.Other, d.Prefix+"h")) }},
+			{"SortedSet", byScore(d.Prefix + "z"), func(t *testing.T) int { return len(redistest.ZScores(t, d.Other, d.Prefix+"z")) }},
+			{"Set", ids(d.Prefix + "s"), func(t *testing.T) int { return len(redistest.SMembers(t, d.Other, d.Prefix+"s")) }},
+			{"SetIndex", byCountry(d.Prefix + "i"), func(t *testing.T) int { return len(redistest.SMembers(t, d.Other, d.Prefix+"i:all")) }},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				var rec recorder
-				stats, err := rebuild.New(rec.client(d.client), rebuild.Options{BatchSize: batch, Writers: 1}, tc.b).
-					Run(ctxT(t), rebuild.FromSlice(src))
+				stats, err := redistest.Rebuilder(t, rec.client(d.Client), rebuild.Options{BatchSize: batch, Writers: 1}, tc.b).
+					Run(redistest.Ctx(t), rebuild.FromSlice(src))
 				if err != nil {
 					t.Fatalf("Run: %v", err)
 				}
@@ -449,12 +449,12 @@ func TestMaxArgs(t *testing.T) {
 				if got := tc.count(t); got != n {
 					t.Errorf("entries in the live key: got %d, want %d", got, n)
 				}
-				if got := stats.Targets[tc.b.Key()]; got != n {
-					t.Errorf("Stats.Targets[%q]: got %d, want %d", tc.b.Key(), got, n)
+				if got := stats.Entries[tc.b.Key()]; got != n {
+					t.Errorf("Stats.Entries[%q]: got %d, want %d", tc.b.Key(), got, n)
 				}
 			})
 		}
-		wantClean(t, d.other, d.prefix)
+		redistest.WantClean(t, d.Other, d.Prefix)
 	})
 }
 
@@ -517,7 +517,7 @@ func TestFamiliaUniqueIndex(t *testing.T) {
 	// (C50), and the entries of deleted records are gone after the next
 	// rebuild (C23: replaced, not merged).
 	forEachDeployment(t, func(t *testing.T, d deployment) {
-		key := d.prefix + "users:by-email"
+		key := d.Prefix + "users:by-email"
 		opts := rebuild.Options{BatchSize: 2, Writers: 1}
 		first := []user{
 			{ID: "1", Email: "ann@example.com"},
@@ -527,26 +527,26 @@ func TestFamiliaUniqueIndex(t *testing.T) {
 			{ID: "5", Email: "ann@example.com"},
 			{ID: "6", Email: "cy@example.com"},
 		}
-		stats := mustRun(t, d.client, opts, first, byEmail(key))
+		stats := mustRun(t, d.Client, opts, first, byEmail(key))
 		want := map[string]string{"ann@example.com": "5", "bob@example.com": "4", "cy@example.com": "6"}
-		if diff := cmp.Diff(want, hgetall(t, d.other, key)); diff != "" {
+		if diff := cmp.Diff(want, redistest.HGetAll(t, d.Other, key)); diff != "" {
 			t.Errorf("first rebuild (-want +got):\n%s", diff)
 		}
-		if got := stats.Targets[key]; got != 4 {
-			t.Errorf("first rebuild: Stats.Targets: got %d, want 4", got)
+		if got := stats.Entries[key]; got != 4 {
+			t.Errorf("first rebuild: Stats.Entries: got %d, want 4", got)
 		}
 
 		// Record 4 is deleted; record 6 changes its email.
 		second := []user{first[0], first[1], first[2], first[4], {ID: "6", Email: "cy2@example.com"}}
-		stats = mustRun(t, d.client, opts, second, byEmail(key))
+		stats = mustRun(t, d.Client, opts, second, byEmail(key))
 		want = map[string]string{"ann@example.com": "5", "cy2@example.com": "6"}
-		if diff := cmp.Diff(want, hgetall(t, d.other, key)); diff != "" {
+		if diff := cmp.Diff(want, redistest.HGetAll(t, d.Other, key)); diff != "" {
 			t.Errorf("second rebuild (-want +got):\n%s", diff)
 		}
-		if got := stats.Targets[key]; got != 3 {
-			t.Errorf("second rebuild: Stats.Targets: got %d, want 3", got)
+		if got := stats.Entries[key]; got != 3 {
+			t.Errorf("second rebuild: Stats.Entries: got %d, want 3", got)
 		}
-		wantClean(t, d.other, d.prefix)
+		redistest.WantClean(t, d.Other, d.Prefix)
 	})
 }
 
@@ -554,28 +554,28 @@ func TestFamiliaSetPerValue(t *testing.T) {
 	// C53+: a bucket from the previous run that no longer has members is
 	// removed, and a value that moved buckets is only in its new one.
 	forEachDeployment(t, func(t *testing.T, d deployment) {
-		prefix := d.prefix + "users:by-country"
+		prefix := d.Prefix + "users:by-country"
 		opts := rebuild.Options{BatchSize: 1}
-		mustRun(t, d.client, opts, []user{
+		mustRun(t, d.Client, opts, []user{
 			{ID: "a", Country: "fr"}, {ID: "b", Country: "fr"}, {ID: "c", Country: "de"}, {ID: "d", Country: "us"},
 		}, byCountry(prefix))
 		want := map[string]string{"by-country:de": "set [c]", "by-country:fr": "set [a b]", "by-country:us": "set [d]"}
-		if diff := cmp.Diff(want, contents(t, d.other, d.prefix+"users:")); diff != "" {
+		if diff := cmp.Diff(want, contents(t, d.Other, d.Prefix+"users:")); diff != "" {
 			t.Fatalf("first rebuild (-want +got):\n%s", diff)
 		}
 
 		// a moves to de; d, the only member of us, is deleted.
-		stats := mustRun(t, d.client, opts, []user{
+		stats := mustRun(t, d.Client, opts, []user{
 			{ID: "a", Country: "de"}, {ID: "b", Country: "fr"}, {ID: "c", Country: "de"},
 		}, byCountry(prefix))
 		want = map[string]string{"by-country:de": "set [a c]", "by-country:fr": "set [b]"}
-		if diff := cmp.Diff(want, contents(t, d.other, d.prefix+"users:")); diff != "" {
+		if diff := cmp.Diff(want, contents(t, d.Other, d.Prefix+"users:")); diff != "" {
 			t.Errorf("second rebuild (-want +got):\n%s", diff)
 		}
 		if got := stats.Outcomes[prefix+":us"]; got != store.Emptied {
 			t.Errorf("Stats.Outcomes[%q]: got %v, want %v", prefix+":us", got, store.Emptied)
 		}
-		wantClean(t, d.other, d.prefix)
+		redistest.WantClean(t, d.Other, d.Prefix)
 	})
 }
 
@@ -583,16 +583,16 @@ func TestFamiliaTimeline(t *testing.T) {
 	// A timeline sorted set: a phantom member that is not in the source is
 	// gone after the rebuild, and stale scores are replaced (C23, C54).
 	forEachDeployment(t, func(t *testing.T, d deployment) {
-		key := d.prefix + "users:timeline"
-		do(t, d.other, d.other.B().Zadd().Key(key).ScoreMember().ScoreMember(42, "phantom").ScoreMember(1, "u000001").Build())
+		key := d.Prefix + "users:timeline"
+		redistest.Do(t, d.Other, d.Other.B().Zadd().Key(key).ScoreMember().ScoreMember(42, "phantom").ScoreMember(1, "u000001").Build())
 
-		mustRun(t, d.client, rebuild.Options{BatchSize: 2}, users(5), byScore(key))
+		mustRun(t, d.Client, rebuild.Options{BatchSize: 2}, users(5), byScore(key))
 
 		want := map[string]float64{"u000000": 0, "u000001": 1, "u000002": 2, "u000003": 3, "u000004": 4}
-		if diff := cmp.Diff(want, zrangeWithScores(t, d.other, key)); diff != "" {
+		if diff := cmp.Diff(want, redistest.ZScores(t, d.Other, key)); diff != "" {
 			t.Errorf("ZRANGE %s WITHSCORES (-want +got):\n%s", key, diff)
 		}
-		wantClean(t, d.other, d.prefix)
+		redistest.WantClean(t, d.Other, d.Prefix)
 	})
 }
 
@@ -617,13 +617,13 @@ func TestFamiliaBatchSizes(t *testing.T) {
 			want := familiaWant(tc.src)
 			forEachDeployment(t, func(t *testing.T, d deployment) {
 				for _, bs := range []int{1, 2, 100, 1000} {
-					p := fmt.Sprintf("%sbs%d:", d.prefix, bs)
-					mustRun(t, d.client, rebuild.Options{BatchSize: bs, Writers: tc.writers}, tc.src, familiaBuilders(p)...)
-					if diff := cmp.Diff(want, contents(t, d.other, p)); diff != "" {
+					p := fmt.Sprintf("%sbs%d:", d.Prefix, bs)
+					mustRun(t, d.Client, rebuild.Options{BatchSize: bs, Writers: tc.writers}, tc.src, familiaBuilders(p)...)
+					if diff := cmp.Diff(want, contents(t, d.Other, p)); diff != "" {
 						t.Errorf("batch size %d (-want +got):\n%s", bs, diff)
 					}
 				}
-				wantClean(t, d.other, d.prefix)
+				redistest.WantClean(t, d.Other, d.Prefix)
 			})
 		})
 	}
@@ -636,8 +636,8 @@ func TestFamiliaRepeatedRebuilds(t *testing.T) {
 	want := familiaWant(src)
 	forEachDeployment(t, func(t *testing.T, d deployment) {
 		for i := range 3 {
-			stats := mustRun(t, d.client, rebuild.Options{BatchSize: 64, Writers: 1}, src, familiaBuilders(d.prefix)...)
-			if diff := cmp.Diff(want, contents(t, d.other, d.prefix)); diff != "" {
+			stats := mustRun(t, d.Client, rebuild.Options{BatchSize: 64, Writers: 1}, src, familiaBuilders(d.Prefix)...)
+			if diff := cmp.Diff(want, contents(t, d.Other, d.Prefix)); diff != "" {
 				t.Errorf("rebuild %d (-want +got):\n%s", i+1, diff)
 			}
 			for k, o := range stats.Outcomes {
@@ -649,7 +649,7 @@ func TestFamiliaRepeatedRebuilds(t *testing.T) {
 				t.Errorf("rebuild %d: got %d outcomes, want %d", i+1, got, want)
 			}
 		}
-		wantClean(t, d.other, d.prefix)
+		redistest.WantClean(t, d.Other, d.Prefix)
 	})
 }
 
@@ -668,16 +668,16 @@ func TestFamiliaEmptySource(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			forEachDeployment(t, func(t *testing.T, d deployment) {
-				p := d.prefix
-				mustRun(t, d.client, rebuild.Options{}, users(6), familiaBuilders(p)...)
-				live := sortedKeys(contents(t, d.other, p))
+				p := d.Prefix
+				mustRun(t, d.Client, rebuild.Options{}, users(6), familiaBuilders(p)...)
+				live := sortedKeys(contents(t, d.Other, p))
 				if len(live) != 6 { // 3 keys and 3 buckets
 					t.Fatalf("before: got live keys %v, want 6", live)
 				}
 
-				stats := mustRun(t, d.client, rebuild.Options{BatchSize: 1}, tc.src, familiaBuilders(p)...)
+				stats := mustRun(t, d.Client, rebuild.Options{BatchSize: 1}, tc.src, familiaBuilders(p)...)
 
-				if got := redistest.Keys(t, d.other, p); len(got) != 0 {
+				if got := redistest.Keys(t, d.Other, p); len(got) != 0 {
 					t.Errorf("keys after an empty rebuild: got %v, want none", got)
 				}
 				want := map[string]store.Outcome{}
@@ -687,9 +687,9 @@ func TestFamiliaEmptySource(t *testing.T) {
 				if diff := cmp.Diff(want, stats.Outcomes); diff != "" {
 					t.Errorf("Stats.Outcomes (-want +got):\n%s", diff)
 				}
-				for k, n := range stats.Targets {
+				for k, n := range stats.Entries {
 					if n != 0 {
-						t.Errorf("Stats.Targets[%q]: got %d, want 0", k, n)
+						t.Errorf("Stats.Entries[%q]: got %d, want 0", k, n)
 					}
 				}
 				if stats.Items != tc.items {
@@ -707,10 +707,10 @@ func TestLastWriteWinsAcrossConcurrentBatches(t *testing.T) {
 	// later batch has been written, as a scheduler or a slow connection can
 	// do. The source-order last write must still win.
 	forEachDeployment(t, func(t *testing.T, d deployment) {
-		key := d.prefix + "by-email"
+		key := d.Prefix + "by-email"
 		secondDone := make(chan struct{})
 		var once sync.Once
-		hooked := rueidishook.WithHook(d.client, redistest.Hook{
+		hooked := rueidishook.WithHook(d.Client, redistest.Hook{
 			OnDoMulti: func(c rueidis.Client, ctx context.Context, multi ...rueidis.Completed) []rueidis.RedisResult {
 				var first, second bool
 				for _, cmd := range multi {
@@ -736,7 +736,7 @@ func TestLastWriteWinsAcrossConcurrentBatches(t *testing.T) {
 
 		mustRun(t, hooked, rebuild.Options{BatchSize: 1, Writers: 2}, src, byEmail(key))
 
-		if got := hgetall(t, d.other, key)["dup@example.com"]; got != "second" {
+		if got := redistest.HGetAll(t, d.Other, key)["dup@example.com"]; got != "second" {
 			t.Errorf("HGET %s dup@example.com: got %q, want %q (the last write in source order)", key, got, "second")
 		}
 	})
@@ -745,8 +745,8 @@ func TestLastWriteWinsAcrossConcurrentBatches(t *testing.T) {
 func TestFuncHyperLogLog(t *testing.T) {
 	// A custom key type through Func: a HyperLogLog built with PFADD.
 	forEachDeployment(t, func(t *testing.T, d deployment) {
-		key := d.prefix + "visitors"
-		do(t, d.other, d.other.B().Pfadd().Key(key).Element("someone-else").Build())
+		key := d.Prefix + "visitors"
+		redistest.Do(t, d.Other, d.Other.B().Pfadd().Key(key).Element("someone-else").Build())
 		hll := builders.Func(key, func(c *rebuild.Commands, us []user) error {
 			temp, err := c.Temp(key)
 			if err != nil {
@@ -762,22 +762,22 @@ func TestFuncHyperLogLog(t *testing.T) {
 		src := users(20)
 		src = append(src, src[:10]...) // repeat visitors
 
-		stats := mustRun(t, d.client, rebuild.Options{BatchSize: 7}, src, hll)
+		stats := mustRun(t, d.Client, rebuild.Options{BatchSize: 7}, src, hll)
 
-		n, err := d.other.Do(context.Background(), d.other.B().Pfcount().Key(key).Build()).AsInt64()
+		n, err := d.Other.Do(context.Background(), d.Other.B().Pfcount().Key(key).Build()).AsInt64()
 		if err != nil {
 			t.Fatalf("PFCOUNT: %v", err)
 		}
 		if n != 20 {
 			t.Errorf("PFCOUNT %s: got %d, want 20", key, n)
 		}
-		if got := stats.Targets[key]; got != 30 {
-			t.Errorf("Stats.Targets[%q]: got %d, want 30", key, got)
+		if got := stats.Entries[key]; got != 30 {
+			t.Errorf("Stats.Entries[%q]: got %d, want 30", key, got)
 		}
-		if got := pttl(t, d.other, key); got != -1 {
+		if got := redistest.PTTL(t, d.Other, key); got != -1 {
 			t.Errorf("PTTL %s: got %v, want -1", key, got)
 		}
-		wantClean(t, d.other, d.prefix)
+		redistest.WantClean(t, d.Other, d.Prefix)
 	})
 }
 
@@ -788,9 +788,9 @@ func TestFuncError(t *testing.T) {
 	// under errors.Is, nothing is published, the temp key written by the
 	// first batch is discarded (C52, C18).
 	forEachDeployment(t, func(t *testing.T, d deployment) {
-		key := d.prefix + "visitors"
-		do(t, d.other, d.other.B().Pfadd().Key(key).Element("old").Build())
-		before := redistest.Snapshot(t, d.other, d.prefix)
+		key := d.Prefix + "visitors"
+		redistest.Do(t, d.Other, d.Other.B().Pfadd().Key(key).Element("old").Build())
+		before := redistest.Snapshot(t, d.Other, d.Prefix)
 		b := builders.Func(key, func(c *rebuild.Commands, us []user) error {
 			if us[0].ID == users(3)[1].ID { // the second batch (BatchSize 1)
 				return errBoom
@@ -803,8 +803,8 @@ func TestFuncError(t *testing.T) {
 			return nil
 		})
 		var rec recorder
-		_, err := rebuild.New(rec.client(d.client), rebuild.Options{BatchSize: 1, Writers: 1}, b).
-			Run(ctxT(t), rebuild.FromSlice(users(3)))
+		_, err := redistest.Rebuilder(t, rec.client(d.Client), rebuild.Options{BatchSize: 1, Writers: 1}, b).
+			Run(redistest.Ctx(t), rebuild.FromSlice(users(3)))
 
 		if !errors.Is(err, errBoom) {
 			t.Errorf("Run: got error %v, want one matching errBoom", err)
@@ -816,8 +816,8 @@ func TestFuncError(t *testing.T) {
 		if got := rec.entries(); !slices.Equal(got, []int{1}) && len(got) != 0 {
 			t.Errorf("PFADDs sent: got entries %v, want [1] or none (never past the failed batch)", got)
 		}
-		wantUnchanged(t, d.other, d.prefix, before)
-		wantClean(t, d.other, d.prefix)
+		redistest.WantUnchanged(t, d.Other, d.Prefix, before)
+		redistest.WantClean(t, d.Other, d.Prefix)
 	})
 }
 
@@ -826,21 +826,21 @@ func TestTempOfForeignKey(t *testing.T) {
 	// builder's key of the same run: the run fails with an error naming
 	// both, and nothing is published.
 	forEachDeployment(t, func(t *testing.T, d deployment) {
-		own, other := d.prefix+"mine", d.prefix+"theirs"
+		own, other := d.Prefix+"mine", d.Prefix+"theirs"
 		for _, tc := range []struct {
 			name    string
 			foreign string
 			with    []rebuild.Builder[user]
 		}{
-			{"unrelated key", d.prefix + "elsewhere", nil},
+			{"unrelated key", d.Prefix + "elsewhere", nil},
 			{"the live key's neighbour", own + ":x", nil},
 			{"another builder's key", other, []rebuild.Builder[user]{ids(other)}},
 			{"a SetIndex bucket of another builder", other + ":fr", []rebuild.Builder[user]{byCountry(other)}},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
-				do(t, d.other, d.other.B().Set().Key(own).Value("old").Build())
-				do(t, d.other, d.other.B().Sadd().Key(tc.foreign).Member("old").Build())
-				before := redistest.Snapshot(t, d.other, d.prefix)
+				redistest.Do(t, d.Other, d.Other.B().Set().Key(own).Value("old").Build())
+				redistest.Do(t, d.Other, d.Other.B().Sadd().Key(tc.foreign).Member("old").Build())
+				before := redistest.Snapshot(t, d.Other, d.Prefix)
 				f := builders.Func(own, func(c *rebuild.Commands, us []user) error {
 					temp, err := c.Temp(tc.foreign)
 					if err != nil {
@@ -850,11 +850,11 @@ func TestTempOfForeignKey(t *testing.T) {
 					return nil
 				})
 				bs := append(slices.Clone(tc.with), f)
-				_, err := rebuild.New(d.client, rebuild.Options{}, bs...).Run(ctxT(t), rebuild.FromSlice(users(3)))
+				_, err := redistest.Rebuilder(t, d.Client, rebuild.Options{}, bs...).Run(redistest.Ctx(t), rebuild.FromSlice(users(3)))
 
 				wantRunError(t, err, "build", fmt.Sprintf("%q", own), fmt.Sprintf("%q", tc.foreign), "does not own")
-				wantUnchanged(t, d.other, d.prefix, before)
-				wantClean(t, d.other, d.prefix)
+				redistest.WantUnchanged(t, d.Other, d.Prefix, before)
+				redistest.WantClean(t, d.Other, d.Prefix)
 			})
 		}
 	})
@@ -865,8 +865,8 @@ func TestCompat(t *testing.T) {
 	// fields it is given (pairs, a map), is exactly one command, and Stats
 	// counts one entry per queued command, as Compat documents.
 	forEachDeployment(t, func(t *testing.T, d deployment) {
-		key := d.prefix + "by-email"
-		do(t, d.other, d.other.B().Hset().Key(key).FieldValue().FieldValue("stale", "0").Build())
+		key := d.Prefix + "by-email"
+		redistest.Do(t, d.Other, d.Other.B().Hset().Key(key).FieldValue().FieldValue("stale", "0").Build())
 		b := builders.Compat(key, func(ctx context.Context, p rueidiscompat.Pipeliner, temp string, us []user) error {
 			fields := map[string]string{}
 			for _, u := range us[1:] {
@@ -877,8 +877,8 @@ func TestCompat(t *testing.T) {
 			return nil
 		})
 		var rec recorder
-		stats, err := rebuild.New(rec.client(d.client), rebuild.Options{BatchSize: 4, Writers: 1}, b).
-			Run(ctxT(t), rebuild.FromSlice(users(8)))
+		stats, err := redistest.Rebuilder(t, rec.client(d.Client), rebuild.Options{BatchSize: 4, Writers: 1}, b).
+			Run(redistest.Ctx(t), rebuild.FromSlice(users(8)))
 		if err != nil {
 			t.Fatalf("Run: %v", err)
 		}
@@ -887,16 +887,16 @@ func TestCompat(t *testing.T) {
 		for _, u := range users(8) {
 			want[u.Email] = u.ID
 		}
-		if diff := cmp.Diff(want, hgetall(t, d.other, key)); diff != "" {
+		if diff := cmp.Diff(want, redistest.HGetAll(t, d.Other, key)); diff != "" {
 			t.Errorf("HGETALL %s (-want +got):\n%s", key, diff)
 		}
 		if got, want := rec.entries(), []int{1, 3, 1, 3}; !slices.Equal(got, want) {
 			t.Errorf("fields per HSET sent: got %v, want %v", got, want)
 		}
-		if got := stats.Targets[key]; got != 4 {
-			t.Errorf("Stats.Targets[%q]: got %d, want 4 (one per command)", key, got)
+		if got := stats.Entries[key]; got != 4 {
+			t.Errorf("Stats.Entries[%q]: got %d, want 4 (one per command)", key, got)
 		}
-		wantClean(t, d.other, d.prefix)
+		redistest.WantClean(t, d.Other, d.Prefix)
 	})
 }
 
@@ -905,7 +905,7 @@ func TestCompatRefused(t *testing.T) {
 	// (the live key above all), or one that can write a second key, fails
 	// the run with an error naming the command, and no batch is sent.
 	forEachDeployment(t, func(t *testing.T, d deployment) {
-		live, other := d.prefix+"by-email", d.prefix+"other"
+		live, other := d.Prefix+"by-email", d.Prefix+"other"
 		for _, tc := range []struct {
 			name string
 			cmd  string
@@ -924,16 +924,16 @@ func TestCompatRefused(t *testing.T) {
 			}},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
-				do(t, d.other, d.other.B().Hset().Key(live).FieldValue().FieldValue("f", "old").Build())
-				do(t, d.other, d.other.B().Sadd().Key(other).Member("m").Build())
-				before := redistest.Snapshot(t, d.other, d.prefix)
+				redistest.Do(t, d.Other, d.Other.B().Hset().Key(live).FieldValue().FieldValue("f", "old").Build())
+				redistest.Do(t, d.Other, d.Other.B().Sadd().Key(other).Member("m").Build())
+				before := redistest.Snapshot(t, d.Other, d.Prefix)
 				b := builders.Compat(live, func(ctx context.Context, p rueidiscompat.Pipeliner, temp string, us []user) error {
 					p.HSet(ctx, temp, "ok", "1") // a good command first
 					tc.fn(ctx, p, temp)
 					return nil
 				})
 				var rec recorder
-				_, err := rebuild.New(rec.client(d.client), rebuild.Options{}, b).Run(ctxT(t), rebuild.FromSlice(users(2)))
+				_, err := redistest.Rebuilder(t, rec.client(d.Client), rebuild.Options{}, b).Run(redistest.Ctx(t), rebuild.FromSlice(users(2)))
 
 				wantRunError(t, err, "build", tc.cmd, fmt.Sprintf("%q", live))
 				for _, args := range rec.commands() {
@@ -943,8 +943,8 @@ func TestCompatRefused(t *testing.T) {
 						t.Errorf("command sent in a DoMulti: got %v, want no batch sent", args)
 					}
 				}
-				wantUnchanged(t, d.other, d.prefix, before)
-				wantClean(t, d.other, d.prefix)
+				redistest.WantUnchanged(t, d.Other, d.Prefix, before)
+				redistest.WantClean(t, d.Other, d.Prefix)
 			})
 		}
 	})
@@ -956,13 +956,13 @@ func TestCompatRefusedOtherSlot(t *testing.T) {
 	// command writing a second key fails the rebuild with an error naming
 	// the command; it must say so on a cluster too, not panic.
 	forEachDeployment(t, func(t *testing.T, d deployment) {
-		live := d.prefix + "by-email"
+		live := d.Prefix + "by-email"
 		far := "far"
 		for i := 0; keys.Slot(far) == keys.Slot(live); i++ {
 			far = fmt.Sprintf("far%d", i)
 		}
-		do(t, d.other, d.other.B().Hset().Key(live).FieldValue().FieldValue("f", "old").Build())
-		before := redistest.Snapshot(t, d.other, d.prefix)
+		redistest.Do(t, d.Other, d.Other.B().Hset().Key(live).FieldValue().FieldValue("f", "old").Build())
+		before := redistest.Snapshot(t, d.Other, d.Prefix)
 		b := builders.Compat(live, func(ctx context.Context, p rueidiscompat.Pipeliner, temp string, us []user) error {
 			p.SMove(ctx, temp, far, us[0].ID)
 			return nil
@@ -971,7 +971,7 @@ func TestCompatRefusedOtherSlot(t *testing.T) {
 		var err error
 		panicked := func() (p any) {
 			defer func() { p = recover() }()
-			_, err = rebuild.New(d.client, rebuild.Options{}, b).Run(ctxT(t), rebuild.FromSlice(users(2)))
+			_, err = redistest.Rebuilder(t, d.Client, rebuild.Options{}, b).Run(redistest.Ctx(t), rebuild.FromSlice(users(2)))
 			return nil
 		}()
 
@@ -981,8 +981,8 @@ func TestCompatRefusedOtherSlot(t *testing.T) {
 		} else {
 			wantRunError(t, err, "build", "SMOVE")
 		}
-		wantUnchanged(t, d.other, d.prefix, before)
-		wantClean(t, d.other, d.prefix)
+		redistest.WantUnchanged(t, d.Other, d.Prefix, before)
+		redistest.WantClean(t, d.Other, d.Prefix)
 	})
 }
 
@@ -991,9 +991,9 @@ func TestCompatServerRefusal(t *testing.T) {
 	// a wrong number of arguments) fails the run as a write error after
 	// earlier batches were written: nothing published, temp key discarded.
 	forEachDeployment(t, func(t *testing.T, d deployment) {
-		key := d.prefix + "by-email"
-		do(t, d.other, d.other.B().Hset().Key(key).FieldValue().FieldValue("f", "old").Build())
-		before := redistest.Snapshot(t, d.other, d.prefix)
+		key := d.Prefix + "by-email"
+		redistest.Do(t, d.Other, d.Other.B().Hset().Key(key).FieldValue().FieldValue("f", "old").Build())
+		before := redistest.Snapshot(t, d.Other, d.Prefix)
 		b := builders.Compat(key, func(ctx context.Context, p rueidiscompat.Pipeliner, temp string, us []user) error {
 			fields := map[string]string{}
 			for _, u := range us {
@@ -1006,11 +1006,11 @@ func TestCompatServerRefusal(t *testing.T) {
 		})
 		src := []user{{ID: "1", Email: "a@example.com"}, {ID: "2", Email: " "}}
 
-		_, err := rebuild.New(d.client, rebuild.Options{BatchSize: 1, Writers: 1}, b).Run(ctxT(t), rebuild.FromSlice(src))
+		_, err := redistest.Rebuilder(t, d.Client, rebuild.Options{BatchSize: 1, Writers: 1}, b).Run(redistest.Ctx(t), rebuild.FromSlice(src))
 
 		wantRunError(t, err, "write", "wrong number of arguments")
-		wantUnchanged(t, d.other, d.prefix, before)
-		wantClean(t, d.other, d.prefix)
+		redistest.WantUnchanged(t, d.Other, d.Prefix, before)
+		redistest.WantClean(t, d.Other, d.Prefix)
 	})
 }
 
@@ -1025,9 +1025,9 @@ func TestCompatStringKeepTTL(t *testing.T) {
 	}{{"plain SET", false}, {"SET KEEPTTL", true}} {
 		t.Run(tc.name, func(t *testing.T) {
 			forEachDeployment(t, func(t *testing.T, d deployment) {
-				key := d.prefix + "last-signup"
-				do(t, d.other, d.other.B().Set().Key(key).Value("old").Build())
-				before := redistest.Snapshot(t, d.other, d.prefix)
+				key := d.Prefix + "last-signup"
+				redistest.Do(t, d.Other, d.Other.B().Set().Key(key).Value("old").Build())
+				before := redistest.Snapshot(t, d.Other, d.Prefix)
 				b := builders.Compat(key, func(ctx context.Context, p rueidiscompat.Pipeliner, temp string, us []user) error {
 					last := us[len(us)-1].ID
 					if tc.keepTTL {
@@ -1037,13 +1037,13 @@ func TestCompatStringKeepTTL(t *testing.T) {
 					}
 					return nil
 				})
-				_, err := rebuild.New(d.client, rebuild.Options{BatchSize: 1, Writers: 1}, b).Run(ctxT(t), rebuild.FromSlice(users(3)))
+				_, err := redistest.Rebuilder(t, d.Client, rebuild.Options{BatchSize: 1, Writers: 1}, b).Run(redistest.Ctx(t), rebuild.FromSlice(users(3)))
 
 				if tc.keepTTL {
 					if err != nil {
 						t.Fatalf("Run: %v", err)
 					}
-					if got, _ := d.other.Do(context.Background(), d.other.B().Get().Key(key).Build()).ToString(); got != "u000002" {
+					if got, _ := d.Other.Do(context.Background(), d.Other.B().Get().Key(key).Build()).ToString(); got != "u000002" {
 						t.Errorf("GET %s: got %q, want %q", key, got, "u000002")
 					}
 				} else {
@@ -1051,9 +1051,9 @@ func TestCompatStringKeepTTL(t *testing.T) {
 						t.Errorf("Run: got error %v, want one matching ErrTempKeyLost", err)
 					}
 					wantRunError(t, err, "write", "KEEPTTL")
-					wantUnchanged(t, d.other, d.prefix, before)
+					redistest.WantUnchanged(t, d.Other, d.Prefix, before)
 				}
-				wantClean(t, d.other, d.prefix)
+				redistest.WantClean(t, d.Other, d.Prefix)
 			})
 		})
 	}

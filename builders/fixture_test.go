@@ -6,40 +6,19 @@ import (
 	"maps"
 	"slices"
 	"testing"
-	"time"
 
-	"github.com/google/go-cmp/cmp"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/rebuild"
 	"github.com/redis/rueidis"
 )
 
-// deployment is one Redis deployment the suite runs against, with a key
-// prefix unique to the test. On the cluster the prefix carries a hash tag,
-// so that every key of one Rebuilder shares a slot. (The same shape as the
-// fixture of package rebuild.)
-type deployment struct {
-	name    string
-	cluster bool
-	client  rueidis.Client // what the Rebuilder sends through
-	other   rueidis.Client // an independent client: reader, saboteur
-	prefix  string
-}
+// deployment is one Redis deployment a test runs against.
+type deployment = redistest.Deployment
 
-// forEachDeployment runs f as a parallel subtest on the standalone server
-// and on the 3-master cluster.
+// forEachDeployment runs f as a parallel subtest per deployment.
 func forEachDeployment(t *testing.T, f func(t *testing.T, d deployment)) {
 	t.Helper()
-	p := redistest.Prefix(t)
-	for _, d := range []deployment{
-		{name: "standalone", client: env.Standalone.Client(t), other: env.Standalone.Client(t), prefix: p},
-		{name: "cluster", cluster: true, client: env.Cluster.Client(t), other: env.Cluster.Client(t), prefix: "{" + p + "}"},
-	} {
-		t.Run(d.name, func(t *testing.T) {
-			t.Parallel()
-			f(t, d)
-		})
-	}
+	env.ForEachDeployment(t, f)
 }
 
 // user is the item type of the tests.
@@ -65,71 +44,14 @@ func users(n int) []user {
 	return out
 }
 
-func ctxT(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 // mustRun runs a Rebuilder of bs over src and fails the test on error.
 func mustRun[T any](t *testing.T, c rueidis.Client, opts rebuild.Options, src []T, bs ...rebuild.Builder[T]) rebuild.Stats {
 	t.Helper()
-	stats, err := rebuild.New(c, opts, bs...).Run(ctxT(t), rebuild.FromSlice(src))
+	stats, err := redistest.Rebuilder(t, c, opts, bs...).Run(redistest.Ctx(t), rebuild.FromSlice(src))
 	if err != nil {
 		t.Fatalf("Run: got error %v, want nil", err)
 	}
 	return stats
-}
-
-// do runs cmd and fails the test on error.
-func do(t *testing.T, c rueidis.Client, cmd rueidis.Completed) rueidis.RedisResult {
-	t.Helper()
-	r := c.Do(context.Background(), cmd)
-	if err := r.Error(); err != nil && !rueidis.IsRedisNil(err) {
-		t.Fatalf("%v: %v", cmd.Commands(), err)
-	}
-	return r
-}
-
-func hgetall(t *testing.T, c rueidis.Client, key string) map[string]string {
-	t.Helper()
-	m, err := c.Do(context.Background(), c.B().Hgetall().Key(key).Build()).AsStrMap()
-	if err != nil {
-		t.Fatalf("HGETALL %s: %v", key, err)
-	}
-	return m
-}
-
-func zrangeWithScores(t *testing.T, c rueidis.Client, key string) map[string]float64 {
-	t.Helper()
-	zs, err := c.Do(context.Background(), c.B().Zrange().Key(key).Min("0").Max("-1").Withscores().Build()).AsZScores()
-	if err != nil {
-		t.Fatalf("ZRANGE %s: %v", key, err)
-	}
-	out := make(map[string]float64, len(zs))
-	for _, z := range zs {
-		out[z.Member] = z.Score
-	}
-	return out
-}
-
-func smembers(t *testing.T, c rueidis.Client, key string) []string {
-	t.Helper()
-	ms, err := c.Do(context.Background(), c.B().Smembers().Key(key).Build()).AsStrSlice()
-	if err != nil {
-		t.Fatalf("SMEMBERS %s: %v", key, err)
-	}
-	slices.Sort(ms)
-	return ms
-}
-
-func exists(t *testing.T, c rueidis.Client, key string) bool {
-	t.Helper()
-	n, err := c.Do(context.Background(), c.B().Exists().Key(key).Build()).AsInt64()
-	if err != nil {
-		t.Fatalf("EXISTS %s: %v", key, err)
-	}
-	return n == 1
 }
 
 // contents is the logical state of every key under a prefix: the key (less
@@ -148,12 +70,12 @@ func contents(t *testing.T, c rueidis.Client, prefix string) map[string]string {
 		var v string
 		switch typ {
 		case "hash":
-			h := hgetall(t, c, k)
+			h := redistest.HGetAll(t, c, k)
 			v = fmt.Sprint(h) // fmt prints maps sorted by key
 		case "zset":
-			v = fmt.Sprint(zrangeWithScores(t, c, k))
+			v = fmt.Sprint(redistest.ZScores(t, c, k))
 		case "set":
-			v = fmt.Sprint(smembers(t, c, k))
+			v = fmt.Sprint(redistest.SMembers(t, c, k))
 		case "string":
 			s, err := c.Do(ctx, c.B().Get().Key(k).Build()).ToString()
 			if err != nil {
@@ -173,34 +95,5 @@ func contents(t *testing.T, c rueidis.Client, prefix string) map[string]string {
 	return out
 }
 
-// wantClean fails if a temp key or a lock key is left under prefix.
-func wantClean(t *testing.T, c rueidis.Client, prefix string) {
-	t.Helper()
-	if left := redistest.Leftovers(t, c, prefix); len(left) > 0 {
-		t.Errorf("left behind under %q: %v", prefix, left)
-	}
-}
-
-// wantUnchanged fails unless every key under prefix is byte-identical (DUMP)
-// to before, with the same expiry.
-func wantUnchanged(t *testing.T, c rueidis.Client, prefix string, before map[string]redistest.KeyState) {
-	t.Helper()
-	if diff := cmp.Diff(before, redistest.Snapshot(t, c, prefix)); diff != "" {
-		t.Errorf("keys under %q changed (-before +after):\n%s", prefix, diff)
-	}
-}
-
 // sortedKeys returns m's keys in order, for stable failure messages.
 func sortedKeys[V any](m map[string]V) []string { return slices.Sorted(maps.Keys(m)) }
-
-func pttl(t *testing.T, c rueidis.Client, key string) time.Duration {
-	t.Helper()
-	n, err := c.Do(context.Background(), c.B().Pttl().Key(key).Build()).AsInt64()
-	if err != nil {
-		t.Fatalf("PTTL %s: %v", key, err)
-	}
-	if n < 0 {
-		return time.Duration(n)
-	}
-	return time.Duration(n) * time.Millisecond
-}

@@ -4,7 +4,7 @@ import "github.com/keyswap/keyswap/rebuild"
 
 // Hash returns a builder of the hash key: a unique index such as
 // users:by-email (email → id). fn maps an item to a field and its value, or
-// ok false to skip the item (C48). The last write of a field wins (C50).
+// ok false to skip the item. The last write of a field wins.
 // A Hash implements [rebuild.Keyed].
 func Hash[T any](key string, fn func(T) (field, value string, ok bool)) rebuild.Builder[T] {
 	return &hash[T]{single{key}, fn}
@@ -20,7 +20,7 @@ type hash[T any] struct {
 func (h *hash[T]) Keyed() bool { return true }
 
 // Build writes items with HSET, MaxArgs fields per command, and reports
-// each field with Writes.
+// each field with Entry.
 func (h *hash[T]) Build(c *rebuild.Commands, items []T) error {
 	temp, err := c.Temp(h.key)
 	if err != nil {
@@ -30,7 +30,7 @@ func (h *hash[T]) Build(c *rebuild.Commands, items []T) error {
 	for _, it := range items {
 		if f, val, ok := h.fn(it); ok {
 			v.add(f, val, true)
-			c.Writes(f)
+			c.Entry(f)
 		}
 	}
 	v.flush()

@@ -3,7 +3,7 @@ package builders
 import "github.com/keyswap/keyswap/rebuild"
 
 // Set returns a builder of the set key. fn maps an item to a member, or ok
-// false to skip the item (C48). A Set implements [rebuild.Commutative].
+// false to skip the item. A Set implements [rebuild.Commutative].
 func Set[T any](key string, fn func(T) (member string, ok bool)) rebuild.Builder[T] {
 	return &set[T]{single{key}, fn}
 }

@@ -5,13 +5,13 @@ import "github.com/keyswap/keyswap/rebuild"
 // SetIndex returns a builder of a family of sets, one per value: the
 // members of bucket b are in the set "<prefix>:<b>", as in
 // users:by-country:fr. fn maps an item to its bucket and member, or ok false
-// to skip the item (C48). A SetIndex implements [rebuild.Family] and
+// to skip the item. A SetIndex implements [rebuild.Family] and
 // [rebuild.Commutative].
 //
 // Every bucket is published in the same atomic step, and so is the removal
 // of orphans: live sets under "<prefix>:" that this run did not produce. A
 // value that moved buckets is only in its new one, and a bucket left without
-// members disappears (C53+). Readers never see an empty or half-built
+// members disappears. Readers never see an empty or half-built
 // bucket, which Familia's clear-then-refill allowed.
 //
 // The family owns every set whose key starts with "<prefix>:": do not keep

@@ -4,11 +4,7 @@ import (
 	"fmt"
 	"hash/maphash"
 	"slices"
-	"strings"
-	"sync"
-	"sync/atomic"
 
-	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/redis/rueidis"
 )
 
@@ -47,9 +43,8 @@ type Family interface {
 
 // Commutative is an optional interface for a [Builder] whose writes give
 // the same result in whatever order its batches reach Redis, as SADD's do:
-// builders.Set and builders.SetIndex implement it. When every builder of a
-// Rebuilder is commutative, the Rebuilder overlaps its round trips as if
-// [Options.Unordered] were set, and the result is the same as in order.
+// builders.Set and builders.SetIndex implement it. See the package
+// documentation, "Pipeline", for what the Rebuilder makes of it.
 //
 // A builder whose batches can write one entry twice with different values
 // (HSET of a field, ZADD of a member) is not commutative: which value wins
@@ -63,12 +58,8 @@ type Commutative interface {
 // but whose batches can disagree only on an entry both of them write, as
 // HSET's fields and ZADD's members do: builders.Hash and builders.SortedSet
 // implement it. Its Build reports every entry it writes with
-// [Commands.Writes].
-//
-// When every builder of a Rebuilder is Commutative or Keyed, the Rebuilder
-// overlaps two round trips whenever they write no entry in common, and
-// sends the later one only after the earlier has returned when they do, so
-// the last write in source order still wins (C50, C54).
+// [Commands.Entry]. See the package documentation, "Pipeline", for what the
+// Rebuilder makes of it.
 type Keyed interface {
 	// Keyed reports whether Build reports every entry it writes.
 	Keyed() bool
@@ -89,23 +80,28 @@ type Commands struct {
 	writes  [][]uint64         // hashes of the entries written, per builder (Keyed builders); sorted once built
 }
 
+// newCommands returns the Commands of one batch of a run of n builders.
+func newCommands(cb rueidis.Builder, ts *targets, n int) *Commands {
+	return &Commands{cb: cb, targets: ts, entries: make([]int64, n), seen: map[*target]bool{}, temps: map[string]*target{}}
+}
+
 // entrySeed seeds the hashes of the entries that Keyed builders write.
 var entrySeed = maphash.MakeSeed()
 
-// Writes records that the builder now building writes entry (a hash field,
+// Entry records that the builder now building writes entry (a hash field,
 // a sorted-set member) in this batch. A [Keyed] builder calls it for every
 // entry it writes; for a family, an entry of any of its keys. Two batches
 // that write a common entry of one builder are sent in order.
-func (c *Commands) Writes(entry string) {
+func (c *Commands) Entry(entry string) {
 	if c.writes == nil {
 		c.writes = make([][]uint64, len(c.entries))
 	}
 	c.writes[c.builder] = append(c.writes[c.builder], maphash.String(entrySeed, entry))
 }
 
-// sortWrites sorts the recorded entry hashes, for conflicts. The batch's
+// sortEntries sorts the recorded entry hashes, for conflicts. The batch's
 // goroutine calls it once every builder has built.
-func (c *Commands) sortWrites() {
+func (c *Commands) sortEntries() {
 	for _, w := range c.writes {
 		slices.Sort(w)
 	}
@@ -156,11 +152,11 @@ func (c *Commands) Temp(live string) (string, error) {
 		c.seen[t] = true
 		c.touched = append(c.touched, t)
 	}
-	return t.temp, nil
+	return t.Key, nil
 }
 
 // Add appends cmd, which writes entries index entries (fields, members), to
-// the batch. The entry count feeds [Stats].Targets. A command with an
+// the batch. The entry count feeds [Stats].Entries. A command with an
 // argument over Redis's 512 MB limit fails the rebuild before anything of
 // the batch is sent.
 func (c *Commands) Add(cmd rueidis.Completed, entries int) {
@@ -177,100 +173,3 @@ func (c *Commands) Add(cmd rueidis.Completed, entries int) {
 // maxBulk is Redis's default proto-max-bulk-len: the largest argument a
 // command may carry.
 const maxBulk = 512 << 20
-
-// target is one live key of a run and its temp key.
-type target struct {
-	final, temp string
-	builder     int
-	// populated records that temp was created: a batch's EXPIRE NX or a
-	// renewal found it without a TTL. A second creation means it was lost
-	// and re-created by a later write.
-	populated atomic.Bool
-}
-
-// created records that temp was found created (without a TTL). It reports
-// false when temp had been created before: it was lost and re-created, and
-// holds only part of the rebuild.
-func (t *target) created() bool { return t.populated.CompareAndSwap(false, true) }
-
-// owner is what the targets registry knows of one builder.
-type owner struct {
-	key    string
-	family bool
-}
-
-// targets maps the live keys of a run to their temp keys. Keys of plain
-// builders are registered when the run starts; family buckets when a batch
-// first writes them.
-type targets struct {
-	newTemp func(live string) string
-	owners  []owner
-	cluster bool
-	slot    uint16
-
-	mu      sync.Mutex
-	byKey   map[string]*target
-	ordered []*target
-}
-
-func newTargets(owners []owner, cluster bool, newTemp func(string) string) *targets {
-	ts := &targets{newTemp: newTemp, owners: owners, cluster: cluster, byKey: map[string]*target{}}
-	if cluster {
-		ts.slot = keys.Slot(owners[0].key)
-	}
-	for i, o := range owners {
-		if !o.family {
-			// Registered up front, so that a source without items for it
-			// still publishes it: as an empty rebuild that deletes the key.
-			if _, err := ts.get(i, o.key); err != nil {
-				panic("keyswap: registering " + o.key + ": " + err.Error()) // validated by New
-			}
-		}
-	}
-	return ts
-}
-
-// get returns the target for live, creating it on first use, after checking
-// that builder b owns live.
-func (ts *targets) get(b int, live string) (*target, error) {
-	o := ts.owners[b]
-	switch {
-	case !o.family && live != o.key:
-		return nil, fmt.Errorf("builder %q wrote to key %q, which it does not own", o.key, live)
-	case o.family && (!strings.HasPrefix(live, o.key+":") || len(live) == len(o.key)+1):
-		return nil, fmt.Errorf("family builder %q wrote to key %q, which is not %q followed by a bucket", o.key, live, o.key+":")
-	case reserved(live):
-		return nil, fmt.Errorf("builder %q wrote to key %q, which has the shape of a rebuild lock or temp key; keyswap would take it for one (a lock key collision would block every later rebuild), so such keys cannot be rebuilt", o.key, live)
-	case ts.cluster && keys.Slot(live) != ts.slot:
-		return nil, fmt.Errorf("builder %q wrote to key %q in hash slot %d, outside this rebuild's slot %d; give it the rebuild's hash tag", o.key, live, keys.Slot(live), ts.slot)
-	}
-	ts.mu.Lock()
-	defer ts.mu.Unlock()
-	t := ts.byKey[live]
-	if t == nil {
-		t = &target{final: live, temp: ts.newTemp(live), builder: b}
-		ts.byKey[live] = t
-		ts.ordered = append(ts.ordered, t)
-	}
-	return t, nil
-}
-
-// reserved reports whether key has the shape of a rebuild lock or temp key.
-func reserved(key string) bool {
-	_, _, temp := keys.ParseTempKey(key)
-	return temp || strings.HasSuffix(key, keys.LockSuffix) || strings.HasSuffix(key, keys.LockSuffix+keys.ReceiptSuffix)
-}
-
-// all returns every target so far.
-func (ts *targets) all() []*target {
-	ts.mu.Lock()
-	defer ts.mu.Unlock()
-	return append([]*target(nil), ts.ordered...)
-}
-
-// has reports whether live is a target of the run.
-func (ts *targets) has(live string) bool {
-	ts.mu.Lock()
-	defer ts.mu.Unlock()
-	return ts.byKey[live] != nil
-}

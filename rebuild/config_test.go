@@ -1,10 +1,10 @@
 package rebuild_test
 
-// Bad input (DESIGN "rebuild: the pipeline", STYLE 4 and 5; C5+, C42): every
-// invalid option or builder set is a clear *rebuild.Error of Op "config",
-// returned by Run before it touches Redis, so that nothing is written: no
-// lock, no temp key. Programming errors (a nil client or builder) panic in
-// New with a "keyswap: " message.
+// Bad input (C5+, C42): every invalid option or builder set is a clear
+// *rebuild.Error of Op "config", returned by New, which never touches
+// Redis, so that nothing is written: no lock, no temp key. A nil source is
+// the same error from Run, before it touches Redis. Programming errors (a
+// nil client or builder) panic in New with a "keyswap: " message.
 
 import (
 	"context"
@@ -36,15 +36,25 @@ func cfgIndex(prefix string) rebuild.Builder[user] {
 
 // cfgSource returns a source of n users that records in *read that it was
 // read.
-func cfgSource(n int, read *bool) func(yield func(user, error) bool) {
-	return func(yield func(user, error) bool) {
+func cfgSource(n int, read *bool) rebuild.Source[user] {
+	return rebuild.FromSeq2(func(yield func(user, error) bool) {
 		*read = true
 		for _, u := range users(n) {
 			if !yield(u, nil) {
 				return
 			}
 		}
+	})
+}
+
+// cfgWantRefused checks that New refused the configuration: it returned no
+// Rebuilder and a config error whose message holds every string of want.
+func cfgWantRefused[T any](t *testing.T, r *rebuild.Rebuilder[T], err error, want ...string) {
+	t.Helper()
+	if r != nil {
+		t.Errorf("New: got a Rebuilder with error %v, want nil", err)
 	}
+	cfgWantConfigError(t, err, want...)
 }
 
 // cfgWantConfigError checks that err is a *rebuild.Error of Op "config"
@@ -52,11 +62,11 @@ func cfgSource(n int, read *bool) func(yield func(user, error) bool) {
 func cfgWantConfigError(t *testing.T, err error, want ...string) {
 	t.Helper()
 	if err == nil {
-		t.Fatalf("Run: got nil error, want a config error mentioning %q", want)
+		t.Fatalf("got nil error, want a config error mentioning %q", want)
 	}
 	var e *rebuild.Error
 	if !errors.As(err, &e) || e.Op != "config" {
-		t.Fatalf("Run: got %T %v, want a *rebuild.Error of Op %q", err, err, "config")
+		t.Fatalf("got %T %v, want a *rebuild.Error of Op %q", err, err, "config")
 	}
 	for _, w := range want {
 		if !strings.Contains(err.Error(), w) {
@@ -172,17 +182,13 @@ func TestConfigInvalid(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			forEachDeployment(t, func(t *testing.T, d deployment) {
-				bs := []rebuild.Builder[user]{cfgHash(d.prefix + "h")}
+				bs := []rebuild.Builder[user]{cfgHash(d.Prefix + "h")}
 				if tc.builders != nil {
-					bs = tc.builders(d.prefix)
+					bs = tc.builders(d.Prefix)
 				}
-				read := false
-				_, err := rebuild.New(d.client, tc.opts, bs...).Run(ctxT(t), cfgSource(100, &read))
-				cfgWantConfigError(t, err, tc.want(d.prefix)...)
-				if read {
-					t.Error("the source was read, want Run to fail before it")
-				}
-				cfgWantNothingWritten(t, d.other, d.prefix)
+				r, err := rebuild.New(d.Client, tc.opts, bs...)
+				cfgWantRefused(t, r, err, tc.want(d.Prefix)...)
+				cfgWantNothingWritten(t, d.Other, d.Prefix)
 			})
 		})
 	}
@@ -193,17 +199,17 @@ func TestConfigInvalid(t *testing.T) {
 func TestConfigAcceptsNeighbours(t *testing.T) {
 	t.Parallel()
 	forEachDeployment(t, func(t *testing.T, d deployment) {
-		p := d.prefix
-		r := rebuild.New(d.client, rebuild.Options{}, cfgIndex(p+"idx"), cfgHash(p+"idxfr"), cfgIndex(p+"idx2"), cfgZset(p+"id"))
-		if _, err := r.Run(ctxT(t), rebuild.FromSlice(users(30))); err != nil {
+		p := d.Prefix
+		r := redistest.Rebuilder(t, d.Client, rebuild.Options{}, cfgIndex(p+"idx"), cfgHash(p+"idxfr"), cfgIndex(p+"idx2"), cfgZset(p+"id"))
+		if _, err := r.Run(redistest.Ctx(t), rebuild.FromSlice(users(30))); err != nil {
 			t.Fatalf("Run: got %v, want success", err)
 		}
 		for _, k := range []string{p + "idx:fr", p + "idx2:de", p + "idxfr"} {
-			if ks := redistest.Keys(t, d.other, k); len(ks) == 0 {
+			if ks := redistest.Keys(t, d.Other, k); len(ks) == 0 {
 				t.Errorf("key %s: got none, want it published", k)
 			}
 		}
-		wantClean(t, d.other, p)
+		redistest.WantClean(t, d.Other, p)
 	})
 }
 
@@ -211,14 +217,14 @@ func TestConfigAcceptsNeighbours(t *testing.T) {
 func TestConfigNilSource(t *testing.T) {
 	t.Parallel()
 	forEachDeployment(t, func(t *testing.T, d deployment) {
-		_, err := rebuild.New(d.client, rebuild.Options{}, cfgHash(d.prefix+"h")).Run(ctxT(t), nil)
+		_, err := redistest.Rebuilder(t, d.Client, rebuild.Options{}, cfgHash(d.Prefix+"h")).Run(redistest.Ctx(t), nil)
 		cfgWantConfigError(t, err, "nil source")
-		cfgWantNothingWritten(t, d.other, d.prefix)
+		cfgWantNothingWritten(t, d.Other, d.Prefix)
 	})
 }
 
 // TestConfigNewPanics: a nil client or a nil builder is a programming error:
-// New panics with a message that starts with "keyswap: " (STYLE 4).
+// New panics with a message that starts with "keyswap: ".
 func TestConfigNewPanics(t *testing.T) {
 	t.Parallel()
 	client := env.Standalone.Client(t)
@@ -248,8 +254,7 @@ func TestConfigNewPanics(t *testing.T) {
 }
 
 // TestConfigClusterSlots: on Redis Cluster every key of one Rebuilder must
-// share a hash slot, for the single-slot publish script (C5+, DESIGN "Key
-// names and Redis Cluster"). Builders in different slots, or a family
+// share a hash slot, for the single-slot publish script (C5+). Builders in different slots, or a family
 // prefix without a hash tag (whose buckets would spread), are refused with
 // an error that names the keys and suggests a hash tag. The same builders
 // are fine on a standalone server.
@@ -281,31 +286,28 @@ func TestConfigClusterSlots(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			read := false
 			cluster, other := env.Cluster.Client(t), env.Cluster.Client(t)
-			_, err := rebuild.New(cluster, rebuild.Options{}, tc.builders...).Run(ctxT(t), cfgSource(30, &read))
-			cfgWantConfigError(t, err, tc.want...)
-			if read {
-				t.Error("cluster: the source was read, want Run to fail before it")
-			}
+			r, err := rebuild.New(cluster, rebuild.Options{}, tc.builders...)
+			cfgWantRefused(t, r, err, tc.want...)
 			cfgWantNothingWritten(t, other, p)
 
 			standalone := env.Standalone.Client(t)
-			if _, err := rebuild.New(standalone, rebuild.Options{}, tc.builders...).Run(ctxT(t), cfgSource(30, &read)); err != nil {
+			if _, err := redistest.Rebuilder(t, standalone, rebuild.Options{}, tc.builders...).Run(redistest.Ctx(t), cfgSource(30, &read)); err != nil {
 				t.Errorf("standalone: got %v, want success", err)
 			}
-			wantClean(t, standalone, p)
+			redistest.WantClean(t, standalone, p)
 		})
 	}
 
 	t.Run("one untagged key", func(t *testing.T) {
 		cluster := env.Cluster.Client(t)
 		key := p + "single"
-		if _, err := rebuild.New(cluster, rebuild.Options{}, cfgHash(key)).Run(ctxT(t), rebuild.FromSlice(users(30))); err != nil {
+		if _, err := redistest.Rebuilder(t, cluster, rebuild.Options{}, cfgHash(key)).Run(redistest.Ctx(t), rebuild.FromSlice(users(30))); err != nil {
 			t.Fatalf("Run: got %v, want success: one key is always in one slot", err)
 		}
-		if got := len(hgetall(t, cluster, key)); got != 30 {
+		if got := len(redistest.HGetAll(t, cluster, key)); got != 30 {
 			t.Errorf("HLEN %s: got %d, want 30", key, got)
 		}
-		wantClean(t, cluster, key)
+		redistest.WantClean(t, cluster, key)
 	})
 }
 
@@ -316,11 +318,11 @@ func TestConfigClusterSlots(t *testing.T) {
 func TestConfigBuilderOutsideItsKeys(t *testing.T) {
 	t.Parallel()
 	forEachDeployment(t, func(t *testing.T, d deployment) {
-		elsewhere := "" // on the cluster, an untagged key outside d.prefix's slot
-		if d.cluster {
+		elsewhere := "" // on the cluster, an untagged key outside d.Prefix's slot
+		if d.Cluster {
 			for i := 0; elsewhere == ""; i++ {
 				k := fmt.Sprintf("%selsewhere%d", redistest.Prefix(t), i)
-				if env.Cluster.KeySlot(t, k) != env.Cluster.KeySlot(t, d.prefix) {
+				if env.Cluster.KeySlot(t, k) != env.Cluster.KeySlot(t, d.Prefix) {
 					elsewhere = k
 				}
 			}
@@ -351,11 +353,11 @@ func TestConfigBuilderOutsideItsKeys(t *testing.T) {
 				return nil
 			}},
 		} {
-			if tc.cluster && !d.cluster {
+			if tc.cluster && !d.Cluster {
 				continue
 			}
 			t.Run(tc.name, func(t *testing.T) {
-				p := fmt.Sprintf("%sc%d:", d.prefix, i)
+				p := fmt.Sprintf("%sc%d:", d.Prefix, i)
 				shape := func(bad bool) []rebuild.Builder[user] {
 					return []rebuild.Builder[user]{
 						cfgHash(p + "h"),
@@ -380,15 +382,15 @@ func TestConfigBuilderOutsideItsKeys(t *testing.T) {
 						}),
 					}
 				}
-				if _, err := rebuild.New(d.client, rebuild.Options{}, shape(false)...).Run(ctxT(t), rebuild.FromSlice(users(100))); err != nil {
+				if _, err := redistest.Rebuilder(t, d.Client, rebuild.Options{}, shape(false)...).Run(redistest.Ctx(t), rebuild.FromSlice(users(100))); err != nil {
 					t.Fatalf("first run: %v", err)
 				}
-				before := redistest.Snapshot(t, d.other, p)
+				before := redistest.Snapshot(t, d.Other, p)
 				if len(before) != 5 {
 					t.Fatalf("first run: got keys %v, want 5", before)
 				}
 
-				_, err := rebuild.New(d.client, rebuild.Options{BatchSize: 1000}, shape(true)...).Run(ctxT(t), rebuild.FromSlice(users(6000)))
+				_, err := redistest.Rebuilder(t, d.Client, rebuild.Options{BatchSize: 1000}, shape(true)...).Run(redistest.Ctx(t), rebuild.FromSlice(users(6000)))
 				var e *rebuild.Error
 				if !errors.As(err, &e) || e.Op != "build" || !strings.Contains(err.Error(), tc.want) {
 					t.Fatalf("Run: got %v, want a *rebuild.Error of Op %q mentioning %q", err, "build", tc.want)
@@ -396,10 +398,10 @@ func TestConfigBuilderOutsideItsKeys(t *testing.T) {
 				if tc.owner != "" && e.Key != p+tc.owner {
 					t.Errorf("Run: got Key %q, want the faulty builder's %q", e.Key, p+tc.owner)
 				}
-				wantUnchanged(t, d.other, p, before)
-				wantClean(t, d.other, p)
+				redistest.WantUnchanged(t, d.Other, p, before)
+				redistest.WantClean(t, d.Other, p)
 				if elsewhere != "" {
-					cfgWantNothingWritten(t, d.other, elsewhere)
+					cfgWantNothingWritten(t, d.Other, elsewhere)
 				}
 			})
 		}
@@ -422,7 +424,7 @@ func TestConfigClosedClient(t *testing.T) {
 	p := redistest.Prefix(t)
 	c.Close()
 	read := false
-	_, err := rebuild.New(c, rebuild.Options{}, cfgHash(p+"h"), cfgIndex(p+"idx")).Run(ctxT(t), cfgSource(100, &read))
+	_, err := redistest.Rebuilder(t, c, rebuild.Options{}, cfgHash(p+"h"), cfgIndex(p+"idx")).Run(redistest.Ctx(t), cfgSource(100, &read))
 	t.Logf("Run: %v", err)
 	if !errors.Is(err, rueidis.ErrClosing) {
 		t.Fatalf("Run: got %v, want an error matching rueidis.ErrClosing", err)

@@ -1,11 +1,10 @@
 // Package rebuild rebuilds Redis indexes from a source of truth in one pass,
 // and publishes them atomically, with zero downtime.
 //
-// A [Rebuilder] pulls items from a source, cuts them into batches, turns
-// each batch into commands through its builders (package builders: hashes,
-// sorted sets, sets, one set per value), concurrently, and sends them to
-// fresh temp keys in source order. When the source is exhausted it publishes every
-// key in one fenced Lua script:
+// A [Rebuilder] pulls items from a [Source], turns batches of them into
+// commands through its builders (package builders: hashes, sorted sets,
+// sets, one set per value), writes them to fresh temp keys, and when the
+// source is exhausted publishes every key in one fenced Lua script:
 //
 //	emails := builders.Hash("users:by-email", func(u User) (string, string, bool) {
 //		return u.Email, u.ID, !builders.Blank(u.Email)
@@ -16,7 +15,10 @@
 //	countries := builders.SetIndex("users:by-country", func(u User) (string, string, bool) {
 //		return u.Country, u.ID, !builders.Blank(u.Country)
 //	})
-//	r := rebuild.New(client, rebuild.Options{}, emails, scores, countries)
+//	r, err := rebuild.New(client, rebuild.Options{}, emails, scores, countries)
+//	if err != nil {
+//		return err // a configuration error: nothing was sent
+//	}
 //	stats, err := r.Run(ctx, rebuild.FromSlice(users))
 //
 // # Guarantees
@@ -29,41 +31,77 @@
 //
 // # Lifecycle
 //
-// Run locks every builder's key (under one token), streams the source,
-// renews the lease as batches complete, publishes, and releases the locks.
-// Each batch is one MULTI/EXEC transaction that also gives every temp key it
-// creates its TTL, so no temp key outlives a crashed process by more than
-// the TTL.
-// Memory is bounded by (Writers+1) × BatchSize items, whatever the size of
-// the source: the source is pulled only as fast as Redis takes the writes.
-// Batches are built concurrently and sent in source order; two round trips
-// overlap only when their order cannot matter ([Commutative] builders, or
-// [Keyed] ones that write no entry in common), so the last write of a field
-// or member in the source wins, unless [Options.Unordered] trades that for
-// speed. Writes made to a live key while its rebuild runs are replaced by
-// the publish: the result is a snapshot of the source, not a merge.
+//  1. Lock every builder's key (a family's prefix) under one token. If any
+//     lock is held, release the others and return an error matching
+//     ErrInProgress that names the key. Nothing is written.
+//  2. Pull the source and write its items through the pipeline below,
+//     renewing the lease as batches complete.
+//  3. Renew once more, check that every populated temp key still exists,
+//     and publish: one script checks the locks, replaces every live key,
+//     deletes the keys of builders that produced nothing, and deletes the
+//     family buckets the run no longer produced.
+//  4. Release the locks.
+//
+// # Pipeline
+//
+// The caller's goroutine pulls the source and cuts batches of
+// Options.BatchSize items. Each batch is built, turned into commands by the
+// builders, in a goroutine of its own, up to Options.Writers batches ahead.
+// One sender takes the built batches in source order and writes those
+// already waiting, up to Writers/2, in one pipelined round trip while the
+// next ones are being built. Each batch is one MULTI/EXEC transaction that
+// also gives every temp key it creates its TTL, so no temp key outlives a
+// crashed process by more than the TTL; the lease renewal rides in the same
+// round trip when one is due. A batch holds one of Writers slots from the
+// moment it is cut until it is written, and the source is pulled only as a
+// slot frees: memory is bounded by (Writers+1) × BatchSize items, whatever
+// the size of the source.
+//
+// rueidis writes a whole round trip before any of it leaves, and the server
+// waits meanwhile, so the sender keeps a second round trip in flight
+// whenever the order of the two cannot change the result:
+//
+//   - when every builder is [Commutative] (builders.Set, builders.SetIndex),
+//     always;
+//   - when every builder is Commutative or [Keyed] (builders.Hash,
+//     builders.SortedSet), unless the two write a common field or member of
+//     a Keyed builder: then the later waits for the earlier, so that the
+//     last write in source order wins;
+//   - with any other builder (builders.Func, builders.Compat, your own),
+//     never: one round trip at a time, in source order;
+//   - with [Options.Unordered], always, whatever the builders.
 //
 // # Errors
 //
-// Run returns an *Error naming the failed step and wrapping its cause, so
+// New returns an *Error of Op "config" for invalid options or builders,
+// and Run returns an *Error naming the failed step and wrapping its cause, so
 // errors.Is and errors.As see the source's error, a Redis error,
 // context.Canceled, or one of [ErrInProgress], [ErrLockLost] and
 // [ErrTempKeyLost]. Any of those means that nothing was published. When the
-// publish script's reply is lost, Run finds out whether it ran; only if
-// Redis cannot be asked does the error match [ErrOutcomeUnknown], and then
-// every live key holds its old value or every one its new value.
+// publish script's reply is lost (a dropped connection, a timeout, a
+// cancelled context), Run finds out from the receipt the publish leaves
+// whether it ran: if it did, Run succeeds; only if Redis cannot be asked
+// does the error match [ErrOutcomeUnknown], and then every live key holds
+// its old value or every one its new value. After a failure of the publish
+// script itself the temp keys are kept for Options.PreserveFor, for
+// diagnosis; after every other failure they are deleted.
 //
 // # Concurrency
 //
 // A Rebuilder is safe for concurrent use. Run is synchronous: every
 // goroutine it starts has ended when it returns. Builders are called
 // concurrently for different batches; Progress is called from one goroutine
-// (the one that sends the batches).
+// (the sender).
 //
 // # Redis Cluster
 //
 // One publish is one script, so on a cluster every key of a Rebuilder must
 // share one hash slot: give the keys a common hash tag, such as
-// "{users}:by-email" and "{users}:by-country". Run refuses keys in different
-// slots before writing anything.
+// "{users}:by-email" and "{users}:by-country". New refuses keys in different
+// slots.
+//
+// # Writes during a rebuild
+//
+// Writes made to a live key while its rebuild runs are replaced by the
+// publish: the result is a snapshot of the source, not a merge.
 package rebuild

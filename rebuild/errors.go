@@ -3,45 +3,47 @@ package rebuild
 import (
 	"fmt"
 
-	"github.com/keyswap/keyswap/store"
+	"github.com/keyswap/keyswap/internal/run"
 )
 
-// The errors a run can return are those of package store, re-exported here
-// so that callers of Run need not import it.
+// The errors a run can return. They are the same values as those of
+// package store, so either package's sentinels match them.
 var (
 	// ErrInProgress: another rebuild holds the lock of one of the keys. Run
 	// fails at once, without writing anything.
-	ErrInProgress = store.ErrInProgress
+	ErrInProgress = run.ErrInProgress
 	// ErrLockLost: the run lost its lease (a stall longer than TTL, or
 	// another process took the lock over). Nothing was published. It also
 	// matches ErrInProgress.
-	ErrLockLost = store.ErrLockLost
+	ErrLockLost = run.ErrLockLost
 	// ErrTempKeyLost: a populated temp key disappeared before the publish
-	// (expired, evicted, swept). Nothing was published.
-	ErrTempKeyLost = store.ErrTempKeyLost
+	// (expired, evicted, swept), or was lost and re-created. Nothing was
+	// published.
+	ErrTempKeyLost = run.ErrTempKeyLost
 	// ErrOutcomeUnknown: the publish script's reply was lost and Redis
 	// could not be reached to find out whether it ran. Every live key holds
 	// its old value or every one its new value: the script is atomic. When
 	// Redis could be reached, Run found out: a publish that ran is a
 	// success, one that did not is the original error.
-	ErrOutcomeUnknown = store.ErrOutcomeUnknown
+	ErrOutcomeUnknown = run.ErrOutcomeUnknown
 )
 
 // Outcome is what the publish did to a live key; see Stats.Outcomes.
-type Outcome = store.Outcome
+type Outcome = run.Outcome
 
-// The outcomes of a publish, re-exported from package store.
+// The outcomes of a publish.
 const (
 	// Swapped: the live key now holds the rebuilt value.
-	Swapped = store.Swapped
+	Swapped = run.Swapped
 	// Emptied: the live key was deleted: its builder produced nothing for
 	// it, or it was a family bucket the run no longer produced.
-	Emptied = store.Emptied
+	Emptied = run.Emptied
 )
 
 // Error is the error type of a failed run. Op names the step that failed:
 //
-//	config   invalid options or builders; nothing was sent
+//	config   invalid options or builders (from New) or source (from Run);
+//	         nothing was sent
 //	acquire  taking the locks (ErrInProgress: another rebuild holds one)
 //	source   the source yielded an error
 //	build    a builder returned an error or wrote outside its keys
@@ -53,11 +55,11 @@ const (
 //	publish  the publish script (ErrLockLost, ErrTempKeyLost, or its own error)
 //
 // Key is the builders' keys, or the one key concerned, and Err the cause.
-type Error = store.Error
+type Error = run.Error
 
 // PanicError is what Run panics with after cleaning up, when a builder
-// panicked in a writer goroutine: the original value and the stack of the
-// goroutine that panicked, which would otherwise be lost. A panic in the
+// panicked in a goroutine of the run: the original value and the stack of
+// the goroutine that panicked, which would otherwise be lost. A panic in the
 // source happens in Run's own goroutine and propagates unchanged.
 type PanicError struct {
 	Value any

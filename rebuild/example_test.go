@@ -1,8 +1,7 @@
 package rebuild_test
 
-// The examples run under go test as documentation. They need a Redis, so
-// they use an embedded miniredis (STYLE.md section 12); every other test in
-// this package runs against a real redis-server.
+// The examples run under go test as documentation, against the package's
+// test server.
 
 import (
 	"context"
@@ -13,7 +12,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/keyswap/keyswap/builders"
 	"github.com/keyswap/keyswap/rebuild"
 	"github.com/redis/rueidis"
@@ -28,24 +26,9 @@ type User struct {
 	Score   float64
 }
 
-// exampleRedis starts an embedded miniredis and a client for it. miniredis
-// has no client-side caching and no cluster, hence the two options.
-func exampleRedis() (*miniredis.Miniredis, rueidis.Client) {
-	m, err := miniredis.Run()
-	if err != nil {
-		log.Fatal(err)
-	}
-	client, err := rueidis.NewClient(rueidis.ClientOption{
-		InitAddress:       []string{m.Addr()},
-		DisableCache:      true,
-		ForceSingleClient: true,
-	})
-	if err != nil {
-		m.Close()
-		log.Fatal(err)
-	}
-	return m, client
-}
+// exampleClient returns a client of a Redis server for the examples: the
+// test suite's own, on a database the call empties first.
+func exampleClient() rueidis.Client { return env.ExampleClient() }
 
 // examplePrintKeys prints every key matching pattern, sorted, with its contents in
 // a stable order.
@@ -95,8 +78,7 @@ func examplePrintKeys(ctx context.Context, client rueidis.Client, pattern string
 // country. All of them are published at once; readers see the old indexes
 // until then.
 func ExampleNew() {
-	m, client := exampleRedis()
-	defer m.Close()
+	client := exampleClient()
 	defer client.Close()
 	ctx := context.Background()
 
@@ -119,13 +101,16 @@ func ExampleNew() {
 	country := builders.SetIndex("users:by-country", func(u User) (string, string, bool) {
 		return u.Country, u.ID, !builders.Blank(u.Country)
 	})
-	r := rebuild.New(client, rebuild.Options{}, emails, scores, country)
+	r, err := rebuild.New(client, rebuild.Options{}, emails, scores, country)
+	if err != nil {
+		log.Fatal(err)
+	}
 	stats, err := r.Run(ctx, rebuild.FromSlice(users))
 	if err != nil {
 		log.Fatal(err)
 	}
 	fmt.Println("items:", stats.Items)
-	fmt.Println("written:", stats.Targets)
+	fmt.Println("written:", stats.Entries)
 	fmt.Println("outcomes:", stats.Outcomes)
 	examplePrintKeys(ctx, client, "users:*")
 	// Output:
@@ -142,8 +127,7 @@ func ExampleNew() {
 // are skipped, and when two records claim the same value the last one wins.
 // The live hash is replaced, not merged: entries of deleted records go.
 func ExampleNew_hash() {
-	m, client := exampleRedis()
-	defer m.Close()
+	client := exampleClient()
 	defer client.Close()
 	ctx := context.Background()
 
@@ -157,11 +141,15 @@ func ExampleNew_hash() {
 	emails := builders.Hash("users:by-email", func(u User) (string, string, bool) {
 		return u.Email, u.ID, !builders.Blank(u.Email)
 	})
-	stats, err := rebuild.New(client, rebuild.Options{}, emails).Run(ctx, rebuild.FromSlice(users))
+	r, err := rebuild.New(client, rebuild.Options{}, emails)
 	if err != nil {
 		log.Fatal(err)
 	}
-	fmt.Println("items:", stats.Items, "written:", stats.Targets["users:by-email"])
+	stats, err := r.Run(ctx, rebuild.FromSlice(users))
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("items:", stats.Items, "written:", stats.Entries["users:by-email"])
 	examplePrintKeys(ctx, client, "users:*")
 	// Output:
 	// items: 3 written: 2
@@ -176,8 +164,7 @@ func ExampleNew_hash() {
 // (builders.Hash needs no such option: it is Keyed, and overlaps round
 // trips that share no field.)
 func ExampleOptions_unordered() {
-	m, client := exampleRedis()
-	defer m.Close()
+	client := exampleClient()
 	defer client.Close()
 	ctx := context.Background()
 
@@ -198,7 +185,11 @@ func ExampleOptions_unordered() {
 		return nil
 	})
 	opts := rebuild.Options{Unordered: true} // every email appears once in the source
-	stats, err := rebuild.New(client, opts, emails).Run(ctx, rebuild.FromSlice(users))
+	r, err := rebuild.New(client, opts, emails)
+	if err != nil {
+		log.Fatal(err)
+	}
+	stats, err := r.Run(ctx, rebuild.FromSlice(users))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -214,8 +205,7 @@ func ExampleOptions_unordered() {
 // A leaderboard: a member's score is whatever the function returns, and a
 // member missing from the source disappears from the sorted set.
 func ExampleNew_sortedSet() {
-	m, client := exampleRedis()
-	defer m.Close()
+	client := exampleClient()
 	defer client.Close()
 	ctx := context.Background()
 
@@ -225,7 +215,11 @@ func ExampleNew_sortedSet() {
 	scores := builders.SortedSet("users:by-score", func(u User) (string, float64, bool) {
 		return u.ID, u.Score, true
 	})
-	if _, err := rebuild.New(client, rebuild.Options{}, scores).Run(ctx, rebuild.FromSlice(users)); err != nil {
+	r, err := rebuild.New(client, rebuild.Options{}, scores)
+	if err != nil {
+		log.Fatal(err)
+	}
+	if _, err := r.Run(ctx, rebuild.FromSlice(users)); err != nil {
 		log.Fatal(err)
 	}
 	examplePrintKeys(ctx, client, "users:*")
@@ -236,15 +230,17 @@ func ExampleNew_sortedSet() {
 // One set per value: a member that moved is only in its new bucket, and a
 // bucket left without members is deleted, in the same atomic publish.
 func ExampleNew_setIndex() {
-	m, client := exampleRedis()
-	defer m.Close()
+	client := exampleClient()
 	defer client.Close()
 	ctx := context.Background()
 
 	country := builders.SetIndex("users:by-country", func(u User) (string, string, bool) {
 		return u.Country, u.ID, !builders.Blank(u.Country)
 	})
-	r := rebuild.New(client, rebuild.Options{}, country)
+	r, err := rebuild.New(client, rebuild.Options{}, country)
+	if err != nil {
+		log.Fatal(err)
+	}
 
 	if _, err := r.Run(ctx, rebuild.FromSlice([]User{
 		{ID: "1", Country: "fr"}, {ID: "2", Country: "fr"}, {ID: "3", Country: "it"},
@@ -273,8 +269,7 @@ func ExampleNew_setIndex() {
 // Rebuild an index from the objects themselves, Familia's fallback when
 // there is no other source: SCAN the object hashes and read each one.
 func ExampleFromHashes() {
-	m, client := exampleRedis()
-	defer m.Close()
+	client := exampleClient()
 	defer client.Close()
 	ctx := context.Background()
 
@@ -284,13 +279,17 @@ func ExampleFromHashes() {
 	}
 	client.Do(ctx, client.B().Set().Key("user:4:object").Value("not a hash").Build()) // skipped: SCAN TYPE hash
 
-	src := rebuild.FromHashes(ctx, client, "user:*:object", func(key string, f map[string]string) (User, bool, error) {
+	src := rebuild.FromHashes(client, "user:*:object", func(key string, f map[string]string) (User, bool, error) {
 		return User{ID: f["id"], Email: f["email"]}, true, nil
 	})
 	emails := builders.Hash("users:by-email", func(u User) (string, string, bool) {
 		return u.Email, u.ID, !builders.Blank(u.Email)
 	})
-	stats, err := rebuild.New(client, rebuild.Options{}, emails).Run(ctx, src)
+	r, err := rebuild.New(client, rebuild.Options{}, emails)
+	if err != nil {
+		log.Fatal(err)
+	}
+	stats, err := r.Run(ctx, src)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -305,8 +304,7 @@ func ExampleFromHashes() {
 // at a time with counts that never decrease; the last call has the totals.
 // Elapsed and Rate vary from run to run, so they are not printed here.
 func ExampleRebuilder_Run() {
-	m, client := exampleRedis()
-	defer m.Close()
+	client := exampleClient()
 	defer client.Close()
 	ctx := context.Background()
 
@@ -317,13 +315,16 @@ func ExampleRebuilder_Run() {
 	scores := builders.SortedSet("users:by-score", func(u User) (string, float64, bool) {
 		return u.ID, u.Score, true
 	})
-	r := rebuild.New(client, rebuild.Options{
+	r, err := rebuild.New(client, rebuild.Options{
 		BatchSize: 2,
 		Writers:   1, // batches complete in order, so the output is stable
 		Progress: func(p rebuild.Progress) {
 			fmt.Printf("progress: %d items in %d batches\n", p.Items, p.Batches)
 		},
 	}, scores)
+	if err != nil {
+		log.Fatal(err)
+	}
 	stats, err := r.Run(ctx, rebuild.FromSlice(users))
 	if err != nil {
 		log.Fatal(err)

@@ -1,6 +1,6 @@
 package rebuild_test
 
-// All or nothing (DESIGN.md "All or nothing", Guarantees 3-5; C8, C16, C16+,
+// All or nothing (Guarantees 3-5; C8, C16, C16+,
 // C18, C20, C26, C29, C34, C43-C45, C52): every way a run can fail is made to
 // happen for real against a live server, after a first successful run has
 // populated the live keys, and every test then checks that each live key is
@@ -8,11 +8,8 @@ package rebuild_test
 
 import (
 	"context"
-	"crypto/sha1"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -44,10 +41,10 @@ type failShape struct {
 
 func failNewShape(d deployment) failShape {
 	return failShape{
-		email:   d.prefix + "users:by-email",
-		score:   d.prefix + "users:by-score",
-		country: d.prefix + "users:by-country",
-		ids:     d.prefix + "users:ids",
+		email:   d.Prefix + "users:by-email",
+		score:   d.Prefix + "users:by-score",
+		country: d.Prefix + "users:by-country",
+		ids:     d.Prefix + "users:ids",
 	}
 }
 
@@ -104,17 +101,17 @@ func failSecondUsers(n int) []user {
 }
 
 // failPopulate runs bs once successfully over users(failN) and returns the
-// snapshot of every key under d.prefix.
+// snapshot of every key under d.Prefix.
 func failPopulate(t *testing.T, d deployment, s failShape, bs []rebuild.Builder[user]) map[string]redistest.KeyState {
 	t.Helper()
-	if _, err := rebuild.New(d.client, rebuild.Options{}, bs...).Run(ctxT(t), rebuild.FromSlice(users(failN))); err != nil {
+	if _, err := redistest.Rebuilder(t, d.Client, rebuild.Options{}, bs...).Run(redistest.Ctx(t), rebuild.FromSlice(users(failN))); err != nil {
 		t.Fatalf("first run: %v", err)
 	}
-	if got := len(hgetall(t, d.other, s.email)); got != failN {
+	if got := len(redistest.HGetAll(t, d.Other, s.email)); got != failN {
 		t.Fatalf("first run: HLEN %s: got %d, want %d", s.email, got, failN)
 	}
-	wantClean(t, d.other, d.prefix)
-	before := redistest.Snapshot(t, d.other, d.prefix)
+	redistest.WantClean(t, d.Other, d.Prefix)
+	before := redistest.Snapshot(t, d.Other, d.Prefix)
 	want := s.finals(len(bs) == 4)
 	var got []string
 	for k := range before {
@@ -131,8 +128,8 @@ func failPopulate(t *testing.T, d deployment, s failShape, bs []rebuild.Builder[
 // byte-identical, no temp key and no lock left.
 func failWantNothingChanged(t *testing.T, d deployment, before map[string]redistest.KeyState) {
 	t.Helper()
-	wantUnchanged(t, d.other, d.prefix, before)
-	wantClean(t, d.other, d.prefix)
+	redistest.WantUnchanged(t, d.Other, d.Prefix, before)
+	redistest.WantClean(t, d.Other, d.Prefix)
 }
 
 // failWantError checks that err is a *rebuild.Error of op matching target.
@@ -156,15 +153,15 @@ func failWantError(t *testing.T, err error, op string, target error) *rebuild.Er
 }
 
 // failSource yields items[:at], then err.
-func failSource(items []user, at int, err error) func(yield func(user, error) bool) {
-	return func(yield func(user, error) bool) {
+func failSource(items []user, at int, err error) rebuild.Source[user] {
+	return rebuild.FromSeq2(func(yield func(user, error) bool) {
 		for _, u := range items[:at] {
 			if !yield(u, nil) {
 				return
 			}
 		}
 		yield(user{}, err)
-	}
+	})
 }
 
 // failTemps returns the temp keys under prefix whose base is base, scanning
@@ -192,22 +189,10 @@ func failTemps(ctx context.Context, c rueidis.Client, prefix, base string) ([]st
 	return out, nil
 }
 
-// failScriptSHA returns the SHA1 rueidis sends in EVALSHA for the store
-// script of file name.
-func failScriptSHA(t *testing.T, name string) (sha, src string) {
-	t.Helper()
-	b, err := os.ReadFile("../store/scripts/" + name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sum := sha1.Sum(b)
-	return hex.EncodeToString(sum[:]), string(b)
-}
-
 // failRun runs r and returns its error, or the value it panicked with.
 // check runs inside the recover handler, before the panic is swallowed:
 // whatever it sees is what the caller sees when the panic reaches it.
-func failRun(r *rebuild.Rebuilder[user], ctx context.Context, src func(yield func(user, error) bool), check func()) (panicked any, err error) {
+func failRun(r *rebuild.Rebuilder[user], ctx context.Context, src rebuild.Source[user], check func()) (panicked any, err error) {
 	defer func() {
 		if panicked = recover(); panicked != nil {
 			check()
@@ -219,15 +204,15 @@ func failRun(r *rebuild.Rebuilder[user], ctx context.Context, src func(yield fun
 
 // TestFailSourceError: a source error at item 5,000 of 10,000 discards the
 // run and comes back as a *rebuild.Error of Op "source" that errors.Is
-// matches to the source's own error (C45, C52, DESIGN "All or nothing").
+// matches to the source's own error (C45, C52).
 func TestFailSourceError(t *testing.T) {
 	t.Parallel()
 	forEachDeployment(t, func(t *testing.T, d deployment) {
 		s := failNewShape(d)
 		before := failPopulate(t, d, s, s.builders(nil))
 		errSource := errors.New("source: database connection reset")
-		r := rebuild.New(d.client, rebuild.Options{BatchSize: failBatch, Writers: 4}, s.builders(nil)...)
-		stats, err := r.Run(ctxT(t), failSource(failSecondUsers(failN), failN/2, errSource))
+		r := redistest.Rebuilder(t, d.Client, rebuild.Options{BatchSize: failBatch, Writers: 4}, s.builders(nil)...)
+		stats, err := r.Run(redistest.Ctx(t), failSource(failSecondUsers(failN), failN/2, errSource))
 		failWantError(t, err, "source", errSource)
 		if len(stats.Outcomes) != 0 {
 			t.Errorf("Stats.Outcomes: got %v, want none after a failure", stats.Outcomes)
@@ -253,14 +238,14 @@ func TestFailPanic(t *testing.T) {
 		t.Run("builder", func(t *testing.T) {
 			val := &failPanicValue{"builder"}
 			var built atomic.Int64
-			r := rebuild.New(d.client, rebuild.Options{BatchSize: failBatch, Writers: 4}, s.builders(func(items []user) {
+			r := redistest.Rebuilder(t, d.Client, rebuild.Options{BatchSize: failBatch, Writers: 4}, s.builders(func(items []user) {
 				built.Add(1)
 				if items[0].ID == fmt.Sprintf("u%06d", failN/2) {
 					panic(val)
 				}
 			})...)
 			checked := false
-			p, err := failRun(r, ctxT(t), rebuild.FromSlice(failSecondUsers(failN)), func() {
+			p, err := failRun(r, redistest.Ctx(t), rebuild.FromSlice(failSecondUsers(failN)), func() {
 				// The panic has reached us: the cleanup must be over.
 				checked = true
 				failWantNothingChanged(t, d, before)
@@ -299,9 +284,9 @@ func TestFailPanic(t *testing.T) {
 					}
 				}
 			}
-			r := rebuild.New(d.client, rebuild.Options{BatchSize: failBatch, Writers: 4}, s.builders(nil)...)
+			r := redistest.Rebuilder(t, d.Client, rebuild.Options{BatchSize: failBatch, Writers: 4}, s.builders(nil)...)
 			checked := false
-			p, err := failRun(r, ctxT(t), src, func() {
+			p, err := failRun(r, redistest.Ctx(t), rebuild.FromSeq2(src), func() {
 				checked = true
 				failWantNothingChanged(t, d, before)
 			})
@@ -320,8 +305,8 @@ func TestFailPanic(t *testing.T) {
 
 // TestFailCancel: a ctx cancelled mid-run (from Progress, after 3 of 10
 // batches) discards the run and returns context.Canceled, or the cause given
-// to a context.CancelCauseFunc (STYLE 4: "Cancellation returns
-// context.Cause(ctx)"; DESIGN "All or nothing").
+// to a context.CancelCauseFunc (cancellation returns
+// context.Cause(ctx)).
 func TestFailCancel(t *testing.T) {
 	t.Parallel()
 	forEachDeployment(t, func(t *testing.T, d deployment) {
@@ -343,10 +328,10 @@ func TestFailCancel(t *testing.T) {
 			}},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
-				ctx, cancel := tc.ctx(ctxT(t))
+				ctx, cancel := tc.ctx(redistest.Ctx(t))
 				defer cancel()
 				var once sync.Once
-				r := rebuild.New(d.client, rebuild.Options{BatchSize: failBatch, Writers: 4, Progress: func(p rebuild.Progress) {
+				r := redistest.Rebuilder(t, d.Client, rebuild.Options{BatchSize: failBatch, Writers: 4, Progress: func(p rebuild.Progress) {
 					if p.Batches >= 3 {
 						once.Do(cancel)
 					}
@@ -366,11 +351,11 @@ func TestFailCancel(t *testing.T) {
 // keys and leaves the thief's lock alone (C8, C16, C22, C27, C44).
 func TestFailLockStolen(t *testing.T) {
 	t.Parallel()
-	publishSHA, _ := failScriptSHA(t, "publish.lua")
+	publishSHA := redistest.ScriptNamed("publish").SHA1
 	forEachDeployment(t, func(t *testing.T, d deployment) {
 		s := failNewShape(d)
 		before := failPopulate(t, d, s, s.builders(nil))
-		st := store.New(d.other, store.Options{})
+		st := store.New(d.Other, store.Options{})
 		for _, tc := range []struct {
 			name      string
 			key       string
@@ -387,19 +372,19 @@ func TestFailLockStolen(t *testing.T) {
 				steal := func() {
 					once.Do(func() {
 						ctx := context.Background()
-						if err := d.other.Do(ctx, d.other.B().Del().Key(lock).Build()).Error(); err != nil {
+						if err := d.Other.Do(ctx, d.Other.B().Del().Key(lock).Build()).Error(); err != nil {
 							t.Errorf("DEL %s: %v", lock, err)
 						}
-						if err := d.other.Do(ctx, d.other.B().Set().Key(lock).Value("thief").ExSeconds(60).Build()).Error(); err != nil {
+						if err := d.Other.Do(ctx, d.Other.B().Set().Key(lock).Value("thief").ExSeconds(60).Build()).Error(); err != nil {
 							t.Errorf("SET %s: %v", lock, err)
 						}
 						stolen = true
 					})
 				}
-				client := d.client
+				client := d.Client
 				opts := rebuild.Options{BatchSize: failBatch, Writers: 4, TTL: 3 * time.Second}
 				if tc.atPublish {
-					client = rueidishook.WithHook(d.client, redistest.Hook{
+					client = rueidishook.WithHook(d.Client, redistest.Hook{
 						OnDo: func(c rueidis.Client, ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
 							if args := cmd.Commands(); args[0] == "EVALSHA" && args[1] == publishSHA {
 								steal()
@@ -414,21 +399,21 @@ func TestFailLockStolen(t *testing.T) {
 						}
 					}
 				}
-				_, err := rebuild.New(client, opts, s.builders(nil)...).Run(ctxT(t), rebuild.FromSlice(failSecondUsers(failN)))
+				_, err := redistest.Rebuilder(t, client, opts, s.builders(nil)...).Run(redistest.Ctx(t), rebuild.FromSlice(failSecondUsers(failN)))
 				if !stolen {
 					t.Fatal("the lock was never stolen")
 				}
 				failWantError(t, err, "", rebuild.ErrLockLost)
 
 				// The thief's lock is untouched, value and TTL.
-				got, gerr := d.other.Do(context.Background(), d.other.B().Get().Key(lock).Build()).ToString()
+				got, gerr := d.Other.Do(context.Background(), d.Other.B().Get().Key(lock).Build()).ToString()
 				if gerr != nil || got != "thief" {
 					t.Errorf("GET %s: got %q, %v, want the thief's %q", lock, got, gerr, "thief")
 				}
-				if ttl := pttl(t, d.other, lock); ttl <= 50*time.Second {
+				if ttl := redistest.PTTL(t, d.Other, lock); ttl <= 50*time.Second {
 					t.Errorf("PTTL %s: got %v, want the thief's (50s, 60s]", lock, ttl)
 				}
-				if err := d.other.Do(context.Background(), d.other.B().Del().Key(lock).Build()).Error(); err != nil {
+				if err := d.Other.Do(context.Background(), d.Other.B().Del().Key(lock).Build()).Error(); err != nil {
 					t.Fatal(err)
 				}
 				failWantNothingChanged(t, d, before)
@@ -447,12 +432,12 @@ func TestFailStall(t *testing.T) {
 		s := failNewShape(d)
 		before := failPopulate(t, d, s, s.builders(nil))
 		var stalled atomic.Bool
-		r := rebuild.New(d.client, rebuild.Options{BatchSize: failBatch, Writers: 1, TTL: 2 * time.Second}, s.builders(func(items []user) {
+		r := redistest.Rebuilder(t, d.Client, rebuild.Options{BatchSize: failBatch, Writers: 1, TTL: 2 * time.Second}, s.builders(func(items []user) {
 			if items[0].ID == "u000000" && stalled.CompareAndSwap(false, true) {
 				time.Sleep(3 * time.Second) // the injected fault: a stall longer than TTL, not synchronisation
 			}
 		})...)
-		_, err := r.Run(ctxT(t), rebuild.FromSlice(failSecondUsers(failN)))
+		_, err := r.Run(redistest.Ctx(t), rebuild.FromSlice(failSecondUsers(failN)))
 		if !stalled.Load() {
 			t.Fatal("the builder never stalled")
 		}
@@ -472,8 +457,8 @@ func TestFailWrite(t *testing.T) {
 		us := failSecondUsers(failN)
 		marker := us[failN/2].Email
 		var replaced atomic.Int64
-		r := rebuild.New(failRejectHSET(d.client, marker, &replaced), rebuild.Options{BatchSize: failBatch, Writers: 4}, s.builders(nil)...)
-		_, err := r.Run(ctxT(t), rebuild.FromSlice(us))
+		r := redistest.Rebuilder(t, failRejectHSET(d.Client, marker, &replaced), rebuild.Options{BatchSize: failBatch, Writers: 4}, s.builders(nil)...)
+		_, err := r.Run(redistest.Ctx(t), rebuild.FromSlice(us))
 		if n := replaced.Load(); n != 1 {
 			t.Fatalf("HSETs replaced: got %d, want 1", n)
 		}
@@ -530,25 +515,25 @@ func TestFailTempKeyDeleted(t *testing.T) {
 			t.Run(tc.name, func(t *testing.T) {
 				var once sync.Once
 				deleted := ""
-				r := rebuild.New(d.client, rebuild.Options{BatchSize: failBatch, Writers: 4, Progress: func(p rebuild.Progress) {
+				r := redistest.Rebuilder(t, d.Client, rebuild.Options{BatchSize: failBatch, Writers: 4, Progress: func(p rebuild.Progress) {
 					if p.Batches < tc.batches {
 						return
 					}
 					once.Do(func() {
 						ctx := context.Background()
-						temps, err := failTemps(ctx, d.other, d.prefix, tc.base)
+						temps, err := failTemps(ctx, d.Other, d.Prefix, tc.base)
 						if err != nil || len(temps) != 1 {
 							t.Errorf("temp keys of %s: got %q, %v, want one", tc.base, temps, err)
 							return
 						}
-						if n, err := d.other.Do(ctx, d.other.B().Del().Key(temps[0]).Build()).AsInt64(); err != nil || n != 1 {
+						if n, err := d.Other.Do(ctx, d.Other.B().Del().Key(temps[0]).Build()).AsInt64(); err != nil || n != 1 {
 							t.Errorf("DEL %s: got %d, %v, want 1", temps[0], n, err)
 							return
 						}
 						deleted = temps[0]
 					})
 				}}, s.builders(nil)...)
-				_, err := r.Run(ctxT(t), rebuild.FromSlice(failSecondUsers(failN)))
+				_, err := r.Run(redistest.Ctx(t), rebuild.FromSlice(failSecondUsers(failN)))
 				if deleted == "" {
 					t.Fatal("no temp key was deleted")
 				}
@@ -566,12 +551,12 @@ func TestFailTempKeyDeleted(t *testing.T) {
 // 0 < TTL <= PreserveFor (C29, C34.4).
 func TestFailPublishScript(t *testing.T) {
 	t.Parallel()
-	publishSHA, _ := failScriptSHA(t, "publish.lua")
+	publishSHA := redistest.ScriptNamed("publish").SHA1
 	forEachDeployment(t, func(t *testing.T, d deployment) {
 		s := failNewShape(d)
 		before := failPopulate(t, d, s, s.builders(nil))
 		var failed atomic.Int64
-		hooked := rueidishook.WithHook(d.client, redistest.Hook{
+		hooked := rueidishook.WithHook(d.Client, redistest.Hook{
 			OnDo: func(c rueidis.Client, ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
 				if args := cmd.Commands(); (args[0] == "EVALSHA" || args[0] == "EVAL") && args[1] == publishSHA {
 					failed.Add(1)
@@ -583,8 +568,8 @@ func TestFailPublishScript(t *testing.T) {
 			},
 		})
 		const preserve = 60 * time.Second
-		r := rebuild.New(hooked, rebuild.Options{BatchSize: failBatch, Writers: 4, PreserveFor: preserve}, s.builders(nil)...)
-		_, err := r.Run(ctxT(t), rebuild.FromSlice(failSecondUsers(failN)))
+		r := redistest.Rebuilder(t, hooked, rebuild.Options{BatchSize: failBatch, Writers: 4, PreserveFor: preserve}, s.builders(nil)...)
+		_, err := r.Run(redistest.Ctx(t), rebuild.FromSlice(failSecondUsers(failN)))
 		if n := failed.Load(); n != 1 {
 			t.Fatalf("publish scripts failed: got %d, want 1", n)
 		}
@@ -599,13 +584,13 @@ func TestFailPublishScript(t *testing.T) {
 		want := []string{s.email, s.score, s.country + ":es", s.country + ":it", s.ids}
 		slices.Sort(want)
 		var bases, temps []string
-		for _, k := range redistest.Keys(t, d.other, d.prefix) {
+		for _, k := range redistest.Keys(t, d.Other, d.Prefix) {
 			base, _, ok := store.ParseTempKey(k)
 			switch {
 			case ok:
 				bases = append(bases, base)
 				temps = append(temps, k)
-				if ttl := pttl(t, d.other, k); ttl <= 0 || ttl > preserve {
+				if ttl := redistest.PTTL(t, d.Other, k); ttl <= 0 || ttl > preserve {
 					t.Errorf("PTTL %s: got %v, want (0, %v]", k, ttl, preserve)
 				}
 			case strings.HasSuffix(k, ":rebuild-lock"):
@@ -617,7 +602,7 @@ func TestFailPublishScript(t *testing.T) {
 			t.Errorf("temp keys kept for: got %q, want %q", bases, want)
 		}
 		if len(temps) > 0 {
-			if err := d.other.Do(context.Background(), d.other.B().Del().Key(temps...).Build()).Error(); err != nil {
+			if err := d.Other.Do(context.Background(), d.Other.B().Del().Key(temps...).Build()).Error(); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -628,13 +613,14 @@ func TestFailPublishScript(t *testing.T) {
 // TestFailScriptFlushMidRun: SCRIPT FLUSH while a run is going (on a server
 // of the test's own) makes the lease renewal that rides in a batch's
 // DoMulti hit NOSCRIPT, where rueidis has no EVAL fallback. The Rebuilder
-// handles it and the run succeeds (C16+, DESIGN "Lease").
+// handles it and the run succeeds (C16+).
 func TestFailScriptFlushMidRun(t *testing.T) {
 	t.Parallel()
 	srv := redistest.OwnServer(t)
 	client, other := srv.Client(t), srv.Client(t)
-	ctx := ctxT(t)
-	leaseSHA, leaseSrc := failScriptSHA(t, "lease.lua")
+	ctx := redistest.Ctx(t)
+	lease := redistest.ScriptNamed("lease")
+	leaseSHA, leaseSrc := lease.SHA1, lease.Source
 	// Loaded first, so that the NOSCRIPT below comes from the flush.
 	if sha, err := other.Do(ctx, other.B().ScriptLoad().Script(leaseSrc).Build()).ToString(); err != nil || sha != leaseSHA {
 		t.Fatalf("SCRIPT LOAD lease.lua: got %q, %v, want %s", sha, err, leaseSHA)
@@ -689,11 +675,11 @@ func TestFailScriptFlushMidRun(t *testing.T) {
 	}
 	p := redistest.Prefix(t)
 	key, idx := p+"users:by-email", p+"users:by-country"
-	r := rebuild.New(hooked, rebuild.Options{BatchSize: 50, Writers: 4, TTL: 3 * time.Second},
+	r := redistest.Rebuilder(t, hooked, rebuild.Options{BatchSize: 50, Writers: 4, TTL: 3 * time.Second},
 		builders.Hash(key, func(u user) (string, string, bool) { return u.Email, u.ID, true }),
 		builders.SetIndex(idx, func(u user) (string, string, bool) { return u.Country, u.ID, true }),
 	)
-	stats, err := r.Run(ctx, src)
+	stats, err := r.Run(ctx, rebuild.FromSeq2(src))
 	if !sawNoScript.Load() {
 		t.Fatalf("no lease renewal inside a DoMulti hit NOSCRIPT after SCRIPT FLUSH (flushed: %v, %d items)", flushed.Load(), yielded)
 	}
@@ -711,13 +697,13 @@ func TestFailScriptFlushMidRun(t *testing.T) {
 	if stats.Items != int64(yielded) {
 		t.Errorf("Stats.Items: got %d, want %d", stats.Items, yielded)
 	}
-	if got := len(hgetall(t, other, key)); got != n {
+	if got := len(redistest.HGetAll(t, other, key)); got != n {
 		t.Errorf("HLEN %s: got %d, want %d", key, got, n)
 	}
-	if got := len(smembers(t, other, idx+":fr")); got != (n+2)/3 {
+	if got := len(redistest.SMembers(t, other, idx+":fr")); got != (n+2)/3 {
 		t.Errorf("SCARD %s: got %d, want %d", idx+":fr", got, (n+2)/3)
 	}
-	wantClean(t, other, p)
+	redistest.WantClean(t, other, p)
 }
 
 // TestFailInProgress: a lock held by someone else on any one of three
@@ -729,12 +715,12 @@ func TestFailInProgress(t *testing.T) {
 	forEachDeployment(t, func(t *testing.T, d deployment) {
 		s := failNewShape(d)
 		before := failPopulate(t, d, s, s.three())
-		st := store.New(d.other, store.Options{})
+		st := store.New(d.Other, store.Options{})
 		for _, key := range []string{s.email, s.score, s.country} {
-			t.Run(strings.TrimPrefix(key, d.prefix), func(t *testing.T) {
+			t.Run(strings.TrimPrefix(key, d.Prefix), func(t *testing.T) {
 				ctx := context.Background()
 				lock := st.LockKey(key)
-				if err := d.other.Do(ctx, d.other.B().Set().Key(lock).Value("someone-else").ExSeconds(60).Build()).Error(); err != nil {
+				if err := d.Other.Do(ctx, d.Other.B().Set().Key(lock).Value("someone-else").ExSeconds(60).Build()).Error(); err != nil {
 					t.Fatal(err)
 				}
 				read := false
@@ -746,8 +732,8 @@ func TestFailInProgress(t *testing.T) {
 						}
 					}
 				}
-				r := rebuild.New(d.client, rebuild.Options{Progress: func(rebuild.Progress) { read = true }}, s.three()...)
-				_, err := r.Run(ctxT(t), src)
+				r := redistest.Rebuilder(t, d.Client, rebuild.Options{Progress: func(rebuild.Progress) { read = true }}, s.three()...)
+				_, err := r.Run(redistest.Ctx(t), rebuild.FromSeq2(src))
 				e := failWantError(t, err, "", rebuild.ErrInProgress)
 				if errors.Is(err, rebuild.ErrLockLost) {
 					t.Errorf("Run: got %v, want ErrInProgress, not ErrLockLost", err)
@@ -758,17 +744,17 @@ func TestFailInProgress(t *testing.T) {
 				if read {
 					t.Error("the source was read, want Run to fail before it")
 				}
-				got, gerr := d.other.Do(ctx, d.other.B().Get().Key(lock).Build()).ToString()
+				got, gerr := d.Other.Do(ctx, d.Other.B().Get().Key(lock).Build()).ToString()
 				if gerr != nil || got != "someone-else" {
 					t.Errorf("GET %s: got %q, %v, want %q", lock, got, gerr, "someone-else")
 				}
-				if ttl := pttl(t, d.other, lock); ttl <= 50*time.Second {
+				if ttl := redistest.PTTL(t, d.Other, lock); ttl <= 50*time.Second {
 					t.Errorf("PTTL %s: got %v, want the holder's (50s, 60s]", lock, ttl)
 				}
-				if left := redistest.Leftovers(t, d.other, d.prefix); !slices.Equal(left, []string{lock}) {
+				if left := redistest.Leftovers(t, d.Other, d.Prefix); !slices.Equal(left, []string{lock}) {
 					t.Errorf("left behind: got %q, want only the held lock %q", left, lock)
 				}
-				if err := d.other.Do(ctx, d.other.B().Del().Key(lock).Build()).Error(); err != nil {
+				if err := d.Other.Do(ctx, d.Other.B().Del().Key(lock).Build()).Error(); err != nil {
 					t.Fatal(err)
 				}
 				failWantNothingChanged(t, d, before)
@@ -786,14 +772,14 @@ func TestFailConcurrentRuns(t *testing.T) {
 	forEachDeployment(t, func(t *testing.T, d deployment) {
 		s := failNewShape(d)
 		failPopulate(t, d, s, s.builders(nil))
-		ctx := ctxT(t)
-		r := rebuild.New(d.client, rebuild.Options{}, s.builders(nil)...)
+		ctx := redistest.Ctx(t)
+		r := redistest.Rebuilder(t, d.Client, rebuild.Options{}, s.builders(nil)...)
 		us := failSecondUsers(failN)
 
 		started, secondDone := make(chan struct{}), make(chan struct{})
 		first := make(chan error, 1)
 		go func() {
-			_, err := r.Run(ctx, func(yield func(user, error) bool) {
+			_, err := r.Run(ctx, rebuild.FromSeq2(func(yield func(user, error) bool) {
 				close(started)
 				select {
 				case <-secondDone:
@@ -806,7 +792,7 @@ func TestFailConcurrentRuns(t *testing.T) {
 						return
 					}
 				}
-			})
+			}))
 			first <- err
 		}()
 		select {
@@ -815,7 +801,7 @@ func TestFailConcurrentRuns(t *testing.T) {
 			t.Fatalf("first Run returned %v before reading its source", err)
 		}
 		secondRead := false
-		_, err2 := r.Run(ctx, func(yield func(user, error) bool) { secondRead = true })
+		_, err2 := r.Run(ctx, rebuild.FromSeq2(func(yield func(user, error) bool) { secondRead = true }))
 		close(secondDone)
 		err1 := <-first
 
@@ -829,16 +815,16 @@ func TestFailConcurrentRuns(t *testing.T) {
 		if secondRead {
 			t.Error("second Run read its source, want it to fail first")
 		}
-		if got := hgetall(t, d.other, s.email)[us[0].Email]; got != us[0].ID {
+		if got := redistest.HGetAll(t, d.Other, s.email)[us[0].Email]; got != us[0].ID {
 			t.Errorf("HGET %s %s: got %q, want %q (the first Run's data)", s.email, us[0].Email, got, us[0].ID)
 		}
-		wantClean(t, d.other, d.prefix)
+		redistest.WantClean(t, d.Other, d.Prefix)
 	})
 }
 
 // TestFailSourceErrorCancelsFamilyScan: a run that fails must not wait for
-// its SetIndex's SCAN of the live buckets (fail fast, DESIGN "All or
-// nothing"; STYLE 7: "Run stops at the first one"). The hook holds the SCAN
+// its SetIndex's SCAN of the live buckets (fail fast: Run stops at
+// the first error). The hook holds the SCAN
 // until its ctx is done, as a SCAN of a large keyspace or of an unreachable
 // node does (rueidis retries a read-only SCAN until ctx expires); the source
 // fails meanwhile. Run must cancel the scan and return the source's error.
@@ -849,7 +835,7 @@ func TestFailSourceErrorCancelsFamilyScan(t *testing.T) {
 		before := failPopulate(t, d, s, s.three())
 		scanning := make(chan struct{})
 		var once sync.Once
-		hooked := rueidishook.WithHook(d.client, redistest.Hook{
+		hooked := rueidishook.WithHook(d.Client, redistest.Hook{
 			OnDo: func(c rueidis.Client, ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
 				if args := cmd.Commands(); args[0] == "SCAN" && slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, s.country) }) {
 					once.Do(func() { close(scanning) })
@@ -859,7 +845,7 @@ func TestFailSourceErrorCancelsFamilyScan(t *testing.T) {
 				return c.Do(ctx, cmd)
 			},
 		})
-		ctx, cancel := context.WithCancel(ctxT(t))
+		ctx, cancel := context.WithCancel(redistest.Ctx(t))
 		defer cancel()
 		errSource := errors.New("source: database connection reset")
 		us := failSecondUsers(failN)
@@ -877,7 +863,7 @@ func TestFailSourceErrorCancelsFamilyScan(t *testing.T) {
 		}
 		done := make(chan error, 1)
 		go func() {
-			_, err := rebuild.New(hooked, rebuild.Options{}, s.three()...).Run(ctx, src)
+			_, err := redistest.Rebuilder(t, hooked, rebuild.Options{}, s.three()...).Run(ctx, rebuild.FromSeq2(src))
 			done <- err
 		}()
 		var err error

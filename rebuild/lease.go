@@ -7,29 +7,29 @@ import (
 	"sync"
 	"time"
 
-	"github.com/keyswap/keyswap/store"
+	"github.com/keyswap/keyswap/internal/run"
 	"github.com/redis/rueidis"
 )
 
 // lease keeps a run's locks and temp keys alive, and cancels the run when
 // they are lost.
 //
-// A renewal is the store's touch: one script that compare-and-extends every
-// lock and then resets every temp key's TTL. Only renewals extend the locks,
-// and they reset every temp key at the same instant, so a temp key's
-// deadline is never earlier than its lock's (C15); between renewals, a
-// batch's EXPIRE NX only gives the temp keys it creates their first TTL,
-// which ends after the lock's deadline.
+// A renewal is the touch of package run: one script that compare-and-extends
+// every lock and then resets every temp key's TTL. Only renewals extend the
+// locks, and they reset every temp key at the same instant, so a temp key's
+// deadline is never earlier than its lock's; between renewals, a batch's
+// EXPIRE NX only gives the temp keys it creates their first TTL, which ends
+// after the lock's deadline.
 //
 // A renewal is due TTL/3 after the previous one. It rides in the DoMulti of
 // the next batch sent, at no extra round trip. When no batch is sent but
 // batches did complete since the last renewal (a slow source), a ticker
 // renews on its own. When no batch completes for a whole TTL there is no
 // renewal, the locks expire in Redis, and the watchdog cancels the run with
-// ErrLockLost: a stalled process must not hold the lock forever (C16+).
+// ErrLockLost: a stalled process must not hold the lock forever.
 type lease struct {
-	st      *store.Store
-	locks   []*store.Lock
+	redis   *run.Redis
+	locks   []*run.Lock
 	targets *targets
 	ttl     time.Duration
 	key     string // the builders' keys, for errors
@@ -46,9 +46,9 @@ type lease struct {
 }
 
 // newLease starts the lease of locks acquired at (or after) start.
-func newLease(st *store.Store, locks []*store.Lock, ts *targets, ttl time.Duration, key string,
+func newLease(redis *run.Redis, locks []*run.Lock, ts *targets, ttl time.Duration, key string,
 	cancel context.CancelCauseFunc, done func() int64, start time.Time) *lease {
-	l := &lease{st: st, locks: locks, targets: ts, ttl: ttl, key: key, cancel: cancel, done: done,
+	l := &lease{redis: redis, locks: locks, targets: ts, ttl: ttl, key: key, cancel: cancel, done: done,
 		last: start, stopTimer: make(chan struct{})}
 	l.watchdog = time.AfterFunc(time.Until(start.Add(ttl)), l.lapse)
 	return l
@@ -60,55 +60,37 @@ func (l *lease) lapse() {
 	l.cancel(&Error{Op: "lease", Key: l.key, Err: fmt.Errorf("%w: no renewal for a whole TTL (%v): the run stalled", ErrLockLost, l.ttl)})
 }
 
-// renewal is a claimed renewal: the temp keys it covers, and which of them
-// were populated when it was claimed. Only those can have vanished if the
-// renewal finds them absent: a key created later, by a round trip still in
-// flight or on another connection, may be created after the renewal runs.
-type renewal struct {
-	temps     []*target
-	populated []bool
-}
-
 // claim reserves the next renewal if one is due and none is in flight, and
-// returns the temp keys it must cover.
-func (l *lease) claim(now time.Time, needProgress bool) (renewal, bool) {
+// returns a snapshot of the temp keys it must cover.
+func (l *lease) claim(now time.Time, needProgress bool) (run.Snapshot, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.stopped || l.inFlight || now.Sub(l.last) < l.ttl/3 {
-		return renewal{}, false
+		return run.Snapshot{}, false
 	}
 	done := l.done()
 	if needProgress && done == l.lastDone {
-		return renewal{}, false
+		return run.Snapshot{}, false
 	}
 	l.inFlight = true
 	l.lastDone = done
-	return snapshot(l.targets.all()), true
+	return run.Snap(l.targets.temps()), true
 }
 
-// snapshot returns a renewal of temps as they are now.
-func snapshot(temps []*target) renewal {
-	rn := renewal{temps: temps, populated: make([]bool, len(temps))}
-	for i, t := range temps {
-		rn.populated[i] = t.populated.Load()
-	}
-	return rn
-}
-
-// command returns the renewal of temps as a command for a batch's DoMulti.
-func (l *lease) command(temps []*target) (rueidis.Completed, error) {
-	return l.st.TouchCommand(l.locks, tempKeys(temps))
+// command returns the renewal of rn as a command for a batch's DoMulti.
+func (l *lease) command(rn run.Snapshot) (rueidis.Completed, error) {
+	return l.redis.TouchCommand(l.locks, rn.Keys())
 }
 
 // settle records the reply of a renewal claimed and sent at sent. reply is
 // the reply to command, or nil when the renewal was sent alone.
-func (l *lease) settle(ctx context.Context, sent time.Time, rn renewal, reply *rueidis.RedisResult) {
-	var states []store.TempState
+func (l *lease) settle(ctx context.Context, sent time.Time, rn run.Snapshot, reply *rueidis.RedisResult) {
+	var states []run.TempState
 	var err error
 	if reply != nil {
-		states, err = l.st.TouchReply(ctx, *reply, l.locks, tempKeys(rn.temps))
+		states, err = l.redis.TouchReply(ctx, *reply, l.locks, rn.Keys())
 	} else {
-		states, err = l.st.TouchAll(ctx, l.locks, tempKeys(rn.temps))
+		states, err = l.redis.Touch(ctx, "touch", l.locks, rn.Keys())
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -126,7 +108,7 @@ func (l *lease) settle(ctx context.Context, sent time.Time, rn renewal, reply *r
 	if !l.stopped {
 		l.watchdog.Reset(time.Until(sent.Add(l.ttl)))
 	}
-	if err := checkTemps(rn, states, "during the run"); err != nil {
+	if err := rn.Check(states, "during the run"); err != nil {
 		l.cancel(&Error{Op: "lease", Key: l.key, Err: err})
 	}
 }
@@ -160,32 +142,4 @@ func (l *lease) stop() {
 		l.watchdog.Stop()
 		close(l.stopTimer)
 	}
-}
-
-func tempKeys(ts []*target) []string {
-	out := make([]string, len(ts))
-	for i, t := range ts {
-		out[i] = t.temp
-	}
-	return out
-}
-
-// checkTemps records what a renewal found of rn's temp keys, and returns an
-// error matching ErrTempKeyLost if one populated when the renewal was
-// claimed is gone, or one was re-created. A key a renewal finds alive with
-// a TTL is left to the EXPIRE NX reply of the batch that created it.
-func checkTemps(rn renewal, states []store.TempState, when string) error {
-	for i, t := range rn.temps {
-		switch {
-		case states[i] == store.TempCreated && !t.created():
-			return lostTemp(t, "vanished and was re-created by a later write (or a write removed its TTL, as a plain SET does: use SET KEEPTTL), so it holds only part of the rebuild")
-		case states[i] == store.TempAbsent && rn.populated[i]:
-			return lostTemp(t, "vanished "+when)
-		}
-	}
-	return nil
-}
-
-func lostTemp(t *target, what string) error {
-	return fmt.Errorf("%w: %s %s; every live key left unchanged", ErrTempKeyLost, t.temp, what)
 }

@@ -2,7 +2,6 @@ package rebuild_test
 
 import (
 	"context"
-	"iter"
 	"runtime"
 	"runtime/metrics"
 	"strconv"
@@ -95,7 +94,7 @@ const memEvery = 2 * time.Millisecond
 
 // memSource generates n items without holding them: a FromSeq generator,
 // not a slice, so that the source itself costs no memory per item.
-func memSource(n int) iter.Seq2[int, error] {
+func memSource(n int) rebuild.Source[int] {
 	return rebuild.FromSeq(func(yield func(int) bool) {
 		for i := range n {
 			if !yield(i) {
@@ -105,8 +104,7 @@ func memSource(n int) iter.Seq2[int, error] {
 	})
 }
 
-// TestMemoryBoundedBySourceSize (Guarantee 8, DESIGN "Batching and
-// writers", Options.Writers): a run holds about Writers × BatchSize items
+// TestMemoryBoundedBySourceSize (Guarantee 8, Options.Writers): a run holds about Writers × BatchSize items
 // whatever the source's size. 2,000,000 generated items streamed through a
 // Hash builder must peak at no more than 1.5 × the live heap of a
 // 200,000-item run with the same options.
@@ -128,7 +126,7 @@ func TestMemoryBoundedBySourceSize(t *testing.T) {
 	// per item, but the server updates a hash of memFields fields instead of
 	// growing one of 2M, which takes it several times longer per entry.
 	const memFields = 50_000
-	r := rebuild.New(c, rebuild.Options{BatchSize: 5000, Writers: 4},
+	r := redistest.Rebuilder(t, c, rebuild.Options{BatchSize: 5000, Writers: 4},
 		builders.Hash(key, func(i int) (string, string, bool) { return strconv.Itoa(i % memFields), "1", true }))
 
 	run := func(n int) memPeak {
@@ -139,8 +137,8 @@ func TestMemoryBoundedBySourceSize(t *testing.T) {
 		if err != nil {
 			t.Fatalf("run of %d items: %v", n, err)
 		}
-		if stats.Items != int64(n) || stats.Targets[key] != int64(n) {
-			t.Fatalf("run of %d items: got Items %d, Targets %d, want %d and %d", n, stats.Items, stats.Targets[key], n, n)
+		if stats.Items != int64(n) || stats.Entries[key] != int64(n) {
+			t.Fatalf("run of %d items: got Items %d, Targets %d, want %d and %d", n, stats.Items, stats.Entries[key], n, n)
 		}
 		if got, err := c.Do(ctx, c.B().Hlen().Key(key).Build()).AsInt64(); err != nil || got != int64(min(n, memFields)) {
 			t.Fatalf("HLEN %s after %d items: got %d, %v, want %d", key, n, got, err, min(n, memFields))
@@ -196,14 +194,14 @@ func memUnlink(t *testing.T, c rueidis.Client, key string) {
 // batches (so the pipeline did fill) and stay within Writers+1.
 func TestMemoryItemsInFlightBounded(t *testing.T) {
 	forEachDeployment(t, func(t *testing.T, d deployment) {
-		ctx := ctxT(t)
+		ctx := redistest.Ctx(t)
 		const batch, writers = 100, 4
 		const bound = (writers + 1) * batch
 		var written, maxHeld atomic.Int64
 		over := make(chan struct{})
 		var overOnce sync.Once
 		var sends atomic.Int64
-		client := rueidishook.WithHook(d.client, redistest.Hook{
+		client := rueidishook.WithHook(d.Client, redistest.Hook{
 			OnDoMulti: func(c rueidis.Client, ctx context.Context, multi ...rueidis.Completed) []rueidis.RedisResult {
 				if pipeIsBatch(multi) && sends.Add(1) <= 3 {
 					slow := time.NewTimer(300 * time.Millisecond) // a slow server: that is the test
@@ -232,8 +230,8 @@ func TestMemoryItemsInFlightBounded(t *testing.T) {
 			}
 		}
 		k := pipeNames(d)
-		_, err := pipeRebuilder(client, k, rebuild.Options{BatchSize: batch, Writers: writers,
-			Progress: func(p rebuild.Progress) { written.Store(p.Items) }}).Run(ctx, src)
+		_, err := pipeRebuilder(t, client, k, rebuild.Options{BatchSize: batch, Writers: writers,
+			Progress: func(p rebuild.Progress) { written.Store(p.Items) }}).Run(ctx, rebuild.FromSeq2(src))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -245,7 +243,7 @@ func TestMemoryItemsInFlightBounded(t *testing.T) {
 		if got > bound {
 			t.Errorf("got %d items held at once (%.1f batches), want at most (Writers+1) × BatchSize = %d, as Options.Writers documents", got, float64(got)/batch, bound)
 		}
-		pipeWant(t, d.other, k, us)
-		wantClean(t, d.other, d.prefix)
+		pipeWant(t, d.Other, k, us)
+		redistest.WantClean(t, d.Other, d.Prefix)
 	})
 }

@@ -3,8 +3,6 @@ package rebuild
 import (
 	"log/slog"
 	"time"
-
-	"github.com/keyswap/keyswap/store"
 )
 
 // Defaults for [Options].
@@ -14,11 +12,11 @@ const (
 	// DefaultWriters is the number of batches in flight at once.
 	DefaultWriters = 8
 	// DefaultTTL is the lease: the lifetime of the locks and the temp keys
-	// without renewal. See store.DefaultTTL.
-	DefaultTTL = store.DefaultTTL
+	// without renewal.
+	DefaultTTL = 300 * time.Second
 	// DefaultPreserveFor is how long temp keys are kept after the publish
-	// script itself fails. See store.DefaultPreserveFor.
-	DefaultPreserveFor = store.DefaultPreserveFor
+	// script itself fails.
+	DefaultPreserveFor = 3600 * time.Second
 )
 
 // Options configures a [Rebuilder]. The zero value uses every default.
@@ -27,34 +25,27 @@ type Options struct {
 	// batch into variadic commands of at most about 1000 entries each.
 	// Zero means DefaultBatchSize; negative is an error.
 	BatchSize int
-	// Writers is the number of batches in flight at once: built
-	// concurrently by the builders, then sent in source order, as many as
-	// are ready (up to Writers/2) in one round trip while the others are
-	// being built (or, with Unordered, sent in a second round trip).
-	// Together with BatchSize it bounds memory: a run holds at most
-	// (Writers+1) × BatchSize items, whatever the size of the source.
+	// Writers is the number of batches in flight at once: being built, or
+	// waiting for or on a round trip (see the package documentation,
+	// "Pipeline"). Together with BatchSize it bounds memory: a run holds at
+	// most (Writers+1) × BatchSize items, whatever the size of the source.
 	// Zero means DefaultWriters; negative is an error.
 	//
 	// Each batch is one MULTI/EXEC transaction, which other clients of the
-	// server wait behind while it runs: about 1.2 µs per hash field or set
-	// member and 4 µs per sorted-set member on a 2-core machine (so 2.4 ms
-	// and 8 ms for the default 2000 items). Lower BatchSize if that is more
-	// than your latency budget.
+	// server wait behind while it runs: lower BatchSize if a batch's
+	// execution time (see the README's Performance section) is more than
+	// your latency budget.
 	Writers int
 	// Unordered lets a second round trip be sent while the first is still
-	// in flight, so that Redis does not wait for the client between them.
-	// In order, it does: rueidis writes a whole round trip before sending
-	// any of it, and the server is idle meanwhile, about a tenth of a
-	// rebuild of a hash or a set (see bench/results).
+	// in flight whatever the two write (see the package documentation,
+	// "Pipeline", for when round trips overlap without it).
 	//
-	// Most Rebuilders need not set it. Those whose builders are all
+	// Most Rebuilders need not set it: those whose builders are all
 	// [Commutative] (sets) or [Keyed] (builders.Hash, builders.SortedSet)
 	// overlap their round trips anyway whenever the two write no field or
-	// member in common, and keep them in order when they do, so the last
-	// write in source order still wins. Unordered makes a difference only
-	// with other builders (builders.Func, builders.Compat, your own), or
-	// to save the Keyed builders' bookkeeping: a set of the entries of
-	// each batch in flight.
+	// member in common. Unordered makes a difference only with other
+	// builders (builders.Func, builders.Compat, your own), or to save the
+	// Keyed builders' bookkeeping.
 	//
 	// The price: batches of two round trips may run in either order, so
 	// when the source yields a hash field or sorted-set member more than
@@ -104,11 +95,11 @@ type Stats struct {
 	Items int64
 	// Batches is the number of batches written.
 	Batches int64
-	// Targets is the number of entries (fields, members) written per
+	// Entries is the number of entries (fields, members) written per
 	// builder, keyed by the builder's Key: its live key, or its prefix for
 	// a family builder. The last write of a hash field or sorted-set member
 	// wins, so a key can end with fewer entries than were written.
-	Targets map[string]int64
+	Entries map[string]int64
 	// Outcomes is what the publish did to each live key: Swapped (replaced
 	// with the rebuilt value) or Emptied (deleted: the builder produced
 	// nothing for it, or it was a family bucket the run no longer

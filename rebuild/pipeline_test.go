@@ -2,12 +2,8 @@ package rebuild_test
 
 import (
 	"context"
-	"crypto/sha1"
-	"encoding/hex"
 	"fmt"
 	"maps"
-	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -36,14 +32,14 @@ var (
 type pipeKeys struct{ hash, zset, country string }
 
 func pipeNames(d deployment) pipeKeys {
-	return pipeKeys{hash: d.prefix + "users:by-email", zset: d.prefix + "users:by-score", country: d.prefix + "users:by-country"}
+	return pipeKeys{hash: d.Prefix + "users:by-email", zset: d.Prefix + "users:by-score", country: d.Prefix + "users:by-country"}
 }
 
 // pipeRebuilder rebuilds the three keys of k from users: email → id, id by
 // score (users with a negative score are skipped, C48), and one set of ids
 // per country.
-func pipeRebuilder(c rueidis.Client, k pipeKeys, opts rebuild.Options) *rebuild.Rebuilder[user] {
-	return rebuild.New(c, opts,
+func pipeRebuilder(t testing.TB, c rueidis.Client, k pipeKeys, opts rebuild.Options) *rebuild.Rebuilder[user] {
+	return redistest.Rebuilder(t, c, opts,
 		builders.Hash(k.hash, func(u user) (string, string, bool) { return u.Email, u.ID, true }),
 		builders.SortedSet(k.zset, func(u user) (string, float64, bool) { return u.ID, u.Score, u.Score >= 0 }),
 		builders.SetIndex(k.country, func(u user) (string, string, bool) { return u.Country, u.ID, true }),
@@ -70,36 +66,24 @@ func pipeWant(t *testing.T, c rueidis.Client, k pipeKeys, us []user) {
 		wantSets[b][u.ID] = true
 	}
 	// maps.Equal first: cmp.Diff is slow on thousands of entries under -race.
-	if got := hgetall(t, c, k.hash); !maps.Equal(wantHash, got) {
+	if got := redistest.HGetAll(t, c, k.hash); !maps.Equal(wantHash, got) {
 		t.Errorf("hash %s (-want +got):\n%s", k.hash, cmp.Diff(wantHash, got))
 	}
-	if got := zrangeWithScores(t, c, k.zset); !maps.Equal(wantZset, got) {
+	if got := redistest.ZScores(t, c, k.zset); !maps.Equal(wantZset, got) {
 		t.Errorf("sorted set %s (-want +got):\n%s", k.zset, cmp.Diff(wantZset, got))
 	}
-	gotSets := map[string]map[string]bool{}
+	gotSets := map[string][]string{}
 	for _, b := range redistest.Keys(t, c, k.country+":") {
-		gotSets[b] = smembers(t, c, b)
+		gotSets[b] = redistest.SMembers(t, c, b)
 	}
-	if !maps.EqualFunc(wantSets, gotSets, maps.Equal) {
-		t.Errorf("buckets under %s: (-want +got):\n%s", k.country+":", cmp.Diff(wantSets, gotSets))
+	if want := sortedSets(wantSets); !maps.EqualFunc(want, gotSets, slices.Equal) {
+		t.Errorf("buckets under %s: (-want +got):\n%s", k.country+":", cmp.Diff(want, gotSets))
 	}
 	for _, key := range append([]string{k.hash, k.zset}, slices.Collect(maps.Keys(wantSets))...) {
-		if got := pttl(t, c, key); got != -1 {
+		if got := redistest.PTTL(t, c, key); got != -1 {
 			t.Errorf("PTTL %s: got %v, want -1 (no expiry, C35)", key, got)
 		}
 	}
-}
-
-// pipeScript returns the source of the store's Lua script name and the SHA1
-// rueidis sends it under with EVALSHA.
-func pipeScript(t *testing.T, name string) (sha, src string) {
-	t.Helper()
-	b, err := os.ReadFile(filepath.Join("..", "store", "scripts", name))
-	if err != nil {
-		t.Fatalf("read script: %v", err)
-	}
-	sum := sha1.Sum(b)
-	return hex.EncodeToString(sum[:]), string(b)
 }
 
 // pipeCall is one EVALSHA/EVAL call taken apart.
@@ -142,19 +126,19 @@ func pipeIsBatch(multi []rueidis.Completed) bool {
 // exactly as built (C23). Checked on two successive runs, the second moving
 // users between buckets and dropping one.
 func TestRunPublishesEveryTargetInOneScript(t *testing.T) {
-	publishSHA, publishSrc := pipeScript(t, "publish.lua")
+	publish := redistest.ScriptNamed("publish")
 	forEachDeployment(t, func(t *testing.T, d deployment) {
-		ctx := ctxT(t)
+		ctx := redistest.Ctx(t)
 		k := pipeNames(d)
 		var mu sync.Mutex
 		var evalshas, evals []pipeCall
 		var noscript int
-		client := rueidishook.WithHook(d.client, redistest.Hook{
+		client := rueidishook.WithHook(d.Client, redistest.Hook{
 			OnDo: func(c rueidis.Client, ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
 				args := slices.Clone(cmd.Commands()) // rueidis recycles cmd once Do returns
 				res := c.Do(ctx, cmd)
 				name := strings.ToUpper(args[0])
-				if (name == "EVALSHA" && args[1] == publishSHA) || (name == "EVAL" && args[1] == publishSrc) {
+				if publish.Is(args) {
 					call, err := pipeParseEval(args)
 					if err != nil {
 						t.Error(err)
@@ -175,10 +159,10 @@ func TestRunPublishesEveryTargetInOneScript(t *testing.T) {
 			},
 		})
 		// A stale bucket the first run must delete as an orphan.
-		if err := d.other.Do(ctx, d.other.B().Sadd().Key(k.country+":jp").Member("u999999").Build()).Error(); err != nil {
+		if err := d.Other.Do(ctx, d.Other.B().Sadd().Key(k.country+":jp").Member("u999999").Build()).Error(); err != nil {
 			t.Fatal(err)
 		}
-		r := pipeRebuilder(client, k, rebuild.Options{BatchSize: 300})
+		r := pipeRebuilder(t, client, k, rebuild.Options{BatchSize: 300})
 
 		moved := users(900)
 		for i := range moved {
@@ -230,8 +214,8 @@ func TestRunPublishesEveryTargetInOneScript(t *testing.T) {
 			if diff := cmp.Diff(tc.wantOrphans, rest[:len(rest)-1]); diff != "" {
 				t.Errorf("run %d: orphans named by the publish (-want +got):\n%s", run, diff)
 			}
-			pipeWant(t, d.other, k, tc.us)
-			wantClean(t, d.other, d.prefix)
+			pipeWant(t, d.Other, k, tc.us)
+			redistest.WantClean(t, d.Other, d.Prefix)
 		}
 	})
 }
@@ -254,8 +238,7 @@ local out = {redis.call('EXISTS', KEYS[1]), redis.call('HLEN', KEYS[1]),
 for i = 3, #KEYS do out[#out + 1] = redis.call('SCARD', KEYS[i]) end
 return out`)
 
-// TestReadersSeeOldOrNewNeverMixed (Guarantee 1, C23, C53+, DESIGN
-// "Publish"): while 100 sequential rebuilds alternate between two
+// TestReadersSeeOldOrNewNeverMixed (Guarantee 1, C23, C53+): while 100 sequential rebuilds alternate between two
 // generations with different counts per key and users that move buckets,
 // each written in several batches, a reader on an independent client polls
 // every live key atomically. Every observation must show every key present
@@ -263,7 +246,7 @@ return out`)
 // missing key (a gap), never one key from A with another from B (mixed).
 func TestReadersSeeOldOrNewNeverMixed(t *testing.T) {
 	forEachDeployment(t, func(t *testing.T, d deployment) {
-		ctx := ctxT(t)
+		ctx := redistest.Ctx(t)
 		k := pipeNames(d)
 		a := pipeGen{name: "A", us: users(1000), view: []int64{1, 1000, 1, 1000, 334, 333, 333, 0}}
 		b := pipeGen{name: "B", us: users(1500), view: []int64{1, 1500, 1, 1350, 375, 375, 375, 375}}
@@ -273,7 +256,7 @@ func TestReadersSeeOldOrNewNeverMixed(t *testing.T) {
 				b.us[i].Score = -1 // skipped by the sorted set
 			}
 		}
-		r := pipeRebuilder(d.client, k, rebuild.Options{BatchSize: 250})
+		r := pipeRebuilder(t, d.Client, k, rebuild.Options{BatchSize: 250})
 		if _, err := r.Run(ctx, rebuild.FromSlice(a.us)); err != nil {
 			t.Fatal(err)
 		}
@@ -295,7 +278,7 @@ func TestReadersSeeOldOrNewNeverMixed(t *testing.T) {
 					return
 				default:
 				}
-				view, err := pipeReadScript.Exec(ctx, d.other, readKeys, nil).AsIntSlice()
+				view, err := pipeReadScript.Exec(ctx, d.Other, readKeys, nil).AsIntSlice()
 				if err != nil {
 					readerDone <- err
 					return
@@ -354,8 +337,8 @@ func TestReadersSeeOldOrNewNeverMixed(t *testing.T) {
 		if seen["A"] == 0 || seen["B"] == 0 {
 			t.Errorf("reader saw A %d times and B %d times, want both at least once", seen["A"], seen["B"])
 		}
-		pipeWant(t, d.other, k, a.us) // the last rebuild (99) was A
-		wantClean(t, d.other, d.prefix)
+		pipeWant(t, d.Other, k, a.us) // the last rebuild (99) was A
+		redistest.WantClean(t, d.Other, d.Prefix)
 	})
 }
 
@@ -364,7 +347,7 @@ func TestReadersSeeOldOrNewNeverMixed(t *testing.T) {
 // last call that reports the totals.
 func TestProgressPerBatch(t *testing.T) {
 	forEachDeployment(t, func(t *testing.T, d deployment) {
-		ctx := ctxT(t)
+		ctx := redistest.Ctx(t)
 		var busy atomic.Bool
 		var overlaps atomic.Int64
 		var mu sync.Mutex
@@ -385,7 +368,7 @@ func TestProgressPerBatch(t *testing.T) {
 				us[i].Score = -1 // skipped items count in Progress.Items too
 			}
 		}
-		stats, err := pipeRebuilder(d.client, pipeNames(d), opts).Run(ctx, rebuild.FromSlice(us))
+		stats, err := pipeRebuilder(t, d.Client, pipeNames(d), opts).Run(ctx, rebuild.FromSlice(us))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -421,15 +404,15 @@ func TestProgressPerBatch(t *testing.T) {
 // A key of another type under the family prefix is not the family's.
 func TestStats(t *testing.T) {
 	forEachDeployment(t, func(t *testing.T, d deployment) {
-		ctx := ctxT(t)
+		ctx := redistest.Ctx(t)
 		k := pipeNames(d)
 		meta := k.country + ":meta" // a string: not a SetIndex bucket
 		for _, cmd := range []rueidis.Completed{
-			d.other.B().Zadd().Key(k.zset).ScoreMember().ScoreMember(1, "old").Build(),
-			d.other.B().Sadd().Key(k.country + ":xx").Member("old").Build(),
-			d.other.B().Set().Key(meta).Value("keep").Build(),
+			d.Other.B().Zadd().Key(k.zset).ScoreMember().ScoreMember(1, "old").Build(),
+			d.Other.B().Sadd().Key(k.country + ":xx").Member("old").Build(),
+			d.Other.B().Set().Key(meta).Value("keep").Build(),
 		} {
-			if err := d.other.Do(ctx, cmd).Error(); err != nil {
+			if err := d.Other.Do(ctx, cmd).Error(); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -440,7 +423,7 @@ func TestStats(t *testing.T) {
 				us[i].Email = " " // the hash skips blank emails (C48)
 			}
 		}
-		r := rebuild.New(d.client, rebuild.Options{BatchSize: 300},
+		r := redistest.Rebuilder(t, d.Client, rebuild.Options{BatchSize: 300},
 			builders.Hash(k.hash, func(u user) (string, string, bool) { return u.Email, u.ID, !builders.Blank(u.Email) }),
 			builders.SortedSet(k.zset, func(u user) (string, float64, bool) { return u.ID, u.Score, u.Score >= 0 }),
 			builders.SetIndex(k.country, func(u user) (string, string, bool) { return u.Country, u.ID, true }),
@@ -452,7 +435,7 @@ func TestStats(t *testing.T) {
 		if stats.Items != 1000 || stats.Batches != 4 {
 			t.Errorf("got Items %d, Batches %d, want 1000, 4", stats.Items, stats.Batches)
 		}
-		if diff := cmp.Diff(map[string]int64{k.hash: 800, k.zset: 0, k.country: 1000}, stats.Targets); diff != "" {
+		if diff := cmp.Diff(map[string]int64{k.hash: 800, k.zset: 0, k.country: 1000}, stats.Entries); diff != "" {
 			t.Errorf("Targets (-want +got):\n%s", diff)
 		}
 		wantOutcomes := map[string]rebuild.Outcome{
@@ -467,17 +450,17 @@ func TestStats(t *testing.T) {
 			t.Errorf("Elapsed: got %v, want > 0", stats.Elapsed)
 		}
 		for _, key := range []string{k.zset, k.country + ":xx"} {
-			if n, err := d.other.Do(ctx, d.other.B().Exists().Key(key).Build()).AsInt64(); err != nil || n != 0 {
+			if n, err := d.Other.Do(ctx, d.Other.B().Exists().Key(key).Build()).AsInt64(); err != nil || n != 0 {
 				t.Errorf("EXISTS %s: got %d, %v, want 0 (Emptied)", key, n, err)
 			}
 		}
-		if got, err := d.other.Do(ctx, d.other.B().Get().Key(meta).Build()).ToString(); err != nil || got != "keep" {
+		if got, err := d.Other.Do(ctx, d.Other.B().Get().Key(meta).Build()).ToString(); err != nil || got != "keep" {
 			t.Errorf("GET %s: got %q, %v, want %q (not a bucket: a string)", meta, got, err, "keep")
 		}
-		if n := len(hgetall(t, d.other, k.hash)); n != 800 {
+		if n := len(redistest.HGetAll(t, d.Other, k.hash)); n != 800 {
 			t.Errorf("HLEN %s: got %d, want 800", k.hash, n)
 		}
-		wantClean(t, d.other, d.prefix)
+		redistest.WantClean(t, d.Other, d.Prefix)
 	})
 }
 
@@ -493,8 +476,7 @@ func pipeBatchesIn(multi []rueidis.Completed) int {
 	return n
 }
 
-// TestWritersGroupBatchesInSourceOrder (DESIGN "Batching and writers",
-// C50, C54): batches are built up to Writers ahead, and one sender writes
+// TestWritersGroupBatchesInSourceOrder (C50, C54): batches are built up to Writers ahead, and one sender writes
 // them in source order: one batch DoMulti in flight at a time, each
 // carrying at most Writers batches. With Writers=1 every DoMulti carries one
 // batch; with Writers=4, when the server is slow, the next DoMulti carries
@@ -513,7 +495,7 @@ func TestWritersGroupBatchesInSourceOrder(t *testing.T) {
 	for _, writers := range []int{1, 4} {
 		t.Run(fmt.Sprintf("Writers=%d", writers), func(t *testing.T) {
 			forEachDeployment(t, func(t *testing.T, d deployment) {
-				ctx := ctxT(t)
+				ctx := redistest.Ctx(t)
 				k := pipeNames(d)
 				const batch = 100
 				firstSent, queued := make(chan struct{}), make(chan struct{})
@@ -521,7 +503,7 @@ func TestWritersGroupBatchesInSourceOrder(t *testing.T) {
 				var mu sync.Mutex
 				var groups []int    // batches per DoMulti, in send order
 				var firsts []string // the first field of each batch, in send order
-				client := rueidishook.WithHook(d.client, redistest.Hook{
+				client := rueidishook.WithHook(d.Client, redistest.Hook{
 					OnDoMulti: func(c rueidis.Client, ctx context.Context, multi ...rueidis.Completed) []rueidis.RedisResult {
 						if !pipeIsBatch(multi) {
 							return c.DoMulti(ctx, multi...)
@@ -569,7 +551,7 @@ func TestWritersGroupBatchesInSourceOrder(t *testing.T) {
 						}
 					}
 				}
-				stats, err := pipeRebuilder(client, k, rebuild.Options{BatchSize: batch, Writers: writers}).Run(ctx, src)
+				stats, err := pipeRebuilder(t, client, k, rebuild.Options{BatchSize: batch, Writers: writers}).Run(ctx, rebuild.FromSeq2(src))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -598,8 +580,8 @@ func TestWritersGroupBatchesInSourceOrder(t *testing.T) {
 				if !slices.IsSorted(firsts) {
 					t.Errorf("batches sent in order %v, want source order", firsts)
 				}
-				pipeWant(t, d.other, k, us)
-				wantClean(t, d.other, d.prefix)
+				pipeWant(t, d.Other, k, us)
+				redistest.WantClean(t, d.Other, d.Prefix)
 			})
 		})
 	}
@@ -611,11 +593,11 @@ func TestWritersGroupBatchesInSourceOrder(t *testing.T) {
 // without a TTL beyond one pipeline.
 func TestTempKeysGetTTLWithFirstWrite(t *testing.T) {
 	forEachDeployment(t, func(t *testing.T, d deployment) {
-		ctx := ctxT(t)
+		ctx := redistest.Ctx(t)
 		var mu sync.Mutex
 		var batches int
 		var problems []string
-		client := rueidishook.WithHook(d.client, redistest.Hook{
+		client := rueidishook.WithHook(d.Client, redistest.Hook{
 			OnDoMulti: func(c rueidis.Client, ctx context.Context, multi ...rueidis.Completed) []rueidis.RedisResult {
 				if pipeIsBatch(multi) {
 					lastWrite := map[string]int{}
@@ -652,7 +634,7 @@ func TestTempKeysGetTTLWithFirstWrite(t *testing.T) {
 		})
 		k := pipeNames(d)
 		us := users(1000)
-		stats, err := pipeRebuilder(client, k, rebuild.Options{BatchSize: 200, Writers: 2, TTL: 120 * time.Second}).Run(ctx, rebuild.FromSlice(us))
+		stats, err := pipeRebuilder(t, client, k, rebuild.Options{BatchSize: 200, Writers: 2, TTL: 120 * time.Second}).Run(ctx, rebuild.FromSlice(us))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -664,7 +646,7 @@ func TestTempKeysGetTTLWithFirstWrite(t *testing.T) {
 		for _, p := range problems {
 			t.Error(p)
 		}
-		pipeWant(t, d.other, k, us)
+		pipeWant(t, d.Other, k, us)
 	})
 }
 
@@ -682,18 +664,18 @@ func TestTempKeysGetTTLWithFirstWrite(t *testing.T) {
 // shared@example.com, so that the second goes out only once the first has
 // returned (Hash is Keyed: batches with no field in common would overlap).
 func TestLeaseRenewedDuringSlowSource(t *testing.T) {
-	leaseSHA, _ := pipeScript(t, "lease.lua")
+	leaseSHA := redistest.ScriptNamed("lease").SHA1
 	forEachDeployment(t, func(t *testing.T, d deployment) {
-		ctx := ctxT(t)
+		ctx := redistest.Ctx(t)
 		const ttl = 3 * time.Second
-		key := d.prefix + "slow:by-email"
-		lockKey := store.New(d.other, store.Options{}).LockKey(key)
+		key := d.Prefix + "slow:by-email"
+		lockKey := store.New(d.Other, store.Options{}).LockKey(key)
 
 		var sends atomic.Int64
 		firstSent := make(chan struct{})
 		var ridden, alone atomic.Int64
 		var secondRode atomic.Bool
-		client := rueidishook.WithHook(d.client, redistest.Hook{
+		client := rueidishook.WithHook(d.Client, redistest.Hook{
 			OnDo: func(c rueidis.Client, ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
 				if args := cmd.Commands(); args[0] == "EVALSHA" && args[1] == leaseSHA {
 					alone.Add(1)
@@ -779,7 +761,7 @@ func TestLeaseRenewedDuringSlowSource(t *testing.T) {
 					return
 				default:
 				}
-				ms, err := d.other.Do(ctx, d.other.B().Pttl().Key(lockKey).Build()).AsInt64()
+				ms, err := d.Other.Do(ctx, d.Other.B().Pttl().Key(lockKey).Build()).AsInt64()
 				if err != nil {
 					w.err = err
 					watched <- w
@@ -797,9 +779,9 @@ func TestLeaseRenewedDuringSlowSource(t *testing.T) {
 		}()
 
 		start := time.Now()
-		stats, err := rebuild.New(client, rebuild.Options{BatchSize: batch, TTL: ttl},
+		stats, err := redistest.Rebuilder(t, client, rebuild.Options{BatchSize: batch, TTL: ttl},
 			builders.Hash(key, func(u user) (string, string, bool) { return u.Email, u.ID, true }),
-		).Run(ctx, src)
+		).Run(ctx, rebuild.FromSeq2(src))
 		w := <-watched
 		if err != nil {
 			t.Fatalf("run: %v", err)
@@ -818,10 +800,10 @@ func TestLeaseRenewedDuringSlowSource(t *testing.T) {
 		if !secondRode.Load() {
 			t.Errorf("the second batch DoMulti, sent after TTL/3 with no batch completed, carried no lease renewal; want it to (%d renewals rode in batches, %d alone)", ridden.Load(), alone.Load())
 		}
-		if n, want := len(hgetall(t, d.other, key)), batch*batches-batches+1; n != want {
+		if n, want := len(redistest.HGetAll(t, d.Other, key)), batch*batches-batches+1; n != want {
 			t.Errorf("HLEN %s: got %d, want %d", key, n, want)
 		}
-		wantClean(t, d.other, d.prefix)
+		redistest.WantClean(t, d.Other, d.Prefix)
 	})
 }
 
@@ -831,25 +813,25 @@ func TestLeaseRenewedDuringSlowSource(t *testing.T) {
 // started, so the runs really overlap.
 func TestRunTwiceAndConcurrently(t *testing.T) {
 	forEachDeployment(t, func(t *testing.T, d deployment) {
-		ctx := ctxT(t)
+		ctx := redistest.Ctx(t)
 		k := pipeNames(d)
-		r := pipeRebuilder(d.client, k, rebuild.Options{BatchSize: 100})
+		r := pipeRebuilder(t, d.Client, k, rebuild.Options{BatchSize: 100})
 		for i, us := range [][]user{users(500), users(300)} {
 			if _, err := r.Run(ctx, rebuild.FromSlice(us)); err != nil {
 				t.Fatalf("run %d: %v", i+1, err)
 			}
-			pipeWant(t, d.other, k, us)
-			wantClean(t, d.other, d.prefix)
+			pipeWant(t, d.Other, k, us)
+			redistest.WantClean(t, d.Other, d.Prefix)
 		}
 
-		k2 := pipeKeys{hash: d.prefix + "second:by-email", zset: d.prefix + "second:by-score", country: d.prefix + "second:by-country"}
-		r2 := pipeRebuilder(d.client, k2, rebuild.Options{BatchSize: 100})
+		k2 := pipeKeys{hash: d.Prefix + "second:by-email", zset: d.Prefix + "second:by-score", country: d.Prefix + "second:by-country"}
+		r2 := pipeRebuilder(t, d.Client, k2, rebuild.Options{BatchSize: 100})
 		var started sync.WaitGroup
 		started.Add(2)
 		both := make(chan struct{})
 		go func() { started.Wait(); close(both) }()
-		src := func(us []user) func(func(user, error) bool) {
-			return func(yield func(user, error) bool) {
+		src := func(us []user) rebuild.Source[user] {
+			return rebuild.FromSeq2(func(yield func(user, error) bool) {
 				for i, u := range us {
 					if !yield(u, nil) {
 						return
@@ -864,7 +846,7 @@ func TestRunTwiceAndConcurrently(t *testing.T) {
 						}
 					}
 				}
-			}
+			})
 		}
 		us1, us2 := users(700), users(900)
 		errs := make(chan error, 2)
@@ -875,8 +857,8 @@ func TestRunTwiceAndConcurrently(t *testing.T) {
 				t.Errorf("concurrent run: %v", err)
 			}
 		}
-		pipeWant(t, d.other, k, us1)
-		pipeWant(t, d.other, k2, us2)
-		wantClean(t, d.other, d.prefix)
+		pipeWant(t, d.Other, k, us1)
+		pipeWant(t, d.Other, k2, us2)
+		redistest.WantClean(t, d.Other, d.Prefix)
 	})
 }

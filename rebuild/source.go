@@ -2,6 +2,7 @@ package rebuild
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"iter"
 	"slices"
@@ -10,26 +11,43 @@ import (
 	"github.com/redis/rueidis"
 )
 
+// Source is where a run's items come from. Run calls it once, with a
+// context that is cancelled when the run ends or fails, and pulls the
+// sequence it returns: items, or an error. A source yields an error at most
+// once and then returns; Run stops at the first one.
+//
+// The source must reflect the data as of the moment Run pulls it: build the
+// sequence lazily (a query run when the sequence is first pulled), not from
+// a snapshot taken before Run was called.
+type Source[T any] func(ctx context.Context) iter.Seq2[T, error]
+
+// errNilSource is Run's error for a nil Source.
+var errNilSource = errors.New("nil source")
+
 // FromSlice returns a source that yields the items of s.
-func FromSlice[T any](s []T) iter.Seq2[T, error] {
-	return func(yield func(T, error) bool) {
-		for _, it := range s {
-			if !yield(it, nil) {
-				return
+func FromSlice[T any](s []T) Source[T] {
+	return FromSeq(slices.Values(s))
+}
+
+// FromSeq returns a source that yields the items of seq, which cannot fail.
+func FromSeq[T any](seq iter.Seq[T]) Source[T] {
+	return func(context.Context) iter.Seq2[T, error] {
+		return func(yield func(T, error) bool) {
+			for it := range seq {
+				if !yield(it, nil) {
+					return
+				}
 			}
 		}
 	}
 }
 
-// FromSeq returns a source that yields the items of seq, which cannot fail.
-func FromSeq[T any](seq iter.Seq[T]) iter.Seq2[T, error] {
-	return func(yield func(T, error) bool) {
-		for it := range seq {
-			if !yield(it, nil) {
-				return
-			}
-		}
-	}
+// FromSeq2 returns a source that yields the items and the error of seq,
+// such as an iterator over a database cursor. seq must yield an error at
+// most once and then return. Prefer a Source of your own when the iterator
+// needs a context: Run passes one.
+func FromSeq2[T any](seq iter.Seq2[T, error]) Source[T] {
+	return func(context.Context) iter.Seq2[T, error] { return seq }
 }
 
 // ScanOptions selects the keys of a SCAN source.
@@ -57,18 +75,27 @@ type ScanOptions struct {
 // The source stops at the first error, read or decode, and yields it.
 // decode sees a missing key as Redis replies for it: a nil message for GET
 // or HGET, an empty map for HGETALL, an array of nils for HMGET.
-func FromScan[T any](ctx context.Context, client rueidis.Client, opts ScanOptions,
+func FromScan[T any](client rueidis.Client, opts ScanOptions,
 	read func(cb rueidis.Builder, key string) rueidis.Completed,
-	decode func(key string, reply rueidis.RedisMessage) (item T, ok bool, err error)) iter.Seq2[T, error] {
+	decode func(key string, reply rueidis.RedisMessage) (item T, ok bool, err error)) Source[T] {
 	count := opts.Count
 	if count <= 0 {
 		count = 1000
 	}
+	return func(ctx context.Context) iter.Seq2[T, error] {
+		return scanSeq(ctx, client, opts.Match, opts.Type, count, read, decode)
+	}
+}
+
+// scanSeq is the sequence of a FromScan source pulled with ctx.
+func scanSeq[T any](ctx context.Context, client rueidis.Client, match, typ string, count int64,
+	read func(cb rueidis.Builder, key string) rueidis.Completed,
+	decode func(key string, reply rueidis.RedisMessage) (item T, ok bool, err error)) iter.Seq2[T, error] {
 	return func(yield func(T, error) bool) {
 		var zero T
-		for page, err := range scan.Pages(ctx, client, scan.Options{Match: opts.Match, Type: opts.Type, Count: count}) {
+		for page, err := range scan.Pages(ctx, client, scan.Options{Match: match, Type: typ, Count: count}) {
 			if err != nil {
-				yield(zero, fmt.Errorf("SCAN %q: %w", opts.Match, err))
+				yield(zero, fmt.Errorf("SCAN %q: %w", match, err))
 				return
 			}
 			// SCAN's COUNT is a hint: a page can hold many more keys (small
@@ -114,9 +141,9 @@ func readChunk[T any](ctx context.Context, client rueidis.Client, page []string,
 // FromHashes is [FromScan] for hashes read with HGETALL: it yields what
 // decode makes of each hash matching match, and skips keys that vanished
 // (or were emptied) between SCAN and HGETALL.
-func FromHashes[T any](ctx context.Context, client rueidis.Client, match string,
-	decode func(key string, fields map[string]string) (item T, ok bool, err error)) iter.Seq2[T, error] {
-	return FromScan(ctx, client, ScanOptions{Match: match, Type: "hash"},
+func FromHashes[T any](client rueidis.Client, match string,
+	decode func(key string, fields map[string]string) (item T, ok bool, err error)) Source[T] {
+	return FromScan(client, ScanOptions{Match: match, Type: "hash"},
 		func(cb rueidis.Builder, key string) rueidis.Completed { return cb.Hgetall().Key(key).Build() },
 		func(key string, reply rueidis.RedisMessage) (T, bool, error) {
 			var zero T

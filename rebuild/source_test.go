@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"iter"
 	"maps"
 	"slices"
 	"strings"
@@ -21,9 +20,9 @@ import (
 )
 
 // srcCollect drains src, stopping after limit items (limit < 0: never).
-func srcCollect[T any](src iter.Seq2[T, error], limit int) ([]T, error) {
+func srcCollect[T any](src rebuild.Source[T], limit int) ([]T, error) {
 	var out []T
-	for v, err := range src {
+	for v, err := range src(context.Background()) {
 		if err != nil {
 			return out, err
 		}
@@ -104,14 +103,14 @@ func TestFromSeq(t *testing.T) {
 // the live key is untouched and nothing is left behind.
 func TestFromSeqStopsWhenRunFails(t *testing.T) {
 	forEachDeployment(t, func(t *testing.T, d deployment) {
-		ctx := ctxT(t)
-		key := d.prefix + "gen:by-email"
-		if _, err := rebuild.New(d.client, rebuild.Options{},
+		ctx := redistest.Ctx(t)
+		key := d.Prefix + "gen:by-email"
+		if _, err := redistest.Rebuilder(t, d.Client, rebuild.Options{},
 			builders.Hash(key, func(u user) (string, string, bool) { return u.Email, u.ID, true }),
 		).Run(ctx, rebuild.FromSlice(users(10))); err != nil {
 			t.Fatal(err)
 		}
-		before := redistest.Snapshot(t, d.other, d.prefix)
+		before := redistest.Snapshot(t, d.Other, d.Prefix)
 
 		errBoom := errors.New("boom")
 		var builds atomic.Int64
@@ -135,7 +134,7 @@ func TestFromSeqStopsWhenRunFails(t *testing.T) {
 			}
 			exhausted = true
 		}
-		_, err := rebuild.New(d.client, rebuild.Options{BatchSize: 100, Writers: 2}, failing).Run(ctx, rebuild.FromSeq(gen))
+		_, err := redistest.Rebuilder(t, d.Client, rebuild.Options{BatchSize: 100, Writers: 2}, failing).Run(ctx, rebuild.FromSeq(gen))
 		if !errors.Is(err, errBoom) {
 			t.Fatalf("got error %v, want one matching %v", err, errBoom)
 		}
@@ -143,8 +142,8 @@ func TestFromSeqStopsWhenRunFails(t *testing.T) {
 			t.Errorf("generator returned=%v exhausted=%v after %d items, want it stopped early", returned, exhausted, produced)
 		}
 		t.Logf("the generator produced %d items before it was stopped", produced)
-		wantUnchanged(t, d.other, d.prefix, before)
-		wantClean(t, d.other, d.prefix)
+		redistest.WantUnchanged(t, d.Other, d.Prefix, before)
+		redistest.WantClean(t, d.Other, d.Prefix)
 	})
 }
 
@@ -153,20 +152,20 @@ func TestFromSeqStopsWhenRunFails(t *testing.T) {
 // returns is the decode's error.
 type srcKind struct {
 	name   string
-	source func(ctx context.Context, c rueidis.Client, match string, fail func() error) iter.Seq2[user, error]
+	source func(c rueidis.Client, match string, fail func() error) rebuild.Source[user]
 }
 
 var srcKinds = []srcKind{
-	{name: "FromHashes", source: func(ctx context.Context, c rueidis.Client, match string, fail func() error) iter.Seq2[user, error] {
-		return rebuild.FromHashes(ctx, c, match, func(key string, fields map[string]string) (user, bool, error) {
+	{name: "FromHashes", source: func(c rueidis.Client, match string, fail func() error) rebuild.Source[user] {
+		return rebuild.FromHashes(c, match, func(key string, fields map[string]string) (user, bool, error) {
 			if err := fail(); err != nil {
 				return user{}, false, err
 			}
 			return user{ID: fields["id"], Email: fields["email"]}, true, nil
 		})
 	}},
-	{name: "FromScan", source: func(ctx context.Context, c rueidis.Client, match string, fail func() error) iter.Seq2[user, error] {
-		return rebuild.FromScan(ctx, c, rebuild.ScanOptions{Match: match, Type: "hash", Count: 500},
+	{name: "FromScan", source: func(c rueidis.Client, match string, fail func() error) rebuild.Source[user] {
+		return rebuild.FromScan(c, rebuild.ScanOptions{Match: match, Type: "hash", Count: 500},
 			func(cb rueidis.Builder, key string) rueidis.Completed {
 				return cb.Hmget().Key(key).Field("id", "email").Build()
 			},
@@ -249,7 +248,7 @@ func srcPerMaster(t *testing.T, c rueidis.Client, prefix string) map[string]int 
 	return out
 }
 
-// TestScanSources (FromScan, FromHashes; DESIGN "rebuild", Familia's
+// TestScanSources (FromScan, FromHashes; Familia's
 // fallback of rebuilding an index from the object keys): 5,000 object
 // hashes are rebuilt into a hash index with exact contents, on standalone
 // and on the cluster, where the objects either share the index's hash tag
@@ -261,22 +260,22 @@ func srcPerMaster(t *testing.T, c rueidis.Client, prefix string) map[string]int 
 func TestScanSources(t *testing.T) {
 	const n = 5000
 	forEachDeployment(t, func(t *testing.T, d deployment) {
-		untagged := strings.NewReplacer("{", "", "}", "").Replace(d.prefix)
+		untagged := strings.NewReplacer("{", "", "}", "").Replace(d.Prefix)
 		for _, kind := range srcKinds {
 			for _, place := range []struct {
 				name    string
 				objects string
 			}{
-				{"tagged", d.prefix + kind.name + ":obj:"},
+				{"tagged", d.Prefix + kind.name + ":obj:"},
 				{"untagged", untagged + kind.name + ":spread:"},
 			} {
 				t.Run(kind.name+"/"+place.name, func(t *testing.T) {
 					t.Parallel()
-					ctx := ctxT(t)
+					ctx := redistest.Ctx(t)
 					us := users(n)
-					srcSeed(t, d.other, place.objects, us)
-					if d.cluster && place.name == "untagged" {
-						per := srcPerMaster(t, d.other, place.objects)
+					srcSeed(t, d.Other, place.objects, us)
+					if d.Cluster && place.name == "untagged" {
+						per := srcPerMaster(t, d.Other, place.objects)
 						if len(per) != 3 {
 							t.Fatalf("object keys on %d masters (%v), want 3", len(per), per)
 						}
@@ -286,7 +285,7 @@ func TestScanSources(t *testing.T) {
 							}
 						}
 					}
-					scope := d.prefix + kind.name + ":" + place.name + ":" // sibling subtests run in parallel under d.prefix
+					scope := d.Prefix + kind.name + ":" + place.name + ":" // sibling subtests run in parallel under d.Prefix
 					index := scope + "idx:by-email"
 					match := place.objects + "user:*:object"
 					want := map[string]string{}
@@ -301,7 +300,7 @@ func TestScanSources(t *testing.T) {
 					var failRead error
 					var deleteBefore bool
 					var deleted []string
-					srcClient := rueidishook.WithHook(d.client, redistest.Hook{
+					srcClient := rueidishook.WithHook(d.Client, redistest.Hook{
 						OnDoMulti: func(c rueidis.Client, ctx context.Context, multi ...rueidis.Completed) []rueidis.RedisResult {
 							if !srcIsRead(multi) {
 								return c.DoMulti(ctx, multi...)
@@ -323,10 +322,10 @@ func TestScanSources(t *testing.T) {
 									if i%2 == 0 {
 										key := cmd.Commands()[1]
 										deleted = append(deleted, key)
-										dels = append(dels, d.other.B().Del().Key(key).Build())
+										dels = append(dels, d.Other.B().Del().Key(key).Build())
 									}
 								}
-								for _, r := range d.other.DoMulti(ctx, dels...) {
+								for _, r := range d.Other.DoMulti(ctx, dels...) {
 									if err := r.Error(); err != nil {
 										t.Errorf("DEL: %v", err)
 									}
@@ -336,24 +335,24 @@ func TestScanSources(t *testing.T) {
 						},
 					})
 					newRun := func() *rebuild.Rebuilder[user] {
-						return rebuild.New(d.client, rebuild.Options{BatchSize: 700},
+						return redistest.Rebuilder(t, d.Client, rebuild.Options{BatchSize: 700},
 							builders.Hash(index, func(u user) (string, string, bool) { return u.Email, u.ID, true }))
 					}
 					noFail := func() error { return nil }
 
 					// 1. Every object, exactly.
-					stats, err := newRun().Run(ctx, kind.source(ctx, srcClient, match, noFail))
+					stats, err := newRun().Run(ctx, kind.source(srcClient, match, noFail))
 					if err != nil {
 						t.Fatalf("rebuild: %v", err)
 					}
-					if got := hgetall(t, d.other, index); !maps.Equal(want, got) { // cmp.Diff only on failure: it is slow on 5,000 entries
+					if got := redistest.HGetAll(t, d.Other, index); !maps.Equal(want, got) { // cmp.Diff only on failure: it is slow on 5,000 entries
 						t.Errorf("index (-want +got):\n%s", cmp.Diff(want, got))
 					}
 					if stats.Items < n { // SCAN may return a key twice, never miss one
 						t.Errorf("Stats.Items: got %d, want at least %d", stats.Items, n)
 					}
-					wantClean(t, d.other, scope)
-					before := redistest.Snapshot(t, d.other, index)
+					redistest.WantClean(t, d.Other, scope)
+					before := redistest.Snapshot(t, d.Other, index)
 
 					// 2. A decode error stops the run.
 					errDecode := errors.New("cannot decode object")
@@ -365,15 +364,15 @@ func TestScanSources(t *testing.T) {
 						return nil
 					}
 					reads.Store(0)
-					stats, err = newRun().Run(ctx, kind.source(ctx, srcClient, match, failDecode))
+					stats, err = newRun().Run(ctx, kind.source(srcClient, match, failDecode))
 					if !errors.Is(err, errDecode) {
 						t.Errorf("decode error: got %v, want an error matching %v", err, errDecode)
 					}
 					if got := decoded.Load(); got != n/2 || stats.Items >= n/2 {
 						t.Errorf("decode error: got %d decodes and %d items, want the source stopped at decode %d", got, stats.Items, n/2)
 					}
-					wantUnchanged(t, d.other, index, before)
-					wantClean(t, d.other, scope)
+					redistest.WantUnchanged(t, d.Other, index, before)
+					redistest.WantClean(t, d.Other, scope)
 
 					// 3. A read error stops the run: the second page's read fails.
 					errRead := errors.New("read failed")
@@ -381,22 +380,22 @@ func TestScanSources(t *testing.T) {
 					failRead = errRead
 					mu.Unlock()
 					reads.Store(0)
-					_, err = newRun().Run(ctx, kind.source(ctx, srcClient, match, noFail))
+					_, err = newRun().Run(ctx, kind.source(srcClient, match, noFail))
 					if !errors.Is(err, errRead) {
 						t.Errorf("read error: got %v, want an error matching %v", err, errRead)
 					}
 					if got := reads.Load(); got != 2 {
 						t.Errorf("read error: got %d page reads, want 2: the source must stop at the failed one", got)
 					}
-					wantUnchanged(t, d.other, index, before)
-					wantClean(t, d.other, scope)
+					redistest.WantUnchanged(t, d.Other, index, before)
+					redistest.WantClean(t, d.Other, scope)
 
 					// 4. Keys deleted between SCAN and the read are skipped.
 					mu.Lock()
 					failRead, deleteBefore = nil, true
 					mu.Unlock()
 					reads.Store(0)
-					if _, err := newRun().Run(ctx, kind.source(ctx, srcClient, match, noFail)); err != nil {
+					if _, err := newRun().Run(ctx, kind.source(srcClient, match, noFail)); err != nil {
 						t.Fatalf("rebuild with deletions: %v", err)
 					}
 					if len(deleted) == 0 {
@@ -410,10 +409,10 @@ func TestScanSources(t *testing.T) {
 						}
 						delete(want, us[i].Email)
 					}
-					if got := hgetall(t, d.other, index); !maps.Equal(want, got) {
+					if got := redistest.HGetAll(t, d.Other, index); !maps.Equal(want, got) {
 						t.Errorf("index after %d deletions (-want +got):\n%s", len(deleted), cmp.Diff(want, got))
 					}
-					wantClean(t, d.other, scope)
+					redistest.WantClean(t, d.Other, scope)
 				})
 			}
 		}

@@ -144,17 +144,18 @@ func TestUnorderedOverlapsRoundTrips(t *testing.T) {
 		for _, u := range us {
 			want[u.Email] = u.ID
 		}
-		if got := hgetall(t, c, k.hash); !maps.Equal(want, got) {
+		if got := redistest.HGetAll(t, c, k.hash); !maps.Equal(want, got) {
 			t.Errorf("hash %s (-want +got):\n%s", k.hash, cmp.Diff(want, got))
 		}
 	}
 	wantSet := func(t *testing.T, c rueidis.Client, k pipeKeys, us []user) {
 		t.Helper()
-		want := map[string]bool{}
+		var want []string
 		for _, u := range us {
-			want[u.ID] = true
+			want = append(want, u.ID)
 		}
-		if got := smembers(t, c, k.zset); !maps.Equal(want, got) {
+		slices.Sort(want)
+		if got := redistest.SMembers(t, c, k.zset); !slices.Equal(want, got) {
 			t.Errorf("set %s: got %d members, want %d (-want +got):\n%s", k.zset, len(got), len(want), cmp.Diff(want, got))
 		}
 	}
@@ -168,11 +169,11 @@ func TestUnorderedOverlapsRoundTrips(t *testing.T) {
 			}
 			want[b][u.ID] = true
 		}
-		got := map[string]map[string]bool{}
+		got := map[string][]string{}
 		for _, b := range redistest.Keys(t, c, k.country+":") {
-			got[b] = smembers(t, c, b)
+			got[b] = redistest.SMembers(t, c, b)
 		}
-		if !maps.EqualFunc(want, got, maps.Equal) {
+		if want := sortedSets(want); !maps.EqualFunc(want, got, slices.Equal) {
 			t.Errorf("buckets under %s (-want +got):\n%s", k.country+":", cmp.Diff(want, got))
 		}
 	}
@@ -224,8 +225,8 @@ func TestUnorderedOverlapsRoundTrips(t *testing.T) {
 				if writers == 0 {
 					writers = 4
 				}
-				r := rebuild.New(h.client(d.client), rebuild.Options{BatchSize: 100, Writers: writers, Unordered: c.unordered}, c.builders(k)...)
-				stats, err := r.Run(ctxT(t), rebuild.FromSlice(us))
+				r := redistest.Rebuilder(t, h.client(d.Client), rebuild.Options{BatchSize: 100, Writers: writers, Unordered: c.unordered}, c.builders(k)...)
+				stats, err := r.Run(redistest.Ctx(t), rebuild.FromSlice(us))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -242,8 +243,8 @@ func TestUnorderedOverlapsRoundTrips(t *testing.T) {
 				if got := h.overlapped.Load(); got != c.overlap {
 					t.Errorf("a second batch DoMulti was sent while the first was held: %v, want %v", got, c.overlap)
 				}
-				c.want(t, d.other, k, us)
-				wantClean(t, d.other, d.prefix)
+				c.want(t, d.Other, k, us)
+				redistest.WantClean(t, d.Other, d.Prefix)
 			})
 		})
 	}
@@ -271,23 +272,23 @@ func TestUnorderedFailWithRoundTripInFlight(t *testing.T) {
 		}{
 			{"write error", "write", nil, func(t *testing.T, c rueidis.Client) error {
 				var replaced atomic.Int64
-				_, err := rebuild.New(failRejectHSET(c, marker, &replaced), rebuild.Options{BatchSize: failBatch, Writers: 4, Unordered: true}, s.builders(nil)...).
-					Run(ctxT(t), rebuild.FromSlice(us))
+				_, err := redistest.Rebuilder(t, failRejectHSET(c, marker, &replaced), rebuild.Options{BatchSize: failBatch, Writers: 4, Unordered: true}, s.builders(nil)...).
+					Run(redistest.Ctx(t), rebuild.FromSlice(us))
 				if n := replaced.Load(); n != 1 {
 					t.Errorf("HSETs replaced: got %d, want 1", n)
 				}
 				return err
 			}},
 			{"source error", "source", errSource, func(t *testing.T, c rueidis.Client) error {
-				_, err := rebuild.New(c, rebuild.Options{BatchSize: failBatch, Writers: 4, Unordered: true}, s.builders(nil)...).
-					Run(ctxT(t), failSource(us, failN/2+failBatch/2, errSource))
+				_, err := redistest.Rebuilder(t, c, rebuild.Options{BatchSize: failBatch, Writers: 4, Unordered: true}, s.builders(nil)...).
+					Run(redistest.Ctx(t), failSource(us, failN/2+failBatch/2, errSource))
 				return err
 			}},
 			{"cancel", "", context.Canceled, func(t *testing.T, c rueidis.Client) error {
-				ctx, cancel := context.WithCancel(ctxT(t))
+				ctx, cancel := context.WithCancel(redistest.Ctx(t))
 				defer cancel()
 				var once sync.Once
-				_, err := rebuild.New(c, rebuild.Options{BatchSize: failBatch, Writers: 4, Unordered: true, Progress: func(p rebuild.Progress) {
+				_, err := redistest.Rebuilder(t, c, rebuild.Options{BatchSize: failBatch, Writers: 4, Unordered: true, Progress: func(p rebuild.Progress) {
 					if p.Batches >= 3 {
 						once.Do(cancel)
 					}
@@ -309,7 +310,7 @@ func TestUnorderedFailWithRoundTripInFlight(t *testing.T) {
 					}
 					return tc.name != "write error"
 				})
-				err := tc.run(t, h.client(d.client))
+				err := tc.run(t, h.client(d.Client))
 				failWantError(t, err, tc.op, tc.want)
 				if h.held.Load() == 0 || !h.overlapped.Load() {
 					t.Errorf("held %d DoMultis, overlap seen: %v; want a second round trip in flight while one was held", h.held.Load(), h.overlapped.Load())
@@ -332,15 +333,15 @@ func TestUnorderedFailWithRoundTripInFlight(t *testing.T) {
 func TestOverlapRenewalBeforeCreation(t *testing.T) {
 	t.Parallel()
 	forEachDeployment(t, func(t *testing.T, d deployment) {
-		ctx := ctxT(t)
-		prefix := d.prefix + "users:by-country"
+		ctx := redistest.Ctx(t)
+		prefix := d.Prefix + "users:by-country"
 		renewed := make(chan struct{}) // the newer round trip has run
 		// The older one's replies are handled: the Rebuilder reports its
 		// batch done, which it does only after write has checked them.
 		olderHandled := make(chan struct{})
 		var handledOnce sync.Once
 		var renewals atomic.Int64
-		hooked := rueidishook.WithHook(d.client, redistest.Hook{
+		hooked := rueidishook.WithHook(d.Client, redistest.Hook{
 			OnDoMulti: func(c rueidis.Client, ctx context.Context, multi ...rueidis.Completed) []rueidis.RedisResult {
 				older, renewal := false, false
 				for _, cmd := range multi {
@@ -366,8 +367,8 @@ func TestOverlapRenewalBeforeCreation(t *testing.T) {
 		})
 		// The renewal's script is cached in every server, so that it runs
 		// where it was sent, not later through a NOSCRIPT fallback.
-		_, lease := pipeScript(t, "lease.lua")
-		for addr, n := range d.other.Nodes() {
+		lease := redistest.ScriptNamed("lease").Source
+		for addr, n := range d.Other.Nodes() {
 			if err := n.Do(ctx, n.B().ScriptLoad().Script(lease).Build()).Error(); err != nil {
 				t.Fatalf("SCRIPT LOAD on %s: %v", addr, err)
 			}
@@ -390,20 +391,20 @@ func TestOverlapRenewalBeforeCreation(t *testing.T) {
 			}
 		}
 		progress := func(rebuild.Progress) { handledOnce.Do(func() { close(olderHandled) }) }
-		r := rebuild.New(hooked, rebuild.Options{BatchSize: 10, Writers: 2, TTL: 2 * time.Second, Progress: progress},
+		r := redistest.Rebuilder(t, hooked, rebuild.Options{BatchSize: 10, Writers: 2, TTL: 2 * time.Second, Progress: progress},
 			builders.SetIndex(prefix, func(u user) (string, string, bool) { return u.Country, u.ID, true }))
-		if _, err := r.Run(ctx, src); err != nil {
+		if _, err := r.Run(ctx, rebuild.FromSeq2(src)); err != nil {
 			t.Fatalf("Run: %v", err)
 		}
 		if renewals.Load() == 0 {
 			t.Fatal("no batch round trip carried a renewal: the test did not test")
 		}
 		for bucket, want := range map[string]int{"only-b": 10, "other": 10} {
-			if got := len(smembers(t, d.other, prefix+":"+bucket)); got != want {
+			if got := len(redistest.SMembers(t, d.Other, prefix+":"+bucket)); got != want {
 				t.Errorf("SCARD %s:%s: got %d, want %d", prefix, bucket, got, want)
 			}
 		}
-		wantClean(t, d.other, d.prefix)
+		redistest.WantClean(t, d.Other, d.Prefix)
 	})
 }
 
@@ -429,7 +430,7 @@ func TestKeyedOverlapKeepsLastWrite(t *testing.T) {
 			var mu sync.Mutex
 			delays := rand.New(rand.NewPCG(seed, 7))
 			var batches flight
-			hooked := rueidishook.WithHook(d.client, redistest.Hook{
+			hooked := rueidishook.WithHook(d.Client, redistest.Hook{
 				OnDoMulti: func(c rueidis.Client, ctx context.Context, multi ...rueidis.Completed) []rueidis.RedisResult {
 					if !pipeIsBatch(multi) {
 						return c.DoMulti(ctx, multi...)
@@ -442,26 +443,26 @@ func TestKeyedOverlapKeepsLastWrite(t *testing.T) {
 					return c.DoMulti(ctx, multi...)
 				},
 			})
-			r := rebuild.New(hooked, rebuild.Options{BatchSize: 50, Writers: 4},
+			r := redistest.Rebuilder(t, hooked, rebuild.Options{BatchSize: 50, Writers: 4},
 				builders.Hash(k.hash, func(u user) (string, string, bool) { return u.Email, u.ID, true }),
 				builders.SortedSet(k.zset, func(u user) (string, float64, bool) { return u.Email, u.Score, true }))
-			if _, err := r.Run(ctxT(t), rebuild.FromSlice(us)); err != nil {
+			if _, err := r.Run(redistest.Ctx(t), rebuild.FromSlice(us)); err != nil {
 				t.Fatal(err)
 			}
 			wantH, wantZ := map[string]string{}, map[string]float64{}
 			for _, u := range us {
 				wantH[u.Email], wantZ[u.Email] = u.ID, u.Score
 			}
-			if got := hgetall(t, d.other, k.hash); !maps.Equal(wantH, got) {
+			if got := redistest.HGetAll(t, d.Other, k.hash); !maps.Equal(wantH, got) {
 				t.Errorf("seed %d: hash %s (-want +got):\n%s", seed, k.hash, cmp.Diff(wantH, got))
 			}
-			if got := zrangeWithScores(t, d.other, k.zset); !maps.Equal(wantZ, got) {
+			if got := redistest.ZScores(t, d.Other, k.zset); !maps.Equal(wantZ, got) {
 				t.Errorf("seed %d: sorted set %s (-want +got):\n%s", seed, k.zset, cmp.Diff(wantZ, got))
 			}
 			if got := batches.most.Load(); got != 2 {
 				t.Errorf("seed %d: at most %d batch DoMultis in flight at once, want 2 (trips that share no entry overlap)", seed, got)
 			}
-			wantClean(t, d.other, d.prefix)
+			redistest.WantClean(t, d.Other, d.Prefix)
 		}
 	})
 }

@@ -6,7 +6,7 @@ package reliability
 // this one table runs them all against live keys, and checks for each that
 // the error names the problem, and that the keyspace is left exactly as it
 // was: no lock, no temp key, every live key byte-identical with the same
-// TTL (DESIGN guarantee 4, C7, C35, C42, C45, C52, C5+).
+// TTL (guarantee 4, C7, C35, C42, C45, C52, C5+).
 
 import (
 	"context"
@@ -119,7 +119,7 @@ func TestBadInput(t *testing.T) {
 		is   error    // errors.Is must match it, when not nil
 		op   string   // the *rebuild.Error's Op, when not empty
 		// panics: a programming error, which panics with a "keyswap: "
-		// message instead of returning an error (STYLE 4).
+		// message instead of returning an error.
 		panics bool
 	}{
 		{
@@ -419,6 +419,10 @@ func badRun(c rueidis.Client, opts rebuild.Options, bs ...rebuild.Builder[badIte
 func badRunSource(c rueidis.Client, opts rebuild.Options, src iter.Seq2[badItem, error], bs ...rebuild.Builder[badItem]) error {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	_, err := rebuild.New(c, opts, bs...).Run(ctx, src)
+	r, err := rebuild.New(c, opts, bs...)
+	if err != nil {
+		return err
+	}
+	_, err = r.Run(ctx, rebuild.FromSeq2(src))
 	return err
 }

@@ -10,13 +10,10 @@ import (
 	"bytes"
 	"cmp"
 	"context"
-	"crypto/sha1"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"net"
-	"os"
 	"runtime"
 	"slices"
 	"strconv"
@@ -393,16 +390,15 @@ type request struct {
 // control to the test goroutine, which injects the fault and answers with
 // an action. It counts the write DoMultis and recognises the publish script.
 type interceptor struct {
-	at         point
-	hooked     bool // false: the source injects the fault, the hook only counts
-	publishSHA string
-	publishSrc string
-	reqs       chan request
-	abort      chan struct{} // closed when the test ends: never block then
-	fired      atomic.Bool
-	writes     atomic.Int64
-	noScript   atomic.Int64 // NOSCRIPT replies seen (rueidis falls back to EVAL for Do)
-	afterErr   chan error   // buffered: the first error of an after or splitFirst
+	at       point
+	hooked   bool // false: the source injects the fault, the hook only counts
+	publish  redistest.Script
+	reqs     chan request
+	abort    chan struct{} // closed when the test ends: never block then
+	fired    atomic.Bool
+	writes   atomic.Int64
+	noScript atomic.Int64 // NOSCRIPT replies seen (rueidis falls back to EVAL for Do)
+	afterErr chan error   // buffered: the first error of an after or splitFirst
 	// heal, if set, is called once, after the next command that fails.
 	heal atomic.Pointer[func()]
 	// split is held by a split DoMulti while it is sent, and shared by
@@ -450,17 +446,12 @@ func (in *interceptor) healAfterFailure(heal func()) { in.heal.Store(&heal) }
 
 func newInterceptor(t testing.TB, at point) *interceptor {
 	t.Helper()
-	src, err := os.ReadFile("../store/scripts/publish.lua")
-	if err != nil {
-		t.Fatal(err)
-	}
 	in := &interceptor{
-		at:         at,
-		publishSHA: scriptSHA1(string(src)),
-		publishSrc: string(src),
-		reqs:       make(chan request),
-		abort:      make(chan struct{}),
-		afterErr:   make(chan error, 1),
+		at:       at,
+		publish:  redistest.ScriptNamed("publish"),
+		reqs:     make(chan request),
+		abort:    make(chan struct{}),
+		afterErr: make(chan error, 1),
 	}
 	t.Cleanup(func() { close(in.abort) })
 	return in
@@ -481,7 +472,7 @@ func isWrite(multi []rueidis.Completed) bool {
 
 func (in *interceptor) isPublish(cmd rueidis.Completed) bool {
 	args := cmd.Commands()
-	return (args[0] == "EVALSHA" && args[1] == in.publishSHA) || (args[0] == "EVAL" && args[1] == in.publishSrc)
+	return in.publish.Is(args)
 }
 
 // wrap returns c with the interceptor's hook.
@@ -613,12 +604,6 @@ func (in *interceptor) intercept(cmds []rueidis.Completed, pass func(), split fu
 	if a.after != nil {
 		in.report(a.after())
 	}
-}
-
-// scriptSHA1 is the SHA1 rueidis sends in EVALSHA for src.
-func scriptSHA1(src string) string {
-	sum := sha1.Sum([]byte(src))
-	return hex.EncodeToString(sum[:])
 }
 
 // reader watches the live keys of a case while it runs, through its own

@@ -22,7 +22,7 @@ package reliability
 //   - the error names the cause: errors.Is/As finds the sentinel, the
 //     context error, the server's OOM error or the network error (C42).
 //
-// SCRIPT FLUSH must not fail the run at any point (DESIGN "Lease": NOSCRIPT
+// SCRIPT FLUSH must not fail the run at any point (NOSCRIPT
 // in a DoMulti; rueidis's EVALSHA → EVAL fallback elsewhere), and a panic
 // in the source propagates after the same cleanup as an error (C18).
 //
@@ -388,7 +388,7 @@ func (c *caseRun) runSuccessor() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), faultRunTimeout)
 	defer cancel()
-	_, c.successorErr = rebuild.New(c.obs, rebuild.Options{}, c.s.builders()...).Run(ctx, rebuild.FromSlice(v3.items()))
+	_, c.successorErr = redistest.Rebuilder(c.t, c.obs, rebuild.Options{}, c.s.builders()...).Run(ctx, rebuild.FromSlice(v3.items()))
 	c.successorRan = true
 }
 
@@ -591,7 +591,7 @@ func runCase(t testing.TB, f faultSpec, p point, d *deployment) {
 	// The old value: a first, successful run.
 	ctx, cancel := context.WithTimeout(context.Background(), faultRunTimeout)
 	defer cancel()
-	if _, err := rebuild.New(c.obs, rebuild.Options{}, c.s.builders()...).Run(ctx, rebuild.FromSlice(v1.items())); err != nil {
+	if _, err := redistest.Rebuilder(t, c.obs, rebuild.Options{}, c.s.builders()...).Run(ctx, rebuild.FromSlice(v1.items())); err != nil {
 		t.Fatalf("seeding run: %v", err)
 	}
 	if ok, why := sameLive(readLive(t, c.obs, d.prefix), c.s.expected(v1)); !ok {
@@ -631,7 +631,7 @@ func runCase(t testing.TB, f faultSpec, p point, d *deployment) {
 	done := make(chan result, 1)
 	started := time.Now()
 	var logged lockedBuffer // what the run logs: the cleanup steps that failed
-	rb := rebuild.New(in.wrap(d.client), rebuild.Options{
+	rb := redistest.Rebuilder(t, in.wrap(d.client), rebuild.Options{
 		BatchSize: faultBatch, Writers: faultWriters, TTL: faultTTL, PreserveFor: faultPreserveFor,
 		Unordered: d.unordered,
 		Logger:    slog.New(slog.NewTextHandler(&logged, nil)),
@@ -642,7 +642,7 @@ func runCase(t testing.TB, f faultSpec, p point, d *deployment) {
 			res.panicked = recover()
 			done <- res
 		}()
-		_, res.err = rb.Run(runCtx, src)
+		_, res.err = rb.Run(runCtx, rebuild.FromSeq2(src))
 	}()
 	var res result
 	injected := false

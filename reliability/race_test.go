@@ -2,7 +2,7 @@ package reliability
 
 // The race suite (issue item 3): rebuilders, in goroutines and in a separate
 // OS process, hammer the same keys while independent readers poll them.
-// It checks DESIGN's guarantees 1-3 and C43 (one rebuild at a time), C44 (a
+// It checks the guarantees 1-3 and C43 (one rebuild at a time), C44 (a
 // rebuild that lost its lock never publishes), C45 and C53+ (no partial or
 // mixed publish), C35 and guarantee 5 (nothing leaks).
 //
@@ -47,8 +47,6 @@ package reliability
 
 import (
 	"context"
-	"crypto/sha1"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -162,7 +160,7 @@ func TestRaceReaderSeesBadStates(t *testing.T) {
 			for i := range k.size(g) {
 				items = append(items, raceItem{G: g, I: i})
 			}
-			if _, err := rebuild.New(c, rebuild.Options{}, k.builders()...).Run(ctx, rebuild.FromSlice(items)); err != nil {
+			if _, err := redistest.Rebuilder(t, c, rebuild.Options{}, k.builders()...).Run(ctx, rebuild.FromSlice(items)); err != nil {
 				t.Fatal(err)
 			}
 			if tc.edit != nil {
@@ -518,18 +516,6 @@ func (k raceKeys) verdict(o raceObservation) (kind, what string) {
 
 // --- Rebuilders ---
 
-// raceReleaseScript identifies the store's release script, whose sending
-// marks the end of a run's lock-holding interval. It is read from the
-// store's source, so that it follows changes to the script.
-var raceReleaseScript = sync.OnceValues(func() ([2]string, error) {
-	src, err := os.ReadFile(filepath.Join("..", "store", "scripts", "release.lua"))
-	if err != nil {
-		return [2]string{}, err
-	}
-	sum := sha1.Sum(src)
-	return [2]string{hex.EncodeToString(sum[:]), string(src)}, nil
-})
-
 // raceTally is what one rebuilder did. It is JSON, so that a helper process
 // can report it.
 type raceTally struct {
@@ -579,15 +565,11 @@ type raceRebuilder struct {
 }
 
 func newRaceRebuilder(client rueidis.Client, keys raceKeys, opts rebuild.Options) (*raceRebuilder, error) {
-	release, err := raceReleaseScript()
-	if err != nil {
-		return nil, err
-	}
+	// The release script's sending marks the end of a run's lock-holding
+	// interval.
+	release := redistest.ScriptNamed("release")
 	rb := &raceRebuilder{keys: keys}
-	isRelease := func(cmd rueidis.Completed) bool {
-		cs := cmd.Commands()
-		return len(cs) > 1 && (cs[0] == "EVALSHA" && cs[1] == release[0] || cs[0] == "EVAL" && cs[1] == release[1])
-	}
+	isRelease := func(cmd rueidis.Completed) bool { return release.Is(cmd.Commands()) }
 	rb.client = rueidishook.WithHook(client, redistest.Hook{
 		OnDo: func(c rueidis.Client, ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
 			if isRelease(cmd) {
@@ -602,7 +584,11 @@ func newRaceRebuilder(client rueidis.Client, keys raceKeys, opts rebuild.Options
 			return c.DoMulti(ctx, multi...)
 		},
 	})
-	rb.r = rebuild.New(rb.client, opts, keys.builders()...)
+	r, err := rebuild.New(rb.client, opts, keys.builders()...)
+	if err != nil {
+		return nil, err
+	}
+	rb.r = r
 	return rb, nil
 }
 
@@ -664,13 +650,13 @@ func (rb *raceRebuilder) source(ctx context.Context) iter.Seq2[raceItem, error] 
 func (rb *raceRebuilder) run(ctx context.Context) (bool, error) {
 	rb.gen = 0
 	start := time.Now()
-	_, err := rb.r.Run(ctx, rb.source(ctx))
+	_, err := rb.r.Run(ctx, rebuild.FromSeq2(rb.source(ctx)))
 	took := time.Since(start)
 	if rb.inside.Load() {
 		// The hook never saw the release: the interval is still open.
 		rb.leave(ctx, rb.client)
 		rb.mu.Lock()
-		rb.tally.problem("generation %d: the run ended without the hook seeing its release script; did store/scripts/release.lua change how it is sent?", rb.gen)
+		rb.tally.problem("generation %d: the run ended without the hook seeing its release script; did the release script change how it is sent?", rb.gen)
 		rb.mu.Unlock()
 	}
 	rb.mu.Lock()
@@ -994,23 +980,23 @@ func raceGather(t *testing.T, ctx context.Context, admin rueidis.Client, s raceS
 
 	// The last publish is the highest generation: runs enter one at a time,
 	// so they publish in generation order.
-	final, err := keys.observe(ctx, admin)
-	switch kind, what := keys.verdict(final); {
+	live, err := keys.observe(ctx, admin)
+	switch kind, what := keys.verdict(live); {
 	case err != nil:
-		f.problem("final state: %v", err)
+		f.problem("live state: %v", err)
 	case kind != "":
-		f.problem("final state: %s: %s", kind, what)
+		f.problem("live state: %s: %s", kind, what)
 		f.partial++
-	case final.gen != f.maxGen:
-		f.problem("final state: live generation %d, want %d, the last one published", final.gen, f.maxGen)
+	case live.gen != f.maxGen:
+		f.problem("live state: live generation %d, want %d, the last one published", live.gen, f.maxGen)
 		f.stale++
 	}
-	f.finalGen = final.gen
+	f.finalGen = live.gen
 
 	// Nothing leaks: no lock, no temp key, nothing but the live keys of the
-	// final generation and the suite's counters.
+	// live generation and the suite's counters.
 	want := map[string]bool{keys.Hash: true, keys.Zset: true, keys.Gen: true, keys.Running: true, keys.Ready: s.processes > 0}
-	for j := range raceBuckets(final.gen) {
+	for j := range raceBuckets(live.gen) {
 		want[keys.bucket(j)] = true
 	}
 	var leaked []string

@@ -2,7 +2,6 @@ package store_test
 
 import (
 	"context"
-	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -105,55 +104,51 @@ func BenchmarkSwap1M(b *testing.B) {
 	ctx := context.Background()
 	// Load the publish script, so that the swap is one EVALSHA, as in
 	// steady state, and not a NOSCRIPT reply followed by an EVAL.
-	src, err := os.ReadFile("scripts/publish.lua")
-	if err != nil {
-		b.Fatal(err)
-	}
-	benchDo(b, c, c.B().ScriptLoad().Script(string(src)).Build())
+	benchDo(b, c, c.B().ScriptLoad().Script(redistest.ScriptNamed("publish").Source).Build())
 	s := store.New(c, store.Options{})
-	const final = "bench:idx"
+	const live = "bench:idx"
 	var swapTotal, renameTotal time.Duration
 
 	for b.Loop() {
 		// (a) The fenced swap, as WithRebuild runs it.
 		b.StopTimer()
-		benchHash(b, c, final, "old-")
-		lock, err := s.Acquire(ctx, final, 600*time.Second)
+		benchHash(b, c, live, "old-")
+		lock, err := s.Acquire(ctx, live, 600*time.Second)
 		if err != nil {
 			b.Fatal(err)
 		}
-		temp := s.NewTempKey(final)
+		temp := s.NewTempKey(live)
 		benchHash(b, c, temp, "new-")
 		benchDo(b, c, c.B().SlowlogReset().Build())
 		b.StartTimer()
 
-		outcome, err := s.Swap(ctx, temp, final, store.SwapOptions{Lock: lock, Populated: store.PopulatedYes})
+		outcome, err := s.Swap(ctx, temp, live, store.SwapOptions{Lock: lock, Populated: store.PopulatedYes})
 
 		b.StopTimer()
 		if err != nil || outcome != store.Swapped {
 			b.Fatalf("Swap = %v, %v; want %v", outcome, err, store.Swapped)
 		}
 		swapTotal += benchSlowlog(b, c, "EVALSHA")
-		benchHlen(b, c, final)
+		benchHlen(b, c, live)
 		if err := s.Release(ctx, lock); err != nil {
 			b.Fatal(err)
 		}
 
 		// (b) A plain RENAME over the live key.
-		benchHash(b, c, final, "old-")
-		temp = s.NewTempKey(final)
+		benchHash(b, c, live, "old-")
+		temp = s.NewTempKey(live)
 		benchHash(b, c, temp, "new-")
 		benchDo(b, c, c.B().SlowlogReset().Build())
 		b.StartTimer()
 
-		err = c.Do(ctx, c.B().Rename().Key(temp).Newkey(final).Build()).Error()
+		err = c.Do(ctx, c.B().Rename().Key(temp).Newkey(live).Build()).Error()
 
 		b.StopTimer()
 		if err != nil {
 			b.Fatal(err)
 		}
 		renameTotal += benchSlowlog(b, c, "RENAME")
-		benchHlen(b, c, final)
+		benchHlen(b, c, live)
 		b.StartTimer()
 	}
 	b.ReportMetric(float64(swapTotal.Microseconds())/float64(b.N), "swap-server-µs")

@@ -3,8 +3,9 @@
 // the fenced atomic swap, the WithRebuild lifecycle, and the sweep of
 // orphaned temp keys.
 //
-// Most programs use package rebuild, which drives a Store for them. Use
-// Store directly to rebuild one key by hand:
+// Most programs use package rebuild, which runs the same steps for many keys
+// at once, from a typed source. Use Store directly to rebuild one key by
+// hand:
 //
 //	s := store.New(client, store.Options{})
 //	err := s.WithRebuild(ctx, "users:by-email", store.RebuildOptions{},
@@ -52,10 +53,10 @@
 // description of bad input. Use errors.Is and errors.As.
 //
 // A swap whose reply was lost (a dropped connection, a timeout) may or may
-// not have happened. [Store.Settle] finds out from the receipt a fenced
-// publish leaves; WithRebuild uses it, and returns nil for a swap that
-// happened, and an error matching ErrOutcomeUnknown only when Redis cannot
-// be asked.
+// not have happened. A fenced swap leaves a short-lived receipt in the same
+// atomic step, and [Store.WithRebuild] reads it after a lost reply: it
+// returns nil for a swap that happened, and an error matching
+// ErrOutcomeUnknown only when Redis cannot be asked.
 //
 // # Concurrency
 //
@@ -71,6 +72,6 @@
 //
 // # Writes during a rebuild
 //
-// Writes made to the live key while a rebuild runs are replaced by the swap
-// (C46): the rebuilt value is a snapshot of the source, not a merge.
+// Writes made to the live key while a rebuild runs are replaced by the
+// swap: the rebuilt value is a snapshot of the source, not a merge.
 package store

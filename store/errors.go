@@ -1,14 +1,10 @@
 package store
 
-import (
-	"context"
-	"errors"
-	"fmt"
-)
+import "github.com/keyswap/keyswap/internal/run"
 
 // ErrInProgress reports that another rebuild holds the key's lock. Acquire
-// never waits for it (C6, C7).
-var ErrInProgress = errors.New("rebuild already in progress")
+// never waits for it.
+var ErrInProgress = run.ErrInProgress
 
 // ErrLockLost reports that a rebuild no longer holds its lock: it expired
 // during a stall, or another rebuild took it over. A rebuild that lost its
@@ -17,55 +13,23 @@ var ErrInProgress = errors.New("rebuild already in progress")
 // ErrLockLost also matches [ErrInProgress] under [errors.Is], as Familia's
 // RebuildLockLostError subclasses RebuildInProgressError: either way, some
 // other rebuild owns the key.
-var ErrLockLost error = lockLostError{}
+var ErrLockLost = run.ErrLockLost
 
 // ErrTempKeyLost reports that a populated temp key disappeared (it expired,
-// was evicted or was swept) before or during the swap. The live key is left
-// unchanged: reading the missing key as an empty rebuild would delete it.
-var ErrTempKeyLost = errors.New("temp key lost")
+// was evicted or was swept), or was lost and re-created, before or during
+// the swap. The live key is left unchanged: reading the missing key as an
+// empty rebuild would delete it.
+var ErrTempKeyLost = run.ErrTempKeyLost
 
-// ErrOutcomeUnknown reports that a publish script was sent but its reply
-// never came (a dropped connection, a timeout, a cancelled context), and
-// that keyswap could not find out afterwards whether it ran: Redis could not
-// be reached. The live keys hold either the old values or the new ones,
-// never a mixture: the script is atomic. See [Store.Settle].
-var ErrOutcomeUnknown = errors.New("publish outcome unknown: its reply was lost and Redis could not be asked")
-
-type lockLostError struct{}
-
-func (lockLostError) Error() string {
-	return "rebuild lock lost: it expired or another rebuild took over"
-}
-
-func (lockLostError) Is(target error) bool { return target == ErrInProgress }
+// ErrOutcomeUnknown reports that a swap script was sent but its reply never
+// came (a dropped connection, a timeout, a cancelled context), and that
+// keyswap could not find out afterwards whether it ran, because Redis could
+// not be reached. The live key holds either the old value or the new one:
+// the script is atomic.
+var ErrOutcomeUnknown = run.ErrOutcomeUnknown
 
 // Error is the error type returned by [Store] methods. Op names the
 // operation ("acquire", "touch", "swap", ...), Key the live key it was
 // working on, and Err the cause, which may be one of the sentinels above, a
 // Redis or transport error, or a description of bad input.
-type Error struct {
-	Op  string
-	Key string
-	Err error
-}
-
-// fail wraps err, the error of a command sent with ctx, in an *Error. When
-// ctx was cancelled with a cause of its own (context.WithCancelCause), the
-// cause is wrapped too, so that errors.Is finds both it and
-// context.Canceled.
-func fail(ctx context.Context, op, key string, err error) error {
-	if cause := context.Cause(ctx); cause != nil && ctx.Err() != nil && errors.Is(err, ctx.Err()) && cause != ctx.Err() {
-		err = fmt.Errorf("%w (%w)", err, cause)
-	}
-	return &Error{Op: op, Key: key, Err: err}
-}
-
-func (e *Error) Error() string {
-	if e.Key == "" {
-		return "keyswap: " + e.Op + ": " + e.Err.Error()
-	}
-	return "keyswap: " + e.Op + " " + e.Key + ": " + e.Err.Error()
-}
-
-// Unwrap returns e.Err.
-func (e *Error) Unwrap() error { return e.Err }
+type Error = run.Error

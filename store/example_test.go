@@ -1,8 +1,7 @@
 package store_test
 
-// The examples run under go test as documentation. They need a Redis, so
-// they use an embedded miniredis (STYLE.md section 12); every other test in
-// this package runs against a real redis-server.
+// The examples run under go test as documentation, against the package's
+// test server.
 
 import (
 	"context"
@@ -13,29 +12,13 @@ import (
 	"slices"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/keyswap/keyswap/store"
 	"github.com/redis/rueidis"
 )
 
-// exampleRedis starts an embedded miniredis and a client for it. miniredis
-// has no client-side caching and no cluster, hence the two options.
-func exampleRedis() (*miniredis.Miniredis, rueidis.Client) {
-	m, err := miniredis.Run()
-	if err != nil {
-		log.Fatal(err)
-	}
-	client, err := rueidis.NewClient(rueidis.ClientOption{
-		InitAddress:       []string{m.Addr()},
-		DisableCache:      true,
-		ForceSingleClient: true,
-	})
-	if err != nil {
-		m.Close()
-		log.Fatal(err)
-	}
-	return m, client
-}
+// exampleClient returns a client of a Redis server for the examples: the
+// test suite's own, on a database the call empties first.
+func exampleClient() rueidis.Client { return env.ExampleClient() }
 
 // exampleHash prints key's fields in order, and whether it has an expiry.
 func exampleHash(ctx context.Context, client rueidis.Client, key string) {
@@ -57,8 +40,7 @@ func exampleHash(ctx context.Context, client rueidis.Client, key string) {
 // Rebuild a unique index from scratch: the callback writes batches into the
 // temp key and touches after each; readers see the old index until the swap.
 func ExampleStore_WithRebuild() {
-	m, client := exampleRedis()
-	defer m.Close()
+	client := exampleClient()
 	defer client.Close()
 	ctx := context.Background()
 
@@ -98,8 +80,7 @@ func ExampleStore_WithRebuild() {
 // The lower-level steps of WithRebuild, for callers who need to arrange them
 // differently: acquire, write and touch, a fenced swap, release.
 func ExampleStore_Swap() {
-	m, client := exampleRedis()
-	defer m.Close()
+	client := exampleClient()
 	defer client.Close()
 	ctx := context.Background()
 	s := store.New(client, store.Options{})
@@ -146,8 +127,7 @@ func ExampleStore_Swap() {
 
 // A second rebuild of the same key fails at once; it never waits.
 func ExampleStore_Acquire() {
-	m, client := exampleRedis()
-	defer m.Close()
+	client := exampleClient()
 	defer client.Close()
 	ctx := context.Background()
 	s := store.New(client, store.Options{})
@@ -182,8 +162,7 @@ func ExampleStore_Acquire() {
 // Sweep deletes temp keys orphaned by crashed processes: old, without a TTL
 // and without a lock. DryRun only reports them.
 func ExampleStore_Sweep() {
-	m, client := exampleRedis()
-	defer m.Close()
+	client := exampleClient()
 	defer client.Close()
 	ctx := context.Background()
 	now := time.Unix(1_700_000_000, 0)
@@ -209,7 +188,12 @@ func ExampleStore_Sweep() {
 	}
 	slices.Sort(deleted)
 	fmt.Println("deleted:", deleted)
-	fmt.Println("left:", m.Keys())
+	left, err := client.Do(ctx, client.B().Keys().Pattern("*").Build()).AsStrSlice()
+	if err != nil {
+		log.Fatal(err)
+	}
+	slices.Sort(left)
+	fmt.Println("left:", left)
 	// Output:
 	// would delete: [users:by-email:rebuild:1699990000 users:by-email:rebuild:1699990000:00000000deadbeef]
 	// deleted: [users:by-email:rebuild:1699990000 users:by-email:rebuild:1699990000:00000000deadbeef]

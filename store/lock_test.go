@@ -17,9 +17,9 @@ import (
 
 func TestAcquire(t *testing.T) {
 	forEachTarget(t, func(t *testing.T, tg target) {
-		ctx := ctxT(t)
+		ctx := redistest.Ctx(t)
 		s := tg.store(store.Options{})
-		lock, err := s.Acquire(ctx, tg.final, 60*time.Second)
+		lock, err := s.Acquire(ctx, tg.live, 60*time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -27,31 +27,31 @@ func TestAcquire(t *testing.T) {
 		if !regexp.MustCompile(`^[0-9a-f]{32}$`).MatchString(lock.Token) {
 			t.Errorf("token %q, want 32 lowercase hex characters", lock.Token)
 		}
-		if lock.Key != s.LockKey(tg.final) || lock.Final != tg.final || lock.TTL != 60*time.Second {
+		if lock.Key != s.LockKey(tg.live) || lock.Live != tg.live || lock.TTL != 60*time.Second {
 			t.Errorf("lock = %+v", lock)
 		}
-		wantLock(t, tg.other, lock.Key, lock.Token)
-		wantTTL(t, tg.other, lock.Key, 60*time.Second)
+		redistest.WantString(t, tg.other, lock.Key, lock.Token)
+		redistest.WantTTL(t, tg.other, lock.Key, 60*time.Second)
 
 		// C7: a held lock gives ErrInProgress naming the live key, and
 		// changes nothing.
-		do(t, tg.other, "EXPIRE", lock.Key, "50")
-		_, err = s.Acquire(ctx, tg.final, 60*time.Second)
-		wantErr(t, err, store.ErrInProgress)
+		redistest.Cmd(t, tg.other, "EXPIRE", lock.Key, "50")
+		_, err = s.Acquire(ctx, tg.live, 60*time.Second)
+		redistest.WantErr(t, err, store.ErrInProgress)
 		if errors.Is(err, store.ErrLockLost) {
 			t.Errorf("ErrInProgress must not match ErrLockLost: %v", err)
 		}
-		if !strings.Contains(err.Error(), tg.final) {
-			t.Errorf("error %q does not name the live key %q", err, tg.final)
+		if !strings.Contains(err.Error(), tg.live) {
+			t.Errorf("error %q does not name the live key %q", err, tg.live)
 		}
-		wantLock(t, tg.other, lock.Key, lock.Token)
-		wantTTL(t, tg.other, lock.Key, 50*time.Second)
+		redistest.WantString(t, tg.other, lock.Key, lock.Token)
+		redistest.WantTTL(t, tg.other, lock.Key, 50*time.Second)
 
 		// C6: a fresh token for each rebuild.
 		if err := s.Release(ctx, lock); err != nil {
 			t.Fatal(err)
 		}
-		again, err := s.Acquire(ctx, tg.final, 60*time.Second)
+		again, err := s.Acquire(ctx, tg.live, 60*time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -66,94 +66,94 @@ func TestAcquire(t *testing.T) {
 
 func TestAcquireBadInput(t *testing.T) {
 	s := store.New(env.Standalone.Client(t), store.Options{})
-	final := redistest.Prefix(t) + "idx"
+	live := redistest.Prefix(t) + "idx"
 	for _, tt := range []struct {
-		name  string
-		final string
-		ttl   time.Duration
-		want  string
+		name string
+		live string
+		ttl  time.Duration
+		want string
 	}{
 		{"empty key", "", time.Minute, "empty key"},
-		{"zero ttl", final, 0, "must be positive"},
-		{"negative ttl", final, -time.Second, "must be positive"},
-		{"sub-second ttl", final, 500 * time.Millisecond, "whole number of seconds"},
-		{"fractional ttl", final, 1500 * time.Millisecond, "whole number of seconds"},
+		{"zero ttl", live, 0, "must be positive"},
+		{"negative ttl", live, -time.Second, "must be positive"},
+		{"sub-second ttl", live, 500 * time.Millisecond, "whole number of seconds"},
+		{"fractional ttl", live, 1500 * time.Millisecond, "whole number of seconds"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := s.Acquire(ctxT(t), tt.final, tt.ttl)
+			_, err := s.Acquire(redistest.Ctx(t), tt.live, tt.ttl)
 			var e *store.Error
 			if !errors.As(err, &e) || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("err = %v, want *store.Error containing %q", err, tt.want)
 			}
-			wantLock(t, env.Standalone.Client(t), final+":rebuild-lock", "")
+			redistest.WantString(t, env.Standalone.Client(t), live+":rebuild-lock", "")
 		})
 	}
 }
 
 func TestExtend(t *testing.T) {
 	forEachTarget(t, func(t *testing.T, tg target) {
-		ctx := ctxT(t)
+		ctx := redistest.Ctx(t)
 		s := tg.store(store.Options{})
-		lock, err := s.Acquire(ctx, tg.final, 60*time.Second)
+		lock, err := s.Acquire(ctx, tg.live, 60*time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { do(t, tg.other, "DEL", lock.Key) })
-		do(t, tg.other, "EXPIRE", lock.Key, "5")
+		t.Cleanup(func() { redistest.Cmd(t, tg.other, "DEL", lock.Key) })
+		redistest.Cmd(t, tg.other, "EXPIRE", lock.Key, "5")
 		// C9: only a matching token resets the TTL.
 		if err := s.Extend(ctx, lock); err != nil {
 			t.Fatal(err)
 		}
-		if got := pttl(t, tg.other, lock.Key); got <= 5*time.Second {
+		if got := redistest.PTTL(t, tg.other, lock.Key); got <= 5*time.Second {
 			t.Errorf("PTTL after extend = %v, want reset to ~60s", got)
 		}
 		// Steal the lock: extend changes nothing and reports ErrLockLost.
-		do(t, tg.other, "SET", lock.Key, "thief", "EX", "40")
+		redistest.Cmd(t, tg.other, "SET", lock.Key, "thief", "EX", "40")
 		err = s.Extend(ctx, lock)
-		wantErr(t, err, store.ErrLockLost)
-		wantErr(t, err, store.ErrInProgress) // C42: ErrLockLost matches ErrInProgress
-		wantLock(t, tg.other, lock.Key, "thief")
-		wantTTL(t, tg.other, lock.Key, 40*time.Second)
+		redistest.WantErr(t, err, store.ErrLockLost)
+		redistest.WantErr(t, err, store.ErrInProgress) // C42: ErrLockLost matches ErrInProgress
+		redistest.WantString(t, tg.other, lock.Key, "thief")
+		redistest.WantTTL(t, tg.other, lock.Key, 40*time.Second)
 		// Expired lock: still lost, still nothing created.
-		do(t, tg.other, "DEL", lock.Key)
-		wantErr(t, s.Extend(ctx, lock), store.ErrLockLost)
-		wantLock(t, tg.other, lock.Key, "")
+		redistest.Cmd(t, tg.other, "DEL", lock.Key)
+		redistest.WantErr(t, s.Extend(ctx, lock), store.ErrLockLost)
+		redistest.WantString(t, tg.other, lock.Key, "")
 	})
 }
 
 func TestRelease(t *testing.T) {
 	forEachTarget(t, func(t *testing.T, tg target) {
-		ctx := ctxT(t)
+		ctx := redistest.Ctx(t)
 		s := tg.store(store.Options{})
-		lock, err := s.Acquire(ctx, tg.final, 60*time.Second)
+		lock, err := s.Acquire(ctx, tg.live, 60*time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { do(t, tg.other, "DEL", lock.Key) })
+		t.Cleanup(func() { redistest.Cmd(t, tg.other, "DEL", lock.Key) })
 		// C8: never deletes a lock someone else holds.
-		do(t, tg.other, "SET", lock.Key, "successor", "EX", "60")
-		wantErr(t, s.Release(ctx, lock), store.ErrLockLost)
-		wantLock(t, tg.other, lock.Key, "successor")
+		redistest.Cmd(t, tg.other, "SET", lock.Key, "successor", "EX", "60")
+		redistest.WantErr(t, s.Release(ctx, lock), store.ErrLockLost)
+		redistest.WantString(t, tg.other, lock.Key, "successor")
 		// Our own lock is deleted.
-		do(t, tg.other, "SET", lock.Key, lock.Token, "EX", "60")
+		redistest.Cmd(t, tg.other, "SET", lock.Key, lock.Token, "EX", "60")
 		if err := s.Release(ctx, lock); err != nil {
 			t.Fatal(err)
 		}
-		wantLock(t, tg.other, lock.Key, "")
+		redistest.WantString(t, tg.other, lock.Key, "")
 	})
 }
 
 func TestLockBadInput(t *testing.T) {
 	s := store.New(env.Standalone.Client(t), store.Options{})
-	ctx := ctxT(t)
+	ctx := redistest.Ctx(t)
 	for _, tt := range []struct {
 		name string
 		lock *store.Lock
 		want string
 	}{
 		{"nil", nil, "nil lock"},
-		{"empty key", &store.Lock{Final: "x", Token: "t", TTL: time.Second}, "empty key"},
-		{"blank token", &store.Lock{Final: "x", Key: "x:rebuild-lock", TTL: time.Second}, "token must be non-empty"},
+		{"empty key", &store.Lock{Live: "x", Token: "t", TTL: time.Second}, "empty key"},
+		{"blank token", &store.Lock{Live: "x", Key: "x:rebuild-lock", TTL: time.Second}, "token must be non-empty"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			for op, err := range map[string]error{"extend": s.Extend(ctx, tt.lock), "release": s.Release(ctx, tt.lock)} {
@@ -168,7 +168,7 @@ func TestLockBadInput(t *testing.T) {
 func TestAcquireRace(t *testing.T) {
 	// C43: at most one rebuild of a key at a time; the others fail at once.
 	forEachTarget(t, func(t *testing.T, tg target) {
-		ctx := ctxT(t)
+		ctx := redistest.Ctx(t)
 		s := tg.store(store.Options{})
 		const n = 16
 		var wg sync.WaitGroup
@@ -176,7 +176,7 @@ func TestAcquireRace(t *testing.T) {
 		errs := make(chan error, n)
 		for range n {
 			wg.Go(func() {
-				l, err := s.Acquire(ctx, tg.final, 60*time.Second)
+				l, err := s.Acquire(ctx, tg.live, 60*time.Second)
 				if err != nil {
 					errs <- err
 					return
@@ -191,10 +191,10 @@ func TestAcquireRace(t *testing.T) {
 			t.Fatalf("%d goroutines acquired the lock, want 1", len(locks))
 		}
 		for err := range errs {
-			wantErr(t, err, store.ErrInProgress)
+			redistest.WantErr(t, err, store.ErrInProgress)
 		}
 		winner := <-locks
-		wantLock(t, tg.other, s.LockKey(tg.final), winner.Token)
+		redistest.WantString(t, tg.other, s.LockKey(tg.live), winner.Token)
 		if err := s.Release(ctx, winner); err != nil {
 			t.Fatal(err)
 		}
@@ -220,7 +220,7 @@ func TestReleaseAfterLostReply(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Close)
-	ctx := ctxT(t)
+	ctx := redistest.Ctx(t)
 	s := store.New(c, store.Options{})
 	// Load the script first: otherwise the lost reply would be EVALSHA's
 	// NOSCRIPT, and the EVAL fallback would run the script only once.
@@ -240,7 +240,7 @@ func TestReleaseAfterLostReply(t *testing.T) {
 	if err := s.Release(ctx, lock); err != nil {
 		t.Fatalf("Release after a lost reply: %v, want nil", err)
 	}
-	wantLock(t, other, lock.Key, "")
+	redistest.WantString(t, other, lock.Key, "")
 	if st := p.Stats(); st.Cut == 0 {
 		t.Fatalf("the proxy cut nothing (%+v): the test did not lose the reply", st)
 	}

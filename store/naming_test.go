@@ -22,9 +22,9 @@ var namingNow = time.Unix(1_700_000_000, 0)
 
 func namingClock(t time.Time) func() time.Time { return func() time.Time { return t } }
 
-// namingFinals are live keys of every kind: plain, tagged, keys that hash
+// namingLives are live keys of every kind: plain, tagged, keys that hash
 // as a whole despite their braces, and bytes a key may hold.
-var namingFinals = []string{
+var namingLives = []string{
 	"users:by-email",
 	"user{42}:idx",
 	"a{}b",
@@ -45,26 +45,26 @@ var namingFinals = []string{
 	"x:rebuild:1:0123456789abcdef", // a temp key as a live key
 }
 
-// TestNewTempKeyShape: C1 on standalone: "<final>:rebuild:<unix>:<16
+// TestNewTempKeyShape: C1 on standalone: "<live>:rebuild:<unix>:<16
 // lowercase hex>", the base byte for byte, T unpadded decimal, and the key
 // recognised with the right base and timestamp.
 func TestNewTempKeyShape(t *testing.T) {
 	c := env.Standalone.Client(t)
 	for _, now := range []time.Time{namingNow, time.Unix(7, 0), time.Unix(0, 0), time.Unix(1_700_000_000, 999_999_999)} {
 		s := store.New(c, store.Options{Now: namingClock(now)})
-		for _, final := range namingFinals {
-			t.Run(fmt.Sprintf("%d/%q", now.Unix(), final), func(t *testing.T) {
-				temp := s.NewTempKey(final)
-				prefix := final + ":rebuild:" + strconv.FormatInt(now.Unix(), 10) + ":"
+		for _, live := range namingLives {
+			t.Run(fmt.Sprintf("%d/%q", now.Unix(), live), func(t *testing.T) {
+				temp := s.NewTempKey(live)
+				prefix := live + ":rebuild:" + strconv.FormatInt(now.Unix(), 10) + ":"
 				if !strings.HasPrefix(temp, prefix) {
-					t.Fatalf("NewTempKey(%q) = %q, want prefix %q", final, temp, prefix)
+					t.Fatalf("NewTempKey(%q) = %q, want prefix %q", live, temp, prefix)
 				}
 				if nonce := temp[len(prefix):]; !regexp.MustCompile(`^[0-9a-f]{16}$`).MatchString(nonce) {
 					t.Errorf("nonce %q, want 16 lowercase hex digits", nonce)
 				}
 				base, unix, ok := store.ParseTempKey(temp)
-				if !ok || base != final || unix != now.Unix() {
-					t.Errorf("ParseTempKey(%q) = %q, %d, %v; want %q, %d, true", temp, base, unix, ok, final, now.Unix())
+				if !ok || base != live || unix != now.Unix() {
+					t.Errorf("ParseTempKey(%q) = %q, %d, %v; want %q, %d, true", temp, base, unix, ok, live, now.Unix())
 				}
 			})
 		}
@@ -189,19 +189,19 @@ func TestLockKeyNeverATempKey(t *testing.T) {
 		{"cluster", store.New(env.Cluster.Client(t), store.Options{})},
 	} {
 		t.Run(tg.name, func(t *testing.T) {
-			for _, final := range namingFinals {
-				lock := tg.s.LockKey(final)
+			for _, live := range namingLives {
+				lock := tg.s.LockKey(live)
 				if base, unix, ok := store.ParseTempKey(lock); ok {
-					t.Errorf("ParseTempKey(LockKey(%q) = %q) = %q, %d, true; want not recognised", final, lock, base, unix)
+					t.Errorf("ParseTempKey(LockKey(%q) = %q) = %q, %d, true; want not recognised", live, lock, base, unix)
 				}
 				// A live key that itself matches the glob is matched with
 				// its suffix; the suffix must not make a match of its own.
 				// (path.Match's '*' stops at '/', which no key here has.)
-				if m, _ := path.Match("*:rebuild:*", final+":"); m {
+				if m, _ := path.Match("*:rebuild:*", live+":"); m {
 					continue
 				}
 				if m, err := path.Match(store.DefaultSweepPattern, lock); err != nil || m {
-					t.Errorf("LockKey(%q) = %q matches %q (err %v)", final, lock, store.DefaultSweepPattern, err)
+					t.Errorf("LockKey(%q) = %q matches %q (err %v)", live, lock, store.DefaultSweepPattern, err)
 				}
 			}
 		})
@@ -266,29 +266,26 @@ func TestParseTempKey(t *testing.T) {
 func TestDerivedKeysShareSlot(t *testing.T) {
 	cluster := store.New(env.Cluster.Client(t), store.Options{Now: namingClock(namingNow)})
 	standalone := store.New(env.Standalone.Client(t), store.Options{Now: namingClock(namingNow)})
-	if !cluster.Cluster() || standalone.Cluster() {
-		t.Fatalf("Cluster() = %v on the cluster and %v on standalone, want true and false", cluster.Cluster(), standalone.Cluster())
-	}
-	for _, final := range namingFinals {
-		t.Run(fmt.Sprintf("%q", final), func(t *testing.T) {
-			want := env.Cluster.KeySlot(t, final)
-			lock := cluster.LockKey(final)
-			temps := []string{cluster.NewTempKey(final), cluster.NewTempKey(final)}
+	for _, live := range namingLives {
+		t.Run(fmt.Sprintf("%q", live), func(t *testing.T) {
+			want := env.Cluster.KeySlot(t, live)
+			lock := cluster.LockKey(live)
+			temps := []string{cluster.NewTempKey(live), cluster.NewTempKey(live)}
 			for _, k := range append([]string{lock}, temps...) {
 				if got := env.Cluster.KeySlot(t, k); got != want {
-					t.Errorf("CLUSTER KEYSLOT %q = %d, want %d, the slot of %q", k, got, want, final)
+					t.Errorf("CLUSTER KEYSLOT %q = %d, want %d, the slot of %q", k, got, want, live)
 				}
 			}
 			if !strings.HasSuffix(lock, ":rebuild-lock") {
-				t.Errorf("LockKey(%q) = %q, want suffix :rebuild-lock", final, lock)
+				t.Errorf("LockKey(%q) = %q, want suffix :rebuild-lock", live, lock)
 			}
 			for _, temp := range temps {
 				base, unix, ok := store.ParseTempKey(temp)
 				if !ok || unix != namingNow.Unix() || base+":rebuild-lock" != lock {
 					t.Errorf("ParseTempKey(%q) = %q, %d, %v; want a base whose lock is %q", temp, base, unix, ok, lock)
 				}
-				if !strings.Contains(temp, final) {
-					t.Errorf("temp key %q does not contain the live key %q", temp, final)
+				if !strings.Contains(temp, live) {
+					t.Errorf("temp key %q does not contain the live key %q", temp, live)
 				}
 			}
 			if temps[0] == temps[1] {
@@ -296,13 +293,13 @@ func TestDerivedKeysShareSlot(t *testing.T) {
 			}
 
 			// Standalone: Familia's shapes, byte for byte.
-			if got, want := standalone.LockKey(final), final+":rebuild-lock"; got != want {
-				t.Errorf("standalone LockKey(%q) = %q, want %q", final, got, want)
+			if got, want := standalone.LockKey(live), live+":rebuild-lock"; got != want {
+				t.Errorf("standalone LockKey(%q) = %q, want %q", live, got, want)
 			}
-			temp := standalone.NewTempKey(final)
-			stem := final + ":rebuild:" + strconv.FormatInt(namingNow.Unix(), 10) + ":"
+			temp := standalone.NewTempKey(live)
+			stem := live + ":rebuild:" + strconv.FormatInt(namingNow.Unix(), 10) + ":"
 			if !strings.HasPrefix(temp, stem) || len(temp) != len(stem)+16 {
-				t.Errorf("standalone NewTempKey(%q) = %q, want %q + 16 hex", final, temp, stem)
+				t.Errorf("standalone NewTempKey(%q) = %q, want %q + 16 hex", live, temp, stem)
 			}
 		})
 	}

@@ -3,9 +3,11 @@ package store
 import (
 	"context"
 	"errors"
-	"fmt"
+
 	"sync"
 	"time"
+
+	"github.com/keyswap/keyswap/internal/run"
 )
 
 // RebuildOptions configures [Store.WithRebuild]. The zero value uses the
@@ -20,26 +22,29 @@ type RebuildOptions struct {
 	PreserveFor time.Duration
 }
 
-// WithRebuild rebuilds final under an exclusive lock, in a bounded-TTL temp
+// WithRebuild rebuilds live under an exclusive lock, in a bounded-TTL temp
 // key, and swaps the result into place. The sequence is Familia's:
 //
-//  1. Acquire final's lock with SET NX EX. If another rebuild holds it,
+//  1. Acquire live's lock with SET NX EX. If another rebuild holds it,
 //     return an error matching [ErrInProgress] at once; fn does not run.
-//  2. Call fn(ctx, temp, touch) with a new temp key (C17). fn writes batches
-//     into temp and calls touch after each one; touch extends the lock, then
-//     the temp key's TTL, and returns an error matching [ErrLockLost] once
-//     the lock is gone.
-//  3. Touch once more after fn returns (C14), re-verifying ownership.
-//  4. Swap temp into final, fenced on the lock's token (C21), so a rebuild
-//     that lost its lock cannot publish over its successor.
-//  5. Release the lock, compare-and-delete, on every path (C8).
+//  2. Call fn(ctx, temp, touch) with a new temp key. fn writes batches into
+//     temp and calls touch after each one; touch extends the lock, then the
+//     temp key's TTL, and returns an error matching [ErrLockLost] once the
+//     lock is gone.
+//  3. Touch once more after fn returns, re-verifying ownership.
+//  4. Swap temp into live, fenced on the lock's token, so a rebuild that
+//     lost its lock cannot publish over its successor.
+//  5. Release the lock, compare-and-delete, on every path.
 //
 // A rebuild is all or nothing. An error from fn or from the final touch
-// deletes the temp key, leaves final untouched, and is returned unchanged
-// (C18). A panic in fn gets the same cleanup and keeps panicking. If fn
-// populated the temp key but it is gone after the final touch, the result
-// matches [ErrTempKeyLost] ("vanished before the swap") and final is left
-// unchanged (C20). Swap failures are described at [Store.Swap].
+// deletes the temp key, leaves live untouched, and is returned unchanged. A
+// panic in fn gets the same cleanup and keeps panicking. If fn populated the
+// temp key but it is gone after the final touch, the result matches
+// [ErrTempKeyLost] ("vanished before the swap") and live is left unchanged.
+// Swap failures are described at [Store.Swap]; a swap whose reply was lost
+// is settled from the receipt it leaves, so WithRebuild returns nil for a
+// swap that happened, and an error matching [ErrOutcomeUnknown] only when
+// Redis cannot be asked.
 //
 // A failure to release the lock never hides the result: it is joined onto a
 // returned error, and logged after a success (the lock then expires within
@@ -52,59 +57,40 @@ type RebuildOptions struct {
 // Beyond Familia, a touch also notices a populated temp key that was lost
 // (evicted, say) and then re-created by a later write: it would hold only
 // the later batches, so touch and WithRebuild fail with [ErrTempKeyLost]
-// instead of publishing it (C45). The sign is a temp key without a TTL after
-// one was seen, so writes must not remove the temp key's TTL: a plain SET or
-// a *STORE command into the temp key does; use SET KEEPTTL.
-func (s *Store) WithRebuild(ctx context.Context, final string, opts RebuildOptions,
+// instead of publishing it. The sign is a temp key without a TTL after one
+// was seen, so writes must not remove the temp key's TTL: a plain SET or a
+// *STORE command into the temp key does; use SET KEEPTTL.
+func (s *Store) WithRebuild(ctx context.Context, live string, opts RebuildOptions,
 	fn func(ctx context.Context, temp string, touch func(context.Context) error) error) (err error) {
 	const op = "rebuild"
-	if err := checkKey(op, final); err != nil {
+	if err := run.CheckKey(op, live); err != nil {
 		return err
 	}
 	if fn == nil {
-		return &Error{Op: op, Key: final, Err: errors.New("nil callback")}
+		return &Error{Op: op, Key: live, Err: errors.New("nil callback")}
 	}
-	ttl := orDefault(opts.TTL, DefaultTTL)
-	if _, err := seconds(op, final, "TTL", ttl); err != nil {
+	ttl := run.OrDefault(opts.TTL, DefaultTTL)
+	if _, err := run.Seconds(op, live, "TTL", ttl); err != nil {
 		return err
 	}
-	preserveFor := orDefault(opts.PreserveFor, DefaultPreserveFor)
-	if _, err := seconds(op, final, "PreserveFor", preserveFor); err != nil {
+	preserveFor := run.OrDefault(opts.PreserveFor, DefaultPreserveFor)
+	if _, err := run.Seconds(op, live, "PreserveFor", preserveFor); err != nil {
 		return err
 	}
 
-	lock, err := s.Acquire(ctx, final, ttl)
+	lock, err := s.Acquire(ctx, live, ttl)
 	if err != nil {
 		return err
 	}
-	defer func() { err = s.releaseAfter(ctx, []*Lock{lock}, err) }()
+	defer func() { err = s.redis.ReleaseAfter(ctx, []*run.Lock{lock.core()}, err) }()
 
-	temp := s.NewTempKey(final)
-	// seen: some touch found temp; present: the last one did; lost: a touch
-	// found it re-created after it was seen, so it holds only part of the
-	// rebuild. lost is sticky: the re-created key has a TTL again after.
-	// The callback may touch from several goroutines, hence the mutex; it is
-	// not held across the touch itself.
-	var (
-		mu                  sync.Mutex
-		seen, present, lost bool
-	)
+	tr := &tracker{temp: &run.Temp{Live: live, Key: s.NewTempKey(live)}}
 	touch := func(ctx context.Context) error {
-		states, err := s.touch(ctx, "touch", []*Lock{lock}, []string{temp})
+		state, err := s.touch(ctx, lock, tr.temp.Key)
 		if err != nil {
 			return err
 		}
-		mu.Lock()
-		defer mu.Unlock()
-		if states[0] == TempCreated && seen {
-			lost = true
-		}
-		if lost {
-			return recreatedError("touch", final, temp)
-		}
-		present = states[0] != TempAbsent
-		seen = seen || present
-		return nil
+		return tr.observe(state)
 	}
 
 	// Until the swap takes ownership of the temp key, every way out of this
@@ -112,67 +98,70 @@ func (s *Store) WithRebuild(ctx context.Context, final string, opts RebuildOptio
 	discard := true
 	defer func() {
 		if discard {
-			s.discardTemp(ctx, final, temp)
+			s.redis.Discard(ctx, live, tr.temp.Key)
 		}
 	}()
-	if err := fn(ctx, temp, touch); err != nil {
+	if err := fn(ctx, tr.temp.Key, touch); err != nil {
 		return err
 	}
 	if err := touch(ctx); err != nil {
 		return err
 	}
 	discard = false
-	mu.Lock()
-	vanished := seen && !present
-	mu.Unlock()
-	if vanished {
+	// No touch can run any more: fn has returned.
+	if tr.temp.Populated() && !tr.present {
 		// Expired, evicted or swept between touches. The swap would read
 		// the missing key as an empty result set and delete the live index.
-		return &Error{Op: op, Key: final, Err: fmt.Errorf("%w: %s vanished before the swap; live key left unchanged", ErrTempKeyLost, temp)}
+		return &Error{Op: op, Key: live, Err: tr.temp.Lost("vanished before the swap")}
 	}
 	populated := PopulatedNo
-	if seen { // no touch can run any more: fn has returned
+	if tr.temp.Populated() {
 		// What the touches saw goes into the script itself, so a temp key
 		// that vanishes after the last touch fails closed inside the atomic
 		// step instead of being read as an empty rebuild.
 		populated = PopulatedYes
 	}
-	_, err = s.Swap(ctx, temp, final, SwapOptions{Lock: lock, Populated: populated, PreserveFor: preserveFor})
+	_, err = s.Swap(ctx, tr.temp.Key, live, SwapOptions{Lock: lock, Populated: populated, PreserveFor: preserveFor})
 	// A lost reply (a dropped connection, a timeout) leaves it open whether
 	// the swap ran; Settle finds out, so that a swap that happened is not
 	// reported as a failure, nor one that did not as a success.
-	published, err := s.Settle(ctx, err, []*Lock{lock})
+	published, err := s.redis.Settle(ctx, err, []*run.Lock{lock.core()})
 	if published {
 		return nil
 	}
 	return err
 }
 
-// releaseAfter releases locks once a rebuild has ended with err, and returns
-// the rebuild's result. A lock that is no longer ours needs no release: the
-// rebuild's own error already says so. Any other release failure is joined
-// onto err, or logged when err is nil, so it never hides the result (C8).
-func (s *Store) releaseAfter(ctx context.Context, locks []*Lock, err error) error {
-	ctx, cancel := cleanupContext(ctx)
-	defer cancel()
-	for _, l := range locks {
-		rerr := s.Release(ctx, l)
-		switch {
-		case rerr == nil:
-		case errors.Is(rerr, ErrLockLost):
-			s.log.Debug("keyswap: lock was no longer ours at release", "key", l.Final, "lock_key", l.Key)
-		case err != nil:
-			err = errors.Join(err, rerr)
-		default:
-			s.log.Warn("keyswap: could not release rebuild lock; it expires by itself", "key", l.Final, "lock_key", l.Key, "ttl", l.TTL, "err", rerr)
-		}
-	}
-	return err
+// tracker is what the touches of one WithRebuild saw of its temp key. The
+// callback may touch from several goroutines, hence the mutex; it is not
+// held across the touch itself.
+type tracker struct {
+	temp *run.Temp
+
+	mu      sync.Mutex
+	present bool  // the last touch found the temp key
+	lost    error // sticky: the re-created key has a TTL again after
 }
 
-// recreatedError reports a temp key that was lost and re-created.
-func recreatedError(op, final, temp string) error {
-	return &Error{Op: op, Key: final, Err: fmt.Errorf(
-		"%w: %s vanished and was re-created by a later write, so it holds only part of the rebuild (or a write removed its TTL, as a plain SET does: use SET KEEPTTL); live key left unchanged",
-		ErrTempKeyLost, temp)}
+// observe records what a touch found, and returns an error matching
+// ErrTempKeyLost once the temp key was found lost and re-created.
+func (tr *tracker) observe(state run.TempState) error {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	if tr.lost != nil {
+		return tr.lost
+	}
+	switch state {
+	case run.TempCreated:
+		if err := tr.temp.Created(); err != nil {
+			tr.lost = &Error{Op: "touch", Key: tr.temp.Live, Err: err}
+			return tr.lost
+		}
+	case run.TempAlive:
+		// The callback gave the key a TTL itself: it is populated all the
+		// same, and a later creation is a loss.
+		tr.temp.MarkPopulated()
+	}
+	tr.present = state != run.TempAbsent
+	return nil
 }

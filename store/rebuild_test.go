@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"regexp"
 	"slices"
 	"strconv"
@@ -15,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/keyswap/keyswap/internal/redistest"
+	"github.com/keyswap/keyswap/internal/scan"
 	"github.com/keyswap/keyswap/store"
 	"github.com/redis/rueidis"
 	"github.com/redis/rueidis/rueidishook"
@@ -26,38 +29,26 @@ type rbTouch = func(context.Context) error
 // errRbBoom is the callback's own failure.
 var errRbBoom = errors.New("rb: callback failed")
 
-// rbBase returns the base that final's lock and temp keys derive from.
-func rbBase(s *store.Store, final string) string {
-	return strings.TrimSuffix(s.LockKey(final), ":rebuild-lock")
+// rbBase returns the base that live's lock and temp keys derive from.
+func rbBase(s *store.Store, live string) string {
+	return strings.TrimSuffix(s.LockKey(live), ":rebuild-lock")
 }
 
-// rbNode returns a client to the single server that holds final and its
+// rbNode returns a client to the single server that holds live and its
 // derived keys, for SCAN.
 func rbNode(t *testing.T, tg target) rueidis.Client {
 	t.Helper()
 	if tg.cluster {
-		return env.Cluster.NodeFor(t, tg.final).Client(t)
+		return env.Cluster.NodeFor(t, tg.live).Client(t)
 	}
 	return tg.other
 }
 
-// rbGlobEscape escapes the glob metacharacters of SCAN MATCH.
-func rbGlobEscape(s string) string {
-	var b strings.Builder
-	for _, r := range s {
-		if strings.ContainsRune(`*?[]\`, r) {
-			b.WriteByte('\\')
-		}
-		b.WriteRune(r)
-	}
-	return b.String()
-}
-
-// rbTempKeys returns every temp key of final that exists (SCAN
-// "<base>:rebuild:*" on final's node).
+// rbTempKeys returns every temp key of live that exists (SCAN
+// "<base>:rebuild:*" on live's node).
 func rbTempKeys(t *testing.T, tg target, node rueidis.Client, s *store.Store) []string {
 	t.Helper()
-	match := rbGlobEscape(rbBase(s, tg.final)) + ":rebuild:*"
+	match := scan.EscapeGlob(rbBase(s, tg.live)) + ":rebuild:*"
 	var found []string
 	var cursor uint64
 	for {
@@ -72,7 +63,7 @@ func rbTempKeys(t *testing.T, tg target, node rueidis.Client, s *store.Store) []
 	}
 }
 
-// rbWantNoTemp fails if any temp key of final exists.
+// rbWantNoTemp fails if any temp key of live exists.
 func rbWantNoTemp(t *testing.T, tg target, node rueidis.Client, s *store.Store) {
 	t.Helper()
 	if left := rbTempKeys(t, tg, node, s); len(left) > 0 {
@@ -80,15 +71,15 @@ func rbWantNoTemp(t *testing.T, tg target, node rueidis.Client, s *store.Store) 
 	}
 }
 
-// rbFresh deletes final, its lock and its temp keys now and again when the
+// rbFresh deletes live, its lock and its temp keys now and again when the
 // test ends, so that reruns (-count=N against the same servers) start clean.
 func rbFresh(t *testing.T, tg target) {
 	t.Helper()
 	s := tg.store(store.Options{})
 	node := rbNode(t, tg)
 	clean := func() {
-		for _, k := range append(rbTempKeys(t, tg, node, s), tg.final, s.LockKey(tg.final)) {
-			do(t, tg.other, "DEL", k)
+		for _, k := range append(rbTempKeys(t, tg, node, s), tg.live, s.LockKey(tg.live)) {
+			redistest.Cmd(t, tg.other, "DEL", k)
 		}
 	}
 	clean()
@@ -98,7 +89,7 @@ func rbFresh(t *testing.T, tg target) {
 // rbWrite writes m into key in batches HSETs, in field order, calling
 // touch (when not nil) after each batch.
 func rbWrite(ctx context.Context, c rueidis.Client, key string, m map[string]string, batches int, touch rbTouch) error {
-	names := slices.Sorted(mapsKeys(m))
+	names := slices.Sorted(maps.Keys(m))
 	size := (len(names) + batches - 1) / batches
 	for chunk := range slices.Chunk(names, size) {
 		cmd := c.B().Hset().Key(key).FieldValue()
@@ -132,7 +123,7 @@ type rbRecorder struct {
 // the command's name.
 func (r *rbRecorder) name(cmd rueidis.Completed) string {
 	for _, s := range []string{"lease", "release", "publish"} {
-		if isScript(r.t, cmd, s) {
+		if isScript(cmd, s) {
 			return s
 		}
 	}
@@ -153,7 +144,7 @@ func (r *rbRecorder) events() []string {
 
 // client returns c wrapped so that every Do goes through r.
 func (r *rbRecorder) client(c rueidis.Client) rueidis.Client {
-	return rueidishook.WithHook(c, hook{onDo: func(c rueidis.Client, ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
+	return rueidishook.WithHook(c, redistest.Hook{OnDo: func(c rueidis.Client, ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
 		name := r.name(cmd)
 		r.mark(name)
 		if r.fail != nil {
@@ -171,44 +162,44 @@ func (r *rbRecorder) client(c rueidis.Client) rueidis.Client {
 func TestWithRebuildSuccess(t *testing.T) {
 	forEachTarget(t, func(t *testing.T, tg target) {
 		rbFresh(t, tg)
-		ctx := ctxT(t)
+		ctx := redistest.Ctx(t)
 		s := tg.store(store.Options{})
 		node := rbNode(t, tg)
-		old := fields("old", 8)
+		old := redistest.Fields("old", 8)
 		old["stale"] = "only in the old generation"
-		seedHash(t, tg.other, tg.final, old)
-		want := fields("new", 6)
-		lockKey := s.LockKey(tg.final)
+		redistest.SeedHash(t, tg.other, tg.live, old)
+		want := redistest.Fields("new", 6)
+		lockKey := s.LockKey(tg.live)
 
 		var got string
 		calls := 0
-		err := s.WithRebuild(ctx, tg.final, store.RebuildOptions{}, func(ctx context.Context, temp string, touch rbTouch) error {
+		err := s.WithRebuild(ctx, tg.live, store.RebuildOptions{}, func(ctx context.Context, temp string, touch rbTouch) error {
 			calls++
 			got = temp
 			// C36, C33: the lock is held with a 32-hex token and the
 			// default TTL of 300 s.
-			tok, ok := get(t, tg.other, lockKey)
+			tok, ok := redistest.Get(t, tg.other, lockKey)
 			if !ok || !regexp.MustCompile(`^[0-9a-f]{32}$`).MatchString(tok) {
 				t.Errorf("lock during the callback = %q (present %v), want a 32-hex token", tok, ok)
 			}
-			if ttl := pttl(t, tg.other, lockKey); ttl <= store.DefaultTTL-60*time.Second || ttl > store.DefaultTTL {
+			if ttl := redistest.PTTL(t, tg.other, lockKey); ttl <= store.DefaultTTL-60*time.Second || ttl > store.DefaultTTL {
 				t.Errorf("lock PTTL = %v, want about DefaultTTL %v", ttl, store.DefaultTTL)
 			}
-			wantAbsent(t, tg.other, temp)
+			redistest.WantAbsent(t, tg.other, temp)
 			// C34.1: no TTL between the first write and the first touch.
-			do(t, tg.client, "HSET", temp, "f0", want["f0"])
-			if got := pttl(t, tg.other, temp); got != -1 {
+			redistest.Cmd(t, tg.client, "HSET", temp, "f0", want["f0"])
+			if got := redistest.PTTL(t, tg.other, temp); got != -1 {
 				t.Errorf("temp PTTL before the first touch = %v, want -1", got)
 			}
 			if err := touch(ctx); err != nil {
 				return err
 			}
 			// C34.2: TTL = ttl after a touch.
-			if ttl := pttl(t, tg.other, temp); ttl <= store.DefaultTTL-60*time.Second || ttl > store.DefaultTTL {
+			if ttl := redistest.PTTL(t, tg.other, temp); ttl <= store.DefaultTTL-60*time.Second || ttl > store.DefaultTTL {
 				t.Errorf("temp PTTL after touch = %v, want about DefaultTTL %v", ttl, store.DefaultTTL)
 			}
 			// The live key is untouched while the rebuild runs.
-			wantHash(t, tg.other, tg.final, old)
+			redistest.WantHash(t, tg.other, tg.live, old)
 			return rbWrite(ctx, tg.client, temp, want, 3, touch)
 		})
 		if err != nil {
@@ -218,30 +209,30 @@ func TestWithRebuildSuccess(t *testing.T) {
 			t.Errorf("callback ran %d times, want 1", calls)
 		}
 		// C23, C35: exactly the new contents (replaced, not merged), no TTL.
-		wantHash(t, tg.other, tg.final, want)
-		wantAbsent(t, tg.other, got)
+		redistest.WantHash(t, tg.other, tg.live, want)
+		redistest.WantAbsent(t, tg.other, got)
 		rbWantNoTemp(t, tg, node, s)
-		wantLock(t, tg.other, lockKey, "") // C36: deleted by its owner
+		redistest.WantString(t, tg.other, lockKey, "") // C36: deleted by its owner
 	})
 }
 
 // TestWithRebuildCallbackArgs: C17, C1, C5+. The callback gets the caller's
-// context, a temp key of the right shape in final's slot, and its error is
+// context, a temp key of the right shape in live's slot, and its error is
 // returned unchanged.
 func TestWithRebuildCallbackArgs(t *testing.T) {
 	type ctxKey struct{}
 	forEachTarget(t, func(t *testing.T, tg target) {
 		rbFresh(t, tg)
-		ctx := context.WithValue(ctxT(t), ctxKey{}, "caller's")
+		ctx := context.WithValue(redistest.Ctx(t), ctxKey{}, "caller's")
 		s := tg.store(store.Options{})
 		node := rbNode(t, tg)
-		old := fields("old", 3)
-		seedHash(t, tg.other, tg.final, old)
-		mine := fmt.Errorf("building %s: %w", tg.final, errRbBoom)
+		old := redistest.Fields("old", 3)
+		redistest.SeedHash(t, tg.other, tg.live, old)
+		mine := fmt.Errorf("building %s: %w", tg.live, errRbBoom)
 
 		before := time.Now().Unix()
 		var temp string
-		err := s.WithRebuild(ctx, tg.final, store.RebuildOptions{TTL: 60 * time.Second}, func(ctx context.Context, tmp string, touch rbTouch) error {
+		err := s.WithRebuild(ctx, tg.live, store.RebuildOptions{TTL: 60 * time.Second}, func(ctx context.Context, tmp string, touch rbTouch) error {
 			temp = tmp
 			if v := ctx.Value(ctxKey{}); v != "caller's" {
 				t.Errorf("callback ctx value = %v, want the caller's context", v)
@@ -249,7 +240,7 @@ func TestWithRebuildCallbackArgs(t *testing.T) {
 			if touch == nil {
 				t.Fatal("touch is nil")
 			}
-			if err := rbWrite(ctx, tg.client, tmp, fields("new", 4), 2, touch); err != nil {
+			if err := rbWrite(ctx, tg.client, tmp, redistest.Fields("new", 4), 2, touch); err != nil {
 				return err
 			}
 			return mine
@@ -260,17 +251,17 @@ func TestWithRebuildCallbackArgs(t *testing.T) {
 		if err != mine { // C17: the very same value, not a wrapper
 			t.Errorf("err = %v (%T), want the callback's own error %v", err, err, mine)
 		}
-		wantErr(t, err, errRbBoom)
+		redistest.WantErr(t, err, errRbBoom)
 
 		base, unix, ok := store.ParseTempKey(temp)
 		if !ok {
 			t.Fatalf("temp key %q is not recognised by ParseTempKey", temp)
 		}
-		if want := rbBase(s, tg.final); base != want {
+		if want := rbBase(s, tg.live); base != want {
 			t.Errorf("temp %q: base %q, want %q (the lock key's base)", temp, base, want)
 		}
-		if !tg.cluster && base != tg.final {
-			t.Errorf("standalone temp %q: base %q, want the live key %q", temp, base, tg.final)
+		if !tg.cluster && base != tg.live {
+			t.Errorf("standalone temp %q: base %q, want the live key %q", temp, base, tg.live)
 		}
 		if unix < before || unix > after {
 			t.Errorf("temp %q: timestamp %d, want in [%d, %d]", temp, unix, before, after)
@@ -279,15 +270,15 @@ func TestWithRebuildCallbackArgs(t *testing.T) {
 			t.Errorf("temp %q does not match %s", temp, want)
 		}
 		if tg.cluster {
-			if got, want := env.Cluster.KeySlot(t, temp), env.Cluster.KeySlot(t, tg.final); got != want {
+			if got, want := env.Cluster.KeySlot(t, temp), env.Cluster.KeySlot(t, tg.live); got != want {
 				t.Errorf("temp %q in slot %d, want the live key's slot %d", temp, got, want)
 			}
 		}
 		// C18: the failure left nothing behind.
-		wantHash(t, tg.other, tg.final, old)
-		wantAbsent(t, tg.other, temp)
+		redistest.WantHash(t, tg.other, tg.live, old)
+		redistest.WantAbsent(t, tg.other, temp)
 		rbWantNoTemp(t, tg, node, s)
-		wantLock(t, tg.other, s.LockKey(tg.final), "")
+		redistest.WantString(t, tg.other, s.LockKey(tg.live), "")
 	})
 }
 
@@ -297,15 +288,15 @@ func TestWithRebuildCallbackArgs(t *testing.T) {
 func TestWithRebuildFinalTouch(t *testing.T) {
 	forEachTarget(t, func(t *testing.T, tg target) {
 		rbFresh(t, tg)
-		ctx := ctxT(t)
+		ctx := redistest.Ctx(t)
 		rec := &rbRecorder{t: t}
 		s := store.New(rec.client(tg.client), store.Options{})
 		node := rbNode(t, tg)
-		seedHash(t, tg.other, tg.final, fields("old", 5))
-		want := fields("new", 7)
+		redistest.SeedHash(t, tg.other, tg.live, redistest.Fields("old", 5))
+		want := redistest.Fields("new", 7)
 
 		var temp string
-		err := s.WithRebuild(ctx, tg.final, store.RebuildOptions{TTL: 60 * time.Second}, func(ctx context.Context, tmp string, _ rbTouch) error {
+		err := s.WithRebuild(ctx, tg.live, store.RebuildOptions{TTL: 60 * time.Second}, func(ctx context.Context, tmp string, _ rbTouch) error {
 			temp = tmp
 			// Written through the unhooked client: only the Store's own
 			// commands are recorded.
@@ -329,14 +320,14 @@ func TestWithRebuildFinalTouch(t *testing.T) {
 		if n := slices.Index(after, "release"); n < publish {
 			t.Errorf("commands after the callback: %q, want the release after the publish", after)
 		}
-		wantHash(t, tg.other, tg.final, want)
-		wantAbsent(t, tg.other, temp)
+		redistest.WantHash(t, tg.other, tg.live, want)
+		redistest.WantAbsent(t, tg.other, temp)
 		rbWantNoTemp(t, tg, node, s)
-		wantLock(t, tg.other, s.LockKey(tg.final), "")
+		redistest.WantString(t, tg.other, s.LockKey(tg.live), "")
 	})
 }
 
-// TestWithRebuildFencedSwap: C21, C27, C26, C44. Between the final touch
+// TestWithRebuildFencedSwap: C21, C27, C26, C44. Between the live touch
 // and the swap script, the lock is stolen or the temp key vanishes (the
 // hook does it just before the publish script runs). The script itself is
 // fenced on our token and told the temp key was populated, so it neither
@@ -350,45 +341,45 @@ func TestWithRebuildFencedSwap(t *testing.T) {
 			want     error
 			thief    bool
 		}{
-			{"lock stolen", func(t *testing.T, _, lockKey string) { do(t, tg.other, "SET", lockKey, "thief", "EX", "60") }, store.ErrLockLost, true},
-			{"temp vanished", func(t *testing.T, temp, _ string) { do(t, tg.other, "DEL", temp) }, store.ErrTempKeyLost, false},
+			{"lock stolen", func(t *testing.T, _, lockKey string) { redistest.Cmd(t, tg.other, "SET", lockKey, "thief", "EX", "60") }, store.ErrLockLost, true},
+			{"temp vanished", func(t *testing.T, temp, _ string) { redistest.Cmd(t, tg.other, "DEL", temp) }, store.ErrTempKeyLost, false},
 		} {
 			t.Run(tt.name, func(t *testing.T) {
 				rbFresh(t, tg)
-				ctx := ctxT(t)
+				ctx := redistest.Ctx(t)
 				var temp string
-				lockKey := tg.store(store.Options{}).LockKey(tg.final)
+				lockKey := tg.store(store.Options{}).LockKey(tg.live)
 				published := false
-				s := store.New(rueidishook.WithHook(tg.client, hook{onDo: func(c rueidis.Client, ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
-					if isScript(t, cmd, "publish") && !published {
+				s := store.New(rueidishook.WithHook(tg.client, redistest.Hook{OnDo: func(c rueidis.Client, ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
+					if isScript(cmd, "publish") && !published {
 						published = true
 						tt.sabotage(t, temp, lockKey)
 					}
 					return c.Do(ctx, cmd)
 				}}), store.Options{})
 				node := rbNode(t, tg)
-				old := fields("old", 4)
-				seedHash(t, tg.other, tg.final, old)
+				old := redistest.Fields("old", 4)
+				redistest.SeedHash(t, tg.other, tg.live, old)
 
-				err := s.WithRebuild(ctx, tg.final, store.RebuildOptions{TTL: 60 * time.Second}, func(ctx context.Context, tmp string, touch rbTouch) error {
+				err := s.WithRebuild(ctx, tg.live, store.RebuildOptions{TTL: 60 * time.Second}, func(ctx context.Context, tmp string, touch rbTouch) error {
 					temp = tmp
-					return rbWrite(ctx, tg.client, tmp, fields("new", 6), 2, touch)
+					return rbWrite(ctx, tg.client, tmp, redistest.Fields("new", 6), 2, touch)
 				})
 				if !published {
 					t.Fatalf("no publish script was sent")
 				}
-				wantErr(t, err, tt.want)
+				redistest.WantErr(t, err, tt.want)
 				if tt.want == store.ErrTempKeyLost && !strings.Contains(err.Error(), "vanished during the swap") {
 					t.Errorf("error %q does not say %q", err, "vanished during the swap")
 				}
-				wantHash(t, tg.other, tg.final, old)
-				wantAbsent(t, tg.other, temp)
+				redistest.WantHash(t, tg.other, tg.live, old)
+				redistest.WantAbsent(t, tg.other, temp)
 				rbWantNoTemp(t, tg, node, s)
 				if tt.thief {
-					wantLock(t, tg.other, lockKey, "thief")
-					wantTTL(t, tg.other, lockKey, 60*time.Second)
+					redistest.WantString(t, tg.other, lockKey, "thief")
+					redistest.WantTTL(t, tg.other, lockKey, 60*time.Second)
 				} else {
-					wantLock(t, tg.other, lockKey, "")
+					redistest.WantString(t, tg.other, lockKey, "")
 				}
 			})
 		}
@@ -411,7 +402,7 @@ func TestWithRebuildFailureCleanup(t *testing.T) {
 	}
 	write := func(t *testing.T, tg target, ctx context.Context, temp string, touch rbTouch) {
 		t.Helper()
-		if err := rbWrite(ctx, tg.client, temp, fields("partial", 6), 2, touch); err != nil {
+		if err := rbWrite(ctx, tg.client, temp, redistest.Fields("partial", 6), 2, touch); err != nil {
 			t.Fatalf("write: %v", err)
 		}
 	}
@@ -422,7 +413,7 @@ func TestWithRebuildFailureCleanup(t *testing.T) {
 				write(t, tg, ctx, temp, touch)
 				return fmt.Errorf("wrapped: %w", errRbBoom)
 			},
-			check: func(t *testing.T, err error) { wantErr(t, err, errRbBoom) },
+			check: func(t *testing.T, err error) { redistest.WantErr(t, err, errRbBoom) },
 		}, {
 			name: "callback panics",
 			fn: func(t *testing.T, ctx context.Context, temp string, touch rbTouch, _ func()) error {
@@ -432,13 +423,13 @@ func TestWithRebuildFailureCleanup(t *testing.T) {
 			panic: true,
 		}, {
 			// C18: the post-callback touch finds the lock gone.
-			name: "final touch loses the lock",
+			name: "live touch loses the lock",
 			fn: func(t *testing.T, ctx context.Context, temp string, touch rbTouch, steal func()) error {
 				write(t, tg, ctx, temp, touch)
 				steal()
 				return nil
 			},
-			check: func(t *testing.T, err error) { wantErr(t, err, store.ErrLockLost) },
+			check: func(t *testing.T, err error) { redistest.WantErr(t, err, store.ErrLockLost) },
 			thief: true,
 		}, {
 			// C44, C45: stolen mid-callback; the touch says so and the
@@ -447,14 +438,14 @@ func TestWithRebuildFailureCleanup(t *testing.T) {
 			fn: func(t *testing.T, ctx context.Context, temp string, touch rbTouch, steal func()) error {
 				write(t, tg, ctx, temp, touch)
 				steal()
-				do(t, tg.client, "HSET", temp, "late", "batch")
+				redistest.Cmd(t, tg.client, "HSET", temp, "late", "batch")
 				err := touch(ctx)
-				if !errors.Is(err, store.ErrLockLost) || !strings.Contains(err.Error(), tg.final) {
-					t.Errorf("touch after the steal = %v, want ErrLockLost naming %q", err, tg.final)
+				if !errors.Is(err, store.ErrLockLost) || !strings.Contains(err.Error(), tg.live) {
+					t.Errorf("touch after the steal = %v, want ErrLockLost naming %q", err, tg.live)
 				}
 				return err
 			},
-			check: func(t *testing.T, err error) { wantErr(t, err, store.ErrLockLost) },
+			check: func(t *testing.T, err error) { redistest.WantErr(t, err, store.ErrLockLost) },
 			thief: true,
 		}, {
 			// C44, C45: a callback that ignores the lost touch still
@@ -466,7 +457,7 @@ func TestWithRebuildFailureCleanup(t *testing.T) {
 				_ = touch(ctx)
 				return nil
 			},
-			check: func(t *testing.T, err error) { wantErr(t, err, store.ErrLockLost) },
+			check: func(t *testing.T, err error) { redistest.WantErr(t, err, store.ErrLockLost) },
 			thief: true,
 		}, {
 			// C16: a batch overruns a 1 s TTL; the lock lapses and the next
@@ -475,11 +466,11 @@ func TestWithRebuildFailureCleanup(t *testing.T) {
 			ttl:  time.Second,
 			fn: func(t *testing.T, ctx context.Context, temp string, touch rbTouch, _ func()) error {
 				write(t, tg, ctx, temp, touch)
-				lockKey := tg.store(store.Options{}).LockKey(tg.final)
-				touchPoll(t, 10*time.Second, "the lock to expire", func() bool { return !exists(t, tg.other, lockKey) })
+				lockKey := tg.store(store.Options{}).LockKey(tg.live)
+				touchPoll(t, 10*time.Second, "the lock to expire", func() bool { return !redistest.Exists(t, tg.other, lockKey) })
 				return touch(ctx)
 			},
-			check: func(t *testing.T, err error) { wantErr(t, err, store.ErrLockLost) },
+			check: func(t *testing.T, err error) { redistest.WantErr(t, err, store.ErrLockLost) },
 		}}
 	}
 	forEachTarget(t, func(t *testing.T, tg target) {
@@ -487,13 +478,13 @@ func TestWithRebuildFailureCleanup(t *testing.T) {
 		for _, tt := range cases(tg) {
 			t.Run(tt.name, func(t *testing.T) {
 				rbFresh(t, tg)
-				ctx := ctxT(t)
+				ctx := redistest.Ctx(t)
 				s := tg.store(store.Options{})
 				node := rbNode(t, tg)
-				old := fields("old", 5)
-				seedHash(t, tg.other, tg.final, old)
-				lockKey := s.LockKey(tg.final)
-				steal := func() { do(t, tg.other, "SET", lockKey, "thief", "EX", "60") }
+				old := redistest.Fields("old", 5)
+				redistest.SeedHash(t, tg.other, tg.live, old)
+				lockKey := s.LockKey(tg.live)
+				steal := func() { redistest.Cmd(t, tg.other, "SET", lockKey, "thief", "EX", "60") }
 				ttl := tt.ttl
 				if ttl == 0 {
 					ttl = 60 * time.Second
@@ -503,7 +494,7 @@ func TestWithRebuildFailureCleanup(t *testing.T) {
 				var recovered any
 				err := func() (err error) {
 					defer func() { recovered = recover() }()
-					return s.WithRebuild(ctx, tg.final, store.RebuildOptions{TTL: ttl}, func(ctx context.Context, tmp string, touch rbTouch) error {
+					return s.WithRebuild(ctx, tg.live, store.RebuildOptions{TTL: ttl}, func(ctx context.Context, tmp string, touch rbTouch) error {
 						temp = tmp
 						return tt.fn(t, ctx, tmp, touch, steal)
 					})
@@ -521,15 +512,15 @@ func TestWithRebuildFailureCleanup(t *testing.T) {
 					}
 					tt.check(t, err)
 				}
-				wantHash(t, tg.other, tg.final, old)
-				wantAbsent(t, tg.other, temp)
+				redistest.WantHash(t, tg.other, tg.live, old)
+				redistest.WantAbsent(t, tg.other, temp)
 				rbWantNoTemp(t, tg, node, s)
 				if tt.thief {
-					wantLock(t, tg.other, lockKey, "thief")
-					wantTTL(t, tg.other, lockKey, 60*time.Second)
-					do(t, tg.other, "DEL", lockKey)
+					redistest.WantString(t, tg.other, lockKey, "thief")
+					redistest.WantTTL(t, tg.other, lockKey, 60*time.Second)
+					redistest.Cmd(t, tg.other, "DEL", lockKey)
 				} else {
-					wantLock(t, tg.other, lockKey, "")
+					redistest.WantString(t, tg.other, lockKey, "")
 				}
 			})
 		}
@@ -542,31 +533,31 @@ func TestWithRebuildFailureCleanup(t *testing.T) {
 func TestWithRebuildTempVanishedBeforeSwap(t *testing.T) {
 	forEachTarget(t, func(t *testing.T, tg target) {
 		rbFresh(t, tg)
-		ctx := ctxT(t)
+		ctx := redistest.Ctx(t)
 		s := tg.store(store.Options{})
-		old := fields("old", 4)
-		seedHash(t, tg.other, tg.final, old)
+		old := redistest.Fields("old", 4)
+		redistest.SeedHash(t, tg.other, tg.live, old)
 		var temp string
-		err := s.WithRebuild(ctx, tg.final, store.RebuildOptions{TTL: 60 * time.Second}, func(ctx context.Context, tmp string, touch rbTouch) error {
+		err := s.WithRebuild(ctx, tg.live, store.RebuildOptions{TTL: 60 * time.Second}, func(ctx context.Context, tmp string, touch rbTouch) error {
 			temp = tmp
-			if err := rbWrite(ctx, tg.client, tmp, fields("new", 6), 2, touch); err != nil {
+			if err := rbWrite(ctx, tg.client, tmp, redistest.Fields("new", 6), 2, touch); err != nil {
 				return err
 			}
-			do(t, tg.other, "DEL", tmp) // evicted, expired, swept...
+			redistest.Cmd(t, tg.other, "DEL", tmp) // evicted, expired, swept...
 			return nil
 		})
-		wantErr(t, err, store.ErrTempKeyLost)
+		redistest.WantErr(t, err, store.ErrTempKeyLost)
 		if errors.Is(err, store.ErrLockLost) {
 			t.Errorf("err %v also matches ErrLockLost; the lock was ours", err)
 		}
-		for _, want := range []string{"vanished before the swap", temp, tg.final} {
+		for _, want := range []string{"vanished before the swap", temp, tg.live} {
 			if !strings.Contains(err.Error(), want) {
 				t.Errorf("error %q does not contain %q", err, want)
 			}
 		}
-		wantHash(t, tg.other, tg.final, old)
-		wantAbsent(t, tg.other, temp)
-		wantLock(t, tg.other, s.LockKey(tg.final), "")
+		redistest.WantHash(t, tg.other, tg.live, old)
+		redistest.WantAbsent(t, tg.other, temp)
+		redistest.WantString(t, tg.other, s.LockKey(tg.live), "")
 	})
 }
 
@@ -580,44 +571,44 @@ func TestWithRebuildTempVanishedBetweenTouches(t *testing.T) {
 		for _, touchWhileAbsent := range []bool{true, false} {
 			t.Run("touched while absent="+strconv.FormatBool(touchWhileAbsent), func(t *testing.T) {
 				rbFresh(t, tg)
-				ctx := ctxT(t)
+				ctx := redistest.Ctx(t)
 				s := tg.store(store.Options{})
 				node := rbNode(t, tg)
-				old := fields("old", 4)
-				seedHash(t, tg.other, tg.final, old)
+				old := redistest.Fields("old", 4)
+				redistest.SeedHash(t, tg.other, tg.live, old)
 				var temp string
 				var touchErr error
-				err := s.WithRebuild(ctx, tg.final, store.RebuildOptions{TTL: 60 * time.Second}, func(ctx context.Context, tmp string, touch rbTouch) error {
+				err := s.WithRebuild(ctx, tg.live, store.RebuildOptions{TTL: 60 * time.Second}, func(ctx context.Context, tmp string, touch rbTouch) error {
 					temp = tmp
-					do(t, tg.client, "HSET", tmp, "f0", "new-0", "f1", "new-1")
+					redistest.Cmd(t, tg.client, "HSET", tmp, "f0", "new-0", "f1", "new-1")
 					if err := touch(ctx); err != nil {
 						return err
 					}
-					do(t, tg.other, "DEL", tmp) // lost between batches
+					redistest.Cmd(t, tg.other, "DEL", tmp) // lost between batches
 					if touchWhileAbsent {
 						// A batch with nothing to write.
 						if err := touch(ctx); err != nil {
 							return err
 						}
 					}
-					do(t, tg.client, "HSET", tmp, "f2", "new-2")
+					redistest.Cmd(t, tg.client, "HSET", tmp, "f2", "new-2")
 					touchErr = touch(ctx)
 					return touchErr
 				})
 				if err == nil {
-					t.Fatalf("WithRebuild = nil, want ErrTempKeyLost: a partial rebuild was published as %v", hashOf(t, tg.other, tg.final))
+					t.Fatalf("WithRebuild = nil, want ErrTempKeyLost: a partial rebuild was published as %v", redistest.HGetAll(t, tg.other, tg.live))
 				}
-				wantErr(t, err, store.ErrTempKeyLost)
+				redistest.WantErr(t, err, store.ErrTempKeyLost)
 				if !errors.Is(touchErr, store.ErrTempKeyLost) {
 					t.Errorf("touch after the re-creating write = %v, want ErrTempKeyLost", touchErr)
 				}
-				if !strings.Contains(err.Error(), temp) || !strings.Contains(err.Error(), tg.final) {
-					t.Errorf("error %q does not name the temp key %q and the live key %q", err, temp, tg.final)
+				if !strings.Contains(err.Error(), temp) || !strings.Contains(err.Error(), tg.live) {
+					t.Errorf("error %q does not name the temp key %q and the live key %q", err, temp, tg.live)
 				}
-				wantHash(t, tg.other, tg.final, old)
-				wantAbsent(t, tg.other, temp)
+				redistest.WantHash(t, tg.other, tg.live, old)
+				redistest.WantAbsent(t, tg.other, temp)
 				rbWantNoTemp(t, tg, node, s)
-				wantLock(t, tg.other, s.LockKey(tg.final), "")
+				redistest.WantString(t, tg.other, s.LockKey(tg.live), "")
 			})
 		}
 	})
@@ -631,26 +622,26 @@ func TestWithRebuildEmpty(t *testing.T) {
 		for _, live := range []bool{true, false} {
 			t.Run("live exists="+strconv.FormatBool(live), func(t *testing.T) {
 				rbFresh(t, tg)
-				ctx := ctxT(t)
+				ctx := redistest.Ctx(t)
 				s := tg.store(store.Options{})
 				node := rbNode(t, tg)
 				if live {
-					seedHash(t, tg.other, tg.final, fields("old", 4))
+					redistest.SeedHash(t, tg.other, tg.live, redistest.Fields("old", 4))
 				} else {
-					do(t, tg.other, "DEL", tg.final)
+					redistest.Cmd(t, tg.other, "DEL", tg.live)
 				}
 				var temp string
-				err := s.WithRebuild(ctx, tg.final, store.RebuildOptions{TTL: 60 * time.Second}, func(ctx context.Context, tmp string, touch rbTouch) error {
+				err := s.WithRebuild(ctx, tg.live, store.RebuildOptions{TTL: 60 * time.Second}, func(ctx context.Context, tmp string, touch rbTouch) error {
 					temp = tmp
 					return touch(ctx) // a batch with nothing in it
 				})
 				if err != nil {
 					t.Fatalf("WithRebuild: %v, want nil", err)
 				}
-				wantAbsent(t, tg.other, tg.final)
-				wantAbsent(t, tg.other, temp)
+				redistest.WantAbsent(t, tg.other, tg.live)
+				redistest.WantAbsent(t, tg.other, temp)
 				rbWantNoTemp(t, tg, node, s)
-				wantLock(t, tg.other, s.LockKey(tg.final), "")
+				redistest.WantString(t, tg.other, s.LockKey(tg.live), "")
 			})
 		}
 	})
@@ -662,26 +653,26 @@ func TestWithRebuildEmpty(t *testing.T) {
 func TestWithRebuildInProgress(t *testing.T) {
 	forEachTarget(t, func(t *testing.T, tg target) {
 		rbFresh(t, tg)
-		ctx := ctxT(t)
+		ctx := redistest.Ctx(t)
 		rec := &rbRecorder{t: t}
 		s := store.New(rec.client(tg.client), store.Options{})
 		node := rbNode(t, tg)
-		old := fields("old", 3)
-		seedHash(t, tg.other, tg.final, old)
-		lockKey := s.LockKey(tg.final)
-		do(t, tg.other, "SET", lockKey, "holder", "EX", "50")
+		old := redistest.Fields("old", 3)
+		redistest.SeedHash(t, tg.other, tg.live, old)
+		lockKey := s.LockKey(tg.live)
+		redistest.Cmd(t, tg.other, "SET", lockKey, "holder", "EX", "50")
 
 		ran := false
-		err := s.WithRebuild(ctx, tg.final, store.RebuildOptions{TTL: 60 * time.Second}, func(context.Context, string, rbTouch) error {
+		err := s.WithRebuild(ctx, tg.live, store.RebuildOptions{TTL: 60 * time.Second}, func(context.Context, string, rbTouch) error {
 			ran = true
 			return nil
 		})
-		wantErr(t, err, store.ErrInProgress)
+		redistest.WantErr(t, err, store.ErrInProgress)
 		if errors.Is(err, store.ErrLockLost) {
 			t.Errorf("err %v matches ErrLockLost, want only ErrInProgress", err)
 		}
-		if !strings.Contains(err.Error(), tg.final) {
-			t.Errorf("error %q does not name the live key %q", err, tg.final)
+		if !strings.Contains(err.Error(), tg.live) {
+			t.Errorf("error %q does not name the live key %q", err, tg.live)
 		}
 		if ran {
 			t.Errorf("callback ran, want it skipped")
@@ -691,10 +682,10 @@ func TestWithRebuildInProgress(t *testing.T) {
 				t.Errorf("commands %q include %s, want only the acquire", rec.events(), script)
 			}
 		}
-		wantLock(t, tg.other, lockKey, "holder")
-		wantTTL(t, tg.other, lockKey, 50*time.Second)
+		redistest.WantString(t, tg.other, lockKey, "holder")
+		redistest.WantTTL(t, tg.other, lockKey, 50*time.Second)
 		rbWantNoTemp(t, tg, node, s)
-		wantHash(t, tg.other, tg.final, old)
+		redistest.WantHash(t, tg.other, tg.live, old)
 	})
 }
 
@@ -707,7 +698,7 @@ func TestWithRebuildReleaseFailure(t *testing.T) {
 		for _, fail := range []bool{true, false} {
 			t.Run("callback fails="+strconv.FormatBool(fail), func(t *testing.T) {
 				rbFresh(t, tg)
-				ctx := ctxT(t)
+				ctx := redistest.Ctx(t)
 				rec := &rbRecorder{t: t, fail: func(name string) error {
 					if name == "release" {
 						return errRelease
@@ -717,12 +708,12 @@ func TestWithRebuildReleaseFailure(t *testing.T) {
 				var logs bytes.Buffer
 				s := store.New(rec.client(tg.client), store.Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 				node := rbNode(t, tg)
-				lockKey := s.LockKey(tg.final)
-				old := fields("old", 3)
-				seedHash(t, tg.other, tg.final, old)
-				want := fields("new", 5)
+				lockKey := s.LockKey(tg.live)
+				old := redistest.Fields("old", 3)
+				redistest.SeedHash(t, tg.other, tg.live, old)
+				want := redistest.Fields("new", 5)
 
-				err := s.WithRebuild(ctx, tg.final, store.RebuildOptions{TTL: 60 * time.Second}, func(ctx context.Context, tmp string, touch rbTouch) error {
+				err := s.WithRebuild(ctx, tg.live, store.RebuildOptions{TTL: 60 * time.Second}, func(ctx context.Context, tmp string, touch rbTouch) error {
 					if err := rbWrite(ctx, tg.client, tmp, want, 2, touch); err != nil {
 						return err
 					}
@@ -735,14 +726,14 @@ func TestWithRebuildReleaseFailure(t *testing.T) {
 					t.Errorf("commands %q: no release attempted", rec.events())
 				}
 				if fail {
-					wantErr(t, err, errRbBoom)
-					wantErr(t, err, errRelease)
-					wantHash(t, tg.other, tg.final, old)
+					redistest.WantErr(t, err, errRbBoom)
+					redistest.WantErr(t, err, errRelease)
+					redistest.WantHash(t, tg.other, tg.live, old)
 				} else {
 					if err != nil {
 						t.Fatalf("WithRebuild = %v, want nil: the rebuild succeeded", err)
 					}
-					wantHash(t, tg.other, tg.final, want)
+					redistest.WantHash(t, tg.other, tg.live, want)
 					out := logs.String()
 					for _, w := range []string{"level=WARN", lockKey, errRelease.Error()} {
 						if !strings.Contains(out, w) {
@@ -753,11 +744,11 @@ func TestWithRebuildReleaseFailure(t *testing.T) {
 				rbWantNoTemp(t, tg, node, s)
 				// The release never reached Redis: our lock is still there,
 				// bounded by its TTL.
-				if tok, ok := get(t, tg.other, lockKey); !ok || len(tok) != 32 {
+				if tok, ok := redistest.Get(t, tg.other, lockKey); !ok || len(tok) != 32 {
 					t.Errorf("lock = %q (present %v), want our unreleased token", tok, ok)
 				}
-				wantTTL(t, tg.other, lockKey, 60*time.Second)
-				do(t, tg.other, "DEL", lockKey)
+				redistest.WantTTL(t, tg.other, lockKey, 60*time.Second)
+				redistest.Cmd(t, tg.other, "DEL", lockKey)
 			})
 		}
 	})
@@ -768,16 +759,16 @@ func TestWithRebuildReleaseFailure(t *testing.T) {
 func TestWithRebuildContextCancelled(t *testing.T) {
 	forEachTarget(t, func(t *testing.T, tg target) {
 		rbFresh(t, tg)
-		ctx, cancel := context.WithCancel(ctxT(t))
+		ctx, cancel := context.WithCancel(redistest.Ctx(t))
 		defer cancel()
 		s := tg.store(store.Options{})
 		node := rbNode(t, tg)
-		old := fields("old", 3)
-		seedHash(t, tg.other, tg.final, old)
+		old := redistest.Fields("old", 3)
+		redistest.SeedHash(t, tg.other, tg.live, old)
 		var temp string
-		err := s.WithRebuild(ctx, tg.final, store.RebuildOptions{TTL: 60 * time.Second}, func(ctx context.Context, tmp string, touch rbTouch) error {
+		err := s.WithRebuild(ctx, tg.live, store.RebuildOptions{TTL: 60 * time.Second}, func(ctx context.Context, tmp string, touch rbTouch) error {
 			temp = tmp
-			if err := rbWrite(ctx, tg.client, tmp, fields("new", 6), 2, touch); err != nil {
+			if err := rbWrite(ctx, tg.client, tmp, redistest.Fields("new", 6), 2, touch); err != nil {
 				return err
 			}
 			cancel()
@@ -786,10 +777,10 @@ func TestWithRebuildContextCancelled(t *testing.T) {
 		if err != context.Canceled { // C17: the very same value
 			t.Errorf("err = %v, want context.Canceled", err)
 		}
-		wantHash(t, tg.other, tg.final, old)
-		wantAbsent(t, tg.other, temp)
+		redistest.WantHash(t, tg.other, tg.live, old)
+		redistest.WantAbsent(t, tg.other, temp)
 		rbWantNoTemp(t, tg, node, s)
-		wantLock(t, tg.other, s.LockKey(tg.final), "")
+		redistest.WantString(t, tg.other, s.LockKey(tg.live), "")
 	})
 }
 
@@ -800,27 +791,27 @@ func TestWithRebuildBadInput(t *testing.T) {
 		rbFresh(t, tg)
 		s := tg.store(store.Options{})
 		node := rbNode(t, tg)
-		old := fields("old", 3)
-		seedHash(t, tg.other, tg.final, old)
+		old := redistest.Fields("old", 3)
+		redistest.SeedHash(t, tg.other, tg.live, old)
 		ran := false
 		fn := func(context.Context, string, rbTouch) error { ran = true; return nil }
 		for _, tt := range []struct {
-			name  string
-			final string
-			opts  store.RebuildOptions
-			fn    func(context.Context, string, rbTouch) error
-			want  string
+			name string
+			live string
+			opts store.RebuildOptions
+			fn   func(context.Context, string, rbTouch) error
+			want string
 		}{
 			{"empty key", "", store.RebuildOptions{}, fn, "empty key"},
-			{"nil callback", tg.final, store.RebuildOptions{}, nil, "nil callback"},
-			{"negative ttl", tg.final, store.RebuildOptions{TTL: -time.Second}, fn, "must be positive"},
-			{"fractional ttl", tg.final, store.RebuildOptions{TTL: 1500 * time.Millisecond}, fn, "whole number of seconds"},
-			{"negative PreserveFor", tg.final, store.RebuildOptions{PreserveFor: -time.Second}, fn, "PreserveFor"},
-			{"fractional PreserveFor", tg.final, store.RebuildOptions{PreserveFor: 2500 * time.Millisecond}, fn, "PreserveFor"},
+			{"nil callback", tg.live, store.RebuildOptions{}, nil, "nil callback"},
+			{"negative ttl", tg.live, store.RebuildOptions{TTL: -time.Second}, fn, "must be positive"},
+			{"fractional ttl", tg.live, store.RebuildOptions{TTL: 1500 * time.Millisecond}, fn, "whole number of seconds"},
+			{"negative PreserveFor", tg.live, store.RebuildOptions{PreserveFor: -time.Second}, fn, "PreserveFor"},
+			{"fractional PreserveFor", tg.live, store.RebuildOptions{PreserveFor: 2500 * time.Millisecond}, fn, "PreserveFor"},
 		} {
 			t.Run(tt.name, func(t *testing.T) {
 				ran = false
-				err := s.WithRebuild(ctxT(t), tt.final, tt.opts, tt.fn)
+				err := s.WithRebuild(redistest.Ctx(t), tt.live, tt.opts, tt.fn)
 				var e *store.Error
 				if !errors.As(err, &e) || !strings.Contains(err.Error(), tt.want) {
 					t.Fatalf("err = %v, want *store.Error containing %q", err, tt.want)
@@ -828,10 +819,10 @@ func TestWithRebuildBadInput(t *testing.T) {
 				if ran {
 					t.Errorf("callback ran, want it skipped")
 				}
-				wantLock(t, tg.other, s.LockKey(tg.final), "")
-				wantLock(t, tg.other, s.LockKey(""), "")
+				redistest.WantString(t, tg.other, s.LockKey(tg.live), "")
+				redistest.WantString(t, tg.other, s.LockKey(""), "")
 				rbWantNoTemp(t, tg, node, s)
-				wantHash(t, tg.other, tg.final, old)
+				redistest.WantHash(t, tg.other, tg.live, old)
 			})
 		}
 	})
@@ -844,9 +835,9 @@ func TestWithRebuildClock(t *testing.T) {
 		rbFresh(t, tg)
 		fixed := time.Date(2023, 11, 14, 22, 13, 20, 999, time.UTC)
 		s := tg.store(store.Options{Now: func() time.Time { return fixed }})
-		want := fields("new", 2)
+		want := redistest.Fields("new", 2)
 		var temp string
-		err := s.WithRebuild(ctxT(t), tg.final, store.RebuildOptions{TTL: 60 * time.Second}, func(ctx context.Context, tmp string, touch rbTouch) error {
+		err := s.WithRebuild(redistest.Ctx(t), tg.live, store.RebuildOptions{TTL: 60 * time.Second}, func(ctx context.Context, tmp string, touch rbTouch) error {
 			temp = tmp
 			return rbWrite(ctx, tg.client, tmp, want, 1, touch)
 		})
@@ -857,10 +848,10 @@ func TestWithRebuildClock(t *testing.T) {
 		if !ok || unix != fixed.Unix() {
 			t.Errorf("temp %q: timestamp %d (ok %v), want %d", temp, unix, ok, fixed.Unix())
 		}
-		if prefix := rbBase(s, tg.final) + ":rebuild:1700000000:"; !strings.HasPrefix(temp, prefix) {
+		if prefix := rbBase(s, tg.live) + ":rebuild:1700000000:"; !strings.HasPrefix(temp, prefix) {
 			t.Errorf("temp %q, want prefix %q", temp, prefix)
 		}
-		wantHash(t, tg.other, tg.final, want)
+		redistest.WantHash(t, tg.other, tg.live, want)
 	})
 }
 
@@ -873,9 +864,9 @@ func TestWithRebuildReadGap(t *testing.T) {
 	sizes := [2]int{100, 150}
 	forEachTarget(t, func(t *testing.T, tg target) {
 		rbFresh(t, tg)
-		ctx := ctxT(t)
+		ctx := redistest.Ctx(t)
 		s := tg.store(store.Options{})
-		seedHash(t, tg.other, tg.final, fields("gen0", sizes[0]))
+		redistest.SeedHash(t, tg.other, tg.live, redistest.Fields("gen0", sizes[0]))
 
 		var (
 			stop             atomic.Bool
@@ -889,10 +880,10 @@ func TestWithRebuildReadGap(t *testing.T) {
 			defer close(stopped)
 			defer startOnce.Do(func() { close(started) })
 			for !stop.Load() {
-				n, err := tg.other.Do(ctx, tg.other.B().Exists().Key(tg.final).Build()).AsInt64()
+				n, err := tg.other.Do(ctx, tg.other.B().Exists().Key(tg.live).Build()).AsInt64()
 				if err == nil {
 					var l int64
-					l, err = tg.other.Do(ctx, tg.other.B().Hlen().Key(tg.final).Build()).AsInt64()
+					l, err = tg.other.Do(ctx, tg.other.B().Hlen().Key(tg.live).Build()).AsInt64()
 					counts[l]++
 				}
 				if err != nil {
@@ -910,8 +901,8 @@ func TestWithRebuildReadGap(t *testing.T) {
 
 		var want map[string]string
 		for i := 1; i <= rebuilds; i++ {
-			want = fields("gen"+strconv.Itoa(i), sizes[i%2])
-			err := s.WithRebuild(ctx, tg.final, store.RebuildOptions{TTL: 60 * time.Second}, func(ctx context.Context, tmp string, touch rbTouch) error {
+			want = redistest.Fields("gen"+strconv.Itoa(i), sizes[i%2])
+			err := s.WithRebuild(ctx, tg.live, store.RebuildOptions{TTL: 60 * time.Second}, func(ctx context.Context, tmp string, touch rbTouch) error {
 				return rbWrite(ctx, tg.client, tmp, want, 5, touch)
 			})
 			if err != nil {
@@ -938,8 +929,8 @@ func TestWithRebuildReadGap(t *testing.T) {
 		if counts[int64(sizes[0])] == 0 || counts[int64(sizes[1])] == 0 {
 			t.Errorf("HLEN observed %v: the reader did not see both generations; the test proved nothing", counts)
 		}
-		wantHash(t, tg.other, tg.final, want)
-		wantLock(t, tg.other, s.LockKey(tg.final), "")
+		redistest.WantHash(t, tg.other, tg.live, want)
+		redistest.WantString(t, tg.other, s.LockKey(tg.live), "")
 	})
 }
 
@@ -950,9 +941,9 @@ func TestWithRebuildReadGap(t *testing.T) {
 func TestWithRebuildRace(t *testing.T) {
 	forEachTarget(t, func(t *testing.T, tg target) {
 		rbFresh(t, tg)
-		ctx := ctxT(t)
+		ctx := redistest.Ctx(t)
 		s := tg.store(store.Options{})
-		seedHash(t, tg.other, tg.final, fields("old", 3))
+		redistest.SeedHash(t, tg.other, tg.live, redistest.Fields("old", 3))
 
 		var (
 			wg          sync.WaitGroup
@@ -964,10 +955,10 @@ func TestWithRebuildRace(t *testing.T) {
 			startSignal = make(chan struct{})
 		)
 		for g := range 2 {
-			contents[g] = fields("racer"+strconv.Itoa(g), 4+g)
+			contents[g] = redistest.Fields("racer"+strconv.Itoa(g), 4+g)
 			wg.Go(func() {
 				<-startSignal
-				errs[g] = s.WithRebuild(ctx, tg.final, store.RebuildOptions{TTL: 60 * time.Second}, func(ctx context.Context, tmp string, touch rbTouch) error {
+				errs[g] = s.WithRebuild(ctx, tg.live, store.RebuildOptions{TTL: 60 * time.Second}, func(ctx context.Context, tmp string, touch rbTouch) error {
 					ran[g].Store(true)
 					select {
 					case <-firstDone: // the loser has returned
@@ -1004,8 +995,8 @@ func TestWithRebuildRace(t *testing.T) {
 		if winner < 0 {
 			t.Fatalf("errs = %v, want exactly one success", errs)
 		}
-		wantHash(t, tg.other, tg.final, contents[winner])
-		wantLock(t, tg.other, s.LockKey(tg.final), "")
+		redistest.WantHash(t, tg.other, tg.live, contents[winner])
+		redistest.WantString(t, tg.other, s.LockKey(tg.live), "")
 	})
 }
 
@@ -1016,18 +1007,18 @@ func TestWithRebuildLiveWritesReplaced(t *testing.T) {
 	forEachTarget(t, func(t *testing.T, tg target) {
 		rbFresh(t, tg)
 		s := tg.store(store.Options{})
-		seedHash(t, tg.other, tg.final, fields("old", 3))
-		want := fields("new", 4)
-		err := s.WithRebuild(ctxT(t), tg.final, store.RebuildOptions{TTL: 60 * time.Second}, func(ctx context.Context, tmp string, touch rbTouch) error {
+		redistest.SeedHash(t, tg.other, tg.live, redistest.Fields("old", 3))
+		want := redistest.Fields("new", 4)
+		err := s.WithRebuild(redistest.Ctx(t), tg.live, store.RebuildOptions{TTL: 60 * time.Second}, func(ctx context.Context, tmp string, touch rbTouch) error {
 			if err := rbWrite(ctx, tg.client, tmp, want, 2, touch); err != nil {
 				return err
 			}
-			do(t, tg.other, "HSET", tg.final, "written-live", "during the rebuild", "f0", "live-0")
+			redistest.Cmd(t, tg.other, "HSET", tg.live, "written-live", "during the rebuild", "f0", "live-0")
 			return nil
 		})
 		if err != nil {
 			t.Fatal(err)
 		}
-		wantHash(t, tg.other, tg.final, want) // the live write is gone
+		redistest.WantHash(t, tg.other, tg.live, want) // the live write is gone
 	})
 }

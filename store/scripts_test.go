@@ -2,9 +2,6 @@ package store_test
 
 import (
 	"context"
-	"crypto/sha1"
-	"encoding/hex"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -16,7 +13,7 @@ import (
 	"github.com/redis/rueidis"
 )
 
-// STYLE rule 11: every branch of every Lua script runs against a real
+// Every branch of every Lua script runs against a real
 // server, on the standalone server and on the cluster. Branches that need
 // several keys at once are reached by running the script text directly;
 // the rest also run through the public API.
@@ -38,20 +35,16 @@ func scriptsEach(t *testing.T, f func(t *testing.T, tg target)) {
 }
 
 // scriptsKeys returns a function naming keys that share the hash tag
-// {<tg.final>/<group>}. The final keys under test have no braces.
+// {<tg.live>/<group>}. The live keys under test have no braces.
 func scriptsKeys(tg target, group string) func(name string) string {
-	tag := "{" + tg.final + "/" + group + "}:"
+	tag := "{" + tg.live + "/" + group + "}:"
 	return func(name string) string { return tag + name }
 }
 
-// scriptsLoad returns store/scripts/<name>.lua as a rueidis script.
+// scriptsLoad returns keyswap's script name as a rueidis script.
 func scriptsLoad(t *testing.T, name string) *rueidis.Lua {
 	t.Helper()
-	src, err := os.ReadFile("scripts/" + name + ".lua")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return rueidis.NewLuaScript(string(src))
+	return redistest.ScriptNamed(name).Lua()
 }
 
 // scriptsRun runs script on c and returns its integer array reply.
@@ -71,22 +64,6 @@ func scriptsWantReply(t *testing.T, got []int64, want ...int64) {
 	}
 }
 
-// scriptsWantPTTL fails unless key's PTTL is in (lo, hi]. With lo = hi = -1
-// the key must exist with no TTL.
-func scriptsWantPTTL(t *testing.T, c rueidis.Client, key string, lo, hi time.Duration) {
-	t.Helper()
-	got := pttl(t, c, key)
-	if lo == -1 && hi == -1 {
-		if got != -1 {
-			t.Errorf("%s: PTTL %v, want -1 (no expiry)", key, got)
-		}
-		return
-	}
-	if got <= lo || got > hi {
-		t.Errorf("%s: PTTL %v, want in (%v, %v]", key, got, lo, hi)
-	}
-}
-
 func TestScriptLease(t *testing.T) {
 	// lease.lua: {1, s...} with every lock extended first (C11, C13, C15)
 	// and s per temp key: 0 absent, 1 alive (had a TTL), 2 created since
@@ -99,27 +76,27 @@ func TestScriptLease(t *testing.T) {
 		t.Run("all ours", func(t *testing.T) {
 			k := scriptsKeys(tg, "lease-ok")
 			l1, l2, t1, t2, t3 := k("l1"), k("l2"), k("t1"), k("t2"), k("t3")
-			do(t, tg.other, "SET", l1, tok, "EX", "10")
-			do(t, tg.other, "SET", l2, tok, "EX", "10")
-			seedHash(t, tg.other, t1, fields("a", 3))
-			do(t, tg.other, "EXPIRE", t1, "10")
-			do(t, tg.other, "DEL", t2)
-			seedHash(t, tg.other, t3, fields("c", 3)) // no TTL yet (C34.1)
+			redistest.Cmd(t, tg.other, "SET", l1, tok, "EX", "10")
+			redistest.Cmd(t, tg.other, "SET", l2, tok, "EX", "10")
+			redistest.SeedHash(t, tg.other, t1, redistest.Fields("a", 3))
+			redistest.Cmd(t, tg.other, "EXPIRE", t1, "10")
+			redistest.Cmd(t, tg.other, "DEL", t2)
+			redistest.SeedHash(t, tg.other, t3, redistest.Fields("c", 3)) // no TTL yet (C34.1)
 			got := scriptsRun(t, tg.client, lease, []string{l1, l2, t1, t2, t3}, []string{tok, "100", "2"})
 			scriptsWantReply(t, got, 1, 1, 0, 2)
 			for _, key := range []string{l1, l2, t1, t3} {
-				scriptsWantPTTL(t, tg.other, key, 10*time.Second, 100*time.Second) // reset, not left to decay
+				redistest.WantPTTL(t, tg.other, key, 10*time.Second, 100*time.Second) // reset, not left to decay
 			}
-			wantLock(t, tg.other, l1, tok)
-			wantLock(t, tg.other, l2, tok)
-			wantAbsent(t, tg.other, t2) // EXPIRE does not create it (C12)
+			redistest.WantString(t, tg.other, l1, tok)
+			redistest.WantString(t, tg.other, l2, tok)
+			redistest.WantAbsent(t, tg.other, t2) // EXPIRE does not create it (C12)
 		})
 
 		t.Run("no temps", func(t *testing.T) {
 			k := scriptsKeys(tg, "lease-lock-only")
-			do(t, tg.other, "SET", k("l1"), tok, "EX", "10")
+			redistest.Cmd(t, tg.other, "SET", k("l1"), tok, "EX", "10")
 			scriptsWantReply(t, scriptsRun(t, tg.client, lease, []string{k("l1")}, []string{tok, "100", "1"}), 1)
-			scriptsWantPTTL(t, tg.other, k("l1"), 10*time.Second, 100*time.Second)
+			redistest.WantPTTL(t, tg.other, k("l1"), 10*time.Second, 100*time.Second)
 		})
 
 		for _, tt := range []struct {
@@ -137,34 +114,34 @@ func TestScriptLease(t *testing.T) {
 				locks := []string{k("l1"), k("l2")}
 				t1, t3 := k("t1"), k("t3")
 				for _, l := range locks {
-					do(t, tg.other, "SET", l, tok, "EX", "10")
+					redistest.Cmd(t, tg.other, "SET", l, tok, "EX", "10")
 				}
 				lost := locks[tt.lostAt-1]
 				if tt.thief != "" {
-					do(t, tg.other, "SET", lost, tt.thief, "EX", "20")
+					redistest.Cmd(t, tg.other, "SET", lost, tt.thief, "EX", "20")
 				} else {
-					do(t, tg.other, "DEL", lost)
+					redistest.Cmd(t, tg.other, "DEL", lost)
 				}
-				seedHash(t, tg.other, t1, fields("a", 3))
-				do(t, tg.other, "EXPIRE", t1, "10")
-				seedHash(t, tg.other, t3, fields("c", 3))
+				redistest.SeedHash(t, tg.other, t1, redistest.Fields("a", 3))
+				redistest.Cmd(t, tg.other, "EXPIRE", t1, "10")
+				redistest.SeedHash(t, tg.other, t3, redistest.Fields("c", 3))
 
 				got := scriptsRun(t, tg.client, lease, []string{locks[0], locks[1], t1, t3}, []string{tok, "100", "2"})
 				scriptsWantReply(t, got, -1, tt.lostAt)
 				for _, l := range locks {
 					switch {
 					case l != lost:
-						wantLock(t, tg.other, l, tok)
-						scriptsWantPTTL(t, tg.other, l, 0, 10*time.Second) // not extended
+						redistest.WantString(t, tg.other, l, tok)
+						redistest.WantPTTL(t, tg.other, l, 0, 10*time.Second) // not extended
 					case tt.thief != "":
-						wantLock(t, tg.other, l, tt.thief)
-						scriptsWantPTTL(t, tg.other, l, 0, 20*time.Second)
+						redistest.WantString(t, tg.other, l, tt.thief)
+						redistest.WantPTTL(t, tg.other, l, 0, 20*time.Second)
 					default:
-						wantLock(t, tg.other, l, "")
+						redistest.WantString(t, tg.other, l, "")
 					}
 				}
-				scriptsWantPTTL(t, tg.other, t1, 0, 10*time.Second) // not touched
-				scriptsWantPTTL(t, tg.other, t3, -1, -1)            // still no TTL
+				redistest.WantPTTL(t, tg.other, t1, 0, 10*time.Second) // not touched
+				redistest.WantPTTL(t, tg.other, t3, -1, -1)            // still no TTL
 			})
 		}
 	})
@@ -173,124 +150,36 @@ func TestScriptLease(t *testing.T) {
 func TestScriptLeaseViaTouch(t *testing.T) {
 	// lease.lua through the public API: {1, 1}, {1, 0}, {-1, 1} (C11, C12).
 	forEachTarget(t, func(t *testing.T, tg target) {
-		ctx := ctxT(t)
+		ctx := redistest.Ctx(t)
 		s := tg.store(store.Options{})
-		temp := s.NewTempKey(tg.final)
-		swapClean(t, tg.other, s.LockKey(tg.final), temp)
-		lock, err := s.Acquire(ctx, tg.final, 60*time.Second)
+		temp := s.NewTempKey(tg.live)
+		redistest.Clean(t, tg.other, s.LockKey(tg.live), temp)
+		lock, err := s.Acquire(ctx, tg.live, 60*time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}
-		do(t, tg.other, "EXPIRE", lock.Key, "10")
+		redistest.Cmd(t, tg.other, "EXPIRE", lock.Key, "10")
 
 		if populated, err := s.Touch(ctx, lock, temp); err != nil || populated {
 			t.Errorf("Touch before any write = %v, %v; want false, nil", populated, err)
 		}
-		scriptsWantPTTL(t, tg.other, lock.Key, 10*time.Second, 60*time.Second)
-		wantAbsent(t, tg.other, temp)
+		redistest.WantPTTL(t, tg.other, lock.Key, 10*time.Second, 60*time.Second)
+		redistest.WantAbsent(t, tg.other, temp)
 
-		seedHash(t, tg.other, temp, fields("a", 2))
-		do(t, tg.other, "EXPIRE", lock.Key, "10")
+		redistest.SeedHash(t, tg.other, temp, redistest.Fields("a", 2))
+		redistest.Cmd(t, tg.other, "EXPIRE", lock.Key, "10")
 		if populated, err := s.Touch(ctx, lock, temp); err != nil || !populated {
 			t.Errorf("Touch after a write = %v, %v; want true, nil", populated, err)
 		}
-		scriptsWantPTTL(t, tg.other, lock.Key, 10*time.Second, 60*time.Second)
-		scriptsWantPTTL(t, tg.other, temp, 10*time.Second, 60*time.Second)
+		redistest.WantPTTL(t, tg.other, lock.Key, 10*time.Second, 60*time.Second)
+		redistest.WantPTTL(t, tg.other, temp, 10*time.Second, 60*time.Second)
 
-		do(t, tg.other, "SET", lock.Key, "thief", "EX", "20")
-		do(t, tg.other, "EXPIRE", temp, "10")
+		redistest.Cmd(t, tg.other, "SET", lock.Key, "thief", "EX", "20")
+		redistest.Cmd(t, tg.other, "EXPIRE", temp, "10")
 		_, err = s.Touch(ctx, lock, temp)
-		wantErr(t, err, store.ErrLockLost)
-		swapWantLock(t, tg.other, lock.Key, "thief", 20*time.Second)
-		scriptsWantPTTL(t, tg.other, temp, 0, 10*time.Second)
-	})
-}
-
-func TestScriptsMultiKeyViaStore(t *testing.T) {
-	// The multi-key branches through the public API: two live keys locked
-	// under one token, touched, published together with an orphan, released.
-	scriptsEach(t, func(t *testing.T, tg target) {
-		ctx := ctxT(t)
-		s := tg.store(store.Options{})
-		k := scriptsKeys(tg, "multi")
-		a, b, orphan := k("a"), k("b"), k("orphan")
-		swapClean(t, tg.other, a, b, orphan, s.LockKey(a), s.LockKey(b))
-		locks, err := s.AcquireAll(ctx, []string{a, b}, 60*time.Second)
-		if err != nil {
-			t.Fatal(err)
-		}
-		tempA, tempB := s.NewTempKey(a), s.NewTempKey(b)
-		swapClean(t, tg.other, tempA, tempB)
-		seedHash(t, tg.other, a, fields("oldA", 6))
-		seedHash(t, tg.other, b, fields("oldB", 6))
-		seedHash(t, tg.other, orphan, fields("orphan", 2))
-		seedHash(t, tg.other, tempA, fields("newA", 3)) // written, not yet touched: no TTL
-		shorten := func(keys ...string) {
-			for _, key := range keys {
-				do(t, tg.other, "EXPIRE", key, "10")
-			}
-		}
-
-		// lease {1, 2, 0}, then {1, 1, 0}; every lock extended.
-		shorten(locks[0].Key, locks[1].Key)
-		states, err := s.TouchAll(ctx, locks, []string{tempA, tempB})
-		if want := []store.TempState{store.TempCreated, store.TempAbsent}; err != nil || !slices.Equal(states, want) {
-			t.Fatalf("first TouchAll = %v, %v; want %v, nil", states, err, want)
-		}
-		for _, key := range []string{locks[0].Key, locks[1].Key, tempA} {
-			scriptsWantPTTL(t, tg.other, key, 10*time.Second, 60*time.Second)
-		}
-		wantAbsent(t, tg.other, tempB)
-		states, err = s.TouchAll(ctx, locks, []string{tempA, tempB})
-		if want := []store.TempState{store.TempAlive, store.TempAbsent}; err != nil || !slices.Equal(states, want) {
-			t.Fatalf("second TouchAll = %v, %v; want %v, nil", states, err, want)
-		}
-
-		// lease {-1, 2}: the error names b, and nothing changed.
-		shorten(locks[0].Key, tempA)
-		do(t, tg.other, "SET", locks[1].Key, "thief", "EX", "20")
-		_, err = s.TouchAll(ctx, locks, []string{tempA, tempB})
-		wantErr(t, err, store.ErrLockLost)
-		if !strings.Contains(err.Error(), b) {
-			t.Errorf("error %q does not name %s, whose lock was lost", err, b)
-		}
-		swapWantLock(t, tg.other, locks[0].Key, locks[0].Token, 10*time.Second)
-		swapWantLock(t, tg.other, locks[1].Key, "thief", 20*time.Second)
-		scriptsWantPTTL(t, tg.other, tempA, 0, 10*time.Second)
-		do(t, tg.other, "SET", locks[1].Key, locks[1].Token, "EX", "10")
-
-		// publish {0, 2}: b was seen populated and is gone; nothing changed.
-		_, err = s.Publish(ctx, store.PublishOptions{Locks: locks, Orphans: []string{orphan}, Targets: []store.Target{
-			{Temp: tempA, Final: a, Populated: true}, {Temp: tempB, Final: b, Populated: true},
-		}})
-		wantErr(t, err, store.ErrTempKeyLost)
-		if !strings.Contains(err.Error(), tempB) {
-			t.Errorf("error %q does not name the lost temp key %s", err, tempB)
-		}
-		wantHash(t, tg.other, a, fields("oldA", 6))
-		wantHash(t, tg.other, b, fields("oldB", 6))
-		wantHash(t, tg.other, orphan, fields("orphan", 2))
-		scriptsWantPTTL(t, tg.other, tempA, 0, 10*time.Second)
-
-		// publish {1, 1, 2}: a renamed, b emptied, the orphan unlinked.
-		out, err := s.Publish(ctx, store.PublishOptions{Locks: locks, Orphans: []string{orphan}, Targets: []store.Target{
-			{Temp: tempA, Final: a, Populated: true}, {Temp: tempB, Final: b},
-		}})
-		if want := []store.Outcome{store.Swapped, store.Emptied}; err != nil || !slices.Equal(out, want) {
-			t.Fatalf("Publish = %v, %v; want %v, nil", out, err, want)
-		}
-		wantHash(t, tg.other, a, fields("newA", 3))
-		for _, key := range []string{tempA, tempB, b, orphan} {
-			wantAbsent(t, tg.other, key)
-		}
-		swapWantLock(t, tg.other, locks[0].Key, locks[0].Token, 10*time.Second)
-		swapWantLock(t, tg.other, locks[1].Key, locks[1].Token, 10*time.Second)
-
-		// release 1 of 2: ours goes, the thief's stays.
-		do(t, tg.other, "SET", locks[1].Key, "thief", "EX", "20")
-		wantErr(t, s.ReleaseAll(ctx, locks), store.ErrLockLost)
-		wantLock(t, tg.other, locks[0].Key, "")
-		swapWantLock(t, tg.other, locks[1].Key, "thief", 20*time.Second)
+		redistest.WantErr(t, err, store.ErrLockLost)
+		redistest.WantLock(t, tg.other, lock.Key, "thief", 20*time.Second)
+		redistest.WantPTTL(t, tg.other, temp, 0, 10*time.Second)
 	})
 }
 
@@ -318,9 +207,9 @@ func TestScriptRelease(t *testing.T) {
 					l := k("l" + strconv.Itoa(i))
 					locks = append(locks, l)
 					if v == "" {
-						do(t, tg.other, "DEL", l)
+						redistest.Cmd(t, tg.other, "DEL", l)
 					} else {
-						do(t, tg.other, "SET", l, v, "EX", "30")
+						redistest.Cmd(t, tg.other, "SET", l, v, "EX", "30")
 					}
 				}
 				got, err := release.Exec(context.Background(), tg.client, locks, []string{tok}).AsIntSlice()
@@ -332,12 +221,12 @@ func TestScriptRelease(t *testing.T) {
 				}
 				for i, v := range tt.values {
 					if v == tok {
-						wantLock(t, tg.other, locks[i], "")
+						redistest.WantString(t, tg.other, locks[i], "")
 						continue
 					}
-					wantLock(t, tg.other, locks[i], v)
+					redistest.WantString(t, tg.other, locks[i], v)
 					if v != "" {
-						scriptsWantPTTL(t, tg.other, locks[i], 0, 30*time.Second)
+						redistest.WantPTTL(t, tg.other, locks[i], 0, 30*time.Second)
 					}
 				}
 			})
@@ -364,10 +253,10 @@ func TestScriptReleaseReceipt(t *testing.T) {
 			t.Run(tt.name, func(t *testing.T) {
 				k := scriptsKeys(tg, "receipt-"+strings.ReplaceAll(tt.name, "'", ""))
 				lock, receipt := k("lock"), k("lock")+":done"
-				do(t, tg.other, "SET", lock, tok, "EX", "30")
-				do(t, tg.other, "DEL", receipt)
+				redistest.Cmd(t, tg.other, "SET", lock, tok, "EX", "30")
+				redistest.Cmd(t, tg.other, "DEL", receipt)
 				if tt.receipt != "" {
-					do(t, tg.other, "SET", receipt, tt.receipt, "EX", "30")
+					redistest.Cmd(t, tg.other, "SET", receipt, tt.receipt, "EX", "30")
 				}
 				got, err := release.Exec(context.Background(), tg.client, []string{lock, receipt}, []string{tok, "1"}).AsIntSlice()
 				if err != nil {
@@ -376,11 +265,11 @@ func TestScriptReleaseReceipt(t *testing.T) {
 				if !slices.Equal(got, tt.want) {
 					t.Errorf("reply = %v, want %v", got, tt.want)
 				}
-				wantLock(t, tg.other, lock, "")
+				redistest.WantString(t, tg.other, lock, "")
 				if tt.receipt == tok {
-					wantLock(t, tg.other, receipt, "")
+					redistest.WantString(t, tg.other, receipt, "")
 				} else {
-					wantLock(t, tg.other, receipt, tt.receipt)
+					redistest.WantString(t, tg.other, receipt, tt.receipt)
 				}
 			})
 		}
@@ -395,13 +284,13 @@ func TestScriptPublishReceipt(t *testing.T) {
 		publish := scriptsLoad(t, "publish")
 		const tok = "0123456789abcdef0123456789abcdef"
 		k := scriptsKeys(tg, "publish-receipt")
-		lock, temp, final, receipt := k("lock"), k("temp"), k("final"), k("lock")+":done"
+		lock, temp, live, receipt := k("lock"), k("temp"), k("live"), k("lock")+":done"
 		reset := func() {
-			for _, key := range []string{lock, temp, final, receipt} {
-				do(t, tg.other, "DEL", key)
+			for _, key := range []string{lock, temp, live, receipt} {
+				redistest.Cmd(t, tg.other, "DEL", key)
 			}
-			do(t, tg.other, "SET", lock, tok, "EX", "30")
-			do(t, tg.other, "HSET", temp, "f", "new")
+			redistest.Cmd(t, tg.other, "SET", lock, tok, "EX", "30")
+			redistest.Cmd(t, tg.other, "HSET", temp, "f", "new")
 		}
 		run := func(token string, keys []string, args ...string) []int64 {
 			t.Helper()
@@ -413,32 +302,32 @@ func TestScriptPublishReceipt(t *testing.T) {
 		}
 
 		reset()
-		if got := run(tok, []string{lock, temp, final, receipt}, "1", "1", "1", "30"); !slices.Equal(got, []int64{1, 1}) {
+		if got := run(tok, []string{lock, temp, live, receipt}, "1", "1", "1", "30"); !slices.Equal(got, []int64{1, 1}) {
 			t.Fatalf("fenced publish: reply %v, want [1 1]", got)
 		}
-		wantLock(t, tg.other, receipt, tok)
-		scriptsWantPTTL(t, tg.other, receipt, 0, 30*time.Second)
+		redistest.WantString(t, tg.other, receipt, tok)
+		redistest.WantPTTL(t, tg.other, receipt, 0, 30*time.Second)
 
 		reset()
-		do(t, tg.other, "SET", lock, "thief", "EX", "30")
-		if got := run(tok, []string{lock, temp, final, receipt}, "1", "1", "1", "30"); !slices.Equal(got, []int64{-1, 1}) {
+		redistest.Cmd(t, tg.other, "SET", lock, "thief", "EX", "30")
+		if got := run(tok, []string{lock, temp, live, receipt}, "1", "1", "1", "30"); !slices.Equal(got, []int64{-1, 1}) {
 			t.Fatalf("lost lock: reply %v, want [-1 1]", got)
 		}
-		wantLock(t, tg.other, receipt, "")
+		redistest.WantString(t, tg.other, receipt, "")
 
 		reset()
-		do(t, tg.other, "DEL", temp)
-		if got := run(tok, []string{lock, temp, final, receipt}, "1", "1", "1", "30"); !slices.Equal(got, []int64{0, 1}) {
+		redistest.Cmd(t, tg.other, "DEL", temp)
+		if got := run(tok, []string{lock, temp, live, receipt}, "1", "1", "1", "30"); !slices.Equal(got, []int64{0, 1}) {
 			t.Fatalf("vanished temp: reply %v, want [0 1]", got)
 		}
-		wantLock(t, tg.other, receipt, "")
+		redistest.WantString(t, tg.other, receipt, "")
 
 		reset()
-		if got := run("", []string{temp, final, receipt}, "0", "1", "1", "30"); !slices.Equal(got, []int64{1, 1}) {
+		if got := run("", []string{temp, live, receipt}, "0", "1", "1", "30"); !slices.Equal(got, []int64{1, 1}) {
 			t.Fatalf("unfenced: reply %v, want [1 1]", got)
 		}
 		// Unfenced: no receipt, and the last key is an orphan to delete.
-		wantLock(t, tg.other, receipt, "")
+		redistest.WantString(t, tg.other, receipt, "")
 	})
 }
 
@@ -447,24 +336,24 @@ func TestScriptReleaseViaStore(t *testing.T) {
 	// already gone leaves nothing to release; a lock held by another is
 	// ErrLockLost and is left alone (C8).
 	forEachTarget(t, func(t *testing.T, tg target) {
-		ctx := ctxT(t)
+		ctx := redistest.Ctx(t)
 		s := tg.store(store.Options{})
-		swapClean(t, tg.other, s.LockKey(tg.final))
-		lock, err := s.Acquire(ctx, tg.final, 60*time.Second)
+		redistest.Clean(t, tg.other, s.LockKey(tg.live))
+		lock, err := s.Acquire(ctx, tg.live, 60*time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if err := s.Release(ctx, lock); err != nil {
 			t.Fatalf("Release: %v", err)
 		}
-		wantLock(t, tg.other, lock.Key, "")
+		redistest.WantString(t, tg.other, lock.Key, "")
 		if err := s.Release(ctx, lock); err != nil {
 			t.Fatalf("Release of a lock already gone: %v, want nil", err)
 		}
-		wantLock(t, tg.other, lock.Key, "")
-		do(t, tg.other, "SET", lock.Key, "successor", "EX", "30")
-		wantErr(t, s.Release(ctx, lock), store.ErrLockLost)
-		swapWantLock(t, tg.other, lock.Key, "successor", 30*time.Second)
+		redistest.WantString(t, tg.other, lock.Key, "")
+		redistest.Cmd(t, tg.other, "SET", lock.Key, "successor", "EX", "30")
+		redistest.WantErr(t, s.Release(ctx, lock), store.ErrLockLost)
+		redistest.WantLock(t, tg.other, lock.Key, "successor", 30*time.Second)
 	})
 }
 
@@ -472,10 +361,10 @@ func TestScriptReleaseViaStore(t *testing.T) {
 // temp keys (with contents and a TTL, or absent), T live keys (with old
 // contents and a TTL) and orphans (with contents).
 type scriptsPublishFixture struct {
-	tok                           string
-	locks, temps, finals, orphans []string
-	tempFields                    []map[string]string
-	finalFields                   []map[string]string
+	tok                          string
+	locks, temps, lives, orphans []string
+	tempFields                   []map[string]string
+	finalFields                  []map[string]string
 }
 
 // seed creates the fixture. present[i] says whether temp i exists; locks
@@ -485,33 +374,33 @@ func (f *scriptsPublishFixture) seed(t *testing.T, c rueidis.Client, k func(stri
 	f.tok = tok
 	for i := range nLocks {
 		l := k("lock" + strconv.Itoa(i))
-		do(t, c, "SET", l, tok, "EX", "10")
+		redistest.Cmd(t, c, "SET", l, tok, "EX", "10")
 		f.locks = append(f.locks, l)
 	}
 	for i, p := range present {
-		temp, final := k("temp"+strconv.Itoa(i)), k("final"+strconv.Itoa(i))
-		tf, ff := fields("new"+strconv.Itoa(i), 3), fields("old"+strconv.Itoa(i), 8)
+		temp, live := k("temp"+strconv.Itoa(i)), k("live"+strconv.Itoa(i))
+		tf, ff := redistest.Fields("new"+strconv.Itoa(i), 3), redistest.Fields("old"+strconv.Itoa(i), 8)
 		if !p {
 			tf = nil
 		}
-		seedHash(t, c, temp, tf)
+		redistest.SeedHash(t, c, temp, tf)
 		if p {
-			do(t, c, "EXPIRE", temp, "30")
+			redistest.Cmd(t, c, "EXPIRE", temp, "30")
 		}
-		seedHash(t, c, final, ff)
-		do(t, c, "EXPIRE", final, "1000")
-		f.temps, f.finals = append(f.temps, temp), append(f.finals, final)
+		redistest.SeedHash(t, c, live, ff)
+		redistest.Cmd(t, c, "EXPIRE", live, "1000")
+		f.temps, f.lives = append(f.temps, temp), append(f.lives, live)
 		f.tempFields, f.finalFields = append(f.tempFields, tf), append(f.finalFields, ff)
 	}
 	for i := range nOrphans {
 		o := k("orphan" + strconv.Itoa(i))
-		seedHash(t, c, o, fields("orphan", 2))
+		redistest.SeedHash(t, c, o, redistest.Fields("orphan", 2))
 		f.orphans = append(f.orphans, o)
 	}
 }
 
 func (f *scriptsPublishFixture) keys() []string {
-	return slices.Concat(f.locks, f.temps, f.finals, f.orphans)
+	return slices.Concat(f.locks, f.temps, f.lives, f.orphans)
 }
 
 // wantUnchanged fails unless every key is as seed left it; lockValue is
@@ -520,31 +409,31 @@ func (f *scriptsPublishFixture) keys() []string {
 func (f *scriptsPublishFixture) wantUnchanged(t *testing.T, c rueidis.Client, lockValue map[string]string) {
 	t.Helper()
 	for _, l := range f.locks {
-		wantLock(t, c, l, lockValue[l])
+		redistest.WantString(t, c, l, lockValue[l])
 		switch lockValue[l] {
 		case "":
 		case f.tok:
-			scriptsWantPTTL(t, c, l, 0, 10*time.Second)
+			redistest.WantPTTL(t, c, l, 0, 10*time.Second)
 		default:
-			scriptsWantPTTL(t, c, l, 0, 40*time.Second)
+			redistest.WantPTTL(t, c, l, 0, 40*time.Second)
 		}
 	}
 	for i := range f.temps {
 		if f.tempFields[i] == nil {
-			wantAbsent(t, c, f.temps[i])
+			redistest.WantAbsent(t, c, f.temps[i])
 		} else {
-			if diff := hashOf(t, c, f.temps[i]); !scriptsMapsEqual(diff, f.tempFields[i]) {
+			if diff := redistest.HGetAll(t, c, f.temps[i]); !scriptsMapsEqual(diff, f.tempFields[i]) {
 				t.Errorf("temp %s = %v, want %v", f.temps[i], diff, f.tempFields[i])
 			}
-			scriptsWantPTTL(t, c, f.temps[i], 0, 30*time.Second)
+			redistest.WantPTTL(t, c, f.temps[i], 0, 30*time.Second)
 		}
-		if got := hashOf(t, c, f.finals[i]); !scriptsMapsEqual(got, f.finalFields[i]) {
-			t.Errorf("live %s = %v, want %v", f.finals[i], got, f.finalFields[i])
+		if got := redistest.HGetAll(t, c, f.lives[i]); !scriptsMapsEqual(got, f.finalFields[i]) {
+			t.Errorf("live %s = %v, want %v", f.lives[i], got, f.finalFields[i])
 		}
-		scriptsWantPTTL(t, c, f.finals[i], 30*time.Second, 1000*time.Second)
+		redistest.WantPTTL(t, c, f.lives[i], 30*time.Second, 1000*time.Second)
 	}
 	for _, o := range f.orphans {
-		if !exists(t, c, o) {
+		if !redistest.Exists(t, c, o) {
 			t.Errorf("orphan %s was deleted, want it kept", o)
 		}
 	}
@@ -589,9 +478,9 @@ func TestScriptPublish(t *testing.T) {
 					lost := f.locks[tt.lostAt-1]
 					values[lost] = tt.thief
 					if tt.thief != "" {
-						do(t, tg.other, "SET", lost, tt.thief, "EX", "40")
+						redistest.Cmd(t, tg.other, "SET", lost, tt.thief, "EX", "40")
 					} else {
-						do(t, tg.other, "DEL", lost)
+						redistest.Cmd(t, tg.other, "DEL", lost)
 					}
 					got := scriptsRun(t, tg.client, publish, f.keys(), []string{tok, "2", "3", "111"})
 					scriptsWantReply(t, got, -1, int64(tt.lostAt))
@@ -631,18 +520,18 @@ func TestScriptPublish(t *testing.T) {
 				args := []string{tt.token, strconv.Itoa(tt.nLocks), "3", "100"}
 				got := scriptsRun(t, tg.client, publish, f.keys(), args)
 				scriptsWantReply(t, got, 1, 1, 2, 1)
-				wantHash(t, tg.other, f.finals[0], f.tempFields[0]) // PTTL -1
-				wantAbsent(t, tg.other, f.finals[1])
-				wantHash(t, tg.other, f.finals[2], f.tempFields[2])
+				redistest.WantHash(t, tg.other, f.lives[0], f.tempFields[0]) // PTTL -1
+				redistest.WantAbsent(t, tg.other, f.lives[1])
+				redistest.WantHash(t, tg.other, f.lives[2], f.tempFields[2])
 				for _, temp := range f.temps {
-					wantAbsent(t, tg.other, temp)
+					redistest.WantAbsent(t, tg.other, temp)
 				}
 				for _, o := range f.orphans {
-					wantAbsent(t, tg.other, o)
+					redistest.WantAbsent(t, tg.other, o)
 				}
 				for _, l := range f.locks {
-					wantLock(t, tg.other, l, tok)
-					scriptsWantPTTL(t, tg.other, l, 0, 10*time.Second)
+					redistest.WantString(t, tg.other, l, tok)
+					redistest.WantPTTL(t, tg.other, l, 0, 10*time.Second)
 				}
 			})
 		}
@@ -650,9 +539,9 @@ func TestScriptPublish(t *testing.T) {
 		t.Run("empty and idempotent", func(t *testing.T) {
 			// {1, 2}: neither key exists; the empty path still succeeds (C24).
 			k := scriptsKeys(tg, "publish-nothing")
-			got := scriptsRun(t, tg.client, publish, []string{k("temp"), k("final")}, []string{"", "0", "1", "0"})
+			got := scriptsRun(t, tg.client, publish, []string{k("temp"), k("live")}, []string{"", "0", "1", "0"})
 			scriptsWantReply(t, got, 1, 2)
-			wantAbsent(t, tg.other, k("final"))
+			redistest.WantAbsent(t, tg.other, k("live"))
 		})
 	})
 }
@@ -685,32 +574,32 @@ func TestScriptPublishUnlinksOldValue(t *testing.T) {
 	// apart.
 	srv := redistest.OwnServer(t, "--lazyfree-lazy-server-del", "no")
 	c := srv.Client(t)
-	ctx := ctxT(t)
+	ctx := redistest.Ctx(t)
 	s := store.New(c, store.Options{})
 	p := redistest.Prefix(t)
-	big := fields("old", 2000) // a real hash table: above the lazy-free threshold of 64
+	big := redistest.Fields("old", 2000) // a real hash table: above the lazy-free threshold of 64
 
 	// Control: a plain RENAME over a large key does not free lazily here.
-	seedHash(t, c, p+"control", big)
-	seedHash(t, c, p+"control-temp", fields("new", 3))
+	redistest.SeedHash(t, c, p+"control", big)
+	redistest.SeedHash(t, c, p+"control-temp", redistest.Fields("new", 3))
 	before := scriptsInfoInt(t, c, "memory", "lazyfreed_objects")
-	do(t, c, "RENAME", p+"control-temp", p+"control")
+	redistest.Cmd(t, c, "RENAME", p+"control-temp", p+"control")
 	if after := scriptsInfoInt(t, c, "memory", "lazyfreed_objects"); after != before {
 		t.Fatalf("control: a plain RENAME lazily freed %d objects; the server frees lazily, so this test cannot tell", after-before)
 	}
 
-	final := p + "idx"
-	temp := s.NewTempKey(final)
-	seedHash(t, c, final, big)
-	seedHash(t, c, temp, fields("new", 3))
+	live := p + "idx"
+	temp := s.NewTempKey(live)
+	redistest.SeedHash(t, c, live, big)
+	redistest.SeedHash(t, c, temp, redistest.Fields("new", 3))
 	before = scriptsInfoInt(t, c, "memory", "lazyfreed_objects")
-	if out, err := s.Swap(ctx, temp, final, store.SwapOptions{Populated: store.PopulatedYes}); err != nil || out != store.Swapped {
+	if out, err := s.Swap(ctx, temp, live, store.SwapOptions{Populated: store.PopulatedYes}); err != nil || out != store.Swapped {
 		t.Fatalf("Swap = %v, %v; want %v, nil", out, err, store.Swapped)
 	}
 	swapPollUntil(t, 10*time.Second, "the old value freed lazily (lazyfreed_objects +1)", func() bool {
 		return scriptsInfoInt(t, c, "memory", "lazyfreed_objects") > before
 	})
-	wantHash(t, c, final, fields("new", 3))
+	redistest.WantHash(t, c, live, redistest.Fields("new", 3))
 }
 
 func TestScriptsSurviveScriptFlush(t *testing.T) {
@@ -720,39 +609,34 @@ func TestScriptsSurviveScriptFlush(t *testing.T) {
 	srv := redistest.OwnServer(t)
 	admin := srv.Client(t)
 	s, sp := swapSpied(t, srv.Client(t), nil)
-	ctx := ctxT(t)
-	final := redistest.Prefix(t) + "idx"
+	ctx := redistest.Ctx(t)
+	live := redistest.Prefix(t) + "idx"
 
 	// round runs each script once through the Store and checks its result.
 	round := func(t *testing.T, gen string) {
 		t.Helper()
-		lock, err := s.Acquire(ctx, final, 60*time.Second)
+		lock, err := s.Acquire(ctx, live, 60*time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}
-		temp := s.NewTempKey(final)
-		seedHash(t, admin, temp, fields(gen, 4))
+		temp := s.NewTempKey(live)
+		redistest.SeedHash(t, admin, temp, redistest.Fields(gen, 4))
 		if populated, err := s.Touch(ctx, lock, temp); err != nil || !populated { // lease
 			t.Fatalf("Touch = %v, %v; want true, nil", populated, err)
 		}
-		if out, err := s.Swap(ctx, temp, final, store.SwapOptions{Lock: lock, Populated: store.PopulatedYes}); err != nil || out != store.Swapped { // publish
+		if out, err := s.Swap(ctx, temp, live, store.SwapOptions{Lock: lock, Populated: store.PopulatedYes}); err != nil || out != store.Swapped { // publish
 			t.Fatalf("Swap = %v, %v; want %v, nil", out, err, store.Swapped)
 		}
 		if err := s.Release(ctx, lock); err != nil { // release
 			t.Fatalf("Release: %v", err)
 		}
-		wantHash(t, admin, final, fields(gen, 4))
-		wantLock(t, admin, lock.Key, "")
+		redistest.WantHash(t, admin, live, redistest.Fields(gen, 4))
+		redistest.WantString(t, admin, lock.Key, "")
 	}
 
 	var shas []string
 	for _, name := range []string{"lease", "publish", "release"} {
-		src, err := os.ReadFile("scripts/" + name + ".lua")
-		if err != nil {
-			t.Fatal(err)
-		}
-		sum := sha1.Sum(src)
-		shas = append(shas, hex.EncodeToString(sum[:]))
+		shas = append(shas, redistest.ScriptNamed(name).SHA1)
 	}
 	cached := func() []int64 {
 		t.Helper()

@@ -35,8 +35,8 @@ func (c swapCall) String() string {
 // and DoMulti and, when onPublish is set, hands the publish script's
 // EVALSHA/EVAL to it instead of sending it.
 type swapSpy struct {
-	hook // everything else passes through
-	t    *testing.T
+	redistest.Hook // everything else passes through
+	t              *testing.T
 
 	onPublish func(c rueidis.Client, ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult
 
@@ -49,7 +49,7 @@ var _ rueidishook.Hook = (*swapSpy)(nil)
 func (sp *swapSpy) record(cmd rueidis.Completed) swapCall {
 	c := swapCall{args: slices.Clone(cmd.Commands())}
 	for _, name := range []string{"publish", "lease", "release"} {
-		if isScript(sp.t, cmd, name) {
+		if isScript(cmd, name) {
 			c.script = name
 		}
 	}
@@ -88,25 +88,15 @@ func swapSpied(t *testing.T, c rueidis.Client, onPublish func(rueidis.Client, co
 	return store.New(rueidishook.WithHook(c, sp), store.Options{}), sp
 }
 
-// swapWantError fails unless err is a *store.Error for Op "swap" on final.
-func swapWantError(t *testing.T, err error, final string) {
+// swapWantError fails unless err is a *store.Error for Op "swap" on live.
+func swapWantError(t *testing.T, err error, live string) {
 	t.Helper()
 	var e *store.Error
 	if !errors.As(err, &e) {
 		t.Fatalf("err = %v (%T), want a *store.Error", err, err)
 	}
-	if e.Op != "swap" || e.Key != final {
-		t.Errorf("error Op, Key = %q, %q; want %q, %q", e.Op, e.Key, "swap", final)
-	}
-}
-
-// swapWantLock fails unless lock key holds value with 0 < TTL <= max: the
-// lock is exactly as the test left it (C31).
-func swapWantLock(t *testing.T, c rueidis.Client, key, value string, max time.Duration) {
-	t.Helper()
-	wantLock(t, c, key, value)
-	if value != "" {
-		wantTTL(t, c, key, max)
+	if e.Op != "swap" || e.Key != live {
+		t.Errorf("error Op, Key = %q, %q; want %q, %q", e.Op, e.Key, "swap", live)
 	}
 }
 
@@ -114,9 +104,9 @@ func swapWantLock(t *testing.T, c rueidis.Client, key, value string, max time.Du
 // contents and a TTL, and optionally our lock on the live key with its TTL
 // lowered to lockTTL, so that any extension would show.
 type swapFixture struct {
-	final, temp string
-	old, new    map[string]string
-	lock        *store.Lock // nil when unfenced
+	live, temp string
+	old, new   map[string]string
+	lock       *store.Lock // nil when unfenced
 }
 
 const (
@@ -124,39 +114,23 @@ const (
 	swapLockTTL = 50 * time.Second // the lock's TTL before the swap
 )
 
-// swapClean deletes keys now, in case an earlier run (-count=N) left them,
-// and again when the test ends.
-func swapClean(t *testing.T, c rueidis.Client, keys ...string) {
-	t.Helper()
-	for _, k := range keys {
-		do(t, c, "DEL", k)
-	}
-	t.Cleanup(func() {
-		for _, k := range keys {
-			if err := c.Do(context.Background(), c.B().Del().Key(k).Build()).Error(); err != nil {
-				t.Errorf("cleanup: DEL %s: %v", k, err)
-			}
-		}
-	})
-}
-
-// swapSetup seeds a fixture for final. The live key holds more fields than
+// swapSetup seeds a fixture for live. The live key holds more fields than
 // the temp key, so a merge would show.
-func swapSetup(t *testing.T, ctx context.Context, s *store.Store, tg target, final string, fenced, withTemp bool) swapFixture {
+func swapSetup(t *testing.T, ctx context.Context, s *store.Store, tg target, live string, fenced, withTemp bool) swapFixture {
 	t.Helper()
-	f := swapFixture{final: final, temp: s.NewTempKey(final), old: fields("old", 40), new: fields("new", 5)}
-	swapClean(t, tg.other, f.final, f.temp, s.LockKey(final))
-	seedHash(t, tg.other, f.final, f.old)
+	f := swapFixture{live: live, temp: s.NewTempKey(live), old: redistest.Fields("old", 40), new: redistest.Fields("new", 5)}
+	redistest.Clean(t, tg.other, f.live, f.temp, s.LockKey(live))
+	redistest.SeedHash(t, tg.other, f.live, f.old)
 	if withTemp {
-		seedHash(t, tg.other, f.temp, f.new)
-		do(t, tg.other, "EXPIRE", f.temp, "30")
+		redistest.SeedHash(t, tg.other, f.temp, f.new)
+		redistest.Cmd(t, tg.other, "EXPIRE", f.temp, "30")
 	}
 	if fenced {
-		l, err := s.Acquire(ctx, final, 60*time.Second)
+		l, err := s.Acquire(ctx, live, 60*time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}
-		do(t, tg.other, "EXPIRE", l.Key, "50")
+		redistest.Cmd(t, tg.other, "EXPIRE", l.Key, "50")
 		f.lock = l
 	}
 	return f
@@ -167,7 +141,7 @@ func swapSetup(t *testing.T, ctx context.Context, s *store.Store, tg target, fin
 func (f swapFixture) wantLockUnchanged(t *testing.T, c rueidis.Client) {
 	t.Helper()
 	if f.lock != nil {
-		swapWantLock(t, c, f.lock.Key, f.lock.Token, swapLockTTL)
+		redistest.WantLock(t, c, f.lock.Key, f.lock.Token, swapLockTTL)
 	}
 }
 
@@ -175,7 +149,7 @@ func (f swapFixture) wantLockUnchanged(t *testing.T, c rueidis.Client) {
 // without a TTL (C35).
 func (f swapFixture) wantLiveUntouched(t *testing.T, c rueidis.Client) {
 	t.Helper()
-	wantHash(t, c, f.final, f.old)
+	redistest.WantHash(t, c, f.live, f.old)
 }
 
 func TestSwapPublishes(t *testing.T) {
@@ -196,20 +170,20 @@ func TestSwapPublishes(t *testing.T) {
 			{"fenced/no-but-present", true, store.PopulatedNo},
 		} {
 			t.Run(tt.name, func(t *testing.T) {
-				ctx := ctxT(t)
+				ctx := redistest.Ctx(t)
 				s := tg.store(store.Options{})
-				f := swapSetup(t, ctx, s, tg, tg.final+":"+strings.ReplaceAll(tt.name, "/", "-"), tt.fenced, true)
-				do(t, tg.other, "EXPIRE", f.final, "1000") // the old TTL must not survive either
+				f := swapSetup(t, ctx, s, tg, tg.live+":"+strings.ReplaceAll(tt.name, "/", "-"), tt.fenced, true)
+				redistest.Cmd(t, tg.other, "EXPIRE", f.live, "1000") // the old TTL must not survive either
 
-				got, err := s.Swap(ctx, f.temp, f.final, store.SwapOptions{Lock: f.lock, Populated: tt.populated})
+				got, err := s.Swap(ctx, f.temp, f.live, store.SwapOptions{Lock: f.lock, Populated: tt.populated})
 				if err != nil {
 					t.Fatalf("Swap: %v", err)
 				}
 				if got != store.Swapped {
 					t.Errorf("outcome = %v, want %v", got, store.Swapped)
 				}
-				wantHash(t, tg.other, f.final, f.new) // exact contents, PTTL -1
-				wantAbsent(t, tg.other, f.temp)
+				redistest.WantHash(t, tg.other, f.live, f.new) // exact contents, PTTL -1
+				redistest.WantAbsent(t, tg.other, f.temp)
 				f.wantLockUnchanged(t, tg.other) // C31
 			})
 		}
@@ -219,41 +193,41 @@ func TestSwapPublishes(t *testing.T) {
 func TestSwapReplacesOtherType(t *testing.T) {
 	// C23: replaced, not merged, even when the live key has another type.
 	forEachTarget(t, func(t *testing.T, tg target) {
-		ctx := ctxT(t)
+		ctx := redistest.Ctx(t)
 		s := tg.store(store.Options{})
-		temp := s.NewTempKey(tg.final)
-		swapClean(t, tg.other, tg.final, temp)
-		do(t, tg.other, "SADD", tg.final, "a", "b", "c")
-		seedHash(t, tg.other, temp, fields("new", 3))
-		got, err := s.Swap(ctx, temp, tg.final, store.SwapOptions{})
+		temp := s.NewTempKey(tg.live)
+		redistest.Clean(t, tg.other, tg.live, temp)
+		redistest.Cmd(t, tg.other, "SADD", tg.live, "a", "b", "c")
+		redistest.SeedHash(t, tg.other, temp, redistest.Fields("new", 3))
+		got, err := s.Swap(ctx, temp, tg.live, store.SwapOptions{})
 		if err != nil || got != store.Swapped {
 			t.Fatalf("Swap = %v, %v; want %v, nil", got, err, store.Swapped)
 		}
-		typ, err := tg.other.Do(ctx, tg.other.B().Type().Key(tg.final).Build()).ToString()
+		typ, err := tg.other.Do(ctx, tg.other.B().Type().Key(tg.live).Build()).ToString()
 		if err != nil || typ != "hash" {
-			t.Fatalf("TYPE %s = %q, %v; want hash", tg.final, typ, err)
+			t.Fatalf("TYPE %s = %q, %v; want hash", tg.live, typ, err)
 		}
-		wantHash(t, tg.other, tg.final, fields("new", 3))
-		wantAbsent(t, tg.other, temp)
+		redistest.WantHash(t, tg.other, tg.live, redistest.Fields("new", 3))
+		redistest.WantAbsent(t, tg.other, temp)
 	})
 }
 
 func TestSwapReadersNeverSeeAbsent(t *testing.T) {
 	// C23: readers see the old value or the new one, never a missing key.
 	forEachTarget(t, func(t *testing.T, tg target) {
-		ctx := ctxT(t)
+		ctx := redistest.Ctx(t)
 		s := tg.store(store.Options{})
-		swapClean(t, tg.other, tg.final)
-		seedHash(t, tg.other, tg.final, fields("gen0", 200))
+		redistest.Clean(t, tg.other, tg.live)
+		redistest.SeedHash(t, tg.other, tg.live, redistest.Fields("gen0", 200))
 
 		var stop atomic.Bool
 		var reads, misses atomic.Int64
 		var wg sync.WaitGroup
 		wg.Go(func() {
 			for !stop.Load() {
-				n, err := tg.other.Do(ctx, tg.other.B().Hlen().Key(tg.final).Build()).AsInt64()
+				n, err := tg.other.Do(ctx, tg.other.B().Hlen().Key(tg.live).Build()).AsInt64()
 				if err != nil {
-					t.Errorf("HLEN %s: %v", tg.final, err)
+					t.Errorf("HLEN %s: %v", tg.live, err)
 					return
 				}
 				reads.Add(1)
@@ -263,10 +237,10 @@ func TestSwapReadersNeverSeeAbsent(t *testing.T) {
 			}
 		})
 		for i := 1; i <= 40; i++ {
-			temp := s.NewTempKey(tg.final)
-			swapClean(t, tg.other, temp)
-			seedHash(t, tg.other, temp, fields(fmt.Sprint("gen", i), 200))
-			if _, err := s.Swap(ctx, temp, tg.final, store.SwapOptions{Populated: store.PopulatedYes}); err != nil {
+			temp := s.NewTempKey(tg.live)
+			redistest.Clean(t, tg.other, temp)
+			redistest.SeedHash(t, tg.other, temp, redistest.Fields(fmt.Sprint("gen", i), 200))
+			if _, err := s.Swap(ctx, temp, tg.live, store.SwapOptions{Populated: store.PopulatedYes}); err != nil {
 				stop.Store(true)
 				wg.Wait()
 				t.Fatalf("swap %d: %v", i, err)
@@ -280,7 +254,7 @@ func TestSwapReadersNeverSeeAbsent(t *testing.T) {
 		if m := misses.Load(); m != 0 {
 			t.Errorf("%d of %d reads saw HLEN != 200 (absent or partial), want 0", m, reads.Load())
 		}
-		wantHash(t, tg.other, tg.final, fields("gen40", 200))
+		redistest.WantHash(t, tg.other, tg.live, redistest.Fields("gen40", 200))
 	})
 }
 
@@ -299,20 +273,20 @@ func TestSwapEmpties(t *testing.T) {
 			{"unfenced/unknown", false, store.PopulatedUnknown},
 		} {
 			t.Run(tt.name, func(t *testing.T) {
-				ctx := ctxT(t)
+				ctx := redistest.Ctx(t)
 				s := tg.store(store.Options{})
-				f := swapSetup(t, ctx, s, tg, tg.final+":"+strings.ReplaceAll(tt.name, "/", "-"), tt.fenced, false)
+				f := swapSetup(t, ctx, s, tg, tg.live+":"+strings.ReplaceAll(tt.name, "/", "-"), tt.fenced, false)
 				opts := store.SwapOptions{Lock: f.lock, Populated: tt.populated}
 				for i := range 2 { // the second run finds neither key
-					got, err := s.Swap(ctx, f.temp, f.final, opts)
+					got, err := s.Swap(ctx, f.temp, f.live, opts)
 					if err != nil {
 						t.Fatalf("Swap #%d: %v", i+1, err)
 					}
 					if got != store.Emptied {
 						t.Errorf("Swap #%d outcome = %v, want %v", i+1, got, store.Emptied)
 					}
-					wantAbsent(t, tg.other, f.final)
-					wantAbsent(t, tg.other, f.temp)
+					redistest.WantAbsent(t, tg.other, f.live)
+					redistest.WantAbsent(t, tg.other, f.temp)
 					f.wantLockUnchanged(t, tg.other)
 				}
 			})
@@ -336,11 +310,11 @@ func TestSwapUnknownAsksExists(t *testing.T) {
 			{"no", store.PopulatedNo, false, []string{"publish"}},
 		} {
 			t.Run(tt.name, func(t *testing.T) {
-				ctx := ctxT(t)
+				ctx := redistest.Ctx(t)
 				s, sp := swapSpied(t, tg.client, nil)
-				f := swapSetup(t, ctx, s, tg, tg.final+":"+strings.ReplaceAll(tt.name, "/", "-"), true, tt.withTemp)
+				f := swapSetup(t, ctx, s, tg, tg.live+":"+strings.ReplaceAll(tt.name, "/", "-"), true, tt.withTemp)
 				sp.recorded()
-				if _, err := s.Swap(ctx, f.temp, f.final, store.SwapOptions{Lock: f.lock, Populated: tt.populated}); err != nil {
+				if _, err := s.Swap(ctx, f.temp, f.live, store.SwapOptions{Lock: f.lock, Populated: tt.populated}); err != nil {
 					t.Fatal(err)
 				}
 				var got []string
@@ -385,7 +359,7 @@ func TestSwapTempVanishes(t *testing.T) {
 			{"yes/already-missing", store.PopulatedYes, false},
 		} {
 			t.Run(tt.name, func(t *testing.T) {
-				ctx := ctxT(t)
+				ctx := redistest.Ctx(t)
 				var temp string
 				var deleted atomic.Int64
 				s, _ := swapSpied(t, tg.client, func(c rueidis.Client, ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
@@ -400,28 +374,28 @@ func TestSwapTempVanishes(t *testing.T) {
 					}
 					return c.Do(ctx, cmd)
 				})
-				f := swapSetup(t, ctx, s, tg, tg.final+":"+strings.ReplaceAll(tt.name, "/", "-"), true, tt.withTemp)
+				f := swapSetup(t, ctx, s, tg, tg.live+":"+strings.ReplaceAll(tt.name, "/", "-"), true, tt.withTemp)
 				temp = f.temp
 
-				got, err := s.Swap(ctx, f.temp, f.final, store.SwapOptions{Lock: f.lock, Populated: tt.populated})
+				got, err := s.Swap(ctx, f.temp, f.live, store.SwapOptions{Lock: f.lock, Populated: tt.populated})
 				if tt.withTemp && deleted.Load() != 1 {
 					t.Fatalf("the hook deleted %d keys, want 1: the publish script was not intercepted", deleted.Load())
 				}
 				if got != 0 {
 					t.Errorf("outcome = %v, want 0 on failure", got)
 				}
-				wantErr(t, err, store.ErrTempKeyLost)
+				redistest.WantErr(t, err, store.ErrTempKeyLost)
 				if errors.Is(err, store.ErrLockLost) {
 					t.Errorf("err = %v, must not match ErrLockLost", err)
 				}
-				swapWantError(t, err, f.final)
+				swapWantError(t, err, f.live)
 				for _, want := range []string{"vanished during the swap", f.temp} {
 					if !strings.Contains(err.Error(), want) {
 						t.Errorf("error %q does not contain %q", err, want)
 					}
 				}
 				f.wantLiveUntouched(t, tg.other)
-				wantAbsent(t, tg.other, f.temp)
+				redistest.WantAbsent(t, tg.other, f.temp)
 				f.wantLockUnchanged(t, tg.other)
 			})
 		}
@@ -451,31 +425,31 @@ func TestSwapLockLost(t *testing.T) {
 			{"expired/unknown-temp-missing", false, false, store.PopulatedUnknown},
 		} {
 			t.Run(tt.name, func(t *testing.T) {
-				ctx := ctxT(t)
+				ctx := redistest.Ctx(t)
 				s := tg.store(store.Options{})
-				f := swapSetup(t, ctx, s, tg, tg.final+":"+strings.ReplaceAll(tt.name, "/", "-"), true, tt.withTemp)
+				f := swapSetup(t, ctx, s, tg, tg.live+":"+strings.ReplaceAll(tt.name, "/", "-"), true, tt.withTemp)
 				if tt.stolen {
-					do(t, tg.other, "SET", f.lock.Key, "successor", "EX", "40")
+					redistest.Cmd(t, tg.other, "SET", f.lock.Key, "successor", "EX", "40")
 				} else {
-					do(t, tg.other, "DEL", f.lock.Key)
+					redistest.Cmd(t, tg.other, "DEL", f.lock.Key)
 				}
 
-				got, err := s.Swap(ctx, f.temp, f.final, store.SwapOptions{Lock: f.lock, Populated: tt.populated})
+				got, err := s.Swap(ctx, f.temp, f.live, store.SwapOptions{Lock: f.lock, Populated: tt.populated})
 				if got != 0 {
 					t.Errorf("outcome = %v, want 0 on failure", got)
 				}
-				wantErr(t, err, store.ErrLockLost)
-				wantErr(t, err, store.ErrInProgress) // C42
+				redistest.WantErr(t, err, store.ErrLockLost)
+				redistest.WantErr(t, err, store.ErrInProgress) // C42
 				if errors.Is(err, store.ErrTempKeyLost) {
 					t.Errorf("err = %v, must not match ErrTempKeyLost (C28: fence first)", err)
 				}
-				swapWantError(t, err, f.final)
+				swapWantError(t, err, f.live)
 				f.wantLiveUntouched(t, tg.other)
-				wantAbsent(t, tg.other, f.temp)
+				redistest.WantAbsent(t, tg.other, f.temp)
 				if tt.stolen {
-					swapWantLock(t, tg.other, f.lock.Key, "successor", 40*time.Second)
+					redistest.WantLock(t, tg.other, f.lock.Key, "successor", 40*time.Second)
 				} else {
-					wantLock(t, tg.other, f.lock.Key, "")
+					redistest.WantString(t, tg.other, f.lock.Key, "")
 				}
 			})
 		}
@@ -486,19 +460,19 @@ func TestSwapLockExpiresByItself(t *testing.T) {
 	// C27: a lock that really expired (TTL 1 s, polled until gone) fences
 	// the swap as a stolen one does.
 	forEachTarget(t, func(t *testing.T, tg target) {
-		ctx := ctxT(t)
+		ctx := redistest.Ctx(t)
 		s := tg.store(store.Options{})
-		f := swapSetup(t, ctx, s, tg, tg.final, false, true)
-		lock, err := s.Acquire(ctx, f.final, time.Second)
+		f := swapSetup(t, ctx, s, tg, tg.live, false, true)
+		lock, err := s.Acquire(ctx, f.live, time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}
-		swapPollUntil(t, 10*time.Second, "lock "+lock.Key+" expired", func() bool { return !exists(t, tg.other, lock.Key) })
-		_, err = s.Swap(ctx, f.temp, f.final, store.SwapOptions{Lock: lock, Populated: store.PopulatedYes})
-		wantErr(t, err, store.ErrLockLost)
+		swapPollUntil(t, 10*time.Second, "lock "+lock.Key+" expired", func() bool { return !redistest.Exists(t, tg.other, lock.Key) })
+		_, err = s.Swap(ctx, f.temp, f.live, store.SwapOptions{Lock: lock, Populated: store.PopulatedYes})
+		redistest.WantErr(t, err, store.ErrLockLost)
 		f.wantLiveUntouched(t, tg.other)
-		wantAbsent(t, tg.other, f.temp)
-		wantLock(t, tg.other, lock.Key, "")
+		redistest.WantAbsent(t, tg.other, f.temp)
+		redistest.WantString(t, tg.other, lock.Key, "")
 	})
 }
 
@@ -561,16 +535,16 @@ func TestSwapScriptFails(t *testing.T) {
 				}
 			}},
 			{"timeout-before-running", swapTimeOutBeforeRunning, 500 * time.Millisecond, false, func(t *testing.T, err error) {
-				wantErr(t, err, context.DeadlineExceeded)
+				redistest.WantErr(t, err, context.DeadlineExceeded)
 			}},
 			{"timeout-after-running", swapTimeOutAfterRunning, 0, true, func(t *testing.T, err error) {
-				wantErr(t, err, context.DeadlineExceeded)
+				redistest.WantErr(t, err, context.DeadlineExceeded)
 			}},
 		} {
 			t.Run(tt.name, func(t *testing.T) {
-				ctx := ctxT(t)
+				ctx := redistest.Ctx(t)
 				s, sp := swapSpied(t, tg.client, tt.hook)
-				f := swapSetup(t, ctx, s, tg, tg.final+":"+tt.name, true, true)
+				f := swapSetup(t, ctx, s, tg, tg.live+":"+tt.name, true, true)
 				swapCtx := ctx
 				if tt.deadline > 0 {
 					var cancel context.CancelFunc
@@ -579,14 +553,14 @@ func TestSwapScriptFails(t *testing.T) {
 				}
 				sp.recorded()
 
-				got, err := s.Swap(swapCtx, f.temp, f.final, store.SwapOptions{
+				got, err := s.Swap(swapCtx, f.temp, f.live, store.SwapOptions{
 					Lock: f.lock, Populated: store.PopulatedYes, PreserveFor: 120 * time.Second,
 				})
 				if err == nil {
 					t.Fatalf("Swap = %v, nil; want an error", got)
 				}
 				tt.wantError(t, err)
-				swapWantError(t, err, f.final)
+				swapWantError(t, err, f.live)
 				for _, sentinel := range []error{store.ErrLockLost, store.ErrTempKeyLost} {
 					if errors.Is(err, sentinel) {
 						t.Errorf("err = %v, must not match %v", err, sentinel)
@@ -606,15 +580,15 @@ func TestSwapScriptFails(t *testing.T) {
 				}
 				if tt.ran {
 					// The EXPIRE found nothing: the swap had happened.
-					wantHash(t, tg.other, f.final, f.new)
-					wantAbsent(t, tg.other, f.temp)
+					redistest.WantHash(t, tg.other, f.live, f.new)
+					redistest.WantAbsent(t, tg.other, f.temp)
 				} else {
 					f.wantLiveUntouched(t, tg.other)
-					if got := hashOf(t, tg.other, f.temp); !scriptsMapsEqual(got, f.new) {
+					if got := redistest.HGetAll(t, tg.other, f.temp); !scriptsMapsEqual(got, f.new) {
 						t.Errorf("temp %s = %v, want %v", f.temp, got, f.new)
 					}
 					// Kept for PreserveFor: longer than its 30 s TTL before.
-					if got := pttl(t, tg.other, f.temp); got <= swapTempTTL || got > 120*time.Second {
+					if got := redistest.PTTL(t, tg.other, f.temp); got <= swapTempTTL || got > 120*time.Second {
 						t.Errorf("temp PTTL %v, want in (%v, 120s]", got, swapTempTTL)
 					}
 				}
@@ -639,9 +613,9 @@ func TestSwapScriptFailsNotPopulated(t *testing.T) {
 			{"no/timeout", store.PopulatedNo, swapTimeOutBeforeRunning, 500 * time.Millisecond},
 		} {
 			t.Run(tt.name, func(t *testing.T) {
-				ctx := ctxT(t)
+				ctx := redistest.Ctx(t)
 				s, sp := swapSpied(t, tg.client, tt.hook)
-				f := swapSetup(t, ctx, s, tg, tg.final+":"+strings.ReplaceAll(tt.name, "/", "-"), true, false)
+				f := swapSetup(t, ctx, s, tg, tg.live+":"+strings.ReplaceAll(tt.name, "/", "-"), true, false)
 				swapCtx := ctx
 				if tt.deadline > 0 {
 					var cancel context.CancelFunc
@@ -650,11 +624,11 @@ func TestSwapScriptFailsNotPopulated(t *testing.T) {
 				}
 				sp.recorded()
 
-				_, err := s.Swap(swapCtx, f.temp, f.final, store.SwapOptions{Lock: f.lock, Populated: tt.populated, PreserveFor: 120 * time.Second})
+				_, err := s.Swap(swapCtx, f.temp, f.live, store.SwapOptions{Lock: f.lock, Populated: tt.populated, PreserveFor: 120 * time.Second})
 				if err == nil {
 					t.Fatal("Swap succeeded, want an error")
 				}
-				swapWantError(t, err, f.final)
+				swapWantError(t, err, f.live)
 				published := false
 				for _, c := range sp.recorded() {
 					published = published || c.script == "publish"
@@ -666,7 +640,7 @@ func TestSwapScriptFailsNotPopulated(t *testing.T) {
 					t.Error("the publish script was never sent: the failure was not injected")
 				}
 				f.wantLiveUntouched(t, tg.other)
-				wantAbsent(t, tg.other, f.temp)
+				redistest.WantAbsent(t, tg.other, f.temp)
 				f.wantLockUnchanged(t, tg.other)
 			})
 		}
@@ -676,28 +650,28 @@ func TestSwapScriptFailsNotPopulated(t *testing.T) {
 func TestSwapBlankToken(t *testing.T) {
 	// C30: a fenced swap with a blank token is refused before any command.
 	forEachTarget(t, func(t *testing.T, tg target) {
-		ctx := ctxT(t)
+		ctx := redistest.Ctx(t)
 		s, sp := swapSpied(t, tg.client, nil)
-		f := swapSetup(t, ctx, s, tg, tg.final, true, true)
+		f := swapSetup(t, ctx, s, tg, tg.live, true, true)
 		blank := *f.lock
 		blank.Token = ""
 		sp.recorded()
 
 		for _, p := range []store.Populated{store.PopulatedUnknown, store.PopulatedYes, store.PopulatedNo} {
-			got, err := s.Swap(ctx, f.temp, f.final, store.SwapOptions{Lock: &blank, Populated: p})
+			got, err := s.Swap(ctx, f.temp, f.live, store.SwapOptions{Lock: &blank, Populated: p})
 			if err == nil || !strings.Contains(err.Error(), "token") {
 				t.Errorf("Populated %v: Swap = %v, %v; want an error about the token", p, got, err)
 			}
-			swapWantError(t, err, f.final)
+			swapWantError(t, err, f.live)
 		}
 		if calls := sp.recorded(); len(calls) != 0 {
 			t.Errorf("sent %v, want no command", calls)
 		}
 		f.wantLiveUntouched(t, tg.other)
-		if got := hashOf(t, tg.other, f.temp); !scriptsMapsEqual(got, f.new) {
+		if got := redistest.HGetAll(t, tg.other, f.temp); !scriptsMapsEqual(got, f.new) {
 			t.Errorf("temp %s = %v, want %v", f.temp, got, f.new)
 		}
-		wantTTL(t, tg.other, f.temp, swapTempTTL)
+		redistest.WantTTL(t, tg.other, f.temp, swapTempTTL)
 		f.wantLockUnchanged(t, tg.other)
 	})
 }
@@ -721,16 +695,16 @@ func TestSwapNeverTouchesLock(t *testing.T) {
 			}},
 		} {
 			t.Run(tt.name, func(t *testing.T) {
-				ctx := ctxT(t)
+				ctx := redistest.Ctx(t)
 				s, sp := swapSpied(t, tg.client, nil)
-				f := swapSetup(t, ctx, s, tg, tg.final+":"+tt.name, true, true)
+				f := swapSetup(t, ctx, s, tg, tg.live+":"+tt.name, true, true)
 				lockValue, lockTTL := f.lock.Token, swapLockTTL
 				if tt.steal {
-					do(t, tg.other, "SET", f.lock.Key, "successor", "EX", "40")
+					redistest.Cmd(t, tg.other, "SET", f.lock.Key, "successor", "EX", "40")
 					lockValue, lockTTL = "successor", 40*time.Second
 				}
 				sp.recorded()
-				_, err := s.Swap(ctx, f.temp, f.final, store.SwapOptions{Lock: f.lock})
+				_, err := s.Swap(ctx, f.temp, f.live, store.SwapOptions{Lock: f.lock})
 				if tt.steal != (err != nil) {
 					t.Fatalf("Swap: err = %v, want error %v", err, tt.steal)
 				}
@@ -743,7 +717,7 @@ func TestSwapNeverTouchesLock(t *testing.T) {
 						t.Errorf("sent %v, want only EXISTS, the publish script (and UNLINK of the temp key when lost)", c)
 					}
 				}
-				swapWantLock(t, tg.other, f.lock.Key, lockValue, lockTTL)
+				redistest.WantLock(t, tg.other, f.lock.Key, lockValue, lockTTL)
 			})
 		}
 	})
@@ -796,34 +770,34 @@ func TestSwapBadInput(t *testing.T) {
 	// Bad input is refused with a *store.Error before any command is sent
 	// and before anything changes.
 	forEachTarget(t, func(t *testing.T, tg target) {
-		ctx := ctxT(t)
+		ctx := redistest.Ctx(t)
 		s, sp := swapSpied(t, tg.client, nil)
-		f := swapSetup(t, ctx, s, tg, tg.final, true, true)
-		other := tg.final + "-other"
-		otherLock := &store.Lock{Final: other, Key: s.LockKey(other), Token: f.lock.Token, TTL: time.Minute}
+		f := swapSetup(t, ctx, s, tg, tg.live, true, true)
+		other := tg.live + "-other"
+		otherLock := &store.Lock{Live: other, Key: s.LockKey(other), Token: f.lock.Token, TTL: time.Minute}
 		type swapCase struct {
-			name        string
-			temp, final string
-			opts        store.SwapOptions
-			want        string
+			name       string
+			temp, live string
+			opts       store.SwapOptions
+			want       string
 		}
 		cases := []swapCase{
-			{"empty final", f.temp, "", store.SwapOptions{}, "empty key"},
-			{"empty temp", "", f.final, store.SwapOptions{}, "empty temp key"},
-			{"temp is final", f.final, f.final, store.SwapOptions{}, "temp key is the live key"},
-			{"lock for another key", f.temp, f.final, store.SwapOptions{Lock: otherLock}, "not this key"},
-			{"lock with empty key", f.temp, f.final, store.SwapOptions{Lock: &store.Lock{Final: f.final, Token: f.lock.Token}}, "empty key"},
-			{"negative PreserveFor", f.temp, f.final, store.SwapOptions{PreserveFor: -time.Second}, "must be positive"},
-			{"fractional PreserveFor", f.temp, f.final, store.SwapOptions{PreserveFor: 1500 * time.Millisecond}, "whole number of seconds"},
-			{"sub-second PreserveFor", f.temp, f.final, store.SwapOptions{PreserveFor: time.Millisecond}, "whole number of seconds"},
+			{"empty live", f.temp, "", store.SwapOptions{}, "empty key"},
+			{"empty temp", "", f.live, store.SwapOptions{}, "empty temp key"},
+			{"temp is live", f.live, f.live, store.SwapOptions{}, "temp key is the live key"},
+			{"lock for another key", f.temp, f.live, store.SwapOptions{Lock: otherLock}, "not this key"},
+			{"lock with empty key", f.temp, f.live, store.SwapOptions{Lock: &store.Lock{Live: f.live, Token: f.lock.Token}}, "empty key"},
+			{"negative PreserveFor", f.temp, f.live, store.SwapOptions{PreserveFor: -time.Second}, "must be positive"},
+			{"fractional PreserveFor", f.temp, f.live, store.SwapOptions{PreserveFor: 1500 * time.Millisecond}, "whole number of seconds"},
+			{"sub-second PreserveFor", f.temp, f.live, store.SwapOptions{PreserveFor: time.Millisecond}, "whole number of seconds"},
 		}
 		if tg.cluster {
-			elsewhere := swapOtherSlotKey(t, f.final, redistest.Prefix(t))
+			elsewhere := swapOtherSlotKey(t, f.live, redistest.Prefix(t))
 			badLock := *f.lock
-			badLock.Key = swapOtherSlotKey(t, f.final, redistest.Prefix(t)+"lock")
+			badLock.Key = swapOtherSlotKey(t, f.live, redistest.Prefix(t)+"lock")
 			cases = append(cases,
-				swapCase{"temp in another slot", elsewhere, f.final, store.SwapOptions{}, "different hash slots"},
-				swapCase{"lock in another slot", f.temp, f.final, store.SwapOptions{Lock: &badLock}, "different hash slots"},
+				swapCase{"temp in another slot", elsewhere, f.live, store.SwapOptions{}, "different hash slots"},
+				swapCase{"lock in another slot", f.temp, f.live, store.SwapOptions{Lock: &badLock}, "different hash slots"},
 			)
 		}
 		sp.recorded() // forget the fixture's SET
@@ -837,7 +811,7 @@ func TestSwapBadInput(t *testing.T) {
 							t.Fatalf("Swap panicked: %v", r)
 						}
 					}()
-					got, err = s.Swap(ctx, tt.temp, tt.final, tt.opts)
+					got, err = s.Swap(ctx, tt.temp, tt.live, tt.opts)
 				}()
 				var e *store.Error
 				if !errors.As(err, &e) || !strings.Contains(err.Error(), tt.want) {
@@ -849,41 +823,41 @@ func TestSwapBadInput(t *testing.T) {
 			})
 		}
 		f.wantLiveUntouched(t, tg.other)
-		wantTTL(t, tg.other, f.temp, swapTempTTL)
+		redistest.WantTTL(t, tg.other, f.temp, swapTempTTL)
 		f.wantLockUnchanged(t, tg.other)
 	})
 }
 
 func TestSwapHandBuiltLock(t *testing.T) {
-	// A Lock is a plain value, and Swap accepts one whose Final is blank
-	// (it only refuses a Final naming another key). Its errors must still
+	// A Lock is a plain value, and Swap accepts one whose Live is blank
+	// (it only refuses a Live naming another key). Its errors must still
 	// carry Op "swap" and the live key (C42), like every other Swap error.
 	forEachTarget(t, func(t *testing.T, tg target) {
-		ctx := ctxT(t)
+		ctx := redistest.Ctx(t)
 		s := tg.store(store.Options{})
 		const tok = "00112233445566778899aabbccddeeff"
-		lock := &store.Lock{Key: s.LockKey(tg.final), Token: tok, TTL: time.Minute}
+		lock := &store.Lock{Key: s.LockKey(tg.live), Token: tok, TTL: time.Minute}
 
 		// Held: the fence passes and the swap publishes (C21, C23).
-		f := swapSetup(t, ctx, s, tg, tg.final, false, true)
-		do(t, tg.other, "SET", lock.Key, tok, "EX", "50")
-		if out, err := s.Swap(ctx, f.temp, f.final, store.SwapOptions{Lock: lock, Populated: store.PopulatedYes}); err != nil || out != store.Swapped {
+		f := swapSetup(t, ctx, s, tg, tg.live, false, true)
+		redistest.Cmd(t, tg.other, "SET", lock.Key, tok, "EX", "50")
+		if out, err := s.Swap(ctx, f.temp, f.live, store.SwapOptions{Lock: lock, Populated: store.PopulatedYes}); err != nil || out != store.Swapped {
 			t.Fatalf("Swap under a held hand-built lock = %v, %v; want %v, nil", out, err, store.Swapped)
 		}
-		wantHash(t, tg.other, f.final, f.new)
-		swapWantLock(t, tg.other, lock.Key, tok, swapLockTTL)
+		redistest.WantHash(t, tg.other, f.live, f.new)
+		redistest.WantLock(t, tg.other, lock.Key, tok, swapLockTTL)
 
 		// Stolen: ErrLockLost (C27), naming the live key.
-		f = swapSetup(t, ctx, s, tg, tg.final, false, true)
-		do(t, tg.other, "SET", lock.Key, "successor", "EX", "40")
-		_, err := s.Swap(ctx, f.temp, f.final, store.SwapOptions{Lock: lock, Populated: store.PopulatedYes})
-		wantErr(t, err, store.ErrLockLost)
+		f = swapSetup(t, ctx, s, tg, tg.live, false, true)
+		redistest.Cmd(t, tg.other, "SET", lock.Key, "successor", "EX", "40")
+		_, err := s.Swap(ctx, f.temp, f.live, store.SwapOptions{Lock: lock, Populated: store.PopulatedYes})
+		redistest.WantErr(t, err, store.ErrLockLost)
 		f.wantLiveUntouched(t, tg.other)
-		wantAbsent(t, tg.other, f.temp)
-		swapWantLock(t, tg.other, lock.Key, "successor", 40*time.Second)
-		swapWantError(t, err, f.final)
-		if !strings.Contains(err.Error(), f.final) {
-			t.Errorf("error %q does not name the live key %s", err, f.final)
+		redistest.WantAbsent(t, tg.other, f.temp)
+		redistest.WantLock(t, tg.other, lock.Key, "successor", 40*time.Second)
+		swapWantError(t, err, f.live)
+		if !strings.Contains(err.Error(), f.live) {
+			t.Errorf("error %q does not name the live key %s", err, f.live)
 		}
 	})
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/keyswap/keyswap/internal/keys"
+	"github.com/keyswap/keyswap/internal/run"
 	"github.com/keyswap/keyswap/internal/scan"
 	"github.com/redis/rueidis"
 )
@@ -46,9 +47,9 @@ type SweepProgress struct {
 const sweepChunk = 500
 
 // Sweep deletes orphaned temp keys left behind by crashed processes, and
-// returns the keys it deleted (or, with DryRun, would delete) (C37).
+// returns the keys it deleted (or, with DryRun, would delete).
 //
-// A key is deleted only if all of these hold, checked in this order (C38):
+// A key is deleted only if all of these hold, checked in this order:
 //
 //  1. it has a temp key's shape, current or legacy;
 //  2. no rebuild lock exists for its base, nor for any ':'-separated prefix
@@ -59,12 +60,12 @@ const sweepChunk = 500
 //  4. its timestamp is strictly older than now - OlderThan.
 //
 // So the sweep never deletes a lock, a key with a TTL, a vanished key, a
-// recent key, or a key whose rebuild holds the lock (C39). A running
+// recent key, or a key whose rebuild holds the lock. A running
 // rebuild's temp key has no TTL between the write that creates it and the
 // first touch; deleting it then would turn the owner's swap into an empty
 // rebuild, which is why a held lock vetoes it.
 //
-// Sweep uses SCAN, never KEYS (C40). On a cluster it scans every master
+// Sweep uses SCAN, never KEYS. On a cluster it scans every master
 // (nodes whose ROLE is not "master" are skipped; a node that cannot answer
 // ROLE, as with miniredis, is scanned anyway) and deletes through the
 // Store's client, one hash slot at a time, in chunks.
@@ -72,7 +73,7 @@ const sweepChunk = 500
 // # Rolling upgrades
 //
 // Do not run Sweep during a rolling upgrade from a version without the
-// rebuild lock (C41). Such versions hold no lock and put no TTL on their
+// rebuild lock. Such versions hold no lock and put no TTL on their
 // temp keys, so the sweep cannot tell their running rebuilds from abandoned
 // ones: past OlderThan it deletes both, and the old code then swaps a
 // missing temp key as an empty rebuild and deletes the live index. Sweep
@@ -83,7 +84,7 @@ func (s *Store) Sweep(ctx context.Context, opts SweepOptions) ([]string, error) 
 	if pattern == "" {
 		pattern = DefaultSweepPattern
 	}
-	olderThan := orDefault(opts.OlderThan, DefaultSweepOlderThan)
+	olderThan := run.OrDefault(opts.OlderThan, DefaultSweepOlderThan)
 	if olderThan < 0 {
 		return nil, &Error{Op: op, Err: fmt.Errorf("OlderThan %v: must not be negative", olderThan)}
 	}
@@ -92,9 +93,9 @@ func (s *Store) Sweep(ctx context.Context, opts SweepOptions) ([]string, error) 
 	swept := []string{}
 	var progress SweepProgress
 	seen := map[string]bool{} // SCAN may return a key more than once
-	for page, err := range scan.Pages(ctx, s.client, scan.Options{Match: pattern, Count: sweepChunk}) {
+	for page, err := range scan.Pages(ctx, s.redis.Client(), scan.Options{Match: pattern, Count: sweepChunk}) {
 		if err != nil {
-			return swept, fail(ctx, op, "", err)
+			return swept, run.Fail(ctx, op, "", err)
 		}
 		fresh := page[:0]
 		for _, k := range page {
@@ -105,11 +106,11 @@ func (s *Store) Sweep(ctx context.Context, opts SweepOptions) ([]string, error) 
 		}
 		doomed, err := s.orphans(ctx, fresh, cutoff)
 		if err != nil {
-			return swept, fail(ctx, op, "", err)
+			return swept, run.Fail(ctx, op, "", err)
 		}
 		if !opts.DryRun {
 			if err := s.unlinkBySlot(ctx, doomed); err != nil {
-				return swept, fail(ctx, op, "", err)
+				return swept, run.Fail(ctx, op, "", err)
 			}
 		}
 		swept = append(swept, doomed...)
@@ -152,10 +153,10 @@ func (s *Store) orphans(ctx context.Context, candidates []string, cutoff int64) 
 	lockKeys := slices.Sorted(maps.Keys(lockSet))
 	cmds := make(rueidis.Commands, 0, len(lockKeys))
 	for _, l := range lockKeys {
-		cmds = append(cmds, s.client.B().Exists().Key(l).Build())
+		cmds = append(cmds, s.redis.Client().B().Exists().Key(l).Build())
 	}
 	held := map[string]bool{}
-	for i, r := range s.client.DoMulti(ctx, cmds...) {
+	for i, r := range s.redis.Client().DoMulti(ctx, cmds...) {
 		n, err := r.AsInt64()
 		if err != nil {
 			return nil, err
@@ -172,10 +173,10 @@ func (s *Store) orphans(ctx context.Context, candidates []string, cutoff int64) 
 	// 3. No TTL, and 4. older than the cutoff.
 	cmds = cmds[:0]
 	for _, t := range unlocked {
-		cmds = append(cmds, s.client.B().Ttl().Key(t.key).Build())
+		cmds = append(cmds, s.redis.Client().B().Ttl().Key(t.key).Build())
 	}
 	var doomed []string
-	for i, r := range s.client.DoMulti(ctx, cmds...) {
+	for i, r := range s.redis.Client().DoMulti(ctx, cmds...) {
 		ttl, err := r.AsInt64()
 		if err != nil {
 			return nil, err
@@ -193,7 +194,7 @@ func (s *Store) unlinkBySlot(ctx context.Context, ks []string) error {
 	groups := map[uint16][]string{}
 	for _, k := range ks {
 		slot := uint16(0)
-		if s.cluster {
+		if s.redis.Cluster() {
 			slot = keys.Slot(k)
 		}
 		groups[slot] = append(groups[slot], k)
@@ -201,11 +202,11 @@ func (s *Store) unlinkBySlot(ctx context.Context, ks []string) error {
 	var cmds rueidis.Commands
 	for _, slot := range slices.Sorted(maps.Keys(groups)) {
 		for chunk := range slices.Chunk(groups[slot], sweepChunk) {
-			cmds = append(cmds, s.client.B().Unlink().Key(chunk...).Build())
+			cmds = append(cmds, s.redis.Client().B().Unlink().Key(chunk...).Build())
 		}
 	}
 	var errs []error
-	for _, r := range s.client.DoMulti(ctx, cmds...) {
+	for _, r := range s.redis.Client().DoMulti(ctx, cmds...) {
 		errs = append(errs, r.Error())
 	}
 	return errors.Join(errs...)

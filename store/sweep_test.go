@@ -46,16 +46,16 @@ func sweepPattern(t *testing.T) string { return "*" + redistest.Prefix(t) + "*:r
 func sweepSet(t *testing.T, c rueidis.Client, key string, ttl time.Duration) {
 	t.Helper()
 	if ttl > 0 {
-		do(t, c, "SET", key, "x", "EX", strconv.Itoa(int(ttl/time.Second)))
+		redistest.Cmd(t, c, "SET", key, "x", "EX", strconv.Itoa(int(ttl/time.Second)))
 		return
 	}
-	do(t, c, "SET", key, "x")
+	redistest.Cmd(t, c, "SET", key, "x")
 }
 
 // sweepRun runs Sweep and returns its sorted result.
 func sweepRun(t *testing.T, s *store.Store, opts store.SweepOptions) []string {
 	t.Helper()
-	got, err := s.Sweep(ctxT(t), opts)
+	got, err := s.Sweep(redistest.Ctx(t), opts)
 	if err != nil {
 		t.Fatalf("Sweep(%+v): %v", opts, err)
 	}
@@ -157,7 +157,7 @@ func TestSweep(t *testing.T) {
 			dry.DryRun = true
 			sweepWant(t, "dry run", sweepRun(t, s, dry), want)
 			for _, sd := range seeds {
-				if !exists(t, tg.other, sd.key) {
+				if !redistest.Exists(t, tg.other, sd.key) {
 					t.Errorf("dry run deleted %s", sd.key)
 				}
 			}
@@ -166,14 +166,14 @@ func TestSweep(t *testing.T) {
 			for _, sd := range seeds {
 				switch {
 				case sd.swept:
-					wantAbsent(t, tg.other, sd.key)
+					redistest.WantAbsent(t, tg.other, sd.key)
 				case sd.ttl > 0:
-					wantTTL(t, tg.other, sd.key, sd.ttl)
+					redistest.WantTTL(t, tg.other, sd.key, sd.ttl)
 				default:
-					if v, ok := get(t, tg.other, sd.key); !ok || v != "x" {
+					if v, ok := redistest.Get(t, tg.other, sd.key); !ok || v != "x" {
 						t.Errorf("%s = %q (present %v), want it kept as %q", sd.key, v, ok, "x")
 					}
-					if got := pttl(t, tg.other, sd.key); got != -1 {
+					if got := redistest.PTTL(t, tg.other, sd.key); got != -1 {
 						t.Errorf("%s: PTTL %v, want -1 (untouched)", sd.key, got)
 					}
 				}
@@ -184,9 +184,9 @@ func TestSweep(t *testing.T) {
 
 			// The veto lasts as long as the lock: once it is gone, the
 			// orphan is swept. The lock itself never is.
-			do(t, tg.other, "DEL", p+"locked:rebuild-lock")
+			redistest.Cmd(t, tg.other, "DEL", p+"locked:rebuild-lock")
 			sweepWant(t, "after unlock", sweepRun(t, s, opts), []string{sweepTemp(p+"locked", old, nonce)})
-			wantLock(t, tg.other, p+"bare:rebuild-lock", "x")
+			redistest.WantString(t, tg.other, p+"bare:rebuild-lock", "x")
 		})
 	}
 }
@@ -218,16 +218,16 @@ func TestSweepFamilyLock(t *testing.T) {
 			opts := store.SweepOptions{Pattern: sweepPattern(t), OlderThan: time.Hour}
 			sweepWant(t, "with the family lock", sweepRun(t, s, opts), []string{stranger})
 			for _, k := range buckets {
-				if !exists(t, tg.other, k) {
+				if !redistest.Exists(t, tg.other, k) {
 					t.Errorf("%s was swept while %s is held", k, famLock)
 				}
 			}
-			wantTTL(t, tg.other, famLock, 600*time.Second)
+			redistest.WantTTL(t, tg.other, famLock, 600*time.Second)
 
-			do(t, tg.other, "DEL", famLock)
+			redistest.Cmd(t, tg.other, "DEL", famLock)
 			sweepWant(t, "without it", sweepRun(t, s, opts), buckets)
 			for _, k := range buckets {
-				wantAbsent(t, tg.other, k)
+				redistest.WantAbsent(t, tg.other, k)
 			}
 		})
 	}
@@ -253,7 +253,7 @@ func TestSweepOptions(t *testing.T) {
 	s := store.New(c, store.Options{Now: sweepClock()})
 
 	t.Run("negative OlderThan", func(t *testing.T) {
-		got, err := s.Sweep(ctxT(t), store.SweepOptions{OlderThan: -time.Second})
+		got, err := s.Sweep(redistest.Ctx(t), store.SweepOptions{OlderThan: -time.Second})
 		var e *store.Error
 		if !errors.As(err, &e) || !strings.Contains(err.Error(), "must not be negative") {
 			t.Errorf("err = %v, want *store.Error saying OlderThan must not be negative", err)
@@ -261,7 +261,7 @@ func TestSweepOptions(t *testing.T) {
 		if len(got) != 0 {
 			t.Errorf("got %q, want nothing swept", got)
 		}
-		if !exists(t, c, oldest) || !exists(t, c, legacy) {
+		if !redistest.Exists(t, c, oldest) || !redistest.Exists(t, c, legacy) {
 			t.Errorf("a refused sweep deleted keys")
 		}
 	})
@@ -269,7 +269,7 @@ func TestSweepOptions(t *testing.T) {
 	t.Run("defaults", func(t *testing.T) {
 		sweepWant(t, "dry run", sweepRun(t, s, store.SweepOptions{DryRun: true}), []string{legacy, oldest})
 		sweepWant(t, "sweep", sweepRun(t, s, store.SweepOptions{}), []string{legacy, oldest})
-		n, err := c.Do(ctxT(t), c.B().Dbsize().Build()).AsInt64()
+		n, err := c.Do(redistest.Ctx(t), c.B().Dbsize().Build()).AsInt64()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -277,7 +277,7 @@ func TestSweepOptions(t *testing.T) {
 			t.Errorf("DBSIZE = %d, want 3 (%s, %s, %s)", n, atHour, lock, noGlob)
 		}
 		for _, k := range []string{atHour, lock, noGlob} {
-			if !exists(t, c, k) {
+			if !redistest.Exists(t, c, k) {
 				t.Errorf("%s was swept, want it kept", k)
 			}
 		}
@@ -295,17 +295,17 @@ func TestSweepOptions(t *testing.T) {
 			want = append(want, k)
 			cmds = append(cmds, c.B().Set().Key(k).Value("x").Build())
 		}
-		for _, r := range c.DoMulti(ctxT(t), cmds...) {
+		for _, r := range c.DoMulti(redistest.Ctx(t), cmds...) {
 			if err := r.Error(); err != nil {
 				t.Fatal(err)
 			}
 		}
-		if err := c.Do(ctxT(t), c.B().ConfigResetstat().Build()).Error(); err != nil {
+		if err := c.Do(redistest.Ctx(t), c.B().ConfigResetstat().Build()).Error(); err != nil {
 			t.Fatal(err)
 		}
 		scans, unlinks, biggest := 0, 0, 0
 		h := sweepHook{
-			hook: hook{onDo: func(c rueidis.Client, ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
+			Hook: redistest.Hook{OnDo: func(c rueidis.Client, ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
 				if cmd.Commands()[0] == "SCAN" {
 					if scans++; scans == 2 {
 						// Replay the first page: every key on it comes twice.
@@ -325,7 +325,7 @@ func TestSweepOptions(t *testing.T) {
 		}
 		s := store.New(rueidishook.WithHook(c, h), store.Options{Now: sweepClock()})
 		// A dry run, so that the replayed page still holds its keys.
-		got, err := s.Sweep(ctxT(t), store.SweepOptions{Pattern: "many:*", DryRun: true})
+		got, err := s.Sweep(redistest.Ctx(t), store.SweepOptions{Pattern: "many:*", DryRun: true})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -350,7 +350,7 @@ func TestSweepOptions(t *testing.T) {
 		if stats["keys"] != 0 || stats["scan"] != scans {
 			t.Errorf("KEYS called %d times and SCAN %d; want 0 and %d", stats["keys"], stats["scan"], scans)
 		}
-		left, err := c.Do(ctxT(t), c.B().Keys().Pattern("many:*").Build()).AsStrSlice()
+		left, err := c.Do(redistest.Ctx(t), c.B().Keys().Pattern("many:*").Build()).AsStrSlice()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -367,53 +367,53 @@ func TestSweepOptions(t *testing.T) {
 func TestSweepKeyShapes(t *testing.T) {
 	parent := redistest.Prefix(t)
 	forEachTarget(t, func(t *testing.T, tg target) {
-		ctx := ctxT(t)
-		// The cluster targets share tg.final's prefix; give each subtest
+		ctx := redistest.Ctx(t)
+		// The cluster targets share tg.live's prefix; give each subtest
 		// its own, so that its sweep pattern sees only its keys.
-		final := redistest.Prefix(t) + strings.TrimPrefix(tg.final, parent)
+		live := redistest.Prefix(t) + strings.TrimPrefix(tg.live, parent)
 		s := store.New(tg.client, store.Options{Now: sweepClock()})
 		then := store.New(tg.client, store.Options{Now: func() time.Time { return sweepNow.Add(-2 * time.Hour) }})
-		orphans := []string{then.NewTempKey(final), then.NewTempKey(final)}
-		recent := s.NewTempKey(final)
-		live := map[string]string{"f": "live"}
-		seedHash(t, tg.other, final, live)
+		orphans := []string{then.NewTempKey(live), then.NewTempKey(live)}
+		recent := s.NewTempKey(live)
+		liveFields := map[string]string{"f": "live"}
+		redistest.SeedHash(t, tg.other, live, liveFields)
 		for _, k := range append(slices.Clone(orphans), recent) {
-			seedHash(t, tg.other, k, map[string]string{"f": "partial"})
+			redistest.SeedHash(t, tg.other, k, map[string]string{"f": "partial"})
 		}
 		for _, k := range orphans {
 			base, _, ok := store.ParseTempKey(k)
-			if !ok || base+":rebuild-lock" != s.LockKey(final) {
+			if !ok || base+":rebuild-lock" != s.LockKey(live) {
 				t.Fatalf("ParseTempKey(%q) = base %q, %v: its lock %q is not LockKey(%q) = %q",
-					k, base, ok, base+":rebuild-lock", final, s.LockKey(final))
+					k, base, ok, base+":rebuild-lock", live, s.LockKey(live))
 			}
 		}
 		opts := store.SweepOptions{Pattern: sweepPattern(t), OlderThan: time.Hour}
 
 		// The rebuild's lock vetoes its orphans.
-		lock, err := s.Acquire(ctx, final, 60*time.Second)
+		lock, err := s.Acquire(ctx, live, 60*time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}
 		sweepWant(t, "while locked", sweepRun(t, s, opts), nil)
 		for _, k := range append(slices.Clone(orphans), recent) {
-			if !exists(t, tg.other, k) {
+			if !redistest.Exists(t, tg.other, k) {
 				t.Errorf("%s was swept while %s is held", k, lock.Key)
 			}
 		}
-		wantLock(t, tg.other, lock.Key, lock.Token)
-		wantTTL(t, tg.other, lock.Key, 60*time.Second)
+		redistest.WantString(t, tg.other, lock.Key, lock.Token)
+		redistest.WantTTL(t, tg.other, lock.Key, 60*time.Second)
 
 		if err := s.Release(ctx, lock); err != nil {
 			t.Fatal(err)
 		}
 		sweepWant(t, "unlocked", sweepRun(t, s, opts), orphans)
 		for _, k := range orphans {
-			wantAbsent(t, tg.other, k)
+			redistest.WantAbsent(t, tg.other, k)
 		}
-		if !exists(t, tg.other, recent) {
+		if !redistest.Exists(t, tg.other, recent) {
 			t.Errorf("recent temp key %s was swept", recent)
 		}
-		wantHash(t, tg.other, final, live)
+		redistest.WantHash(t, tg.other, live, liveFields)
 	})
 }
 
@@ -447,14 +447,14 @@ func TestSweepAllMasters(t *testing.T) {
 	for _, n := range env.Cluster.Nodes {
 		nc := n.Client(t)
 		for _, k := range perNode[n.Addr] {
-			if !exists(t, nc, k) {
+			if !redistest.Exists(t, nc, k) {
 				t.Errorf("%s is not on %s", k, n.Addr)
 			}
 		}
 	}
 
 	s := store.New(c, store.Options{Now: sweepClock()})
-	got, err := s.Sweep(ctxT(t), store.SweepOptions{Pattern: sweepPattern(t), OlderThan: time.Hour})
+	got, err := s.Sweep(redistest.Ctx(t), store.SweepOptions{Pattern: sweepPattern(t), OlderThan: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -464,7 +464,7 @@ func TestSweepAllMasters(t *testing.T) {
 	slices.Sort(got)
 	sweepWant(t, "sweep", got, want)
 	for _, k := range want {
-		wantAbsent(t, other, k)
+		redistest.WantAbsent(t, other, k)
 	}
 }
 
@@ -489,13 +489,13 @@ func TestSweepSkipsReplica(t *testing.T) {
 	primary := redistest.OwnServer(t, "--repl-diskless-sync-delay", "0")
 	replica := redistest.OwnServer(t, "--replicaof", "127.0.0.1", strconv.Itoa(primary.Port), "--replica-read-only", "no")
 	pc, rc := primary.Client(t), replica.Client(t)
-	ctx := ctxT(t)
+	ctx := redistest.Ctx(t)
 
 	old := sweepCutoff - 1
 	shared := sweepTemp("shared", old, "000000000000000a")
 	only := sweepTemp("replica-only", old, "000000000000000b")
 	sweepSet(t, pc, shared, 0)
-	sweepPoll(t, "the replica to sync "+shared, func() bool { return exists(t, rc, shared) })
+	sweepPoll(t, "the replica to sync "+shared, func() bool { return redistest.Exists(t, rc, shared) })
 	sweepSet(t, rc, only, 0)
 
 	client, err := rueidis.NewClient(rueidis.ClientOption{
@@ -517,8 +517,8 @@ func TestSweepSkipsReplica(t *testing.T) {
 
 	s := store.New(client, store.Options{Now: sweepClock()})
 	sweepWant(t, "sweep", sweepRun(t, s, store.SweepOptions{}), []string{shared})
-	wantAbsent(t, pc, shared)
-	if !exists(t, rc, only) {
+	redistest.WantAbsent(t, pc, shared)
+	if !redistest.Exists(t, rc, only) {
 		t.Errorf("%s was deleted from the replica", only)
 	}
 	info, err := rc.Do(ctx, rc.B().Info().Section("commandstats").Build()).ToString()
@@ -548,7 +548,7 @@ func TestSweepMiniredis(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(client.Close)
-	if err := client.Do(ctxT(t), client.B().Role().Build()).Error(); err == nil {
+	if err := client.Do(redistest.Ctx(t), client.B().Role().Build()).Error(); err == nil {
 		t.Fatal("miniredis answers ROLE now; this test no longer covers a node that cannot")
 	}
 
@@ -582,7 +582,7 @@ func sweepPoll(t *testing.T, what string, cond func() bool) {
 // sweepCmdstats returns the calls per command from INFO commandstats.
 func sweepCmdstats(t *testing.T, c rueidis.Client) map[string]int {
 	t.Helper()
-	info, err := c.Do(ctxT(t), c.B().Info().Section("commandstats").Build()).ToString()
+	info, err := c.Do(redistest.Ctx(t), c.B().Info().Section("commandstats").Build()).ToString()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -596,7 +596,7 @@ func sweepCmdstats(t *testing.T, c rueidis.Client) map[string]int {
 // sweepHook intercepts DoMulti, where the sweep batches its EXISTS (lock)
 // and TTL checks.
 type sweepHook struct {
-	hook
+	redistest.Hook
 	onDoMulti func(multi []rueidis.Completed)
 }
 
@@ -622,7 +622,7 @@ func TestSweepRaces(t *testing.T) {
 			for _, k := range []string{orphan, vanished, locked, touched} {
 				sweepSet(t, tg.other, k, 0)
 			}
-			do(t, tg.other, "DEL", p+"locked:rebuild-lock") // left by a previous -count run
+			redistest.Cmd(t, tg.other, "DEL", p+"locked:rebuild-lock") // left by a previous -count run
 			var once [2]sync.Once
 			h := sweepHook{onDoMulti: func(multi []rueidis.Completed) {
 				if len(multi) == 0 {
@@ -631,22 +631,22 @@ func TestSweepRaces(t *testing.T) {
 				switch multi[0].Commands()[0] {
 				case "EXISTS": // the lock check: a rebuild starts, a key vanishes
 					once[0].Do(func() {
-						do(t, tg.other, "SET", p+"locked:rebuild-lock", "successor", "EX", "600")
-						do(t, tg.other, "DEL", vanished)
+						redistest.Cmd(t, tg.other, "SET", p+"locked:rebuild-lock", "successor", "EX", "600")
+						redistest.Cmd(t, tg.other, "DEL", vanished)
 					})
 				case "TTL": // the TTL check: a rebuild touches its temp key
-					once[1].Do(func() { do(t, tg.other, "EXPIRE", touched, "600") })
+					once[1].Do(func() { redistest.Cmd(t, tg.other, "EXPIRE", touched, "600") })
 				}
 			}}
 			s := store.New(rueidishook.WithHook(tg.client, h), store.Options{Now: sweepClock()})
 			sweepWant(t, "sweep", sweepRun(t, s, store.SweepOptions{Pattern: sweepPattern(t), OlderThan: time.Hour}), []string{orphan})
-			wantAbsent(t, tg.other, orphan)
-			wantAbsent(t, tg.other, vanished)
-			if !exists(t, tg.other, locked) {
+			redistest.WantAbsent(t, tg.other, orphan)
+			redistest.WantAbsent(t, tg.other, vanished)
+			if !redistest.Exists(t, tg.other, locked) {
 				t.Errorf("%s swept although its lock appeared before the lock check", locked)
 			}
-			wantLock(t, tg.other, p+"locked:rebuild-lock", "successor")
-			wantTTL(t, tg.other, touched, 600*time.Second)
+			redistest.WantString(t, tg.other, p+"locked:rebuild-lock", "successor")
+			redistest.WantTTL(t, tg.other, touched, 600*time.Second)
 		})
 	}
 }
@@ -695,7 +695,7 @@ func TestSweepFamilyLockStoreShapes(t *testing.T) {
 	for _, tg := range sweepDeployments(t) {
 		t.Run(tg.name, func(t *testing.T) {
 			t.Parallel()
-			ctx := ctxT(t)
+			ctx := redistest.Ctx(t)
 			prefix := redistest.Prefix(t) + "{fam}:by-country"
 			then := store.New(tg.client, store.Options{Now: func() time.Time { return sweepNow.Add(-2 * time.Hour) }})
 			s := store.New(tg.client, store.Options{Now: sweepClock()})
@@ -703,7 +703,7 @@ func TestSweepFamilyLockStoreShapes(t *testing.T) {
 			for _, b := range []string{"us", "de", "fr:paris"} {
 				k := then.NewTempKey(prefix + ":" + b)
 				orphans = append(orphans, k)
-				do(t, tg.other, "SADD", k, "member")
+				redistest.Cmd(t, tg.other, "SADD", k, "member")
 			}
 			lock, err := s.Acquire(ctx, prefix, 60*time.Second)
 			if err != nil {
@@ -712,7 +712,7 @@ func TestSweepFamilyLockStoreShapes(t *testing.T) {
 			opts := store.SweepOptions{Pattern: sweepPattern(t), OlderThan: time.Hour}
 			sweepWant(t, "with the family lock "+lock.Key, sweepRun(t, s, opts), nil)
 			for _, k := range orphans {
-				if !exists(t, tg.other, k) {
+				if !redistest.Exists(t, tg.other, k) {
 					t.Errorf("%s was swept while %s is held", k, lock.Key)
 				}
 			}
@@ -721,7 +721,7 @@ func TestSweepFamilyLockStoreShapes(t *testing.T) {
 			}
 			sweepWant(t, "without it", sweepRun(t, s, opts), orphans)
 			for _, k := range orphans {
-				wantAbsent(t, tg.other, k)
+				redistest.WantAbsent(t, tg.other, k)
 			}
 		})
 	}

@@ -8,19 +8,20 @@ import (
 	"testing"
 	"time"
 
+	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/store"
 	"github.com/redis/rueidis"
 )
 
-// touchSetup acquires final's lock with ttl and returns it with a fresh
+// touchSetup acquires live's lock with ttl and returns it with a fresh
 // temp key that does not exist yet.
 func touchSetup(t *testing.T, tg target, s *store.Store, ttl time.Duration) (*store.Lock, string) {
 	t.Helper()
-	lock, err := s.Acquire(ctxT(t), tg.final, ttl)
+	lock, err := s.Acquire(redistest.Ctx(t), tg.live, ttl)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return lock, s.NewTempKey(tg.final)
+	return lock, s.NewTempKey(tg.live)
 }
 
 // touchPTTLs returns the PTTLs of a and b, read in one script so that both
@@ -55,13 +56,13 @@ func touchPoll(t *testing.T, within time.Duration, what string, cond func() bool
 func TestTouchPopulated(t *testing.T) {
 	forEachTarget(t, func(t *testing.T, tg target) {
 		rbFresh(t, tg)
-		ctx := ctxT(t)
+		ctx := redistest.Ctx(t)
 		s := tg.store(store.Options{})
 		lock, temp := touchSetup(t, tg, s, 60*time.Second)
 
-		do(t, tg.other, "HSET", temp, "a", "1", "b", "2")
+		redistest.Cmd(t, tg.other, "HSET", temp, "a", "1", "b", "2")
 		// C34.1: no TTL until the first touch after the first write.
-		if got := pttl(t, tg.other, temp); got != -1 {
+		if got := redistest.PTTL(t, tg.other, temp); got != -1 {
 			t.Errorf("temp PTTL before the first touch = %v, want -1", got)
 		}
 		populated, err := s.Touch(ctx, lock, temp)
@@ -71,13 +72,13 @@ func TestTouchPopulated(t *testing.T) {
 		if !populated {
 			t.Errorf("populated = false after a write, want true")
 		}
-		wantTTL(t, tg.other, temp, 60*time.Second)
-		wantTTL(t, tg.other, lock.Key, 60*time.Second)
+		redistest.WantTTL(t, tg.other, temp, 60*time.Second)
+		redistest.WantTTL(t, tg.other, lock.Key, 60*time.Second)
 
 		// C13: reset, not left to decay: lower both, touch, both are back
 		// above the lowered value.
-		do(t, tg.other, "EXPIRE", temp, "5")
-		do(t, tg.other, "EXPIRE", lock.Key, "5")
+		redistest.Cmd(t, tg.other, "EXPIRE", temp, "5")
+		redistest.Cmd(t, tg.other, "EXPIRE", lock.Key, "5")
 		populated, err = s.Touch(ctx, lock, temp)
 		if err != nil {
 			t.Fatal(err)
@@ -86,26 +87,26 @@ func TestTouchPopulated(t *testing.T) {
 			t.Errorf("populated = false on the second touch, want true")
 		}
 		for _, k := range []string{temp, lock.Key} {
-			if got := pttl(t, tg.other, k); got <= 5*time.Second || got > 60*time.Second {
+			if got := redistest.PTTL(t, tg.other, k); got <= 5*time.Second || got > 60*time.Second {
 				t.Errorf("%s: PTTL after touch = %v, want in (5s, 60s]", k, got)
 			}
 		}
 		// A temp key with a longer TTL is reset down to ttl too.
-		do(t, tg.other, "EXPIRE", temp, "5000")
+		redistest.Cmd(t, tg.other, "EXPIRE", temp, "5000")
 		if _, err := s.Touch(ctx, lock, temp); err != nil {
 			t.Fatal(err)
 		}
-		wantTTL(t, tg.other, temp, 60*time.Second)
+		redistest.WantTTL(t, tg.other, temp, 60*time.Second)
 		// Touch never changes contents or the lock's value.
 		wantHashTTL(t, tg.other, temp, map[string]string{"a": "1", "b": "2"})
-		wantLock(t, tg.other, lock.Key, lock.Token)
+		redistest.WantString(t, tg.other, lock.Key, lock.Token)
 	})
 }
 
 // wantHashTTL fails unless key holds exactly want (whatever its TTL).
 func wantHashTTL(t *testing.T, c rueidis.Client, key string, want map[string]string) {
 	t.Helper()
-	got := hashOf(t, c, key)
+	got := redistest.HGetAll(t, c, key)
 	if len(got) != len(want) {
 		t.Errorf("%s = %v, want %v", key, got, want)
 		return
@@ -123,10 +124,10 @@ func wantHashTTL(t *testing.T, c rueidis.Client, key string, want map[string]str
 func TestTouchBeforeTempExists(t *testing.T) {
 	forEachTarget(t, func(t *testing.T, tg target) {
 		rbFresh(t, tg)
-		ctx := ctxT(t)
+		ctx := redistest.Ctx(t)
 		s := tg.store(store.Options{})
 		lock, temp := touchSetup(t, tg, s, 60*time.Second)
-		do(t, tg.other, "EXPIRE", lock.Key, "5")
+		redistest.Cmd(t, tg.other, "EXPIRE", lock.Key, "5")
 
 		populated, err := s.Touch(ctx, lock, temp)
 		if err != nil {
@@ -135,11 +136,11 @@ func TestTouchBeforeTempExists(t *testing.T) {
 		if populated {
 			t.Errorf("populated = true before any write, want false")
 		}
-		wantAbsent(t, tg.other, temp)
-		if got := pttl(t, tg.other, lock.Key); got <= 5*time.Second || got > 60*time.Second {
+		redistest.WantAbsent(t, tg.other, temp)
+		if got := redistest.PTTL(t, tg.other, lock.Key); got <= 5*time.Second || got > 60*time.Second {
 			t.Errorf("lock PTTL after touch = %v, want in (5s, 60s] (extended)", got)
 		}
-		wantLock(t, tg.other, lock.Key, lock.Token)
+		redistest.WantString(t, tg.other, lock.Key, lock.Token)
 	})
 }
 
@@ -154,31 +155,31 @@ func TestTouchLockLost(t *testing.T) {
 			steal func(t *testing.T, lockKey string)
 			thief string // the lock's value after the touch; "" = absent
 		}{
-			{"stolen", func(t *testing.T, k string) { do(t, tg.other, "SET", k, "thief", "EX", "40") }, "thief"},
-			{"expired", func(t *testing.T, k string) { do(t, tg.other, "DEL", k) }, ""},
+			{"stolen", func(t *testing.T, k string) { redistest.Cmd(t, tg.other, "SET", k, "thief", "EX", "40") }, "thief"},
+			{"expired", func(t *testing.T, k string) { redistest.Cmd(t, tg.other, "DEL", k) }, ""},
 		} {
 			t.Run(tt.name, func(t *testing.T) {
-				ctx := ctxT(t)
+				ctx := redistest.Ctx(t)
 				s := tg.store(store.Options{})
 				tg := tg
-				tg.final += "-" + tt.name // a lock of its own
+				tg.live += "-" + tt.name // a lock of its own
 				rbFresh(t, tg)
 				lock, temp := touchSetup(t, tg, s, 60*time.Second)
-				do(t, tg.other, "HSET", temp, "a", "1")
+				redistest.Cmd(t, tg.other, "HSET", temp, "a", "1")
 				if _, err := s.Touch(ctx, lock, temp); err != nil {
 					t.Fatal(err)
 				}
-				do(t, tg.other, "EXPIRE", temp, "5")
+				redistest.Cmd(t, tg.other, "EXPIRE", temp, "5")
 				tt.steal(t, lock.Key)
 
 				populated, err := s.Touch(ctx, lock, temp)
-				wantErr(t, err, store.ErrLockLost)
-				wantErr(t, err, store.ErrInProgress) // C42
+				redistest.WantErr(t, err, store.ErrLockLost)
+				redistest.WantErr(t, err, store.ErrInProgress) // C42
 				var e *store.Error
-				if !errors.As(err, &e) || e.Op != "touch" || e.Key != tg.final {
-					t.Errorf("err = %#v, want *store.Error{Op: touch, Key: %q}", err, tg.final)
+				if !errors.As(err, &e) || e.Op != "touch" || e.Key != tg.live {
+					t.Errorf("err = %#v, want *store.Error{Op: touch, Key: %q}", err, tg.live)
 				}
-				for _, want := range []string{tg.final, "another rebuild took over"} {
+				for _, want := range []string{tg.live, "another rebuild took over"} {
 					if !strings.Contains(err.Error(), want) {
 						t.Errorf("error %q does not contain %q", err, want)
 					}
@@ -187,11 +188,11 @@ func TestTouchLockLost(t *testing.T) {
 					t.Errorf("populated = true on a lost lock, want false")
 				}
 				// Nothing changed: temp keeps its lowered TTL and contents.
-				wantTTL(t, tg.other, temp, 5*time.Second)
+				redistest.WantTTL(t, tg.other, temp, 5*time.Second)
 				wantHashTTL(t, tg.other, temp, map[string]string{"a": "1"})
-				wantLock(t, tg.other, lock.Key, tt.thief)
+				redistest.WantString(t, tg.other, lock.Key, tt.thief)
 				if tt.thief != "" {
-					wantTTL(t, tg.other, lock.Key, 40*time.Second)
+					redistest.WantTTL(t, tg.other, lock.Key, 40*time.Second)
 				}
 			})
 		}
@@ -204,10 +205,10 @@ func TestTouchLockLost(t *testing.T) {
 func TestTouchTempDeadlineNotBeforeLock(t *testing.T) {
 	forEachTarget(t, func(t *testing.T, tg target) {
 		rbFresh(t, tg)
-		ctx := ctxT(t)
+		ctx := redistest.Ctx(t)
 		s := tg.store(store.Options{})
 		lock, temp := touchSetup(t, tg, s, 60*time.Second)
-		do(t, tg.other, "HSET", temp, "a", "1")
+		redistest.Cmd(t, tg.other, "HSET", temp, "a", "1")
 		const tolerance = 2 * time.Millisecond
 		for _, before := range []struct{ temp, lock string }{
 			{"", ""},       // temp without TTL, lock fresh
@@ -215,8 +216,8 @@ func TestTouchTempDeadlineNotBeforeLock(t *testing.T) {
 			{"1000", "10"}, // temp far beyond the lock
 		} {
 			if before.temp != "" {
-				do(t, tg.other, "EXPIRE", temp, before.temp)
-				do(t, tg.other, "EXPIRE", lock.Key, before.lock)
+				redistest.Cmd(t, tg.other, "EXPIRE", temp, before.temp)
+				redistest.Cmd(t, tg.other, "EXPIRE", lock.Key, before.lock)
 			}
 			if _, err := s.Touch(ctx, lock, temp); err != nil {
 				t.Fatal(err)
@@ -236,29 +237,29 @@ func TestTouchTempDeadlineNotBeforeLock(t *testing.T) {
 func TestTouchOverrun(t *testing.T) {
 	forEachTarget(t, func(t *testing.T, tg target) {
 		rbFresh(t, tg)
-		ctx := ctxT(t)
+		ctx := redistest.Ctx(t)
 		s := tg.store(store.Options{})
 		lock, temp := touchSetup(t, tg, s, time.Second)
-		do(t, tg.other, "HSET", temp, "a", "1")
+		redistest.Cmd(t, tg.other, "HSET", temp, "a", "1")
 		if populated, err := s.Touch(ctx, lock, temp); err != nil || !populated {
 			t.Fatalf("touch = %v, %v; want true, nil", populated, err)
 		}
 		// The "batch" runs past ttl: wait for the temp key to expire. The
 		// lock, extended first, must already be gone at that moment.
-		touchPoll(t, 10*time.Second, "the temp key to expire", func() bool { return !exists(t, tg.other, temp) })
-		wantLock(t, tg.other, lock.Key, "")
+		touchPoll(t, 10*time.Second, "the temp key to expire", func() bool { return !redistest.Exists(t, tg.other, temp) })
+		redistest.WantString(t, tg.other, lock.Key, "")
 
 		populated, err := s.Touch(ctx, lock, temp)
-		wantErr(t, err, store.ErrLockLost)
-		if !strings.Contains(err.Error(), tg.final) {
-			t.Errorf("error %q does not name the live key %q", err, tg.final)
+		redistest.WantErr(t, err, store.ErrLockLost)
+		if !strings.Contains(err.Error(), tg.live) {
+			t.Errorf("error %q does not name the live key %q", err, tg.live)
 		}
 		if populated {
 			t.Errorf("populated = true, want false")
 		}
 		// The lost touch recreates nothing.
-		wantLock(t, tg.other, lock.Key, "")
-		wantAbsent(t, tg.other, temp)
+		redistest.WantString(t, tg.other, lock.Key, "")
+		redistest.WantAbsent(t, tg.other, temp)
 	})
 }
 
@@ -267,19 +268,19 @@ func TestTouchOverrun(t *testing.T) {
 func TestTouchOverrunLockFirst(t *testing.T) {
 	forEachTarget(t, func(t *testing.T, tg target) {
 		rbFresh(t, tg)
-		ctx := ctxT(t)
+		ctx := redistest.Ctx(t)
 		s := tg.store(store.Options{})
 		lock, temp := touchSetup(t, tg, s, time.Second)
-		do(t, tg.other, "HSET", temp, "a", "1")
+		redistest.Cmd(t, tg.other, "HSET", temp, "a", "1")
 		if _, err := s.Touch(ctx, lock, temp); err != nil {
 			t.Fatal(err)
 		}
-		touchPoll(t, 10*time.Second, "the lock to expire", func() bool { return !exists(t, tg.other, lock.Key) })
+		touchPoll(t, 10*time.Second, "the lock to expire", func() bool { return !redistest.Exists(t, tg.other, lock.Key) })
 		_, err := s.Touch(ctx, lock, temp)
-		wantErr(t, err, store.ErrLockLost)
-		wantLock(t, tg.other, lock.Key, "")
+		redistest.WantErr(t, err, store.ErrLockLost)
+		redistest.WantString(t, tg.other, lock.Key, "")
 		// Whatever is left of the temp key was not given a new lease.
-		if got := pttl(t, tg.other, temp); got > time.Second {
+		if got := redistest.PTTL(t, tg.other, temp); got > time.Second {
 			t.Errorf("temp PTTL after a lost touch = %v, want <= 1s (not refreshed)", got)
 		}
 	})
@@ -290,12 +291,12 @@ func TestTouchOverrunLockFirst(t *testing.T) {
 func TestTouchBadInput(t *testing.T) {
 	forEachTarget(t, func(t *testing.T, tg target) {
 		rbFresh(t, tg)
-		ctx := ctxT(t)
+		ctx := redistest.Ctx(t)
 		s := tg.store(store.Options{})
 		lock, temp := touchSetup(t, tg, s, 60*time.Second)
-		do(t, tg.other, "HSET", temp, "a", "1")
-		do(t, tg.other, "EXPIRE", temp, "30")
-		do(t, tg.other, "EXPIRE", lock.Key, "30")
+		redistest.Cmd(t, tg.other, "HSET", temp, "a", "1")
+		redistest.Cmd(t, tg.other, "EXPIRE", temp, "30")
+		redistest.Cmd(t, tg.other, "EXPIRE", lock.Key, "30")
 
 		with := func(f func(l *store.Lock)) *store.Lock {
 			l := *lock
@@ -340,9 +341,9 @@ func TestTouchBadInput(t *testing.T) {
 					t.Errorf("populated = true, want false")
 				}
 				// Nothing changed.
-				wantLock(t, tg.other, lock.Key, lock.Token)
-				wantTTL(t, tg.other, lock.Key, 30*time.Second)
-				wantTTL(t, tg.other, temp, 30*time.Second)
+				redistest.WantString(t, tg.other, lock.Key, lock.Token)
+				redistest.WantTTL(t, tg.other, lock.Key, 30*time.Second)
+				redistest.WantTTL(t, tg.other, temp, 30*time.Second)
 			})
 		}
 	})

@@ -75,7 +75,11 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	}
 
 	// 1. Tagged keys: every key hashes "users", so one slot, one publish.
-	stats, err := rebuild.New(c, rebuild.Options{}, indexes("{users}:")...).Run(ctx, rebuild.FromSlice(users))
+	r, err := rebuild.New(c, rebuild.Options{}, indexes("{users}:")...)
+	if err != nil {
+		return err
+	}
+	stats, err := r.Run(ctx, rebuild.FromSlice(users))
 	if err != nil {
 		return err
 	}
@@ -88,22 +92,26 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		fmt.Fprintf(stdout, "  %-24s slot %d  %s\n", k, slot, stats.Outcomes[k])
 	}
 
-	// 2. Untagged keys hash whole, to different slots: refused up front.
-	_, err = rebuild.New(c, rebuild.Options{}, indexes("users:")[:2]...).Run(ctx, rebuild.FromSlice(users))
+	// 2. Untagged keys hash whole, to different slots: New refuses them.
+	_, err = rebuild.New(c, rebuild.Options{}, indexes("users:")[:2]...)
 	fmt.Fprintf(stdout, "\nwithout a hash tag, two keys in one Rebuilder are refused:\n  %v\n", err)
 	if err == nil {
 		return errors.New("untagged keys in different slots were not refused")
 	}
 
 	// 3. A family needs a tag in its prefix, or its buckets would spread.
-	_, err = rebuild.New(c, rebuild.Options{}, indexes("users:")[2]).Run(ctx, rebuild.FromSlice(users))
+	_, err = rebuild.New(c, rebuild.Options{}, indexes("users:")[2])
 	fmt.Fprintf(stdout, "\nand so is a SetIndex whose prefix has no hash tag:\n  %v\n", err)
 	if err == nil {
 		return errors.New("an untagged SetIndex prefix was not refused")
 	}
 
 	// 4. One untagged key alone is fine: keyswap tags its lock and temp key.
-	if _, err := rebuild.New(c, rebuild.Options{}, indexes("users:")[0]).Run(ctx, rebuild.FromSlice(users)); err != nil {
+	single, err := rebuild.New(c, rebuild.Options{}, indexes("users:")[0])
+	if err != nil {
+		return err
+	}
+	if _, err := single.Run(ctx, rebuild.FromSlice(users)); err != nil {
 		return err
 	}
 	n, err := c.Do(ctx, c.B().Hlen().Key("users:by-email").Build()).AsInt64()

@@ -68,7 +68,11 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		p.ZAdd(ctx, temp, members...)
 		return nil
 	})
-	if _, err := rebuild.New(c, rebuild.Options{}, byPrice).Run(ctx, rebuild.FromSlice(products)); err != nil {
+	r, err := rebuild.New(c, rebuild.Options{}, byPrice)
+	if err != nil {
+		return err
+	}
+	if _, err := r.Run(ctx, rebuild.FromSlice(products)); err != nil {
 		return err
 	}
 	n, err := c.Do(ctx, c.B().Zcard().Key(key).Build()).AsInt64()
@@ -86,7 +90,11 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		p.Del(ctx, key) // the live key: never allowed
 		return nil
 	})
-	_, err = rebuild.New(c, rebuild.Options{}, rogue).Run(ctx, rebuild.FromSlice(products))
+	bad, err := rebuild.New(c, rebuild.Options{}, rogue)
+	if err != nil {
+		return err
+	}
+	_, err = bad.Run(ctx, rebuild.FromSlice(products))
 	fmt.Fprintf(stdout, "a builder that deletes the live key is refused: %v\n", err)
 	after, cerr := c.Do(ctx, c.B().Zcard().Key(key).Build()).AsInt64()
 	if cerr != nil {

@@ -106,7 +106,10 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		c.Add(c.B().Pfadd().Key(temp).Element(ids...).Build(), len(ids))
 		return nil
 	})
-	r := rebuild.New(c, rebuild.Options{BatchSize: 500}, geoBuilder{geoKey}, unique)
+	r, err := rebuild.New(c, rebuild.Options{BatchSize: 500}, geoBuilder{geoKey}, unique)
+	if err != nil {
+		return err
+	}
 	if _, err := r.Run(ctx, rebuild.FromSlice(visits)); err != nil {
 		return err
 	}

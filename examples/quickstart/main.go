@@ -67,7 +67,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fmt.Fprintf(stdout, "keyswap quickstart on %s\n", where)
 
 	// Yesterday's run, so that there are indexes to replace.
-	if _, err := rebuild.New(client, rebuild.Options{}, ix.builders()...).Run(ctx, rebuild.FromSlice(yesterday)); err != nil {
+	seed, err := rebuild.New(client, rebuild.Options{}, ix.builders()...)
+	if err != nil {
+		return err
+	}
+	if _, err := seed.Run(ctx, rebuild.FromSlice(yesterday)); err != nil {
 		return fmt.Errorf("building yesterday's indexes: %w", err)
 	}
 	before, err := ix.look(ctx, client, probes)
@@ -78,7 +82,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	// Today's run, while a reader polls every index.
 	fmt.Fprintf(stdout, "rebuilding %s, %s and %s:* from today's %d users...\n", ix.byEmail, ix.byScore, ix.byCountry, len(today))
 	stopReader := startReader(ctx, client, ix, before.sizes, ix.expectedSizes(today))
-	r := rebuild.New(client, rebuild.Options{Progress: progress(stderr)}, ix.builders()...)
+	r, err := rebuild.New(client, rebuild.Options{Progress: progress(stderr)}, ix.builders()...)
+	if err != nil {
+		return err
+	}
 	stats, err := r.Run(ctx, rebuild.FromSlice(today))
 	seen := stopReader()
 	if err != nil {

@@ -73,7 +73,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		}
 	}
 
-	src := rebuild.FromHashes(ctx, c, "scan-source:user:*:object",
+	src := rebuild.FromHashes(c, "scan-source:user:*:object",
 		func(key string, fields map[string]string) (user, bool, error) {
 			if fields["id"] == "" {
 				return user{}, false, fmt.Errorf("object %s has no id", key)
@@ -83,7 +83,11 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	emails := builders.Hash(index, func(u user) (string, string, bool) {
 		return strings.ToLower(u.email), u.id, !builders.Blank(u.email)
 	})
-	stats, err := rebuild.New(c, rebuild.Options{}, emails).Run(ctx, src)
+	r, err := rebuild.New(c, rebuild.Options{}, emails)
+	if err != nil {
+		return err
+	}
+	stats, err := r.Run(ctx, src)
 	if err != nil {
 		return err
 	}

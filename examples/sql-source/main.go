@@ -102,7 +102,11 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	byStatus := builders.SetIndex(prefix+"orders:by-status", func(o Order) (string, string, bool) {
 		return o.Status, fmt.Sprint(o.ID), !builders.Blank(o.Status)
 	})
-	stats, err := rebuild.New(c, rebuild.Options{}, byTotal, byStatus).Run(ctx, orders(ctx, db))
+	r, err := rebuild.New(c, rebuild.Options{}, byTotal, byStatus)
+	if err != nil {
+		return err
+	}
+	stats, err := r.Run(ctx, rebuild.FromSeq2(orders(ctx, db)))
 	if err != nil {
 		return err
 	}

@@ -9,11 +9,11 @@ import (
 const (
 	// LockSuffix ends every lock key. It never matches the sweep pattern
 	// "*:rebuild:*" nor the temp-key recogniser, so a sweep can never
-	// delete a lock (C4).
+	// delete a lock.
 	LockSuffix = ":rebuild-lock"
 	// TempInfix separates a temp key's base from its timestamp.
 	TempInfix = ":rebuild:"
-	// NonceLen is the length of a temp key's hex nonce: 64 bits (C1).
+	// NonceLen is the length of a temp key's hex nonce: 64 bits.
 	NonceLen = 16
 	// ReceiptSuffix follows a lock key to name the receipt a fenced
 	// publish leaves: "<lock key>:done", holding the lock's token for a
@@ -26,28 +26,28 @@ const (
 // leaves.
 func ReceiptKey(lockKey string) string { return lockKey + ReceiptSuffix }
 
-// Base returns the key that the lock and temp keys of final are derived
-// from. On a standalone server it is final itself (Familia's shapes). On a
-// cluster it is a key in final's slot whose derived keys stay in that slot;
+// Base returns the key that the lock and temp keys of live are derived
+// from. On a standalone server it is live itself (Familia's shapes). On a
+// cluster it is a key in live's slot whose derived keys stay in that slot;
 // see the package documentation for the three cases.
-func Base(final string, cluster bool) string {
+func Base(live string, cluster bool) string {
 	if !cluster {
-		return final
+		return live
 	}
-	if _, ok := HashTag(final); ok {
+	if _, ok := HashTag(live); ok {
 		// Appending a suffix cannot change which '{' comes first, nor the
-		// '}' that closes it, so every derived key keeps final's tag.
-		return final
+		// '}' that closes it, so every derived key keeps live's tag.
+		return live
 	}
-	if final != "" && !strings.Contains(final, "}") {
-		// "{" + final + "}" is tagged with all of final: the first '{' is
-		// ours and, final having no '}', the first '}' after it is ours too.
-		return "{" + final + "}"
+	if live != "" && !strings.Contains(live, "}") {
+		// "{" + live + "}" is tagged with all of live: the first '{' is
+		// ours and, live having no '}', the first '}' after it is ours too.
+		return "{" + live + "}"
 	}
 	// Keys such as "a{}b" or "a}b" hash as a whole, and wrapping them would
 	// tag only the part before their own '}' ("{}" would not tag at all).
 	// Borrow a tag in their slot.
-	return "{" + SyntheticTag(Slot(final)) + "}" + final
+	return "{" + SyntheticTag(Slot(live)) + "}" + live
 }
 
 // SyntheticTag returns "rbN" for the smallest N ≥ 0 with Slot("rbN") ==
@@ -63,9 +63,9 @@ func SyntheticTag(slot uint16) string {
 	}
 }
 
-// LockKey returns the rebuild lock key of final: Base(final) + ":rebuild-lock".
-func LockKey(final string, cluster bool) string {
-	return LockKeyForBase(Base(final, cluster))
+// LockKey returns the rebuild lock key of live: Base(live) + ":rebuild-lock".
+func LockKey(live string, cluster bool) string {
+	return LockKeyForBase(Base(live, cluster))
 }
 
 // LockKeyForBase returns the lock key that guards the temp keys derived from
@@ -88,10 +88,10 @@ func VetoLocks(base string) []string {
 	return locks
 }
 
-// TempKey returns Base(final) + ":rebuild:<unix>:<nonce>", where nonce is
-// the 16-digit lowercase hex form of the 64 random bits n (C1).
-func TempKey(final string, cluster bool, unix int64, n uint64) string {
-	base := Base(final, cluster)
+// TempKey returns Base(live) + ":rebuild:<unix>:<nonce>", where nonce is
+// the 16-digit lowercase hex form of the 64 random bits n.
+func TempKey(live string, cluster bool, unix int64, n uint64) string {
+	base := Base(live, cluster)
 	b := make([]byte, 0, len(base)+len(TempInfix)+20+1+NonceLen)
 	b = append(b, base...)
 	b = append(b, TempInfix...)
@@ -106,11 +106,11 @@ func TempKey(final string, cluster bool, unix int64, n uint64) string {
 
 // ParseTempKey recognises a temp key and returns its base and timestamp.
 //
-// The recogniser is anchored at the end of the key (C5): ":rebuild:",
+// The recogniser is anchored at the end of the key: ":rebuild:",
 // decimal digits, then optionally ":" and 16 hex digits of either case. The
-// legacy shape without a nonce is accepted (C3). The base is everything
+// legacy shape without a nonce is accepted. The base is everything
 // before that suffix, so the base of "a:rebuild:1:rebuild:2" is
-// "a:rebuild:1". Lock keys are never recognised (C4).
+// "a:rebuild:1". Lock keys are never recognised.
 func ParseTempKey(key string) (base string, unix int64, ok bool) {
 	rest := key
 	// Optional ":<16 hex>" nonce.

@@ -15,19 +15,19 @@ var rubyPattern = regexp.MustCompile(`(?s)^(.*?):rebuild:([0-9]+)(?::[0-9a-fA-F]
 
 func TestStandaloneShapesAreFamilias(t *testing.T) {
 	// C1, C4, C5+: on standalone the shapes are Familia's, byte for byte.
-	for _, final := range []string{"users:by-email", "a{}b", "a}b", "user{42}:idx", "with space", "ü"} {
-		if got, want := LockKey(final, false), final+":rebuild-lock"; got != want {
-			t.Errorf("LockKey(%q) = %q, want %q", final, got, want)
+	for _, live := range []string{"users:by-email", "a{}b", "a}b", "user{42}:idx", "with space", "ü"} {
+		if got, want := LockKey(live, false), live+":rebuild-lock"; got != want {
+			t.Errorf("LockKey(%q) = %q, want %q", live, got, want)
 		}
-		if got, want := TempKey(final, false, 1700000000, 0x00ab00cd00ef0012), final+":rebuild:1700000000:00ab00cd00ef0012"; got != want {
-			t.Errorf("TempKey(%q) = %q, want %q", final, got, want)
+		if got, want := TempKey(live, false, 1700000000, 0x00ab00cd00ef0012), live+":rebuild:1700000000:00ab00cd00ef0012"; got != want {
+			t.Errorf("TempKey(%q) = %q, want %q", live, got, want)
 		}
 	}
 }
 
 func TestClusterShapes(t *testing.T) {
 	tests := []struct {
-		final, base string
+		live, base string
 	}{
 		{"user{42}:idx", "user{42}:idx"},
 		{"users:by-email", "{users:by-email}"},
@@ -37,22 +37,22 @@ func TestClusterShapes(t *testing.T) {
 		{"}", "{" + SyntheticTag(Slot("}")) + "}}"},
 	}
 	for _, tt := range tests {
-		t.Run(tt.final, func(t *testing.T) {
-			if got := Base(tt.final, true); got != tt.base {
-				t.Fatalf("Base(%q) = %q, want %q", tt.final, got, tt.base)
+		t.Run(tt.live, func(t *testing.T) {
+			if got := Base(tt.live, true); got != tt.base {
+				t.Fatalf("Base(%q) = %q, want %q", tt.live, got, tt.base)
 			}
-			lock := LockKey(tt.final, true)
-			temp := TempKey(tt.final, true, 42, math.MaxUint64)
+			lock := LockKey(tt.live, true)
+			temp := TempKey(tt.live, true, 42, math.MaxUint64)
 			if lock != tt.base+":rebuild-lock" {
 				t.Errorf("LockKey = %q, want %q", lock, tt.base+":rebuild-lock")
 			}
 			if temp != tt.base+":rebuild:42:ffffffffffffffff" {
 				t.Errorf("TempKey = %q", temp)
 			}
-			want := Slot(tt.final)
+			want := Slot(tt.live)
 			for _, k := range []string{lock, temp, tt.base} {
 				if got := Slot(k); got != want {
-					t.Errorf("Slot(%q) = %d, want Slot(%q) = %d", k, got, tt.final, want)
+					t.Errorf("Slot(%q) = %d, want Slot(%q) = %d", k, got, tt.live, want)
 				}
 			}
 		})
@@ -99,17 +99,17 @@ func TestParseTempKey(t *testing.T) {
 
 func TestLockKeyIsNeverATempKey(t *testing.T) {
 	// C4: the lock key never matches *:rebuild:* nor the recogniser.
-	for _, final := range []string{"a", "a:rebuild:1", "a:rebuild:1:0123456789abcdef", "x}y"} {
+	for _, live := range []string{"a", "a:rebuild:1", "a:rebuild:1:0123456789abcdef", "x}y"} {
 		for _, cluster := range []bool{false, true} {
-			lock := LockKey(final, cluster)
+			lock := LockKey(live, cluster)
 			if _, _, ok := ParseTempKey(lock); ok {
-				t.Errorf("ParseTempKey(LockKey(%q)) recognised %q", final, lock)
+				t.Errorf("ParseTempKey(LockKey(%q)) recognised %q", live, lock)
 			}
-			if strings.HasSuffix(final, ":rebuild") || strings.Contains(final, ":rebuild:") {
+			if strings.HasSuffix(live, ":rebuild") || strings.Contains(live, ":rebuild:") {
 				continue // the live key itself matches the glob; its lock adds nothing
 			}
 			if strings.Contains(lock, ":rebuild:") {
-				t.Errorf("LockKey(%q) = %q matches *:rebuild:*", final, lock)
+				t.Errorf("LockKey(%q) = %q matches *:rebuild:*", live, lock)
 			}
 		}
 	}
@@ -119,7 +119,7 @@ func FuzzNaming(f *testing.F) {
 	for _, s := range []string{"users:by-email", "user{42}:idx", "a{}b", "a}b", "{", "}", "", "{}", "a:rebuild:1"} {
 		f.Add(s, int64(1700000000), uint64(0xdeadbeef))
 	}
-	f.Fuzz(func(t *testing.T, final string, unix int64, nonce uint64) {
+	f.Fuzz(func(t *testing.T, live string, unix int64, nonce uint64) {
 		if unix < 0 {
 			unix = -unix
 			if unix < 0 {
@@ -127,19 +127,19 @@ func FuzzNaming(f *testing.F) {
 			}
 		}
 		for _, cluster := range []bool{false, true} {
-			base := Base(final, cluster)
-			lock := LockKey(final, cluster)
-			temp := TempKey(final, cluster, unix, nonce)
+			base := Base(live, cluster)
+			lock := LockKey(live, cluster)
+			temp := TempKey(live, cluster, unix, nonce)
 			if cluster {
 				// Every derived key lands in the live key's slot.
-				want := Slot(final)
+				want := Slot(live)
 				for _, k := range []string{base, lock, temp} {
 					if got := Slot(k); got != want {
-						t.Fatalf("Slot(%q) = %d, want %d (final %q)", k, got, want, final)
+						t.Fatalf("Slot(%q) = %d, want %d (live %q)", k, got, want, live)
 					}
 				}
-			} else if base != final {
-				t.Fatalf("standalone Base(%q) = %q", final, base)
+			} else if base != live {
+				t.Fatalf("standalone Base(%q) = %q", live, base)
 			}
 			// Parsing inverts naming.
 			b, u, ok := ParseTempKey(temp)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/keyswap/keyswap/internal/keys"
+	"github.com/keyswap/keyswap/internal/scan"
 	"github.com/redis/rueidis"
 )
 
@@ -32,7 +33,7 @@ func Keys(tb testing.TB, c rueidis.Client, prefix string) []string {
 		}
 		var cursor uint64
 		for {
-			e, err := node.Do(ctx, node.B().Scan().Cursor(cursor).Match(globEscape(prefix)+"*").Count(1000).Build()).AsScanEntry()
+			e, err := node.Do(ctx, node.B().Scan().Cursor(cursor).Match(scan.EscapeGlob(prefix)+"*").Count(1000).Build()).AsScanEntry()
 			if err != nil {
 				tb.Fatalf("redistest: SCAN %s on %s: %v", prefix, addr, err)
 			}
@@ -87,15 +88,4 @@ func Leftovers(tb testing.TB, c rueidis.Client, prefix string) []string {
 		}
 	}
 	return out
-}
-
-func globEscape(s string) string {
-	var b strings.Builder
-	for _, r := range s {
-		if strings.ContainsRune(`*?[]\`, r) {
-			b.WriteByte('\\')
-		}
-		b.WriteRune(r)
-	}
-	return b.String()
 }

@@ -1,4 +1,4 @@
-package scan
+package scan_test
 
 import (
 	"context"
@@ -8,18 +8,19 @@ import (
 
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/redistest"
+	"github.com/keyswap/keyswap/internal/scan"
 )
 
 func TestEscapeGlob(t *testing.T) {
 	for _, s := range []string{"plain", "a*b", "a?b", "[x]", `back\slash`, "{tag}:p", "bad\xff*utf8", ""} {
-		esc := EscapeGlob(s)
+		esc := scan.EscapeGlob(s)
 		// path.Match follows the same escaping rules for these characters.
 		if ok, err := path.Match(esc+"*", s+"tail"); err != nil || !ok {
-			t.Errorf("EscapeGlob(%q) = %q: does not match %q (err %v)", s, esc, s+"tail", err)
+			t.Errorf("scan.EscapeGlob(%q) = %q: does not match %q (err %v)", s, esc, s+"tail", err)
 		}
 		if s != "" {
 			if ok, _ := path.Match(esc+"*", "X"+s); ok {
-				t.Errorf("EscapeGlob(%q)+* matches %q", s, "X"+s)
+				t.Errorf("scan.EscapeGlob(%q)+* matches %q", s, "X"+s)
 			}
 		}
 	}
@@ -47,13 +48,13 @@ func TestPagesInSlotScansOneMaster(t *testing.T) {
 		}
 	}
 	var all, one []string
-	for page, err := range Pages(ctx, client, Options{Match: "{t*}:k"}) {
+	for page, err := range scan.Pages(ctx, client, scan.Options{Match: "{t*}:k"}) {
 		if err != nil {
 			t.Fatal(err)
 		}
 		all = append(all, page...)
 	}
-	for page, err := range Pages(ctx, client, Options{Match: "{t*}:k", InSlot: true, Slot: keys.Slot(want)}) {
+	for page, err := range scan.Pages(ctx, client, scan.Options{Match: "{t*}:k", InSlot: true, Slot: keys.Slot(want)}) {
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,0 +1,33 @@
+// Package run is the Redis side of one rebuild run, shared by package store
+// (the single-key API) and package rebuild (the pipeline): taking and
+// releasing a run's locks, renewing its lease, publishing its temp keys in
+// one fenced script, settling a publish whose reply was lost, and discarding
+// what a failed run wrote.
+//
+// Every step is written once, here. A run of one key (store.WithRebuild) is
+// a run of several (rebuild.Rebuilder.Run) with one key.
+//
+// # Lifecycle
+//
+//  1. [Redis.Acquire] takes one lock per live key under one fresh token,
+//     all or none.
+//  2. The caller writes temp keys and renews the lease with [Redis.Touch]
+//     (or [Redis.TouchCommand] inside its own DoMulti, and
+//     [Redis.TouchReply]). [Temp] tracks what the renewals and writes saw of
+//     each temp key, and reports a temp key lost or re-created.
+//  3. [Redis.Publish] checks the locks and the temp keys and publishes them
+//     in one script; [Redis.Settle] finds out whether a publish whose reply
+//     was lost ran.
+//  4. [Redis.Discard] removes the temp keys of a run that will not publish,
+//     and [Redis.ReleaseAfter] releases the locks on every path.
+//
+// Cleanup that must survive the caller's cancelled context runs on
+// [CleanupContext].
+//
+// # Errors
+//
+// Methods return *[Error], which names the operation and the live key and
+// wraps one of the sentinels [ErrInProgress], [ErrLockLost],
+// [ErrTempKeyLost] and [ErrOutcomeUnknown], a Redis or transport error, or a
+// description of bad input. Packages store and rebuild re-export them.
+package run

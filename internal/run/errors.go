@@ -1,0 +1,89 @@
+package run
+
+import (
+	"context"
+	"errors"
+	"fmt"
+)
+
+// ErrInProgress reports that another rebuild holds a key's lock. Acquiring
+// never waits for it.
+var ErrInProgress = errors.New("rebuild already in progress")
+
+// ErrLockLost reports that a rebuild no longer holds its lock: it expired
+// during a stall, or another rebuild took it over. A rebuild that lost its
+// lock never publishes.
+//
+// ErrLockLost also matches [ErrInProgress] under [errors.Is], as Familia's
+// RebuildLockLostError subclasses RebuildInProgressError: either way, some
+// other rebuild owns the key.
+var ErrLockLost error = lockLostError{}
+
+// ErrTempKeyLost reports that a populated temp key disappeared (it expired,
+// was evicted or was swept), or was lost and re-created, before or during
+// the publish. The live key is left unchanged: reading the missing key as an
+// empty rebuild would delete it.
+var ErrTempKeyLost = errors.New("temp key lost")
+
+// ErrOutcomeUnknown reports that a publish script was sent but its reply
+// never came (a dropped connection, a timeout, a cancelled context), and
+// that Redis could not be asked afterwards whether it ran. The live keys
+// hold either the old values or the new ones, never a mixture: the script
+// is atomic.
+var ErrOutcomeUnknown = errors.New("publish outcome unknown: its reply was lost and Redis could not be asked")
+
+type lockLostError struct{}
+
+func (lockLostError) Error() string {
+	return "rebuild lock lost: it expired or another rebuild took over"
+}
+
+func (lockLostError) Is(target error) bool { return target == ErrInProgress }
+
+// Error is the error type of keyswap's operations. Op names the operation
+// ("acquire", "touch", "swap", "publish", ...), Key the live key (or keys)
+// it was working on, and Err the cause: one of the sentinels above, a Redis
+// or transport error, or a description of bad input.
+type Error struct {
+	Op  string
+	Key string
+	Err error
+}
+
+func (e *Error) Error() string {
+	if e.Key == "" {
+		return "keyswap: " + e.Op + ": " + e.Err.Error()
+	}
+	return "keyswap: " + e.Op + " " + e.Key + ": " + e.Err.Error()
+}
+
+// Unwrap returns e.Err.
+func (e *Error) Unwrap() error { return e.Err }
+
+// Fail wraps err, the error of a command sent with ctx, in an *Error. When
+// ctx was cancelled with a cause of its own (context.WithCancelCause), the
+// cause is wrapped too, so that errors.Is finds both it and
+// context.Canceled.
+func Fail(ctx context.Context, op, key string, err error) error {
+	if cause := context.Cause(ctx); cause != nil && ctx.Err() != nil && errors.Is(err, ctx.Err()) && cause != ctx.Err() {
+		err = fmt.Errorf("%w (%w)", err, cause)
+	}
+	return &Error{Op: op, Key: key, Err: err}
+}
+
+// Wrap returns err as an *Error of op on key, unless it already is one.
+func Wrap(op, key string, err error) error {
+	var e *Error
+	if errors.As(err, &e) {
+		return err
+	}
+	return &Error{Op: op, Key: key, Err: err}
+}
+
+// IsBadInput reports whether err is an *Error: one of our own errors, such
+// as an argument refused before anything was sent, rather than a bare error
+// from Redis or the network.
+func IsBadInput(err error) bool {
+	var e *Error
+	return errors.As(err, &e)
+}

@@ -1,0 +1,40 @@
+package rebuild
+
+import (
+	"fmt"
+	"runtime/debug"
+)
+
+// build turns b's items into commands through every builder. A panic in a
+// builder becomes a *PanicError, which Run re-panics after cleaning up.
+func (x *execution[T]) build(b *batch[T]) {
+	defer close(b.built)
+	defer func() {
+		if p := recover(); p != nil {
+			b.err = &PanicError{Value: p, Stack: debug.Stack()}
+		}
+	}()
+	r := x.r
+	c := newCommands(r.redis.Client().B(), x.targets, len(r.builders))
+	for i, bl := range r.builders {
+		c.builder = i
+		err := bl.Build(c, b.items)
+		if err == nil {
+			err = c.err
+		}
+		if err != nil {
+			b.err = &Error{Op: "build", Key: bl.Key(), Err: err}
+			return
+		}
+	}
+	if x.targets.cluster {
+		for _, cmd := range c.cmds {
+			if cmd.Slot() != x.targets.slot {
+				b.err = &Error{Op: "build", Key: r.key, Err: fmt.Errorf("a builder's command %q is outside the rebuild's hash slot %d; builders must write only to keys from Commands.Temp", cmd.Commands()[0], x.targets.slot)}
+				return
+			}
+		}
+	}
+	c.sortEntries()
+	b.c = c
+}

@@ -1,0 +1,42 @@
+package rebuild
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/keyswap/keyswap/internal/keys"
+	"github.com/keyswap/keyswap/internal/scan"
+	"golang.org/x/sync/errgroup"
+)
+
+// scanFamilies starts a SCAN per family builder for its live keys, whose
+// leftovers become orphans at publish. It returns the sets the scans fill.
+func (x *execution[T]) scanFamilies(ctx context.Context, g *errgroup.Group) []map[string]bool {
+	live := make([]map[string]bool, len(x.r.builders))
+	for i, b := range x.r.builders {
+		f, ok := b.(Family)
+		if !ok {
+			continue
+		}
+		live[i] = map[string]bool{}
+		prefix := b.Key() + ":"
+		// On a cluster every bucket is in the prefix's slot (its hash tag is
+		// required): only that slot's master is scanned.
+		opts := scan.Options{Match: scan.EscapeGlob(prefix) + "*", Type: f.KeyType(), InSlot: true, Slot: keys.Slot(b.Key())}
+		g.Go(func() error {
+			for page, err := range scan.Pages(ctx, x.r.redis.Client(), opts) {
+				if err != nil {
+					return fmt.Errorf("SCAN %s: %w", opts.Match, err)
+				}
+				for _, k := range page {
+					if _, _, temp := keys.ParseTempKey(k); !temp && !strings.HasSuffix(k, keys.LockSuffix) {
+						live[i][k] = true
+					}
+				}
+			}
+			return nil
+		})
+	}
+	return live
+}

@@ -1,0 +1,108 @@
+package rebuild
+
+import (
+	"fmt"
+	"strings"
+	"sync"
+
+	"github.com/keyswap/keyswap/internal/keys"
+	"github.com/keyswap/keyswap/internal/run"
+)
+
+// target is one live key of a run and its temp key.
+type target struct {
+	run.Temp
+	builder int
+}
+
+// owner is what the targets registry knows of one builder.
+type owner struct {
+	key    string
+	family bool
+}
+
+// targets maps the live keys of a run to their temp keys. Keys of plain
+// builders are registered when the run starts; family buckets when a batch
+// first writes them.
+type targets struct {
+	newTemp func(live string) string
+	owners  []owner
+	cluster bool
+	slot    uint16
+
+	mu      sync.Mutex
+	byKey   map[string]*target
+	ordered []*target
+}
+
+func newTargets(owners []owner, cluster bool, newTemp func(string) string) *targets {
+	ts := &targets{newTemp: newTemp, owners: owners, cluster: cluster, byKey: map[string]*target{}}
+	if cluster {
+		ts.slot = keys.Slot(owners[0].key)
+	}
+	for i, o := range owners {
+		if !o.family {
+			// Registered up front, so that a source without items for it
+			// still publishes it: as an empty rebuild that deletes the key.
+			if _, err := ts.get(i, o.key); err != nil {
+				panic("keyswap: registering " + o.key + ": " + err.Error()) // validated by New
+			}
+		}
+	}
+	return ts
+}
+
+// get returns the target for live, creating it on first use, after checking
+// that builder b owns live.
+func (ts *targets) get(b int, live string) (*target, error) {
+	o := ts.owners[b]
+	switch {
+	case !o.family && live != o.key:
+		return nil, fmt.Errorf("builder %q wrote to key %q, which it does not own", o.key, live)
+	case o.family && (!strings.HasPrefix(live, o.key+":") || len(live) == len(o.key)+1):
+		return nil, fmt.Errorf("family builder %q wrote to key %q, which is not %q followed by a bucket", o.key, live, o.key+":")
+	case reserved(live):
+		return nil, fmt.Errorf("builder %q wrote to key %q, which has the shape of a rebuild lock or temp key; keyswap would take it for one (a lock key collision would block every later rebuild), so such keys cannot be rebuilt", o.key, live)
+	case ts.cluster && keys.Slot(live) != ts.slot:
+		return nil, fmt.Errorf("builder %q wrote to key %q in hash slot %d, outside this rebuild's slot %d; give it the rebuild's hash tag", o.key, live, keys.Slot(live), ts.slot)
+	}
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	t := ts.byKey[live]
+	if t == nil {
+		t = &target{Temp: run.Temp{Live: live, Key: ts.newTemp(live)}, builder: b}
+		ts.byKey[live] = t
+		ts.ordered = append(ts.ordered, t)
+	}
+	return t, nil
+}
+
+// reserved reports whether key has the shape of a rebuild lock or temp key.
+func reserved(key string) bool {
+	_, _, temp := keys.ParseTempKey(key)
+	return temp || strings.HasSuffix(key, keys.LockSuffix) || strings.HasSuffix(key, keys.LockSuffix+keys.ReceiptSuffix)
+}
+
+// all returns every target so far.
+func (ts *targets) all() []*target {
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	return append([]*target(nil), ts.ordered...)
+}
+
+// temps returns the run.Temp of every target so far.
+func (ts *targets) temps() []*run.Temp {
+	all := ts.all()
+	out := make([]*run.Temp, len(all))
+	for i, t := range all {
+		out[i] = &t.Temp
+	}
+	return out
+}
+
+// has reports whether live is a target of the run.
+func (ts *targets) has(live string) bool {
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	return ts.byKey[live] != nil
+}

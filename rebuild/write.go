@@ -1,0 +1,122 @@
+package rebuild
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/redis/rueidis"
+)
+
+// write sends a group of built batches in one DoMulti. Each batch is one
+// MULTI ... EXEC transaction of its writes followed by an EXPIRE NX of every
+// temp key it wrote, so that no temp key ever exists without a TTL:
+// if the connection breaks before EXEC arrives, the server drops the
+// transaction; if EXEC runs late, the TTL comes with the writes. At the end
+// of the DoMulti rides the lease renewal, when one is due. write checks
+// every reply; the sender accounts for the batches.
+func (x *execution[T]) write(ctx context.Context, group []*batch[T]) error {
+	r := x.r
+	var cmds rueidis.Commands
+	for _, b := range group {
+		cmds = append(cmds, b.c.cb.Multi().Build())
+		cmds = append(cmds, b.c.cmds...)
+		for _, t := range b.c.touched {
+			// NX: only a key this batch created has no TTL yet, so a reply
+			// of 1 is the creation of the temp key, and a second one for the
+			// same key is a loss (see run.Temp.Created).
+			cmds = append(cmds, b.c.cb.Expire().Key(t.Key).Seconds(r.ttlSecs).Nx().Build())
+		}
+		cmds = append(cmds, b.c.cb.Exec().Build())
+	}
+	sent := time.Now()
+	rn, renew := x.lease.claim(sent, false)
+	if renew {
+		cmd, err := x.lease.command(rn)
+		if err != nil {
+			x.lease.settle(ctx, sent, rn, nil) // reports the same error
+			renew = false
+		} else {
+			cmds = append(cmds, cmd)
+		}
+	}
+
+	// The writes are not cancelled with the run: once sent they will run,
+	// and the cleanup must come after them. A write that outlives the lease
+	// is bounded by it.
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.opts.TTL)
+	defer cancel()
+	res := r.redis.Client().DoMulti(wctx, cmds...)
+	if renew {
+		x.lease.settle(wctx, sent, rn, &res[len(res)-1])
+	}
+	for _, b := range group {
+		n := len(b.c.cmds) + len(b.c.touched)
+		replies, err := execReplies(res[:n+2], n)
+		if err != nil {
+			return &Error{Op: "write", Key: r.key, Err: fmt.Errorf("batch %d (%d items): %w", b.seq, len(b.items), err)}
+		}
+		writes := len(b.c.cmds)
+		for i, m := range replies[:writes] {
+			if err := m.Error(); err != nil {
+				return &Error{Op: "write", Key: r.key, Err: fmt.Errorf("batch %d (%d items), command %d of %d: %w",
+					b.seq, len(b.items), i+1, writes, err)}
+			}
+		}
+		for i, t := range b.c.touched {
+			n, err := replies[writes+i].AsInt64()
+			if err != nil {
+				return &Error{Op: "write", Key: r.key, Err: fmt.Errorf("EXPIRE %s: %w", t.Key, err)}
+			}
+			if n == 1 {
+				if err := t.Created(); err != nil {
+					return &Error{Op: "write", Key: r.key, Err: err}
+				}
+			}
+		}
+		res = res[n+2:]
+	}
+	return nil
+}
+
+// execReplies returns the replies to the n commands of a MULTI ... EXEC
+// transaction, given the replies to all of its n+2 commands. A command the
+// server refused to queue (OOM, a syntax error) aborts the transaction: its
+// error is returned.
+func execReplies(res []rueidis.RedisResult, n int) ([]rueidis.RedisMessage, error) {
+	for i, r := range res[:n+1] { // MULTI, then each QUEUED
+		if err := r.Error(); err != nil {
+			if i == 0 {
+				return nil, fmt.Errorf("MULTI: %w", err)
+			}
+			return nil, fmt.Errorf("command %d of %d: %w", i, n, err)
+		}
+	}
+	replies, err := res[n+1].ToArray()
+	if err != nil {
+		return nil, fmt.Errorf("EXEC: %w", err)
+	}
+	if len(replies) != n {
+		return nil, fmt.Errorf("EXEC returned %d replies for %d commands", len(replies), n)
+	}
+	return replies, nil
+}
+
+// account records a written batch, recycles its buffer and reports progress.
+func (x *execution[T]) account(b *batch[T]) {
+	for i, n := range b.c.entries {
+		x.entries[i] += n
+	}
+	items := x.items.Add(int64(len(b.items)))
+	batches := x.batches.Add(1)
+	clear(b.items)
+	select {
+	case x.free <- b.items[:0]:
+	default:
+	}
+	if p := x.r.opts.Progress; p != nil {
+		elapsed := time.Since(x.start)
+		p(Progress{Items: items, Batches: batches, Elapsed: elapsed, Rate: float64(items) / elapsed.Seconds()})
+	}
+	<-x.slots // the batch is done: the source may fill another
+}
