@@ -18,11 +18,33 @@
 // [StartServer] and [StartCluster] return once every process answers PING
 // (and, for a cluster, once every node reports cluster_state:ok and all nodes
 // agree on the slot map). Servers run with --save "" and --appendonly no, so
-// their data does not survive [Server.Kill] or [Server.Restart]; a cluster
-// node keeps its nodes.conf and rejoins its cluster. [Server.Stop] and
+// unless a test persists it (see Persistence) their data does not survive
+// [Server.Kill] or [Server.Restart]; a cluster node keeps its nodes.conf and
+// rejoins its cluster. [Server.Stop] and
 // [Cluster.Stop] end the processes by PID and remove their directories.
 // Every process is started with a parent-death signal of SIGKILL, so servers
 // die with the test binary even when it crashes.
+//
+// # Persistence
+//
+// [Server.Restart] starts a killed server again on the same port, in the
+// same directory, so it loads whatever was persisted there:
+//
+//   - With the default arguments, --save "" only disables automatic
+//     snapshots. A SAVE writes dump.rdb, and Restart loads it: keys written
+//     before the SAVE are back, keys written after it are gone.
+//   - A server started with
+//     StartServer("--appendonly", "yes", "--appendfsync", "always") (later
+//     arguments override the defaults) replays its append-only file, so
+//     every write it acknowledged survives a kill. With --appendfsync
+//     everysec a kill (SIGKILL, unlike a crash of the machine) loses nothing
+//     either in practice, because Redis writes to the file, if not to the
+//     disk, before it replies; but it may postpone that write by up to 2
+//     seconds while an earlier fsync is slow, without holding the replies
+//     back, so tests that must not lose an acknowledged write use always.
+//
+// A killed server leaves no dump.rdb of its own: SIGKILL gives it no chance
+// to save on shutdown, and Stop removes the directory.
 //
 // # Errors
 //
