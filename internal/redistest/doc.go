@@ -46,6 +46,20 @@
 // A killed server leaves no dump.rdb of its own: SIGKILL gives it no chance
 // to save on shutdown, and Stop removes the directory.
 //
+// # ACL users and renamed commands
+//
+// [Server.ClientAs] creates an ACL user with the given rules and returns a
+// client authenticated as it, to test what a minimally privileged deployment
+// allows; its documentation says what rueidis itself needs to connect
+// (nothing: "-@all" is enough). Commands are renamed or disabled with
+// StartServer arguments, as in a redis.conf:
+//
+//	srv, err := redistest.StartServer("--rename-command", "RENAME", "")
+//
+// RENAME is then an unknown command. ACL rules keep naming a renamed command
+// by its original name ("-flushall" also denies FLUSHALL renamed to
+// "ks-flushall", and "-ks-flushall" is an error).
+//
 // # Errors
 //
 // A missing redis-server or redis-cli binary is an error that says how to
