@@ -46,6 +46,14 @@
 // A killed server leaves no dump.rdb of its own: SIGKILL gives it no chance
 // to save on shutdown, and Stop removes the directory.
 //
+// # Replication and failover
+//
+// Package internal/redistest/replication starts a master with one
+// asynchronous replica, each a [Server], with the replication link through a
+// faultproxy.Proxy that a test can stall, and a second proxy for clients
+// that failover re-points to the promoted replica. It is a package of its
+// own because faultproxy's tests import redistest.
+//
 // # ACL users and renamed commands
 //
 // [Server.ClientAs] creates an ACL user with the given rules and returns a
