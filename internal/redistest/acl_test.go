@@ -79,8 +79,14 @@ func TestClientAsWithNoPermissionAtAll(t *testing.T) {
 	if err := c.Do(ctx, c.B().Get().Key(Prefix(t)+"k").Build()).Error(); !isNoPerm(err) {
 		t.Fatalf("GET as %s after the PING: got %v, want NOPERM", name, err)
 	}
-	if got := clientIDs(t, admin, name); !slices.Equal(got, conns) {
-		t.Errorf("connections of %s after the denied PING: got %v, want the same as before, %v", name, got, conns)
+	// The client may have opened another connection meanwhile (a single
+	// rueidis client multiplexes over more than one), but closed none.
+	got := clientIDs(t, admin, name)
+	for _, id := range conns {
+		if !slices.Contains(got, id) {
+			t.Errorf("connections of %s after the denied PING: got %v, want all of those before, %v", name, got, conns)
+			break
+		}
 	}
 }
 
