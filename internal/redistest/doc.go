@@ -20,8 +20,8 @@
 // agree on the slot map). Servers run with --save "" and --appendonly no, so
 // unless a test persists it (see Persistence) their data does not survive
 // [Server.Kill] or [Server.Restart]; a cluster node keeps its nodes.conf and
-// rejoins its cluster. [Server.Stop] and
-// [Cluster.Stop] end the processes by PID and remove their directories.
+// rejoins its cluster. [Server.Stop] and [Cluster.Stop] end the processes by
+// PID and remove their directories.
 // Every process is started with a parent-death signal of SIGKILL, so servers
 // die with the test binary even when it crashes.
 //
@@ -43,16 +43,16 @@
 //     seconds while an earlier fsync is slow, without holding the replies
 //     back, so tests that must not lose an acknowledged write use always.
 //
-// A killed server leaves no dump.rdb of its own: SIGKILL gives it no chance
-// to save on shutdown, and Stop removes the directory.
+// A server writes no dump.rdb of its own: SIGKILL gives it no chance to save
+// on shutdown, and with --save "" it would not save on SIGTERM either.
 //
 // # Replication and failover
 //
-// Package internal/redistest/replication starts a master with one
-// asynchronous replica, each a [Server], with the replication link through a
-// faultproxy.Proxy that a test can stall, and a second proxy for clients
-// that failover re-points to the promoted replica. It is a package of its
-// own because faultproxy's tests import redistest.
+// Package [github.com/keyswap/keyswap/internal/redistest/replication] starts
+// a master with one asynchronous replica, each a [Server], with the
+// replication link through a faultproxy.Proxy that a test can stall, and a
+// second proxy for clients that failover re-points to the promoted replica.
+// It is a package of its own because faultproxy's tests import redistest.
 //
 // # ACL users and renamed commands
 //
