@@ -20,6 +20,11 @@
 //     as a server that is down would.
 //   - [Proxy.Heal] undoes every fault that is still in force.
 //
+// [Proxy.SetTarget] re-points the proxy: new connections go to another
+// server, as they would to a replica promoted after a failover, while the
+// client keeps the same address. With [Proxy.CutAll] after it, every client
+// reconnects to the new target.
+//
 // [Proxy.Stats] counts connections and bytes, so that a test can check that a
 // fault happened where it meant it to.
 //

@@ -24,7 +24,6 @@ const (
 // address, and injects faults on command. The package documentation says
 // what a client observes for each fault.
 type Proxy struct {
-	target string
 	ln     *net.TCPListener
 	ctx    context.Context // cancelled by Close: ends dials to the target
 	cancel context.CancelFunc
@@ -36,6 +35,7 @@ type Proxy struct {
 	gate gate
 
 	mu      sync.Mutex
+	target  string // where new connections go; see SetTarget
 	closed  bool
 	links   map[*link]struct{}
 	refuse  bool
@@ -72,8 +72,27 @@ func New(target string) (*Proxy, error) {
 // Addr returns the address clients connect to, "127.0.0.1:port".
 func (p *Proxy) Addr() string { return p.ln.Addr().String() }
 
-// Target returns the address the proxy forwards to, as given to New.
-func (p *Proxy) Target() string { return p.target }
+// Target returns the address the proxy forwards new connections to: the
+// one given to New, or to the latest SetTarget.
+func (p *Proxy) Target() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.target
+}
+
+// SetTarget makes the proxy forward the connections it accepts from now on
+// to target, a "host:port" address, for instance a replica promoted after
+// its master failed. Open connections keep the target they were made to
+// until they end; call CutAll after SetTarget to move every client at once.
+// A connection whose dial to the old target is still under way when
+// SetTarget is called is reset once connected, as a failed dial is (and
+// Stats.DialErrors counts it), so that after SetTarget and CutAll no
+// connection reaches the old target.
+func (p *Proxy) SetTarget(target string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.target = target
+}
 
 // Close closes the listener and every connection at once (clients see a
 // reset, as after CutAll, but Stats.Cut does not count them, and the proxy
@@ -146,9 +165,10 @@ func (p *Proxy) serve() {
 // handle connects client to the target and forwards traffic both ways until
 // either side ends or the connection is cut.
 func (p *Proxy) handle(client *net.TCPConn) {
+	target := p.Target()
 	ctx, cancel := context.WithTimeout(p.ctx, dialTimeout)
 	var d net.Dialer
-	conn, err := d.DialContext(ctx, "tcp", p.target)
+	conn, err := d.DialContext(ctx, "tcp", target)
 	cancel()
 	if err != nil {
 		p.dialErrors.Add(1)
@@ -156,8 +176,11 @@ func (p *Proxy) handle(client *net.TCPConn) {
 		return
 	}
 	l := newLink(client, conn.(*net.TCPConn))
-	if !p.register(l) {
-		l.cut(nil) // Close has begun.
+	if ok, moved := p.register(l, target); !ok {
+		if moved {
+			p.dialErrors.Add(1)
+		}
+		l.cut(nil) // Close has begun, or SetTarget replaced target.
 		l.close()
 		return
 	}
@@ -172,15 +195,19 @@ func (p *Proxy) handle(client *net.TCPConn) {
 	l.close()
 }
 
-// register adds l to the open links, unless Close has begun.
-func (p *Proxy) register(l *link) bool {
+// register adds l, a connection to target, to the open links, unless Close
+// has begun or SetTarget has replaced target since the dial (moved).
+func (p *Proxy) register(l *link, target string) (ok, moved bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
-		return false
+		return false, false
+	}
+	if p.target != target {
+		return false, true
 	}
 	p.links[l] = struct{}{}
-	return true
+	return true, false
 }
 
 // unregister removes l from the open links.

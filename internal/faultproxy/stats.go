@@ -9,7 +9,8 @@ type Stats struct {
 	// force.
 	Refused int64
 	// DialErrors counts the connections reset because the proxy could not
-	// connect to the target.
+	// connect to the target, or because SetTarget replaced the target while
+	// the proxy was connecting to it.
 	DialErrors int64
 	// Cut counts the connections cut by CutAll or CutAfter. Connections
 	// closed by Close, or by either end, are not counted.

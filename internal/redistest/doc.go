@@ -18,11 +18,55 @@
 // [StartServer] and [StartCluster] return once every process answers PING
 // (and, for a cluster, once every node reports cluster_state:ok and all nodes
 // agree on the slot map). Servers run with --save "" and --appendonly no, so
-// their data does not survive [Server.Kill] or [Server.Restart]; a cluster
-// node keeps its nodes.conf and rejoins its cluster. [Server.Stop] and
-// [Cluster.Stop] end the processes by PID and remove their directories.
+// unless a test persists it (see Persistence) their data does not survive
+// [Server.Kill] or [Server.Restart]; a cluster node keeps its nodes.conf and
+// rejoins its cluster. [Server.Stop] and [Cluster.Stop] end the processes by
+// PID and remove their directories.
 // Every process is started with a parent-death signal of SIGKILL, so servers
 // die with the test binary even when it crashes.
+//
+// # Persistence
+//
+// [Server.Restart] starts a killed server again on the same port, in the
+// same directory, so it loads whatever was persisted there:
+//
+//   - With the default arguments, --save "" only disables automatic
+//     snapshots. A SAVE writes dump.rdb, and Restart loads it: keys written
+//     before the SAVE are back, keys written after it are gone.
+//   - A server started with
+//     StartServer("--appendonly", "yes", "--appendfsync", "always") (later
+//     arguments override the defaults) replays its append-only file, so
+//     every write it acknowledged survives a kill. With --appendfsync
+//     everysec a kill (SIGKILL, unlike a crash of the machine) loses nothing
+//     either in practice, because Redis writes to the file, if not to the
+//     disk, before it replies; but it may postpone that write by up to 2
+//     seconds while an earlier fsync is slow, without holding the replies
+//     back, so tests that must not lose an acknowledged write use always.
+//
+// A server writes no dump.rdb of its own: SIGKILL gives it no chance to save
+// on shutdown, and with --save "" it would not save on SIGTERM either.
+//
+// # Replication and failover
+//
+// Package [github.com/keyswap/keyswap/internal/redistest/replication] starts
+// a master with one asynchronous replica, each a [Server], with the
+// replication link through a faultproxy.Proxy that a test can stall, and a
+// second proxy for clients that failover re-points to the promoted replica.
+// It is a package of its own because faultproxy's tests import redistest.
+//
+// # ACL users and renamed commands
+//
+// [Server.ClientAs] creates an ACL user with the given rules and returns a
+// client authenticated as it, to test what a minimally privileged deployment
+// allows; its documentation says what rueidis itself needs to connect
+// (nothing: "-@all" is enough). Commands are renamed or disabled with
+// StartServer arguments, as in a redis.conf:
+//
+//	srv, err := redistest.StartServer("--rename-command", "RENAME", "")
+//
+// RENAME is then an unknown command. ACL rules keep naming a renamed command
+// by its original name ("-flushall" also denies FLUSHALL renamed to
+// "ks-flushall", and "-ks-flushall" is an error).
 //
 // # Errors
 //

@@ -361,10 +361,15 @@ func (s *Server) kill() error {
 }
 
 // Restart starts the server again on the same port, with the same arguments
-// and directory, and waits until it answers PING. A running server is killed
-// first. Its data is lost (there is no persistence), but a cluster node keeps
-// its nodes.conf and rejoins its cluster. Restart returns an error after
-// Stop.
+// and directory, and waits until it answers PING, which it does only once it
+// has loaded its data. A running server is killed first. Data survives as far
+// as it was persisted in s.Dir: the default arguments (--save "" and
+// --appendonly no) write nothing on their own, but a dump.rdb written by SAVE
+// before the kill is loaded; a server started with --appendonly yes replays
+// its append-only file instead, and ignores dump.rdb. The package
+// documentation's Persistence section says what survives a kill. A cluster
+// node keeps its nodes.conf and rejoins its cluster. Restart returns an error
+// after Stop.
 func (s *Server) Restart() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
