@@ -9,6 +9,7 @@ require (
 	github.com/redis/rueidis/rueidiscompat v1.0.79
 	github.com/redis/rueidis/rueidishook v1.0.76
 	golang.org/x/sync v0.22.0
+	golang.org/x/time v0.15.0
 )
 
 require (

@@ -1,12 +1,20 @@
 package builders
 
-import "github.com/keyswap/keyswap/rebuild"
+import (
+	"errors"
+
+	"github.com/keyswap/keyswap/rebuild"
+)
 
 // SetIndex returns a builder of a family of sets, one per value: the
 // members of bucket b are in the set "<prefix>:<b>", as in
 // users:by-country:fr. fn maps an item to its bucket and member, or ok false
 // to skip the item. A SetIndex implements [rebuild.Family] and
 // [rebuild.Commutative].
+//
+// A value whose bucket key would have the shape of keyswap's own keys (a
+// bucket named "rebuild-lock", or "rebuild:2024") is skipped, counted in
+// Stats.Skipped and logged: the rest of the family is rebuilt.
 //
 // Every bucket is published in the same atomic step, and so is the removal
 // of orphans: live sets under "<prefix>:" that this run did not produce. A
@@ -56,6 +64,9 @@ func (s *setIndex[T]) Build(c *rebuild.Commands, items []T) error {
 		v := buckets[b]
 		if v == nil {
 			temp, err := c.Temp(s.prefix + ":" + b)
+			if errors.Is(err, rebuild.ErrReservedKey) {
+				continue // counted and logged by the Rebuilder
+			}
 			if err != nil {
 				return err
 			}

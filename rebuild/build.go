@@ -6,14 +6,30 @@ import (
 )
 
 // build turns b's items into commands through every builder. A panic in a
-// builder becomes a *PanicError, which Run re-panics after cleaning up.
+// builder becomes a *PanicError, which Run re-panics after cleaning up; a
+// runtime.Goexit becomes errGoexit, after which Run calls runtime.Goexit
+// itself once it has cleaned up. (The double defer is singleflight's: a
+// recover in the inner one tells a panic from a Goexit, which recover does
+// not see.)
 func (x *execution[T]) build(b *batch[T]) {
-	defer close(b.built)
+	returned := false
+	defer func() {
+		if !returned && b.err == nil {
+			b.err = errGoexit
+		}
+		close(b.built)
+	}()
 	defer func() {
 		if p := recover(); p != nil {
 			b.err = &PanicError{Value: p, Stack: debug.Stack()}
 		}
 	}()
+	x.buildBatch(b)
+	returned = true
+}
+
+// buildBatch is build without the handling of panics and Goexit.
+func (x *execution[T]) buildBatch(b *batch[T]) {
 	r := x.r
 	c := newCommands(r.redis.Client().B(), x.targets, len(r.builders))
 	for i, bl := range r.builders {

@@ -1,6 +1,7 @@
 package rebuild
 
 import (
+	"errors"
 	"fmt"
 	"hash/maphash"
 	"slices"
@@ -73,6 +74,7 @@ type Commands struct {
 	builder int // index of the builder now building
 	cmds    rueidis.Commands
 	entries []int64            // entries written, per builder
+	skipped []int64            // entries skipped for a reserved key, per builder
 	touched []*target          // temp keys this batch writes, in order
 	err     error              // the first argument over maxBulk
 	seen    map[*target]bool   // set of touched
@@ -82,7 +84,7 @@ type Commands struct {
 
 // newCommands returns the Commands of one batch of a run of n builders.
 func newCommands(cb rueidis.Builder, ts *targets, n int) *Commands {
-	return &Commands{cb: cb, targets: ts, entries: make([]int64, n), seen: map[*target]bool{}, temps: map[string]*target{}}
+	return &Commands{cb: cb, targets: ts, entries: make([]int64, n), skipped: make([]int64, n), seen: map[*target]bool{}, temps: map[string]*target{}}
 }
 
 // entrySeed seeds the hashes of the entries that Keyed builders write.
@@ -138,12 +140,21 @@ func (c *Commands) B() rueidis.Builder { return c.cb }
 // with a non-empty bucket. Any other key is an error, and the rebuild fails
 // without publishing anything.
 //
+// For a family bucket whose key has the shape of keyswap's own keys (a
+// bucket named "rebuild-lock", say), Temp returns an error matching
+// [ErrReservedKey]: skip the entry, and the run goes on. Each such call
+// counts one skipped entry in Stats.Skipped.
+//
 // Commands passed to Add must write only to keys returned by Temp.
 func (c *Commands) Temp(live string) (string, error) {
 	t := c.temps[live]
 	if t == nil || t.builder != c.builder {
 		var err error
 		if t, err = c.targets.get(c.builder, live); err != nil {
+			if errors.Is(err, ErrReservedKey) && c.targets.owners[c.builder].family {
+				c.skipped[c.builder]++
+				c.targets.skipped(live)
+			}
 			return "", err
 		}
 		c.temps[live] = t

@@ -1,6 +1,7 @@
 package rebuild
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/keyswap/keyswap/internal/run"
@@ -26,7 +27,39 @@ var (
 	// Redis could be reached, Run found out: a publish that ran is a
 	// success, one that did not is the original error.
 	ErrOutcomeUnknown = run.ErrOutcomeUnknown
+	// ErrWritesLost: Redis lost writes of the run that it had acknowledged
+	// (a failover to a replica that was behind, a restart from an older
+	// snapshot or AOF), so the temp keys hold only part of the run. Nothing
+	// was published. It also matches ErrTempKeyLost.
+	ErrWritesLost = run.ErrWritesLost
+	// ErrNoPermission: Redis would refuse a command the run needs, because
+	// the user lacks the right (ACL) or the command is renamed or disabled.
+	// The error names the command and the key. It is found before anything
+	// is written, or, for the publish, before its first write: nothing was
+	// published.
+	ErrNoPermission = run.ErrNoPermission
+	// ErrNotDurable: Options.Durability could not be met: too few replicas
+	// acknowledged the writes, or fsynced them, within the timeout, or the
+	// server cannot give it (WAITAOF needs Redis 7.2). Nothing was
+	// published.
+	ErrNotDurable = run.ErrNotDurable
 )
+
+// ErrStalled reports that the source yielded no item for
+// Options.StallTimeout. Nothing was published. It does not match
+// ErrInProgress: no other process is involved.
+var ErrStalled = errors.New("the source stalled")
+
+// ErrAborted reports that an operator cancelled the run ("keyswap
+// cancel"). Nothing was published. It does not match ErrInProgress.
+var ErrAborted = errors.New("the run was cancelled by an operator")
+
+// ErrReservedKey is what [Commands.Temp] returns for a family bucket whose
+// key has the shape of a key keyswap keeps next to an index: a lock, a
+// record, a temp key, a kept previous value. A builder skips the entry;
+// the Rebuilder counts it in Stats.Skipped and logs it, and the run goes
+// on, so that one odd value cannot block the family's rebuilds.
+var ErrReservedKey = errors.New("the key has the shape of keyswap's own keys")
 
 // Outcome is what the publish did to a live key; see Stats.Outcomes.
 type Outcome = run.Outcome

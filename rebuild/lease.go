@@ -11,22 +11,37 @@ import (
 	"github.com/redis/rueidis"
 )
 
-// lease keeps a run's locks and temp keys alive, and cancels the run when
-// they are lost.
+// The renewal policy, in one place.
 //
-// A renewal is the touch of package run: one script that compare-and-extends
-// every lock and then resets every temp key's TTL. Only renewals extend the
-// locks, and they reset every temp key at the same instant, so a temp key's
-// deadline is never earlier than its lock's; between renewals, a batch's
-// EXPIRE NX only gives the temp keys it creates their first TTL, which ends
-// after the lock's deadline.
+// A run's locks live for TTL, its temp keys for twice that. Two renewals
+// keep them alive:
 //
-// A renewal is due TTL/3 after the previous one. It rides in the DoMulti of
-// the next batch sent, at no extra round trip. When no batch is sent but
-// batches did complete since the last renewal (a slow source), a ticker
-// renews on its own. When no batch completes for a whole TTL there is no
-// renewal, the locks expire in Redis, and the watchdog cancels the run with
-// ErrLockLost: a stalled process must not hold the lock forever.
+//   - The heartbeat, every heartbeatEvery (a second, or TTL/3 if that is
+//     shorter): one script that checks every lock still holds the run's
+//     token, checks that the run's record holds every batch Redis
+//     acknowledged, resets the locks' TTL, writes the run's status, and
+//     reads what an operator asked. It rides in the round trip of the next
+//     batch, at no extra cost, or goes alone when no batch is sent in time.
+//   - The refresh, every TTL/3: the temp keys' TTL reset to 2×TTL, at most
+//     run.RefreshChunk keys per script, one script after the other, so that
+//     no renewal blocks Redis for longer than a few milliseconds, whatever
+//     the size of a family.
+//
+// A temp key's deadline is thus never earlier than its lock's: it was reset
+// at most TTL/3 ago to 2×TTL, the lock at most now to TTL. A heartbeat is
+// not sent when the last refresh ended more than TTL ago, so that this holds
+// even when refreshes stall.
+//
+// The run ends when:
+//   - no heartbeat reaches Redis for a whole TTL (the process or the network
+//     stalled): the locks have expired there, and the watchdog cancels the
+//     run with ErrLockLost;
+//   - a heartbeat finds a lock that is not ours (ErrLockLost), a record
+//     that lost batches (ErrWritesLost), or an operator's cancel
+//     (ErrAborted); or a refresh finds a temp key lost (ErrTempKeyLost);
+//   - the source yields no item for Options.StallTimeout while the run is
+//     not paused (ErrStalled): a stalled source must not hold the locks
+//     forever.
 type lease struct {
 	redis   *run.Redis
 	locks   []*run.Lock
@@ -34,112 +49,154 @@ type lease struct {
 	ttl     time.Duration
 	key     string // the builders' keys, for errors
 	cancel  context.CancelCauseFunc
-	done    func() int64 // batches completed so far
+	acked   func() int64    // batches Redis acknowledged
+	status  func() []string // the run's status, for the record
+	control func(run.Control)
+	stall   *stallWatch
 
-	mu        sync.Mutex
-	last      time.Time // when the last successful renewal was sent
-	lastDone  int64     // batches completed when it was claimed
-	inFlight  bool
-	watchdog  *time.Timer
-	stopped   bool
-	stopTimer chan struct{}
+	mu          sync.Mutex
+	lastBeat    time.Time // when the last successful heartbeat was sent
+	lastRefresh time.Time // when the last complete refresh ended
+	inFlight    bool
+	watchdog    *time.Timer
+	stopped     bool
+	stop        chan struct{}
 }
 
+// heartbeatEvery is how often the heartbeat renews a run of lease ttl.
+func heartbeatEvery(ttl time.Duration) time.Duration { return min(time.Second, ttl/3) }
+
 // newLease starts the lease of locks acquired at (or after) start.
-func newLease(redis *run.Redis, locks []*run.Lock, ts *targets, ttl time.Duration, key string,
-	cancel context.CancelCauseFunc, done func() int64, start time.Time) *lease {
-	l := &lease{redis: redis, locks: locks, targets: ts, ttl: ttl, key: key, cancel: cancel, done: done,
-		last: start, stopTimer: make(chan struct{})}
-	l.watchdog = time.AfterFunc(time.Until(start.Add(ttl)), l.lapse)
+func newLease(x leaseOwner, start time.Time) *lease {
+	l := &lease{
+		redis: x.redis, locks: x.locks, targets: x.targets, ttl: x.ttl, key: x.key, cancel: x.cancel,
+		acked: x.acked, status: x.status, control: x.control, stall: x.stall,
+		lastBeat: start, lastRefresh: start, stop: make(chan struct{}),
+	}
+	l.watchdog = time.AfterFunc(time.Until(start.Add(l.ttl)), l.lapse)
 	return l
 }
 
-// lapse cancels the run: no renewal reached Redis within TTL, so the locks
-// have expired there, or are about to.
-func (l *lease) lapse() {
-	l.cancel(&Error{Op: "lease", Key: l.key, Err: fmt.Errorf("%w: no renewal for a whole TTL (%v): the run stalled", ErrLockLost, l.ttl)})
+// leaseOwner is what a lease needs of its run.
+type leaseOwner struct {
+	redis   *run.Redis
+	locks   []*run.Lock
+	targets *targets
+	ttl     time.Duration
+	key     string
+	cancel  context.CancelCauseFunc
+	acked   func() int64
+	status  func() []string
+	control func(run.Control)
+	stall   *stallWatch
 }
 
-// claim reserves the next renewal if one is due and none is in flight, and
-// returns a snapshot of the temp keys it must cover.
-func (l *lease) claim(now time.Time, needProgress bool) (run.Snapshot, bool) {
+// lapse cancels the run: no heartbeat reached Redis within TTL, so the
+// locks have expired there, or are about to.
+func (l *lease) lapse() {
+	l.cancel(&Error{Op: "lease", Key: l.key, Err: fmt.Errorf("%w: no heartbeat reached Redis for a whole TTL (%v): the process or the network stalled", ErrLockLost, l.ttl)})
+}
+
+// claim reserves the next heartbeat if one is due and none is in flight.
+func (l *lease) claim(now time.Time) (run.Heartbeat, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.stopped || l.inFlight || now.Sub(l.last) < l.ttl/3 {
-		return run.Snapshot{}, false
-	}
-	done := l.done()
-	if needProgress && done == l.lastDone {
-		return run.Snapshot{}, false
+	if l.stopped || l.inFlight || now.Sub(l.lastBeat) < heartbeatEvery(l.ttl) || now.Sub(l.lastRefresh) > l.ttl {
+		return run.Heartbeat{}, false
 	}
 	l.inFlight = true
-	l.lastDone = done
-	return run.Snap(l.targets.temps()), true
+	return run.Heartbeat{Locks: l.locks, Acked: l.acked(), Status: l.status()}, true
 }
 
-// command returns the renewal of rn as a command for a batch's DoMulti.
-func (l *lease) command(rn run.Snapshot) (rueidis.Completed, error) {
-	return l.redis.TouchCommand(l.locks, rn.Keys())
+// command returns h as a command for a batch's DoMulti.
+func (l *lease) command(h run.Heartbeat) (rueidis.Completed, error) {
+	return l.redis.BeatCommand(h)
 }
 
-// settle records the reply of a renewal claimed and sent at sent. reply is
-// the reply to command, or nil when the renewal was sent alone.
-func (l *lease) settle(ctx context.Context, sent time.Time, rn run.Snapshot, reply *rueidis.RedisResult) {
-	var states []run.TempState
+// settle records the reply of heartbeat h, claimed and sent at sent. reply
+// is the reply to command, or nil when h was sent alone.
+func (l *lease) settle(ctx context.Context, sent time.Time, h run.Heartbeat, reply *rueidis.RedisResult) {
+	var c run.Control
 	var err error
 	if reply != nil {
-		states, err = l.redis.TouchReply(ctx, *reply, l.locks, rn.Keys())
+		c, err = l.redis.BeatReply(ctx, h, *reply)
 	} else {
-		states, err = l.redis.Touch(ctx, "touch", l.locks, rn.Keys())
+		c, err = l.redis.Beat(ctx, h)
 	}
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	l.inFlight = false
-	if err != nil {
-		if errors.Is(err, ErrLockLost) {
-			l.cancel(err)
+	if err == nil {
+		l.lastBeat = sent
+		if !l.stopped {
+			l.watchdog.Reset(time.Until(sent.Add(l.ttl)))
 		}
-		// Other failures (a timeout, a dropped connection) are not fatal
-		// yet: the next renewal may succeed, and if none does within TTL
-		// the watchdog ends the run.
-		return
 	}
-	l.last = sent
-	if !l.stopped {
-		l.watchdog.Reset(time.Until(sent.Add(l.ttl)))
+	l.mu.Unlock()
+	switch {
+	case err == nil:
+		l.control(c)
+	case errors.Is(err, ErrLockLost), errors.Is(err, ErrWritesLost):
+		l.cancel(err)
 	}
-	if err := rn.Check(states, "during the run"); err != nil {
-		l.cancel(&Error{Op: "lease", Key: l.key, Err: err})
+	// Other failures (a timeout, a dropped connection) are not fatal yet:
+	// the next heartbeat may succeed, and if none does within TTL the
+	// watchdog ends the run.
+}
+
+// refresh renews every temp key's TTL, in chunks, and checks what it finds.
+func (l *lease) refresh(ctx context.Context) {
+	snap := run.Snap(l.targets.temps())
+	states, err := l.redis.Refresh(ctx, l.locks[0], snap.Keys(), 2*l.ttl)
+	switch {
+	case errors.Is(err, ErrLockLost):
+		l.cancel(err)
+	case err != nil:
+		// Not fatal yet: the next refresh may succeed; a heartbeat waits
+		// for one that does (see claim).
+	default:
+		l.mu.Lock()
+		l.lastRefresh = time.Now()
+		l.mu.Unlock()
+		if err := snap.Check(states, "during the run"); err != nil {
+			l.cancel(&Error{Op: "lease", Key: l.key, Err: err})
+		}
 	}
 }
 
-// run renews, every TTL/6, whenever a renewal is due that no batch carried,
-// as long as batches completed since the last one. It returns when ctx is
-// done or the lease is stopped.
+// run sends the heartbeats no batch carried, refreshes the temp keys every
+// TTL/3, and watches the source for a stall, until ctx is done or the lease
+// is stopped.
 func (l *lease) run(ctx context.Context) {
-	tick := time.NewTicker(max(l.ttl/6, time.Millisecond))
-	defer tick.Stop()
+	beat := time.NewTicker(max(heartbeatEvery(l.ttl)/2, time.Millisecond))
+	defer beat.Stop()
+	refresh := time.NewTicker(max(l.ttl/3, time.Millisecond))
+	defer refresh.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-l.stopTimer:
+		case <-l.stop:
 			return
-		case now := <-tick.C:
-			if rn, ok := l.claim(now, true); ok {
-				l.settle(ctx, now, rn, nil)
+		case now := <-beat.C:
+			if err := l.stall.check(now); err != nil {
+				l.cancel(&Error{Op: "source", Key: l.key, Err: err})
 			}
+			if h, ok := l.claim(now); ok {
+				l.settle(ctx, now, h, nil)
+			}
+		case <-refresh.C:
+			l.refresh(ctx)
 		}
 	}
 }
 
-// stop ends renewals and the watchdog, before the final touch and publish.
-func (l *lease) stop() {
+// end stops heartbeats, refreshes and the watchdog, before the publish.
+func (l *lease) end() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if !l.stopped {
 		l.stopped = true
 		l.watchdog.Stop()
-		close(l.stopTimer)
+		close(l.stop)
 	}
 }

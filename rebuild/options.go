@@ -17,6 +17,12 @@ const (
 	// DefaultPreserveFor is how long temp keys are kept after the publish
 	// script itself fails.
 	DefaultPreserveFor = 3600 * time.Second
+	// DefaultStallTimeout is how long the source may yield nothing before
+	// the run fails with ErrStalled.
+	DefaultStallTimeout = 10 * time.Minute
+	// DefaultFlushInterval is how long a partial batch waits for more items
+	// before it is written anyway.
+	DefaultFlushInterval = time.Second
 )
 
 // Options configures a [Rebuilder]. The zero value uses every default.
@@ -55,13 +61,34 @@ type Options struct {
 	// changes: a run is still published all at once or not at all, and
 	// memory is bounded alike.
 	Unordered bool
-	// TTL is the lease of a run: its locks and temp keys expire TTL after
-	// the last renewal. The Rebuilder renews at least every TTL/3 while
-	// batches keep completing; a run that completes no batch for a whole
-	// TTL loses its lease and fails with ErrLockLost, so that a stalled
-	// process cannot hold the lock forever. Zero means DefaultTTL. It must
-	// be a whole number of seconds, at least one.
+	// TTL is the lease of a run: its locks expire TTL after the last
+	// heartbeat, and its temp keys 2×TTL after the last refresh (see the
+	// package documentation, "Lease"). A run whose heartbeats cannot reach
+	// Redis for a whole TTL fails with ErrLockLost, so that a stalled
+	// process cannot hold the lock forever, and a crashed one's lock expires
+	// within TTL. Zero means DefaultTTL. It must be a whole number of
+	// seconds, at least one.
 	TTL time.Duration
+	// StallTimeout is how long the source may yield no item before the run
+	// fails with ErrStalled, while it is not paused: a source that hangs
+	// must not hold the locks forever. A slow source that yields now and
+	// then is not stalled: its partial batches are written every
+	// FlushInterval. Zero means DefaultStallTimeout; negative is an error.
+	StallTimeout time.Duration
+	// FlushInterval is how long a partial batch waits for more items before
+	// it is written anyway, so that a slow source still makes progress.
+	// Zero means DefaultFlushInterval; negative is an error.
+	FlushInterval time.Duration
+	// MaxRate is the most items per second the run pulls from the source;
+	// zero is no limit. An operator can change it while the run runs
+	// ("keyswap throttle").
+	MaxRate float64
+	// Expected is the number of items the source will yield, when known: it
+	// gives the run's status an ETA ("keyswap status"). Zero is unknown.
+	Expected int64
+	// Durability is how durable the run's writes must be before they are
+	// published. The zero value waits for nothing.
+	Durability Durability
 	// PreserveFor is how long the temp keys are kept, for diagnosis, after
 	// the publish script itself fails (OOM, a timeout, a dropped
 	// connection). Zero means DefaultPreserveFor.
@@ -77,6 +104,8 @@ type Options struct {
 
 // Progress is a snapshot of a run in progress.
 type Progress struct {
+	// Phase is the step the run is in.
+	Phase Phase
 	// Items is the number of source items in completed batches, skipped
 	// items included.
 	Items int64
@@ -105,6 +134,26 @@ type Stats struct {
 	// nothing for it, or it was a family bucket the run no longer
 	// produced). It is empty when the run failed.
 	Outcomes map[string]Outcome
+	// Generations is each builder's new generation, keyed by its Key: a
+	// number that every publish of the key advances, in the same atomic
+	// step. It is empty when the run failed, or when its publish reply was
+	// lost and found to have run.
+	Generations map[string]int64
+	// Skipped is the number of entries skipped per family builder because
+	// their key has the shape of a key keyswap keeps next to an index
+	// (ErrReservedKey), such as a bucket named "rebuild-lock".
+	Skipped map[string]int64
 	// Elapsed is the run's duration, from locking to release.
 	Elapsed time.Duration
 }
+
+// Phase is the step a run is in, as its status and Progress report it.
+type Phase string
+
+// The phases of a run.
+const (
+	// PhaseBuilding: pulling the source and writing the temp keys.
+	PhaseBuilding Phase = "building"
+	// PhasePublishing: waiting for durability, if asked, and publishing.
+	PhasePublishing Phase = "publishing"
+)

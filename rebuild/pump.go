@@ -2,7 +2,11 @@ package rebuild
 
 import (
 	"context"
+	"fmt"
 	"iter"
+	"sync"
+	"sync/atomic"
+	"time"
 
 	"golang.org/x/sync/errgroup"
 )
@@ -20,55 +24,179 @@ type batch[T any] struct {
 // pump pulls src into batches, starts building each, and queues it for the
 // sender in source order. A batch takes one of Writers slots before it is
 // handed on and gives it back once written: that is the backpressure that
-// bounds memory to the batch being filled plus Writers in flight. It closes
-// queue when done, and returns the source's error, if any. It stops early
-// when ctx is done.
+// bounds memory to the batch being filled plus Writers in flight. A batch
+// that has waited for FlushInterval since its first item is handed on
+// unfilled, so that a slow source still makes progress. pump closes queue
+// when done, and returns the source's error, if any. It stops early when
+// ctx is done.
 func (x *execution[T]) pump(ctx context.Context, g *errgroup.Group, queue chan<- *batch[T], src iter.Seq2[T, error]) error {
 	defer close(queue)
-	size := x.r.opts.BatchSize
-	items := x.buffer(size)
-	var seq int64
-	hand := func() bool {
-		select {
-		case x.slots <- struct{}{}:
-		case <-ctx.Done():
-			return false
-		}
-		seq++
-		b := &batch[T]{seq: seq, items: items, built: make(chan struct{})}
-		g.Go(func() error { x.build(b); return nil }) // its error goes to the sender, in order
-		items = x.buffer(size)
-		select {
-		case queue <- b:
-			return true
-		case <-ctx.Done():
-			return false
-		}
-	}
+	c := &cutter[T]{x: x, ctx: ctx, g: g, queue: queue, items: x.buffer()}
+	stop := c.flushEvery(x.r.opts.FlushInterval)
+	defer stop() // before the last hand, and on every other way out
 	for item, err := range src {
 		if err != nil {
 			return err
 		}
-		if ctx.Err() != nil {
+		if ctx.Err() != nil || !x.gate.wait(ctx) {
 			return nil
 		}
-		x.stats.Items++
-		if items = append(items, item); len(items) == size && !hand() {
+		x.pulled.Add(1)
+		if !c.add(item) {
 			return nil
 		}
 	}
-	if len(items) > 0 && ctx.Err() == nil {
-		hand()
-	}
+	stop()
+	c.rest()
 	return nil
 }
 
+// cutter cuts the source's items into batches, and hands them on in order:
+// from the pump when a batch is full, from its flusher when a partial batch
+// has waited too long.
+type cutter[T any] struct {
+	x     *execution[T]
+	ctx   context.Context
+	g     *errgroup.Group
+	queue chan<- *batch[T]
+
+	handing sync.Mutex // held while a batch is handed on, so that batches go in order
+
+	mu      sync.Mutex // guards the fields below
+	items   []T        // the batch being filled
+	since   time.Time  // when its first item came
+	seq     int64      // the last batch's number
+	pending int        // batches cut by add and not yet handed on
+}
+
+// add adds item to the batch being filled, and hands the batch on when it
+// is full. It reports whether the run goes on.
+func (c *cutter[T]) add(item T) bool {
+	c.mu.Lock()
+	if len(c.items) == 0 {
+		c.since = time.Now()
+	}
+	c.items = append(c.items, item)
+	var b *batch[T]
+	if len(c.items) == c.x.r.opts.BatchSize {
+		b = c.cut()
+		c.pending++
+	}
+	c.mu.Unlock()
+	if b == nil {
+		return true
+	}
+	c.handing.Lock()
+	ok := c.hand(b)
+	c.handing.Unlock()
+	c.mu.Lock()
+	c.pending--
+	c.mu.Unlock()
+	return ok
+}
+
+// cut takes the batch being filled and numbers it. c.mu is held.
+func (c *cutter[T]) cut() *batch[T] {
+	c.seq++
+	b := &batch[T]{seq: c.seq, items: c.items, built: make(chan struct{})}
+	c.items = c.x.buffer()
+	return b
+}
+
+// flushOld hands on the batch being filled if its first item came
+// interval ago or more, and no full batch is waiting to go before it.
+func (c *cutter[T]) flushOld(now time.Time, interval time.Duration) {
+	c.handing.Lock()
+	defer c.handing.Unlock()
+	c.mu.Lock()
+	if len(c.items) == 0 || c.pending > 0 || now.Sub(c.since) < interval {
+		c.mu.Unlock()
+		return
+	}
+	b := c.cut()
+	c.mu.Unlock()
+	c.hand(b)
+}
+
+// flushEvery starts the flusher, which checks for an old partial batch
+// every interval/4. The returned func stops it and waits for it; calling it
+// again does nothing.
+func (c *cutter[T]) flushEvery(interval time.Duration) (stop func()) {
+	done, ended := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(ended)
+		t := time.NewTicker(max(interval/4, time.Millisecond))
+		defer t.Stop()
+		for {
+			select {
+			case now := <-t.C:
+				c.flushOld(now, interval)
+			case <-done:
+				return
+			}
+		}
+	}()
+	var once sync.Once
+	return func() { once.Do(func() { close(done); <-ended }) }
+}
+
+// rest hands on the last, partial batch, once the source is exhausted and
+// the flusher stopped.
+func (c *cutter[T]) rest() {
+	if len(c.items) > 0 && c.ctx.Err() == nil {
+		c.hand(c.cut())
+	}
+}
+
+// hand takes a slot for b, starts building it, and queues it for the
+// sender. It reports whether the run goes on.
+func (c *cutter[T]) hand(b *batch[T]) bool {
+	select {
+	case c.x.slots <- struct{}{}:
+	case <-c.ctx.Done():
+		return false
+	}
+	c.g.Go(func() error { c.x.build(b); return nil }) // its error goes to the sender, in order
+	select {
+	case c.queue <- b:
+		return true
+	case <-c.ctx.Done():
+		return false
+	}
+}
+
 // buffer returns an empty batch buffer, reusing a sent one if possible.
-func (x *execution[T]) buffer(size int) []T {
+func (x *execution[T]) buffer() []T {
 	select {
 	case b := <-x.free:
 		return b
 	default:
-		return make([]T, 0, size)
+		return make([]T, 0, x.r.opts.BatchSize)
 	}
+}
+
+// stallWatch notices a source that yields nothing for a whole timeout.
+type stallWatch struct {
+	timeout time.Duration
+	items   *atomic.Int64 // items pulled so far
+	idle    func() bool   // the source is not expected to yield: paused, or done
+
+	mu         sync.Mutex
+	last       int64
+	lastChange time.Time
+}
+
+// check returns an error matching ErrStalled when no item has come for
+// the timeout, and nil otherwise.
+func (s *stallWatch) check(now time.Time) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if n := s.items.Load(); n != s.last || s.idle() || s.lastChange.IsZero() {
+		s.last, s.lastChange = n, now
+		return nil
+	}
+	if now.Sub(s.lastChange) >= s.timeout {
+		return fmt.Errorf("%w: it yielded no item for %v (Options.StallTimeout)", ErrStalled, s.timeout)
+	}
+	return nil
 }

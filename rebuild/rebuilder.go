@@ -18,8 +18,11 @@ type Rebuilder[T any] struct {
 	opts     Options
 	builders []Builder[T]
 	owners   []owner
-	key      string // the builders' keys, for errors
-	ttlSecs  int64
+	lives    []string // the builders' keys: the keys locked
+	lockKeys []string // their locks
+	key      string   // the builders' keys, for errors
+	ttlSecs  int64    // the lease, in seconds
+	tempSecs int64    // the temp keys' TTL, in seconds: twice the lease
 	order    order
 }
 
@@ -107,13 +110,39 @@ func (r *Rebuilder[T]) configure() error {
 		}
 	}
 	r.ttlSecs = int64(o.TTL / time.Second)
+	r.tempSecs = 2 * r.ttlSecs
+	if err := r.checkTimes(bad); err != nil {
+		return err
+	}
 	if err := r.checkKeys(bad); err != nil {
 		return err
+	}
+	for _, o := range r.owners {
+		r.lives = append(r.lives, o.key)
+		r.lockKeys = append(r.lockKeys, r.redis.LockKey(o.key))
 	}
 	if r.redis.Cluster() {
 		return r.checkSlots(bad)
 	}
 	return nil
+}
+
+// checkTimes fills in and checks the options that are durations or rates.
+func (r *Rebuilder[T]) checkTimes(bad func(string, ...any) error) error {
+	o := &r.opts
+	switch {
+	case o.StallTimeout < 0:
+		return bad("StallTimeout %v: must not be negative (zero means %v)", o.StallTimeout, DefaultStallTimeout)
+	case o.FlushInterval < 0:
+		return bad("FlushInterval %v: must not be negative (zero means %v)", o.FlushInterval, DefaultFlushInterval)
+	case o.MaxRate < 0 || o.MaxRate != o.MaxRate:
+		return bad("MaxRate %v: must be a positive number of items per second, or zero for no limit", o.MaxRate)
+	case o.Expected < 0:
+		return bad("Expected %d: must not be negative (zero means unknown)", o.Expected)
+	}
+	o.StallTimeout = run.OrDefault(o.StallTimeout, DefaultStallTimeout)
+	o.FlushInterval = run.OrDefault(o.FlushInterval, DefaultFlushInterval)
+	return r.checkDurability(bad)
 }
 
 // checkKeys refuses empty, reserved, duplicated and nested keys.
@@ -122,7 +151,7 @@ func (r *Rebuilder[T]) checkKeys(bad func(string, ...any) error) error {
 		if a.key == "" {
 			return bad("builder %d (%T) has an empty key", i, r.builders[i])
 		}
-		if reserved(a.key) {
+		if keys.Reserved(a.key) {
 			return bad("key %q of builder %d has the shape of a rebuild lock or temp key, so it cannot be rebuilt", a.key, i)
 		}
 		for j, b := range r.owners[:i] {

@@ -2,11 +2,18 @@ package rebuild
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/binary"
 	"errors"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/run"
 	"golang.org/x/sync/errgroup"
 )
@@ -20,25 +27,29 @@ import (
 // lost lease or a cancelled ctx discards every temp key, leaves every live
 // key untouched, releases the locks, and returns the cause wrapped in an
 // *Error, so that errors.Is and errors.As see it. A panic in the source or
-// a builder gets the same cleanup, then propagates (see [PanicError]). The
-// package documentation, "Errors", lists what each error means.
+// a builder gets the same cleanup, then propagates (see [PanicError]), and
+// so does a runtime.Goexit. The package documentation, "Errors", lists what
+// each error means.
 //
 // Stats are returned on failure too, with what was done before it.
 func (r *Rebuilder[T]) Run(ctx context.Context, src Source[T]) (Stats, error) {
 	start := time.Now()
-	stats := Stats{Entries: map[string]int64{}, Outcomes: map[string]Outcome{}}
+	stats := Stats{Entries: map[string]int64{}, Outcomes: map[string]Outcome{}, Generations: map[string]int64{}, Skipped: map[string]int64{}}
 	if src == nil {
 		return stats, &Error{Op: "config", Key: r.key, Err: errNilSource}
 	}
-	lives := make([]string, len(r.owners))
-	for i, o := range r.owners {
-		lives[i] = o.key
+	if err := r.redis.CheckDurable(ctx, "config", r.key, r.lockKeys[0], r.durability()); err != nil {
+		return stats, err
 	}
-	locks, err := r.redis.Acquire(ctx, "acquire", lives, r.opts.TTL)
+	x := newExecution(r, start, &stats)
+	locks, err := r.redis.Acquire(ctx, run.AcquireOptions{
+		Op: "acquire", Key: r.key, Lives: r.lives, TTL: r.opts.TTL,
+		Checks: x.checks(), Record: x.recordFields(),
+	})
 	if err != nil {
 		return stats, err
 	}
-	x := &execution[T]{r: r, start: start, locks: locks, stats: &stats}
+	x.locks = locks
 	err = x.run(ctx, src)
 	stats.Elapsed = time.Since(start)
 	return stats, err
@@ -49,32 +60,95 @@ type execution[T any] struct {
 	r       *Rebuilder[T]
 	start   time.Time
 	locks   []*run.Lock
+	record  string // the run's record: batches written, status, requests
+	suffix  string // every temp key of the run ends with it
 	stats   *Stats
 	targets *targets
 	lease   *lease
+	gate    *gate
+	cancel  context.CancelCauseFunc
 
-	items, batches atomic.Int64  // items in sent batches, sent batches
-	entries        []int64       // entries written per builder; only the sender writes
-	free           chan []T      // batch buffers to reuse
-	slots          chan struct{} // one per batch in flight: built, queued or being sent
+	pulled  atomic.Int64  // items pulled from the source
+	done    atomic.Int64  // items in batches written and accounted
+	written atomic.Int64  // entries in batches Redis acknowledged
+	batches atomic.Int64  // batches written and accounted, in source order
+	acked   atomic.Int64  // batches whose transaction Redis acknowledged
+	phase   atomic.Value  // Phase
+	entries []int64       // entries written per builder; only the sender writes
+	skipped []int64       // entries skipped for a reserved key, per builder; only the sender writes
+	free    chan []T      // batch buffers to reuse
+	slots   chan struct{} // one per batch in flight: built, queued or being sent
 }
 
-// run is Run after the locks are taken. Every way out of it, a panic
-// included, ends every goroutine it started, then either publishes or
+// newExecution returns the state of a run of r started at start.
+func newExecution[T any](r *Rebuilder[T], start time.Time, stats *Stats) *execution[T] {
+	var nonce [8]byte
+	_, _ = rand.Read(nonce[:]) // crypto/rand.Read never fails (Go 1.24+)
+	x := &execution[T]{
+		r: r, start: start, stats: stats,
+		record:  keys.RecordKey(r.lockKeys[0]),
+		suffix:  keys.TempSuffix(start.Unix(), binary.BigEndian.Uint64(nonce[:])),
+		entries: make([]int64, len(r.builders)),
+		skipped: make([]int64, len(r.builders)),
+		free:    make(chan []T, r.opts.Writers+1),
+		slots:   make(chan struct{}, r.opts.Writers),
+		gate:    newGate(r.opts.MaxRate),
+	}
+	x.phase.Store(PhaseBuilding)
+	x.targets = newTargets(r.owners, r.redis.Cluster(), func(live string) string {
+		return keys.Base(live, r.redis.Cluster()) + x.suffix
+	})
+	x.targets.log = func(live string) {
+		r.opts.Logger.Warn("keyswap: skipped entries whose key has the shape of keyswap's own keys; the rest is rebuilt",
+			"key", r.key, "skipped_key", live)
+	}
+	return x
+}
+
+// checks returns the rights the run needs on the keys it knows before it
+// starts, for the acquire script to check before anything is written: a
+// missing one fails the run at once rather than after the build. The
+// publish checks every key it touches again, the family buckets included.
+func (x *execution[T]) checks() []run.Check {
+	c := []run.Check{{Command: "HINCRBY", Key: x.record}}
+	for _, t := range x.targets.all() {
+		c = append(c,
+			run.Check{Command: "EXPIRE", Key: t.Key}, run.Check{Command: "RENAME", Key: t.Key},
+			run.Check{Command: "UNLINK", Key: t.Live}, run.Check{Command: "PERSIST", Key: t.Live})
+	}
+	return c
+}
+
+// recordFields returns the fields the run's record starts with.
+func (x *execution[T]) recordFields() []string {
+	host, _ := os.Hostname()
+	return []string{
+		"keys", strings.Join(x.r.lives, "\n"), "suffix", x.suffix,
+		"host", host, "pid", strconv.Itoa(os.Getpid()),
+		"started", run.Now(x.start), "ttl", strconv.FormatInt(x.r.ttlSecs, 10),
+		"expected", strconv.FormatInt(x.r.opts.Expected, 10), "phase", string(PhaseBuilding),
+	}
+}
+
+// run is Run after the locks are taken. Every way out of it, a panic or a
+// Goexit included, ends every goroutine it started, then either publishes or
 // discards every temp key, and releases the locks. The stages are those of
 // the package documentation, "Pipeline": the caller's goroutine pulls the
 // source (pump), each batch is built in a goroutine of its own (build), and
 // one sender writes them (send, write).
 func (x *execution[T]) run(ctx context.Context, src Source[T]) (err error) {
 	r := x.r
-	x.entries = make([]int64, len(r.builders))
-	x.free = make(chan []T, r.opts.Writers+1)
-	x.slots = make(chan struct{}, r.opts.Writers)
-	x.targets = newTargets(r.owners, r.redis.Cluster(), r.newTemp)
-
 	runCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	x.lease = newLease(r.redis, x.locks, x.targets, r.opts.TTL, r.key, cancel, x.batches.Load, x.start)
+	x.cancel = cancel
+	var sourceDone atomic.Bool
+	x.lease = newLease(leaseOwner{
+		redis: r.redis, locks: x.locks, targets: x.targets, ttl: r.opts.TTL, key: r.key, cancel: cancel,
+		acked: x.acked.Load, status: x.status, control: x.control,
+		stall: &stallWatch{timeout: r.opts.StallTimeout, items: &x.pulled, idle: func() bool {
+			return sourceDone.Load() || x.gate.isPaused()
+		}},
+	}, x.start)
 	var leaseDone sync.WaitGroup
 	leaseDone.Go(func() { x.lease.run(runCtx) })
 
@@ -87,25 +161,36 @@ func (x *execution[T]) run(ctx context.Context, src Source[T]) (err error) {
 
 	published := false
 	defer func() {
-		// On every path, a panic in the source included: stop, wait, clean up.
+		// On every path, a panic or a Goexit in the source included: stop,
+		// wait, clean up.
 		cancel(errors.New("keyswap: run ended"))
 		_ = g.Wait()
 		_ = scans.Wait()
-		x.lease.stop()
+		x.lease.end()
 		leaseDone.Wait()
 		if !published {
 			r.redis.Discard(ctx, r.key, run.TempKeys(x.targets.temps())...)
 		}
 		err = r.redis.ReleaseAfter(ctx, x.locks, err)
+		x.stats.Items = x.pulled.Load()
 		x.stats.Batches = x.batches.Load()
+		for i, b := range r.builders {
+			if n := x.skipped[i]; n > 0 {
+				x.stats.Skipped[b.Key()] = n
+			}
+		}
 	}()
 
 	srcErr := x.pump(gctx, g, queue, src(gctx))
+	sourceDone.Store(true)
 	if failure := x.failure(runCtx, g.Wait(), srcErr); failure != nil {
 		cancel(failure) // stops the family scans: nothing will be published
 		_ = scans.Wait()
-		if isPanic(failure) {
+		switch {
+		case isPanic(failure):
 			panic(failure) // after the deferred cleanup, in the caller's goroutine
+		case failure == errGoexit:
+			runtime.Goexit() // the same, for a builder's Goexit
 		}
 		return failure
 	}
@@ -113,8 +198,12 @@ func (x *execution[T]) run(ctx context.Context, src Source[T]) (err error) {
 		return &Error{Op: "scan", Key: r.key, Err: err}
 	}
 
-	x.lease.stop()
+	x.phase.Store(PhasePublishing)
+	x.lease.end()
 	leaseDone.Wait()
+	if err := r.redis.Wait(runCtx, "publish", r.key, x.locks[0].Key, r.durability()); err != nil {
+		return err
+	}
 	published, err = x.publish(runCtx, live)
 	return err
 }
@@ -122,11 +211,11 @@ func (x *execution[T]) run(ctx context.Context, src Source[T]) (err error) {
 // failure returns the first failure of a run whose writers returned werr
 // and whose source returned srcErr, or nil: a write or build error (a panic
 // included) or the source's error, which happen before anything cancels the
-// run; or else the caller's cancellation or a lost lease, which stop the
-// pipeline without an error of its own.
+// run; or else the caller's cancellation, a lost lease, a stalled source or
+// an operator's cancel, which stop the pipeline without an error of its own.
 func (x *execution[T]) failure(runCtx context.Context, werr, srcErr error) error {
 	switch cause := context.Cause(runCtx); {
-	case isPanic(werr):
+	case isPanic(werr), werr == errGoexit:
 		return werr
 	case werr != nil && errors.Is(cause, ErrLockLost):
 		// A stall that outlived the lease also timed out the batch in
@@ -148,7 +237,32 @@ func isPanic(err error) bool {
 	return ok
 }
 
-// newTemp returns a new temp key for live.
-func (r *Rebuilder[T]) newTemp(live string) string {
-	return r.redis.NewTempKey(live, time.Now())
+// errGoexit marks a batch whose builder called runtime.Goexit.
+var errGoexit = errors.New("keyswap: a builder called runtime.Goexit")
+
+// status returns the run's status, for its record: written by every
+// heartbeat.
+func (x *execution[T]) status() []string {
+	now := time.Now()
+	items := x.pulled.Load()
+	rate := float64(items) / max(now.Sub(x.start).Seconds(), 1e-3)
+	return []string{
+		"phase", string(x.phase.Load().(Phase)), "items", strconv.FormatInt(items, 10),
+		"entries", strconv.FormatInt(x.written.Load(), 10), "acked", strconv.FormatInt(x.acked.Load(), 10),
+		"rate", strconv.FormatFloat(rate, 'f', 1, 64),
+		"beat_at", run.Now(now), "limit", strconv.FormatFloat(x.gate.rate(), 'f', -1, 64),
+	}
+}
+
+// control applies what a heartbeat read of an operator's requests.
+func (x *execution[T]) control(c run.Control) {
+	if c.Cancel {
+		x.cancel(&Error{Op: "run", Key: x.r.key, Err: ErrAborted})
+	}
+	if c.Rate > 0 {
+		x.gate.setRate(c.Rate)
+	} else {
+		x.gate.setRate(x.r.opts.MaxRate)
+	}
+	x.gate.setPaused(c.Paused)
 }

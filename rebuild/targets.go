@@ -33,6 +33,8 @@ type targets struct {
 	mu      sync.Mutex
 	byKey   map[string]*target
 	ordered []*target
+	refused map[string]bool // reserved keys a builder asked for, logged once each
+	log     func(live string)
 }
 
 func newTargets(owners []owner, cluster bool, newTemp func(string) string) *targets {
@@ -61,8 +63,8 @@ func (ts *targets) get(b int, live string) (*target, error) {
 		return nil, fmt.Errorf("builder %q wrote to key %q, which it does not own", o.key, live)
 	case o.family && (!strings.HasPrefix(live, o.key+":") || len(live) == len(o.key)+1):
 		return nil, fmt.Errorf("family builder %q wrote to key %q, which is not %q followed by a bucket", o.key, live, o.key+":")
-	case reserved(live):
-		return nil, fmt.Errorf("builder %q wrote to key %q, which has the shape of a rebuild lock or temp key; keyswap would take it for one (a lock key collision would block every later rebuild), so such keys cannot be rebuilt", o.key, live)
+	case keys.Reserved(live):
+		return nil, fmt.Errorf("%w: builder %q wrote to key %q, which has the shape of a key keyswap keeps next to an index (a lock, a record, a temp key, ...); keyswap would take it for one of its own (a lock key collision would block every later rebuild), so such keys cannot be rebuilt", ErrReservedKey, o.key, live)
 	case ts.cluster && keys.Slot(live) != ts.slot:
 		return nil, fmt.Errorf("builder %q wrote to key %q in hash slot %d, outside this rebuild's slot %d; give it the rebuild's hash tag", o.key, live, keys.Slot(live), ts.slot)
 	}
@@ -77,10 +79,21 @@ func (ts *targets) get(b int, live string) (*target, error) {
 	return t, nil
 }
 
-// reserved reports whether key has the shape of a rebuild lock or temp key.
-func reserved(key string) bool {
-	_, _, temp := keys.ParseTempKey(key)
-	return temp || strings.HasSuffix(key, keys.LockSuffix) || strings.HasSuffix(key, keys.LockSuffix+keys.ReceiptSuffix)
+// skipped logs, once per key, that a builder asked for live, a reserved
+// key, and skipped its entry.
+func (ts *targets) skipped(live string) {
+	ts.mu.Lock()
+	first := !ts.refused[live]
+	if first {
+		if ts.refused == nil {
+			ts.refused = map[string]bool{}
+		}
+		ts.refused[live] = true
+	}
+	ts.mu.Unlock()
+	if first && ts.log != nil {
+		ts.log(live)
+	}
 }
 
 // all returns every target so far.

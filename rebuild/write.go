@@ -9,33 +9,36 @@ import (
 )
 
 // write sends a group of built batches in one DoMulti. Each batch is one
-// MULTI ... EXEC transaction of its writes followed by an EXPIRE NX of every
-// temp key it wrote, so that no temp key ever exists without a TTL:
-// if the connection breaks before EXEC arrives, the server drops the
-// transaction; if EXEC runs late, the TTL comes with the writes. At the end
-// of the DoMulti rides the lease renewal, when one is due. write checks
-// every reply; the sender accounts for the batches.
+// MULTI ... EXEC transaction of its writes, an EXPIRE NX of every temp key it
+// wrote, so that no temp key ever exists without a TTL, and an HINCRBY of
+// the run's record, so that the publish can tell whether Redis still holds
+// every batch it acknowledged. If the connection breaks before EXEC
+// arrives, the server drops the transaction; if EXEC runs late, the TTL and
+// the count come with the writes. At the end of the DoMulti rides the
+// heartbeat, when one is due. write checks every reply; the sender accounts
+// for the batches.
 func (x *execution[T]) write(ctx context.Context, group []*batch[T]) error {
 	r := x.r
 	var cmds rueidis.Commands
 	for _, b := range group {
-		cmds = append(cmds, b.c.cb.Multi().Build())
+		cb := b.c.cb
+		cmds = append(cmds, cb.Multi().Build())
 		cmds = append(cmds, b.c.cmds...)
 		for _, t := range b.c.touched {
 			// NX: only a key this batch created has no TTL yet, so a reply
 			// of 1 is the creation of the temp key, and a second one for the
 			// same key is a loss (see run.Temp.Created).
-			cmds = append(cmds, b.c.cb.Expire().Key(t.Key).Seconds(r.ttlSecs).Nx().Build())
+			cmds = append(cmds, cb.Expire().Key(t.Key).Seconds(r.tempSecs).Nx().Build())
 		}
-		cmds = append(cmds, b.c.cb.Exec().Build())
+		cmds = append(cmds, cb.Hincrby().Key(x.record).Field("batches").Increment(1).Build(), cb.Exec().Build())
 	}
 	sent := time.Now()
-	rn, renew := x.lease.claim(sent, false)
-	if renew {
-		cmd, err := x.lease.command(rn)
+	h, beat := x.lease.claim(sent)
+	if beat {
+		cmd, err := x.lease.command(h)
 		if err != nil {
-			x.lease.settle(ctx, sent, rn, nil) // reports the same error
-			renew = false
+			x.lease.settle(ctx, sent, h, nil) // reports the same error
+			beat = false
 		} else {
 			cmds = append(cmds, cmd)
 		}
@@ -47,34 +50,48 @@ func (x *execution[T]) write(ctx context.Context, group []*batch[T]) error {
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.opts.TTL)
 	defer cancel()
 	res := r.redis.Client().DoMulti(wctx, cmds...)
-	if renew {
-		x.lease.settle(wctx, sent, rn, &res[len(res)-1])
+	if beat {
+		x.lease.settle(wctx, sent, h, &res[len(res)-1])
 	}
 	for _, b := range group {
-		n := len(b.c.cmds) + len(b.c.touched)
-		replies, err := execReplies(res[:n+2], n)
-		if err != nil {
-			return &Error{Op: "write", Key: r.key, Err: fmt.Errorf("batch %d (%d items): %w", b.seq, len(b.items), err)}
+		n := len(b.c.cmds) + len(b.c.touched) + 1
+		if err := x.check(b, res[:n+2]); err != nil {
+			return err
 		}
-		writes := len(b.c.cmds)
-		for i, m := range replies[:writes] {
-			if err := m.Error(); err != nil {
-				return &Error{Op: "write", Key: r.key, Err: fmt.Errorf("batch %d (%d items), command %d of %d: %w",
-					b.seq, len(b.items), i+1, writes, err)}
-			}
-		}
-		for i, t := range b.c.touched {
-			n, err := replies[writes+i].AsInt64()
-			if err != nil {
-				return &Error{Op: "write", Key: r.key, Err: fmt.Errorf("EXPIRE %s: %w", t.Key, err)}
-			}
-			if n == 1 {
-				if err := t.Created(); err != nil {
-					return &Error{Op: "write", Key: r.key, Err: err}
-				}
-			}
-		}
+		x.acked.Add(1)
 		res = res[n+2:]
+	}
+	return nil
+}
+
+// check checks the replies to batch b's transaction.
+func (x *execution[T]) check(b *batch[T], res []rueidis.RedisResult) error {
+	key := x.r.key
+	n := len(res) - 2
+	replies, err := execReplies(res, n)
+	if err != nil {
+		return &Error{Op: "write", Key: key, Err: fmt.Errorf("batch %d (%d items): %w", b.seq, len(b.items), err)}
+	}
+	writes := len(b.c.cmds)
+	for i, m := range replies[:writes] {
+		if err := m.Error(); err != nil {
+			return &Error{Op: "write", Key: key, Err: fmt.Errorf("batch %d (%d items), command %d of %d: %w",
+				b.seq, len(b.items), i+1, writes, err)}
+		}
+	}
+	for i, t := range b.c.touched {
+		created, err := replies[writes+i].AsInt64()
+		if err != nil {
+			return &Error{Op: "write", Key: key, Err: fmt.Errorf("EXPIRE %s: %w", t.Key, err)}
+		}
+		if created == 1 {
+			if err := t.Created(); err != nil {
+				return &Error{Op: "write", Key: key, Err: err}
+			}
+		}
+	}
+	if err := replies[n-1].Error(); err != nil {
+		return &Error{Op: "write", Key: key, Err: fmt.Errorf("HINCRBY %s: %w", x.record, err)}
 	}
 	return nil
 }
@@ -104,10 +121,14 @@ func execReplies(res []rueidis.RedisResult, n int) ([]rueidis.RedisMessage, erro
 
 // account records a written batch, recycles its buffer and reports progress.
 func (x *execution[T]) account(b *batch[T]) {
+	var entries int64
 	for i, n := range b.c.entries {
 		x.entries[i] += n
+		x.skipped[i] += b.c.skipped[i]
+		entries += n
 	}
-	items := x.items.Add(int64(len(b.items)))
+	x.written.Add(entries)
+	items := x.done.Add(int64(len(b.items)))
 	batches := x.batches.Add(1)
 	clear(b.items)
 	select {
@@ -116,7 +137,7 @@ func (x *execution[T]) account(b *batch[T]) {
 	}
 	if p := x.r.opts.Progress; p != nil {
 		elapsed := time.Since(x.start)
-		p(Progress{Items: items, Batches: batches, Elapsed: elapsed, Rate: float64(items) / elapsed.Seconds()})
+		p(Progress{Phase: PhaseBuilding, Items: items, Batches: batches, Elapsed: elapsed, Rate: float64(items) / elapsed.Seconds()})
 	}
 	<-x.slots // the batch is done: the source may fill another
 }

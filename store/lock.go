@@ -36,11 +36,11 @@ func (l *Lock) core() *run.Lock {
 //
 // ttl must be a positive whole number of seconds.
 func (s *Store) Acquire(ctx context.Context, live string, ttl time.Duration) (*Lock, error) {
-	locks, err := s.redis.Acquire(ctx, "acquire", []string{live}, ttl)
+	rl, err := s.redis.Lock(ctx, "acquire", live, ttl)
 	if err != nil {
 		return nil, err
 	}
-	l := Lock(*locks[0])
+	l := Lock(*rl)
 	return &l, nil
 }
 

@@ -121,14 +121,11 @@ func (s *Store) WithRebuild(ctx context.Context, live string, opts RebuildOption
 		// step instead of being read as an empty rebuild.
 		populated = PopulatedYes
 	}
-	_, err = s.Swap(ctx, tr.temp.Key, live, SwapOptions{Lock: lock, Populated: populated, PreserveFor: preserveFor})
 	// A lost reply (a dropped connection, a timeout) leaves it open whether
-	// the swap ran; Settle finds out, so that a swap that happened is not
-	// reported as a failure, nor one that did not as a success.
-	published, err := s.redis.Settle(ctx, err, []*run.Lock{lock.core()})
-	if published {
-		return nil
-	}
+	// the swap ran; settling finds out from its receipt, so that a swap that
+	// happened is not reported as a failure, nor one that did not as a
+	// success.
+	_, err = s.swap(ctx, tr.temp.Key, live, SwapOptions{Lock: lock, Populated: populated, PreserveFor: preserveFor}, true)
 	return err
 }
 

@@ -119,10 +119,10 @@ type rbRecorder struct {
 	fail func(name string) error
 }
 
-// name returns "lease", "release" or "publish" for a keyswap script, else
+// name returns "touch", "release" or "publish" for a keyswap script, else
 // the command's name.
 func (r *rbRecorder) name(cmd rueidis.Completed) string {
-	for _, s := range []string{"lease", "release", "publish"} {
+	for _, s := range []string{"touch", "release", "publish"} {
 		if isScript(cmd, s) {
 			return s
 		}
@@ -309,11 +309,11 @@ func TestWithRebuildFinalTouch(t *testing.T) {
 		}
 		got := rec.events()
 		i := slices.Index(got, "callback returned")
-		if i < 0 || slices.Contains(got[:i], "lease") {
+		if i < 0 || slices.Contains(got[:i], "touch") {
 			t.Fatalf("commands %q: want no lease before the callback returned", got)
 		}
 		after := got[i+1:]
-		lease, publish := slices.Index(after, "lease"), slices.Index(after, "publish")
+		lease, publish := slices.Index(after, "touch"), slices.Index(after, "publish")
 		if lease < 0 || publish < 0 || lease > publish {
 			t.Errorf("commands after the callback: %q, want a lease before the publish", after)
 		}
@@ -677,7 +677,7 @@ func TestWithRebuildInProgress(t *testing.T) {
 		if ran {
 			t.Errorf("callback ran, want it skipped")
 		}
-		for _, script := range []string{"release", "lease", "publish"} {
+		for _, script := range []string{"release", "touch", "publish"} {
 			if slices.Contains(rec.events(), script) {
 				t.Errorf("commands %q include %s, want only the acquire", rec.events(), script)
 			}

@@ -70,7 +70,7 @@ func TestScriptLease(t *testing.T) {
 	// the last touch (had none); {-1, i} for the first lock that is not
 	// ours, with nothing changed (C9).
 	scriptsEach(t, func(t *testing.T, tg target) {
-		lease := scriptsLoad(t, "lease")
+		lease := scriptsLoad(t, "touch")
 		const tok = "0123456789abcdef0123456789abcdef"
 
 		t.Run("all ours", func(t *testing.T) {
@@ -635,7 +635,7 @@ func TestScriptsSurviveScriptFlush(t *testing.T) {
 	}
 
 	var shas []string
-	for _, name := range []string{"lease", "publish", "release"} {
+	for _, name := range []string{"touch", "publish", "release"} {
 		shas = append(shas, redistest.ScriptNamed(name).SHA1)
 	}
 	cached := func() []int64 {
@@ -667,7 +667,7 @@ func TestScriptsSurviveScriptFlush(t *testing.T) {
 			got = append(got, c.args[0]+" "+c.script)
 		}
 	}
-	want := []string{"EVALSHA lease", "EVAL lease", "EVALSHA publish", "EVAL publish", "EVALSHA release", "EVAL release"}
+	want := []string{"EVALSHA touch", "EVAL touch", "EVALSHA publish", "EVAL publish", "EVALSHA release", "EVAL release"}
 	if !slices.Equal(got, want) {
 		t.Errorf("script commands after SCRIPT FLUSH = %q, want %q", got, want)
 	}

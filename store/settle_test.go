@@ -61,7 +61,7 @@ func TestSettleLostReplyAfterThePublishRan(t *testing.T) {
 		redistest.WantHash(t, tg.other, tg.live, map[string]string{"f": "new"})
 		s := store.New(tg.client, store.Options{})
 		redistest.WantString(t, tg.other, s.LockKey(tg.live), "")
-		redistest.WantAbsent(t, tg.other, s.LockKey(tg.live)+":done") // the receipt was taken
+		redistest.WantAbsent(t, tg.other, s.LockKey(tg.live)+":done") // read, then deleted by the release
 	})
 }
 
@@ -74,7 +74,7 @@ func TestSettleLostReplyBeforeThePublishRan(t *testing.T) {
 		var temp string
 		err := settleRebuild(t, tg, func(c rueidis.Client, ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
 			args := cmd.Commands()
-			temp = args[4] // EVALSHA sha numkeys lock temp ...
+			temp = args[5] // EVALSHA sha numkeys lock receipt temp ...
 			return rueidis.NewErrorResult(errLostReply)
 		}, nil)
 		if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, store.ErrOutcomeUnknown) {

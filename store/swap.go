@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/run"
 )
 
@@ -89,6 +90,12 @@ type SwapOptions struct {
 // Swap never acquires, extends or releases the lock. It is never
 // retried: a retried RENAME would see its own temp key gone.
 func (s *Store) Swap(ctx context.Context, temp, live string, opts SwapOptions) (Outcome, error) {
+	return s.swap(ctx, temp, live, opts, false)
+}
+
+// swap is Swap. With settle, a swap whose reply was lost is settled from
+// its receipt, which releases the lock (see run.Redis.Publish).
+func (s *Store) swap(ctx context.Context, temp, live string, opts SwapOptions, settle bool) (Outcome, error) {
 	const op = "swap"
 	if err := run.CheckKey(op, live); err != nil {
 		return 0, err
@@ -139,12 +146,13 @@ func (s *Store) Swap(ctx context.Context, temp, live string, opts SwapOptions) (
 	if !target.Populated {
 		s.redis.Logger().Info("keyswap: no temp key to swap (empty result set)", "key", live, "temp_key", temp)
 	}
-	outcomes, err := s.redis.Publish(ctx, run.PublishOptions{
+	p, err := s.redis.Publish(ctx, run.PublishOptions{
 		Op: op, Key: live, Locks: locks, Targets: []run.Target{target},
-		PreserveFor: preserve,
+		Metas:       []string{keys.MetaKey(live, s.redis.Cluster())},
+		PreserveFor: preserve, Settle: settle, Now: s.now(),
 	})
 	if err != nil {
 		return 0, err
 	}
-	return outcomes[0], nil
+	return p.Outcomes[0], nil
 }

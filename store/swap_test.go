@@ -48,7 +48,7 @@ var _ rueidishook.Hook = (*swapSpy)(nil)
 
 func (sp *swapSpy) record(cmd rueidis.Completed) swapCall {
 	c := swapCall{args: slices.Clone(cmd.Commands())}
-	for _, name := range []string{"publish", "lease", "release"} {
+	for _, name := range []string{"publish", "touch", "release"} {
 		if isScript(cmd, name) {
 			c.script = name
 		}

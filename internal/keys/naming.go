@@ -20,11 +20,58 @@ const (
 	// short while, in the lock's slot. Like the lock it never matches the
 	// sweep pattern nor the temp-key recogniser.
 	ReceiptSuffix = ":done"
+	// RecordSuffix follows a lock key to name the record of the run that
+	// holds the lock: "<lock key>:run", a hash with the run's token, the
+	// batches it wrote, its status and the operator's requests. It lives
+	// exactly as long as the lock.
+	RecordSuffix = ":run"
+	// LogSuffix follows a lock key to name the log of the changes applied
+	// to the live keys while the run that holds the lock runs:
+	// "<lock key>:log", a list. It lives no longer than the lock.
+	LogSuffix = ":log"
+	// MetaSuffix follows a base to name the metadata of a live key or a
+	// family: "<base>:rebuild-gen", a hash with its generation. It has no
+	// TTL: it lives as long as the index.
+	MetaSuffix = ":rebuild-gen"
+	// PrevSuffix follows a base to name the previous value of a live key
+	// kept for a rollback: "<base>:rebuild-prev", with a TTL.
+	PrevSuffix = ":rebuild-prev"
 )
 
 // ReceiptKey returns the key of the receipt a publish fenced on lockKey
 // leaves.
 func ReceiptKey(lockKey string) string { return lockKey + ReceiptSuffix }
+
+// RecordKey returns the key of the record of the run holding lockKey.
+func RecordKey(lockKey string) string { return lockKey + RecordSuffix }
+
+// LogKey returns the key of the log of changes kept for the run holding
+// lockKey.
+func LogKey(lockKey string) string { return lockKey + LogSuffix }
+
+// MetaKey returns the key of live's metadata: its generation.
+func MetaKey(live string, cluster bool) string { return Base(live, cluster) + MetaSuffix }
+
+// PrevKey returns the key that keeps live's previous value for a rollback.
+func PrevKey(live string, cluster bool) string { return Base(live, cluster) + PrevSuffix }
+
+// Reserved reports whether key has the shape of a key keyswap makes next
+// to a live key: a lock, a lock's receipt, record or log, a live key's
+// metadata or kept previous value, or a temp key (current or legacy
+// shape). keyswap refuses to rebuild such a key: it would take it for its
+// own.
+func Reserved(key string) bool {
+	if _, _, ok := ParseTempKey(key); ok {
+		return true
+	}
+	for _, suffix := range []string{LockSuffix, MetaSuffix, PrevSuffix,
+		LockSuffix + ReceiptSuffix, LockSuffix + RecordSuffix, LockSuffix + LogSuffix} {
+		if strings.HasSuffix(key, suffix) {
+			return true
+		}
+	}
+	return false
+}
 
 // Base returns the key that the lock and temp keys of live are derived
 // from. On a standalone server it is live itself (Familia's shapes). On a
@@ -88,12 +135,16 @@ func VetoLocks(base string) []string {
 	return locks
 }
 
-// TempKey returns Base(live) + ":rebuild:<unix>:<nonce>", where nonce is
-// the 16-digit lowercase hex form of the 64 random bits n.
+// TempKey returns Base(live) + TempSuffix(unix, n).
 func TempKey(live string, cluster bool, unix int64, n uint64) string {
-	base := Base(live, cluster)
-	b := make([]byte, 0, len(base)+len(TempInfix)+20+1+NonceLen)
-	b = append(b, base...)
+	return Base(live, cluster) + TempSuffix(unix, n)
+}
+
+// TempSuffix returns ":rebuild:<unix>:<nonce>", where nonce is the 16-digit
+// lowercase hex form of the 64 random bits n. Every temp key of one run
+// ends with the same suffix.
+func TempSuffix(unix int64, n uint64) string {
+	b := make([]byte, 0, len(TempInfix)+20+1+NonceLen)
 	b = append(b, TempInfix...)
 	b = strconv.AppendInt(b, unix, 10)
 	b = append(b, ':')
@@ -102,6 +153,16 @@ func TempKey(live string, cluster bool, unix int64, n uint64) string {
 		b = append(b, hex[n>>uint(shift)&0xf])
 	}
 	return string(b)
+}
+
+// ParseCurrentTempKey is [ParseTempKey] for the current shape only, with
+// its nonce: the shape keyswap itself makes.
+func ParseCurrentTempKey(key string) (base string, unix int64, ok bool) {
+	n := len(key)
+	if n <= NonceLen || key[n-NonceLen-1] != ':' || !isHex(key[n-NonceLen:]) {
+		return "", 0, false
+	}
+	return parseStamp(key[:n-NonceLen-1])
 }
 
 // ParseTempKey recognises a temp key and returns its base and timestamp.

@@ -78,12 +78,14 @@ func Snapshot(tb testing.TB, c rueidis.Client, prefix string) map[string]KeyStat
 }
 
 // Leftovers returns the keys starting with prefix that a finished rebuild
-// must not leave behind: temp keys and lock keys.
+// must not leave behind: temp keys, locks, and the records, logs and
+// receipts kept next to locks. (A live key's generation, its meta key, is
+// meant to stay; so is a previous value kept for a rollback, with its TTL.)
 func Leftovers(tb testing.TB, c rueidis.Client, prefix string) []string {
 	tb.Helper()
 	var out []string
 	for _, k := range Keys(tb, c, prefix) {
-		if _, _, temp := keys.ParseTempKey(k); temp || strings.HasSuffix(k, keys.LockSuffix) {
+		if keys.Reserved(k) && !strings.HasSuffix(k, keys.MetaSuffix) && !strings.HasSuffix(k, keys.PrevSuffix) {
 			out = append(out, k)
 		}
 	}

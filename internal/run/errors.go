@@ -32,6 +32,27 @@ var ErrTempKeyLost = errors.New("temp key lost")
 // is atomic.
 var ErrOutcomeUnknown = errors.New("publish outcome unknown: its reply was lost and Redis could not be asked")
 
+// ErrWritesLost reports that Redis lost writes of the run that it had
+// acknowledged: its temp keys went back to an earlier state of themselves,
+// as after a failover to a replica that was behind, or a restart from an
+// older snapshot or AOF. Nothing was published. It also matches
+// [ErrTempKeyLost].
+var ErrWritesLost error = writesLostError{}
+
+// ErrNoPermission reports that Redis would refuse a command a rebuild needs:
+// the user lacks the right (ACL), or the command is renamed or disabled. The
+// error names the command and the key. It is found before anything is
+// written: a publish that failed halfway would leave the live keys worse.
+var ErrNoPermission = errors.New("a command keyswap needs is refused")
+
+type writesLostError struct{}
+
+func (writesLostError) Error() string {
+	return "Redis lost acknowledged writes of the rebuild"
+}
+
+func (writesLostError) Is(target error) bool { return target == ErrTempKeyLost }
+
 type lockLostError struct{}
 
 func (lockLostError) Error() string {

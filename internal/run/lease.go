@@ -4,10 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync/atomic"
-
-	"github.com/redis/rueidis"
+	"time"
 )
 
 // TempState is what a renewal found of a temp key.
@@ -124,100 +124,120 @@ func TempKeys(temps []*Temp) []string {
 	return out
 }
 
-// Touch renews a run's lease in one script: it extends every lock (which
-// must share one token and TTL) first and then, only if every lock is still
-// ours, resets every temp key's TTL. It reports what it found of each temp
-// key. If any lock is no longer ours, nothing changes and the error matches
-// [ErrLockLost], naming that lock's live key.
+// Touch renews a single-key rebuild in one script, Familia's touch: it
+// extends every lock (which must share one token and TTL) first and then,
+// only if every lock is still ours, resets every temp key's TTL to the
+// lock's. It reports what it found of each temp key. If any lock is no
+// longer ours, nothing changes and the error matches [ErrLockLost], naming
+// that lock's live key.
 //
 // Order matters. Extending the locks first means a temp key's deadline is
 // never earlier than its lock's, so a stall long enough to lose a temp key
 // has already lost the lock and fails with ErrLockLost instead of
 // publishing a vanished key. Both happen in one script, at one instant.
 func (r *Redis) Touch(ctx context.Context, op string, locks []*Lock, temps []string) ([]TempState, error) {
-	ks, args, err := r.leaseCall(op, locks, temps)
+	lockKeys, token, err := CheckLocks(op, locks)
 	if err != nil {
 		return nil, err
 	}
-	return r.leaseReply(ctx, op, locks, temps, leaseScript.Exec(ctx, r.client, ks, args))
-}
-
-// TouchCommand returns the EVALSHA that [Redis.Touch] would run, for a
-// caller that sends it inside its own DoMulti, next to a batch's writes, so
-// that the renewal costs no extra round trip. Pass its reply to
-// [Redis.TouchReply].
-func (r *Redis) TouchCommand(locks []*Lock, temps []string) (rueidis.Completed, error) {
-	ks, args, err := r.leaseCall("touch", locks, temps)
-	if err != nil {
-		return rueidis.Completed{}, err
-	}
-	return r.client.B().Evalsha().Sha1(leaseSHA1).Numkeys(int64(len(ks))).Key(ks...).Arg(args...).Build(), nil
-}
-
-// TouchReply interprets the reply to a [Redis.TouchCommand] exactly as
-// [Redis.Touch] does. rueidis falls back from EVALSHA to EVAL only for
-// commands sent alone, so when the server had no cached copy of the script
-// (NOSCRIPT: first use, SCRIPT FLUSH, a restarted server) TouchReply runs
-// the touch again through EVALSHA with EVAL fallback. The script only
-// compares and extends, so running it twice is harmless.
-func (r *Redis) TouchReply(ctx context.Context, res rueidis.RedisResult, locks []*Lock, temps []string) ([]TempState, error) {
-	if rerr, ok := rueidis.IsRedisErr(res.Error()); ok && rerr.IsNoScript() {
-		return r.Touch(ctx, "touch", locks, temps)
-	}
-	return r.leaseReply(ctx, "touch", locks, temps, res)
-}
-
-// leaseCall validates a lease script call and returns its keys and args.
-func (r *Redis) leaseCall(op string, locks []*Lock, temps []string) (ks, args []string, err error) {
-	lockKeys, token, err := CheckLocks(op, locks)
-	if err != nil {
-		return nil, nil, err
-	}
 	secs, err := Seconds(op, locks[0].Live, "lock TTL", locks[0].TTL)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	for _, l := range locks[1:] {
 		if l.TTL != locks[0].TTL {
-			return nil, nil, &Error{Op: op, Key: l.Live, Err: fmt.Errorf("lock TTL %v differs from %v", l.TTL, locks[0].TTL)}
+			return nil, &Error{Op: op, Key: l.Live, Err: fmt.Errorf("lock TTL %v differs from %v", l.TTL, locks[0].TTL)}
 		}
 	}
-	for _, t := range temps {
-		if t == "" {
-			return nil, nil, &Error{Op: op, Key: locks[0].Live, Err: errors.New("empty temp key")}
-		}
+	if err := checkTemps(op, locks[0].Live, temps); err != nil {
+		return nil, err
 	}
-	ks = append(lockKeys, temps...)
+	ks := append(lockKeys, temps...)
 	if err := r.SameSlot(op, locks[0].Live, ks...); err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	return ks, []string{token, strconv.FormatInt(secs, 10), strconv.Itoa(len(locks))}, nil
-}
-
-// leaseReply interprets the lease script's reply.
-func (r *Redis) leaseReply(ctx context.Context, op string, locks []*Lock, temps []string, res rueidis.RedisResult) ([]TempState, error) {
-	reply, err := res.AsIntSlice()
+	args := []string{token, strconv.FormatInt(secs, 10), strconv.Itoa(len(locks))}
+	res, err := touchScript.Exec(ctx, r.client, ks, args).AsIntSlice()
 	if err != nil {
 		return nil, Fail(ctx, op, locks[0].Live, err)
 	}
-	switch {
-	case len(reply) == 2 && reply[0] == codeLockLost && reply[1] >= 1 && int(reply[1]) <= len(locks):
-		return nil, &Error{Op: op, Key: locks[reply[1]-1].Live, Err: ErrLockLost}
-	case len(reply) != 1+len(temps) || reply[0] != codeOK:
-		return nil, &Error{Op: op, Key: locks[0].Live, Err: fmt.Errorf("unexpected lease script reply %v", reply)}
+	if len(res) == 2 && res[0] == codeLockLost && res[1] >= 1 && int(res[1]) <= len(locks) {
+		return nil, &Error{Op: op, Key: locks[res[1]-1].Live, Err: ErrLockLost}
 	}
-	states := make([]TempState, len(temps))
-	for i := range temps {
-		switch reply[1+i] {
-		case 0:
+	return tempStates(op, locks[0].Live, res, len(temps))
+}
+
+// checkTemps refuses an empty temp key.
+func checkTemps(op, live string, temps []string) error {
+	for _, t := range temps {
+		if t == "" {
+			return &Error{Op: op, Key: live, Err: errors.New("empty temp key")}
+		}
+	}
+	return nil
+}
+
+// tempStates reads the {1, s1, s2, ...} reply of touch or refresh.
+func tempStates(op, live string, res []int64, n int) ([]TempState, error) {
+	if len(res) != 1+n || res[0] != codeOK {
+		return nil, &Error{Op: op, Key: live, Err: fmt.Errorf("unexpected script reply %v", res)}
+	}
+	states := make([]TempState, n)
+	for i := range n {
+		switch res[1+i] {
+		case tempAbsent:
 			states[i] = TempAbsent
-		case 1:
+		case tempAlive:
 			states[i] = TempAlive
-		case 2:
+		case tempCreated:
 			states[i] = TempCreated
 		default:
-			return nil, &Error{Op: op, Key: locks[0].Live, Err: fmt.Errorf("unexpected lease script reply %v", reply)}
+			return nil, &Error{Op: op, Key: live, Err: fmt.Errorf("unexpected script reply %v", res)}
 		}
 	}
 	return states, nil
+}
+
+// RefreshChunk is the most temp keys one refresh script renews: a few
+// milliseconds of server time at most, whatever the size of a family.
+const RefreshChunk = 500
+
+// Refresh renews the TTL of temps, a run's temp keys, to ttl, in scripts of
+// at most RefreshChunk keys sent one after the other, so that other clients
+// run between them. Each checks first that lock, the run's first lock,
+// still holds its token; it does not extend it. Refresh reports what it
+// found of each temp key. If the lock is no longer ours it stops and returns
+// an error matching [ErrLockLost].
+func (r *Redis) Refresh(ctx context.Context, lock *Lock, temps []string, ttl time.Duration) ([]TempState, error) {
+	const op = "lease"
+	if err := CheckLock(op, lock); err != nil {
+		return nil, err
+	}
+	secs, err := Seconds(op, lock.Live, "temp key TTL", ttl)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkTemps(op, lock.Live, temps); err != nil {
+		return nil, err
+	}
+	out := make([]TempState, 0, len(temps))
+	for chunk := range slices.Chunk(temps, RefreshChunk) {
+		ks := append([]string{lock.Key}, chunk...)
+		if err := r.SameSlot(op, lock.Live, ks...); err != nil {
+			return nil, err
+		}
+		res, err := refreshScript.Exec(ctx, r.client, ks, []string{lock.Token, strconv.FormatInt(secs, 10)}).AsIntSlice()
+		if err != nil {
+			return nil, Fail(ctx, op, lock.Live, err)
+		}
+		if len(res) == 1 && res[0] == codeLockLost {
+			return nil, &Error{Op: op, Key: lock.Live, Err: ErrLockLost}
+		}
+		states, err := tempStates(op, lock.Live, res, len(chunk))
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, states...)
+	}
+	return out, nil
 }

@@ -6,8 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"slices"
-	"strings"
+	"strconv"
 	"time"
 
 	"github.com/keyswap/keyswap/internal/keys"
@@ -33,86 +32,146 @@ func NewToken() string {
 	return hex.EncodeToString(b[:])
 }
 
-// Acquire takes the rebuild locks of lives, all under one fresh token, each
-// with one SET NX EX, for a rebuild that publishes them together. It never
-// waits or retries. It takes all of them or none: if another rebuild holds
-// any of the locks, Acquire releases those it took and returns an error
-// matching [ErrInProgress] that names the first live key it could not lock.
-// The locks are taken in sorted key order, so two overlapping calls cannot
-// both fail on each other.
+// Lock takes the rebuild lock of live with one SET NX EX and a fresh token:
+// Familia's lock, for the single-key API. It never waits or retries. If
+// another rebuild holds the lock, it returns an error matching
+// [ErrInProgress] that names live. A SET whose reply was lost may have
+// taken the lock: it is released on a [CleanupContext].
+func (r *Redis) Lock(ctx context.Context, op, live string, ttl time.Duration) (*Lock, error) {
+	if err := CheckKey(op, live); err != nil {
+		return nil, err
+	}
+	secs, err := Seconds(op, live, "ttl", ttl)
+	if err != nil {
+		return nil, err
+	}
+	l := &Lock{Live: live, Key: r.LockKey(live), Token: NewToken(), TTL: ttl}
+	err = r.client.Do(ctx, r.client.B().Set().Key(l.Key).Value(l.Token).Nx().ExSeconds(secs).Build()).Error()
+	switch {
+	case err == nil:
+		return l, nil
+	case rueidis.IsRedisNil(err):
+		return nil, &Error{Op: op, Key: live, Err: ErrInProgress}
+	case !IsServerReply(err):
+		// The SET may have run before its reply was lost. The token is
+		// ours alone, so compare-and-delete cannot hurt another lock.
+		_ = r.ReleaseAfter(ctx, []*Lock{l}, nil)
+	}
+	return nil, Fail(ctx, op, live, err)
+}
+
+// Check is one right a rebuild needs: to run Command on Key.
+type Check struct {
+	Command, Key string
+}
+
+// AcquireOptions configures [Redis.Acquire].
+type AcquireOptions struct {
+	// Op and Key name the operation and the rebuild in errors.
+	Op, Key string
+	// Lives are the live keys to lock, under one token.
+	Lives []string
+	// TTL is the locks' lifetime; a whole number of seconds.
+	TTL time.Duration
+	// Checks are the rights to check before anything is written, where the
+	// server can check them (Redis 7).
+	Checks []Check
+	// Record is field/value pairs for the run's record, next to the first
+	// lock: its owner and options.
+	Record []string
+}
+
+// Acquire takes the rebuild locks of opts.Lives, all under one fresh token,
+// and opens the run's record, in one script. It never waits or retries. It
+// takes all of the locks or none: if another rebuild holds any of them, it
+// returns an error matching [ErrInProgress] that names the first such live
+// key. If the user may not run one of opts.Checks, it returns an error
+// matching [ErrNoPermission] that names it. Either way nothing changed.
 //
-// A lock whose SET reply was lost may have been taken; it is released like
-// the others, on a [CleanupContext], so that a cancelled ctx does not leave
-// it held for its whole TTL. On a cluster every lock key must share one hash
-// slot. The returned locks are in the order of lives.
-func (r *Redis) Acquire(ctx context.Context, op string, lives []string, ttl time.Duration) ([]*Lock, error) {
+// A script whose reply was lost may have run: its locks are released on a
+// [CleanupContext], so that a cancelled ctx does not leave them held for
+// their whole TTL. On a cluster every key must share one hash slot. The
+// returned locks are in the order of opts.Lives.
+func (r *Redis) Acquire(ctx context.Context, opts AcquireOptions) ([]*Lock, error) {
+	op, lives := opts.Op, opts.Lives
 	if len(lives) == 0 {
-		return nil, &Error{Op: op, Err: errors.New("no keys to lock")}
+		return nil, &Error{Op: op, Key: opts.Key, Err: errors.New("no keys to lock")}
 	}
 	for _, l := range lives {
 		if err := CheckKey(op, l); err != nil {
 			return nil, err
 		}
 	}
-	secs, err := Seconds(op, lives[0], "ttl", ttl)
+	secs, err := Seconds(op, opts.Key, "ttl", opts.TTL)
 	if err != nil {
 		return nil, err
 	}
 	token := NewToken()
 	locks := make([]*Lock, len(lives))
-	lockKeys := make([]string, len(lives))
 	for i, l := range lives {
-		locks[i] = &Lock{Live: l, Key: r.LockKey(l), Token: token, TTL: ttl}
-		lockKeys[i] = locks[i].Key
+		locks[i] = &Lock{Live: l, Key: r.LockKey(l), Token: token, TTL: opts.TTL}
 	}
-	if err := r.SameSlot(op, lives[0], lockKeys...); err != nil {
+	ks := runKeys(locks)
+	if dup := FirstDuplicate(ks[:len(locks)]); dup != "" {
+		return nil, &Error{Op: op, Key: opts.Key, Err: fmt.Errorf("lock key %q requested twice", dup)}
+	}
+	if err := r.SameSlot(op, opts.Key, ks...); err != nil {
 		return nil, err
 	}
-	if dup := FirstDuplicate(lockKeys); dup != "" {
-		return nil, &Error{Op: op, Key: lives[0], Err: fmt.Errorf("lock key %q requested twice", dup)}
+	args := []string{token, strconv.FormatInt(secs, 10), strconv.Itoa(len(locks)), strconv.Itoa(len(opts.Checks))}
+	for _, c := range opts.Checks {
+		args = append(args, c.Command, c.Key)
 	}
-	order := slices.Clone(locks)
-	slices.SortFunc(order, func(a, b *Lock) int { return strings.Compare(a.Key, b.Key) })
-	cmds := make(rueidis.Commands, len(order))
-	for i, l := range order {
-		cmds[i] = r.client.B().Set().Key(l.Key).Value(token).Nx().ExSeconds(secs).Build()
-	}
-	var taken []*Lock
-	var failed error
-	for i, res := range r.client.DoMulti(ctx, cmds...) {
-		err := res.Error()
-		switch {
-		case err == nil:
-			taken = append(taken, order[i])
-		case failed != nil:
-		case rueidis.IsRedisNil(err):
-			failed = &Error{Op: op, Key: order[i].Live, Err: ErrInProgress}
-		default:
-			failed = Fail(ctx, op, order[i].Live, err)
+	args = append(args, opts.Record...)
+	res, err := parseReply(acquireScript.Exec(ctx, r.client, ks, args))
+	if err != nil {
+		if !IsServerReply(err) {
+			_ = r.ReleaseAfter(ctx, locks, nil) // it may have run
 		}
-		if err != nil && !rueidis.IsRedisNil(err) && !IsServerReply(err) {
-			// The SET may have run before its reply was lost. The token is
-			// ours alone, so compare-and-delete cannot hurt another lock.
-			taken = append(taken, order[i])
-		}
+		return nil, Fail(ctx, op, opts.Key, err)
 	}
-	if failed == nil {
+	if err := res.refusal(); err != nil {
+		return nil, &Error{Op: op, Key: opts.Key, Err: err}
+	}
+	switch code, err := res.code(); {
+	case err != nil:
+		return nil, &Error{Op: op, Key: opts.Key, Err: fmt.Errorf("unexpected acquire script reply: %w", err)}
+	case code == codeOK:
 		return locks, nil
+	case code == codeHeld:
+		i, _ := res.int(1)
+		if i >= 1 && int(i) <= len(locks) {
+			return nil, &Error{Op: op, Key: locks[i-1].Live, Err: ErrInProgress}
+		}
 	}
-	if len(taken) > 0 {
-		_ = r.ReleaseAfter(ctx, taken, nil)
-	}
-	return nil, failed
+	return nil, &Error{Op: op, Key: opts.Key, Err: fmt.Errorf("unexpected acquire script reply %v", res)}
 }
 
-// Release deletes every lock of locks that still holds its token, in one
-// compare-and-delete script, and never a lock someone else holds. If
-// another rebuild holds some lock, the others are still released and the
-// error matches [ErrLockLost]. A lock already gone (it expired, or this
-// release ran before and its reply was lost) leaves nothing to release. The
-// locks must share one token.
+// runKeys returns the keys of a run's locks, then their records, then their
+// logs: the KEYS of acquire, heartbeat and release.
+func runKeys(locks []*Lock) []string {
+	ks := make([]string, 0, 3*len(locks))
+	for _, l := range locks {
+		ks = append(ks, l.Key)
+	}
+	for _, l := range locks {
+		ks = append(ks, keys.RecordKey(l.Key))
+	}
+	for _, l := range locks {
+		ks = append(ks, keys.LogKey(l.Key))
+	}
+	return ks
+}
+
+// Release deletes every lock of locks that still holds its token, with the
+// record and the log of changes kept next to it, in one compare-and-delete
+// script, and never a lock someone else holds. If another rebuild holds
+// some lock, the others are still released and the error matches
+// [ErrLockLost]. A lock already gone (it expired, or this release ran
+// before and its reply was lost) leaves nothing to release. The locks must
+// share one token.
 func (r *Redis) Release(ctx context.Context, locks []*Lock) error {
-	_, err := r.release(ctx, locks)
+	_, err := r.release(ctx, locks, false)
 	return err
 }
 
@@ -138,29 +197,35 @@ func (r *Redis) ReleaseAfter(ctx context.Context, locks []*Lock, err error) erro
 	return err
 }
 
-// release releases locks and deletes the receipt a publish fenced on them
-// left, in one script, and reports whether there was one.
-func (r *Redis) release(ctx context.Context, locks []*Lock) (receipt bool, err error) {
+// release releases locks, and reads the receipt a publish fenced on them
+// left, in one script, and reports whether there was one. settle marks the
+// receipt as read instead of deleting it, so that a retry of this script
+// after its own reply was lost still finds it.
+func (r *Redis) release(ctx context.Context, locks []*Lock, settle bool) (receipt bool, err error) {
 	const op = "release"
-	lockKeys, token, err := CheckLocks(op, locks)
+	_, token, err := CheckLocks(op, locks)
 	if err != nil {
 		return false, err
 	}
-	ks := append(lockKeys, keys.ReceiptKey(locks[0].Key))
+	ks := append(runKeys(locks), keys.ReceiptKey(locks[0].Key))
 	if err := r.SameSlot(op, locks[0].Live, ks...); err != nil {
 		return false, err
 	}
-	reply, err := releaseScript.Exec(ctx, r.client, ks, []string{token, "1"}).AsIntSlice()
+	mode := "0"
+	if settle {
+		mode = "1"
+	}
+	res, err := releaseScript.Exec(ctx, r.client, ks, []string{token, strconv.Itoa(len(locks)), mode}).AsIntSlice()
 	if err != nil {
 		return false, Fail(ctx, op, locks[0].Live, err)
 	}
-	if len(reply) != 3 {
-		return false, &Error{Op: op, Key: locks[0].Live, Err: fmt.Errorf("unexpected release script reply %v", reply)}
+	if len(res) != 3 {
+		return false, &Error{Op: op, Key: locks[0].Live, Err: fmt.Errorf("unexpected release script reply %v", res)}
 	}
-	if reply[1] > 0 {
-		return reply[2] == 1, &Error{Op: op, Key: locks[0].Live, Err: ErrLockLost}
+	if res[1] > 0 {
+		return res[2] == 1, &Error{Op: op, Key: locks[0].Live, Err: ErrLockLost}
 	}
-	return reply[2] == 1, nil
+	return res[2] == 1, nil
 }
 
 // CheckLocks validates locks that are used together and returns their keys

@@ -4,13 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/keyswap/keyswap/internal/keys"
+	"github.com/redis/rueidis"
 )
 
 // Outcome is what a successful publish did to a live key.
@@ -44,6 +43,10 @@ type Target struct {
 	// Temp at publish time is a loss and fails closed with ErrTempKeyLost.
 	// False means a missing Temp is an empty result: Live is deleted.
 	Populated bool
+	// HasTTL records that every write gave Temp its TTL, as a Rebuilder's
+	// batches do: a populated Temp without one was lost and re-created by a
+	// later write, and fails closed with ErrTempKeyLost.
+	HasTTL bool
 }
 
 // PublishOptions configures [Redis.Publish].
@@ -55,141 +58,282 @@ type PublishOptions struct {
 	// Locks fences the publish: it happens only while every lock still holds
 	// its token. The locks must share one token. Nil is an unfenced publish.
 	Locks []*Lock
+	// Batches, when positive, is the number of batches the run wrote: the
+	// record of the run, next to Locks[0], must hold as many, or the publish
+	// fails with ErrWritesLost.
+	Batches int64
 	// Targets are the keys to publish.
 	Targets []Target
 	// Orphans are live keys to delete in the same atomic step, such as the
 	// buckets of a rebuilt family that the rebuild no longer produces.
 	Orphans []string
+	// Drops are other keys to delete in the same step, such as the kept
+	// previous values of an earlier publish.
+	Drops []string
+	// Metas are the keys of the builders' generations; each is advanced.
+	Metas []string
+	// KeepPrevious, when positive, keeps the old value of every target and
+	// orphan in its prev key (keys.PrevKey) for this long, for a rollback,
+	// instead of deleting it. A whole number of seconds.
+	KeepPrevious time.Duration
 	// PreserveFor is how long populated temp keys are kept after the
 	// publish script itself fails. It must be a whole number of seconds.
 	PreserveFor time.Duration
+	// Settle, with Locks, finds out whether a publish whose reply was lost
+	// ran (see [Redis.Publish]). Finding out releases the locks.
+	Settle bool
+	// Now is the time recorded in the metas.
+	Now time.Time
 }
 
-// Publish checks every lock, then that every populated temp key still
-// exists, and only then, for each target, UNLINKs the live key and RENAMEs
+// Published is what a successful publish did.
+type Published struct {
+	// Outcomes has one Outcome per target, in order.
+	Outcomes []Outcome
+	// Generations has the new generation of each meta, in order; none when
+	// the publish was settled after its reply was lost.
+	Generations []int64
+}
+
+// Publish checks, in one script and before any write, that this user may
+// run every command the publish needs on every key, that every lock is
+// ours, that the run's record holds every batch, and that every populated
+// temp key exists with its TTL; and only then, for each target, retires the
+// live key (UNLINK, or RENAME to its prev key with KeepPrevious) and RENAMEs
 // and PERSISTs the temp key over it (or leaves the live key deleted for an
-// empty temp key), and finally UNLINKs the orphans: all in one script.
-// Readers see every target old or every target new, never a mixture and
-// never a missing key. It returns one [Outcome] per target, in order.
+// empty temp key), retires the orphans, deletes the drops, and advances the
+// metas. Readers see every target old or every target new, never a mixture
+// and never a missing key.
 //
-// It fails closed. A lock that is not ours deletes every temp key and
-// returns an error matching [ErrLockLost] that names that lock's live key.
-// A populated temp key that is gone changes nothing and returns an error
-// matching [ErrTempKeyLost] that names it. A failure of the script itself
-// keeps the populated temp keys for PreserveFor and returns the error
-// wrapped; pass it to [Redis.Settle]. On a cluster every key must share one
-// hash slot, or Publish returns an error before sending anything. Publish is
-// never retried: a retried RENAME would find its own temp key gone and
-// report a loss that did not happen.
-func (r *Redis) Publish(ctx context.Context, opts PublishOptions) ([]Outcome, error) {
-	op, key := opts.Op, opts.Key
-	if len(opts.Targets) == 0 && len(opts.Orphans) == 0 {
-		return nil, &Error{Op: op, Key: key, Err: errors.New("no targets")}
-	}
-	preserve, err := Seconds(op, key, "PreserveFor", opts.PreserveFor)
+// It fails closed; on every failure the live keys are untouched.
+//   - A lock that is not ours: every temp key is deleted (it is stale:
+//     nothing to diagnose) and the error matches [ErrLockLost], naming that
+//     lock's live key.
+//   - A populated temp key that is gone or was re-created, or a record that
+//     lost batches: nothing changes, and the error matches
+//     [ErrTempKeyLost] or [ErrWritesLost].
+//   - A right or command Redis would refuse: nothing changes, and the error
+//     matches [ErrNoPermission] and names the command.
+//   - The script itself fails (an error reply, a lost reply): the populated
+//     temp keys are kept for PreserveFor, and the error is returned
+//     wrapped. When its reply was lost (a dropped connection, a timeout, a
+//     cancelled or closed client) and Settle is set, Publish finds out from
+//     the receipt whether it ran (see [Redis.settle]): if it did, it
+//     returns success with no generations.
+//
+// On a cluster every key must share one hash slot, or Publish returns an
+// error before sending anything. Publish is never retried: a retried RENAME
+// would find its own temp key gone and report a loss that did not happen.
+func (r *Redis) Publish(ctx context.Context, opts PublishOptions) (Published, error) {
+	p, err := r.plan(opts)
 	if err != nil {
-		return nil, err
+		return Published{}, err
 	}
-	plan := publishPlan{orphans: opts.Orphans}
-	if len(opts.Locks) > 0 {
-		if plan.locks, plan.token, err = CheckLocks(op, opts.Locks); err != nil {
-			return nil, err
-		}
-		plan.receipt = keys.ReceiptKey(opts.Locks[0].Key)
-	}
-	all := make([]string, 0, 2*len(opts.Targets))
-	for _, t := range opts.Targets {
-		switch {
-		case t.Live == "":
-			return nil, &Error{Op: op, Key: key, Err: errors.New("empty key")}
-		case t.Temp == "":
-			return nil, &Error{Op: op, Key: t.Live, Err: errors.New("empty temp key")}
-		case t.Temp == t.Live:
-			return nil, &Error{Op: op, Key: t.Live, Err: errors.New("temp key is the live key")}
-		}
-		all = append(all, t.Live, t.Temp)
-		plan.temps = append(plan.temps, t.Temp)
-		plan.lives = append(plan.lives, t.Live)
-		plan.populated = append(plan.populated, t.Populated)
-	}
-	if dup := FirstDuplicate(all); dup != "" {
-		return nil, &Error{Op: op, Key: key, Err: fmt.Errorf("key %q appears twice among the targets", dup)}
-	}
-	for _, o := range opts.Orphans {
-		if o == "" {
-			return nil, &Error{Op: op, Key: key, Err: errors.New("empty orphan key")}
-		}
-	}
-	outcomes, err := r.publish(ctx, op, key, plan)
-	var lost *lostLockError
-	switch {
-	case err == nil:
-		return outcomes, nil
-	case errors.As(err, &lost):
-		// A successor owns the lock, so our snapshot is the stale one.
-		// Drop it rather than preserve it: there is nothing to diagnose.
-		live := opts.Locks[lost.index].Live
-		r.log.Warn("keyswap: rebuild lock lost before the publish; nothing published", "key", live, "lock_key", opts.Locks[lost.index].Key)
-		r.Discard(ctx, key, plan.temps...)
-		return nil, &Error{Op: op, Key: live, Err: ErrLockLost}
-	case errors.Is(err, ErrTempKeyLost):
-		// Populated at a renewal, gone inside the script: evicted, expired
-		// or swept mid-publish. The live keys are stale but intact;
-		// reporting success would be the fail-open bug.
-		return nil, &Error{Op: op, Key: key, Err: err}
-	case IsBadInput(err):
-		return nil, err
+	res, err := parseReply(publishScript.Exec(ctx, r.client, p.keys, p.args))
+	if err == nil {
+		return r.published(ctx, opts, res)
 	}
 	// OOM, a dropped connection, a timeout: the caller must see the error,
 	// not a success. Keep what was built for a bounded diagnostic window
 	// instead of leaking index-sized keys indefinitely.
-	for _, t := range opts.Targets {
+	r.preserve(ctx, opts)
+	perr := Fail(ctx, opts.Op, opts.Key, err)
+	if IsServerReply(err) || !opts.Settle || len(opts.Locks) == 0 {
+		return Published{}, perr
+	}
+	// The reply was lost: the script may or may not have run.
+	if ran, err := r.settle(ctx, perr, opts.Locks); !ran {
+		return Published{}, err
+	}
+	out := make([]Outcome, len(opts.Targets))
+	for i, t := range opts.Targets {
+		out[i] = Emptied
 		if t.Populated {
-			r.preserveTemp(ctx, t.Live, t.Temp, preserve)
+			out[i] = Swapped
 		}
 	}
-	return nil, Fail(ctx, op, key, err)
+	return Published{Outcomes: out}, nil
+}
+
+// publishPlan is one call of the publish script.
+type publishPlan struct {
+	keys, args []string
+}
+
+// plan validates opts and lays out the publish script's keys and args.
+func (r *Redis) plan(opts PublishOptions) (publishPlan, error) {
+	op, key := opts.Op, opts.Key
+	if _, err := Seconds(op, key, "PreserveFor", opts.PreserveFor); err != nil {
+		return publishPlan{}, err
+	}
+	keep := int64(0)
+	if opts.KeepPrevious > 0 {
+		var err error
+		if keep, err = Seconds(op, key, "KeepPrevious", opts.KeepPrevious); err != nil {
+			return publishPlan{}, err
+		}
+	}
+	var token string
+	var lockKeys []string
+	if len(opts.Locks) > 0 {
+		var err error
+		if lockKeys, token, err = CheckLocks(op, opts.Locks); err != nil {
+			return publishPlan{}, err
+		}
+	}
+	temps, lives, flags, err := targets(op, key, opts.Targets)
+	if err != nil {
+		return publishPlan{}, err
+	}
+	for _, k := range append(append(slicesOf(opts.Orphans), opts.Drops...), opts.Metas...) {
+		if k == "" {
+			return publishPlan{}, &Error{Op: op, Key: key, Err: errors.New("empty key")}
+		}
+	}
+	var records, receipts, prevs []string
+	if len(lockKeys) > 0 {
+		receipts = []string{keys.ReceiptKey(lockKeys[0])}
+		if opts.Batches > 0 {
+			records = []string{keys.RecordKey(lockKeys[0])}
+		}
+	}
+	if keep > 0 {
+		for _, k := range append(slicesOf(lives), opts.Orphans...) {
+			prevs = append(prevs, keys.PrevKey(k, r.cluster))
+		}
+	}
+	var ks []string
+	for _, section := range [][]string{lockKeys, records, receipts, temps, lives, opts.Orphans, prevs, opts.Drops, opts.Metas} {
+		ks = append(ks, section...)
+	}
+	if dup := FirstDuplicate(ks); dup != "" {
+		return publishPlan{}, &Error{Op: op, Key: key, Err: fmt.Errorf("key %q appears twice in the publish", dup)}
+	}
+	if err := r.SameSlot(op, key, ks...); err != nil {
+		return publishPlan{}, err
+	}
+	args := []string{token}
+	for _, n := range []int{len(lockKeys), len(records), len(receipts), len(temps), len(opts.Orphans), len(prevs), len(opts.Drops), len(opts.Metas), 0} {
+		args = append(args, strconv.Itoa(n))
+	}
+	args = append(args, flags, strconv.FormatInt(opts.Batches, 10), strconv.FormatInt(keep, 10),
+		strconv.Itoa(int(receiptTTL/time.Second)), Now(opts.Now))
+	return publishPlan{keys: ks, args: args}, nil
+}
+
+// slicesOf returns a copy of ss, so that appending to it cannot write into
+// the caller's array.
+func slicesOf(ss []string) []string { return append([]string(nil), ss...) }
+
+// targets validates ts and returns their temp keys, live keys and populated
+// flags.
+func targets(op, key string, ts []Target) (temps, lives []string, flags string, err error) {
+	var b strings.Builder
+	for _, t := range ts {
+		switch {
+		case t.Live == "":
+			return nil, nil, "", &Error{Op: op, Key: key, Err: errors.New("empty key")}
+		case t.Temp == "":
+			return nil, nil, "", &Error{Op: op, Key: t.Live, Err: errors.New("empty temp key")}
+		case t.Temp == t.Live:
+			return nil, nil, "", &Error{Op: op, Key: t.Live, Err: errors.New("temp key is the live key")}
+		}
+		temps, lives = append(temps, t.Temp), append(lives, t.Live)
+		switch {
+		case t.Populated && t.HasTTL:
+			b.WriteByte('2')
+		case t.Populated:
+			b.WriteByte('1')
+		default:
+			b.WriteByte('0')
+		}
+	}
+	return temps, lives, b.String(), nil
+}
+
+// published reads the publish script's reply.
+func (r *Redis) published(ctx context.Context, opts PublishOptions, res reply) (Published, error) {
+	op, key := opts.Op, opts.Key
+	fail := func(err error) (Published, error) { return Published{}, &Error{Op: op, Key: key, Err: err} }
+	if err := res.refusal(); err != nil {
+		return fail(err)
+	}
+	code, err := res.code()
+	if err != nil {
+		return fail(fmt.Errorf("unexpected publish script reply: %w", err))
+	}
+	i, _ := res.int(1)
+	switch {
+	case code == codeLockLost && i >= 1 && int(i) <= len(opts.Locks):
+		// A successor owns the lock, so our snapshot is the stale one.
+		// Drop it rather than preserve it: there is nothing to diagnose.
+		l := opts.Locks[i-1]
+		r.log.Warn("keyswap: rebuild lock lost before the publish; nothing published", "key", l.Live, "lock_key", l.Key)
+		temps, _, _, _ := targets(op, key, opts.Targets)
+		r.Discard(ctx, key, temps...)
+		return Published{}, &Error{Op: op, Key: l.Live, Err: ErrLockLost}
+	case code == codeTempLost && i >= 1 && int(i) <= len(opts.Targets):
+		// Populated at a renewal, gone inside the script: evicted, expired
+		// or swept mid-publish. The live keys are stale but intact;
+		// reporting success would be the fail-open bug.
+		t := opts.Targets[i-1]
+		return fail(fmt.Errorf("%w: %s vanished during the %s; %s and every other live key left unchanged", ErrTempKeyLost, t.Temp, op, t.Live))
+	case code == codeRecreated && i >= 1 && int(i) <= len(opts.Targets):
+		t := opts.Targets[i-1]
+		return fail(fmt.Errorf("%w: %s has no TTL: it was lost and re-created by a later write, so it holds only part of the rebuild (or a write removed its TTL, as a plain SET does: use SET KEEPTTL); %s and every other live key left unchanged", ErrTempKeyLost, t.Temp, t.Live))
+	case code == codeWritesLost:
+		return fail(writesLost(i, opts.Batches))
+	case code != codeOK || len(res) != 1+len(opts.Targets)+len(opts.Metas):
+		return fail(fmt.Errorf("unexpected publish script reply %v", res))
+	}
+	nums, err := res.ints(1)
+	if err != nil {
+		return fail(err)
+	}
+	p := Published{Outcomes: make([]Outcome, len(opts.Targets)), Generations: nums[len(opts.Targets):]}
+	for i, c := range nums[:len(opts.Targets)] {
+		switch c {
+		case codeRenamed:
+			p.Outcomes[i] = Swapped
+		case codeEmptied:
+			p.Outcomes[i] = Emptied
+		default:
+			return fail(fmt.Errorf("unexpected publish outcome %d for %s", c, opts.Targets[i].Temp))
+		}
+	}
+	return p, nil
 }
 
 // receiptTTL is how long the receipt of a fenced publish lives: long
-// enough for Settle, which runs right after the publish failed.
+// enough for settle, which runs right after the publish failed.
 const receiptTTL = 30 * time.Second
 
-// Settle settles the outcome of a [Redis.Publish] fenced on locks that
-// returned perr. It returns perr unchanged when perr is an answer: Redis
-// replied (an error reply, ErrLockLost, ErrTempKeyLost), so the publish did
-// not happen; or when the publish was not fenced, since nothing can then
-// stop a script still on its way.
+// settle settles the outcome of a publish fenced on locks whose reply was
+// lost (perr): the script may or may not have run. A fenced publish script
+// leaves a receipt, in the same atomic step as the publish: our token under
+// "<lock key>:done". settle releases the locks and reads the receipt in one
+// script, so that a publish script still on its way on a broken connection
+// fails its fence if it runs at all: what the receipt says is final. Our
+// receipt means the publish happened, and settle returns (true, nil); no
+// receipt means it did not, and settle returns (false, perr). A receipt
+// that was lost (evicted) errs on the safe side: a publish that happened is
+// reported as failed, never the reverse.
 //
-// When the reply was lost instead (a dropped connection, a timeout, a
-// cancelled context), the script may or may not have run, and Settle finds
-// out. A fenced publish script leaves a receipt, in the same atomic step as
-// the publish: our token under "<lock key>:done". Settle releases the locks
-// and takes the receipt in one script, so that a publish script still on its
-// way on a broken connection fails its fence if it runs at all: what the
-// receipt says is final. Our receipt means the publish happened, and Settle
-// returns (true, nil); no receipt means it did not, and Settle returns
-// (false, perr). A receipt that was lost (evicted) errs on the safe side: a
-// publish that happened is reported as failed, never the reverse.
-//
-// When Redis cannot be reached to settle it, the error matches both
-// [ErrOutcomeUnknown] and perr. Settle runs on a [CleanupContext].
-func (r *Redis) Settle(ctx context.Context, perr error, locks []*Lock) (published bool, err error) {
-	if perr == nil || !replyLost(perr) || len(locks) == 0 {
-		return false, perr
-	}
-	unknown := func(err error) error {
-		return &Error{Op: "publish", Key: locks[0].Live, Err: fmt.Errorf("%w: %w; publish failed: %w", ErrOutcomeUnknown, err, perr)}
-	}
+// The release marks the receipt as read rather than deleting it, so that
+// rueidis retrying the release after its own reply was lost still finds
+// it. When Redis cannot be reached to settle it (the client is closed, the
+// server is gone), the error matches both [ErrOutcomeUnknown] and perr.
+// settle runs on a [CleanupContext].
+func (r *Redis) settle(ctx context.Context, perr error, locks []*Lock) (published bool, err error) {
 	ctx, cancel := CleanupContext(ctx)
 	defer cancel()
-	// One script releases the locks and takes the receipt: from then on no
+	// One script releases the locks and reads the receipt: from then on no
 	// publish fenced on them can happen, and the receipt says whether one
 	// did. (Another rebuild's lock found instead of ours: ours expired, and
 	// its publish, if any, is over too.)
-	receipt, err := r.release(ctx, locks)
+	receipt, err := r.release(ctx, locks, true)
 	if err != nil && !errors.Is(err, ErrLockLost) {
-		return false, unknown(fmt.Errorf("releasing the locks: %w", err))
+		return false, &Error{Op: "publish", Key: locks[0].Live, Err: fmt.Errorf("%w: releasing the locks: %w; publish failed: %w", ErrOutcomeUnknown, err, perr)}
 	}
 	if !receipt {
 		return false, perr
@@ -198,97 +342,29 @@ func (r *Redis) Settle(ctx context.Context, perr error, locks []*Lock) (publishe
 	return true, nil
 }
 
-// replyLost reports whether err, from a publish, leaves it unknown whether
-// the script ran: the connection broke or the wait for the reply ended
-// (a timeout, a cancelled context), as opposed to a reply from Redis or a
-// refusal of ours before anything was sent.
-func replyLost(err error) bool {
-	var ne net.Error
-	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) ||
-		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.As(err, &ne)
-}
-
-// publishPlan is one run of the publish script.
-type publishPlan struct {
-	token     string   // "" for an unfenced publish
-	locks     []string // lock keys to check (none when unfenced)
-	temps     []string
-	lives     []string // lives[i] receives temps[i]
-	populated []bool   // populated[i]: temps[i] was seen holding data
-	orphans   []string // live keys to delete in the same step
-	receipt   string   // fenced: the key the script leaves its receipt in
-}
-
-// lostLockError carries the index of the lock that publish found not ours.
-type lostLockError struct{ index int }
-
-func (e *lostLockError) Error() string { return "lock " + strconv.Itoa(e.index) + " is not ours" }
-
-// publish runs the publish script for p and returns one outcome per target.
-// A lost lock comes back as *lostLockError, a vanished populated temp key as
-// an error wrapping ErrTempKeyLost that names the key; anything else is the
-// script's own failure.
-func (r *Redis) publish(ctx context.Context, op, key string, p publishPlan) ([]Outcome, error) {
-	ks := make([]string, 0, len(p.locks)+2*len(p.temps)+len(p.orphans)+1)
-	ks = append(ks, p.locks...)
-	ks = append(ks, p.temps...)
-	ks = append(ks, p.lives...)
-	ks = append(ks, p.orphans...)
-	if p.receipt != "" {
-		ks = append(ks, p.receipt)
-	}
-	if err := r.SameSlot(op, key, ks...); err != nil {
-		return nil, err
-	}
-	var flags strings.Builder
-	for _, seen := range p.populated {
-		if seen {
-			flags.WriteByte('1')
-		} else {
-			flags.WriteByte('0')
-		}
-	}
-	args := []string{p.token, strconv.Itoa(len(p.locks)), strconv.Itoa(len(p.temps)), flags.String()}
-	if p.receipt != "" {
-		args = append(args, strconv.Itoa(int(receiptTTL/time.Second)))
-	}
-	reply, err := publishScript.Exec(ctx, r.client, ks, args).AsIntSlice()
-	if err != nil {
-		return nil, err
-	}
-	if len(reply) == 2 && reply[0] == codeLockLost && reply[1] >= 1 && int(reply[1]) <= len(p.locks) {
-		return nil, &lostLockError{index: int(reply[1] - 1)}
-	}
-	if len(reply) == 2 && reply[0] == codeTempLost && reply[1] >= 1 && int(reply[1]) <= len(p.temps) {
-		i := reply[1] - 1
-		return nil, fmt.Errorf("%w: %s vanished during the %s; %s and every other live key left unchanged", ErrTempKeyLost, p.temps[i], op, p.lives[i])
-	}
-	if len(reply) != 1+len(p.temps) || reply[0] != codeOK {
-		return nil, fmt.Errorf("unexpected publish script reply %v", reply)
-	}
-	out := make([]Outcome, len(p.temps))
-	for i, code := range reply[1:] {
-		switch code {
-		case codeRenamed:
-			out[i] = Swapped
-		case codeEmptied:
-			out[i] = Emptied
-		default:
-			return nil, fmt.Errorf("unexpected publish outcome %d for %s", code, p.temps[i])
-		}
-	}
-	return out, nil
-}
-
-// preserveTemp bounds a temp key after a failed publish (Familia's
+// preserve bounds the populated temp keys of a failed publish (Familia's
 // preserve_temp_key), best effort.
-func (r *Redis) preserveTemp(ctx context.Context, live, temp string, secs int64) {
+func (r *Redis) preserve(ctx context.Context, opts PublishOptions) {
 	ctx, cancel := CleanupContext(ctx)
 	defer cancel()
-	// Idempotent, so rueidis may retry it on a fresh connection.
-	if err := r.client.Do(ctx, r.client.B().Expire().Key(temp).Seconds(secs).Build().ToRetryable()).Error(); err != nil {
-		r.log.Warn("keyswap: could not bound temp key after a failed publish", "key", live, "temp_key", temp, "err", err)
+	secs := int64(opts.PreserveFor / time.Second)
+	var cmds rueidis.Commands
+	var temps []string
+	for _, t := range opts.Targets {
+		if t.Populated {
+			// Idempotent, so rueidis may retry it on a fresh connection.
+			cmds = append(cmds, r.client.B().Expire().Key(t.Temp).Seconds(secs).Build().ToRetryable())
+			temps = append(temps, t.Temp)
+		}
+	}
+	if len(cmds) == 0 {
 		return
 	}
-	r.log.Warn("keyswap: temp key preserved after a failed publish", "key", live, "temp_key", temp, "preserve_for", time.Duration(secs)*time.Second)
+	for i, res := range r.client.DoMulti(ctx, cmds...) {
+		if err := res.Error(); err != nil {
+			r.log.Warn("keyswap: could not bound temp key after a failed publish", "key", opts.Key, "temp_key", temps[i], "err", err)
+			return
+		}
+	}
+	r.log.Warn("keyswap: temp keys preserved after a failed publish", "key", opts.Key, "temp_keys", len(temps), "preserve_for", opts.PreserveFor)
 }

@@ -2,6 +2,7 @@ package run_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -9,8 +10,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/internal/run"
+	"github.com/redis/rueidis"
+	"github.com/redis/rueidis/rueidishook"
 )
 
 // env holds the package's redis-server processes: one standalone server and
@@ -33,9 +37,12 @@ func TestScriptsMultiKey(t *testing.T) {
 		core := run.New(d.Client, nil)
 		a, b, orphan := d.Prefix+"a", d.Prefix+"b", d.Prefix+"orphan"
 		redistest.Clean(t, d.Other, a, b, orphan, core.LockKey(a), core.LockKey(b))
-		locks, err := core.Acquire(ctx, "acquire", []string{a, b}, 60*time.Second)
+		locks, err := core.Acquire(ctx, run.AcquireOptions{Op: "acquire", Key: a, Lives: []string{a, b}, TTL: 60 * time.Second})
 		if err != nil {
 			t.Fatal(err)
+		}
+		for _, l := range locks {
+			redistest.Clean(t, d.Other, keys.RecordKey(l.Key), keys.LogKey(l.Key))
 		}
 		tempA, tempB := core.NewTempKey(a, time.Now()), core.NewTempKey(b, time.Now())
 		redistest.Clean(t, d.Other, tempA, tempB)
@@ -91,11 +98,11 @@ func TestScriptsMultiKey(t *testing.T) {
 		redistest.WantPTTL(t, d.Other, tempA, 0, 10*time.Second)
 
 		// publish {1, 1, 2}: a renamed, b emptied, the orphan unlinked.
-		out, err := core.Publish(ctx, run.PublishOptions{Op: "publish", Key: a, PreserveFor: time.Hour, Locks: locks, Orphans: []string{orphan}, Targets: []run.Target{
+		p, err := core.Publish(ctx, run.PublishOptions{Op: "publish", Key: a, PreserveFor: time.Hour, Locks: locks, Orphans: []string{orphan}, Targets: []run.Target{
 			{Temp: tempA, Live: a, Populated: true}, {Temp: tempB, Live: b},
 		}})
-		if want := []run.Outcome{run.Swapped, run.Emptied}; err != nil || !slices.Equal(out, want) {
-			t.Fatalf("Publish = %v, %v; want %v, nil", out, err, want)
+		if want := []run.Outcome{run.Swapped, run.Emptied}; err != nil || !slices.Equal(p.Outcomes, want) {
+			t.Fatalf("Publish = %v, %v; want %v, nil", p.Outcomes, err, want)
 		}
 		redistest.WantHash(t, d.Other, a, redistest.Fields("newA", 3))
 		for _, key := range []string{tempA, tempB, b, orphan} {
@@ -112,35 +119,37 @@ func TestScriptsMultiKey(t *testing.T) {
 	})
 }
 
-func TestSettleAnswers(t *testing.T) {
-	// An answer from Redis is not a lost reply: Settle returns it unchanged
-	// and releases nothing (C31: the caller releases).
+func TestPublishAnswersAreNotSettled(t *testing.T) {
+	// An answer from Redis is not a lost reply: Publish returns it, even
+	// with Settle, and releases nothing (C31: the caller releases).
 	env.ForEachDeployment(t, func(t *testing.T, d redistest.Deployment) {
 		ctx := redistest.Ctx(t)
-		core := run.New(d.Client, nil)
+		serverErr := d.Client.Do(ctx, d.Client.B().Arbitrary("EVAL").Args("return redis.error_reply('ERR injected')", "0").Build()).Error()
+		if !run.IsServerReply(serverErr) {
+			t.Fatalf("the injected error %v is not a server reply", serverErr)
+		}
+		publish := redistest.ScriptNamed("publish")
+		hooked := rueidishook.WithHook(d.Client, redistest.Hook{OnDo: func(c rueidis.Client, ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
+			if publish.Is(cmd.Commands()) {
+				return rueidis.NewErrorResult(serverErr)
+			}
+			return c.Do(ctx, cmd)
+		}})
+		core := run.New(hooked, nil)
 		live := d.Prefix + "idx"
-		locks, err := core.Acquire(ctx, "acquire", []string{live}, 60*time.Second)
+		locks, err := core.Acquire(ctx, run.AcquireOptions{Op: "acquire", Key: live, Lives: []string{live}, TTL: 60 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
 		lock := locks[0]
-		t.Cleanup(func() { redistest.Cmd(t, d.Other, "DEL", lock.Key) })
-		serverErr := d.Client.Do(ctx, d.Client.B().Arbitrary("EVAL").Args("return redis.error_reply('ERR injected')", "0").Build()).Error()
-		for name, perr := range map[string]error{
-			"server error":  &run.Error{Op: "publish", Key: live, Err: serverErr},
-			"lock lost":     &run.Error{Op: "publish", Key: live, Err: run.ErrLockLost},
-			"temp key lost": &run.Error{Op: "publish", Key: live, Err: run.ErrTempKeyLost},
-			"nil":           nil,
-		} {
-			published, err := core.Settle(ctx, perr, locks)
-			if published || err != perr {
-				t.Errorf("%s: Settle = %v, %v; want false and the same error", name, published, err)
-			}
+		t.Cleanup(func() { _ = core.Release(context.Background(), locks) })
+		temp := core.NewTempKey(live, time.Now())
+		redistest.Clean(t, d.Other, temp)
+		_, err = core.Publish(ctx, run.PublishOptions{Op: "publish", Key: live, Locks: locks, Settle: true, PreserveFor: time.Minute,
+			Targets: []run.Target{{Temp: temp, Live: live}}})
+		if !errors.Is(err, serverErr) {
+			t.Errorf("Publish = %v, want the server's error", err)
 		}
 		redistest.WantString(t, d.Other, lock.Key, lock.Token)
-		// Unfenced: nothing can stop a script in flight, so nothing to settle.
-		if published, err := core.Settle(ctx, errLostReply, nil); published || err != errLostReply {
-			t.Errorf("unfenced: Settle = %v, %v; want false and the same error", published, err)
-		}
 	})
 }

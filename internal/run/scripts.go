@@ -1,6 +1,7 @@
 package run
 
 import (
+	"crypto/fips140"
 	"crypto/sha1"
 	"embed"
 	"encoding/hex"
@@ -13,8 +14,8 @@ import (
 //go:embed scripts/*.lua
 var Scripts embed.FS
 
-// script returns the source of scripts/<name>.lua.
-func script(name string) string {
+// source returns the source of scripts/<name>.lua.
+func source(name string) string {
 	b, err := Scripts.ReadFile("scripts/" + name + ".lua")
 	if err != nil {
 		panic("keyswap: missing embedded script " + name + ": " + err.Error())
@@ -22,38 +23,80 @@ func script(name string) string {
 	return string(b)
 }
 
-// The scripts are immutable package-level values, as in rueidis's own
-// lock: rueidis computes each SHA1 once, sends EVALSHA, and falls back to
-// EVAL on NOSCRIPT.
-//
-// lease and release are idempotent (compare-and-extend, compare-and-delete),
-// so rueidis may retry them after a dropped connection, even one that lost
-// the reply of a script that ran: a rerun of the lease replies the same, and
-// release tells a lock already gone from one held by another. publish must
-// never be retried: a retried RENAME would find its own temp key gone and
-// report a loss that did not happen.
-var (
-	leaseSource   = script("lease")
-	leaseScript   = rueidis.NewLuaScriptRetryable(leaseSource)
-	releaseScript = rueidis.NewLuaScriptRetryable(script("release"))
-	publishScript = rueidis.NewLuaScript(script("publish"))
-)
+// script is one Lua script: rueidis's runner, and the source and SHA1 for a
+// caller that sends it inside its own DoMulti.
+type script struct {
+	*rueidis.Lua
+	src  string
+	sha1 string // "" in FIPS mode: the script then goes as EVAL
+}
 
-// leaseSHA1 is the SHA1 rueidis uses for EVALSHA of the lease script.
-var leaseSHA1 = func() string {
-	sum := sha1.Sum([]byte(leaseSource))
-	return hex.EncodeToString(sum[:])
-}()
+// newScript returns the script name. retryable scripts are idempotent, so
+// rueidis may resend them on a fresh connection after a lost reply.
+//
+// In FIPS 140 mode SHA-1 is not an approved algorithm (with
+// GODEBUG=fips140=only, calling it panics), so the SHA1 is not computed
+// here: rueidis asks the server for it with SCRIPT LOAD on first use, and a
+// script sent inside a DoMulti goes as EVAL.
+func newScript(name string, retryable bool) script {
+	s := script{src: source(name)}
+	var opts []rueidis.LuaOption
+	if fips140.Enabled() {
+		opts = append(opts, rueidis.WithLoadSHA1(true))
+	} else {
+		sum := sha1.Sum([]byte(s.src))
+		s.sha1 = hex.EncodeToString(sum[:])
+	}
+	if retryable {
+		s.Lua = rueidis.NewLuaScriptRetryable(s.src, opts...)
+	} else {
+		s.Lua = rueidis.NewLuaScript(s.src, opts...)
+	}
+	return s
+}
+
+// command returns s as one command for a DoMulti: EVALSHA, or EVAL when no
+// SHA1 is known. rueidis falls back from EVALSHA to EVAL only for a script
+// sent alone, so a caller of command handles NOSCRIPT itself.
+func (s script) command(cb rueidis.Builder, keys, args []string) rueidis.Completed {
+	if s.sha1 == "" {
+		return cb.Eval().Script(s.src).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
+	}
+	return cb.Evalsha().Sha1(s.sha1).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
+}
+
+// The scripts are immutable package-level values, as in rueidis's own
+// lock.
+//
+// touch, heartbeat, refresh and release are idempotent (compare-and-extend,
+// compare-and-delete), so rueidis may retry them after a dropped
+// connection, even one that lost the reply of a script that ran: a rerun
+// replies the same, and release tells a lock already gone from one held by
+// another. acquire is not retried: a rerun would find its own locks taken.
+// publish must never be retried: a retried RENAME would find its own temp
+// key gone and report a loss that did not happen.
+var (
+	touchScript     = newScript("touch", true)
+	acquireScript   = newScript("acquire", false)
+	heartbeatScript = newScript("heartbeat", true)
+	refreshScript   = newScript("refresh", true)
+	releaseScript   = newScript("release", true)
+	publishScript   = newScript("publish", false)
+)
 
 // Return codes: the first element of the scripts' array replies.
 const (
-	codeLockLost = -1 // lease, publish: {-1, i}: lock i is not ours
-	codeTempLost = 0  // publish: {0, i}: populated temp key i is gone
-	codeOK       = 1  // lease: {1, expire...}; publish: {1, outcome...}
-)
-
-// Per-target outcomes in publish's {1, o1, ..., oT} reply.
-const (
-	codeRenamed = 1
-	codeEmptied = 2
+	codeLockLost    = -1 // touch, heartbeat, refresh, publish: lock i is not ours
+	codeHeld        = 0  // acquire: lock i is held
+	codeTempLost    = 0  // publish: populated temp key i is gone
+	codeOK          = 1  // every script: done
+	codeNoRight     = -2 // acquire, publish: {-2, cmd, key}
+	codeWritesLost  = -3 // heartbeat, publish: {-3, batches}
+	codeRecreated   = -4 // publish: {-4, i}: populated temp key i has no TTL
+	codeUnknownCmd  = -5 // acquire, publish: {-5, cmd}
+	codeRenamed     = 1  // publish, per target: renamed
+	codeEmptied     = 2  // publish, per target: live key deleted
+	tempAbsent      = 0  // touch, refresh, per temp key
+	tempAlive       = 1
+	tempCreated     = 2
 )

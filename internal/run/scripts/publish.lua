@@ -1,85 +1,181 @@
--- publish.lua: the fenced atomic swap of one or more rebuilt keys.
+-- publish.lua: the fenced atomic publish of one or more rebuilt keys.
 --
--- One script, so the lock-ownership check, the temp-key presence check and
--- the RENAME (or the empty-rebuild delete) cannot be interleaved with another
--- client's commands. A separate "check the lock, then RENAME" sequence would
--- let a rebuild whose lock expired between the two steps publish its stale
--- snapshot over a successor's newer index.
+-- One script, so that the checks and the RENAMEs (or the empty-rebuild
+-- deletes) cannot be interleaved with another client's commands. A separate
+-- "check the lock, then RENAME" would let a rebuild whose lock expired
+-- between the two steps publish its stale snapshot over a successor's newer
+-- index.
 --
--- The old value is UNLINKed before the RENAME: RENAME frees the value it
--- replaces synchronously, which blocks the server in proportion to its size
--- (about 350 ms for a 1M-field hash); UNLINK frees it in a background thread.
--- Readers cannot see the gap between the two: the script is atomic.
+-- Redis does not roll a script back when one of its commands fails: the
+-- writes made before the failure stay. So everything that could fail is
+-- checked before the first write: the rights of this user on every key
+-- (redis.acl_check_cmd, where the server has it), that no command is
+-- renamed or disabled, the locks, the run's record, and the temp keys.
 --
--- RENAME carries the temp key's TTL over, so PERSIST clears it: a live key
--- never inherits an expiry.
+-- The old value is UNLINKed (or, to keep it for a rollback, RENAMEd aside)
+-- before the RENAME: RENAME frees the value it replaces synchronously, which
+-- blocks the server in proportion to its size (about 350 ms for a 1M-field
+-- hash); UNLINK frees it in a background thread. Readers cannot see the gap
+-- between the two: the script is atomic. RENAME carries the temp key's TTL
+-- over, so PERSIST clears it: a live key never inherits an expiry.
 --
--- KEYS[1..L]           lock keys (L = ARGV[2]; 0 for an unfenced swap)
--- KEYS[L+1..L+T]       temp keys (T = ARGV[3])
--- KEYS[L+T+1..L+2T]    live keys, in the same order as the temp keys
--- KEYS[L+2T+1..]       orphans: live keys to UNLINK, e.g. SetIndex buckets
---                      this run did not produce
--- KEYS[#KEYS]          with ARGV[5]: the receipt key
--- ARGV[1]              lock token; '' skips the ownership check
--- ARGV[2]              L
--- ARGV[3]              T
--- ARGV[4]              T characters: '1' where the caller saw temp key i
---                      populated, so a missing key is a loss and must fail
---                      closed; '0' where a missing key is an empty rebuild
--- ARGV[5]              optional, fenced only: the receipt's TTL in seconds.
---                      The script then sets the last key to the token, in
---                      the same atomic step as the publish, so that a caller
---                      whose reply was lost can tell whether it ran.
+-- The keys come in sections, in this order, with their sizes in ARGV:
+--   L locks; R records (0 or 1: the run's own); C receipts (0 or 1);
+--   T temp keys; T live keys, in the same order; O orphans: live keys to
+--   delete, such as family buckets the run did not produce; P prevs: where
+--   the old value of each live key, then of each orphan, is kept (P = T + O
+--   when ARGV[13] > 0, else 0); D drops: keys to delete as well, such as
+--   prevs of an earlier publish; G metas: the generation of each builder;
+--   X logs: the logs of changes of the run's locks, whose tail is replayed
+--   onto the temp keys before they are renamed.
 --
--- Returns {-1, i}: lock i does not hold the token; nothing changed.
---         {0, i}:  temp key i was populated but is gone; nothing changed.
---         {1, o1, ..., oT}: published; oi = 1 renamed, 2 live key deleted
---                  (empty rebuild).
+-- ARGV[1]    token; '' skips the lock checks (an unfenced swap)
+-- ARGV[2..10] L, R, C, T, O, P, D, G, X
+-- ARGV[11]   T characters: '1' where the caller saw temp key i populated, so
+--           that a missing key is a loss and must fail closed; '2' where it
+--           also gave it a TTL with every write, so that a key without one
+--           was lost and re-created; '0' where a missing key is an empty
+--           result
+-- ARGV[12]   the batches the run wrote (checked against the record)
+-- ARGV[13]   how long to keep the old values, in seconds (0: do not)
+-- ARGV[14]   the receipt's TTL in seconds: the script sets the receipt to
+--            the token in the same atomic step as the publish, so that a
+--            caller whose reply was lost can tell whether it ran
+-- ARGV[15]   the time, in milliseconds since the epoch, for the metas
+-- ARGV[16..] X offsets: how much of each log the run has replayed
+--
+-- Returns {1, o1..oT, g1..gG}: published; oi = 1 renamed, 2 live key
+--           deleted (empty result); gi the new generation of meta i.
+--         {-1, i}: lock i does not hold the token.
+--         {0, i}: temp key i was populated and is gone.
+--         {-4, i}: temp key i was populated and has no TTL: it was lost and
+--                  re-created by a later write (or a write removed its TTL).
+--         {-3, batches}: the record holds fewer batches than the run wrote.
+--         {-2, cmd, key}: this user may not run cmd on key.
+--         {-5, cmd}: cmd does not exist (renamed or disabled).
+-- On every reply but {1, ...} nothing was written.
 local token = ARGV[1]
-local l = tonumber(ARGV[2])
-local t = tonumber(ARGV[3])
-local populated = ARGV[4]
-local receipt = nil
-if ARGV[5] and token ~= '' then
-  receipt = KEYS[#KEYS]
+local L, R, C, T = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local O, P, D, G = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
+local X = tonumber(ARGV[10])
+local populated, keep = ARGV[11], tonumber(ARGV[13])
+local at = 0
+local function section(n)
+  local first = at
+  at = at + n
+  return first
 end
+local locks, records, receipts = section(L), section(R), section(C)
+local temps, lives, orphans = section(T), section(T), section(O)
+local prevs, drops, metas, logs = section(P), section(D), section(G), section(X)
 
-if token ~= '' then
-  for i = 1, l do
-    if redis.call('GET', KEYS[i]) ~= token then
-      return {-1, i}
+if redis.acl_check_cmd then
+  local function refused(cmd, ...)
+    local ok, allowed = pcall(redis.acl_check_cmd, cmd, ...)
+    if not ok then
+      return {-5, cmd}
+    elseif not allowed then
+      return {-2, cmd, (...)}
+    end
+  end
+  local function check(cmd, first, n, ...)
+    for i = first + 1, first + n do
+      local r = refused(cmd, KEYS[i], ...)
+      if r then return r end
+    end
+  end
+  local r = check('GET', locks, L) or check('HGET', records, R, 'batches')
+    or check('SET', receipts, C, token) or check('PTTL', temps, T)
+    or check('UNLINK', lives, T) or check('PERSIST', lives, T)
+    or check('UNLINK', orphans, O) or check('UNLINK', prevs, P)
+    or check('PEXPIRE', prevs, P, '1') or check('UNLINK', drops, D)
+    or check('HINCRBY', metas, G, 'seq', '1') or check('HSET', metas, G, 'gen', '1')
+  if r then return r end
+  for i = 1, T do
+    r = refused('RENAME', KEYS[temps + i], KEYS[lives + i])
+    if r then return r end
+    if P > 0 then
+      r = refused('RENAME', KEYS[lives + i], KEYS[prevs + i])
+      if r then return r end
+    end
+  end
+  for i = 1, O do
+    if P > 0 then
+      r = refused('RENAME', KEYS[orphans + i], KEYS[prevs + T + i])
+      if r then return r end
     end
   end
 end
 
+if token ~= '' then
+  for i = 1, L do
+    if redis.call('GET', KEYS[locks + i]) ~= token then
+      return {-1, i}
+    end
+  end
+end
+if R > 0 then
+  local batches = tonumber(redis.call('HGET', KEYS[records + 1], 'batches') or '0')
+  if batches < tonumber(ARGV[12]) then
+    return {-3, batches}
+  end
+end
 local present = {}
-for i = 1, t do
-  present[i] = redis.call('EXISTS', KEYS[l + i]) == 1
-  if not present[i] and string.sub(populated, i, i) == '1' then
-    return {0, i}
+for i = 1, T do
+  local pttl = redis.call('PTTL', KEYS[temps + i])
+  present[i] = pttl ~= -2
+  local seen = string.sub(populated, i, i)
+  if seen ~= '0' then
+    if pttl == -2 then
+      return {0, i}
+    elseif pttl == -1 and seen == '2' then
+      return {-4, i}
+    end
   end
 end
 
 local out = {1}
-for i = 1, t do
-  local temp, final = KEYS[l + i], KEYS[l + t + i]
-  redis.call('UNLINK', final)
+local function retire(key, prev)
+  if prev then
+    redis.call('UNLINK', prev)
+    if redis.call('EXISTS', key) == 1 then
+      redis.call('RENAME', key, prev)
+      redis.call('PEXPIRE', prev, keep * 1000)
+    end
+  else
+    redis.call('UNLINK', key)
+  end
+end
+for i = 1, T do
+  local temp, live = KEYS[temps + i], KEYS[lives + i]
+  retire(live, P > 0 and KEYS[prevs + i] or nil)
   if present[i] then
-    redis.call('RENAME', temp, final)
-    redis.call('PERSIST', final)
+    redis.call('RENAME', temp, live)
+    redis.call('PERSIST', live)
     out[#out + 1] = 1
   else
     out[#out + 1] = 2
   end
 end
-local last = #KEYS
-if receipt then
-  last = last - 1
+for i = 1, O do
+  retire(KEYS[orphans + i], P > 0 and KEYS[prevs + T + i] or nil)
 end
-for i = l + 2 * t + 1, last do
-  redis.call('UNLINK', KEYS[i])
+for i = 1, D do
+  redis.call('UNLINK', KEYS[drops + i])
 end
-if receipt then
-  redis.call('SET', receipt, token, 'EX', ARGV[5])
+for i = 1, G do
+  local meta = KEYS[metas + i]
+  local gen = redis.call('HINCRBY', meta, 'seq', 1)
+  local prev = redis.call('HGET', meta, 'gen') or ''
+  redis.call('HSET', meta, 'gen', gen, 'at', ARGV[15])
+  if keep > 0 then
+    redis.call('HSET', meta, 'prev', prev, 'prev_until', tonumber(ARGV[15]) + keep * 1000)
+  else
+    redis.call('HDEL', meta, 'prev', 'prev_until')
+  end
+  out[#out + 1] = gen
+end
+if C > 0 then
+  redis.call('SET', KEYS[receipts + 1], token, 'EX', ARGV[14])
 end
 return out

@@ -1,37 +1,51 @@
 -- release.lua: compare-and-delete. Deletes each lock key that still holds
--- our token and leaves any other holder's lock alone (C8).
+-- our token, with the record and the log of changes kept next to it, and
+-- leaves any other holder's lock, record and log alone.
 --
--- KEYS[1..n]  lock keys
--- KEYS[n+1]   with ARGV[2] = '1': the receipt a fenced publish leaves
--- ARGV[1]     lock token
--- ARGV[2]     optional: '1' when the last key is the receipt
+-- KEYS[1..n]       lock keys
+-- KEYS[n+1..2n]    their records
+-- KEYS[2n+1..3n]   their logs of changes
+-- KEYS[3n+1]       the receipt a fenced publish leaves
+-- ARGV[1]          token
+-- ARGV[2]          n
+-- ARGV[3]          '1' when settling a publish whose reply was lost: the
+--                  receipt is marked as read instead of deleted, so that a
+--                  release retried after its own reply was lost still finds
+--                  it (it expires by itself within seconds)
 --
 -- Returns {deleted, foreign, receipt}: the number of locks deleted; the
--- number held by another token; and 1 when the receipt held our token (it
--- is deleted too), else 0. A lock that is absent counts in neither: it
--- expired, or this release already ran (rueidis retries the script when a
--- reply is lost), and either way nothing of ours is left to delete.
+-- number held by another token; and 1 when the receipt holds our token (or
+-- our token marked as read), else 0. A lock that is absent counts in
+-- neither: it expired, or this release already ran (rueidis retries the
+-- script when a reply is lost), and either way nothing of ours is left.
 --
 -- Releasing and reading the receipt in one step is what lets a caller
 -- whose publish reply was lost settle its outcome: once this has run, no
 -- publish fenced on these locks can happen any more, and the receipt says
 -- whether one already did.
-local n = #KEYS
+local token, n = ARGV[1], tonumber(ARGV[2])
+local rcp = KEYS[3 * n + 1]
+local v = redis.call('GET', rcp)
 local receipt = 0
-if ARGV[2] == '1' then
-  n = n - 1
-  if redis.call('GET', KEYS[#KEYS]) == ARGV[1] then
-    redis.call('DEL', KEYS[#KEYS])
-    receipt = 1
+if v == token or v == 'read:' .. token then
+  receipt = 1
+  if ARGV[3] == '1' then
+    redis.call('SET', rcp, 'read:' .. token, 'KEEPTTL')
+  else
+    redis.call('DEL', rcp)
   end
 end
 local deleted, foreign = 0, 0
 for i = 1, n do
-  local v = redis.call('GET', KEYS[i])
-  if v == ARGV[1] then
-    deleted = deleted + redis.call('DEL', KEYS[i])
-  elseif v then
+  local lock, record, log = KEYS[i], KEYS[n + i], KEYS[2 * n + i]
+  local holder = redis.call('GET', lock)
+  if holder == token then
+    deleted = deleted + redis.call('DEL', lock)
+    redis.call('DEL', record, log)
+  elseif holder then
     foreign = foreign + 1
+  elseif redis.call('HGET', record, 'token') == token then
+    redis.call('DEL', record, log)
   end
 end
 return {deleted, foreign, receipt}

@@ -1,4 +1,4 @@
--- lease.lua: compare-and-extend the rebuild lock(s), then refresh the temp
+-- touch.lua: compare-and-extend the rebuild lock(s), then refresh the temp
 -- keys' TTL. This is Familia's EXTEND_LOCK_SCRIPT and touch in one step.
 --
 -- A blind EXPIRE would let a stalled rebuild keep extending a lock that a

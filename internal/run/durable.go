@@ -1,0 +1,117 @@
+package run
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/keyswap/keyswap/internal/keys"
+	"github.com/redis/rueidis"
+)
+
+// ErrNotDurable reports that the writes of a rebuild could not be made as
+// durable as asked before the publish: fewer replicas acknowledged them, or
+// fewer fsynced them to their AOF, within the timeout. Nothing was
+// published.
+var ErrNotDurable = errors.New("the rebuild's writes could not be made durable")
+
+// Durability is how durable a run's writes must be before they are
+// published.
+type Durability struct {
+	// Replicas is how many replicas must have acknowledged every write
+	// (WAIT).
+	Replicas int
+	// LocalAOF makes the master fsync every write to its AOF (WAITAOF,
+	// Redis 7.2 or later, with appendonly yes).
+	LocalAOF bool
+	// ReplicasAOF is how many replicas must have fsynced every write to
+	// their AOF (WAITAOF, Redis 7.2 or later).
+	ReplicasAOF int
+	// Timeout bounds the wait.
+	Timeout time.Duration
+}
+
+// needsWaitAOF reports whether d needs WAITAOF.
+func (d Durability) needsWaitAOF() bool { return d.LocalAOF || d.ReplicasAOF > 0 }
+
+// none reports whether d asks for nothing.
+func (d Durability) none() bool { return d.Replicas == 0 && !d.needsWaitAOF() }
+
+// CheckDurable finds out, before a run writes anything, whether the server
+// can give what d asks: WAITAOF exists only from Redis 7.2, and local AOF
+// fsyncs need appendonly yes. It returns an error saying what is missing.
+func (r *Redis) CheckDurable(ctx context.Context, op, key string, lock string, d Durability) error {
+	if !d.needsWaitAOF() {
+		return nil
+	}
+	err := r.client.Do(ctx, r.client.B().Waitaof().Numlocal(0).Numreplicas(0).Timeout(1).Build()).Error()
+	if rerr, ok := rueidis.IsRedisErr(err); ok && strings.Contains(strings.ToLower(rerr.Error()), "unknown command") {
+		return &Error{Op: op, Key: key, Err: fmt.Errorf("%w: Durability asks for AOF fsyncs, which need WAITAOF (Redis 7.2 or later), and this server does not have it: %w", ErrNotDurable, err)}
+	}
+	if err != nil {
+		return Fail(ctx, op, key, fmt.Errorf("WAITAOF: %w", err))
+	}
+	return r.waitOn(ctx, op, key, lock, func(c rueidis.DedicatedClient) error {
+		if !d.LocalAOF {
+			return nil
+		}
+		// WAITAOF 1 0 fails at once when appendonly is off.
+		return c.Do(ctx, c.B().Waitaof().Numlocal(1).Numreplicas(0).Timeout(1).Build()).Error()
+	})
+}
+
+// Wait makes the run's writes as durable as d asks, or returns an error
+// matching [ErrNotDurable]. lock is the run's first lock key: the wait is
+// sent to the master that holds it, on a connection of its own that first
+// writes to the run's record, so that WAIT and WAITAOF cover every write the
+// run made before, on any connection: the server counts from the offset of
+// the connection's last write, and its replication stream is in order.
+func (r *Redis) Wait(ctx context.Context, op, key, lock string, d Durability) error {
+	if d.none() {
+		return nil
+	}
+	ms := d.Timeout.Milliseconds()
+	return r.waitOn(ctx, op, key, lock, func(c rueidis.DedicatedClient) error {
+		if d.Replicas > 0 {
+			n, err := c.Do(ctx, c.B().Wait().Numreplicas(int64(d.Replicas)).Timeout(ms).Build()).AsInt64()
+			if err != nil {
+				return fmt.Errorf("WAIT: %w", err)
+			}
+			if n < int64(d.Replicas) {
+				return fmt.Errorf("%w: %d of %d replicas acknowledged the writes within %v (WAIT)", ErrNotDurable, n, d.Replicas, d.Timeout)
+			}
+		}
+		if d.needsWaitAOF() {
+			local := int64(0)
+			if d.LocalAOF {
+				local = 1
+			}
+			got, err := c.Do(ctx, c.B().Waitaof().Numlocal(local).Numreplicas(int64(d.ReplicasAOF)).Timeout(ms).Build()).AsIntSlice()
+			if err != nil {
+				return fmt.Errorf("WAITAOF: %w", err)
+			}
+			if len(got) != 2 || got[0] < local || got[1] < int64(d.ReplicasAOF) {
+				return fmt.Errorf("%w: WAITAOF answered %v within %v, want at least [%d %d] (the master's fsync, then the replicas')", ErrNotDurable, got, d.Timeout, local, d.ReplicasAOF)
+			}
+		}
+		return nil
+	})
+}
+
+// waitOn runs wait on a dedicated connection to the master of lock, after a
+// write to the run's record on it.
+func (r *Redis) waitOn(ctx context.Context, op, key, lock string, wait func(rueidis.DedicatedClient) error) error {
+	record := keys.RecordKey(lock)
+	err := r.client.Dedicated(func(c rueidis.DedicatedClient) error {
+		if err := c.Do(ctx, c.B().Hincrby().Key(record).Field("waits").Increment(1).Build()).Error(); err != nil {
+			return fmt.Errorf("HINCRBY %s: %w", record, err)
+		}
+		return wait(c)
+	})
+	if err != nil {
+		return Fail(ctx, op, key, err)
+	}
+	return nil
+}

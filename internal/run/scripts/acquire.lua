@@ -1,0 +1,52 @@
+-- acquire.lua: take every lock of a run under one token, all or none, and
+-- open the run's record next to the first lock.
+--
+-- One script, so that two runs that want overlapping locks cannot both take
+-- part of them: the first to run takes all, the other none. Before any
+-- write it checks that this user may run every command the run will send
+-- (redis.acl_check_cmd, Redis 7), so that a missing right fails the run
+-- before anything is written, instead of halfway through its publish.
+--
+-- KEYS[1..n]       lock keys
+-- KEYS[n+1..2n]    their records ("<lock>:run")
+-- KEYS[2n+1..3n]   their logs of changes ("<lock>:log")
+-- ARGV[1]          token
+-- ARGV[2]          ttl in seconds
+-- ARGV[3]          n
+-- ARGV[4]          m, the number of rights to check
+-- ARGV[5..4+2m]    m pairs: a command name and the key it will run on
+-- ARGV[5+2m..]     field/value pairs of the first record
+--
+-- Returns {1}: every lock taken, every record open.
+--         {0, i}: lock i is held (by another run); nothing changed.
+--         {-2, cmd, key}: this user may not run cmd on key; nothing changed.
+--         {-5, cmd}: cmd does not exist (renamed or disabled); nothing changed.
+local n = tonumber(ARGV[3])
+local m = tonumber(ARGV[4])
+if redis.acl_check_cmd then
+  for j = 0, m - 1 do
+    local cmd, key = ARGV[5 + 2 * j], ARGV[6 + 2 * j]
+    local ok, allowed = pcall(redis.acl_check_cmd, cmd, key)
+    if not ok then
+      return {-5, cmd}
+    elseif not allowed then
+      return {-2, cmd, key}
+    end
+  end
+end
+for i = 1, n do
+  if redis.call('EXISTS', KEYS[i]) == 1 then
+    return {0, i}
+  end
+end
+for i = 1, n do
+  redis.call('SET', KEYS[i], ARGV[1], 'EX', ARGV[2])
+  redis.call('DEL', KEYS[n + i], KEYS[2 * n + i])
+  if i > 1 then
+    redis.call('HSET', KEYS[n + i], 'token', ARGV[1], 'primary', KEYS[1])
+    redis.call('EXPIRE', KEYS[n + i], ARGV[2])
+  end
+end
+redis.call('HSET', KEYS[n + 1], 'token', ARGV[1], unpack(ARGV, 5 + 2 * m))
+redis.call('EXPIRE', KEYS[n + 1], ARGV[2])
+return {1}

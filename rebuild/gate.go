@@ -1,0 +1,118 @@
+package rebuild
+
+import (
+	"context"
+	"math"
+	"sync"
+	"sync/atomic"
+
+	"golang.org/x/time/rate"
+)
+
+// gate paces the source: it holds the pump while the run is paused, and
+// keeps it under a rate of items per second when one is set. Its fast path,
+// unpaced, is two atomic loads per item.
+type gate struct {
+	paced   atomic.Bool // paused or rate-limited: take the slow path
+	limiter *rate.Limiter
+	owed    int // items pulled since the limiter was last asked; only the pump uses it
+
+	mu      sync.Mutex
+	paused  bool
+	resumed chan struct{} // closed when the run resumes
+	limit   float64       // items/s; 0 is no limit
+}
+
+// newGate returns a gate limited to perSecond items per second (0: none).
+func newGate(perSecond float64) *gate {
+	g := &gate{limiter: rate.NewLimiter(rate.Inf, 1)}
+	g.setRate(perSecond)
+	return g
+}
+
+// gateChunk is how many items the pump takes from the limiter at once, so
+// that a limited run asks it a few times per second, not per item.
+func gateChunk(perSecond float64) int {
+	return int(min(256, max(1, perSecond/20)))
+}
+
+// setRate sets the limit; 0 or less removes it.
+func (g *gate) setRate(perSecond float64) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if perSecond <= 0 || math.IsInf(perSecond, 1) || math.IsNaN(perSecond) {
+		perSecond = 0
+	}
+	if perSecond == g.limit {
+		return
+	}
+	g.limit = perSecond
+	if perSecond == 0 {
+		g.limiter.SetLimit(rate.Inf)
+	} else {
+		g.limiter.SetLimit(rate.Limit(perSecond))
+		g.limiter.SetBurst(gateChunk(perSecond))
+	}
+	g.paced.Store(g.paused || g.limit > 0)
+}
+
+// rate returns the limit, 0 for none.
+func (g *gate) rate() float64 {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.limit
+}
+
+// setPaused pauses or resumes the run.
+func (g *gate) setPaused(paused bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if paused == g.paused {
+		return
+	}
+	g.paused = paused
+	if paused {
+		g.resumed = make(chan struct{})
+	} else {
+		close(g.resumed)
+	}
+	g.paced.Store(g.paused || g.limit > 0)
+}
+
+// isPaused reports whether the run is paused.
+func (g *gate) isPaused() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.paused
+}
+
+// wait lets the next item through: at once when the run is not paced,
+// otherwise when the run is not paused and the rate allows. It reports false
+// when ctx ended first.
+func (g *gate) wait(ctx context.Context) bool {
+	if !g.paced.Load() {
+		return true
+	}
+	for {
+		g.mu.Lock()
+		paused, resumed, limit := g.paused, g.resumed, g.limit
+		g.mu.Unlock()
+		if paused {
+			select {
+			case <-resumed:
+				continue
+			case <-ctx.Done():
+				return false
+			}
+		}
+		if limit == 0 {
+			return true
+		}
+		if g.owed++; g.owed < gateChunk(limit) {
+			return true
+		}
+		n := g.owed
+		g.owed = 0
+		return g.limiter.WaitN(ctx, min(n, g.limiter.Burst())) == nil
+	}
+}
