@@ -22,9 +22,9 @@ type Durability struct {
 	// ReplicasAOF is how many replicas must fsync every write of the run to
 	// their AOF before it is published (WAITAOF, Redis 7.2 or later).
 	ReplicasAOF int
-	// Timeout bounds the wait. Zero means DefaultDurabilityTimeout. It must
-	// be shorter than the lease (Options.TTL): the lease is not renewed
-	// while the run waits.
+	// Timeout bounds the wait. Zero means DefaultDurabilityTimeout, or half
+	// the lease (Options.TTL) if that is shorter. It must be shorter than
+	// the lease: the lease is not renewed while the run waits.
 	Timeout time.Duration
 }
 
@@ -48,7 +48,10 @@ func (r *Rebuilder[T]) checkDurability(bad func(string, ...any) error) error {
 	case d.Timeout < 0:
 		return bad("Durability.Timeout %v: must not be negative (zero means %v)", d.Timeout, DefaultDurabilityTimeout)
 	}
-	d.Timeout = run.OrDefault(d.Timeout, DefaultDurabilityTimeout)
+	if d.Replicas == 0 && !d.LocalAOF && d.ReplicasAOF == 0 {
+		return nil // nothing to wait for
+	}
+	d.Timeout = run.OrDefault(d.Timeout, min(DefaultDurabilityTimeout, r.opts.TTL/2))
 	if d.Timeout >= r.opts.TTL {
 		return bad("Durability.Timeout %v: must be shorter than the lease, TTL %v, which is not renewed during the wait", d.Timeout, r.opts.TTL)
 	}

@@ -39,6 +39,9 @@ func examplePrintKeys(ctx context.Context, client rueidis.Client, pattern string
 	}
 	slices.Sort(ks)
 	for _, k := range ks {
+		if strings.Contains(k, ":rebuild-") {
+			continue // keyswap's own: each index's generation, "<key>:rebuild-gen"
+		}
 		typ, err := client.Do(ctx, client.B().Type().Key(k).Build()).ToString()
 		if err != nil {
 			log.Fatal(err)

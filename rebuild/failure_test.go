@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/keyswap/keyswap/builders"
+	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/rebuild"
 	"github.com/keyswap/keyswap/store"
@@ -115,7 +116,9 @@ func failPopulate(t *testing.T, d deployment, s failShape, bs []rebuild.Builder[
 	want := s.finals(len(bs) == 4)
 	var got []string
 	for k := range before {
-		got = append(got, k)
+		if !keys.Reserved(k) { // the generations stay, by design
+			got = append(got, k)
+		}
 	}
 	slices.Sort(got)
 	if !slices.Equal(got, want) {
@@ -422,27 +425,119 @@ func TestFailLockStolen(t *testing.T) {
 	})
 }
 
-// TestFailStall: a builder that stalls on a batch for longer than a 2 s TTL
-// loses the lease: no renewal reaches Redis for a whole TTL, so the locks
-// expire there, and the run fails with ErrLockLost without publishing (C16,
-// C16+). Writers is 1 so that nothing else renews meanwhile.
+// TestFailStall (C16+, 11.7): a source that yields no item for
+// StallTimeout fails the run with ErrStalled, which is not ErrInProgress:
+// no other process is involved. Nothing is published, nothing is left.
 func TestFailStall(t *testing.T) {
 	t.Parallel()
 	forEachDeployment(t, func(t *testing.T, d deployment) {
 		s := failNewShape(d)
 		before := failPopulate(t, d, s, s.builders(nil))
-		var stalled atomic.Bool
-		r := redistest.Rebuilder(t, d.Client, rebuild.Options{BatchSize: failBatch, Writers: 1, TTL: 2 * time.Second}, s.builders(func(items []user) {
-			if items[0].ID == "u000000" && stalled.CompareAndSwap(false, true) {
-				time.Sleep(3 * time.Second) // the injected fault: a stall longer than TTL, not synchronisation
+		us := failSecondUsers(failN)
+		r := redistest.Rebuilder(t, d.Client, rebuild.Options{BatchSize: failBatch, StallTimeout: time.Second}, s.builders(nil)...)
+		_, err := r.Run(redistest.Ctx(t), rebuild.FromSeq2(func(yield func(user, error) bool) {
+			for _, u := range us[:failN/2] {
+				if !yield(u, nil) {
+					return
+				}
 			}
-		})...)
-		_, err := r.Run(redistest.Ctx(t), rebuild.FromSlice(failSecondUsers(failN)))
-		if !stalled.Load() {
-			t.Fatal("the builder never stalled")
+			<-redistest.Ctx(t).Done() // the source hangs: the injected fault
+		}))
+		failWantError(t, err, "source", rebuild.ErrStalled)
+		if errors.Is(err, rebuild.ErrInProgress) {
+			t.Errorf("Run: got %v, which matches ErrInProgress; want a stall not to", err)
 		}
-		failWantError(t, err, "", rebuild.ErrLockLost)
 		failWantNothingChanged(t, d, before)
+	})
+}
+
+// TestFailLeaseLapses (C16, C16+, C36): when no heartbeat reaches Redis for
+// a whole TTL (here the hook fails every one before it leaves, as a broken
+// network would), the locks expire in Redis, and the run fails with
+// ErrLockLost without publishing.
+func TestFailLeaseLapses(t *testing.T) {
+	t.Parallel()
+	heartbeat := redistest.ScriptNamed("heartbeat")
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		s := failNewShape(d)
+		before := failPopulate(t, d, s, s.builders(nil))
+		cut := errors.New("injected: the network is down")
+		var dropped atomic.Int64
+		hooked := rueidishook.WithHook(d.Client, redistest.Hook{
+			OnDo: func(c rueidis.Client, ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
+				if heartbeat.Is(cmd.Commands()) {
+					dropped.Add(1)
+					return rueidis.NewErrorResult(cut)
+				}
+				return c.Do(ctx, cmd)
+			},
+			OnDoMulti: func(c rueidis.Client, ctx context.Context, multi ...rueidis.Completed) []rueidis.RedisResult {
+				if heartbeat.Is(multi[len(multi)-1].Commands()) {
+					dropped.Add(1)
+					res := c.DoMulti(ctx, multi[:len(multi)-1]...)
+					return append(res, rueidis.NewErrorResult(cut))
+				}
+				return c.DoMulti(ctx, multi...)
+			},
+		})
+		us := failSecondUsers(failN)
+		r := redistest.Rebuilder(t, hooked, rebuild.Options{BatchSize: failBatch, TTL: 2 * time.Second}, s.builders(nil)...)
+		_, err := r.Run(redistest.Ctx(t), rebuild.FromSeq2(func(yield func(user, error) bool) {
+			for i := 0; ; i++ { // a live source, until the run ends
+				if !yield(us[i%failN], nil) {
+					return
+				}
+			}
+		}))
+		failWantError(t, err, "lease", rebuild.ErrLockLost)
+		if dropped.Load() == 0 {
+			t.Fatal("no heartbeat was dropped: the test did not test")
+		}
+		failWantNothingChanged(t, d, before)
+	})
+}
+
+// TestSlowSourceKeepsLease (11.7): a source that yields one item every
+// 300 ms, far fewer than a batch per TTL, rebuilds: the heartbeat keeps
+// the lease without completed batches, and each partial batch is written
+// after FlushInterval, so the run makes progress while the source is slow.
+func TestSlowSourceKeepsLease(t *testing.T) {
+	t.Parallel()
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		key := d.Prefix + "slow:ids"
+		var progressed atomic.Int64 // Progress calls while the source still runs
+		var sourceDone atomic.Bool
+		r := redistest.Rebuilder(t, d.Client, rebuild.Options{
+			TTL: 2 * time.Second, FlushInterval: 200 * time.Millisecond,
+			Progress: func(rebuild.Progress) {
+				if !sourceDone.Load() {
+					progressed.Add(1)
+				}
+			},
+		}, builders.Set(key, func(u user) (string, bool) { return u.ID, true }))
+		us := users(12)
+		_, err := r.Run(redistest.Ctx(t), rebuild.FromSeq2(func(yield func(user, error) bool) {
+			defer sourceDone.Store(true)
+			for i, u := range us {
+				if i > 0 {
+					wait := time.NewTimer(300 * time.Millisecond) // the slow source: that is the test
+					<-wait.C
+				}
+				if !yield(u, nil) {
+					return
+				}
+			}
+		}))
+		if err != nil {
+			t.Fatalf("Run: got %v, want success: a slow source is not a stalled one", err)
+		}
+		if got := redistest.SMembers(t, d.Other, key); len(got) != len(us) {
+			t.Errorf("SCARD %s: got %d, want %d", key, len(got), len(us))
+		}
+		if n := progressed.Load(); n < 3 {
+			t.Errorf("got %d batches written while the 3.3 s source ran, want at least 3: partial batches must be flushed", n)
+		}
+		redistest.WantClean(t, d.Other, d.Prefix)
 	})
 }
 
@@ -611,19 +706,19 @@ func TestFailPublishScript(t *testing.T) {
 }
 
 // TestFailScriptFlushMidRun: SCRIPT FLUSH while a run is going (on a server
-// of the test's own) makes the lease renewal that rides in a batch's
-// DoMulti hit NOSCRIPT, where rueidis has no EVAL fallback. The Rebuilder
-// handles it and the run succeeds (C16+).
+// of the test's own) makes the heartbeat that rides in a batch's DoMulti hit
+// NOSCRIPT, where rueidis has no EVAL fallback. The Rebuilder handles it and
+// the run succeeds (C16+).
 func TestFailScriptFlushMidRun(t *testing.T) {
 	t.Parallel()
 	srv := redistest.OwnServer(t)
 	client, other := srv.Client(t), srv.Client(t)
 	ctx := redistest.Ctx(t)
-	lease := redistest.ScriptNamed("lease")
+	lease := redistest.ScriptNamed("heartbeat")
 	leaseSHA, leaseSrc := lease.SHA1, lease.Source
 	// Loaded first, so that the NOSCRIPT below comes from the flush.
 	if sha, err := other.Do(ctx, other.B().ScriptLoad().Script(leaseSrc).Build()).ToString(); err != nil || sha != leaseSHA {
-		t.Fatalf("SCRIPT LOAD lease.lua: got %q, %v, want %s", sha, err, leaseSHA)
+		t.Fatalf("SCRIPT LOAD heartbeat.lua: got %q, %v, want %s", sha, err, leaseSHA)
 	}
 
 	var flushed, sawNoScript atomic.Bool
@@ -650,8 +745,8 @@ func TestFailScriptFlushMidRun(t *testing.T) {
 		},
 	})
 
-	// The source runs until a renewal has ridden in a DoMulti after the
-	// flush (renewals are due every TTL/3 = 1 s), then a little longer. It
+	// The source runs until a heartbeat has ridden in a DoMulti after the
+	// flush (heartbeats are due every TTL/3 = 1 s), then a little longer. It
 	// cycles over 1000 users, so that the key stays small however long that
 	// takes.
 	const n = 1000

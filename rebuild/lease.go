@@ -21,7 +21,8 @@ import (
 //     token, checks that the run's record holds every batch Redis
 //     acknowledged, resets the locks' TTL, writes the run's status, and
 //     reads what an operator asked. It rides in the round trip of the next
-//     batch, at no extra cost, or goes alone when no batch is sent in time.
+//     batch, at no extra cost; it goes alone only when no batch was sent for
+//     half a heartbeat period.
 //   - The refresh, every TTL/3: the temp keys' TTL reset to 2×TTL, at most
 //     run.RefreshChunk keys per script, one script after the other, so that
 //     no renewal blocks Redis for longer than a few milliseconds, whatever
@@ -57,6 +58,7 @@ type lease struct {
 	mu          sync.Mutex
 	lastBeat    time.Time // when the last successful heartbeat was sent
 	lastRefresh time.Time // when the last complete refresh ended
+	lastSend    time.Time // when a batch last went out
 	inFlight    bool
 	watchdog    *time.Timer
 	stopped     bool
@@ -97,11 +99,18 @@ func (l *lease) lapse() {
 	l.cancel(&Error{Op: "lease", Key: l.key, Err: fmt.Errorf("%w: no heartbeat reached Redis for a whole TTL (%v): the process or the network stalled", ErrLockLost, l.ttl)})
 }
 
-// claim reserves the next heartbeat if one is due and none is in flight.
-func (l *lease) claim(now time.Time) (run.Heartbeat, bool) {
+// claim reserves the next heartbeat if one is due and none is in flight:
+// for a batch's round trip (alone false), or to send alone when no batch
+// went out for half a heartbeat period.
+func (l *lease) claim(now time.Time, alone bool) (run.Heartbeat, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.stopped || l.inFlight || now.Sub(l.lastBeat) < heartbeatEvery(l.ttl) || now.Sub(l.lastRefresh) > l.ttl {
+	every := heartbeatEvery(l.ttl)
+	if !alone {
+		l.lastSend = now
+	}
+	if l.stopped || l.inFlight || now.Sub(l.lastBeat) < every || now.Sub(l.lastRefresh) > l.ttl ||
+		alone && now.Sub(l.lastSend) < every/2 {
 		return run.Heartbeat{}, false
 	}
 	l.inFlight = true
@@ -181,7 +190,7 @@ func (l *lease) run(ctx context.Context) {
 			if err := l.stall.check(now); err != nil {
 				l.cancel(&Error{Op: "source", Key: l.key, Err: err})
 			}
-			if h, ok := l.claim(now); ok {
+			if h, ok := l.claim(now, true); ok {
 				l.settle(ctx, now, h, nil)
 			}
 		case <-refresh.C:

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -73,7 +72,7 @@ func pipeWant(t *testing.T, c rueidis.Client, k pipeKeys, us []user) {
 		t.Errorf("sorted set %s (-want +got):\n%s", k.zset, cmp.Diff(wantZset, got))
 	}
 	gotSets := map[string][]string{}
-	for _, b := range redistest.Keys(t, c, k.country+":") {
+	for _, b := range redistest.LiveKeys(t, c, k.country+":") {
 		gotSets[b] = redistest.SMembers(t, c, b)
 	}
 	if want := sortedSets(wantSets); !maps.EqualFunc(want, gotSets, slices.Equal) {
@@ -84,21 +83,6 @@ func pipeWant(t *testing.T, c rueidis.Client, k pipeKeys, us []user) {
 			t.Errorf("PTTL %s: got %v, want -1 (no expiry, C35)", key, got)
 		}
 	}
-}
-
-// pipeCall is one EVALSHA/EVAL call taken apart.
-type pipeCall struct{ keys, args []string }
-
-// pipeParseEval takes apart ["EVALSHA"|"EVAL", sha|script, numkeys, keys..., args...].
-func pipeParseEval(cmd []string) (pipeCall, error) {
-	if len(cmd) < 3 {
-		return pipeCall{}, fmt.Errorf("short script call %q", cmd)
-	}
-	n, err := strconv.Atoi(cmd[2])
-	if err != nil || 3+n > len(cmd) {
-		return pipeCall{}, fmt.Errorf("bad numkeys in %q", cmd)
-	}
-	return pipeCall{keys: cmd[3 : 3+n], args: cmd[3+n:]}, nil
 }
 
 // pipeIsWrite reports whether cmd is a builder's write (HSET, ZADD, SADD).
@@ -131,7 +115,7 @@ func TestRunPublishesEveryTargetInOneScript(t *testing.T) {
 		ctx := redistest.Ctx(t)
 		k := pipeNames(d)
 		var mu sync.Mutex
-		var evalshas, evals []pipeCall
+		var evalshas, evals []redistest.PublishCall
 		var noscript int
 		client := rueidishook.WithHook(d.Client, redistest.Hook{
 			OnDo: func(c rueidis.Client, ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
@@ -139,7 +123,7 @@ func TestRunPublishesEveryTargetInOneScript(t *testing.T) {
 				res := c.Do(ctx, cmd)
 				name := strings.ToUpper(args[0])
 				if publish.Is(args) {
-					call, err := pipeParseEval(args)
+					call, err := redistest.ParsePublish(args)
 					if err != nil {
 						t.Error(err)
 						return res
@@ -193,25 +177,16 @@ func TestRunPublishesEveryTargetInOneScript(t *testing.T) {
 			}
 			call := evalshas[0]
 			mu.Unlock()
-			if len(call.args) < 3 {
-				t.Fatalf("run %d: publish args %q: want token, L, T, flags", run, call.args)
-			}
-			l, _ := strconv.Atoi(call.args[1])
-			n, _ := strconv.Atoi(call.args[2])
-			if l+2*n > len(call.keys) {
-				t.Fatalf("run %d: publish has %d keys, want at least L+2T = %d", run, len(call.keys), l+2*n)
-			}
-			finals := slices.Sorted(slices.Values(call.keys[l+n : l+2*n]))
-			if diff := cmp.Diff(slices.Sorted(slices.Values(tc.wantFinals)), finals); diff != "" {
+			lives := slices.Sorted(slices.Values(call.Lives))
+			if diff := cmp.Diff(slices.Sorted(slices.Values(tc.wantFinals)), lives); diff != "" {
 				t.Errorf("run %d: live keys named by the publish (-want +got):\n%s", run, diff)
 			}
-			// A fenced publish ends its keys with its receipt (ARGV[5] is
-			// the receipt's TTL): the lock key + ":done".
-			rest := call.keys[l+2*n:]
-			if len(call.args) < 5 || len(rest) == 0 || rest[len(rest)-1] != call.keys[0]+":done" {
-				t.Fatalf("run %d: publish keys %q, args %q: want the receipt %q last", run, call.keys, call.args, call.keys[0]+":done")
+			// A fenced publish leaves its receipt, the first lock + ":done",
+			// and checks the run's record, the first lock + ":run".
+			if len(call.Locks) != 3 || !slices.Equal(call.Receipts, []string{call.Locks[0] + ":done"}) || !slices.Equal(call.Records, []string{call.Locks[0] + ":run"}) {
+				t.Fatalf("run %d: publish locks %q, receipts %q, records %q: want 3 locks, the first's receipt and record", run, call.Locks, call.Receipts, call.Records)
 			}
-			if diff := cmp.Diff(tc.wantOrphans, rest[:len(rest)-1]); diff != "" {
+			if diff := cmp.Diff(tc.wantOrphans, call.Orphans); diff != "" {
 				t.Errorf("run %d: orphans named by the publish (-want +got):\n%s", run, diff)
 			}
 			pipeWant(t, d.Other, k, tc.us)
@@ -587,10 +562,12 @@ func TestWritersGroupBatchesInSourceOrder(t *testing.T) {
 	}
 }
 
-// TestTempKeysGetTTLWithFirstWrite (C34.1, Guarantee 5): every batch DoMulti
-// that writes a temp key (HSET, ZADD, SADD) also carries, after those
-// writes, an EXPIRE <temp> <TTL> NX of that key, so no temp key exists
-// without a TTL beyond one pipeline.
+// TestTempKeysGetTTLWithFirstWrite (C34.1, Guarantee 5, C55): every batch
+// DoMulti that writes a temp key (HSET, ZADD, SADD) also carries, after
+// those writes, an EXPIRE <temp> <2×TTL> NX of that key, so no temp key
+// exists without a TTL beyond one pipeline; and every batch transaction
+// advances the run's record (HINCRBY <first lock>:run batches 1), so that
+// the publish can tell whether Redis still holds every batch.
 func TestTempKeysGetTTLWithFirstWrite(t *testing.T) {
 	forEachDeployment(t, func(t *testing.T, d deployment) {
 		ctx := redistest.Ctx(t)
@@ -602,19 +579,36 @@ func TestTempKeysGetTTLWithFirstWrite(t *testing.T) {
 				if pipeIsBatch(multi) {
 					lastWrite := map[string]int{}
 					expire := map[string]int{}
+					counted := true // the batch since the last MULTI advanced the record
 					for i, cmd := range multi {
 						args := cmd.Commands()
-						switch {
+						switch name := strings.ToUpper(args[0]); {
 						case pipeIsWrite(args):
 							lastWrite[args[1]] = i
-						case strings.ToUpper(args[0]) == "EXPIRE":
-							if len(args) == 4 && args[2] == "120" && strings.ToUpper(args[3]) == "NX" {
+						case name == "EXPIRE" && strings.HasSuffix(args[1], ":rebuild-lock:run"):
+							// The record, should the lease lapse: the lease.
+							if len(args) != 4 || args[2] != "120" || strings.ToUpper(args[3]) != "NX" {
+								mu.Lock()
+								problems = append(problems, fmt.Sprintf("got %q, want EXPIRE <record> 120 NX", args))
+								mu.Unlock()
+							}
+						case name == "EXPIRE":
+							// Twice the lease: a temp key outlives its lock.
+							if len(args) == 4 && args[2] == "240" && strings.ToUpper(args[3]) == "NX" {
 								expire[args[1]] = i
 							} else {
 								mu.Lock()
-								problems = append(problems, fmt.Sprintf("got %q, want EXPIRE <temp> 120 NX", args))
+								problems = append(problems, fmt.Sprintf("got %q, want EXPIRE <temp> 240 NX", args))
 								mu.Unlock()
 							}
+						case name == "MULTI":
+							counted = false
+						case name == "HINCRBY" && strings.HasSuffix(args[1], ":rebuild-lock:run") && args[2] == "batches" && args[3] == "1":
+							counted = true
+						case name == "EXEC" && !counted:
+							mu.Lock()
+							problems = append(problems, fmt.Sprintf("command %d: a batch transaction without HINCRBY <lock>:run batches 1", i))
+							mu.Unlock()
 						}
 					}
 					mu.Lock()
@@ -650,86 +644,56 @@ func TestTempKeysGetTTLWithFirstWrite(t *testing.T) {
 	})
 }
 
-// TestLeaseRenewedDuringSlowSource (C16+, C13, C36): with a 3 s TTL and a
-// source that yields a batch every half second for about 4 s, the run
-// succeeds, and the lock, watched from another client, stays present with a
-// PTTL above TTL/3 throughout: the lease is renewed, and renewals ride in
-// batch DoMultis.
-//
-// To make the riding deterministic, the first batch's DoMulti is slow: the
-// hook holds it for TTL/3 and more. No batch completes in that time, so
-// the lease's ticker (which renews only after progress) stands down, and
-// the renewal then due rides in the DoMulti of the second batch, which the
-// source yielded as soon as the first was sent. Every batch writes the field
-// shared@example.com, so that the second goes out only once the first has
-// returned (Hash is Keyed: batches with no field in common would overlap).
+// TestLeaseRenewedDuringSlowSource (C16+, C13, C36): with a 3 s TTL, a
+// source that yields a batch every 300 ms for 3 s, then nothing for 2.5 s,
+// then a last batch: the run succeeds, and the lock, watched from another
+// client, stays present with a PTTL above TTL/3 throughout. The heartbeat
+// (every second at this TTL) rides in the batches' round trips while they
+// come faster than every half second, and goes alone while they do not.
 func TestLeaseRenewedDuringSlowSource(t *testing.T) {
-	leaseSHA := redistest.ScriptNamed("lease").SHA1
+	heartbeat := redistest.ScriptNamed("heartbeat")
 	forEachDeployment(t, func(t *testing.T, d deployment) {
 		ctx := redistest.Ctx(t)
 		const ttl = 3 * time.Second
 		key := d.Prefix + "slow:by-email"
 		lockKey := store.New(d.Other, store.Options{}).LockKey(key)
 
-		var sends atomic.Int64
-		firstSent := make(chan struct{})
 		var ridden, alone atomic.Int64
-		var secondRode atomic.Bool
 		client := rueidishook.WithHook(d.Client, redistest.Hook{
 			OnDo: func(c rueidis.Client, ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
-				if args := cmd.Commands(); args[0] == "EVALSHA" && args[1] == leaseSHA {
+				if heartbeat.Is(cmd.Commands()) {
 					alone.Add(1)
 				}
 				return c.Do(ctx, cmd)
 			},
 			OnDoMulti: func(c rueidis.Client, ctx context.Context, multi ...rueidis.Completed) []rueidis.RedisResult {
-				if !pipeIsBatch(multi) {
-					return c.DoMulti(ctx, multi...)
-				}
-				nth := sends.Add(1)
-				for _, cmd := range multi {
-					if args := cmd.Commands(); args[0] == "EVALSHA" && args[1] == leaseSHA {
-						ridden.Add(1)
-						if nth == 2 {
-							secondRode.Store(true)
-						}
-					}
-				}
-				if nth == 1 {
-					close(firstSent)
-					slow := time.NewTimer(ttl/3 + 200*time.Millisecond) // a slow write: that is the test
-					select {
-					case <-slow.C:
-					case <-ctx.Done():
-					}
-					slow.Stop()
+				if pipeIsBatch(multi) && heartbeat.Is(multi[len(multi)-1].Commands()) {
+					ridden.Add(1)
 				}
 				return c.DoMulti(ctx, multi...)
 			},
 		})
 
-		const batch, batches = 50, 10
+		const batch, batches = 50, 11
 		started, finished := make(chan struct{}), make(chan struct{})
+		var aloneBeforeGap int64
 		src := func(yield func(user, error) bool) {
 			defer close(finished)
 			us := users(batch * batches)
+			close(started)
 			for b := range batches {
-				us[b*batch].Email = "shared@example.com"
-			}
-			tick := time.NewTicker(500 * time.Millisecond) // a slow source: that is the test
-			defer tick.Stop()
-			for b := range batches {
-				switch b {
-				case 0:
-					close(started)
-				case 1:
+				pause := 300 * time.Millisecond // a slow source: that is the test
+				if b == batches-1 {
+					aloneBeforeGap = alone.Load()
+					pause = 2500 * time.Millisecond // and then a silent one
+				}
+				if b > 0 {
+					wait := time.NewTimer(pause)
 					select {
-					case <-firstSent:
+					case <-wait.C:
 					case <-ctx.Done():
 						return
 					}
-				default:
-					<-tick.C
 				}
 				for _, u := range us[b*batch : (b+1)*batch] {
 					if !yield(u, nil) {
@@ -789,21 +753,20 @@ func TestLeaseRenewedDuringSlowSource(t *testing.T) {
 		if w.err != nil {
 			t.Fatalf("watching %s: %v", lockKey, w.err)
 		}
-		t.Logf("run took %v, %d batches in %d DoMultis; lock %s: %d samples, min PTTL %v; renewals: %d in batch DoMultis, %d alone",
-			time.Since(start).Round(time.Millisecond), stats.Batches, sends.Load(), lockKey, w.samples, w.min, ridden.Load(), alone.Load())
+		t.Logf("run took %v, %d batches; lock %s: %d samples, min PTTL %v; heartbeats: %d in batch round trips, %d alone (%d before the silent gap)",
+			time.Since(start).Round(time.Millisecond), stats.Batches, lockKey, w.samples, w.min, ridden.Load(), alone.Load(), aloneBeforeGap)
 		if w.samples < 10 {
 			t.Errorf("got %d samples of the lock's PTTL, want at least 10", w.samples)
 		}
 		if w.min < ttl/3 {
 			t.Errorf("lock PTTL went down to %v, want it renewed before it drops below TTL/3 = %v (negative: the lock was gone)", w.min, ttl/3)
 		}
-		if !secondRode.Load() {
-			t.Errorf("the second batch DoMulti, sent after TTL/3 with no batch completed, carried no lease renewal; want it to (%d renewals rode in batches, %d alone)", ridden.Load(), alone.Load())
+		if ridden.Load() < 1 {
+			t.Errorf("got %d heartbeats in batch round trips over 3 s of batches every 300 ms, want at least 1", ridden.Load())
 		}
-		if n, want := len(redistest.HGetAll(t, d.Other, key)), batch*batches-batches+1; n != want {
-			t.Errorf("HLEN %s: got %d, want %d", key, n, want)
+		if alone.Load() <= aloneBeforeGap {
+			t.Errorf("got %d heartbeats alone during the 2.5 s without batches, want at least 1", alone.Load()-aloneBeforeGap)
 		}
-		redistest.WantClean(t, d.Other, d.Prefix)
 	})
 }
 

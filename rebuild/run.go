@@ -181,7 +181,7 @@ func (x *execution[T]) run(ctx context.Context, src Source[T]) (err error) {
 		}
 	}()
 
-	srcErr := x.pump(gctx, g, queue, src(gctx))
+	srcErr := x.pump(gctx, g, queue, src(withOwnKeys(gctx, r.owns)))
 	sourceDone.Store(true)
 	if failure := x.failure(runCtx, g.Wait(), srcErr); failure != nil {
 		cancel(failure) // stops the family scans: nothing will be published
@@ -235,6 +235,17 @@ func (x *execution[T]) failure(runCtx context.Context, werr, srcErr error) error
 func isPanic(err error) bool {
 	_, ok := err.(*PanicError)
 	return ok
+}
+
+// owns reports whether key is one r rebuilds: a builder's key, or a bucket
+// of a family.
+func (r *Rebuilder[T]) owns(key string) bool {
+	for _, o := range r.owners {
+		if key == o.key || o.family && strings.HasPrefix(key, o.key+":") {
+			return true
+		}
+	}
+	return false
 }
 
 // errGoexit marks a batch whose builder called runtime.Goexit.

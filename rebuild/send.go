@@ -50,27 +50,9 @@ func (x *execution[T]) send(ctx context.Context, queue <-chan *batch[T]) (err er
 				return nil // run reports the cause
 			}
 		}
-	more:
-		for len(group) < perTrip {
-			select {
-			case b, ok := <-queue:
-				if !ok {
-					break more
-				}
-				group = append(group, b)
-			default:
-				break more
-			}
-		}
-		for _, b := range group {
-			select {
-			case <-b.built:
-			case <-ctx.Done():
-				return nil
-			}
-			if b.err != nil {
-				return b.err
-			}
+		group = gather(group, queue, perTrip)
+		if err := awaitBuilt(ctx, group); err != nil || ctx.Err() != nil {
+			return err
 		}
 		t := &trip[T]{group: group, done: make(chan error, 1)}
 		if x.r.order == inOrder {
@@ -82,11 +64,17 @@ func (x *execution[T]) send(ctx context.Context, queue <-chan *batch[T]) (err er
 		if pending != nil && x.r.order == byEntry && pending.conflicts(t) {
 			// t rewrites an entry that the trip in flight writes: it
 			// goes out after that one has returned, so the later write
-			// wins.
+			// wins. The batches queued meanwhile go with it.
 			prev := pending
 			pending = nil
 			if err := prev.wait(x); err != nil {
 				return err
+			}
+			if more := gather(group, queue, perTrip); len(more) > len(group) {
+				if err := awaitBuilt(ctx, more[len(group):]); err != nil || ctx.Err() != nil {
+					return err
+				}
+				group, t.group = more, more
 			}
 		}
 		go func() { t.done <- x.write(ctx, group) }()
@@ -98,6 +86,40 @@ func (x *execution[T]) send(ctx context.Context, queue <-chan *batch[T]) (err er
 			}
 		}
 	}
+}
+
+// gather adds to group the batches already waiting in queue, up to n in
+// all, without waiting for more.
+func gather[T any](group []*batch[T], queue <-chan *batch[T], n int) []*batch[T] {
+	for len(group) < n {
+		select {
+		case b, ok := <-queue:
+			if !ok {
+				return group
+			}
+			group = append(group, b)
+		default:
+			return group
+		}
+	}
+	return group
+}
+
+// awaitBuilt waits until every batch of group is built, and returns the
+// first one's error; it returns nil early when ctx is done (the run
+// reports the cause).
+func awaitBuilt[T any](ctx context.Context, group []*batch[T]) error {
+	for _, b := range group {
+		select {
+		case <-b.built:
+		case <-ctx.Done():
+			return nil
+		}
+		if b.err != nil {
+			return b.err
+		}
+	}
+	return nil
 }
 
 // trip is one DoMulti of batches, sent by write.

@@ -7,6 +7,7 @@ import (
 	"iter"
 	"slices"
 
+	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/scan"
 	"github.com/redis/rueidis"
 )
@@ -68,6 +69,10 @@ type ScanOptions struct {
 // skip a key, such as one deleted since SCAN returned it. This is Familia's
 // fallback strategy of rebuilding an index from the object keys themselves.
 //
+// The source never yields keyswap's own keys (temp keys, locks, records,
+// generations), nor the keys of the run that pulls it: the index being
+// rebuilt, or the buckets of its families, even when match covers them.
+//
 // Memory is bounded by one SCAN page: keys are read Count at a time, each
 // group in one pipelined round trip, and yielded before more are read. SCAN
 // returns every key that exists for the whole scan at least once; it may
@@ -98,6 +103,9 @@ func scanSeq[T any](ctx context.Context, client rueidis.Client, match, typ strin
 				yield(zero, fmt.Errorf("SCAN %q: %w", match, err))
 				return
 			}
+			// keyswap's own keys (temp keys, locks, records) and the keys
+			// of the run that pulls the source are never items.
+			page = slices.DeleteFunc(page, func(k string) bool { return keys.Reserved(k) || ownKey(ctx, k) })
 			// SCAN's COUNT is a hint: a page can hold many more keys (small
 			// keyspaces, some servers ignore it). Read Count at a time.
 			for chunk := range slices.Chunk(page, int(count)) {
@@ -136,6 +144,22 @@ func readChunk[T any](ctx context.Context, client rueidis.Client, page []string,
 		}
 	}
 	return true
+}
+
+// ownKeysKey is the context key of the keys a run rebuilds, which its
+// SCAN sources skip.
+type ownKeysKey struct{}
+
+// withOwnKeys returns ctx carrying owns, which reports whether a key is
+// one the run rebuilds.
+func withOwnKeys(ctx context.Context, owns func(string) bool) context.Context {
+	return context.WithValue(ctx, ownKeysKey{}, owns)
+}
+
+// ownKey reports whether key is one the run pulling ctx rebuilds.
+func ownKey(ctx context.Context, key string) bool {
+	owns, _ := ctx.Value(ownKeysKey{}).(func(string) bool)
+	return owns != nil && owns(key)
 }
 
 // FromHashes is [FromScan] for hashes read with HGETALL: it yields what

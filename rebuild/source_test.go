@@ -418,3 +418,52 @@ func TestScanSources(t *testing.T) {
 		}
 	})
 }
+
+// TestScanSourceSkipsOwnKeys (11.1): a SCAN source whose pattern also
+// matches the index being rebuilt (a hash, like the objects) and keyswap's
+// own keys (a temp key and a record, both hashes, and a generation) never
+// yields them: the source sees exactly the objects.
+func TestScanSourceSkipsOwnKeys(t *testing.T) {
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		ctx := redistest.Ctx(t)
+		p := d.Prefix + "broad:"
+		const n = 300
+		srcSeed(t, d.Other, p, users(n)) // p + "user:<id>:object"
+		index := p + "by-email"
+		planted := []string{
+			index + ":rebuild:1700000000:0123456789abcdef", // a crashed run's temp key
+			index + ":rebuild-lock:run",                    // a record
+		}
+		for _, k := range planted {
+			redistest.SeedHash(t, d.Other, k, map[string]string{"id": "planted", "email": "planted@example.com"})
+			redistest.Cmd(t, d.Other, "EXPIRE", k, "600")
+		}
+		var seen []string
+		src := rebuild.FromHashes(d.Client, p+"*", func(key string, f map[string]string) (user, bool, error) {
+			seen = append(seen, key)
+			return user{ID: f["id"], Email: f["email"]}, true, nil
+		})
+		r := redistest.Rebuilder(t, d.Client, rebuild.Options{},
+			builders.Hash(index, func(u user) (string, string, bool) { return u.Email, u.ID, true }))
+		for run := range 2 { // the second run's pattern matches the index the first one made
+			seen = nil
+			stats, err := r.Run(ctx, src)
+			if err != nil {
+				t.Fatalf("run %d: %v", run, err)
+			}
+			// srcSeed's objects, and the application's one other hash.
+			if stats.Items != n+1 {
+				t.Errorf("run %d: Stats.Items = %d, want %d: the %d objects and the profile only", run, stats.Items, n+1, n)
+			}
+			for _, k := range seen {
+				if k == index || slices.Contains(planted, k) || strings.Contains(k, ":rebuild") {
+					t.Errorf("run %d: the source read %q, which is keyswap's or the run's own", run, k)
+				}
+			}
+		}
+		for _, k := range planted {
+			redistest.Cmd(t, d.Other, "DEL", k)
+		}
+		redistest.WantClean(t, d.Other, d.Prefix)
+	})
+}

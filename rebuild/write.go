@@ -11,8 +11,8 @@ import (
 // write sends a group of built batches in one DoMulti. Each batch is one
 // MULTI ... EXEC transaction of its writes, an EXPIRE NX of every temp key it
 // wrote, so that no temp key ever exists without a TTL, and an HINCRBY of
-// the run's record, so that the publish can tell whether Redis still holds
-// every batch it acknowledged. If the connection breaks before EXEC
+// the run's record (with an EXPIRE NX), so that the publish can tell
+// whether Redis still holds every batch it acknowledged. If the connection breaks before EXEC
 // arrives, the server drops the transaction; if EXEC runs late, the TTL and
 // the count come with the writes. At the end of the DoMulti rides the
 // heartbeat, when one is due. write checks every reply; the sender accounts
@@ -30,10 +30,13 @@ func (x *execution[T]) write(ctx context.Context, group []*batch[T]) error {
 			// same key is a loss (see run.Temp.Created).
 			cmds = append(cmds, cb.Expire().Key(t.Key).Seconds(r.tempSecs).Nx().Build())
 		}
-		cmds = append(cmds, cb.Hincrby().Key(x.record).Field("batches").Increment(1).Build(), cb.Exec().Build())
+		// The record lives as long as the lock; should the lease lapse with
+		// this batch in flight, EXPIRE NX bounds the record it re-creates.
+		cmds = append(cmds, cb.Hincrby().Key(x.record).Field("batches").Increment(1).Build(),
+			cb.Expire().Key(x.record).Seconds(r.ttlSecs).Nx().Build(), cb.Exec().Build())
 	}
 	sent := time.Now()
-	h, beat := x.lease.claim(sent)
+	h, beat := x.lease.claim(sent, false)
 	if beat {
 		cmd, err := x.lease.command(h)
 		if err != nil {
@@ -54,7 +57,7 @@ func (x *execution[T]) write(ctx context.Context, group []*batch[T]) error {
 		x.lease.settle(wctx, sent, h, &res[len(res)-1])
 	}
 	for _, b := range group {
-		n := len(b.c.cmds) + len(b.c.touched) + 1
+		n := len(b.c.cmds) + len(b.c.touched) + 2
 		if err := x.check(b, res[:n+2]); err != nil {
 			return err
 		}
@@ -90,8 +93,10 @@ func (x *execution[T]) check(b *batch[T], res []rueidis.RedisResult) error {
 			}
 		}
 	}
-	if err := replies[n-1].Error(); err != nil {
-		return &Error{Op: "write", Key: key, Err: fmt.Errorf("HINCRBY %s: %w", x.record, err)}
+	for _, m := range replies[n-2:] {
+		if err := m.Error(); err != nil {
+			return &Error{Op: "write", Key: key, Err: fmt.Errorf("the record %s: %w", x.record, err)}
+		}
 	}
 	return nil
 }

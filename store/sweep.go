@@ -2,16 +2,12 @@ package store
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"maps"
-	"slices"
 	"time"
 
-	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/run"
 	"github.com/keyswap/keyswap/internal/scan"
-	"github.com/redis/rueidis"
+	"github.com/keyswap/keyswap/internal/sweep"
 )
 
 // SweepOptions configures [Store.Sweep]. The zero value sweeps every temp
@@ -27,6 +23,13 @@ type SweepOptions struct {
 	OlderThan time.Duration
 	// DryRun reports what would be deleted and deletes nothing.
 	DryRun bool
+	// Legacy also sweeps keys of the legacy shape "<key>:rebuild:<digits>",
+	// without a nonce, which Familia made before its temp keys had one.
+	// keyswap does not make that shape, and application keys can have it
+	// (ci:rebuild:12345, jobs:rebuild:20240101), so it is swept only when
+	// you ask: after an upgrade from Familia, say. The current shape
+	// "<key>:rebuild:<unix>:<16 hex>" is always swept.
+	Legacy bool
 	// Progress, if not nil, is called after each SCAN call with the sweep's
 	// progress so far.
 	Progress func(SweepProgress)
@@ -43,15 +46,13 @@ type SweepProgress struct {
 	Swept int
 }
 
-// sweepChunk bounds the keys per SCAN page and per UNLINK.
-const sweepChunk = 500
-
 // Sweep deletes orphaned temp keys left behind by crashed processes, and
 // returns the keys it deleted (or, with DryRun, would delete).
 //
 // A key is deleted only if all of these hold, checked in this order:
 //
-//  1. it has a temp key's shape, current or legacy;
+//  1. it has a temp key's shape: the current one, or with Legacy the legacy
+//     one too;
 //  2. no rebuild lock exists for its base, nor for any ':'-separated prefix
 //     of its base (a SetIndex family locks its prefix, while its buckets'
 //     temp keys derive from the bucket keys below it);
@@ -93,7 +94,7 @@ func (s *Store) Sweep(ctx context.Context, opts SweepOptions) ([]string, error) 
 	swept := []string{}
 	var progress SweepProgress
 	seen := map[string]bool{} // SCAN may return a key more than once
-	for page, err := range scan.Pages(ctx, s.redis.Client(), scan.Options{Match: pattern, Count: sweepChunk}) {
+	for page, err := range scan.Pages(ctx, s.redis.Client(), scan.Options{Match: pattern, Count: sweep.Chunk}) {
 		if err != nil {
 			return swept, run.Fail(ctx, op, "", err)
 		}
@@ -104,17 +105,17 @@ func (s *Store) Sweep(ctx context.Context, opts SweepOptions) ([]string, error) 
 				fresh = append(fresh, k)
 			}
 		}
-		doomed, err := s.orphans(ctx, fresh, cutoff)
+		doomed, err := sweep.Orphans(ctx, s.redis.Client(), fresh, sweep.Rule{Cutoff: cutoff, Legacy: opts.Legacy})
 		if err != nil {
 			return swept, run.Fail(ctx, op, "", err)
 		}
 		if !opts.DryRun {
-			if err := s.unlinkBySlot(ctx, doomed); err != nil {
+			if err := sweep.Unlink(ctx, s.redis.Client(), doomed); err != nil {
 				return swept, run.Fail(ctx, op, "", err)
 			}
 		}
 		swept = append(swept, doomed...)
-		progress.Visited += sweepChunk
+		progress.Visited += sweep.Chunk
 		progress.Matched += len(page)
 		progress.Swept = len(swept)
 		if opts.Progress != nil {
@@ -122,92 +123,4 @@ func (s *Store) Sweep(ctx context.Context, opts SweepOptions) ([]string, error) 
 		}
 	}
 	return swept, nil
-}
-
-// orphans returns the keys among candidates that pass all four sweep checks.
-func (s *Store) orphans(ctx context.Context, candidates []string, cutoff int64) ([]string, error) {
-	// 1. The temp-key shape.
-	type temp struct {
-		key   string
-		unix  int64
-		locks []string
-	}
-	var temps []temp
-	lockSet := map[string]bool{}
-	for _, k := range candidates {
-		base, unix, ok := keys.ParseTempKey(k)
-		if !ok {
-			continue
-		}
-		t := temp{key: k, unix: unix, locks: keys.VetoLocks(base)}
-		for _, l := range t.locks {
-			lockSet[l] = true
-		}
-		temps = append(temps, t)
-	}
-	if len(temps) == 0 {
-		return nil, nil
-	}
-
-	// 2. No lock for the base or a prefix of it.
-	lockKeys := slices.Sorted(maps.Keys(lockSet))
-	cmds := make(rueidis.Commands, 0, len(lockKeys))
-	for _, l := range lockKeys {
-		cmds = append(cmds, s.redis.Client().B().Exists().Key(l).Build())
-	}
-	held := map[string]bool{}
-	for i, r := range s.redis.Client().DoMulti(ctx, cmds...) {
-		n, err := r.AsInt64()
-		if err != nil {
-			return nil, err
-		}
-		held[lockKeys[i]] = n > 0
-	}
-	unlocked := temps[:0]
-	for _, t := range temps {
-		if !slices.ContainsFunc(t.locks, func(l string) bool { return held[l] }) {
-			unlocked = append(unlocked, t)
-		}
-	}
-
-	// 3. No TTL, and 4. older than the cutoff.
-	cmds = cmds[:0]
-	for _, t := range unlocked {
-		cmds = append(cmds, s.redis.Client().B().Ttl().Key(t.key).Build())
-	}
-	var doomed []string
-	for i, r := range s.redis.Client().DoMulti(ctx, cmds...) {
-		ttl, err := r.AsInt64()
-		if err != nil {
-			return nil, err
-		}
-		if ttl == -1 && unlocked[i].unix < cutoff {
-			doomed = append(doomed, unlocked[i].key)
-		}
-	}
-	return doomed, nil
-}
-
-// unlinkBySlot deletes ks through the main client, in chunks of keys that
-// share a hash slot (a multi-key command may not cross slots on a cluster).
-func (s *Store) unlinkBySlot(ctx context.Context, ks []string) error {
-	groups := map[uint16][]string{}
-	for _, k := range ks {
-		slot := uint16(0)
-		if s.redis.Cluster() {
-			slot = keys.Slot(k)
-		}
-		groups[slot] = append(groups[slot], k)
-	}
-	var cmds rueidis.Commands
-	for _, slot := range slices.Sorted(maps.Keys(groups)) {
-		for chunk := range slices.Chunk(groups[slot], sweepChunk) {
-			cmds = append(cmds, s.redis.Client().B().Unlink().Key(chunk...).Build())
-		}
-	}
-	var errs []error
-	for _, r := range s.redis.Client().DoMulti(ctx, cmds...) {
-		errs = append(errs, r.Error())
-	}
-	return errors.Join(errs...)
 }

@@ -87,19 +87,31 @@ func sweepDeployments(t *testing.T) []target {
 }
 
 // TestSweep is the sweep's decision table: C37, C38 (each condition),
-// C39, C3 (legacy shape), C4 (a lock is never swept), C5 (the
-// recogniser decides, not the glob).
+// C39, C3 (the legacy shape, swept only with SweepOptions.Legacy), C4 (a
+// lock is never swept), C5 (the recogniser decides, not the glob).
 func TestSweep(t *testing.T) {
 	for _, tg := range sweepDeployments(t) {
-		t.Run(tg.name, func(t *testing.T) {
-			t.Parallel()
+		for _, legacy := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/legacy=%v", tg.name, legacy), func(t *testing.T) {
+				t.Parallel()
+				sweepTable(t, tg, legacy)
+			})
+		}
+	}
+}
+
+// sweepTable runs TestSweep's table on tg, with or without the legacy shape.
+func sweepTable(t *testing.T, tg target, legacy bool) {
+	{
+		{
 			p := redistest.Prefix(t)
 			old := sweepCutoff - 1 // strictly older than the cutoff
 			const nonce = "0123456789abcdef"
 			type seed struct {
-				key   string
-				ttl   time.Duration
-				swept bool
+				key    string
+				ttl    time.Duration
+				swept  bool
+				legacy bool // swept only with Legacy: the legacy shape
 			}
 			seeds := []seed{
 				// C38 (1)-(4) all hold: swept.
@@ -108,9 +120,10 @@ func TestSweep(t *testing.T) {
 				// C5: nonce hex of either case.
 				{key: sweepTemp(p+"upper", old, "0123456789ABCDEF"), swept: true},
 				// C3: legacy shape without a nonce.
-				{key: p + "legacy:rebuild:" + strconv.FormatInt(old, 10), swept: true},
+				{key: p + "legacy:rebuild:" + strconv.FormatInt(old, 10), swept: true, legacy: true},
 				// C5: the base is everything before the suffix.
-				{key: p + "nested:rebuild:1:rebuild:2", swept: true},
+				{key: p + "nested:rebuild:1:rebuild:2", swept: true, legacy: true},
+				{key: sweepTemp(p+"nested:rebuild:1", old, nonce), swept: true},
 				// C38 (4): recent, or exactly at the cutoff (not strictly older).
 				{key: sweepTemp(p+"recent", sweepNow.Unix()-10, nonce)},
 				{key: sweepTemp(p+"edge", sweepCutoff, nonce)},
@@ -143,14 +156,15 @@ func TestSweep(t *testing.T) {
 				{key: p + "other:rebuilt:1:0123456789abcdef"},
 			}
 			var want []string
-			for _, sd := range seeds {
+			for i, sd := range seeds {
 				sweepSet(t, tg.other, sd.key, sd.ttl)
-				if sd.swept {
+				seeds[i].swept = sd.swept && (legacy || !sd.legacy)
+				if seeds[i].swept {
 					want = append(want, sd.key)
 				}
 			}
 			s := store.New(tg.client, store.Options{Now: sweepClock()})
-			opts := store.SweepOptions{Pattern: sweepPattern(t), OlderThan: time.Hour}
+			opts := store.SweepOptions{Pattern: sweepPattern(t), OlderThan: time.Hour, Legacy: legacy}
 
 			// C37: DryRun reports the same list and deletes nothing.
 			dry := opts
@@ -187,8 +201,33 @@ func TestSweep(t *testing.T) {
 			redistest.Cmd(t, tg.other, "DEL", p+"locked:rebuild-lock")
 			sweepWant(t, "after unlock", sweepRun(t, s, opts), []string{sweepTemp(p+"locked", old, nonce)})
 			redistest.WantString(t, tg.other, p+"bare:rebuild-lock", "x")
-		})
+		}
 	}
+}
+
+// TestSweepLeavesApplicationKeys (C3): keys of the application whose names
+// have the legacy shape, TTL-less hashes such as ci:rebuild:12345, are
+// never deleted by a default sweep: keyswap never makes that shape, so it
+// cannot prove it made them. They are swept only with Legacy, as
+// documented.
+func TestSweepLeavesApplicationKeys(t *testing.T) {
+	forEachTarget(t, func(t *testing.T, tg target) {
+		p := redistest.Prefix(t)
+		appKeys := []string{p + "ci:rebuild:12345", p + "jobs:rebuild:20240101", p + "build:42:rebuild:7"}
+		for _, k := range appKeys {
+			redistest.SeedHash(t, tg.other, k, map[string]string{"owner": "the application"})
+		}
+		before := redistest.Snapshot(t, tg.other, p)
+		s := store.New(tg.client, store.Options{Now: sweepClock()})
+		for _, opts := range []store.SweepOptions{{Pattern: sweepPattern(t)}, {Pattern: p + "*", OlderThan: time.Second}} {
+			if got := sweepRun(t, s, opts); len(got) != 0 {
+				t.Errorf("Sweep(%+v) deleted %q, want nothing: these keys are the application's", opts, got)
+			}
+		}
+		redistest.WantUnchanged(t, tg.other, p, before)
+		got := sweepRun(t, s, store.SweepOptions{Pattern: sweepPattern(t), Legacy: true})
+		sweepWant(t, "with Legacy", got, appKeys)
+	})
 }
 
 // TestSweepFamilyLock: a SetIndex family locks its prefix, and its buckets'
@@ -215,7 +254,7 @@ func TestSweepFamilyLock(t *testing.T) {
 			sweepSet(t, tg.other, p+"fa:rebuild-lock", 600*time.Second)
 
 			s := store.New(tg.client, store.Options{Now: sweepClock()})
-			opts := store.SweepOptions{Pattern: sweepPattern(t), OlderThan: time.Hour}
+			opts := store.SweepOptions{Pattern: sweepPattern(t), OlderThan: time.Hour, Legacy: true}
 			sweepWant(t, "with the family lock", sweepRun(t, s, opts), []string{stranger})
 			for _, k := range buckets {
 				if !redistest.Exists(t, tg.other, k) {
@@ -267,8 +306,10 @@ func TestSweepOptions(t *testing.T) {
 	})
 
 	t.Run("defaults", func(t *testing.T) {
-		sweepWant(t, "dry run", sweepRun(t, s, store.SweepOptions{DryRun: true}), []string{legacy, oldest})
-		sweepWant(t, "sweep", sweepRun(t, s, store.SweepOptions{}), []string{legacy, oldest})
+		// C3: the legacy shape is left alone unless asked for.
+		sweepWant(t, "dry run", sweepRun(t, s, store.SweepOptions{DryRun: true}), []string{oldest})
+		sweepWant(t, "sweep", sweepRun(t, s, store.SweepOptions{}), []string{oldest})
+		sweepWant(t, "sweep with Legacy", sweepRun(t, s, store.SweepOptions{Legacy: true}), []string{legacy})
 		n, err := c.Do(redistest.Ctx(t), c.B().Dbsize().Build()).AsInt64()
 		if err != nil {
 			t.Fatal(err)

@@ -48,6 +48,20 @@ func Keys(tb testing.TB, c rueidis.Client, prefix string) []string {
 	return slices.Sorted(maps.Keys(seen))
 }
 
+// LiveKeys is [Keys] without the keys keyswap keeps next to live keys
+// (locks, records, temp keys, generations, kept previous values): the live
+// keys under prefix, such as the buckets of a family.
+func LiveKeys(tb testing.TB, c rueidis.Client, prefix string) []string {
+	tb.Helper()
+	var out []string
+	for _, k := range Keys(tb, c, prefix) {
+		if !keys.Reserved(k) {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
 // Snapshot returns the exact state of every key starting with prefix, to
 // compare before and after a rebuild that must leave them byte-identical.
 // PTTLs are rounded down to seconds, so that a comparison tolerates the

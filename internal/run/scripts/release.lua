@@ -1,6 +1,8 @@
 -- release.lua: compare-and-delete. Deletes each lock key that still holds
--- our token, with the record and the log of changes kept next to it, and
--- leaves any other holder's lock, record and log alone.
+-- our token, with the record and the log of changes kept next to it; our
+-- record next to a lock someone else took; and the record and log next to a
+-- lock no one holds. It leaves any other holder's lock, record and log
+-- alone.
 --
 -- KEYS[1..n]       lock keys
 -- KEYS[n+1..2n]    their records
@@ -43,8 +45,16 @@ for i = 1, n do
     deleted = deleted + redis.call('DEL', lock)
     redis.call('DEL', record, log)
   elseif holder then
+    -- A successor's acquire replaces the record, so a record with our
+    -- token is ours; the log is the holder's.
     foreign = foreign + 1
-  elseif redis.call('HGET', record, 'token') == token then
+    if redis.call('HGET', record, 'token') == token then
+      redis.call('DEL', record)
+    end
+  else
+    -- No run holds the lock: a record or a log left next to it is what a
+    -- lapsed run left (a batch in flight re-creates the record after its
+    -- lease lapsed; changes are logged only while a lock is held).
     redis.call('DEL', record, log)
   end
 end
