@@ -86,17 +86,17 @@ var (
 
 // Return codes: the first element of the scripts' array replies.
 const (
-	codeLockLost    = -1 // touch, heartbeat, refresh, publish: lock i is not ours
-	codeHeld        = 0  // acquire: lock i is held
-	codeTempLost    = 0  // publish: populated temp key i is gone
-	codeOK          = 1  // every script: done
-	codeNoRight     = -2 // acquire, publish: {-2, cmd, key}
-	codeWritesLost  = -3 // heartbeat, publish: {-3, batches}
-	codeRecreated   = -4 // publish: {-4, i}: populated temp key i has no TTL
-	codeUnknownCmd  = -5 // acquire, publish: {-5, cmd}
-	codeRenamed     = 1  // publish, per target: renamed
-	codeEmptied     = 2  // publish, per target: live key deleted
-	tempAbsent      = 0  // touch, refresh, per temp key
-	tempAlive       = 1
-	tempCreated     = 2
+	codeLockLost   = -1 // touch, heartbeat, refresh, publish: lock i is not ours
+	codeHeld       = 0  // acquire: lock i is held
+	codeTempLost   = 0  // publish: populated temp key i is gone
+	codeOK         = 1  // every script: done
+	codeNoRight    = -2 // acquire, publish: {-2, cmd, key}
+	codeWritesLost = -3 // heartbeat, publish: {-3, batches}
+	codeRecreated  = -4 // publish: {-4, i}: populated temp key i has no TTL
+	codeUnknownCmd = -5 // acquire, publish: {-5, cmd}
+	codeRenamed    = 1  // publish, per target: renamed
+	codeEmptied    = 2  // publish, per target: live key deleted
+	tempAbsent     = 0  // touch, refresh, per temp key
+	tempAlive      = 1
+	tempCreated    = 2
 )
