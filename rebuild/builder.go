@@ -73,6 +73,7 @@ type Commands struct {
 	targets *targets
 	builder int // index of the builder now building
 	cmds    rueidis.Commands
+	owners  []int              // owners[i] is the builder that added cmds[i]
 	entries []int64            // entries written, per builder
 	skipped []int64            // entries skipped for a reserved key, per builder
 	touched []*target          // temp keys this batch writes, in order
@@ -168,8 +169,11 @@ func (c *Commands) Temp(live string) (string, error) {
 
 // Add appends cmd, which writes entries index entries (fields, members), to
 // the batch. The entry count feeds [Stats].Entries. A command with an
-// argument over Redis's 512 MB limit fails the rebuild before anything of
-// the batch is sent.
+// argument over Redis's 512 MB limit, or one whose keys are not all temp
+// keys the builder got from Temp in this batch, fails the rebuild before
+// anything of the batch is sent. (The Rebuilder finds a command's keys with
+// COMMAND INFO, once per command name, or COMMAND GETKEYS for a command
+// whose keys move with its arguments.)
 func (c *Commands) Add(cmd rueidis.Completed, entries int) {
 	for _, a := range cmd.Commands() {
 		if len(a) > maxBulk && c.err == nil {
@@ -178,6 +182,7 @@ func (c *Commands) Add(cmd rueidis.Completed, entries int) {
 		}
 	}
 	c.cmds = append(c.cmds, cmd)
+	c.owners = append(c.owners, c.builder)
 	c.entries[c.builder] += int64(entries)
 }
 

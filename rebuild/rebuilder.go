@@ -24,6 +24,7 @@ type Rebuilder[T any] struct {
 	ttlSecs  int64    // the lease, in seconds
 	tempSecs int64    // the temp keys' TTL, in seconds: twice the lease
 	order    order
+	specs    keySpecs // where the keys are in the commands builders add
 }
 
 // order is how many round trips a run keeps in flight, and when.

@@ -51,7 +51,7 @@ func (x *execution[T]) send(ctx context.Context, queue <-chan *batch[T]) (err er
 			}
 		}
 		group = gather(group, queue, perTrip)
-		if err := awaitBuilt(ctx, group); err != nil || ctx.Err() != nil {
+		if err := x.awaitBuilt(ctx, group); err != nil || ctx.Err() != nil {
 			return err
 		}
 		t := &trip[T]{group: group, done: make(chan error, 1)}
@@ -71,7 +71,7 @@ func (x *execution[T]) send(ctx context.Context, queue <-chan *batch[T]) (err er
 				return err
 			}
 			if more := gather(group, queue, perTrip); len(more) > len(group) {
-				if err := awaitBuilt(ctx, more[len(group):]); err != nil || ctx.Err() != nil {
+				if err := x.awaitBuilt(ctx, more[len(group):]); err != nil || ctx.Err() != nil {
 					return err
 				}
 				group, t.group = more, more
@@ -106,9 +106,9 @@ func gather[T any](group []*batch[T], queue <-chan *batch[T], n int) []*batch[T]
 }
 
 // awaitBuilt waits until every batch of group is built, and returns the
-// first one's error; it returns nil early when ctx is done (the run
-// reports the cause).
-func awaitBuilt[T any](ctx context.Context, group []*batch[T]) error {
+// first one's error, or the first command that writes outside its temp
+// keys; it returns nil early when ctx is done (the run reports the cause).
+func (x *execution[T]) awaitBuilt(ctx context.Context, group []*batch[T]) error {
 	for _, b := range group {
 		select {
 		case <-b.built:
@@ -117,6 +117,9 @@ func awaitBuilt[T any](ctx context.Context, group []*batch[T]) error {
 		}
 		if b.err != nil {
 			return b.err
+		}
+		if err := x.checkKeys(ctx, b); err != nil {
+			return err
 		}
 	}
 	return nil

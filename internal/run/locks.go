@@ -125,9 +125,10 @@ func (r *Redis) Acquire(ctx context.Context, opts AcquireOptions) ([]*Lock, erro
 	args = append(args, opts.Record...)
 	res, err := parseReply(acquireScript.Exec(ctx, r.client, ks, args))
 	if err != nil {
-		if !IsServerReply(err) {
-			_ = r.ReleaseAfter(ctx, locks, nil) // it may have run
-		}
+		// It may have run (a lost reply), or run in part (an error reply
+		// from one of its commands): release what it may have taken.
+		// Compare-and-delete on a token of ours alone harms no one.
+		_ = r.ReleaseAfter(ctx, locks, nil)
 		return nil, Fail(ctx, op, opts.Key, err)
 	}
 	if err := res.refusal(); err != nil {

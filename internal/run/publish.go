@@ -283,6 +283,8 @@ func (r *Redis) published(ctx context.Context, opts PublishOptions, res reply) (
 		return fail(fmt.Errorf("%w: %s has no TTL: it was lost and re-created by a later write, so it holds only part of the rebuild (or a write removed its TTL, as a plain SET does: use SET KEEPTTL); %s and every other live key left unchanged", ErrTempKeyLost, t.Temp, t.Live))
 	case code == codeWritesLost:
 		return fail(writesLost(i, opts.Batches))
+	case code == codeNotMeta && i >= 1 && int(i) <= len(opts.Metas):
+		return fail(fmt.Errorf("%q, where keyswap keeps the generation of an index, is a key of another kind or content; rename it (keyswap keeps \"<key>:rebuild-gen\" next to every index it publishes)", opts.Metas[i-1]))
 	case code != codeOK || len(res) != 1+len(opts.Targets)+len(opts.Metas):
 		return fail(fmt.Errorf("unexpected publish script reply %v", res))
 	}

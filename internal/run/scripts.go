@@ -94,6 +94,7 @@ const (
 	codeWritesLost = -3 // heartbeat, publish: {-3, batches}
 	codeRecreated  = -4 // publish: {-4, i}: populated temp key i has no TTL
 	codeUnknownCmd = -5 // acquire, publish: {-5, cmd}
+	codeNotMeta    = -6 // publish: {-6, i}: meta i is another key
 	codeRenamed    = 1  // publish, per target: renamed
 	codeEmptied    = 2  // publish, per target: live key deleted
 	tempAbsent     = 0  // touch, refresh, per temp key

@@ -24,14 +24,24 @@
 local n = tonumber(ARGV[3])
 local m = tonumber(ARGV[4])
 if redis.acl_check_cmd then
-  for j = 0, m - 1 do
-    local cmd, key = ARGV[5 + 2 * j], ARGV[6 + 2 * j]
+  local function refused(cmd, key)
     local ok, allowed = pcall(redis.acl_check_cmd, cmd, key)
     if not ok then
       return {-5, cmd}
     elseif not allowed then
       return {-2, cmd, key}
     end
+  end
+  -- This script's own commands first, then the run's.
+  for i = 1, n do
+    local r = refused('EXISTS', KEYS[i]) or refused('SET', KEYS[i])
+      or refused('DEL', KEYS[n + i]) or refused('DEL', KEYS[2 * n + i])
+      or refused('HSET', KEYS[n + i]) or refused('EXPIRE', KEYS[n + i])
+    if r then return r end
+  end
+  for j = 0, m - 1 do
+    local r = refused(ARGV[5 + 2 * j], ARGV[6 + 2 * j])
+    if r then return r end
   end
 end
 for i = 1, n do

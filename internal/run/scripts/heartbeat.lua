@@ -24,12 +24,19 @@
 --
 -- Returns {1, batches, cancel, rate, paused, action, log lengths...}: renewed.
 --         {-1, i}: lock i does not hold the token; nothing changed.
---         {-3, batches}: the record holds fewer batches than acknowledged.
+--         {-3, batches}: the record holds fewer batches than acknowledged,
+--                        or is gone ({-3, 0}).
 local n = tonumber(ARGV[3])
 for i = 1, n do
   if redis.call('GET', KEYS[i]) ~= ARGV[1] then
     return {-1, i}
   end
+end
+-- The record is opened with the locks and lives as long as they do: a
+-- missing one was lost with the writes it counted (evicted, or a restart
+-- from before the run), and renewing would re-create it without a TTL.
+if redis.call('EXISTS', KEYS[n + 1]) == 0 then
+  return {-3, 0}
 end
 local batches = tonumber(redis.call('HGET', KEYS[n + 1], 'batches') or '0')
 if batches < tonumber(ARGV[4]) then

@@ -26,8 +26,8 @@
 --   the old value of each live key, then of each orphan, is kept (P = T + O
 --   when ARGV[13] > 0, else 0); D drops: keys to delete as well, such as
 --   prevs of an earlier publish; G metas: the generation of each builder;
---   X logs: the logs of changes of the run's locks, whose tail is replayed
---   onto the temp keys before they are renamed.
+--   X logs: the logs of changes of the run's locks (reserved: X is 0 for
+--   now, and the script reads neither the logs nor their offsets).
 --
 -- ARGV[1]    token; '' skips the lock checks (an unfenced swap)
 -- ARGV[2..10] L, R, C, T, O, P, D, G, X
@@ -42,7 +42,7 @@
 --            the token in the same atomic step as the publish, so that a
 --            caller whose reply was lost can tell whether it ran
 -- ARGV[15]   the time, in milliseconds since the epoch, for the metas
--- ARGV[16..] X offsets: how much of each log the run has replayed
+-- ARGV[16..] X offsets (reserved, with the logs)
 --
 -- Returns {1, o1..oT, g1..gG}: published; oi = 1 renamed, 2 live key
 --           deleted (empty result); gi the new generation of meta i.
@@ -53,6 +53,8 @@
 --         {-3, batches}: the record holds fewer batches than the run wrote.
 --         {-2, cmd, key}: this user may not run cmd on key.
 --         {-5, cmd}: cmd does not exist (renamed or disabled).
+--         {-6, i}: meta i is not a hash of keyswap's: another key has its
+--                  name.
 -- On every reply but {1, ...} nothing was written.
 local token = ARGV[1]
 local L, R, C, T = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
@@ -84,12 +86,18 @@ if redis.acl_check_cmd then
       if r then return r end
     end
   end
+  -- Every command the script can send, on every key it can send it to.
   local r = check('GET', locks, L) or check('HGET', records, R, 'batches')
     or check('SET', receipts, C, token) or check('PTTL', temps, T)
     or check('UNLINK', lives, T) or check('PERSIST', lives, T)
     or check('UNLINK', orphans, O) or check('UNLINK', prevs, P)
     or check('PEXPIRE', prevs, P, '1') or check('UNLINK', drops, D)
-    or check('HINCRBY', metas, G, 'seq', '1') or check('HSET', metas, G, 'gen', '1')
+    or check('TYPE', metas, G) or check('HINCRBY', metas, G, 'seq', '1')
+    or check('HGET', metas, G, 'gen') or check('HSET', metas, G, 'gen', '1')
+    or check('HDEL', metas, G, 'prev')
+  if not r and P > 0 then
+    r = check('EXISTS', lives, T) or check('EXISTS', orphans, O)
+  end
   if r then return r end
   for i = 1, T do
     r = refused('RENAME', KEYS[temps + i], KEYS[lives + i])
@@ -118,6 +126,16 @@ if R > 0 then
   local batches = tonumber(redis.call('HGET', KEYS[records + 1], 'batches') or '0')
   if batches < tonumber(ARGV[12]) then
     return {-3, batches}
+  end
+end
+-- A meta of another type, or with a seq that is not a number, would fail
+-- its HINCRBY after the renames: refuse it first.
+for i = 1, G do
+  local meta = KEYS[metas + i]
+  local kind = redis.call('TYPE', meta)['ok']
+  local seq = kind == 'hash' and redis.call('HGET', meta, 'seq')
+  if (kind ~= 'none' and kind ~= 'hash') or (seq and not string.match(seq, '^%d+$')) then
+    return {-6, i}
   end
 end
 local present = {}
