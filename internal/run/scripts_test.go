@@ -335,11 +335,38 @@ func forEachACLTarget(t *testing.T, f func(t *testing.T, a aclTarget)) {
 	}
 }
 
+// deniedRules returns the ACL rules of a user that may run every command
+// on every key but cmd, and cmd too on the keys under p of the patterns
+// allowOn (a selector). EVAL itself is allowed: the root rules keep every
+// key.
+func deniedRules(p, cmd string, allowOn ...string) []string {
+	rules := []string{"~*", "+@all", "-" + cmd}
+	if len(allowOn) > 0 {
+		sel := "(+" + cmd
+		for _, pat := range allowOn {
+			sel += " ~" + p + pat
+		}
+		rules = append(rules, sel+")")
+	}
+	return rules
+}
+
 func TestScriptAcquireRefused(t *testing.T) {
-	// acquire.lua, for a user that may not run one of the commands the run
-	// will send: {-2, cmd, key} for the first such ARGV pair, before the
-	// locks are even looked at, and nothing changed.
+	// acquire.lua, for a user that may not run one of the commands the
+	// script sends itself (EXISTS and SET on each lock, DEL on its record
+	// and log, HSET and EXPIRE on its record, lock by lock), or one of the
+	// commands the run will send: {-2, cmd, key} for the first such
+	// command, its own before the ARGV pairs, before the locks are even
+	// looked at, and nothing changed.
 	forEachACLTarget(t, func(t *testing.T, a aclTarget) {
+		// own returns the reply {-2, cmd, key} for the key of section
+		// (0 locks, 1 records, 2 logs) of lock i.
+		own := func(cmd string, section, i int) func(p string) []any {
+			return func(p string) []any {
+				locks, records, logs := runKeys(p, 2)
+				return reply(-2, cmd, [][]string{locks, records, logs}[section][i-1])
+			}
+		}
 		for _, tt := range []struct {
 			name  string
 			rules func(p string) []string
@@ -362,6 +389,63 @@ func TestScriptAcquireRefused(t *testing.T) {
 				name:  "key outside the user's patterns",
 				rules: func(p string) []string { return []string{"~" + p + "lock:*", "~" + p + "temp:*", "+@all"} },
 				want:  func(p string) []any { return reply(-2, "UNLINK", p+"live:1") },
+			},
+			// The script's own commands. Before they were checked, each
+			// of these failed the script on the command itself: for DEL,
+			// HSET and EXPIRE after the first lock had been taken.
+			{
+				name:  "EXISTS on a lock",
+				rules: func(p string) []string { return deniedRules(p, "exists") },
+				want:  own("EXISTS", 0, 1),
+			},
+			{
+				name:  "EXISTS on the second lock",
+				rules: func(p string) []string { return deniedRules(p, "exists", "lock:1") },
+				want:  own("EXISTS", 0, 2),
+			},
+			{
+				name:  "SET on a lock",
+				rules: func(p string) []string { return deniedRules(p, "set") },
+				want:  own("SET", 0, 1),
+			},
+			{
+				name:  "SET on a lock, before the held lock",
+				rules: func(p string) []string { return deniedRules(p, "set") },
+				held:  true,
+				want:  own("SET", 0, 1),
+			},
+			{
+				name:  "DEL on a record",
+				rules: func(p string) []string { return deniedRules(p, "del") },
+				want:  own("DEL", 1, 1),
+			},
+			{
+				name:  "DEL on a log",
+				rules: func(p string) []string { return deniedRules(p, "del", "lock:*:run") },
+				want:  own("DEL", 2, 1),
+			},
+			{
+				name:  "HSET on a record",
+				rules: func(p string) []string { return deniedRules(p, "hset") },
+				want:  own("HSET", 1, 1),
+			},
+			{
+				name:  "HSET on the second record",
+				rules: func(p string) []string { return deniedRules(p, "hset", "lock:1:run") },
+				want:  own("HSET", 1, 2),
+			},
+			{
+				// The run's EXPIRE on its temp key is allowed.
+				name:  "EXPIRE on a record",
+				rules: func(p string) []string { return deniedRules(p, "expire", "temp:*") },
+				want:  own("EXPIRE", 1, 1),
+			},
+			{
+				// The run's EXPIRE on its temp key is denied too, and
+				// answers after the script's own.
+				name:  "own commands before the run's",
+				rules: func(p string) []string { return deniedRules(p, "expire") },
+				want:  own("EXPIRE", 1, 1),
 			},
 		} {
 			t.Run(tt.name, func(t *testing.T) {
@@ -393,8 +477,9 @@ func TestScriptHeartbeat(t *testing.T) {
 	// rate, paused, action, log lengths...}: every lock and record, and
 	// every log that exists, reset to the TTL, not left to decay (C13), and
 	// the status written into the run's record. {-1, i} for the first lock
-	// not ours, and {-3, batches} when the record holds fewer batches than
-	// Redis acknowledged; either way nothing changed.
+	// not ours, {-3, batches} when the record holds fewer batches than
+	// Redis acknowledged, and {-3, 0} when it is gone, whatever was
+	// acknowledged; each way nothing changed.
 	env.ForEachDeployment(t, func(t *testing.T, d redistest.Deployment) {
 		t.Run("renewed", func(t *testing.T) {
 			p := casePrefix(t, d.Other, d.Prefix)
@@ -479,6 +564,9 @@ func TestScriptHeartbeat(t *testing.T) {
 			{"writes lost", 0, "", "3", "5", reply(-3, 3)},
 			{"record without batches", 0, "", "", "1", reply(-3, 0)},
 			{"record gone", 0, "", "-", "1", reply(-3, 0)},
+			// Renewing would re-create the record without a TTL.
+			{"record gone, nothing acknowledged", 0, "", "-", "0", reply(-3, 0)},
+			{"lock checked before the missing record", 2, thiefTok, "-", "0", reply(-1, 2)},
 		} {
 			t.Run(tt.name, func(t *testing.T) {
 				p := casePrefix(t, d.Other, d.Prefix)
@@ -990,7 +1078,9 @@ func TestScriptPublishFailsClosed(t *testing.T) {
 	// (C28); {-3, batches} when the record holds fewer batches than the
 	// run wrote; {0, i} for the first temp key flagged populated that is
 	// gone (C26); {-4, i} for one flagged populated with a TTL that has
-	// none (re-created by a later write). On every one of them nothing was
+	// none (re-created by a later write); and, between the record and the
+	// temp keys, {-6, i} for the first meta that is neither absent nor a
+	// hash whose seq is a number. On every one of them nothing was
 	// written: every key byte-identical, no receipt, so that what the
 	// caller keeps for diagnosis (C29) is intact.
 	env.ForEachDeployment(t, func(t *testing.T, d redistest.Deployment) {
@@ -1049,6 +1139,26 @@ func TestScriptPublishFailsClosed(t *testing.T) {
 				c.flags = "2012" // temp:4 has no TTL
 				return nil
 			}, reply(-4, 4)},
+			// A meta that is not keyswap's hash would fail its HINCRBY
+			// after every rename.
+			{"meta a string", func(c *publishCall) [][]string {
+				return [][]string{{"DEL", c.metas[0]}, {"SET", c.metas[0], "7"}}
+			}, reply(-6, 1)},
+			{"second meta a list", func(c *publishCall) [][]string {
+				return [][]string{{"RPUSH", c.metas[1], "7"}}
+			}, reply(-6, 2)},
+			{"seq not a number", func(c *publishCall) [][]string {
+				return [][]string{{"HSET", c.metas[0], "seq", "seven"}}
+			}, reply(-6, 1)},
+			{"seq not an integer", func(c *publishCall) [][]string {
+				return [][]string{{"HSET", c.metas[0], "seq", "7.5"}}
+			}, reply(-6, 1)},
+			{"record checked before the metas", func(c *publishCall) [][]string {
+				return [][]string{{"HSET", c.records[0], "batches", "3"}, {"RPUSH", c.metas[1], "7"}}
+			}, reply(-3, 3)},
+			{"metas checked before the temp keys", func(c *publishCall) [][]string {
+				return [][]string{{"RPUSH", c.metas[1], "7"}, {"DEL", c.temps[0]}}
+			}, reply(-6, 2)},
 		} {
 			t.Run(tt.name, func(t *testing.T) {
 				p := casePrefix(t, d.Other, d.Prefix)
@@ -1062,6 +1172,19 @@ func TestScriptPublishFailsClosed(t *testing.T) {
 	})
 }
 
+// stealLock is a setup of TestScriptPublishRefused: another run takes the
+// first lock.
+func stealLock(c *publishCall) [][]string {
+	return [][]string{{"SET", c.locks[0], thiefTok, "EX", "40"}}
+}
+
+// withoutKeep is a setup of TestScriptPublishRefused: a publish that keeps
+// no old value, whose metas lose their prev fields (HDEL).
+func withoutKeep(c *publishCall) [][]string {
+	c.prevs, c.keep = nil, "0"
+	return nil
+}
+
 func TestScriptPublishRefused(t *testing.T) {
 	// publish.lua for a user that may not run one of the commands the
 	// publish sends on one of its keys: {-2, cmd, key}, checked before
@@ -1072,43 +1195,44 @@ func TestScriptPublishRefused(t *testing.T) {
 	// root rules keep every key.
 	forEachACLTarget(t, func(t *testing.T, a aclTarget) {
 		for _, tt := range []struct {
-			name      string
-			deny      string   // the command denied by the root rules
-			allowOn   []string // the key patterns of a selector that allows deny again
-			stealLock bool
-			want      func(call publishCall) []any
+			name    string
+			deny    string                          // the command denied by the root rules
+			allowOn []string                        // the key patterns of a selector that allows deny again
+			setup   func(c *publishCall) [][]string // changes the call, and seeds more as the default user
+			want    func(call publishCall) []any
 		}{
-			{"GET on a lock", "get", nil, false, func(c publishCall) []any { return reply(-2, "GET", c.locks[0]) }},
-			{"HGET on the record", "hget", nil, false, func(c publishCall) []any { return reply(-2, "HGET", c.records[0]) }},
-			{"SET on the receipt", "set", nil, false, func(c publishCall) []any { return reply(-2, "SET", c.receipts[0]) }},
-			{"PTTL on a temp key", "pttl", nil, false, func(c publishCall) []any { return reply(-2, "PTTL", c.temps[0]) }},
-			{"UNLINK on a live key", "unlink", nil, false, func(c publishCall) []any { return reply(-2, "UNLINK", c.lives[0]) }},
-			{"PERSIST on a live key", "persist", nil, false, func(c publishCall) []any { return reply(-2, "PERSIST", c.lives[0]) }},
-			{"UNLINK on an orphan", "unlink", []string{"live:*"}, false, func(c publishCall) []any { return reply(-2, "UNLINK", c.orphans[0]) }},
-			{"UNLINK on a prev", "unlink", []string{"live:*", "orphan:*"}, false, func(c publishCall) []any { return reply(-2, "UNLINK", c.prevs[0]) }},
-			{"PEXPIRE on a prev", "pexpire", nil, false, func(c publishCall) []any { return reply(-2, "PEXPIRE", c.prevs[0]) }},
-			{"UNLINK on a drop", "unlink", []string{"live:*", "orphan:*", "prev:*"}, false, func(c publishCall) []any { return reply(-2, "UNLINK", c.drops[0]) }},
-			{"HINCRBY on a meta", "hincrby", nil, false, func(c publishCall) []any { return reply(-2, "HINCRBY", c.metas[0]) }},
-			{"HSET on a meta", "hset", nil, false, func(c publishCall) []any { return reply(-2, "HSET", c.metas[0]) }},
-			{"RENAME of a temp key", "rename", nil, false, func(c publishCall) []any { return reply(-2, "RENAME", c.temps[0]) }},
-			{"RENAME of a live key to its prev", "rename", []string{"temp:*", "live:*"}, false, func(c publishCall) []any { return reply(-2, "RENAME", c.lives[0]) }},
-			{"RENAME of an orphan to its prev", "rename", []string{"temp:*", "live:*", "prev:*"}, false, func(c publishCall) []any { return reply(-2, "RENAME", c.orphans[0]) }},
-			{"rights before the lock", "rename", nil, true, func(c publishCall) []any { return reply(-2, "RENAME", c.temps[0]) }},
+			{"GET on a lock", "get", nil, nil, func(c publishCall) []any { return reply(-2, "GET", c.locks[0]) }},
+			{"HGET on the record", "hget", nil, nil, func(c publishCall) []any { return reply(-2, "HGET", c.records[0]) }},
+			{"SET on the receipt", "set", nil, nil, func(c publishCall) []any { return reply(-2, "SET", c.receipts[0]) }},
+			{"PTTL on a temp key", "pttl", nil, nil, func(c publishCall) []any { return reply(-2, "PTTL", c.temps[0]) }},
+			{"UNLINK on a live key", "unlink", nil, nil, func(c publishCall) []any { return reply(-2, "UNLINK", c.lives[0]) }},
+			{"PERSIST on a live key", "persist", nil, nil, func(c publishCall) []any { return reply(-2, "PERSIST", c.lives[0]) }},
+			{"UNLINK on an orphan", "unlink", []string{"live:*"}, nil, func(c publishCall) []any { return reply(-2, "UNLINK", c.orphans[0]) }},
+			{"UNLINK on a prev", "unlink", []string{"live:*", "orphan:*"}, nil, func(c publishCall) []any { return reply(-2, "UNLINK", c.prevs[0]) }},
+			{"PEXPIRE on a prev", "pexpire", nil, nil, func(c publishCall) []any { return reply(-2, "PEXPIRE", c.prevs[0]) }},
+			{"UNLINK on a drop", "unlink", []string{"live:*", "orphan:*", "prev:*"}, nil, func(c publishCall) []any { return reply(-2, "UNLINK", c.drops[0]) }},
+			{"HINCRBY on a meta", "hincrby", nil, nil, func(c publishCall) []any { return reply(-2, "HINCRBY", c.metas[0]) }},
+			{"HSET on a meta", "hset", nil, nil, func(c publishCall) []any { return reply(-2, "HSET", c.metas[0]) }},
+			{"RENAME of a temp key", "rename", nil, nil, func(c publishCall) []any { return reply(-2, "RENAME", c.temps[0]) }},
+			{"RENAME of a live key to its prev", "rename", []string{"temp:*", "live:*"}, nil, func(c publishCall) []any { return reply(-2, "RENAME", c.lives[0]) }},
+			{"RENAME of an orphan to its prev", "rename", []string{"temp:*", "live:*", "prev:*"}, nil, func(c publishCall) []any { return reply(-2, "RENAME", c.orphans[0]) }},
+			{"rights before the lock", "rename", nil, stealLock, func(c publishCall) []any { return reply(-2, "RENAME", c.temps[0]) }},
+			// The commands the script sent before their rights were
+			// checked. EXISTS, on every live key and orphan, is sent
+			// only to keep their old values, after the prev's UNLINK.
+			{"EXISTS on a live key", "exists", nil, nil, func(c publishCall) []any { return reply(-2, "EXISTS", c.lives[0]) }},
+			{"EXISTS on an orphan", "exists", []string{"live:*"}, nil, func(c publishCall) []any { return reply(-2, "EXISTS", c.orphans[0]) }},
+			{"EXISTS before the lock", "exists", nil, stealLock, func(c publishCall) []any { return reply(-2, "EXISTS", c.lives[0]) }},
+			{"TYPE on a meta", "type", nil, nil, func(c publishCall) []any { return reply(-2, "TYPE", c.metas[0]) }},
+			{"HGET on a meta", "hget", []string{"lock:*:run"}, nil, func(c publishCall) []any { return reply(-2, "HGET", c.metas[0]) }},
+			{"HDEL on a meta", "hdel", nil, withoutKeep, func(c publishCall) []any { return reply(-2, "HDEL", c.metas[0]) }},
 		} {
 			t.Run(tt.name, func(t *testing.T) {
 				p := casePrefix(t, a.admin, a.prefix)
-				rules := []string{"~*", "+@all", "-" + tt.deny}
-				if len(tt.allowOn) > 0 {
-					sel := "(+" + tt.deny
-					for _, pat := range tt.allowOn {
-						sel += " ~" + p + pat
-					}
-					rules = append(rules, sel+")")
-				}
-				c := a.srv.ClientAs(t, "ks-"+t.Name(), rules...)
+				c := a.srv.ClientAs(t, "ks-"+t.Name(), deniedRules(p, tt.deny, tt.allowOn...)...)
 				call := seedPublish(t, a.admin, p)
-				if tt.stealLock {
-					cmds(t, a.admin, []string{"SET", call.locks[0], thiefTok, "EX", "40"})
+				if tt.setup != nil {
+					cmds(t, a.admin, tt.setup(&call)...)
 				}
 				before := redistest.Snapshot(t, a.admin, p)
 				wantReply(t, call.run(t, c), tt.want(call)...)
