@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -384,37 +386,59 @@ func TestSetIndexEmptyBucket(t *testing.T) {
 }
 
 func TestSetIndexBucketShapedLikeLockOrTemp(t *testing.T) {
-	// Bucket values come from data. A value that makes "<prefix>:<bucket>"
-	// the family's own lock key ("rebuild-lock"), or a temp-shaped key, must
-	// not break the family (C43, C53+): either the run refuses it with an
-	// error and publishes nothing, or the bucket behaves like any other, and
-	// the next run, from a source without it, succeeds and removes it.
-	for _, bucket := range []string{"rebuild-lock", "x:rebuild:1600000000:0123456789abcdef"} {
-		t.Run(bucket, func(t *testing.T) {
-			forEachDeployment(t, func(t *testing.T, d deployment) {
-				prefix := d.Prefix + "tags"
-				redistest.Do(t, d.Other, d.Other.B().Sadd().Key(prefix+":fr").Member("old").Build())
-				before := redistest.Snapshot(t, d.Other, d.Prefix)
-
-				_, err := redistest.Rebuilder(t, d.Client, rebuild.Options{}, byCountry(prefix)).
-					Run(redistest.Ctx(t), rebuild.FromSlice([]user{{ID: "1", Country: "fr"}, {ID: "2", Country: bucket}}))
-				if err != nil {
-					redistest.WantUnchanged(t, d.Other, d.Prefix, before)
-				}
-
-				_, err = redistest.Rebuilder(t, d.Client, rebuild.Options{}, byCountry(prefix)).
-					Run(redistest.Ctx(t), rebuild.FromSlice([]user{{ID: "1", Country: "fr"}}))
-				if err != nil {
-					t.Fatalf("second run, without bucket %q: got error %v, want nil", bucket, err)
-				}
-				if diff := cmp.Diff(map[string]string{"tags:fr": "set [1]"}, contents(t, d.Other, d.Prefix)); diff != "" {
-					t.Errorf("keys after the second run (-want +got):\n%s", diff)
-				}
-				redistest.WantClean(t, d.Other, d.Prefix)
-			})
-		})
-	}
+	// 11.4: bucket values come from data. A value that would make
+	// "<prefix>:<bucket>" one of keyswap's own keys (the family's lock
+	// "rebuild-lock", its record, a generation, a temp key of either shape)
+	// is skipped, counted in Stats.Skipped and logged once per key; the run
+	// succeeds, the other buckets are rebuilt, and the family's lock is
+	// never written as a bucket.
+	odd := []string{"rebuild-lock", "rebuild-lock:run", "rebuild-gen", "rebuild:2024", "x:rebuild:1600000000:0123456789abcdef"}
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		prefix := d.Prefix + "tags"
+		redistest.Do(t, d.Other, d.Other.B().Sadd().Key(prefix+":fr").Member("old").Build())
+		src := []user{{ID: "1", Country: "fr"}, {ID: "2", Country: "de"}}
+		for i, b := range odd {
+			src = append(src, user{ID: fmt.Sprint(10 + i), Country: b}, user{ID: fmt.Sprint(20 + i), Country: b})
+		}
+		var logged strings.Builder
+		var mu sync.Mutex
+		logger := slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			return logged.Write(p)
+		}), nil))
+		stats, err := redistest.Rebuilder(t, d.Client, rebuild.Options{BatchSize: 3, Logger: logger}, byCountry(prefix)).
+			Run(redistest.Ctx(t), rebuild.FromSlice(src))
+		if err != nil {
+			t.Fatalf("Run: got %v, want success: one odd value must not block the family", err)
+		}
+		if got, want := stats.Skipped[prefix], int64(2*len(odd)); got != want {
+			t.Errorf("Stats.Skipped[%q] = %d, want %d", prefix, got, want)
+		}
+		if diff := cmp.Diff(map[string]string{"tags:de": "set [2]", "tags:fr": "set [1]"}, contents(t, d.Other, d.Prefix)); diff != "" {
+			t.Errorf("keys after the run (-want +got):\n%s", diff)
+		}
+		mu.Lock()
+		counts := map[string]int{}
+		for _, m := range regexp.MustCompile(`skipped_key=(\S+)`).FindAllStringSubmatch(logged.String(), -1) {
+			counts[strings.Trim(m[1], `"`)]++
+		}
+		want := map[string]int{}
+		for _, b := range odd {
+			want[prefix+":"+b] = 1
+		}
+		if diff := cmp.Diff(want, counts); diff != "" {
+			t.Errorf("skipped keys logged (-want +got):\n%s\nlog:\n%s", diff, logged.String())
+		}
+		mu.Unlock()
+		redistest.WantClean(t, d.Other, d.Prefix)
+	})
 }
+
+// writerFunc is an io.Writer of a function.
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
 
 func TestMaxArgs(t *testing.T) {
 	// A batch larger than MaxArgs entries is split into commands of at most
@@ -656,28 +680,36 @@ func TestFamiliaRepeatedRebuilds(t *testing.T) {
 func TestFamiliaEmptySource(t *testing.T) {
 	// C24: an empty result deletes the live keys, and Stats.Outcomes says
 	// Emptied for each, whether the source yields nothing or only items
-	// every builder skips.
+	// every builder skips; with the SetIndex alone too (11.5), which then
+	// has no key to publish, only buckets to delete.
 	allSkipped := []user{{ID: " ", Email: "", Country: "\t"}, {ID: "", Email: " ", Country: ""}}
 	for _, tc := range []struct {
-		name  string
-		src   []user
-		items int64
+		name   string
+		src    []user
+		items  int64
+		family bool // the SetIndex alone
 	}{
-		{"no items", nil, 0},
-		{"every item skipped", allSkipped, 2},
+		{"no items", nil, 0, false},
+		{"every item skipped", allSkipped, 2, false},
+		{"family alone, no items", nil, 0, true},
+		{"family alone, every item skipped", allSkipped, 2, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			forEachDeployment(t, func(t *testing.T, d deployment) {
 				p := d.Prefix
-				mustRun(t, d.Client, rebuild.Options{}, users(6), familiaBuilders(p)...)
+				bs := familiaBuilders(p)
+				if tc.family {
+					bs = bs[len(bs)-1:]
+				}
+				mustRun(t, d.Client, rebuild.Options{}, users(6), bs...)
 				live := sortedKeys(contents(t, d.Other, p))
-				if len(live) != 6 { // 3 keys and 3 buckets
-					t.Fatalf("before: got live keys %v, want 6", live)
+				if want := len(bs) - 1 + 3; len(live) != want { // the plain keys and 3 buckets
+					t.Fatalf("before: got live keys %v, want %d", live, want)
 				}
 
-				stats := mustRun(t, d.Client, rebuild.Options{BatchSize: 1}, tc.src, familiaBuilders(p)...)
+				stats := mustRun(t, d.Client, rebuild.Options{BatchSize: 1}, tc.src, bs...)
 
-				if got := redistest.Keys(t, d.Other, p); len(got) != 0 {
+				if got := redistest.LiveKeys(t, d.Other, p); len(got) != 0 {
 					t.Errorf("keys after an empty rebuild: got %v, want none", got)
 				}
 				want := map[string]store.Outcome{}

@@ -312,9 +312,11 @@ func TestConfigClusterSlots(t *testing.T) {
 }
 
 // TestConfigBuilderOutsideItsKeys: a builder that writes outside the keys it
-// owns (another key, another builder's key, an empty bucket of a family, or
-// on a cluster a key in another slot) fails the run with Op "build" in the
-// batch that does it, and nothing is published (C45, C52).
+// owns (another key, another builder's key, an empty bucket of a family, the
+// live key, the lock, a second key of a command, a script's key, or on a
+// cluster a key in another slot) fails the run with Op "build" in the batch
+// that does it, before anything of that batch is sent, and nothing is
+// published (C45, C52).
 func TestConfigBuilderOutsideItsKeys(t *testing.T) {
 	t.Parallel()
 	forEachDeployment(t, func(t *testing.T, d deployment) {
@@ -348,6 +350,36 @@ func TestConfigBuilderOutsideItsKeys(t *testing.T) {
 				return err
 			}},
 			{name: "SetIndex empty bucket", owner: "idx", want: "followed by a bucket", emptyBucket: true},
+			// 11.6: a command's keys must all be the builder's temp keys,
+			// on standalone as on a cluster.
+			{name: "command on another key", owner: "k", want: "is not one of this run's temp keys", bad: func(c *rebuild.Commands, p string) error {
+				c.Add(c.B().Sadd().Key(p+"other").Member("m").Build(), 1)
+				return nil
+			}},
+			{name: "command on the live key", owner: "k", want: "is not one of this run's temp keys", bad: func(c *rebuild.Commands, p string) error {
+				c.Add(c.B().Sadd().Key(p+"k").Member("m").Build(), 1)
+				return nil
+			}},
+			{name: "command on the lock", owner: "k", want: "is not one of this run's temp keys", bad: func(c *rebuild.Commands, p string) error {
+				c.Add(c.B().Set().Key(p+"k:rebuild-lock").Value("x").Build(), 1)
+				return nil
+			}},
+			{name: "second key of a command", owner: "k", want: "is not one of this run's temp keys", bad: func(c *rebuild.Commands, p string) error {
+				temp, err := c.Temp(p + "k")
+				if err != nil {
+					return err
+				}
+				c.Add(c.B().Sunionstore().Destination(temp).Key(temp, p+"other").Build(), 1)
+				return nil
+			}},
+			{name: "script on another key", owner: "k", want: "is not one of this run's temp keys", bad: func(c *rebuild.Commands, p string) error {
+				c.Add(c.B().Eval().Script("return 1").Numkeys(1).Key(p+"other").Build(), 1)
+				return nil
+			}},
+			{name: "arbitrary command on another builder's key", owner: "k", want: "is not one of this run's temp keys", bad: func(c *rebuild.Commands, p string) error {
+				c.Add(c.B().Arbitrary("HSET").Keys(p+"h").Args("f", "v").Build(), 1)
+				return nil
+			}},
 			{name: "command in another slot", cluster: true, want: "outside the rebuild's hash slot", bad: func(c *rebuild.Commands, p string) error {
 				c.Add(c.B().Sadd().Key(elsewhere).Member("m").Build(), 1)
 				return nil

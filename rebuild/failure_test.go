@@ -10,7 +10,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -972,4 +974,157 @@ func TestFailSourceErrorCancelsFamilyScan(t *testing.T) {
 		failWantError(t, err, "source", errSource)
 		failWantNothingChanged(t, d, before)
 	})
+}
+
+// TestFailCancelDuringAcquire (11.2): a context cancelled while the lock is
+// being taken (here Redis pauses writes for 500 ms, and ctx is cancelled
+// after 100 ms) leaves no lock behind: the acquire may have run after its reply
+// was lost, so it is released, on a context of its own that outlives ctx.
+// The next run succeeds at once, instead of meeting ErrInProgress for the
+// lock's whole TTL.
+func TestFailCancelDuringAcquire(t *testing.T) {
+	t.Parallel()
+	srv := redistest.OwnServer(t)
+	client, admin := srv.Client(t), srv.Client(t)
+	p := redistest.Prefix(t)
+	key := p + "by-email"
+	bs := []rebuild.Builder[user]{builders.Hash(key, func(u user) (string, string, bool) { return u.Email, u.ID, true })}
+	r := redistest.Rebuilder(t, client, rebuild.Options{}, bs...)
+
+	// Cached, so that the paused EVALSHA runs once the pause ends instead of
+	// answering NOSCRIPT to a caller that has gone.
+	for _, name := range []string{"acquire", "release"} {
+		if err := admin.Do(redistest.Ctx(t), admin.B().ScriptLoad().Script(redistest.ScriptNamed(name).Source).Build()).Error(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	redistest.Cmd(t, admin, "CLIENT", "PAUSE", "500", "WRITE")
+	ctx, cancel := context.WithCancel(redistest.Ctx(t))
+	stop := time.AfterFunc(100*time.Millisecond, cancel) // the caller gives up
+	defer stop.Stop()
+	_, err := r.Run(ctx, rebuild.FromSlice(users(10)))
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("Run: got %v, want context.Canceled", err)
+	}
+	// Once the pause is over, the paused acquire runs, then the release the
+	// failed run sent after it: two scripts. Wait for both (at most 5 s),
+	// then the lock must be gone.
+	lock := store.New(admin, store.Options{}).LockKey(key)
+	deadline := time.Now().Add(5 * time.Second)
+	for evalshaCalls(t, admin) < 2 && time.Now().Before(deadline) {
+		poll := time.NewTimer(20 * time.Millisecond)
+		<-poll.C
+	}
+	if redistest.Exists(t, admin, lock) {
+		t.Fatalf("%s held after the run failed (PTTL %v), want it released", lock, redistest.PTTL(t, admin, lock))
+	}
+	if _, err := r.Run(redistest.Ctx(t), rebuild.FromSlice(users(10))); err != nil {
+		t.Fatalf("next Run: got %v, want success", err)
+	}
+	if got := len(redistest.HGetAll(t, admin, key)); got != 10 {
+		t.Errorf("HLEN %s = %d, want 10", key, got)
+	}
+	redistest.WantClean(t, admin, p)
+}
+
+// TestFailAcquireReplyLost (11.2): the acquire script ran, but its reply
+// was lost and the caller's context is cancelled. The locks it may have
+// taken are released on a context of their own: none is left, and the next
+// run succeeds at once.
+func TestFailAcquireReplyLost(t *testing.T) {
+	t.Parallel()
+	acquire := redistest.ScriptNamed("acquire")
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		s := failNewShape(d)
+		before := failPopulate(t, d, s, s.builders(nil))
+		ctx, cancel := context.WithCancel(redistest.Ctx(t))
+		var ran atomic.Bool
+		hooked := rueidishook.WithHook(d.Client, redistest.Hook{
+			OnDo: func(c rueidis.Client, hctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
+				if acquire.Is(cmd.Commands()) && !ran.Load() {
+					res := c.Do(context.WithoutCancel(hctx), cmd) // it runs...
+					if res.Error() == nil {
+						ran.Store(true)
+						cancel() // ...the caller gives up, and its reply is lost
+						return rueidis.NewErrorResult(context.Canceled)
+					}
+					return res
+				}
+				return c.Do(hctx, cmd)
+			},
+		})
+		_, err := redistest.Rebuilder(t, hooked, rebuild.Options{}, s.builders(nil)...).Run(ctx, rebuild.FromSlice(failSecondUsers(failN)))
+		if !ran.Load() {
+			t.Fatal("the acquire script never ran through the hook")
+		}
+		failWantError(t, err, "acquire", context.Canceled)
+		failWantNothingChanged(t, d, before) // no lock, no record left
+		if _, err := redistest.Rebuilder(t, d.Client, rebuild.Options{}, s.builders(nil)...).Run(redistest.Ctx(t), rebuild.FromSlice(failSecondUsers(failN))); err != nil {
+			t.Fatalf("next Run: got %v, want success", err)
+		}
+	})
+}
+
+// evalshaCalls returns the number of EVALSHA calls c's server has run.
+func evalshaCalls(t *testing.T, c rueidis.Client) int {
+	t.Helper()
+	info, err := c.Do(context.Background(), c.B().Info().Section("commandstats").Build()).ToString()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.SplitSeq(info, "\r\n") {
+		if rest, ok := strings.CutPrefix(line, "cmdstat_evalsha:calls="); ok {
+			n, _ := strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
+			return n
+		}
+	}
+	return 0
+}
+
+// TestFailGoexit (11.9): runtime.Goexit in a builder or in the source is
+// treated like a panic: the run cleans up (no lock, no temp key, the live
+// keys untouched), then the Goexit goes on in the caller's goroutine, which
+// ends without Run returning.
+func TestFailGoexit(t *testing.T) {
+	t.Parallel()
+	for _, where := range []string{"builder", "source"} {
+		t.Run(where, func(t *testing.T) {
+			t.Parallel()
+			forEachDeployment(t, func(t *testing.T, d deployment) {
+				s := failNewShape(d)
+				before := failPopulate(t, d, s, s.builders(nil))
+				var fault func([]user)
+				if where == "builder" {
+					fault = func(items []user) {
+						if items[0].ID == fmt.Sprintf("u%06d", failN/2) {
+							runtime.Goexit()
+						}
+					}
+				}
+				r := redistest.Rebuilder(t, d.Client, rebuild.Options{BatchSize: failBatch, Writers: 4}, s.builders(fault)...)
+				us := failSecondUsers(failN)
+				src := rebuild.FromSeq2(func(yield func(user, error) bool) {
+					for i, u := range us {
+						if where == "source" && i == failN/2 {
+							runtime.Goexit()
+						}
+						if !yield(u, nil) {
+							return
+						}
+					}
+				})
+				returned := make(chan bool, 1)
+				go func() {
+					ok := false
+					defer func() { returned <- ok }()
+					_, _ = r.Run(redistest.Ctx(t), src)
+					ok = true
+				}()
+				if <-returned {
+					t.Fatal("Run returned; want its goroutine ended by Goexit")
+				}
+				failWantNothingChanged(t, d, before)
+			})
+		})
+	}
 }

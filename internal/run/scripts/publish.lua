@@ -134,7 +134,10 @@ for i = 1, G do
   local meta = KEYS[metas + i]
   local kind = redis.call('TYPE', meta)['ok']
   local seq = kind == 'hash' and redis.call('HGET', meta, 'seq')
-  if (kind ~= 'none' and kind ~= 'hash') or (seq and not string.match(seq, '^%d+$')) then
+  -- seq must be an integer HINCRBY takes and can advance: canonical, and
+  -- far from the int64 limit.
+  local canonical = seq == '0' or (seq and string.match(seq, '^[1-9]%d*$') and #seq < 19)
+  if (kind ~= 'none' and kind ~= 'hash') or (seq and not canonical) then
     return {-6, i}
   end
 end
