@@ -36,9 +36,12 @@ Commands:
 Run 'keyswap <command> -h' for a command's flags. Flags take one dash or two
 (-json or --json) and may follow the arguments.
 
-Every command connects with -redis URL, which defaults to $REDIS_URL, else
-redis://127.0.0.1:6379. Give several -redis flags, or comma-separated URLs,
-to seed a cluster.
+Every command that talks to Redis takes the same connection flags, as
+redis-cli does: -u URL (or -redis URL), --user, --askpass, and --tls with
+--cacert, --cert, --key, --insecure and --sni. The URL defaults to
+$REDIS_URL, else redis://127.0.0.1:6379; the password comes from --askpass,
+else the URL, else $KEYSWAP_PASSWORD, else $REDISCLI_AUTH. 'keyswap status
+-h' describes them all.
 
 Exit status: 0 on success, 1 on an error (Redis unreachable, a command
 failed), 2 on a usage error.
@@ -60,10 +63,14 @@ var commands = []command{
 // cli is what one invocation reads and writes. run fills it from the
 // process; tests replace what they need.
 type cli struct {
+	// stdin is where --askpass reads the password from: it must be a
+	// terminal.
+	stdin          io.Reader
 	stdout, stderr io.Writer
 	// now is the clock for temp-key ages and the sweep's cutoff.
 	now func() time.Time
-	// getenv reads the environment ($REDIS_URL).
+	// getenv reads the environment ($REDIS_URL, $KEYSWAP_PASSWORD,
+	// $REDISCLI_AUTH).
 	getenv func(string) string
 	// isTerminal reports whether w is a terminal, for the progress bar.
 	isTerminal func(w io.Writer) bool
@@ -71,15 +78,15 @@ type cli struct {
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	code := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
 }
 
 // run runs keyswap with args (without the program name), and returns the
 // exit status: exitOK, exitError or exitUsage.
-func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	c := &cli{stdout: stdout, stderr: stderr, now: time.Now, getenv: os.Getenv, isTerminal: isTerminal}
+func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	c := &cli{stdin: stdin, stdout: stdout, stderr: stderr, now: time.Now, getenv: os.Getenv, isTerminal: isTerminal}
 	return c.main(ctx, args)
 }
 
@@ -174,10 +181,33 @@ func (c *cli) parse(fs *flag.FlagSet, args []string, usage string) ([]string, er
 	}
 }
 
-// printUsage prints usage and then fs's flags to stdout.
+// printUsage prints usage and then fs's flags to stdout: the command's own,
+// then the connection flags, if it takes them.
 func (c *cli) printUsage(fs *flag.FlagSet, usage string) {
+	conn := connFlagNames()
 	fmt.Fprint(c.stdout, strings.TrimRight(usage, "\n")+"\n\nFlags:\n\n")
-	fs.SetOutput(c.stdout)
-	fs.PrintDefaults()
-	fs.SetOutput(io.Discard)
+	printFlags(c.stdout, fs, func(name string) bool { return !conn[name] })
+	var any bool
+	fs.VisitAll(func(f *flag.Flag) { any = any || conn[f.Name] })
+	if any {
+		fmt.Fprint(c.stdout, "\n"+connUsage+"\n\nConnection flags (the same for every command):\n\n")
+		printFlags(c.stdout, fs, func(name string) bool { return conn[name] })
+	}
+}
+
+// printFlags prints the flags of fs for which keep is true to w, in the
+// format of flag.PrintDefaults.
+func printFlags(w io.Writer, fs *flag.FlagSet, keep func(name string) bool) {
+	// A FlagSet of the kept flags only, sharing their values. Var records
+	// each value's current setting as its default ("status -json -h" has
+	// set -json): restore the real default.
+	p := flag.NewFlagSet("", flag.ContinueOnError)
+	p.SetOutput(w)
+	fs.VisitAll(func(f *flag.Flag) {
+		if keep(f.Name) {
+			p.Var(f.Value, f.Name, f.Usage)
+			p.Lookup(f.Name).DefValue = f.DefValue
+		}
+	})
+	p.PrintDefaults()
 }

@@ -115,7 +115,7 @@ const tokenPrefixLen = 8
 // status is the 'keyswap status' command.
 func (c *cli) status(ctx context.Context, args []string) error {
 	fs := newFlagSet("status")
-	redisURLs := addRedisFlag(fs)
+	conn := addConnFlags(fs)
 	asJSON := fs.Bool("json", false, "print one JSON object (described above) instead of tables")
 	olderThan := fs.Duration("older-than", store.DefaultSweepOlderThan,
 		"the `age` past which a TTL-less, unlocked temp key is a sweep candidate, as for 'keyswap sweep'")
@@ -134,7 +134,7 @@ func (c *cli) status(ctx context.Context, args []string) error {
 		pattern = positional[0]
 	}
 
-	client, err := c.connect(*redisURLs)
+	client, err := c.connect(ctx, conn)
 	if err != nil {
 		return err
 	}

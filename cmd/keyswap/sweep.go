@@ -53,7 +53,7 @@ type sweepReport struct {
 // sweep is the 'keyswap sweep' command.
 func (c *cli) sweep(ctx context.Context, args []string) error {
 	fs := newFlagSet("sweep")
-	redisURLs := addRedisFlag(fs)
+	conn := addConnFlags(fs)
 	del := fs.Bool("delete", false, "delete the keys; without it, sweep is a dry run that deletes nothing")
 	pattern := fs.String("pattern", store.DefaultSweepPattern,
 		"SCAN MATCH `glob` of the temp keys to consider; each match is still checked against the\n"+
@@ -83,7 +83,7 @@ func (c *cli) sweep(ctx context.Context, args []string) error {
 		return usagef("--progress %q: want auto, always or never", *progress)
 	}
 
-	client, err := c.connect(*redisURLs)
+	client, err := c.connect(ctx, conn)
 	if err != nil {
 		return err
 	}
