@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"strings"
@@ -77,8 +78,8 @@ type target struct {
 }
 
 // connect returns a client for the connection flags f. It returns a
-// *usageError for a bad flag or URL, and otherwise an error that says why
-// Redis could not be reached (see connectError).
+// *usageError for a bad flag or URL, and otherwise an error that says whether
+// the login failed or Redis could not be reached (see connectError).
 func (c *cli) connect(ctx context.Context, f *connFlags) (rueidis.Client, error) {
 	t, err := c.target(ctx, f)
 	if err != nil {
@@ -117,10 +118,22 @@ func (c *cli) target(ctx context.Context, f *connFlags) (target, error) {
 	return t, nil
 }
 
-// connectError describes err, the error of a connection to t: a failed TLS
-// handshake, or an unreachable server.
+// connectError describes err, the error of a connection to t: a refused
+// login (WRONGPASS, NOAUTH), a user that may not run the commands of a
+// connection (NOPERM), a failed TLS handshake, or an unreachable server.
 func connectError(err error, t target) error {
 	addrs := strings.Join(t.opt.InitAddress, ", ")
+	user := userName(t.opt)
+	var re *rueidis.RedisError
+	if errors.As(err, &re) {
+		code, _, _ := strings.Cut(re.Error(), " ")
+		switch code {
+		case "WRONGPASS", "NOAUTH":
+			return fmt.Errorf("authentication failed for user %s at %s: %w (%s)", user, addrs, err, passwordHint(t.passwordFrom))
+		case "NOPERM":
+			return fmt.Errorf("user %s at %s may not run a command that connecting needs: %w", user, addrs, err)
+		}
+	}
 	if hint, ok := tlsHint(err, t.opt.TLSConfig); ok {
 		return fmt.Errorf("TLS handshake with %s failed: %w (%s)", addrs, err, hint)
 	}

@@ -1,10 +1,70 @@
 package main
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/keyswap/keyswap/internal/redistest"
 )
+
+// wrongPass is the end of Redis's reply to a login with a wrong password.
+const wrongPass = "WRONGPASS invalid username-password pair or user is disabled."
+
+// TestAuthFailure logs in with a wrong password, or none, and wants the
+// failure reported as such, with where the password came from, and not as
+// an unreachable server.
+func TestAuthFailure(t *testing.T) {
+	t.Parallel()
+	addr := env.Standalone.Addr
+	user := aclUser(t, "right-pw", "~*", "&*", "+@all")
+	for _, tc := range []struct {
+		name string
+		env  map[string]string
+		args []string
+		want string
+	}{
+		{"URL", nil, []string{"-u", "redis://" + user + ":wrong@" + addr, "--no-auth-warning"},
+			wrongPass + " (the password came from the -u URL)"},
+		{"REDIS_URL", map[string]string{"REDIS_URL": "redis://" + user + ":wrong@" + addr}, nil,
+			wrongPass + " (the password came from the $REDIS_URL URL)"},
+		{"KEYSWAP_PASSWORD", map[string]string{envPassword: "wrong"}, []string{"-u", addr, "--user", user},
+			wrongPass + " (the password came from $KEYSWAP_PASSWORD)"},
+		{"REDISCLI_AUTH", map[string]string{envRedisCLIAuth: "wrong"}, []string{"-u", addr, "--user", user},
+			wrongPass + " (the password came from $REDISCLI_AUTH)"},
+		{"none", nil, []string{"-u", addr, "--user", user},
+			wrongPass + " (no password was given: put it in the URL, set $KEYSWAP_PASSWORD or $REDISCLI_AUTH, or pass --askpass)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, cmd := range []string{"status", "sweep"} {
+				r := keyswapEnv(t, tc.env, append([]string{cmd}, tc.args...)...)
+				r.wantCode(t, exitError)
+				if want := "keyswap: authentication failed for user " + user + " at " + addr + ": " + tc.want + "\n"; r.stderr != want {
+					t.Errorf("%s: got stderr\n%q\nwant\n%q", cmd, r.stderr, want)
+				}
+				if r.stdout != "" {
+					t.Errorf("%s: got stdout %q, want none", cmd, r.stdout)
+				}
+			}
+		})
+	}
+}
+
+// TestAuthRequired connects without a password to a server that wants
+// one for its default user: NOAUTH, reported as a failed login.
+func TestAuthRequired(t *testing.T) {
+	t.Parallel()
+	srv := redistest.OwnServer(t)
+	// Not --requirepass: the server would refuse the readiness probe.
+	do(t, srv.Client(t), "CONFIG", "SET", "requirepass", "server-pw")
+	r := keyswap(t, "status", "-u", srv.Addr)
+	r.wantCode(t, exitError)
+	want := "keyswap: authentication failed for user default at " + srv.Addr + ": NOAUTH "
+	if !strings.HasPrefix(r.stderr, want) || !strings.HasSuffix(r.stderr, " (no password was given: put it in the URL, set $KEYSWAP_PASSWORD or $REDISCLI_AUTH, or pass --askpass)\n") {
+		t.Errorf("got stderr %q, want %q... and the hint", r.stderr, want)
+	}
+	r = keyswapEnv(t, map[string]string{envRedisCLIAuth: "server-pw"}, "status", "-u", srv.Addr)
+	r.wantCode(t, exitOK)
+}
 
 // TestPasswordPrecedence logs in with passwords from several sources at
 // once, one right and the others wrong: the documented order decides which

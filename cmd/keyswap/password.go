@@ -57,6 +57,14 @@ func userName(opt rueidis.ClientOption) string {
 	return opt.Username
 }
 
+// passwordHint says, for a refused login, where the password came from.
+func passwordHint(from string) string {
+	if from == "" {
+		return fmt.Sprintf("no password was given: put it in the URL, set $%s or $%s, or pass --askpass", envPassword, envRedisCLIAuth)
+	}
+	return "the password came from " + from
+}
+
 // askPassword prompts for the password of who on stderr and reads it,
 // without echo, from stdin, which must be a terminal. When ctx is cancelled
 // (Ctrl-C) while it waits, it restores the terminal and returns
