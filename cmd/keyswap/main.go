@@ -32,6 +32,7 @@ Commands:
 
 	status   list rebuilds in progress, temp keys, and sweep candidates
 	sweep    delete orphaned temp keys (a dry run unless --delete is given)
+	version  print keyswap's version (also: keyswap --version)
 
 Run 'keyswap <command> -h' for a command's flags. Flags take one dash or two
 (-json or --json) and may follow the arguments.
@@ -58,6 +59,7 @@ type command struct {
 var commands = []command{
 	{name: "status", run: (*cli).status},
 	{name: "sweep", run: (*cli).sweep},
+	{name: "version", run: (*cli).version},
 }
 
 // cli is what one invocation reads and writes. run fills it from the
@@ -106,6 +108,8 @@ func (c *cli) main(ctx context.Context, args []string) int {
 		}
 		// "keyswap help sweep" is "keyswap sweep -h".
 		name, rest = rest[0], []string{"-h"}
+	case "-version", "--version":
+		name = "version"
 	}
 	for _, cmd := range commands {
 		if cmd.name == name {

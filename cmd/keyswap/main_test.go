@@ -252,6 +252,7 @@ func TestHelp(t *testing.T) {
 		{[]string{"status", "-json", "-h"}, "  -json\n    \tprint one JSON object (described above) instead of tables\n"},
 		{[]string{"status", "-h"}, "  -u URL\n    \tRedis URL: the same as -redis, as in redis-cli\n"},
 		{[]string{"status", "-h"}, "$KEYSWAP_PASSWORD"},
+		{[]string{"version", "-h"}, "Usage: keyswap version"},
 	} {
 		r := keyswap(t, tc.args...)
 		r.wantCode(t, exitOK)
@@ -280,6 +281,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"sweep", "--progress", "sometimes"}, `--progress "sometimes": want auto, always or never`},
 		{[]string{"status", "a*", "b*"}, "want at most one pattern"},
 		{[]string{"status", "-older-than", "-5m"}, "must be positive"},
+		{[]string{"version", "now"}, `keyswap version: unexpected arguments ["now"]`},
 		{[]string{"status", "-redis", ""}, "no URL"},
 		{[]string{"status", "-redis", "http://example.com"}, "-redis: invalid Redis URL http://example.com: redis: invalid URL scheme: http"},
 		{[]string{"status", "-redis", "redis://a:1,rediss://b:2"}, "user, password, database, TLS, unix socket and master_set must be the same in every URL"},
