@@ -128,3 +128,47 @@ func TestAuthWarning(t *testing.T) {
 		}
 	}
 }
+
+// TestNoPermission runs status and sweep as ACL users that lack a command
+// they need: the error is Redis's NOPERM, under one "keyswap:" prefix.
+func TestNoPermission(t *testing.T) {
+	t.Parallel()
+	d := deployments(t)[0]
+	s := seedSweep(t, d)
+	addr := env.Standalone.Addr
+	for _, tc := range []struct {
+		name  string
+		rules []string
+		args  []string
+		url   string // "": the server's address
+		want  string // the start of stderr, after "keyswap: "
+		tail  string // the end of stderr
+		code  int
+	}{
+		{"status without scan", []string{"-scan"}, []string{"status", redistest.Prefix(t) + "*"}, "", "status: NOPERM ", "'scan' command\n", exitError},
+		{"sweep without scan", []string{"-scan"}, []string{"sweep", "--pattern", testSweepPattern(t)}, "", "sweep: NOPERM ", "'scan' command\n", exitError},
+		{"sweep --delete without unlink", []string{"-unlink"}, []string{"sweep", "--delete", "--pattern", testSweepPattern(t)}, "",
+			"sweep: NOPERM ", "'unlink' command (deleted 0 keys before the error)\n", exitError},
+		{"dry run without unlink", []string{"-unlink"}, []string{"sweep", "--pattern", testSweepPattern(t)}, "", "", "", exitOK},
+		{"connect to database 1 without select", []string{"-select"}, []string{"status"}, "redis://" + addr + "/1",
+			"user %s at " + addr + " may not run a command that connecting needs: NOPERM ", "'select' command\n", exitError},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			user := aclUser(t, "pw", append([]string{"~*", "&*", "+@all"}, tc.rules...)...)
+			url := tc.url
+			if url == "" {
+				url = addr
+			}
+			r := keyswapEnv(t, map[string]string{envPassword: "pw"}, append(tc.args, "-u", url, "--user", user)...)
+			r.wantCode(t, tc.code)
+			want := strings.Replace(tc.want, "%s", user, 1)
+			if tc.want != "" && (!strings.HasPrefix(r.stderr, "keyswap: "+want) || !strings.HasSuffix(r.stderr, tc.tail)) {
+				t.Errorf("got stderr %q, want %q...%q", r.stderr, "keyswap: "+want, tc.tail)
+			}
+			if n := strings.Count(r.stderr, "keyswap:"); tc.want != "" && n != 1 {
+				t.Errorf("stderr %q has %d \"keyswap:\" prefixes, want 1", r.stderr, n)
+			}
+		})
+	}
+	wantKeys(t, d, s.orphans, true)
+}

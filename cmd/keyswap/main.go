@@ -131,9 +131,16 @@ func (c *cli) exit(name string, err error) int {
 		fmt.Fprintf(c.stderr, "keyswap %s: %v\nRun 'keyswap %s -h' for usage.\n", name, ue.err, name)
 		return exitUsage
 	default:
-		fmt.Fprintf(c.stderr, "keyswap: %v\n", err)
+		fmt.Fprintf(c.stderr, "keyswap: %s\n", errorMessage(err))
 		return exitError
 	}
+}
+
+// errorMessage returns err's message without the "keyswap: " that the
+// library's errors start with (a *store.Error reads "keyswap: sweep: ..."),
+// so that exit prints the prefix once.
+func errorMessage(err error) string {
+	return strings.TrimPrefix(err.Error(), "keyswap: ")
 }
 
 // errHelp reports that a command printed its help, as asked: exit status 0.

@@ -126,10 +126,12 @@ func (c *cli) sweep(ctx context.Context, args []string) error {
 		}
 	}
 	if err != nil {
+		// err is a *store.Error, which names the operation ("keyswap:
+		// sweep: ..."): no prefix of ours.
 		if !dryRun {
-			return fmt.Errorf("sweep: %w (deleted %s before the error)", err, plural(len(swept), "key"))
+			return fmt.Errorf("%w (deleted %s before the error)", err, plural(len(swept), "key"))
 		}
-		return fmt.Errorf("sweep: %w", err)
+		return err
 	}
 	return nil
 }

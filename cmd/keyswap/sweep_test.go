@@ -14,9 +14,9 @@ import (
 	"github.com/keyswap/keyswap/store"
 )
 
-// sweepPattern is a --pattern that sees only the running test's keys,
+// testSweepPattern is a --pattern that sees only the running test's keys,
 // whatever hash tag a cluster puts in front of them.
-func sweepPattern(t *testing.T) string { return "*" + redistest.Prefix(t) + "*:rebuild:*" }
+func testSweepPattern(t *testing.T) string { return "*" + redistest.Prefix(t) + "*:rebuild:*" }
 
 // sweepSeed is the keyspace of a sweep test.
 type sweepSeed struct {
@@ -82,7 +82,7 @@ func TestSweepDryRunDeletesNothing(t *testing.T) {
 		t.Run(d.name, func(t *testing.T) {
 			t.Parallel()
 			s := seedSweep(t, d)
-			r := keyswap(t, d.args("sweep", "--pattern", sweepPattern(t))...)
+			r := keyswap(t, d.args("sweep", "--pattern", testSweepPattern(t))...)
 			r.wantCode(t, exitOK)
 			want := strings.Join(s.orphans, "\n") + "\nwould delete 2 keys (dry run; pass --delete to delete)\n"
 			if r.stdout != want {
@@ -95,20 +95,20 @@ func TestSweepDryRunDeletesNothing(t *testing.T) {
 			wantKeys(t, d, s.kept, true)
 
 			// -json says the same.
-			r = keyswap(t, d.args("sweep", "-json", "--pattern", sweepPattern(t), "--older-than", "90m")...)
+			r = keyswap(t, d.args("sweep", "-json", "--pattern", testSweepPattern(t), "--older-than", "90m")...)
 			r.wantCode(t, exitOK)
 			var rep sweepReport
 			if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
 				t.Fatalf("sweep -json: %v\n%s", err, r.stdout)
 			}
-			if !rep.DryRun || rep.Pattern != sweepPattern(t) || rep.OlderThanSeconds != 5400 ||
+			if !rep.DryRun || rep.Pattern != testSweepPattern(t) || rep.OlderThanSeconds != 5400 ||
 				!slices.Equal(rep.Keys, s.orphans) || rep.Count != 2 || rep.Error != "" {
 				t.Errorf("sweep -json: got %+v, want a dry run of %q", rep, s.orphans)
 			}
 			wantKeys(t, d, s.orphans, true)
 
 			// A younger cutoff than the orphans' age finds nothing.
-			r = keyswap(t, d.args("sweep", "--pattern", sweepPattern(t), "--older-than", "3h")...)
+			r = keyswap(t, d.args("sweep", "--pattern", testSweepPattern(t), "--older-than", "3h")...)
 			r.wantCode(t, exitOK)
 			if want := "would delete 0 keys (dry run; pass --delete to delete)\n"; r.stdout != want {
 				t.Errorf("--older-than 3h: got %q, want %q", r.stdout, want)
@@ -122,7 +122,7 @@ func TestSweepDeleteRemovesExactlyTheOrphans(t *testing.T) {
 		t.Run(d.name, func(t *testing.T) {
 			t.Parallel()
 			s := seedSweep(t, d)
-			r := keyswap(t, d.args("sweep", "--delete", "--pattern", sweepPattern(t))...)
+			r := keyswap(t, d.args("sweep", "--delete", "--pattern", testSweepPattern(t))...)
 			r.wantCode(t, exitOK)
 			want := strings.Join(s.orphans, "\n") + "\ndeleted 2 keys\n"
 			if r.stdout != want {
@@ -141,7 +141,7 @@ func TestSweepDeleteRemovesExactlyTheOrphans(t *testing.T) {
 			}
 
 			// Nothing is left to sweep.
-			r = keyswap(t, d.args("sweep", "--delete", "--pattern", sweepPattern(t))...)
+			r = keyswap(t, d.args("sweep", "--delete", "--pattern", testSweepPattern(t))...)
 			r.wantCode(t, exitOK)
 			if want := "deleted 0 keys\n"; r.stdout != want {
 				t.Errorf("second sweep: got %q, want %q", r.stdout, want)
@@ -185,13 +185,13 @@ func TestSweepClusterEveryMaster(t *testing.T) {
 	}
 
 	// One seed finds the whole cluster too.
-	r = keyswap(t, "sweep", "-redis", env.Cluster.Addrs[0], "--pattern", sweepPattern(t))
+	r = keyswap(t, "sweep", "-redis", env.Cluster.Addrs[0], "--pattern", testSweepPattern(t))
 	r.wantCode(t, exitOK)
 	if want := strings.Join(orphans, "\n") + fmt.Sprintf("\nwould delete %d keys (dry run; pass --delete to delete)\n", len(orphans)); r.stdout != want {
 		t.Errorf("sweep through one seed: got\n%s\nwant\n%s", r.stdout, want)
 	}
 
-	r = keyswap(t, "sweep", "--delete", "-redis", seeds, "--pattern", sweepPattern(t))
+	r = keyswap(t, "sweep", "--delete", "-redis", seeds, "--pattern", testSweepPattern(t))
 	r.wantCode(t, exitOK)
 	want := strings.Join(orphans, "\n") + fmt.Sprintf("\ndeleted %d keys\n", len(orphans))
 	if r.stdout != want {
@@ -206,7 +206,7 @@ func TestSweepProgress(t *testing.T) {
 	t.Parallel()
 	d := deployments(t)[0]
 	s := seedSweep(t, d)
-	r := keyswap(t, d.args("sweep", "-progress", "always", "--pattern", sweepPattern(t))...)
+	r := keyswap(t, d.args("sweep", "-progress", "always", "--pattern", testSweepPattern(t))...)
 	r.wantCode(t, exitOK)
 	if want := strings.Join(s.orphans, "\n") + "\nwould delete 2 keys (dry run; pass --delete to delete)\n"; r.stdout != want {
 		t.Errorf("stdout: got\n%s\nwant\n%s", r.stdout, want)
@@ -215,7 +215,7 @@ func TestSweepProgress(t *testing.T) {
 		t.Errorf("stderr: got %q, want the progress display", r.stderr)
 	}
 	// auto on a stderr that is not a terminal: no display.
-	r = keyswap(t, d.args("sweep", "--pattern", sweepPattern(t))...)
+	r = keyswap(t, d.args("sweep", "--pattern", testSweepPattern(t))...)
 	if r.stderr != "" {
 		t.Errorf("-progress auto without a terminal: got stderr %q, want none", r.stderr)
 	}
