@@ -149,7 +149,7 @@ func TestNoPermission(t *testing.T) {
 		{"sweep without scan", []string{"-scan"}, []string{"sweep", "--pattern", testSweepPattern(t)}, "", "sweep: NOPERM ", "'scan' command\n", exitError},
 		{"sweep --delete without unlink", []string{"-unlink"}, []string{"sweep", "--delete", "--pattern", testSweepPattern(t)}, "",
 			"sweep: NOPERM ", "'unlink' command (deleted 0 keys before the error)\n", exitError},
-		{"dry run without unlink", []string{"-unlink"}, []string{"sweep", "--pattern", testSweepPattern(t)}, "", "", "", exitOK},
+		{"dry run without unlink", []string{"-unlink"}, []string{"sweep", "--pattern", testSweepPattern(t)}, "", "", "", exitOrphans},
 		{"connect to database 1 without select", []string{"-select"}, []string{"status"}, "redis://" + addr + "/1",
 			"user %s at " + addr + " may not run a command that connecting needs: NOPERM ", "'select' command\n", exitError},
 	} {

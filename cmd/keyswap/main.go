@@ -15,9 +15,10 @@ import (
 
 // Exit codes.
 const (
-	exitOK    = 0 // success, or help asked for
-	exitError = 1 // a runtime error, including an unreachable Redis
-	exitUsage = 2 // a bad command line
+	exitOK      = 0 // success, or help asked for; no sweep candidate found
+	exitError   = 1 // a runtime error, including an unreachable Redis or a failed login
+	exitUsage   = 2 // a bad command line
+	exitOrphans = 3 // status, or a sweep without --delete, found sweep candidates
 )
 
 const mainUsage = `keyswap is the operator's tool for keyswap's atomic key rebuilds in Redis:
@@ -44,8 +45,11 @@ $REDIS_URL, else redis://127.0.0.1:6379; the password comes from --askpass,
 else the URL, else $KEYSWAP_PASSWORD, else $REDISCLI_AUTH. 'keyswap status
 -h' describes them all.
 
-Exit status: 0 on success, 1 on an error (Redis unreachable, a command
-failed), 2 on a usage error.
+Exit status: 0 on success (and, for status and a dry-run sweep, when there
+is nothing to sweep); 1 on an error (Redis unreachable, authentication
+failed, a command failed); 2 on a usage error; 3 when status or a sweep
+without --delete found sweep candidates (a sweep with --delete exits 0 once
+it deleted them all).
 `
 
 // command is a subcommand: one file each (status.go, sweep.go).
@@ -86,7 +90,7 @@ func main() {
 }
 
 // run runs keyswap with args (without the program name), and returns the
-// exit status: exitOK, exitError or exitUsage.
+// exit status: exitOK, exitError, exitUsage or exitOrphans.
 func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	c := &cli{stdin: stdin, stdout: stdout, stderr: stderr, now: time.Now, getenv: os.Getenv, isTerminal: isTerminal}
 	return c.main(ctx, args)
@@ -127,6 +131,8 @@ func (c *cli) exit(name string, err error) int {
 	switch {
 	case err == nil, errors.Is(err, errHelp):
 		return exitOK
+	case errors.Is(err, errOrphansFound):
+		return exitOrphans
 	case errors.As(err, &ue):
 		fmt.Fprintf(c.stderr, "keyswap %s: %v\nRun 'keyswap %s -h' for usage.\n", name, ue.err, name)
 		return exitUsage
@@ -145,6 +151,10 @@ func errorMessage(err error) string {
 
 // errHelp reports that a command printed its help, as asked: exit status 0.
 var errHelp = errors.New("help requested")
+
+// errOrphansFound reports that a command found sweep candidates and
+// printed them: exit status 3, and no message.
+var errOrphansFound = errors.New("sweep candidates found")
 
 // usageError is a bad command line: exit status 2.
 type usageError struct{ err error }

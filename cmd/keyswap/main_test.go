@@ -253,6 +253,7 @@ func TestHelp(t *testing.T) {
 		{[]string{"status", "-h"}, "  -u URL\n    \tRedis URL: the same as -redis, as in redis-cli\n"},
 		{[]string{"status", "-h"}, "$KEYSWAP_PASSWORD"},
 		{[]string{"version", "-h"}, "Usage: keyswap version"},
+		{[]string{"help"}, "3 when status or a sweep"},
 	} {
 		r := keyswap(t, tc.args...)
 		r.wantCode(t, exitOK)

@@ -46,6 +46,9 @@ Status scans the whole keyspace with SCAN, on every master of a cluster,
 never with KEYS. What it prints is a snapshot: rebuilds start and end while
 it runs.
 
+Exit status: 0 when there is no sweep candidate, 3 when there are some (for
+monitoring), 1 on an error, 2 on a usage error.
+
 JSON output (-json) is one object, whose fields are kept stable:
 
   {
@@ -146,9 +149,28 @@ func (c *cli) status(ctx context.Context, args []string) error {
 	if *asJSON {
 		enc := json.NewEncoder(c.stdout)
 		enc.SetIndent("", "  ")
-		return enc.Encode(rep)
+		err = enc.Encode(rep)
+	} else {
+		err = writeStatus(c.stdout, rep)
 	}
-	return writeStatus(c.stdout, rep)
+	if err != nil {
+		return err
+	}
+	if rep.candidates() > 0 {
+		return errOrphansFound
+	}
+	return nil
+}
+
+// candidates returns the number of sweep candidates in rep.
+func (rep *statusReport) candidates() int {
+	n := 0
+	for _, t := range rep.TempKeys {
+		if t.SweepCandidate {
+			n++
+		}
+	}
+	return n
 }
 
 // rebuildKeysPattern is the SCAN MATCH glob of both lock keys

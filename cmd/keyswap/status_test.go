@@ -44,7 +44,7 @@ func TestStatusShowsRebuildInProgress(t *testing.T) {
 
 			// Table. The flag after the pattern is parsed too.
 			r := keyswap(t, d.args("status", p+"*", "-older-than", "1h")...)
-			r.wantCode(t, exitOK)
+			r.wantCode(t, exitOrphans)
 			if !strings.Contains(r.stdout, "REBUILDS IN PROGRESS\nLOCK ") {
 				t.Errorf("no REBUILDS IN PROGRESS table in:\n%s", r.stdout)
 			}
@@ -67,7 +67,7 @@ func TestStatusShowsRebuildInProgress(t *testing.T) {
 
 			// JSON.
 			r = keyswap(t, d.args("status", "-json", p+"*")...)
-			r.wantCode(t, exitOK)
+			r.wantCode(t, exitOrphans)
 			var rep statusReport
 			if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
 				t.Fatalf("status -json: %v\n%s", err, r.stdout)

@@ -33,6 +33,11 @@ summary line. Keys that are not printable text are Go-quoted; -json prints
 them exactly, as {"dry_run": bool, "pattern": string, "older_than_seconds":
 int, "keys": [string], "count": int, "error": string (only on failure)}.
 
+Exit status: without --delete, 0 when there is nothing to delete and 3 when
+there is (for monitoring); with --delete, 0 once every key found is
+deleted. 1 on an error (some keys may have been deleted before it: they
+are listed), 2 on a usage error.
+
 WARNING: do not sweep during a rolling upgrade from a version without the
 rebuild lock. Such versions hold no lock and put no TTL on their temp keys,
 so the sweep cannot tell their running rebuilds from abandoned ones: past
@@ -132,6 +137,9 @@ func (c *cli) sweep(ctx context.Context, args []string) error {
 			return fmt.Errorf("%w (deleted %s before the error)", err, plural(len(swept), "key"))
 		}
 		return err
+	}
+	if dryRun && len(swept) > 0 {
+		return errOrphansFound
 	}
 	return nil
 }

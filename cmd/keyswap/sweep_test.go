@@ -83,7 +83,7 @@ func TestSweepDryRunDeletesNothing(t *testing.T) {
 			t.Parallel()
 			s := seedSweep(t, d)
 			r := keyswap(t, d.args("sweep", "--pattern", testSweepPattern(t))...)
-			r.wantCode(t, exitOK)
+			r.wantCode(t, exitOrphans)
 			want := strings.Join(s.orphans, "\n") + "\nwould delete 2 keys (dry run; pass --delete to delete)\n"
 			if r.stdout != want {
 				t.Errorf("stdout: got\n%s\nwant\n%s", r.stdout, want)
@@ -96,7 +96,7 @@ func TestSweepDryRunDeletesNothing(t *testing.T) {
 
 			// -json says the same.
 			r = keyswap(t, d.args("sweep", "-json", "--pattern", testSweepPattern(t), "--older-than", "90m")...)
-			r.wantCode(t, exitOK)
+			r.wantCode(t, exitOrphans)
 			var rep sweepReport
 			if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
 				t.Fatalf("sweep -json: %v\n%s", err, r.stdout)
@@ -169,7 +169,7 @@ func TestSweepClusterEveryMaster(t *testing.T) {
 	seeds := strings.Join(env.Cluster.Addrs, ",")
 
 	r := keyswap(t, "status", "-json", "-redis", seeds, p+"*")
-	r.wantCode(t, exitOK)
+	r.wantCode(t, exitOrphans)
 	var rep statusReport
 	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
 		t.Fatal(err)
@@ -185,8 +185,8 @@ func TestSweepClusterEveryMaster(t *testing.T) {
 	}
 
 	// One seed finds the whole cluster too.
-	r = keyswap(t, "sweep", "-redis", env.Cluster.Addrs[0], "--pattern", testSweepPattern(t))
-	r.wantCode(t, exitOK)
+	r = keyswap(t, "sweep", "-u", env.Cluster.Addrs[0], "--pattern", testSweepPattern(t))
+	r.wantCode(t, exitOrphans)
 	if want := strings.Join(orphans, "\n") + fmt.Sprintf("\nwould delete %d keys (dry run; pass --delete to delete)\n", len(orphans)); r.stdout != want {
 		t.Errorf("sweep through one seed: got\n%s\nwant\n%s", r.stdout, want)
 	}
@@ -207,7 +207,7 @@ func TestSweepProgress(t *testing.T) {
 	d := deployments(t)[0]
 	s := seedSweep(t, d)
 	r := keyswap(t, d.args("sweep", "-progress", "always", "--pattern", testSweepPattern(t))...)
-	r.wantCode(t, exitOK)
+	r.wantCode(t, exitOrphans)
 	if want := strings.Join(s.orphans, "\n") + "\nwould delete 2 keys (dry run; pass --delete to delete)\n"; r.stdout != want {
 		t.Errorf("stdout: got\n%s\nwant\n%s", r.stdout, want)
 	}
