@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"maps"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -32,8 +31,8 @@ Status lists what keyswap keeps in Redis right now, and changes nothing:
 A temp key without a TTL that no lock protects was left behind by a
 crashed process: once older than -older-than it is a sweep candidate. A
 TTL-less temp key under a held lock is normal: a rebuild has written it and
-not touched it yet. Sweep candidates are found by the sweep's own dry run,
-so status and sweep always agree.
+not touched it yet. Sweep candidates are decided by the sweep's own rule,
+so status and sweep agree.
 
 pattern is a Redis glob (as in SCAN MATCH: * ? [a-z] \x) matched against
 the live key that a lock or temp key belongs to: 'keyswap status "users:*"'
@@ -42,7 +41,7 @@ Cluster, keyswap may pin a live key to its slot with a hash tag
 ({users:by-email}:rebuild-lock); the pattern is matched with and without
 that tag. Without a pattern, everything is listed.
 
-Status scans the whole keyspace with SCAN, on every master of a cluster,
+Status scans the keyspace once with SCAN, on every master of a cluster,
 never with KEYS. What it prints is a snapshot: rebuilds start and end while
 it runs.
 
@@ -179,7 +178,7 @@ func (rep *statusReport) candidates() int {
 const rebuildKeysPattern = "*:rebuild[-:]*"
 
 // collectStatus takes the snapshot of locks and temp keys whose live key
-// matches pattern ("" for all), at time now.
+// matches pattern ("" for all), at time now. It scans the keyspace once.
 func collectStatus(ctx context.Context, client rueidis.Client, pattern string, olderThan time.Duration, now time.Time) (*statusReport, error) {
 	cluster := client.Mode() == rueidis.ClientModeCluster
 	rep := &statusReport{
@@ -187,28 +186,11 @@ func collectStatus(ctx context.Context, client rueidis.Client, pattern string, o
 		Pattern:          pattern,
 		Cluster:          cluster,
 		OlderThanSeconds: int64(olderThan / time.Second),
-		Locks:            []lockStatus{},
-		TempKeys:         []tempStatus{},
 	}
-
-	locks := map[string]string{} // lock key -> base
-	temps := map[string]tempStatus{}
-	for page, err := range scan.Pages(ctx, client, scan.Options{Match: rebuildKeysPattern}) {
-		if err != nil {
-			return nil, err
-		}
-		for _, k := range page {
-			if base, ok := strings.CutSuffix(k, keys.LockSuffix); ok {
-				if matchLiveKey(pattern, base, cluster) {
-					locks[k] = base
-				}
-			} else if base, unix, ok := keys.ParseTempKey(k); ok && matchLiveKey(pattern, base, cluster) {
-				temps[k] = tempStatus{Key: k, Base: base, Timestamp: unix, AgeSeconds: now.Unix() - unix}
-			}
-		}
+	locks, temps, err := scanRebuildKeys(ctx, client, pattern, cluster, now)
+	if err != nil {
+		return nil, err
 	}
-
-	var err error
 	if rep.Locks, err = describeLocks(ctx, client, locks); err != nil {
 		return nil, err
 	}
@@ -216,10 +198,11 @@ func collectStatus(ctx context.Context, client rueidis.Client, pattern string, o
 		return nil, err
 	}
 
-	// Sweep candidates come from the sweep itself (C38), not from a copy
-	// of its rule. DryRun deletes nothing.
-	candidates, err := store.New(client, store.Options{Now: func() time.Time { return now }}).
-		Sweep(ctx, store.SweepOptions{OlderThan: olderThan, DryRun: true})
+	ks := make([]string, len(rep.TempKeys))
+	for i, t := range rep.TempKeys {
+		ks[i] = t.Key
+	}
+	candidates, err := sweepCandidates(ctx, client, ks, now, olderThan)
 	if err != nil {
 		return nil, err
 	}
@@ -233,115 +216,26 @@ func collectStatus(ctx context.Context, client rueidis.Client, pattern string, o
 	return rep, nil
 }
 
-// describeLocks returns the TTL and token prefix of locks (lock key ->
-// base), sorted by key. Locks that vanished since the scan are left out.
-func describeLocks(ctx context.Context, client rueidis.Client, locks map[string]string) ([]lockStatus, error) {
-	ks := slices.Sorted(maps.Keys(locks))
-	cmds := make(rueidis.Commands, 0, 2*len(ks))
-	for _, k := range ks {
-		cmds = append(cmds, client.B().Ttl().Key(k).Build(), client.B().Get().Key(k).Build())
-	}
-	res := client.DoMulti(ctx, cmds...)
-	out := []lockStatus{}
-	for i, k := range ks {
-		ttl, err := res[2*i].AsInt64()
+// scanRebuildKeys scans the keyspace once for the lock keys (lock key ->
+// base) and temp keys whose live key matches pattern.
+func scanRebuildKeys(ctx context.Context, client rueidis.Client, pattern string, cluster bool, now time.Time) (
+	map[string]string, map[string]tempStatus, error) {
+	locks, temps := map[string]string{}, map[string]tempStatus{}
+	for page, err := range scan.Pages(ctx, client, scan.Options{Match: rebuildKeysPattern}) {
 		if err != nil {
-			return nil, fmt.Errorf("TTL %s: %w", k, err)
+			return nil, nil, err
 		}
-		if ttl == -2 {
-			continue // released since the scan
-		}
-		// A lock that is not a string (never one of ours) shows no token.
-		token, _ := res[2*i+1].ToString()
-		out = append(out, lockStatus{Key: k, Base: locks[k], TTLSeconds: ttl, TokenPrefix: prefix(token, tokenPrefixLen)})
-	}
-	return out, nil
-}
-
-// sizeCommands maps a Redis type to the command that gives its size.
-var sizeCommands = map[string]func(cb rueidis.Builder, key string) rueidis.Completed{
-	"hash":   func(cb rueidis.Builder, k string) rueidis.Completed { return cb.Hlen().Key(k).Build() },
-	"zset":   func(cb rueidis.Builder, k string) rueidis.Completed { return cb.Zcard().Key(k).Build() },
-	"set":    func(cb rueidis.Builder, k string) rueidis.Completed { return cb.Scard().Key(k).Build() },
-	"list":   func(cb rueidis.Builder, k string) rueidis.Completed { return cb.Llen().Key(k).Build() },
-	"string": func(cb rueidis.Builder, k string) rueidis.Completed { return cb.Strlen().Key(k).Build() },
-	"stream": func(cb rueidis.Builder, k string) rueidis.Completed { return cb.Xlen().Key(k).Build() },
-}
-
-// describeTemps fills in the TTL, type, size, memory and lock of temps,
-// and returns them sorted by key. Keys that vanished since the scan are
-// left out.
-func describeTemps(ctx context.Context, client rueidis.Client, temps map[string]tempStatus) ([]tempStatus, error) {
-	ks := slices.Sorted(maps.Keys(temps))
-	cb := client.B()
-	cmds := make(rueidis.Commands, 0, 3*len(ks))
-	for _, k := range ks {
-		cmds = append(cmds, cb.Ttl().Key(k).Build(), cb.Type().Key(k).Build(), cb.MemoryUsage().Key(k).Build())
-	}
-	res := client.DoMulti(ctx, cmds...)
-	out := []tempStatus{}
-	for i, k := range ks {
-		t := temps[k]
-		var err error
-		if t.TTLSeconds, err = res[3*i].AsInt64(); err != nil {
-			return nil, fmt.Errorf("TTL %s: %w", k, err)
-		}
-		if t.Type, err = res[3*i+1].ToString(); err != nil {
-			return nil, fmt.Errorf("TYPE %s: %w", k, err)
-		}
-		if t.TTLSeconds == -2 || t.Type == "none" {
-			continue // deleted or swapped since the scan
-		}
-		// MEMORY USAGE may be refused (ACLs, managed services): unknown.
-		if n, err := res[3*i+2].AsInt64(); err == nil {
-			t.MemoryBytes = &n
-		}
-		out = append(out, t)
-	}
-
-	// Sizes, for the types that have one.
-	cmds, idx := rueidis.Commands{}, []int{}
-	for i, t := range out {
-		if size, ok := sizeCommands[t.Type]; ok {
-			cmds = append(cmds, size(cb, t.Key))
-			idx = append(idx, i)
-		}
-	}
-	for j, r := range client.DoMulti(ctx, cmds...) {
-		if n, err := r.AsInt64(); err == nil {
-			out[idx[j]].Size = &n
-		}
-	}
-
-	// The locks that would stop the sweep (C38 (2)).
-	lockSet := map[string]bool{}
-	for _, t := range out {
-		for _, l := range keys.VetoLocks(t.Base) {
-			lockSet[l] = true
-		}
-	}
-	lockKeys := slices.Sorted(maps.Keys(lockSet))
-	cmds = make(rueidis.Commands, 0, len(lockKeys))
-	for _, l := range lockKeys {
-		cmds = append(cmds, cb.Exists().Key(l).Build())
-	}
-	held := map[string]bool{}
-	for i, r := range client.DoMulti(ctx, cmds...) {
-		n, err := r.AsInt64()
-		if err != nil {
-			return nil, fmt.Errorf("EXISTS %s: %w", lockKeys[i], err)
-		}
-		held[lockKeys[i]] = n > 0
-	}
-	for i := range out {
-		for _, l := range keys.VetoLocks(out[i].Base) {
-			if held[l] {
-				out[i].Locked, out[i].LockKey = true, l
-				break
+		for _, k := range page {
+			if base, ok := strings.CutSuffix(k, keys.LockSuffix); ok {
+				if matchLiveKey(pattern, base, cluster) {
+					locks[k] = base
+				}
+			} else if base, unix, ok := keys.ParseTempKey(k); ok && matchLiveKey(pattern, base, cluster) {
+				temps[k] = tempStatus{Key: k, Base: base, Timestamp: unix, AgeSeconds: now.Unix() - unix}
 			}
 		}
 	}
-	return out, nil
+	return locks, temps, nil
 }
 
 // matchLiveKey reports whether pattern matches the live key that base, the

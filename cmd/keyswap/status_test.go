@@ -3,12 +3,15 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/keyswap/keyswap/internal/keys"
+	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/store"
 )
 
@@ -183,5 +186,71 @@ func TestLiveKeys(t *testing.T) {
 		if got := liveKeys(tc.base, tc.cluster); !slices.Equal(got, tc.want) {
 			t.Errorf("liveKeys(%q, %v): got %q, want %q", tc.base, tc.cluster, got, tc.want)
 		}
+	}
+}
+
+// TestStatusScansOnce counts the SCAN calls status makes on a server of the
+// test's own: every one is logged (slowlog-log-slower-than 0), and exactly
+// one starts a pass over the keyspace (cursor 0), although the keyspace
+// takes several calls.
+func TestStatusScansOnce(t *testing.T) {
+	t.Parallel()
+	srv := redistest.OwnServer(t, "--slowlog-log-slower-than", "0", "--slowlog-max-len", "100000")
+	c := srv.Client(t)
+	ctx := t.Context()
+	old := time.Now().Add(-2 * time.Hour).Unix()
+	for chunk := range 10 {
+		cmd := c.B().Mset().KeyValue()
+		for i := range 500 {
+			n := chunk*500 + i
+			k := fmt.Sprintf("filler:%d", n)
+			if n%100 == 0 {
+				k = keys.TempKey(k, false, old, uint64(n)) // orphans: sweep candidates
+			}
+			cmd = cmd.KeyValue(k, "x")
+		}
+		if err := c.Do(ctx, cmd.Build()).Error(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	do(t, c, "CONFIG", "RESETSTAT")
+	do(t, c, "SLOWLOG", "RESET")
+
+	r := keyswap(t, "status", "-u", srv.Addr)
+	r.wantCode(t, exitOrphans)
+	if !strings.Contains(r.stdout, "; 50 sweep candidates") {
+		t.Errorf("status: want 50 sweep candidates in:\n%s", r.stdout)
+	}
+
+	info, err := c.Do(ctx, c.B().Info().Section("commandstats").Build()).ToString()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var calls int
+	for line := range strings.Lines(info) {
+		if rest, ok := strings.CutPrefix(line, "cmdstat_scan:calls="); ok {
+			calls, _ = strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
+		}
+	}
+	entries, err := c.Do(ctx, c.B().SlowlogGet().Count(100000).Build()).ToArray()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var scans, passes int
+	for _, e := range entries {
+		fields, _ := e.ToArray()
+		if len(fields) < 4 {
+			continue
+		}
+		args, _ := fields[3].AsStrSlice()
+		if len(args) >= 2 && strings.EqualFold(args[0], "SCAN") {
+			scans++
+			if args[1] == "0" {
+				passes++
+			}
+		}
+	}
+	if calls < 2 || scans != calls || passes != 1 {
+		t.Errorf("status made %d SCAN calls (slowlog: %d, %d from cursor 0), want several calls and 1 pass over the keyspace", calls, scans, passes)
 	}
 }
