@@ -282,6 +282,8 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"sweep", "--progress", "sometimes"}, `--progress "sometimes": want auto, always or never`},
 		{[]string{"status", "a*", "b*"}, "want at most one pattern"},
 		{[]string{"status", "-older-than", "-5m"}, "must be positive"},
+		{[]string{"status", "users:["}, `keyswap status: pattern "users:[": a '[' is not closed by a ']' (write \[ for a literal '[')`},
+		{[]string{"status", `users\`}, `keyswap status: pattern "users\\": it ends in a '\' that escapes nothing`},
 		{[]string{"version", "now"}, `keyswap version: unexpected arguments ["now"]`},
 		{[]string{"status", "-redis", ""}, "no URL"},
 		{[]string{"status", "-redis", "http://example.com"}, "-redis: invalid Redis URL http://example.com: redis: invalid URL scheme: http"},
@@ -347,4 +349,14 @@ func decodeStatus(t *testing.T, out string) *statusReport {
 		t.Fatalf("status -json: %v\n%s", err, out)
 	}
 	return &rep
+}
+
+// decodeSweep decodes the output of 'sweep -json'.
+func decodeSweep(t *testing.T, out string) sweepReport {
+	t.Helper()
+	var rep sweepReport
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("sweep -json: %v\n%s", err, out)
+	}
+	return rep
 }

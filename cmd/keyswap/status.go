@@ -4,10 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
-	"slices"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/keyswap/keyswap/internal/keys"
@@ -32,14 +29,17 @@ A temp key without a TTL that no lock protects was left behind by a
 crashed process: once older than -older-than it is a sweep candidate. A
 TTL-less temp key under a held lock is normal: a rebuild has written it and
 not touched it yet. Sweep candidates are decided by the sweep's own rule,
-so status and sweep agree.
+so status and sweep agree. When there are some, status prints the sweep
+command that lists them (and, with --delete, deletes them), limited to the
+keys that the pattern selects.
 
 pattern is a Redis glob (as in SCAN MATCH: * ? [a-z] \x) matched against
 the live key that a lock or temp key belongs to: 'keyswap status "users:*"'
 shows the rebuilds of users:by-email and of users:by-country:us. On Redis
 Cluster, keyswap may pin a live key to its slot with a hash tag
 ({users:by-email}:rebuild-lock); the pattern is matched with and without
-that tag. Without a pattern, everything is listed.
+that tag. Without a pattern, everything is listed. Every '[' must be closed
+by a ']', and a final '\' must be escaped ('\\').
 
 Status scans the keyspace once with SCAN, on every master of a cluster,
 never with KEYS. What it prints is a snapshot: rebuilds start and end while
@@ -134,6 +134,9 @@ func (c *cli) status(ctx context.Context, args []string) error {
 	var pattern string
 	if len(positional) == 1 {
 		pattern = positional[0]
+	}
+	if err := checkGlob(pattern); err != nil {
+		return usagef("pattern %q: %v", pattern, err)
 	}
 
 	client, err := c.connect(ctx, conn)
@@ -236,94 +239,4 @@ func scanRebuildKeys(ctx context.Context, client rueidis.Client, pattern string,
 		}
 	}
 	return locks, temps, nil
-}
-
-// matchLiveKey reports whether pattern matches the live key that base, the
-// base of a lock or temp key, stands for. "" and "*" match everything, even
-// an empty key, as "*" does for SCAN, which skips the match for it.
-func matchLiveKey(pattern, base string, cluster bool) bool {
-	if pattern == "" || pattern == "*" {
-		return true
-	}
-	return slices.ContainsFunc(liveKeys(base, cluster), func(k string) bool { return globMatch(pattern, k) })
-}
-
-// liveKeys returns the names a base may stand for: the base itself and, on
-// a cluster, the live key without the hash tag keyswap adds to pin derived
-// keys to its slot (see keys.Base): "{users:by-email}" stands for
-// users:by-email (or for a live key spelled "{users:by-email}"), and
-// "{rb42}a{}b" for a{}b when slot(rb42) = slot(a{}b).
-func liveKeys(base string, cluster bool) []string {
-	out := []string{base}
-	if !cluster || !strings.HasPrefix(base, "{") {
-		return out
-	}
-	end := strings.IndexByte(base, '}')
-	if end < 2 {
-		return out
-	}
-	tag, rest := base[1:end], base[end+1:]
-	switch {
-	case rest == "":
-		out = append(out, tag)
-	case isSyntheticTag(tag) && keys.Slot(rest) == keys.Slot(tag):
-		out = append(out, rest)
-	}
-	return out
-}
-
-// isSyntheticTag reports whether tag has the shape of keys.SyntheticTag's
-// tags: "rb" and decimal digits.
-func isSyntheticTag(tag string) bool {
-	digits, ok := strings.CutPrefix(tag, "rb")
-	return ok && digits != "" && strings.Trim(digits, "0123456789") == ""
-}
-
-// writeStatus prints rep as tables, then a summary line.
-func writeStatus(w io.Writer, rep *statusReport) error {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	if len(rep.Locks) == 0 {
-		fmt.Fprintln(tw, "No rebuild in progress.")
-	} else {
-		fmt.Fprintln(tw, "REBUILDS IN PROGRESS")
-		fmt.Fprintln(tw, "LOCK\tTTL\tTOKEN")
-		for _, l := range rep.Locks {
-			fmt.Fprintf(tw, "%s\t%s\t%s\n", displayKey(l.Key), fmtTTL(l.TTLSeconds), displayKey(l.TokenPrefix))
-		}
-	}
-	if err := tw.Flush(); err != nil {
-		return err
-	}
-	fmt.Fprintln(tw)
-
-	unexpiring, candidates := 0, 0
-	if len(rep.TempKeys) == 0 {
-		fmt.Fprintln(tw, "No temp keys.")
-	} else {
-		fmt.Fprintln(tw, "TEMP KEYS")
-		fmt.Fprintln(tw, "KEY\tAGE\tTTL\tTYPE\tSIZE\tMEMORY\tLOCKED\tSWEEP")
-		for _, t := range rep.TempKeys {
-			if t.TTLSeconds == -1 {
-				unexpiring++
-			}
-			if t.SweepCandidate {
-				candidates++
-			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", displayKey(t.Key), fmtAge(t.AgeSeconds),
-				fmtTTL(t.TTLSeconds), t.Type, fmtOptional(t.Size, fmtInt), fmtOptional(t.MemoryBytes, fmtBytes),
-				yesNo(t.Locked), yesNo(t.SweepCandidate))
-		}
-	}
-	if err := tw.Flush(); err != nil {
-		return err
-	}
-
-	olderThan := time.Duration(rep.OlderThanSeconds) * time.Second
-	fmt.Fprintf(w, "\n%s in progress; %s, %d without a TTL; %s (no TTL, no lock, older than %s).\n",
-		plural(len(rep.Locks), "rebuild"), plural(len(rep.TempKeys), "temp key"), unexpiring,
-		plural(candidates, "sweep candidate"), olderThan)
-	if candidates > 0 {
-		fmt.Fprintf(w, "Run 'keyswap sweep -older-than %s' to list them, with --delete to delete them.\n", olderThan)
-	}
-	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -160,32 +161,107 @@ tags:rebuild:1699990000:fedcba9876543210            2h46m   none    zset       1
 "odd key\t:rebuild:1700000000"                      future  59m59s  ReJSON-RL  -     -         no      no
 
 1 rebuild in progress; 3 temp keys, 2 without a TTL; 1 sweep candidate (no TTL, no lock, older than 1h0m0s).
-Run 'keyswap sweep -older-than 1h0m0s' to list them, with --delete to delete them.
+List them with the following, and add --delete to delete them:
+  keyswap sweep --older-than 1h0m0s
 `
 	if got := out.String(); got != want {
 		t.Errorf("got\n%s\nwant\n%s", got, want)
 	}
 }
 
-func TestLiveKeys(t *testing.T) {
-	odd := keys.Base("a{}b", true) // "{rbN}a{}b"
-	for _, tc := range []struct {
-		base    string
-		cluster bool
-		want    []string
-	}{
-		{"users:by-email", false, []string{"users:by-email"}},
-		{"{users:by-email}", false, []string{"{users:by-email}"}},
-		{"{users:by-email}", true, []string{"{users:by-email}", "users:by-email"}},
-		{"user{42}:idx", true, []string{"user{42}:idx"}},
-		{"{a{b}", true, []string{"{a{b}", "a{b"}},
-		{odd, true, []string{odd, "a{}b"}},
-		{"{rb1}a{}b", true, []string{"{rb1}a{}b"}}, // not a{}b's slot
-		{"{}x", true, []string{"{}x"}},
-	} {
-		if got := liveKeys(tc.base, tc.cluster); !slices.Equal(got, tc.want) {
-			t.Errorf("liveKeys(%q, %v): got %q, want %q", tc.base, tc.cluster, got, tc.want)
-		}
+// TestWriteStatusSuggestion pins the sweep commands that status suggests
+// for a pattern: limited to the pattern's live keys, one command per shape
+// of base on a cluster.
+func TestWriteStatusSuggestion(t *testing.T) {
+	odd := keys.Base("it's{}odd", true) // "{rbN}it's{}odd"
+	tag := strings.TrimSuffix(odd, "it's{}odd")
+	rep := &statusReport{
+		Pattern:          "it's*",
+		Cluster:          true,
+		OlderThanSeconds: 7200,
+		TempKeys: []tempStatus{
+			{Key: "{it's:a}:rebuild:1:0123456789abcdef", Base: "{it's:a}", TTLSeconds: -1, Type: "set", SweepCandidate: true},
+			{Key: "{it's:b}:rebuild:1:0123456789abcdef", Base: "{it's:b}", TTLSeconds: -1, Type: "set", SweepCandidate: true},
+			{Key: "it's{x}:rebuild:1:0123456789abcdef", Base: "it's{x}", TTLSeconds: -1, Type: "set", SweepCandidate: true},
+			{Key: odd + ":rebuild:1:0123456789abcdef", Base: odd, TTLSeconds: -1, Type: "set", SweepCandidate: true},
+			{Key: "{it's:c}:rebuild:1:0123456789abcdef", Base: "{it's:c}", TTLSeconds: 60, Type: "set"},
+		},
+	}
+	var out bytes.Buffer
+	if err := writeStatus(&out, rep); err != nil {
+		t.Fatal(err)
+	}
+	want := `
+0 rebuilds in progress; 5 temp keys, 4 without a TTL; 4 sweep candidates (no TTL, no lock, older than 2h0m0s).
+List them with the following, and add --delete to delete them:
+  keyswap sweep --older-than 2h0m0s --pattern 'it'\''s*:rebuild:*'
+  keyswap sweep --older-than 2h0m0s --pattern '{it'\''s*}:rebuild:*'
+  keyswap sweep --older-than 2h0m0s --pattern '` + tag + `it'\''s*:rebuild:*'
+`
+	if got := out.String(); !strings.HasSuffix(got, want) {
+		t.Errorf("got\n%s\nwant it to end with\n%s", got, want)
+	}
+}
+
+// TestStatusSuggestsLimitedSweep runs status with a pattern, then the sweep
+// commands it suggests: they list exactly the candidates status showed, not
+// the orphans of other keys, and delete only them.
+func TestStatusSuggestsLimitedSweep(t *testing.T) {
+	for _, d := range deployments(t) {
+		t.Run(d.name, func(t *testing.T) {
+			t.Parallel()
+			p := testPrefix(t, d)
+			old := time.Now().Add(-2 * time.Hour).Unix()
+			var mine []string // orphans of live keys that p+"users*" selects
+			for i, live := range []string{p + "users:a", p + "users{x}:b", p + "users:c}d"} {
+				k := keys.TempKey(live, d.cluster, old, uint64(i))
+				do(t, d.client, "SET", k, "x")
+				mine = append(mine, k)
+			}
+			slices.Sort(mine)
+			other := keys.TempKey(p+"orders:users:a", d.cluster, old, 9)
+			do(t, d.client, "SET", other, "x")
+
+			r := keyswap(t, d.args("status", p+"users*")...)
+			r.wantCode(t, exitOrphans)
+			_, cmds, ok := strings.Cut(r.stdout, "List them with the following, and add --delete to delete them:\n")
+			if !ok {
+				t.Fatalf("no sweep command in:\n%s", r.stdout)
+			}
+			// The patterns that the commands carry, and the commands.
+			patterns := map[string]bool{}
+			for _, k := range mine {
+				base, _, _ := keys.ParseTempKey(k)
+				pat, ok := sweepPattern(p+"users*", base, d.cluster)
+				if !ok {
+					t.Fatalf("sweepPattern(%q, %q): no pattern", p+"users*", base)
+				}
+				patterns[pat] = true
+			}
+			var want string
+			for _, pat := range slices.Sorted(maps.Keys(patterns)) {
+				want += "  keyswap sweep --older-than 1h0m0s --pattern " + shellQuote(pat) + "\n"
+			}
+			if cmds != want {
+				t.Errorf("got sweep commands\n%s\nwant\n%s", cmds, want)
+			}
+
+			var listed []string
+			for pat := range patterns {
+				r := keyswap(t, d.args("sweep", "-json", "--older-than", "1h", "--pattern", pat)...)
+				r.wantCode(t, exitOrphans)
+				listed = append(listed, decodeSweep(t, r.stdout).Keys...)
+			}
+			slices.Sort(listed)
+			if !slices.Equal(listed, mine) {
+				t.Errorf("the suggested sweeps list %q, want %q", listed, mine)
+			}
+			for pat := range patterns {
+				keyswap(t, d.args("sweep", "--delete", "--older-than", "1h", "--pattern", pat)...).wantCode(t, exitOK)
+			}
+			wantKeys(t, d, mine, false)
+			wantKeys(t, d, []string{other}, true)
+		})
 	}
 }
 
