@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"io"
 	"os"
 	"strings"
@@ -252,8 +251,10 @@ func TestHelp(t *testing.T) {
 		{[]string{"status", "-json", "-h"}, "  -json\n    \tprint one JSON object (described above) instead of tables\n"},
 		{[]string{"status", "-h"}, "  -u URL\n    \tRedis URL: the same as -redis, as in redis-cli\n"},
 		{[]string{"status", "-h"}, "$KEYSWAP_PASSWORD"},
-		{[]string{"version", "-h"}, "Usage: keyswap version"},
+		{[]string{"status", "-h"}, `"key_base64"`},
+		{[]string{"sweep", "-h"}, `"key_base64"`},
 		{[]string{"help"}, "3 when status or a sweep"},
+		{[]string{"version", "-h"}, "Usage: keyswap version"},
 	} {
 		r := keyswap(t, tc.args...)
 		r.wantCode(t, exitOK)
@@ -339,24 +340,4 @@ func TestRedisURLFromEnvironment(t *testing.T) {
 	if !strings.Contains(r.stderr, "cannot reach Redis at 127.0.0.1:1") {
 		t.Errorf("got stderr %q, want it to name $REDIS_URL's address", r.stderr)
 	}
-}
-
-// decodeStatus decodes the output of 'status -json'.
-func decodeStatus(t *testing.T, out string) *statusReport {
-	t.Helper()
-	var rep statusReport
-	if err := json.Unmarshal([]byte(out), &rep); err != nil {
-		t.Fatalf("status -json: %v\n%s", err, out)
-	}
-	return &rep
-}
-
-// decodeSweep decodes the output of 'sweep -json'.
-func decodeSweep(t *testing.T, out string) sweepReport {
-	t.Helper()
-	var rep sweepReport
-	if err := json.Unmarshal([]byte(out), &rep); err != nil {
-		t.Fatalf("sweep -json: %v\n%s", err, out)
-	}
-	return rep
 }

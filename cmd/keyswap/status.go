@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"strings"
 	"time"
@@ -74,40 +73,46 @@ JSON output (-json) is one object, whose fields are kept stable:
       "lock_key": "users:by-email:rebuild-lock",   "" when unlocked
       "sweep_candidate": false
     }]
-  }`
+  }
 
-// statusReport is the snapshot 'keyswap status' prints, and its -json
-// document. Its JSON field names are stable (see statusUsage).
+Names are exact. Redis names are bytes: a name that is valid UTF-8 is a
+JSON string, as above; any other name (a key holding the byte 0xff, say)
+is given instead as the standard base64 of its bytes, in a field named
+with "_base64" appended, and the plain field is left out: "key_base64",
+"base_base64", "lock_key_base64", "pattern_base64".`
+
+// statusReport is the snapshot 'keyswap status' prints. statusJSON is its
+// -json document.
 type statusReport struct {
-	Time             time.Time    `json:"time"`
-	Pattern          string       `json:"pattern"`
-	Cluster          bool         `json:"cluster"`
-	OlderThanSeconds int64        `json:"older_than_seconds"`
-	Locks            []lockStatus `json:"locks"`
-	TempKeys         []tempStatus `json:"temp_keys"`
+	Time             time.Time
+	Pattern          string
+	Cluster          bool
+	OlderThanSeconds int64
+	Locks            []lockStatus
+	TempKeys         []tempStatus
 }
 
 // lockStatus is one rebuild lock: a rebuild in progress.
 type lockStatus struct {
-	Key         string `json:"key"`
-	Base        string `json:"base"`
-	TTLSeconds  int64  `json:"ttl_seconds"`
-	TokenPrefix string `json:"token_prefix"`
+	Key         string
+	Base        string
+	TTLSeconds  int64
+	TokenPrefix string
 }
 
 // tempStatus is one temp key.
 type tempStatus struct {
-	Key            string `json:"key"`
-	Base           string `json:"base"`
-	Timestamp      int64  `json:"timestamp"`
-	AgeSeconds     int64  `json:"age_seconds"`
-	TTLSeconds     int64  `json:"ttl_seconds"`
-	Type           string `json:"type"`
-	Size           *int64 `json:"size"`
-	MemoryBytes    *int64 `json:"memory_bytes"`
-	Locked         bool   `json:"locked"`
-	LockKey        string `json:"lock_key"`
-	SweepCandidate bool   `json:"sweep_candidate"`
+	Key            string
+	Base           string
+	Timestamp      int64
+	AgeSeconds     int64
+	TTLSeconds     int64
+	Type           string
+	Size           *int64 // nil: unknown
+	MemoryBytes    *int64 // nil: unknown
+	Locked         bool
+	LockKey        string // "" when unlocked
+	SweepCandidate bool
 }
 
 // tokenPrefixLen is how much of a lock's token status shows: enough to tell
@@ -149,9 +154,7 @@ func (c *cli) status(ctx context.Context, args []string) error {
 		return fmt.Errorf("status: %w", err)
 	}
 	if *asJSON {
-		enc := json.NewEncoder(c.stdout)
-		enc.SetIndent("", "  ")
-		err = enc.Encode(rep)
+		err = writeJSON(c.stdout, rep.json())
 	} else {
 		err = writeStatus(c.stdout, rep)
 	}
@@ -162,17 +165,6 @@ func (c *cli) status(ctx context.Context, args []string) error {
 		return errOrphansFound
 	}
 	return nil
-}
-
-// candidates returns the number of sweep candidates in rep.
-func (rep *statusReport) candidates() int {
-	n := 0
-	for _, t := range rep.TempKeys {
-		if t.SweepCandidate {
-			n++
-		}
-	}
-	return n
 }
 
 // rebuildKeysPattern is the SCAN MATCH glob of both lock keys
@@ -239,4 +231,15 @@ func scanRebuildKeys(ctx context.Context, client rueidis.Client, pattern string,
 		}
 	}
 	return locks, temps, nil
+}
+
+// candidates returns the number of sweep candidates in rep.
+func (rep *statusReport) candidates() int {
+	n := 0
+	for _, t := range rep.TempKeys {
+		if t.SweepCandidate {
+			n++
+		}
+	}
+	return n
 }

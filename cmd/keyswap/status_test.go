@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"encoding/json"
 	"fmt"
 	"maps"
 	"slices"
@@ -72,10 +71,7 @@ func TestStatusShowsRebuildInProgress(t *testing.T) {
 			// JSON.
 			r = keyswap(t, d.args("status", "-json", p+"*")...)
 			r.wantCode(t, exitOrphans)
-			var rep statusReport
-			if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
-				t.Fatalf("status -json: %v\n%s", err, r.stdout)
-			}
+			rep := decodeStatus(t, r.stdout)
 			if rep.Pattern != p+"*" || rep.Cluster != d.cluster || rep.OlderThanSeconds != 3600 || time.Since(rep.Time) > time.Minute {
 				t.Errorf("got pattern %q, cluster %v, older_than_seconds %d, time %v", rep.Pattern, rep.Cluster, rep.OlderThanSeconds, rep.Time)
 			}
@@ -109,10 +105,7 @@ func TestStatusShowsRebuildInProgress(t *testing.T) {
 			// tag a cluster adds.
 			r = keyswap(t, d.args("status", "-json", p+"users:*")...)
 			r.wantCode(t, exitOK)
-			rep = statusReport{}
-			if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
-				t.Fatal(err)
-			}
+			rep = decodeStatus(t, r.stdout)
 			if len(rep.Locks) != 1 || len(rep.TempKeys) != 1 || rep.TempKeys[0].Key != rb.temp {
 				t.Errorf("status %s*: got %+v, want only the rebuild's lock and temp key", p+"users:", rep)
 			}

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"slices"
 	"strconv"
@@ -97,10 +96,7 @@ func TestSweepDryRunDeletesNothing(t *testing.T) {
 			// -json says the same.
 			r = keyswap(t, d.args("sweep", "-json", "--pattern", testSweepPattern(t), "--older-than", "90m")...)
 			r.wantCode(t, exitOrphans)
-			var rep sweepReport
-			if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
-				t.Fatalf("sweep -json: %v\n%s", err, r.stdout)
-			}
+			rep := decodeSweep(t, r.stdout)
 			if !rep.DryRun || rep.Pattern != testSweepPattern(t) || rep.OlderThanSeconds != 5400 ||
 				!slices.Equal(rep.Keys, s.orphans) || rep.Count != 2 || rep.Error != "" {
 				t.Errorf("sweep -json: got %+v, want a dry run of %q", rep, s.orphans)
@@ -170,10 +166,7 @@ func TestSweepClusterEveryMaster(t *testing.T) {
 
 	r := keyswap(t, "status", "-json", "-redis", seeds, p+"*")
 	r.wantCode(t, exitOrphans)
-	var rep statusReport
-	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
-		t.Fatal(err)
-	}
+	rep := decodeStatus(t, r.stdout)
 	var candidates []string
 	for _, tk := range rep.TempKeys {
 		if tk.SweepCandidate {
