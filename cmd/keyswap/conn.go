@@ -120,7 +120,8 @@ func (c *cli) target(ctx context.Context, f *connFlags) (target, error) {
 
 // connectError describes err, the error of a connection to t: a refused
 // login (WRONGPASS, NOAUTH), a user that may not run the commands of a
-// connection (NOPERM), a failed TLS handshake, or an unreachable server.
+// connection (NOPERM), a failed TLS handshake, or an unreachable server (or
+// Sentinel master).
 func connectError(err error, t target) error {
 	addrs := strings.Join(t.opt.InitAddress, ", ")
 	user := userName(t.opt)
@@ -136,6 +137,9 @@ func connectError(err error, t target) error {
 	}
 	if hint, ok := tlsHint(err, t.opt.TLSConfig); ok {
 		return fmt.Errorf("TLS handshake with %s failed: %w (%s)", addrs, err, hint)
+	}
+	if set := t.opt.Sentinel.MasterSet; set != "" {
+		return fmt.Errorf("cannot reach the master %q through the sentinels at %s: %w", set, addrs, err)
 	}
 	return fmt.Errorf("cannot reach Redis at %s: %w", addrs, err)
 }
