@@ -208,9 +208,9 @@ func (c *cli) printUsage(fs *flag.FlagSet, usage string) {
 	conn := connFlagNames()
 	fmt.Fprint(c.stdout, strings.TrimRight(usage, "\n")+"\n\nFlags:\n\n")
 	printFlags(c.stdout, fs, func(name string) bool { return !conn[name] })
-	var any bool
-	fs.VisitAll(func(f *flag.Flag) { any = any || conn[f.Name] })
-	if any {
+	var takesConn bool
+	fs.VisitAll(func(f *flag.Flag) { takesConn = takesConn || conn[f.Name] })
+	if takesConn {
 		fmt.Fprint(c.stdout, "\n"+connUsage+"\n\nConnection flags (the same for every command):\n\n")
 		printFlags(c.stdout, fs, func(name string) bool { return conn[name] })
 	}
