@@ -4,31 +4,67 @@
 //
 // Usage:
 //
-//	keyswap status [-redis URL]... [-json] [-older-than 1h] [pattern]
-//	keyswap sweep  [-redis URL]... [--delete] [--pattern '*:rebuild:*'] [--older-than 1h] [-json] [-progress auto]
+//	keyswap status [connection flags] [-json] [-older-than 1h] [pattern]
+//	keyswap sweep  [connection flags] [--delete] [--pattern '*:rebuild:*'] [--older-than 1h] [-json] [-progress auto]
+//	keyswap version
 //
 // Flags take one dash or two and may follow the arguments. 'keyswap
-// <command> -h' prints a command's full help.
+// <command> -h' prints a command's full help; 'keyswap --version' prints
+// the version.
 //
 // # Connecting
 //
-// -redis takes a redis:// or rediss:// URL (user, password and database
-// included) or a bare host:port. Repeat it, or separate URLs with commas, to
-// give several seeds of a Redis Cluster; a single seed finds the whole
-// cluster too. Without -redis, $REDIS_URL is used, else
-// redis://127.0.0.1:6379. Each connection attempt times out after 3 seconds
-// (override with the URL parameter dial_timeout=10s).
+// Every command that talks to Redis takes the same connection flags, named
+// as redis-cli names them.
+//
+// -u URL, or -redis URL, says where: a redis:// URL (user, password and
+// database included, as in redis://user:password@host:6379/2), a rediss://
+// URL for TLS, a unix:// URL or the absolute path of a unix socket
+// (unix:///run/redis.sock?db=2, /run/redis.sock), or a bare host:port.
+// Repeat the flag, or separate URLs with commas, to give several seeds of a
+// Redis Cluster; a single seed finds the whole cluster too. With the URL
+// parameter master_set, as in redis://10.0.0.5:26379?master_set=mymaster,
+// the addresses are those of Redis Sentinels, and keyswap connects to the
+// master they monitor under that name (the sentinels are asked without
+// AUTH). Without -u, $REDIS_URL is used, else redis://127.0.0.1:6379. Each
+// connection attempt times out after 3 seconds (override with the URL
+// parameter dial_timeout=10s).
+//
+// --user NAME logs in as the ACL user NAME instead of the URL's user (else
+// "default"). The password is the first of:
+//
+//  1. the one typed at the prompt of --askpass, read from the terminal
+//     without echo;
+//  2. the URL's;
+//  3. $KEYSWAP_PASSWORD;
+//  4. $REDISCLI_AUTH, redis-cli's variable.
+//
+// A password in a -u or -redis URL can be read by other users of the
+// machine in the process list, so keyswap warns about it on stderr
+// (--no-auth-warning silences that); the environment and --askpass keep it
+// out of the command line.
+//
+// --tls, or a rediss:// URL, connects with TLS. The server's certificate is
+// verified against the system's CAs or those of --cacert FILE, and against
+// the host each server is reached at or the name given by --sni NAME;
+// --insecure skips the verification. --cert FILE and --key FILE give a
+// client certificate, for a server that requires one (tls-auth-clients).
 //
 // # Status
 //
 // status lists the rebuild locks (<key>:rebuild-lock) with their TTL and
 // the start of their token, and the temp keys (<key>:rebuild:<unix>:<nonce>)
 // with their age, TTL, type, size, memory, whether a held lock protects
-// them, and whether the sweep would delete them; the sweep's own dry run
-// decides that last column. The optional pattern is a Redis glob matched
+// them, and whether the sweep would delete them, by the sweep's own rule.
+// It scans the keyspace once. The optional pattern is a Redis glob matched
 // against the live key (on a cluster, with and without the hash tag keyswap
-// adds). -json prints a stable JSON document, described in 'keyswap status
-// -h'.
+// adds). When there are sweep candidates, status prints the sweep command
+// that lists them, limited to the temp keys of the live keys the pattern
+// selects: 'keyswap status "users:*"' suggests
+//
+//	keyswap sweep --older-than 1h0m0s --pattern 'users:*:rebuild:*'
+//
+// -json prints a stable JSON document, described in 'keyswap status -h'.
 //
 // # Sweep
 //
@@ -39,13 +75,32 @@
 // shows a progress spinner on stderr.
 //
 // Do not sweep during a rolling upgrade from a version without the rebuild
-// lock: its running rebuilds look abandoned, and deleting their temp keys
-// makes them delete their live index (contract rule C41).
+// lock. Such versions hold no lock and put no TTL on their temp keys, so
+// the sweep cannot tell their running rebuilds from abandoned ones: it
+// deletes their temp keys, and the old code then publishes a missing temp
+// key as an empty rebuild, deleting the live index.
+//
+// # JSON
+//
+// The JSON of status and sweep names keys exactly. Redis names are bytes:
+// a name that is valid UTF-8 is a JSON string, as in "key":
+// "users:by-email:rebuild-lock"; any other name (one holding the byte 0xff,
+// say) is given instead as the standard base64 of its bytes, in a field
+// named with "_base64" appended ("key_base64", "base_base64",
+// "lock_key_base64", "pattern_base64"), and the plain field is left out. A
+// script that decodes the names this way deletes exactly the keys listed.
 //
 // # Exit status
 //
-// 0 on success, 1 on an error (Redis unreachable, a command failed), 2 on
-// a usage error. Errors go to stderr, prefixed with "keyswap: ", e.g.
+//	0  success; for status and a sweep without --delete, nothing to sweep
+//	1  an error: Redis unreachable, authentication failed, a command failed
+//	2  a usage error
+//	3  status or a sweep without --delete found sweep candidates
+//
+// A sweep with --delete exits 0 once it has deleted every key it found.
+// Monitoring can run 'keyswap status' and alert on 3. Errors go to stderr,
+// prefixed with "keyswap: ", e.g.
 //
 //	keyswap: cannot reach Redis at 127.0.0.1:1: dial tcp 127.0.0.1:1: connect: connection refused
+//	keyswap: authentication failed for user ops at 10.0.0.5:6379: WRONGPASS invalid username-password pair or user is disabled. (the password came from $REDISCLI_AUTH)
 package main

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"os/exec"
 	"testing"
 	"time"
 )
@@ -35,6 +36,38 @@ func TestFormat(t *testing.T) {
 	} {
 		if tc.got != tc.want {
 			t.Errorf("got %q, want %q", tc.got, tc.want)
+		}
+	}
+}
+
+// TestShellQuote quotes words and has bash read them back: each stands for
+// exactly its bytes.
+func TestShellQuote(t *testing.T) {
+	bash, err := exec.LookPath("bash")
+	if err != nil {
+		t.Fatalf("bash is needed to read the quoted words back: %v", err)
+	}
+	for _, tc := range []struct{ word, want string }{
+		{"users:by-email:rebuild:*", "'users:by-email:rebuild:*'"},
+		{"plain-word_1.2/x:y@z%=+,", "plain-word_1.2/x:y@z%=+,"},
+		{"", "''"},
+		{"it's", `'it'\''s'`},
+		{"{users:*}:rebuild:*", "'{users:*}:rebuild:*'"},
+		{"a b $HOME `x` \"q\" !", "'a b $HOME `x` \"q\" !'"},
+		{"ünï", "'ünï'"},
+		{"bin\xff*", `$'bin\xff*'`},
+		{"tab\there's \\", `$'tab\x09here\'s \\'`},
+	} {
+		got := shellQuote(tc.word)
+		if got != tc.want {
+			t.Errorf("shellQuote(%q): got %s, want %s", tc.word, got, tc.want)
+		}
+		out, err := exec.Command(bash, "-c", "printf %s "+got).Output()
+		if err != nil {
+			t.Fatalf("bash -c 'printf %%s %s': %v", got, err)
+		}
+		if string(out) != tc.word {
+			t.Errorf("bash reads %s as %q, want %q", got, out, tc.word)
 		}
 	}
 }

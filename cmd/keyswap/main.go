@@ -15,9 +15,10 @@ import (
 
 // Exit codes.
 const (
-	exitOK    = 0 // success, or help asked for
-	exitError = 1 // a runtime error, including an unreachable Redis
-	exitUsage = 2 // a bad command line
+	exitOK      = 0 // success, or help asked for; no sweep candidate found
+	exitError   = 1 // a runtime error, including an unreachable Redis or a failed login
+	exitUsage   = 2 // a bad command line
+	exitOrphans = 3 // status, or a sweep without --delete, found sweep candidates
 )
 
 const mainUsage = `keyswap is the operator's tool for keyswap's atomic key rebuilds in Redis:
@@ -32,16 +33,23 @@ Commands:
 
 	status   list rebuilds in progress, temp keys, and sweep candidates
 	sweep    delete orphaned temp keys (a dry run unless --delete is given)
+	version  print keyswap's version (also: keyswap --version)
 
 Run 'keyswap <command> -h' for a command's flags. Flags take one dash or two
 (-json or --json) and may follow the arguments.
 
-Every command connects with -redis URL, which defaults to $REDIS_URL, else
-redis://127.0.0.1:6379. Give several -redis flags, or comma-separated URLs,
-to seed a cluster.
+Every command that talks to Redis takes the same connection flags, as
+redis-cli does: -u URL (or -redis URL), --user, --askpass, and --tls with
+--cacert, --cert, --key, --insecure and --sni. The URL defaults to
+$REDIS_URL, else redis://127.0.0.1:6379; the password comes from --askpass,
+else the URL, else $KEYSWAP_PASSWORD, else $REDISCLI_AUTH. 'keyswap status
+-h' describes them all.
 
-Exit status: 0 on success, 1 on an error (Redis unreachable, a command
-failed), 2 on a usage error.
+Exit status: 0 on success (and, for status and a dry-run sweep, when there
+is nothing to sweep); 1 on an error (Redis unreachable, authentication
+failed, a command failed); 2 on a usage error; 3 when status or a sweep
+without --delete found sweep candidates (a sweep with --delete exits 0 once
+it deleted them all).
 `
 
 // command is a subcommand: one file each (status.go, sweep.go).
@@ -55,15 +63,20 @@ type command struct {
 var commands = []command{
 	{name: "status", run: (*cli).status},
 	{name: "sweep", run: (*cli).sweep},
+	{name: "version", run: (*cli).version},
 }
 
 // cli is what one invocation reads and writes. run fills it from the
 // process; tests replace what they need.
 type cli struct {
+	// stdin is where --askpass reads the password from: it must be a
+	// terminal.
+	stdin          io.Reader
 	stdout, stderr io.Writer
 	// now is the clock for temp-key ages and the sweep's cutoff.
 	now func() time.Time
-	// getenv reads the environment ($REDIS_URL).
+	// getenv reads the environment ($REDIS_URL, $KEYSWAP_PASSWORD,
+	// $REDISCLI_AUTH).
 	getenv func(string) string
 	// isTerminal reports whether w is a terminal, for the progress bar.
 	isTerminal func(w io.Writer) bool
@@ -71,15 +84,15 @@ type cli struct {
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	code := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
 }
 
 // run runs keyswap with args (without the program name), and returns the
-// exit status: exitOK, exitError or exitUsage.
-func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	c := &cli{stdout: stdout, stderr: stderr, now: time.Now, getenv: os.Getenv, isTerminal: isTerminal}
+// exit status: exitOK, exitError, exitUsage or exitOrphans.
+func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	c := &cli{stdin: stdin, stdout: stdout, stderr: stderr, now: time.Now, getenv: os.Getenv, isTerminal: isTerminal}
 	return c.main(ctx, args)
 }
 
@@ -99,6 +112,8 @@ func (c *cli) main(ctx context.Context, args []string) int {
 		}
 		// "keyswap help sweep" is "keyswap sweep -h".
 		name, rest = rest[0], []string{"-h"}
+	case "-version", "--version":
+		name = "version"
 	}
 	for _, cmd := range commands {
 		if cmd.name == name {
@@ -116,17 +131,30 @@ func (c *cli) exit(name string, err error) int {
 	switch {
 	case err == nil, errors.Is(err, errHelp):
 		return exitOK
+	case errors.Is(err, errOrphansFound):
+		return exitOrphans
 	case errors.As(err, &ue):
 		fmt.Fprintf(c.stderr, "keyswap %s: %v\nRun 'keyswap %s -h' for usage.\n", name, ue.err, name)
 		return exitUsage
 	default:
-		fmt.Fprintf(c.stderr, "keyswap: %v\n", err)
+		fmt.Fprintf(c.stderr, "keyswap: %s\n", errorMessage(err))
 		return exitError
 	}
 }
 
+// errorMessage returns err's message without the "keyswap: " that the
+// library's errors start with (a *store.Error reads "keyswap: sweep: ..."),
+// so that exit prints the prefix once.
+func errorMessage(err error) string {
+	return strings.TrimPrefix(err.Error(), "keyswap: ")
+}
+
 // errHelp reports that a command printed its help, as asked: exit status 0.
 var errHelp = errors.New("help requested")
+
+// errOrphansFound reports that a command found sweep candidates and
+// printed them: exit status 3, and no message.
+var errOrphansFound = errors.New("sweep candidates found")
 
 // usageError is a bad command line: exit status 2.
 type usageError struct{ err error }
@@ -174,10 +202,33 @@ func (c *cli) parse(fs *flag.FlagSet, args []string, usage string) ([]string, er
 	}
 }
 
-// printUsage prints usage and then fs's flags to stdout.
+// printUsage prints usage and then fs's flags to stdout: the command's own,
+// then the connection flags, if it takes them.
 func (c *cli) printUsage(fs *flag.FlagSet, usage string) {
+	conn := connFlagNames()
 	fmt.Fprint(c.stdout, strings.TrimRight(usage, "\n")+"\n\nFlags:\n\n")
-	fs.SetOutput(c.stdout)
-	fs.PrintDefaults()
-	fs.SetOutput(io.Discard)
+	printFlags(c.stdout, fs, func(name string) bool { return !conn[name] })
+	var takesConn bool
+	fs.VisitAll(func(f *flag.Flag) { takesConn = takesConn || conn[f.Name] })
+	if takesConn {
+		fmt.Fprint(c.stdout, "\n"+connUsage+"\n\nConnection flags (the same for every command):\n\n")
+		printFlags(c.stdout, fs, func(name string) bool { return conn[name] })
+	}
+}
+
+// printFlags prints the flags of fs for which keep is true to w, in the
+// format of flag.PrintDefaults.
+func printFlags(w io.Writer, fs *flag.FlagSet, keep func(name string) bool) {
+	// A FlagSet of the kept flags only, sharing their values. Var records
+	// each value's current setting as its default ("status -json -h" has
+	// set -json): restore the real default.
+	p := flag.NewFlagSet("", flag.ContinueOnError)
+	p.SetOutput(w)
+	fs.VisitAll(func(f *flag.Flag) {
+		if keep(f.Name) {
+			p.Var(f.Value, f.Name, f.Usage)
+			p.Lookup(f.Name).DefValue = f.DefValue
+		}
+	})
+	p.PrintDefaults()
 }

@@ -39,15 +39,38 @@ func keyswap(t *testing.T, args ...string) result {
 // keyswapEnv is keyswap with the environment variables in environ.
 func keyswapEnv(t *testing.T, environ map[string]string, args ...string) result {
 	t.Helper()
+	return keyswapWith(t, invocation{env: environ}, args...)
+}
+
+// invocation is what a run of the CLI gets besides its arguments.
+type invocation struct {
+	env   map[string]string // the environment; nil: empty
+	stdin io.Reader         // nil: an empty reader
+	ctx   context.Context   // nil: t.Context()
+}
+
+// keyswapWith runs the CLI in-process with args and what inv gives it, with
+// a stderr that is not a terminal, and returns what it did. The run gets a
+// minute.
+func keyswapWith(t *testing.T, inv invocation, args ...string) result {
+	t.Helper()
 	var stdout, stderr bytes.Buffer
 	c := &cli{
+		stdin:      inv.stdin,
 		stdout:     &stdout,
 		stderr:     &stderr,
 		now:        time.Now,
-		getenv:     func(k string) string { return environ[k] },
+		getenv:     func(k string) string { return inv.env[k] },
 		isTerminal: func(io.Writer) bool { return false },
 	}
-	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	if c.stdin == nil {
+		c.stdin = strings.NewReader("")
+	}
+	ctx := inv.ctx
+	if ctx == nil {
+		ctx = t.Context()
+	}
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
 	code := c.main(ctx, args)
 	return result{code: code, stdout: stdout.String(), stderr: stderr.String()}
@@ -123,6 +146,22 @@ func do(t *testing.T, c rueidis.Client, words ...string) rueidis.RedisResult {
 		t.Fatalf("%q: %v", words, err)
 	}
 	return r
+}
+
+// aclUser creates an ACL user on the standalone server for the running
+// test, with password and rules (after "reset on"), deletes it when the test
+// ends, and returns its name.
+func aclUser(t *testing.T, password string, rules ...string) string {
+	t.Helper()
+	name := strings.ReplaceAll(strings.Trim(redistest.Prefix(t), ":"), ":", "-")
+	c := env.Standalone.Client(t)
+	do(t, c, append([]string{"ACL", "SETUSER", name, "reset", "on", ">" + password}, rules...)...)
+	t.Cleanup(func() {
+		if err := c.Do(context.Background(), c.B().AclDeluser().Username(name).Build()).Error(); err != nil {
+			t.Errorf("ACL DELUSER %s: %v", name, err)
+		}
+	})
+	return name
 }
 
 // exists reports whether key exists.
@@ -208,6 +247,14 @@ func TestHelp(t *testing.T) {
 		{[]string{"sweep", "-h"}, "WARNING: do not sweep during a rolling upgrade from a version without the\nrebuild lock."},
 		{[]string{"sweep", "-h"}, "-delete\n"},
 		{[]string{"sweep", "-h"}, `(default "*:rebuild:*")`},
+		{[]string{"sweep", "-h"}, "\nConnection flags (the same for every command):\n\n  -askpass\n"},
+		{[]string{"status", "-json", "-h"}, "  -json\n    \tprint one JSON object (described above) instead of tables\n"},
+		{[]string{"status", "-h"}, "  -u URL\n    \tRedis URL: the same as -redis, as in redis-cli\n"},
+		{[]string{"status", "-h"}, "$KEYSWAP_PASSWORD"},
+		{[]string{"status", "-h"}, `"key_base64"`},
+		{[]string{"sweep", "-h"}, `"key_base64"`},
+		{[]string{"help"}, "3 when status or a sweep"},
+		{[]string{"version", "-h"}, "Usage: keyswap version"},
 	} {
 		r := keyswap(t, tc.args...)
 		r.wantCode(t, exitOK)
@@ -236,9 +283,12 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"sweep", "--progress", "sometimes"}, `--progress "sometimes": want auto, always or never`},
 		{[]string{"status", "a*", "b*"}, "want at most one pattern"},
 		{[]string{"status", "-older-than", "-5m"}, "must be positive"},
+		{[]string{"status", "users:["}, `keyswap status: pattern "users:[": a '[' is not closed by a ']' (write \[ for a literal '[')`},
+		{[]string{"status", `users\`}, `keyswap status: pattern "users\\": it ends in a '\' that escapes nothing`},
+		{[]string{"version", "now"}, `keyswap version: unexpected arguments ["now"]`},
 		{[]string{"status", "-redis", ""}, "no URL"},
 		{[]string{"status", "-redis", "http://example.com"}, "-redis: invalid Redis URL http://example.com: redis: invalid URL scheme: http"},
-		{[]string{"status", "-redis", "redis://a:1,rediss://b:2"}, "user, password, database and TLS must be the same in every URL"},
+		{[]string{"status", "-redis", "redis://a:1,rediss://b:2"}, "user, password, database, TLS, unix socket and master_set must be the same in every URL"},
 	} {
 		r := keyswap(t, tc.args...)
 		r.wantCode(t, exitUsage)
@@ -262,7 +312,7 @@ func TestUnreachable(t *testing.T) {
 	} {
 		var stdout, stderr bytes.Buffer
 		start := time.Now()
-		code := run(t.Context(), args, &stdout, &stderr)
+		code := run(t.Context(), args, strings.NewReader(""), &stdout, &stderr)
 		if code != exitError {
 			t.Errorf("keyswap %q: exit status %d, want %d", args, code, exitError)
 		}

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net/url"
@@ -24,20 +23,39 @@ const (
 	dialTimeout = 3 * time.Second
 )
 
-// redisFlag is the value of the -redis flag: the URLs given, in order. The
-// flag may be repeated, and each value may hold comma-separated URLs.
-type redisFlag []string
+// urlList holds the URLs of the -redis and -u flags, in order. Either flag
+// may be repeated, and each value may hold comma-separated URLs.
+type urlList struct {
+	urls []string
+	// flag is the flag that gave the first URL, "-redis" or "-u", for
+	// messages.
+	flag string
+}
+
+// urlFlag is the flag.Value of one of urlList's two flags.
+type urlFlag struct {
+	list *urlList
+	name string
+}
 
 // String returns the URLs, comma-separated.
-func (r *redisFlag) String() string { return strings.Join(*r, ",") }
+func (f urlFlag) String() string {
+	if f.list == nil {
+		return ""
+	}
+	return strings.Join(f.list.urls, ",")
+}
 
 // Set adds the comma-separated URLs in v.
-func (r *redisFlag) Set(v string) error {
+func (f urlFlag) Set(v string) error {
 	urls := splitURLs(v)
 	if len(urls) == 0 {
 		return errors.New("no URL")
 	}
-	*r = append(*r, urls...)
+	if f.list.flag == "" {
+		f.list.flag = "-" + f.name
+	}
+	f.list.urls = append(f.list.urls, urls...)
 	return nil
 }
 
@@ -52,20 +70,11 @@ func splitURLs(v string) []string {
 	return out
 }
 
-// addRedisFlag defines -redis on fs.
-func addRedisFlag(fs *flag.FlagSet) *redisFlag {
-	r := &redisFlag{}
-	fs.Var(r, "redis", "Redis `URL`: redis://[user:password@]host:port[/db], rediss:// for TLS, or host:port.\n"+
-		"Repeat the flag or separate URLs with commas to give several seeds of a cluster.\n"+
-		"(default $REDIS_URL, else "+defaultRedisURL+")")
-	return r
-}
-
 // redisURLs returns the URLs to connect to and where they came from: the
-// -redis flags, else $REDIS_URL, else defaultRedisURL.
-func (c *cli) redisURLs(r redisFlag) (urls []string, from string) {
-	if len(r) > 0 {
-		return r, "-redis"
+// -redis and -u flags, else $REDIS_URL, else defaultRedisURL.
+func (c *cli) redisURLs(l urlList) (urls []string, from string) {
+	if len(l.urls) > 0 {
+		return l.urls, l.flag
 	}
 	if urls := splitURLs(c.getenv("REDIS_URL")); len(urls) > 0 {
 		return urls, "$REDIS_URL"
@@ -73,32 +82,26 @@ func (c *cli) redisURLs(r redisFlag) (urls []string, from string) {
 	return []string{defaultRedisURL}, "the default URL"
 }
 
-// clientOption turns URLs into one rueidis.ClientOption. The addresses of
-// every URL become seeds; the other settings (credentials, database, TLS)
-// come from the first URL, and the others must not contradict them. A URL
-// without a scheme is taken as redis://.
-func clientOption(urls []string) (rueidis.ClientOption, error) {
+// parseURLs turns URLs into one rueidis.ClientOption. The addresses of
+// every URL become seeds; the other settings (credentials, database, TLS,
+// Sentinel master set, unix socket) come from the first URL, and the others
+// must not contradict them. A URL without a scheme is taken as redis://,
+// and an absolute path as unix://.
+func parseURLs(urls []string) (rueidis.ClientOption, error) {
 	var opt rueidis.ClientOption
 	for i, u := range urls {
-		if !strings.Contains(u, "://") {
-			u = "redis://" + u
-		}
-		o, err := rueidis.ParseURL(u)
+		o, err := parseURL(u)
 		if err != nil {
-			var ue *url.Error
-			if errors.As(err, &ue) {
-				// url.Error quotes the URL, password included.
-				return opt, fmt.Errorf("invalid Redis URL: %w", ue.Err)
-			}
-			return opt, fmt.Errorf("invalid Redis URL %s: %w", redact(u), err)
+			return opt, err
 		}
 		if i == 0 {
 			opt = o
 			continue
 		}
 		if o.Username != opt.Username || o.Password != opt.Password || o.SelectDB != opt.SelectDB ||
-			(o.TLSConfig == nil) != (opt.TLSConfig == nil) {
-			return opt, fmt.Errorf("%s: user, password, database and TLS must be the same in every URL", redact(u))
+			(o.TLSConfig == nil) != (opt.TLSConfig == nil) || (o.DialCtxFn == nil) != (opt.DialCtxFn == nil) ||
+			o.Sentinel.MasterSet != opt.Sentinel.MasterSet {
+			return opt, fmt.Errorf("%s: user, password, database, TLS, unix socket and master_set must be the same in every URL", redact(u))
 		}
 		opt.InitAddress = append(opt.InitAddress, o.InitAddress...)
 	}
@@ -111,6 +114,26 @@ func clientOption(urls []string) (rueidis.ClientOption, error) {
 	return opt, nil
 }
 
+// parseURL parses one URL with rueidis.ParseURL.
+func parseURL(u string) (rueidis.ClientOption, error) {
+	switch {
+	case strings.HasPrefix(u, "/"):
+		u = "unix://" + u
+	case !strings.Contains(u, "://"):
+		u = "redis://" + u
+	}
+	o, err := rueidis.ParseURL(u)
+	if err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			// url.Error quotes the URL, password included.
+			return o, fmt.Errorf("invalid Redis URL: %w", ue.Err)
+		}
+		return o, fmt.Errorf("invalid Redis URL %s: %w", redact(u), err)
+	}
+	return o, nil
+}
+
 // redact returns u with its password replaced by "xxxxx".
 func redact(u string) string {
 	p, err := url.Parse(u)
@@ -118,24 +141,6 @@ func redact(u string) string {
 		return "(unparsable URL)"
 	}
 	return p.Redacted()
-}
-
-// connect returns a client for the -redis flag r (see redisURLs). It
-// returns a *usageError for a bad URL, and an error starting "cannot reach
-// Redis at <addresses>" when no connection can be made.
-func (c *cli) connect(r redisFlag) (rueidis.Client, error) {
-	urls, from := c.redisURLs(r)
-	opt, err := clientOption(urls)
-	if err != nil {
-		return nil, &usageError{err: fmt.Errorf("%s: %w", from, err)}
-	}
-	// rueidis.NewClient connects at once, to a standalone server or, when
-	// the server answers CLUSTER SLOTS, to the whole cluster.
-	client, err := rueidis.NewClient(opt)
-	if err != nil {
-		return nil, fmt.Errorf("cannot reach Redis at %s: %w", strings.Join(opt.InitAddress, ", "), err)
-	}
-	return client, nil
 }
 
 // keyspaceSize returns the number of keys in the deployment: DBSIZE summed

@@ -2,13 +2,16 @@ package main
 
 import (
 	"bytes"
-	"encoding/json"
+	"fmt"
+	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/keyswap/keyswap/internal/keys"
+	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/store"
 )
 
@@ -44,7 +47,7 @@ func TestStatusShowsRebuildInProgress(t *testing.T) {
 
 			// Table. The flag after the pattern is parsed too.
 			r := keyswap(t, d.args("status", p+"*", "-older-than", "1h")...)
-			r.wantCode(t, exitOK)
+			r.wantCode(t, exitOrphans)
 			if !strings.Contains(r.stdout, "REBUILDS IN PROGRESS\nLOCK ") {
 				t.Errorf("no REBUILDS IN PROGRESS table in:\n%s", r.stdout)
 			}
@@ -67,11 +70,8 @@ func TestStatusShowsRebuildInProgress(t *testing.T) {
 
 			// JSON.
 			r = keyswap(t, d.args("status", "-json", p+"*")...)
-			r.wantCode(t, exitOK)
-			var rep statusReport
-			if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
-				t.Fatalf("status -json: %v\n%s", err, r.stdout)
-			}
+			r.wantCode(t, exitOrphans)
+			rep := decodeStatus(t, r.stdout)
 			if rep.Pattern != p+"*" || rep.Cluster != d.cluster || rep.OlderThanSeconds != 3600 || time.Since(rep.Time) > time.Minute {
 				t.Errorf("got pattern %q, cluster %v, older_than_seconds %d, time %v", rep.Pattern, rep.Cluster, rep.OlderThanSeconds, rep.Time)
 			}
@@ -105,10 +105,7 @@ func TestStatusShowsRebuildInProgress(t *testing.T) {
 			// tag a cluster adds.
 			r = keyswap(t, d.args("status", "-json", p+"users:*")...)
 			r.wantCode(t, exitOK)
-			rep = statusReport{}
-			if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
-				t.Fatal(err)
-			}
+			rep = decodeStatus(t, r.stdout)
 			if len(rep.Locks) != 1 || len(rep.TempKeys) != 1 || rep.TempKeys[0].Key != rb.temp {
 				t.Errorf("status %s*: got %+v, want only the rebuild's lock and temp key", p+"users:", rep)
 			}
@@ -157,31 +154,172 @@ tags:rebuild:1699990000:fedcba9876543210            2h46m   none    zset       1
 "odd key\t:rebuild:1700000000"                      future  59m59s  ReJSON-RL  -     -         no      no
 
 1 rebuild in progress; 3 temp keys, 2 without a TTL; 1 sweep candidate (no TTL, no lock, older than 1h0m0s).
-Run 'keyswap sweep -older-than 1h0m0s' to list them, with --delete to delete them.
+List them with the following, and add --delete to delete them:
+  keyswap sweep --older-than 1h0m0s
 `
 	if got := out.String(); got != want {
 		t.Errorf("got\n%s\nwant\n%s", got, want)
 	}
 }
 
-func TestLiveKeys(t *testing.T) {
-	odd := keys.Base("a{}b", true) // "{rbN}a{}b"
-	for _, tc := range []struct {
-		base    string
-		cluster bool
-		want    []string
-	}{
-		{"users:by-email", false, []string{"users:by-email"}},
-		{"{users:by-email}", false, []string{"{users:by-email}"}},
-		{"{users:by-email}", true, []string{"{users:by-email}", "users:by-email"}},
-		{"user{42}:idx", true, []string{"user{42}:idx"}},
-		{"{a{b}", true, []string{"{a{b}", "a{b"}},
-		{odd, true, []string{odd, "a{}b"}},
-		{"{rb1}a{}b", true, []string{"{rb1}a{}b"}}, // not a{}b's slot
-		{"{}x", true, []string{"{}x"}},
-	} {
-		if got := liveKeys(tc.base, tc.cluster); !slices.Equal(got, tc.want) {
-			t.Errorf("liveKeys(%q, %v): got %q, want %q", tc.base, tc.cluster, got, tc.want)
+// TestWriteStatusSuggestion pins the sweep commands that status suggests
+// for a pattern: limited to the pattern's live keys, one command per shape
+// of base on a cluster.
+func TestWriteStatusSuggestion(t *testing.T) {
+	odd := keys.Base("it's{}odd", true) // "{rbN}it's{}odd"
+	tag := strings.TrimSuffix(odd, "it's{}odd")
+	rep := &statusReport{
+		Pattern:          "it's*",
+		Cluster:          true,
+		OlderThanSeconds: 7200,
+		TempKeys: []tempStatus{
+			{Key: "{it's:a}:rebuild:1:0123456789abcdef", Base: "{it's:a}", TTLSeconds: -1, Type: "set", SweepCandidate: true},
+			{Key: "{it's:b}:rebuild:1:0123456789abcdef", Base: "{it's:b}", TTLSeconds: -1, Type: "set", SweepCandidate: true},
+			{Key: "it's{x}:rebuild:1:0123456789abcdef", Base: "it's{x}", TTLSeconds: -1, Type: "set", SweepCandidate: true},
+			{Key: odd + ":rebuild:1:0123456789abcdef", Base: odd, TTLSeconds: -1, Type: "set", SweepCandidate: true},
+			{Key: "{it's:c}:rebuild:1:0123456789abcdef", Base: "{it's:c}", TTLSeconds: 60, Type: "set"},
+		},
+	}
+	var out bytes.Buffer
+	if err := writeStatus(&out, rep); err != nil {
+		t.Fatal(err)
+	}
+	want := `
+0 rebuilds in progress; 5 temp keys, 4 without a TTL; 4 sweep candidates (no TTL, no lock, older than 2h0m0s).
+List them with the following, and add --delete to delete them:
+  keyswap sweep --older-than 2h0m0s --pattern 'it'\''s*:rebuild:*'
+  keyswap sweep --older-than 2h0m0s --pattern '{it'\''s*}:rebuild:*'
+  keyswap sweep --older-than 2h0m0s --pattern '` + tag + `it'\''s*:rebuild:*'
+`
+	if got := out.String(); !strings.HasSuffix(got, want) {
+		t.Errorf("got\n%s\nwant it to end with\n%s", got, want)
+	}
+}
+
+// TestStatusSuggestsLimitedSweep runs status with a pattern, then the sweep
+// commands it suggests: they list exactly the candidates status showed, not
+// the orphans of other keys, and delete only them.
+func TestStatusSuggestsLimitedSweep(t *testing.T) {
+	for _, d := range deployments(t) {
+		t.Run(d.name, func(t *testing.T) {
+			t.Parallel()
+			p := testPrefix(t, d)
+			old := time.Now().Add(-2 * time.Hour).Unix()
+			var mine []string // orphans of live keys that p+"users*" selects
+			for i, live := range []string{p + "users:a", p + "users{x}:b", p + "users:c}d"} {
+				k := keys.TempKey(live, d.cluster, old, uint64(i))
+				do(t, d.client, "SET", k, "x")
+				mine = append(mine, k)
+			}
+			slices.Sort(mine)
+			other := keys.TempKey(p+"orders:users:a", d.cluster, old, 9)
+			do(t, d.client, "SET", other, "x")
+
+			r := keyswap(t, d.args("status", p+"users*")...)
+			r.wantCode(t, exitOrphans)
+			_, cmds, ok := strings.Cut(r.stdout, "List them with the following, and add --delete to delete them:\n")
+			if !ok {
+				t.Fatalf("no sweep command in:\n%s", r.stdout)
+			}
+			// The patterns that the commands carry, and the commands.
+			patterns := map[string]bool{}
+			for _, k := range mine {
+				base, _, _ := keys.ParseTempKey(k)
+				pat, ok := sweepPattern(p+"users*", base, d.cluster)
+				if !ok {
+					t.Fatalf("sweepPattern(%q, %q): no pattern", p+"users*", base)
+				}
+				patterns[pat] = true
+			}
+			var want string
+			for _, pat := range slices.Sorted(maps.Keys(patterns)) {
+				want += "  keyswap sweep --older-than 1h0m0s --pattern " + shellQuote(pat) + "\n"
+			}
+			if cmds != want {
+				t.Errorf("got sweep commands\n%s\nwant\n%s", cmds, want)
+			}
+
+			var listed []string
+			for pat := range patterns {
+				r := keyswap(t, d.args("sweep", "-json", "--older-than", "1h", "--pattern", pat)...)
+				r.wantCode(t, exitOrphans)
+				listed = append(listed, decodeSweep(t, r.stdout).Keys...)
+			}
+			slices.Sort(listed)
+			if !slices.Equal(listed, mine) {
+				t.Errorf("the suggested sweeps list %q, want %q", listed, mine)
+			}
+			for pat := range patterns {
+				keyswap(t, d.args("sweep", "--delete", "--older-than", "1h", "--pattern", pat)...).wantCode(t, exitOK)
+			}
+			wantKeys(t, d, mine, false)
+			wantKeys(t, d, []string{other}, true)
+		})
+	}
+}
+
+// TestStatusScansOnce counts the SCAN calls status makes on a server of the
+// test's own: every one is logged (slowlog-log-slower-than 0), and exactly
+// one starts a pass over the keyspace (cursor 0), although the keyspace
+// takes several calls.
+func TestStatusScansOnce(t *testing.T) {
+	t.Parallel()
+	srv := redistest.OwnServer(t, "--slowlog-log-slower-than", "0", "--slowlog-max-len", "100000")
+	c := srv.Client(t)
+	ctx := t.Context()
+	old := time.Now().Add(-2 * time.Hour).Unix()
+	for chunk := range 10 {
+		cmd := c.B().Mset().KeyValue()
+		for i := range 500 {
+			n := chunk*500 + i
+			k := fmt.Sprintf("filler:%d", n)
+			if n%100 == 0 {
+				k = keys.TempKey(k, false, old, uint64(n)) // orphans: sweep candidates
+			}
+			cmd = cmd.KeyValue(k, "x")
 		}
+		if err := c.Do(ctx, cmd.Build()).Error(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	do(t, c, "CONFIG", "RESETSTAT")
+	do(t, c, "SLOWLOG", "RESET")
+
+	r := keyswap(t, "status", "-u", srv.Addr)
+	r.wantCode(t, exitOrphans)
+	if !strings.Contains(r.stdout, "; 50 sweep candidates") {
+		t.Errorf("status: want 50 sweep candidates in:\n%s", r.stdout)
+	}
+
+	info, err := c.Do(ctx, c.B().Info().Section("commandstats").Build()).ToString()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var calls int
+	for line := range strings.Lines(info) {
+		if rest, ok := strings.CutPrefix(line, "cmdstat_scan:calls="); ok {
+			calls, _ = strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
+		}
+	}
+	entries, err := c.Do(ctx, c.B().SlowlogGet().Count(100000).Build()).ToArray()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var scans, passes int
+	for _, e := range entries {
+		fields, _ := e.ToArray()
+		if len(fields) < 4 {
+			continue
+		}
+		args, _ := fields[3].AsStrSlice()
+		if len(args) >= 2 && strings.EqualFold(args[0], "SCAN") {
+			scans++
+			if args[1] == "0" {
+				passes++
+			}
+		}
+	}
+	if calls < 2 || scans != calls || passes != 1 {
+		t.Errorf("status made %d SCAN calls (slowlog: %d, %d from cursor 0), want several calls and 1 pass over the keyspace", calls, scans, passes)
 	}
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"slices"
 	"time"
@@ -29,9 +28,30 @@ key of a rebuild that holds its lock. It scans with SCAN, never KEYS, on
 every master of a cluster, and deletes with UNLINK in chunks.
 
 It prints every key it deletes (or would delete), one per line, then a
-summary line. Keys that are not printable text are Go-quoted; -json prints
-them exactly, as {"dry_run": bool, "pattern": string, "older_than_seconds":
-int, "keys": [string], "count": int, "error": string (only on failure)}.
+summary line. Keys that are not printable text are Go-quoted. -json prints
+one object instead, with the names exact:
+
+  {
+    "dry_run": true,
+    "pattern": "*:rebuild:*",
+    "older_than_seconds": 3600,
+    "keys": [
+      {"key": "users:by-email:rebuild:1735830245:0123456789abcdef"},
+      {"key_base64": "/3g6cmVidWlsZDoxNzM1ODMwMjQ1"}
+    ],
+    "count": 2,
+    "error": "..."                    only when the sweep failed
+  }
+
+Redis names are bytes: a name that is valid UTF-8 is a JSON string, as
+"key" above; any other name (one holding the byte 0xff, say) is given
+instead as the standard base64 of its bytes, as "key_base64", and "key" is
+left out. The same goes for "pattern" and "pattern_base64".
+
+Exit status: without --delete, 0 when there is nothing to delete and 3 when
+there is (for monitoring); with --delete, 0 once every key found is
+deleted. 1 on an error (some keys may have been deleted before it: they
+are listed), 2 on a usage error.
 
 WARNING: do not sweep during a rolling upgrade from a version without the
 rebuild lock. Such versions hold no lock and put no TTL on their temp keys,
@@ -40,96 +60,126 @@ so the sweep cannot tell their running rebuilds from abandoned ones: past
 key as an empty rebuild and deletes the live index. Sweep once every
 process runs a locking version and no older rebuild is left.`
 
-// sweepReport is the -json document of 'keyswap sweep'.
-type sweepReport struct {
-	DryRun           bool     `json:"dry_run"`
-	Pattern          string   `json:"pattern"`
-	OlderThanSeconds int64    `json:"older_than_seconds"`
-	Keys             []string `json:"keys"`
-	Count            int      `json:"count"`
-	Error            string   `json:"error,omitempty"`
+// sweepJSON is the -json document of 'keyswap sweep' (see sweepUsage).
+type sweepJSON struct {
+	DryRun           bool      `json:"dry_run"`
+	Pattern          *string   `json:"pattern,omitempty"`
+	PatternBase64    []byte    `json:"pattern_base64,omitempty"`
+	OlderThanSeconds int64     `json:"older_than_seconds"`
+	Keys             []jsonKey `json:"keys"`
+	Count            int       `json:"count"`
+	Error            string    `json:"error,omitempty"`
+}
+
+// sweepFlags are the flags of 'keyswap sweep'.
+type sweepFlags struct {
+	conn      *connFlags
+	del       bool
+	pattern   string
+	olderThan time.Duration
+	legacy    bool
+	asJSON    bool
+	progress  string
 }
 
 // sweep is the 'keyswap sweep' command.
 func (c *cli) sweep(ctx context.Context, args []string) error {
-	fs := newFlagSet("sweep")
-	redisURLs := addRedisFlag(fs)
-	del := fs.Bool("delete", false, "delete the keys; without it, sweep is a dry run that deletes nothing")
-	pattern := fs.String("pattern", store.DefaultSweepPattern,
-		"SCAN MATCH `glob` of the temp keys to consider; each match is still checked against the\n"+
-			"temp-key shape. Keep a leading * on a cluster, where temp keys may start with a hash tag ({key}:rebuild:...).")
-	olderThan := fs.Duration("older-than", store.DefaultSweepOlderThan,
-		"minimum `age` of a temp key to delete, judged by the timestamp in its name")
-	asJSON := fs.Bool("json", false, "print one JSON object (described above) instead of lines")
-	progress := fs.String("progress", progressAuto,
-		"`mode` of the progress display on stderr: auto (when stderr is a terminal and the keyspace holds at least\n"+
-			fmt.Sprint(progressMinKeys)+" keys), always, or never")
-	positional, err := c.parse(fs, args, sweepUsage)
+	f, err := c.parseSweep(args)
 	if err != nil {
 		return err
 	}
-	if len(positional) > 0 {
-		return usagef("unexpected arguments %q (did you mean --pattern?)", positional)
-	}
-	if *olderThan <= 0 {
-		return usagef("--older-than %v: must be positive", *olderThan)
-	}
-	if *pattern == "" {
-		return usagef("--pattern must not be empty")
-	}
-	switch *progress {
-	case progressAuto, progressAlways, progressNever:
-	default:
-		return usagef("--progress %q: want auto, always or never", *progress)
-	}
-
-	client, err := c.connect(*redisURLs)
+	client, err := c.connect(ctx, f.conn)
 	if err != nil {
 		return err
 	}
 	defer client.Close()
 
-	dryRun := !*del
-	bar := c.newSweepProgress(ctx, client, *progress, dryRun)
+	dryRun := !f.del
+	bar := c.newSweepProgress(ctx, client, f.progress, dryRun)
 	swept, err := store.New(client, store.Options{Now: c.now}).Sweep(ctx, store.SweepOptions{
-		Pattern:   *pattern,
-		OlderThan: *olderThan,
+		Pattern:   f.pattern,
+		OlderThan: f.olderThan,
+		Legacy:    f.legacy,
 		DryRun:    dryRun,
 		Progress:  bar.update,
 	})
 	bar.finish()
 	slices.Sort(swept)
-
-	if *asJSON {
-		rep := sweepReport{DryRun: dryRun, Pattern: *pattern, OlderThanSeconds: int64(*olderThan / time.Second),
-			Keys: swept, Count: len(swept)}
-		if rep.Keys == nil {
-			rep.Keys = []string{}
-		}
-		if err != nil {
-			rep.Error = err.Error()
-		}
-		enc := json.NewEncoder(c.stdout)
-		enc.SetIndent("", "  ")
-		if jerr := enc.Encode(rep); jerr != nil && err == nil {
-			return jerr
-		}
-	} else {
-		for _, k := range swept {
-			fmt.Fprintln(c.stdout, displayKey(k))
-		}
-		switch {
-		case dryRun && err == nil:
-			fmt.Fprintf(c.stdout, "would delete %s (dry run; pass --delete to delete)\n", plural(len(swept), "key"))
-		case !dryRun:
-			fmt.Fprintf(c.stdout, "deleted %s\n", plural(len(swept), "key"))
-		}
+	if jerr := c.reportSweep(f, swept, err); jerr != nil && err == nil {
+		return jerr
 	}
-	if err != nil {
-		if !dryRun {
-			return fmt.Errorf("sweep: %w (deleted %s before the error)", err, plural(len(swept), "key"))
-		}
-		return fmt.Errorf("sweep: %w", err)
+	switch {
+	case err != nil && !dryRun:
+		// err is a *store.Error, which names the operation ("keyswap:
+		// sweep: ..."): no prefix of ours.
+		return fmt.Errorf("%w (deleted %s before the error)", err, plural(len(swept), "key"))
+	case err != nil:
+		return err
+	case dryRun && len(swept) > 0:
+		return errOrphansFound
 	}
 	return nil
+}
+
+// parseSweep parses the arguments of 'keyswap sweep'.
+func (c *cli) parseSweep(args []string) (sweepFlags, error) {
+	fs := newFlagSet("sweep")
+	f := sweepFlags{conn: addConnFlags(fs)}
+	fs.BoolVar(&f.del, "delete", false, "delete the keys; without it, sweep is a dry run that deletes nothing")
+	fs.StringVar(&f.pattern, "pattern", store.DefaultSweepPattern,
+		"SCAN MATCH `glob` of the temp keys to consider; each match is still checked against the\n"+
+			"temp-key shape. Keep a leading * on a cluster, where temp keys may start with a hash tag ({key}:rebuild:...).")
+	fs.DurationVar(&f.olderThan, "older-than", store.DefaultSweepOlderThan,
+		"minimum `age` of a temp key to delete, judged by the timestamp in its name")
+	fs.BoolVar(&f.legacy, "legacy", false, "also sweep keys of the legacy shape <key>:rebuild:<digits>, without a nonce, which\n"+
+		"Familia made and keyswap does not; application keys can have that shape (ci:rebuild:12345), so only after an upgrade from Familia")
+	fs.BoolVar(&f.asJSON, "json", false, "print one JSON object (described above) instead of lines")
+	fs.StringVar(&f.progress, "progress", progressAuto,
+		"`mode` of the progress display on stderr: auto (when stderr is a terminal and the keyspace holds at least\n"+
+			fmt.Sprint(progressMinKeys)+" keys), always, or never")
+	positional, err := c.parse(fs, args, sweepUsage)
+	switch {
+	case err != nil:
+		return f, err
+	case len(positional) > 0:
+		return f, usagef("unexpected arguments %q (did you mean --pattern?)", positional)
+	case f.olderThan <= 0:
+		return f, usagef("--older-than %v: must be positive", f.olderThan)
+	case f.pattern == "":
+		return f, usagef("--pattern must not be empty")
+	}
+	switch f.progress {
+	case progressAuto, progressAlways, progressNever:
+		return f, nil
+	}
+	return f, usagef("--progress %q: want auto, always or never", f.progress)
+}
+
+// reportSweep prints the result of a sweep with flags f, as lines or as
+// JSON: the keys swept, and err, the sweep's error.
+func (c *cli) reportSweep(f sweepFlags, swept []string, err error) error {
+	if !f.asJSON {
+		c.printSwept(swept, !f.del, err)
+		return nil
+	}
+	rep := sweepJSON{DryRun: !f.del, OlderThanSeconds: int64(f.olderThan / time.Second), Keys: jsonKeys(swept), Count: len(swept)}
+	rep.Pattern, rep.PatternBase64 = jsonName(f.pattern)
+	if err != nil {
+		rep.Error = err.Error()
+	}
+	return writeJSON(c.stdout, rep)
+}
+
+// printSwept prints the keys a sweep deleted (or, in a dry run, would
+// delete), then a summary line unless a dry run failed.
+func (c *cli) printSwept(swept []string, dryRun bool, err error) {
+	for _, k := range swept {
+		fmt.Fprintln(c.stdout, displayKey(k))
+	}
+	switch {
+	case dryRun && err == nil:
+		fmt.Fprintf(c.stdout, "would delete %s (dry run; pass --delete to delete)\n", plural(len(swept), "key"))
+	case !dryRun:
+		fmt.Fprintf(c.stdout, "deleted %s\n", plural(len(swept), "key"))
+	}
 }

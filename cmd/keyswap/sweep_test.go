@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"slices"
 	"strconv"
@@ -14,14 +13,16 @@ import (
 	"github.com/keyswap/keyswap/store"
 )
 
-// sweepPattern is a --pattern that sees only the running test's keys,
+// testSweepPattern is a --pattern that sees only the running test's keys,
 // whatever hash tag a cluster puts in front of them.
-func sweepPattern(t *testing.T) string { return "*" + redistest.Prefix(t) + "*:rebuild:*" }
+func testSweepPattern(t *testing.T) string { return "*" + redistest.Prefix(t) + "*:rebuild:*" }
 
 // sweepSeed is the keyspace of a sweep test.
 type sweepSeed struct {
 	// orphans are the keys a sweep must delete, sorted.
 	orphans []string
+	// legacy is an orphan of the legacy shape: swept only with --legacy.
+	legacy string
 	// kept are the keys a sweep must leave alone.
 	kept []string
 	// rb is a running rebuild whose temp key is old and TTL-less: only its
@@ -46,9 +47,11 @@ func seedSweep(t *testing.T, d deployment) sweepSeed {
 	// Orphans: old, no TTL, no lock.
 	a := keys.TempKey(p+"a", d.cluster, old, 1)
 	do(t, c, "HSET", a, "f", "v")
-	legacy := p + "legacy:rebuild:" + strconv.FormatInt(old, 10)
-	do(t, c, "SET", legacy, "x")
-	s.orphans = []string{a, legacy}
+	f := keys.TempKey(p+"f", d.cluster, old, 5)
+	do(t, c, "SET", f, "x")
+	s.orphans = []string{a, f}
+	s.legacy = p + "legacy:rebuild:" + strconv.FormatInt(old, 10)
+	do(t, c, "SET", s.legacy, "x")
 
 	// Not orphans.
 	withTTL := keys.TempKey(p+"b", d.cluster, old, 2)
@@ -61,7 +64,7 @@ func seedSweep(t *testing.T, d deployment) sweepSeed {
 	do(t, c, "SET", lock, "someone-elses-token", "EX", "600")
 	liveKey := p + "e"
 	do(t, c, "SET", liveKey, "x")
-	s.kept = append(s.kept, withTTL, recent, locked, lock, liveKey)
+	s.kept = append(s.kept, withTTL, recent, locked, lock, liveKey, s.legacy)
 
 	slices.Sort(s.orphans)
 	return s
@@ -82,8 +85,8 @@ func TestSweepDryRunDeletesNothing(t *testing.T) {
 		t.Run(d.name, func(t *testing.T) {
 			t.Parallel()
 			s := seedSweep(t, d)
-			r := keyswap(t, d.args("sweep", "--pattern", sweepPattern(t))...)
-			r.wantCode(t, exitOK)
+			r := keyswap(t, d.args("sweep", "--pattern", testSweepPattern(t))...)
+			r.wantCode(t, exitOrphans)
 			want := strings.Join(s.orphans, "\n") + "\nwould delete 2 keys (dry run; pass --delete to delete)\n"
 			if r.stdout != want {
 				t.Errorf("stdout: got\n%s\nwant\n%s", r.stdout, want)
@@ -95,20 +98,17 @@ func TestSweepDryRunDeletesNothing(t *testing.T) {
 			wantKeys(t, d, s.kept, true)
 
 			// -json says the same.
-			r = keyswap(t, d.args("sweep", "-json", "--pattern", sweepPattern(t), "--older-than", "90m")...)
-			r.wantCode(t, exitOK)
-			var rep sweepReport
-			if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
-				t.Fatalf("sweep -json: %v\n%s", err, r.stdout)
-			}
-			if !rep.DryRun || rep.Pattern != sweepPattern(t) || rep.OlderThanSeconds != 5400 ||
+			r = keyswap(t, d.args("sweep", "-json", "--pattern", testSweepPattern(t), "--older-than", "90m")...)
+			r.wantCode(t, exitOrphans)
+			rep := decodeSweep(t, r.stdout)
+			if !rep.DryRun || rep.Pattern != testSweepPattern(t) || rep.OlderThanSeconds != 5400 ||
 				!slices.Equal(rep.Keys, s.orphans) || rep.Count != 2 || rep.Error != "" {
 				t.Errorf("sweep -json: got %+v, want a dry run of %q", rep, s.orphans)
 			}
 			wantKeys(t, d, s.orphans, true)
 
 			// A younger cutoff than the orphans' age finds nothing.
-			r = keyswap(t, d.args("sweep", "--pattern", sweepPattern(t), "--older-than", "3h")...)
+			r = keyswap(t, d.args("sweep", "--pattern", testSweepPattern(t), "--older-than", "3h")...)
 			r.wantCode(t, exitOK)
 			if want := "would delete 0 keys (dry run; pass --delete to delete)\n"; r.stdout != want {
 				t.Errorf("--older-than 3h: got %q, want %q", r.stdout, want)
@@ -122,7 +122,7 @@ func TestSweepDeleteRemovesExactlyTheOrphans(t *testing.T) {
 		t.Run(d.name, func(t *testing.T) {
 			t.Parallel()
 			s := seedSweep(t, d)
-			r := keyswap(t, d.args("sweep", "--delete", "--pattern", sweepPattern(t))...)
+			r := keyswap(t, d.args("sweep", "--delete", "--pattern", testSweepPattern(t))...)
 			r.wantCode(t, exitOK)
 			want := strings.Join(s.orphans, "\n") + "\ndeleted 2 keys\n"
 			if r.stdout != want {
@@ -141,7 +141,7 @@ func TestSweepDeleteRemovesExactlyTheOrphans(t *testing.T) {
 			}
 
 			// Nothing is left to sweep.
-			r = keyswap(t, d.args("sweep", "--delete", "--pattern", sweepPattern(t))...)
+			r = keyswap(t, d.args("sweep", "--delete", "--pattern", testSweepPattern(t))...)
 			r.wantCode(t, exitOK)
 			if want := "deleted 0 keys\n"; r.stdout != want {
 				t.Errorf("second sweep: got %q, want %q", r.stdout, want)
@@ -169,11 +169,8 @@ func TestSweepClusterEveryMaster(t *testing.T) {
 	seeds := strings.Join(env.Cluster.Addrs, ",")
 
 	r := keyswap(t, "status", "-json", "-redis", seeds, p+"*")
-	r.wantCode(t, exitOK)
-	var rep statusReport
-	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
-		t.Fatal(err)
-	}
+	r.wantCode(t, exitOrphans)
+	rep := decodeStatus(t, r.stdout)
 	var candidates []string
 	for _, tk := range rep.TempKeys {
 		if tk.SweepCandidate {
@@ -185,13 +182,13 @@ func TestSweepClusterEveryMaster(t *testing.T) {
 	}
 
 	// One seed finds the whole cluster too.
-	r = keyswap(t, "sweep", "-redis", env.Cluster.Addrs[0], "--pattern", sweepPattern(t))
-	r.wantCode(t, exitOK)
+	r = keyswap(t, "sweep", "-u", env.Cluster.Addrs[0], "--pattern", testSweepPattern(t))
+	r.wantCode(t, exitOrphans)
 	if want := strings.Join(orphans, "\n") + fmt.Sprintf("\nwould delete %d keys (dry run; pass --delete to delete)\n", len(orphans)); r.stdout != want {
 		t.Errorf("sweep through one seed: got\n%s\nwant\n%s", r.stdout, want)
 	}
 
-	r = keyswap(t, "sweep", "--delete", "-redis", seeds, "--pattern", sweepPattern(t))
+	r = keyswap(t, "sweep", "--delete", "-redis", seeds, "--pattern", testSweepPattern(t))
 	r.wantCode(t, exitOK)
 	want := strings.Join(orphans, "\n") + fmt.Sprintf("\ndeleted %d keys\n", len(orphans))
 	if r.stdout != want {
@@ -206,8 +203,8 @@ func TestSweepProgress(t *testing.T) {
 	t.Parallel()
 	d := deployments(t)[0]
 	s := seedSweep(t, d)
-	r := keyswap(t, d.args("sweep", "-progress", "always", "--pattern", sweepPattern(t))...)
-	r.wantCode(t, exitOK)
+	r := keyswap(t, d.args("sweep", "-progress", "always", "--pattern", testSweepPattern(t))...)
+	r.wantCode(t, exitOrphans)
 	if want := strings.Join(s.orphans, "\n") + "\nwould delete 2 keys (dry run; pass --delete to delete)\n"; r.stdout != want {
 		t.Errorf("stdout: got\n%s\nwant\n%s", r.stdout, want)
 	}
@@ -215,8 +212,32 @@ func TestSweepProgress(t *testing.T) {
 		t.Errorf("stderr: got %q, want the progress display", r.stderr)
 	}
 	// auto on a stderr that is not a terminal: no display.
-	r = keyswap(t, d.args("sweep", "--pattern", sweepPattern(t))...)
+	r = keyswap(t, d.args("sweep", "--pattern", testSweepPattern(t))...)
 	if r.stderr != "" {
 		t.Errorf("-progress auto without a terminal: got stderr %q, want none", r.stderr)
+	}
+}
+
+// TestSweepLegacy (C3): the legacy shape <key>:rebuild:<digits> is swept
+// only with --legacy: application keys can have it.
+func TestSweepLegacy(t *testing.T) {
+	for _, d := range deployments(t) {
+		t.Run(d.name, func(t *testing.T) {
+			t.Parallel()
+			s := seedSweep(t, d)
+			r := keyswap(t, d.args("sweep", "--pattern", testSweepPattern(t), "--delete")...)
+			r.wantCode(t, exitOK)
+			if !exists(t, d.client, s.legacy) {
+				t.Errorf("sweep without --legacy deleted %s", s.legacy)
+			}
+			r = keyswap(t, d.args("sweep", "--pattern", testSweepPattern(t), "--delete", "--legacy")...)
+			r.wantCode(t, exitOK)
+			if r.stdout != s.legacy+"\ndeleted 1 key\n" {
+				t.Errorf("sweep --delete --legacy: stdout %q, want %s deleted", r.stdout, s.legacy)
+			}
+			if exists(t, d.client, s.legacy) {
+				t.Errorf("sweep --legacy left %s", s.legacy)
+			}
+		})
 	}
 }
