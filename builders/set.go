@@ -16,18 +16,16 @@ type set[T any] struct {
 // Commutative reports true: SADDs give the same set in any order.
 func (s *set[T]) Commutative() bool { return true }
 
-// Build writes items with SADD, MaxArgs members per command.
+// Build writes items with SADD, merged across batches (Commands.Merge).
 func (s *set[T]) Build(c *rebuild.Commands, items []T) error {
-	temp, err := c.Temp(s.key)
-	if err != nil {
-		return err
-	}
-	v := newVariadic(c, "SADD", temp, 1)
+	members := make([]string, 0, len(items))
 	for _, it := range items {
 		if m, ok := s.fn(it); ok {
-			v.add(m, "", false)
+			members = append(members, m)
 		}
 	}
-	v.flush()
-	return nil
+	if len(members) == 0 {
+		return nil
+	}
+	return c.Merge(s.key, "SADD", members...)
 }

@@ -52,32 +52,29 @@ func (s *setIndex[T]) KeyType() string { return "set" }
 func (s *setIndex[T]) Commutative() bool { return true }
 
 // Build groups the batch by bucket and writes each bucket with SADD,
-// MaxArgs members per command.
+// merged across batches (Commands.Merge), so that a bucket's members go in
+// commands as full as Options.MaxMerged allows.
 func (s *setIndex[T]) Build(c *rebuild.Commands, items []T) error {
-	buckets := map[string]*variadic{}
-	var order []*variadic
+	buckets := map[string][]string{}
+	var order []string
 	for _, it := range items {
 		b, m, ok := s.fn(it)
 		if !ok {
 			continue
 		}
-		v := buckets[b]
-		if v == nil {
-			temp, err := c.Temp(s.prefix + ":" + b)
-			if errors.Is(err, rebuild.ErrReservedKey) {
-				continue // counted and logged by the Rebuilder
-			}
-			if err != nil {
-				return err
-			}
-			v = &variadic{c: c, name: "SADD", key: temp}
-			buckets[b] = v
-			order = append(order, v)
+		if _, seen := buckets[b]; !seen {
+			order = append(order, b)
 		}
-		v.add(m, "", false)
+		buckets[b] = append(buckets[b], m)
 	}
-	for _, v := range order {
-		v.flush()
+	for _, b := range order {
+		err := c.Merge(s.prefix+":"+b, "SADD", buckets[b]...)
+		if errors.Is(err, rebuild.ErrReservedKey) {
+			continue // counted and logged by the Rebuilder
+		}
+		if err != nil {
+			return err
+		}
 	}
 	return nil
 }

@@ -76,7 +76,8 @@ type Commands struct {
 	owners  []int              // owners[i] is the builder that added cmds[i]
 	entries []int64            // entries written, per builder
 	skipped []int64            // entries skipped for a reserved key, per builder
-	touched []*target          // temp keys this batch writes, in order
+	touched []*target          // temp keys this batch's commands write (from Temp), in order
+	merged  []merged           // this batch's Merge calls
 	err     error              // the first argument over maxBulk
 	seen    map[*target]bool   // set of touched
 	temps   map[string]*target // this batch's cache of targets.get
@@ -165,6 +166,38 @@ func (c *Commands) Temp(live string) (string, error) {
 		c.touched = append(c.touched, t)
 	}
 	return t.Key, nil
+}
+
+// Merge adds entries of a command (such as SADD) on the temp key of the
+// live key live, which Temp would return: command name, that key, then the
+// entries, one argument each. The Rebuilder may merge them with the same
+// command on the same key from other batches, and send them later, in
+// commands of up to MaxMergeArgs entries: a family's buckets then get full
+// commands although each batch spreads over all of them.
+//
+// Only a [Commutative] builder may call Merge, for a command whose writes
+// give the same result in any order and any grouping (SADD, PFADD), whose
+// only key is its first argument; the run fails otherwise. Its errors are
+// Temp's. Each entry counts in Stats.Entries.
+func (c *Commands) Merge(live, name string, entries ...string) error {
+	t := c.temps[live]
+	if t == nil || t.builder != c.builder {
+		var err error
+		if t, err = c.targets.get(c.builder, live); err != nil {
+			if errors.Is(err, ErrReservedKey) && c.targets.owners[c.builder].family {
+				c.skipped[c.builder] += int64(len(entries))
+				c.targets.skipped(live)
+			}
+			return err
+		}
+		c.temps[live] = t
+	}
+	if !c.targets.owners[c.builder].commutative && c.err == nil {
+		c.err = fmt.Errorf("builder %q called Merge but is not Commutative: merged writes reach Redis in no set order", c.targets.owners[c.builder].key)
+	}
+	c.merged = append(c.merged, merged{t: t, name: name, args: entries})
+	c.entries[c.builder] += int64(len(entries))
+	return nil
 }
 
 // Add appends cmd, which writes entries index entries (fields, members), to

@@ -23,6 +23,9 @@ const (
 	// DefaultFlushInterval is how long a partial batch waits for more items
 	// before it is written anyway.
 	DefaultFlushInterval = time.Second
+	// DefaultMaxMerged is the most entries a run holds to merge them into
+	// fuller commands (see Options.MaxMerged).
+	DefaultMaxMerged = 1 << 20
 )
 
 // Options configures a [Rebuilder]. The zero value uses every default.
@@ -89,6 +92,15 @@ type Options struct {
 	// Durability is how durable the run's writes must be before they are
 	// published. The zero value waits for nothing.
 	Durability Durability
+	// MaxMerged is the most entries of Commutative builders (a SetIndex's
+	// members, a Set's) the run holds back to merge them across batches
+	// into fuller commands (see Commands.Merge): a batch spreads over every
+	// bucket of a family, and without merging each bucket would get a
+	// command of a few members. A command goes as soon as it is full; past
+	// MaxMerged entries the fullest ones go; the rest go when the source
+	// ends. It bounds memory next to Writers and BatchSize (see the README,
+	// "Memory"). Zero means DefaultMaxMerged; negative is an error.
+	MaxMerged int
 	// PreserveFor is how long the temp keys are kept, for diagnosis, after
 	// the publish script itself fails (OOM, a timeout, a dropped
 	// connection). Zero means DefaultPreserveFor.

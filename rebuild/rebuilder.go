@@ -79,7 +79,7 @@ func (r *Rebuilder[T]) configure() error {
 			r.order = inOrder
 		}
 		_, family := b.(Family)
-		r.owners = append(r.owners, owner{key: b.Key(), family: family})
+		r.owners = append(r.owners, owner{key: b.Key(), family: family, commutative: commutes(b)})
 		ks = append(ks, b.Key())
 	}
 	if o.Unordered {
@@ -141,6 +141,10 @@ func (r *Rebuilder[T]) checkTimes(bad func(string, ...any) error) error {
 	case o.Expected < 0:
 		return bad("Expected %d: must not be negative (zero means unknown)", o.Expected)
 	}
+	if o.MaxMerged < 0 {
+		return bad("MaxMerged %d: must not be negative (zero means %d)", o.MaxMerged, DefaultMaxMerged)
+	}
+	o.MaxMerged = run.OrDefault(o.MaxMerged, DefaultMaxMerged)
 	o.StallTimeout = run.OrDefault(o.StallTimeout, DefaultStallTimeout)
 	o.FlushInterval = run.OrDefault(o.FlushInterval, DefaultFlushInterval)
 	return r.checkDurability(bad)

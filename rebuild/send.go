@@ -1,91 +1,172 @@
 package rebuild
 
-import "context"
+import (
+	"context"
+	"fmt"
+	"strings"
+)
 
 // send takes built batches from queue in source order and writes them,
-// every batch already waiting, up to half of Writers, in one DoMulti. The
-// other half of the slots are being built meanwhile, so that the next
-// DoMulti is ready when this one's replies come back: the server is not
-// left waiting for the client to build.
+// every batch already waiting, up to half of Writers, in one round trip
+// (see the package documentation, "Pipeline"). The other half of the slots
+// are being built meanwhile, so that the next round trip is ready when this
+// one's replies come back. The entries builders merge (Commands.Merge) go
+// through the coalescer, which adds them to round trips as commands fill,
+// and sends the rest once the source is exhausted.
 //
-// Unless the run is inOrder, the next DoMulti is sent as soon as it is
+// Unless the run is inOrder, the next round trip is sent as soon as it is
 // built, while the previous one is still in flight (byEntry: unless the two
-// write a common entry), so that the server is not left waiting either while
-// rueidis writes it out. At most two are in flight, and each is accounted
-// for in source order. Either way, send returns only once every DoMulti it
-// sent has returned: once sent, writes run to their end, and the cleanup
+// write a common entry). At most two are in flight, and each is accounted
+// for in source order. Either way, send returns only once every round trip
+// it sent has returned: once sent, writes run to their end, and the cleanup
 // must come after them.
 func (x *execution[T]) send(ctx context.Context, queue <-chan *batch[T]) (err error) {
-	perTrip := max(1, x.r.opts.Writers/2)
-	var pending *trip[T] // the DoMulti in flight, unless inOrder
+	s := &sender[T]{x: x, perTrip: max(1, x.r.opts.Writers/2),
+		co: &coalescer{bufs: map[mergeKey][]string{}, bound: x.r.opts.MaxMerged}}
 	defer func() {
-		if pending != nil {
-			if perr := pending.wait(x); err == nil {
+		if s.pending != nil {
+			if perr := s.pending.wait(x); err == nil {
 				err = perr
 			}
 		}
 	}()
 	for {
-		var group []*batch[T]
-		for group == nil {
-			var done <-chan error // nil, which blocks, when no trip is pending
-			if pending != nil {
-				done = pending.done
-			}
-			select {
-			case b, ok := <-queue:
-				if !ok {
-					return nil
-				}
-				group = append(group, b)
-			case werr := <-done:
-				// Account for it now: its slots let the source fill the
-				// batches this loop waits for.
-				t := pending
-				pending = nil
-				if err := t.finish(x, werr); err != nil {
-					return err
-				}
-			case <-ctx.Done():
-				return nil // run reports the cause
-			}
+		group, open, err := s.next(ctx, queue)
+		switch {
+		case err != nil:
+			return err
+		case ctx.Err() != nil:
+			return nil // run reports the cause
+		case !open:
+			return s.drain(ctx)
 		}
-		group = gather(group, queue, perTrip)
-		if err := x.awaitBuilt(ctx, group); err != nil || ctx.Err() != nil {
+		if err := s.trip(ctx, group, queue); err != nil {
 			return err
 		}
-		t := &trip[T]{group: group, done: make(chan error, 1)}
-		if x.r.order == inOrder {
-			if err := t.finish(x, x.write(ctx, group)); err != nil {
-				return err
-			}
-			continue
+	}
+}
+
+// sender is the state of send.
+type sender[T any] struct {
+	x       *execution[T]
+	perTrip int
+	co      *coalescer
+	pending *trip[T] // the round trip in flight, unless inOrder
+}
+
+// next waits for the next batch, accounting meanwhile for the round trip in
+// flight when it returns, and gathers the batches already waiting behind
+// it. open is false once queue is closed and empty.
+func (s *sender[T]) next(ctx context.Context, queue <-chan *batch[T]) (group []*batch[T], open bool, err error) {
+	for group == nil {
+		var done <-chan error // nil, which blocks, when no trip is pending
+		if s.pending != nil {
+			done = s.pending.done
 		}
-		if pending != nil && x.r.order == byEntry && pending.conflicts(t) {
-			// t rewrites an entry that the trip in flight writes: it
-			// goes out after that one has returned, so the later write
-			// wins. The batches queued meanwhile go with it.
-			prev := pending
-			pending = nil
-			if err := prev.wait(x); err != nil {
-				return err
+		select {
+		case b, ok := <-queue:
+			if !ok {
+				return nil, false, nil
 			}
-			if more := gather(group, queue, perTrip); len(more) > len(group) {
-				if err := x.awaitBuilt(ctx, more[len(group):]); err != nil || ctx.Err() != nil {
-					return err
-				}
-				group, t.group = more, more
+			group = append(group, b)
+		case werr := <-done:
+			// Account for it now: its slots let the source fill the
+			// batches this loop waits for.
+			t := s.pending
+			s.pending = nil
+			if err := t.finish(s.x, werr); err != nil {
+				return nil, true, err
 			}
-		}
-		go func() { t.done <- x.write(ctx, group) }()
-		prev := pending
-		pending = t
-		if prev != nil {
-			if err := prev.wait(x); err != nil {
-				return err
-			}
+		case <-ctx.Done():
+			return nil, true, nil
 		}
 	}
+	return gather(group, queue, s.perTrip), true, nil
+}
+
+// trip writes group, with the merged commands it fills, in one round trip.
+func (s *sender[T]) trip(ctx context.Context, group []*batch[T], queue <-chan *batch[T]) error {
+	x := s.x
+	if err := x.awaitBuilt(ctx, group); err != nil || ctx.Err() != nil {
+		return err
+	}
+	t := &trip[T]{group: group, done: make(chan error, 1)}
+	if x.r.order == byEntry && s.pending != nil && s.pending.conflicts(t) {
+		// t rewrites an entry that the trip in flight writes: it goes out
+		// after that one has returned, so the later write wins. The
+		// batches queued meanwhile go with it.
+		if err := s.settle(); err != nil {
+			return err
+		}
+		if more := gather(group, queue, s.perTrip); len(more) > len(group) {
+			if err := x.awaitBuilt(ctx, more[len(group):]); err != nil || ctx.Err() != nil {
+				return err
+			}
+			t.group = more
+		}
+	}
+	for _, b := range t.group {
+		t.txns = append(t.txns, batchTxn(b))
+		ready, err := s.merge(ctx, b)
+		if err != nil {
+			return err
+		}
+		t.txns = append(t.txns, pack(x.r.redis.Client().B(), ready, x.r.opts.BatchSize)...)
+	}
+	return s.launch(ctx, t)
+}
+
+// merge feeds b's merged entries to the coalescer, and returns the commands
+// it fills.
+func (s *sender[T]) merge(ctx context.Context, b *batch[T]) ([]mergedCmd, error) {
+	for _, m := range b.c.merged {
+		if err := s.x.checkMerge(ctx, m); err != nil {
+			return nil, err
+		}
+	}
+	return s.co.add(b.c.merged), nil
+}
+
+// drain sends what the coalescer holds, once the source is exhausted.
+func (s *sender[T]) drain(ctx context.Context) error {
+	txns := pack(s.x.r.redis.Client().B(), s.co.drain(), s.x.r.opts.BatchSize)
+	for len(txns) > 0 && ctx.Err() == nil {
+		n := min(len(txns), s.perTrip)
+		if err := s.launch(ctx, &trip[T]{txns: txns[:n], done: make(chan error, 1)}); err != nil {
+			return err
+		}
+		txns = txns[n:]
+	}
+	return nil
+}
+
+// launch sends t: at once, with the trip in flight still pending, unless the
+// run is inOrder, in which case t is written before launch returns.
+func (s *sender[T]) launch(ctx context.Context, t *trip[T]) error {
+	x := s.x
+	for _, tx := range t.txns {
+		expiring(tx)
+	}
+	if x.r.order == inOrder {
+		return t.finish(x, x.write(ctx, t.txns))
+	}
+	go func() { t.done <- x.write(ctx, t.txns) }()
+	prev := s.pending
+	s.pending = t
+	if prev != nil {
+		return prev.wait(x)
+	}
+	return nil
+}
+
+// settle waits for the trip in flight, if any, and accounts for it.
+func (s *sender[T]) settle() error {
+	if s.pending == nil {
+		return nil
+	}
+	prev := s.pending
+	s.pending = nil
+	return prev.wait(s.x)
 }
 
 // gather adds to group the batches already waiting in queue, up to n in
@@ -125,9 +206,24 @@ func (x *execution[T]) awaitBuilt(ctx context.Context, group []*batch[T]) error 
 	return nil
 }
 
-// trip is one DoMulti of batches, sent by write.
+// checkMerge refuses a Merge of a command that could write keys other than
+// its first argument.
+func (x *execution[T]) checkMerge(ctx context.Context, m merged) error {
+	spec, err := x.r.specs.spec(ctx, x.r.redis.Client(), strings.ToLower(m.name))
+	if err == nil && (spec.movable || spec.subs != nil || spec.first != 1 || spec.last != 1) {
+		err = fmt.Errorf("a Merge of %s, whose keys are not just its first argument", m.name)
+	}
+	if err != nil {
+		return &Error{Op: "build", Key: x.r.builders[m.t.builder].Key(), Err: err}
+	}
+	return nil
+}
+
+// trip is one round trip: the transactions of batches, and of merged
+// writes, sent by write in one DoMulti.
 type trip[T any] struct {
 	group []*batch[T]
+	txns  []*txn
 	done  chan error // write's result
 }
 

@@ -17,8 +17,9 @@ type target struct {
 
 // owner is what the targets registry knows of one builder.
 type owner struct {
-	key    string
-	family bool
+	key         string
+	family      bool
+	commutative bool
 }
 
 // targets maps the live keys of a run to their temp keys. Keys of plain

@@ -8,30 +8,46 @@ import (
 	"github.com/redis/rueidis"
 )
 
-// write sends a group of built batches in one DoMulti. Each batch is one
-// MULTI ... EXEC transaction of its writes, an EXPIRE NX of every temp key it
-// wrote, so that no temp key ever exists without a TTL, and an HINCRBY of
+// txn is one MULTI/EXEC transaction of a round trip: the writes of a
+// source batch, or merged writes of Commutative builders.
+type txn struct {
+	label   string           // for errors
+	cmds    rueidis.Commands // the writes
+	writes  []*target        // the temp keys cmds write
+	expire  []*target        // those that get an EXPIRE NX: set by the sender
+	entries int              // merged writes: the entries of cmds
+}
+
+// batchTxn returns b's writes as a transaction.
+func batchTxn[T any](b *batch[T]) *txn {
+	return &txn{label: fmt.Sprintf("batch %d (%d items)", b.seq, len(b.items)), cmds: b.c.cmds, writes: b.c.touched}
+}
+
+// write sends txns in one DoMulti. Each is one MULTI ... EXEC of its writes,
+// an EXPIRE NX of each temp key it writes, so that no temp key exists
+// without a TTL, and an HINCRBY of
 // the run's record (with an EXPIRE NX), so that the publish can tell
-// whether Redis still holds every batch it acknowledged. If the connection breaks before EXEC
-// arrives, the server drops the transaction; if EXEC runs late, the TTL and
-// the count come with the writes. At the end of the DoMulti rides the
-// heartbeat, when one is due. write checks every reply; the sender accounts
-// for the batches.
-func (x *execution[T]) write(ctx context.Context, group []*batch[T]) error {
+// whether Redis still holds every transaction it acknowledged. If the
+// connection breaks before EXEC arrives, the server drops the transaction;
+// if EXEC runs late, the TTL and the count come with the writes. At the end
+// of the DoMulti rides the heartbeat, when one is due. write checks every
+// reply; the sender accounts for the batches.
+func (x *execution[T]) write(ctx context.Context, txns []*txn) error {
 	r := x.r
+	cb := r.redis.Client().B()
 	var cmds rueidis.Commands
-	for _, b := range group {
-		cb := b.c.cb
+	for _, t := range txns {
 		cmds = append(cmds, cb.Multi().Build())
-		cmds = append(cmds, b.c.cmds...)
-		for _, t := range b.c.touched {
-			// NX: only a key this batch created has no TTL yet, so a reply
-			// of 1 is the creation of the temp key, and a second one for the
-			// same key is a loss (see run.Temp.Created).
-			cmds = append(cmds, cb.Expire().Key(t.Key).Seconds(r.tempSecs).Nx().Build())
+		cmds = append(cmds, t.cmds...)
+		for _, tg := range t.expire {
+			// NX: only a key this transaction created has no TTL yet, so a
+			// reply of 1 is the creation of the temp key, and a second one
+			// for the same key is a loss (see run.Temp.Created).
+			cmds = append(cmds, cb.Expire().Key(tg.Key).Seconds(r.tempSecs).Nx().Build())
 		}
 		// The record lives as long as the lock; should the lease lapse with
-		// this batch in flight, EXPIRE NX bounds the record it re-creates.
+		// this transaction in flight, EXPIRE NX bounds the record it
+		// re-creates.
 		cmds = append(cmds, cb.Hincrby().Key(x.record).Field("batches").Increment(1).Build(),
 			cb.Expire().Key(x.record).Seconds(r.ttlSecs).Nx().Build(), cb.Exec().Build())
 	}
@@ -56,9 +72,9 @@ func (x *execution[T]) write(ctx context.Context, group []*batch[T]) error {
 	if beat {
 		x.lease.settle(wctx, sent, h, &res[len(res)-1])
 	}
-	for _, b := range group {
-		n := len(b.c.cmds) + len(b.c.touched) + 2
-		if err := x.check(b, res[:n+2]); err != nil {
+	for _, t := range txns {
+		n := len(t.cmds) + len(t.expire) + 2
+		if err := x.check(t, res[:n+2]); err != nil {
 			return err
 		}
 		x.acked.Add(1)
@@ -67,28 +83,27 @@ func (x *execution[T]) write(ctx context.Context, group []*batch[T]) error {
 	return nil
 }
 
-// check checks the replies to batch b's transaction.
-func (x *execution[T]) check(b *batch[T], res []rueidis.RedisResult) error {
+// check checks the replies to transaction t.
+func (x *execution[T]) check(t *txn, res []rueidis.RedisResult) error {
 	key := x.r.key
 	n := len(res) - 2
 	replies, err := execReplies(res, n)
 	if err != nil {
-		return &Error{Op: "write", Key: key, Err: fmt.Errorf("batch %d (%d items): %w", b.seq, len(b.items), err)}
+		return &Error{Op: "write", Key: key, Err: fmt.Errorf("%s: %w", t.label, err)}
 	}
-	writes := len(b.c.cmds)
+	writes := len(t.cmds)
 	for i, m := range replies[:writes] {
 		if err := m.Error(); err != nil {
-			return &Error{Op: "write", Key: key, Err: fmt.Errorf("batch %d (%d items), command %d of %d: %w",
-				b.seq, len(b.items), i+1, writes, err)}
+			return &Error{Op: "write", Key: key, Err: fmt.Errorf("%s, command %d of %d: %w", t.label, i+1, writes, err)}
 		}
 	}
-	for i, t := range b.c.touched {
+	for i, tg := range t.expire {
 		created, err := replies[writes+i].AsInt64()
 		if err != nil {
-			return &Error{Op: "write", Key: key, Err: fmt.Errorf("EXPIRE %s: %w", t.Key, err)}
+			return &Error{Op: "write", Key: key, Err: fmt.Errorf("EXPIRE %s: %w", tg.Key, err)}
 		}
 		if created == 1 {
-			if err := t.Created(); err != nil {
+			if err := tg.Created(); err != nil {
 				return &Error{Op: "write", Key: key, Err: err}
 			}
 		}
@@ -99,6 +114,22 @@ func (x *execution[T]) check(b *batch[T], res []rueidis.RedisResult) error {
 		}
 	}
 	return nil
+}
+
+// expiring sets the temp keys of t that get an EXPIRE NX: every key it
+// writes, once. Sending it with every write, not just the first, keeps the
+// rule simple and strict: a temp key lost and re-created by a later write
+// gets its TTL in the same transaction. It costs one command per key per
+// transaction, which is small beside the writes: a batch writes few keys,
+// and a merged command carries many entries.
+func expiring(t *txn) {
+	seen := map[*target]bool{}
+	for _, tg := range t.writes {
+		if !seen[tg] {
+			seen[tg] = true
+			t.expire = append(t.expire, tg)
+		}
+	}
 }
 
 // execReplies returns the replies to the n commands of a MULTI ... EXEC

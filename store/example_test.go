@@ -175,6 +175,9 @@ func ExampleStore_Sweep() {
 	set("teams:by-slug:rebuild:1699990000:00000000deadbeef")  // old, but its rebuild holds the lock
 	set("teams:by-slug:rebuild-lock")
 
+	// By default the sweep matches only the shape keyswap makes; the
+	// legacy shape <key>:rebuild:<digits> is also an application's own
+	// naming scheme, so it is matched only when asked.
 	would, err := s.Sweep(ctx, store.SweepOptions{DryRun: true})
 	if err != nil {
 		log.Fatal(err)
@@ -182,7 +185,7 @@ func ExampleStore_Sweep() {
 	slices.Sort(would)
 	fmt.Println("would delete:", would)
 
-	deleted, err := s.Sweep(ctx, store.SweepOptions{OlderThan: time.Hour})
+	deleted, err := s.Sweep(ctx, store.SweepOptions{OlderThan: time.Hour, Legacy: true})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -195,7 +198,7 @@ func ExampleStore_Sweep() {
 	slices.Sort(left)
 	fmt.Println("left:", left)
 	// Output:
-	// would delete: [users:by-email:rebuild:1699990000 users:by-email:rebuild:1699990000:00000000deadbeef]
+	// would delete: [users:by-email:rebuild:1699990000:00000000deadbeef]
 	// deleted: [users:by-email:rebuild:1699990000 users:by-email:rebuild:1699990000:00000000deadbeef]
 	// left: [teams:by-slug:rebuild-lock teams:by-slug:rebuild:1699990000:00000000deadbeef users:by-name:rebuild:1699999990:00000000deadbeef]
 }
