@@ -176,7 +176,7 @@ func (w workload) keyCount(d dataset) int {
 }
 
 // verify checks that the server holds exactly what w writes for d, and
-// nothing else under keyPrefix: every cardinality exact, the first and last
+// nothing else under keyPrefix but generation records: every cardinality exact, the first and last
 // items present with their values, no item of the previous dataset, and no
 // temp key or lock left behind.
 func (w workload) verify(ctx context.Context, c rueidis.Client, d dataset) error {
@@ -187,6 +187,9 @@ func (w workload) verify(ctx context.Context, c rueidis.Client, d dataset) error
 	if err != nil {
 		return err
 	}
+	// Each publish leaves one generation record per target (see
+	// store.Store.Swap): it is keyswap's, by design, and not a leftover.
+	all = slices.DeleteFunc(all, isGeneration)
 	if want := w.keyCount(d); len(all) != want {
 		return fmt.Errorf("%s: %d keys under %s*, want %d: %s", w.name, len(all), keyPrefix, want, firstKeys(all))
 	}
@@ -236,6 +239,7 @@ func (t target) indexCard(ctx context.Context, c rueidis.Client, d dataset) (int
 	if err != nil {
 		return 0, err
 	}
+	ks = slices.DeleteFunc(ks, isGeneration)
 	if want := d.bucketCount(); len(ks) != want {
 		return 0, fmt.Errorf("%d buckets, want %d: %s", len(ks), want, firstKeys(ks))
 	}
@@ -305,3 +309,7 @@ func firstKeys(ks []string) string {
 	}
 	return strings.Join(ks, ", ")
 }
+
+// isGeneration reports whether k is a generation record, which every
+// publish leaves, one per target, as keyswap's own: "<live>:rebuild-gen".
+func isGeneration(k string) bool { return strings.HasSuffix(k, ":rebuild-gen") }

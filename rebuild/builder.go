@@ -180,17 +180,15 @@ func (c *Commands) Temp(live string) (string, error) {
 // only key is its first argument; the run fails otherwise. Its errors are
 // Temp's. Each entry counts in Stats.Entries.
 func (c *Commands) Merge(live, name string, entries ...string) error {
-	t := c.temps[live]
-	if t == nil || t.builder != c.builder {
-		var err error
-		if t, err = c.targets.get(c.builder, live); err != nil {
-			if errors.Is(err, ErrReservedKey) && c.targets.owners[c.builder].family {
-				c.skipped[c.builder] += int64(len(entries))
-				c.targets.skipped(live)
-			}
-			return err
+	// No cache of this batch's keys, unlike Temp: a family builder merges
+	// each bucket once per batch.
+	t, err := c.targets.get(c.builder, live)
+	if err != nil {
+		if errors.Is(err, ErrReservedKey) && c.targets.owners[c.builder].family {
+			c.skipped[c.builder] += int64(len(entries))
+			c.targets.skipped(live)
 		}
-		c.temps[live] = t
+		return err
 	}
 	if !c.targets.owners[c.builder].commutative && c.err == nil {
 		c.err = fmt.Errorf("builder %q called Merge but is not Commutative: merged writes reach Redis in no set order", c.targets.owners[c.builder].key)

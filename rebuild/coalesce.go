@@ -15,16 +15,11 @@ type merged struct {
 	args []string
 }
 
-// mergeKey names one buffer of merged entries.
-type mergeKey struct {
-	t    *target
-	name string
-}
-
 // coalescer holds the entries of Commutative builders' Merge calls until a
 // command is full (MaxMergeArgs entries), or until it holds more than
 // bound entries in all, and turns them into commands. Only the sender uses
-// it.
+// it. Each key's entries wait in its target, so that adding them costs no
+// lookup: a family of 100,000 buckets gets a Merge per bucket per batch.
 //
 // A streaming run cannot group a family's members by bucket the way a bulk
 // load can: each batch spreads over every bucket, so a batch of 2000 over
@@ -32,9 +27,9 @@ type mergeKey struct {
 // parse and dispatch. Merging them across batches makes the commands as
 // full as the buffer allows.
 type coalescer struct {
-	bufs  map[mergeKey][]string
-	total int // entries held
-	bound int // Options.MaxMerged
+	held  []*target // the targets holding entries (and some that no longer do)
+	total int       // entries held
+	bound int       // Options.MaxMerged
 }
 
 // MaxMergeArgs is the most entries a merged command carries.
@@ -50,26 +45,34 @@ type mergedCmd struct {
 // add takes the Merge calls of a batch, and returns the commands that are
 // full, or, when more than bound entries are held, the largest ones until
 // half of bound is left.
+//
+// The entries are copied end to end into their key's buffer, while the
+// batch's items are still in the CPU's cache, so that writing a command
+// later reads one contiguous string rather than a thousand strings spread
+// over the heap; and the items' own strings can be collected at once.
 func (co *coalescer) add(ms []merged) []mergedCmd {
 	var out []mergedCmd
 	for _, m := range ms {
-		k := mergeKey{m.t, m.name}
-		buf := co.bufs[k]
-		for len(m.args) > 0 {
-			n := min(MaxMergeArgs-len(buf), len(m.args))
-			buf = append(buf, m.args[:n]...)
-			m.args = m.args[n:]
-			co.total += n
-			if len(buf) == MaxMergeArgs {
-				out = append(out, mergedCmd{m.t, m.name, buf})
-				co.total -= len(buf)
-				buf = nil
+		t := m.t
+		if t.name != m.name && len(t.ends) > 0 {
+			// Another command on the same key: what is held goes first.
+			out = append(out, co.take(t))
+		}
+		t.name = m.name
+		for _, e := range m.args {
+			if len(t.data)+len(e) > maxMergeBytes && len(t.ends) > 0 {
+				out = append(out, co.take(t))
+			}
+			t.data = append(t.data, e...)
+			t.ends = append(t.ends, int32(len(t.data)))
+			co.total++
+			if len(t.ends) == MaxMergeArgs {
+				out = append(out, co.take(t))
 			}
 		}
-		if len(buf) > 0 {
-			co.bufs[k] = buf
-		} else {
-			delete(co.bufs, k)
+		if len(t.ends) > 0 && !t.held {
+			t.held = true
+			co.held = append(co.held, t)
 		}
 	}
 	if co.total > co.bound {
@@ -78,24 +81,45 @@ func (co *coalescer) add(ms []merged) []mergedCmd {
 	return out
 }
 
+// maxMergeBytes bounds the bytes of a merged command's entries, far below
+// the 2 GiB its offsets can count: an entry may be up to 512 MB.
+const maxMergeBytes = 64 << 20
+
+// take returns t's entries as a command, and empties its buffer.
+func (co *coalescer) take(t *target) mergedCmd {
+	all := string(t.data)
+	args := make([]string, len(t.ends))
+	start := int32(0)
+	for i, end := range t.ends {
+		args[i] = all[start:end]
+		start = end
+	}
+	co.total -= len(t.ends)
+	// Not kept for reuse: memory then follows the entries held, not the
+	// number of keys ever written.
+	t.data, t.ends = nil, nil
+	return mergedCmd{t, t.name, args}
+}
+
 // spill returns the largest buffers as commands until at most keep entries
 // are held.
 func (co *coalescer) spill(keep int) []mergedCmd {
-	ks := make([]mergeKey, 0, len(co.bufs))
-	for k := range co.bufs {
-		ks = append(ks, k)
-	}
-	slices.SortFunc(ks, func(a, b mergeKey) int { return len(co.bufs[b]) - len(co.bufs[a]) })
-	var out []mergedCmd
-	for _, k := range ks {
-		if co.total <= keep {
-			break
+	held := co.held[:0]
+	for _, t := range co.held {
+		if len(t.ends) > 0 {
+			held = append(held, t)
+		} else {
+			t.held = false
 		}
-		buf := co.bufs[k]
-		out = append(out, mergedCmd{k.t, k.name, buf})
-		co.total -= len(buf)
-		delete(co.bufs, k)
 	}
+	slices.SortStableFunc(held, func(a, b *target) int { return len(b.ends) - len(a.ends) })
+	var out []mergedCmd
+	for len(held) > 0 && co.total > keep {
+		out = append(out, co.take(held[0]))
+		held[0].held = false
+		held = held[1:]
+	}
+	co.held = slices.Clone(held)
 	return out
 }
 

@@ -22,7 +22,7 @@ import (
 // must come after them.
 func (x *execution[T]) send(ctx context.Context, queue <-chan *batch[T]) (err error) {
 	s := &sender[T]{x: x, perTrip: max(1, x.r.opts.Writers/2),
-		co: &coalescer{bufs: map[mergeKey][]string{}, bound: x.r.opts.MaxMerged}}
+		co: &coalescer{bound: x.r.opts.MaxMerged}}
 	defer func() {
 		if s.pending != nil {
 			if perr := s.pending.wait(x); err == nil {
@@ -52,6 +52,7 @@ type sender[T any] struct {
 	perTrip int
 	co      *coalescer
 	pending *trip[T] // the round trip in flight, unless inOrder
+	checked string   // the last command name checkMerge accepted
 }
 
 // next waits for the next batch, accounting meanwhile for the round trip in
@@ -120,9 +121,13 @@ func (s *sender[T]) trip(ctx context.Context, group []*batch[T], queue <-chan *b
 // it fills.
 func (s *sender[T]) merge(ctx context.Context, b *batch[T]) ([]mergedCmd, error) {
 	for _, m := range b.c.merged {
+		if m.name == s.checked {
+			continue
+		}
 		if err := s.x.checkMerge(ctx, m); err != nil {
 			return nil, err
 		}
+		s.checked = m.name
 	}
 	return s.co.add(b.c.merged), nil
 }

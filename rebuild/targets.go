@@ -2,7 +2,6 @@ package rebuild
 
 import (
 	"fmt"
-	"strings"
 	"sync"
 
 	"github.com/keyswap/keyswap/internal/keys"
@@ -13,6 +12,14 @@ import (
 type target struct {
 	run.Temp
 	builder int
+
+	// The coalescer's buffer of merged entries for this key: entries of
+	// command name, end to end in data, entry i ending at ends[i]. Only the
+	// sender touches them.
+	data []byte
+	ends []int32
+	name string
+	held bool // in the coalescer's list of targets with entries
 }
 
 // owner is what the targets registry knows of one builder.
@@ -56,13 +63,20 @@ func newTargets(owners []owner, cluster bool, newTemp func(string) string) *targ
 }
 
 // get returns the target for live, creating it on first use, after checking
-// that builder b owns live.
+// that builder b owns live. A key seen before is found with one map lookup:
+// a family of many buckets asks for each of them in every batch.
 func (ts *targets) get(b int, live string) (*target, error) {
+	ts.mu.Lock()
+	t := ts.byKey[live]
+	ts.mu.Unlock()
+	if t != nil && t.builder == b {
+		return t, nil
+	}
 	o := ts.owners[b]
 	switch {
 	case !o.family && live != o.key:
 		return nil, fmt.Errorf("builder %q wrote to key %q, which it does not own", o.key, live)
-	case o.family && (!strings.HasPrefix(live, o.key+":") || len(live) == len(o.key)+1):
+	case o.family && !isBucket(live, o.key):
 		return nil, fmt.Errorf("family builder %q wrote to key %q, which is not %q followed by a bucket", o.key, live, o.key+":")
 	case keys.Reserved(live):
 		return nil, fmt.Errorf("%w: builder %q wrote to key %q, which has the shape of a key keyswap keeps next to an index (a lock, a record, a temp key, ...); keyswap would take it for one of its own (a lock key collision would block every later rebuild), so such keys cannot be rebuilt", ErrReservedKey, o.key, live)
@@ -71,13 +85,19 @@ func (ts *targets) get(b int, live string) (*target, error) {
 	}
 	ts.mu.Lock()
 	defer ts.mu.Unlock()
-	t := ts.byKey[live]
+	t = ts.byKey[live]
 	if t == nil {
 		t = &target{Temp: run.Temp{Live: live, Key: ts.newTemp(live)}, builder: b}
 		ts.byKey[live] = t
 		ts.ordered = append(ts.ordered, t)
 	}
 	return t, nil
+}
+
+// isBucket reports whether live is "<prefix>:<bucket>" with a non-empty
+// bucket.
+func isBucket(live, prefix string) bool {
+	return len(live) > len(prefix)+1 && live[len(prefix)] == ':' && live[:len(prefix)] == prefix
 }
 
 // skipped logs, once per key, that a builder asked for live, a reserved
