@@ -25,7 +25,9 @@ var (
 	// could not be reached to find out whether it ran. Every live key holds
 	// its old value or every one its new value: the script is atomic. When
 	// Redis could be reached, Run found out: a publish that ran is a
-	// success, one that did not is the original error.
+	// success, one that did not is the original error. From Apply: the
+	// change's reply was lost; it was applied whole or not at all, and
+	// applying it again is safe.
 	ErrOutcomeUnknown = run.ErrOutcomeUnknown
 	// ErrWritesLost: Redis lost writes of the run that it had acknowledged
 	// (a failover to a replica that was behind, a restart from an older
@@ -43,7 +45,18 @@ var (
 	// server cannot give it (WAITAOF needs Redis 7.2). Nothing was
 	// published.
 	ErrNotDurable = run.ErrNotDurable
+	// ErrFallingBehind: the run could not keep up with the changes applied
+	// to its keys while it ran (Rebuilder.Apply): a log of changes reached
+	// Options.MaxChanges, or the catch-up took longer than
+	// Options.CatchUpTimeout. Nothing was published; the live keys hold
+	// every change.
+	ErrFallingBehind = run.ErrFallingBehind
 )
+
+// ErrNotIncremental is what Apply returns when one of the Rebuilder's
+// builders cannot turn a change into writes: it does not implement
+// [Incremental] (builders.Func and builders.Compat do not).
+var ErrNotIncremental = errors.New("the builder cannot apply changes: it does not implement rebuild.Incremental")
 
 // ErrStalled reports that the source yielded no item for
 // Options.StallTimeout. Nothing was published. It does not match
@@ -85,7 +98,12 @@ const (
 //	         ErrTempKeyLost); "touch" when the last renewal did
 //	run      the caller's context was cancelled (its cause is wrapped)
 //	scan     the SCAN for a family's live keys failed
+//	catch-up replaying the changes applied during the run (ErrFallingBehind)
 //	publish  the publish script (ErrLockLost, ErrTempKeyLost, or its own error)
+//	apply    Rebuilder.Apply: a change was refused (ErrNotIncremental,
+//	         ErrNoPermission, a key of the wrong type), or its reply lost
+//	         (ErrOutcomeUnknown); nothing of it was applied, or, for a lost
+//	         reply, all of it or nothing
 //
 // Key is the builders' keys, or the one key concerned, and Err the cause.
 type Error = run.Error

@@ -55,6 +55,12 @@ type lease struct {
 	control func(run.Control)
 	stall   *stallWatch
 
+	// temps is held by a refresh, from its snapshot of the temp keys to its
+	// check of what it found, and by a catch-up's write, which may empty
+	// temp keys: a refresh must not take a key emptied by a replayed change
+	// for a lost one.
+	temps sync.Mutex
+
 	mu          sync.Mutex
 	lastBeat    time.Time // when the last successful heartbeat was sent
 	lastRefresh time.Time // when the last complete refresh ended
@@ -77,6 +83,17 @@ func newLease(x leaseOwner, start time.Time) *lease {
 	}
 	l.watchdog = time.AfterFunc(time.Until(start.Add(l.ttl)), l.lapse)
 	return l
+}
+
+// resume returns a new lease of l's run, after l ended for a publish that
+// did not happen: it goes on from l's last heartbeat and refresh.
+func (l *lease) resume(x leaseOwner) *lease {
+	l.mu.Lock()
+	beat, refresh := l.lastBeat, l.lastRefresh
+	l.mu.Unlock()
+	n := newLease(x, beat)
+	n.lastRefresh = refresh
+	return n
 }
 
 // leaseOwner is what a lease needs of its run.
@@ -146,6 +163,10 @@ func (l *lease) settle(ctx context.Context, sent time.Time, h run.Heartbeat, rep
 		l.control(c)
 	case errors.Is(err, ErrLockLost), errors.Is(err, ErrWritesLost):
 		l.cancel(err)
+	case run.Refused(err) != nil:
+		// Rights do not come back by themselves: fail now, saying which,
+		// rather than at the end of the lease as a stall.
+		l.cancel(&Error{Op: "lease", Key: l.key, Err: run.Refused(err)})
 	}
 	// Other failures (a timeout, a dropped connection) are not fatal yet:
 	// the next heartbeat may succeed, and if none does within TTL the
@@ -154,6 +175,8 @@ func (l *lease) settle(ctx context.Context, sent time.Time, h run.Heartbeat, rep
 
 // refresh renews every temp key's TTL, in chunks, and checks what it finds.
 func (l *lease) refresh(ctx context.Context) {
+	l.temps.Lock()
+	defer l.temps.Unlock()
 	snap := run.Snap(l.targets.temps())
 	states, err := l.redis.Refresh(ctx, l.locks[0], snap.Keys(), 2*l.ttl)
 	switch {

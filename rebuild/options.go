@@ -26,7 +26,18 @@ const (
 	// DefaultMaxMerged is the most entries a run holds to merge them into
 	// fuller commands (see Options.MaxMerged).
 	DefaultMaxMerged = 1 << 20
+	// DefaultMaxChanges is the most changes Apply logs for one run in
+	// progress (see Options.MaxChanges).
+	DefaultMaxChanges = 1_000_000
+	// DefaultCatchUpTimeout is how long a run may take to catch up with the
+	// changes applied while it ran (see Options.CatchUpTimeout).
+	DefaultCatchUpTimeout = time.Minute
 )
+
+// PublishTail is the most changes the publish itself replays: those logged
+// after the run's last catch-up (see the package documentation, "Writes
+// during a rebuild"). With more, the run catches up again first.
+const PublishTail = 1000
 
 // Options configures a [Rebuilder]. The zero value uses every default.
 type Options struct {
@@ -101,6 +112,20 @@ type Options struct {
 	// ends. It bounds memory next to Writers and BatchSize (see the README,
 	// "Memory"). Zero means DefaultMaxMerged; negative is an error.
 	MaxMerged int
+	// MaxChanges bounds the log of changes that [Rebuilder.Apply] keeps,
+	// in Redis, for a run in progress on its keys: once a run's log holds
+	// MaxChanges entries (one per Apply call and lock), later changes are
+	// still applied to the live keys but no longer logged, and the run
+	// fails with ErrFallingBehind instead of publishing without them. It is
+	// the bound of the Rebuilder that applies, whichever process runs. Zero
+	// means DefaultMaxChanges; negative is an error.
+	MaxChanges int
+	// CatchUpTimeout bounds the catch-up: the time from the end of the
+	// source to a publish whose tail of changes is short enough (see
+	// PublishTail). A run whose changes arrive faster than it replays them
+	// fails with ErrFallingBehind. Zero means DefaultCatchUpTimeout;
+	// negative is an error.
+	CatchUpTimeout time.Duration
 	// PreserveFor is how long the temp keys are kept, for diagnosis, after
 	// the publish script itself fails (OOM, a timeout, a dropped
 	// connection). Zero means DefaultPreserveFor.
@@ -155,6 +180,14 @@ type Stats struct {
 	// their key has the shape of a key keyswap keeps next to an index
 	// (ErrReservedKey), such as a bucket named "rebuild-lock".
 	Skipped map[string]int64
+	// Changes is the number of changes applied during the run that the
+	// run replayed, while it caught up and in the publish, counted per
+	// builder: an Apply call that writes the keys of three builders counts
+	// three.
+	Changes int64
+	// CatchUp is the time from the end of the source to the publish: the
+	// catch-up with the changes applied meanwhile.
+	CatchUp time.Duration
 	// Elapsed is the run's duration, from locking to release.
 	Elapsed time.Duration
 }
@@ -166,6 +199,8 @@ type Phase string
 const (
 	// PhaseBuilding: pulling the source and writing the temp keys.
 	PhaseBuilding Phase = "building"
+	// PhaseCatchingUp: replaying the changes applied during the run.
+	PhaseCatchingUp Phase = "catching up"
 	// PhasePublishing: waiting for durability, if asked, and publishing.
 	PhasePublishing Phase = "publishing"
 )

@@ -41,8 +41,11 @@ func (x *execution[T]) publish(ctx context.Context, live []map[string]bool) (boo
 		Op: "publish", Key: r.key, Locks: x.locks, Batches: x.acked.Load(),
 		Targets: targets, Orphans: orphans, Metas: metas,
 		PreserveFor: r.opts.PreserveFor, Settle: true, Now: time.Now(),
+		Logs: x.logOffsets(), MaxTail: PublishTail,
 	})
-	if errors.Is(err, ErrTempKeyLost) || errors.Is(err, ErrNoPermission) || errors.Is(err, ErrLockLost) {
+	var behind *run.BehindError
+	if errors.Is(err, ErrTempKeyLost) || errors.Is(err, ErrNoPermission) || errors.Is(err, ErrLockLost) ||
+		errors.Is(err, ErrFallingBehind) || errors.As(err, &behind) {
 		// The script refused before writing anything: the temp keys are
 		// worthless, and deleted like those of any failed run.
 		return false, err
@@ -59,5 +62,6 @@ func (x *execution[T]) publish(ctx context.Context, live []map[string]bool) (boo
 	for i, g := range p.Generations {
 		x.stats.Generations[r.lives[i]] = g
 	}
+	x.stats.Changes = x.replayed.Load() + p.Replayed
 	return true, nil
 }

@@ -141,10 +141,17 @@ func (r *Rebuilder[T]) checkTimes(bad func(string, ...any) error) error {
 	case o.Expected < 0:
 		return bad("Expected %d: must not be negative (zero means unknown)", o.Expected)
 	}
-	if o.MaxMerged < 0 {
+	switch {
+	case o.MaxMerged < 0:
 		return bad("MaxMerged %d: must not be negative (zero means %d)", o.MaxMerged, DefaultMaxMerged)
+	case o.MaxChanges < 0:
+		return bad("MaxChanges %d: must not be negative (zero means %d)", o.MaxChanges, DefaultMaxChanges)
+	case o.CatchUpTimeout < 0:
+		return bad("CatchUpTimeout %v: must not be negative (zero means %v)", o.CatchUpTimeout, DefaultCatchUpTimeout)
 	}
 	o.MaxMerged = run.OrDefault(o.MaxMerged, DefaultMaxMerged)
+	o.MaxChanges = run.OrDefault(o.MaxChanges, DefaultMaxChanges)
+	o.CatchUpTimeout = run.OrDefault(o.CatchUpTimeout, DefaultCatchUpTimeout)
 	o.StallTimeout = run.OrDefault(o.StallTimeout, DefaultStallTimeout)
 	o.FlushInterval = run.OrDefault(o.FlushInterval, DefaultFlushInterval)
 	return r.checkDurability(bad)

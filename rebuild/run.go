@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"os"
 	"runtime"
 	"strconv"
@@ -50,6 +51,7 @@ func (r *Rebuilder[T]) Run(ctx context.Context, src Source[T]) (Stats, error) {
 		return stats, err
 	}
 	x.locks = locks
+	x.offsets = make([]int64, len(locks))
 	err = x.run(ctx, src)
 	stats.Elapsed = time.Since(start)
 	return stats, err
@@ -78,6 +80,10 @@ type execution[T any] struct {
 	skipped []int64       // entries skipped for a reserved key, per builder; only the sender writes
 	free    chan []T      // batch buffers to reuse
 	slots   chan struct{} // one per batch in flight: built, queued or being sent
+
+	offsets  []int64      // per lock, the entries of its log of changes replayed; only the catch-up writes
+	replayed atomic.Int64 // changes replayed by the catch-up
+	logged   atomic.Int64 // changes logged for the run, as the last heartbeat read
 }
 
 // newExecution returns the state of a run of r started at start.
@@ -111,10 +117,21 @@ func newExecution[T any](r *Rebuilder[T], start time.Time, stats *Stats) *execut
 // publish checks every key it touches again, the family buckets included.
 func (x *execution[T]) checks() []run.Check {
 	c := []run.Check{{Command: "HINCRBY", Key: x.record}}
+	// The heartbeat's and the catch-up's commands on the run's own keys
+	// (the acquire script checks its own, the publish script its own).
+	c = append(c, run.Check{Command: "EXISTS", Key: x.record}, run.Check{Command: "HGET", Key: x.record},
+		run.Check{Command: "HSET", Key: x.record}, run.Check{Command: "HMGET", Key: x.record})
+	for _, l := range x.r.lockKeys {
+		log := keys.LogKey(l)
+		c = append(c, run.Check{Command: "GET", Key: l}, run.Check{Command: "EXPIRE", Key: l},
+			run.Check{Command: "EXPIRE", Key: keys.RecordKey(l)}, run.Check{Command: "EXISTS", Key: log},
+			run.Check{Command: "EXPIRE", Key: log}, run.Check{Command: "LLEN", Key: log}, run.Check{Command: "LRANGE", Key: log})
+	}
 	for _, t := range x.targets.all() {
 		c = append(c,
 			run.Check{Command: "EXPIRE", Key: t.Key}, run.Check{Command: "RENAME", Key: t.Key},
-			run.Check{Command: "UNLINK", Key: t.Live}, run.Check{Command: "PERSIST", Key: t.Live})
+			run.Check{Command: "UNLINK", Key: t.Live}, run.Check{Command: "PERSIST", Key: t.Live},
+			run.Check{Command: "PTTL", Key: t.Key})
 	}
 	return c
 }
@@ -142,13 +159,14 @@ func (x *execution[T]) run(ctx context.Context, src Source[T]) (err error) {
 	defer cancel(nil)
 	x.cancel = cancel
 	var sourceDone atomic.Bool
-	x.lease = newLease(leaseOwner{
+	owner := leaseOwner{
 		redis: r.redis, locks: x.locks, targets: x.targets, ttl: r.opts.TTL, key: r.key, cancel: cancel,
 		acked: x.acked.Load, status: x.status, control: x.control,
 		stall: &stallWatch{timeout: r.opts.StallTimeout, items: &x.pulled, idle: func() bool {
 			return sourceDone.Load() || x.gate.isPaused()
 		}},
-	}, x.start)
+	}
+	x.lease = newLease(owner, x.start)
 	var leaseDone sync.WaitGroup
 	leaseDone.Go(func() { x.lease.run(runCtx) })
 
@@ -198,14 +216,37 @@ func (x *execution[T]) run(ctx context.Context, src Source[T]) (err error) {
 		return &Error{Op: "scan", Key: r.key, Err: err}
 	}
 
-	x.phase.Store(PhasePublishing)
-	x.lease.end()
-	leaseDone.Wait()
-	if err := r.redis.Wait(runCtx, "publish", r.key, x.locks[0].Key, r.durability()); err != nil {
-		return err
+	// Catch up with the changes applied during the run, then publish;
+	// again while the publish finds more changes than it replays itself.
+	caughtUp := time.Now()
+	deadline := caughtUp.Add(r.opts.CatchUpTimeout)
+	defer func() { x.stats.CatchUp = time.Since(caughtUp) }()
+	for {
+		x.phase.Store(PhaseCatchingUp)
+		if err := x.catchUp(runCtx, deadline); err != nil {
+			return err
+		}
+		if cause := context.Cause(runCtx); cause != nil {
+			return run.Wrap("run", r.key, cause)
+		}
+		x.phase.Store(PhasePublishing)
+		x.lease.end()
+		leaseDone.Wait()
+		if err := r.redis.Wait(runCtx, "publish", r.key, x.locks[0].Key, r.durability()); err != nil {
+			return err
+		}
+		published, err = x.publish(runCtx, live)
+		var behind *run.BehindError
+		if !errors.As(err, &behind) {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return &Error{Op: "catch-up", Key: r.key, Err: fmt.Errorf("%w: %d changes still to replay after catching up for %v (Options.CatchUpTimeout): they arrive faster than the run replays them; every live key left unchanged (and holds every change)", ErrFallingBehind, behind.Tail, r.opts.CatchUpTimeout)}
+		}
+		// Renew the lease again, and catch up with what came meanwhile.
+		x.lease = x.lease.resume(owner)
+		leaseDone.Go(func() { x.lease.run(runCtx) })
 	}
-	published, err = x.publish(runCtx, live)
-	return err
 }
 
 // failure returns the first failure of a run whose writers returned werr
@@ -262,6 +303,7 @@ func (x *execution[T]) status() []string {
 		"entries", strconv.FormatInt(x.written.Load(), 10), "acked", strconv.FormatInt(x.acked.Load(), 10),
 		"rate", strconv.FormatFloat(rate, 'f', 1, 64),
 		"beat_at", run.Now(now), "limit", strconv.FormatFloat(x.gate.rate(), 'f', -1, 64),
+		"changes", strconv.FormatInt(x.logged.Load(), 10), "replayed", strconv.FormatInt(x.replayed.Load(), 10),
 	}
 }
 
@@ -276,4 +318,9 @@ func (x *execution[T]) control(c run.Control) {
 		x.gate.setRate(x.r.opts.MaxRate)
 	}
 	x.gate.setPaused(c.Paused)
+	var logged int64
+	for _, n := range c.Logs {
+		logged += n
+	}
+	x.logged.Store(logged)
 }

@@ -11,4 +11,11 @@ import (
 // a 3-master cluster, started by TestMain.
 var env *redistest.Env
 
-func TestMain(m *testing.M) { os.Exit(redistest.Main(m, &env, true)) }
+// TestMain starts the servers; in a copy of the test binary started by an
+// online test, it plays that test's other process instead (onlineRole).
+func TestMain(m *testing.M) {
+	if role := os.Getenv(onlineRoleEnv); role != "" {
+		os.Exit(onlineRole(role))
+	}
+	os.Exit(redistest.Main(m, &env, true))
+}

@@ -72,16 +72,8 @@ func (ts *targets) get(b int, live string) (*target, error) {
 	if t != nil && t.builder == b {
 		return t, nil
 	}
-	o := ts.owners[b]
-	switch {
-	case !o.family && live != o.key:
-		return nil, fmt.Errorf("builder %q wrote to key %q, which it does not own", o.key, live)
-	case o.family && !isBucket(live, o.key):
-		return nil, fmt.Errorf("family builder %q wrote to key %q, which is not %q followed by a bucket", o.key, live, o.key+":")
-	case keys.Reserved(live):
-		return nil, fmt.Errorf("%w: builder %q wrote to key %q, which has the shape of a key keyswap keeps next to an index (a lock, a record, a temp key, ...); keyswap would take it for one of its own (a lock key collision would block every later rebuild), so such keys cannot be rebuilt", ErrReservedKey, o.key, live)
-	case ts.cluster && keys.Slot(live) != ts.slot:
-		return nil, fmt.Errorf("builder %q wrote to key %q in hash slot %d, outside this rebuild's slot %d; give it the rebuild's hash tag", o.key, live, keys.Slot(live), ts.slot)
+	if err := ts.owners[b].owns(live, ts.cluster, ts.slot); err != nil {
+		return nil, err
 	}
 	ts.mu.Lock()
 	defer ts.mu.Unlock()
@@ -92,6 +84,22 @@ func (ts *targets) get(b int, live string) (*target, error) {
 		ts.ordered = append(ts.ordered, t)
 	}
 	return t, nil
+}
+
+// owns returns nil if o's builder may write live: its own key, or, for a
+// family, a bucket below its prefix; on a cluster, in slot.
+func (o owner) owns(live string, cluster bool, slot uint16) error {
+	switch {
+	case !o.family && live != o.key:
+		return fmt.Errorf("builder %q wrote to key %q, which it does not own", o.key, live)
+	case o.family && !isBucket(live, o.key):
+		return fmt.Errorf("family builder %q wrote to key %q, which is not %q followed by a bucket", o.key, live, o.key+":")
+	case keys.Reserved(live):
+		return fmt.Errorf("%w: builder %q wrote to key %q, which has the shape of a key keyswap keeps next to an index (a lock, a record, a temp key, ...); keyswap would take it for one of its own (a lock key collision would block every later rebuild), so such keys cannot be rebuilt", ErrReservedKey, o.key, live)
+	case cluster && keys.Slot(live) != slot:
+		return fmt.Errorf("builder %q wrote to key %q in hash slot %d, outside this rebuild's slot %d; give it the rebuild's hash tag", o.key, live, keys.Slot(live), slot)
+	}
+	return nil
 }
 
 // isBucket reports whether live is "<prefix>:<bucket>" with a non-empty

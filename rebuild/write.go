@@ -2,6 +2,7 @@ package rebuild
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -16,6 +17,10 @@ type txn struct {
 	writes  []*target        // the temp keys cmds write
 	expire  []*target        // those that get an EXPIRE NX: set by the sender
 	entries int              // merged writes: the entries of cmds
+	// probes are temp keys that cmds may leave empty (a replayed change
+	// that removes entries): EXISTS before and after the writes tells a key
+	// emptied by them from one lost before them.
+	probes []*target
 }
 
 // batchTxn returns b's writes as a transaction.
@@ -38,12 +43,18 @@ func (x *execution[T]) write(ctx context.Context, txns []*txn) error {
 	var cmds rueidis.Commands
 	for _, t := range txns {
 		cmds = append(cmds, cb.Multi().Build())
+		for _, tg := range t.probes {
+			cmds = append(cmds, cb.Exists().Key(tg.Key).Build())
+		}
 		cmds = append(cmds, t.cmds...)
 		for _, tg := range t.expire {
 			// NX: only a key this transaction created has no TTL yet, so a
 			// reply of 1 is the creation of the temp key, and a second one
 			// for the same key is a loss (see run.Temp.Created).
 			cmds = append(cmds, cb.Expire().Key(tg.Key).Seconds(r.tempSecs).Nx().Build())
+		}
+		for _, tg := range t.probes {
+			cmds = append(cmds, cb.Exists().Key(tg.Key).Build())
 		}
 		// The record lives as long as the lock; should the lease lapse with
 		// this transaction in flight, EXPIRE NX bounds the record it
@@ -73,7 +84,7 @@ func (x *execution[T]) write(ctx context.Context, txns []*txn) error {
 		x.lease.settle(wctx, sent, h, &res[len(res)-1])
 	}
 	for _, t := range txns {
-		n := len(t.cmds) + len(t.expire) + 2
+		n := len(t.cmds) + len(t.expire) + 2*len(t.probes) + 2
 		if err := x.check(t, res[:n+2]); err != nil {
 			return err
 		}
@@ -86,31 +97,51 @@ func (x *execution[T]) write(ctx context.Context, txns []*txn) error {
 // check checks the replies to transaction t.
 func (x *execution[T]) check(t *txn, res []rueidis.RedisResult) error {
 	key := x.r.key
+	fail := func(err error) error { return &Error{Op: "write", Key: key, Err: err} }
 	n := len(res) - 2
 	replies, err := execReplies(res, n)
 	if err != nil {
-		return &Error{Op: "write", Key: key, Err: fmt.Errorf("%s: %w", t.label, err)}
+		return fail(fmt.Errorf("%s: %w", t.label, err))
 	}
+	probes := len(t.probes)
+	before, replies := replies[:probes], replies[probes:]
 	writes := len(t.cmds)
 	for i, m := range replies[:writes] {
 		if err := m.Error(); err != nil {
-			return &Error{Op: "write", Key: key, Err: fmt.Errorf("%s, command %d of %d: %w", t.label, i+1, writes, err)}
+			return fail(fmt.Errorf("%s, command %d of %d: %w", t.label, i+1, writes, err))
 		}
+	}
+	after := replies[writes+len(t.expire) : writes+len(t.expire)+probes]
+	probed := make(map[*target]bool, probes)
+	for i, tg := range t.probes {
+		was, err1 := before[i].AsInt64()
+		is, err2 := after[i].AsInt64()
+		if err := errors.Join(err1, err2); err != nil {
+			return fail(fmt.Errorf("EXISTS %s: %w", tg.Key, err))
+		}
+		if was == 0 && tg.Populated() {
+			return fail(tg.Lost("vanished before a replayed change reached it"))
+		}
+		// Emptied by the change, or still holding entries (perhaps
+		// emptied and re-created by it): either way what is there is
+		// the rebuild's.
+		tg.SetPopulated(is == 1)
+		probed[tg] = true
 	}
 	for i, tg := range t.expire {
 		created, err := replies[writes+i].AsInt64()
 		if err != nil {
-			return &Error{Op: "write", Key: key, Err: fmt.Errorf("EXPIRE %s: %w", tg.Key, err)}
+			return fail(fmt.Errorf("EXPIRE %s: %w", tg.Key, err))
 		}
-		if created == 1 {
+		if created == 1 && !probed[tg] {
 			if err := tg.Created(); err != nil {
-				return &Error{Op: "write", Key: key, Err: err}
+				return fail(err)
 			}
 		}
 	}
-	for _, m := range replies[n-2:] {
+	for _, m := range replies[len(replies)-2:] {
 		if err := m.Error(); err != nil {
-			return &Error{Op: "write", Key: key, Err: fmt.Errorf("the record %s: %w", x.record, err)}
+			return fail(fmt.Errorf("the record %s: %w", x.record, err))
 		}
 	}
 	return nil

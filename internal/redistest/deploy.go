@@ -18,6 +18,9 @@ type Deployment struct {
 	Client  rueidis.Client // what the code under test sends through
 	Other   rueidis.Client // an independent client: reader, thief, saboteur
 	Prefix  string
+	// Addrs are the addresses to connect to: the standalone server's, or
+	// every cluster master's (for a client in another process).
+	Addrs []string
 }
 
 // Deployments returns e's standalone server and its cluster, with clients
@@ -26,8 +29,8 @@ func (e *Env) Deployments(tb testing.TB) []Deployment {
 	tb.Helper()
 	p := Prefix(tb)
 	return []Deployment{
-		{Name: "standalone", Client: e.Standalone.Client(tb), Other: e.Standalone.Client(tb), Prefix: p},
-		{Name: "cluster", Cluster: true, Client: e.Cluster.Client(tb), Other: e.Cluster.Client(tb), Prefix: "{" + p + "}"},
+		{Name: "standalone", Client: e.Standalone.Client(tb), Other: e.Standalone.Client(tb), Prefix: p, Addrs: []string{e.Standalone.Addr}},
+		{Name: "cluster", Cluster: true, Client: e.Cluster.Client(tb), Other: e.Cluster.Client(tb), Prefix: "{" + p + "}", Addrs: e.Cluster.Addrs},
 	}
 }
 

@@ -128,12 +128,9 @@ type Script struct {
 // ScriptNamed returns keyswap's script name ("lease", "publish", ...), as
 // embedded in the library. It panics for an unknown name: a test bug.
 func ScriptNamed(name string) Script {
-	src, err := run.Scripts.ReadFile("scripts/" + name + ".lua")
-	if err != nil {
-		panic("redistest: no script " + name + ": " + err.Error())
-	}
-	sum := sha1.Sum(src)
-	return Script{Name: name, Source: string(src), SHA1: hex.EncodeToString(sum[:])}
+	src := run.Source(name)
+	sum := sha1.Sum([]byte(src))
+	return Script{Name: name, Source: src, SHA1: hex.EncodeToString(sum[:])}
 }
 
 // Lua returns s as a rueidis script, to run it directly.

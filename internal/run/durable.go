@@ -43,10 +43,23 @@ func (d Durability) none() bool { return d.Replicas == 0 && !d.needsWaitAOF() }
 // can give what d asks: WAITAOF exists only from Redis 7.2, and local AOF
 // fsyncs need appendonly yes. It returns an error saying what is missing.
 func (r *Redis) CheckDurable(ctx context.Context, op, key string, lock string, d Durability) error {
+	if d.Replicas > 0 && !d.needsWaitAOF() {
+		// WAIT 0 returns at once: it only asks whether this user may run it.
+		err := r.client.Do(ctx, r.client.B().Wait().Numreplicas(0).Timeout(1).Build()).Error()
+		if perr := Refused(err); perr != nil {
+			return &Error{Op: op, Key: key, Err: fmt.Errorf("Durability asks for replicas, which needs WAIT: %w", perr)}
+		}
+		if err != nil {
+			return Fail(ctx, op, key, fmt.Errorf("WAIT: %w", err))
+		}
+	}
 	if !d.needsWaitAOF() {
 		return nil
 	}
 	err := r.client.Do(ctx, r.client.B().Waitaof().Numlocal(0).Numreplicas(0).Timeout(1).Build()).Error()
+	if perr := Refused(err); perr != nil {
+		return &Error{Op: op, Key: key, Err: fmt.Errorf("Durability asks for AOF fsyncs, which needs WAITAOF: %w", perr)}
+	}
 	if rerr, ok := rueidis.IsRedisErr(err); ok && strings.Contains(strings.ToLower(rerr.Error()), "unknown command") {
 		return &Error{Op: op, Key: key, Err: fmt.Errorf("%w: Durability asks for AOF fsyncs, which need WAITAOF (Redis 7.2 or later), and this server does not have it: %w", ErrNotDurable, err)}
 	}

@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
+
+	"github.com/redis/rueidis"
 )
 
 // ErrInProgress reports that another rebuild holds a key's lock. Acquiring
@@ -25,12 +28,18 @@ var ErrLockLost error = lockLostError{}
 // empty rebuild would delete it.
 var ErrTempKeyLost = errors.New("temp key lost")
 
-// ErrOutcomeUnknown reports that a publish script was sent but its reply
-// never came (a dropped connection, a timeout, a cancelled context), and
-// that Redis could not be asked afterwards whether it ran. The live keys
-// hold either the old values or the new ones, never a mixture: the script
-// is atomic.
-var ErrOutcomeUnknown = errors.New("publish outcome unknown: its reply was lost and Redis could not be asked")
+// ErrOutcomeUnknown reports that a script that writes live keys was sent
+// but its reply never came (a dropped connection, a timeout, a cancelled
+// context), and that Redis could not tell afterwards whether it ran. The
+// script is atomic: a publish left the live keys all old or all new, never
+// a mixture, and a change was applied whole or not at all.
+var ErrOutcomeUnknown = errors.New("outcome unknown: the reply was lost and Redis could not be asked")
+
+// ErrFallingBehind reports that a run could not keep up with the changes
+// applied to its keys while it ran: a log of changes reached its bound, or
+// catching up took too long. Nothing was published; the live keys have
+// every change.
+var ErrFallingBehind = errors.New("the rebuild fell behind the changes applied meanwhile")
 
 // ErrWritesLost reports that Redis lost writes of the run that it had
 // acknowledged: its temp keys went back to an earlier state of themselves,
@@ -107,4 +116,19 @@ func Wrap(op, key string, err error) error {
 func IsBadInput(err error) bool {
 	var e *Error
 	return errors.As(err, &e)
+}
+
+// Refused returns err as an error matching ErrNoPermission when it is
+// Redis refusing a command for this user's rights (NOPERM, or, inside a
+// script, "can't run this command"), and nil otherwise.
+func Refused(err error) error {
+	rerr, ok := rueidis.IsRedisErr(err)
+	if !ok {
+		return nil
+	}
+	msg := rerr.Error()
+	if strings.HasPrefix(msg, "NOPERM") || strings.Contains(msg, "can't run this command") {
+		return fmt.Errorf("%w: %w", ErrNoPermission, err)
+	}
+	return nil
 }

@@ -60,6 +60,11 @@ func (t *Temp) Populated() bool { return t.populated.Load() }
 // having been seen created: a later creation is then a loss.
 func (t *Temp) MarkPopulated() { t.populated.Store(true) }
 
+// SetPopulated records whether the temp key holds data, as seen by a write
+// that may have emptied it (a replayed change that removes entries): an
+// emptied key is an empty result, and a later creation is no loss.
+func (t *Temp) SetPopulated(p bool) { t.populated.Store(p) }
+
 // Created records that the temp key was found without a TTL: created since
 // the last look. It returns an error matching [ErrTempKeyLost] when the key
 // had been created before: it was lost and re-created, and holds only part

@@ -84,6 +84,13 @@ type PublishOptions struct {
 	Settle bool
 	// Now is the time recorded in the metas.
 	Now time.Time
+	// Logs are the logs of changes of the run's locks, each with the
+	// entries the run replayed onto its temp keys: the publish replays the
+	// rest onto the live keys, right after the renames. MaxTail bounds the
+	// rest, over every log: a longer one fails with a *BehindError before
+	// any write.
+	Logs    []LogOffset
+	MaxTail int
 }
 
 // Published is what a successful publish did.
@@ -93,6 +100,9 @@ type Published struct {
 	// Generations has the new generation of each meta, in order; none when
 	// the publish was settled after its reply was lost.
 	Generations []int64
+	// Replayed is the number of changes the publish replayed from the logs'
+	// tails (unknown, zero, when it was settled after its reply was lost).
+	Replayed int64
 }
 
 // Publish checks, in one script and before any write, that this user may
@@ -202,8 +212,12 @@ func (r *Redis) plan(opts PublishOptions) (publishPlan, error) {
 			prevs = append(prevs, keys.PrevKey(k, r.cluster))
 		}
 	}
+	logs := make([]string, len(opts.Logs))
+	for i, l := range opts.Logs {
+		logs[i] = l.Key
+	}
 	var ks []string
-	for _, section := range [][]string{lockKeys, records, receipts, temps, lives, opts.Orphans, prevs, opts.Drops, opts.Metas} {
+	for _, section := range [][]string{lockKeys, records, receipts, temps, lives, opts.Orphans, prevs, opts.Drops, opts.Metas, logs} {
 		ks = append(ks, section...)
 	}
 	if dup := FirstDuplicate(ks); dup != "" {
@@ -213,11 +227,18 @@ func (r *Redis) plan(opts PublishOptions) (publishPlan, error) {
 		return publishPlan{}, err
 	}
 	args := []string{token}
-	for _, n := range []int{len(lockKeys), len(records), len(receipts), len(temps), len(opts.Orphans), len(prevs), len(opts.Drops), len(opts.Metas), 0} {
+	for _, n := range []int{len(lockKeys), len(records), len(receipts), len(temps), len(opts.Orphans), len(prevs), len(opts.Drops), len(opts.Metas), len(logs)} {
 		args = append(args, strconv.Itoa(n))
 	}
 	args = append(args, flags, strconv.FormatInt(opts.Batches, 10), strconv.FormatInt(keep, 10),
 		strconv.Itoa(int(receiptTTL/time.Second)), Now(opts.Now))
+	for _, l := range opts.Logs {
+		if l.Offset < 0 {
+			return publishPlan{}, &Error{Op: op, Key: key, Err: fmt.Errorf("negative offset %d in log %q", l.Offset, l.Key)}
+		}
+		args = append(args, strconv.FormatInt(l.Offset, 10))
+	}
+	args = append(args, strconv.Itoa(max(opts.MaxTail, 0)))
 	return publishPlan{keys: ks, args: args}, nil
 }
 
@@ -283,17 +304,27 @@ func (r *Redis) published(ctx context.Context, opts PublishOptions, res reply) (
 		return fail(fmt.Errorf("%w: %s has no TTL: it was lost and re-created by a later write, so it holds only part of the rebuild (or a write removed its TTL, as a plain SET does: use SET KEEPTTL); %s and every other live key left unchanged", ErrTempKeyLost, t.Temp, t.Live))
 	case code == codeWritesLost:
 		return fail(writesLost(i, opts.Batches))
+	case code == codeBehind && i >= 1 && int(i) <= len(opts.Logs):
+		n, _ := res.int(2)
+		return fail(&BehindError{Log: opts.Logs[i-1].Key, Tail: n})
+	case code == codeOverrun && i >= 1 && int(i) <= len(opts.Logs):
+		return fail(fmt.Errorf("%w: %s reached its bound, so changes applied during the run were not logged; every live key left unchanged (and holds every change)", ErrFallingBehind, opts.Logs[i-1].Key))
+	case code == codeBadLog && i >= 1 && int(i) <= len(opts.Logs):
+		return fail(fmt.Errorf("%s holds an entry that is not a change keyswap logged; every live key left unchanged", opts.Logs[i-1].Key))
+	case code == codeWrongType:
+		return fail(fmt.Errorf("a change applied during the run cannot be replayed: %q holds a %s; every live key left unchanged", res.str(1), res.str(2)))
 	case code == codeNotMeta && i >= 1 && int(i) <= len(opts.Metas):
 		return fail(fmt.Errorf("%q, where keyswap keeps the generation of an index, is a key of another kind or content; rename it (keyswap keeps \"<key>:rebuild-gen\" next to every index it publishes)", opts.Metas[i-1]))
-	case code != codeOK || len(res) != 1+len(opts.Targets)+len(opts.Metas):
+	case code != codeOK || len(res) != 2+len(opts.Targets)+len(opts.Metas):
 		return fail(fmt.Errorf("unexpected publish script reply %v", res))
 	}
 	nums, err := res.ints(1)
 	if err != nil {
 		return fail(err)
 	}
-	p := Published{Outcomes: make([]Outcome, len(opts.Targets)), Generations: nums[len(opts.Targets):]}
-	for i, c := range nums[:len(opts.Targets)] {
+	nt := len(opts.Targets)
+	p := Published{Outcomes: make([]Outcome, nt), Generations: nums[nt : len(nums)-1], Replayed: nums[len(nums)-1]}
+	for i, c := range nums[:nt] {
 		switch c {
 		case codeRenamed:
 			p.Outcomes[i] = Swapped

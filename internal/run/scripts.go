@@ -5,20 +5,41 @@ import (
 	"crypto/sha1"
 	"embed"
 	"encoding/hex"
+	"strings"
 
 	"github.com/redis/rueidis"
 )
 
-// Scripts holds the Lua scripts, one file each: scripts/<name>.lua.
+// Scripts holds the Lua scripts, one file each: scripts/<name>.lua, and the
+// code they share: scripts/lib/<name>.lua.
 //
-//go:embed scripts/*.lua
+//go:embed scripts/*.lua scripts/lib/*.lua
 var Scripts embed.FS
 
-// source returns the source of scripts/<name>.lua.
-func source(name string) string {
-	b, err := Scripts.ReadFile("scripts/" + name + ".lua")
+// Source returns the source of scripts/<name>.lua as it is sent to Redis:
+// each line "-- #include <lib>" replaced by scripts/lib/<lib>.lua.
+func Source(name string) string {
+	return include(read("scripts/" + name + ".lua"))
+}
+
+// include expands src's include lines.
+func include(src string) string {
+	var b strings.Builder
+	for line := range strings.Lines(src) {
+		if lib, ok := strings.CutPrefix(strings.TrimRight(line, "\n"), "-- #include "); ok {
+			b.WriteString(read("scripts/lib/" + lib + ".lua"))
+			continue
+		}
+		b.WriteString(line)
+	}
+	return b.String()
+}
+
+// read returns an embedded file.
+func read(path string) string {
+	b, err := Scripts.ReadFile(path)
 	if err != nil {
-		panic("keyswap: missing embedded script " + name + ": " + err.Error())
+		panic("keyswap: missing embedded script " + path + ": " + err.Error())
 	}
 	return string(b)
 }
@@ -39,7 +60,7 @@ type script struct {
 // here: rueidis asks the server for it with SCRIPT LOAD on first use, and a
 // script sent inside a DoMulti goes as EVAL.
 func newScript(name string, retryable bool) script {
-	s := script{src: source(name)}
+	s := script{src: Source(name)}
 	var opts []rueidis.LuaOption
 	if fips140.Enabled() {
 		opts = append(opts, rueidis.WithLoadSHA1(true))
@@ -82,22 +103,30 @@ var (
 	refreshScript   = newScript("refresh", true)
 	releaseScript   = newScript("release", true)
 	publishScript   = newScript("publish", false)
+	// apply is not retried: a rerun would log the change twice. (Twice is
+	// harmless to the index, as every op sets or removes entries outright,
+	// but the caller must learn that the outcome is unknown.)
+	applyScript = newScript("apply", false)
 )
 
 // Return codes: the first element of the scripts' array replies.
 const (
-	codeLockLost   = -1 // touch, heartbeat, refresh, publish: lock i is not ours
-	codeHeld       = 0  // acquire: lock i is held
-	codeTempLost   = 0  // publish: populated temp key i is gone
-	codeOK         = 1  // every script: done
-	codeNoRight    = -2 // acquire, publish: {-2, cmd, key}
-	codeWritesLost = -3 // heartbeat, publish: {-3, batches}
-	codeRecreated  = -4 // publish: {-4, i}: populated temp key i has no TTL
-	codeUnknownCmd = -5 // acquire, publish: {-5, cmd}
-	codeNotMeta    = -6 // publish: {-6, i}: meta i is another key
-	codeRenamed    = 1  // publish, per target: renamed
-	codeEmptied    = 2  // publish, per target: live key deleted
-	tempAbsent     = 0  // touch, refresh, per temp key
+	codeLockLost   = -1  // touch, heartbeat, refresh, publish: lock i is not ours
+	codeHeld       = 0   // acquire: lock i is held
+	codeTempLost   = 0   // publish: populated temp key i is gone
+	codeOK         = 1   // every script: done
+	codeNoRight    = -2  // acquire, publish: {-2, cmd, key}
+	codeWritesLost = -3  // heartbeat, publish: {-3, batches}
+	codeRecreated  = -4  // publish: {-4, i}: populated temp key i has no TTL
+	codeUnknownCmd = -5  // acquire, publish: {-5, cmd}
+	codeNotMeta    = -6  // publish: {-6, i}: meta i is another key
+	codeBehind     = -7  // publish: {-7, i, n}: log i has n entries past its offset, over the bound
+	codeWrongType  = -8  // apply, publish: {-8, key, type}: an op cannot write key's type
+	codeBadLog     = -9  // publish: {-9, i}: log i holds an entry that is not a change
+	codeOverrun    = -10 // publish: {-10, i}: log i reached its bound: changes were not logged
+	codeRenamed    = 1   // publish, per target: renamed
+	codeEmptied    = 2   // publish, per target: live key deleted
+	tempAbsent     = 0   // touch, refresh, per temp key
 	tempAlive      = 1
 	tempCreated    = 2
 )

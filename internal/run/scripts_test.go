@@ -859,8 +859,9 @@ func (c publishCall) args() []string {
 	for _, s := range [][]string{c.locks, c.records, c.receipts, c.temps, c.orphans, c.prevs, c.drops, c.metas} {
 		args = append(args, strconv.Itoa(len(s)))
 	}
-	// X = 0: no logs, and so no offsets after ARGV[15].
-	return append(args, "0", c.flags, c.batches, c.keep, c.receiptTTL, c.now)
+	// X = 0: no logs, and so no offsets after ARGV[15]; a tail of at most
+	// 0 changes.
+	return append(args, "0", c.flags, c.batches, c.keep, c.receiptTTL, c.now, "0")
 }
 
 // run runs the publish on c and returns its reply.
@@ -875,7 +876,7 @@ const prevUntil = "1700000600123"
 
 // seedPublish seeds, under p, a whole fenced publish with every section,
 // and returns its call, which succeeds with
-// {1, 1, 2, 1, 1, 8, 1}:
+// {1, 1, 2, 1, 1, 8, 1, 0}:
 //
 //	lock:1, lock:2    our locks, EX 50
 //	lock:1:run        our record, 4 batches, EX 50
@@ -955,7 +956,7 @@ func wantPublished(t *testing.T, c rueidis.Client, call publishCall) {
 }
 
 func TestScriptPublish(t *testing.T) {
-	// publish.lua's successes (C22-C24, C53+): {1, o..., g...}: every
+	// publish.lua's successes (C22-C24, C53+): {1, o..., g..., 0}: every
 	// target renamed (1), or its live key deleted for an absent temp key
 	// (2); the orphans and drops deleted, the metas advanced; and, fenced,
 	// the receipt set to the token with its TTL. The locks and the record
@@ -969,7 +970,7 @@ func TestScriptPublish(t *testing.T) {
 			p := casePrefix(t, d.Other, d.Prefix)
 			call := seedPublish(t, d.Other, p)
 			before := redistest.Snapshot(t, d.Other, p)
-			wantReply(t, call.run(t, d.Client), 1, 1, 2, 1, 1, 8, 1)
+			wantReply(t, call.run(t, d.Client), 1, 1, 2, 1, 1, 8, 1, 0)
 			wantPublished(t, d.Other, call)
 			for i, old := range []string{"old1", "old2", "", "old4", "orphan1", ""} {
 				prev := call.prevs[i]
@@ -999,7 +1000,7 @@ func TestScriptPublish(t *testing.T) {
 			call := seedPublish(t, d.Other, p)
 			call.prevs, call.keep = nil, "0"
 			before := redistest.Snapshot(t, d.Other, p)
-			wantReply(t, call.run(t, d.Client), 1, 1, 2, 1, 1, 8, 1)
+			wantReply(t, call.run(t, d.Client), 1, 1, 2, 1, 1, 8, 1, 0)
 			wantPublished(t, d.Other, call)
 			redistest.WantHash(t, d.Other, call.metas[0], map[string]string{"seq": "8", "gen": "8", "at": scriptNow})
 			redistest.WantHash(t, d.Other, call.metas[1], map[string]string{"seq": "1", "gen": "1", "at": scriptNow})
@@ -1017,7 +1018,7 @@ func TestScriptPublish(t *testing.T) {
 			receipt := call.receipts[0]
 			call.token, call.locks, call.records, call.receipts = "", nil, nil, nil
 			before := redistest.Snapshot(t, d.Other, p)
-			wantReply(t, call.run(t, d.Client), 1, 1, 2, 1, 1, 8, 1)
+			wantReply(t, call.run(t, d.Client), 1, 1, 2, 1, 1, 8, 1, 0)
 			wantPublished(t, d.Other, call)
 			redistest.WantAbsent(t, d.Other, receipt)
 			wantUntouched(t, d.Other, p, before, slices.Concat(call.temps, call.lives, call.orphans, call.prevs, call.drops, call.metas)...)
@@ -1028,7 +1029,7 @@ func TestScriptPublish(t *testing.T) {
 			p := casePrefix(t, d.Other, d.Prefix)
 			call := seedPublish(t, d.Other, p)
 			cmds(t, d.Other, []string{"HSET", call.records[0], "batches", "9"})
-			wantReply(t, call.run(t, d.Client), 1, 1, 2, 1, 1, 8, 1)
+			wantReply(t, call.run(t, d.Client), 1, 1, 2, 1, 1, 8, 1, 0)
 			wantPublished(t, d.Other, call)
 		})
 
@@ -1040,7 +1041,7 @@ func TestScriptPublish(t *testing.T) {
 			call := publishCall{token: scriptTok, locks: full.locks, receipts: full.receipts,
 				temps: full.temps[1:2], lives: full.lives[1:2], flags: "0", batches: "0", keep: "0", receiptTTL: "30", now: scriptNow}
 			before := redistest.Snapshot(t, d.Other, p)
-			wantReply(t, call.run(t, d.Client), 1, 2)
+			wantReply(t, call.run(t, d.Client), 1, 2, 0)
 			redistest.WantAbsent(t, d.Other, call.lives[0])
 			redistest.WantString(t, d.Other, call.receipts[0], scriptTok)
 			wantUntouched(t, d.Other, p, before, call.lives[0], call.receipts[0])
@@ -1053,7 +1054,7 @@ func TestScriptPublish(t *testing.T) {
 			full := seedPublish(t, d.Other, p)
 			call := publishCall{temps: full.temps[1:2], lives: full.lives[2:3], flags: "0", batches: "0", keep: "600", receiptTTL: "30", now: scriptNow}
 			before := redistest.Snapshot(t, d.Other, p)
-			wantReply(t, call.run(t, d.Client), 1, 2)
+			wantReply(t, call.run(t, d.Client), 1, 2, 0)
 			wantUntouched(t, d.Other, p, before)
 		})
 
@@ -1064,7 +1065,7 @@ func TestScriptPublish(t *testing.T) {
 			call := publishCall{token: scriptTok, locks: full.locks, drops: full.drops[:1], metas: full.metas[:1],
 				batches: "0", keep: "0", receiptTTL: "30", now: scriptNow}
 			before := redistest.Snapshot(t, d.Other, p)
-			wantReply(t, call.run(t, d.Client), 1, 8)
+			wantReply(t, call.run(t, d.Client), 1, 8, 0)
 			redistest.WantAbsent(t, d.Other, call.drops[0])
 			redistest.WantHash(t, d.Other, call.metas[0], map[string]string{"seq": "8", "gen": "8", "at": scriptNow})
 			wantUntouched(t, d.Other, p, before, call.drops[0], call.metas[0])
@@ -1274,7 +1275,7 @@ func TestScriptUnknownCommand(t *testing.T) {
 
 			// Only a meta: no RENAME, no UNLINK.
 			only := publishCall{token: scriptTok, locks: call.locks, metas: call.metas[:1], batches: "0", keep: "0", receiptTTL: "30", now: scriptNow}
-			wantReply(t, only.run(t, c), 1, 8)
+			wantReply(t, only.run(t, c), 1, 8, 0)
 		})
 	}
 }
@@ -1294,7 +1295,7 @@ func TestScriptsWithoutACLCheck(t *testing.T) {
 		p := casePrefix(t, d.Other, d.Prefix)
 		call := seedPublish(t, d.Other, p+"publish:")
 		got := evalSource(t, d.Client, withoutACLCheck+redistest.ScriptNamed("publish").Source, call.keys(), call.args())
-		wantReply(t, got, 1, 1, 2, 1, 1, 8, 1)
+		wantReply(t, got, 1, 1, 2, 1, 1, 8, 1, 0)
 		wantPublished(t, d.Other, call)
 
 		locks, records, logs := runKeys(p+"acquire:", 1)

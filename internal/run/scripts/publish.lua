@@ -26,8 +26,14 @@
 --   the old value of each live key, then of each orphan, is kept (P = T + O
 --   when ARGV[13] > 0, else 0); D drops: keys to delete as well, such as
 --   prevs of an earlier publish; G metas: the generation of each builder;
---   X logs: the logs of changes of the run's locks (reserved: X is 0 for
---   now, and the script reads neither the logs nor their offsets).
+--   X logs: the logs of changes of the run's locks.
+--
+-- The changes applied to the live keys while the run was in progress (see
+-- apply.lua) are in the logs. The run replayed each log onto its temp keys
+-- up to an offset; the script replays the rest, the tail, onto the live keys
+-- right after the renames, so that no change can fall between the run's
+-- last catch-up and the publish. The tail is bounded: a longer one is
+-- refused before any write, and the run catches up again.
 --
 -- ARGV[1]    token; '' skips the lock checks (an unfenced swap)
 -- ARGV[2..10] L, R, C, T, O, P, D, G, X
@@ -42,10 +48,12 @@
 --            the token in the same atomic step as the publish, so that a
 --            caller whose reply was lost can tell whether it ran
 -- ARGV[15]   the time, in milliseconds since the epoch, for the metas
--- ARGV[16..] X offsets (reserved, with the logs)
+-- ARGV[16..15+X] X offsets: the entries of each log the run replayed
+-- ARGV[16+X] the most entries a tail may have, over all logs
 --
--- Returns {1, o1..oT, g1..gG}: published; oi = 1 renamed, 2 live key
---           deleted (empty result); gi the new generation of meta i.
+-- Returns {1, o1..oT, g1..gG, c}: published; oi = 1 renamed, 2 live key
+--           deleted (empty result); gi the new generation of meta i; c the
+--           number of changes (log entries) of the tails replayed.
 --         {-1, i}: lock i does not hold the token.
 --         {0, i}: temp key i was populated and is gone.
 --         {-4, i}: temp key i was populated and has no TTL: it was lost and
@@ -55,7 +63,13 @@
 --         {-5, cmd}: cmd does not exist (renamed or disabled).
 --         {-6, i}: meta i is not a hash of keyswap's: another key has its
 --                  name.
+--         {-7, i, n}: the tails hold n entries, over the bound; log i is
+--                  the first with a tail.
+--         {-8, key, type}: a change in a tail cannot write key, of type.
+--         {-9, i}: log i holds an entry that is not a change.
+--         {-10, i}: log i reached its bound: changes were not logged.
 -- On every reply but {1, ...} nothing was written.
+-- #include changes
 local token = ARGV[1]
 local L, R, C, T = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local O, P, D, G = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
@@ -98,6 +112,7 @@ if redis.acl_check_cmd then
   if not r and P > 0 then
     r = check('EXISTS', lives, T) or check('EXISTS', orphans, O)
   end
+  r = r or check('LLEN', logs, X) or check('LRANGE', logs, X, '0', '-1')
   if r then return r end
   for i = 1, T do
     r = refused('RENAME', KEYS[temps + i], KEYS[lives + i])
@@ -155,6 +170,58 @@ for i = 1, T do
   end
 end
 
+-- The tails: read, decoded and checked before any write.
+local tail, behind, first, replayed = {}, 0, 0, 0
+for i = 1, X do
+  local n = redis.call('LLEN', KEYS[logs + i]) - tonumber(ARGV[15 + i])
+  if n > 0 then
+    behind = behind + n
+    if first == 0 then first = i end
+  end
+end
+if behind > tonumber(ARGV[16 + X] or '0') then
+  return {-7, first, behind}
+end
+if behind > 0 then
+  -- After the renames, a live key in T has its temp key's type (or none:
+  -- an empty result), an orphan none; any other key keeps its own.
+  local after = {}
+  for i = 1, T do
+    after[KEYS[lives + i]] = present[i] and redis.call('TYPE', KEYS[temps + i])['ok'] or 'none'
+  end
+  for i = 1, O do
+    after[KEYS[orphans + i]] = 'none'
+  end
+  for i = 1, X do
+    local entries = redis.call('LRANGE', KEYS[logs + i], ARGV[15 + i], -1)
+    for _, e in ipairs(entries) do
+      replayed = replayed + 1
+      if e == changes.overrun then
+        return {-10, i}
+      end
+      local ops = changes.decode(e)
+      if not ops then
+        return {-9, i}
+      end
+      for _, op in ipairs(ops) do
+        local r = changes.refused(op[1], op[2], unpack(op[3]))
+        if r then return r end
+        local kind = after[op[2]]
+        if not kind then
+          r = changes.refused('TYPE', op[2])
+          if r then return r end
+          kind = redis.call('TYPE', op[2])['ok']
+        end
+        r = changes.mistyped(op, kind)
+        if r then return r end
+        -- The first op on a key decides its type for the ops after it.
+        after[op[2]] = changes.types[op[1]]
+        tail[#tail + 1] = op
+      end
+    end
+  end
+end
+
 local out = {1}
 local function retire(key, prev)
   if prev then
@@ -184,6 +251,9 @@ end
 for i = 1, D do
   redis.call('UNLINK', KEYS[drops + i])
 end
+for _, op in ipairs(tail) do
+  changes.run(op)
+end
 for i = 1, G do
   local meta = KEYS[metas + i]
   local gen = redis.call('HINCRBY', meta, 'seq', 1)
@@ -199,4 +269,5 @@ end
 if C > 0 then
   redis.call('SET', KEYS[receipts + 1], token, 'EX', ARGV[14])
 end
+out[#out + 1] = replayed
 return out

@@ -1,0 +1,88 @@
+-- lib/changes.lua: the changes Apply writes to live keys, shared by the
+-- apply and publish scripts (each script that uses it starts with
+-- "-- #include changes", which the loader replaces with this file).
+--
+-- A change is a list of ops, each one command on one key: HSET, HDEL, ZADD,
+-- ZREM, SADD or SREM. Every op sets or removes entries outright, so the
+-- last op on an entry decides it, whatever came before: replaying a log of
+-- ops onto a snapshot gives the same entries as applying them live.
+--
+-- A log entry is the ops of one Apply for one lock, as netstrings: for
+-- each op "<len>:<command>", "<len>:<key>", "<len>:<count>", then count
+-- "<len>:<arg>". The entry "!overrun" marks a log that reached its bound:
+-- later changes were not logged, and the run must fail.
+local changes = {}
+
+-- The type of key each command writes.
+changes.types = {HSET = 'hash', HDEL = 'hash', ZADD = 'zset', ZREM = 'zset', SADD = 'set', SREM = 'set'}
+
+changes.overrun = '!overrun'
+
+-- encode returns ops as one log entry.
+function changes.encode(ops)
+  local parts = {}
+  local function put(s)
+    parts[#parts + 1] = #s .. ':' .. s
+  end
+  for _, op in ipairs(ops) do
+    put(op[1])
+    put(op[2])
+    put(tostring(#op[3]))
+    for _, a in ipairs(op[3]) do
+      put(a)
+    end
+  end
+  return table.concat(parts)
+end
+
+-- decode returns the ops of a log entry, or nil if it is not one.
+function changes.decode(entry)
+  local ops, pos = {}, 1
+  local function take()
+    local colon = string.find(entry, ':', pos, true)
+    if not colon then return nil end
+    local n = tonumber(string.sub(entry, pos, colon - 1))
+    if not n or n < 0 or colon + n > #entry then return nil end
+    local s = string.sub(entry, colon + 1, colon + n)
+    pos = colon + n + 1
+    return s
+  end
+  while pos <= #entry do
+    local cmd, key, count = take(), take(), take()
+    count = tonumber(count)
+    if not (cmd and key and count) or not changes.types[cmd] then return nil end
+    local args = {}
+    for j = 1, count do
+      args[j] = take()
+      if not args[j] then return nil end
+    end
+    ops[#ops + 1] = {cmd, key, args}
+  end
+  return ops
+end
+
+-- refused returns why this user may not run op ({-2, cmd, key} or
+-- {-5, cmd}), or nil. It checks nothing on servers without
+-- redis.acl_check_cmd (before Redis 7).
+function changes.refused(cmd, key, ...)
+  if not redis.acl_check_cmd then return nil end
+  local ok, allowed = pcall(redis.acl_check_cmd, cmd, key, ...)
+  if not ok then
+    return {-5, cmd}
+  elseif not allowed then
+    return {-2, cmd, key}
+  end
+end
+
+-- mistyped returns {-8, key, kind} when op would fail on a key of type
+-- kind ('none' for a missing key), or nil.
+function changes.mistyped(op, kind)
+  if kind ~= 'none' and kind ~= changes.types[op[1]] then
+    return {-8, op[2], kind}
+  end
+end
+
+-- run applies op.
+function changes.run(op)
+  redis.call(op[1], op[2], unpack(op[3]))
+end
