@@ -597,7 +597,6 @@ func (p *onlineProcess) kill(t *testing.T) {
 	p.stdin.Close()
 }
 
-
 // onlineRole runs this process as the role onlineRoleEnv names, and
 // returns its exit code.
 func onlineRole(role string) int {
