@@ -3,7 +3,6 @@ package rebuild
 import (
 	"context"
 	"fmt"
-	"strings"
 
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/scan"
@@ -30,7 +29,9 @@ func (x *execution[T]) scanFamilies(ctx context.Context, g *errgroup.Group) []ma
 					return fmt.Errorf("SCAN %s: %w", opts.Match, err)
 				}
 				for _, k := range page {
-					if _, _, temp := keys.ParseTempKey(k); !temp && !strings.HasSuffix(k, keys.LockSuffix) {
+					// keyswap's own keys are not buckets: temp keys, locks,
+					// records, logs, and the kept previous values.
+					if !keys.Reserved(k) {
 						live[i][k] = true
 					}
 				}

@@ -126,6 +126,17 @@ type Options struct {
 	// fails with ErrFallingBehind. Zero means DefaultCatchUpTimeout;
 	// negative is an error.
 	CatchUpTimeout time.Duration
+	// Guards decide, before the publish, whether the result may replace
+	// the live keys (see Guard, RefuseEmpty, RefuseShrink): the first that
+	// refuses fails the run with ErrRefused, and nothing is published.
+	Guards []Guard
+	// KeepPrevious, when positive, keeps the previous value of every key a
+	// publish replaces or deletes for that long, instead of freeing it, so
+	// that Rebuilder.Rollback (or "keyswap rollback") can swap it back.
+	// Memory: the previous values stay in Redis for that long, so the
+	// index takes up to twice its size meanwhile. A whole number of
+	// seconds; zero keeps nothing.
+	KeepPrevious time.Duration
 	// PreserveFor is how long the temp keys are kept, for diagnosis, after
 	// the publish script itself fails (OOM, a timeout, a dropped
 	// connection). Zero means DefaultPreserveFor.
@@ -201,6 +212,9 @@ const (
 	PhaseBuilding Phase = "building"
 	// PhaseCatchingUp: replaying the changes applied during the run.
 	PhaseCatchingUp Phase = "catching up"
+	// PhaseHeld: built and waiting for a decision to publish or discard
+	// (see Rebuilder.Build).
+	PhaseHeld Phase = "held"
 	// PhasePublishing: waiting for durability, if asked, and publishing.
 	PhasePublishing Phase = "publishing"
 )

@@ -34,13 +34,15 @@ func (x *execution[T]) publish(ctx context.Context, live []map[string]bool) (boo
 		}
 	}
 	metas := make([]string, len(r.lives))
+	families := make([]bool, len(r.lives))
 	for i, l := range r.lives {
 		metas[i] = keys.MetaKey(l, r.redis.Cluster())
+		families[i] = r.owners[i].family
 	}
 	p, err := r.redis.Publish(ctx, run.PublishOptions{
 		Op: "publish", Key: r.key, Locks: x.locks, Batches: x.acked.Load(),
-		Targets: targets, Orphans: orphans, Metas: metas,
-		PreserveFor: r.opts.PreserveFor, Settle: true, Now: time.Now(),
+		Targets: targets, Orphans: orphans, Metas: metas, Families: families,
+		KeepPrevious: r.opts.KeepPrevious, PreserveFor: r.opts.PreserveFor, Settle: true, Now: time.Now(),
 		Logs: x.logOffsets(), MaxTail: PublishTail,
 	})
 	var behind *run.BehindError

@@ -146,6 +146,8 @@ func (r *Rebuilder[T]) checkTimes(bad func(string, ...any) error) error {
 		return bad("MaxMerged %d: must not be negative (zero means %d)", o.MaxMerged, DefaultMaxMerged)
 	case o.MaxChanges < 0:
 		return bad("MaxChanges %d: must not be negative (zero means %d)", o.MaxChanges, DefaultMaxChanges)
+	case o.KeepPrevious < 0 || o.KeepPrevious%time.Second != 0:
+		return bad("KeepPrevious %v: must be a whole number of seconds, or zero to keep nothing", o.KeepPrevious)
 	case o.CatchUpTimeout < 0:
 		return bad("CatchUpTimeout %v: must not be negative (zero means %v)", o.CatchUpTimeout, DefaultCatchUpTimeout)
 	}

@@ -34,6 +34,12 @@ import (
 //
 // Stats are returned on failure too, with what was done before it.
 func (r *Rebuilder[T]) Run(ctx context.Context, src Source[T]) (Stats, error) {
+	return r.run(ctx, src, nil)
+}
+
+// run is Run, or Build when held is not nil: then the run waits before its
+// publish for held's decision.
+func (r *Rebuilder[T]) run(ctx context.Context, src Source[T], held *Held[T]) (Stats, error) {
 	start := time.Now()
 	stats := Stats{Entries: map[string]int64{}, Outcomes: map[string]Outcome{}, Generations: map[string]int64{}, Skipped: map[string]int64{}}
 	if src == nil {
@@ -43,6 +49,7 @@ func (r *Rebuilder[T]) Run(ctx context.Context, src Source[T]) (Stats, error) {
 		return stats, err
 	}
 	x := newExecution(r, start, &stats)
+	x.held = held
 	locks, err := r.redis.Acquire(ctx, run.AcquireOptions{
 		Op: "acquire", Key: r.key, Lives: r.lives, TTL: r.opts.TTL,
 		Checks: x.checks(), Record: x.recordFields(),
@@ -84,6 +91,7 @@ type execution[T any] struct {
 	offsets  []int64      // per lock, the entries of its log of changes replayed; only the catch-up writes
 	replayed atomic.Int64 // changes replayed by the catch-up
 	logged   atomic.Int64 // changes logged for the run, as the last heartbeat read
+	held     *Held[T]     // Build's run, nil for Run
 }
 
 // newExecution returns the state of a run of r started at start.
@@ -221,6 +229,20 @@ func (x *execution[T]) run(ctx context.Context, src Source[T]) (err error) {
 	caughtUp := time.Now()
 	deadline := caughtUp.Add(r.opts.CatchUpTimeout)
 	defer func() { x.stats.CatchUp = time.Since(caughtUp) }()
+	if len(r.opts.Guards) > 0 || x.held != nil {
+		// The guards and the holder see the result caught up.
+		x.phase.Store(PhaseCatchingUp)
+		if err := x.catchUp(runCtx, deadline); err != nil {
+			return err
+		}
+		if err := x.decide(runCtx, live); err != nil {
+			return err
+		}
+	}
+	if x.held != nil {
+		// Held for a while: catch up again, from now.
+		caughtUp, deadline = time.Now(), time.Now().Add(r.opts.CatchUpTimeout)
+	}
 	for {
 		x.phase.Store(PhaseCatchingUp)
 		if err := x.catchUp(runCtx, deadline); err != nil {
@@ -247,6 +269,30 @@ func (x *execution[T]) run(ctx context.Context, src Source[T]) (err error) {
 		x.lease = x.lease.resume(owner)
 		leaseDone.Go(func() { x.lease.run(runCtx) })
 	}
+}
+
+// decide runs the guards, and holds a held run until it is decided: it
+// returns an error when the run must not be published.
+func (x *execution[T]) decide(ctx context.Context, live []map[string]bool) error {
+	review, err := x.review(ctx, live)
+	if err != nil {
+		return err
+	}
+	if err := x.guard(review); err != nil {
+		return err
+	}
+	if x.held == nil {
+		return nil
+	}
+	x.phase.Store(PhaseHeld)
+	publish, err := x.held.hold(ctx, x, review, live)
+	switch {
+	case err != nil:
+		return run.Wrap("run", x.r.key, err)
+	case !publish:
+		return &Error{Op: "publish", Key: x.r.key, Err: ErrDiscarded}
+	}
+	return nil
 }
 
 // failure returns the first failure of a run whose writers returned werr
@@ -318,6 +364,14 @@ func (x *execution[T]) control(c run.Control) {
 		x.gate.setRate(x.r.opts.MaxRate)
 	}
 	x.gate.setPaused(c.Paused)
+	if x.held != nil && x.phase.Load() == PhaseHeld {
+		switch c.Action {
+		case "publish":
+			x.held.decideBy(true)
+		case "discard":
+			x.held.decideBy(false)
+		}
+	}
 	var logged int64
 	for _, n := range c.Logs {
 		logged += n

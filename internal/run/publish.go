@@ -71,7 +71,10 @@ type PublishOptions struct {
 	// previous values of an earlier publish.
 	Drops []string
 	// Metas are the keys of the builders' generations; each is advanced.
-	Metas []string
+	// Families, if not nil, says which are a family's: the meta records it,
+	// for a rollback.
+	Metas    []string
+	Families []bool
 	// KeepPrevious, when positive, keeps the old value of every target and
 	// orphan in its prev key (keys.PrevKey) for this long, for a rollback,
 	// instead of deleting it. A whole number of seconds.
@@ -239,6 +242,15 @@ func (r *Redis) plan(opts PublishOptions) (publishPlan, error) {
 		args = append(args, strconv.FormatInt(l.Offset, 10))
 	}
 	args = append(args, strconv.Itoa(max(opts.MaxTail, 0)))
+	var fam strings.Builder
+	for i := range opts.Metas {
+		if i < len(opts.Families) && opts.Families[i] {
+			fam.WriteByte('1')
+		} else {
+			fam.WriteByte('0')
+		}
+	}
+	args = append(args, fam.String())
 	return publishPlan{keys: ks, args: args}, nil
 }
 

@@ -107,6 +107,10 @@ var (
 	// harmless to the index, as every op sets or removes entries outright,
 	// but the caller must learn that the outcome is unknown.)
 	applyScript = newScript("apply", false)
+	// rollback is not retried: a rerun would swap back again.
+	rollbackScript = newScript("rollback", false)
+	// control only sets fields: a rerun sets them again.
+	controlScript = newScript("control", true)
 )
 
 // Return codes: the first element of the scripts' array replies.
@@ -124,6 +128,7 @@ const (
 	codeWrongType  = -8  // apply, publish: {-8, key, type}: an op cannot write key's type
 	codeBadLog     = -9  // publish: {-9, i}: log i holds an entry that is not a change
 	codeOverrun    = -10 // publish: {-10, i}: log i reached its bound: changes were not logged
+	codeNoPrevious = -11 // rollback: {-11, i}: index i keeps no previous generation
 	codeRenamed    = 1   // publish, per target: renamed
 	codeEmptied    = 2   // publish, per target: live key deleted
 	tempAbsent     = 0   // touch, refresh, per temp key

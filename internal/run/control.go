@@ -1,0 +1,75 @@
+package run
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/keyswap/keyswap/internal/keys"
+	"github.com/redis/rueidis"
+)
+
+// ErrNoRun reports that no run holds the lock of a key.
+var ErrNoRun = errors.New("no rebuild in progress")
+
+// RunInfo is a run in progress, found from one of its keys.
+type RunInfo struct {
+	// Live is the key it was found from.
+	Live string
+	// Lock is the lock of the run's first key, next to which its record
+	// lives, and Token the run's token.
+	Lock, Token string
+	// Record is the run's record: its owner, options, status and requests.
+	Record map[string]string
+}
+
+// FindRun returns the run holding live's lock, or an error matching
+// ErrNoRun. Another run's key leads to that run's own record.
+func (r *Redis) FindRun(ctx context.Context, live string) (RunInfo, error) {
+	const op = "find"
+	lock := r.LockKey(live)
+	token, err := r.client.Do(ctx, r.client.B().Get().Key(lock).Build()).ToString()
+	if rueidis.IsRedisNil(err) {
+		return RunInfo{}, &Error{Op: op, Key: live, Err: ErrNoRun}
+	}
+	if err != nil {
+		return RunInfo{}, Fail(ctx, op, live, err)
+	}
+	record, err := r.client.Do(ctx, r.client.B().Hgetall().Key(keys.RecordKey(lock)).Build()).AsStrMap()
+	if err != nil {
+		return RunInfo{}, Fail(ctx, op, live, err)
+	}
+	first := lock
+	if p := record["primary"]; p != "" {
+		first = p
+		if record, err = r.client.Do(ctx, r.client.B().Hgetall().Key(keys.RecordKey(p)).Build()).AsStrMap(); err != nil {
+			return RunInfo{}, Fail(ctx, op, live, err)
+		}
+	}
+	if record["token"] != token {
+		return RunInfo{}, &Error{Op: op, Key: live, Err: fmt.Errorf("%w: the lock is held, but not by a run that keeps a record (a store lock, or a run ending)", ErrNoRun)}
+	}
+	return RunInfo{Live: live, Lock: first, Token: token, Record: record}, nil
+}
+
+// Control records an operator's request (field/value pairs: cancel, rate,
+// paused, action) in run's record, fenced by its token: it fails with an
+// error matching ErrNoRun if that run no longer holds its lock.
+func (r *Redis) Control(ctx context.Context, run RunInfo, fields ...string) error {
+	const op = "control"
+	if len(fields) == 0 || len(fields)%2 != 0 {
+		return &Error{Op: op, Key: run.Live, Err: fmt.Errorf("%d arguments: want field/value pairs", len(fields))}
+	}
+	ks := []string{run.Lock, keys.RecordKey(run.Lock)}
+	res, err := parseReply(controlScript.Exec(ctx, r.client, ks, append([]string{run.Token}, fields...)))
+	if err != nil {
+		return Fail(ctx, op, run.Live, err)
+	}
+	switch code, _ := res.code(); code {
+	case codeOK:
+		return nil
+	case codeLockLost:
+		return &Error{Op: op, Key: run.Live, Err: fmt.Errorf("%w: the run ended, or another took its lock", ErrNoRun)}
+	}
+	return &Error{Op: op, Key: run.Live, Err: fmt.Errorf("unexpected control script reply %v", res)}
+}

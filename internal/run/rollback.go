@@ -1,0 +1,123 @@
+package run
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/keyswap/keyswap/internal/keys"
+	"github.com/keyswap/keyswap/internal/scan"
+)
+
+// ErrNothingToRollBack reports a rollback of an index that keeps no
+// previous generation: none was kept (KeepPrevious was not set), or it
+// expired. Nothing changed.
+var ErrNothingToRollBack = errors.New("no previous generation is kept")
+
+// RollbackOptions configures [Redis.Rollback].
+type RollbackOptions struct {
+	// Op and Key name the operation in errors.
+	Op, Key string
+	// Lives are the indexes: live keys, or families' prefixes where
+	// Families says so.
+	Lives    []string
+	Families []bool
+	// TTL is the lease of the locks the rollback holds while it runs.
+	TTL time.Duration
+	// Now is the time recorded in the metas.
+	Now time.Time
+}
+
+// Rollback swaps the previous generation of every index of opts back in,
+// in one atomic script (rollback.lua), fenced by the indexes' locks, which
+// it takes first: while a run of them is in progress it fails with
+// ErrInProgress and changes nothing. A family's keys are found by SCAN
+// under its prefix, with the lock held. It returns the generation now live
+// of each index.
+func (r *Redis) Rollback(ctx context.Context, opts RollbackOptions) ([]int64, error) {
+	op, key := opts.Op, opts.Key
+	locks, err := r.Acquire(ctx, AcquireOptions{Op: op, Key: key, Lives: opts.Lives, TTL: opts.TTL,
+		Record: []string{"phase", "rolling back"}})
+	if err != nil {
+		return nil, err
+	}
+	gens, err := r.rollback(ctx, opts, locks)
+	return gens, r.ReleaseAfter(ctx, locks, err)
+}
+
+func (r *Redis) rollback(ctx context.Context, opts RollbackOptions, locks []*Lock) ([]int64, error) {
+	op, key := opts.Op, opts.Key
+	lockKeys, token, err := CheckLocks(op, locks)
+	if err != nil {
+		return nil, err
+	}
+	var metas, triples []string
+	var owner []string
+	for i, l := range opts.Lives {
+		metas = append(metas, keys.MetaKey(l, r.cluster))
+		lives := []string{l}
+		if i < len(opts.Families) && opts.Families[i] {
+			if lives, err = r.familyKeys(ctx, l); err != nil {
+				return nil, Fail(ctx, op, l, err)
+			}
+		}
+		for _, k := range lives {
+			prev := keys.PrevKey(k, r.cluster)
+			triples = append(triples, k, prev, prev+":swap")
+			owner = append(owner, strconv.Itoa(i+1))
+		}
+	}
+	ks := slices.Concat(lockKeys, metas, triples)
+	if err := r.SameSlot(op, key, ks...); err != nil {
+		return nil, err
+	}
+	args := []string{token, strconv.Itoa(len(lockKeys)), strconv.Itoa(len(metas)), strconv.Itoa(len(triples) / 3), Now(opts.Now)}
+	args = append(args, owner...)
+	res, err := parseReply(rollbackScript.Exec(ctx, r.client, ks, args))
+	if err != nil {
+		return nil, Fail(ctx, op, key, err)
+	}
+	if err := res.refusal(); err != nil {
+		return nil, &Error{Op: op, Key: key, Err: err}
+	}
+	code, err := res.code()
+	i, _ := res.int(1)
+	switch {
+	case err != nil:
+		return nil, &Error{Op: op, Key: key, Err: fmt.Errorf("unexpected rollback script reply: %w", err)}
+	case code == codeLockLost && i >= 1 && int(i) <= len(locks):
+		return nil, &Error{Op: op, Key: locks[i-1].Live, Err: ErrLockLost}
+	case code == codeNoPrevious && i >= 1 && int(i) <= len(opts.Lives):
+		return nil, &Error{Op: op, Key: opts.Lives[i-1], Err: fmt.Errorf("%w: publish with KeepPrevious to keep one, for as long as a rollback may be needed; nothing changed", ErrNothingToRollBack)}
+	case code != codeOK || len(res) != 1+len(metas):
+		return nil, &Error{Op: op, Key: key, Err: fmt.Errorf("unexpected rollback script reply %v", res)}
+	}
+	return res.ints(1)
+}
+
+// familyKeys returns the live buckets of the family prefix and those its
+// prev keys would restore.
+func (r *Redis) familyKeys(ctx context.Context, prefix string) ([]string, error) {
+	set := map[string]bool{}
+	opts := scan.Options{Match: scan.EscapeGlob(prefix+":") + "*", InSlot: true, Slot: keys.Slot(prefix)}
+	for page, err := range scan.Pages(ctx, r.client, opts) {
+		if err != nil {
+			return nil, fmt.Errorf("SCAN %s: %w", opts.Match, err)
+		}
+		for _, k := range page {
+			if bucket, ok := strings.CutSuffix(k, keys.PrevSuffix); ok {
+				if _, _, temp := keys.ParseTempKey(bucket); !temp && !keys.Reserved(bucket) {
+					set[bucket] = true
+				}
+			} else if !keys.Reserved(k) && !strings.HasSuffix(k, keys.PrevSuffix+":swap") {
+				set[k] = true
+			}
+		}
+	}
+	return slices.Sorted(maps.Keys(set)), nil
+}

@@ -1,0 +1,279 @@
+package rebuild
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+
+	"github.com/keyswap/keyswap/internal/diff"
+)
+
+// Held is a run that built everything and stopped short of its publish
+// (see [Rebuilder.Build]). It keeps its lease meanwhile: its locks, temp
+// keys and log of changes stay alive, and other runs of its keys fail with
+// ErrInProgress. Inspect it with Review and Diff, then end it with Publish
+// or Discard, or let an operator decide with Await ("keyswap publish" or
+// "keyswap discard"). Cancelling the context given to Build discards it.
+//
+// Its methods are safe for concurrent use. Publish, Discard and Await may
+// be called more than once, and from several goroutines: the first
+// decision wins, and every call returns the run's outcome.
+type Held[T any] struct {
+	x      *execution[T]
+	review Review
+	live   []map[string]bool // the families' live buckets
+
+	ready  chan struct{}  // closed when the run is held
+	decide chan bool      // true: publish; false: discard
+	done   chan struct{}  // closed when the run has ended
+	stats  Stats          // the run's stats, once done
+	err    error          // the run's error, once done
+	panic  *panicked      // a panic in the run's goroutine, to re-panic
+}
+
+// panicked carries a panic out of the run's goroutine.
+type panicked struct{ value any }
+
+// Build runs src through the builders as [Rebuilder.Run] does, and catches
+// up with the changes applied meanwhile, but stops short of the publish:
+// it returns a [Held] run once everything is built and the guards passed,
+// or the run's error if it failed before (Stats and error as Run's).
+//
+// The run goes on in a goroutine of its own: src is read there, and a
+// panic in src or a builder reaches the caller of Build (or of the Held
+// method waiting then), after the cleanup, as with Run. ctx bounds the
+// whole run, held time included: cancelling it discards a held run.
+func (r *Rebuilder[T]) Build(ctx context.Context, src Source[T]) (*Held[T], Stats, error) {
+	h := &Held[T]{ready: make(chan struct{}), decide: make(chan bool, 1), done: make(chan struct{})}
+	go h.run(ctx, r, src)
+	select {
+	case <-h.ready:
+		return h, Stats{}, nil
+	case <-h.done:
+		h.repanic()
+		return nil, h.stats, h.err
+	}
+}
+
+// run runs the execution, and records how it ended.
+func (h *Held[T]) run(ctx context.Context, r *Rebuilder[T], src Source[T]) {
+	ended := false
+	defer func() {
+		if v := recover(); v != nil {
+			h.panic = &panicked{v}
+		} else if !ended {
+			h.err = &Error{Op: "run", Key: r.key, Err: errGoexit} // a Goexit in src
+		}
+		close(h.done)
+	}()
+	h.stats, h.err = r.run(ctx, src, h)
+	ended = true
+}
+
+// repanic re-panics a panic of the run's goroutine.
+func (h *Held[T]) repanic() {
+	if h.panic != nil {
+		panic(h.panic.value)
+	}
+}
+
+// hold is called by the run once built: it publishes the review, and
+// waits for a decision, or for the run to end another way.
+func (h *Held[T]) hold(ctx context.Context, x *execution[T], review Review, live []map[string]bool) (publish bool, err error) {
+	h.x, h.review, h.live = x, review, live
+	close(h.ready)
+	select {
+	case publish := <-h.decide:
+		return publish, nil
+	case <-ctx.Done():
+		return false, context.Cause(ctx)
+	}
+}
+
+// decideBy records an operator's decision, read by a heartbeat: the first
+// decision wins.
+func (h *Held[T]) decideBy(publish bool) {
+	select {
+	case h.decide <- publish:
+	default:
+	}
+}
+
+// Review returns what the run built next to what is live, as the guards
+// saw it.
+func (h *Held[T]) Review() Review { return h.review }
+
+// Publish publishes the held run, after catching up with the changes
+// applied while it was held, and returns the run's Stats and error, as Run
+// would. ctx bounds the wait only: the publish goes on if ctx ends first.
+func (h *Held[T]) Publish(ctx context.Context) (Stats, error) {
+	h.decideBy(true)
+	return h.wait(ctx)
+}
+
+// Discard discards the held run: its temp keys are deleted and its locks
+// released, and the live keys are left as they are. It returns nil once
+// discarded, or the error the run ended with if it ended otherwise first
+// (a lost lease, or an operator's publish).
+func (h *Held[T]) Discard(ctx context.Context) error {
+	h.decideBy(false)
+	_, err := h.wait(ctx)
+	if errors.Is(err, ErrDiscarded) {
+		return nil
+	}
+	if err == nil {
+		return &Error{Op: "publish", Key: h.x.r.key, Err: errors.New("the held run was published (by an operator?) before it could be discarded")}
+	}
+	return err
+}
+
+// Await waits for an operator's decision ("keyswap publish <key>" or
+// "keyswap discard <key>"), which a heartbeat reads within a second, and
+// returns the run's outcome: its Stats once published, or an error
+// matching ErrDiscarded. A decision made through Publish or Discard ends
+// it too. ctx bounds the wait only.
+func (h *Held[T]) Await(ctx context.Context) (Stats, error) { return h.wait(ctx) }
+
+// wait waits for the run to end.
+func (h *Held[T]) wait(ctx context.Context) (Stats, error) {
+	select {
+	case <-h.done:
+		h.repanic()
+		return h.stats, h.err
+	case <-ctx.Done():
+		return Stats{}, context.Cause(ctx)
+	}
+}
+
+// DiffOptions bounds [Held.Diff].
+type DiffOptions struct {
+	// Limit is the most entries read from each key of a comparison; past
+	// it, the counts are estimated from random samples. Zero means 100,000.
+	Limit int
+	// Samples is the number of differing entries shown per key. Zero means
+	// 10.
+	Samples int
+	// MaxKeys is the most keys of a family compared one by one; the rest
+	// are only counted. Zero means 100.
+	MaxKeys int
+}
+
+// Diff is a held run's result next to the live keys.
+type Diff struct {
+	Builders []BuilderDiff
+}
+
+// BuilderDiff is one builder's part of a [Diff].
+type BuilderDiff struct {
+	// Key is the builder's key; Family reports a family.
+	Key    string
+	Family bool
+	// Keys are the keys compared: the builder's key, or up to
+	// DiffOptions.MaxKeys buckets of a family, those that differ first.
+	Keys []KeyDiff
+	// Compared is the number of a family's buckets compared, out of
+	// Buckets (new or live).
+	Compared, Buckets int
+	// BucketsAdded and BucketsRemoved count the buckets only the new
+	// family has, and those only the live one has.
+	BucketsAdded, BucketsRemoved int
+	// Added, Removed and Changed sum Keys' counts.
+	Added, Removed, Changed int64
+	// Exact is false when a count is an estimate: a key past
+	// DiffOptions.Limit, or a family with buckets not compared.
+	Exact bool
+}
+
+// KeyDiff compares one new key with its live key.
+type KeyDiff struct {
+	// Live is the live key, Temp the new one.
+	Live, Temp string
+	// Type and LiveType are their types ("none" when absent).
+	Type, LiveType string
+	// NewSize and LiveSize are their entries.
+	NewSize, LiveSize int64
+	// Added, Removed and Changed count entries only in the new key, only
+	// in the live one, and in both with another value or score.
+	Added, Removed, Changed int64
+	// Exact is false for estimates, and for types not compared entry by
+	// entry (strings, lists, streams).
+	Exact bool
+	// Samples are some of the differing entries.
+	Samples []DiffEntry
+}
+
+// DiffEntry is one entry that differs.
+type DiffEntry struct {
+	// Kind is "added", "removed" or "changed".
+	Kind string
+	// Entry is the field or member; Old and New its values or scores.
+	Entry, Old, New string
+}
+
+// Diff compares the held run's keys with the live keys, without blocking
+// Redis: each comparison reads at most DiffOptions.Limit entries of each
+// key with SCAN cursors and batched lookups, and estimates from random
+// samples past that.
+func (h *Held[T]) Diff(ctx context.Context, o DiffOptions) (Diff, error) {
+	x := h.x
+	r := x.r
+	opts := diff.Options{Limit: o.Limit, Samples: o.Samples}
+	maxKeys := o.MaxKeys
+	if maxKeys <= 0 {
+		maxKeys = 100
+	}
+	temps := make([]map[string]string, len(r.builders)) // live -> temp, per builder
+	for i := range temps {
+		temps[i] = map[string]string{}
+	}
+	for _, t := range x.targets.all() {
+		temps[t.builder][t.Live] = t.Key
+	}
+	var out Diff
+	for i, b := range r.builders {
+		bd := BuilderDiff{Key: b.Key(), Family: r.owners[i].family, Exact: true}
+		lives := []string{b.Key()}
+		if bd.Family {
+			all := maps.Clone(h.live[i])
+			for l := range temps[i] {
+				if !all[l] {
+					bd.BucketsAdded++
+				}
+				all[l] = true
+			}
+			for l := range h.live[i] {
+				if _, ok := temps[i][l]; !ok {
+					bd.BucketsRemoved++
+				}
+			}
+			lives = slices.Sorted(maps.Keys(all))
+			bd.Buckets = len(lives)
+			if len(lives) > maxKeys {
+				lives, bd.Exact = lives[:maxKeys], false
+			}
+			bd.Compared = len(lives)
+		}
+		for _, l := range lives {
+			temp := temps[i][l]
+			if temp == "" {
+				temp = x.targets.newTemp(l) // never written: compares as empty
+			}
+			k, err := diff.Compare(ctx, r.redis.Client(), l, temp, opts)
+			if err != nil {
+				return Diff{}, &Error{Op: "diff", Key: l, Err: fmt.Errorf("comparing with %s: %w", temp, err)}
+			}
+			kd := KeyDiff{Live: k.Live, Temp: k.Temp, Type: k.Type, LiveType: k.LiveType, NewSize: k.NewSize, LiveSize: k.LiveSize,
+				Added: k.Added, Removed: k.Removed, Changed: k.Changed, Exact: k.Exact}
+			for _, s := range k.Samples {
+				kd.Samples = append(kd.Samples, DiffEntry(s))
+			}
+			bd.Added, bd.Removed, bd.Changed = bd.Added+k.Added, bd.Removed+k.Removed, bd.Changed+k.Changed
+			bd.Exact = bd.Exact && k.Exact
+			bd.Keys = append(bd.Keys, kd)
+		}
+		out.Builders = append(out.Builders, bd)
+	}
+	return out, nil
+}

@@ -1,0 +1,45 @@
+package rebuild
+
+import (
+	"context"
+	"time"
+
+	"github.com/keyswap/keyswap/internal/run"
+)
+
+// ErrNothingToRollBack reports a rollback of keys that keep no previous
+// generation: they were not published with Options.KeepPrevious, or its
+// time ran out. Nothing changed.
+var ErrNothingToRollBack = run.ErrNothingToRollBack
+
+// Rollback swaps the previous generation of every builder's keys back in,
+// in one atomic step: the values the last publish replaced, kept for
+// Options.KeepPrevious, become live again, a family's buckets included
+// (those the publish deleted come back, those it created go), and each
+// key's generation goes back to the previous one. The values rolled back
+// become the kept previous generation in turn, for what is left of its
+// time, so a second Rollback rolls forward again.
+//
+// It is fenced like a run: it takes the builders' locks first, and fails
+// with ErrInProgress, changing nothing, while a run of them is in
+// progress. Changes applied (Apply) since the last publish are in the
+// generation rolled back, not in the one restored. It fails with
+// ErrNothingToRollBack when a key keeps no previous generation. It returns
+// each builder's generation now live, keyed by its Key.
+func (r *Rebuilder[T]) Rollback(ctx context.Context) (map[string]int64, error) {
+	families := make([]bool, len(r.owners))
+	for i, o := range r.owners {
+		families[i] = o.family
+	}
+	gens, err := r.redis.Rollback(ctx, run.RollbackOptions{
+		Op: "rollback", Key: r.key, Lives: r.lives, Families: families, TTL: r.opts.TTL, Now: time.Now(),
+	})
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]int64, len(gens))
+	for i, g := range gens {
+		out[r.lives[i]] = g
+	}
+	return out, nil
+}
