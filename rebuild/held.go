@@ -25,12 +25,12 @@ type Held[T any] struct {
 	review Review
 	live   []map[string]bool // the families' live buckets
 
-	ready  chan struct{}  // closed when the run is held
-	decide chan bool      // true: publish; false: discard
-	done   chan struct{}  // closed when the run has ended
-	stats  Stats          // the run's stats, once done
-	err    error          // the run's error, once done
-	panic  *panicked      // a panic in the run's goroutine, to re-panic
+	ready  chan struct{} // closed when the run is held
+	decide chan bool     // true: publish; false: discard
+	done   chan struct{} // closed when the run has ended
+	stats  Stats         // the run's stats, once done
+	err    error         // the run's error, once done
+	panic  *panicked     // a panic in the run's goroutine, to re-panic
 }
 
 // panicked carries a panic out of the run's goroutine.
