@@ -200,3 +200,11 @@ func (s *stallWatch) check(now time.Time) error {
 	}
 	return nil
 }
+
+// lastProgress returns when the source was last seen yielding an item (or
+// the run started).
+func (s *stallWatch) lastProgress() time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.lastChange
+}

@@ -92,6 +92,7 @@ type execution[T any] struct {
 	replayed atomic.Int64 // changes replayed by the catch-up
 	logged   atomic.Int64 // changes logged for the run, as the last heartbeat read
 	held     *Held[T]     // Build's run, nil for Run
+	stall    *stallWatch  // when the source last yielded
 }
 
 // newExecution returns the state of a run of r started at start.
@@ -147,8 +148,16 @@ func (x *execution[T]) checks() []run.Check {
 // recordFields returns the fields the run's record starts with.
 func (x *execution[T]) recordFields() []string {
 	host, _ := os.Hostname()
+	var families strings.Builder
+	for _, o := range x.r.owners {
+		if o.family {
+			families.WriteByte('1')
+		} else {
+			families.WriteByte('0')
+		}
+	}
 	return []string{
-		"keys", strings.Join(x.r.lives, "\n"), "suffix", x.suffix,
+		"keys", strings.Join(x.r.lives, "\n"), "families", families.String(), "suffix", x.suffix,
 		"host", host, "pid", strconv.Itoa(os.Getpid()),
 		"started", run.Now(x.start), "ttl", strconv.FormatInt(x.r.ttlSecs, 10),
 		"expected", strconv.FormatInt(x.r.opts.Expected, 10), "phase", string(PhaseBuilding),
@@ -167,12 +176,13 @@ func (x *execution[T]) run(ctx context.Context, src Source[T]) (err error) {
 	defer cancel(nil)
 	x.cancel = cancel
 	var sourceDone atomic.Bool
+	x.stall = &stallWatch{timeout: r.opts.StallTimeout, items: &x.pulled, lastChange: x.start, idle: func() bool {
+		return sourceDone.Load() || x.gate.isPaused()
+	}}
 	owner := leaseOwner{
 		redis: r.redis, locks: x.locks, targets: x.targets, ttl: r.opts.TTL, key: r.key, cancel: cancel,
 		acked: x.acked.Load, status: x.status, control: x.control,
-		stall: &stallWatch{timeout: r.opts.StallTimeout, items: &x.pulled, idle: func() bool {
-			return sourceDone.Load() || x.gate.isPaused()
-		}},
+		stall: x.stall,
 	}
 	x.lease = newLease(owner, x.start)
 	var leaseDone sync.WaitGroup
@@ -344,7 +354,12 @@ func (x *execution[T]) status() []string {
 	now := time.Now()
 	items := x.pulled.Load()
 	rate := float64(items) / max(now.Sub(x.start).Seconds(), 1e-3)
+	eta := ""
+	if e := x.r.opts.Expected; e > 0 && rate > 0 && x.phase.Load() == PhaseBuilding {
+		eta = strconv.FormatInt(int64(float64(max(0, e-items))/rate), 10)
+	}
 	return []string{
+		"eta", eta, "progress_at", run.Now(x.stall.lastProgress()),
 		"phase", string(x.phase.Load().(Phase)), "items", strconv.FormatInt(items, 10),
 		"entries", strconv.FormatInt(x.written.Load(), 10), "acked", strconv.FormatInt(x.acked.Load(), 10),
 		"rate", strconv.FormatFloat(rate, 'f', 1, 64),
