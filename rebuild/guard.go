@@ -98,7 +98,13 @@ func (x *execution[T]) review(ctx context.Context, live []map[string]bool) (Revi
 			temps = append(temps, t.Key)
 		}
 		if br.Family {
-			lives = slices.Sorted(maps.Keys(live[i]))
+			// The buckets live when the run began, and those it writes:
+			// a change applied during the run may have created one.
+			all := maps.Clone(live[i])
+			for _, t := range byBuilder[i] {
+				all[t.Live] = true
+			}
+			lives = slices.Sorted(maps.Keys(all))
 		} else {
 			lives = []string{b.Key()}
 		}
