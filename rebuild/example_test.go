@@ -322,7 +322,7 @@ func ExampleRebuilder_Run() {
 		BatchSize: 2,
 		Writers:   1, // batches complete in order, so the output is stable
 		Progress: func(p rebuild.Progress) {
-			fmt.Printf("progress: %d items in %d batches\n", p.Items, p.Batches)
+			fmt.Printf("%s: %d items in %d batches\n", p.Phase, p.Items, p.Batches)
 		},
 	}, scores)
 	if err != nil {
@@ -334,8 +334,10 @@ func ExampleRebuilder_Run() {
 	}
 	fmt.Println("done:", stats.Items, "items,", stats.Batches, "batches,", stats.Outcomes)
 	// Output:
-	// progress: 2 items in 1 batches
-	// progress: 4 items in 2 batches
-	// progress: 5 items in 3 batches
+	// building: 2 items in 1 batches
+	// building: 4 items in 2 batches
+	// building: 5 items in 3 batches
+	// catching up: 5 items in 3 batches
+	// publishing: 5 items in 3 batches
 	// done: 5 items, 3 batches, map[users:by-score:swapped]
 }

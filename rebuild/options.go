@@ -141,10 +141,15 @@ type Options struct {
 	// the publish script itself fails (OOM, a timeout, a dropped
 	// connection). Zero means DefaultPreserveFor.
 	PreserveFor time.Duration
-	// Progress, if not nil, is called after each batch completes, from one
-	// goroutine at a time, with counts that never decrease. The last call
-	// reports the totals. It should return quickly: batches wait for it.
+	// Progress, if not nil, is called after each batch completes, and as
+	// the run enters each phase after building (Progress.Phase), from one
+	// goroutine at a time, with counts that never decrease. It should
+	// return quickly: batches wait for it.
 	Progress func(Progress)
+	// Observer, if not nil, receives the run's events, for metrics and
+	// traces (see Observer; the module github.com/keyswap/keyswap/otel
+	// turns them into OpenTelemetry metrics and spans).
+	Observer Observer
 	// Logger receives what returned errors cannot carry, such as a failed
 	// cleanup after an error that is returned instead. Nil discards.
 	Logger *slog.Logger

@@ -39,12 +39,14 @@ func (x *execution[T]) publish(ctx context.Context, live []map[string]bool) (boo
 		metas[i] = keys.MetaKey(l, r.redis.Cluster())
 		families[i] = r.owners[i].family
 	}
+	sent := time.Now()
 	p, err := r.redis.Publish(ctx, run.PublishOptions{
 		Op: "publish", Key: r.key, Locks: x.locks, Batches: x.acked.Load(),
 		Targets: targets, Orphans: orphans, Metas: metas, Families: families,
 		KeepPrevious: r.opts.KeepPrevious, PreserveFor: r.opts.PreserveFor, Settle: true, Now: time.Now(),
 		Logs: x.logOffsets(), MaxTail: PublishTail,
 	})
+	x.obs.Published(time.Since(sent))
 	var behind *run.BehindError
 	if errors.Is(err, ErrTempKeyLost) || errors.Is(err, ErrNoPermission) || errors.Is(err, ErrLockLost) ||
 		errors.Is(err, ErrFallingBehind) || errors.As(err, &behind) {

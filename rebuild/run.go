@@ -39,17 +39,23 @@ func (r *Rebuilder[T]) Run(ctx context.Context, src Source[T]) (Stats, error) {
 
 // run is Run, or Build when held is not nil: then the run waits before its
 // publish for held's decision.
-func (r *Rebuilder[T]) run(ctx context.Context, src Source[T], held *Held[T]) (Stats, error) {
+func (r *Rebuilder[T]) run(ctx context.Context, src Source[T], held *Held[T]) (stats Stats, err error) {
 	start := time.Now()
-	stats := Stats{Entries: map[string]int64{}, Outcomes: map[string]Outcome{}, Generations: map[string]int64{}, Skipped: map[string]int64{}}
+	stats = Stats{Entries: map[string]int64{}, Outcomes: map[string]Outcome{}, Generations: map[string]int64{}, Skipped: map[string]int64{}}
 	if src == nil {
 		return stats, &Error{Op: "config", Key: r.key, Err: errNilSource}
 	}
 	if err := r.redis.CheckDurable(ctx, "config", r.key, r.lockKeys[0], r.durability()); err != nil {
 		return stats, err
 	}
+	observer := r.opts.Observer
+	if observer == nil {
+		observer = noObserver{}
+	}
+	obs := observer.Start(ctx, r.key)
+	defer func() { obs.End(stats, err) }()
 	x := newExecution(r, start, &stats)
-	x.held = held
+	x.held, x.obs = held, obs
 	locks, err := r.redis.Acquire(ctx, run.AcquireOptions{
 		Op: "acquire", Key: r.key, Lives: r.lives, TTL: r.opts.TTL,
 		Checks: x.checks(), Record: x.recordFields(),
@@ -59,6 +65,7 @@ func (r *Rebuilder[T]) run(ctx context.Context, src Source[T], held *Held[T]) (S
 	}
 	x.locks = locks
 	x.offsets = make([]int64, len(locks))
+	obs.Phase(PhaseBuilding)
 	err = x.run(ctx, src)
 	stats.Elapsed = time.Since(start)
 	return stats, err
@@ -93,6 +100,7 @@ type execution[T any] struct {
 	logged   atomic.Int64 // changes logged for the run, as the last heartbeat read
 	held     *Held[T]     // Build's run, nil for Run
 	stall    *stallWatch  // when the source last yielded
+	obs      RunObserver
 }
 
 // newExecution returns the state of a run of r started at start.
@@ -241,7 +249,7 @@ func (x *execution[T]) run(ctx context.Context, src Source[T]) (err error) {
 	defer func() { x.stats.CatchUp = time.Since(caughtUp) }()
 	if len(r.opts.Guards) > 0 || x.held != nil {
 		// The guards and the holder see the result caught up.
-		x.phase.Store(PhaseCatchingUp)
+		x.setPhase(PhaseCatchingUp)
 		if err := x.catchUp(runCtx, deadline); err != nil {
 			return err
 		}
@@ -254,14 +262,14 @@ func (x *execution[T]) run(ctx context.Context, src Source[T]) (err error) {
 		caughtUp, deadline = time.Now(), time.Now().Add(r.opts.CatchUpTimeout)
 	}
 	for {
-		x.phase.Store(PhaseCatchingUp)
+		x.setPhase(PhaseCatchingUp)
 		if err := x.catchUp(runCtx, deadline); err != nil {
 			return err
 		}
 		if cause := context.Cause(runCtx); cause != nil {
 			return run.Wrap("run", r.key, cause)
 		}
-		x.phase.Store(PhasePublishing)
+		x.setPhase(PhasePublishing)
 		x.lease.end()
 		leaseDone.Wait()
 		if err := r.redis.Wait(runCtx, "publish", r.key, x.locks[0].Key, r.durability()); err != nil {
@@ -294,7 +302,7 @@ func (x *execution[T]) decide(ctx context.Context, live []map[string]bool) error
 	if x.held == nil {
 		return nil
 	}
-	x.phase.Store(PhaseHeld)
+	x.setPhase(PhaseHeld)
 	publish, err := x.held.hold(ctx, x, review, live)
 	switch {
 	case err != nil:

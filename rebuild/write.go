@@ -202,6 +202,7 @@ func (x *execution[T]) account(b *batch[T]) {
 	case x.free <- b.items[:0]:
 	default:
 	}
+	x.obs.Batch(int64(len(b.items)), entries)
 	if p := x.r.opts.Progress; p != nil {
 		elapsed := time.Since(x.start)
 		p(Progress{Phase: PhaseBuilding, Items: items, Batches: batches, Elapsed: elapsed, Rate: float64(items) / elapsed.Seconds()})
