@@ -53,6 +53,11 @@ var (
 	ErrFallingBehind = run.ErrFallingBehind
 )
 
+// ErrTooManyKeys reports a run that would publish more keys than
+// Options.MaxKeys: a family with more buckets (or stale buckets to delete)
+// than one atomic publish should touch. Nothing was published.
+var ErrTooManyKeys = errors.New("too many keys for one publish")
+
 // ErrNotIncremental is what Apply returns when one of the Rebuilder's
 // builders cannot turn a change into writes: it does not implement
 // [Incremental] (builders.Func and builders.Compat do not).

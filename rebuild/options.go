@@ -26,6 +26,9 @@ const (
 	// DefaultMaxMerged is the most entries a run holds to merge them into
 	// fuller commands (see Options.MaxMerged).
 	DefaultMaxMerged = 1 << 20
+	// DefaultMaxKeys is the most keys one publish touches (see
+	// Options.MaxKeys).
+	DefaultMaxKeys = 100_000
 	// DefaultMaxChanges is the most changes Apply logs for one run in
 	// progress (see Options.MaxChanges).
 	DefaultMaxChanges = 1_000_000
@@ -112,6 +115,15 @@ type Options struct {
 	// ends. It bounds memory next to Writers and BatchSize (see the README,
 	// "Memory"). Zero means DefaultMaxMerged; negative is an error.
 	MaxMerged int
+	// MaxKeys bounds the keys one publish touches: the keys rebuilt, a
+	// family's buckets included, plus the stale buckets it deletes. The
+	// publish is one atomic script, so Redis serves no other client while
+	// it runs, for about 10 µs per key (the README gives the measured
+	// figures): 100,000 keys block it for about a second. A run past the
+	// bound fails with ErrTooManyKeys, before it publishes, and as soon as
+	// it writes one key too many. Zero means DefaultMaxKeys; negative means
+	// no bound.
+	MaxKeys int
 	// MaxChanges bounds the log of changes that [Rebuilder.Apply] keeps,
 	// in Redis, for a run in progress on its keys: once a run's log holds
 	// MaxChanges entries (one per Apply call and lock), later changes are

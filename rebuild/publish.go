@@ -3,6 +3,7 @@ package rebuild
 import (
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"slices"
 	"time"
@@ -32,6 +33,9 @@ func (x *execution[T]) publish(ctx context.Context, live []map[string]bool) (boo
 				orphans = append(orphans, k)
 			}
 		}
+	}
+	if m := r.opts.MaxKeys; m > 0 && len(targets)+len(orphans) > m {
+		return false, &Error{Op: "publish", Key: r.key, Err: tooManyKeys(m, fmt.Sprintf("this one would touch %d (%d rebuilt, %d stale buckets to delete)", len(targets)+len(orphans), len(targets), len(orphans)))}
 	}
 	metas := make([]string, len(r.lives))
 	families := make([]bool, len(r.lives))

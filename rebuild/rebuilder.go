@@ -153,6 +153,7 @@ func (r *Rebuilder[T]) checkTimes(bad func(string, ...any) error) error {
 	}
 	o.MaxMerged = run.OrDefault(o.MaxMerged, DefaultMaxMerged)
 	o.MaxChanges = run.OrDefault(o.MaxChanges, DefaultMaxChanges)
+	o.MaxKeys = run.OrDefault(o.MaxKeys, DefaultMaxKeys)
 	o.CatchUpTimeout = run.OrDefault(o.CatchUpTimeout, DefaultCatchUpTimeout)
 	o.StallTimeout = run.OrDefault(o.StallTimeout, DefaultStallTimeout)
 	o.FlushInterval = run.OrDefault(o.FlushInterval, DefaultFlushInterval)

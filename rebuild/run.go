@@ -121,6 +121,7 @@ func newExecution[T any](r *Rebuilder[T], start time.Time, stats *Stats) *execut
 	x.targets = newTargets(r.owners, r.redis.Cluster(), func(live string) string {
 		return keys.Base(live, r.redis.Cluster()) + x.suffix
 	})
+	x.targets.max = max(0, r.opts.MaxKeys)
 	x.targets.log = func(live string) {
 		r.opts.Logger.Warn("keyswap: skipped entries whose key has the shape of keyswap's own keys; the rest is rebuilt",
 			"key", r.key, "skipped_key", live)

@@ -439,3 +439,43 @@ func TestRollbackFencedByARun(t *testing.T) {
 		safeWant(t, d, k, safeUsers(20, 50, 3))
 	})
 }
+
+func TestMaxKeysBoundsThePublish(t *testing.T) {
+	// A family that writes more buckets than MaxKeys fails as it writes
+	// the one too many; one whose stale buckets push the publish past it
+	// fails before the publish. Either way nothing changes.
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		ctx := redistest.Ctx(t)
+		k := safeNames(d)
+		if _, err := safeRebuilder(t, d, k, rebuild.Options{}).Run(ctx, rebuild.FromSlice(safeUsers(40, 0, 8))); err != nil {
+			t.Fatal(err)
+		}
+		before := redistest.Snapshot(t, d.Other, d.Prefix)
+		for _, tc := range []struct {
+			name      string
+			countries int
+			want      string
+		}{
+			// 1 hash + 10 buckets = 11 keys > 10.
+			{"buckets", 10, "the run writes more keys than that"},
+			// 1 hash + 2 buckets, and 6 stale buckets: 9 keys > 8.
+			{"stale buckets", 2, "would touch 9 (3 rebuilt, 6 stale buckets to delete)"},
+		} {
+			max := 10
+			if tc.name == "stale buckets" {
+				max = 8
+			}
+			_, err := safeRebuilder(t, d, k, rebuild.Options{MaxKeys: max}).Run(ctx, rebuild.FromSlice(safeUsers(40, 0, tc.countries)))
+			if !errors.Is(err, rebuild.ErrTooManyKeys) || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("%s: Run: got %v, want ErrTooManyKeys saying %q", tc.name, err, tc.want)
+			}
+			redistest.WantUnchanged(t, d.Other, d.Prefix, before)
+			redistest.WantClean(t, d.Other, d.Prefix)
+		}
+		// Negative: no bound.
+		if _, err := safeRebuilder(t, d, k, rebuild.Options{MaxKeys: -1}).Run(ctx, rebuild.FromSlice(safeUsers(40, 0, 12))); err != nil {
+			t.Fatalf("Run without a bound: %v", err)
+		}
+		safeWant(t, d, k, safeUsers(40, 0, 12))
+	})
+}

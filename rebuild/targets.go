@@ -35,6 +35,7 @@ type owner struct {
 type targets struct {
 	newTemp func(live string) string
 	owners  []owner
+	max     int // Options.MaxKeys; 0: no limit
 	cluster bool
 	slot    uint16
 
@@ -79,11 +80,19 @@ func (ts *targets) get(b int, live string) (*target, error) {
 	defer ts.mu.Unlock()
 	t = ts.byKey[live]
 	if t == nil {
+		if ts.max > 0 && len(ts.ordered) >= ts.max {
+			return nil, tooManyKeys(ts.max, "the run writes more keys than that")
+		}
 		t = &target{Temp: run.Temp{Live: live, Key: ts.newTemp(live)}, builder: b}
 		ts.byKey[live] = t
 		ts.ordered = append(ts.ordered, t)
 	}
 	return t, nil
+}
+
+// tooManyKeys reports a run over Options.MaxKeys.
+func tooManyKeys(max int, why string) error {
+	return fmt.Errorf("%w: a publish may touch at most %d keys (Options.MaxKeys), and %s; the publish is one atomic script that blocks Redis for about 10 µs per key", ErrTooManyKeys, max, why)
 }
 
 // owns returns nil if o's builder may write live: its own key, or, for a
