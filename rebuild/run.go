@@ -53,7 +53,14 @@ func (r *Rebuilder[T]) run(ctx context.Context, src Source[T], held *Held[T]) (s
 		observer = noObserver{}
 	}
 	obs := observer.Start(ctx, r.key)
-	defer func() { obs.End(stats, err) }()
+	returned := false
+	defer func() {
+		if !returned {
+			// A panic or a Goexit on its way up: the run failed.
+			err = &Error{Op: "run", Key: r.key, Err: errAbnormal}
+		}
+		obs.End(stats, err)
+	}()
 	x := newExecution(r, start, &stats)
 	x.held, x.obs = held, obs
 	locks, err := r.redis.Acquire(ctx, run.AcquireOptions{
@@ -61,15 +68,21 @@ func (r *Rebuilder[T]) run(ctx context.Context, src Source[T], held *Held[T]) (s
 		Checks: x.checks(), Record: x.recordFields(),
 	})
 	if err != nil {
+		returned = true
 		return stats, err
 	}
 	x.locks = locks
 	x.offsets = make([]int64, len(locks))
 	obs.Phase(PhaseBuilding)
 	err = x.run(ctx, src)
+	returned = true
 	stats.Elapsed = time.Since(start)
 	return stats, err
 }
+
+// errAbnormal is what an Observer's End gets for a run that panicked or
+// called runtime.Goexit: the panic goes on to the caller.
+var errAbnormal = errors.New("the run panicked, or a builder or the source called runtime.Goexit")
 
 // execution is the state of one Run.
 type execution[T any] struct {
