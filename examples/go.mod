@@ -1,27 +1,28 @@
-module github.com/keyswap/keyswap/examples/sql-source
+module github.com/keyswap/keyswap/examples
 
 go 1.25.0
 
 require (
-	github.com/keyswap/keyswap v0.0.0
+	github.com/alicebob/miniredis/v2 v2.40.0
+	github.com/keyswap/keyswap v0.1.0
 	github.com/redis/rueidis v1.0.79
+	github.com/redis/rueidis/rueidiscompat v1.0.79
 	modernc.org/sqlite v1.59.0
 )
 
 require (
-	github.com/alicebob/miniredis/v2 v2.40.0 // indirect
 	github.com/dustin/go-humanize v1.0.1 // indirect
+	github.com/google/go-cmp v0.7.0 // indirect
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/mattn/go-isatty v0.0.24 // indirect
 	github.com/ncruces/go-strftime v1.0.0 // indirect
-	github.com/redis/rueidis/rueidiscompat v1.0.79 // indirect
+	github.com/redis/rueidis/rueidishook v1.0.76 // indirect
 	github.com/remyoudompheng/bigfft v0.0.0-20230129092748-24d4a6f8daec // indirect
 	github.com/yuin/gopher-lua v1.1.1 // indirect
 	golang.org/x/sync v0.22.0 // indirect
 	golang.org/x/sys v0.47.0 // indirect
+	golang.org/x/time v0.15.0 // indirect
 	modernc.org/libc v1.75.7 // indirect
 	modernc.org/mathutil v1.7.1 // indirect
 	modernc.org/memory v1.12.1 // indirect
 )
-
-replace github.com/keyswap/keyswap => ../..
