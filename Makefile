@@ -8,10 +8,10 @@ BIN := $(CURDIR)/.bin
 MODULES := $(patsubst %/,%,$(dir $(shell git ls-files --cached --others --exclude-standard -- 'go.mod' '*/go.mod')))
 GO_FILES := $(shell git ls-files --cached --others --exclude-standard -- '*.go')
 
-.PHONY: test quickstart tidy redis-server fmt vet staticcheck unit
+.PHONY: test quickstart tidy redis-server fmt vet staticcheck unit install-check
 
-## test: install redis-server if missing, then gofmt, go vet, staticcheck and go test -race in every module.
-test: redis-server fmt vet staticcheck unit
+## test: install redis-server if missing, then gofmt, go vet, staticcheck and go test -race in every module, and install-check.
+test: redis-server fmt vet staticcheck unit install-check
 
 ## quickstart: run the quickstart on an embedded Redis (or -redis URL / REDIS_URL).
 quickstart:
@@ -63,3 +63,7 @@ staticcheck: $(BIN)/staticcheck-$(STATICCHECK_VERSION)
 
 unit:
 	@for m in $(MODULES); do echo "go test -race $$m/..."; (cd $$m && go test -race -count=1 ./...) || exit 1; done
+
+## install-check: go install the CLI and go get the library from a module proxy made of the working tree, at the next release's version.
+install-check:
+	.ci/install-check
