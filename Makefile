@@ -8,14 +8,31 @@ BIN := $(CURDIR)/.bin
 MODULES := $(patsubst %/,%,$(dir $(shell git ls-files --cached --others --exclude-standard -- 'go.mod' '*/go.mod')))
 GO_FILES := $(shell git ls-files --cached --others --exclude-standard -- '*.go')
 
-.PHONY: test quickstart redis-server fmt vet staticcheck unit
+.PHONY: test quickstart tidy redis-server fmt vet staticcheck unit install-check
 
-## test: install redis-server if missing, then gofmt, go vet, staticcheck and go test -race in every module.
-test: redis-server fmt vet staticcheck unit
+## test: install redis-server if missing, then gofmt, go vet, staticcheck and go test -race in every module, and install-check.
+test: redis-server fmt vet staticcheck unit install-check
 
 ## quickstart: run the quickstart on an embedded Redis (or -redis URL / REDIS_URL).
 quickstart:
 	go run ./examples/quickstart
+
+## tidy: go mod tidy in every module, the nested ones against the library in this checkout.
+# go mod tidy ignores go.work, and the nested modules require the library at
+# the version they will be released with, which need not exist yet: each is
+# tidied with a replace directive to the checkout, removed again afterwards,
+# so that no go.mod keeps one (go install refuses them) and no go.sum
+# records a hash of an unreleased library.
+tidy:
+	@for m in $(MODULES); do \
+		echo "go mod tidy $$m"; \
+		if [ "$$m" = . ] || ! grep -q '^[[:space:]]*github.com/keyswap/keyswap v' $$m/go.mod; then \
+			(cd $$m && go mod tidy) || exit 1; continue; \
+		fi; \
+		root=$$(realpath --relative-to=$$m .); \
+		(cd $$m && go mod edit -replace=github.com/keyswap/keyswap=$$root && go mod tidy; rc=$$?; \
+			go mod edit -dropreplace=github.com/keyswap/keyswap && sed -i '\#^github.com/keyswap/keyswap #d' go.sum && exit $$rc) || exit 1; \
+	done
 
 # The tests start their own redis-server processes; they never use a server
 # someone else runs. Install it when missing (as root, through apt-get), or
@@ -46,3 +63,7 @@ staticcheck: $(BIN)/staticcheck-$(STATICCHECK_VERSION)
 
 unit:
 	@for m in $(MODULES); do echo "go test -race $$m/..."; (cd $$m && go test -race -count=1 ./...) || exit 1; done
+
+## install-check: go install the CLI and go get the library from a module proxy made of the working tree, at the next release's version.
+install-check:
+	.ci/install-check

@@ -3,7 +3,7 @@ module github.com/keyswap/keyswap/bench
 go 1.25.0
 
 require (
-	github.com/keyswap/keyswap v0.0.0
+	github.com/keyswap/keyswap v0.1.0
 	github.com/redis/rueidis v1.0.79
 	github.com/schollz/progressbar/v3 v3.19.1
 	golang.org/x/sync v0.22.0
@@ -18,6 +18,7 @@ require (
 	git.sr.ht/~sbinet/gg v0.7.0 // indirect
 	github.com/ajstarks/svgo v0.0.0-20211024235047-1546f124cd8b // indirect
 	github.com/golang/freetype v0.0.0-20170609003504-e2365dfdc4a0 // indirect
+	github.com/google/go-cmp v0.7.0 // indirect
 	github.com/mitchellh/colorstring v0.0.0-20190213212951-d06e56a500db // indirect
 	github.com/redis/rueidis/rueidiscompat v1.0.79 // indirect
 	github.com/redis/rueidis/rueidishook v1.0.76 // indirect
@@ -25,6 +26,5 @@ require (
 	golang.org/x/image v0.30.0 // indirect
 	golang.org/x/term v0.44.0 // indirect
 	golang.org/x/text v0.41.0 // indirect
+	golang.org/x/time v0.15.0 // indirect
 )
-
-replace github.com/keyswap/keyswap => ../

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/rebuild"
 	"github.com/redis/rueidis"
 )
@@ -319,10 +320,14 @@ type publishHook struct {
 	around func(do func())
 }
 
-// Do runs cmd, inside around when it is the publish.
+// publishScript is keyswap's publish script, which publishHook looks for.
+var publishScript = redistest.ScriptNamed("publish")
+
+// Do runs cmd, inside around when it is the publish: the publish script on
+// the live key. (The acquire script names the live key too.)
 func (h *publishHook) Do(ctx context.Context, cmd rueidis.Completed) (res rueidis.RedisResult) {
 	args := cmd.Commands()
-	if len(args) > 3 && (args[0] == "EVALSHA" || args[0] == "EVAL") && slices.Contains(args[3:], h.live) {
+	if len(args) > 3 && publishScript.Is(args) && slices.Contains(args[3:], h.live) {
 		h.around(func() { res = h.Client.Do(ctx, cmd) })
 		return res
 	}

@@ -1,6 +1,7 @@
 package builders
 
 import (
+	"fmt"
 	"strings"
 
 	"github.com/keyswap/keyswap/rebuild"
@@ -15,6 +16,11 @@ const MaxArgs = 1000
 // Familia would skip. Use it in a builder function's ok result. Whitespace is
 // Unicode's (strings.TrimSpace), a superset of what Ruby's strip removes.
 func Blank(s string) bool { return strings.TrimSpace(s) == "" }
+
+// mappingError is the error of a builder whose mapping function returned
+// err: the Rebuilder wraps it in a *rebuild.Error that names the builder's
+// key.
+func mappingError(err error) error { return fmt.Errorf("mapping an item: %w", err) }
 
 // single is the part every one-key builder shares.
 type single struct{ key string }

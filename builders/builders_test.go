@@ -2,6 +2,7 @@ package builders_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -30,6 +31,10 @@ var (
 	_ rebuild.Builder[user] = builders.SortedSet[user]("z", func(user) (string, float64, bool) { return "", 0, false })
 	_ rebuild.Builder[user] = builders.Set[user]("s", func(user) (string, bool) { return "", false })
 	_ rebuild.Builder[user] = builders.SetIndex[user]("i", func(user) (string, string, bool) { return "", "", false })
+	_ rebuild.Builder[user] = builders.HashErr[user]("h", func(user) (string, string, bool, error) { return "", "", false, nil })
+	_ rebuild.Builder[user] = builders.SortedSetErr[user]("z", func(user) (string, float64, bool, error) { return "", 0, false, nil })
+	_ rebuild.Builder[user] = builders.SetErr[user]("s", func(user) (string, bool, error) { return "", false, nil })
+	_ rebuild.Builder[user] = builders.SetIndexErr[user]("i", func(user) (string, string, bool, error) { return "", "", false, nil })
 	_ rebuild.Builder[user] = builders.Func[user]("f", func(*rebuild.Commands, []user) error { return nil })
 	_ rebuild.Builder[user] = builders.Compat[user]("c", func(context.Context, rueidiscompat.Pipeliner, string, []user) error { return nil })
 )
@@ -857,6 +862,133 @@ func TestFuncError(t *testing.T) {
 			t.Errorf("PFADDs sent: got entries %v, want [1] or none (never past the failed batch)", got)
 		}
 		redistest.WantUnchanged(t, d.Other, d.Prefix, before)
+		redistest.WantClean(t, d.Other, d.Prefix)
+	})
+}
+
+// encodeUser is a mapping that can fail: json.Marshal refuses an infinite
+// score. Its error wraps errBoom as well as json's.
+func encodeUser(u user) (string, error) {
+	doc, err := json.Marshal(map[string]any{"id": u.ID, "score": u.Score})
+	if err != nil {
+		return "", fmt.Errorf("%w: encoding %s: %w", errBoom, u.ID, err)
+	}
+	return string(doc), nil
+}
+
+// errForms are the four builders whose mapping can fail, each with a
+// mapping that JSON-encodes the user, and the live key they rebuild under
+// p, with a command that gives it old contents.
+func errForms(p string) []struct {
+	name, key string
+	builder   rebuild.Builder[user]
+	seed      func(c rueidis.Client) rueidis.Completed
+} {
+	type form = struct {
+		name, key string
+		builder   rebuild.Builder[user]
+		seed      func(c rueidis.Client) rueidis.Completed
+	}
+	return []form{
+		{"HashErr", p + "by-email", builders.HashErr(p+"by-email", func(u user) (string, string, bool, error) {
+			doc, err := encodeUser(u)
+			return u.Email, doc, err == nil, err
+		}), func(c rueidis.Client) rueidis.Completed {
+			return c.B().Hset().Key(p+"by-email").FieldValue().FieldValue("old@example.com", "{}").Build()
+		}},
+		{"SortedSetErr", p + "by-score", builders.SortedSetErr(p+"by-score", func(u user) (string, float64, bool, error) {
+			doc, err := encodeUser(u)
+			return doc, u.Score, err == nil, err
+		}), func(c rueidis.Client) rueidis.Completed {
+			return c.B().Zadd().Key(p+"by-score").ScoreMember().ScoreMember(1, "old").Build()
+		}},
+		{"SetErr", p + "docs", builders.SetErr(p+"docs", func(u user) (string, bool, error) {
+			doc, err := encodeUser(u)
+			return doc, err == nil, err
+		}), func(c rueidis.Client) rueidis.Completed {
+			return c.B().Sadd().Key(p + "docs").Member("old").Build()
+		}},
+		{"SetIndexErr", p + "by-country", builders.SetIndexErr(p+"by-country", func(u user) (string, string, bool, error) {
+			doc, err := encodeUser(u)
+			return u.Country, doc, err == nil, err
+		}), func(c rueidis.Client) rueidis.Completed {
+			return c.B().Sadd().Key(p + "by-country:fr").Member("old").Build()
+		}},
+	}
+}
+
+func TestErrFormsMappingError(t *testing.T) {
+	// A mapping error on the third item, in the second batch, fails the
+	// run: a "build" error names the builder's key and wraps the mapping's
+	// error, which errors.Is and errors.As reach; the live keys are
+	// untouched, and no temp key or lock is left, although the first batch
+	// may have been written (C52, C18). The mapping says ok false with its
+	// error: the error wins.
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		for _, f := range errForms(d.Prefix) {
+			t.Run(f.name, func(t *testing.T) {
+				redistest.Do(t, d.Other, f.seed(d.Other))
+				before := redistest.Snapshot(t, d.Other, d.Prefix)
+				src := users(5)
+				src[2].Score = math.Inf(1)
+
+				_, err := redistest.Rebuilder(t, d.Client, rebuild.Options{BatchSize: 2, Writers: 1}, f.builder).
+					Run(redistest.Ctx(t), rebuild.FromSlice(src))
+
+				wantRunError(t, err, "build", f.key, "encoding "+src[2].ID)
+				var e *rebuild.Error
+				if errors.As(err, &e) && e.Key != f.key {
+					t.Errorf("Error.Key: got %q, want the builder's key %q", e.Key, f.key)
+				}
+				if !errors.Is(err, errBoom) {
+					t.Errorf("Run: got error %v, want one matching errBoom", err)
+				}
+				var unsupported *json.UnsupportedValueError
+				if !errors.As(err, &unsupported) {
+					t.Errorf("Run: got error %v, want one holding a *json.UnsupportedValueError", err)
+				}
+				redistest.WantUnchanged(t, d.Other, d.Prefix, before)
+				redistest.WantClean(t, d.Other, d.Prefix)
+				redistest.Do(t, d.Other, d.Other.B().Del().Key(f.key, f.key+":fr").Build())
+			})
+		}
+	})
+}
+
+func TestErrFormsWriteWhatThePlainFormsWrite(t *testing.T) {
+	// With a mapping that does not fail, an Err form writes exactly what
+	// its plain form does with the same entries.
+	src := users(7)
+	src[3].Email, src[4].Country = " ", "" // skipped by both forms
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		plainPrefix, errPrefix := d.Prefix+"plain:", d.Prefix+"err:"
+		plain := []rebuild.Builder[user]{
+			builders.Hash(plainPrefix+"h", func(u user) (string, string, bool) { return u.Email, u.ID, !builders.Blank(u.Email) }),
+			builders.SortedSet(plainPrefix+"z", func(u user) (string, float64, bool) { return u.ID, u.Score, true }),
+			builders.Set(plainPrefix+"s", func(u user) (string, bool) { return u.Country, !builders.Blank(u.Country) }),
+			builders.SetIndex(plainPrefix+"i", func(u user) (string, string, bool) { return u.Country, u.ID, !builders.Blank(u.Country) }),
+		}
+		withErr := []rebuild.Builder[user]{
+			builders.HashErr(errPrefix+"h", func(u user) (string, string, bool, error) { return u.Email, u.ID, !builders.Blank(u.Email), nil }),
+			builders.SortedSetErr(errPrefix+"z", func(u user) (string, float64, bool, error) { return u.ID, u.Score, true, nil }),
+			builders.SetErr(errPrefix+"s", func(u user) (string, bool, error) { return u.Country, !builders.Blank(u.Country), nil }),
+			builders.SetIndexErr(errPrefix+"i", func(u user) (string, string, bool, error) { return u.Country, u.ID, !builders.Blank(u.Country), nil }),
+		}
+		plainStats := mustRun(t, d.Client, rebuild.Options{BatchSize: 3}, src, plain...)
+		errStats := mustRun(t, d.Client, rebuild.Options{BatchSize: 3}, src, withErr...)
+
+		want := contents(t, d.Other, plainPrefix)
+		if len(want) != 6 { // h, z, s, and three buckets
+			t.Fatalf("the plain forms wrote %d keys, want 6: %v", len(want), want)
+		}
+		if diff := cmp.Diff(want, contents(t, d.Other, errPrefix)); diff != "" {
+			t.Errorf("keys written by the Err forms (-plain +err):\n%s", diff)
+		}
+		for _, k := range []string{"h", "z", "s", "i"} {
+			if got, want := errStats.Entries[errPrefix+k], plainStats.Entries[plainPrefix+k]; got != want {
+				t.Errorf("Stats.Entries of %s: got %d, want %d as the plain form", k, got, want)
+			}
+		}
 		redistest.WantClean(t, d.Other, d.Prefix)
 	})
 }

@@ -21,8 +21,11 @@ var (
 // Diff removes the old item's field, unless the new one has the same, and
 // sets the new item's field to its value, unless it is unchanged.
 func (h *hash[T]) Diff(w *rebuild.Writes, old, new *T) error {
-	of, ov, oldOK := mapped2(h.fn, old)
-	nf, nv, newOK := mapped2(h.fn, new)
+	of, ov, oldOK, err1 := mapped2(h.fn, old)
+	nf, nv, newOK, err2 := mapped2(h.fn, new)
+	if err := errors.Join(err1, err2); err != nil {
+		return mappingError(err)
+	}
 	if oldOK && (!newOK || of != nf) {
 		if err := w.HDel(h.key, of); err != nil {
 			return err
@@ -37,8 +40,11 @@ func (h *hash[T]) Diff(w *rebuild.Writes, old, new *T) error {
 // Diff removes the old item's member, unless the new one is the same, and
 // sets the new item's score, unless it is unchanged.
 func (z *sortedSet[T]) Diff(w *rebuild.Writes, old, new *T) error {
-	om, os, oldOK := mapped2(z.fn, old)
-	nm, ns, newOK := mapped2(z.fn, new)
+	om, os, oldOK, err1 := mapped2(z.fn, old)
+	nm, ns, newOK, err2 := mapped2(z.fn, new)
+	if err := errors.Join(err1, err2); err != nil {
+		return mappingError(err)
+	}
 	if oldOK && (!newOK || om != nm) {
 		if err := w.ZRem(z.key, om); err != nil {
 			return err
@@ -53,8 +59,11 @@ func (z *sortedSet[T]) Diff(w *rebuild.Writes, old, new *T) error {
 // Diff removes the old item's member and adds the new one's, unless they
 // are the same.
 func (s *set[T]) Diff(w *rebuild.Writes, old, new *T) error {
-	om, oldOK := mapped1(s.fn, old)
-	nm, newOK := mapped1(s.fn, new)
+	om, oldOK, err1 := mapped1(s.fn, old)
+	nm, newOK, err2 := mapped1(s.fn, new)
+	if err := errors.Join(err1, err2); err != nil {
+		return mappingError(err)
+	}
 	if oldOK && (!newOK || om != nm) {
 		if err := w.SRem(s.key, om); err != nil {
 			return err
@@ -71,8 +80,11 @@ func (s *set[T]) Diff(w *rebuild.Writes, old, new *T) error {
 // member are unchanged. A bucket whose key has the shape of keyswap's own
 // keys is skipped, as Build skips it.
 func (s *setIndex[T]) Diff(w *rebuild.Writes, old, new *T) error {
-	ob, om, oldOK := mapped2(s.fn, old)
-	nb, nm, newOK := mapped2(s.fn, new)
+	ob, om, oldOK, err1 := mapped2(s.fn, old)
+	nb, nm, newOK, err2 := mapped2(s.fn, new)
+	if err := errors.Join(err1, err2); err != nil {
+		return mappingError(err)
+	}
 	same := oldOK && newOK && ob == nb && om == nm
 	if oldOK && !same {
 		if err := skipReserved(w.SRem(s.prefix+":"+ob, om)); err != nil {
@@ -95,17 +107,17 @@ func skipReserved(err error) error {
 }
 
 // mapped1 applies fn to *v, or reports false for a nil v.
-func mapped1[T, A any](fn func(T) (A, bool), v *T) (a A, ok bool) {
+func mapped1[T, A any](fn func(T) (A, bool, error), v *T) (a A, ok bool, err error) {
 	if v == nil {
-		return a, false
+		return a, false, nil
 	}
 	return fn(*v)
 }
 
 // mapped2 applies fn to *v, or reports false for a nil v.
-func mapped2[T, A, B any](fn func(T) (A, B, bool), v *T) (a A, b B, ok bool) {
+func mapped2[T, A, B any](fn func(T) (A, B, bool, error), v *T) (a A, b B, ok bool, err error) {
 	if v == nil {
-		return a, b, false
+		return a, b, false, nil
 	}
 	return fn(*v)
 }

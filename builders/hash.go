@@ -5,14 +5,28 @@ import "github.com/keyswap/keyswap/rebuild"
 // Hash returns a builder of the hash key: a unique index such as
 // users:by-email (email → id). fn maps an item to a field and its value, or
 // ok false to skip the item. The last write of a field wins.
-// A Hash implements [rebuild.Keyed].
+// A Hash implements [rebuild.Keyed]. [HashErr] takes a mapping that can
+// fail.
 func Hash[T any](key string, fn func(T) (field, value string, ok bool)) rebuild.Builder[T] {
+	return HashErr(key, func(it T) (string, string, bool, error) {
+		f, v, ok := fn(it)
+		return f, v, ok, nil
+	})
+}
+
+// HashErr is [Hash] with a mapping that can fail, such as one that
+// JSON-encodes the value. An error from fn fails the run before anything is
+// published: Run returns a *rebuild.Error of Op "build" whose Key is key
+// and which wraps the error (errors.Is and errors.As reach it), the live
+// key is left as it was, and no temp key or lock is left behind. A non-nil
+// error fails the run whatever ok says.
+func HashErr[T any](key string, fn func(T) (field, value string, ok bool, err error)) rebuild.Builder[T] {
 	return &hash[T]{single{key}, fn}
 }
 
 type hash[T any] struct {
 	single
-	fn func(T) (string, string, bool)
+	fn func(T) (string, string, bool, error)
 }
 
 // Keyed reports true: batches that write no field in common may reach
@@ -28,7 +42,11 @@ func (h *hash[T]) Build(c *rebuild.Commands, items []T) error {
 	}
 	v := newVariadic(c, "HSET", temp, 2)
 	for _, it := range items {
-		if f, val, ok := h.fn(it); ok {
+		f, val, ok, err := h.fn(it)
+		if err != nil {
+			return mappingError(err)
+		}
+		if ok {
 			v.add(f, val, true)
 			c.Entry(f)
 		}

@@ -3,14 +3,27 @@ package builders
 import "github.com/keyswap/keyswap/rebuild"
 
 // Set returns a builder of the set key. fn maps an item to a member, or ok
-// false to skip the item. A Set implements [rebuild.Commutative].
+// false to skip the item. A Set implements [rebuild.Commutative]. [SetErr]
+// takes a mapping that can fail.
 func Set[T any](key string, fn func(T) (member string, ok bool)) rebuild.Builder[T] {
+	return SetErr(key, func(it T) (string, bool, error) {
+		m, ok := fn(it)
+		return m, ok, nil
+	})
+}
+
+// SetErr is [Set] with a mapping that can fail. An error from fn fails the
+// run before anything is published: Run returns a *rebuild.Error of Op
+// "build" whose Key is key and which wraps the error (errors.Is and
+// errors.As reach it), the live key is left as it was, and no temp key or
+// lock is left behind. A non-nil error fails the run whatever ok says.
+func SetErr[T any](key string, fn func(T) (member string, ok bool, err error)) rebuild.Builder[T] {
 	return &set[T]{single{key}, fn}
 }
 
 type set[T any] struct {
 	single
-	fn func(T) (string, bool)
+	fn func(T) (string, bool, error)
 }
 
 // Commutative reports true: SADDs give the same set in any order.
@@ -20,7 +33,11 @@ func (s *set[T]) Commutative() bool { return true }
 func (s *set[T]) Build(c *rebuild.Commands, items []T) error {
 	members := make([]string, 0, len(items))
 	for _, it := range items {
-		if m, ok := s.fn(it); ok {
+		m, ok, err := s.fn(it)
+		if err != nil {
+			return mappingError(err)
+		}
+		if ok {
 			members = append(members, m)
 		}
 	}

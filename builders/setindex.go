@@ -25,13 +25,28 @@ import (
 // The family owns every set whose key starts with "<prefix>:": do not keep
 // other sets there. On Redis Cluster the prefix must carry a hash tag, such
 // as "{users}:by-country", so that every bucket shares one hash slot.
+//
+// [SetIndexErr] takes a mapping that can fail.
 func SetIndex[T any](prefix string, fn func(T) (bucket, member string, ok bool)) rebuild.Builder[T] {
+	return SetIndexErr(prefix, func(it T) (string, string, bool, error) {
+		b, m, ok := fn(it)
+		return b, m, ok, nil
+	})
+}
+
+// SetIndexErr is [SetIndex] with a mapping that can fail. An error from fn
+// fails the run before anything is published: Run returns a
+// *rebuild.Error of Op "build" whose Key is prefix and which wraps the
+// error (errors.Is and errors.As reach it), every bucket is left as it was,
+// and no temp key or lock is left behind. A non-nil error fails the run
+// whatever ok says.
+func SetIndexErr[T any](prefix string, fn func(T) (bucket, member string, ok bool, err error)) rebuild.Builder[T] {
 	return &setIndex[T]{prefix, fn}
 }
 
 type setIndex[T any] struct {
 	prefix string
-	fn     func(T) (string, string, bool)
+	fn     func(T) (string, string, bool, error)
 }
 
 var (
@@ -58,7 +73,10 @@ func (s *setIndex[T]) Build(c *rebuild.Commands, items []T) error {
 	buckets := map[string][]string{}
 	var order []string
 	for _, it := range items {
-		b, m, ok := s.fn(it)
+		b, m, ok, err := s.fn(it)
+		if err != nil {
+			return mappingError(err)
+		}
 		if !ok {
 			continue
 		}

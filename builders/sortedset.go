@@ -13,13 +13,27 @@ import (
 // score, or ok false to skip the item. A member's score is whatever fn
 // returns, and the last write of a member wins. A NaN score is an
 // error: Redis would refuse it. A SortedSet implements [rebuild.Keyed].
+// [SortedSetErr] takes a mapping that can fail.
 func SortedSet[T any](key string, fn func(T) (member string, score float64, ok bool)) rebuild.Builder[T] {
+	return SortedSetErr(key, func(it T) (string, float64, bool, error) {
+		m, score, ok := fn(it)
+		return m, score, ok, nil
+	})
+}
+
+// SortedSetErr is [SortedSet] with a mapping that can fail. An error from
+// fn fails the run before anything is published: Run returns a
+// *rebuild.Error of Op "build" whose Key is key and which wraps the error
+// (errors.Is and errors.As reach it), the live key is left as it was, and
+// no temp key or lock is left behind. A non-nil error fails the run
+// whatever ok says.
+func SortedSetErr[T any](key string, fn func(T) (member string, score float64, ok bool, err error)) rebuild.Builder[T] {
 	return &sortedSet[T]{single{key}, fn}
 }
 
 type sortedSet[T any] struct {
 	single
-	fn func(T) (string, float64, bool)
+	fn func(T) (string, float64, bool, error)
 }
 
 // Keyed reports true: batches that write no member in common may reach
@@ -35,7 +49,10 @@ func (z *sortedSet[T]) Build(c *rebuild.Commands, items []T) error {
 	}
 	v := newVariadic(c, "ZADD", temp, 2)
 	for _, it := range items {
-		m, score, ok := z.fn(it)
+		m, score, ok, err := z.fn(it)
+		if err != nil {
+			return mappingError(err)
+		}
 		if !ok {
 			continue
 		}

@@ -16,7 +16,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/google/go-cmp/cmp"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/store"
@@ -574,23 +573,15 @@ func TestSweepSkipsReplica(t *testing.T) {
 	}
 }
 
-// TestSweepMiniredis: a node that cannot answer ROLE counts as a master and
-// is scanned. This is the one place store tests use miniredis (which has no
-// ROLE command), because that is the point of the test.
-func TestSweepMiniredis(t *testing.T) {
+// TestSweepNodeWithoutRole: a node that cannot answer ROLE (a server where
+// it is renamed or disabled, or one that lacks the command) counts as a
+// master and is scanned.
+func TestSweepNodeWithoutRole(t *testing.T) {
 	t.Parallel()
-	m, err := miniredis.Run()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(m.Close)
-	client, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{m.Addr()}, DisableCache: true, ForceSingleClient: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(client.Close)
+	srv := redistest.OwnServer(t, "--rename-command", "ROLE", "")
+	client := srv.Client(t)
 	if err := client.Do(redistest.Ctx(t), client.B().Role().Build()).Error(); err == nil {
-		t.Fatal("miniredis answers ROLE now; this test no longer covers a node that cannot")
+		t.Fatal("ROLE answered on a server started with it disabled; this test no longer covers a node that cannot")
 	}
 
 	orphan := sweepTemp("idx", sweepCutoff-1, "0123456789abcdef")
@@ -599,7 +590,7 @@ func TestSweepMiniredis(t *testing.T) {
 	sweepSet(t, client, recent, 0)
 	s := store.New(client, store.Options{Now: sweepClock()})
 	sweepWant(t, "sweep", sweepRun(t, s, store.SweepOptions{}), []string{orphan})
-	if got, want := m.Keys(), []string{recent}; !slices.Equal(got, want) {
+	if got, want := redistest.Keys(t, client, "idx:"), []string{recent}; !slices.Equal(got, want) {
 		t.Errorf("keys left: got %q, want %q", got, want)
 	}
 }

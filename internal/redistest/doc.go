@@ -64,7 +64,10 @@
 //
 //	srv, err := redistest.StartServer("--rename-command", "RENAME", "")
 //
-// RENAME is then an unknown command. ACL rules keep naming a renamed command
+// RENAME is then an unknown command. A server started with
+// "--rename-command", "ROLE", "" stands for a node that cannot answer ROLE
+// (an embedded or proxied Redis that lacks it), which keyswap's scans treat
+// as a master. ACL rules keep naming a renamed command
 // by its original name ("-flushall" also denies FLUSHALL renamed to
 // "ks-flushall", and "-ks-flushall" is an error).
 //

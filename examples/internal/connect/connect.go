@@ -23,11 +23,10 @@ func Flag(fs *flag.FlagSet) *string {
 // empty, with a description for the user and a function that closes both.
 func Open(url string) (client rueidis.Client, where string, closeFn func(), err error) {
 	if url == "" {
-		m := miniredis.NewMiniRedis()
-		if err := m.Start(); err != nil {
-			return nil, "", nil, fmt.Errorf("starting the embedded Redis: %w", err)
+		m, err := startEmbedded()
+		if err != nil {
+			return nil, "", nil, err
 		}
-		m.ClockTTL(true) // TTLs run in real time, as on a real server
 		c, err := rueidis.NewClient(rueidis.ClientOption{
 			InitAddress:       []string{m.Addr()},
 			DisableCache:      true, // miniredis has no client-side caching
@@ -49,4 +48,26 @@ func Open(url string) (client rueidis.Client, where string, closeFn func(), err 
 		return nil, "", nil, fmt.Errorf("connecting to %s: %w", url, err)
 	}
 	return c, url, c.Close, nil
+}
+
+// Embedded starts an embedded miniredis for an example that needs a URL
+// rather than a client (one that parses it with another library), and
+// returns its redis:// URL and a function that stops it.
+func Embedded() (url string, stop func(), err error) {
+	m, err := startEmbedded()
+	if err != nil {
+		return "", nil, err
+	}
+	return "redis://" + m.Addr(), m.Close, nil
+}
+
+// startEmbedded starts a miniredis whose TTLs run in real time, as on a
+// real server.
+func startEmbedded() (*miniredis.Miniredis, error) {
+	m := miniredis.NewMiniRedis()
+	if err := m.Start(); err != nil {
+		return nil, fmt.Errorf("starting the embedded Redis: %w", err)
+	}
+	m.ClockTTL(true)
+	return m, nil
 }
