@@ -20,6 +20,9 @@ import (
 	"github.com/redis/rueidis"
 )
 
+// metaKey is keys.MetaKey, for files whose own names shadow package keys.
+func metaKey(live string, cluster bool) string { return keys.MetaKey(live, cluster) }
+
 // genWindow is when a publish may have run: from just before the Run that
 // made it to just after it returned.
 type genWindow struct{ from, to time.Time }
