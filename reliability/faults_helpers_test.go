@@ -543,9 +543,12 @@ func (in *interceptor) wrap(c rueidis.Client) rueidis.Client {
 					return res
 				}
 			}
+			// A batch's transaction carries an EXPIRE NX of each temp
+			// key it writes: that is no cleanup step.
+			txn := slices.ContainsFunc(multi, func(cmd rueidis.Completed) bool { return cmd.Commands()[0] == "MULTI" })
 			cleanup := make([]bool, len(multi))
 			for i, cmd := range multi {
-				cleanup[i] = isCleanup(cmd)
+				cleanup[i] = !txn && isCleanup(cmd)
 			}
 			in.split.RLock()
 			res = c.DoMulti(ctx, multi...)
@@ -574,9 +577,10 @@ func (in *interceptor) wrap(c rueidis.Client) rueidis.Client {
 	})
 }
 
-// isCleanup reports whether cmd is a step of a failed run's cleanup: the
-// UNLINK that discards a temp key, or the EXPIRE that preserves one. Call it
-// before cmd is sent: rueidis recycles a command once it has run.
+// isCleanup reports whether cmd, sent outside a transaction, is a step of a
+// failed run's cleanup: the UNLINK that discards a temp key, or the EXPIRE
+// that preserves one. Call it before cmd is sent: rueidis recycles a
+// command once it has run.
 func isCleanup(cmd rueidis.Completed) bool {
 	args := cmd.Commands()
 	if (args[0] != "UNLINK" && args[0] != "EXPIRE") || len(args) < 2 {
