@@ -38,10 +38,17 @@ import (
 // "past the TTL" costs seconds, not minutes; PreserveFor is far from it, so
 // that a preserved temp key and a leased one are told apart.
 const (
-	faultItems       = 2000            // items per run: 10 batches
-	faultBatch       = 200             // BatchSize of the faulted run
-	faultWriters     = 2               // Writers: at most 2 batches per DoMulti
-	faultMidDoMulti  = 3               // mid-stream: the 3rd write DoMulti (after 2-4 of 10 batches)
+	faultItems      = 2000 // items per run: 10 batches
+	faultBatch      = 200  // BatchSize of the faulted run
+	faultWriters    = 2    // Writers: at most 2 batches per DoMulti
+	faultMidDoMulti = 3    // mid-stream: the 3rd write DoMulti (after 2-4 of 10 batches)
+	// MaxMerged of the faulted run: a batch's worth, so that the family's
+	// merged writes go out with the batches, and a fault mid-stream finds
+	// its buckets' temp keys partly written too. With
+	// the default (2^20 entries) every bucket's members would wait for a
+	// full command of MaxMergeArgs (1000), that is for the end of the
+	// source, and no fault before the publish would meet them.
+	faultMaxMerged   = faultBatch
 	faultTTL         = 4 * time.Second // lease of the faulted run: 2 s lapsed under load (3 suites at once, -race)
 	faultPreserveFor = 30 * time.Second
 	faultReceiptTTL  = 30 * time.Second                // how long a publish's receipt lives (internal/run)

@@ -657,8 +657,8 @@ func runCase(t testing.TB, f faultSpec, p point, d *deployment) {
 	var logged lockedBuffer // what the run logs: the cleanup steps that failed
 	rb := redistest.Rebuilder(t, in.wrap(d.client), rebuild.Options{
 		BatchSize: faultBatch, Writers: faultWriters, TTL: faultTTL, PreserveFor: faultPreserveFor,
-		Unordered: d.unordered,
-		Logger:    slog.New(slog.NewTextHandler(&logged, nil)),
+		Unordered: d.unordered, MaxMerged: faultMaxMerged,
+		Logger: slog.New(slog.NewTextHandler(&logged, nil)),
 	}, c.s.builders()...)
 	go func() {
 		var res result
