@@ -120,7 +120,8 @@ func TestRaceChecksCatchABrokenLock(t *testing.T) {
 	if f.overlaps == 0 {
 		t.Errorf("overlaps with a broken lock: got 0 in %d runs, want some: the check cannot see two holders", f.runs)
 	}
-	t.Logf("with the lock broken: %d runs, %d published, %d failed, %d overlaps, %d stale, %d mixed", f.runs, f.published, f.failed, f.overlaps, f.stale, f.mixed)
+	t.Logf("with the lock broken: %d runs, %d published, %d failed, %d overlaps, %d stale, %d mixed, %d partial, %d leaked keys, %d wrong generation records",
+		f.runs, f.published, f.failed, f.overlaps, f.stale, f.mixed, f.partial, f.leaked, f.wrongGenerations)
 	for _, p := range f.problems[:min(len(f.problems), 8)] {
 		t.Logf("for instance: %s", p)
 	}
