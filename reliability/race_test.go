@@ -191,6 +191,19 @@ func TestRaceReaderSeesBadStates(t *testing.T) {
 // never publishes: the live keys stay the successor's generation, readers
 // never see them go back, and its temp keys do not outlive their TTL (C15,
 // C16+, C44, C34).
+//
+// Known bug (open; RELIABILITY.md, "The paused rebuilder"): on a loaded
+// machine the paused rebuilder sometimes returns the held batch's "MULTI:
+// context deadline exceeded" alone, without ErrLockLost, and this test
+// fails on that check (2 of 60 subtests of -race -count=15, two test
+// processes at once).
+// The lease's watchdog is due a TTL after the last renewal was sent, the
+// held write's deadline a TTL after the write was sent, milliseconds later;
+// execution.failure joins ErrLockLost to the write's error only when the
+// watchdog's callback has already run, so when a scheduling delay lets the
+// write's deadline fire first the lost lease goes unreported. The check is
+// right: the lock had expired in Redis (the test waits for that) before the
+// write timed out.
 func TestRacePausedRebuilder(t *testing.T) {
 	t.Parallel()
 	for _, d := range raceDeployments() {
@@ -1289,6 +1302,7 @@ func racePaused(t *testing.T, d raceDeployment) {
 		t.Errorf("paused generation %d, successor's %d: want 0 < paused < successor", gP, gS)
 	}
 	if !errors.Is(perr, rebuild.ErrLockLost) && !errors.Is(perr, rebuild.ErrTempKeyLost) {
+		// Fails now and then on the known bug in the test's comment.
 		t.Errorf("paused rebuilder: got %v, want an error matching ErrLockLost or ErrTempKeyLost", perr)
 	}
 
