@@ -195,8 +195,9 @@ func TestRaceReaderSeesBadStates(t *testing.T) {
 // Known bug (open; RELIABILITY.md, "The paused rebuilder"): on a loaded
 // machine the paused rebuilder sometimes returns the held batch's "MULTI:
 // context deadline exceeded" alone, without ErrLockLost, and this test
-// fails on that check (2 of 60 subtests of -race -count=15, two test
-// processes at once).
+// fails on that check (2 of 60 subtests of -race -count=15 with two test
+// processes at once; the cluster case in 2 of 11 runs of the whole package
+// at load average 8-17).
 // The lease's watchdog is due a TTL after the last renewal was sent, the
 // held write's deadline a TTL after the write was sent, milliseconds later;
 // execution.failure joins ErrLockLost to the write's error only when the
