@@ -5,8 +5,9 @@ package reliability
 // (rebuild/config_test.go, the store tests) cover each check in detail;
 // this one table runs them all against live keys, and checks for each that
 // the error names the problem, and that the keyspace is left exactly as it
-// was: no lock, no temp key, every live key byte-identical with the same
-// TTL (guarantee 4, C7, C35, C42, C45, C52, C5+).
+// was: no lock, no temp key, every live key and generation record
+// byte-identical with the same TTL (guarantee 4, C7, C35, C42, C45, C52,
+// C5+).
 
 import (
 	"context"
@@ -23,6 +24,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/keyswap/keyswap/builders"
+	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/rebuild"
 	"github.com/redis/rueidis"
@@ -105,7 +107,7 @@ func badOtherSlot(t *testing.T, p string) string {
 
 // TestBadInput: every kind of bad input of the list gives an error
 // that names the problem, and changes nothing: no lock, no temp key, the
-// live keys as they were.
+// live keys and their generation records as they were.
 func TestBadInput(t *testing.T) {
 	t.Parallel()
 	const items, batch = 3000, 500 // a bad item at 1200 is in the third batch
@@ -292,13 +294,29 @@ func TestBadInput(t *testing.T) {
 				c = env.Standalone.Client(t)
 			}
 			raceFresh(t, c, p)
-			// The live keys every case must leave alone.
+			// The live keys every case must leave alone: five, and the
+			// generation record of each of the three builders' keys, at
+			// generation 1.
+			w := genWindow{from: time.Now()}
 			if err := badRun(c, rebuild.Options{}, badGood(p)...); err != nil {
 				t.Fatalf("first run: %v", err)
 			}
+			w.to = time.Now()
 			before := redistest.Snapshot(t, c, p)
-			if len(before) != 5 {
-				t.Fatalf("first run: got keys %q, want 5", slices.Sorted(maps.Keys(before)))
+			live := []string{p + "h", p + "idx:0", p + "idx:1", p + "idx:2", p + "z"}
+			want := slices.Clone(live)
+			for _, k := range []string{p + "h", p + "z", p + "idx"} {
+				want = append(want, keys.MetaKey(k, tc.cluster))
+				if err := checkGeneration(t.Context(), c, k, tc.cluster, 1, w); err != nil {
+					t.Fatalf("first run: %v", err)
+				}
+			}
+			slices.Sort(want)
+			if got := slices.Sorted(maps.Keys(before)); !slices.Equal(got, want) {
+				t.Fatalf("first run: got keys %q, want %q", got, want)
+			}
+			if got := redistest.LiveKeys(t, c, p); !slices.Equal(got, live) {
+				t.Fatalf("first run: got live keys %q, want %q", got, live)
 			}
 
 			var err error

@@ -26,6 +26,7 @@ import (
 
 	"github.com/keyswap/keyswap/builders"
 	"github.com/keyswap/keyswap/internal/faultproxy"
+	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/rebuild"
 	"github.com/keyswap/keyswap/store"
@@ -37,12 +38,20 @@ import (
 // "past the TTL" costs seconds, not minutes; PreserveFor is far from it, so
 // that a preserved temp key and a leased one are told apart.
 const (
-	faultItems       = 2000            // items per run: 10 batches
-	faultBatch       = 200             // BatchSize of the faulted run
-	faultWriters     = 2               // Writers: at most 2 batches per DoMulti
-	faultMidDoMulti  = 3               // mid-stream: the 3rd write DoMulti (after 2-4 of 10 batches)
+	faultItems      = 2000 // items per run: 10 batches
+	faultBatch      = 200  // BatchSize of the faulted run
+	faultWriters    = 2    // Writers: at most 2 batches per DoMulti
+	faultMidDoMulti = 3    // mid-stream: the 3rd write DoMulti (after 2-4 of 10 batches)
+	// MaxMerged of the faulted run: a batch's worth, so that the family's
+	// merged writes go out with the batches, and a fault mid-stream finds
+	// its buckets' temp keys partly written too. With
+	// the default (2^20 entries) every bucket's members would wait for a
+	// full command of MaxMergeArgs (1000), that is for the end of the
+	// source, and no fault before the publish would meet them.
+	faultMaxMerged   = faultBatch
 	faultTTL         = 4 * time.Second // lease of the faulted run: 2 s lapsed under load (3 suites at once, -race)
 	faultPreserveFor = 30 * time.Second
+	faultReceiptTTL  = 30 * time.Second                // how long a publish's receipt lives (internal/run)
 	faultHold        = faultTTL + 500*time.Millisecond // stall and SIGSTOP: longer than the TTL
 	faultRunTimeout  = 60 * time.Second                // bounds every Run (the rebuild client has no keepalive)
 	faultWait        = 15 * time.Second                // bounds every poll
@@ -99,6 +108,10 @@ func newShape(prefix string) shape {
 	return shape{email: prefix + "by-email", score: prefix + "by-score", country: prefix + "by-country"}
 }
 
+// keys returns the builders' keys (the family's prefix), each of which has
+// a generation record.
+func (s shape) keys() []string { return []string{s.email, s.score, s.country} }
+
 func (s shape) builders() []rebuild.Builder[fuser] {
 	return []rebuild.Builder[fuser]{
 		builders.Hash(s.email, func(u fuser) (string, string, bool) { return u.Email, u.ID, true }),
@@ -149,10 +162,19 @@ func (s shape) expected(d dataset) map[string]content {
 
 func sorted(s []string) []string { slices.Sort(s); return s }
 
-// isLive reports whether k is a live key: neither a temp key nor a lock.
-func isLive(k string) bool {
-	_, _, temp := store.ParseTempKey(k)
-	return !temp && !strings.HasSuffix(k, ":rebuild-lock")
+// isLive reports whether k is a live key: none of the keys keyswap keeps
+// next to one (a temp key, a lock, a lock's record, log or receipt, a
+// generation record).
+func isLive(k string) bool { return !keys.Reserved(k) }
+
+// liveOnly returns the states of the live keys of snap.
+func liveOnly(snap map[string]redistest.KeyState) map[string]redistest.KeyState {
+	for k := range snap {
+		if !isLive(k) {
+			delete(snap, k)
+		}
+	}
+	return snap
 }
 
 // readLive returns the content of every live key under prefix.
@@ -234,14 +256,37 @@ func sortedKeys[V any](m map[string]V) []string {
 	return out
 }
 
-// leftover is a temp key or a lock key left under a case's prefix.
+// Kinds of leftover.
+const (
+	leftLock    = "lock"
+	leftRecord  = "record"  // a lock's run record or log: they live no longer than the lock
+	leftReceipt = "receipt" // the receipt of a publish, "<lock>:done"
+	leftTemp    = "temp"
+)
+
+// leftover is a key of a run left under a case's prefix: a temp key, a
+// lock, a lock's record or log, or a receipt.
 type leftover struct {
 	key  string
-	lock bool
+	kind string        // leftLock, ...
 	pttl time.Duration // -1: no expiry
 }
 
-// leftovers returns the temp and lock keys under prefix, with their PTTLs.
+// leftoverKind returns the kind of k, one of redistest.Leftovers.
+func leftoverKind(k string) string {
+	switch {
+	case strings.HasSuffix(k, keys.LockSuffix):
+		return leftLock
+	case strings.HasSuffix(k, keys.LockSuffix+keys.RecordSuffix), strings.HasSuffix(k, keys.LockSuffix+keys.LogSuffix):
+		return leftRecord
+	case strings.HasSuffix(k, keys.LockSuffix+keys.ReceiptSuffix):
+		return leftReceipt
+	}
+	return leftTemp
+}
+
+// leftovers returns the keys of a run under prefix (redistest.Leftovers:
+// not the live keys, nor their generation records), with their PTTLs.
 func leftovers(t testing.TB, c rueidis.Client, prefix string) []leftover {
 	t.Helper()
 	var out []leftover
@@ -257,7 +302,7 @@ func leftovers(t testing.TB, c rueidis.Client, prefix string) []leftover {
 		if ms < 0 {
 			d = time.Duration(ms)
 		}
-		out = append(out, leftover{key: k, lock: strings.HasSuffix(k, ":rebuild-lock"), pttl: d})
+		out = append(out, leftover{key: k, kind: leftoverKind(k), pttl: d})
 	}
 	return out
 }
@@ -266,6 +311,7 @@ func leftovers(t testing.TB, c rueidis.Client, prefix string) []leftover {
 // the proxy on the rebuild client's path to it, and how to make clients.
 type deployment struct {
 	name    string
+	cluster bool                    // keys.Base of a cluster
 	srv     *redistest.Server       // the server holding the case's keys
 	proxy   *faultproxy.Proxy       // in front of srv, on the rebuild client's path
 	stats   func() faultproxy.Stats // of every proxy on the rebuild client's path
@@ -358,7 +404,7 @@ func onCluster(t testing.TB, cl *redistest.Cluster, shared bool) *deployment {
 		t.Fatal(err)
 	}
 	return &deployment{
-		name: "cluster", srv: srv, proxy: p, stats: d.Stats, cutAll: d.CutAll, client: c,
+		name: "cluster", cluster: true, srv: srv, proxy: p, stats: d.Stats, cutAll: d.CutAll, client: c,
 		prefix: prefix, observe: cl.Client,
 	}
 }
@@ -504,9 +550,12 @@ func (in *interceptor) wrap(c rueidis.Client) rueidis.Client {
 					return res
 				}
 			}
+			// A batch's transaction carries an EXPIRE NX of each temp
+			// key it writes: that is no cleanup step.
+			txn := slices.ContainsFunc(multi, func(cmd rueidis.Completed) bool { return cmd.Commands()[0] == "MULTI" })
 			cleanup := make([]bool, len(multi))
 			for i, cmd := range multi {
-				cleanup[i] = isCleanup(cmd)
+				cleanup[i] = !txn && isCleanup(cmd)
 			}
 			in.split.RLock()
 			res = c.DoMulti(ctx, multi...)
@@ -535,9 +584,10 @@ func (in *interceptor) wrap(c rueidis.Client) rueidis.Client {
 	})
 }
 
-// isCleanup reports whether cmd is a step of a failed run's cleanup: the
-// UNLINK that discards a temp key, or the EXPIRE that preserves one. Call it
-// before cmd is sent: rueidis recycles a command once it has run.
+// isCleanup reports whether cmd, sent outside a transaction, is a step of a
+// failed run's cleanup: the UNLINK that discards a temp key, or the EXPIRE
+// that preserves one. Call it before cmd is sent: rueidis recycles a
+// command once it has run.
 func isCleanup(cmd rueidis.Completed) bool {
 	args := cmd.Commands()
 	if (args[0] != "UNLINK" && args[0] != "EXPIRE") || len(args) < 2 {
@@ -626,11 +676,11 @@ return out`)
 
 func startReader(c rueidis.Client, s shape) *reader {
 	r := &reader{stop: make(chan struct{}), done: make(chan struct{})}
-	keys := []string{s.email, s.score}
+	watched := []string{s.email, s.score}
 	var sets []dataset
 	for _, d := range []dataset{v1, v2, v3} {
 		for _, cc := range countries[d] {
-			keys = append(keys, s.country+":"+cc)
+			watched = append(watched, s.country+":"+cc)
 			sets = append(sets, d)
 		}
 	}
@@ -647,7 +697,7 @@ func startReader(c rueidis.Client, s shape) *reader {
 			case <-tick.C:
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-			got, err := readScript.Exec(ctx, c, keys, nil).AsIntSlice()
+			got, err := readScript.Exec(ctx, c, watched, nil).AsIntSlice()
 			cancel()
 			if err != nil {
 				continue
@@ -743,10 +793,14 @@ type row struct {
 	tempsNoTTL               int           // those without a TTL
 	locks                    int           // locks left once the run returned
 	locksPastTTL             int           // locks seen TTL after the run returned
+	records                  int           // records and logs of locks left once the fault was over
+	recordsPastTTL           int           // those seen TTL after the fault was over
+	receipts                 int           // receipts left once the fault was over
+	receiptMaxTTL            time.Duration // their largest PTTL
 	reads, gaps              int64
 	noScript                 int64
 	elapsed                  time.Duration
-	bad                      []string // broken invariants: lost data, gaps, stale publishes, leaks
+	bad                      []string // broken invariants: lost data, gaps, stale publishes, leaks, generation records
 }
 
 // report collects the rows of every case.
@@ -768,9 +822,9 @@ func markdown(rows []row) string {
 			cmp.Compare(a.deployment, b.deployment), cmp.Compare(pointOrder(a.point), pointOrder(b.point)))
 	})
 	var b strings.Builder
-	b.WriteString("| fault | point | deployment | outcome | error (class, op) | live keys | temps left (TTL) | locks left / past TTL | reader gaps / reads | time |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|---|\n")
-	var lost, gaps, stale, leaks, broken int
+	b.WriteString("| fault | point | deployment | outcome | error (class, op) | live keys | temps left (TTL) | locks (records) left / past TTL | receipts left (TTL) | reader gaps / reads | time |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|\n")
+	var lost, gaps, stale, leaks, gens, broken int
 	for _, r := range rows {
 		e := r.class
 		if r.op != "" {
@@ -783,12 +837,17 @@ func markdown(rows []row) string {
 		case r.temps > 0:
 			temps = fmt.Sprintf("%d (≤ %.1fs)", r.temps, r.tempMaxTTL.Seconds())
 		}
+		receipts := "0"
+		if r.receipts > 0 {
+			receipts = fmt.Sprintf("%d (≤ %.1fs)", r.receipts, r.receiptMaxTTL.Seconds())
+		}
 		outcome := r.outcome
 		if r.noScript > 0 {
 			outcome += fmt.Sprintf(" (%d NOSCRIPT, recovered)", r.noScript)
 		}
-		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %d / %d | %d / %d | %.1fs |\n",
-			r.fault, r.point, r.deployment, outcome, e, r.live, temps, r.locks, r.locksPastTTL, r.gaps, r.reads, r.elapsed.Seconds())
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %d (%d) / %d (%d) | %s | %d / %d | %.1fs |\n",
+			r.fault, r.point, r.deployment, outcome, e, r.live, temps, r.locks, r.records, r.locksPastTTL, r.recordsPastTTL,
+			receipts, r.gaps, r.reads, r.elapsed.Seconds())
 		for _, x := range r.bad {
 			switch {
 			case strings.HasPrefix(x, "lost"):
@@ -799,14 +858,16 @@ func markdown(rows []row) string {
 				stale++
 			case strings.HasPrefix(x, "leak"):
 				leaks++
+			case strings.HasPrefix(x, "generation"):
+				gens++
 			}
 		}
 		if len(r.bad) > 0 {
 			broken++
 		}
 	}
-	fmt.Fprintf(&b, "\nCases: %d. Lost data: %d. Gaps: %d. Stale publishes: %d. Leaks (keys or commands): %d. Cases with a broken invariant: %d.\n",
-		len(rows), lost, gaps, stale, leaks, broken)
+	fmt.Fprintf(&b, "\nCases: %d. Lost data: %d. Gaps: %d. Stale publishes: %d. Leaks (keys or commands): %d. Wrong generation records: %d. Cases with a broken invariant: %d.\n",
+		len(rows), lost, gaps, stale, leaks, gens, broken)
 	for _, r := range rows {
 		for _, x := range r.bad {
 			fmt.Fprintf(&b, "\n- %s / %s / %s: %s\n", r.fault, r.point, r.deployment, x)

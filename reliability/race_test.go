@@ -107,8 +107,9 @@ func TestRaceHammer(t *testing.T) {
 }
 
 // TestRaceChecksCatchABrokenLock is the control of TestRaceHammer: with the
-// lock broken on purpose (a hook drops the NX of the lock's SET, so every
-// run takes it), the same checks must see overlapping lock holders. Without
+// lock broken on purpose (a hook deletes the locks before each acquire
+// script, so every run takes them), the same checks must see overlapping
+// lock holders. Without
 // it, a hammer that reports zero overlaps would not show that the check can
 // fail.
 func TestRaceChecksCatchABrokenLock(t *testing.T) {
@@ -119,7 +120,11 @@ func TestRaceChecksCatchABrokenLock(t *testing.T) {
 	if f.overlaps == 0 {
 		t.Errorf("overlaps with a broken lock: got 0 in %d runs, want some: the check cannot see two holders", f.runs)
 	}
-	t.Logf("with the lock broken: %d runs, %d published, %d failed, %d overlaps, %d stale, %d mixed", f.runs, f.published, f.failed, f.overlaps, f.stale, f.mixed)
+	t.Logf("with the lock broken: %d runs, %d published, %d failed, %d overlaps, %d stale, %d mixed, %d partial, %d leaked keys, %d wrong generation records",
+		f.runs, f.published, f.failed, f.overlaps, f.stale, f.mixed, f.partial, f.leaked, f.wrongGenerations)
+	for _, p := range f.problems[:min(len(f.problems), 8)] {
+		t.Logf("for instance: %s", p)
+	}
 }
 
 // TestRaceReaderSeesBadStates is the control of the readers' checks: states
@@ -186,6 +191,20 @@ func TestRaceReaderSeesBadStates(t *testing.T) {
 // never publishes: the live keys stay the successor's generation, readers
 // never see them go back, and its temp keys do not outlive their TTL (C15,
 // C16+, C44, C34).
+//
+// Known bug (open; RELIABILITY.md, "The paused rebuilder"): on a loaded
+// machine the paused rebuilder sometimes returns the held batch's "MULTI:
+// context deadline exceeded" alone, without ErrLockLost, and this test
+// fails on that check (2 of 60 subtests of -race -count=15 with two test
+// processes at once; the cluster case in 2 of 11 runs of the whole package
+// at load average 8-17).
+// The lease's watchdog is due a TTL after the last renewal was sent, the
+// held write's deadline a TTL after the write was sent, milliseconds later;
+// execution.failure joins ErrLockLost to the write's error only when the
+// watchdog's callback has already run, so when a scheduling delay lets the
+// write's deadline fire first the lost lease goes unreported. The check is
+// right: the lock had expired in Redis (the test waits for that) before the
+// write timed out.
 func TestRacePausedRebuilder(t *testing.T) {
 	t.Parallel()
 	for _, d := range raceDeployments() {
@@ -772,7 +791,7 @@ type raceFigures struct {
 	helperRuns, helperPublished        int64
 	observations, gaps, mixed, partial int64
 	stale, phantom, overlaps, leaked   int64
-	readErrors                         int64
+	readErrors, wrongGenerations       int64
 	runP50, runP99, readP50, readP99   time.Duration
 	finalGen, maxGen                   int64
 	runDurations, readLatency          raceHist
@@ -809,6 +828,7 @@ func (f raceFigures) check(t *testing.T) {
 		{"stale publishes", f.stale},
 		{"generations seen that no successful run published", f.phantom},
 		{"leaked keys", f.leaked},
+		{"wrong generation records", f.wrongGenerations},
 		{"read errors", f.readErrors},
 	} {
 		if c.n != 0 {
@@ -861,6 +881,7 @@ func raceHammer(t *testing.T, s raceSetup, keys ...raceKeys) []raceFigures {
 	ctx, cancel := context.WithTimeout(t.Context(), s.dur+2*time.Minute)
 	defer cancel()
 	admin := raceTestClient(t, d)
+	begin := time.Now() // before the seed runs: every publish is later
 
 	groups := make([]*raceGroup, len(keys))
 	for gi, k := range keys {
@@ -921,14 +942,14 @@ func raceHammer(t *testing.T, s raceSetup, keys ...raceKeys) []raceFigures {
 
 	fs := make([]raceFigures, len(groups))
 	for i, g := range groups {
-		fs[i] = raceGather(t, ctx, admin, s, g, helperTallies[i])
+		fs[i] = raceGather(t, ctx, admin, s, g, helperTallies[i], genWindow{from: begin, to: time.Now()})
 	}
 	return fs
 }
 
-// raceGather checks the outcome of one group's hammer and returns its
-// figures.
-func raceGather(t *testing.T, ctx context.Context, admin rueidis.Client, s raceSetup, g *raceGroup, helpers []*raceTally) raceFigures {
+// raceGather checks the outcome of one group's hammer, whose publishes all
+// ran within w, and returns its figures.
+func raceGather(t *testing.T, ctx context.Context, admin rueidis.Client, s raceSetup, g *raceGroup, helpers []*raceTally, w genWindow) raceFigures {
 	t.Helper()
 	keys := g.keys
 	f := raceFigures{deployment: s.deployment, keys: keys.Prefix, dur: s.dur, rebuilders: s.goroutines + s.processes,
@@ -994,10 +1015,22 @@ func raceGather(t *testing.T, ctx context.Context, admin rueidis.Client, s raceS
 	f.finalGen = live.gen
 
 	// Nothing leaks: no lock, no temp key, nothing but the live keys of the
-	// live generation and the suite's counters.
+	// live generation, their generation records and the suite's counters.
 	want := map[string]bool{keys.Hash: true, keys.Zset: true, keys.Gen: true, keys.Running: true, keys.Ready: s.processes > 0}
 	for j := range raceBuckets(live.gen) {
 		want[keys.bucket(j)] = true
+	}
+	// Every publish advanced the generation record of each builder's key,
+	// and no other run touched it: its seq and gen are the number of
+	// successful runs, the seed run and the helper processes' included
+	// (a failed run that published anyway would show here too).
+	cluster := raceDeploymentNamed(s.deployment).cluster
+	for _, live := range []string{keys.Hash, keys.Zset, keys.Index} {
+		want[metaKey(live, cluster)] = true
+		if err := checkGeneration(ctx, admin, live, cluster, all.Published, w); err != nil {
+			f.wrongGenerations++
+			f.problem("generation record after %d successful runs: %v", all.Published, err)
+		}
 	}
 	var leaked []string
 	for _, k := range redistest.Keys(t, admin, keys.Prefix) {
@@ -1015,28 +1048,44 @@ func raceGather(t *testing.T, ctx context.Context, admin rueidis.Client, s raceS
 	return f
 }
 
-// raceBreakLock returns c with the lock broken: every SET ... NX loses its
-// NX, so that every acquire succeeds. Only TestRaceChecksCatchABrokenLock
-// uses it.
+// raceBreakLock returns c with the lock broken: before each acquire script
+// is sent, the locks it is about to take are deleted, so that every acquire
+// succeeds, taking the locks over from any run that holds them (as a SET
+// without NX would). Only TestRaceChecksCatchABrokenLock uses it.
+//
+// The locks are taken by one script (acquire.lua), which checks that none
+// exists and sets them all: the hook cannot drop an NX from it, so it
+// clears the way instead. Its KEYS are the n locks, then their n records
+// and n logs.
 func raceBreakLock(c rueidis.Client) rueidis.Client {
-	strip := func(c rueidis.Client, cmd rueidis.Completed) rueidis.Completed {
-		cs := cmd.Commands()
-		if len(cs) != 6 || cs[0] != "SET" || cs[3] != "NX" || cs[4] != "EX" {
-			return cmd
+	acquire := redistest.ScriptNamed("acquire")
+	locks := func(cmd rueidis.Completed) []string {
+		args := cmd.Commands()
+		if !acquire.Is(args) || len(args) < 3 {
+			return nil
 		}
-		secs, _ := strconv.ParseInt(cs[5], 10, 64)
-		return c.B().Set().Key(cs[1]).Value(cs[2]).ExSeconds(secs).Build()
+		numkeys, err := strconv.Atoi(args[2])
+		if err != nil || numkeys%3 != 0 || 3+numkeys > len(args) {
+			return nil
+		}
+		return slices.Clone(args[3 : 3+numkeys/3])
+	}
+	steal := func(c rueidis.Client, ctx context.Context, cmd rueidis.Completed) {
+		if ls := locks(cmd); len(ls) > 0 {
+			// An error here only leaves the lock unbroken for this run.
+			_ = c.Do(ctx, c.B().Del().Key(ls...).Build()).Error()
+		}
 	}
 	return rueidishook.WithHook(c, redistest.Hook{
 		OnDo: func(c rueidis.Client, ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
-			return c.Do(ctx, strip(c, cmd))
+			steal(c, ctx, cmd)
+			return c.Do(ctx, cmd)
 		},
 		OnDoMulti: func(c rueidis.Client, ctx context.Context, multi ...rueidis.Completed) []rueidis.RedisResult {
-			out := make([]rueidis.Completed, len(multi))
-			for i, cmd := range multi {
-				out[i] = strip(c, cmd)
+			for _, cmd := range multi {
+				steal(c, ctx, cmd)
 			}
-			return c.DoMulti(ctx, out...)
+			return c.DoMulti(ctx, multi...)
 		},
 	})
 }
@@ -1254,6 +1303,7 @@ func racePaused(t *testing.T, d raceDeployment) {
 		t.Errorf("paused generation %d, successor's %d: want 0 < paused < successor", gP, gS)
 	}
 	if !errors.Is(perr, rebuild.ErrLockLost) && !errors.Is(perr, rebuild.ErrTempKeyLost) {
+		// Fails now and then on the known bug in the test's comment.
 		t.Errorf("paused rebuilder: got %v, want an error matching ErrLockLost or ErrTempKeyLost", perr)
 	}
 
@@ -1398,6 +1448,7 @@ func (f *raceFigures) add(o raceFigures) {
 	f.stale += o.stale
 	f.phantom += o.phantom
 	f.leaked += o.leaked
+	f.wrongGenerations += o.wrongGenerations
 	f.overlaps += o.overlaps
 	f.runDurations.merge(&o.runDurations)
 	f.readLatency.merge(&o.readLatency)
