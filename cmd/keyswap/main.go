@@ -11,6 +11,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	krun "github.com/keyswap/keyswap/internal/run"
 )
 
 // Exit codes.
@@ -19,11 +21,12 @@ const (
 	exitError   = 1 // a runtime error, including an unreachable Redis or a failed login
 	exitUsage   = 2 // a bad command line
 	exitOrphans = 3 // status, or a sweep without --delete, found sweep candidates
+	exitNoRun   = 4 // no rebuild in progress for the key a command acts on
 )
 
 const mainUsage = `keyswap is the operator's tool for keyswap's atomic key rebuilds in Redis:
-it shows the rebuilds in progress and sweeps the temp keys that crashed
-processes left behind.
+it shows the rebuilds in progress, steers them, and sweeps the temp keys
+that crashed processes left behind.
 
 Usage:
 
@@ -31,9 +34,13 @@ Usage:
 
 Commands:
 
-	status   list rebuilds in progress, temp keys, and sweep candidates
-	sweep    delete orphaned temp keys (a dry run unless --delete is given)
-	version  print keyswap's version (also: keyswap --version)
+	status    list rebuilds in progress, temp keys, and sweep candidates
+	cancel    stop a rebuild in progress; it publishes nothing
+	throttle  limit the items per second a rebuild in progress pulls
+	pause     stop a rebuild in progress from pulling its source
+	resume    let a paused rebuild pull its source again
+	sweep     delete orphaned temp keys (a dry run unless --delete is given)
+	version   print keyswap's version (also: keyswap --version)
 
 Run 'keyswap <command> -h' for a command's flags. Flags take one dash or two
 (-json or --json) and may follow the arguments.
@@ -45,14 +52,19 @@ $REDIS_URL, else redis://127.0.0.1:6379; the password comes from --askpass,
 else the URL, else $KEYSWAP_PASSWORD, else $REDISCLI_AUTH. 'keyswap status
 -h' describes them all.
 
-Exit status: 0 on success (and, for status and a dry-run sweep, when there
-is nothing to sweep); 1 on an error (Redis unreachable, authentication
-failed, a command failed); 2 on a usage error; 3 when status or a sweep
-without --delete found sweep candidates (a sweep with --delete exits 0 once
-it deleted them all).
+Exit status:
+
+	0  success (and, for status and a dry-run sweep, nothing to sweep)
+	1  an error: Redis unreachable, authentication failed, a command failed
+	2  a usage error
+	3  status or a sweep without --delete found sweep candidates (a sweep
+	   with --delete exits 0 once it deleted them all)
+	4  no rebuild is in progress for the key given (cancel, throttle,
+	   pause, resume)
 `
 
-// command is a subcommand: one file each (status.go, sweep.go).
+// command is a subcommand: one file each (status.go, control.go for
+// cancel, throttle, pause and resume, sweep.go).
 type command struct {
 	name string
 	// run runs the command with the arguments that follow its name.
@@ -62,6 +74,10 @@ type command struct {
 // commands are the subcommands, in the order of mainUsage.
 var commands = []command{
 	{name: "status", run: (*cli).status},
+	{name: "cancel", run: (*cli).cancel},
+	{name: "throttle", run: (*cli).throttle},
+	{name: "pause", run: (*cli).pause},
+	{name: "resume", run: (*cli).resume},
 	{name: "sweep", run: (*cli).sweep},
 	{name: "version", run: (*cli).version},
 }
@@ -90,7 +106,7 @@ func main() {
 }
 
 // run runs keyswap with args (without the program name), and returns the
-// exit status: exitOK, exitError, exitUsage or exitOrphans.
+// exit status: one of the exit codes above.
 func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	c := &cli{stdin: stdin, stdout: stdout, stderr: stderr, now: time.Now, getenv: os.Getenv, isTerminal: isTerminal}
 	return c.main(ctx, args)
@@ -136,10 +152,13 @@ func (c *cli) exit(name string, err error) int {
 	case errors.As(err, &ue):
 		fmt.Fprintf(c.stderr, "keyswap %s: %v\nRun 'keyswap %s -h' for usage.\n", name, ue.err, name)
 		return exitUsage
-	default:
-		fmt.Fprintf(c.stderr, "keyswap: %s\n", errorMessage(err))
-		return exitError
 	}
+	fmt.Fprintf(c.stderr, "keyswap: %s\n", errorMessage(err))
+	switch {
+	case errors.Is(err, krun.ErrNoRun):
+		return exitNoRun
+	}
+	return exitError
 }
 
 // errorMessage returns err's message without the "keyswap: " that the

@@ -253,8 +253,15 @@ func TestHelp(t *testing.T) {
 		{[]string{"status", "-h"}, "$KEYSWAP_PASSWORD"},
 		{[]string{"status", "-h"}, `"key_base64"`},
 		{[]string{"sweep", "-h"}, `"key_base64"`},
-		{[]string{"help"}, "3 when status or a sweep"},
+		{[]string{"help"}, "3  status or a sweep without --delete found sweep candidates"},
+		{[]string{"help"}, "4  no rebuild is in progress for the key given"},
+		{[]string{"help", "throttle"}, "Usage: keyswap throttle [flags] <key> <items/s>"},
 		{[]string{"version", "-h"}, "Usage: keyswap version"},
+		{[]string{"cancel", "-h"}, "rebuild.ErrAborted"},
+		{[]string{"cancel", "-h"}, "\nConnection flags (the same for every command):\n\n  -askpass\n"},
+		{[]string{"pause", "-h"}, "Usage: keyswap pause [flags] <key>"},
+		{[]string{"resume", "-h"}, "Usage: keyswap resume [flags] <key>"},
+		{[]string{"throttle", "-h"}, "0 removes the limit"},
 	} {
 		r := keyswap(t, tc.args...)
 		r.wantCode(t, exitOK)
@@ -289,6 +296,14 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"status", "-redis", ""}, "no URL"},
 		{[]string{"status", "-redis", "http://example.com"}, "-redis: invalid Redis URL http://example.com: redis: invalid URL scheme: http"},
 		{[]string{"status", "-redis", "redis://a:1,rediss://b:2"}, "user, password, database, TLS, unix socket and master_set must be the same in every URL"},
+		{[]string{"cancel"}, "keyswap cancel: want a key\n"},
+		{[]string{"pause", "a", "b"}, `keyswap pause: want one key, got 2 arguments: ["a" "b"]`},
+		{[]string{"resume", "--bogus", "a"}, "keyswap resume: flag provided but not defined: -bogus"},
+		{[]string{"throttle", "a"}, "keyswap throttle: want a key and a rate in items per second, got 1 argument"},
+		{[]string{"throttle", "a", "1", "2"}, "want a key and a rate in items per second, got 3 arguments"},
+		{[]string{"throttle", "a", "--", "-1"}, `keyswap throttle: rate "-1": want a number of items per second, 0 or more (0 removes the limit)`},
+		{[]string{"throttle", "a", "fast"}, `rate "fast": want a number`},
+		{[]string{"throttle", "a", "+Inf"}, `rate "+Inf": want a number`},
 	} {
 		r := keyswap(t, tc.args...)
 		r.wantCode(t, exitUsage)
