@@ -262,6 +262,7 @@ func TestHelp(t *testing.T) {
 		{[]string{"pause", "-h"}, "Usage: keyswap pause [flags] <key>"},
 		{[]string{"resume", "-h"}, "Usage: keyswap resume [flags] <key>"},
 		{[]string{"throttle", "-h"}, "0 removes the limit"},
+		{[]string{"status", "-h"}, `"requests": {"cancel": false, "max_rate": 0, "paused": false, "action": ""}`},
 	} {
 		r := keyswap(t, tc.args...)
 		r.wantCode(t, exitOK)
