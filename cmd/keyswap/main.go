@@ -17,11 +17,12 @@ import (
 
 // Exit codes.
 const (
-	exitOK      = 0 // success, or help asked for; no sweep candidate found
-	exitError   = 1 // a runtime error, including an unreachable Redis or a failed login
-	exitUsage   = 2 // a bad command line
-	exitOrphans = 3 // status, or a sweep without --delete, found sweep candidates
-	exitNoRun   = 4 // no rebuild in progress for the key a command acts on
+	exitOK       = 0 // success, or help asked for; no sweep candidate found
+	exitError    = 1 // a runtime error, including an unreachable Redis or a failed login
+	exitUsage    = 2 // a bad command line
+	exitOrphans  = 3 // status, or a sweep without --delete, found sweep candidates
+	exitNoRun    = 4 // no rebuild in progress for the key a command acts on
+	exitConflict = 5 // the run is not held (diff)
 )
 
 const mainUsage = `keyswap is the operator's tool for keyswap's atomic key rebuilds in Redis:
@@ -39,6 +40,7 @@ Commands:
 	throttle  limit the items per second a rebuild in progress pulls
 	pause     stop a rebuild in progress from pulling its source
 	resume    let a paused rebuild pull its source again
+	diff      compare a held rebuild's keys with the live keys
 	sweep     delete orphaned temp keys (a dry run unless --delete is given)
 	version   print keyswap's version (also: keyswap --version)
 
@@ -60,11 +62,12 @@ Exit status:
 	3  status or a sweep without --delete found sweep candidates (a sweep
 	   with --delete exits 0 once it deleted them all)
 	4  no rebuild is in progress for the key given (cancel, throttle,
-	   pause, resume)
+	   pause, resume, diff)
+	5  the rebuild is not held (diff); nothing changed
 `
 
 // command is a subcommand: one file each (status.go, control.go for
-// cancel, throttle, pause and resume, sweep.go).
+// cancel, throttle, pause and resume, diff.go, sweep.go).
 type command struct {
 	name string
 	// run runs the command with the arguments that follow its name.
@@ -78,6 +81,7 @@ var commands = []command{
 	{name: "throttle", run: (*cli).throttle},
 	{name: "pause", run: (*cli).pause},
 	{name: "resume", run: (*cli).resume},
+	{name: "diff", run: (*cli).diff},
 	{name: "sweep", run: (*cli).sweep},
 	{name: "version", run: (*cli).version},
 }
@@ -157,6 +161,8 @@ func (c *cli) exit(name string, err error) int {
 	switch {
 	case errors.Is(err, krun.ErrNoRun):
 		return exitNoRun
+	case errors.Is(err, errNotHeld):
+		return exitConflict
 	}
 	return exitError
 }

@@ -262,6 +262,8 @@ func TestHelp(t *testing.T) {
 		{[]string{"pause", "-h"}, "Usage: keyswap pause [flags] <key>"},
 		{[]string{"resume", "-h"}, "Usage: keyswap resume [flags] <key>"},
 		{[]string{"throttle", "-h"}, "0 removes the limit"},
+		{[]string{"diff", "-h"}, "  -max-keys int\n    \tthe most buckets of a family compared one by one; the others are only counted (default 100)\n"},
+		{[]string{"diff", "-h"}, `"entry_base64"`},
 		{[]string{"status", "-h"}, `"requests": {"cancel": false, "max_rate": 0, "paused": false, "action": ""}`},
 	} {
 		r := keyswap(t, tc.args...)
@@ -305,6 +307,10 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"throttle", "a", "--", "-1"}, `keyswap throttle: rate "-1": want a number of items per second, 0 or more (0 removes the limit)`},
 		{[]string{"throttle", "a", "fast"}, `rate "fast": want a number`},
 		{[]string{"throttle", "a", "+Inf"}, `rate "+Inf": want a number`},
+		{[]string{"diff"}, "keyswap diff: want one key, got 0 arguments: []"},
+		{[]string{"diff", "a", "--limit", "0"}, "--limit 0: must be at least 1"},
+		{[]string{"diff", "a", "--samples", "-1"}, "--samples -1: must be at least 1"},
+		{[]string{"diff", "a", "--max-keys", "0"}, "--max-keys 0: must be at least 1"},
 	} {
 		r := keyswap(t, tc.args...)
 		r.wantCode(t, exitUsage)
