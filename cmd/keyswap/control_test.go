@@ -165,7 +165,7 @@ func TestControlNoRun(t *testing.T) {
 			for _, cmd := range []struct {
 				name  string
 				extra []string
-			}{{"cancel", nil}, {"throttle", []string{"10"}}, {"pause", nil}, {"resume", nil}, {"diff", nil}} {
+			}{{"cancel", nil}, {"throttle", []string{"10"}}, {"pause", nil}, {"resume", nil}, {"diff", nil}, {"publish", nil}, {"discard", nil}} {
 				for _, tc := range []struct{ key, want string }{
 					{p + "nothing", "keyswap: " + p + "nothing: no rebuild in progress\n"},
 					{rb.final, "keyswap: " + rb.final + ": no rebuild in progress: the lock is held, but not by a run that keeps a record (a store lock, or a run ending)\n"},

@@ -139,7 +139,7 @@ func TestDiff(t *testing.T) {
 	}
 }
 
-// TestNotHeld: diff refuses a run that is not held,
+// TestNotHeld: diff, publish and discard refuse a run that is not held,
 // with exit status 5, and record nothing; the run goes on and publishes.
 func TestNotHeld(t *testing.T) {
 	t.Parallel()
@@ -150,7 +150,7 @@ func TestNotHeld(t *testing.T) {
 			src := newEndless()
 			run := startRun(t, ix.rebuilder(t, d, krebuild.Options{MaxRate: 200}), src.source)
 			ix.waitRecord(t, d, "the building phase", func(rec map[string]string) bool { return rec["phase"] == "building" })
-			for _, cmd := range []string{"diff"} {
+			for _, cmd := range []string{"diff", "publish", "discard"} {
 				r := keyswap(t, d.args(cmd, ix.country)...)
 				r.wantCode(t, exitConflict)
 				want := "keyswap: " + cmd + " " + ix.country + `: the rebuild is not held: its phase is "building"; ` + cmd +

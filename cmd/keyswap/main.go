@@ -22,12 +22,13 @@ const (
 	exitUsage    = 2 // a bad command line
 	exitOrphans  = 3 // status, or a sweep without --delete, found sweep candidates
 	exitNoRun    = 4 // no rebuild in progress for the key a command acts on
-	exitConflict = 5 // the run is not held (diff)
+	exitConflict = 5 // the run is not held (diff, publish, discard)
+	exitTimeout  = 7 // publish, discard: the run had not ended within --wait
 )
 
 const mainUsage = `keyswap is the operator's tool for keyswap's atomic key rebuilds in Redis:
-it shows the rebuilds in progress, steers them, and sweeps the temp keys
-that crashed processes left behind.
+it shows the rebuilds in progress, steers and decides them, and sweeps
+the temp keys that crashed processes left behind.
 
 Usage:
 
@@ -41,6 +42,8 @@ Commands:
 	pause     stop a rebuild in progress from pulling its source
 	resume    let a paused rebuild pull its source again
 	diff      compare a held rebuild's keys with the live keys
+	publish   publish a held rebuild, and wait for its outcome
+	discard   discard a held rebuild, and wait for its outcome
 	sweep     delete orphaned temp keys (a dry run unless --delete is given)
 	version   print keyswap's version (also: keyswap --version)
 
@@ -62,12 +65,15 @@ Exit status:
 	3  status or a sweep without --delete found sweep candidates (a sweep
 	   with --delete exits 0 once it deleted them all)
 	4  no rebuild is in progress for the key given (cancel, throttle,
-	   pause, resume, diff)
-	5  the rebuild is not held (diff); nothing changed
+	   pause, resume, diff, publish, discard)
+	5  the rebuild is not held (diff, publish, discard); nothing changed
+	7  publish, discard: the run had not ended within --wait (the decision
+	   stands)
 `
 
 // command is a subcommand: one file each (status.go, control.go for
-// cancel, throttle, pause and resume, diff.go, sweep.go).
+// cancel, throttle, pause and resume, diff.go, decide.go for publish and
+// discard, sweep.go).
 type command struct {
 	name string
 	// run runs the command with the arguments that follow its name.
@@ -82,6 +88,8 @@ var commands = []command{
 	{name: "pause", run: (*cli).pause},
 	{name: "resume", run: (*cli).resume},
 	{name: "diff", run: (*cli).diff},
+	{name: "publish", run: (*cli).publish},
+	{name: "discard", run: (*cli).discard},
 	{name: "sweep", run: (*cli).sweep},
 	{name: "version", run: (*cli).version},
 }
@@ -163,6 +171,8 @@ func (c *cli) exit(name string, err error) int {
 		return exitNoRun
 	case errors.Is(err, errNotHeld):
 		return exitConflict
+	case errors.Is(err, errWaitTimeout):
+		return exitTimeout
 	}
 	return exitError
 }

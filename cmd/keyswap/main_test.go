@@ -255,6 +255,7 @@ func TestHelp(t *testing.T) {
 		{[]string{"sweep", "-h"}, `"key_base64"`},
 		{[]string{"help"}, "3  status or a sweep without --delete found sweep candidates"},
 		{[]string{"help"}, "4  no rebuild is in progress for the key given"},
+		{[]string{"help"}, "7  publish, discard: the run had not ended within --wait"},
 		{[]string{"help", "throttle"}, "Usage: keyswap throttle [flags] <key> <items/s>"},
 		{[]string{"version", "-h"}, "Usage: keyswap version"},
 		{[]string{"cancel", "-h"}, "rebuild.ErrAborted"},
@@ -264,6 +265,8 @@ func TestHelp(t *testing.T) {
 		{[]string{"throttle", "-h"}, "0 removes the limit"},
 		{[]string{"diff", "-h"}, "  -max-keys int\n    \tthe most buckets of a family compared one by one; the others are only counted (default 100)\n"},
 		{[]string{"diff", "-h"}, `"entry_base64"`},
+		{[]string{"publish", "-h"}, "  -wait duration\n    \thow long to wait for the run to end; 0: record the decision and return at once (default 30s)\n"},
+		{[]string{"discard", "-h"}, "rebuild.ErrDiscarded"},
 		{[]string{"status", "-h"}, `"requests": {"cancel": false, "max_rate": 0, "paused": false, "action": ""}`},
 	} {
 		r := keyswap(t, tc.args...)
@@ -311,6 +314,8 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"diff", "a", "--limit", "0"}, "--limit 0: must be at least 1"},
 		{[]string{"diff", "a", "--samples", "-1"}, "--samples -1: must be at least 1"},
 		{[]string{"diff", "a", "--max-keys", "0"}, "--max-keys 0: must be at least 1"},
+		{[]string{"publish", "a", "b"}, `keyswap publish: want one key, got 2 arguments: ["a" "b"]`},
+		{[]string{"discard", "a", "--wait", "-1s"}, "--wait -1s: must not be negative"},
 	} {
 		r := keyswap(t, tc.args...)
 		r.wantCode(t, exitUsage)
