@@ -22,13 +22,15 @@ const (
 	exitUsage    = 2 // a bad command line
 	exitOrphans  = 3 // status, or a sweep without --delete, found sweep candidates
 	exitNoRun    = 4 // no rebuild in progress for the key a command acts on
-	exitConflict = 5 // the run is not held (diff, publish, discard)
+	exitConflict = 5 // the run is not held (diff, publish, discard), or one holds the lock (rollback)
+	exitNoPrev   = 6 // rollback: no previous generation is kept
 	exitTimeout  = 7 // publish, discard: the run had not ended within --wait
 )
 
 const mainUsage = `keyswap is the operator's tool for keyswap's atomic key rebuilds in Redis:
-it shows the rebuilds in progress, steers and decides them, and sweeps
-the temp keys that crashed processes left behind.
+it shows the rebuilds in progress, steers and decides them, rolls back
+what they published, and sweeps the temp keys that crashed processes left
+behind.
 
 Usage:
 
@@ -44,6 +46,7 @@ Commands:
 	diff      compare a held rebuild's keys with the live keys
 	publish   publish a held rebuild, and wait for its outcome
 	discard   discard a held rebuild, and wait for its outcome
+	rollback  swap the previous generation of indexes back in
 	sweep     delete orphaned temp keys (a dry run unless --delete is given)
 	version   print keyswap's version (also: keyswap --version)
 
@@ -66,14 +69,16 @@ Exit status:
 	   with --delete exits 0 once it deleted them all)
 	4  no rebuild is in progress for the key given (cancel, throttle,
 	   pause, resume, diff, publish, discard)
-	5  the rebuild is not held (diff, publish, discard); nothing changed
+	5  the rebuild is not held (diff, publish, discard), or, for rollback,
+	   a rebuild holds the lock; nothing changed
+	6  rollback: no previous generation is kept; nothing changed
 	7  publish, discard: the run had not ended within --wait (the decision
 	   stands)
 `
 
 // command is a subcommand: one file each (status.go, control.go for
 // cancel, throttle, pause and resume, diff.go, decide.go for publish and
-// discard, sweep.go).
+// discard, rollback.go, sweep.go).
 type command struct {
 	name string
 	// run runs the command with the arguments that follow its name.
@@ -90,6 +95,7 @@ var commands = []command{
 	{name: "diff", run: (*cli).diff},
 	{name: "publish", run: (*cli).publish},
 	{name: "discard", run: (*cli).discard},
+	{name: "rollback", run: (*cli).rollback},
 	{name: "sweep", run: (*cli).sweep},
 	{name: "version", run: (*cli).version},
 }
@@ -169,8 +175,10 @@ func (c *cli) exit(name string, err error) int {
 	switch {
 	case errors.Is(err, krun.ErrNoRun):
 		return exitNoRun
-	case errors.Is(err, errNotHeld):
+	case errors.Is(err, errNotHeld), errors.Is(err, krun.ErrInProgress):
 		return exitConflict
+	case errors.Is(err, krun.ErrNothingToRollBack):
+		return exitNoPrev
 	case errors.Is(err, errWaitTimeout):
 		return exitTimeout
 	}

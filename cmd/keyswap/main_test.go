@@ -267,6 +267,8 @@ func TestHelp(t *testing.T) {
 		{[]string{"diff", "-h"}, `"entry_base64"`},
 		{[]string{"publish", "-h"}, "  -wait duration\n    \thow long to wait for the run to end; 0: record the decision and return at once (default 30s)\n"},
 		{[]string{"discard", "-h"}, "rebuild.ErrDiscarded"},
+		{[]string{"rollback", "-h"}, "Usage: keyswap rollback [flags] <key>..."},
+		{[]string{"rollback", "-h"}, "6 when one keeps no previous generation"},
 		{[]string{"status", "-h"}, `"requests": {"cancel": false, "max_rate": 0, "paused": false, "action": ""}`},
 	} {
 		r := keyswap(t, tc.args...)
@@ -316,6 +318,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"diff", "a", "--max-keys", "0"}, "--max-keys 0: must be at least 1"},
 		{[]string{"publish", "a", "b"}, `keyswap publish: want one key, got 2 arguments: ["a" "b"]`},
 		{[]string{"discard", "a", "--wait", "-1s"}, "--wait -1s: must not be negative"},
+		{[]string{"rollback"}, "keyswap rollback: want at least one key"},
 	} {
 		r := keyswap(t, tc.args...)
 		r.wantCode(t, exitUsage)
