@@ -30,7 +30,7 @@ func describeLocks(ctx context.Context, client rueidis.Client, locks map[string]
 		}
 		// A lock that is not a string (never one of ours) shows no token.
 		token, _ := res[2*i+1].ToString()
-		out = append(out, lockStatus{Key: k, Base: locks[k], TTLSeconds: ttl, TokenPrefix: prefix(token, tokenPrefixLen)})
+		out = append(out, lockStatus{Key: k, Base: locks[k], TTLSeconds: ttl, TokenPrefix: prefix(token, tokenPrefixLen), token: token})
 	}
 	return out, nil
 }
@@ -132,4 +132,73 @@ func addLocks(ctx context.Context, client rueidis.Client, out []tempStatus) erro
 		}
 	}
 	return nil
+}
+
+// describeRuns returns the runs that hold locks (one or more of each run's
+// locks), sorted by the lock of their first key: a lock whose record
+// carries its token is held by a run of rebuild.Rebuilder, and the record
+// of a run's other keys names the first one's ("primary"). Locks without
+// such a record (store.WithRebuild's) are not runs. Each run's keys come
+// with their generations.
+func describeRuns(ctx context.Context, client rueidis.Client, locks []lockStatus) ([]runStatus, error) {
+	cmds := make(rueidis.Commands, len(locks))
+	for i, l := range locks {
+		cmds[i] = client.B().Hgetall().Key(keys.RecordKey(l.Key)).Build()
+	}
+	records := map[string]map[string]string{} // first lock -> its record
+	tokens := map[string]string{}             // first lock -> the token of a lock of its run
+	for i, res := range client.DoMulti(ctx, cmds...) {
+		rec, err := res.AsStrMap()
+		if err != nil {
+			return nil, fmt.Errorf("HGETALL %s: %w", displayKey(keys.RecordKey(locks[i].Key)), err)
+		}
+		if locks[i].token == "" || rec["token"] != locks[i].token {
+			continue // not a run's record, or the record of a run that ended since
+		}
+		if p := rec["primary"]; p != "" {
+			tokens[p] = locks[i].token
+			continue
+		}
+		records[locks[i].Key], tokens[locks[i].Key] = rec, locks[i].token
+	}
+	// The first locks that only another lock of their run led to.
+	var firsts []string
+	for l := range tokens {
+		if records[l] == nil {
+			firsts = append(firsts, l)
+		}
+	}
+	slices.Sort(firsts)
+	cmds = cmds[:0]
+	for _, l := range firsts {
+		cmds = append(cmds, client.B().Hgetall().Key(keys.RecordKey(l)).Build())
+	}
+	for i, res := range client.DoMulti(ctx, cmds...) {
+		rec, err := res.AsStrMap()
+		if err != nil {
+			return nil, fmt.Errorf("HGETALL %s: %w", displayKey(keys.RecordKey(firsts[i])), err)
+		}
+		if rec["token"] == tokens[firsts[i]] {
+			records[firsts[i]] = rec
+		}
+	}
+
+	out := []runStatus{}
+	var lives []string
+	for _, l := range slices.Sorted(maps.Keys(records)) {
+		r := parseRecord(l, records[l])
+		out = append(out, runStatus{runRecord: r})
+		lives = append(lives, r.Keys...)
+	}
+	gens, err := readGenerations(ctx, client, lives)
+	if err != nil {
+		return nil, err
+	}
+	for i := range out {
+		for j, k := range out[i].Keys {
+			out[i].Generations = append(out[i].Generations, keyGeneration{Key: k, Family: out[i].Families[j], Generation: gens[0]})
+			gens = gens[1:]
+		}
+	}
+	return out, nil
 }

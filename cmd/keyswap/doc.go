@@ -1,11 +1,20 @@
 // Keyswap is the operator's command for keyswap's atomic key rebuilds: it
-// shows the rebuilds in progress and sweeps the temp keys that crashed
-// processes left behind.
+// shows the rebuilds in progress, steers and decides them, rolls back what
+// they published, and sweeps the temp keys that crashed processes left
+// behind.
 //
 // Usage:
 //
-//	keyswap status [connection flags] [-json] [-older-than 1h] [pattern]
-//	keyswap sweep  [connection flags] [--delete] [--pattern '*:rebuild:*'] [--older-than 1h] [-json] [-progress auto]
+//	keyswap status   [connection flags] [-json] [-older-than 1h] [pattern]
+//	keyswap cancel   [connection flags] <key>
+//	keyswap throttle [connection flags] <key> <items/s>
+//	keyswap pause    [connection flags] <key>
+//	keyswap resume   [connection flags] <key>
+//	keyswap diff     [connection flags] [-json] [--limit 100000] [--samples 10] [--max-keys 100] <key>
+//	keyswap publish  [connection flags] [-json] [--wait 30s] <key>
+//	keyswap discard  [connection flags] [-json] [--wait 30s] <key>
+//	keyswap rollback [connection flags] [-json] <key>...
+//	keyswap sweep    [connection flags] [--delete] [--pattern '*:rebuild:*'] [--older-than 1h] [-json] [-progress auto]
 //	keyswap version
 //
 // Flags take one dash or two and may follow the arguments. 'keyswap
@@ -64,7 +73,41 @@
 //
 //	keyswap sweep --older-than 1h0m0s --pattern 'users:*:rebuild:*'
 //
+// For each run of a rebuild.Rebuilder (a lock whose record, <lock>:run,
+// carries the lock's token), status also shows what its heartbeats write
+// there every second: owner, phase, age, items, entries, rate, limit, ETA,
+// the time since the last heartbeat and the last item, the changes applied
+// meanwhile, the operator's requests pending, and the generation of each of
+// its keys (the one live, the one kept for a rollback and until when).
+//
 // -json prints a stable JSON document, described in 'keyswap status -h'.
+//
+// # Steering a run
+//
+// cancel, throttle, pause and resume find the run that holds the lock of
+// <key>, any key of the run (a family's prefix for a family), and write a
+// request into its record with one script fenced by the run's token, so
+// that a request never reaches a later run of the same keys. The run reads
+// its requests at every heartbeat: cancel ends it with rebuild.ErrAborted
+// and publishes nothing; throttle N caps the items per second it pulls (0
+// goes back to its Options.MaxRate); pause stops its source, keeping its
+// lease, until resume.
+//
+// # Held runs
+//
+// A run built with rebuild.Rebuilder.Build stops, held, before its
+// publish. diff compares its temp keys with the live keys, key by key and
+// bucket by bucket, without blocking Redis: it reads at most --limit
+// entries of each key and estimates from samples past that. publish and
+// discard decide it, then wait up to --wait for the run to end, and report
+// the outcome from the keys' generations.
+//
+// # Rollback
+//
+// rollback swaps back the values that the last publish with
+// Options.KeepPrevious replaced, for every key given, in one atomic step
+// fenced by their locks; a family's buckets come back or go as they were.
+// It prints the generation now live; a second rollback rolls forward.
 //
 // # Sweep
 //
@@ -82,7 +125,7 @@
 //
 // # JSON
 //
-// The JSON of status and sweep names keys exactly. Redis names are bytes:
+// The JSON of every command names keys exactly. Redis names are bytes:
 // a name that is valid UTF-8 is a JSON string, as in "key":
 // "users:by-email:rebuild-lock"; any other name (one holding the byte 0xff,
 // say) is given instead as the standard base64 of its bytes, in a field
@@ -96,6 +139,11 @@
 //	1  an error: Redis unreachable, authentication failed, a command failed
 //	2  a usage error
 //	3  status or a sweep without --delete found sweep candidates
+//	4  no rebuild is in progress for the key given
+//	5  the run is not held (diff, publish, discard), or a run holds the
+//	   lock (rollback); nothing changed
+//	6  rollback: no previous generation is kept; nothing changed
+//	7  publish, discard: the run had not ended within --wait
 //
 // A sweep with --delete exits 0 once it has deleted every key it found.
 // Monitoring can run 'keyswap status' and alert on 3. Errors go to stderr,

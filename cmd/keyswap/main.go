@@ -11,19 +11,26 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	krun "github.com/keyswap/keyswap/internal/run"
 )
 
 // Exit codes.
 const (
-	exitOK      = 0 // success, or help asked for; no sweep candidate found
-	exitError   = 1 // a runtime error, including an unreachable Redis or a failed login
-	exitUsage   = 2 // a bad command line
-	exitOrphans = 3 // status, or a sweep without --delete, found sweep candidates
+	exitOK       = 0 // success, or help asked for; no sweep candidate found
+	exitError    = 1 // a runtime error, including an unreachable Redis or a failed login
+	exitUsage    = 2 // a bad command line
+	exitOrphans  = 3 // status, or a sweep without --delete, found sweep candidates
+	exitNoRun    = 4 // no rebuild in progress for the key a command acts on
+	exitConflict = 5 // the run is not held (diff, publish, discard), or one holds the lock (rollback)
+	exitNoPrev   = 6 // rollback: no previous generation is kept
+	exitTimeout  = 7 // publish, discard: the run had not ended within --wait
 )
 
 const mainUsage = `keyswap is the operator's tool for keyswap's atomic key rebuilds in Redis:
-it shows the rebuilds in progress and sweeps the temp keys that crashed
-processes left behind.
+it shows the rebuilds in progress, steers and decides them, rolls back
+what they published, and sweeps the temp keys that crashed processes left
+behind.
 
 Usage:
 
@@ -31,9 +38,17 @@ Usage:
 
 Commands:
 
-	status   list rebuilds in progress, temp keys, and sweep candidates
-	sweep    delete orphaned temp keys (a dry run unless --delete is given)
-	version  print keyswap's version (also: keyswap --version)
+	status    list rebuilds in progress, temp keys, and sweep candidates
+	cancel    stop a rebuild in progress; it publishes nothing
+	throttle  limit the items per second a rebuild in progress pulls
+	pause     stop a rebuild in progress from pulling its source
+	resume    let a paused rebuild pull its source again
+	diff      compare a held rebuild's keys with the live keys
+	publish   publish a held rebuild, and wait for its outcome
+	discard   discard a held rebuild, and wait for its outcome
+	rollback  swap the previous generation of indexes back in
+	sweep     delete orphaned temp keys (a dry run unless --delete is given)
+	version   print keyswap's version (also: keyswap --version)
 
 Run 'keyswap <command> -h' for a command's flags. Flags take one dash or two
 (-json or --json) and may follow the arguments.
@@ -45,14 +60,25 @@ $REDIS_URL, else redis://127.0.0.1:6379; the password comes from --askpass,
 else the URL, else $KEYSWAP_PASSWORD, else $REDISCLI_AUTH. 'keyswap status
 -h' describes them all.
 
-Exit status: 0 on success (and, for status and a dry-run sweep, when there
-is nothing to sweep); 1 on an error (Redis unreachable, authentication
-failed, a command failed); 2 on a usage error; 3 when status or a sweep
-without --delete found sweep candidates (a sweep with --delete exits 0 once
-it deleted them all).
+Exit status:
+
+	0  success (and, for status and a dry-run sweep, nothing to sweep)
+	1  an error: Redis unreachable, authentication failed, a command failed
+	2  a usage error
+	3  status or a sweep without --delete found sweep candidates (a sweep
+	   with --delete exits 0 once it deleted them all)
+	4  no rebuild is in progress for the key given (cancel, throttle,
+	   pause, resume, diff, publish, discard)
+	5  the rebuild is not held (diff, publish, discard), or, for rollback,
+	   a rebuild holds the lock; nothing changed
+	6  rollback: no previous generation is kept; nothing changed
+	7  publish, discard: the run had not ended within --wait (the decision
+	   stands)
 `
 
-// command is a subcommand: one file each (status.go, sweep.go).
+// command is a subcommand: one file each (status.go, control.go for
+// cancel, throttle, pause and resume, diff.go, decide.go for publish and
+// discard, rollback.go, sweep.go).
 type command struct {
 	name string
 	// run runs the command with the arguments that follow its name.
@@ -62,6 +88,14 @@ type command struct {
 // commands are the subcommands, in the order of mainUsage.
 var commands = []command{
 	{name: "status", run: (*cli).status},
+	{name: "cancel", run: (*cli).cancel},
+	{name: "throttle", run: (*cli).throttle},
+	{name: "pause", run: (*cli).pause},
+	{name: "resume", run: (*cli).resume},
+	{name: "diff", run: (*cli).diff},
+	{name: "publish", run: (*cli).publish},
+	{name: "discard", run: (*cli).discard},
+	{name: "rollback", run: (*cli).rollback},
 	{name: "sweep", run: (*cli).sweep},
 	{name: "version", run: (*cli).version},
 }
@@ -90,7 +124,7 @@ func main() {
 }
 
 // run runs keyswap with args (without the program name), and returns the
-// exit status: exitOK, exitError, exitUsage or exitOrphans.
+// exit status: one of the exit codes above.
 func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	c := &cli{stdin: stdin, stdout: stdout, stderr: stderr, now: time.Now, getenv: os.Getenv, isTerminal: isTerminal}
 	return c.main(ctx, args)
@@ -136,10 +170,19 @@ func (c *cli) exit(name string, err error) int {
 	case errors.As(err, &ue):
 		fmt.Fprintf(c.stderr, "keyswap %s: %v\nRun 'keyswap %s -h' for usage.\n", name, ue.err, name)
 		return exitUsage
-	default:
-		fmt.Fprintf(c.stderr, "keyswap: %s\n", errorMessage(err))
-		return exitError
 	}
+	fmt.Fprintf(c.stderr, "keyswap: %s\n", errorMessage(err))
+	switch {
+	case errors.Is(err, krun.ErrNoRun):
+		return exitNoRun
+	case errors.Is(err, errNotHeld), errors.Is(err, krun.ErrInProgress):
+		return exitConflict
+	case errors.Is(err, krun.ErrNothingToRollBack):
+		return exitNoPrev
+	case errors.Is(err, errWaitTimeout):
+		return exitTimeout
+	}
+	return exitError
 }
 
 // errorMessage returns err's message without the "keyswap: " that the

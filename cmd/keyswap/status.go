@@ -18,6 +18,17 @@ Status lists what keyswap keeps in Redis right now, and changes nothing:
 
   - rebuilds in progress: their lock keys (<key>:rebuild-lock), each
     lock's remaining TTL and the first 8 characters of its token;
+  - the runs of rebuild.Rebuilder among them (a lock whose record,
+    <lock>:run, carries the lock's token), from what their heartbeats write
+    every second: owner (host:pid), phase (building, catching up, held,
+    publishing), age, items pulled, entries written, rate (items/s since
+    the start), limit (items/s, "none"), ETA (when the run was given
+    Options.Expected), time since the last heartbeat (BEAT) and since the
+    last item (PROGRESS), changes applied meanwhile (logged/replayed), and
+    the operator's requests pending (cancel, paused, max_rate=N,
+    action=publish|discard); then each of their keys (a family's prefix
+    for a family) with its generation: the one live, since when, and the
+    one kept for 'keyswap rollback' and until when;
   - temp keys (<key>:rebuild:<unix>:<16 hex>): their age, from the
     timestamp in the name; their TTL ("none" when they have none); their
     Redis type and size (entries, or bytes for a string); MEMORY USAGE;
@@ -72,6 +83,39 @@ JSON output (-json) is one object, whose fields are kept stable:
       "locked": true,
       "lock_key": "users:by-email:rebuild-lock",   "" when unlocked
       "sweep_candidate": false
+    }],
+    "runs": [{
+      "lock_key": "users:by-email:rebuild-lock",   the lock of its first key
+      "token_prefix": "3f9a1c2e",
+      "host": "app-1",
+      "pid": 4242,
+      "started": "2025-01-02T15:04:05.123Z",
+      "lease_seconds": 300,
+      "phase": "building",            building, catching up, held, publishing
+      "items": 120000,                pulled from the source
+      "entries": 240000,              written to the temp keys
+      "acked": 60,                    batches Redis acknowledged
+      "expected": 500000,             0: unknown
+      "rate": 1998.3,                 items/s since the start
+      "limit": 0,                     items/s; 0: none
+      "eta_seconds": 190,             null: unknown
+      "beat_at": "2025-01-02T15:06:05.456Z",       null: none yet
+      "progress_at": "2025-01-02T15:06:05.440Z",   the last item pulled
+      "changes": 12,                  applied meanwhile, logged for the run
+      "replayed": 0,                  of which replayed onto the temp keys
+      "requests": {"cancel": false, "max_rate": 0, "paused": false, "action": ""},
+      "temp_suffix": ":rebuild:1735830245:0123456789abcdef",
+      "keys": [{
+        "key": "users:by-email",      a family's prefix for a family
+        "family": false,
+        "generation": {               null: never published
+          "gen": 7,
+          "at": "2025-01-02T14:00:00Z",         since when it is live
+          "prev": 6,                            kept for a rollback; null: none
+          "prev_until": "2025-01-02T15:00:00Z", null when prev is
+          "rolled_back": null                   the last rollback, if any
+        }
+      }]
     }]
   }
 
@@ -79,7 +123,11 @@ Names are exact. Redis names are bytes: a name that is valid UTF-8 is a
 JSON string, as above; any other name (a key holding the byte 0xff, say)
 is given instead as the standard base64 of its bytes, in a field named
 with "_base64" appended, and the plain field is left out: "key_base64",
-"base_base64", "lock_key_base64", "pattern_base64".`
+"base_base64", "lock_key_base64", "pattern_base64".
+
+The table of runs and the "runs" field are read from the records, which
+change every second: a run that ends between the scan and the read is left
+out.`
 
 // statusReport is the snapshot 'keyswap status' prints. statusJSON is its
 // -json document.
@@ -90,6 +138,7 @@ type statusReport struct {
 	OlderThanSeconds int64
 	Locks            []lockStatus
 	TempKeys         []tempStatus
+	Runs             []runStatus
 }
 
 // lockStatus is one rebuild lock: a rebuild in progress.
@@ -98,6 +147,22 @@ type lockStatus struct {
 	Base        string
 	TTLSeconds  int64
 	TokenPrefix string
+	token       string // the whole token, never printed
+}
+
+// runStatus is one run of rebuild.Rebuilder in progress, from its record.
+type runStatus struct {
+	runRecord
+	// Generations are the run's keys, in order, with their generations.
+	Generations []keyGeneration
+}
+
+// keyGeneration is one index and its generation: nil when none was ever
+// published.
+type keyGeneration struct {
+	Key        string
+	Family     bool
+	Generation *generation
 }
 
 // tempStatus is one temp key.
@@ -191,6 +256,9 @@ func collectStatus(ctx context.Context, client rueidis.Client, pattern string, o
 		return nil, err
 	}
 	if rep.TempKeys, err = describeTemps(ctx, client, temps); err != nil {
+		return nil, err
+	}
+	if rep.Runs, err = describeRuns(ctx, client, rep.Locks); err != nil {
 		return nil, err
 	}
 

@@ -2,8 +2,11 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"maps"
+	"os"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -12,6 +15,7 @@ import (
 
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/redistest"
+	krebuild "github.com/keyswap/keyswap/rebuild"
 	"github.com/keyswap/keyswap/store"
 )
 
@@ -321,5 +325,191 @@ func TestStatusScansOnce(t *testing.T) {
 	}
 	if calls < 2 || scans != calls || passes != 1 {
 		t.Errorf("status made %d SCAN calls (slowlog: %d, %d from cursor 0), want several calls and 1 pass over the keyspace", calls, scans, passes)
+	}
+}
+
+// section returns the lines of out from the one that is header up to the
+// next blank line, without them, or fails the test.
+func section(t *testing.T, out, header string) string {
+	t.Helper()
+	_, rest, ok := strings.Cut(out, "\n"+header+"\n")
+	if !ok {
+		t.Fatalf("no %s section in:\n%s", header, out)
+	}
+	rows, _, _ := strings.Cut(rest, "\n\n")
+	return rows + "\n"
+}
+
+// TestStatusShowsRuns runs status against a rebuild in progress of a hash
+// and a family, published twice before with KeepPrevious, paused and
+// throttled from the CLI while its source waits: the table and the JSON
+// show the run once (both its locks lead to it) with its owner, start,
+// phase, counts, limit, ETA and requests, exactly as its record holds them,
+// and each key's generation as its meta holds it.
+func TestStatusShowsRuns(t *testing.T) {
+	t.Parallel()
+	for _, d := range deployments(t) {
+		t.Run(d.name, func(t *testing.T) {
+			t.Parallel()
+			ix := newIndex(testPrefix(t, d))
+			keep := krebuild.Options{KeepPrevious: time.Minute}
+			ix.publish(t, d, keep, people(0, 3))
+			ix.publish(t, d, keep, people(0, 4))
+			release := make(chan struct{})
+			run := startRun(t, ix.rebuilder(t, d, krebuild.Options{Expected: 10}), gated(people(0, 5), release))
+			ix.waitRecord(t, d, "the first batch", func(rec map[string]string) bool {
+				return rec["items"] == "5" && rec["acked"] == "1" && rec["entries"] != "0"
+			})
+			keyswap(t, d.args("pause", ix.email)...).wantCode(t, exitOK)
+			keyswap(t, d.args("throttle", ix.country, "50")...).wantCode(t, exitOK)
+			rec := ix.waitRecord(t, d, "limit 50", func(rec map[string]string) bool { return rec["limit"] == "50" })
+			host, _ := os.Hostname()
+			metas := map[string]map[string]string{}
+			for _, k := range []string{ix.email, ix.country} {
+				metas[k] = redistest.HGetAll(t, d.client, keys.MetaKey(k, d.cluster))
+				if metas[k]["gen"] != "2" || metas[k]["prev"] != "1" {
+					t.Fatalf("meta of %s: got %v, want gen 2, prev 1", k, metas[k])
+				}
+			}
+			ms := func(v string) time.Time { return time.UnixMilli(atoi(v)).UTC() }
+
+			// JSON: exact field names, and exact values but for the rate,
+			// ETA and times of the last heartbeat and item, which move.
+			r := keyswap(t, d.args("status", "-json", ix.tag+"*")...)
+			r.wantCode(t, exitOK)
+			var doc struct {
+				Locks []json.RawMessage `json:"locks"`
+				Runs  []map[string]json.RawMessage
+			}
+			if err := json.Unmarshal([]byte(r.stdout), &doc); err != nil {
+				t.Fatal(err)
+			}
+			if len(doc.Locks) != 2 || len(doc.Runs) != 1 {
+				t.Fatalf("got %d locks and %d runs, want 2 locks and 1 run:\n%s", len(doc.Locks), len(doc.Runs), r.stdout)
+			}
+			wantFields := []string{"acked", "beat_at", "changes", "entries", "eta_seconds", "expected", "host", "items", "keys",
+				"lease_seconds", "limit", "lock_key", "phase", "pid", "progress_at", "rate", "replayed", "requests", "started",
+				"temp_suffix", "token_prefix"}
+			if got := slices.Sorted(maps.Keys(doc.Runs[0])); !slices.Equal(got, wantFields) {
+				t.Errorf("run fields: got %q, want %q", got, wantFields)
+			}
+			var got runJSON
+			raw, _ := json.Marshal(doc.Runs[0])
+			if err := json.Unmarshal(raw, &got); err != nil {
+				t.Fatal(err)
+			}
+			if got.Rate <= 0 || got.ETASeconds == nil || *got.ETASeconds < 0 || got.BeatAt == nil || got.ProgressAt == nil {
+				t.Errorf("rate %v, eta %v, beat_at %v, progress_at %v: want a rate, an ETA and both times", got.Rate, got.ETASeconds, got.BeatAt, got.ProgressAt)
+			}
+			got.Rate, got.ETASeconds, got.BeatAt, got.ProgressAt = 0, nil, nil, nil
+			lock, started := ix.lock(d), ms(rec["started"])
+			gen := func(k string) *generationJSON {
+				at, until := ms(metas[k]["at"]), ms(metas[k]["prev_until"])
+				prev := int64(1)
+				return &generationJSON{Gen: 2, At: &at, Prev: &prev, PrevUntil: &until}
+			}
+			email, country := ix.email, ix.country
+			want := runJSON{LockKey: &lock, TokenPrefix: rec["token"][:8], Host: host, PID: int64(os.Getpid()), Started: &started,
+				LeaseSeconds: 300, Phase: "building", Items: 5, Entries: atoi(rec["entries"]), Acked: 1, Expected: 10, Limit: 50,
+				Requests: requestsJSON{MaxRate: 50, Paused: true}, TempSuffix: rec["suffix"],
+				Keys: []indexJSON{
+					{jsonKey: jsonKey{Key: &email}, Generation: gen(ix.email)},
+					{jsonKey: jsonKey{Key: &country}, Family: true, Generation: gen(ix.country)},
+				}}
+			if !reflect.DeepEqual(got, want) {
+				g, _ := json.Marshal(got)
+				w, _ := json.Marshal(want)
+				t.Errorf("run:\ngot  %s\nwant %s", g, w)
+			}
+
+			// Table.
+			r = keyswap(t, d.args("status", ix.tag+"*")...)
+			r.wantCode(t, exitOK)
+			row := tableRow(t, section(t, r.stdout, "RUNS"), lock)
+			wantRow := []string{lock, "building", fmt.Sprintf("%s:%d", host, os.Getpid()), row[3], "5", rec["entries"], row[6],
+				"50/s", row[8], row[9], row[10], "0/0", "paused,max_rate=50"}
+			if !slices.Equal(row, wantRow) || !strings.HasSuffix(row[6], "/s") || row[8] == "-" {
+				t.Errorf("run row: got %q, want %q with a rate and an ETA", row, wantRow)
+			}
+			keysRows := section(t, r.stdout, "KEYS OF THE RUNS")
+			for _, k := range []struct {
+				key, family string
+			}{{ix.email, "no"}, {ix.country, "yes"}} {
+				want := []string{k.key, lock, k.family, "2", ms(metas[k.key]["at"]).Format(time.RFC3339), "1",
+					ms(metas[k.key]["prev_until"]).Format(time.RFC3339)}
+				if got := tableRow(t, keysRows, k.key); !slices.Equal(got, want) {
+					t.Errorf("key row: got %q, want %q", got, want)
+				}
+			}
+			if !strings.Contains(r.stdout, "\n2 rebuilds in progress; ") {
+				t.Errorf("no summary of 2 locks in:\n%s", r.stdout)
+			}
+
+			close(release)
+			if _, err := run.wait(t); err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+			ix.wantLive(t, d, people(0, 5))
+		})
+	}
+}
+
+// TestWriteStatusRuns pins the tables of runs on a fixed report.
+func TestWriteStatusRuns(t *testing.T) {
+	now := time.Date(2025, 1, 2, 15, 4, 5, 0, time.UTC)
+	eta := int64(190)
+	prev := int64(6)
+	rep := &statusReport{
+		Time:             now,
+		OlderThanSeconds: 3600,
+		Locks: []lockStatus{
+			{Key: "users:by-email:rebuild-lock", Base: "users:by-email", TTLSeconds: 298, TokenPrefix: "3f9a1c2e"},
+			{Key: "users:by-country:rebuild-lock", Base: "users:by-country", TTLSeconds: 298, TokenPrefix: "3f9a1c2e"},
+			{Key: "tags:rebuild-lock", Base: "tags", TTLSeconds: 60, TokenPrefix: "77aa0011"},
+		},
+		Runs: []runStatus{
+			{runRecord: runRecord{Lock: "tags:rebuild-lock", Token: "77aa0011ffff", Keys: []string{"tags"}, Families: []bool{false},
+				Host: "app-2", PID: 7, Started: now.Add(-3 * time.Second), Phase: "held", Items: 10, Entries: 10, Acked: 1,
+				Rate: 3.3, BeatAt: now, ProgressAt: now.Add(-2 * time.Second),
+				Requests: runRequests{Cancel: true, Action: "publish"}},
+				Generations: []keyGeneration{{Key: "tags"}}},
+			{runRecord: runRecord{Lock: "users:by-email:rebuild-lock", Token: "3f9a1c2e0000", Keys: []string{"users:by-email", "users:by-country"},
+				Families: []bool{false, true}, Host: "app-1", PID: 4242, Started: now.Add(-125 * time.Second), Phase: "building",
+				Items: 120000, Entries: 240000, Acked: 60, Expected: 500000, Rate: 960.5, Limit: 1000, ETASeconds: &eta,
+				BeatAt: now.Add(-time.Second), ProgressAt: now, Changes: 12, Replayed: 3,
+				Requests: runRequests{MaxRate: 1000}},
+				Generations: []keyGeneration{
+					{Key: "users:by-email", Generation: &generation{Gen: 7, At: now.Add(-time.Hour), Prev: &prev, PrevUntil: now.Add(time.Hour)}},
+					{Key: "users:by-country", Family: true, Generation: &generation{Gen: 3, At: now.Add(-time.Hour)}},
+				}},
+		},
+	}
+	var out bytes.Buffer
+	if err := writeStatus(&out, rep); err != nil {
+		t.Fatal(err)
+	}
+	want := `REBUILDS IN PROGRESS
+LOCK                           TTL    TOKEN
+users:by-email:rebuild-lock    4m58s  3f9a1c2e
+users:by-country:rebuild-lock  4m58s  3f9a1c2e
+tags:rebuild-lock              1m0s   77aa0011
+
+RUNS
+LOCK                         PHASE     OWNER       AGE   ITEMS   ENTRIES  RATE     LIMIT   ETA    BEAT  PROGRESS  CHANGES  REQUESTS
+tags:rebuild-lock            held      app-2:7     3s    10      10       3.3/s    none    -      0s    2s        0/0      cancel,action=publish
+users:by-email:rebuild-lock  building  app-1:4242  2m5s  120000  240000   960.5/s  1000/s  3m10s  1s    0s        12/3     max_rate=1000
+
+KEYS OF THE RUNS
+KEY               LOCK                         FAMILY  GEN  LIVE SINCE            PREV  PREV KEPT UNTIL
+tags              tags:rebuild-lock            no      -    -                     -     -
+users:by-email    users:by-email:rebuild-lock  no      7    2025-01-02T14:04:05Z  6     2025-01-02T16:04:05Z
+users:by-country  users:by-email:rebuild-lock  yes     3    2025-01-02T14:04:05Z  -     -
+
+No temp keys.
+
+3 rebuilds in progress; 0 temp keys, 0 without a TTL; 0 sweep candidates (no TTL, no lock, older than 1h0m0s).
+`
+	if got := out.String(); got != want {
+		t.Errorf("got\n%s\nwant\n%s", got, want)
 	}
 }

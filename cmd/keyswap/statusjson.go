@@ -1,6 +1,9 @@
 package main
 
-import "time"
+import (
+	"math"
+	"time"
+)
 
 // statusJSON is the -json document of 'keyswap status' (see statusUsage).
 // Its field names are stable.
@@ -12,6 +15,7 @@ type statusJSON struct {
 	OlderThanSeconds int64      `json:"older_than_seconds"`
 	Locks            []lockJSON `json:"locks"`
 	TempKeys         []tempJSON `json:"temp_keys"`
+	Runs             []runJSON  `json:"runs"`
 }
 
 // lockJSON is a lockStatus in statusJSON.
@@ -50,6 +54,10 @@ func (rep *statusReport) json() statusJSON {
 		TempKeys:         make([]tempJSON, 0, len(rep.TempKeys)),
 	}
 	out.Pattern, out.PatternBase64 = jsonName(rep.Pattern)
+	out.Runs = make([]runJSON, 0, len(rep.Runs))
+	for _, r := range rep.Runs {
+		out.Runs = append(out.Runs, r.json())
+	}
 	for _, l := range rep.Locks {
 		j := lockJSON{jsonKey: newJSONKey(l.Key), TTLSeconds: l.TTLSeconds, TokenPrefix: l.TokenPrefix}
 		j.Base, j.BaseBase64 = jsonName(l.Base)
@@ -64,4 +72,104 @@ func (rep *statusReport) json() statusJSON {
 		out.TempKeys = append(out.TempKeys, j)
 	}
 	return out
+}
+
+// runJSON is a runStatus in statusJSON.
+type runJSON struct {
+	LockKey       *string      `json:"lock_key,omitempty"`
+	LockKeyBase64 []byte       `json:"lock_key_base64,omitempty"`
+	TokenPrefix   string       `json:"token_prefix"`
+	Host          string       `json:"host"`
+	PID           int64        `json:"pid"`
+	Started       *time.Time   `json:"started"`
+	LeaseSeconds  int64        `json:"lease_seconds"`
+	Phase         string       `json:"phase"`
+	Items         int64        `json:"items"`
+	Entries       int64        `json:"entries"`
+	Acked         int64        `json:"acked"`
+	Expected      int64        `json:"expected"`
+	Rate          float64      `json:"rate"`
+	Limit         float64      `json:"limit"`
+	ETASeconds    *int64       `json:"eta_seconds"`
+	BeatAt        *time.Time   `json:"beat_at"`
+	ProgressAt    *time.Time   `json:"progress_at"`
+	Changes       int64        `json:"changes"`
+	Replayed      int64        `json:"replayed"`
+	Requests      requestsJSON `json:"requests"`
+	TempSuffix    string       `json:"temp_suffix"`
+	Keys          []indexJSON  `json:"keys"`
+}
+
+// requestsJSON is a runRequests in JSON.
+type requestsJSON struct {
+	Cancel  bool    `json:"cancel"`
+	MaxRate float64 `json:"max_rate"`
+	Paused  bool    `json:"paused"`
+	Action  string  `json:"action"`
+}
+
+// indexJSON is an index (a key or a family) and its generation.
+type indexJSON struct {
+	jsonKey
+	Family     bool            `json:"family"`
+	Generation *generationJSON `json:"generation"`
+}
+
+// generationJSON is a generation in JSON.
+type generationJSON struct {
+	Gen        int64      `json:"gen"`
+	At         *time.Time `json:"at"`
+	Prev       *int64     `json:"prev"`
+	PrevUntil  *time.Time `json:"prev_until"`
+	RolledBack *time.Time `json:"rolled_back"`
+}
+
+// json returns r in statusJSON.
+func (r runStatus) json() runJSON {
+	j := runJSON{
+		TokenPrefix: prefix(r.Token, tokenPrefixLen), Host: r.Host, PID: r.PID, Started: jsonTime(r.Started),
+		LeaseSeconds: r.LeaseSeconds, Phase: r.Phase, Items: r.Items, Entries: r.Entries, Acked: r.Acked,
+		Expected: r.Expected, Rate: finite(r.Rate), Limit: finite(r.Limit), ETASeconds: r.ETASeconds,
+		BeatAt: jsonTime(r.BeatAt), ProgressAt: jsonTime(r.ProgressAt), Changes: r.Changes, Replayed: r.Replayed,
+		Requests: requestsJSON{Cancel: r.Requests.Cancel, MaxRate: finite(r.Requests.MaxRate), Paused: r.Requests.Paused,
+			Action: r.Requests.Action},
+		TempSuffix: r.Suffix,
+	}
+	j.LockKey, j.LockKeyBase64 = jsonName(r.Lock)
+	j.Keys = indexesJSON(r.Generations)
+	return j
+}
+
+// indexesJSON returns gs in JSON, never nil.
+func indexesJSON(gs []keyGeneration) []indexJSON {
+	out := make([]indexJSON, 0, len(gs))
+	for _, g := range gs {
+		out = append(out, indexJSON{jsonKey: newJSONKey(g.Key), Family: g.Family, Generation: g.Generation.json()})
+	}
+	return out
+}
+
+// json returns g in JSON: null when nil.
+func (g *generation) json() *generationJSON {
+	if g == nil {
+		return nil
+	}
+	return &generationJSON{Gen: g.Gen, At: jsonTime(g.At), Prev: g.Prev, PrevUntil: jsonTime(g.PrevUntil), RolledBack: jsonTime(g.RolledBack)}
+}
+
+// jsonTime returns t for JSON: null when zero.
+func jsonTime(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
+}
+
+// finite returns f, or 0 when encoding/json cannot write it (a record
+// holding "inf" or "nan").
+func finite(f float64) float64 {
+	if math.IsInf(f, 0) || math.IsNaN(f) {
+		return 0
+	}
+	return f
 }

@@ -5,6 +5,8 @@ import (
 	"io"
 	"maps"
 	"slices"
+	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 )
@@ -23,6 +25,11 @@ func writeStatus(w io.Writer, rep *statusReport) error {
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	if len(rep.Runs) > 0 {
+		if err := writeRuns(w, rep.Runs, rep.Time); err != nil {
+			return err
+		}
 	}
 	fmt.Fprintln(tw)
 
@@ -82,4 +89,106 @@ func (rep *statusReport) sweepCommands() []string {
 		cmds[cmd] = true
 	}
 	return slices.Sorted(maps.Keys(cmds))
+}
+
+// writeRuns prints the runs in progress, then their keys' generations, as
+// seen at now.
+func writeRuns(w io.Writer, runs []runStatus, now time.Time) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "\nRUNS")
+	fmt.Fprintln(tw, "LOCK\tPHASE\tOWNER\tAGE\tITEMS\tENTRIES\tRATE\tLIMIT\tETA\tBEAT\tPROGRESS\tCHANGES\tREQUESTS")
+	for _, r := range runs {
+		eta := "-"
+		if r.ETASeconds != nil {
+			eta = fmtDuration(time.Duration(*r.ETASeconds) * time.Second)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s:%d\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%d/%d\t%s\n",
+			displayKey(r.Lock), displayPhase(r.Phase), displayKey(phaseOr(r.Host, "-")), r.PID,
+			fmtSince(r.Started, now), r.Items, r.Entries, fmtRate(r.Rate), fmtLimit(r.Limit), eta,
+			fmtSince(r.BeatAt, now), fmtSince(r.ProgressAt, now), r.Changes, r.Replayed, r.Requests.String())
+	}
+	fmt.Fprintln(tw, "\nKEYS OF THE RUNS")
+	fmt.Fprintln(tw, "KEY\tLOCK\tFAMILY\tGEN\tLIVE SINCE\tPREV\tPREV KEPT UNTIL")
+	for _, r := range runs {
+		for _, g := range r.Generations {
+			gen, since, prev, until := g.Generation.columns()
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", displayKey(g.Key), displayKey(r.Lock), yesNo(g.Family), gen, since, prev, until)
+		}
+	}
+	return tw.Flush()
+}
+
+// columns returns g's columns in tables: its generation, since when it is
+// live, the generation kept for a rollback and until when; "-" for what
+// is unknown or absent.
+func (g *generation) columns() (gen, since, prev, until string) {
+	if g == nil {
+		return "-", "-", "-", "-"
+	}
+	gen, since, prev, until = fmtInt(g.Gen), fmtTime(g.At), "-", "-"
+	if g.Prev != nil {
+		prev, until = fmtInt(*g.Prev), fmtTime(g.PrevUntil)
+	}
+	return gen, since, prev, until
+}
+
+// String formats the requests in a table cell: "-" for none, else a
+// comma-separated list such as "paused,max_rate=100".
+func (q runRequests) String() string {
+	var out []string
+	if q.Cancel {
+		out = append(out, "cancel")
+	}
+	if q.Paused {
+		out = append(out, "paused")
+	}
+	if q.MaxRate > 0 {
+		out = append(out, "max_rate="+strconv.FormatFloat(q.MaxRate, 'f', -1, 64))
+	}
+	if q.Action != "" {
+		out = append(out, "action="+displayKey(q.Action))
+	}
+	if len(out) == 0 {
+		return "-"
+	}
+	return strings.Join(out, ",")
+}
+
+// fmtSince formats the time from t to now ("3s"), "-" for an unknown t.
+func fmtSince(t, now time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return fmtAge(int64(now.Sub(t) / time.Second))
+}
+
+// fmtTime formats t in UTC to the second, "-" for an unknown t.
+func fmtTime(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return t.UTC().Format(time.RFC3339)
+}
+
+// fmtRate formats a rate of items per second: "600.5/s".
+func fmtRate(f float64) string { return strconv.FormatFloat(f, 'f', -1, 64) + "/s" }
+
+// fmtLimit formats a run's limit: "none" for 0.
+func fmtLimit(f float64) string {
+	if f <= 0 {
+		return "none"
+	}
+	return fmtRate(f)
+}
+
+// displayPhase formats a run's phase: as is for the phases a run writes
+// ("catching up" included, which displayKey would quote), "-" for none.
+func displayPhase(phase string) string {
+	switch phase {
+	case "":
+		return "-"
+	case "building", "catching up", "held", "publishing", "rolling back":
+		return phase
+	}
+	return displayKey(phase)
 }

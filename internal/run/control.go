@@ -52,8 +52,8 @@ func (r *Redis) FindRun(ctx context.Context, live string) (RunInfo, error) {
 	return RunInfo{Live: live, Lock: first, Token: token, Record: record}, nil
 }
 
-// Control records an operator's request (field/value pairs: cancel, rate,
-// paused, action) in run's record, fenced by its token: it fails with an
+// Control records an operator's request (field/value pairs: cancel,
+// max_rate, paused, action) in run's record, fenced by its token: it fails with an
 // error matching ErrNoRun if that run no longer holds its lock.
 func (r *Redis) Control(ctx context.Context, run RunInfo, fields ...string) error {
 	const op = "control"

@@ -14,8 +14,8 @@ import (
 type Control struct {
 	// Cancel: end the run ("keyswap cancel").
 	Cancel bool
-	// Rate is the most items per second the run may pull; zero is no limit
-	// ("keyswap throttle").
+	// Rate is the most items per second the run may pull, the record's
+	// max_rate; zero is no limit ("keyswap throttle").
 	Rate float64
 	// Paused: stop pulling the source, keep the lease ("keyswap pause").
 	Paused bool

@@ -474,7 +474,7 @@ func TestScriptAcquireRefused(t *testing.T) {
 
 func TestScriptHeartbeat(t *testing.T) {
 	// heartbeat.lua: compare-and-extend (C9, C16+). {1, batches, cancel,
-	// rate, paused, action, log lengths...}: every lock and record, and
+	// max_rate, paused, action, log lengths...}: every lock and record, and
 	// every log that exists, reset to the TTL, not left to decay (C13), and
 	// the status written into the run's record. {-1, i} for the first lock
 	// not ours, {-3, batches} when the record holds fewer batches than
@@ -487,7 +487,7 @@ func TestScriptHeartbeat(t *testing.T) {
 			cmds(t, d.Other,
 				[]string{"SET", locks[0], scriptTok, "EX", "50"},
 				[]string{"SET", locks[1], scriptTok, "EX", "50"},
-				[]string{"HSET", records[0], "token", scriptTok, "batches", "5", "cancel", "1", "rate", "250", "paused", "1", "action", "publish", "phase", "building"},
+				[]string{"HSET", records[0], "token", scriptTok, "batches", "5", "cancel", "1", "max_rate", "250", "paused", "1", "action", "publish", "phase", "building", "rate", "12.5"},
 				[]string{"EXPIRE", records[0], "50"},
 				[]string{"HSET", records[1], "token", scriptTok, "primary", locks[0]},
 				[]string{"EXPIRE", records[1], "50"},
@@ -495,15 +495,15 @@ func TestScriptHeartbeat(t *testing.T) {
 				[]string{"EXPIRE", logs[0], "50"},
 			)
 			before := redistest.Snapshot(t, d.Other, p)
-			args := []string{scriptTok, "100", "2", "5", "phase", "publishing", "items", "42"}
+			args := []string{scriptTok, "100", "2", "5", "phase", "publishing", "items", "42", "rate", "3.5"}
 			got := evalScript(t, d.Client, "heartbeat", slices.Concat(locks, records, logs), args)
 			wantReply(t, got, 1, 5, "1", "250", "1", "publish", 3, 0)
 			for _, l := range locks {
 				redistest.WantString(t, d.Other, l, scriptTok)
 			}
 			wantFields(t, d.Other, records[0], map[string]string{
-				"token": scriptTok, "batches": "5", "cancel": "1", "rate": "250", "paused": "1", "action": "publish",
-				"phase": "publishing", "items": "42",
+				"token": scriptTok, "batches": "5", "cancel": "1", "max_rate": "250", "paused": "1", "action": "publish",
+				"phase": "publishing", "items": "42", "rate": "3.5",
 			})
 			wantFields(t, d.Other, records[1], map[string]string{"token": scriptTok, "primary": locks[0]})
 			wantDump(t, d.Other, logs[0], before)

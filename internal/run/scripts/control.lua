@@ -5,7 +5,7 @@
 -- KEYS[1]   the lock of the run's first key
 -- KEYS[2]   the run's record, next to it
 -- ARGV[1]   the token the operator read from the lock
--- ARGV[2..] field/value pairs: cancel, rate, paused, action
+-- ARGV[2..] field/value pairs: cancel, max_rate, paused, action
 --
 -- Returns {1}: recorded; the run reads it at its next heartbeat.
 --         {-1}: the lock does not hold the token: the run ended, or

@@ -22,7 +22,8 @@
 -- ARGV[4]          the batches Redis acknowledged when the heartbeat left
 -- ARGV[5..]        field/value pairs of the run's status
 --
--- Returns {1, batches, cancel, rate, paused, action, log lengths...}: renewed.
+-- Returns {1, batches, cancel, max_rate, paused, action, log lengths...}:
+--         renewed.
 --         {-1, i}: lock i does not hold the token; nothing changed.
 --         {-3, batches}: the record holds fewer batches than acknowledged,
 --                        or is gone ({-3, 0}).
@@ -53,7 +54,10 @@ end
 if #ARGV > 4 then
   redis.call('HSET', KEYS[n + 1], unpack(ARGV, 5))
 end
-local c = redis.call('HMGET', KEYS[n + 1], 'cancel', 'rate', 'paused', 'action')
+-- The requests have names of their own: the status written above has a
+-- "rate" of its own (the items per second so far), which a request of the
+-- same name would read back as a limit.
+local c = redis.call('HMGET', KEYS[n + 1], 'cancel', 'max_rate', 'paused', 'action')
 local out = {1, batches, c[1] or '', c[2] or '', c[3] or '', c[4] or ''}
 for i = 2 * n + 1, 3 * n do
   out[#out + 1] = redis.call('LLEN', KEYS[i])

@@ -1,0 +1,131 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/keyswap/keyswap/internal/keys"
+	krun "github.com/keyswap/keyswap/internal/run"
+	"github.com/redis/rueidis"
+)
+
+const rollbackUsage = `Usage: keyswap rollback [flags] <key>...
+
+Rollback swaps the previous generation of each index back in, all in one
+atomic step: the values that the last publish replaced, kept because it
+was published with Options.KeepPrevious, become live again. For a family
+(<key> is then its prefix), the buckets that publish deleted come back and
+those it created go. Each index's generation goes back to the previous one,
+and the values rolled back are kept in turn, for what is left of the time
+KeepPrevious gave them: a second rollback rolls forward again. Changes
+applied to the live keys since the publish are in the generation rolled
+back, not in the one restored.
+
+Whether an index is a family is read from its meta ("<key>:rebuild-gen"),
+which every publish writes. The indexes of one rollback must be published
+together (one rebuild.Rebuilder), or at least share a hash slot on a
+cluster.
+
+Rollback is fenced like a rebuild: it takes the indexes' locks first
+(with a lease of 60s), and refuses, changing nothing, while a rebuild of
+any of them is in progress. It prints each index's generation now live,
+and the one kept for a roll forward; -json prints one object instead, with
+the names exact:
+
+  {
+    "keys": [{
+      "key": "users:by-email",        a family's prefix for a family
+      "family": false,
+      "generation": {"gen": 7, "at": "2025-01-02T15:04:05.123Z", "prev": 8,
+                     "prev_until": "2025-01-02T16:00:00Z",
+                     "rolled_back": "2025-01-02T15:04:05.123Z"}
+    }]
+  }
+
+A name that is not valid UTF-8 is given instead as the standard base64 of
+its bytes, in "key_base64".
+
+Exit status: 0 once rolled back; 5 when a rebuild of one of the indexes is
+in progress; 6 when one keeps no previous generation (none was kept, or
+its time ran out); 1 on an error; 2 on a usage error. On every error
+nothing changed.`
+
+// rollbackLease is the lease of the locks a rollback takes: a family's
+// SCAN runs under them.
+const rollbackLease = 60 * time.Second
+
+// rollbackJSON is the -json document of 'keyswap rollback'.
+type rollbackJSON struct {
+	Keys []indexJSON `json:"keys"`
+}
+
+// rollback is the 'keyswap rollback' command.
+func (c *cli) rollback(ctx context.Context, args []string) error {
+	fs := newFlagSet("rollback")
+	conn := addConnFlags(fs)
+	asJSON := fs.Bool("json", false, "print one JSON object (described above) instead of a table")
+	lives, err := c.parse(fs, args, rollbackUsage)
+	if err != nil {
+		return err
+	}
+	if len(lives) == 0 {
+		return usagef("want at least one key")
+	}
+	client, err := c.connect(ctx, conn)
+	if err != nil {
+		return err
+	}
+	defer client.Close()
+
+	what := strings.Join(lives, ", ")
+	before, err := readGenerations(ctx, client, lives)
+	if err != nil {
+		return fmt.Errorf("rollback %s: %w", what, err)
+	}
+	families := make([]bool, len(lives))
+	for i, g := range before {
+		if g == nil {
+			return fmt.Errorf("rollback %s: %w: keyswap never published it (it has no meta, %s); nothing changed",
+				displayKey(lives[i]), krun.ErrNothingToRollBack, displayKey(metaKey(client, lives[i])))
+		}
+		families[i] = g.Family
+	}
+	_, err = krun.New(client, nil).Rollback(ctx, krun.RollbackOptions{
+		Op: "rollback", Key: what, Lives: lives, Families: families, TTL: rollbackLease, Now: c.now(),
+	})
+	if errors.Is(err, krun.ErrInProgress) {
+		return fmt.Errorf("%w; nothing changed: roll back once it has ended, or end it ('keyswap cancel', 'keyswap discard')", err)
+	}
+	if err != nil {
+		return err
+	}
+	after, err := readGenerations(ctx, client, lives)
+	if err != nil {
+		return fmt.Errorf("rolled back %s, but reading the generations failed: %w", what, err)
+	}
+	idx := make([]keyGeneration, len(lives))
+	for i, l := range lives {
+		idx[i] = keyGeneration{Key: l, Family: families[i], Generation: after[i]}
+	}
+	if *asJSON {
+		return writeJSON(c.stdout, rollbackJSON{Keys: indexesJSON(idx)})
+	}
+	fmt.Fprintf(c.stdout, "rolled back %s; 'keyswap rollback' again rolls forward while PREV is kept\n\n", indexes(len(lives)))
+	return writeGenerations(c, idx)
+}
+
+// metaKey returns the key of live's meta on client's deployment.
+func metaKey(client rueidis.Client, live string) string {
+	return keys.MetaKey(live, client.Mode() == rueidis.ClientModeCluster)
+}
+
+// indexes returns "1 index" or "n indexes".
+func indexes(n int) string {
+	if n == 1 {
+		return "1 index"
+	}
+	return fmt.Sprintf("%d indexes", n)
+}

@@ -1,0 +1,87 @@
+package rebuild_test
+
+import (
+	"context"
+	"fmt"
+	"iter"
+	"testing"
+
+	"github.com/keyswap/keyswap/builders"
+	"github.com/keyswap/keyswap/internal/keys"
+	"github.com/keyswap/keyswap/internal/redistest"
+	"github.com/keyswap/keyswap/internal/run"
+	"github.com/keyswap/keyswap/rebuild"
+)
+
+// TestControlRate: the status a heartbeat writes (its "rate", the items per
+// second so far) is not read back as an operator's limit, and an
+// operator's max_rate request is. A run without a limit reports limit 0
+// after several heartbeats; after run.Control sets max_rate, the next
+// heartbeats report that limit; then the source ends and the run publishes.
+func TestControlRate(t *testing.T) {
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		key := d.Prefix + "control:by-email"
+		release := make(chan struct{})
+		src := func(ctx context.Context) iter.Seq2[user, error] {
+			return func(yield func(user, error) bool) {
+				for _, u := range users(100) {
+					if !yield(u, nil) {
+						return
+					}
+				}
+				select { // the run goes on, heartbeats and all, until released
+				case <-release:
+				case <-ctx.Done():
+				}
+			}
+		}
+		r := redistest.Rebuilder(t, d.Client, rebuild.Options{},
+			builders.Hash(key, func(u user) (string, string, bool) { return u.Email, u.ID, true }))
+		done := make(chan error, 1)
+		go func() {
+			_, err := r.Run(context.Background(), src)
+			done <- err
+		}()
+		defer func() {
+			close(release)
+			if err := <-done; err != nil {
+				t.Errorf("Run: %v", err)
+			}
+			if got := redistest.HGetAll(t, d.Other, key); len(got) != 100 {
+				t.Errorf("published %d fields, want 100", len(got))
+			}
+		}()
+		record := keys.RecordKey(keys.LockKey(key, d.Cluster))
+		// beats waits until the record shows n heartbeats more than when
+		// called (each writes its time, in ms, as beat_at), and returns it.
+		beats := func(n int) map[string]string {
+			t.Helper()
+			var rec map[string]string
+			last, seen := redistest.HGetAll(t, d.Other, record)["beat_at"], 0
+			waitFor(t, fmt.Sprintf("%d heartbeats", n), func() bool {
+				rec = redistest.HGetAll(t, d.Other, record)
+				if b := rec["beat_at"]; b != last {
+					last, seen = b, seen+1
+				}
+				return seen >= n
+			})
+			return rec
+		}
+		rec := beats(3)
+		if rec["rate"] == "" || rec["rate"] == "0.0" || rec["limit"] != "0" {
+			t.Errorf("after 3 heartbeats: rate %q, limit %q; want a rate and limit 0 (no limit)", rec["rate"], rec["limit"])
+		}
+		rr := run.New(d.Other, nil)
+		info, err := rr.FindRun(t.Context(), key)
+		if err != nil {
+			t.Fatalf("FindRun: %v", err)
+		}
+		if err := rr.Control(t.Context(), info, "max_rate", "250"); err != nil {
+			t.Fatalf("Control: %v", err)
+		}
+		rec = beats(2)
+		if rec["limit"] != "250" || rec["max_rate"] != "250" {
+			t.Errorf("after max_rate 250: limit %q, max_rate %q; want 250 and 250", rec["limit"], rec["max_rate"])
+		}
+	})
+}
