@@ -3,6 +3,7 @@ package rebuild
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/scan"
@@ -13,12 +14,15 @@ import (
 // leftovers become orphans at publish. It returns the sets the scans fill.
 func (x *execution[T]) scanFamilies(ctx context.Context, g *errgroup.Group) []map[string]bool {
 	live := make([]map[string]bool, len(x.r.builders))
+	x.stalePrevs = make([]map[string]bool, len(x.r.builders))
 	for i, b := range x.r.builders {
 		f, ok := b.(Family)
 		if !ok {
 			continue
 		}
 		live[i] = map[string]bool{}
+		prevs := map[string]bool{}
+		x.stalePrevs[i] = prevs
 		prefix := b.Key() + ":"
 		// On a cluster every bucket is in the prefix's slot (its hash tag is
 		// required): only that slot's master is scanned.
@@ -30,8 +34,11 @@ func (x *execution[T]) scanFamilies(ctx context.Context, g *errgroup.Group) []ma
 				}
 				for _, k := range page {
 					// keyswap's own keys are not buckets: temp keys, locks,
-					// records, logs, and the kept previous values.
-					if !keys.Reserved(k) {
+					// records, logs, and the kept previous values, which
+					// the publish drops unless it replaces them.
+					if bucket, ok := strings.CutSuffix(k, keys.PrevSuffix); ok && !keys.Reserved(bucket) {
+						prevs[k] = true
+					} else if !keys.Reserved(k) {
 						live[i][k] = true
 					}
 				}

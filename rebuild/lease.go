@@ -110,10 +110,22 @@ type leaseOwner struct {
 	stall   *stallWatch
 }
 
+// lapsed reports whether no heartbeat has reached Redis for a whole TTL by
+// now: the locks have expired there, whether or not the watchdog has run
+// yet (a loaded machine can run it late).
+func (l *lease) lapsed(now time.Time) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return now.Sub(l.lastBeat) >= l.ttl
+}
+
 // lapse cancels the run: no heartbeat reached Redis within TTL, so the
 // locks have expired there, or are about to.
-func (l *lease) lapse() {
-	l.cancel(&Error{Op: "lease", Key: l.key, Err: fmt.Errorf("%w: no heartbeat reached Redis for a whole TTL (%v): the process or the network stalled", ErrLockLost, l.ttl)})
+func (l *lease) lapse() { l.cancel(l.lapseError()) }
+
+// lapseError is the error of a lapsed lease.
+func (l *lease) lapseError() error {
+	return &Error{Op: "lease", Key: l.key, Err: fmt.Errorf("%w: no heartbeat reached Redis for a whole TTL (%v): the process or the network stalled", ErrLockLost, l.ttl)}
 }
 
 // claim reserves the next heartbeat if one is due and none is in flight:

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/keyswap/keyswap/internal/keys"
@@ -27,26 +28,37 @@ func (x *execution[T]) publish(ctx context.Context, live []map[string]bool) (boo
 		targets = append(targets, run.Target{Temp: t.Key, Live: t.Live, Populated: t.Populated(), HasTTL: true})
 	}
 	var orphans []string
+	orphan := map[string]bool{}
 	for _, set := range live {
 		for _, k := range slices.Sorted(maps.Keys(set)) {
 			if !x.targets.has(k) {
 				orphans = append(orphans, k)
+				orphan[k] = true
 			}
 		}
 	}
-	if m := r.opts.MaxKeys; m > 0 && len(targets)+len(orphans) > m {
-		return false, &Error{Op: "publish", Key: r.key, Err: tooManyKeys(m, fmt.Sprintf("this one would touch %d (%d rebuilt, %d stale buckets to delete)", len(targets)+len(orphans), len(targets), len(orphans)))}
+	// The kept previous values of buckets this publish neither replaces
+	// nor deletes belong to an older generation: a rollback must not bring
+	// them back. (The publish replaces the others, or drops them.)
+	var drops []string
+	for _, prevs := range x.stalePrevs {
+		for _, p := range slices.Sorted(maps.Keys(prevs)) {
+			if b := strings.TrimSuffix(p, keys.PrevSuffix); !x.targets.has(b) && !orphan[b] {
+				drops = append(drops, p)
+			}
+		}
+	}
+	if m, n := r.opts.MaxKeys, len(targets)+len(orphans)+len(drops); m > 0 && n > m {
+		return false, &Error{Op: "publish", Key: r.key, Err: tooManyKeys(m, fmt.Sprintf("this one would touch %d (%d rebuilt, %d stale buckets to delete, %d old kept values to drop)", n, len(targets), len(orphans), len(drops)))}
 	}
 	metas := make([]string, len(r.lives))
-	families := make([]bool, len(r.lives))
 	for i, l := range r.lives {
 		metas[i] = keys.MetaKey(l, r.redis.Cluster())
-		families[i] = r.owners[i].family
 	}
 	sent := time.Now()
 	p, err := r.redis.Publish(ctx, run.PublishOptions{
 		Op: "publish", Key: r.key, Locks: x.locks, Batches: x.acked.Load(),
-		Targets: targets, Orphans: orphans, Metas: metas, Families: families,
+		Targets: targets, Orphans: orphans, Drops: drops, Metas: metas, FamilyTypes: r.familyTypes(),
 		KeepPrevious: r.opts.KeepPrevious, PreserveFor: r.opts.PreserveFor, Settle: true, Now: time.Now(),
 		Logs: x.logOffsets(), MaxTail: PublishTail,
 	})

@@ -27,12 +27,9 @@ var ErrNothingToRollBack = run.ErrNothingToRollBack
 // ErrNothingToRollBack when a key keeps no previous generation. It returns
 // each builder's generation now live, keyed by its Key.
 func (r *Rebuilder[T]) Rollback(ctx context.Context) (map[string]int64, error) {
-	families := make([]bool, len(r.owners))
-	for i, o := range r.owners {
-		families[i] = o.family
-	}
+	families := r.familyTypes()
 	gens, err := r.redis.Rollback(ctx, run.RollbackOptions{
-		Op: "rollback", Key: r.key, Lives: r.lives, Families: families, TTL: r.opts.TTL, Now: time.Now(),
+		Op: "rollback", Key: r.key, Lives: r.lives, FamilyTypes: families, TTL: r.opts.TTL, Now: time.Now(),
 	})
 	if err != nil {
 		return nil, err
@@ -42,4 +39,16 @@ func (r *Rebuilder[T]) Rollback(ctx context.Context) (map[string]int64, error) {
 		out[r.lives[i]] = g
 	}
 	return out, nil
+}
+
+// familyTypes returns each builder's family key type, or "" for a plain
+// builder.
+func (r *Rebuilder[T]) familyTypes() []string {
+	out := make([]string, len(r.builders))
+	for i, b := range r.builders {
+		if f, ok := b.(Family); ok {
+			out[i] = f.KeyType()
+		}
+	}
+	return out
 }

@@ -113,7 +113,10 @@ type execution[T any] struct {
 	logged   atomic.Int64 // changes logged for the run, as the last heartbeat read
 	held     *Held[T]     // Build's run, nil for Run
 	stall    *stallWatch  // when the source last yielded
-	obs      RunObserver
+	// stalePrevs are, per family, the kept previous values of its buckets
+	// found by the scan: written by the scans, read once they are done.
+	stalePrevs []map[string]bool
+	obs        RunObserver
 }
 
 // newExecution returns the state of a run of r started at start.
@@ -340,6 +343,10 @@ func (x *execution[T]) failure(runCtx context.Context, werr, srcErr error) error
 		// A stall that outlived the lease also timed out the batch in
 		// flight: the lost lease is the cause, the write error its symptom.
 		return errors.Join(run.Wrap("lease", x.r.key, cause), werr)
+	case werr != nil && x.lease.lapsed(time.Now()):
+		// The same, with the watchdog not run yet (a loaded machine runs
+		// its timer late).
+		return errors.Join(x.lease.lapseError(), werr)
 	case werr != nil:
 		return werr
 	case srcErr != nil:

@@ -459,7 +459,7 @@ func TestMaxKeysBoundsThePublish(t *testing.T) {
 			// 1 hash + 10 buckets = 11 keys > 10.
 			{"buckets", 10, "the run writes more keys than that"},
 			// 1 hash + 2 buckets, and 6 stale buckets: 9 keys > 8.
-			{"stale buckets", 2, "would touch 9 (3 rebuilt, 6 stale buckets to delete)"},
+			{"stale buckets", 2, "would touch 9 (3 rebuilt, 6 stale buckets to delete, 0 old kept values to drop)"},
 		} {
 			max := 10
 			if tc.name == "stale buckets" {
@@ -478,4 +478,56 @@ func TestMaxKeysBoundsThePublish(t *testing.T) {
 		}
 		safeWant(t, d, k, safeUsers(40, 0, 12))
 	})
+}
+
+func TestRollbackOwnsOnlyItsGeneration(t *testing.T) {
+	// A key of another type under a family's prefix is not the family's:
+	// a rollback leaves it alone. And the kept previous value of a bucket
+	// that an older publish removed belongs to an older generation: the
+	// next publish drops it, so that a rollback cannot bring it back.
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		ctx := redistest.Ctx(t)
+		k := safeNames(d)
+		notes := k.family + ":notes"
+		redistest.SeedHash(t, d.Other, notes, map[string]string{"a": "1"})
+		r := safeRebuilder(t, d, k, rebuild.Options{KeepPrevious: time.Minute})
+		a := safeUsers(30, 0, 3)  // c0, c1, c2
+		b := safeUsers(30, 0, 2)  // c0, c1: c2 removed, kept as a prev
+		c := safeUsers(30, 50, 2) // c0, c1 again, other users
+		for _, v := range [][]user{a, b, c} {
+			if _, err := r.Run(ctx, rebuild.FromSlice(v)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		redistest.WantAbsent(t, d.Other, keys.PrevKey(k.family+":c2", d.Cluster)) // dropped by c's publish
+		if _, err := r.Rollback(ctx); err != nil {
+			t.Fatal(err)
+		}
+		// b's index, not a's c2 (safeWant would read notes as a bucket).
+		redistest.WantHash(t, d.Other, k.hash, hashOf(b))
+		for bucket, want := range map[string][]string{"c0": idsIn(b, "c0"), "c1": idsIn(b, "c1")} {
+			if got := redistest.SMembers(t, d.Other, k.family+":"+bucket); !slices.Equal(got, want) {
+				t.Errorf("bucket %s: got %v, want %v", bucket, got, want)
+			}
+		}
+		redistest.WantAbsent(t, d.Other, k.family+":c2")
+		redistest.WantHash(t, d.Other, notes, map[string]string{"a": "1"})
+		redistest.WantAbsent(t, d.Other, keys.PrevKey(notes, d.Cluster))
+		meta := redistest.HGetAll(t, d.Other, keys.MetaKey(k.family, d.Cluster))
+		if meta["family"] != "set" {
+			t.Errorf("the family's meta records family %q, want set", meta["family"])
+		}
+	})
+}
+
+// idsIn returns the sorted ids of us in country c.
+func idsIn(us []user, c string) []string {
+	var out []string
+	for _, u := range us {
+		if u.Country == c {
+			out = append(out, u.ID)
+		}
+	}
+	slices.Sort(out)
+	return out
 }

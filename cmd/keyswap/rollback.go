@@ -85,16 +85,16 @@ func (c *cli) rollback(ctx context.Context, args []string) error {
 	if err != nil {
 		return fmt.Errorf("rollback %s: %w", what, err)
 	}
-	families := make([]bool, len(lives))
+	families := make([]string, len(lives))
 	for i, g := range before {
 		if g == nil {
 			return fmt.Errorf("rollback %s: %w: keyswap never published it (it has no meta, %s); nothing changed",
 				displayKey(lives[i]), krun.ErrNothingToRollBack, displayKey(metaKey(client, lives[i])))
 		}
-		families[i] = g.Family
+		families[i] = g.FamilyType // "" for a plain key
 	}
 	_, err = krun.New(client, nil).Rollback(ctx, krun.RollbackOptions{
-		Op: "rollback", Key: what, Lives: lives, Families: families, TTL: rollbackLease, Now: c.now(),
+		Op: "rollback", Key: what, Lives: lives, FamilyTypes: families, TTL: rollbackLease, Now: c.now(),
 	})
 	if errors.Is(err, krun.ErrInProgress) {
 		return fmt.Errorf("%w; nothing changed: roll back once it has ended, or end it ('keyswap cancel', 'keyswap discard')", err)
@@ -108,7 +108,7 @@ func (c *cli) rollback(ctx context.Context, args []string) error {
 	}
 	idx := make([]keyGeneration, len(lives))
 	for i, l := range lives {
-		idx[i] = keyGeneration{Key: l, Family: families[i], Generation: after[i]}
+		idx[i] = keyGeneration{Key: l, Family: families[i] != "", Generation: after[i]}
 	}
 	if *asJSON {
 		return writeJSON(c.stdout, rollbackJSON{Keys: indexesJSON(idx)})

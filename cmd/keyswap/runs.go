@@ -195,8 +195,10 @@ type generation struct {
 	PrevUntil time.Time
 	// RolledBack is the time of the last rollback, if any.
 	RolledBack time.Time
-	// Family reports that the index is a family of keys.
-	Family bool
+	// Family reports that the index is a family of keys, of type
+	// FamilyType ("set", say), which the publish recorded in the meta.
+	Family     bool
+	FamilyType string
 }
 
 // parseMeta parses a meta; ok is false when there is none.
@@ -205,7 +207,7 @@ func parseMeta(m map[string]string) (g generation, ok bool) {
 		return generation{}, false
 	}
 	g = generation{Gen: atoi(m["gen"]), Seq: atoi(m["seq"]), At: fromMillis(m["at"]),
-		RolledBack: fromMillis(m["rolled_back"]), Family: m["family"] == "1"}
+		RolledBack: fromMillis(m["rolled_back"]), Family: m["family"] != "", FamilyType: m["family"]}
 	if p, err := strconv.ParseInt(m["prev"], 10, 64); err == nil {
 		g.Prev = &p
 		g.PrevUntil = fromMillis(m["prev_until"])

@@ -71,10 +71,10 @@ type PublishOptions struct {
 	// previous values of an earlier publish.
 	Drops []string
 	// Metas are the keys of the builders' generations; each is advanced.
-	// Families, if not nil, says which are a family's: the meta records it,
-	// for a rollback.
-	Metas    []string
-	Families []bool
+	// FamilyTypes, if not nil, gives for each a family's key type ("set"),
+	// or "" for a plain key: the meta records it, for a rollback.
+	Metas       []string
+	FamilyTypes []string
 	// KeepPrevious, when positive, keeps the old value of every target and
 	// orphan in its prev key (keys.PrevKey) for this long, for a rollback,
 	// instead of deleting it. A whole number of seconds.
@@ -242,15 +242,13 @@ func (r *Redis) plan(opts PublishOptions) (publishPlan, error) {
 		args = append(args, strconv.FormatInt(l.Offset, 10))
 	}
 	args = append(args, strconv.Itoa(max(opts.MaxTail, 0)))
-	var fam strings.Builder
 	for i := range opts.Metas {
-		if i < len(opts.Families) && opts.Families[i] {
-			fam.WriteByte('1')
-		} else {
-			fam.WriteByte('0')
+		kind := ""
+		if i < len(opts.FamilyTypes) {
+			kind = opts.FamilyTypes[i]
 		}
+		args = append(args, kind)
 	}
-	args = append(args, fam.String())
 	return publishPlan{keys: ks, args: args}, nil
 }
 

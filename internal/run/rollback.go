@@ -24,9 +24,11 @@ type RollbackOptions struct {
 	// Op and Key name the operation in errors.
 	Op, Key string
 	// Lives are the indexes: live keys, or families' prefixes where
-	// Families says so.
-	Lives    []string
-	Families []bool
+	// FamilyTypes gives the family's key type ("set"; "" for a plain key).
+	// A family's keys of another type under its prefix are not its own,
+	// and are left alone.
+	Lives       []string
+	FamilyTypes []string
 	// TTL is the lease of the locks the rollback holds while it runs.
 	TTL time.Duration
 	// Now is the time recorded in the metas.
@@ -61,8 +63,8 @@ func (r *Redis) rollback(ctx context.Context, opts RollbackOptions, locks []*Loc
 	for i, l := range opts.Lives {
 		metas = append(metas, keys.MetaKey(l, r.cluster))
 		lives := []string{l}
-		if i < len(opts.Families) && opts.Families[i] {
-			if lives, err = r.familyKeys(ctx, l); err != nil {
+		if i < len(opts.FamilyTypes) && opts.FamilyTypes[i] != "" {
+			if lives, err = r.familyKeys(ctx, l, opts.FamilyTypes[i]); err != nil {
 				return nil, Fail(ctx, op, l, err)
 			}
 		}
@@ -100,11 +102,11 @@ func (r *Redis) rollback(ctx context.Context, opts RollbackOptions, locks []*Loc
 	return res.ints(1)
 }
 
-// familyKeys returns the live buckets of the family prefix and those its
-// prev keys would restore.
-func (r *Redis) familyKeys(ctx context.Context, prefix string) ([]string, error) {
+// familyKeys returns the live buckets of the family prefix, of type kind,
+// and those its prev keys would restore.
+func (r *Redis) familyKeys(ctx context.Context, prefix, kind string) ([]string, error) {
 	set := map[string]bool{}
-	opts := scan.Options{Match: scan.EscapeGlob(prefix+":") + "*", InSlot: true, Slot: keys.Slot(prefix)}
+	opts := scan.Options{Match: scan.EscapeGlob(prefix+":") + "*", Type: kind, InSlot: true, Slot: keys.Slot(prefix)}
 	for page, err := range scan.Pages(ctx, r.client, opts) {
 		if err != nil {
 			return nil, fmt.Errorf("SCAN %s: %w", opts.Match, err)

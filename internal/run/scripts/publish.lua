@@ -50,7 +50,8 @@
 -- ARGV[15]   the time, in milliseconds since the epoch, for the metas
 -- ARGV[16..15+X] X offsets: the entries of each log the run replayed
 -- ARGV[16+X] the most entries a tail may have, over all logs
--- ARGV[17+X] G characters: '1' where meta i is a family's (recorded in it)
+-- ARGV[17+X..16+X+G] per meta, the key type of a family's keys, or '' for a
+--            plain key (recorded in the meta, for a rollback)
 --
 -- Returns {1, o1..oT, g1..gG, c}: published; oi = 1 renamed, 2 live key
 --           deleted (empty result); gi the new generation of meta i; c the
@@ -260,8 +261,9 @@ for i = 1, G do
   local gen = redis.call('HINCRBY', meta, 'seq', 1)
   local prev = redis.call('HGET', meta, 'gen') or ''
   redis.call('HSET', meta, 'gen', gen, 'at', ARGV[15])
-  if string.sub(ARGV[17 + X] or '', i, i) == '1' then
-    redis.call('HSET', meta, 'family', '1')
+  local family = ARGV[16 + X + i]
+  if family and family ~= '' then
+    redis.call('HSET', meta, 'family', family)
   end
   if keep > 0 then
     redis.call('HSET', meta, 'prev', prev, 'prev_until', tonumber(ARGV[15]) + keep * 1000)
