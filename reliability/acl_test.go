@@ -219,7 +219,7 @@ func TestACLRevokedMidRun(t *testing.T) {
 // or not), and keyswap status and sweep (dry run or --delete) all work on a
 // standalone server: with a key pattern that covers the live keys,
 //
-//	ACL SETUSER keyswap on >password ~ks:* -@all +eval +evalsha +multi +exec +get +set +del +exists +unlink +rename +persist +expire +ttl +pttl +type +hset +hget +hmget +hdel +hincrby +llen +zadd +sadd +scan
+//	ACL SETUSER keyswap on >password ~ks:* -@all +eval +evalsha +multi +exec +get +set +del +exists +unlink +rename +persist +expire +ttl +pttl +type +hset +hget +hmget +hgetall +hdel +hincrby +llen +lrange +zadd +sadd +scan
 //
 // On a cluster, add +cluster|slots, which a rueidis cluster client needs to
 // find the slots. TestMinimalACL checks that a user with these rules runs
@@ -228,7 +228,8 @@ var minimalCommands = []string{
 	"eval", "evalsha", // every script; EVAL when the server's script cache lacks it
 	"multi", "exec", // every batch is a transaction
 	"get", "set", "del", "exists", "unlink", "rename", "persist", "expire", "ttl", "pttl", "type", // locks, receipts, publish, sweep, status
-	"hset", "hget", "hmget", "hdel", "hincrby", "llen", // the run record, the generations, the heartbeat
+	"hset", "hget", "hmget", "hgetall", "hdel", "hincrby", // the run record, the generations, the heartbeat, status
+	"llen", "lrange", // the run's log of changes: the heartbeat, the catch-up
 	"zadd", "sadd", // builders.SortedSet and builders.SetIndex (builders.Hash: hset)
 	"scan", // a family's buckets, the sweep, status
 }
@@ -769,21 +770,15 @@ func TestMinimalACL(t *testing.T) {
 	})
 }
 
-// TestKnownBugHeartbeatRightsUnchecked FAILS on the current code: it pins
-// a library bug, to be fixed in internal/run (see RELIABILITY.md,
-// "Production conditions"). A user without HMGET or LLEN, which only the
-// heartbeat script sends, passes the acquire script's rights check
-// (rebuild.execution.checks lists HINCRBY, EXPIRE, RENAME, UNLINK and
-// PERSIST; acquire.lua adds its own commands), so the run writes its
-// batches; every heartbeat is then refused (NOPERM inside the script),
-// which lease.settle takes for a transient failure, and a run that lasts
-// longer than its TTL ends with ErrLockLost, "no heartbeat reached Redis
-// for a whole TTL: the process or the network stalled", although every
-// heartbeat reached Redis and was refused. (A shorter run publishes: the
-// publish needs neither command.) ErrNoPermission promises an error that
-// names the command, found before anything is written: the test asserts
-// that.
-func TestKnownBugHeartbeatRightsUnchecked(t *testing.T) {
+// TestHeartbeatRightsCheckedUpFront: a user without HMGET or LLEN, which
+// only the heartbeat script sends, used to pass the acquire script's rights
+// check, write its batches, and then, every heartbeat being refused (NOPERM
+// inside the script) and taken for a transient failure, end after its TTL
+// with ErrLockLost, "the process or the network stalled". The acquire now
+// checks the rights of every later step, and a refused heartbeat fails the
+// run at once: the run fails with ErrNoPermission naming the command before
+// anything is written.
+func TestHeartbeatRightsCheckedUpFront(t *testing.T) {
 	t.Parallel()
 	for _, cmd := range []string{"hmget", "llen"} {
 		t.Run(cmd, func(t *testing.T) {
