@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/keyswap/keyswap/rebuild"
+	"github.com/redis/rueidis"
 	// Imported by another name: rate is the report's formatter of items/s.
 	timerate "golang.org/x/time/rate"
 )
@@ -39,6 +40,17 @@ type application struct {
 	version atomic.Int64 // of the hash values the changes write
 	runs    atomic.Int64 // calls of run, so that each draws other changes
 	applied atomic.Int64
+}
+
+// dial opens the application's connection to addr, with the options of the
+// bench's own clients: its Apply calls do not queue behind the rebuild's
+// round trips on the rebuild's connection.
+func dial(addr string) (rueidis.Client, error) {
+	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{addr}, DisableCache: true, ForceSingleClient: true})
+	if err != nil {
+		return nil, fmt.Errorf("connect to %s: %w", addr, err)
+	}
+	return c, nil
 }
 
 // call is one Apply: when it started, and how long it took.
