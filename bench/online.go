@@ -324,14 +324,17 @@ func checkStats(stats rebuild.Stats, w workload, n int) error {
 	return nil
 }
 
-func (res *onlineResult) summarize() {
-	get := func(f func(onlineRound) float64) spread {
-		var xs []float64
-		for _, rd := range res.Runs {
-			xs = append(xs, f(rd))
-		}
-		return newSpread(xs)
+// onlineSpread returns the spread of f over rounds.
+func onlineSpread(rounds []onlineRound, f func(onlineRound) float64) spread {
+	var xs []float64
+	for _, rd := range rounds {
+		xs = append(xs, f(rd))
 	}
+	return newSpread(xs)
+}
+
+func (res *onlineResult) summarize() {
+	get := func(f func(onlineRound) float64) spread { return onlineSpread(res.Runs, f) }
 	ns := func(d time.Duration) float64 { return float64(d) }
 	s := &res.Summary
 	s.IdleP50 = get(func(rd onlineRound) float64 { return ns(rd.Idle.P50) })
@@ -362,6 +365,7 @@ func (res *onlineResult) summaryLine() string {
 func (res *onlineResult) markdown(b *bytes.Buffer) {
 	p := func(format string, a ...any) { fmt.Fprintf(b, format, a...) }
 	s := res.Summary
+	builders := len(onlineWorkload(1).targets)
 	changed := 0
 	for _, rd := range res.Runs {
 		changed += rd.Changed
@@ -376,11 +380,7 @@ func (res *onlineResult) markdown(b *bytes.Buffer) {
 
 	p("| Apply of one Update | calls per round | p50 | p99 | max | server time per call |\n|---|--:|--:|--:|--:|--:|\n")
 	callsOf := func(f func(onlineRound) int) string {
-		var xs []float64
-		for _, rd := range res.Runs {
-			xs = append(xs, float64(f(rd)))
-		}
-		return commas(int(median(xs)))
+		return commas(int(onlineSpread(res.Runs, func(rd onlineRound) float64 { return float64(f(rd)) }).Median))
 	}
 	p("| no run in progress | %s | %s | %s | %s | %s |\n", callsOf(func(rd onlineRound) int { return rd.Idle.Calls }), durSpread(s.IdleP50), durSpread(s.IdleP99), durSpread(s.IdleMax), durSpread(s.IdleServer))
 	p("| during the rebuild | %s | %s | %s | %s | %s |\n\n", callsOf(func(rd onlineRound) int { return rd.During.Calls }), durSpread(s.DuringP50), durSpread(s.DuringP99), durSpread(s.DuringMax), durSpread(s.DuringServer))
@@ -395,13 +395,15 @@ func (res *onlineResult) markdown(b *bytes.Buffer) {
 	p("| changes applied while the rebuild ran | %s | %s–%s |\n", commas(int(s.Applied.Median)), commas(int(s.Applied.Min)), commas(int(s.Applied.Max)))
 	p("| changes replayed (`Stats.Changes`, per builder) | %s | %s–%s |\n", commas(int(s.Replayed.Median)), commas(int(s.Replayed.Min)), commas(int(s.Replayed.Max)))
 	p("| end of the source to the publish (`Stats.CatchUp`) | %s | %s–%s |\n", durS(s.CatchUp.Median), durS(s.CatchUp.Min), durS(s.CatchUp.Max))
+	replay := onlineSpread(res.Runs, func(rd onlineRound) float64 { return float64(rd.Replayed) / rd.CatchUp.Seconds() })
+	p("| changes replayed per second of catch-up | %s | %s–%s |\n", rate(replay.Median), rate(replay.Min), rate(replay.Max))
 	p("| the same, with no changes | %s | %s–%s |\n\n", durS(s.QuietCatchUp.Median), durS(s.QuietCatchUp.Min), durS(s.QuietCatchUp.Max))
 
 	p("What the numbers mean, and what bounds them:\n\n")
 	p("- **Apply's latency** is one round trip of one script, as the application sees it; the server's time per call is EVALSHA's mean in INFO commandstats. With no run in progress the script writes the live keys; during a run it also appends the change to the log of each builder's lock, ")
 	p("and it waits behind whatever the server is executing: the run's transactions of `BatchSize` items, and its publish, which replays the last changes (at most `PublishTail` = %s per log) inside its script. The max during a run is about the longest of those, plus, on a busy machine, the wait for a CPU.\n", commas(res.PublishTail))
 	p("- **Throughput** is source items/s of the whole run, lock to release. Changes cost the run the server time of the Apply calls, the writers' CPU, and the replay of each (`Stats.Changes` counts an Update once per builder whose keys it writes: up to 3 here).\n")
-	p("- **Catch-up** replays the changes logged while the source ran, in pipelined chunks, until at most `PublishTail` = %s per log are left, which the publish replays itself. ", commas(res.PublishTail))
+	p("- **Catch-up** replays the changes logged while the source ran, in pipelined chunks, until at most `PublishTail` = %s per log are left, which the publish replays itself. It converges only while changes arrive slower than it replays them: here up to about %s changes a second (its median rate of replayed entries over the %d builders). ", commas(res.PublishTail), rate(replay.Median/float64(builders)), builders)
 	p("`Options.CatchUpTimeout` (%v here) bounds it: a run whose changes arrive faster than it replays them fails with `ErrFallingBehind`, and leaves the live keys, which hold every change, as they are. ", res.CatchUpTimeout)
 	p("`Options.MaxChanges` (%s here) bounds each log, one entry per Apply and lock: at %s changes/s a run may last %s before its log is full and it fails with `ErrFallingBehind` in the same way.\n\n",
 		commas(res.MaxChanges), commas(int(res.Rate)), (time.Duration(float64(res.MaxChanges) / res.Rate * float64(time.Second))).Round(time.Second))

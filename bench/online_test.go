@@ -27,7 +27,7 @@ func TestOnline(t *testing.T) {
 		"## Online", "**0 lost changes** in 4 runs",
 		"| no run in progress |", "| during the rebuild |",
 		"| no changes |", "| changes at 5,000/s (",
-		"| changes replayed (`Stats.Changes`, per builder) |", "`PublishTail` = 1,000", "`Options.CatchUpTimeout` (1m0s here)",
+		"| changes replayed (`Stats.Changes`, per builder) |", "| changes replayed per second of catch-up |", "`PublishTail` = 1,000", "`Options.CatchUpTimeout` (1m0s here)",
 	} {
 		if !strings.Contains(md, want) {
 			t.Errorf("report lacks %q:\n%s", want, md)
