@@ -35,6 +35,13 @@
 //   - scaling: limit and keyswap at several sizes: per-entry cost and peak
 //     heap should be flat.
 //   - knobs: keyswap with BatchSize × Writers around the defaults.
+//   - online: the multi workload of -online-n items rebuilt while an
+//     application commits changes to its truth and applies each with
+//     Rebuilder.Apply, -online-rate a second: Apply's latency with and
+//     without a run in progress, the rebuild's throughput next to the same
+//     rebuild without changes, and its catch-up. After every run each entry
+//     of every key is compared with the truth, and a lost change fails the
+//     bench.
 //
 // # Output
 //

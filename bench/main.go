@@ -1,11 +1,13 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -32,9 +34,10 @@ const (
 	sectionSwap       = "swap"
 	sectionScaling    = "scaling"
 	sectionKnobs      = "knobs"
+	sectionOnline     = "online"
 )
 
-var allSections = []string{sectionThroughput, sectionSwap, sectionScaling, sectionKnobs}
+var allSections = []string{sectionThroughput, sectionSwap, sectionScaling, sectionKnobs, sectionOnline}
 
 const usageHeader = `bench measures keyswap's rebuild throughput against redis-cli --pipe, the
 physical limit, with every method interleaved in rounds on the same data.
@@ -93,7 +96,12 @@ type config struct {
 	serverCPU  int
 	render     string
 	keyswap    rebuild.Options // the keyswap method's options outside the knobs section
+	onlineN    int             // items of the online section; 0 is n
+	onlineRate float64         // changes per second during the online section
 }
+
+// onlineItems returns the online section's dataset size.
+func (c config) onlineItems() int { return cmp.Or(c.onlineN, c.n) }
 
 // has reports whether section s is selected.
 func (c config) has(s string) bool { return slices.Contains(c.sections, s) }
@@ -126,6 +134,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.IntVar(&cfg.keyswap.Writers, "keyswap-writers", 0, "rebuild.Options.Writers of the keyswap method in the throughput, swap and scaling sections; 0 is the library's default")
 	fs.BoolVar(&cfg.keyswap.Unordered, "keyswap-unordered", false, "set rebuild.Options.Unordered for the keyswap method in every section")
 	fs.StringVar(&cfg.render, "render", "", "render the report of an earlier run from its JSON `file` (to stdout and -out) instead of running")
+	fs.IntVar(&cfg.onlineN, "online-n", 0, "items of the online section; 0 means -n")
+	fs.Float64Var(&cfg.onlineRate, "online-rate", 10_000, "changes per second that the online section's writers apply, with rebuild.Rebuilder.Apply")
 	fs.IntVar(&cfg.serverCPU, "server-cpu", -1, "pin the bench's own redis-server to this CPU (Linux), e.g. with the bench itself under taskset -c 0, so that client and server do not share a core; -1 leaves it alone")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -142,6 +152,9 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	}
 	if cfg.keyswap.BatchSize < 0 || cfg.keyswap.Writers < 0 {
 		return bad("-keyswap-batch-size and -keyswap-writers must not be negative")
+	}
+	if cfg.onlineN < 0 || !(cfg.onlineRate > 0) || math.IsInf(cfg.onlineRate, 1) {
+		return bad("-online-n must not be negative, and -online-rate must be positive and finite")
 	}
 	var err error
 	if cfg.sections, err = names(*sections, allSections, "-sections"); err != nil {
@@ -276,6 +289,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 			return fmt.Errorf("knobs: %w", err)
 		}
 	}
+	if cfg.has(sectionOnline) {
+		if rep.Online, err = r.online(ctx); err != nil {
+			return fmt.Errorf("online: %w", err)
+		}
+	}
 	r.bar.finish(stderr)
 	rep.finish(r)
 	return rep.write(stdout, cfg.out)
@@ -349,6 +367,9 @@ func (r *runner) plannedRuns() int {
 	}
 	if c.has(sectionKnobs) {
 		n += c.rounds * (len(c.batchSizes)*len(c.writers) + r.limitRuns())
+	}
+	if c.has(sectionOnline) {
+		n += c.rounds * 2
 	}
 	return n
 }

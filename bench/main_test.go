@@ -42,6 +42,7 @@ func TestRunSmoke(t *testing.T) {
 		"## Swap pause", "| keyswap publish script", "| plain RENAME",
 		"## Scaling", "| 2,000 |", "| 20,000 |",
 		"## Knobs", "| BatchSize 100 |", "Writers 4",
+		"## Online", "**0 lost changes** in 2 runs",
 		"## Methods",
 	} {
 		if !strings.Contains(md, want) {
@@ -87,6 +88,9 @@ func TestRunSmoke(t *testing.T) {
 	}
 	if rep.Knobs == nil || len(rep.Knobs.Cells) != 2 || len(rep.Knobs.Cells[0]) != 2 {
 		t.Errorf("JSON knobs: got %+v, want 2×2 cells", rep.Knobs)
+	}
+	if rep.Online == nil || len(rep.Online.Runs) != 1 || rep.Online.Items != 20000 {
+		t.Errorf("JSON online: got %+v, want 1 round of 20000 items", rep.Online)
 	}
 
 	// -render makes the same report again from the JSON.

@@ -36,6 +36,7 @@ type report struct {
 	Swap       *swapResult       `json:"swap,omitempty"`
 	Scaling    *scalingResult    `json:"scaling,omitempty"`
 	Knobs      *knobsResult      `json:"knobs,omitempty"`
+	Online     *onlineResult     `json:"online,omitempty"`
 	Notes      []string          `json:"notes,omitempty"`
 }
 
@@ -233,6 +234,9 @@ func (rep *report) markdown(base string, chart bool) []byte {
 	if k := rep.Knobs; k != nil {
 		k.markdown(&b)
 	}
+	if o := rep.Online; o != nil {
+		o.markdown(&b)
+	}
 	p("## Methods\n\n")
 	for _, meth := range allMethods {
 		p("- **%s**: %s.\n", meth, meth.describe())
@@ -294,6 +298,9 @@ func (rep *report) summaryMarkdown(b *bytes.Buffer) {
 		}
 		lines = append(lines, fmt.Sprintf("Scaling, hash, %s entries: keyswap / limit %s; keyswap's client CPU per entry %s, peak heap %s.",
 			sizesList(s), strings.Join(ratios, ", "), strings.Join(ns, ", "), strings.Join(heap, ", ")))
+	}
+	if o := rep.Online; o != nil {
+		lines = append(lines, o.summaryLine())
 	}
 	if len(lines) == 0 {
 		return

@@ -1,0 +1,107 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestOnline runs the online section alone, at its own size, and checks
+// the report's shape and the JSON's, never the numbers, but for those
+// that must hold on any machine.
+func TestOnline(t *testing.T) {
+	out := t.TempDir()
+	var stdout, stderr bytes.Buffer
+	args := []string{"-sections", "online", "-online-n", "3000", "-online-rate", "5000", "-rounds", "2", "-out", out, "-progress=false"}
+	if err := run(t.Context(), args, &stdout, &stderr); err != nil {
+		t.Fatalf("run: %v\nstderr:\n%s", err, stderr.String())
+	}
+	md := stdout.String()
+	for _, want := range []string{
+		"## Summary", "- Online, hash + sorted set + SetIndex at 3,000 items, changes at 5,000/s (",
+		"## Online", "**0 lost changes** in 4 runs",
+		"| no run in progress |", "| during the rebuild |",
+		"| no changes |", "| changes at 5,000/s (",
+		"| changes replayed (`Stats.Changes`, per builder) |", "| changes replayed per second of catch-up |", "`PublishTail` = 1,000", "`Options.CatchUpTimeout` (1m0s here)",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("report lacks %q:\n%s", want, md)
+		}
+	}
+	for _, unwanted := range []string{"## Throughput", "## Swap pause", "## Scaling", "## Knobs"} {
+		if strings.Contains(md, unwanted) {
+			t.Errorf("report has %q, which was not selected", unwanted)
+		}
+	}
+	date := time.Now().UTC().Format("2006-01-02")
+	js, err := os.ReadFile(filepath.Join(out, date+".json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep report
+	if err := json.Unmarshal(js, &rep); err != nil {
+		t.Fatalf("JSON: %v", err)
+	}
+	o := rep.Online
+	if o == nil || o.Items != 3000 || len(o.Runs) != 2 || len(o.Quiet.Samples) != 2 || len(o.Online.Samples) != 2 {
+		t.Fatalf("JSON online: got %+v, want 2 rounds of 3000 items", o)
+	}
+	for i, rd := range o.Runs {
+		if rd.Idle.Calls == 0 || rd.Applied == 0 || rd.Changed == 0 || rd.Ratio <= 0 {
+			t.Errorf("round %d: got %+v, want changes with and without a run, and a ratio", i+1, rd)
+		}
+		if rd.Idle.P50 > rd.Idle.P99 || rd.Idle.P99 > rd.Idle.Max {
+			t.Errorf("round %d: idle latency %+v, want p50 ≤ p99 ≤ max", i+1, rd.Idle)
+		}
+	}
+
+	// -render makes the same report again from the JSON.
+	var again bytes.Buffer
+	if err := run(t.Context(), []string{"-render", filepath.Join(out, date+".json"), "-out", ""}, &again, &stderr); err != nil {
+		t.Fatalf("run -render: %v", err)
+	}
+	if again.String() != md {
+		t.Errorf("-render: got a different report:\n%s\nwant:\n%s", again.String(), md)
+	}
+}
+
+func TestParseOnlineFlags(t *testing.T) {
+	tests := []struct {
+		args  []string
+		items int   // onlineItems; 0 for a usage error
+		err   error // nil, or a *usageError
+	}{
+		{nil, 1_000_000, nil},
+		{[]string{"-n", "5000"}, 5000, nil},
+		{[]string{"-n", "5000", "-online-n", "200"}, 200, nil},
+		{[]string{"-online-n", "-1"}, 0, &usageError{}},
+		{[]string{"-online-rate", "0"}, 0, &usageError{}},
+		{[]string{"-online-rate", "-10"}, 0, &usageError{}},
+		{[]string{"-online-rate", "NaN"}, 0, &usageError{}},
+		{[]string{"-online-rate", "Inf"}, 0, &usageError{}},
+	}
+	for _, tt := range tests {
+		cfg, err := parseFlags(tt.args, new(bytes.Buffer))
+		if tt.err != nil {
+			if !errors.As(err, new(*usageError)) {
+				t.Errorf("%q: got %v, want a usage error", tt.args, err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%q: got %v, want nil", tt.args, err)
+			continue
+		}
+		if got := cfg.onlineItems(); got != tt.items {
+			t.Errorf("%q: onlineItems got %d, want %d", tt.args, got, tt.items)
+		}
+		if !cfg.has(sectionOnline) {
+			t.Errorf("%q: sections %v, want online among the defaults", tt.args, cfg.sections)
+		}
+	}
+}
