@@ -12,6 +12,7 @@ require (
 require (
 	github.com/google/go-cmp v0.7.0 // indirect
 	github.com/mitchellh/colorstring v0.0.0-20190213212951-d06e56a500db // indirect
+	github.com/redis/rueidis/rueidiscompat v1.0.79 // indirect
 	github.com/redis/rueidis/rueidishook v1.0.76 // indirect
 	github.com/rivo/uniseg v0.4.7 // indirect
 	golang.org/x/sync v0.22.0 // indirect
