@@ -32,6 +32,15 @@
 //   - swap: the pause of the publish onto a live 1M-field hash, next to a
 //     plain RENAME over it: server time from SLOWLOG, and the worst PING
 //     round trip of a concurrent probe.
+//   - publish: how long the publish script of a SetIndex family blocks the
+//     server, for families of -publish-buckets buckets (1,000, 10,000 and
+//     100,000) of -publish-members members each, rebuilt onto a live family
+//     of as many buckets, a tenth of which are orphans the publish deletes:
+//     its SLOWLOG time, per bucket; the longest of the run's other commands
+//     (SLOWLOG of every command of 20 µs or more, named: "EVALSHA
+//     heartbeat"); the lease's renewal of the complete family (every temp
+//     key's refresh, in chunks, and a heartbeat), sent by the bench just
+//     before the publish; and the run's wall time and build throughput.
 //   - scaling: limit and keyswap at several sizes: per-entry cost and peak
 //     heap should be flat.
 //   - knobs: keyswap with BatchSize × Writers around the defaults.
@@ -47,6 +56,7 @@
 // By default the bench starts its own redis-server on a free loopback port
 // (--save "" --appendonly no) and flushes it between runs. With -addr it
 // uses that server instead: it writes and deletes only keys under
-// "keyswap-bench:", and changes slowlog settings for the swap section,
-// restoring them afterwards. Never point -addr at a server in production.
+// "keyswap-bench:", loads keyswap's scripts (SCRIPT LOAD), and changes
+// slowlog settings for the swap and publish sections, restoring them
+// afterwards. Never point -addr at a server in production.
 package main

@@ -30,11 +30,12 @@ const (
 const (
 	sectionThroughput = "throughput"
 	sectionSwap       = "swap"
+	sectionPublish    = "publish"
 	sectionScaling    = "scaling"
 	sectionKnobs      = "knobs"
 )
 
-var allSections = []string{sectionThroughput, sectionSwap, sectionScaling, sectionKnobs}
+var allSections = []string{sectionThroughput, sectionSwap, sectionPublish, sectionScaling, sectionKnobs}
 
 const usageHeader = `bench measures keyswap's rebuild throughput against redis-cli --pipe, the
 physical limit, with every method interleaved in rounds on the same data.
@@ -93,6 +94,11 @@ type config struct {
 	serverCPU  int
 	render     string
 	keyswap    rebuild.Options // the keyswap method's options outside the knobs section
+
+	// publishBuckets are the family sizes of the publish section, and
+	// publishMembers the members of each bucket.
+	publishBuckets []int
+	publishMembers int
 }
 
 // has reports whether section s is selected.
@@ -108,7 +114,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		fmt.Fprint(stderr, usageHeader)
 		fs.PrintDefaults()
 	}
-	fs.StringVar(&cfg.addr, "addr", "", "use the Redis at `host:port` instead of starting redis-server; the bench writes and deletes keys under \""+keyPrefix+"\" there, and changes its slowlog settings during the swap section")
+	fs.StringVar(&cfg.addr, "addr", "", "use the Redis at `host:port` instead of starting redis-server; the bench writes and deletes keys under \""+keyPrefix+"\" there, and changes its slowlog settings during the swap and publish sections")
 	fs.IntVar(&cfg.n, "n", 1_000_000, "entries per run (hash fields, members) in the throughput, swap and knobs sections")
 	fs.IntVar(&cfg.rounds, "rounds", 5, "rounds of interleaved runs; the report gives medians and min–max over them")
 	sections := fs.String("sections", strings.Join(allSections, ","), "comma-separated sections to run: "+strings.Join(allSections, ", "))
@@ -118,6 +124,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	batchSizes := fs.String("batch-sizes", "100,1000,2000,5000", "comma-separated rebuild.Options.BatchSize values of the knobs section")
 	writers := fs.String("writers", "1,2,4,8", "comma-separated rebuild.Options.Writers values of the knobs section")
 	fs.IntVar(&cfg.buckets, "buckets", 1000, "buckets of the SetIndex workloads")
+	publishBuckets := fs.String("publish-buckets", "1000,10000,100000", "comma-separated bucket counts of the publish section's SetIndex families")
+	fs.IntVar(&cfg.publishMembers, "publish-members", 10, "members per bucket in the publish section")
 	fs.StringVar(&cfg.out, "out", defaultOut(), "directory for <date>.md, .json, .png and .svg; empty writes no files")
 	fs.StringVar(&cfg.cli, "redis-cli", "redis-cli", "redis-cli binary for the limit method; if it is not found, the limit is left out")
 	fs.BoolVar(&cfg.progress, "progress", true, "show a progress bar on stderr")
@@ -137,8 +145,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		return cfg, &usageError{fmt.Errorf("unexpected arguments %q", fs.Args())}
 	}
 	bad := func(format string, a ...any) (config, error) { return cfg, &usageError{fmt.Errorf(format, a...)} }
-	if cfg.n < 1 || cfg.rounds < 1 || cfg.buckets < 1 {
-		return bad("-n, -rounds and -buckets must be at least 1")
+	if cfg.n < 1 || cfg.rounds < 1 || cfg.buckets < 1 || cfg.publishMembers < 1 {
+		return bad("-n, -rounds, -buckets and -publish-members must be at least 1")
 	}
 	if cfg.keyswap.BatchSize < 0 || cfg.keyswap.Writers < 0 {
 		return bad("-keyswap-batch-size and -keyswap-writers must not be negative")
@@ -174,6 +182,9 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		return cfg, err
 	}
 	if cfg.writers, err = ints(*writers, "-writers"); err != nil {
+		return cfg, err
+	}
+	if cfg.publishBuckets, err = ints(*publishBuckets, "-publish-buckets"); err != nil {
 		return cfg, err
 	}
 	return cfg, nil
@@ -266,6 +277,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 			return fmt.Errorf("swap: %w", err)
 		}
 	}
+	if cfg.has(sectionPublish) {
+		if rep.Publish, err = r.publishSection(ctx); err != nil {
+			return fmt.Errorf("publish: %w", err)
+		}
+	}
 	if cfg.has(sectionScaling) {
 		if rep.Scaling, err = r.scaling(ctx); err != nil {
 			return fmt.Errorf("scaling: %w", err)
@@ -343,6 +359,9 @@ func (r *runner) plannedRuns() int {
 	}
 	if c.has(sectionSwap) {
 		n += c.rounds * 2
+	}
+	if c.has(sectionPublish) {
+		n += c.rounds * len(c.publishBuckets)
 	}
 	if c.has(sectionScaling) {
 		n += c.rounds * len(c.sizes) * (1 + r.limitRuns())

@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	ksrun "github.com/keyswap/keyswap/internal/run"
 	"github.com/keyswap/keyswap/rebuild"
 )
 
@@ -34,6 +35,7 @@ type report struct {
 	Rounds     int               `json:"rounds"`
 	Throughput *throughputResult `json:"throughput,omitempty"`
 	Swap       *swapResult       `json:"swap,omitempty"`
+	Publish    *publishResult    `json:"publish,omitempty"`
 	Scaling    *scalingResult    `json:"scaling,omitempty"`
 	Knobs      *knobsResult      `json:"knobs,omitempty"`
 	Notes      []string          `json:"notes,omitempty"`
@@ -227,6 +229,9 @@ func (rep *report) markdown(base string, chart bool) []byte {
 	if s := rep.Swap; s != nil {
 		s.markdown(&b)
 	}
+	if pr := rep.Publish; pr != nil {
+		pr.markdown(&b)
+	}
 	if s := rep.Scaling; s != nil {
 		s.markdown(&b)
 	}
@@ -284,6 +289,20 @@ func (rep *report) summaryMarkdown(b *bytes.Buffer) {
 	if s := rep.Swap; s != nil {
 		lines = append(lines, fmt.Sprintf("Swap pause onto a live %s-field hash: the publish blocks the server for **%s** (worst concurrent PING %s); a plain RENAME over it, %s (worst PING %s).",
 			commas(s.Items), dur(s.Summary.PublishServer), dur(s.Summary.PublishPing), dur(s.Summary.RenameServer), dur(s.Summary.RenamePing)))
+	}
+	if pr := rep.Publish; pr != nil && len(pr.Sizes) > 0 {
+		var sizes, times, per []string
+		for _, sz := range pr.Sizes {
+			sizes = append(sizes, commas(sz.Buckets))
+			times = append(times, "**"+dur(sz.Summary.Publish)+"**")
+			per = append(per, dur(sz.Summary.PerBucket))
+		}
+		line := fmt.Sprintf("Publish of a SetIndex family of %s buckets (%d members each, a tenth of the old buckets deleted as orphans): the script blocks the server for %s, %s per bucket.",
+			strings.Join(sizes, " / "), pr.PerBucket, strings.Join(times, ", "), strings.Join(per, ", "))
+		if top := pr.longestOther(); top.Command != "" {
+			line += fmt.Sprintf(" The longest other command of any run: %s, %s; the longest renewal script, %s.", top.Command, dur(top.Longest), dur(pr.longestRenewal()))
+		}
+		lines = append(lines, line)
 	}
 	if s := rep.Scaling; s != nil && len(s.Sizes) > 0 {
 		var ratios, ns, heap []string
@@ -348,14 +367,15 @@ func (t *throughputResult) markdown(b *bytes.Buffer, base string, chart bool) {
 	p("| workload | method | commands |\n|---|---|---|\n")
 	for _, w := range t.Workloads {
 		for _, m := range w.Methods {
-			p("| %s | %s | %s |\n", w.Title, m.Method, commandsCell(m.Samples))
+			p("| %s | %s | %s |\n", w.Title, m.Method, commandsCell(m.Samples, 0))
 		}
 	}
 	p("\n")
 }
 
-// commandsCell formats the mean commandstats of samples, busiest first.
-func commandsCell(samples []sample) string {
+// commandsCell formats the mean commandstats of samples, busiest first:
+// the top commands, or all of them for top 0.
+func commandsCell(samples []sample, top int) string {
 	type agg struct {
 		name        string
 		calls, usec int64
@@ -392,6 +412,10 @@ func commandsCell(samples []sample) string {
 		}
 		parts = append(parts, fmt.Sprintf("%s %s × %.2f µs = %s", strings.ToUpper(a.name), commas(int(a.calls/n)),
 			float64(a.usec)/float64(max(a.calls, 1)), dur(time.Duration(a.usec/n)*time.Microsecond)))
+		if len(parts) == top {
+			parts = append(parts, "…")
+			break
+		}
 	}
 	return strings.Join(parts, "; ")
 }
@@ -407,6 +431,72 @@ func (s *swapResult) markdown(b *bytes.Buffer) {
 	p("| command | server time, median (max) | worst PING, median (max) |\n|---|--:|--:|\n")
 	p("| keyswap publish script (UNLINK old, RENAME, PERSIST) | %s (%s) | %s (%s) |\n", dur(sm.PublishServer), dur(sm.PublishServerMax), dur(sm.PublishPing), dur(sm.PublishPingMax))
 	p("| plain RENAME over the live key | %s (%s) | %s (%s) |\n\n", dur(sm.RenameServer), dur(sm.RenameServerMax), dur(sm.RenamePing), dur(sm.RenamePingMax))
+}
+
+// longestOther returns the longest command other than the publish over
+// every size and round.
+func (pr *publishResult) longestOther() commandTime {
+	var top commandTime
+	for _, sz := range pr.Sizes {
+		if l := sz.Summary.Longest; len(l) > 0 && l[0].Longest > top.Longest {
+			top = l[0]
+		}
+	}
+	return top
+}
+
+// longestRenewal returns the longest renewal script, refresh or heartbeat,
+// over every size and round.
+func (pr *publishResult) longestRenewal() time.Duration {
+	var d time.Duration
+	for _, sz := range pr.Sizes {
+		d = max(d, sz.Summary.Renewal.RefreshLongest, sz.Summary.Renewal.Heartbeat)
+	}
+	return d
+}
+
+// markdown writes the publish section.
+func (pr *publishResult) markdown(b *bytes.Buffer) {
+	p := func(format string, a ...any) { fmt.Fprintf(b, format, a...) }
+	p("## Publish\n\n")
+	p("A SetIndex family of %d members per bucket rebuilt with keyswap (default options unless the command says otherwise) onto a live family of as many buckets, ", pr.PerBucket)
+	p("a tenth of which the new data no longer has: the publish replaces nine tenths of the live buckets, deletes the other tenth (orphans) and creates as many new ones, all in one script. ")
+	p("%d rounds, the sizes interleaved. Server times are SLOWLOG's execution times, during which the server serves no other client; ", pr.Rounds)
+	p("it logs the commands of %s or more (the runs pay about a microsecond for each).\n\n", dur(pr.Threshold))
+	p("| buckets | members | keys in the publish | publish server time, median | min–max | per bucket | publish round trip | run wall time | build items/s (min–max) |\n")
+	p("|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+	for _, sz := range pr.Sizes {
+		s := sz.Summary
+		p("| %s | %s | %s | **%s** | %s–%s | %s | %s | %s | %s (%s–%s) |\n", commas(sz.Buckets), commas(sz.Items), commas(s.PublishKeys),
+			dur(s.Publish), dur(s.PublishMin), dur(s.PublishMax), dur(s.PerBucket), dur(s.PublishCall), dur(s.Elapsed),
+			rate(s.BuildRate), rate(s.BuildRateMin), rate(s.BuildRateMax))
+	}
+	p("\nEvery other command of the runs: the longest call of the three longest commands over every round (and their most calls in one run), ")
+	p("the MULTI/EXEC batches (other clients wait behind a whole transaction: its mean time, from INFO commandstats), ")
+	p("and a renewal of the complete family sent by the bench just before the publish, as the lease sends one every TTL/3 (TTL %g s) in runs long enough to see every bucket written: ", pr.TTL.Seconds())
+	p("the refresh of every temp key, at most %d per script, and a heartbeat, each script timed alone by INFO commandstats. Longest over rounds.\n\n", ksrun.RefreshChunk)
+	p("| buckets | longest other commands (calls per run) | MULTI/EXEC: calls, mean | refresh of every temp key: scripts, longest, total | heartbeat |\n")
+	p("|--:|---|--:|--:|--:|\n")
+	for _, sz := range pr.Sizes {
+		s := sz.Summary
+		var top []string
+		for _, ct := range s.Longest[:min(3, len(s.Longest))] {
+			top = append(top, fmt.Sprintf("%s %s (%s)", ct.Command, dur(ct.Longest), commas(ct.Calls)))
+		}
+		rn := s.Renewal
+		p("| %s | %s | %s × %s | %s × ≤%d keys, %s, %s | %s |\n", commas(sz.Buckets), strings.Join(top, "; "),
+			commas(s.ExecCalls), dur(s.ExecMean), commas(rn.Scripts), min(rn.Keys, ksrun.RefreshChunk), dur(rn.RefreshLongest), dur(rn.RefreshTotal), dur(rn.Heartbeat))
+	}
+	p("\nServer time per command (INFO commandstats, mean of the rounds, the renewal excluded; the commands a script runs are counted under their own names and in the script's time):\n\n")
+	p("| buckets | commands |\n|--:|---|\n")
+	for _, sz := range pr.Sizes {
+		var samples []sample
+		for _, r := range sz.Runs {
+			samples = append(samples, sample{Commands: r.Commands})
+		}
+		p("| %s | %s |\n", commas(sz.Buckets), commandsCell(samples, 9))
+	}
+	p("\n")
 }
 
 // markdown writes the scaling section.
