@@ -1,7 +1,7 @@
 // Command bench measures how fast keyswap rebuilds Redis keys, against the
 // fastest way Redis can take the same data, in one run on one machine.
 //
-//	go run ./bench                    # the default configuration (about 20 minutes)
+//	go run ./bench                    # the default configuration (about 25 minutes)
 //	go run ./bench -n 20000 -rounds 1 # a smoke run, in seconds
 //	go run ./bench -h                 # every flag
 //
@@ -44,6 +44,13 @@
 //   - scaling: limit and keyswap at several sizes: per-entry cost and peak
 //     heap should be flat.
 //   - knobs: keyswap with BatchSize × Writers around the defaults.
+//   - cluster: -cluster-rebuilders independent Rebuilders at once (1, 3 and
+//     6), each rebuilding a hash of its own of -cluster-fields fields,
+//     spread evenly over the masters of the bench's own 3-master Redis
+//     Cluster by their hash tags and sharing one rueidis cluster client,
+//     against one Rebuilder on one master: total items/s, speedup, each
+//     master's CPU and the client's, which on a small machine compete for
+//     the same cores.
 //
 // # Output
 //
@@ -54,7 +61,10 @@
 // # Redis
 //
 // By default the bench starts its own redis-server on a free loopback port
-// (--save "" --appendonly no) and flushes it between runs. With -addr it
+// (--save "" --appendonly no) and flushes it between runs. The cluster
+// section always starts its own cluster of redis-server processes on free
+// loopback ports (redis-cli --cluster create), and is left out, with a
+// note, when redis-server or redis-cli is not installed. With -addr it
 // uses that server instead: it writes and deletes only keys under
 // "keyswap-bench:", loads keyswap's scripts (SCRIPT LOAD), and changes
 // slowlog settings for the swap and publish sections, restoring them

@@ -33,9 +33,10 @@ const (
 	sectionPublish    = "publish"
 	sectionScaling    = "scaling"
 	sectionKnobs      = "knobs"
+	sectionCluster    = "cluster"
 )
 
-var allSections = []string{sectionThroughput, sectionSwap, sectionPublish, sectionScaling, sectionKnobs}
+var allSections = []string{sectionThroughput, sectionSwap, sectionPublish, sectionScaling, sectionKnobs, sectionCluster}
 
 const usageHeader = `bench measures keyswap's rebuild throughput against redis-cli --pipe, the
 physical limit, with every method interleaved in rounds on the same data.
@@ -44,7 +45,8 @@ Usage:
 
 	go run ./bench [flags]
 
-It starts its own redis-server on a free loopback port unless -addr is given,
+It starts its own redis-server on a free loopback port unless -addr is given
+(and, for the cluster section, always its own 3-master Redis Cluster),
 writes a Markdown report to stdout and <out>/<date>.md, the same data as JSON
 (<date>.json), and a chart (<date>.png, <date>.svg). A wrong cardinality after
 any run fails the bench (exit status 1).
@@ -99,6 +101,10 @@ type config struct {
 	// publishMembers the members of each bucket.
 	publishBuckets []int
 	publishMembers int
+	// clusterRebuilders are the numbers of concurrent Rebuilders of the
+	// cluster section, and clusterFields the fields of each one's hash.
+	clusterRebuilders []int
+	clusterFields     int
 }
 
 // has reports whether section s is selected.
@@ -126,6 +132,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.IntVar(&cfg.buckets, "buckets", 1000, "buckets of the SetIndex workloads")
 	publishBuckets := fs.String("publish-buckets", "1000,10000,100000", "comma-separated bucket counts of the publish section's SetIndex families")
 	fs.IntVar(&cfg.publishMembers, "publish-members", 10, "members per bucket in the publish section")
+	clusterRebuilders := fs.String("cluster-rebuilders", "1,3,6", "comma-separated numbers of concurrent Rebuilders of the cluster section, spread over its 3 masters; 1 is the baseline of the speedups")
+	fs.IntVar(&cfg.clusterFields, "cluster-fields", 300_000, "fields of each Rebuilder's hash in the cluster section")
 	fs.StringVar(&cfg.out, "out", defaultOut(), "directory for <date>.md, .json, .png and .svg; empty writes no files")
 	fs.StringVar(&cfg.cli, "redis-cli", "redis-cli", "redis-cli binary for the limit method; if it is not found, the limit is left out")
 	fs.BoolVar(&cfg.progress, "progress", true, "show a progress bar on stderr")
@@ -145,8 +153,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		return cfg, &usageError{fmt.Errorf("unexpected arguments %q", fs.Args())}
 	}
 	bad := func(format string, a ...any) (config, error) { return cfg, &usageError{fmt.Errorf(format, a...)} }
-	if cfg.n < 1 || cfg.rounds < 1 || cfg.buckets < 1 || cfg.publishMembers < 1 {
-		return bad("-n, -rounds, -buckets and -publish-members must be at least 1")
+	if cfg.n < 1 || cfg.rounds < 1 || cfg.buckets < 1 || cfg.publishMembers < 1 || cfg.clusterFields < 1 {
+		return bad("-n, -rounds, -buckets, -publish-members and -cluster-fields must be at least 1")
 	}
 	if cfg.keyswap.BatchSize < 0 || cfg.keyswap.Writers < 0 {
 		return bad("-keyswap-batch-size and -keyswap-writers must not be negative")
@@ -185,6 +193,9 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		return cfg, err
 	}
 	if cfg.publishBuckets, err = ints(*publishBuckets, "-publish-buckets"); err != nil {
+		return cfg, err
+	}
+	if cfg.clusterRebuilders, err = ints(*clusterRebuilders, "-cluster-rebuilders"); err != nil {
 		return cfg, err
 	}
 	return cfg, nil
@@ -292,6 +303,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 			return fmt.Errorf("knobs: %w", err)
 		}
 	}
+	if cfg.has(sectionCluster) {
+		if rep.Cluster, err = r.clusterSection(ctx); err != nil {
+			return fmt.Errorf("cluster: %w", err)
+		}
+	}
 	r.bar.finish(stderr)
 	rep.finish(r)
 	return rep.write(stdout, cfg.out)
@@ -368,6 +384,9 @@ func (r *runner) plannedRuns() int {
 	}
 	if c.has(sectionKnobs) {
 		n += c.rounds * (len(c.batchSizes)*len(c.writers) + r.limitRuns())
+	}
+	if c.has(sectionCluster) {
+		n += c.rounds * len(c.clusterRebuilders)
 	}
 	return n
 }

@@ -24,7 +24,7 @@ func TestMain(m *testing.M) { os.Exit(redistest.Main(m, &env, false)) }
 
 // smokeArgs is the CI configuration: every section, tiny.
 var smokeArgs = []string{"-n", "20000", "-rounds", "1", "-sizes", "2000,20000", "-batch-sizes", "100,1000", "-writers", "1,4",
-	"-publish-buckets", "100,1000", "-publish-members", "3"}
+	"-publish-buckets", "100,1000", "-publish-members", "3", "-cluster-rebuilders", "1,3", "-cluster-fields", "5000"}
 
 // TestRunSmoke runs every section of the bench against its own redis-server
 // and checks the report's shape, never its numbers.
@@ -44,6 +44,7 @@ func TestRunSmoke(t *testing.T) {
 		"## Publish", "| 100 | 300 |", "| 1,000 | 3,000 |", "longest other commands", "EVALSHA acquire",
 		"## Scaling", "| 2,000 |", "| 20,000 |",
 		"## Knobs", "| BatchSize 100 |", "Writers 4",
+		"## Cluster", "| 1 | 1 / 0 / 0 |", "| 3 | 1 / 1 / 1 |", "one client core carries about",
 		"## Methods",
 	} {
 		if !strings.Contains(md, want) {
@@ -98,6 +99,15 @@ func TestRunSmoke(t *testing.T) {
 	}
 	if rep.Knobs == nil || len(rep.Knobs.Cells) != 2 || len(rep.Knobs.Cells[0]) != 2 {
 		t.Errorf("JSON knobs: got %+v, want 2×2 cells", rep.Knobs)
+	}
+	if c := rep.Cluster; c == nil || len(c.Runs) != 2 {
+		t.Errorf("JSON cluster: got %+v, want 2 runs", c)
+	} else {
+		for _, cs := range c.Runs {
+			if len(cs.Samples) != 1 || len(cs.Samples[0].Each) != cs.Rebuilders || len(cs.Samples[0].ServerCPU) != clusterMasters {
+				t.Errorf("JSON cluster, %d Rebuilders: got %+v, want 1 sample with a time per Rebuilder and a CPU time per master", cs.Rebuilders, cs)
+			}
+		}
 	}
 
 	// -render makes the same report again from the JSON.
@@ -175,6 +185,8 @@ func TestParseFlags(t *testing.T) {
 		{"negative writers", []string{"-writers", "-1"}, &usageError{}},
 		{"bad publish buckets", []string{"-publish-buckets", "1000,0"}, &usageError{}},
 		{"zero publish members", []string{"-publish-members", "0"}, &usageError{}},
+		{"bad cluster rebuilders", []string{"-cluster-rebuilders", "1,x"}, &usageError{}},
+		{"zero cluster fields", []string{"-cluster-fields", "0"}, &usageError{}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -55,25 +55,31 @@ func openServer(ctx context.Context, addr string, cpu int) (*server, error) {
 			}
 		}
 	}
+	if err := s.connect(ctx); err != nil {
+		s.close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// connect opens the clients of s and reads its version.
+func (s *server) connect(ctx context.Context) error {
 	var err error
 	if s.host, s.port, err = net.SplitHostPort(s.addr); err != nil {
-		s.close()
-		return nil, fmt.Errorf("-addr %q: %w", addr, err)
+		return fmt.Errorf("-addr %q: %w", s.addr, err)
 	}
 	if s.client, err = s.newClient(benchClientName); err == nil {
 		s.admin, err = s.newClient(adminClientName)
 	}
 	if err != nil {
-		s.close()
-		return nil, fmt.Errorf("connect to %s: %w", s.addr, err)
+		return fmt.Errorf("connect to %s: %w", s.addr, err)
 	}
 	info, err := s.info(ctx, "server")
 	if err != nil {
-		s.close()
-		return nil, err
+		return err
 	}
 	s.version = infoField(info, "redis_version")
-	return s, nil
+	return nil
 }
 
 // newClient returns a new client of the server. Its connections carry name,

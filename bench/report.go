@@ -38,6 +38,7 @@ type report struct {
 	Publish    *publishResult    `json:"publish,omitempty"`
 	Scaling    *scalingResult    `json:"scaling,omitempty"`
 	Knobs      *knobsResult      `json:"knobs,omitempty"`
+	Cluster    *clusterResult    `json:"cluster,omitempty"`
 	Notes      []string          `json:"notes,omitempty"`
 }
 
@@ -238,6 +239,9 @@ func (rep *report) markdown(base string, chart bool) []byte {
 	if k := rep.Knobs; k != nil {
 		k.markdown(&b)
 	}
+	if c := rep.Cluster; c != nil {
+		c.markdown(&b, rep.Machine.CPUs)
+	}
 	p("## Methods\n\n")
 	for _, meth := range allMethods {
 		p("- **%s**: %s.\n", meth, meth.describe())
@@ -313,6 +317,18 @@ func (rep *report) summaryMarkdown(b *bytes.Buffer) {
 		}
 		lines = append(lines, fmt.Sprintf("Scaling, hash, %s entries: keyswap / limit %s; keyswap's client CPU per entry %s, peak heap %s.",
 			sizesList(s), strings.Join(ratios, ", "), strings.Join(ns, ", "), strings.Join(heap, ", ")))
+	}
+	if c := rep.Cluster; c != nil && len(c.Runs) > 0 {
+		var parts []string
+		for _, cs := range c.Runs {
+			part := fmt.Sprintf("%d: %s items/s", cs.Rebuilders, rate(cs.Summary.Rate))
+			if cs.Summary.Speedup != 0 && cs.Rebuilders != 1 {
+				part += fmt.Sprintf(" (**%.2f×**)", cs.Summary.Speedup)
+			}
+			parts = append(parts, part)
+		}
+		lines = append(lines, fmt.Sprintf("Independent Rebuilders on a %d-master Redis Cluster, %s fields each, sharing %d CPUs with the client: %s.",
+			c.Masters, commas(c.Fields), rep.Machine.CPUs, strings.Join(parts, ", ")))
 	}
 	if len(lines) == 0 {
 		return
@@ -572,6 +588,60 @@ func (k *knobsResult) markdown(b *bytes.Buffer) {
 		return fmt.Sprintf("%s (%.2f)", rate(s.Summary.Rate), s.Summary.Ratio)
 	})
 	table("peak heap", func(s series) string { return mib(s.Summary.PeakHeap) })
+}
+
+// markdown writes the cluster section; cpus is the machine's.
+func (c *clusterResult) markdown(b *bytes.Buffer, cpus int) {
+	p := func(format string, a ...any) { fmt.Fprintf(b, format, a...) }
+	p("## Cluster\n\n")
+	p("Independent Rebuilders run at once, each rebuilding a hash of its own of %s fields onto a live hash of as many, ", commas(c.Fields))
+	p("on a Redis Cluster of %d masters without replicas (redis-server %s, the bench's own processes on loopback ports), ", c.Masters, c.Redis)
+	p("all through one rueidis cluster client in the bench's process; Rebuilder i's hash tag places its key on master i mod %d. ", c.Masters)
+	p("%d rounds, interleaved. Items/s is all items over the wall time of the slowest Rebuilder; summed is the sum of each Rebuilder's own items/s; ", c.Rounds)
+	p("the speedup is over one Rebuilder alone on one master of the same cluster, in the same round. Server CPU is each master's INFO used_cpu_user + used_cpu_sys over the run; ")
+	p("client CPU is getrusage of the bench, which also generates every source's items; cores busy is all of it over wall time. ")
+	p("After every run the bench checks every hash's exact cardinality, that it is on its master, and that no temp key or lock is left on any node.\n\n")
+	p("| Rebuilders | per master | items/s, median | min–max | summed items/s | speedup (min–max) | server CPU per master | client CPU | cores busy | client CPU per item |\n")
+	p("|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+	var single, most *clusterSeries
+	for i := range c.Runs {
+		cs := &c.Runs[i]
+		s := cs.Summary
+		if cs.Rebuilders == 1 {
+			single = cs
+		}
+		if most == nil || cs.Rebuilders > most.Rebuilders {
+			most = cs
+		}
+		per := make([]string, len(cs.PerMaster))
+		for m, n := range cs.PerMaster {
+			per[m] = strconv.Itoa(n)
+		}
+		speedup := "—"
+		if s.Speedup != 0 && cs.Rebuilders != 1 {
+			speedup = fmt.Sprintf("%.2f× (%.2f–%.2f)", s.Speedup, s.SpeedupMin, s.SpeedupMax)
+		}
+		cpu := make([]string, len(s.ServerCPU))
+		for m, d := range s.ServerCPU {
+			cpu[m] = secs(d)
+		}
+		p("| %d | %s | %s | %s–%s | %s | %s | %s | %s | %.2f | %.2f µs |\n", cs.Rebuilders, strings.Join(per, " / "),
+			rate(s.Rate), rate(s.RateMin), rate(s.RateMax), rate(s.Summed), speedup, strings.Join(cpu, " / "), secs(s.ClientCPU), s.Cores,
+			float64(s.ClientPerItem)/float64(time.Microsecond))
+	}
+	p("\n")
+	if single == nil || most == nil || most.Rebuilders == 1 || most.Summary.ClientPerItem <= 0 {
+		return
+	}
+	// What the numbers mean for a machine with a core per master.
+	ss, ms := single.Summary, most.Summary
+	perCore := float64(time.Second) / float64(ms.ClientPerItem)
+	p("This machine has %d CPUs, so the %d masters and the client compete for them: %d Rebuilders kept %.2f cores busy, ", cpus, c.Masters, most.Rebuilders, ms.Cores)
+	p("and reached %.2f× the single Rebuilder's %s items/s. ", ms.Speedup, rate(ss.Rate))
+	p("On a machine with a core per master and cores of its own for the client, each master would serve its Rebuilders as fast as one master serves one here, ")
+	p("so expect near-linear scaling in the number of masters until the client's own CPU or the network is the limit: ")
+	p("the client spent %.2f µs of CPU per item with %d Rebuilders, so one client core carries about %s items/s, %.1f× the single Rebuilder's rate.\n\n",
+		float64(ms.ClientPerItem)/float64(time.Microsecond), most.Rebuilders, rate(perCore), perCore/ss.Rate)
 }
 
 // rate formats items per second.
