@@ -28,7 +28,10 @@ type publishResult struct {
 	TTL time.Duration `json:"ttl_ns"`
 	// Threshold is the shortest command SLOWLOG logged.
 	Threshold time.Duration `json:"slowlog_threshold_ns"`
-	Sizes     []publishSize `json:"sizes"`
+	// RefreshChunk is the most temp keys one refresh script renews
+	// (internal/run.RefreshChunk).
+	RefreshChunk int           `json:"refresh_chunk"`
+	Sizes        []publishSize `json:"sizes"`
 }
 
 // publishSize is one family size's runs.
@@ -128,7 +131,8 @@ func (r *runner) publishSection(ctx context.Context) (_ *publishResult, err erro
 	defer renewer.Close()
 
 	cfg := r.cfg
-	res := &publishResult{Rounds: cfg.rounds, PerBucket: cfg.publishMembers, TTL: ksrun.OrDefault(cfg.keyswap.TTL, rebuild.DefaultTTL), Threshold: slowlogThreshold}
+	res := &publishResult{Rounds: cfg.rounds, PerBucket: cfg.publishMembers, TTL: ksrun.OrDefault(cfg.keyswap.TTL, rebuild.DefaultTTL),
+		Threshold: slowlogThreshold, RefreshChunk: ksrun.RefreshChunk}
 	for _, n := range cfg.publishBuckets {
 		d := familyDataset(n, cfg.publishMembers)
 		res.Sizes = append(res.Sizes, publishSize{Buckets: n, Items: d.n, Orphans: d.orphans()})

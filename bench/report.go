@@ -16,7 +16,6 @@ import (
 	"syscall"
 	"time"
 
-	ksrun "github.com/keyswap/keyswap/internal/run"
 	"github.com/keyswap/keyswap/rebuild"
 )
 
@@ -490,7 +489,7 @@ func (pr *publishResult) markdown(b *bytes.Buffer) {
 	p("\nEvery other command of the runs: the longest call of the three longest commands over every round (and their most calls in one run), ")
 	p("the MULTI/EXEC batches (other clients wait behind a whole transaction: its mean time, from INFO commandstats), ")
 	p("and a renewal of the complete family sent by the bench just before the publish, as the lease sends one every TTL/3 (TTL %g s) in runs long enough to see every bucket written: ", pr.TTL.Seconds())
-	p("the refresh of every temp key, at most %d per script, and a heartbeat, each script timed alone by INFO commandstats. Longest over rounds.\n\n", ksrun.RefreshChunk)
+	p("the refresh of every temp key, at most %d per script, and a heartbeat, each script timed alone by INFO commandstats. Longest over rounds.\n\n", pr.RefreshChunk)
 	p("| buckets | longest other commands (calls per run) | MULTI/EXEC: calls, mean | refresh of every temp key: scripts, longest, total | heartbeat |\n")
 	p("|--:|---|--:|--:|--:|\n")
 	for _, sz := range pr.Sizes {
@@ -501,7 +500,7 @@ func (pr *publishResult) markdown(b *bytes.Buffer) {
 		}
 		rn := s.Renewal
 		p("| %s | %s | %s × %s | %s × ≤%d keys, %s, %s | %s |\n", commas(sz.Buckets), strings.Join(top, "; "),
-			commas(s.ExecCalls), dur(s.ExecMean), commas(rn.Scripts), min(rn.Keys, ksrun.RefreshChunk), dur(rn.RefreshLongest), dur(rn.RefreshTotal), dur(rn.Heartbeat))
+			commas(s.ExecCalls), dur(s.ExecMean), commas(rn.Scripts), min(rn.Keys, pr.RefreshChunk), dur(rn.RefreshLongest), dur(rn.RefreshTotal), dur(rn.Heartbeat))
 	}
 	p("\nServer time per command (INFO commandstats, mean of the rounds, the renewal excluded; the commands a script runs are counted under their own names and in the script's time):\n\n")
 	p("| buckets | commands |\n|--:|---|\n")
