@@ -96,15 +96,19 @@ type publishSummary struct {
 	BuildRate    float64 `json:"build_items_per_s_median"`
 	BuildRateMin float64 `json:"build_items_per_s_min"`
 	BuildRateMax float64 `json:"build_items_per_s_max"`
-	// Longest is the longest call of each command over every round,
-	// longest first, with its most calls in one run.
+	// Longest is, for each command, the median over rounds of its longest
+	// call in the round (over the rounds it ran in), with their maximum
+	// and its most calls in one run; longest first. A shared machine that
+	// deschedules the server stretches some calls: the median resists it.
 	Longest []commandTime `json:"longest"`
 	// Exec is the runs' MULTI/EXEC transactions: the median of their
 	// calls, and of their mean time.
 	ExecCalls int           `json:"exec_calls_median"`
 	ExecMean  time.Duration `json:"exec_mean_ns_median"`
-	// Renewal holds the longest of each of the rounds' renewals.
-	Renewal renewal `json:"renewal_max"`
+	// Renewal holds the medians of the rounds' renewals, RenewalMax their
+	// maxima.
+	Renewal    renewal `json:"renewal_median"`
+	RenewalMax renewal `json:"renewal_max"`
 }
 
 // publishSection runs the publish section: in each round, a keyswap run
@@ -389,7 +393,8 @@ func (sz *publishSize) summarize() {
 	}
 	var pub, call, elapsed, perBucket, execMean []time.Duration
 	var rates, execCalls []float64
-	longest := map[string]commandTime{}
+	var refresh, total, beat []time.Duration
+	longest := map[string][]commandTime{}
 	s := &sz.Summary
 	for _, p := range sz.Runs {
 		pub = append(pub, p.Publish)
@@ -401,18 +406,11 @@ func (sz *publishSize) summarize() {
 		execCalls = append(execCalls, float64(exec.Calls))
 		execMean = append(execMean, time.Duration(exec.Usec)*time.Microsecond/time.Duration(max(exec.Calls, 1)))
 		for _, ct := range p.Longest {
-			m, ok := longest[ct.Command]
-			if !ok || ct.Longest > m.Longest {
-				m.Command, m.Longest, m.Args = ct.Command, ct.Longest, ct.Args
-			}
-			m.Calls = max(m.Calls, ct.Calls)
-			longest[ct.Command] = m
+			longest[ct.Command] = append(longest[ct.Command], ct)
 		}
-		rn := &s.Renewal
-		rn.Keys, rn.Scripts = max(rn.Keys, p.Renewal.Keys), max(rn.Scripts, p.Renewal.Scripts)
-		rn.RefreshLongest = max(rn.RefreshLongest, p.Renewal.RefreshLongest)
-		rn.RefreshTotal = max(rn.RefreshTotal, p.Renewal.RefreshTotal)
-		rn.Heartbeat = max(rn.Heartbeat, p.Renewal.Heartbeat)
+		rn := p.Renewal
+		refresh, total, beat = append(refresh, rn.RefreshLongest), append(total, rn.RefreshTotal), append(beat, rn.Heartbeat)
+		s.Renewal.Keys, s.Renewal.Scripts = max(s.Renewal.Keys, rn.Keys), max(s.Renewal.Scripts, rn.Scripts)
 		s.PublishKeys = max(s.PublishKeys, p.PublishKeys)
 	}
 	s.Publish, s.PublishMin, s.PublishMax = medianDuration(pub), slices.Min(pub), slices.Max(pub)
@@ -421,9 +419,23 @@ func (sz *publishSize) summarize() {
 	s.Elapsed = medianDuration(elapsed)
 	s.BuildRate, s.BuildRateMin, s.BuildRateMax = median(rates), slices.Min(rates), slices.Max(rates)
 	s.ExecCalls, s.ExecMean = int(median(execCalls)), medianDuration(execMean)
+	s.RenewalMax = s.Renewal
+	s.Renewal.RefreshLongest, s.RenewalMax.RefreshLongest = medianDuration(refresh), slices.Max(refresh)
+	s.Renewal.RefreshTotal, s.RenewalMax.RefreshTotal = medianDuration(total), slices.Max(total)
+	s.Renewal.Heartbeat, s.RenewalMax.Heartbeat = medianDuration(beat), slices.Max(beat)
 	s.Longest = nil
-	for _, ct := range longest {
-		s.Longest = append(s.Longest, ct)
+	for _, cts := range longest {
+		var ds []time.Duration
+		m := commandTime{Command: cts[0].Command}
+		for _, ct := range cts {
+			ds = append(ds, ct.Longest)
+			if ct.Longest >= m.Max {
+				m.Max, m.Args = ct.Longest, ct.Args
+			}
+			m.Calls = max(m.Calls, ct.Calls)
+		}
+		m.Longest = medianDuration(ds)
+		s.Longest = append(s.Longest, m)
 	}
 	sortCommandTimes(s.Longest)
 }

@@ -123,7 +123,8 @@ func TestRenew(t *testing.T) {
 func TestPublishSummarize(t *testing.T) {
 	ms := func(n int) time.Duration { return time.Duration(n) * time.Millisecond }
 	sz := publishSize{Buckets: 1000, Items: 10000, Runs: []publishRun{
-		{Publish: ms(4), Build: ms(100), Longest: []commandTime{{Command: "SCAN", Longest: ms(1), Calls: 2}}, Renewal: renewal{Keys: 1000, Scripts: 2, RefreshLongest: ms(1)}},
+		{Publish: ms(4), Build: ms(100), Longest: []commandTime{{Command: "SCAN", Longest: ms(1), Calls: 2}}, Renewal: renewal{Keys: 1000, Scripts: 2, RefreshLongest: ms(1)},
+			Commands: map[string]commandStat{"exec": {Calls: 2, Usec: 400}}},
 		{Publish: ms(6), Build: ms(50), Longest: []commandTime{{Command: "SADD", Longest: ms(3), Calls: 5}, {Command: "SCAN", Longest: ms(2), Calls: 1}}},
 		{Publish: ms(5), Build: ms(25), Commands: map[string]commandStat{"exec": {Calls: 4, Usec: 800}}},
 	}}
@@ -135,11 +136,14 @@ func TestPublishSummarize(t *testing.T) {
 	if s.BuildRate != 200000 || s.BuildRateMin != 100000 || s.BuildRateMax != 400000 {
 		t.Errorf("build rate: got %v (%v–%v), want 200000 (100000–400000)", s.BuildRate, s.BuildRateMin, s.BuildRateMax)
 	}
-	want := []commandTime{{Command: "SADD", Longest: ms(3), Calls: 5}, {Command: "SCAN", Longest: ms(2), Calls: 2}}
-	if !slices.Equal(s.Longest, want) {
-		t.Errorf("longest: got %+v, want %+v (the longest call, the most calls)", s.Longest, want)
+	want := []commandTime{
+		{Command: "SADD", Longest: ms(3), Max: ms(3), Calls: 5},
+		{Command: "SCAN", Longest: 1500 * time.Microsecond, Max: ms(2), Calls: 2}, // the median of the rounds it ran in
 	}
-	if s.Renewal.Scripts != 2 || s.Renewal.RefreshLongest != ms(1) || s.ExecCalls != 0 {
-		t.Errorf("renewal %+v, exec calls %d: want the longest of the rounds, and the median exec calls 0", s.Renewal, s.ExecCalls)
+	if !slices.Equal(s.Longest, want) {
+		t.Errorf("longest: got %+v, want %+v (the median and the maximum of the longest calls, the most calls)", s.Longest, want)
+	}
+	if s.Renewal.Scripts != 2 || s.Renewal.RefreshLongest != 0 || s.RenewalMax.RefreshLongest != ms(1) || s.ExecCalls != 2 || s.ExecMean != 200*time.Microsecond {
+		t.Errorf("renewal %+v (max %+v), exec %d × %v: want the median and the maximum of the rounds, and the median exec calls and mean", s.Renewal, s.RenewalMax, s.ExecCalls, s.ExecMean)
 	}
 }

@@ -303,7 +303,8 @@ func (rep *report) summaryMarkdown(b *bytes.Buffer) {
 		line := fmt.Sprintf("Publish of a SetIndex family of %s buckets (%d members each, a tenth of the old buckets deleted as orphans): the script blocks the server for %s, %s per bucket.",
 			strings.Join(sizes, " / "), pr.PerBucket, strings.Join(times, ", "), strings.Join(per, ", "))
 		if top := pr.longestOther(); top.Command != "" {
-			line += fmt.Sprintf(" The longest other command of any run: %s, %s; the longest renewal script, %s.", top.Command, dur(top.Longest), dur(pr.longestRenewal()))
+			line += fmt.Sprintf(" The longest other command: %s, %s (median over rounds; at most %s); the longest renewal script, %s (at most %s).",
+				top.Command, dur(top.Longest), dur(top.Max), dur(pr.longestRenewal(false)), dur(pr.longestRenewal(true)))
 		}
 		lines = append(lines, line)
 	}
@@ -448,8 +449,8 @@ func (s *swapResult) markdown(b *bytes.Buffer) {
 	p("| plain RENAME over the live key | %s (%s) | %s (%s) |\n\n", dur(sm.RenameServer), dur(sm.RenameServerMax), dur(sm.RenamePing), dur(sm.RenamePingMax))
 }
 
-// longestOther returns the longest command other than the publish over
-// every size and round.
+// longestOther returns the command other than the publish whose longest
+// call, median over rounds, is the longest of any size.
 func (pr *publishResult) longestOther() commandTime {
 	var top commandTime
 	for _, sz := range pr.Sizes {
@@ -461,11 +462,15 @@ func (pr *publishResult) longestOther() commandTime {
 }
 
 // longestRenewal returns the longest renewal script, refresh or heartbeat,
-// over every size and round.
-func (pr *publishResult) longestRenewal() time.Duration {
+// of any size: median over rounds, or the maximum.
+func (pr *publishResult) longestRenewal(maximum bool) time.Duration {
 	var d time.Duration
 	for _, sz := range pr.Sizes {
-		d = max(d, sz.Summary.Renewal.RefreshLongest, sz.Summary.Renewal.Heartbeat)
+		rn := sz.Summary.Renewal
+		if maximum {
+			rn = sz.Summary.RenewalMax
+		}
+		d = max(d, rn.RefreshLongest, rn.Heartbeat)
 	}
 	return d
 }
@@ -486,21 +491,23 @@ func (pr *publishResult) markdown(b *bytes.Buffer) {
 			dur(s.Publish), dur(s.PublishMin), dur(s.PublishMax), dur(s.PerBucket), dur(s.PublishCall), dur(s.Elapsed),
 			rate(s.BuildRate), rate(s.BuildRateMin), rate(s.BuildRateMax))
 	}
-	p("\nEvery other command of the runs: the longest call of the three longest commands over every round (and their most calls in one run), ")
+	p("\nEvery other command of the runs: the three longest commands, by the median over rounds of their longest call in the round (its maximum, and their most calls in one run), ")
 	p("the MULTI/EXEC batches (other clients wait behind a whole transaction: its mean time, from INFO commandstats), ")
 	p("and a renewal of the complete family sent by the bench just before the publish, as the lease sends one every TTL/3 (TTL %g s) in runs long enough to see every bucket written: ", pr.TTL.Seconds())
-	p("the refresh of every temp key, at most %d per script, and a heartbeat, each script timed alone by INFO commandstats. Longest over rounds.\n\n", pr.RefreshChunk)
-	p("| buckets | longest other commands (calls per run) | MULTI/EXEC: calls, mean | refresh of every temp key: scripts, longest, total | heartbeat |\n")
+	p("the refresh of every temp key, at most %d per script, and a heartbeat, each script timed alone by INFO commandstats: medians over rounds (maxima). ", pr.RefreshChunk)
+	p("SLOWLOG and commandstats time a command by the wall clock: on a loaded machine a command during which the server was descheduled looks longer than it ran, hence the medians.\n\n")
+	p("| buckets | longest other commands: median (max; calls per run) | MULTI/EXEC: calls, mean | refresh of every temp key: scripts, longest, total | heartbeat |\n")
 	p("|--:|---|--:|--:|--:|\n")
 	for _, sz := range pr.Sizes {
 		s := sz.Summary
 		var top []string
 		for _, ct := range s.Longest[:min(3, len(s.Longest))] {
-			top = append(top, fmt.Sprintf("%s %s (%s)", ct.Command, dur(ct.Longest), commas(ct.Calls)))
+			top = append(top, fmt.Sprintf("%s %s (%s; %s)", ct.Command, dur(ct.Longest), dur(ct.Max), commas(ct.Calls)))
 		}
-		rn := s.Renewal
-		p("| %s | %s | %s × %s | %s × ≤%d keys, %s, %s | %s |\n", commas(sz.Buckets), strings.Join(top, "; "),
-			commas(s.ExecCalls), dur(s.ExecMean), commas(rn.Scripts), min(rn.Keys, pr.RefreshChunk), dur(rn.RefreshLongest), dur(rn.RefreshTotal), dur(rn.Heartbeat))
+		rn, rx := s.Renewal, s.RenewalMax
+		p("| %s | %s | %s × %s | %s × ≤%d keys, %s (%s), %s (%s) | %s (%s) |\n", commas(sz.Buckets), strings.Join(top, "; "),
+			commas(s.ExecCalls), dur(s.ExecMean), commas(rn.Scripts), min(rn.Keys, pr.RefreshChunk),
+			dur(rn.RefreshLongest), dur(rx.RefreshLongest), dur(rn.RefreshTotal), dur(rx.RefreshTotal), dur(rn.Heartbeat), dur(rx.Heartbeat))
 	}
 	p("\nServer time per command (INFO commandstats, mean of the rounds, the renewal excluded; the commands a script runs are counted under their own names and in the script's time):\n\n")
 	p("| buckets | commands |\n|--:|---|\n")

@@ -295,6 +295,9 @@ type commandTime struct {
 	Calls   int           `json:"calls"`
 	// Args is the argument count of the longest call.
 	Args int `json:"args"`
+	// Max is, over rounds, the longest of the rounds' longest calls, when
+	// Longest is their median.
+	Max time.Duration `json:"max_ns,omitempty"`
 }
 
 // longestByCommand returns the longest call of each command among es,
