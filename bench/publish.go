@@ -30,8 +30,12 @@ type publishResult struct {
 	Threshold time.Duration `json:"slowlog_threshold_ns"`
 	// RefreshChunk is the most temp keys one refresh script renews
 	// (internal/run.RefreshChunk).
-	RefreshChunk int           `json:"refresh_chunk"`
-	Sizes        []publishSize `json:"sizes"`
+	RefreshChunk int `json:"refresh_chunk"`
+	// BusyThreshold is the server's busy-reply-threshold (lua-time-limit
+	// before Redis 7): past it, the server answers every other command
+	// with BUSY while a script runs. Zero is unknown.
+	BusyThreshold time.Duration `json:"busy_reply_threshold_ns,omitempty"`
+	Sizes         []publishSize `json:"sizes"`
 }
 
 // publishSize is one family size's runs.
@@ -137,6 +141,13 @@ func (r *runner) publishSection(ctx context.Context) (_ *publishResult, err erro
 	cfg := r.cfg
 	res := &publishResult{Rounds: cfg.rounds, PerBucket: cfg.publishMembers, TTL: ksrun.OrDefault(cfg.keyswap.TTL, rebuild.DefaultTTL),
 		Threshold: slowlogThreshold, RefreshChunk: ksrun.RefreshChunk}
+	for _, name := range []string{"busy-reply-threshold", "lua-time-limit"} {
+		if v, err := s.configGet(ctx, name); err == nil {
+			ms, _ := strconv.ParseInt(v, 10, 64)
+			res.BusyThreshold = time.Duration(ms) * time.Millisecond
+			break
+		}
+	}
 	for _, n := range cfg.publishBuckets {
 		d := familyDataset(n, cfg.publishMembers)
 		res.Sizes = append(res.Sizes, publishSize{Buckets: n, Items: d.n, Orphans: d.orphans()})

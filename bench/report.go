@@ -491,6 +491,18 @@ func (pr *publishResult) markdown(b *bytes.Buffer) {
 			dur(s.Publish), dur(s.PublishMin), dur(s.PublishMax), dur(s.PerBucket), dur(s.PublishCall), dur(s.Elapsed),
 			rate(s.BuildRate), rate(s.BuildRateMin), rate(s.BuildRateMax))
 	}
+	for _, sz := range pr.Sizes {
+		over := 0
+		for _, r := range sz.Runs {
+			if pr.BusyThreshold > 0 && r.Publish > pr.BusyThreshold {
+				over++
+			}
+		}
+		if over > 0 {
+			p("\nAt %s buckets the publish ran past the server's busy-reply-threshold (%s) in %d of %d rounds: from then until it ended, the server answered every other client's commands with a BUSY error instead of serving them late; a script that has written cannot be killed (SCRIPT KILL), only the server shut down.\n",
+				commas(sz.Buckets), dur(pr.BusyThreshold), over, len(sz.Runs))
+		}
+	}
 	p("\nEvery other command of the runs: the three longest commands, by the median over rounds of their longest call in the round (its maximum, and their most calls in one run), ")
 	p("the MULTI/EXEC batches (other clients wait behind a whole transaction: its mean time, from INFO commandstats), ")
 	p("and a renewal of the complete family sent by the bench just before the publish, as the lease sends one every TTL/3 (TTL %g s) in runs long enough to see every bucket written: ", pr.TTL.Seconds())

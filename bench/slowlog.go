@@ -212,6 +212,12 @@ func (w *slowlogWatch) drain(ctx context.Context) error {
 	// entries, and those that are not new are read again.
 	for count := min(max(256, 2*w.fresh), room); ; count = min(4*count, room) {
 		got, err := c.Do(ctx, c.B().SlowlogGet().Count(int64(count)).Build()).ToArray()
+		if isBusy(err) {
+			// A script has run longer than busy-reply-threshold: the
+			// server answers nothing else until it ends. Its entries and
+			// the script's own will be there at the next drain.
+			return nil
+		}
 		if err != nil {
 			return fmt.Errorf("SLOWLOG GET: %w", err)
 		}
@@ -242,6 +248,12 @@ func (w *slowlogWatch) drain(ctx context.Context) error {
 		w.fresh = fresh
 		return nil
 	}
+}
+
+// isBusy reports whether err is Redis's BUSY: a script runs.
+func isBusy(err error) bool {
+	rerr, ok := rueidis.IsRedisErr(err)
+	return ok && strings.HasPrefix(rerr.Error(), "BUSY ")
 }
 
 // add records e, if it is a watched client's.

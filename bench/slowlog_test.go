@@ -149,3 +149,54 @@ func TestSlowlogWatch(t *testing.T) {
 		t.Errorf("drain after another client's SLOWLOG RESET: got %v, want entries missing", err)
 	}
 }
+
+// TestSlowlogWatchBusy drains while a script runs past
+// busy-reply-threshold, when the server answers BUSY to everything else:
+// the drain waits for the next one, and the script is recorded then.
+func TestSlowlogWatchBusy(t *testing.T) {
+	ctx := t.Context()
+	srv, err := openServer(ctx, redistest.OwnServer(t, "--busy-reply-threshold", "10").Addr, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.close()
+	for _, kv := range [][2]string{{"slowlog-max-len", slowlogLen}, {"slowlog-log-slower-than", "0"}} {
+		if err := srv.configSet(ctx, kv[0], kv[1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w := newSlowlogWatch(srv, nil, benchClientName)
+	if err := w.drain(ctx); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		c := srv.client
+		done <- c.Do(ctx, c.B().Eval().Script("local i = 0 while i < 3e7 do i = i + 1 end return i").Numkeys(0).Build()).Error()
+	}()
+	busy := false
+	for deadline := time.Now().Add(30 * time.Second); !busy && time.Now().Before(deadline); {
+		select {
+		case err := <-done:
+			t.Fatalf("the script ended (%v) before the server answered BUSY", err)
+		default:
+		}
+		if err := w.drain(ctx); err != nil {
+			t.Fatalf("drain while a script runs: %v", err)
+		}
+		busy = isBusy(srv.admin.Do(ctx, srv.admin.B().Ping().Build()).Error())
+	}
+	if !busy {
+		t.Fatal("the server never answered BUSY")
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if err := w.drain(ctx); err != nil {
+		t.Fatal(err)
+	}
+	i := slices.IndexFunc(w.entries, func(e slowEntry) bool { return e.Command == "EVAL" })
+	if i < 0 || w.entries[i].Duration < 10*time.Millisecond {
+		t.Errorf("entries: got %+v, want the script's EVAL, of 10 ms or more", w.entries)
+	}
+}
