@@ -74,8 +74,10 @@ type clusterSummary struct {
 	// Cores is the median of all CPU time (masters and client) over wall
 	// time: how many cores the run kept busy.
 	Cores float64 `json:"cores_busy_median"`
-	// ClientPerItem is the median client CPU per item.
+	// ClientPerItem and ServerPerItem are the medians of the client's CPU
+	// and of all masters' CPU per item.
 	ClientPerItem time.Duration `json:"client_cpu_per_item_ns_median"`
+	ServerPerItem time.Duration `json:"server_cpu_per_item_ns_median"`
 }
 
 // cluster is the cluster section's Redis Cluster: its masters, each as a
@@ -386,7 +388,7 @@ func (cs *clusterSeries) summarize(fields int, single []clusterRun) {
 	}
 	items := float64(fields * cs.Rebuilders)
 	rate := func(x clusterRun) float64 { return items / x.Elapsed.Seconds() }
-	var rates, summed, speedups, clientCPU, cores, perItem []float64
+	var rates, summed, speedups, clientCPU, cores, perItem, serverPerItem []float64
 	serverCPU := make([][]float64, len(cs.Samples[0].ServerCPU))
 	for i, x := range cs.Samples {
 		rates = append(rates, rate(x))
@@ -398,14 +400,15 @@ func (cs *clusterSeries) summarize(fields int, single []clusterRun) {
 		if i < len(single) {
 			speedups = append(speedups, rate(x)/(float64(fields)/single[i].Elapsed.Seconds()))
 		}
-		busy := x.ClientCPU
+		var server time.Duration
 		for m, c := range x.ServerCPU {
 			serverCPU[m] = append(serverCPU[m], float64(c))
-			busy += c
+			server += c
 		}
 		clientCPU = append(clientCPU, float64(x.ClientCPU))
-		cores = append(cores, busy.Seconds()/x.Elapsed.Seconds())
+		cores = append(cores, (server+x.ClientCPU).Seconds()/x.Elapsed.Seconds())
 		perItem = append(perItem, float64(x.ClientCPU)/items)
+		serverPerItem = append(serverPerItem, float64(server)/items)
 	}
 	s := &cs.Summary
 	s.Rate, s.RateMin, s.RateMax = median(rates), slices.Min(rates), slices.Max(rates)
@@ -420,4 +423,5 @@ func (cs *clusterSeries) summarize(fields int, single []clusterRun) {
 	s.ClientCPU = time.Duration(median(clientCPU))
 	s.Cores = median(cores)
 	s.ClientPerItem = time.Duration(median(perItem))
+	s.ServerPerItem = time.Duration(median(serverPerItem))
 }

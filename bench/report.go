@@ -619,8 +619,8 @@ func (c *clusterResult) markdown(b *bytes.Buffer, cpus int) {
 	p("the speedup is over one Rebuilder alone on one master of the same cluster, in the same round. Server CPU is each master's INFO used_cpu_user + used_cpu_sys over the run; ")
 	p("client CPU is getrusage of the bench, which also generates every source's items; cores busy is all of it over wall time. ")
 	p("After every run the bench checks every hash's exact cardinality, that it is on its master, and that no temp key or lock is left on any node.\n\n")
-	p("| Rebuilders | per master | items/s, median | min–max | summed items/s | speedup (min–max) | server CPU per master | client CPU | cores busy | client CPU per item |\n")
-	p("|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+	p("| Rebuilders | per master | items/s, median | min–max | summed items/s | speedup (min–max) | server CPU per master | client CPU | cores busy | server CPU per item | client CPU per item |\n")
+	p("|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
 	var single, most *clusterSeries
 	for i := range c.Runs {
 		cs := &c.Runs[i]
@@ -643,9 +643,9 @@ func (c *clusterResult) markdown(b *bytes.Buffer, cpus int) {
 		for m, d := range s.ServerCPU {
 			cpu[m] = secs(d)
 		}
-		p("| %d | %s | %s | %s–%s | %s | %s | %s | %s | %.2f | %.2f µs |\n", cs.Rebuilders, strings.Join(per, " / "),
+		p("| %d | %s | %s | %s–%s | %s | %s | %s | %s | %.2f | %s | %s |\n", cs.Rebuilders, strings.Join(per, " / "),
 			rate(s.Rate), rate(s.RateMin), rate(s.RateMax), rate(s.Summed), speedup, strings.Join(cpu, " / "), secs(s.ClientCPU), s.Cores,
-			float64(s.ClientPerItem)/float64(time.Microsecond))
+			perItem(s.ServerPerItem, 1), perItem(s.ClientPerItem, 1))
 	}
 	p("\n")
 	if single == nil || most == nil || most.Rebuilders == 1 || most.Summary.ClientPerItem <= 0 {
@@ -654,12 +654,17 @@ func (c *clusterResult) markdown(b *bytes.Buffer, cpus int) {
 	// What the numbers mean for a machine with a core per master.
 	ss, ms := single.Summary, most.Summary
 	perCore := float64(time.Second) / float64(ms.ClientPerItem)
-	p("This machine has %d CPUs, so the %d masters and the client compete for them: %d Rebuilders kept %.2f cores busy, ", cpus, c.Masters, most.Rebuilders, ms.Cores)
-	p("and reached %.2f× the single Rebuilder's %s items/s. ", ms.Speedup, rate(ss.Rate))
+	p("This machine has %d CPUs, so the %d masters and the client compete for them: %d Rebuilders kept %.2f cores busy", cpus, c.Masters, most.Rebuilders, ms.Cores)
+	if ms.Cores < float64(cpus)-0.5 {
+		p(" (the rest went to other processes on the machine: see the load average)")
+	}
+	p(", and reached %.2f× the single Rebuilder's %s items/s; the servers' CPU per item rose from %s alone to %s, as processes that share cores run slower. ",
+		ms.Speedup, rate(ss.Rate), perItem(ss.ServerPerItem, 1), perItem(ms.ServerPerItem, 1))
 	p("On a machine with a core per master and cores of its own for the client, each master would serve its Rebuilders as fast as one master serves one here, ")
 	p("so expect near-linear scaling in the number of masters until the client's own CPU or the network is the limit: ")
-	p("the client spent %.2f µs of CPU per item with %d Rebuilders, so one client core carries about %s items/s, %.1f× the single Rebuilder's rate.\n\n",
-		float64(ms.ClientPerItem)/float64(time.Microsecond), most.Rebuilders, rate(perCore), perCore/ss.Rate)
+	p("the client spent %s of CPU per item with %d Rebuilders, so one client core carries about %s items/s, %.1f× the single Rebuilder's rate ",
+		perItem(ms.ClientPerItem, 1), most.Rebuilders, rate(perCore), perCore/ss.Rate)
+	p("(the client uses as many cores as GOMAXPROCS gives it).\n\n")
 }
 
 // rate formats items per second.
