@@ -46,7 +46,7 @@ func TestClusterSummarize(t *testing.T) {
 	if got.Summed != 2500 { // (1000 + 2000) and (1000 + 1000), median
 		t.Errorf("summed: got %v, want 2500", got.Summed)
 	}
-	if got.Cores != 3 || got.ClientPerItem != 500*time.Microsecond || !slices.Equal(got.ServerCPU, []time.Duration{time.Second, time.Second, 0}) {
-		t.Errorf("cores %v, client per item %v, server CPU %v: want 3, 500µs, [1s 1s 0]", got.Cores, got.ClientPerItem, got.ServerCPU)
+	if got.Cores != 3 || got.ClientPerItem != 500*time.Microsecond || got.ServerPerItem != time.Millisecond || !slices.Equal(got.ServerCPU, []time.Duration{time.Second, time.Second, 0}) {
+		t.Errorf("cores %v, client and server CPU per item %v and %v, server CPU %v: want 3, 500µs and 1ms, [1s 1s 0]", got.Cores, got.ClientPerItem, got.ServerPerItem, got.ServerCPU)
 	}
 }
