@@ -22,6 +22,13 @@ type dataset struct {
 	n       int
 	old     bool     // generate the "old" variant: members "oldu:%07d"
 	buckets []string // SetIndex bucket names
+	// spread puts item i in bucket i mod len(buckets), rather than in a
+	// pseudo-random one, so that every bucket holds n/len(buckets) items
+	// (the first n mod len(buckets) one more).
+	spread bool
+	// oldBuckets, when not nil, are the buckets of the previous dataset,
+	// instead of buckets.
+	oldBuckets []string
 }
 
 // newDataset returns the dataset of n items over buckets SetIndex buckets.
@@ -33,10 +40,48 @@ func newDataset(n, buckets int) dataset {
 	return dataset{n: n, buckets: names}
 }
 
+// familyDataset returns the publish section's dataset: perBucket members
+// in each of buckets buckets, "b%06d", spread evenly. Its previous dataset
+// has as many buckets, but a tenth of them (rounded down) are not among the
+// new ones, which start that much further: the orphans that the publish
+// deletes, while it replaces the other nine tenths.
+func familyDataset(buckets, perBucket int) dataset {
+	shift := buckets / 10
+	names := make([]string, buckets+shift)
+	for i := range names {
+		names[i] = fmt.Sprintf("b%06d", i)
+	}
+	return dataset{n: buckets * perBucket, buckets: names[shift:], oldBuckets: names[:buckets], spread: true}
+}
+
+// orphans returns how many of the previous dataset's buckets d does not
+// have: buckets a SetIndex publish of d deletes.
+func (d dataset) orphans() int {
+	if d.oldBuckets == nil {
+		return 0
+	}
+	have := make(map[string]bool, len(d.buckets))
+	for _, b := range d.buckets[:min(d.n, len(d.buckets))] {
+		have[b] = true
+	}
+	old := d.previous()
+	n := 0
+	for _, b := range old.buckets[:old.bucketCount()] {
+		if !have[b] {
+			n++
+		}
+	}
+	return n
+}
+
 // previous returns the dataset a keyswap run replaces: as many items, with
-// different members, so that a run that did not publish shows up.
+// different members, so that a run that did not publish shows up; and in
+// oldBuckets, when d has them.
 func (d dataset) previous() dataset {
 	d.old = true
+	if d.oldBuckets != nil {
+		d.buckets, d.oldBuckets = d.oldBuckets, nil
+	}
 	return d
 }
 
@@ -64,8 +109,16 @@ func (d dataset) make(i int, digits []byte) item {
 		member: s[:member],
 		value:  s[member:],
 		score:  float64(h % 10_000_000),
-		bucket: d.buckets[(h>>32)%uint64(len(d.buckets))],
+		bucket: d.buckets[d.bucketIndex(i, h)],
 	}
+}
+
+// bucketIndex returns the index in d.buckets of item i, whose mix is h.
+func (d dataset) bucketIndex(i int, h uint64) int {
+	if d.spread {
+		return i % len(d.buckets)
+	}
+	return int((h >> 32) % uint64(len(d.buckets)))
 }
 
 func (d dataset) prefix() string {
@@ -100,18 +153,32 @@ func (d dataset) all() iter.Seq[item] {
 }
 
 // bucketCount returns how many distinct buckets the items fall in: the
-// number of keys a SetIndex of this dataset must end with.
+// number of keys a SetIndex of this dataset must end with. A spread
+// dataset's are its first buckets.
 func (d dataset) bucketCount() int {
+	if d.spread {
+		return min(d.n, len(d.buckets))
+	}
 	seen := make([]bool, len(d.buckets))
 	count := 0
 	for i := range d.n {
-		b := (mix(uint64(i)) >> 32) % uint64(len(d.buckets))
+		b := d.bucketIndex(i, mix(uint64(i)))
 		if !seen[b] {
 			seen[b] = true
 			count++
 		}
 	}
 	return count
+}
+
+// bucketSize returns how many items a spread dataset puts in bucket j of
+// d.buckets.
+func (d dataset) bucketSize(j int) int {
+	n := d.n / len(d.buckets)
+	if j < d.n%len(d.buckets) {
+		n++
+	}
+	return n
 }
 
 // appendPadded appends i in decimal, zero-padded to 7 digits (%07d).

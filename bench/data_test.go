@@ -105,3 +105,45 @@ func TestDatasetAll(t *testing.T) {
 		t.Errorf("item 10000000: got member %q, want user:10000000", got)
 	}
 }
+
+// TestFamilyDataset checks the publish section's data: every bucket holds
+// its share of the items, and a tenth of the previous dataset's buckets are
+// orphans.
+func TestFamilyDataset(t *testing.T) {
+	for _, tt := range []struct{ buckets, perBucket, orphans int }{
+		{1000, 10, 100},
+		{10, 3, 1},
+		{5, 2, 0}, // a tenth of 5 rounds down
+	} {
+		d := familyDataset(tt.buckets, tt.perBucket)
+		if got := d.orphans(); got != tt.orphans {
+			t.Errorf("%d buckets: got %d orphans, want %d", tt.buckets, got, tt.orphans)
+		}
+		for _, ds := range []dataset{d, d.previous()} {
+			count := map[string]int{}
+			for it := range ds.all() {
+				count[it.bucket]++
+			}
+			if len(count) != tt.buckets || ds.bucketCount() != tt.buckets {
+				t.Errorf("%d buckets (old %v): got %d buckets, bucketCount %d", tt.buckets, ds.old, len(count), ds.bucketCount())
+			}
+			for j, b := range ds.buckets {
+				if count[b] != tt.perBucket || ds.bucketSize(j) != tt.perBucket {
+					t.Errorf("%d buckets (old %v): bucket %s holds %d items, bucketSize %d, want %d", tt.buckets, ds.old, b, count[b], ds.bucketSize(j), tt.perBucket)
+				}
+			}
+		}
+		if old := d.previous(); old.buckets[0] != "b000000" || d.buckets[0] != fmt.Sprintf("b%06d", tt.orphans) {
+			t.Errorf("%d buckets: first buckets old %s, new %s; want b000000 and the new family shifted by its orphans", tt.buckets, old.buckets[0], d.buckets[0])
+		}
+	}
+	if d := newDataset(100, 10); d.orphans() != 0 || d.previous().buckets[0] != d.buckets[0] {
+		t.Errorf("newDataset: the previous dataset has other buckets")
+	}
+	// Fewer items than buckets: the first buckets get one each.
+	d := familyDataset(100, 1)
+	d.n = 30
+	if d.bucketCount() != 30 || d.bucketSize(29) != 1 || d.bucketSize(30) != 0 {
+		t.Errorf("30 items in 100 buckets: bucketCount %d, sizes %d, %d; want 30, 1, 0", d.bucketCount(), d.bucketSize(29), d.bucketSize(30))
+	}
+}

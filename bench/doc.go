@@ -1,7 +1,7 @@
 // Command bench measures how fast keyswap rebuilds Redis keys, against the
 // fastest way Redis can take the same data, in one run on one machine.
 //
-//	go run ./bench                    # the default configuration (about 20 minutes)
+//	go run ./bench                    # the default configuration (about 25 minutes)
 //	go run ./bench -n 20000 -rounds 1 # a smoke run, in seconds
 //	go run ./bench -h                 # every flag
 //
@@ -32,9 +32,25 @@
 //   - swap: the pause of the publish onto a live 1M-field hash, next to a
 //     plain RENAME over it: server time from SLOWLOG, and the worst PING
 //     round trip of a concurrent probe.
+//   - publish: how long the publish script of a SetIndex family blocks the
+//     server, for families of -publish-buckets buckets (1,000, 10,000 and
+//     100,000) of -publish-members members each, rebuilt onto a live family
+//     of as many buckets, a tenth of which are orphans the publish deletes:
+//     its SLOWLOG time, per bucket; the longest of the run's other commands
+//     (SLOWLOG of every command of 20 µs or more, named: "EVALSHA
+//     heartbeat"); the lease's renewal of the complete family (every temp
+//     key's refresh, in chunks, and a heartbeat), sent by the bench just
+//     before the publish; and the run's wall time and build throughput.
 //   - scaling: limit and keyswap at several sizes: per-entry cost and peak
 //     heap should be flat.
 //   - knobs: keyswap with BatchSize × Writers around the defaults.
+//   - cluster: -cluster-rebuilders independent Rebuilders at once (1, 3 and
+//     6), each rebuilding a hash of its own of -cluster-fields fields,
+//     spread evenly over the masters of the bench's own 3-master Redis
+//     Cluster by their hash tags and sharing one rueidis cluster client,
+//     against one Rebuilder on one master: total items/s, speedup, each
+//     master's CPU and the client's, which on a small machine compete for
+//     the same cores.
 //   - online: the multi workload of -online-n items rebuilt while an
 //     application commits changes to its truth and applies each with
 //     Rebuilder.Apply, -online-rate a second: Apply's latency with and
@@ -52,8 +68,12 @@
 // # Redis
 //
 // By default the bench starts its own redis-server on a free loopback port
-// (--save "" --appendonly no) and flushes it between runs. With -addr it
+// (--save "" --appendonly no) and flushes it between runs. The cluster
+// section always starts its own cluster of redis-server processes on free
+// loopback ports (redis-cli --cluster create), and is left out, with a
+// note, when redis-server or redis-cli is not installed. With -addr it
 // uses that server instead: it writes and deletes only keys under
-// "keyswap-bench:", and changes slowlog settings for the swap section,
-// restoring them afterwards. Never point -addr at a server in production.
+// "keyswap-bench:", loads keyswap's scripts (SCRIPT LOAD), and changes
+// slowlog settings for the swap and publish sections, restoring them
+// afterwards. Never point -addr at a server in production.
 package main

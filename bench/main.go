@@ -32,12 +32,14 @@ const (
 const (
 	sectionThroughput = "throughput"
 	sectionSwap       = "swap"
+	sectionPublish    = "publish"
 	sectionScaling    = "scaling"
 	sectionKnobs      = "knobs"
+	sectionCluster    = "cluster"
 	sectionOnline     = "online"
 )
 
-var allSections = []string{sectionThroughput, sectionSwap, sectionScaling, sectionKnobs, sectionOnline}
+var allSections = []string{sectionThroughput, sectionSwap, sectionPublish, sectionScaling, sectionKnobs, sectionCluster, sectionOnline}
 
 const usageHeader = `bench measures keyswap's rebuild throughput against redis-cli --pipe, the
 physical limit, with every method interleaved in rounds on the same data.
@@ -46,7 +48,8 @@ Usage:
 
 	go run ./bench [flags]
 
-It starts its own redis-server on a free loopback port unless -addr is given,
+It starts its own redis-server on a free loopback port unless -addr is given
+(and, for the cluster section, always its own 3-master Redis Cluster),
 writes a Markdown report to stdout and <out>/<date>.md, the same data as JSON
 (<date>.json), and a chart (<date>.png, <date>.svg). A wrong cardinality after
 any run fails the bench (exit status 1).
@@ -96,6 +99,16 @@ type config struct {
 	serverCPU  int
 	render     string
 	keyswap    rebuild.Options // the keyswap method's options outside the knobs section
+
+	// publishBuckets are the family sizes of the publish section, and
+	// publishMembers the members of each bucket.
+	publishBuckets []int
+	publishMembers int
+	// clusterRebuilders are the numbers of concurrent Rebuilders of the
+	// cluster section, and clusterFields the fields of each one's hash.
+	clusterRebuilders []int
+	clusterFields     int
+
 	onlineN    int             // items of the online section; 0 is n
 	onlineRate float64         // changes per second during the online section
 }
@@ -116,7 +129,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		fmt.Fprint(stderr, usageHeader)
 		fs.PrintDefaults()
 	}
-	fs.StringVar(&cfg.addr, "addr", "", "use the Redis at `host:port` instead of starting redis-server; the bench writes and deletes keys under \""+keyPrefix+"\" there, and changes its slowlog settings during the swap section")
+	fs.StringVar(&cfg.addr, "addr", "", "use the Redis at `host:port` instead of starting redis-server; the bench writes and deletes keys under \""+keyPrefix+"\" there, and changes its slowlog settings during the swap and publish sections")
 	fs.IntVar(&cfg.n, "n", 1_000_000, "entries per run (hash fields, members) in the throughput, swap and knobs sections")
 	fs.IntVar(&cfg.rounds, "rounds", 5, "rounds of interleaved runs; the report gives medians and min–max over them")
 	sections := fs.String("sections", strings.Join(allSections, ","), "comma-separated sections to run: "+strings.Join(allSections, ", "))
@@ -126,12 +139,16 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	batchSizes := fs.String("batch-sizes", "100,1000,2000,5000", "comma-separated rebuild.Options.BatchSize values of the knobs section")
 	writers := fs.String("writers", "1,2,4,8", "comma-separated rebuild.Options.Writers values of the knobs section")
 	fs.IntVar(&cfg.buckets, "buckets", 1000, "buckets of the SetIndex workloads")
+	publishBuckets := fs.String("publish-buckets", "1000,10000,100000", "comma-separated bucket counts of the publish section's SetIndex families")
+	fs.IntVar(&cfg.publishMembers, "publish-members", 10, "members per bucket in the publish section")
+	clusterRebuilders := fs.String("cluster-rebuilders", "1,3,6", "comma-separated numbers of concurrent Rebuilders of the cluster section, spread over its 3 masters; 1 is the baseline of the speedups")
+	fs.IntVar(&cfg.clusterFields, "cluster-fields", 300_000, "fields of each Rebuilder's hash in the cluster section")
 	fs.StringVar(&cfg.out, "out", defaultOut(), "directory for <date>.md, .json, .png and .svg; empty writes no files")
 	fs.StringVar(&cfg.cli, "redis-cli", "redis-cli", "redis-cli binary for the limit method; if it is not found, the limit is left out")
 	fs.BoolVar(&cfg.progress, "progress", true, "show a progress bar on stderr")
 	fs.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write a CPU profile of each measured in-process run to `dir`/<section>-<workload>-<method>-<round>.pprof (merge them with go tool pprof)")
-	fs.IntVar(&cfg.keyswap.BatchSize, "keyswap-batch-size", 0, "rebuild.Options.BatchSize of the keyswap method in the throughput, swap and scaling sections; 0 is the library's default")
-	fs.IntVar(&cfg.keyswap.Writers, "keyswap-writers", 0, "rebuild.Options.Writers of the keyswap method in the throughput, swap and scaling sections; 0 is the library's default")
+	fs.IntVar(&cfg.keyswap.BatchSize, "keyswap-batch-size", 0, "rebuild.Options.BatchSize of the keyswap method in the throughput, swap, publish, scaling and cluster sections; 0 is the library's default")
+	fs.IntVar(&cfg.keyswap.Writers, "keyswap-writers", 0, "rebuild.Options.Writers of the keyswap method in the throughput, swap, publish, scaling and cluster sections; 0 is the library's default")
 	fs.BoolVar(&cfg.keyswap.Unordered, "keyswap-unordered", false, "set rebuild.Options.Unordered for the keyswap method in every section")
 	fs.StringVar(&cfg.render, "render", "", "render the report of an earlier run from its JSON `file` (to stdout and -out) instead of running")
 	fs.IntVar(&cfg.onlineN, "online-n", 0, "items of the online section; 0 means -n")
@@ -147,8 +164,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		return cfg, &usageError{fmt.Errorf("unexpected arguments %q", fs.Args())}
 	}
 	bad := func(format string, a ...any) (config, error) { return cfg, &usageError{fmt.Errorf(format, a...)} }
-	if cfg.n < 1 || cfg.rounds < 1 || cfg.buckets < 1 {
-		return bad("-n, -rounds and -buckets must be at least 1")
+	if cfg.n < 1 || cfg.rounds < 1 || cfg.buckets < 1 || cfg.publishMembers < 1 || cfg.clusterFields < 1 {
+		return bad("-n, -rounds, -buckets, -publish-members and -cluster-fields must be at least 1")
 	}
 	if cfg.keyswap.BatchSize < 0 || cfg.keyswap.Writers < 0 {
 		return bad("-keyswap-batch-size and -keyswap-writers must not be negative")
@@ -187,6 +204,12 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		return cfg, err
 	}
 	if cfg.writers, err = ints(*writers, "-writers"); err != nil {
+		return cfg, err
+	}
+	if cfg.publishBuckets, err = ints(*publishBuckets, "-publish-buckets"); err != nil {
+		return cfg, err
+	}
+	if cfg.clusterRebuilders, err = ints(*clusterRebuilders, "-cluster-rebuilders"); err != nil {
 		return cfg, err
 	}
 	return cfg, nil
@@ -279,6 +302,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 			return fmt.Errorf("swap: %w", err)
 		}
 	}
+	if cfg.has(sectionPublish) {
+		if rep.Publish, err = r.publishSection(ctx); err != nil {
+			return fmt.Errorf("publish: %w", err)
+		}
+	}
 	if cfg.has(sectionScaling) {
 		if rep.Scaling, err = r.scaling(ctx); err != nil {
 			return fmt.Errorf("scaling: %w", err)
@@ -287,6 +315,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 	if cfg.has(sectionKnobs) {
 		if rep.Knobs, err = r.knobs(ctx); err != nil {
 			return fmt.Errorf("knobs: %w", err)
+		}
+	}
+	if cfg.has(sectionCluster) {
+		if rep.Cluster, err = r.clusterSection(ctx); err != nil {
+			return fmt.Errorf("cluster: %w", err)
 		}
 	}
 	if cfg.has(sectionOnline) {
@@ -362,11 +395,17 @@ func (r *runner) plannedRuns() int {
 	if c.has(sectionSwap) {
 		n += c.rounds * 2
 	}
+	if c.has(sectionPublish) {
+		n += c.rounds * len(c.publishBuckets)
+	}
 	if c.has(sectionScaling) {
 		n += c.rounds * len(c.sizes) * (1 + r.limitRuns())
 	}
 	if c.has(sectionKnobs) {
 		n += c.rounds * (len(c.batchSizes)*len(c.writers) + r.limitRuns())
+	}
+	if c.has(sectionCluster) {
+		n += c.rounds * len(c.clusterRebuilders)
 	}
 	if c.has(sectionOnline) {
 		n += c.rounds * 2

@@ -23,7 +23,8 @@ var env *redistest.Env
 func TestMain(m *testing.M) { os.Exit(redistest.Main(m, &env, false)) }
 
 // smokeArgs is the CI configuration: every section, tiny.
-var smokeArgs = []string{"-n", "20000", "-rounds", "1", "-sizes", "2000,20000", "-batch-sizes", "100,1000", "-writers", "1,4"}
+var smokeArgs = []string{"-n", "20000", "-rounds", "1", "-sizes", "2000,20000", "-batch-sizes", "100,1000", "-writers", "1,4",
+	"-publish-buckets", "100,1000", "-publish-members", "3", "-cluster-rebuilders", "1,3", "-cluster-fields", "5000"}
 
 // TestRunSmoke runs every section of the bench against its own redis-server
 // and checks the report's shape, never its numbers.
@@ -40,8 +41,10 @@ func TestRunSmoke(t *testing.T) {
 		"## Throughput", "| hash | **keyswap** |", "| sorted set | limit |", "| SetIndex (1000 buckets) | naive |", "| hash + sorted set + SetIndex | raw |",
 		"### Server time per command",
 		"## Swap pause", "| keyswap publish script", "| plain RENAME",
+		"## Publish", "| 100 | 300 |", "| 1,000 | 3,000 |", "longest other commands", "EVALSHA acquire",
 		"## Scaling", "| 2,000 |", "| 20,000 |",
 		"## Knobs", "| BatchSize 100 |", "Writers 4",
+		"## Cluster", "| 1 | 1 / 0 / 0 |", "| 3 | 1 / 1 / 1 |", "one client core carries about",
 		"## Online", "**0 lost changes** in 2 runs",
 		"## Methods",
 	} {
@@ -83,11 +86,29 @@ func TestRunSmoke(t *testing.T) {
 	if rep.Swap == nil || len(rep.Swap.Publish) != 1 || len(rep.Swap.Rename) != 1 {
 		t.Errorf("JSON swap: got %+v, want 1 publish and 1 rename", rep.Swap)
 	}
+	if p := rep.Publish; p == nil || len(p.Sizes) != 2 {
+		t.Errorf("JSON publish: got %+v, want 2 sizes", p)
+	} else {
+		for _, sz := range p.Sizes {
+			if len(sz.Runs) != 1 || sz.Runs[0].Publish <= 0 || sz.Runs[0].Renewal.Keys != sz.Buckets || sz.Orphans != sz.Buckets/10 {
+				t.Errorf("JSON publish, %d buckets: got %+v, want 1 run with a publish time, a renewal of every bucket and a tenth orphans", sz.Buckets, sz)
+			}
+		}
+	}
 	if rep.Scaling == nil || len(rep.Scaling.Sizes) != 2 {
 		t.Errorf("JSON scaling: got %+v, want 2 sizes", rep.Scaling)
 	}
 	if rep.Knobs == nil || len(rep.Knobs.Cells) != 2 || len(rep.Knobs.Cells[0]) != 2 {
 		t.Errorf("JSON knobs: got %+v, want 2×2 cells", rep.Knobs)
+	}
+	if c := rep.Cluster; c == nil || len(c.Runs) != 2 {
+		t.Errorf("JSON cluster: got %+v, want 2 runs", c)
+	} else {
+		for _, cs := range c.Runs {
+			if len(cs.Samples) != 1 || len(cs.Samples[0].Each) != cs.Rebuilders || len(cs.Samples[0].ServerCPU) != clusterMasters {
+				t.Errorf("JSON cluster, %d Rebuilders: got %+v, want 1 sample with a time per Rebuilder and a CPU time per master", cs.Rebuilders, cs)
+			}
+		}
 	}
 	if rep.Online == nil || len(rep.Online.Runs) != 1 || rep.Online.Items != 20000 {
 		t.Errorf("JSON online: got %+v, want 1 round of 20000 items", rep.Online)
@@ -118,8 +139,8 @@ func TestRunAddr(t *testing.T) {
 	}
 	before := slowlogConfig(t, ctx)
 	var stdout, stderr bytes.Buffer
-	err := run(ctx, []string{"-addr", env.Standalone.Addr, "-n", "3000", "-rounds", "1", "-sections", "throughput,swap",
-		"-workloads", "setindex", "-out", "", "-progress=false"}, &stdout, &stderr)
+	err := run(ctx, []string{"-addr", env.Standalone.Addr, "-n", "3000", "-rounds", "1", "-sections", "throughput,swap,publish",
+		"-workloads", "setindex", "-publish-buckets", "50", "-publish-members", "2", "-out", "", "-progress=false"}, &stdout, &stderr)
 	if err != nil {
 		t.Fatalf("run: %v\nstderr:\n%s", err, stderr.String())
 	}
@@ -166,6 +187,10 @@ func TestParseFlags(t *testing.T) {
 		{"unknown method", []string{"-methods", "fast"}, &usageError{}},
 		{"bad size", []string{"-sizes", "10,x"}, &usageError{}},
 		{"negative writers", []string{"-writers", "-1"}, &usageError{}},
+		{"bad publish buckets", []string{"-publish-buckets", "1000,0"}, &usageError{}},
+		{"zero publish members", []string{"-publish-members", "0"}, &usageError{}},
+		{"bad cluster rebuilders", []string{"-cluster-rebuilders", "1,x"}, &usageError{}},
+		{"zero cluster fields", []string{"-cluster-fields", "0"}, &usageError{}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -55,26 +55,37 @@ func openServer(ctx context.Context, addr string, cpu int) (*server, error) {
 			}
 		}
 	}
-	var err error
-	if s.host, s.port, err = net.SplitHostPort(s.addr); err != nil {
-		s.close()
-		return nil, fmt.Errorf("-addr %q: %w", addr, err)
-	}
-	opt := rueidis.ClientOption{InitAddress: []string{s.addr}, DisableCache: true, ForceSingleClient: true}
-	if s.client, err = rueidis.NewClient(opt); err == nil {
-		s.admin, err = rueidis.NewClient(opt)
-	}
-	if err != nil {
-		s.close()
-		return nil, fmt.Errorf("connect to %s: %w", s.addr, err)
-	}
-	info, err := s.info(ctx, "server")
-	if err != nil {
+	if err := s.connect(ctx); err != nil {
 		s.close()
 		return nil, err
 	}
-	s.version = infoField(info, "redis_version")
 	return s, nil
+}
+
+// connect opens the clients of s and reads its version.
+func (s *server) connect(ctx context.Context) error {
+	var err error
+	if s.host, s.port, err = net.SplitHostPort(s.addr); err != nil {
+		return fmt.Errorf("-addr %q: %w", s.addr, err)
+	}
+	if s.client, err = s.newClient(benchClientName); err == nil {
+		s.admin, err = s.newClient(adminClientName)
+	}
+	if err != nil {
+		return fmt.Errorf("connect to %s: %w", s.addr, err)
+	}
+	info, err := s.info(ctx, "server")
+	if err != nil {
+		return err
+	}
+	s.version = infoField(info, "redis_version")
+	return nil
+}
+
+// newClient returns a new client of the server. Its connections carry name,
+// which SLOWLOG entries show.
+func (s *server) newClient(name string) (rueidis.Client, error) {
+	return rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{s.addr}, DisableCache: true, ForceSingleClient: true, ClientName: name})
 }
 
 // pin restricts every thread of process pid to cpu.
@@ -198,10 +209,20 @@ func (s *server) usage(ctx context.Context) (serverUsage, error) {
 		}
 		cpu += v
 	}
-	u := serverUsage{cpu: time.Duration(cpu * float64(time.Second)), commands: map[string]commandStat{}}
-	if info, err = s.info(ctx, "commandstats"); err != nil {
+	u := serverUsage{cpu: time.Duration(cpu * float64(time.Second))}
+	if u.commands, err = s.commandStats(ctx); err != nil {
 		return serverUsage{}, err
 	}
+	return u, nil
+}
+
+// commandStats reads INFO commandstats, by lower-case command name.
+func (s *server) commandStats(ctx context.Context) (map[string]commandStat, error) {
+	info, err := s.info(ctx, "commandstats")
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]commandStat{}
 	// cmdstat_hset:calls=1000,usec=1200345,usec_per_call=1200.35,...
 	for line := range strings.Lines(info) {
 		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
@@ -218,18 +239,24 @@ func (s *server) usage(ctx context.Context) (serverUsage, error) {
 				st.Usec, _ = strconv.ParseInt(v, 10, 64)
 			}
 		}
-		u.commands[strings.TrimPrefix(name, "cmdstat_")] = st
+		out[strings.TrimPrefix(name, "cmdstat_")] = st
 	}
-	return u, nil
+	return out, nil
 }
 
 // since returns the usage between before and u.
 func (u serverUsage) since(before serverUsage) serverUsage {
-	d := serverUsage{cpu: u.cpu - before.cpu, commands: map[string]commandStat{}}
-	for name, st := range u.commands {
-		b := before.commands[name]
+	return serverUsage{cpu: u.cpu - before.cpu, commands: statsSince(u.commands, before.commands)}
+}
+
+// statsSince returns the commands called between the commandstats before
+// and after.
+func statsSince(after, before map[string]commandStat) map[string]commandStat {
+	d := map[string]commandStat{}
+	for name, st := range after {
+		b := before[name]
 		if st.Calls != b.Calls {
-			d.commands[name] = commandStat{Calls: st.Calls - b.Calls, Usec: st.Usec - b.Usec}
+			d[name] = commandStat{Calls: st.Calls - b.Calls, Usec: st.Usec - b.Usec}
 		}
 	}
 	return d

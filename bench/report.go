@@ -34,8 +34,10 @@ type report struct {
 	Rounds     int               `json:"rounds"`
 	Throughput *throughputResult `json:"throughput,omitempty"`
 	Swap       *swapResult       `json:"swap,omitempty"`
+	Publish    *publishResult    `json:"publish,omitempty"`
 	Scaling    *scalingResult    `json:"scaling,omitempty"`
 	Knobs      *knobsResult      `json:"knobs,omitempty"`
+	Cluster    *clusterResult    `json:"cluster,omitempty"`
 	Online     *onlineResult     `json:"online,omitempty"`
 	Notes      []string          `json:"notes,omitempty"`
 }
@@ -228,11 +230,17 @@ func (rep *report) markdown(base string, chart bool) []byte {
 	if s := rep.Swap; s != nil {
 		s.markdown(&b)
 	}
+	if pr := rep.Publish; pr != nil {
+		pr.markdown(&b)
+	}
 	if s := rep.Scaling; s != nil {
 		s.markdown(&b)
 	}
 	if k := rep.Knobs; k != nil {
 		k.markdown(&b)
+	}
+	if c := rep.Cluster; c != nil {
+		c.markdown(&b, rep.Machine.CPUs)
 	}
 	if o := rep.Online; o != nil {
 		o.markdown(&b)
@@ -289,6 +297,21 @@ func (rep *report) summaryMarkdown(b *bytes.Buffer) {
 		lines = append(lines, fmt.Sprintf("Swap pause onto a live %s-field hash: the publish blocks the server for **%s** (worst concurrent PING %s); a plain RENAME over it, %s (worst PING %s).",
 			commas(s.Items), dur(s.Summary.PublishServer), dur(s.Summary.PublishPing), dur(s.Summary.RenameServer), dur(s.Summary.RenamePing)))
 	}
+	if pr := rep.Publish; pr != nil && len(pr.Sizes) > 0 {
+		var sizes, times, per []string
+		for _, sz := range pr.Sizes {
+			sizes = append(sizes, commas(sz.Buckets))
+			times = append(times, "**"+dur(sz.Summary.Publish)+"**")
+			per = append(per, dur(sz.Summary.PerBucket))
+		}
+		line := fmt.Sprintf("Publish of a SetIndex family of %s buckets (%d members each, a tenth of the old buckets deleted as orphans): the script blocks the server for %s, %s per bucket.",
+			strings.Join(sizes, " / "), pr.PerBucket, strings.Join(times, ", "), strings.Join(per, ", "))
+		if top := pr.longestOther(); top.Command != "" {
+			line += fmt.Sprintf(" The longest other command: %s, %s (median over rounds; at most %s); the longest renewal script, %s (at most %s).",
+				top.Command, dur(top.Longest), dur(top.Max), dur(pr.longestRenewal(false)), dur(pr.longestRenewal(true)))
+		}
+		lines = append(lines, line)
+	}
 	if s := rep.Scaling; s != nil && len(s.Sizes) > 0 {
 		var ratios, ns, heap []string
 		for _, sz := range s.Sizes {
@@ -298,6 +321,18 @@ func (rep *report) summaryMarkdown(b *bytes.Buffer) {
 		}
 		lines = append(lines, fmt.Sprintf("Scaling, hash, %s entries: keyswap / limit %s; keyswap's client CPU per entry %s, peak heap %s.",
 			sizesList(s), strings.Join(ratios, ", "), strings.Join(ns, ", "), strings.Join(heap, ", ")))
+	}
+	if c := rep.Cluster; c != nil && len(c.Runs) > 0 {
+		var parts []string
+		for _, cs := range c.Runs {
+			part := fmt.Sprintf("%d: %s items/s", cs.Rebuilders, rate(cs.Summary.Rate))
+			if cs.Summary.Speedup != 0 && cs.Rebuilders != 1 {
+				part += fmt.Sprintf(" (**%.2f×**)", cs.Summary.Speedup)
+			}
+			parts = append(parts, part)
+		}
+		lines = append(lines, fmt.Sprintf("Independent Rebuilders on a %d-master Redis Cluster, %s fields each, sharing %d CPUs with the client: %s.",
+			c.Masters, commas(c.Fields), rep.Machine.CPUs, strings.Join(parts, ", ")))
 	}
 	if o := rep.Online; o != nil {
 		lines = append(lines, o.summaryLine())
@@ -355,14 +390,15 @@ func (t *throughputResult) markdown(b *bytes.Buffer, base string, chart bool) {
 	p("| workload | method | commands |\n|---|---|---|\n")
 	for _, w := range t.Workloads {
 		for _, m := range w.Methods {
-			p("| %s | %s | %s |\n", w.Title, m.Method, commandsCell(m.Samples))
+			p("| %s | %s | %s |\n", w.Title, m.Method, commandsCell(m.Samples, 0))
 		}
 	}
 	p("\n")
 }
 
-// commandsCell formats the mean commandstats of samples, busiest first.
-func commandsCell(samples []sample) string {
+// commandsCell formats the mean commandstats of samples, busiest first:
+// the top commands, or all of them for top 0.
+func commandsCell(samples []sample, top int) string {
 	type agg struct {
 		name        string
 		calls, usec int64
@@ -399,6 +435,10 @@ func commandsCell(samples []sample) string {
 		}
 		parts = append(parts, fmt.Sprintf("%s %s × %.2f µs = %s", strings.ToUpper(a.name), commas(int(a.calls/n)),
 			float64(a.usec)/float64(max(a.calls, 1)), dur(time.Duration(a.usec/n)*time.Microsecond)))
+		if len(parts) == top {
+			parts = append(parts, "…")
+			break
+		}
 	}
 	return strings.Join(parts, "; ")
 }
@@ -414,6 +454,90 @@ func (s *swapResult) markdown(b *bytes.Buffer) {
 	p("| command | server time, median (max) | worst PING, median (max) |\n|---|--:|--:|\n")
 	p("| keyswap publish script (UNLINK old, RENAME, PERSIST) | %s (%s) | %s (%s) |\n", dur(sm.PublishServer), dur(sm.PublishServerMax), dur(sm.PublishPing), dur(sm.PublishPingMax))
 	p("| plain RENAME over the live key | %s (%s) | %s (%s) |\n\n", dur(sm.RenameServer), dur(sm.RenameServerMax), dur(sm.RenamePing), dur(sm.RenamePingMax))
+}
+
+// longestOther returns the command other than the publish whose longest
+// call, median over rounds, is the longest of any size.
+func (pr *publishResult) longestOther() commandTime {
+	var top commandTime
+	for _, sz := range pr.Sizes {
+		if l := sz.Summary.Longest; len(l) > 0 && l[0].Longest > top.Longest {
+			top = l[0]
+		}
+	}
+	return top
+}
+
+// longestRenewal returns the longest renewal script, refresh or heartbeat,
+// of any size: median over rounds, or the maximum.
+func (pr *publishResult) longestRenewal(maximum bool) time.Duration {
+	var d time.Duration
+	for _, sz := range pr.Sizes {
+		rn := sz.Summary.Renewal
+		if maximum {
+			rn = sz.Summary.RenewalMax
+		}
+		d = max(d, rn.RefreshLongest, rn.Heartbeat)
+	}
+	return d
+}
+
+// markdown writes the publish section.
+func (pr *publishResult) markdown(b *bytes.Buffer) {
+	p := func(format string, a ...any) { fmt.Fprintf(b, format, a...) }
+	p("## Publish\n\n")
+	p("A SetIndex family of %d members per bucket rebuilt with keyswap (default options unless the command says otherwise) onto a live family of as many buckets, ", pr.PerBucket)
+	p("a tenth of which the new data no longer has: the publish replaces nine tenths of the live buckets, deletes the other tenth (orphans) and creates as many new ones, all in one script. ")
+	p("%d rounds, the sizes interleaved. Server times are SLOWLOG's execution times, during which the server serves no other client; ", pr.Rounds)
+	p("it logs the commands of %s or more (the runs pay about a microsecond for each).\n\n", dur(pr.Threshold))
+	p("| buckets | members | keys in the publish | publish server time, median | min–max | per bucket | publish round trip | run wall time | build items/s (min–max) |\n")
+	p("|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+	for _, sz := range pr.Sizes {
+		s := sz.Summary
+		p("| %s | %s | %s | **%s** | %s–%s | %s | %s | %s | %s (%s–%s) |\n", commas(sz.Buckets), commas(sz.Items), commas(s.PublishKeys),
+			dur(s.Publish), dur(s.PublishMin), dur(s.PublishMax), dur(s.PerBucket), dur(s.PublishCall), dur(s.Elapsed),
+			rate(s.BuildRate), rate(s.BuildRateMin), rate(s.BuildRateMax))
+	}
+	for _, sz := range pr.Sizes {
+		over := 0
+		for _, r := range sz.Runs {
+			if pr.BusyThreshold > 0 && r.Publish > pr.BusyThreshold {
+				over++
+			}
+		}
+		if over > 0 {
+			p("\nAt %s buckets the publish ran past the server's busy-reply-threshold (%s) in %d of %d rounds: from then until it ended, the server answered every other client's commands with a BUSY error instead of serving them late; a script that has written cannot be killed (SCRIPT KILL), only the server shut down.\n",
+				commas(sz.Buckets), dur(pr.BusyThreshold), over, len(sz.Runs))
+		}
+	}
+	p("\nEvery other command of the runs: the three longest commands, by the median over rounds of their longest call in the round (its maximum, and their most calls in one run), ")
+	p("the MULTI/EXEC batches (other clients wait behind a whole transaction: its mean time, from INFO commandstats), ")
+	p("and a renewal of the complete family sent by the bench just before the publish, as the lease sends one every TTL/3 (TTL %g s) in runs long enough to see every bucket written: ", pr.TTL.Seconds())
+	p("the refresh of every temp key, at most %d per script, and a heartbeat, each script timed alone by INFO commandstats: medians over rounds (maxima). ", pr.RefreshChunk)
+	p("SLOWLOG and commandstats time a command by the wall clock: on a loaded machine a command during which the server was descheduled looks longer than it ran, hence the medians.\n\n")
+	p("| buckets | longest other commands: median (max; calls per run) | MULTI/EXEC: calls, mean | refresh of every temp key: scripts, longest, total | heartbeat |\n")
+	p("|--:|---|--:|--:|--:|\n")
+	for _, sz := range pr.Sizes {
+		s := sz.Summary
+		var top []string
+		for _, ct := range s.Longest[:min(3, len(s.Longest))] {
+			top = append(top, fmt.Sprintf("%s %s (%s; %s)", ct.Command, dur(ct.Longest), dur(ct.Max), commas(ct.Calls)))
+		}
+		rn, rx := s.Renewal, s.RenewalMax
+		p("| %s | %s | %s × %s | %s × ≤%d keys, %s (%s), %s (%s) | %s (%s) |\n", commas(sz.Buckets), strings.Join(top, "; "),
+			commas(s.ExecCalls), dur(s.ExecMean), commas(rn.Scripts), min(rn.Keys, pr.RefreshChunk),
+			dur(rn.RefreshLongest), dur(rx.RefreshLongest), dur(rn.RefreshTotal), dur(rx.RefreshTotal), dur(rn.Heartbeat), dur(rx.Heartbeat))
+	}
+	p("\nServer time per command (INFO commandstats, mean of the rounds, the renewal excluded; the commands a script runs are counted under their own names and in the script's time):\n\n")
+	p("| buckets | commands |\n|--:|---|\n")
+	for _, sz := range pr.Sizes {
+		var samples []sample
+		for _, r := range sz.Runs {
+			samples = append(samples, sample{Commands: r.Commands})
+		}
+		p("| %s | %s |\n", commas(sz.Buckets), commandsCell(samples, 9))
+	}
+	p("\n")
 }
 
 // markdown writes the scaling section.
@@ -489,6 +613,65 @@ func (k *knobsResult) markdown(b *bytes.Buffer) {
 		return fmt.Sprintf("%s (%.2f)", rate(s.Summary.Rate), s.Summary.Ratio)
 	})
 	table("peak heap", func(s series) string { return mib(s.Summary.PeakHeap) })
+}
+
+// markdown writes the cluster section; cpus is the machine's.
+func (c *clusterResult) markdown(b *bytes.Buffer, cpus int) {
+	p := func(format string, a ...any) { fmt.Fprintf(b, format, a...) }
+	p("## Cluster\n\n")
+	p("Independent Rebuilders run at once, each rebuilding a hash of its own of %s fields onto a live hash of as many, ", commas(c.Fields))
+	p("on a Redis Cluster of %d masters without replicas (redis-server %s, the bench's own processes on loopback ports), ", c.Masters, c.Redis)
+	p("all through one rueidis cluster client in the bench's process; Rebuilder i's hash tag places its key on master i mod %d. ", c.Masters)
+	p("%d rounds, interleaved. Items/s is all items over the wall time of the slowest Rebuilder; summed is the sum of each Rebuilder's own items/s; ", c.Rounds)
+	p("the speedup is over one Rebuilder alone on one master of the same cluster, in the same round. Server CPU is each master's INFO used_cpu_user + used_cpu_sys over the run; ")
+	p("client CPU is getrusage of the bench, which also generates every source's items; cores busy is all of it over wall time. ")
+	p("After every run the bench checks every hash's exact cardinality, that it is on its master, and that no temp key or lock is left on any node.\n\n")
+	p("| Rebuilders | per master | items/s, median | min–max | summed items/s | speedup (min–max) | server CPU per master | client CPU | cores busy | server CPU per item | client CPU per item |\n")
+	p("|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+	var single, most *clusterSeries
+	for i := range c.Runs {
+		cs := &c.Runs[i]
+		s := cs.Summary
+		if cs.Rebuilders == 1 {
+			single = cs
+		}
+		if most == nil || cs.Rebuilders > most.Rebuilders {
+			most = cs
+		}
+		per := make([]string, len(cs.PerMaster))
+		for m, n := range cs.PerMaster {
+			per[m] = strconv.Itoa(n)
+		}
+		speedup := "—"
+		if s.Speedup != 0 && cs.Rebuilders != 1 {
+			speedup = fmt.Sprintf("%.2f× (%.2f–%.2f)", s.Speedup, s.SpeedupMin, s.SpeedupMax)
+		}
+		cpu := make([]string, len(s.ServerCPU))
+		for m, d := range s.ServerCPU {
+			cpu[m] = secs(d)
+		}
+		p("| %d | %s | %s | %s–%s | %s | %s | %s | %s | %.2f | %s | %s |\n", cs.Rebuilders, strings.Join(per, " / "),
+			rate(s.Rate), rate(s.RateMin), rate(s.RateMax), rate(s.Summed), speedup, strings.Join(cpu, " / "), secs(s.ClientCPU), s.Cores,
+			perItem(s.ServerPerItem, 1), perItem(s.ClientPerItem, 1))
+	}
+	p("\n")
+	if single == nil || most == nil || most.Rebuilders == 1 || most.Summary.ClientPerItem <= 0 {
+		return
+	}
+	// What the numbers mean for a machine with a core per master.
+	ss, ms := single.Summary, most.Summary
+	perCore := float64(time.Second) / float64(ms.ClientPerItem)
+	p("This machine has %d CPUs, so the %d masters and the client compete for them: %d Rebuilders kept %.2f cores busy", cpus, c.Masters, most.Rebuilders, ms.Cores)
+	if ms.Cores < float64(cpus)-0.5 {
+		p(" (the rest went to other processes on the machine: see the load average)")
+	}
+	p(", and reached %.2f× the single Rebuilder's %s items/s; the servers' CPU per item rose from %s alone to %s, as processes that share cores run slower. ",
+		ms.Speedup, rate(ss.Rate), perItem(ss.ServerPerItem, 1), perItem(ms.ServerPerItem, 1))
+	p("On a machine with a core per master and cores of its own for the client, each master would serve its Rebuilders as fast as one master serves one here, ")
+	p("so expect near-linear scaling in the number of masters until the client's own CPU or the network is the limit: ")
+	p("the client spent %s of CPU per item with %d Rebuilders, so one client core carries about %s items/s, %.1f× the single Rebuilder's rate ",
+		perItem(ms.ClientPerItem, 1), most.Rebuilders, rate(perCore), perCore/ss.Rate)
+	p("(the client uses as many cores as GOMAXPROCS gives it).\n\n")
 }
 
 // rate formats items per second.

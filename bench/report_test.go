@@ -1,6 +1,8 @@
 package main
 
 import (
+	"bytes"
+	"strings"
 	"testing"
 	"time"
 )
@@ -33,6 +35,23 @@ func TestMedian(t *testing.T) {
 	}{{nil, 0}, {[]float64{3}, 3}, {[]float64{3, 1, 2}, 2}, {[]float64{4, 1, 3, 2}, 2.5}} {
 		if got := median(tt.xs); got != tt.want {
 			t.Errorf("median(%v): got %v, want %v", tt.xs, got, tt.want)
+		}
+	}
+}
+
+// TestPublishMarkdownBusy checks that the report says when a publish ran
+// past busy-reply-threshold, and only then.
+func TestPublishMarkdownBusy(t *testing.T) {
+	for _, tt := range []struct {
+		publish time.Duration
+		want    bool
+	}{{time.Second, false}, {6 * time.Second, true}} {
+		pr := &publishResult{Rounds: 1, BusyThreshold: 5 * time.Second, Sizes: []publishSize{{Buckets: 100000, Runs: []publishRun{{Publish: tt.publish, Build: time.Second}}}}}
+		pr.Sizes[0].summarize()
+		var b bytes.Buffer
+		pr.markdown(&b)
+		if got := strings.Contains(b.String(), "ran past the server's busy-reply-threshold (5 s) in 1 of 1 rounds"); got != tt.want {
+			t.Errorf("publish of %v: the report mentions busy-reply-threshold: %v, want %v:\n%s", tt.publish, got, tt.want, b.String())
 		}
 	}
 }

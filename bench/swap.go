@@ -137,17 +137,29 @@ func (res *swapResult) summarize() {
 // slowlogAll makes the server log every command, and returns the function
 // that restores its settings.
 func (r *runner) slowlogAll(ctx context.Context) (func() error, error) {
+	restore, err := r.saveSlowlog(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, kv := range [][2]string{{"slowlog-log-slower-than", "0"}, {"slowlog-max-len", slowlogLen}} {
+		if err := r.srv.configSet(ctx, kv[0], kv[1]); err != nil {
+			return nil, errors.Join(err, restore())
+		}
+	}
+	return restore, nil
+}
+
+// saveSlowlog returns the function that restores the server's slowlog
+// settings as they are now, and empties the slowlog.
+func (r *runner) saveSlowlog(ctx context.Context) (func() error, error) {
 	s := r.srv
 	var saved [][2]string
-	for _, kv := range [][2]string{{"slowlog-log-slower-than", "0"}, {"slowlog-max-len", slowlogLen}} {
-		old, err := s.configGet(ctx, kv[0])
+	for _, name := range []string{"slowlog-log-slower-than", "slowlog-max-len"} {
+		old, err := s.configGet(ctx, name)
 		if err != nil {
 			return nil, err
 		}
-		saved = append(saved, [2]string{kv[0], old})
-		if err := s.configSet(ctx, kv[0], kv[1]); err != nil {
-			return nil, err
-		}
+		saved = append(saved, [2]string{name, old})
 	}
 	return func() error {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
@@ -177,7 +189,7 @@ func (r *runner) publishPause(ctx context.Context, w workload, d dataset, live s
 	var p pause
 	var perr error
 	calls := 0
-	hooked := &publishHook{Client: s.client, live: live, around: func(do func()) {
+	hooked := &publishHook{Client: s.client, around: func(_ []string, do func()) {
 		calls++
 		p, perr = r.measurePause(ctx, do, func(args []string) bool {
 			return (strings.EqualFold(args[0], "EVALSHA") || strings.EqualFold(args[0], "EVAL")) && slices.Contains(args, live)
@@ -287,22 +299,14 @@ func slowlogTime(ctx context.Context, c rueidis.Client, match func([]string) boo
 	var total time.Duration
 	found := 0
 	for _, e := range entries {
-		fields, err := e.ToArray()
-		if err != nil || len(fields) < 4 {
-			return 0, fmt.Errorf("malformed SLOWLOG entry %v", e)
-		}
-		args, err := fields[3].AsStrSlice()
-		if err != nil || len(args) == 0 {
-			return 0, fmt.Errorf("malformed SLOWLOG arguments %v", fields[3])
+		_, d, args, _, _, err := parseSlowlogEntry(e)
+		if err != nil {
+			return 0, err
 		}
 		if !match(args) {
 			continue
 		}
-		us, err := fields[2].AsInt64()
-		if err != nil {
-			return 0, fmt.Errorf("malformed SLOWLOG duration %v", fields[2])
-		}
-		total += time.Duration(us) * time.Microsecond
+		total += d
 		found++
 	}
 	if found == 0 {
@@ -311,24 +315,22 @@ func slowlogTime(ctx context.Context, c rueidis.Client, match func([]string) boo
 	return total, nil
 }
 
-// publishHook is the client a swap-section Rebuilder writes through: it
-// passes every command on, and runs the publish script, the only script
-// whose keys include the live key, inside around.
-type publishHook struct {
-	rueidis.Client
-	live   string
-	around func(do func())
-}
-
-// publishScript is keyswap's publish script, which publishHook looks for.
+// publishScript is keyswap's publish script, which publishHook recognises.
 var publishScript = redistest.ScriptNamed("publish")
 
-// Do runs cmd, inside around when it is the publish: the publish script on
-// the live key. (The acquire script names the live key too.)
+// publishHook is the client a Rebuilder writes through in the swap and
+// publish sections: it passes every command on, and runs the publish
+// script (EVALSHA, or the EVAL fallback) inside around, which gets its
+// arguments.
+type publishHook struct {
+	rueidis.Client
+	around func(args []string, do func())
+}
+
+// Do runs cmd, inside around when it is the publish script.
 func (h *publishHook) Do(ctx context.Context, cmd rueidis.Completed) (res rueidis.RedisResult) {
-	args := cmd.Commands()
-	if len(args) > 3 && publishScript.Is(args) && slices.Contains(args[3:], h.live) {
-		h.around(func() { res = h.Client.Do(ctx, cmd) })
+	if args := cmd.Commands(); publishScript.Is(args) {
+		h.around(args, func() { res = h.Client.Do(ctx, cmd) })
 		return res
 	}
 	return h.Client.Do(ctx, cmd)

@@ -233,7 +233,8 @@ func (t target) verify(ctx context.Context, c rueidis.Client, d dataset, want []
 }
 
 // indexCard returns the total members of a SetIndex family, after checking
-// that it has exactly the dataset's buckets.
+// that it has exactly the dataset's buckets, and for a spread dataset that
+// each bucket holds exactly its items.
 func (t target) indexCard(ctx context.Context, c rueidis.Client, d dataset) (int64, error) {
 	ks, err := scanKeys(ctx, c, t.key+":*")
 	if err != nil {
@@ -243,15 +244,25 @@ func (t target) indexCard(ctx context.Context, c rueidis.Client, d dataset) (int
 	if want := d.bucketCount(); len(ks) != want {
 		return 0, fmt.Errorf("%d buckets, want %d: %s", len(ks), want, firstKeys(ks))
 	}
+	var size map[string]int // a spread dataset's bucket sizes, by key
+	if d.spread {
+		size = make(map[string]int, d.bucketCount())
+		for j, b := range d.buckets[:d.bucketCount()] {
+			size[t.key+":"+b] = d.bucketSize(j)
+		}
+	}
 	cmds := make(rueidis.Commands, len(ks))
 	for i, k := range ks {
 		cmds[i] = c.B().Scard().Key(k).Build()
 	}
 	var sum int64
-	for _, r := range c.DoMulti(ctx, cmds...) {
+	for i, r := range c.DoMulti(ctx, cmds...) {
 		n, err := r.AsInt64()
 		if err != nil {
 			return 0, err
+		}
+		if want, ok := size[ks[i]]; d.spread && (!ok || n != int64(want)) {
+			return 0, fmt.Errorf("bucket %s holds %d members, want %d (a bucket of the previous dataset is 0)", ks[i], n, want)
 		}
 		sum += n
 	}
