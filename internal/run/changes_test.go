@@ -814,3 +814,426 @@ func TestDecodersAgree(t *testing.T) {
 		}
 	}
 }
+
+// tailCall is a publishCall with logs (section X), the entries of each the
+// run replayed itself, and the bound of the tail.
+type tailCall struct {
+	publishCall
+	logs    []string
+	offsets []string
+	maxTail string
+}
+
+func (c tailCall) keys() []string { return append(c.publishCall.keys(), c.logs...) }
+
+func (c tailCall) args() []string {
+	a := c.publishCall.args()
+	a = a[:len(a)-1]                 // publishCall's bound of 0
+	a[9] = strconv.Itoa(len(c.logs)) // X
+	return append(append(a, c.offsets...), c.maxTail)
+}
+
+// run runs the publish on c and returns its reply.
+func (c tailCall) run(t *testing.T, client rueidis.Client) []any {
+	t.Helper()
+	return evalScript(t, client, "publish", c.keys(), c.args())
+}
+
+// entry returns ops as one log entry.
+func entry(ops ...run.Op) string { return run.EncodeEntry(ops) }
+
+// op returns an op.
+func op(cmd, key string, args ...string) run.Op { return run.Op{Cmd: cmd, Key: key, Args: args} }
+
+// seedTail seeds, under p, a fenced publish of a SetIndex family, a hash and
+// a sorted set, and the logs of its two locks, and returns its call, which
+// succeeds with {1, 1, 1, 1, 1, 8, 4}:
+//
+//	lock:1, lock:2     our locks, EX 50; lock:1:run our record, 2 batches
+//	temp:idx:fr        -> idx:fr   {u1, u2}; idx:fr holds {old}
+//	temp:idx:de        -> idx:de   {u3};     idx:de holds {old}
+//	temp:h             -> h        {a: 1, b: 2}; h holds {old: 1}, EX 1000
+//	temp:z             -> z        {u1: 1}; z holds {old: 5}
+//	orphan idx:us      {u9}: a bucket the run did not produce; idx:it absent
+//	idx:gb             {u7}: a live bucket that is neither (created after the
+//	                   run's scan of the family)
+//	meta:1             generation 7
+//	lock:1:log         E0, replayed by the run (offset 1): SADD idx:fr early;
+//	                   then the tail: E1 moves u3 from de (emptied) to es (a
+//	                   bucket the tail creates), E2 adds u10 to the orphan
+//	                   idx:us (re-created after its UNLINK), E3 sets h's c
+//	                   and removes its a
+//	lock:2:log         E4, not replayed (offset 0): u2 into z, u1 out of it,
+//	                   and u8 into idx:gb
+//
+// The tail holds 4 entries (E1-E4); the bound is 10.
+func seedTail(t *testing.T, c rueidis.Client, p string) tailCall {
+	t.Helper()
+	k := func(names ...string) []string {
+		out := make([]string, len(names))
+		for i, n := range names {
+			out[i] = p + n
+		}
+		return out
+	}
+	call := tailCall{
+		publishCall: publishCall{
+			token:      scriptTok,
+			locks:      k("lock:1", "lock:2"),
+			records:    k("lock:1:run"),
+			receipts:   k("lock:1:done"),
+			temps:      k("temp:idx:fr", "temp:idx:de", "temp:h", "temp:z"),
+			lives:      k("idx:fr", "idx:de", "h", "z"),
+			orphans:    k("idx:us", "idx:it"),
+			metas:      k("meta:1"),
+			flags:      "2222",
+			batches:    "2",
+			keep:       "0",
+			receiptTTL: "30",
+			now:        scriptNow,
+		},
+		logs:    k("lock:1:log", "lock:2:log"),
+		offsets: []string{"1", "0"},
+		maxTail: "10",
+	}
+	cmds(t, c,
+		[]string{"SET", call.locks[0], scriptTok, "EX", "50"},
+		[]string{"SET", call.locks[1], scriptTok, "EX", "50"},
+		[]string{"HSET", call.records[0], "token", scriptTok, "batches", "2"},
+		[]string{"EXPIRE", call.records[0], "50"},
+		[]string{"SADD", call.temps[0], "u1", "u2"},
+		[]string{"SADD", call.temps[1], "u3"},
+		[]string{"HSET", call.temps[2], "a", "1", "b", "2"},
+		[]string{"ZADD", call.temps[3], "1", "u1"},
+		[]string{"SADD", p + "idx:fr", "old"},
+		[]string{"SADD", p + "idx:de", "old"},
+		[]string{"HSET", p + "h", "old", "1"},
+		[]string{"EXPIRE", p + "h", "1000"},
+		[]string{"ZADD", p + "z", "5", "old"},
+		[]string{"SADD", p + "idx:us", "u9"},
+		[]string{"SADD", p + "idx:gb", "u7"},
+		[]string{"HSET", call.metas[0], "seq", "7", "gen", "7", "at", "1"},
+		[]string{"RPUSH", call.logs[0],
+			entry(op("SADD", p+"idx:fr", "early")),
+			entry(op("SREM", p+"idx:de", "u3"), op("SADD", p+"idx:es", "u3")),
+			entry(op("SADD", p+"idx:us", "u10")),
+			entry(op("HSET", p+"h", "c", "3"), op("HDEL", p+"h", "a"))},
+		[]string{"RPUSH", call.logs[1], entry(op("ZADD", p+"z", "2", "u2"), op("ZREM", p+"z", "u1"), op("SADD", p+"idx:gb", "u8"))},
+	)
+	for _, k := range slices.Concat(call.temps, call.logs) {
+		cmds(t, c, []string{"EXPIRE", k, "80"})
+	}
+	return call
+}
+
+// wantTailPublished checks the live keys after a seedTail call that
+// succeeded: the temp keys renamed over them, then the tail replayed.
+func wantTailPublished(t *testing.T, c rueidis.Client, p string) {
+	t.Helper()
+	wantMembers(t, c, p+"idx:fr", "u1", "u2") // E0 was replayed by the run: not again
+	redistest.WantAbsent(t, c, p+"idx:de")    // emptied by the tail's SREM
+	wantMembers(t, c, p+"idx:es", "u3")       // created by the tail
+	wantMembers(t, c, p+"idx:us", "u10")      // the orphan, unlinked, then re-created
+	redistest.WantAbsent(t, c, p+"idx:it")
+	wantMembers(t, c, p+"idx:gb", "u7", "u8")
+	redistest.WantHash(t, c, p+"h", map[string]string{"b": "2", "c": "3"})
+	wantScores(t, c, p+"z", map[string]float64{"u2": 2})
+	for _, k := range []string{"idx:fr", "idx:es", "idx:us", "idx:gb", "z"} {
+		redistest.WantPTTL(t, c, p+k, -1, -1)
+	}
+	for _, k := range []string{"temp:idx:fr", "temp:idx:de", "temp:h", "temp:z"} {
+		redistest.WantAbsent(t, c, p+k)
+	}
+}
+
+func TestScriptPublishTail(t *testing.T) {
+	// publish.lua's tail: the entries of each log past its offset are
+	// replayed onto the live keys right after the renames and the orphans'
+	// retirement, in the same atomic step: {1, o..., g..., c} with c the
+	// number of entries replayed. The logs themselves are left to the
+	// release.
+	env.ForEachDeployment(t, func(t *testing.T, d redistest.Deployment) {
+		t.Run("replayed", func(t *testing.T) {
+			p := casePrefix(t, d.Other, d.Prefix)
+			call := seedTail(t, d.Other, p)
+			before := redistest.Snapshot(t, d.Other, p)
+			wantReply(t, call.run(t, d.Client), 1, 1, 1, 1, 1, 8, 4)
+			wantTailPublished(t, d.Other, p)
+			redistest.WantString(t, d.Other, call.receipts[0], scriptTok)
+			written := slices.Concat(call.temps, call.lives, call.orphans, call.receipts, call.metas, []string{p + "idx:es", p + "idx:gb"})
+			wantUntouched(t, d.Other, p, before, written...) // the logs, locks and record too
+		})
+
+		t.Run("keep previous", func(t *testing.T) {
+			// The old values go to their prev keys before the tail, so
+			// the tail's ops land on the new values only.
+			p := casePrefix(t, d.Other, d.Prefix)
+			call := seedTail(t, d.Other, p)
+			call.keep = "600"
+			for _, k := range slices.Concat(call.lives, call.orphans) {
+				call.prevs = append(call.prevs, k+":prev")
+			}
+			wantReply(t, call.run(t, d.Client), 1, 1, 1, 1, 1, 8, 4)
+			wantTailPublished(t, d.Other, p)
+			wantMembers(t, d.Other, p+"idx:de:prev", "old")
+			wantMembers(t, d.Other, p+"idx:us:prev", "u9")
+			wantFields(t, d.Other, p+"h:prev", map[string]string{"old": "1"})
+			redistest.WantAbsent(t, d.Other, p+"idx:it:prev")
+		})
+
+		t.Run("at the bound", func(t *testing.T) {
+			p := casePrefix(t, d.Other, d.Prefix)
+			call := seedTail(t, d.Other, p)
+			call.maxTail = "4"
+			wantReply(t, call.run(t, d.Client), 1, 1, 1, 1, 1, 8, 4)
+			wantTailPublished(t, d.Other, p)
+		})
+
+		t.Run("no tail", func(t *testing.T) {
+			// Every entry replayed by the run, and a bound of 0: only the
+			// renames, and c = 0. An offset past the end (a log the
+			// release of an earlier run deleted) is no tail either.
+			p := casePrefix(t, d.Other, d.Prefix)
+			call := seedTail(t, d.Other, p)
+			call.offsets, call.maxTail = []string{"4", "7"}, "0"
+			wantReply(t, call.run(t, d.Client), 1, 1, 1, 1, 1, 8, 0)
+			wantMembers(t, d.Other, p+"idx:de", "u3")
+			redistest.WantAbsent(t, d.Other, p+"idx:es")
+			redistest.WantAbsent(t, d.Other, p+"idx:us")
+			wantMembers(t, d.Other, p+"idx:gb", "u7")
+			redistest.WantHash(t, d.Other, p+"h", map[string]string{"a": "1", "b": "2"})
+		})
+
+		t.Run("an emptied target", func(t *testing.T) {
+			// A temp key the run saw emptied (flag '0', absent): its live
+			// key is deleted, then the tail re-creates it with its own
+			// entries only.
+			p := casePrefix(t, d.Other, d.Prefix)
+			call := seedTail(t, d.Other, p)
+			call.flags = "2022"
+			cmds(t, d.Other, []string{"DEL", call.temps[1]},
+				[]string{"RPUSH", call.logs[1], entry(op("SADD", p+"idx:de", "u5"))})
+			wantReply(t, call.run(t, d.Client), 1, 1, 2, 1, 1, 8, 5)
+			wantMembers(t, d.Other, p+"idx:de", "u5")
+			redistest.WantPTTL(t, d.Other, p+"idx:de", -1, -1)
+		})
+	})
+}
+
+func TestScriptPublishTailFailsClosed(t *testing.T) {
+	// publish.lua refuses a tail before any write, after the fence, the
+	// record, the metas and the temp keys: {-7, i, n} when the tails hold n
+	// entries, over the bound, log i the first with one (checked before
+	// any entry is read); {-10, i} for "!overrun" in log i; {-9, i} for an
+	// entry that is not a change; {-8, key, type} for an op on a key of
+	// another type, as the key will be after the renames (a target has its
+	// temp key's type, an orphan none) and after the tail's earlier ops.
+	// Each way every key is byte-identical and no receipt is written.
+	env.ForEachDeployment(t, func(t *testing.T, d redistest.Deployment) {
+		for _, tt := range []struct {
+			name  string
+			setup func(c *tailCall, p string) [][]string
+			want  func(c tailCall, p string) []any
+		}{
+			{"tail over the bound", func(c *tailCall, p string) [][]string {
+				c.maxTail = "3"
+				return nil
+			}, func(c tailCall, p string) []any { return reply(-7, 1, 4) }},
+			{"tail over a bound of 0", func(c *tailCall, p string) [][]string {
+				c.maxTail = "0"
+				return nil
+			}, func(c tailCall, p string) []any { return reply(-7, 1, 4) }},
+			{"tail only in the second log", func(c *tailCall, p string) [][]string {
+				c.offsets, c.maxTail = []string{"4", "0"}, "0"
+				return nil
+			}, func(c tailCall, p string) []any { return reply(-7, 2, 1) }},
+			{"bound checked before the entries", func(c *tailCall, p string) [][]string {
+				c.maxTail = "4"
+				return [][]string{{"RPUSH", c.logs[1], "garbage"}}
+			}, func(c tailCall, p string) []any { return reply(-7, 1, 5) }},
+			{"lock checked before the tail", func(c *tailCall, p string) [][]string {
+				c.maxTail = "0"
+				return [][]string{{"SET", c.locks[1], thiefTok, "EX", "40"}}
+			}, func(c tailCall, p string) []any { return reply(-1, 2) }},
+			{"temp keys checked before the tail", func(c *tailCall, p string) [][]string {
+				return [][]string{{"DEL", c.temps[2]}, {"RPUSH", c.logs[0], "garbage"}}
+			}, func(c tailCall, p string) []any { return reply(0, 3) }},
+			{"overrun", func(c *tailCall, p string) [][]string {
+				return [][]string{{"RPUSH", c.logs[1], run.Overrun}}
+			}, func(c tailCall, p string) []any { return reply(-10, 2) }},
+			{"overrun after a bad op", func(c *tailCall, p string) [][]string {
+				return [][]string{{"RPUSH", c.logs[0], entry(op("SADD", p+"h", "x")), run.Overrun}}
+			}, func(c tailCall, p string) []any { return reply(-8, p+"h", "hash") }},
+			{"garbage", func(c *tailCall, p string) [][]string {
+				return [][]string{{"RPUSH", c.logs[1], "garbage"}}
+			}, func(c tailCall, p string) []any { return reply(-9, 2) }},
+			{"not a change's command", func(c *tailCall, p string) [][]string {
+				return [][]string{{"RPUSH", c.logs[0], "3:DEL" + strconv.Itoa(len(p+"z")) + ":" + p + "z1:11:x"}}
+			}, func(c tailCall, p string) []any { return reply(-9, 1) }},
+			// Ops Redis refuses, which redis.acl_check_cmd lets through:
+			// before lib/changes.lua refused them, each failed the script
+			// after the renames.
+			{"no args", func(c *tailCall, p string) [][]string {
+				return [][]string{{"RPUSH", c.logs[0], entry(op("SADD", p+"idx:fr"))}}
+			}, func(c tailCall, p string) []any { return reply(-9, 1) }},
+			{"an odd HSET", func(c *tailCall, p string) [][]string {
+				return [][]string{{"RPUSH", c.logs[0], entry(op("HSET", p+"h", "f"))}}
+			}, func(c tailCall, p string) []any { return reply(-9, 1) }},
+			{"a score ZADD refuses", func(c *tailCall, p string) [][]string {
+				return [][]string{{"RPUSH", c.logs[1], entry(op("ZADD", p+"z", "abc", "m"))}}
+			}, func(c tailCall, p string) []any { return reply(-9, 2) }},
+			{"a score out of range", func(c *tailCall, p string) [][]string {
+				return [][]string{{"RPUSH", c.logs[1], entry(op("ZADD", p+"z", "1e400", "m"))}}
+			}, func(c tailCall, p string) []any { return reply(-9, 2) }},
+			{"an empty key", func(c *tailCall, p string) [][]string {
+				return [][]string{{"RPUSH", c.logs[1], "4:SADD0:1:11:m"}}
+			}, func(c tailCall, p string) []any { return reply(-9, 2) }},
+			{"a key of another type outside the targets", func(c *tailCall, p string) [][]string {
+				return [][]string{{"SET", p + "other", "x"}, {"RPUSH", c.logs[1], entry(op("SADD", p+"other", "m"))}}
+			}, func(c tailCall, p string) []any { return reply(-8, p+"other", "string") }},
+			{"a target's type after the rename", func(c *tailCall, p string) [][]string {
+				// h holds a set now, but the hash temp:h will replace it.
+				return [][]string{{"DEL", p + "h"}, {"SADD", p + "h", "x"}, {"RPUSH", c.logs[1], entry(op("SADD", p+"h", "m"))}}
+			}, func(c tailCall, p string) []any { return reply(-8, p+"h", "hash") }},
+			{"an orphan's type after the tail's first op", func(c *tailCall, p string) [][]string {
+				// The orphan is gone after the renames, re-created as a
+				// set by E2.
+				return [][]string{{"RPUSH", c.logs[1], entry(op("HSET", p+"idx:us", "f", "v"))}}
+			}, func(c tailCall, p string) []any { return reply(-8, p+"idx:us", "set") }},
+		} {
+			t.Run(tt.name, func(t *testing.T) {
+				p := casePrefix(t, d.Other, d.Prefix)
+				call := seedTail(t, d.Other, p)
+				cmds(t, d.Other, tt.setup(&call, p)...)
+				before := redistest.Snapshot(t, d.Other, p)
+				wantReply(t, call.run(t, d.Client), tt.want(call, p)...)
+				wantUntouched(t, d.Other, p, before)
+			})
+		}
+	})
+}
+
+func TestScriptPublishTailRefused(t *testing.T) {
+	// publish.lua for a user that may not run what the tail needs: LLEN
+	// or LRANGE on a log, checked with the script's own commands; an op's
+	// command on its key, or TYPE on a key outside the targets, checked as
+	// the tail is read: {-2, cmd, key}, and nothing written.
+	forEachACLTarget(t, func(t *testing.T, a aclTarget) {
+		for _, tt := range []struct {
+			name    string
+			deny    string
+			allowOn []string
+			want    func(c tailCall, p string) []any
+		}{
+			{"LLEN on a log", "llen", nil, func(c tailCall, p string) []any { return reply(-2, "LLEN", c.logs[0]) }},
+			{"LRANGE on the second log", "lrange", []string{"lock:1:log"}, func(c tailCall, p string) []any { return reply(-2, "LRANGE", c.logs[1]) }},
+			{"SADD", "sadd", nil, func(c tailCall, p string) []any { return reply(-2, "SADD", p+"idx:es") }},
+			{"SREM on a target", "srem", nil, func(c tailCall, p string) []any { return reply(-2, "SREM", p+"idx:de") }},
+			{"HDEL on a target", "hdel", []string{"meta:*"}, func(c tailCall, p string) []any { return reply(-2, "HDEL", p+"h") }},
+			{"ZADD", "zadd", nil, func(c tailCall, p string) []any { return reply(-2, "ZADD", p+"z") }},
+			// Sent only for a tail: before it was checked, the TYPE of a
+			// temp key failed the script with the server's own refusal.
+			{"TYPE on a temp key", "type", []string{"meta:*"}, func(c tailCall, p string) []any { return reply(-2, "TYPE", c.temps[0]) }},
+			{"TYPE outside the targets", "type", []string{"meta:*", "temp:*"}, func(c tailCall, p string) []any { return reply(-2, "TYPE", p+"idx:es") }},
+		} {
+			t.Run(tt.name, func(t *testing.T) {
+				p := casePrefix(t, a.admin, a.prefix)
+				c := a.srv.ClientAs(t, "ks-"+t.Name(), deniedRules(p, tt.deny, tt.allowOn...)...)
+				call := seedTail(t, a.admin, p)
+				before := redistest.Snapshot(t, a.admin, p)
+				wantReply(t, call.run(t, c), tt.want(call, p)...)
+				wantUntouched(t, a.admin, p, before)
+			})
+		}
+	})
+}
+
+func TestPublishTail(t *testing.T) {
+	// run.Redis.Publish sends the logs and their offsets, and reads what
+	// the tail did: Published.Replayed, or a *BehindError, or an error
+	// matching ErrFallingBehind for an overrun, or one naming the log or
+	// the key; after a refusal every key is as it was.
+	env.ForEachDeployment(t, func(t *testing.T, d redistest.Deployment) {
+		ctx := redistest.Ctx(t)
+		core := run.New(d.Client, nil)
+		opts := func(c tailCall, maxTail int) run.PublishOptions {
+			o := run.PublishOptions{Op: "publish", Key: c.lives[0], Batches: 2, MaxTail: maxTail, Metas: c.metas, Orphans: c.orphans,
+				PreserveFor: time.Minute, Now: time.UnixMilli(1700000000123)}
+			for _, l := range c.locks {
+				o.Locks = append(o.Locks, &run.Lock{Live: l, Key: l, Token: scriptTok, TTL: 50 * time.Second})
+			}
+			for i := range c.temps {
+				o.Targets = append(o.Targets, run.Target{Temp: c.temps[i], Live: c.lives[i], Populated: true, HasTTL: true})
+			}
+			for i, l := range c.logs {
+				n, _ := strconv.ParseInt(c.offsets[i], 10, 64)
+				o.Logs = append(o.Logs, run.LogOffset{Key: l, Offset: n})
+			}
+			return o
+		}
+
+		t.Run("replayed", func(t *testing.T) {
+			p := casePrefix(t, d.Other, d.Prefix)
+			call := seedTail(t, d.Other, p)
+			got, err := core.Publish(ctx, opts(call, 4))
+			if err != nil || got.Replayed != 4 || !slices.Equal(got.Generations, []int64{8}) {
+				t.Fatalf("Publish = %+v, %v; want 4 replayed, generation 8", got, err)
+			}
+			wantTailPublished(t, d.Other, p)
+		})
+
+		for _, tt := range []struct {
+			name    string
+			maxTail int
+			setup   func(c tailCall, p string) [][]string
+			check   func(t *testing.T, c tailCall, err error)
+		}{
+			{"behind", 3, nil, func(t *testing.T, c tailCall, err error) {
+				var behind *run.BehindError
+				if !errors.As(err, &behind) || behind.Log != c.logs[0] || behind.Tail != 4 {
+					t.Errorf("Publish: got %v, want a *BehindError of %s with a tail of 4", err, c.logs[0])
+				}
+				if errors.Is(err, run.ErrFallingBehind) {
+					t.Errorf("Publish: %v matches ErrFallingBehind: the run catches up again first", err)
+				}
+			}},
+			{"overrun", 10, func(c tailCall, p string) [][]string {
+				return [][]string{{"RPUSH", c.logs[1], run.Overrun}}
+			}, func(t *testing.T, c tailCall, err error) {
+				if !errors.Is(err, run.ErrFallingBehind) || !strings.Contains(err.Error(), c.logs[1]) {
+					t.Errorf("Publish: got %v, want ErrFallingBehind naming %s", err, c.logs[1])
+				}
+			}},
+			{"garbage", 10, func(c tailCall, p string) [][]string {
+				return [][]string{{"RPUSH", c.logs[1], "garbage"}}
+			}, func(t *testing.T, c tailCall, err error) {
+				if err == nil || !strings.Contains(err.Error(), c.logs[1]+" holds an entry that is not a change") {
+					t.Errorf("Publish: got %v, want an error naming %s", err, c.logs[1])
+				}
+			}},
+			{"wrong type", 10, func(c tailCall, p string) [][]string {
+				return [][]string{{"SET", p + "other", "x"}, {"RPUSH", c.logs[1], entry(op("SADD", p+"other", "m"))}}
+			}, func(t *testing.T, c tailCall, err error) {
+				if err == nil || !strings.Contains(err.Error(), `"`+c.lives[0][:len(c.lives[0])-len("idx:fr")]+`other" holds a string`) {
+					t.Errorf("Publish: got %v, want an error naming the key and its type", err)
+				}
+			}},
+		} {
+			t.Run(tt.name, func(t *testing.T) {
+				p := casePrefix(t, d.Other, d.Prefix)
+				call := seedTail(t, d.Other, p)
+				if tt.setup != nil {
+					cmds(t, d.Other, tt.setup(call, p)...)
+				}
+				before := redistest.Snapshot(t, d.Other, p)
+				_, err := core.Publish(ctx, opts(call, tt.maxTail))
+				var e *run.Error
+				if !errors.As(err, &e) || e.Op != "publish" {
+					t.Errorf("Publish: got %v, want an *Error of op publish", err)
+				}
+				tt.check(t, call, err)
+				wantUntouched(t, d.Other, p, before)
+			})
+		}
+	})
+}
