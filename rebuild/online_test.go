@@ -165,8 +165,16 @@ func newOnlineWriter(ctx context.Context, c rueidis.Client, r *rebuild.Rebuilder
 	if err != nil {
 		return nil, err
 	}
-	w := &onlineWriter{c: c, r: r, db: db, rng: rand.New(rand.NewPCG(seed, 2)), users: users, next: len(users)}
+	w := &onlineWriter{c: c, r: r, db: db, rng: rand.New(rand.NewPCG(seed, 2)), users: users}
 	w.ids = slices.Sorted(maps.Keys(users))
+	// Past every id in the source of truth, which also holds the users an
+	// earlier run of the test inserted (-count): an insert of an id that
+	// exists would leave its old entries behind.
+	for _, id := range w.ids {
+		if n, err := strconv.Atoi(strings.TrimPrefix(id, "u")); err == nil && n >= w.next {
+			w.next = n + 1
+		}
+	}
 	return w, nil
 }
 
