@@ -48,9 +48,7 @@ func on(i int, cmd, key string, args ...string) lockOp {
 // the args.
 func applyCall(locks []string, bound int, ops ...lockOp) (ks, args []string) {
 	n := len(locks)
-	for _, l := range locks {
-		ks = append(ks, l)
-	}
+	ks = append(ks, locks...)
 	for _, l := range locks {
 		ks = append(ks, keys.RecordKey(l))
 	}

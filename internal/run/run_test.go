@@ -3,7 +3,6 @@ package run_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"os"
 	"slices"
 	"strings"
@@ -24,9 +23,6 @@ import (
 var env *redistest.Env
 
 func TestMain(m *testing.M) { os.Exit(redistest.Main(m, &env, true)) }
-
-// errLostReply is the error a dropped connection gives after the command left.
-var errLostReply = fmt.Errorf("read tcp: %w", context.DeadlineExceeded)
 
 func TestScriptsMultiKey(t *testing.T) {
 	// The multi-key branches, which the Store's one-key API does not
