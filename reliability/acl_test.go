@@ -229,6 +229,7 @@ var minimalCommands = []string{
 	"multi", "exec", // every batch is a transaction
 	"get", "set", "del", "exists", "unlink", "rename", "persist", "expire", "ttl", "pttl", "type", // locks, receipts, publish, sweep, status
 	"hset", "hget", "hmget", "hdel", "hincrby", "llen", // the run record, the generations, the heartbeat
+	"lrange",       // the catch-up reads the log of changes applied during the run
 	"zadd", "sadd", // builders.SortedSet and builders.SetIndex (builders.Hash: hset)
 	"scan", // a family's buckets, the sweep, status
 }
