@@ -1023,3 +1023,73 @@ func TestApplyEmptiesTempKey(t *testing.T) {
 		}
 	})
 }
+
+func TestApplyPublishRefusedDiscards(t *testing.T) {
+	// A publish whose script refuses its tail before any write (an entry
+	// that is not a change, {-9}; a change to a key of another type, {-8})
+	// fails the run, publishes nothing, and, like every refusal, deletes the
+	// temp keys: before it did, these two left them behind until their TTL
+	// (twice the lease), although the run had failed. A hook on the publish
+	// script's first send makes the refusal happen.
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		for _, tt := range []struct {
+			name  string
+			setup func(t *testing.T, ctx context.Context, k onlineKeys, a applier)
+			says  string
+		}{
+			{"an entry that is not a change", func(t *testing.T, ctx context.Context, k onlineKeys, a applier) {
+				redistest.Cmd(t, d.Other, "RPUSH", keys.LogKey(keys.LockKey(k.hash, d.Cluster)), "garbage")
+			}, "holds an entry that is not a change"},
+			{"a key of another type", func(t *testing.T, ctx context.Context, k onlineKeys, a applier) {
+				// A change creates a bucket the run does not know (not in
+				// its source, created after its scan of the family), which
+				// another client then replaces with a string.
+				u := user{ID: "n0000000", Email: "new@example.com", Country: "zz-new", Score: 1}
+				if err := a.apply(ctx, rebuild.Insert(u)); err != nil {
+					t.Error(err)
+				}
+				bucket := k.family + ":" + u.Country
+				redistest.Cmd(t, d.Other, "DEL", bucket)
+				redistest.Cmd(t, d.Other, "SET", bucket, "x")
+			}, "holds a string"},
+		} {
+			t.Run(tt.name, func(t *testing.T) {
+				ctx := redistest.Ctx(t)
+				d := casePrefixed(d, tt.name)
+				k := onlineNames(d.Prefix)
+				onlineSeed(t, d, k, 100, 25)
+				a := applier{c: d.Other, r: onlineRebuilder(t, d.Other, k, rebuild.Options{}), db: k.db}
+				publish := redistest.ScriptNamed("publish")
+				var once sync.Once
+				runner := rueidishook.WithHook(d.Client, redistest.Hook{
+					OnDo: func(c rueidis.Client, ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
+						if publish.Is(cmd.Commands()) {
+							once.Do(func() { tt.setup(t, ctx, k, a) })
+						}
+						return c.Do(ctx, cmd)
+					},
+				})
+				before := generationsOf(t, d, k)
+				_, err := onlineRebuilder(t, runner, k, rebuild.Options{}).Run(ctx, onlineSource(d.Client, k.db, nil, 0))
+				var e *rebuild.Error
+				if !errors.As(err, &e) || e.Op != "publish" || !strings.Contains(err.Error(), tt.says) {
+					t.Fatalf("Run: got %v, want an *Error of op publish saying %q", err, tt.says)
+				}
+				if got := generationsOf(t, d, k); !slices.Equal(got, before) {
+					t.Errorf("generations: got %v, want %v: nothing published", got, before)
+				}
+				redistest.WantClean(t, d.Other, d.Prefix)
+			})
+		}
+	})
+}
+
+// generationsOf returns the generation of each index of k.
+func generationsOf(t *testing.T, d deployment, k onlineKeys) []string {
+	t.Helper()
+	var out []string
+	for _, live := range []string{k.hash, k.zset, k.family} {
+		out = append(out, redistest.HGetAll(t, d.Other, keys.MetaKey(live, d.Cluster))["gen"])
+	}
+	return out
+}

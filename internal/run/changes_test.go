@@ -1150,7 +1150,8 @@ func TestPublishTail(t *testing.T) {
 	// run.Redis.Publish sends the logs and their offsets, and reads what
 	// the tail did: Published.Replayed, or a *BehindError, or an error
 	// matching ErrFallingBehind for an overrun, or one naming the log or
-	// the key; after a refusal every key is as it was.
+	// the key, each one PublishRefused; after a refusal every key is as it
+	// was.
 	env.ForEachDeployment(t, func(t *testing.T, d redistest.Deployment) {
 		ctx := redistest.Ctx(t)
 		core := run.New(d.Client, nil)
@@ -1228,6 +1229,9 @@ func TestPublishTail(t *testing.T) {
 				var e *run.Error
 				if !errors.As(err, &e) || e.Op != "publish" {
 					t.Errorf("Publish: got %v, want an *Error of op publish", err)
+				}
+				if !run.PublishRefused(err) {
+					t.Errorf("PublishRefused(%v) = false, want true: the script refused before any write", err)
 				}
 				tt.check(t, call, err)
 				wantUntouched(t, d.Other, p, before)
