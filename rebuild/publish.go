@@ -63,11 +63,13 @@ func (x *execution[T]) publish(ctx context.Context, live []map[string]bool) (boo
 		Logs: x.logOffsets(), MaxTail: PublishTail,
 	})
 	x.obs.Published(time.Since(sent))
-	var behind *run.BehindError
-	if errors.Is(err, ErrTempKeyLost) || errors.Is(err, ErrNoPermission) || errors.Is(err, ErrLockLost) ||
-		errors.Is(err, ErrFallingBehind) || errors.As(err, &behind) {
+	if errors.Is(err, ErrLockLost) || run.PublishRefused(err) {
 		// The script refused before writing anything: the temp keys are
-		// worthless, and deleted like those of any failed run.
+		// worthless, and deleted like those of any failed run (or, for a
+		// tail too long to replay, kept for the next catch-up). Every
+		// refusal, not only those of a sentinel: a log entry that is not a
+		// change, or a key of another type, once left the temp keys behind
+		// until their TTL.
 		return false, err
 	}
 	if err != nil {

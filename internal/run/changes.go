@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 
@@ -49,7 +50,56 @@ func (op Op) check() error {
 	if n == 0 || (op.Cmd == "HSET" || op.Cmd == "ZADD") && n%2 != 0 {
 		return fmt.Errorf("%s %q with %d arguments", op.Cmd, op.Key, n)
 	}
+	if op.Cmd == "ZADD" {
+		for i := 0; i < n; i += 2 {
+			if !validScore(op.Args[i]) {
+				return fmt.Errorf("ZADD %q with the score %q", op.Key, op.Args[i])
+			}
+		}
+	}
 	return nil
+}
+
+// validScore reports whether s is a score as strconv.FormatFloat(v, 'g',
+// -1, 64) writes it for a v that is not NaN, which ZADD takes: +Inf, -Inf,
+// or a decimal number, with an exponent or not, that is finite and does not
+// round to zero unless it is zero. The publish script's decoder
+// (lib/changes.lua, score) checks the same, so that it refuses, before any
+// write, what ZADD would refuse after the renames.
+func validScore(s string) bool {
+	if s == "+Inf" || s == "-Inf" {
+		return true
+	}
+	mant, exp, hasExp := strings.Cut(s, "e")
+	if hasExp && (len(exp) < 2 || exp[0] != '+' && exp[0] != '-' || !digits(exp[1:])) {
+		return false
+	}
+	whole, frac, dot := strings.Cut(strings.TrimPrefix(mant, "-"), ".")
+	if !digits(whole) || dot && !digits(frac) {
+		return false
+	}
+	v, err := strconv.ParseFloat(s, 64)
+	return err == nil && !math.IsInf(v, 0) && (v != 0 || !strings.ContainsAny(mant, "123456789"))
+}
+
+// digits reports whether s is one or more decimal digits.
+func digits(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return s != ""
+}
+
+// count returns s as a count, as EncodeEntry writes it: digits without
+// leading zeros.
+func count(s string) (int, bool) {
+	if !digits(s) || len(s) > 1 && s[0] == '0' {
+		return 0, false
+	}
+	n, err := strconv.Atoi(s)
+	return n, err == nil
 }
 
 // Overrun is the log entry that marks a log that reached its bound: the
@@ -79,7 +129,8 @@ func EncodeEntry(ops []Op) string {
 
 // DecodeEntry returns the ops of a log entry. It fails on [Overrun], with
 // an error matching [ErrFallingBehind], and on anything the apply script
-// does not write.
+// does not write. It refuses what the publish script's decoder
+// (lib/changes.lua) refuses.
 func DecodeEntry(e string) ([]Op, error) {
 	if e == Overrun {
 		return nil, ErrFallingBehind
@@ -90,8 +141,8 @@ func DecodeEntry(e string) ([]Op, error) {
 		if colon < 1 {
 			return "", false
 		}
-		n, err := strconv.Atoi(e[:colon])
-		if err != nil || n < 0 || n > len(e)-colon-1 {
+		n, ok := count(e[:colon])
+		if !ok || n > len(e)-colon-1 {
 			return "", false
 		}
 		s := e[colon+1 : colon+1+n]
@@ -102,9 +153,9 @@ func DecodeEntry(e string) ([]Op, error) {
 	for e != "" {
 		cmd, ok1 := take()
 		key, ok2 := take()
-		count, ok3 := take()
-		n, err := strconv.Atoi(count)
-		if !ok1 || !ok2 || !ok3 || err != nil || n < 0 || n > len(e) {
+		c, ok3 := take()
+		n, ok4 := count(c)
+		if !ok1 || !ok2 || !ok3 || !ok4 || n > len(e) {
 			return nil, bad
 		}
 		op := Op{Cmd: cmd, Key: key, Args: make([]string, n)}

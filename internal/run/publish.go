@@ -282,12 +282,30 @@ func targets(op, key string, ts []Target) (temps, lives []string, flags string, 
 	return temps, lives, b.String(), nil
 }
 
+// refusal marks the error of a publish that its script refused before any
+// write: every reply but {1, ...}.
+type refusal struct{ err error }
+
+func (r refusal) Error() string { return r.err.Error() }
+func (r refusal) Unwrap() error { return r.err }
+
+// PublishRefused reports whether err is the error of a publish whose
+// script ran and refused it before any write, so that the caller may
+// delete the temp keys at once: not a script that failed, nor one whose
+// reply was lost or not understood, whose temp keys [Redis.Publish] keeps
+// for PreserveFor.
+func PublishRefused(err error) bool {
+	var r refusal
+	return errors.As(err, &r)
+}
+
 // published reads the publish script's reply.
 func (r *Redis) published(ctx context.Context, opts PublishOptions, res reply) (Published, error) {
 	op, key := opts.Op, opts.Key
 	fail := func(err error) (Published, error) { return Published{}, &Error{Op: op, Key: key, Err: err} }
+	refuse := func(err error) (Published, error) { return fail(refusal{err}) }
 	if err := res.refusal(); err != nil {
-		return fail(err)
+		return refuse(err)
 	}
 	code, err := res.code()
 	if err != nil {
@@ -308,23 +326,23 @@ func (r *Redis) published(ctx context.Context, opts PublishOptions, res reply) (
 		// or swept mid-publish. The live keys are stale but intact;
 		// reporting success would be the fail-open bug.
 		t := opts.Targets[i-1]
-		return fail(fmt.Errorf("%w: %s vanished during the %s; %s and every other live key left unchanged", ErrTempKeyLost, t.Temp, op, t.Live))
+		return refuse(fmt.Errorf("%w: %s vanished during the %s; %s and every other live key left unchanged", ErrTempKeyLost, t.Temp, op, t.Live))
 	case code == codeRecreated && i >= 1 && int(i) <= len(opts.Targets):
 		t := opts.Targets[i-1]
-		return fail(fmt.Errorf("%w: %s has no TTL: it was lost and re-created by a later write, so it holds only part of the rebuild (or a write removed its TTL, as a plain SET does: use SET KEEPTTL); %s and every other live key left unchanged", ErrTempKeyLost, t.Temp, t.Live))
+		return refuse(fmt.Errorf("%w: %s has no TTL: it was lost and re-created by a later write, so it holds only part of the rebuild (or a write removed its TTL, as a plain SET does: use SET KEEPTTL); %s and every other live key left unchanged", ErrTempKeyLost, t.Temp, t.Live))
 	case code == codeWritesLost:
-		return fail(writesLost(i, opts.Batches))
+		return refuse(writesLost(i, opts.Batches))
 	case code == codeBehind && i >= 1 && int(i) <= len(opts.Logs):
 		n, _ := res.int(2)
-		return fail(&BehindError{Log: opts.Logs[i-1].Key, Tail: n})
+		return refuse(&BehindError{Log: opts.Logs[i-1].Key, Tail: n})
 	case code == codeOverrun && i >= 1 && int(i) <= len(opts.Logs):
-		return fail(fmt.Errorf("%w: %s reached its bound, so changes applied during the run were not logged; every live key left unchanged (and holds every change)", ErrFallingBehind, opts.Logs[i-1].Key))
+		return refuse(fmt.Errorf("%w: %s reached its bound, so changes applied during the run were not logged; every live key left unchanged (and holds every change)", ErrFallingBehind, opts.Logs[i-1].Key))
 	case code == codeBadLog && i >= 1 && int(i) <= len(opts.Logs):
-		return fail(fmt.Errorf("%s holds an entry that is not a change keyswap logged; every live key left unchanged", opts.Logs[i-1].Key))
+		return refuse(fmt.Errorf("%s holds an entry that is not a change keyswap logged; every live key left unchanged", opts.Logs[i-1].Key))
 	case code == codeWrongType:
-		return fail(fmt.Errorf("a change applied during the run cannot be replayed: %q holds a %s; every live key left unchanged", res.str(1), res.str(2)))
+		return refuse(fmt.Errorf("a change applied during the run cannot be replayed: %q holds a %s; every live key left unchanged", res.str(1), res.str(2)))
 	case code == codeNotMeta && i >= 1 && int(i) <= len(opts.Metas):
-		return fail(fmt.Errorf("%q, where keyswap keeps the generation of an index, is a key of another kind or content; rename it (keyswap keeps \"<key>:rebuild-gen\" next to every index it publishes)", opts.Metas[i-1]))
+		return refuse(fmt.Errorf("%q, where keyswap keeps the generation of an index, is a key of another kind or content; rename it (keyswap keeps \"<key>:rebuild-gen\" next to every index it publishes)", opts.Metas[i-1]))
 	case code != codeOK || len(res) != 2+len(opts.Targets)+len(opts.Metas):
 		return fail(fmt.Errorf("unexpected publish script reply %v", res))
 	}

@@ -146,6 +146,9 @@ func TestPublishAnswersAreNotSettled(t *testing.T) {
 		if !errors.Is(err, serverErr) {
 			t.Errorf("Publish = %v, want the server's error", err)
 		}
+		if run.PublishRefused(err) {
+			t.Errorf("PublishRefused(%v) = true, want false: the script failed, it did not refuse", err)
+		}
 		redistest.WantString(t, d.Other, lock.Key, lock.Token)
 	})
 }

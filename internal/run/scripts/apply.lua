@@ -48,11 +48,15 @@ for i = 1, n do
     or changes.refused('LLEN', KEYS[2 * n + i]) or changes.refused('PTTL', KEYS[i])
   if r then return r end
 end
+local kinds = {}
 for _, op in ipairs(ops) do
   local r = changes.refused(op[1], op[2], unpack(op[3])) or changes.refused('TYPE', op[2])
   if r then return r end
-  r = changes.mistyped(op, redis.call('TYPE', op[2])['ok'])
+  r = changes.mistyped(op, kinds[op[2]] or redis.call('TYPE', op[2])['ok'])
   if r then return r end
+  -- The first op on a key decides its type for the ops after it: HSET then
+  -- SADD on a missing key would write the hash, then fail on the SADD.
+  kinds[op[2]] = changes.types[op[1]]
 end
 
 for _, op in ipairs(ops) do

@@ -189,7 +189,12 @@ if behind > 0 then
   -- an empty result), an orphan none; any other key keeps its own.
   local after = {}
   for i = 1, T do
-    after[KEYS[lives + i]] = present[i] and redis.call('TYPE', KEYS[temps + i])['ok'] or 'none'
+    after[KEYS[lives + i]] = 'none'
+    if present[i] then
+      local r = changes.refused('TYPE', KEYS[temps + i])
+      if r then return r end
+      after[KEYS[lives + i]] = redis.call('TYPE', KEYS[temps + i])['ok']
+    end
   end
   for i = 1, O do
     after[KEYS[orphans + i]] = 'none'

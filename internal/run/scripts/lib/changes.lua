@@ -35,26 +35,53 @@ function changes.encode(ops)
   return table.concat(parts)
 end
 
--- decode returns the ops of a log entry, or nil if it is not one.
+-- count returns s as a count, or nil: digits, without leading zeros.
+local function count(s)
+  if s and (s == '0' or string.match(s, '^[1-9]%d*$')) then
+    return tonumber(s)
+  end
+end
+
+-- score reports whether s is a score as the Go side writes it
+-- (strconv.FormatFloat(v, 'g', -1, 64)) and ZADD takes it: +Inf, -Inf, or
+-- a decimal number, with an exponent or not, that is finite and does not
+-- round to zero unless it is zero.
+function changes.score(s)
+  if s == '+Inf' or s == '-Inf' then return true end
+  local mant = string.match(s, '^(%-?%d+%.?%d*)e[-+]%d+$') or string.match(s, '^%-?%d+%.?%d*$')
+  if not mant or string.sub(mant, -1) == '.' then return false end
+  local v = tonumber(s)
+  return v ~= nil and v > -math.huge and v < math.huge and (v ~= 0 or not string.find(mant, '[1-9]'))
+end
+
+-- decode returns the ops of a log entry, or nil if it is not one as
+-- encode writes it: every op with a change's command, a key, at least one
+-- arg, pairs for HSET and ZADD, and scores ZADD takes. It refuses what
+-- the Go decoder (run.DecodeEntry) refuses, so that an entry the publish
+-- would fail on after its renames is refused ({-9}) before any write.
 function changes.decode(entry)
   local ops, pos = {}, 1
   local function take()
     local colon = string.find(entry, ':', pos, true)
     if not colon then return nil end
-    local n = tonumber(string.sub(entry, pos, colon - 1))
-    if not n or n < 0 or colon + n > #entry then return nil end
+    local n = count(string.sub(entry, pos, colon - 1))
+    if not n or colon + n > #entry then return nil end
     local s = string.sub(entry, colon + 1, colon + n)
     pos = colon + n + 1
     return s
   end
   while pos <= #entry do
-    local cmd, key, count = take(), take(), take()
-    count = tonumber(count)
-    if not (cmd and key and count) or not changes.types[cmd] then return nil end
+    local cmd = take()
+    local key = take()
+    local n = count(take())
+    if not (cmd and key and n) or not changes.types[cmd] or key == '' or n < 1 then return nil end
+    local paired = cmd == 'HSET' or cmd == 'ZADD'
+    if paired and n % 2 ~= 0 then return nil end
     local args = {}
-    for j = 1, count do
+    for j = 1, n do
       args[j] = take()
       if not args[j] then return nil end
+      if cmd == 'ZADD' and j % 2 == 1 and not changes.score(args[j]) then return nil end
     end
     ops[#ops + 1] = {cmd, key, args}
   end
