@@ -109,8 +109,8 @@ type config struct {
 	clusterRebuilders []int
 	clusterFields     int
 
-	onlineN    int             // items of the online section; 0 is n
-	onlineRate float64         // changes per second during the online section
+	onlineN    int     // items of the online section; 0 is n
+	onlineRate float64 // changes per second during the online section
 }
 
 // onlineItems returns the online section's dataset size.
