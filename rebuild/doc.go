@@ -31,16 +31,25 @@
 //
 // # Lifecycle
 //
-//  1. Lock every builder's key (a family's prefix) under one token. If any
-//     lock is held, release the others and return an error matching
-//     ErrInProgress that names the key. Nothing is written.
+//  1. Lock every builder's key (a family's prefix) under one token, and open
+//     the run's record next to the first lock, in one script that first
+//     checks every right the run will need. If any lock is held, return an
+//     error matching ErrInProgress that names the key. Nothing is written.
 //  2. Pull the source and write its items through the pipeline below,
-//     renewing the lease as batches complete.
-//  3. Renew once more, check that every populated temp key still exists,
-//     and publish: one script checks the locks, replaces every live key,
-//     deletes the keys of builders that produced nothing, and deletes the
-//     family buckets the run no longer produced.
-//  4. Release the locks.
+//     renewing the lease (see Lease).
+//  3. Catch up: replay the changes applied to the live keys meanwhile (see
+//     Writes during a rebuild) onto the temp keys.
+//  4. If Options.Guards are set, or the run is held (Rebuilder.Build), review
+//     the result: a guard may refuse it (ErrRefused), and a held run waits
+//     for Held.Publish, Held.Discard or an operator, renewing its lease, then
+//     catches up again.
+//  5. Publish: wait for Options.Durability, if set; then one script checks
+//     the rights, the locks, the record (every batch Redis acknowledged is
+//     still there: otherwise ErrWritesLost) and the temp keys, replaces every
+//     live key, deletes the keys of builders that produced nothing and the
+//     family buckets the run no longer produced, replays the changes logged
+//     since the catch-up, and advances every key's generation.
+//  6. Release the locks.
 //
 // # Pipeline
 //
@@ -76,8 +85,12 @@
 // New returns an *Error of Op "config" for invalid options or builders,
 // and Run returns an *Error naming the failed step and wrapping its cause, so
 // errors.Is and errors.As see the source's error, a Redis error,
-// context.Canceled, or one of [ErrInProgress], [ErrLockLost] and
-// [ErrTempKeyLost]. Any of those means that nothing was published. When the
+// context.Canceled, or one of the sentinels: [ErrInProgress], [ErrLockLost]
+// (which also matches ErrInProgress), [ErrTempKeyLost], [ErrWritesLost]
+// (which also matches ErrTempKeyLost), [ErrNoPermission], [ErrNotDurable],
+// [ErrStalled], [ErrAborted], [ErrRefused], [ErrDiscarded],
+// [ErrFallingBehind], [ErrTooManyKeys]. Any of those means that nothing was
+// published. When the
 // publish script's reply is lost (a dropped connection, a timeout, a
 // cancelled context), Run finds out from the receipt the publish leaves
 // whether it ran: if it did, Run succeeds; only if Redis cannot be asked
@@ -100,8 +113,47 @@
 // "{users}:by-email" and "{users}:by-country". New refuses keys in different
 // slots.
 //
+// # Lease
+//
+// A run's locks live for Options.TTL, its temp keys for twice that. The
+// heartbeat, every second (or TTL/3 if shorter), checks that every lock
+// still holds the run's token and that the run's record holds every batch
+// Redis acknowledged, renews the locks, writes the run's status, and reads
+// an operator's requests; it rides in a batch's round trip, and goes alone
+// only when no batch went out for half its period. The refresh, every
+// TTL/3, renews the temp keys' TTL, at most 500 keys per script, so that no
+// renewal blocks Redis for long whatever a family's size. A run whose
+// heartbeats cannot reach Redis for a whole TTL fails with ErrLockLost; one
+// whose source yields nothing for Options.StallTimeout, with ErrStalled.
+//
 // # Writes during a rebuild
 //
-// Writes made to a live key while its rebuild runs are replaced by the
-// publish: the result is a snapshot of the source, not a merge.
+// [Rebuilder.Apply] applies a change to an item (its old and new value) to
+// the live keys through the builders ([Incremental]), in one atomic script.
+// When a run of those keys is in progress, in any process, the script also
+// logs the change for it, next to its lock. After the source's last item,
+// the run replays its logs onto the temp keys, until at most [PublishTail]
+// changes are left, and the publish script replays those in the same
+// atomic step as the renames: no change falls between the catch-up and the
+// publish, and each change overrides the source's read of the same item.
+//
+// The source must show every change committed before it reads (read the
+// primary, not a lagging replica; do not start from a snapshot taken before
+// the run), and the application must apply each change after committing
+// it, the changes of one item in commit order, retrying an Apply until it
+// succeeds. Writes to the live keys made without Apply are replaced by the
+// publish. A log holds at most Options.MaxChanges changes and the catch-up
+// may take Options.CatchUpTimeout: past either, the run fails with
+// ErrFallingBehind, and the live keys hold every change.
+//
+// # Safe publishing
+//
+// Options.Guards refuse a suspicious result before it is published
+// ([RefuseEmpty], [RefuseShrink]). [Rebuilder.Build] stops short of the
+// publish and returns a [Held] run, which keeps its lease while the program
+// or an operator inspects it ([Held.Review], [Held.Diff]) and then publishes
+// or discards it. With Options.KeepPrevious, the publish keeps the values
+// it replaces, and [Rebuilder.Rollback] swaps them back. Every publish
+// advances each key's generation, in Stats.Generations and in
+// "<key>:rebuild-gen".
 package rebuild
