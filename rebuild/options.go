@@ -199,7 +199,8 @@ type Stats struct {
 	// Outcomes is what the publish did to each live key: Swapped (replaced
 	// with the rebuilt value) or Emptied (deleted: the builder produced
 	// nothing for it, or it was a family bucket the run no longer
-	// produced). It is empty when the run failed.
+	// produced; a change applied during the run and replayed by the
+	// publish may have written it again). It is empty when the run failed.
 	Outcomes map[string]Outcome
 	// Generations is each builder's new generation, keyed by its Key: a
 	// number that every publish of the key advances, in the same atomic
