@@ -325,9 +325,9 @@ func TestReadersSeeOldOrNewNeverMixed(t *testing.T) {
 	})
 }
 
-// TestProgressPerBatch (C51): Progress is called once per batch, from one
-// goroutine at a time, with non-decreasing counts, a positive rate, and a
-// last call that reports the totals.
+// TestProgressPerBatch (C51): Progress is called once per batch, then once
+// per later phase, from one goroutine at a time, with non-decreasing counts,
+// a positive rate, and a last call that reports the totals.
 func TestProgressPerBatch(t *testing.T) {
 	forEachDeployment(t, func(t *testing.T, d deployment) {
 		ctx := redistest.Ctx(t)
@@ -357,8 +357,18 @@ func TestProgressPerBatch(t *testing.T) {
 		}
 		mu.Lock()
 		defer mu.Unlock()
-		if len(calls) != wantBatches || stats.Batches != wantBatches {
-			t.Fatalf("got %d Progress calls and Stats.Batches %d, want %d and %d", len(calls), stats.Batches, wantBatches, wantBatches)
+		// One call per batch while building, then one as the run enters
+		// each later phase: catching up, then publishing.
+		var phases []rebuild.Phase
+		for i, p := range calls {
+			if i >= wantBatches || p.Phase != rebuild.PhaseBuilding {
+				phases = append(phases, p.Phase)
+			}
+		}
+		wantPhases := []rebuild.Phase{rebuild.PhaseCatchingUp, rebuild.PhasePublishing}
+		if len(calls) != wantBatches+len(wantPhases) || stats.Batches != wantBatches || !slices.Equal(phases, wantPhases) {
+			t.Fatalf("got %d Progress calls (phases after the batches %v) and Stats.Batches %d, want %d batch calls, then %v, and %d",
+				len(calls), phases, stats.Batches, wantBatches, wantPhases, wantBatches)
 		}
 		if got := overlaps.Load(); got != 0 {
 			t.Errorf("got %d overlapping Progress calls, want 0", got)

@@ -48,8 +48,9 @@ func genRecord(ctx context.Context, c rueidis.Client, meta string) (map[string]s
 
 // checkGeneration returns nil if the generation record of live is exactly
 // what the gen-th publish of live, made within w, leaves: the fields seq
-// and gen, both gen, at within w, nothing else, and no TTL. cluster says
-// how live's base is derived (keys.Base).
+// and gen, both gen, at within w, for a family of keys also family, the
+// type of its keys, nothing else, and no TTL. cluster says how live's base
+// is derived (keys.Base).
 func checkGeneration(ctx context.Context, c rueidis.Client, live string, cluster bool, gen int64, w genWindow) error {
 	meta := keys.MetaKey(live, cluster)
 	m, err := genRecord(ctx, c, meta)
@@ -57,8 +58,15 @@ func checkGeneration(ctx context.Context, c rueidis.Client, live string, cluster
 		return err
 	}
 	want := strconv.FormatInt(gen, 10)
-	if !slices.Equal(slices.Sorted(maps.Keys(m)), []string{"at", "gen", "seq"}) || m["seq"] != want || m["gen"] != want {
-		return fmt.Errorf("%s = %v, want seq and gen %s and at, nothing else", meta, m, want)
+	fields := []string{"at", "gen", "seq"}
+	if f, ok := m["family"]; ok {
+		if f != "set" && f != "zset" && f != "hash" {
+			return fmt.Errorf("%s: family %q, want the type of the family's keys: set, zset or hash", meta, f)
+		}
+		fields = []string{"at", "family", "gen", "seq"}
+	}
+	if !slices.Equal(slices.Sorted(maps.Keys(m)), fields) || m["seq"] != want || m["gen"] != want {
+		return fmt.Errorf("%s = %v, want seq and gen %s and at (and family for a family), nothing else", meta, m, want)
 	}
 	at, err := strconv.ParseInt(m["at"], 10, 64)
 	if err != nil || at < w.from.UnixMilli() || at > w.to.UnixMilli() {
