@@ -114,6 +114,10 @@ func TestConfigInvalid(t *testing.T) {
 			want: func(string) []string { return []string{"TTL 1.5s", "whole number of seconds"} },
 		},
 		{
+			name: "LatencyBudget negative", opts: rebuild.Options{LatencyBudget: -time.Millisecond},
+			want: func(string) []string { return []string{"LatencyBudget -1ms", "negative"} },
+		},
+		{
 			name: "PreserveFor negative", opts: rebuild.Options{PreserveFor: -time.Minute},
 			want: func(string) []string { return []string{"PreserveFor -1m0s", "negative"} },
 		},

@@ -17,10 +17,12 @@ type gate struct {
 	limiter *rate.Limiter
 	owed    int // items pulled since the limiter was last asked; only the pump uses it
 
-	mu      sync.Mutex
-	paused  bool
-	resumed chan struct{} // closed when the run resumes
-	limit   float64       // items/s; 0 is no limit
+	mu       sync.Mutex
+	paused   bool
+	resumed  chan struct{} // closed when the run resumes
+	base     float64       // items/s of Options.MaxRate or an operator's throttle; 0 is none
+	adaptive float64       // items/s the pacer allows (Options.LatencyBudget); 0 is none
+	limit    float64       // the lower of the two that are set: the limit in force; 0 is none
 }
 
 // newGate returns a gate limited to perSecond items per second (0: none).
@@ -36,27 +38,52 @@ func gateChunk(perSecond float64) int {
 	return int(min(256, max(1, perSecond/20)))
 }
 
-// setRate sets the limit; 0 or less removes it.
+// setRate sets the limit of Options.MaxRate or of an operator; 0 or less
+// removes it.
 func (g *gate) setRate(perSecond float64) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	g.base = validRate(perSecond)
+	g.apply()
+}
+
+// setAdaptive sets the limit of the pacer; 0 or less removes it.
+func (g *gate) setAdaptive(perSecond float64) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.adaptive = validRate(perSecond)
+	g.apply()
+}
+
+// validRate returns perSecond, or 0 (no limit) when it is not a positive
+// finite number.
+func validRate(perSecond float64) float64 {
 	if perSecond <= 0 || math.IsInf(perSecond, 1) || math.IsNaN(perSecond) {
-		perSecond = 0
+		return 0
 	}
-	if perSecond == g.limit {
+	return perSecond
+}
+
+// apply puts the lower of the limits that are set in force. g.mu is held.
+func (g *gate) apply() {
+	limit := g.base
+	if g.adaptive > 0 && (limit == 0 || g.adaptive < limit) {
+		limit = g.adaptive
+	}
+	if limit == g.limit {
 		return
 	}
-	g.limit = perSecond
-	if perSecond == 0 {
+	g.limit = limit
+	if limit == 0 {
 		g.limiter.SetLimit(rate.Inf)
 	} else {
-		g.limiter.SetLimit(rate.Limit(perSecond))
-		g.limiter.SetBurst(gateChunk(perSecond))
+		g.limiter.SetLimit(rate.Limit(limit))
+		g.limiter.SetBurst(gateChunk(limit))
 	}
 	g.paced.Store(g.paused || g.limit > 0)
 }
 
-// rate returns the limit, 0 for none.
+// rate returns the limit in force, 0 for none.
 func (g *gate) rate() float64 {
 	g.mu.Lock()
 	defer g.mu.Unlock()

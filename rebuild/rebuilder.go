@@ -138,6 +138,8 @@ func (r *Rebuilder[T]) checkTimes(bad func(string, ...any) error) error {
 		return bad("FlushInterval %v: must not be negative (zero means %v)", o.FlushInterval, DefaultFlushInterval)
 	case o.MaxRate < 0 || o.MaxRate != o.MaxRate:
 		return bad("MaxRate %v: must be a positive number of items per second, or zero for no limit", o.MaxRate)
+	case o.LatencyBudget < 0:
+		return bad("LatencyBudget %v: must not be negative (zero means no budget)", o.LatencyBudget)
 	case o.Expected < 0:
 		return bad("Expected %d: must not be negative (zero means unknown)", o.Expected)
 	}

@@ -102,6 +102,7 @@ type execution[T any] struct {
 	written atomic.Int64  // entries in batches Redis acknowledged
 	batches atomic.Int64  // batches written and accounted, in source order
 	acked   atomic.Int64  // batches whose transaction Redis acknowledged
+	probed  atomic.Int64  // the pacer's last 90th-percentile probe, in ns (Options.LatencyBudget)
 	phase   atomic.Value  // Phase
 	entries []int64       // entries written per builder; only the sender writes
 	skipped []int64       // entries skipped for a reserved key, per builder; only the sender writes
@@ -220,11 +221,20 @@ func (x *execution[T]) run(ctx context.Context, src Source[T]) (err error) {
 	queue := make(chan *batch[T], r.opts.Writers)
 	g.Go(func() error { return x.send(gctx, queue) })
 
+	// The pacer runs while the source does (Options.LatencyBudget).
+	paceCtx, stopPacing := context.WithCancel(runCtx)
+	var paced sync.WaitGroup
+	if r.opts.LatencyBudget > 0 {
+		paced.Go(func() { x.pace(paceCtx) })
+	}
+
 	published := false
 	defer func() {
 		// On every path, a panic or a Goexit in the source included: stop,
 		// wait, clean up.
 		cancel(errors.New("keyswap: run ended"))
+		stopPacing()
+		paced.Wait()
 		_ = g.Wait()
 		_ = scans.Wait()
 		x.lease.end()
@@ -244,6 +254,8 @@ func (x *execution[T]) run(ctx context.Context, src Source[T]) (err error) {
 
 	srcErr := x.pump(gctx, g, queue, src(withOwnKeys(gctx, r.owns)))
 	sourceDone.Store(true)
+	stopPacing()
+	paced.Wait()
 	if failure := x.failure(runCtx, g.Wait(), srcErr); failure != nil {
 		cancel(failure) // stops the family scans: nothing will be published
 		_ = scans.Wait()
@@ -393,6 +405,7 @@ func (x *execution[T]) status() []string {
 		"entries", strconv.FormatInt(x.written.Load(), 10), "acked", strconv.FormatInt(x.acked.Load(), 10),
 		"rate", strconv.FormatFloat(rate, 'f', 1, 64),
 		"beat_at", run.Now(now), "limit", strconv.FormatFloat(x.gate.rate(), 'f', -1, 64),
+		"latency_us", strconv.FormatInt(x.probed.Load()/1e3, 10),
 		"changes", strconv.FormatInt(x.logged.Load(), 10), "replayed", strconv.FormatInt(x.replayed.Load(), 10),
 	}
 }

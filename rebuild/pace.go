@@ -1,0 +1,150 @@
+package rebuild
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"time"
+
+	"github.com/keyswap/keyswap/internal/keys"
+	"github.com/redis/rueidis"
+)
+
+// The pacer of Options.LatencyBudget keeps the latency that other clients
+// see under a budget while the run builds.
+//
+// It measures that latency as another client does: every probeEvery it
+// times a GET of the run's lock on a connection of its own (not the
+// pipelined one the run writes on) to the server of each lock. The round
+// trip is what any command sent at that moment waits, behind the run's
+// transactions on the server and on the way to it. Every probeWindow probes
+// it compares the window's 90th percentile with the budget and sets the
+// gate's adaptive limit, additive-increase multiplicative-decrease style:
+//   - over the budget, the limit drops to paceDecrease of what the run
+//     achieved in the window (or of the limit, if lower);
+//   - under paceHeadroom of the budget, while the limit is what holds the run
+//     back, it rises by paceIncrease;
+//   - in between it stays.
+//
+// It never goes below a floor of a quarter of a batch per second, so the
+// run always progresses: latency that the run does not cause (another
+// client's load, a budget below the network's round trip) only slows it to
+// the floor.
+const (
+	probeEvery   = 20 * time.Millisecond
+	probeWindow  = 10 // probes per decision: 200 ms
+	probeTimeout = time.Second
+	paceDecrease = 0.6
+	paceIncrease = 1.25
+	paceHeadroom = 0.7
+)
+
+// pacer is the control loop's state; only the pacing goroutine uses it.
+type pacer struct {
+	budget time.Duration
+	floor  float64 // items/s
+	limit  float64 // items/s; 0 is none
+}
+
+// next returns the limit for the next window, given the window's 90th
+// percentile round trip q and the items per second the run achieved in it.
+func (p *pacer) next(q time.Duration, achieved float64) float64 {
+	switch {
+	case q > p.budget:
+		base := achieved
+		if p.limit > 0 && (base <= 0 || p.limit < base) {
+			base = p.limit
+		}
+		p.limit = max(p.floor, base*paceDecrease)
+	case p.limit > 0 && float64(q) < float64(p.budget)*paceHeadroom && achieved >= p.limit*paceHeadroom:
+		// The limit holds the run back (it achieves most of it) and the
+		// latency has room: allow more.
+		p.limit *= paceIncrease
+	}
+	return p.limit
+}
+
+// percentile90 returns the 90th percentile of rtts, which it sorts.
+func percentile90(rtts []time.Duration) time.Duration {
+	slices.Sort(rtts)
+	return rtts[(len(rtts)*9+9)/10-1]
+}
+
+// probeKeys returns the lock keys to probe: one per server the run writes
+// to, as far as the keys tell (one per slot in a cluster; one in all
+// otherwise).
+func (x *execution[T]) probeKeys() []string {
+	if !x.r.redis.Cluster() {
+		return x.r.lockKeys[:1]
+	}
+	var out []string
+	seen := map[uint16]bool{}
+	for _, k := range x.r.lockKeys {
+		if s := keys.Slot(k); !seen[s] {
+			seen[s] = true
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+// pace runs the pacer until ctx ends, then lifts its limit.
+func (x *execution[T]) pace(ctx context.Context) {
+	defer x.gate.setAdaptive(0)
+	p := &pacer{budget: x.r.opts.LatencyBudget, floor: max(1, float64(x.r.opts.BatchSize)/4)}
+	locks := x.probeKeys()
+	conns := make([]rueidis.DedicatedClient, len(locks))
+	closers := make([]func(), len(locks))
+	defer func() {
+		for _, c := range closers {
+			if c != nil {
+				c()
+			}
+		}
+	}()
+	tick := time.NewTicker(probeEvery)
+	defer tick.Stop()
+	rtts := make([]time.Duration, 0, probeWindow*len(locks))
+	from, items := time.Now(), x.pulled.Load()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		for i, lock := range locks {
+			if conns[i] == nil {
+				conns[i], closers[i] = x.r.redis.Client().Dedicate()
+			}
+			pctx, cancel := context.WithTimeout(ctx, probeTimeout)
+			start := time.Now()
+			err := conns[i].Do(pctx, conns[i].B().Get().Key(lock).Build()).Error()
+			rtt := time.Since(start)
+			cancel()
+			switch {
+			case ctx.Err() != nil:
+				return
+			case err == nil || rueidis.IsRedisNil(err):
+				rtts = append(rtts, rtt)
+			default:
+				// A probe that timed out waited at least that long; any
+				// other failure measures nothing. Either way the connection
+				// is dialed anew.
+				if errors.Is(err, context.DeadlineExceeded) {
+					rtts = append(rtts, rtt)
+				}
+				closers[i]()
+				conns[i], closers[i] = nil, nil
+			}
+		}
+		if len(rtts) < probeWindow*len(locks) {
+			continue
+		}
+		now, pulled := time.Now(), x.pulled.Load()
+		achieved := float64(pulled-items) / max(now.Sub(from).Seconds(), 1e-3)
+		q := percentile90(rtts)
+		x.probed.Store(int64(q))
+		x.gate.setAdaptive(p.next(q, achieved))
+		rtts, from, items = rtts[:0], now, pulled
+	}
+}

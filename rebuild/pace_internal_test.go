@@ -1,0 +1,65 @@
+package rebuild
+
+import (
+	"testing"
+	"time"
+)
+
+// TestPacerNext: over the budget the limit drops to paceDecrease of what the
+// run achieved, or of the limit if lower, never under the floor; well under
+// the budget a limit that holds the run back rises by paceIncrease; one
+// that does not, or a latency between paceHeadroom and the budget, stays;
+// without a limit, a latency under the budget sets none.
+func TestPacerNext(t *testing.T) {
+	const budget = 10 * time.Millisecond
+	for _, tc := range []struct {
+		name      string
+		limit     float64
+		q         time.Duration
+		achieved  float64
+		wantLimit float64
+	}{
+		{"no limit, under budget", 0, 2 * time.Millisecond, 50_000, 0},
+		{"no limit, over budget", 0, 20 * time.Millisecond, 50_000, 30_000},
+		{"over budget, limit above achieved", 80_000, 20 * time.Millisecond, 50_000, 30_000},
+		{"over budget, limit below achieved", 10_000, 20 * time.Millisecond, 50_000, 6_000},
+		{"over budget, nothing achieved", 10_000, 20 * time.Millisecond, 0, 6_000},
+		{"over budget, nothing achieved, no limit", 0, 20 * time.Millisecond, 0, 100},
+		{"over budget, at the floor", 120, 20 * time.Millisecond, 120, 100},
+		{"well under, limit binding", 10_000, 2 * time.Millisecond, 9_900, 12_500},
+		{"well under, limit not binding", 10_000, 2 * time.Millisecond, 3_000, 10_000},
+		{"between headroom and budget", 10_000, 8 * time.Millisecond, 10_000, 10_000},
+		{"at the budget", 10_000, budget, 10_000, 10_000},
+	} {
+		p := &pacer{budget: budget, floor: 100, limit: tc.limit}
+		if got := p.next(tc.q, tc.achieved); got != tc.wantLimit || p.limit != tc.wantLimit {
+			t.Errorf("%s: next(%v, %v) from limit %v: got %v (state %v), want %v", tc.name, tc.q, tc.achieved, tc.limit, got, p.limit, tc.wantLimit)
+		}
+	}
+}
+
+// TestPercentile90: the 90th percentile of n samples is the ceil(0.9n)-th
+// smallest.
+func TestPercentile90(t *testing.T) {
+	ms := func(vs ...int) []time.Duration {
+		out := make([]time.Duration, len(vs))
+		for i, v := range vs {
+			out[i] = time.Duration(v) * time.Millisecond
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		in   []time.Duration
+		want time.Duration
+	}{
+		{ms(5), 5 * time.Millisecond},
+		{ms(10, 1, 9, 2, 8, 3, 7, 4, 6, 5), 9 * time.Millisecond},
+		{ms(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11), 10 * time.Millisecond},
+		{ms(1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 30, 50, 90), 30 * time.Millisecond},
+		{ms(1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 50, 90), time.Millisecond}, // the two slowest of 20 are the 10%
+	} {
+		if got := percentile90(append([]time.Duration(nil), tc.in...)); got != tc.want {
+			t.Errorf("percentile90(%v): got %v, want %v", tc.in, got, tc.want)
+		}
+	}
+}
