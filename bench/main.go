@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/keyswap/keyswap/rebuild"
 )
@@ -37,9 +38,10 @@ const (
 	sectionKnobs      = "knobs"
 	sectionCluster    = "cluster"
 	sectionOnline     = "online"
+	sectionImpact     = "impact"
 )
 
-var allSections = []string{sectionThroughput, sectionSwap, sectionPublish, sectionScaling, sectionKnobs, sectionCluster, sectionOnline}
+var allSections = []string{sectionThroughput, sectionSwap, sectionPublish, sectionScaling, sectionKnobs, sectionCluster, sectionOnline, sectionImpact}
 
 const usageHeader = `bench measures keyswap's rebuild throughput against redis-cli --pipe, the
 physical limit, with every method interleaved in rounds on the same data.
@@ -111,7 +113,14 @@ type config struct {
 
 	onlineN    int     // items of the online section; 0 is n
 	onlineRate float64 // changes per second during the online section
+
+	impactN         int           // items of the impact section; 0 is 2n
+	impactBudget    time.Duration // the impact section's Options.LatencyBudget
+	impactBatchSize int           // the BatchSize of its paced run; 0 is -keyswap-batch-size
 }
+
+// impactItems returns the impact section's dataset size.
+func (c config) impactItems() int { return cmp.Or(c.impactN, 2*c.n) }
 
 // onlineItems returns the online section's dataset size.
 func (c config) onlineItems() int { return cmp.Or(c.onlineN, c.n) }
@@ -153,6 +162,9 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&cfg.render, "render", "", "render the report of an earlier run from its JSON `file` (to stdout and -out) instead of running")
 	fs.IntVar(&cfg.onlineN, "online-n", 0, "items of the online section; 0 means -n")
 	fs.Float64Var(&cfg.onlineRate, "online-rate", 10_000, "changes per second that the online section's writers apply, with rebuild.Rebuilder.Apply")
+	fs.IntVar(&cfg.impactN, "impact-n", 0, "items of the impact section's rebuilds, long enough for the paced run to settle; 0 means 2×-n")
+	fs.DurationVar(&cfg.impactBudget, "impact-budget", time.Millisecond, "rebuild.Options.LatencyBudget of the impact section's paced rebuild")
+	fs.IntVar(&cfg.impactBatchSize, "impact-batch-size", 500, "rebuild.Options.BatchSize of the impact section's paced rebuild (a batch's transaction runs whole: it must fit the budget); 0 means -keyswap-batch-size")
 	fs.IntVar(&cfg.serverCPU, "server-cpu", -1, "pin the bench's own redis-server to this CPU (Linux), e.g. with the bench itself under taskset -c 0, so that client and server do not share a core; -1 leaves it alone")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -169,6 +181,9 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	}
 	if cfg.keyswap.BatchSize < 0 || cfg.keyswap.Writers < 0 {
 		return bad("-keyswap-batch-size and -keyswap-writers must not be negative")
+	}
+	if cfg.impactN < 0 || cfg.impactBudget <= 0 || cfg.impactBatchSize < 0 {
+		return bad("-impact-n and -impact-batch-size must not be negative, and -impact-budget must be positive")
 	}
 	if cfg.onlineN < 0 || !(cfg.onlineRate > 0) || math.IsInf(cfg.onlineRate, 1) {
 		return bad("-online-n must not be negative, and -online-rate must be positive and finite")
@@ -327,6 +342,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 			return fmt.Errorf("online: %w", err)
 		}
 	}
+	if cfg.has(sectionImpact) {
+		if rep.Impact, err = r.impact(ctx); err != nil {
+			return fmt.Errorf("impact: %w", err)
+		}
+	}
 	r.bar.finish(stderr)
 	rep.finish(r)
 	return rep.write(stdout, cfg.out)
@@ -408,6 +428,9 @@ func (r *runner) plannedRuns() int {
 		n += c.rounds * len(c.clusterRebuilders)
 	}
 	if c.has(sectionOnline) {
+		n += c.rounds * 2
+	}
+	if c.has(sectionImpact) {
 		n += c.rounds * 2
 	}
 	return n

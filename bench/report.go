@@ -39,6 +39,7 @@ type report struct {
 	Knobs      *knobsResult      `json:"knobs,omitempty"`
 	Cluster    *clusterResult    `json:"cluster,omitempty"`
 	Online     *onlineResult     `json:"online,omitempty"`
+	Impact     *impactResult     `json:"impact,omitempty"`
 	Notes      []string          `json:"notes,omitempty"`
 }
 
@@ -245,6 +246,9 @@ func (rep *report) markdown(base string, chart bool) []byte {
 	if o := rep.Online; o != nil {
 		o.markdown(&b)
 	}
+	if im := rep.Impact; im != nil {
+		im.markdown(&b)
+	}
 	p("## Methods\n\n")
 	for _, meth := range allMethods {
 		p("- **%s**: %s.\n", meth, meth.describe())
@@ -336,6 +340,9 @@ func (rep *report) summaryMarkdown(b *bytes.Buffer) {
 	}
 	if o := rep.Online; o != nil {
 		lines = append(lines, o.summaryLine())
+	}
+	if im := rep.Impact; im != nil {
+		lines = append(lines, im.summaryLine())
 	}
 	if len(lines) == 0 {
 		return

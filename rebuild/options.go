@@ -103,19 +103,22 @@ type Options struct {
 	// LatencyBudget, if positive, paces the run so that the commands of
 	// other clients wait at most about that long behind it. While the
 	// source runs, the run times a GET on a connection of its own to the
-	// server of each of its locks, 50 times a second: the round trip any
-	// other client's command takes at that moment. Every 200 ms it lowers
-	// its rate when the 90th percentile of those round trips is over the
-	// budget, and raises it again while they are well under (see the
-	// README, "Pacing"). The lower of this rate and MaxRate (or an
-	// operator's throttle) holds; the run never goes below a quarter of a
-	// batch per second.
+	// server of each of its locks, 100 times a second: the round trip any
+	// other client's command takes at that moment. It starts at ten
+	// batches a second and doubles its rate every 200 ms until the 90th
+	// percentile of those round trips goes over the budget; from then on
+	// it cuts its rate when they are over, and raises it by a quarter
+	// while they are well under (see the README, "Pacing"). The lower of
+	// this rate and MaxRate (or an operator's throttle) holds; the run
+	// never goes below a quarter of a batch per second. Each decision is
+	// logged to Logger at the Debug level.
 	//
 	// The run paces between batches: a batch's transaction runs whole, so
-	// BatchSize must be small enough that one batch runs within the
-	// budget. The catch-up and the publish are not paced. A budget below
-	// the latency clients see without the run only slows it to that
-	// floor. Zero is no budget; negative is an error.
+	// BatchSize must be small enough that one batch runs well within the
+	// budget (a few hundred items for 1 ms). The catch-up and the publish
+	// are not paced. A budget below the latency clients see without the
+	// run only slows it to that floor. Zero is no budget; negative is an
+	// error.
 	LatencyBudget time.Duration
 	// Expected is the number of items the source will yield, when known: it
 	// gives the run's status an ETA ("keyswap status"). Zero is unknown.

@@ -19,7 +19,10 @@ import (
 // trip is what any command sent at that moment waits, behind the run's
 // transactions on the server and on the way to it. Every probeWindow probes
 // it compares the window's 90th percentile with the budget and sets the
-// gate's adaptive limit, additive-increase multiplicative-decrease style:
+// gate's adaptive limit, in the manner of TCP's congestion control:
+//   - the run starts at paceStart batches per second, not at full speed,
+//     and doubles its limit every window until a window is over the budget
+//     (slow start);
 //   - over the budget, the limit drops to paceDecrease of what the run
 //     achieved in the window (or of the limit, if lower);
 //   - under paceHeadroom of the budget, while the limit is what holds the run
@@ -31,9 +34,10 @@ import (
 // client's load, a budget below the network's round trip) only slows it to
 // the floor.
 const (
-	probeEvery   = 20 * time.Millisecond
-	probeWindow  = 10 // probes per decision: 200 ms
+	probeEvery   = 10 * time.Millisecond
+	probeWindow  = 20 // probes per decision: 200 ms
 	probeTimeout = time.Second
+	paceStart    = 10 // batches per second
 	paceDecrease = 0.6
 	paceIncrease = 1.25
 	paceHeadroom = 0.7
@@ -44,6 +48,13 @@ type pacer struct {
 	budget time.Duration
 	floor  float64 // items/s
 	limit  float64 // items/s; 0 is none
+	slow   bool    // in slow start: no window has been over the budget yet
+}
+
+// newPacer returns a pacer in slow start, for batches of batchSize items.
+func newPacer(budget time.Duration, batchSize int) *pacer {
+	floor := max(1, float64(batchSize)/4)
+	return &pacer{budget: budget, floor: floor, limit: max(floor, float64(paceStart*batchSize)), slow: true}
 }
 
 // next returns the limit for the next window, given the window's 90th
@@ -51,6 +62,7 @@ type pacer struct {
 func (p *pacer) next(q time.Duration, achieved float64) float64 {
 	switch {
 	case q > p.budget:
+		p.slow = false
 		base := achieved
 		if p.limit > 0 && (base <= 0 || p.limit < base) {
 			base = p.limit
@@ -59,7 +71,11 @@ func (p *pacer) next(q time.Duration, achieved float64) float64 {
 	case p.limit > 0 && float64(q) < float64(p.budget)*paceHeadroom && achieved >= p.limit*paceHeadroom:
 		// The limit holds the run back (it achieves most of it) and the
 		// latency has room: allow more.
-		p.limit *= paceIncrease
+		if p.slow {
+			p.limit *= 2
+		} else {
+			p.limit *= paceIncrease
+		}
 	}
 	return p.limit
 }
@@ -91,7 +107,8 @@ func (x *execution[T]) probeKeys() []string {
 // pace runs the pacer until ctx ends, then lifts its limit.
 func (x *execution[T]) pace(ctx context.Context) {
 	defer x.gate.setAdaptive(0)
-	p := &pacer{budget: x.r.opts.LatencyBudget, floor: max(1, float64(x.r.opts.BatchSize)/4)}
+	p := newPacer(x.r.opts.LatencyBudget, x.r.opts.BatchSize)
+	x.gate.setAdaptive(p.limit)
 	locks := x.probeKeys()
 	conns := make([]rueidis.DedicatedClient, len(locks))
 	closers := make([]func(), len(locks))
@@ -144,7 +161,9 @@ func (x *execution[T]) pace(ctx context.Context) {
 		achieved := float64(pulled-items) / max(now.Sub(from).Seconds(), 1e-3)
 		q := percentile90(rtts)
 		x.probed.Store(int64(q))
-		x.gate.setAdaptive(p.next(q, achieved))
+		limit := p.next(q, achieved)
+		x.gate.setAdaptive(limit)
+		x.r.opts.Logger.Debug("keyswap: paced", "key", x.r.key, "p90", q, "items_per_s", achieved, "limit", limit)
 		rtts, from, items = rtts[:0], now, pulled
 	}
 }

@@ -1,0 +1,289 @@
+package main
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/keyswap/keyswap/rebuild"
+	"github.com/redis/rueidis"
+)
+
+const (
+	// impactIdle is how long the reader reads with no rebuild, per round.
+	impactIdle = 2 * time.Second
+	// impactEvery is the reader's pace: one read per tick.
+	impactEvery = time.Millisecond
+	// impactLead is how long the reader reads before and after each run.
+	impactLead = 100 * time.Millisecond
+	// The reader's keys, which no run touches, outside keyPrefix, under
+	// which the checks of each run want only the run's keys. The section
+	// deletes them when it ends.
+	impactString = "keyswap-bench-impact:string"
+	impactHash   = "keyswap-bench-impact:hash"
+)
+
+// impactResult is the "impact on other clients" section: the latency of a
+// reader of other keys with no rebuild, during an unthrottled rebuild, and
+// during a rebuild with Options.LatencyBudget; and the rebuilds'
+// throughput.
+type impactResult struct {
+	Items     int           `json:"items"`
+	Rounds    int           `json:"rounds"`
+	Workload  string        `json:"workload"`
+	Budget    time.Duration `json:"budget_ns"`
+	BatchSize int           `json:"batch_size"`
+	// Unthrottled and Budget are the runs; Ratio compares them round by
+	// round.
+	Unthrottled series        `json:"unthrottled"`
+	Paced       series        `json:"paced"`
+	Runs        []impactRound `json:"rounds_detail"`
+	Summary     impactSummary `json:"summary"`
+}
+
+// impactRound is the reader's latency in each condition of a round.
+type impactRound struct {
+	Idle        latency `json:"idle"`
+	Unthrottled latency `json:"unthrottled"`
+	Paced       latency `json:"paced"`
+	// Ratio is the paced run's items/s over the unthrottled run's.
+	Ratio float64 `json:"ratio"`
+}
+
+// impactSummary holds medians and min–max over rounds; durations in ns.
+type impactSummary struct {
+	IdleP50        spread `json:"idle_p50_ns"`
+	IdleP99        spread `json:"idle_p99_ns"`
+	IdleMax        spread `json:"idle_max_ns"`
+	UnthrottledP50 spread `json:"unthrottled_p50_ns"`
+	UnthrottledP99 spread `json:"unthrottled_p99_ns"`
+	UnthrottledMax spread `json:"unthrottled_max_ns"`
+	PacedP50       spread `json:"paced_p50_ns"`
+	PacedP99       spread `json:"paced_p99_ns"`
+	PacedMax       spread `json:"paced_max_ns"`
+	Ratio          spread `json:"ratio"`
+}
+
+// impact runs the section. Each round measures the reader alone, then
+// during an unthrottled rebuild of the hash workload, then during the same
+// rebuild with the latency budget, each from the same live keys, checking
+// the keys after each run.
+func (r *runner) impact(ctx context.Context) (*impactResult, error) {
+	cfg := r.cfg
+	s := r.srv
+	w := hashWorkload()
+	d := newDataset(cfg.impactItems(), cfg.buckets)
+	reader, err := dial(s.addr)
+	if err != nil {
+		return nil, err
+	}
+	defer reader.Close()
+	defer s.admin.Do(context.WithoutCancel(ctx), s.admin.B().Del().Key(impactString, impactHash).Build())
+	free, err := rebuilder(s.client, w, cfg.keyswap)
+	if err != nil {
+		return nil, err
+	}
+	popts := cfg.keyswap
+	popts.LatencyBudget = cfg.impactBudget
+	popts.BatchSize = cmp.Or(cfg.impactBatchSize, popts.BatchSize)
+	paced, err := rebuilder(s.client, w, popts)
+	if err != nil {
+		return nil, err
+	}
+	res := &impactResult{Items: d.n, Rounds: cfg.rounds, Workload: w.title, Budget: cfg.impactBudget,
+		BatchSize: cmp.Or(popts.BatchSize, rebuild.DefaultBatchSize)}
+	var us, ps []sample
+	for round := range cfg.rounds {
+		var rd impactRound
+		r.bar.describe("impact %d/%d: reads with no rebuild", round+1, cfg.rounds)
+		if err := r.impactSetup(ctx, w, d); err != nil {
+			return nil, err
+		}
+		idleCtx, stop := context.WithTimeout(ctx, impactIdle)
+		calls, err := read(idleCtx, reader)
+		stop()
+		if err = errors.Join(err, context.Cause(ctx)); err != nil {
+			return nil, err
+		}
+		rd.Idle = newLatency(calls, time.Time{}, time.Time{})
+
+		u, l, err := r.impactRun(ctx, round, "unthrottled", free, reader, w, d)
+		if err != nil {
+			return nil, err
+		}
+		rd.Unthrottled = l
+		p, l, err := r.impactRun(ctx, round, fmt.Sprintf("budget %v", cfg.impactBudget), paced, reader, w, d)
+		if err != nil {
+			return nil, err
+		}
+		rd.Paced = l
+		rd.Ratio = p.Rate() / u.Rate()
+		res.Runs = append(res.Runs, rd)
+		us, ps = append(us, u), append(ps, p)
+	}
+	res.Unthrottled, res.Paced = newSeries(us, nil), newSeries(ps, nil)
+	res.summarize()
+	return res, nil
+}
+
+// impactSetup resets the server, writes the reader's keys and the live keys
+// the rebuild replaces, and waits for the server to settle.
+func (r *runner) impactSetup(ctx context.Context, w workload, d dataset) error {
+	s := r.srv
+	if err := s.reset(ctx); err != nil {
+		return err
+	}
+	c := s.admin
+	for _, cmd := range []rueidis.Completed{
+		c.B().Set().Key(impactString).Value("a value of some thirty bytes..").Build(),
+		c.B().Hset().Key(impactHash).FieldValue().FieldValue("f", "v").FieldValue("g", "w").Build(),
+	} {
+		if err := c.Do(ctx, cmd).Error(); err != nil {
+			return fmt.Errorf("reader's keys: %w", err)
+		}
+	}
+	if err := preload(ctx, s.client, w, d); err != nil {
+		return err
+	}
+	return s.settle(ctx)
+}
+
+// impactRun measures one rebuild with the reader reading around it, and
+// returns its sample and the latency of the reads made while it ran.
+func (r *runner) impactRun(ctx context.Context, round int, label string, rb *rebuild.Rebuilder[item], reader rueidis.Client, w workload, d dataset) (sample, latency, error) {
+	r.bar.describe("impact %d/%d: reads during a rebuild, %s", round+1, r.cfg.rounds, label)
+	if err := r.impactSetup(ctx, w, d); err != nil {
+		return sample{}, latency{}, err
+	}
+	rctx, stop := context.WithCancel(ctx)
+	type reads struct {
+		calls []call
+		err   error
+	}
+	done := make(chan reads, 1)
+	go func() {
+		calls, err := read(rctx, reader)
+		done <- reads{calls, err}
+	}()
+	time.Sleep(impactLead)
+	var from, to time.Time
+	profile := ""
+	if r.cfg.cpuProfile != "" {
+		profile = filepath.Join(r.cfg.cpuProfile, fmt.Sprintf("%s-%s-r%d.pprof", sectionImpact, strings.ReplaceAll(label, " ", "-"), round+1))
+	}
+	s, err := measure(ctx, r.srv, d.n, profile, func() (*child, error) {
+		from = time.Now()
+		defer func() { to = time.Now() }()
+		return nil, runKeyswap(ctx, rb, w, d)
+	})
+	time.Sleep(impactLead)
+	stop()
+	rs := <-done
+	if err = errors.Join(err, rs.err); err == nil {
+		if verr := w.verify(ctx, r.srv.admin, d); verr != nil {
+			err = fmt.Errorf("wrong result: %w", verr)
+		}
+	}
+	if err != nil {
+		return sample{}, latency{}, fmt.Errorf("impact, %s run, round %d: %w", label, round+1, err)
+	}
+	r.bar.step()
+	return s, newLatency(rs.calls, from, to), nil
+}
+
+// read reads the reader's keys, a GET and an HGET in turn, one every
+// impactEvery, until ctx ends, and returns each read's start and round
+// trip. (A read slower than the pace delays the next one: the reader is
+// one client that waits for each reply, as an application's request
+// does.)
+func read(ctx context.Context, c rueidis.Client) ([]call, error) {
+	tick := time.NewTicker(impactEvery)
+	defer tick.Stop()
+	var calls []call
+	for i := 0; ; i++ {
+		select {
+		case <-ctx.Done():
+			return calls, nil
+		case <-tick.C:
+		}
+		cmd := c.B().Get().Key(impactString).Build()
+		if i%2 == 1 {
+			cmd = c.B().Hget().Key(impactHash).Field("f").Build()
+		}
+		start := time.Now()
+		err := c.Do(ctx, cmd).Error()
+		took := time.Since(start)
+		if ctx.Err() != nil || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+			return calls, nil // the end of the reading, not a slow read
+		}
+		if err != nil {
+			return calls, fmt.Errorf("reader: %w", err)
+		}
+		calls = append(calls, call{start: start, took: took})
+	}
+}
+
+func (res *impactResult) summarize() {
+	get := func(f func(impactRound) time.Duration) spread {
+		var xs []float64
+		for _, rd := range res.Runs {
+			xs = append(xs, float64(f(rd)))
+		}
+		return newSpread(xs)
+	}
+	s := &res.Summary
+	s.IdleP50 = get(func(rd impactRound) time.Duration { return rd.Idle.P50 })
+	s.IdleP99 = get(func(rd impactRound) time.Duration { return rd.Idle.P99 })
+	s.IdleMax = get(func(rd impactRound) time.Duration { return rd.Idle.Max })
+	s.UnthrottledP50 = get(func(rd impactRound) time.Duration { return rd.Unthrottled.P50 })
+	s.UnthrottledP99 = get(func(rd impactRound) time.Duration { return rd.Unthrottled.P99 })
+	s.UnthrottledMax = get(func(rd impactRound) time.Duration { return rd.Unthrottled.Max })
+	s.PacedP50 = get(func(rd impactRound) time.Duration { return rd.Paced.P50 })
+	s.PacedP99 = get(func(rd impactRound) time.Duration { return rd.Paced.P99 })
+	s.PacedMax = get(func(rd impactRound) time.Duration { return rd.Paced.Max })
+	var ratios []float64
+	for _, rd := range res.Runs {
+		ratios = append(ratios, rd.Ratio)
+	}
+	s.Ratio = newSpread(ratios)
+}
+
+// summaryLine is the section's line of the report's summary.
+func (res *impactResult) summaryLine() string {
+	s := res.Summary
+	return fmt.Sprintf("Impact on other clients, a %s of %s items: a reader's p99 is **%s** with no rebuild, **%s** during an unthrottled rebuild, **%s** with `LatencyBudget` %v, which keeps **%.2f** of the unthrottled throughput.",
+		res.Workload, commas(res.Items), durS(s.IdleP99.Median), durS(s.UnthrottledP99.Median), durS(s.PacedP99.Median), res.Budget, s.Ratio.Median)
+}
+
+// markdown writes the section.
+func (res *impactResult) markdown(b *bytes.Buffer) {
+	p := func(format string, a ...any) { fmt.Fprintf(b, format, a...) }
+	s := res.Summary
+	p("## Impact on other clients\n\n")
+	p("A reader on a connection of its own reads two other keys, a GET and an HGET in turn, one every %v, while the bench rebuilds a %s of %s items (%d rounds). ", impactEvery, res.Workload, commas(res.Items), res.Rounds)
+	p("In each round: %v of reads with no rebuild; then reads during an unthrottled rebuild; then during the same rebuild with `Options.LatencyBudget` = %v and `BatchSize` %s. ", impactIdle, res.Budget, commas(res.BatchSize))
+	p("Latencies are the reader's round trips that started and ended while the run ran; the reader, the rebuild and the server share the machine's CPUs.\n\n")
+	p("| condition | reads per round | p50 | p99 | max | rebuild items/s, median (min–max) | ratio to unthrottled (min–max) |\n|---|--:|--:|--:|--:|--:|--:|\n")
+	calls := func(f func(impactRound) latency) string {
+		var xs []float64
+		for _, rd := range res.Runs {
+			xs = append(xs, float64(f(rd).Calls))
+		}
+		return commas(int(newSpread(xs).Median))
+	}
+	u, pc := res.Unthrottled.Summary, res.Paced.Summary
+	p("| no rebuild | %s | %s | %s | %s | — | — |\n", calls(func(rd impactRound) latency { return rd.Idle }), durSpread(s.IdleP50), durSpread(s.IdleP99), durSpread(s.IdleMax))
+	p("| unthrottled rebuild | %s | %s | %s | %s | %s (%s–%s) | 1 |\n", calls(func(rd impactRound) latency { return rd.Unthrottled }), durSpread(s.UnthrottledP50), durSpread(s.UnthrottledP99), durSpread(s.UnthrottledMax),
+		rate(u.Rate), rate(u.RateMin), rate(u.RateMax))
+	p("| `LatencyBudget` %v | %s | %s | %s | %s | %s (%s–%s) | %.2f (%.2f–%.2f) |\n\n", res.Budget, calls(func(rd impactRound) latency { return rd.Paced }), durSpread(s.PacedP50), durSpread(s.PacedP99), durSpread(s.PacedMax),
+		rate(pc.Rate), rate(pc.RateMin), rate(pc.RateMax), s.Ratio.Median, s.Ratio.Min, s.Ratio.Max)
+	p("With a budget, the run times a GET on a connection of its own 100 times a second and sets its own rate limit from what those probes see: it starts at ten batches a second and doubles every 200 ms until the 90th percentile of a window goes over the budget, then cuts its rate whenever it is over and raises it by a quarter while it is well under. ")
+	p("It can pace only between batches: a read that arrives during one of the run's transactions waits for it, so `BatchSize` bounds what one batch adds. ")
+	p("What the run does not cause, it cannot remove: the reader's latency with no rebuild is the floor, and on a machine where the reader, the rebuild and the server share %d CPUs, a read also waits for a CPU whenever the others hold both; the probes see that wait too, and pace the run down for it.\n\n", runtime.NumCPU())
+}

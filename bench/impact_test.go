@@ -1,0 +1,100 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestImpact runs the impact section alone, small, and checks the report's
+// shape and the JSON's, never the numbers, but for those that must hold on
+// any machine.
+func TestImpact(t *testing.T) {
+	out := t.TempDir()
+	var stdout, stderr bytes.Buffer
+	args := []string{"-sections", "impact", "-impact-n", "200000", "-impact-budget", "2ms", "-rounds", "1", "-out", out, "-progress=false"}
+	if err := run(t.Context(), args, &stdout, &stderr); err != nil {
+		t.Fatalf("run: %v\nstderr:\n%s", err, stderr.String())
+	}
+	md := stdout.String()
+	for _, want := range []string{
+		"## Summary", "- Impact on other clients, a hash of 200,000 items: a reader's p99 is **",
+		"## Impact on other clients", "| no rebuild |", "| unthrottled rebuild |", "| `LatencyBudget` 2ms |", "`BatchSize` 500",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("report lacks %q:\n%s", want, md)
+		}
+	}
+	for _, unwanted := range []string{"## Throughput", "## Online", "## Knobs"} {
+		if strings.Contains(md, unwanted) {
+			t.Errorf("report has %q, which was not selected", unwanted)
+		}
+	}
+	date := time.Now().UTC().Format("2006-01-02")
+	js, err := os.ReadFile(filepath.Join(out, date+".json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep report
+	if err := json.Unmarshal(js, &rep); err != nil {
+		t.Fatalf("JSON: %v", err)
+	}
+	im := rep.Impact
+	if im == nil || im.Items != 200_000 || len(im.Runs) != 1 || len(im.Unthrottled.Samples) != 1 || len(im.Paced.Samples) != 1 || im.Budget != 2*time.Millisecond || im.BatchSize != 500 {
+		t.Fatalf("JSON impact: got %+v, want 1 round of 200,000 items, a 2ms budget and BatchSize 500", im)
+	}
+	rd := im.Runs[0]
+	for name, l := range map[string]latency{"no rebuild": rd.Idle, "paced": rd.Paced} {
+		if l.Calls == 0 || l.P50 > l.P99 || l.P99 > l.Max {
+			t.Errorf("%s: latency %+v, want reads with p50 ≤ p99 ≤ max", name, l)
+		}
+	}
+	if rd.Ratio <= 0 || im.Unthrottled.Summary.Rate <= 0 || im.Paced.Summary.Rate <= 0 {
+		t.Errorf("rates %v and %v, ratio %v: want positive", im.Unthrottled.Summary.Rate, im.Paced.Summary.Rate, rd.Ratio)
+	}
+	// -render makes the same report again from the JSON.
+	var again bytes.Buffer
+	if err := run(t.Context(), []string{"-render", filepath.Join(out, date+".json"), "-out", ""}, &again, &stderr); err != nil {
+		t.Fatalf("run -render: %v", err)
+	}
+	if again.String() != md {
+		t.Errorf("-render: got a different report:\n%s\nwant:\n%s", again.String(), md)
+	}
+}
+
+func TestParseImpactFlags(t *testing.T) {
+	for _, tt := range []struct {
+		args  []string
+		items int // impactItems; 0 for a usage error
+	}{
+		{nil, 2_000_000},
+		{[]string{"-n", "5000"}, 10_000},
+		{[]string{"-impact-n", "300"}, 300},
+		{[]string{"-impact-n", "-1"}, 0},
+		{[]string{"-impact-budget", "0"}, 0},
+		{[]string{"-impact-batch-size", "-5"}, 0},
+	} {
+		cfg, err := parseFlags(tt.args, new(bytes.Buffer))
+		if tt.items == 0 {
+			if !errors.As(err, new(*usageError)) {
+				t.Errorf("%q: got %v, want a usage error", tt.args, err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%q: got %v, want nil", tt.args, err)
+			continue
+		}
+		if got := cfg.impactItems(); got != tt.items {
+			t.Errorf("%q: impactItems got %d, want %d", tt.args, got, tt.items)
+		}
+		if !cfg.has(sectionImpact) {
+			t.Errorf("%q: sections %v, want impact among the defaults", tt.args, cfg.sections)
+		}
+	}
+}
