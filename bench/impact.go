@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"time"
 
@@ -262,7 +261,8 @@ func (res *impactResult) summaryLine() string {
 }
 
 // markdown writes the section.
-func (res *impactResult) markdown(b *bytes.Buffer) {
+// cpus is the machine's number of CPUs, from the report.
+func (res *impactResult) markdown(b *bytes.Buffer, cpus int) {
 	p := func(format string, a ...any) { fmt.Fprintf(b, format, a...) }
 	s := res.Summary
 	p("## Impact on other clients\n\n")
@@ -285,5 +285,5 @@ func (res *impactResult) markdown(b *bytes.Buffer) {
 		rate(pc.Rate), rate(pc.RateMin), rate(pc.RateMax), s.Ratio.Median, s.Ratio.Min, s.Ratio.Max)
 	p("With a budget, the run times a GET on a connection of its own 100 times a second and sets its own rate limit from what those probes see: it starts at ten batches a second and doubles every 200 ms until the 90th percentile of a window goes over the budget, then cuts its rate whenever it is over and raises it by a quarter while it is well under. ")
 	p("It can pace only between batches: a read that arrives during one of the run's transactions waits for it, so `BatchSize` bounds what one batch adds. ")
-	p("What the run does not cause, it cannot remove: the reader's latency with no rebuild is the floor, and on a machine where the reader, the rebuild and the server share %d CPUs, a read also waits for a CPU whenever the others hold both; the probes see that wait too, and pace the run down for it.\n\n", runtime.NumCPU())
+	p("What the run does not cause, it cannot remove: the reader's latency with no rebuild is the floor, and on a machine where the reader, the rebuild and the server share %d CPUs, a read also waits for a CPU whenever the others hold both; the probes see that wait too, and pace the run down for it.\n\n", cpus)
 }

@@ -247,7 +247,7 @@ func (rep *report) markdown(base string, chart bool) []byte {
 		o.markdown(&b)
 	}
 	if im := rep.Impact; im != nil {
-		im.markdown(&b)
+		im.markdown(&b, rep.Machine.CPUs)
 	}
 	p("## Methods\n\n")
 	for _, meth := range allMethods {
