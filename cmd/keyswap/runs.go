@@ -46,6 +46,10 @@ type runRecord struct {
 	// Rate is items per second since the start; Limit the run's limit now
 	// (0: none).
 	Rate, Limit float64
+	// Latency is the 90th percentile of the last window of the run's
+	// probes, when it has a latency budget (rebuild.Options.LatencyBudget);
+	// 0 otherwise.
+	Latency time.Duration
 	// ETASeconds is the time left to build, when Expected is known; nil
 	// otherwise.
 	ETASeconds *int64
@@ -83,7 +87,7 @@ func parseRecord(lock string, rec map[string]string) runRecord {
 		Lock: lock, Token: rec["token"], Suffix: rec["suffix"], Host: rec["host"], Phase: rec["phase"],
 		PID: atoi(rec["pid"]), Started: fromMillis(rec["started"]), LeaseSeconds: atoi(rec["ttl"]),
 		Expected: atoi(rec["expected"]), Items: atoi(rec["items"]), Entries: atoi(rec["entries"]), Acked: atoi(rec["acked"]),
-		Rate: atof(rec["rate"]), Limit: atof(rec["limit"]),
+		Rate: atof(rec["rate"]), Limit: atof(rec["limit"]), Latency: time.Duration(atoi(rec["latency_us"])) * time.Microsecond,
 		BeatAt: fromMillis(rec["beat_at"]), ProgressAt: fromMillis(rec["progress_at"]),
 		Changes: atoi(rec["changes"]), Replayed: atoi(rec["replayed"]),
 		Requests: runRequests{

@@ -317,7 +317,7 @@ func TestParseRecord(t *testing.T) {
 	rec := parseRecord("a:rebuild-lock", map[string]string{
 		"token": "0123456789abcdef", "keys": "a\n{b}:c", "families": "01", "suffix": ":rebuild:1:00",
 		"host": "h", "pid": "42", "started": "1700000000123", "ttl": "300", "expected": "10", "phase": "building",
-		"items": "5", "entries": "7", "acked": "1", "rate": "2.5", "limit": "0", "eta": "2",
+		"items": "5", "entries": "7", "acked": "1", "rate": "2.5", "limit": "0", "latency_us": "1500", "eta": "2",
 		"beat_at": "1700000001000", "progress_at": "", "changes": "3", "replayed": "1",
 		"cancel": "", "max_rate": "50", "paused": "1", "action": "publish",
 	})
@@ -325,7 +325,7 @@ func TestParseRecord(t *testing.T) {
 	want := runRecord{
 		Lock: "a:rebuild-lock", Token: "0123456789abcdef", Keys: []string{"a", "{b}:c"}, Families: []bool{false, true},
 		Suffix: ":rebuild:1:00", Host: "h", PID: 42, Started: time.UnixMilli(1700000000123).UTC(), LeaseSeconds: 300,
-		Expected: 10, Phase: "building", Items: 5, Entries: 7, Acked: 1, Rate: 2.5, ETASeconds: &eta,
+		Expected: 10, Phase: "building", Items: 5, Entries: 7, Acked: 1, Rate: 2.5, Latency: 1500 * time.Microsecond, ETASeconds: &eta,
 		BeatAt: time.UnixMilli(1700000001000).UTC(), Changes: 3, Replayed: 1,
 		Requests: runRequests{MaxRate: 50, Paused: true, Action: "publish"},
 	}

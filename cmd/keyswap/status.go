@@ -98,6 +98,7 @@ JSON output (-json) is one object, whose fields are kept stable:
       "expected": 500000,             0: unknown
       "rate": 1998.3,                 items/s since the start
       "limit": 0,                     items/s; 0: none
+      "latency_us": 0,                what the run's latency probes see, with a latency budget; 0: none
       "eta_seconds": 190,             null: unknown
       "beat_at": "2025-01-02T15:06:05.456Z",       null: none yet
       "progress_at": "2025-01-02T15:06:05.440Z",   the last item pulled

@@ -388,7 +388,7 @@ func TestStatusShowsRuns(t *testing.T) {
 				t.Fatalf("got %d locks and %d runs, want 2 locks and 1 run:\n%s", len(doc.Locks), len(doc.Runs), r.stdout)
 			}
 			wantFields := []string{"acked", "beat_at", "changes", "entries", "eta_seconds", "expected", "host", "items", "keys",
-				"lease_seconds", "limit", "lock_key", "phase", "pid", "progress_at", "rate", "replayed", "requests", "started",
+				"latency_us", "lease_seconds", "limit", "lock_key", "phase", "pid", "progress_at", "rate", "replayed", "requests", "started",
 				"temp_suffix", "token_prefix"}
 			if got := slices.Sorted(maps.Keys(doc.Runs[0])); !slices.Equal(got, wantFields) {
 				t.Errorf("run fields: got %q, want %q", got, wantFields)

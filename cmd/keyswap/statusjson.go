@@ -90,6 +90,7 @@ type runJSON struct {
 	Expected      int64        `json:"expected"`
 	Rate          float64      `json:"rate"`
 	Limit         float64      `json:"limit"`
+	LatencyMicros int64        `json:"latency_us"`
 	ETASeconds    *int64       `json:"eta_seconds"`
 	BeatAt        *time.Time   `json:"beat_at"`
 	ProgressAt    *time.Time   `json:"progress_at"`
@@ -129,7 +130,7 @@ func (r runStatus) json() runJSON {
 	j := runJSON{
 		TokenPrefix: prefix(r.Token, tokenPrefixLen), Host: r.Host, PID: r.PID, Started: jsonTime(r.Started),
 		LeaseSeconds: r.LeaseSeconds, Phase: r.Phase, Items: r.Items, Entries: r.Entries, Acked: r.Acked,
-		Expected: r.Expected, Rate: finite(r.Rate), Limit: finite(r.Limit), ETASeconds: r.ETASeconds,
+		Expected: r.Expected, Rate: finite(r.Rate), Limit: finite(r.Limit), LatencyMicros: r.Latency.Microseconds(), ETASeconds: r.ETASeconds,
 		BeatAt: jsonTime(r.BeatAt), ProgressAt: jsonTime(r.ProgressAt), Changes: r.Changes, Replayed: r.Replayed,
 		Requests: requestsJSON{Cancel: r.Requests.Cancel, MaxRate: finite(r.Requests.MaxRate), Paused: r.Requests.Paused,
 			Action: r.Requests.Action},
