@@ -123,7 +123,8 @@ func (x *execution[T]) pace(ctx context.Context) {
 	defer tick.Stop()
 	rtts := make([]time.Duration, 0, probeWindow*len(locks))
 	from, items := time.Now(), x.pulled.Load()
-	for {
+	warned := false
+	for ticks := 1; ; ticks++ {
 		select {
 		case <-ctx.Done():
 			return
@@ -149,12 +150,20 @@ func (x *execution[T]) pace(ctx context.Context) {
 				// is dialed anew.
 				if errors.Is(err, context.DeadlineExceeded) {
 					rtts = append(rtts, rtt)
+				} else if !warned {
+					warned = true
+					x.r.opts.Logger.Warn("keyswap: a latency probe failed; the run paces by the probes that succeed, and keeps its limit while none does",
+						"key", x.r.key, "lock", lock, "error", err)
 				}
 				closers[i]()
 				conns[i], closers[i] = nil, nil
 			}
 		}
-		if len(rtts) < probeWindow*len(locks) {
+		if ticks%probeWindow != 0 {
+			continue
+		}
+		if len(rtts) == 0 {
+			from, items = time.Now(), x.pulled.Load()
 			continue
 		}
 		now, pulled := time.Now(), x.pulled.Load()

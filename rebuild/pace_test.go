@@ -4,7 +4,10 @@ import (
 	"context"
 	"fmt"
 	"iter"
+	"log/slog"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -65,41 +68,7 @@ func testLatencyBudgetPaces(t *testing.T, c, other rueidis.Client, cluster bool)
 	lock := keys.LockKey(key, cluster)
 	record := keys.RecordKey(lock)
 
-	// An endless source, until released; it counts what it yields.
-	release := make(chan struct{})
-	var yielded atomic.Int64
-	src := func(ctx context.Context) iter.Seq2[user, error] {
-		return func(yield func(user, error) bool) {
-			for i := 0; ; i++ {
-				select {
-				case <-release:
-					return
-				default:
-				}
-				u := user{ID: fmt.Sprintf("u%08d", i), Email: fmt.Sprintf("user%08d@example.com", i)}
-				if !yield(u, nil) {
-					return
-				}
-				yielded.Add(1)
-			}
-		}
-	}
-	r := redistest.Rebuilder(t, c, rebuild.Options{BatchSize: 100, TTL: 3 * time.Second, LatencyBudget: 20 * time.Millisecond},
-		builders.Hash(key, func(u user) (string, string, bool) { return u.Email, u.ID, true }))
-	done := make(chan error, 1)
-	go func() {
-		_, err := r.Run(ctx, src)
-		done <- err
-	}()
-	var end sync.Once
-	finish := func() error {
-		var err error
-		end.Do(func() {
-			close(release)
-			err = <-done
-		})
-		return err
-	}
+	finish, yielded := endlessRun(t, c, key, rebuild.Options{BatchSize: 100, TTL: 3 * time.Second, LatencyBudget: 20 * time.Millisecond})
 	defer finish() // on a failed check: the run ends before the servers stop
 
 	// limit reads the limit in force from the run's status (0: none).
@@ -153,11 +122,58 @@ func testLatencyBudgetPaces(t *testing.T, c, other rueidis.Client, cluster bool)
 	if err := finish(); err != nil {
 		t.Fatalf("Run: %v", err)
 	}
-	n := yielded.Load()
+	wantEndless(t, other, key, yielded.Load())
+	redistest.WantClean(t, other, "{pace}")
+}
+
+// endlessRun starts a run of a Hash at key with opts, from a source that
+// yields users until finish is called, which ends the run and returns its
+// error; yielded counts the users yielded.
+func endlessRun(t *testing.T, c rueidis.Client, key string, opts rebuild.Options) (finish func() error, yielded *atomic.Int64) {
+	t.Helper()
+	release := make(chan struct{})
+	yielded = new(atomic.Int64)
+	src := func(ctx context.Context) iter.Seq2[user, error] {
+		return func(yield func(user, error) bool) {
+			for i := 0; ; i++ {
+				select {
+				case <-release:
+					return
+				default:
+				}
+				u := user{ID: fmt.Sprintf("u%08d", i), Email: fmt.Sprintf("user%08d@example.com", i)}
+				if !yield(u, nil) {
+					return
+				}
+				yielded.Add(1)
+			}
+		}
+	}
+	r := redistest.Rebuilder(t, c, opts, builders.Hash(key, func(u user) (string, string, bool) { return u.Email, u.ID, true }))
+	done := make(chan error, 1)
+	go func() {
+		_, err := r.Run(redistest.Ctx(t), src)
+		done <- err
+	}()
+	var end sync.Once
+	var err error
+	return func() error {
+		end.Do(func() {
+			close(release)
+			err = <-done
+		})
+		return err
+	}, yielded
+}
+
+// wantEndless fails t unless key holds exactly the n first users of
+// endlessRun's source, without a TTL.
+func wantEndless(t *testing.T, c rueidis.Client, key string, n int64) {
+	t.Helper()
 	if n == 0 {
 		t.Fatal("the source yielded nothing")
 	}
-	got := redistest.HGetAll(t, other, key)
+	got := redistest.HGetAll(t, c, key)
 	if int64(len(got)) != n {
 		t.Fatalf("published %d fields, want the %d items yielded", len(got), n)
 	}
@@ -166,8 +182,71 @@ func testLatencyBudgetPaces(t *testing.T, c, other rueidis.Client, cluster bool)
 			t.Fatalf("field %s: got %q, want u%08d", f, got[f], i)
 		}
 	}
-	if ttl := redistest.PTTL(t, other, key); ttl != -1 {
+	if ttl := redistest.PTTL(t, c, key); ttl != -1 {
 		t.Errorf("PTTL %s: got %v, want none", key, ttl)
 	}
-	redistest.WantClean(t, other, "{pace}")
+}
+
+// TestLatencyProbeCut: the server kills the connection of a run's latency
+// probes. The run logs one warning, probes on a new connection, goes on
+// pacing (decisions logged at the Debug level), and publishes every item,
+// exactly; nothing is left.
+func TestLatencyProbeCut(t *testing.T) {
+	t.Parallel()
+	s := redistest.OwnServer(t)
+	c, other := s.Client(t), s.Client(t)
+	key := "pace:by-email"
+	rec := newLogRecorder()
+	finish, yielded := endlessRun(t, c, key, rebuild.Options{BatchSize: 100, LatencyBudget: 50 * time.Millisecond, Logger: slog.New(rec)})
+	defer finish()
+
+	// The probes' connection is the only one whose last command is GET.
+	probes := func() []string {
+		list, err := other.Do(t.Context(), other.B().ClientList().Build()).ToString()
+		if err != nil {
+			t.Fatalf("CLIENT LIST: %v", err)
+		}
+		var ids []string
+		for _, line := range strings.Split(list, "\n") {
+			if strings.Contains(line, " cmd=get ") {
+				for _, f := range strings.Fields(line) {
+					if id, ok := strings.CutPrefix(f, "id="); ok {
+						ids = append(ids, id)
+					}
+				}
+			}
+		}
+		return ids
+	}
+	var ids []string
+	waitFor(t, "the probes' connection", func() bool { ids = probes(); return len(ids) > 0 })
+	for _, id := range ids {
+		if err := other.Do(t.Context(), other.B().ClientKill().Id(atoi64(t, id)).Build()).Error(); err != nil {
+			t.Fatalf("CLIENT KILL ID %s: %v", id, err)
+		}
+	}
+	waitFor(t, "the warning of the failed probe", func() bool {
+		return len(rec.matching("keyswap: a latency probe failed", "key="+key)) > 0
+	})
+	decided := len(rec.matching("keyswap: paced", "key="+key))
+	waitFor(t, "probes on a new connection, and decisions from them", func() bool {
+		return len(rec.matching("keyswap: paced", "key="+key)) >= decided+2 && len(probes()) > 0 && !slices.Equal(probes(), ids)
+	})
+	if n := len(rec.matching("keyswap: a latency probe failed")); n != 1 {
+		t.Errorf("got %d warnings of failed probes, want 1", n)
+	}
+	if err := finish(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	wantEndless(t, other, key, yielded.Load())
+	redistest.WantClean(t, other, "pace")
+}
+
+func atoi64(t *testing.T, s string) int64 {
+	t.Helper()
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }
