@@ -2,10 +2,7 @@ package main
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -15,13 +12,7 @@ import (
 // shape and the JSON's, never the numbers, but for those that must hold on
 // any machine.
 func TestImpact(t *testing.T) {
-	out := t.TempDir()
-	var stdout, stderr bytes.Buffer
-	args := []string{"-sections", "impact", "-impact-n", "200000", "-impact-budget", "2ms", "-rounds", "1", "-out", out, "-progress=false"}
-	if err := run(t.Context(), args, &stdout, &stderr); err != nil {
-		t.Fatalf("run: %v\nstderr:\n%s", err, stderr.String())
-	}
-	md := stdout.String()
+	md, rep, path := runSection(t, "-sections", "impact", "-impact-n", "200000", "-impact-budget", "2ms", "-rounds", "1")
 	for _, want := range []string{
 		"## Summary", "- Impact on other clients, a hash of 200,000 items: a reader's p99 is **",
 		"## Impact on other clients", "| no rebuild |", "| unthrottled rebuild |", "| `LatencyBudget` 2ms |", "`BatchSize` 500",
@@ -34,15 +25,6 @@ func TestImpact(t *testing.T) {
 		if strings.Contains(md, unwanted) {
 			t.Errorf("report has %q, which was not selected", unwanted)
 		}
-	}
-	date := time.Now().UTC().Format("2006-01-02")
-	js, err := os.ReadFile(filepath.Join(out, date+".json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rep report
-	if err := json.Unmarshal(js, &rep); err != nil {
-		t.Fatalf("JSON: %v", err)
 	}
 	im := rep.Impact
 	if im == nil || im.Items != 200_000 || len(im.Runs) != 1 || len(im.Unthrottled.Samples) != 1 || len(im.Paced.Samples) != 1 || im.Budget != 2*time.Millisecond || im.BatchSize != 500 {
@@ -57,14 +39,7 @@ func TestImpact(t *testing.T) {
 	if rd.Ratio <= 0 || im.Unthrottled.Summary.Rate <= 0 || im.Paced.Summary.Rate <= 0 {
 		t.Errorf("rates %v and %v, ratio %v: want positive", im.Unthrottled.Summary.Rate, im.Paced.Summary.Rate, rd.Ratio)
 	}
-	// -render makes the same report again from the JSON.
-	var again bytes.Buffer
-	if err := run(t.Context(), []string{"-render", filepath.Join(out, date+".json"), "-out", ""}, &again, &stderr); err != nil {
-		t.Fatalf("run -render: %v", err)
-	}
-	if again.String() != md {
-		t.Errorf("-render: got a different report:\n%s\nwant:\n%s", again.String(), md)
-	}
+	wantRender(t, path, md)
 }
 
 func TestParseImpactFlags(t *testing.T) {

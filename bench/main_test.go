@@ -245,3 +245,35 @@ func TestCommandLine(t *testing.T) {
 		}
 	}
 }
+
+// runSection runs the bench with args, writing its files to a temporary
+// directory, and returns the report it printed and the one its JSON holds.
+func runSection(t *testing.T, args ...string) (md string, rep report, jsonPath string) {
+	t.Helper()
+	out := t.TempDir()
+	var stdout, stderr bytes.Buffer
+	if err := run(t.Context(), append(args, "-out", out, "-progress=false"), &stdout, &stderr); err != nil {
+		t.Fatalf("run: %v\nstderr:\n%s", err, stderr.String())
+	}
+	jsonPath = filepath.Join(out, time.Now().UTC().Format("2006-01-02")+".json")
+	js, err := os.ReadFile(jsonPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(js, &rep); err != nil {
+		t.Fatalf("JSON: %v", err)
+	}
+	return stdout.String(), rep, jsonPath
+}
+
+// wantRender fails t unless -render makes md again from the JSON at path.
+func wantRender(t *testing.T, path, md string) {
+	t.Helper()
+	var again, stderr bytes.Buffer
+	if err := run(t.Context(), []string{"-render", path, "-out", ""}, &again, &stderr); err != nil {
+		t.Fatalf("run -render: %v\nstderr:\n%s", err, stderr.String())
+	}
+	if again.String() != md {
+		t.Errorf("-render: got a different report:\n%s\nwant:\n%s", again.String(), md)
+	}
+}

@@ -2,26 +2,16 @@ package main
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 )
 
 // TestOnline runs the online section alone, at its own size, and checks
 // the report's shape and the JSON's, never the numbers, but for those
 // that must hold on any machine.
 func TestOnline(t *testing.T) {
-	out := t.TempDir()
-	var stdout, stderr bytes.Buffer
-	args := []string{"-sections", "online", "-online-n", "3000", "-online-rate", "5000", "-rounds", "2", "-out", out, "-progress=false"}
-	if err := run(t.Context(), args, &stdout, &stderr); err != nil {
-		t.Fatalf("run: %v\nstderr:\n%s", err, stderr.String())
-	}
-	md := stdout.String()
+	md, rep, path := runSection(t, "-sections", "online", "-online-n", "3000", "-online-rate", "5000", "-rounds", "2")
 	for _, want := range []string{
 		"## Summary", "- Online, hash + sorted set + SetIndex at 3,000 items, changes at 5,000/s (",
 		"## Online", "**0 lost changes** in 4 runs",
@@ -38,15 +28,6 @@ func TestOnline(t *testing.T) {
 			t.Errorf("report has %q, which was not selected", unwanted)
 		}
 	}
-	date := time.Now().UTC().Format("2006-01-02")
-	js, err := os.ReadFile(filepath.Join(out, date+".json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rep report
-	if err := json.Unmarshal(js, &rep); err != nil {
-		t.Fatalf("JSON: %v", err)
-	}
 	o := rep.Online
 	if o == nil || o.Items != 3000 || len(o.Runs) != 2 || len(o.Quiet.Samples) != 2 || len(o.Online.Samples) != 2 {
 		t.Fatalf("JSON online: got %+v, want 2 rounds of 3000 items", o)
@@ -60,14 +41,7 @@ func TestOnline(t *testing.T) {
 		}
 	}
 
-	// -render makes the same report again from the JSON.
-	var again bytes.Buffer
-	if err := run(t.Context(), []string{"-render", filepath.Join(out, date+".json"), "-out", ""}, &again, &stderr); err != nil {
-		t.Fatalf("run -render: %v", err)
-	}
-	if again.String() != md {
-		t.Errorf("-render: got a different report:\n%s\nwant:\n%s", again.String(), md)
-	}
+	wantRender(t, path, md)
 }
 
 func TestParseOnlineFlags(t *testing.T) {

@@ -49,15 +49,7 @@ func TestLatencyBudgetPaces(t *testing.T) {
 	})
 	t.Run("cluster", func(t *testing.T) {
 		t.Parallel()
-		cl, err := redistest.StartCluster(3)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			if err := cl.Stop(); err != nil {
-				t.Error(err)
-			}
-		})
+		cl := redistest.OwnCluster(t, 3)
 		testLatencyBudgetPaces(t, cl.Client(t), cl.Client(t), true)
 	})
 }

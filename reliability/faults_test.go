@@ -549,19 +549,7 @@ func TestFaults(t *testing.T) {
 }
 
 // startCluster starts a private 3-master cluster, stopped when t ends.
-func startCluster(t testing.TB) *redistest.Cluster {
-	t.Helper()
-	cl, err := redistest.StartCluster(3)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := cl.Stop(); err != nil {
-			t.Error(err)
-		}
-	})
-	return cl
-}
+func startCluster(t testing.TB) *redistest.Cluster { return redistest.OwnCluster(t, 3) }
 
 // clusterRows is where each fault runs on a cluster, and at which point
 // with -short (otherwise at every point). Faults that stay on the case's own connections run on the

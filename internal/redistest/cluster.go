@@ -52,6 +52,25 @@ func StartCluster(masters int) (*Cluster, error) {
 	return startCluster("redis-server", "redis-cli", masters)
 }
 
+// OwnCluster starts a cluster of tb's own, of masters masters, as
+// StartCluster does, and stops it when tb ends. A cluster that does not
+// start, or does not stop cleanly, fails tb. Tests use it for what would
+// disturb the package's shared cluster: killing or pausing a node,
+// keeping one busy.
+func OwnCluster(tb testing.TB, masters int) *Cluster {
+	tb.Helper()
+	cl, err := StartCluster(masters)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		if err := cl.Stop(); err != nil {
+			tb.Error(err)
+		}
+	})
+	return cl
+}
+
 // startCluster is StartCluster with the names of the binaries to look up.
 func startCluster(serverName, cliName string, masters int) (_ *Cluster, err error) {
 	if masters < 3 {
