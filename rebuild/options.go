@@ -138,9 +138,9 @@ type Options struct {
 	// MaxKeys bounds the keys one publish touches: the keys rebuilt, a
 	// family's buckets included, plus the stale buckets it deletes. The
 	// publish is one atomic script, so Redis serves no other client while
-	// it runs: about 7 µs per key as measured on 2 shared cores (the
-	// README's Performance section), so 100,000 keys block it for about
-	// 0.7 s, and past the server's busy-reply-threshold (5 s by default)
+	// it runs: 7 to 10 µs per key as measured on 2 shared cores (the
+	// README's Performance section), so 100,000 keys block it for 0.7 to
+	// 1 s, and past the server's busy-reply-threshold (5 s by default)
 	// other clients get BUSY replies until it ends. A run past the
 	// bound fails with ErrTooManyKeys, before it publishes, and as soon as
 	// it writes one key too many. Zero means DefaultMaxKeys; negative means

@@ -92,7 +92,7 @@ func (ts *targets) get(b int, live string) (*target, error) {
 
 // tooManyKeys reports a run over Options.MaxKeys.
 func tooManyKeys(max int, why string) error {
-	return fmt.Errorf("%w: a publish may touch at most %d keys (Options.MaxKeys), and %s; the publish is one atomic script that blocks Redis for about 7 µs per key", ErrTooManyKeys, max, why)
+	return fmt.Errorf("%w: a publish may touch at most %d keys (Options.MaxKeys), and %s; the publish is one atomic script that blocks Redis for about 10 µs per key", ErrTooManyKeys, max, why)
 }
 
 // owns returns nil if o's builder may write live: its own key, or, for a
