@@ -140,6 +140,29 @@ func (g *gate) wait(ctx context.Context) bool {
 		}
 		n := g.owed
 		g.owed = 0
-		return g.limiter.WaitN(ctx, min(n, g.limiter.Burst())) == nil
+		return g.take(ctx, n)
+	}
+}
+
+// take waits for n items' worth of the limiter, or as much as its burst
+// allows. It reports false only once ctx has ended: the pump takes false for
+// the end of the source, so an error of the limiter's own must never
+// surface as one. A burst that shrank under it (the limit changed) is asked
+// again; a wait that ctx's deadline would cut short waits for that end.
+func (g *gate) take(ctx context.Context, n int) bool {
+	for {
+		m := min(n, g.limiter.Burst())
+		err := g.limiter.WaitN(ctx, m)
+		switch {
+		case err == nil:
+			return true
+		case ctx.Err() != nil:
+			return false
+		case m > g.limiter.Burst():
+			continue // the limit changed meanwhile
+		}
+		// "would exceed context deadline": the items cannot go before it.
+		<-ctx.Done()
+		return false
 	}
 }

@@ -2,9 +2,11 @@ package rebuild_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"iter"
 	"log/slog"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -241,4 +243,32 @@ func atoi64(t *testing.T, s string) int64 {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// TestMaxRateDeadline: a run whose MaxRate cannot pull its source before
+// its context's deadline fails with that deadline and changes nothing. (The
+// rate limiter refuses at once a wait that would pass the deadline; the
+// pump took that for the end of the source, and the run published the
+// items pulled so far as the whole index.)
+func TestMaxRateDeadline(t *testing.T) {
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		key := d.Prefix + "paced:by-email"
+		old := map[string]string{"old@example.com": "u0"}
+		redistest.SeedHash(t, d.Other, key, old)
+		r := redistest.Rebuilder(t, d.Client, rebuild.Options{BatchSize: 10, MaxRate: 50},
+			builders.Hash(key, func(u user) (string, string, bool) { return u.Email, u.ID, true }))
+		ctx, cancel := context.WithTimeout(redistest.Ctx(t), time.Second)
+		defer cancel()
+		_, err := r.Run(ctx, rebuild.FromSlice(users(1000))) // 20 s at 50 items/s
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Run: got %v, want context.DeadlineExceeded", err)
+		}
+		if got := redistest.HGetAll(t, d.Other, key); !maps.Equal(got, old) {
+			t.Errorf("live key: got %d fields, want the old %v", len(got), old)
+		}
+		if ttl := redistest.PTTL(t, d.Other, key); ttl != -1 {
+			t.Errorf("PTTL %s: got %v, want none", key, ttl)
+		}
+		redistest.WantClean(t, d.Other, d.Prefix)
+	})
 }
