@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/keyswap/keyswap/builders"
 	"github.com/keyswap/keyswap/rebuild"
@@ -203,6 +204,39 @@ func ExampleOptions_unordered() {
 	fmt.Println("batches:", stats.Batches, "fields:", n)
 	// Output:
 	// batches: 3 fields: 5000
+}
+
+// A rebuild that yields to the application: with a latency budget the run
+// measures, with probes of its own, how long other clients' commands wait
+// behind it, and paces itself to keep that under the budget; batches small
+// enough to run well within it. MaxRate caps it besides, and an operator
+// can change that cap during the run ("keyswap throttle").
+func ExampleOptions_latencyBudget() {
+	client := exampleClient()
+	defer client.Close()
+	ctx := context.Background()
+
+	users := make([]User, 3000)
+	for i := range users {
+		users[i] = User{ID: strconv.Itoa(i), Email: fmt.Sprintf("user%d@example.com", i)}
+	}
+	opts := rebuild.Options{
+		LatencyBudget: 5 * time.Millisecond,
+		BatchSize:     500,
+		MaxRate:       100_000, // items per second, at most
+	}
+	r, err := rebuild.New(client, opts,
+		builders.Hash("users:by-email", func(u User) (string, string, bool) { return u.Email, u.ID, true }))
+	if err != nil {
+		log.Fatal(err)
+	}
+	stats, err := r.Run(ctx, rebuild.FromSlice(users))
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("items:", stats.Items, "fields:", stats.Entries["users:by-email"])
+	// Output:
+	// items: 3000 fields: 3000
 }
 
 // A leaderboard: a member's score is whatever the function returns, and a
