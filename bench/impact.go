@@ -37,7 +37,9 @@ type impactResult struct {
 	Rounds    int           `json:"rounds"`
 	Workload  string        `json:"workload"`
 	Budget    time.Duration `json:"budget_ns"`
-	BatchSize int           `json:"batch_size"`
+	BatchSize int           `json:"batch_size"` // the paced run's
+	// FreeBatchSize is the unthrottled run's BatchSize.
+	FreeBatchSize int `json:"unthrottled_batch_size"`
 	// Unthrottled and Budget are the runs; Ratio compares them round by
 	// round.
 	Unthrottled series        `json:"unthrottled"`
@@ -96,7 +98,7 @@ func (r *runner) impact(ctx context.Context) (*impactResult, error) {
 		return nil, err
 	}
 	res := &impactResult{Items: d.n, Rounds: cfg.rounds, Workload: w.title, Budget: cfg.impactBudget,
-		BatchSize: cmp.Or(popts.BatchSize, rebuild.DefaultBatchSize)}
+		BatchSize: cmp.Or(popts.BatchSize, rebuild.DefaultBatchSize), FreeBatchSize: cmp.Or(cfg.keyswap.BatchSize, rebuild.DefaultBatchSize)}
 	var us, ps []sample
 	for round := range cfg.rounds {
 		var rd impactRound
@@ -267,7 +269,7 @@ func (res *impactResult) markdown(b *bytes.Buffer, cpus int) {
 	s := res.Summary
 	p("## Impact on other clients\n\n")
 	p("A reader on a connection of its own reads two other keys, a GET and an HGET in turn, one every %v, while the bench rebuilds a %s of %s items (%d rounds). ", impactEvery, res.Workload, commas(res.Items), res.Rounds)
-	p("In each round: %v of reads with no rebuild; then reads during an unthrottled rebuild; then during the same rebuild with `Options.LatencyBudget` = %v and `BatchSize` %s. ", impactIdle, res.Budget, commas(res.BatchSize))
+	p("In each round: %v of reads with no rebuild; then reads during an unthrottled rebuild (`BatchSize` %s); then during the same rebuild with `Options.LatencyBudget` = %v and `BatchSize` %s. ", impactIdle, commas(cmp.Or(res.FreeBatchSize, rebuild.DefaultBatchSize)), res.Budget, commas(res.BatchSize))
 	p("Latencies are the reader's round trips that started and ended while the run ran; the reader, the rebuild and the server share the machine's CPUs.\n\n")
 	p("| condition | reads per round | p50 | p99 | max | rebuild items/s, median (min–max) | ratio to unthrottled (min–max) |\n|---|--:|--:|--:|--:|--:|--:|\n")
 	calls := func(f func(impactRound) latency) string {

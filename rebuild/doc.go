@@ -84,9 +84,11 @@
 //
 // Pulling the source is what a run paces: Options.MaxRate (or an
 // operator's throttle, "keyswap throttle") caps the items per second, and
-// Options.LatencyBudget lowers that cap while other clients wait too long
-// behind the run, as the run's own probes measure it: round trips of a GET
-// on connections of its own, 100 a second, to the server of each lock. The
+// Options.LatencyBudget sets a cap of its own from how long other clients
+// wait behind the run, as the run's own probes measure it (round trips of
+// a GET on connections of its own, 100 a second, to the server of each
+// lock): it starts low, rises while they are well under the budget, and
+// falls when they are over. The
 // pacing applies while the source runs, between batches; a batch's
 // transaction runs whole, so Options.BatchSize bounds what one batch adds
 // to another client's wait. The catch-up and the publish are not paced.

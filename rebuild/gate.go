@@ -5,6 +5,7 @@ import (
 	"math"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/time/rate"
 )
@@ -146,23 +147,38 @@ func (g *gate) wait(ctx context.Context) bool {
 
 // take waits for n items' worth of the limiter, or as much as its burst
 // allows. It reports false only once ctx has ended: the pump takes false for
-// the end of the source, so an error of the limiter's own must never
-// surface as one. A burst that shrank under it (the limit changed) is asked
-// again; a wait that ctx's deadline would cut short waits for that end.
+// the end of the source, so nothing of the limiter's own may surface as
+// one. A reservation that the burst refuses (the limit changed under it)
+// is asked again, and a long wait is cut into takeSlice steps, each
+// re-reserved at the limit then in force, so that a raised or lifted limit
+// takes effect within one.
 func (g *gate) take(ctx context.Context, n int) bool {
 	for {
-		m := min(n, g.limiter.Burst())
-		err := g.limiter.WaitN(ctx, m)
-		switch {
-		case err == nil:
-			return true
-		case ctx.Err() != nil:
+		if ctx.Err() != nil {
 			return false
-		case m > g.limiter.Burst():
-			continue // the limit changed meanwhile
 		}
-		// "would exceed context deadline": the items cannot go before it.
-		<-ctx.Done()
-		return false
+		r := g.limiter.ReserveN(time.Now(), min(n, g.limiter.Burst()))
+		if !r.OK() {
+			continue // the burst shrank since it was read
+		}
+		d := r.Delay()
+		if d == 0 {
+			return true
+		}
+		t := time.NewTimer(min(d, takeSlice))
+		select {
+		case <-t.C:
+			if d <= takeSlice {
+				return true
+			}
+			r.Cancel() // wait again, at the limit now in force
+		case <-ctx.Done():
+			t.Stop()
+			r.Cancel()
+			return false
+		}
 	}
 }
+
+// takeSlice is the longest take waits before it asks the limiter again.
+const takeSlice = 250 * time.Millisecond

@@ -105,13 +105,14 @@ type Options struct {
 	// source runs, the run times a GET on a connection of its own to the
 	// server of each of its locks, 100 times a second: the round trip any
 	// other client's command takes at that moment. It starts at ten
-	// batches a second and doubles its rate every 200 ms until the 90th
-	// percentile of those round trips goes over the budget; from then on
-	// it cuts its rate when they are over, and raises it by a quarter
-	// while they are well under (see the README, "Pacing"). The lower of
-	// this rate and MaxRate (or an operator's throttle) holds; the run
-	// never goes below a quarter of a batch per second. Each decision is
-	// logged to Logger at the Debug level.
+	// batches a second and, every 200 ms, doubles its rate while the 90th
+	// percentile of each server's round trips stays under 0.7 of the
+	// budget, until one goes over; from then on it cuts its rate when they
+	// are over, and raises it by a quarter while they are under 0.7 of
+	// the budget (see the README, "Pacing"). The pacer's own rate never
+	// goes below a quarter of a batch per second (one item at least); the
+	// lower of it and MaxRate (or an operator's throttle) holds. Each
+	// decision is logged to Logger at the Debug level.
 	//
 	// The run paces between batches: a batch's transaction runs whole, so
 	// BatchSize must be small enough that one batch runs well within the

@@ -17,12 +17,14 @@ import (
 // times a GET of the run's lock on a connection of its own (not the
 // pipelined one the run writes on) to the server of each lock. The round
 // trip is what any command sent at that moment waits, behind the run's
-// transactions on the server and on the way to it. Every probeWindow probes
-// it compares the window's 90th percentile with the budget and sets the
+// transactions on the server and on the way to it. Every probeWindow ticks
+// (200 ms while probes are quick) it compares the 90th percentile of each
+// server's probes, the slowest server's, with the budget and sets the
 // gate's adaptive limit, in the manner of TCP's congestion control:
 //   - the run starts at paceStart batches per second, not at full speed,
-//     and doubles its limit every window until a window is over the budget
-//     (slow start);
+//     and doubles its limit every window in which the probes stay under
+//     paceHeadroom of the budget and the limit holds the run back, until a
+//     window is over the budget (slow start);
 //   - over the budget, the limit drops to paceDecrease of what the run
 //     achieved in the window (or of the limit, if lower);
 //   - under paceHeadroom of the budget, while the limit is what holds the run
@@ -121,7 +123,7 @@ func (x *execution[T]) pace(ctx context.Context) {
 	}()
 	tick := time.NewTicker(probeEvery)
 	defer tick.Stop()
-	rtts := make([]time.Duration, 0, probeWindow*len(locks))
+	rtts := make([][]time.Duration, len(locks)) // per lock: servers are judged one by one
 	from, items := time.Now(), x.pulled.Load()
 	warned := false
 	for ticks := 1; ; ticks++ {
@@ -143,13 +145,14 @@ func (x *execution[T]) pace(ctx context.Context) {
 			case ctx.Err() != nil:
 				return
 			case err == nil || rueidis.IsRedisNil(err):
-				rtts = append(rtts, rtt)
+				rtts[i] = append(rtts[i], rtt)
 			default:
 				// A probe that timed out waited at least that long; any
 				// other failure measures nothing. Either way the connection
-				// is dialed anew.
+				// goes back (rueidis closes it if it broke), and the next
+				// probe takes one anew.
 				if errors.Is(err, context.DeadlineExceeded) {
-					rtts = append(rtts, rtt)
+					rtts[i] = append(rtts[i], rtt)
 				} else if !warned {
 					warned = true
 					x.r.opts.Logger.Warn("keyswap: a latency probe failed; the run paces by the probes that succeed, and keeps its limit while none does",
@@ -162,17 +165,25 @@ func (x *execution[T]) pace(ctx context.Context) {
 		if ticks%probeWindow != 0 {
 			continue
 		}
-		if len(rtts) == 0 {
+		// The slowest server decides: its own 90th percentile, not one
+		// pooled with the others'.
+		q, measured := time.Duration(0), false
+		for i := range rtts {
+			if len(rtts[i]) > 0 {
+				q, measured = max(q, percentile90(rtts[i])), true
+				rtts[i] = rtts[i][:0]
+			}
+		}
+		if !measured {
 			from, items = time.Now(), x.pulled.Load()
 			continue
 		}
 		now, pulled := time.Now(), x.pulled.Load()
 		achieved := float64(pulled-items) / max(now.Sub(from).Seconds(), 1e-3)
-		q := percentile90(rtts)
 		x.probed.Store(int64(q))
 		limit := p.next(q, achieved)
 		x.gate.setAdaptive(limit)
 		x.r.opts.Logger.Debug("keyswap: paced", "key", x.r.key, "p90", q, "items_per_s", achieved, "limit", limit)
-		rtts, from, items = rtts[:0], now, pulled
+		from, items = now, pulled
 	}
 }
