@@ -1,8 +1,6 @@
 package main
 
 import (
-	"bytes"
-	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -43,33 +41,12 @@ func TestImpact(t *testing.T) {
 }
 
 func TestParseImpactFlags(t *testing.T) {
-	for _, tt := range []struct {
-		args  []string
-		items int // impactItems; 0 for a usage error
-	}{
+	wantSizes(t, sectionImpact, config.impactItems, []sizeCase{
 		{nil, 2_000_000},
 		{[]string{"-n", "5000"}, 10_000},
 		{[]string{"-impact-n", "300"}, 300},
 		{[]string{"-impact-n", "-1"}, 0},
 		{[]string{"-impact-budget", "0"}, 0},
 		{[]string{"-impact-batch-size", "-5"}, 0},
-	} {
-		cfg, err := parseFlags(tt.args, new(bytes.Buffer))
-		if tt.items == 0 {
-			if !errors.As(err, new(*usageError)) {
-				t.Errorf("%q: got %v, want a usage error", tt.args, err)
-			}
-			continue
-		}
-		if err != nil {
-			t.Errorf("%q: got %v, want nil", tt.args, err)
-			continue
-		}
-		if got := cfg.impactItems(); got != tt.items {
-			t.Errorf("%q: impactItems got %d, want %d", tt.args, got, tt.items)
-		}
-		if !cfg.has(sectionImpact) {
-			t.Errorf("%q: sections %v, want impact among the defaults", tt.args, cfg.sections)
-		}
-	}
+	})
 }

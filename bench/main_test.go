@@ -277,3 +277,36 @@ func wantRender(t *testing.T, path, md string) {
 		t.Errorf("-render: got a different report:\n%s\nwant:\n%s", again.String(), md)
 	}
 }
+
+// sizeCase is a command line and the size of a section that it gives; 0
+// wants a usage error.
+type sizeCase struct {
+	args  []string
+	items int
+}
+
+// wantSizes checks each case: parseFlags gives a usage error for items 0,
+// and otherwise a config whose size(cfg) is items, with section among the
+// default sections.
+func wantSizes(t *testing.T, section string, size func(config) int, cases []sizeCase) {
+	t.Helper()
+	for _, tt := range cases {
+		cfg, err := parseFlags(tt.args, new(bytes.Buffer))
+		if tt.items == 0 {
+			if !errors.As(err, new(*usageError)) {
+				t.Errorf("%q: got %v, want a usage error", tt.args, err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%q: got %v, want nil", tt.args, err)
+			continue
+		}
+		if got := size(cfg); got != tt.items {
+			t.Errorf("%q: %s size got %d, want %d", tt.args, section, got, tt.items)
+		}
+		if !cfg.has(section) {
+			t.Errorf("%q: sections %v, want %s among the defaults", tt.args, cfg.sections, section)
+		}
+	}
+}

@@ -1,8 +1,6 @@
 package main
 
 import (
-	"bytes"
-	"errors"
 	"strings"
 	"testing"
 )
@@ -45,37 +43,14 @@ func TestOnline(t *testing.T) {
 }
 
 func TestParseOnlineFlags(t *testing.T) {
-	tests := []struct {
-		args  []string
-		items int   // onlineItems; 0 for a usage error
-		err   error // nil, or a *usageError
-	}{
-		{nil, 1_000_000, nil},
-		{[]string{"-n", "5000"}, 5000, nil},
-		{[]string{"-n", "5000", "-online-n", "200"}, 200, nil},
-		{[]string{"-online-n", "-1"}, 0, &usageError{}},
-		{[]string{"-online-rate", "0"}, 0, &usageError{}},
-		{[]string{"-online-rate", "-10"}, 0, &usageError{}},
-		{[]string{"-online-rate", "NaN"}, 0, &usageError{}},
-		{[]string{"-online-rate", "Inf"}, 0, &usageError{}},
-	}
-	for _, tt := range tests {
-		cfg, err := parseFlags(tt.args, new(bytes.Buffer))
-		if tt.err != nil {
-			if !errors.As(err, new(*usageError)) {
-				t.Errorf("%q: got %v, want a usage error", tt.args, err)
-			}
-			continue
-		}
-		if err != nil {
-			t.Errorf("%q: got %v, want nil", tt.args, err)
-			continue
-		}
-		if got := cfg.onlineItems(); got != tt.items {
-			t.Errorf("%q: onlineItems got %d, want %d", tt.args, got, tt.items)
-		}
-		if !cfg.has(sectionOnline) {
-			t.Errorf("%q: sections %v, want online among the defaults", tt.args, cfg.sections)
-		}
-	}
+	wantSizes(t, sectionOnline, config.onlineItems, []sizeCase{
+		{nil, 1_000_000},
+		{[]string{"-n", "5000"}, 5000},
+		{[]string{"-n", "5000", "-online-n", "200"}, 200},
+		{[]string{"-online-n", "-1"}, 0},
+		{[]string{"-online-rate", "0"}, 0},
+		{[]string{"-online-rate", "-10"}, 0},
+		{[]string{"-online-rate", "NaN"}, 0},
+		{[]string{"-online-rate", "Inf"}, 0},
+	})
 }
