@@ -111,19 +111,27 @@ func (x *execution[T]) pace(ctx context.Context) {
 	defer x.gate.setAdaptive(0)
 	p := newPacer(x.r.opts.LatencyBudget, x.r.opts.BatchSize)
 	x.gate.setAdaptive(p.limit)
-	locks := x.probeKeys()
-	conns := make([]rueidis.DedicatedClient, len(locks))
-	closers := make([]func(), len(locks))
+	// One probe per lock, on a connection of its own, with the round trips
+	// of the window: each server is judged apart.
+	type probe struct {
+		lock  string
+		conn  rueidis.DedicatedClient
+		close func()
+		rtts  []time.Duration
+	}
+	var probes []*probe
+	for _, lock := range x.probeKeys() {
+		probes = append(probes, &probe{lock: lock})
+	}
 	defer func() {
-		for _, c := range closers {
-			if c != nil {
-				c()
+		for _, pr := range probes {
+			if pr.close != nil {
+				pr.close()
 			}
 		}
 	}()
 	tick := time.NewTicker(probeEvery)
 	defer tick.Stop()
-	rtts := make([][]time.Duration, len(locks)) // per lock: servers are judged one by one
 	from, items := time.Now(), x.pulled.Load()
 	warned := false
 	for ticks := 1; ; ticks++ {
@@ -132,34 +140,34 @@ func (x *execution[T]) pace(ctx context.Context) {
 			return
 		case <-tick.C:
 		}
-		for i, lock := range locks {
-			if conns[i] == nil {
-				conns[i], closers[i] = x.r.redis.Client().Dedicate()
+		for _, pr := range probes {
+			if pr.conn == nil {
+				pr.conn, pr.close = x.r.redis.Client().Dedicate()
 			}
 			pctx, cancel := context.WithTimeout(ctx, probeTimeout)
 			start := time.Now()
-			err := conns[i].Do(pctx, conns[i].B().Get().Key(lock).Build()).Error()
+			err := pr.conn.Do(pctx, pr.conn.B().Get().Key(pr.lock).Build()).Error()
 			rtt := time.Since(start)
 			cancel()
 			switch {
 			case ctx.Err() != nil:
 				return
 			case err == nil || rueidis.IsRedisNil(err):
-				rtts[i] = append(rtts[i], rtt)
+				pr.rtts = append(pr.rtts, rtt)
 			default:
 				// A probe that timed out waited at least that long; any
 				// other failure measures nothing. Either way the connection
 				// goes back (rueidis closes it if it broke), and the next
 				// probe takes one anew.
 				if errors.Is(err, context.DeadlineExceeded) {
-					rtts[i] = append(rtts[i], rtt)
+					pr.rtts = append(pr.rtts, rtt)
 				} else if !warned {
 					warned = true
 					x.r.opts.Logger.Warn("keyswap: a latency probe failed; the run paces by the probes that succeed, and keeps its limit while none does",
-						"key", x.r.key, "lock", lock, "error", err)
+						"key", x.r.key, "lock", pr.lock, "error", err)
 				}
-				closers[i]()
-				conns[i], closers[i] = nil, nil
+				pr.close()
+				pr.conn, pr.close = nil, nil
 			}
 		}
 		if ticks%probeWindow != 0 {
@@ -168,10 +176,10 @@ func (x *execution[T]) pace(ctx context.Context) {
 		// The slowest server decides: its own 90th percentile, not one
 		// pooled with the others'.
 		q, measured := time.Duration(0), false
-		for i := range rtts {
-			if len(rtts[i]) > 0 {
-				q, measured = max(q, percentile90(rtts[i])), true
-				rtts[i] = rtts[i][:0]
+		for _, pr := range probes {
+			if len(pr.rtts) > 0 {
+				q, measured = max(q, percentile90(pr.rtts)), true
+				pr.rtts = pr.rtts[:0]
 			}
 		}
 		if !measured {
