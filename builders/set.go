@@ -29,20 +29,20 @@ type set[T any] struct {
 // Commutative reports true: SADDs give the same set in any order.
 func (s *set[T]) Commutative() bool { return true }
 
-// Build writes items with SADD, merged across batches (Commands.Merge).
+// Build writes items with SADD, merged across batches (Commands.Merge),
+// item by item: the batch's entries are kept end to end either way.
 func (s *set[T]) Build(c *rebuild.Commands, items []T) error {
-	members := make([]string, 0, len(items))
 	for _, it := range items {
 		m, ok, err := s.fn(it)
 		if err != nil {
 			return mappingError(err)
 		}
-		if ok {
-			members = append(members, m)
+		if !ok {
+			continue
+		}
+		if err := c.Merge(s.key, "SADD", m); err != nil {
+			return err
 		}
 	}
-	if len(members) == 0 {
-		return nil
-	}
-	return c.Merge(s.key, "SADD", members...)
+	return nil
 }

@@ -66,12 +66,11 @@ func (s *setIndex[T]) KeyType() string { return "set" }
 // Commutative reports true: SADDs give the same sets in any order.
 func (s *setIndex[T]) Commutative() bool { return true }
 
-// Build groups the batch by bucket and writes each bucket with SADD,
-// merged across batches (Commands.Merge), so that a bucket's members go in
-// commands as full as Options.MaxMerged allows.
+// Build writes each item's member to its bucket with SADD, merged across
+// batches (Commands.MergeBucket), so that a bucket's members go in commands
+// as full as Options.MaxMerged allows. It merges item by item: grouping a
+// batch by bucket first would cost a map and a slice per bucket per batch.
 func (s *setIndex[T]) Build(c *rebuild.Commands, items []T) error {
-	buckets := map[string][]string{}
-	var order []string
 	for _, it := range items {
 		b, m, ok, err := s.fn(it)
 		if err != nil {
@@ -80,13 +79,7 @@ func (s *setIndex[T]) Build(c *rebuild.Commands, items []T) error {
 		if !ok {
 			continue
 		}
-		if _, seen := buckets[b]; !seen {
-			order = append(order, b)
-		}
-		buckets[b] = append(buckets[b], m)
-	}
-	for _, b := range order {
-		err := c.Merge(s.prefix+":"+b, "SADD", buckets[b]...)
+		err = c.MergeBucket(b, "SADD", m)
 		if errors.Is(err, rebuild.ErrReservedKey) {
 			continue // counted and logged by the Rebuilder
 		}

@@ -32,6 +32,7 @@ func (x *execution[T]) build(b *batch[T]) {
 func (x *execution[T]) buildBatch(b *batch[T]) {
 	r := x.r
 	c := newCommands(r.redis.Client().B(), x.targets, len(r.builders))
+	c.hint = len(b.items)
 	for i, bl := range r.builders {
 		c.builder = i
 		err := bl.Build(c, b.items)

@@ -78,6 +78,8 @@ type Commands struct {
 	skipped []int64            // entries skipped for a reserved key, per builder
 	touched []*target          // temp keys this batch's commands write (from Temp), in order
 	merged  []merged           // this batch's Merge calls
+	margs   []string           // their entries, end to end
+	hint    int                // the batch's items: margs's first capacity
 	err     error              // the first argument over maxBulk
 	seen    map[*target]bool   // set of touched
 	temps   map[string]*target // this batch's cache of targets.get
@@ -180,22 +182,83 @@ func (c *Commands) Temp(live string) (string, error) {
 // only key is its first argument; the run fails otherwise. Its errors are
 // Temp's. Each entry counts in Stats.Entries.
 func (c *Commands) Merge(live, name string, entries ...string) error {
-	// No cache of this batch's keys, unlike Temp: a family builder merges
-	// each bucket once per batch.
+	if n := len(c.merged); n > 0 && c.merged[n-1].t.Live == live && c.merged[n-1].t.builder == c.builder {
+		// The same key as the last call, as a builder that merges item by
+		// item asks: no lookup.
+		c.merge(c.merged[n-1].t, name, entries)
+		return nil
+	}
+	// No cache of this batch's keys, unlike Temp: the registry finds a key
+	// seen before with one lookup.
 	t, err := c.targets.get(c.builder, live)
 	if err != nil {
-		if errors.Is(err, ErrReservedKey) && c.targets.owners[c.builder].family {
-			c.skipped[c.builder] += int64(len(entries))
-			c.targets.skipped(live)
-		}
-		return err
+		return c.refused(live, err, len(entries))
 	}
+	c.merge(t, name, entries)
+	return nil
+}
+
+// MergeBucket is [Commands.Merge] on the bucket "<prefix>:<bucket>" of a
+// [Family] builder, whose Key is prefix, without building that key: the
+// bucket's temp key is found with one lookup of its name, shared by every
+// batch. It is the cheap way to merge a family's entries one item at a
+// time, as SetIndex does; its errors are Merge's, and calling it from a
+// builder that is not a Family fails the run.
+func (c *Commands) MergeBucket(bucket, name string, entries ...string) error {
+	o := c.targets.owners[c.builder]
+	if !o.family {
+		if c.err == nil {
+			c.err = fmt.Errorf("builder %q called MergeBucket but is not a Family: only a family has buckets", o.key)
+		}
+		return c.err
+	}
+	if n := len(c.merged); n > 0 {
+		if t := c.merged[n-1].t; t.builder == c.builder && t.bucket == bucket {
+			c.merge(t, name, entries)
+			return nil
+		}
+	}
+	t, err := c.targets.bucket(c.builder, bucket)
+	if err != nil {
+		return c.refused(o.key+":"+bucket, err, len(entries))
+	}
+	c.merge(t, name, entries)
+	return nil
+}
+
+// refused accounts for entries a Merge could not write to live, which get
+// refused with err: a family's reserved bucket is skipped and counted.
+func (c *Commands) refused(live string, err error, entries int) error {
+	if errors.Is(err, ErrReservedKey) && c.targets.owners[c.builder].family {
+		c.skipped[c.builder] += int64(entries)
+		c.targets.skipped(live)
+	}
+	return err
+}
+
+// merge records a Merge of entries on t. The entries of a batch's Merge
+// calls are kept end to end in one slice, and consecutive calls on the same
+// key and command are one record: a builder may merge item by item at the
+// cost of an append.
+func (c *Commands) merge(t *target, name string, entries []string) {
 	if !c.targets.owners[c.builder].commutative && c.err == nil {
 		c.err = fmt.Errorf("builder %q called Merge but is not Commutative: merged writes reach Redis in no set order", c.targets.owners[c.builder].key)
 	}
-	c.merged = append(c.merged, merged{t: t, name: name, args: entries})
 	c.entries[c.builder] += int64(len(entries))
-	return nil
+	if len(entries) == 0 {
+		return
+	}
+	if c.margs == nil {
+		c.margs = make([]string, 0, max(c.hint, len(entries)))
+	}
+	c.margs = append(c.margs, entries...)
+	if n := len(c.merged); n > 0 && c.merged[n-1].t == t && c.merged[n-1].name == name {
+		// The last record's entries are the tail of margs.
+		last := &c.merged[n-1]
+		last.args = c.margs[len(c.margs)-len(last.args)-len(entries):]
+		return
+	}
+	c.merged = append(c.merged, merged{t: t, name: name, args: c.margs[len(c.margs)-len(entries):]})
 }
 
 // Add appends cmd, which writes entries index entries (fields, members), to

@@ -2,6 +2,7 @@ package rebuild
 
 import (
 	"slices"
+	"strings"
 
 	"github.com/redis/rueidis"
 )
@@ -59,12 +60,19 @@ func (co *coalescer) add(ms []merged) []mergedCmd {
 			out = append(out, co.take(t))
 		}
 		t.name = m.name
-		for _, e := range m.args {
-			if len(t.data)+len(e) > maxMergeBytes && len(t.ends) > 0 {
+		args := m.args
+		for len(t.ends) == 0 && full(args) {
+			// A full command of this batch alone, as a Set's batches
+			// give: sent as it is, with nothing to copy.
+			out = append(out, mergedCmd{t, m.name, args[:MaxMergeArgs:MaxMergeArgs]})
+			args = args[MaxMergeArgs:]
+		}
+		for _, e := range args {
+			if t.data.Len()+len(e) > maxMergeBytes && len(t.ends) > 0 {
 				out = append(out, co.take(t))
 			}
-			t.data = append(t.data, e...)
-			t.ends = append(t.ends, int32(len(t.data)))
+			t.data.WriteString(e)
+			t.ends = append(t.ends, int32(t.data.Len()))
 			co.total++
 			if len(t.ends) == MaxMergeArgs {
 				out = append(out, co.take(t))
@@ -81,13 +89,28 @@ func (co *coalescer) add(ms []merged) []mergedCmd {
 	return out
 }
 
+// full reports whether the first MaxMergeArgs of args make a command
+// within maxMergeBytes.
+func full(args []string) bool {
+	if len(args) < MaxMergeArgs {
+		return false
+	}
+	n := 0
+	for _, a := range args[:MaxMergeArgs] {
+		n += len(a)
+	}
+	return n <= maxMergeBytes
+}
+
 // maxMergeBytes bounds the bytes of a merged command's entries, far below
 // the 2 GiB its offsets can count: an entry may be up to 512 MB.
 const maxMergeBytes = 64 << 20
 
-// take returns t's entries as a command, and empties its buffer.
+// take returns t's entries as a command, and empties its buffer. The
+// command's arguments are slices of the buffer's string, which is not
+// copied.
 func (co *coalescer) take(t *target) mergedCmd {
-	all := string(t.data)
+	all := t.data.String()
 	args := make([]string, len(t.ends))
 	start := int32(0)
 	for i, end := range t.ends {
@@ -97,7 +120,7 @@ func (co *coalescer) take(t *target) mergedCmd {
 	co.total -= len(t.ends)
 	// Not kept for reuse: memory then follows the entries held, not the
 	// number of keys ever written.
-	t.data, t.ends = nil, nil
+	t.data, t.ends = strings.Builder{}, nil
 	return mergedCmd{t, t.name, args}
 }
 

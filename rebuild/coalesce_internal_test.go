@@ -120,3 +120,38 @@ func TestCoalescerBoundsCommandBytes(t *testing.T) {
 		t.Error("entries changed on their way through the coalescer")
 	}
 }
+
+func TestCoalescerSendsFullBatchesAsTheyAre(t *testing.T) {
+	// A batch that alone fills commands, as a Set's does, goes out in
+	// commands of MaxMergeArgs without a copy; its rest waits, and so does
+	// every entry of a key that already holds some.
+	k, held := &target{}, &target{}
+	k.Key, held.Key = "k", "held"
+	co := &coalescer{bound: 1 << 20}
+	co.add([]merged{{t: held, name: "SADD", args: []string{"first"}}})
+	batch := entries("m", 2500)
+	out := co.add([]merged{{t: k, name: "SADD", args: batch}, {t: held, name: "SADD", args: entries("h", 1500)}})
+	lines, _ := emitted(out)
+	if diff := cmp.Diff([]string{"k SADD 1000", "k SADD 1000", "held SADD 1000"}, lines); diff != "" {
+		t.Errorf("commands (-want +got):\n%s", diff)
+	}
+	if &out[0].args[0] != &batch[0] || &out[1].args[0] != &batch[1000] {
+		t.Error("a full batch's commands were copied, want the batch's own entries")
+	}
+	if cap(out[0].args) != MaxMergeArgs {
+		t.Errorf("a full batch's command has capacity %d, want %d: an append to it must not write over the batch", cap(out[0].args), MaxMergeArgs)
+	}
+	if got := out[2].args[0]; got != "first" {
+		t.Errorf("the held key's command starts with %q, want what it held first", got)
+	}
+	if co.total != 500+501 {
+		t.Errorf("held: %d entries, want k's 500 and held's 501", co.total)
+	}
+	rest, byKey := emitted(co.drain()) // the fullest first
+	if diff := cmp.Diff([]string{"held SADD 501", "k SADD 500"}, rest); diff != "" {
+		t.Errorf("drained commands (-want +got):\n%s", diff)
+	}
+	if !slices.Equal(byKey["k"], batch[2000:]) {
+		t.Error("k's drained entries are not the batch's last 500, in order")
+	}
+}

@@ -375,3 +375,58 @@ func ExampleRebuilder_Run() {
 	// publishing: 5 items in 3 batches
 	// done: 5 items, 3 batches, map[users:by-score:swapped]
 }
+
+// visitsByCountry is a custom family builder: a HyperLogLog per country of
+// the users seen, "visits:by-country:<country>", counted with PFCOUNT.
+type visitsByCountry struct{}
+
+func (visitsByCountry) Key() string { return "visits:by-country" }
+
+// KeyType reports "string", the type TYPE gives a HyperLogLog: only such
+// keys under the prefix are orphans.
+func (visitsByCountry) KeyType() string { return "string" }
+
+// Commutative reports true: PFADDs give the same HyperLogLog in any order.
+func (visitsByCountry) Commutative() bool { return true }
+
+// Build merges each user into its country's HyperLogLog, one item at a time.
+func (visitsByCountry) Build(c *rebuild.Commands, items []User) error {
+	for _, u := range items {
+		if err := c.MergeBucket(u.Country, "PFADD", u.ID); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// A family builder of your own merges its entries bucket by bucket with
+// MergeBucket; the Rebuilder gathers each bucket's entries across batches
+// into full commands.
+func ExampleCommands_MergeBucket() {
+	client := exampleClient()
+	defer client.Close()
+	ctx := context.Background()
+
+	r, err := rebuild.New(client, rebuild.Options{}, rebuild.Builder[User](visitsByCountry{}))
+	if err != nil {
+		log.Fatal(err)
+	}
+	var users []User
+	for i := range 3000 {
+		users = append(users, User{ID: strconv.Itoa(i), Country: []string{"fr", "it", "fr"}[i%3]})
+	}
+	if _, err := r.Run(ctx, rebuild.FromSlice(users)); err != nil {
+		log.Fatal(err)
+	}
+	for _, country := range []string{"fr", "it"} {
+		n, err := client.Do(ctx, client.B().Pfcount().Key("visits:by-country:"+country).Build()).AsInt64()
+		if err != nil {
+			log.Fatal(err)
+		}
+		// A HyperLogLog's count is within about 1% of the truth.
+		fmt.Printf("%s: about %d thousand\n", country, (n+500)/1000)
+	}
+	// Output:
+	// fr: about 2 thousand
+	// it: about 1 thousand
+}
