@@ -25,6 +25,12 @@ type Durability struct {
 	// Timeout bounds the wait. Zero means DefaultDurabilityTimeout, or half
 	// the lease (Options.TTL) if that is shorter. It must be shorter than
 	// the lease: the lease is not renewed while the run waits.
+	//
+	// WAIT and WAITAOF are blocking commands: rueidis sends them on a
+	// connection of the client's blocking pool (ClientOption.BlockingPoolSize).
+	// If the application keeps every one of them busy, with BLPOP say, for
+	// longer than Timeout, the run fails closed with an error matching
+	// ErrNotDurable that says so.
 	Timeout time.Duration
 }
 

@@ -114,6 +114,11 @@ type Options struct {
 	// lower of it and MaxRate (or an operator's throttle) holds. Each
 	// decision is logged to Logger at the Debug level.
 	//
+	// The probes' connection comes from the client's blocking pool
+	// (rueidis ClientOption.BlockingPoolSize). While the application keeps
+	// every one of them busy, the run keeps its limit, and warns once
+	// after a second.
+	//
 	// The run paces between batches: a batch's transaction runs whole, so
 	// BatchSize must be small enough that one batch runs well within the
 	// budget (a few hundred items for 1 ms). The catch-up and the publish

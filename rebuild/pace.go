@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/keyswap/keyswap/internal/keys"
+	"github.com/keyswap/keyswap/internal/run"
 	"github.com/redis/rueidis"
 )
 
@@ -17,10 +18,12 @@ import (
 // times a GET of the run's lock on a connection of its own (not the
 // pipelined one the run writes on) to the server of each lock. The round
 // trip is what any command sent at that moment waits, behind the run's
-// transactions on the server and on the way to it. Every probeWindow ticks
-// (200 ms while probes are quick) it compares the 90th percentile of each
-// server's probes, the slowest server's, with the budget and sets the
-// gate's adaptive limit, in the manner of TCP's congestion control:
+// transactions on the server and on the way to it. Every window of 200 ms
+// (probeWindow probes while they are quick, fewer while they are slow, so
+// that a slow server is answered as soon as a quick one) it compares the
+// 90th percentile of each server's probes, the slowest server's, with the
+// budget and sets the gate's adaptive limit, in the manner of TCP's
+// congestion control:
 //   - the run starts at paceStart batches per second, not at full speed,
 //     and doubles its limit every window in which the probes stay under
 //     paceHeadroom of the budget and the limit holds the run back, until a
@@ -37,7 +40,7 @@ import (
 // the floor.
 const (
 	probeEvery   = 10 * time.Millisecond
-	probeWindow  = 20 // probes per decision: 200 ms
+	probeWindow  = 20 // probes per decision while they are quick: 200 ms
 	probeTimeout = time.Second
 	paceStart    = 10 // batches per second
 	paceDecrease = 0.6
@@ -114,10 +117,12 @@ func (x *execution[T]) pace(ctx context.Context) {
 	// One probe per lock, on a connection of its own, with the round trips
 	// of the window: each server is judged apart.
 	type probe struct {
-		lock  string
-		conn  rueidis.DedicatedClient
-		close func()
-		rtts  []time.Duration
+		lock    string
+		conn    rueidis.DedicatedClient
+		close   func()
+		pending <-chan run.Dedicated // the connection asked for, until it comes
+		since   time.Time            // when it was asked for
+		rtts    []time.Duration
 	}
 	var probes []*probe
 	for _, lock := range x.probeKeys() {
@@ -128,13 +133,16 @@ func (x *execution[T]) pace(ctx context.Context) {
 			if pr.close != nil {
 				pr.close()
 			}
+			if pr.pending != nil {
+				run.Abandon(pr.pending)
+			}
 		}
 	}()
 	tick := time.NewTicker(probeEvery)
 	defer tick.Stop()
 	from, items := time.Now(), x.pulled.Load()
-	warned := false
-	for ticks := 1; ; ticks++ {
+	warned, starved := false, false
+	for {
 		select {
 		case <-ctx.Done():
 			return
@@ -142,7 +150,22 @@ func (x *execution[T]) pace(ctx context.Context) {
 		}
 		for _, pr := range probes {
 			if pr.conn == nil {
-				pr.conn, pr.close = x.r.redis.Client().Dedicate()
+				// Asked for without blocking the loop: the client's
+				// blocking pool may be in use by the application.
+				if pr.pending == nil {
+					pr.pending, pr.since = run.Acquire(x.r.redis.Client()), time.Now()
+				}
+				select {
+				case d := <-pr.pending:
+					pr.conn, pr.close, pr.pending = d.Client, d.Release, nil
+				default:
+					if !starved && time.Since(pr.since) >= probeTimeout {
+						starved = true
+						x.r.opts.Logger.Warn("keyswap: no connection is free for the latency probes (the client's BlockingPoolSize is in use); the run keeps its limit until one is",
+							"key", x.r.key, "lock", pr.lock, "waited", time.Since(pr.since))
+					}
+					continue
+				}
 			}
 			pctx, cancel := context.WithTimeout(ctx, probeTimeout)
 			start := time.Now()
@@ -170,7 +193,7 @@ func (x *execution[T]) pace(ctx context.Context) {
 				pr.conn, pr.close = nil, nil
 			}
 		}
-		if ticks%probeWindow != 0 {
+		if time.Since(from) < probeWindow*probeEvery {
 			continue
 		}
 		// The slowest server decides: its own 90th percentile, not one

@@ -242,6 +242,64 @@ func TestLatencyProbeCut(t *testing.T) {
 	redistest.WantClean(t, other, "pace")
 }
 
+// TestLatencyProbeNoConnection: the application holds the only connection
+// of the client's blocking pool (BlockingPoolSize 1), as a blocking command
+// would. The probes cannot have one: the run warns once, goes on at its
+// starting limit, and once the connection is free the probes take it and
+// the pacer decides again. The run returns, publishes every item it
+// pulled, exactly, and leaves nothing behind; rueidis would have kept the
+// pacer, and with it the run's end, waiting for the pool.
+func TestLatencyProbeNoConnection(t *testing.T) {
+	t.Parallel()
+	s := redistest.OwnServer(t)
+	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{s.Addr}, DisableCache: true, ForceSingleClient: true, BlockingPoolSize: 1})
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	t.Cleanup(c.Close)
+	other := s.Client(t)
+	held, release := c.Dedicate()
+	var once sync.Once
+	free := func() { once.Do(release) }
+	t.Cleanup(free)
+	if err := held.Do(t.Context(), held.B().Ping().Build()).Error(); err != nil {
+		t.Fatalf("PING on the held connection: %v", err)
+	}
+
+	key := "pace:starved"
+	rec := newLogRecorder()
+	finish, yielded := endlessRun(t, c, key, rebuild.Options{BatchSize: 100, LatencyBudget: 50 * time.Millisecond, Logger: slog.New(rec)})
+	defer finish()
+	waitFor(t, "the warning that no connection is free for the probes", func() bool {
+		return len(rec.matching("keyswap: no connection is free for the latency probes", "key="+key)) > 0
+	})
+	if n := len(rec.matching("keyswap: paced")); n != 0 {
+		t.Errorf("%d pacing decisions without a probe, want none", n)
+	}
+	pulled := yielded.Load()
+	waitFor(t, "the run going on meanwhile", func() bool { return yielded.Load() > pulled })
+
+	free()
+	waitFor(t, "decisions from probes on the freed connection", func() bool {
+		return len(rec.matching("keyswap: paced", "key="+key)) >= 2
+	})
+	if n := len(rec.matching("keyswap: no connection is free")); n != 1 {
+		t.Errorf("got %d warnings that no connection is free, want 1", n)
+	}
+	done := make(chan error, 1)
+	go func() { done <- finish() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("Run did not return within a minute of its source's end")
+	}
+	wantEndless(t, other, key, yielded.Load())
+	redistest.WantClean(t, other, "pace")
+}
+
 func atoi64(t *testing.T, s string) int64 {
 	t.Helper()
 	n, err := strconv.ParseInt(s, 10, 64)

@@ -493,6 +493,72 @@ func TestProductionDurability(t *testing.T) {
 	})
 }
 
+// TestProductionDurabilityNoConnection: the application holds the only
+// connection of the client's blocking pool (BlockingPoolSize 1), as a
+// blocking command would, from before the run (its check that WAIT may run
+// needs the pool too) or from its first batch (the wait before the publish
+// then has no connection to wait on). Either way the run fails closed
+// after Durability.Timeout, with an error matching ErrNotDurable that names
+// the pool, the live key untouched and nothing left. Before, rueidis's
+// Dedicated waited for the pool without a deadline, and the check only
+// under the run's context: the run hung, its lease unrenewed, until the
+// pool came free.
+func TestProductionDurabilityNoConnection(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name     string
+		fromTest bool // held before the run; else from its first batch
+	}{{"held before the run", true}, {"held from the first batch", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := redistest.Ctx(t)
+			srv := redistest.OwnServer(t)
+			admin := srv.Client(t)
+			c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{srv.Addr}, DisableCache: true, ForceSingleClient: true, BlockingPoolSize: 1})
+			if err != nil {
+				t.Fatalf("connect: %v", err)
+			}
+			t.Cleanup(c.Close)
+			var once sync.Once
+			hold := func() {
+				once.Do(func() {
+					held, release := c.Dedicate()
+					t.Cleanup(release)
+					if err := held.Do(ctx, held.B().Ping().Build()).Error(); err != nil {
+						t.Errorf("PING on the held connection: %v", err)
+					}
+				})
+			}
+			if tc.fromTest {
+				hold()
+			}
+			prefix := redistest.Prefix(t)
+			live := prefix + "by-email"
+			redistest.SeedHash(t, admin, live, prodOld)
+			before := redistest.Snapshot(t, admin, prefix)
+			o := prodOptions()
+			o.Durability = rebuild.Durability{Replicas: 1, Timeout: 500 * time.Millisecond}
+			r := redistest.Rebuilder(t, onBatch(c, func(int, string) { hold() }), o, prodHash(live))
+			done := make(chan error, 1)
+			go func() {
+				_, err := r.Run(ctx, prodItems())
+				done <- err
+			}()
+			select {
+			case err = <-done:
+			case <-time.After(time.Minute):
+				t.Fatal("Run did not return within a minute: the durability wait waits for the pool")
+			}
+			t.Logf("Run: %v", err)
+			redistest.WantErr(t, err, rebuild.ErrNotDurable)
+			if !strings.Contains(err.Error(), "BlockingPoolSize") {
+				t.Errorf("err = %q, want it to name the blocking pool", err)
+			}
+			redistest.WantUnchanged(t, admin, prefix, before)
+		})
+	}
+}
+
 // TestProductionLostPublishReply loses the publish script's reply after the
 // script ran, so that the run settles it from the receipt the script left.
 //

@@ -43,9 +43,24 @@ func (d Durability) none() bool { return d.Replicas == 0 && !d.needsWaitAOF() }
 // can give what d asks: WAITAOF exists only from Redis 7.2, and local AOF
 // fsyncs need appendonly yes. It returns an error saying what is missing.
 func (r *Redis) CheckDurable(ctx context.Context, op, key string, lock string, d Durability) error {
+	// rueidis sends WAIT and WAITAOF, blocking commands, on a connection of
+	// the client's blocking pool: bounded like the wait itself, should the
+	// application keep the pool in use.
+	pctx, cancel := context.WithTimeoutCause(ctx, d.Timeout, errNoConnection)
+	defer cancel()
+	ctx, outer := pctx, ctx
+	starved := func(cmd string) error {
+		if ctx.Err() == nil || outer.Err() != nil {
+			return nil
+		}
+		return &Error{Op: op, Key: key, Err: fmt.Errorf("%w: %s did not answer within %v, perhaps as %w", ErrNotDurable, cmd, d.Timeout, errNoConnection)}
+	}
 	if d.Replicas > 0 && !d.needsWaitAOF() {
 		// WAIT 0 returns at once: it only asks whether this user may run it.
 		err := r.client.Do(ctx, r.client.B().Wait().Numreplicas(0).Timeout(1).Build()).Error()
+		if serr := starved("WAIT"); serr != nil {
+			return serr
+		}
 		if perr := Refused(err); perr != nil {
 			return &Error{Op: op, Key: key, Err: fmt.Errorf("Durability asks for replicas, which needs WAIT: %w", perr)}
 		}
@@ -57,6 +72,9 @@ func (r *Redis) CheckDurable(ctx context.Context, op, key string, lock string, d
 		return nil
 	}
 	err := r.client.Do(ctx, r.client.B().Waitaof().Numlocal(0).Numreplicas(0).Timeout(1).Build()).Error()
+	if serr := starved("WAITAOF"); serr != nil {
+		return serr
+	}
 	if perr := Refused(err); perr != nil {
 		return &Error{Op: op, Key: key, Err: fmt.Errorf("Durability asks for AOF fsyncs, which needs WAITAOF: %w", perr)}
 	}
@@ -66,7 +84,7 @@ func (r *Redis) CheckDurable(ctx context.Context, op, key string, lock string, d
 	if err != nil {
 		return Fail(ctx, op, key, fmt.Errorf("WAITAOF: %w", err))
 	}
-	return r.waitOn(ctx, op, key, lock, func(c rueidis.DedicatedClient) error {
+	return r.waitOn(ctx, op, key, lock, d.Timeout, func(c rueidis.DedicatedClient) error {
 		if !d.LocalAOF {
 			return nil
 		}
@@ -86,7 +104,7 @@ func (r *Redis) Wait(ctx context.Context, op, key, lock string, d Durability) er
 		return nil
 	}
 	ms := d.Timeout.Milliseconds()
-	return r.waitOn(ctx, op, key, lock, func(c rueidis.DedicatedClient) error {
+	return r.waitOn(ctx, op, key, lock, d.Timeout, func(c rueidis.DedicatedClient) error {
 		if d.Replicas > 0 {
 			n, err := c.Do(ctx, c.B().Wait().Numreplicas(int64(d.Replicas)).Timeout(ms).Build()).AsInt64()
 			if err != nil {
@@ -114,17 +132,33 @@ func (r *Redis) Wait(ctx context.Context, op, key, lock string, d Durability) er
 }
 
 // waitOn runs wait on a dedicated connection to the master of lock, after a
-// write to the run's record on it.
-func (r *Redis) waitOn(ctx context.Context, op, key, lock string, wait func(rueidis.DedicatedClient) error) error {
+// write to the run's record on it. The connection must come within within,
+// as the wait itself must: the lease is not renewed meanwhile.
+func (r *Redis) waitOn(ctx context.Context, op, key, lock string, within time.Duration, wait func(rueidis.DedicatedClient) error) error {
 	record := keys.RecordKey(lock)
-	err := r.client.Dedicated(func(c rueidis.DedicatedClient) error {
-		if err := c.Do(ctx, c.B().Hincrby().Key(record).Field("waits").Increment(1).Build()).Error(); err != nil {
-			return fmt.Errorf("HINCRBY %s: %w", record, err)
+	actx, cancel := context.WithTimeoutCause(ctx, within, errNoConnection)
+	defer cancel()
+	got := Acquire(r.client)
+	var d Dedicated
+	select {
+	case d = <-got:
+	case <-actx.Done():
+		Abandon(got)
+		if ctx.Err() == nil {
+			return &Error{Op: op, Key: key, Err: fmt.Errorf("%w: %w within %v", ErrNotDurable, errNoConnection, within)}
 		}
-		return wait(c)
-	})
-	if err != nil {
+		return Fail(ctx, op, key, ctx.Err())
+	}
+	defer d.Release()
+	c := d.Client
+	if err := c.Do(ctx, c.B().Hincrby().Key(record).Field("waits").Increment(1).Build()).Error(); err != nil {
+		return Fail(ctx, op, key, fmt.Errorf("HINCRBY %s: %w", record, err))
+	}
+	if err := wait(c); err != nil {
 		return Fail(ctx, op, key, err)
 	}
 	return nil
 }
+
+// errNoConnection is why a durability wait did not start.
+var errNoConnection = errors.New("no connection of the client's blocking pool (rueidis ClientOption.BlockingPoolSize) came free to wait on")
