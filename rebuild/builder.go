@@ -180,7 +180,8 @@ func (c *Commands) Temp(live string) (string, error) {
 // Only a [Commutative] builder may call Merge, for a command whose writes
 // give the same result in any order and any grouping (SADD, PFADD), whose
 // only key is its first argument; the run fails otherwise. Its errors are
-// Temp's. Each entry counts in Stats.Entries.
+// Temp's. Each entry counts in Stats.Entries; a Merge of no entries writes
+// nothing, not even the key.
 func (c *Commands) Merge(live, name string, entries ...string) error {
 	if n := len(c.merged); n > 0 && c.merged[n-1].t.Live == live && c.merged[n-1].t.builder == c.builder {
 		// The same key as the last call, as a builder that merges item by
@@ -207,10 +208,11 @@ func (c *Commands) Merge(live, name string, entries ...string) error {
 func (c *Commands) MergeBucket(bucket, name string, entries ...string) error {
 	o := c.targets.owners[c.builder]
 	if !o.family {
+		err := fmt.Errorf("builder %q called MergeBucket but is not a Family: only a family has buckets", o.key)
 		if c.err == nil {
-			c.err = fmt.Errorf("builder %q called MergeBucket but is not a Family: only a family has buckets", o.key)
+			c.err = err
 		}
-		return c.err
+		return err
 	}
 	if n := len(c.merged); n > 0 {
 		if t := c.merged[n-1].t; t.builder == c.builder && t.bucket == bucket {

@@ -47,10 +47,12 @@ type mergedCmd struct {
 // full, or, when more than bound entries are held, the largest ones until
 // half of bound is left.
 //
-// The entries are copied end to end into their key's buffer, while the
-// batch's items are still in the CPU's cache, so that writing a command
-// later reads one contiguous string rather than a thousand strings spread
-// over the heap; and the items' own strings can be collected at once.
+// The entries that wait are copied end to end into their key's buffer,
+// while the batch's items are still in the CPU's cache, so that writing a
+// command later reads one contiguous string rather than a thousand strings
+// spread over the heap, and the items' own strings can be collected at
+// once. A batch's entries that fill a command by themselves, on a key that
+// holds none, go as they are: nothing waits, so nothing is copied.
 func (co *coalescer) add(ms []merged) []mergedCmd {
 	var out []mergedCmd
 	for _, m := range ms {

@@ -50,26 +50,32 @@ func TestMergeBucket(t *testing.T) {
 		for _, u := range src {
 			want[prefix+":"+u.Country] = append(want[prefix+":"+u.Country], u.ID)
 		}
-		r := redistest.Rebuilder(t, d.Client, rebuild.Options{BatchSize: 7, Writers: 2}, rebuild.Builder[user](familyOf{bucketFamily{prefix: prefix}}))
+		// A second family merges the same items: the batch's entries then
+		// outgrow the room made for one per item.
+		second := d.Prefix + "again"
+		r := redistest.Rebuilder(t, d.Client, rebuild.Options{BatchSize: 7, Writers: 2},
+			rebuild.Builder[user](familyOf{bucketFamily{prefix: prefix}}), familyOf{bucketFamily{prefix: second}})
 		stats, err := r.Run(redistest.Ctx(t), rebuild.FromSlice(src))
 		if err != nil {
 			t.Fatalf("Run: %v", err)
 		}
-		if got := stats.Entries[prefix]; got != int64(len(src)) {
-			t.Errorf("Stats.Entries[%q]: got %d, want %d", prefix, got, len(src))
-		}
-		got := map[string][]string{}
-		for _, k := range redistest.LiveKeys(t, d.Other, prefix) {
-			got[k] = redistest.SMembers(t, d.Other, k)
-			if ttl := redistest.PTTL(t, d.Other, k); ttl != -1 {
-				t.Errorf("%s: PTTL %v, want no expiry", k, ttl)
-			}
-		}
 		for k := range want {
 			slices.Sort(want[k])
 		}
-		if diff := cmp.Diff(want, got); diff != "" {
-			t.Errorf("live buckets (-want +got):\n%s", diff)
+		for _, p := range []string{prefix, second} {
+			if got := stats.Entries[p]; got != int64(len(src)) {
+				t.Errorf("Stats.Entries[%q]: got %d, want %d", p, got, len(src))
+			}
+			got := map[string][]string{}
+			for _, k := range redistest.LiveKeys(t, d.Other, p) {
+				got[strings.Replace(k, p, prefix, 1)] = redistest.SMembers(t, d.Other, k)
+				if ttl := redistest.PTTL(t, d.Other, k); ttl != -1 {
+					t.Errorf("%s: PTTL %v, want no expiry", k, ttl)
+				}
+			}
+			if diff := cmp.Diff(want, got); diff != "" {
+				t.Errorf("live buckets of %s (-want +got):\n%s", p, diff)
+			}
 		}
 		redistest.WantClean(t, d.Other, d.Prefix)
 	})

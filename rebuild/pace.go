@@ -142,6 +142,13 @@ func (x *execution[T]) pace(ctx context.Context) {
 	defer tick.Stop()
 	from, items := time.Now(), x.pulled.Load()
 	warned, starved := false, false
+	failed := func(lock string, err error) {
+		if !warned {
+			warned = true
+			x.r.opts.Logger.Warn("keyswap: a latency probe failed; the run paces by the probes that succeed, and keeps its limit while none does",
+				"key", x.r.key, "lock", lock, "error", err)
+		}
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -152,12 +159,27 @@ func (x *execution[T]) pace(ctx context.Context) {
 			if pr.conn == nil {
 				// Asked for without blocking the loop: the client's
 				// blocking pool may be in use by the application.
+				// Its first GET, untimed, is where a cluster client
+				// takes the connection from the pool.
 				if pr.pending == nil {
-					pr.pending, pr.since = run.Acquire(x.r.redis.Client()), time.Now()
+					lock := pr.lock
+					pr.pending = run.Acquire(x.r.redis.Client(), func(c rueidis.DedicatedClient) error {
+						return c.Do(ctx, c.B().Get().Key(lock).Build()).Error()
+					})
+					pr.since = time.Now()
 				}
 				select {
 				case d := <-pr.pending:
-					pr.conn, pr.close, pr.pending = d.Client, d.Release, nil
+					pr.pending = nil
+					if d.Err != nil && !rueidis.IsRedisNil(d.Err) {
+						d.Release()
+						if ctx.Err() != nil {
+							return
+						}
+						failed(pr.lock, d.Err)
+						continue
+					}
+					pr.conn, pr.close = d.Client, d.Release
 				default:
 					if !starved && time.Since(pr.since) >= probeTimeout {
 						starved = true
@@ -184,10 +206,8 @@ func (x *execution[T]) pace(ctx context.Context) {
 				// probe takes one anew.
 				if errors.Is(err, context.DeadlineExceeded) {
 					pr.rtts = append(pr.rtts, rtt)
-				} else if !warned {
-					warned = true
-					x.r.opts.Logger.Warn("keyswap: a latency probe failed; the run paces by the probes that succeed, and keeps its limit while none does",
-						"key", x.r.key, "lock", pr.lock, "error", err)
+				} else {
+					failed(pr.lock, err)
 				}
 				pr.close()
 				pr.conn, pr.close = nil, nil

@@ -243,30 +243,46 @@ func TestLatencyProbeCut(t *testing.T) {
 }
 
 // TestLatencyProbeNoConnection: the application holds the only connection
-// of the client's blocking pool (BlockingPoolSize 1), as a blocking command
-// would. The probes cannot have one: the run warns once, goes on at its
-// starting limit, and once the connection is free the probes take it and
-// the pacer decides again. The run returns, publishes every item it
-// pulled, exactly, and leaves nothing behind; rueidis would have kept the
-// pacer, and with it the run's end, waiting for the pool.
+// of the client's blocking pool (BlockingPoolSize 1) to the server of the
+// run's lock, as a blocking command would. The probes cannot have one: the
+// run warns once, makes no pacing decision (a cluster client's wait for
+// the pool is not taken for a slow server), goes on at its starting limit,
+// and once the connection is free the probes take it and the pacer decides
+// again. The run returns, publishes every item it pulled, exactly, and
+// leaves nothing behind. Before, rueidis kept a standalone client's pacer,
+// and with it the run's end, waiting for the pool.
 func TestLatencyProbeNoConnection(t *testing.T) {
 	t.Parallel()
-	s := redistest.OwnServer(t)
-	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{s.Addr}, DisableCache: true, ForceSingleClient: true, BlockingPoolSize: 1})
+	t.Run("standalone", func(t *testing.T) {
+		t.Parallel()
+		s := redistest.OwnServer(t)
+		testLatencyProbeNoConnection(t, rueidis.ClientOption{InitAddress: []string{s.Addr}, ForceSingleClient: true}, s.Client(t), false)
+	})
+	t.Run("cluster", func(t *testing.T) {
+		t.Parallel()
+		cl := redistest.OwnCluster(t, 3)
+		testLatencyProbeNoConnection(t, rueidis.ClientOption{InitAddress: cl.Addrs}, cl.Client(t), true)
+	})
+}
+
+func testLatencyProbeNoConnection(t *testing.T, opt rueidis.ClientOption, other rueidis.Client, cluster bool) {
+	opt.DisableCache, opt.BlockingPoolSize = true, 1
+	c, err := rueidis.NewClient(opt)
 	if err != nil {
 		t.Fatalf("connect: %v", err)
 	}
 	t.Cleanup(c.Close)
-	other := s.Client(t)
+	key := "pace:starved"
+	// A cluster client takes a dedicated connection on its first command,
+	// from the pool of the server of that command's key.
 	held, release := c.Dedicate()
 	var once sync.Once
 	free := func() { once.Do(release) }
 	t.Cleanup(free)
-	if err := held.Do(t.Context(), held.B().Ping().Build()).Error(); err != nil {
-		t.Fatalf("PING on the held connection: %v", err)
+	if err := held.Do(t.Context(), held.B().Get().Key(keys.LockKey(key, cluster)).Build()).Error(); err != nil && !rueidis.IsRedisNil(err) {
+		t.Fatalf("GET on the held connection: %v", err)
 	}
 
-	key := "pace:starved"
 	rec := newLogRecorder()
 	finish, yielded := endlessRun(t, c, key, rebuild.Options{BatchSize: 100, LatencyBudget: 50 * time.Millisecond, Logger: slog.New(rec)})
 	defer finish()
@@ -285,6 +301,9 @@ func TestLatencyProbeNoConnection(t *testing.T) {
 	})
 	if n := len(rec.matching("keyswap: no connection is free")); n != 1 {
 		t.Errorf("got %d warnings that no connection is free, want 1", n)
+	}
+	if n := len(rec.matching("keyswap: a latency probe failed")); n != 0 {
+		t.Errorf("got %d warnings of failed probes, want none: waiting for the pool is not a failure", n)
 	}
 	done := make(chan error, 1)
 	go func() { done <- finish() }()

@@ -494,69 +494,90 @@ func TestProductionDurability(t *testing.T) {
 }
 
 // TestProductionDurabilityNoConnection: the application holds the only
-// connection of the client's blocking pool (BlockingPoolSize 1), as a
-// blocking command would, from before the run (its check that WAIT may run
-// needs the pool too) or from its first batch (the wait before the publish
-// then has no connection to wait on). Either way the run fails closed
+// connection of the client's blocking pool (BlockingPoolSize 1) to the
+// server of the run's lock, as a blocking command would, from before the
+// run (its check that WAIT may run needs the pool too) or from its first
+// batch (the wait before the publish then has no connection to wait on),
+// on a standalone server and on a cluster (whose client takes the
+// connection in the wait's first command). Either way the run fails closed
 // after Durability.Timeout, with an error matching ErrNotDurable that names
 // the pool, the live key untouched and nothing left. Before, rueidis's
-// Dedicated waited for the pool without a deadline, and the check only
-// under the run's context: the run hung, its lease unrenewed, until the
-// pool came free.
+// Dedicated waited for the pool without a deadline, and the check and a
+// cluster's wait only under the run's context: the run hung, its lease
+// unrenewed, until the pool came free.
 func TestProductionDurabilityNoConnection(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
-		name     string
-		fromTest bool // held before the run; else from its first batch
-	}{{"held before the run", true}, {"held from the first batch", false}} {
+		name               string
+		cluster, beforeRun bool
+	}{
+		{"standalone, held before the run", false, true},
+		{"standalone, held from the first batch", false, false},
+		{"cluster, held before the run", true, true},
+		{"cluster, held from the first batch", true, false},
+	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			ctx := redistest.Ctx(t)
-			srv := redistest.OwnServer(t)
-			admin := srv.Client(t)
-			c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{srv.Addr}, DisableCache: true, ForceSingleClient: true, BlockingPoolSize: 1})
-			if err != nil {
-				t.Fatalf("connect: %v", err)
-			}
-			t.Cleanup(c.Close)
-			var once sync.Once
-			hold := func() {
-				once.Do(func() {
-					held, release := c.Dedicate()
-					t.Cleanup(release)
-					if err := held.Do(ctx, held.B().Ping().Build()).Error(); err != nil {
-						t.Errorf("PING on the held connection: %v", err)
-					}
-				})
-			}
-			if tc.fromTest {
-				hold()
-			}
-			prefix := redistest.Prefix(t)
-			live := prefix + "by-email"
-			redistest.SeedHash(t, admin, live, prodOld)
-			before := redistest.Snapshot(t, admin, prefix)
-			o := prodOptions()
-			o.Durability = rebuild.Durability{Replicas: 1, Timeout: 500 * time.Millisecond}
-			r := redistest.Rebuilder(t, onBatch(c, func(int, string) { hold() }), o, prodHash(live))
-			done := make(chan error, 1)
-			go func() {
-				_, err := r.Run(ctx, prodItems())
-				done <- err
-			}()
-			select {
-			case err = <-done:
-			case <-time.After(time.Minute):
-				t.Fatal("Run did not return within a minute: the durability wait waits for the pool")
-			}
-			t.Logf("Run: %v", err)
-			redistest.WantErr(t, err, rebuild.ErrNotDurable)
-			if !strings.Contains(err.Error(), "BlockingPoolSize") {
-				t.Errorf("err = %q, want it to name the blocking pool", err)
-			}
-			redistest.WantUnchanged(t, admin, prefix, before)
+			testDurabilityNoConnection(t, tc.cluster, tc.beforeRun)
 		})
 	}
+}
+
+func testDurabilityNoConnection(t *testing.T, cluster, beforeRun bool) {
+	ctx := redistest.Ctx(t)
+	opt := rueidis.ClientOption{DisableCache: true, BlockingPoolSize: 1}
+	var admin rueidis.Client
+	if cluster {
+		cl := redistest.OwnCluster(t, 3)
+		opt.InitAddress, admin = cl.Addrs, cl.Client(t)
+	} else {
+		srv := redistest.OwnServer(t)
+		opt.InitAddress, opt.ForceSingleClient, admin = []string{srv.Addr}, true, srv.Client(t)
+	}
+	c, err := rueidis.NewClient(opt)
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	t.Cleanup(c.Close)
+	prefix := redistest.Prefix(t)
+	live := prefix + "by-email"
+	var once sync.Once
+	hold := func() {
+		once.Do(func() {
+			// A cluster client takes the connection on the first command,
+			// from the pool of its key's server: the lock's.
+			held, release := c.Dedicate()
+			t.Cleanup(release)
+			if err := held.Do(ctx, held.B().Get().Key(keys.LockKey(live, cluster)).Build()).Error(); err != nil && !rueidis.IsRedisNil(err) {
+				t.Errorf("GET on the held connection: %v", err)
+			}
+		})
+	}
+	if beforeRun {
+		hold()
+	}
+	redistest.SeedHash(t, admin, live, prodOld)
+	before := redistest.Snapshot(t, admin, prefix)
+	o := prodOptions()
+	o.Durability = rebuild.Durability{Replicas: 1, Timeout: 500 * time.Millisecond}
+	r := redistest.Rebuilder(t, onBatch(c, func(int, string) { hold() }), o, prodHash(live))
+	done := make(chan error, 1)
+	go func() {
+		_, err := r.Run(ctx, prodItems())
+		done <- err
+	}()
+	select {
+	case err = <-done:
+	case <-time.After(time.Minute):
+		t.Fatal("Run did not return within a minute: the durability wait waits for the pool")
+	}
+	t.Logf("Run: %v", err)
+	redistest.WantErr(t, err, rebuild.ErrNotDurable)
+	if !strings.Contains(err.Error(), "BlockingPoolSize") {
+		t.Errorf("err = %q, want it to name the blocking pool", err)
+	}
+	redistest.WantUnchanged(t, admin, prefix, before)
+	redistest.WantClean(t, admin, prefix)
 }
 
 // TestProductionLostPublishReply loses the publish script's reply after the

@@ -2,23 +2,30 @@ package run
 
 import "github.com/redis/rueidis"
 
-// Dedicated is a connection of a client's blocking pool, and the function
-// that gives it back.
+// Dedicated is a connection of a client's blocking pool, the function that
+// gives it back, and the error of its first command.
 type Dedicated struct {
 	Client  rueidis.DedicatedClient
 	Release func()
+	Err     error
 }
 
-// Acquire asks c for a dedicated connection, and returns the channel on
-// which it comes. rueidis waits for one without a context when the
-// client's blocking pool (ClientOption.BlockingPoolSize) is in use, as an
-// application's blocking commands can keep it; a run must not hang on it.
-// The caller either receives from the channel or calls Abandon on it.
-func Acquire(c rueidis.Client) <-chan Dedicated {
+// Acquire asks c for a dedicated connection, runs first on it, and returns
+// the channel on which the connection comes once first has returned.
+//
+// rueidis takes the connection from the client's blocking pool
+// (ClientOption.BlockingPoolSize), which an application's blocking commands
+// can keep in use: a standalone or Sentinel client waits for one in
+// Dedicate, without a context; a cluster client in the first command, under
+// that command's context. Either way the wait happens here, in a goroutine
+// of its own, so that a run can give up on it rather than hang, and not
+// take the wait for a slow server. The caller either receives from the
+// channel, or calls Abandon on it.
+func Acquire(c rueidis.Client, first func(rueidis.DedicatedClient) error) <-chan Dedicated {
 	got := make(chan Dedicated, 1)
 	go func() {
 		dc, release := c.Dedicate()
-		got <- Dedicated{dc, release}
+		got <- Dedicated{dc, release, first(dc)}
 	}()
 	return got
 }

@@ -46,18 +46,17 @@ func (r *Redis) CheckDurable(ctx context.Context, op, key string, lock string, d
 	// rueidis sends WAIT and WAITAOF, blocking commands, on a connection of
 	// the client's blocking pool: bounded like the wait itself, should the
 	// application keep the pool in use.
-	pctx, cancel := context.WithTimeoutCause(ctx, d.Timeout, errNoConnection)
+	probe, cancel := context.WithTimeoutCause(ctx, d.Timeout, errNoConnection)
 	defer cancel()
-	ctx, outer := pctx, ctx
 	starved := func(cmd string) error {
-		if ctx.Err() == nil || outer.Err() != nil {
+		if !errors.Is(context.Cause(probe), errNoConnection) {
 			return nil
 		}
 		return &Error{Op: op, Key: key, Err: fmt.Errorf("%w: %s did not answer within %v, perhaps as %w", ErrNotDurable, cmd, d.Timeout, errNoConnection)}
 	}
 	if d.Replicas > 0 && !d.needsWaitAOF() {
 		// WAIT 0 returns at once: it only asks whether this user may run it.
-		err := r.client.Do(ctx, r.client.B().Wait().Numreplicas(0).Timeout(1).Build()).Error()
+		err := r.client.Do(probe, r.client.B().Wait().Numreplicas(0).Timeout(1).Build()).Error()
 		if serr := starved("WAIT"); serr != nil {
 			return serr
 		}
@@ -71,7 +70,7 @@ func (r *Redis) CheckDurable(ctx context.Context, op, key string, lock string, d
 	if !d.needsWaitAOF() {
 		return nil
 	}
-	err := r.client.Do(ctx, r.client.B().Waitaof().Numlocal(0).Numreplicas(0).Timeout(1).Build()).Error()
+	err := r.client.Do(probe, r.client.B().Waitaof().Numlocal(0).Numreplicas(0).Timeout(1).Build()).Error()
 	if serr := starved("WAITAOF"); serr != nil {
 		return serr
 	}
@@ -138,23 +137,30 @@ func (r *Redis) waitOn(ctx context.Context, op, key, lock string, within time.Du
 	record := keys.RecordKey(lock)
 	actx, cancel := context.WithTimeoutCause(ctx, within, errNoConnection)
 	defer cancel()
-	got := Acquire(r.client)
+	// The record's write is the connection's first command: a cluster
+	// client takes the connection from the pool for it.
+	got := Acquire(r.client, func(c rueidis.DedicatedClient) error {
+		return c.Do(actx, c.B().Hincrby().Key(record).Field("waits").Increment(1).Build()).Error()
+	})
 	var d Dedicated
 	select {
 	case d = <-got:
 	case <-actx.Done():
 		Abandon(got)
-		if ctx.Err() == nil {
-			return &Error{Op: op, Key: key, Err: fmt.Errorf("%w: %w within %v", ErrNotDurable, errNoConnection, within)}
-		}
+	}
+	if d.Release != nil {
+		defer d.Release()
+	}
+	if errors.Is(context.Cause(actx), errNoConnection) && (d.Release == nil || d.Err != nil) {
+		return &Error{Op: op, Key: key, Err: fmt.Errorf("%w: %w within %v", ErrNotDurable, errNoConnection, within)}
+	}
+	if d.Release == nil {
 		return Fail(ctx, op, key, ctx.Err())
 	}
-	defer d.Release()
-	c := d.Client
-	if err := c.Do(ctx, c.B().Hincrby().Key(record).Field("waits").Increment(1).Build()).Error(); err != nil {
-		return Fail(ctx, op, key, fmt.Errorf("HINCRBY %s: %w", record, err))
+	if d.Err != nil {
+		return Fail(ctx, op, key, fmt.Errorf("HINCRBY %s: %w", record, d.Err))
 	}
-	if err := wait(c); err != nil {
+	if err := wait(d.Client); err != nil {
 		return Fail(ctx, op, key, err)
 	}
 	return nil
