@@ -183,7 +183,7 @@ func (x *execution[T]) pace(ctx context.Context) {
 				default:
 					if !starved && time.Since(pr.since) >= probeTimeout {
 						starved = true
-						x.r.opts.Logger.Warn("keyswap: no connection is free for the latency probes (the client's BlockingPoolSize is in use); the run keeps its limit until one is",
+						x.r.opts.Logger.Warn("keyswap: no connection is free for the latency probes (the client's BlockingPoolSize is in use, or the server does not answer); the run keeps its limit until one is",
 							"key", x.r.key, "lock", pr.lock, "waited", time.Since(pr.since))
 					}
 					continue
@@ -199,16 +199,16 @@ func (x *execution[T]) pace(ctx context.Context) {
 				return
 			case err == nil || rueidis.IsRedisNil(err):
 				pr.rtts = append(pr.rtts, rtt)
+			case errors.Is(err, context.DeadlineExceeded):
+				// It waited at least that long, behind a slow server, on a
+				// connection that still works (rueidis drops the late
+				// reply): the next probe goes on it, and is timed too.
+				pr.rtts = append(pr.rtts, rtt)
 			default:
-				// A probe that timed out waited at least that long; any
-				// other failure measures nothing. Either way the connection
-				// goes back (rueidis closes it if it broke), and the next
-				// probe takes one anew.
-				if errors.Is(err, context.DeadlineExceeded) {
-					pr.rtts = append(pr.rtts, rtt)
-				} else {
-					failed(pr.lock, err)
-				}
+				// Any other failure measures nothing. The connection goes
+				// back (rueidis closes it if it broke), and the next probe
+				// takes one anew.
+				failed(pr.lock, err)
 				pr.close()
 				pr.conn, pr.close = nil, nil
 			}

@@ -319,6 +319,51 @@ func testLatencyProbeNoConnection(t *testing.T, opt rueidis.ClientOption, other 
 	redistest.WantClean(t, other, "pace")
 }
 
+// TestLatencyProbeTimeout: while another client keeps the server busy for
+// 2.5 s, longer than a probe waits (1 s), a probe times out. It counts as a
+// round trip of at least 1 s, the pacer decides over the budget, and the
+// probes go on, timed, on the same connection: neither a failure nor a
+// missing connection is reported. The run then publishes every item it
+// pulled, exactly, and leaves nothing behind.
+func TestLatencyProbeTimeout(t *testing.T) {
+	t.Parallel()
+	s := redistest.OwnServer(t)
+	c, other := s.Client(t), s.Client(t)
+	key := "pace:stalled"
+	rec := newLogRecorder()
+	finish, yielded := endlessRun(t, c, key, rebuild.Options{BatchSize: 100, LatencyBudget: 50 * time.Millisecond, Logger: slog.New(rec)})
+	defer finish()
+	waitFor(t, "pacing decisions", func() bool { return len(rec.matching("keyswap: paced", "key="+key)) >= 2 })
+
+	busy := s.Client(t)
+	if err := busy.Do(t.Context(), busy.B().Eval().Script(busyScript).Numkeys(0).Arg("2500").Build()).Error(); err != nil {
+		t.Fatalf("the busy script: %v", err)
+	}
+	slowest := func() time.Duration {
+		var most time.Duration
+		for _, line := range rec.matching("keyswap: paced", "key="+key) {
+			f := strings.Fields(line[strings.Index(line, " p90=")+len(" p90="):])
+			if d, err := time.ParseDuration(f[0]); err == nil && d > most {
+				most = d
+			}
+		}
+		return most
+	}
+	waitFor(t, "a decision on a probe that timed out", func() bool { return slowest() >= time.Second })
+	decided := len(rec.matching("keyswap: paced", "key="+key))
+	waitFor(t, "decisions after the stall", func() bool { return len(rec.matching("keyswap: paced", "key="+key)) >= decided+2 })
+	for _, msg := range []string{"keyswap: no connection is free", "keyswap: a latency probe failed"} {
+		if n := len(rec.matching(msg)); n != 0 {
+			t.Errorf("got %d warnings %q, want none: a probe that timed out measured the stall", n, msg)
+		}
+	}
+	if err := finish(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	wantEndless(t, other, key, yielded.Load())
+	redistest.WantClean(t, other, "pace")
+}
+
 func atoi64(t *testing.T, s string) int64 {
 	t.Helper()
 	n, err := strconv.ParseInt(s, 10, 64)
