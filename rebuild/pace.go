@@ -109,33 +109,75 @@ func (x *execution[T]) probeKeys() []string {
 	return out
 }
 
+// probe is the latency probe of one lock's server: a connection of its
+// own, and the round trips of the window, so that each server is judged
+// apart.
+type probe struct {
+	lock    string
+	conn    rueidis.DedicatedClient
+	release func()
+	pending <-chan run.Dedicated // the connection asked for, until it comes
+	since   time.Time            // when it was asked for
+	rtts    []time.Duration
+}
+
+// connect reports whether pr has a connection, asking c for one when it has
+// none, without waiting: the client's blocking pool may be in use by the
+// application. A new connection's first GET, untimed, is where a cluster
+// client takes it from the pool; err is that GET's failure.
+func (pr *probe) connect(ctx context.Context, c rueidis.Client) (ready bool, err error) {
+	if pr.conn != nil {
+		return true, nil
+	}
+	if pr.pending == nil {
+		lock := pr.lock
+		pr.pending = run.Acquire(c, func(dc rueidis.DedicatedClient) error {
+			return dc.Do(ctx, dc.B().Get().Key(lock).Build()).Error()
+		})
+		pr.since = time.Now()
+	}
+	select {
+	case d := <-pr.pending:
+		pr.pending = nil
+		if d.Err != nil && !rueidis.IsRedisNil(d.Err) {
+			d.Release()
+			return false, d.Err
+		}
+		pr.conn, pr.release = d.Client, d.Release
+		return true, nil
+	default:
+		return false, nil
+	}
+}
+
+// drop gives pr's connection back, so that the next probe asks anew.
+func (pr *probe) drop() {
+	if pr.release != nil {
+		pr.release()
+	}
+	pr.conn, pr.release = nil, nil
+}
+
+// close gives back pr's connection, and the one it asked for once it comes.
+func (pr *probe) close() {
+	pr.drop()
+	if pr.pending != nil {
+		run.Abandon(pr.pending)
+	}
+}
+
 // pace runs the pacer until ctx ends, then lifts its limit.
 func (x *execution[T]) pace(ctx context.Context) {
 	defer x.gate.setAdaptive(0)
 	p := newPacer(x.r.opts.LatencyBudget, x.r.opts.BatchSize)
 	x.gate.setAdaptive(p.limit)
-	// One probe per lock, on a connection of its own, with the round trips
-	// of the window: each server is judged apart.
-	type probe struct {
-		lock    string
-		conn    rueidis.DedicatedClient
-		close   func()
-		pending <-chan run.Dedicated // the connection asked for, until it comes
-		since   time.Time            // when it was asked for
-		rtts    []time.Duration
-	}
 	var probes []*probe
 	for _, lock := range x.probeKeys() {
 		probes = append(probes, &probe{lock: lock})
 	}
 	defer func() {
 		for _, pr := range probes {
-			if pr.close != nil {
-				pr.close()
-			}
-			if pr.pending != nil {
-				run.Abandon(pr.pending)
-			}
+			pr.close()
 		}
 	}()
 	tick := time.NewTicker(probeEvery)
@@ -156,42 +198,24 @@ func (x *execution[T]) pace(ctx context.Context) {
 		case <-tick.C:
 		}
 		for _, pr := range probes {
-			if pr.conn == nil {
-				// Asked for without blocking the loop: the client's
-				// blocking pool may be in use by the application.
-				// Its first GET, untimed, is where a cluster client
-				// takes the connection from the pool.
-				if pr.pending == nil {
-					lock := pr.lock
-					pr.pending = run.Acquire(x.r.redis.Client(), func(c rueidis.DedicatedClient) error {
-						return c.Do(ctx, c.B().Get().Key(lock).Build()).Error()
-					})
-					pr.since = time.Now()
+			ready, err := pr.connect(ctx, x.r.redis.Client())
+			switch {
+			case ctx.Err() != nil:
+				return
+			case err != nil:
+				failed(pr.lock, err)
+				continue
+			case !ready:
+				if !starved && time.Since(pr.since) >= probeTimeout {
+					starved = true
+					x.r.opts.Logger.Warn("keyswap: no connection is free for the latency probes (the client's BlockingPoolSize is in use, or the server does not answer); the run keeps its limit until one is",
+						"key", x.r.key, "lock", pr.lock, "waited", time.Since(pr.since))
 				}
-				select {
-				case d := <-pr.pending:
-					pr.pending = nil
-					if d.Err != nil && !rueidis.IsRedisNil(d.Err) {
-						d.Release()
-						if ctx.Err() != nil {
-							return
-						}
-						failed(pr.lock, d.Err)
-						continue
-					}
-					pr.conn, pr.close = d.Client, d.Release
-				default:
-					if !starved && time.Since(pr.since) >= probeTimeout {
-						starved = true
-						x.r.opts.Logger.Warn("keyswap: no connection is free for the latency probes (the client's BlockingPoolSize is in use, or the server does not answer); the run keeps its limit until one is",
-							"key", x.r.key, "lock", pr.lock, "waited", time.Since(pr.since))
-					}
-					continue
-				}
+				continue
 			}
 			pctx, cancel := context.WithTimeout(ctx, probeTimeout)
 			start := time.Now()
-			err := pr.conn.Do(pctx, pr.conn.B().Get().Key(pr.lock).Build()).Error()
+			err = pr.conn.Do(pctx, pr.conn.B().Get().Key(pr.lock).Build()).Error()
 			rtt := time.Since(start)
 			cancel()
 			switch {
@@ -209,8 +233,7 @@ func (x *execution[T]) pace(ctx context.Context) {
 				// back (rueidis closes it if it broke), and the next probe
 				// takes one anew.
 				failed(pr.lock, err)
-				pr.close()
-				pr.conn, pr.close = nil, nil
+				pr.drop()
 			}
 		}
 		if time.Since(from) < probeWindow*probeEvery {

@@ -187,6 +187,34 @@ func wantEndless(t *testing.T, c rueidis.Client, key string, n int64) {
 	}
 }
 
+// probedRun is endlessRun under "pace" with a 50 ms LatencyBudget, batches
+// of 100, and a log recorded at every level.
+func probedRun(t *testing.T, c rueidis.Client, key string) (rec logRecorder, finish func() error, yielded *atomic.Int64) {
+	t.Helper()
+	rec = newLogRecorder()
+	finish, yielded = endlessRun(t, c, key, rebuild.Options{BatchSize: 100, LatencyBudget: 50 * time.Millisecond, Logger: slog.New(rec)})
+	return rec, finish, yielded
+}
+
+// wantProbedEnd ends a probedRun: Run must return nil within a minute of
+// its source's end, with exactly the items it pulled published and nothing
+// left under "pace".
+func wantProbedEnd(t *testing.T, finish func() error, other rueidis.Client, key string, yielded *atomic.Int64) {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- finish() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("Run did not return within a minute of its source's end")
+	}
+	wantEndless(t, other, key, yielded.Load())
+	redistest.WantClean(t, other, "pace")
+}
+
 // TestLatencyProbeCut: the server kills the connection of a run's latency
 // probes. The run logs one warning, probes on a new connection, goes on
 // pacing (decisions logged at the Debug level), and publishes every item,
@@ -196,8 +224,7 @@ func TestLatencyProbeCut(t *testing.T) {
 	s := redistest.OwnServer(t)
 	c, other := s.Client(t), s.Client(t)
 	key := "pace:by-email"
-	rec := newLogRecorder()
-	finish, yielded := endlessRun(t, c, key, rebuild.Options{BatchSize: 100, LatencyBudget: 50 * time.Millisecond, Logger: slog.New(rec)})
+	rec, finish, yielded := probedRun(t, c, key)
 	defer finish()
 
 	// The probes' connection is the only one whose last command is GET.
@@ -235,11 +262,7 @@ func TestLatencyProbeCut(t *testing.T) {
 	if n := len(rec.matching("keyswap: a latency probe failed")); n != 1 {
 		t.Errorf("got %d warnings of failed probes, want 1", n)
 	}
-	if err := finish(); err != nil {
-		t.Fatalf("Run: %v", err)
-	}
-	wantEndless(t, other, key, yielded.Load())
-	redistest.WantClean(t, other, "pace")
+	wantProbedEnd(t, finish, other, key, yielded)
 }
 
 // TestLatencyProbeNoConnection: the application holds the only connection
@@ -283,8 +306,7 @@ func testLatencyProbeNoConnection(t *testing.T, opt rueidis.ClientOption, other 
 		t.Fatalf("GET on the held connection: %v", err)
 	}
 
-	rec := newLogRecorder()
-	finish, yielded := endlessRun(t, c, key, rebuild.Options{BatchSize: 100, LatencyBudget: 50 * time.Millisecond, Logger: slog.New(rec)})
+	rec, finish, yielded := probedRun(t, c, key)
 	defer finish()
 	waitFor(t, "the warning that no connection is free for the probes", func() bool {
 		return len(rec.matching("keyswap: no connection is free for the latency probes", "key="+key)) > 0
@@ -305,18 +327,7 @@ func testLatencyProbeNoConnection(t *testing.T, opt rueidis.ClientOption, other 
 	if n := len(rec.matching("keyswap: a latency probe failed")); n != 0 {
 		t.Errorf("got %d warnings of failed probes, want none: waiting for the pool is not a failure", n)
 	}
-	done := make(chan error, 1)
-	go func() { done <- finish() }()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("Run: %v", err)
-		}
-	case <-time.After(time.Minute):
-		t.Fatal("Run did not return within a minute of its source's end")
-	}
-	wantEndless(t, other, key, yielded.Load())
-	redistest.WantClean(t, other, "pace")
+	wantProbedEnd(t, finish, other, key, yielded)
 }
 
 // TestLatencyProbeTimeout: while another client keeps the server busy for
@@ -330,8 +341,7 @@ func TestLatencyProbeTimeout(t *testing.T) {
 	s := redistest.OwnServer(t)
 	c, other := s.Client(t), s.Client(t)
 	key := "pace:stalled"
-	rec := newLogRecorder()
-	finish, yielded := endlessRun(t, c, key, rebuild.Options{BatchSize: 100, LatencyBudget: 50 * time.Millisecond, Logger: slog.New(rec)})
+	rec, finish, yielded := probedRun(t, c, key)
 	defer finish()
 	waitFor(t, "pacing decisions", func() bool { return len(rec.matching("keyswap: paced", "key="+key)) >= 2 })
 
@@ -357,11 +367,7 @@ func TestLatencyProbeTimeout(t *testing.T) {
 			t.Errorf("got %d warnings %q, want none: a probe that timed out measured the stall", n, msg)
 		}
 	}
-	if err := finish(); err != nil {
-		t.Fatalf("Run: %v", err)
-	}
-	wantEndless(t, other, key, yielded.Load())
-	redistest.WantClean(t, other, "pace")
+	wantProbedEnd(t, finish, other, key, yielded)
 }
 
 func atoi64(t *testing.T, s string) int64 {

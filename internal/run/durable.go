@@ -142,22 +142,24 @@ func (r *Redis) waitOn(ctx context.Context, op, key, lock string, within time.Du
 	got := Acquire(r.client, func(c rueidis.DedicatedClient) error {
 		return c.Do(actx, c.B().Hincrby().Key(record).Field("waits").Increment(1).Build()).Error()
 	})
+	starved := func() error {
+		return &Error{Op: op, Key: key, Err: fmt.Errorf("%w: %w within %v", ErrNotDurable, errNoConnection, within)}
+	}
 	var d Dedicated
 	select {
 	case d = <-got:
 	case <-actx.Done():
 		Abandon(got)
-	}
-	if d.Release != nil {
-		defer d.Release()
-	}
-	if errors.Is(context.Cause(actx), errNoConnection) && (d.Release == nil || d.Err != nil) {
-		return &Error{Op: op, Key: key, Err: fmt.Errorf("%w: %w within %v", ErrNotDurable, errNoConnection, within)}
-	}
-	if d.Release == nil {
+		if errors.Is(context.Cause(actx), errNoConnection) {
+			return starved()
+		}
 		return Fail(ctx, op, key, ctx.Err())
 	}
+	defer d.Release()
 	if d.Err != nil {
+		if errors.Is(context.Cause(actx), errNoConnection) {
+			return starved()
+		}
 		return Fail(ctx, op, key, fmt.Errorf("HINCRBY %s: %w", record, d.Err))
 	}
 	if err := wait(d.Client); err != nil {
