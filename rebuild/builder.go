@@ -79,13 +79,14 @@ type Commands struct {
 	touched []*target // temp keys this batch's commands write (from Temp), in order
 	merged  []merged  // this batch's Merge calls
 	margs   []string  // their entries, end to end
-	// The bucket of the last MergeBucket call and its target, so that the
-	// next call on the same bucket needs neither a lookup nor a read of the
+	// The bucket and target that the last MergeBucket to look a bucket up
+	// found, so that the next call on the same bucket, while the target is
+	// still the last record's, needs neither a lookup nor a read of the
 	// target (which, among 100,000 buckets, is a cache miss).
 	lastBucket  string
 	lastBuilder int
 	lastT       *target
-	hint        int                // the batch's items: margs's first capacity
+	hint        int                // the batch's items: margs's first capacity, and merged's once it has two records
 	err         error              // the first argument over maxBulk
 	seen        map[*target]bool   // set of touched
 	temps       map[string]*target // this batch's cache of targets.get
@@ -257,7 +258,6 @@ func (c *Commands) merge(t *target, name string, entries []string) {
 	}
 	if c.margs == nil {
 		c.margs = make([]string, 0, max(c.hint, len(entries)))
-		c.merged = make([]merged, 0, c.hint)
 	}
 	c.margs = append(c.margs, entries...)
 	if n := len(c.merged); n > 0 && c.merged[n-1].t == t && c.merged[n-1].name == name {
@@ -265,6 +265,16 @@ func (c *Commands) merge(t *target, name string, entries []string) {
 		last := &c.merged[n-1]
 		last.args = c.margs[len(c.margs)-len(last.args)-len(entries):]
 		return
+	}
+	if len(c.merged) == cap(c.merged) {
+		// A builder that merges on one key makes one record per batch; a
+		// family about one per item: its second record makes room for the
+		// batch, rather than growing the slice a few records at a time.
+		n := 1
+		if len(c.merged) > 0 {
+			n = max(c.hint, 2*len(c.merged))
+		}
+		c.merged = append(make([]merged, 0, n), c.merged...)
 	}
 	c.merged = append(c.merged, merged{t: t, name: name, args: c.margs[len(c.margs)-len(entries):]})
 }

@@ -10,13 +10,15 @@ import (
 
 // MergePath runs a SetIndex's client side without Redis, for
 // BenchmarkMergeBucketPath: each item's MergeBucket in batches of batch
-// items, built by two goroutines at once (Options.Writers' default), then
-// the sender's coalescer with the default MaxMerged, and the commands
-// built from what it emits. Item i is in bucket buckets[bucketOf[i]]; its
-// member, "user:1" and i in 7 digits, is made in its batch, as a source makes its
-// items: nothing of the items outlives the run but what keyswap keeps. It
-// returns the commands built.
-func MergePath(cb rueidis.Builder, buckets []string, bucketOf []int32, batch int) (int, error) {
+// items, built by two goroutines at once (one per core of the machines the
+// project is measured on), then the sender's coalescer with the default
+// MaxMerged, and the transactions packed from what it emits, of at most
+// batch entries each, as the sender packs them. Item i is in bucket
+// buckets[bucketOf[i]]; its member, "user:1" and i in 7 digits, is made in
+// its batch, as a source makes its items: nothing of the items outlives
+// the run but what keyswap keeps. It returns the commands built and the
+// entries they carry.
+func MergePath(cb rueidis.Builder, buckets []string, bucketOf []int32, batch int) (cmds, entries int, err error) {
 	n := len(bucketOf)
 	ts := newTargets([]owner{{key: "idx", family: true, commutative: true}}, false, func(live string) string { return live + ":tmp" })
 	co := &coalescer{bound: DefaultMaxMerged}
@@ -51,19 +53,19 @@ func MergePath(cb rueidis.Builder, buckets []string, bucketOf []int32, batch int
 		})
 	}
 	go func() { wg.Wait(); close(batches) }()
-	sent := 0
-	for c := range batches {
-		for _, t := range pack(cb, co.add(c.merged), 1<<20) {
-			sent += len(t.cmds)
+	count := func(txns []*txn) {
+		for _, t := range txns {
+			cmds += len(t.cmds)
+			entries += t.entries
 		}
 	}
-	for _, t := range pack(cb, co.drain(), 1<<20) {
-		sent += len(t.cmds)
+	for c := range batches {
+		count(pack(cb, co.add(c.merged), batch))
 	}
+	count(pack(cb, co.drain(), batch))
 	select {
-	case err := <-errs:
-		return sent, err
+	case err = <-errs:
 	default:
-		return sent, nil
 	}
+	return cmds, entries, err
 }

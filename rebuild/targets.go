@@ -119,20 +119,21 @@ func (ts *targets) bucket(b int, bucket string) (*target, error) {
 // bucketIndex maps a family's bucket names to their targets. Every item of
 // a SetIndex looks its bucket up, from each build goroutine at once, and
 // buckets are added only when a batch first writes them: so a lookup reads
-// an immutable map through an atomic pointer, writing nothing that the
-// goroutines share (a read lock's counter, written by every lookup, moved
-// between the cores and cost as much as the lookup). Buckets added since
-// wait in added, under mu, until as many lookups have missed the map as it
-// has entries; then a new map with every bucket replaces it. Copying that
-// map costs, over a run, about as much as the misses it saves. Each bucket
-// name is its target's, not the caller's. (A sync.Map cost a third more
-// per lookup than a map under a read lock, with 100,000 buckets.)
+// an immutable map through an atomic pointer, and once every bucket is in
+// it, lookups write nothing that the goroutines share (a read lock's
+// counter, written by every lookup, moved between the cores and cost as
+// much as the lookup). Buckets added since the map was made wait in added,
+// under mu; once added has answered as many lookups as the map has
+// entries, a new map with every bucket replaces it. So each copy's size is
+// at most twice the lookups and additions since the last one: a run copies
+// a bucket's entry a few times, not once per lookup. Each bucket name is
+// its target's, not the caller's.
 type bucketIndex struct {
 	read atomic.Pointer[map[string]*target]
 
 	mu     sync.Mutex
 	added  map[string]*target // buckets not in read
-	misses int                // lookups that missed read since it was made
+	misses int                // lookups that read missed and added answered, since read was made
 }
 
 // find returns the target of bucket, or nil if it has none yet.
@@ -144,13 +145,21 @@ func (ix *bucketIndex) find(bucket string) *target {
 	}
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
+	// Read again: another lookup may have promoted the bucket from added
+	// since the first read.
+	m := ix.read.Load()
+	if m != nil {
+		if t := (*m)[bucket]; t != nil {
+			return t
+		}
+	}
 	t := ix.added[bucket]
 	if t == nil {
 		return nil
 	}
 	// A miss of read that added answers: read is behind.
 	ix.misses++
-	if m := ix.read.Load(); m == nil || ix.misses >= len(*m) {
+	if m == nil || ix.misses >= len(*m) {
 		ix.promote()
 	}
 	return t

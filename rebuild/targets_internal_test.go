@@ -48,9 +48,17 @@ func TestBucketIndexConcurrent(t *testing.T) {
 	for g := range goroutines {
 		wg.Go(func() {
 			// Each goroutine adds a quarter of the buckets and looks up
-			// all of them, as build goroutines do.
+			// all of them, as build goroutines do: a bucket another
+			// goroutine may not have added yet can be missing, one this
+			// goroutine added cannot, whatever the others promote.
 			for i := g; i < buckets; i += goroutines {
 				ix.add(ts[i])
+				for j := g; j <= i; j += goroutines {
+					if got := ix.find(ts[j].bucket); got != ts[j] {
+						t.Errorf("after adding %q, find(%q) = %v, want its target", ts[i].bucket, ts[j].bucket, got)
+						return
+					}
+				}
 			}
 			for round := range 3 {
 				for i := range ts {
