@@ -124,10 +124,10 @@ func (ts *targets) bucket(b int, bucket string) (*target, error) {
 // counter, written by every lookup, moved between the cores and cost as
 // much as the lookup). Buckets added since the map was made wait in added,
 // under mu; once added has answered as many lookups as the map has
-// entries, a new map with every bucket replaces it. So each copy's size is
-// at most twice the lookups and additions since the last one: a run copies
-// a bucket's entry a few times, not once per lookup. Each bucket name is
-// its target's, not the caller's.
+// entries, a new map with every bucket replaces it. A copy then costs no
+// more than the lookups that went to added and the additions since the
+// last copy: a constant per lookup, over a run. Each bucket name is its
+// target's, not the caller's.
 type bucketIndex struct {
 	read atomic.Pointer[map[string]*target]
 
