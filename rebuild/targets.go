@@ -138,20 +138,16 @@ type bucketIndex struct {
 
 // find returns the target of bucket, or nil if it has none yet.
 func (ix *bucketIndex) find(bucket string) *target {
-	if m := ix.read.Load(); m != nil {
-		if t := (*m)[bucket]; t != nil {
-			return t
-		}
+	if t := lookup(ix.read.Load(), bucket); t != nil {
+		return t
 	}
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	// Read again: another lookup may have promoted the bucket from added
 	// since the first read.
 	m := ix.read.Load()
-	if m != nil {
-		if t := (*m)[bucket]; t != nil {
-			return t
-		}
+	if t := lookup(m, bucket); t != nil {
+		return t
 	}
 	t := ix.added[bucket]
 	if t == nil {
@@ -163,6 +159,14 @@ func (ix *bucketIndex) find(bucket string) *target {
 		ix.promote()
 	}
 	return t
+}
+
+// lookup returns bucket's target in m, or nil; m may be nil.
+func lookup(m *map[string]*target, bucket string) *target {
+	if m == nil {
+		return nil
+	}
+	return (*m)[bucket]
 }
 
 // add adds t, a bucket's new target.
