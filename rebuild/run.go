@@ -94,6 +94,7 @@ type execution[T any] struct {
 	stats   *Stats
 	targets *targets
 	lease   *lease
+	bulk    *run.Bulk // the connections of the writes
 	gate    *gate
 	cancel  context.CancelCauseFunc
 
@@ -201,6 +202,7 @@ func (x *execution[T]) run(ctx context.Context, src Source[T]) (err error) {
 	runCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	x.cancel = cancel
+	x.bulk = x.newBulk()
 	var sourceDone atomic.Bool
 	x.stall = &stallWatch{timeout: r.opts.StallTimeout, items: &x.pulled, lastChange: x.start, idle: func() bool {
 		return sourceDone.Load() || x.gate.isPaused()
@@ -237,6 +239,7 @@ func (x *execution[T]) run(ctx context.Context, src Source[T]) (err error) {
 		paced.Wait()
 		_ = g.Wait()
 		_ = scans.Wait()
+		x.bulk.Close() // every write has returned
 		x.lease.end()
 		leaseDone.Wait()
 		if !published {

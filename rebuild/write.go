@@ -6,8 +6,37 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/keyswap/keyswap/internal/run"
 	"github.com/redis/rueidis"
 )
+
+// bulkWait is how long a run's first write waits for the run's own
+// connection (see newBulk) before it goes on the client's shared ones.
+const bulkWait = time.Second
+
+// newBulk returns the connections of the run's writes, apart from the
+// pipelined connections the application shares with the run through its
+// client, so that the application's commands do not wait behind the run's
+// round trips on the way to Redis and back. It asks for them at once. While
+// the client's blocking pool gives none (or the one it gave fails), the
+// writes go on the shared connections, and the run warns once, then logs
+// at the Info level when they have one again.
+func (x *execution[T]) newBulk() *run.Bulk {
+	r := x.r
+	b := run.NewBulk(r.redis.Client(), bulkWait, func(waited time.Duration, err error) {
+		if err != nil {
+			r.opts.Logger.Warn("keyswap: the connection of the run's writes failed; they go on the client's shared connections, where the application's commands wait behind them, until a new one works",
+				"key", r.key, "error", err)
+			return
+		}
+		r.opts.Logger.Warn("keyswap: no connection of the client's blocking pool (rueidis ClientOption.BlockingPoolSize) came free for the run's writes; they go on the client's shared connections, where the application's commands wait behind them, until one does",
+			"key", r.key, "waited", waited)
+	}, func() {
+		r.opts.Logger.Info("keyswap: the run's writes have a connection of their own again", "key", r.key)
+	})
+	b.Ask(x.record)
+	return b
+}
 
 // txn is one MULTI/EXEC transaction of a round trip: the writes of a
 // source batch, or merged writes of Commutative builders.
@@ -74,12 +103,14 @@ func (x *execution[T]) write(ctx context.Context, txns []*txn) error {
 		}
 	}
 
+	// Every key of the DoMulti is in the slot of the run's record.
+	c := x.bulk.For(ctx, x.record)
 	// The writes are not cancelled with the run: once sent they will run,
 	// and the cleanup must come after them. A write that outlives the lease
 	// is bounded by it.
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.opts.TTL)
 	defer cancel()
-	res := r.redis.Client().DoMulti(wctx, cmds...)
+	res := c.DoMulti(wctx, cmds...)
 	if beat {
 		x.lease.settle(wctx, sent, h, &res[len(res)-1])
 	}
