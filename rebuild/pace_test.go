@@ -265,13 +265,14 @@ func TestLatencyProbeCut(t *testing.T) {
 	wantProbedEnd(t, finish, other, key, yielded)
 }
 
-// TestLatencyProbeNoConnection: the application holds the only connection
-// of the client's blocking pool (BlockingPoolSize 1) to the server of the
-// run's lock, as a blocking command would. The probes cannot have one: the
+// TestLatencyProbeNoConnection: the application holds every connection of
+// the client's blocking pool (BlockingPoolSize 2: one for the run's writes,
+// C80, and one for its probes) to the server of the run's lock, as
+// blocking commands would. The probes cannot have one: the
 // run warns once, makes no pacing decision (a cluster client's wait for
 // the pool is not taken for a slow server), goes on at its starting limit,
-// and once the connection is free the probes take it and the pacer decides
-// again. The run returns, publishes every item it pulled, exactly, and
+// and once the connections are free the probes take one and the pacer
+// decides again. The run returns, publishes every item it pulled, exactly, and
 // leaves nothing behind. Before, rueidis kept a standalone client's pacer,
 // and with it the run's end, waiting for the pool.
 func TestLatencyProbeNoConnection(t *testing.T) {
@@ -289,21 +290,29 @@ func TestLatencyProbeNoConnection(t *testing.T) {
 }
 
 func testLatencyProbeNoConnection(t *testing.T, opt rueidis.ClientOption, other rueidis.Client, cluster bool) {
-	opt.DisableCache, opt.BlockingPoolSize = true, 1
+	opt.DisableCache, opt.BlockingPoolSize = true, 2
 	c, err := rueidis.NewClient(opt)
 	if err != nil {
 		t.Fatalf("connect: %v", err)
 	}
 	t.Cleanup(c.Close)
 	key := "pace:starved"
-	// A cluster client takes a dedicated connection on its first command,
-	// from the pool of the server of that command's key.
-	held, release := c.Dedicate()
-	var once sync.Once
-	free := func() { once.Do(release) }
-	t.Cleanup(free)
-	if err := held.Do(t.Context(), held.B().Get().Key(keys.LockKey(key, cluster)).Build()).Error(); err != nil && !rueidis.IsRedisNil(err) {
-		t.Fatalf("GET on the held connection: %v", err)
+	var frees []func()
+	for range opt.BlockingPoolSize {
+		// A cluster client takes a dedicated connection on its first
+		// command, from the pool of the server of that command's key.
+		held, release := c.Dedicate()
+		var once sync.Once
+		frees = append(frees, func() { once.Do(release) })
+		t.Cleanup(frees[len(frees)-1])
+		if err := held.Do(t.Context(), held.B().Get().Key(keys.LockKey(key, cluster)).Build()).Error(); err != nil && !rueidis.IsRedisNil(err) {
+			t.Fatalf("GET on a held connection: %v", err)
+		}
+	}
+	free := func() {
+		for _, f := range frees {
+			f()
+		}
 	}
 
 	rec, finish, yielded := probedRun(t, c, key)

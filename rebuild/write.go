@@ -23,16 +23,22 @@ const bulkWait = time.Second
 // at the Info level when they have one again.
 func (x *execution[T]) newBulk() *run.Bulk {
 	r := x.r
-	b := run.NewBulk(r.redis.Client(), bulkWait, func(waited time.Duration, err error) {
-		if err != nil {
-			r.opts.Logger.Warn("keyswap: the connection of the run's writes failed; they go on the client's shared connections, where the application's commands wait behind them, until a new one works",
-				"key", r.key, "error", err)
-			return
-		}
-		r.opts.Logger.Warn("keyswap: no connection of the client's blocking pool (rueidis ClientOption.BlockingPoolSize) came free for the run's writes; they go on the client's shared connections, where the application's commands wait behind them, until one does",
-			"key", r.key, "waited", waited)
-	}, func() {
-		r.opts.Logger.Info("keyswap: the run's writes have a connection of their own again", "key", r.key)
+	b := run.NewBulk(r.redis.Client(), bulkWait, run.BulkEvents{
+		Shared: func(waited time.Duration, err error) {
+			if err != nil {
+				r.opts.Logger.Warn("keyswap: the connection of the run's writes failed; they go on the client's shared connections, where the application's commands wait behind them, until a new one works",
+					"key", r.key, "error", err)
+				return
+			}
+			r.opts.Logger.Warn("keyswap: no connection of the client's blocking pool (rueidis ClientOption.BlockingPoolSize) came free for the run's writes; they go on the client's shared connections, where the application's commands wait behind them, until one does",
+				"key", r.key, "waited", waited)
+		},
+		Own: func() {
+			r.opts.Logger.Info("keyswap: the run's writes have a connection of their own again", "key", r.key)
+		},
+		Lost: func(err error) {
+			r.opts.Logger.Info("keyswap: the connection of the run's writes closed; the next write takes a new one", "key", r.key, "error", err)
+		},
 	})
 	b.Ask(x.record)
 	return b

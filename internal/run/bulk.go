@@ -47,8 +47,7 @@ type Bulk struct {
 	client  rueidis.Client
 	cluster bool
 	wait    time.Duration
-	warn    func(waited time.Duration, err error)
-	back    func()
+	events  BulkEvents
 
 	mu     sync.Mutex
 	conns  map[uint16]*bulkConn
@@ -66,17 +65,30 @@ type bulkConn struct {
 	dc      rueidis.DedicatedClient
 	release func()
 	err     error
-	gone    <-chan error // receives when the connection closes
+	gone    <-chan struct{} // closed when the connection closes
+}
+
+// BulkEvents are what a Bulk reports, for logs. Each may be called from any
+// goroutine.
+type BulkEvents struct {
+	// Shared is called when a write goes on the client's shared
+	// connections, after it waited for its own for waited; err is what
+	// failed, if anything. It is not called again until Own has been.
+	Shared func(waited time.Duration, err error)
+	// Own is called when a write has a connection of its own again after
+	// Shared.
+	Own func()
+	// Lost is called when a connection closes while it is held, with the
+	// reason: the next write asks for a new one.
+	Lost func(err error)
 }
 
 // NewBulk returns a Bulk of client's connections. A write waits at most
 // wait, from when its route's connection was asked for, before it goes on
-// the shared connections; warn is called the first time one does (waited
-// is how long it waited, err what failed, if anything), and back the first
-// time after that a write has a connection of its own again.
-func NewBulk(client rueidis.Client, wait time.Duration, warn func(waited time.Duration, err error), back func()) *Bulk {
+// the shared connections.
+func NewBulk(client rueidis.Client, wait time.Duration, events BulkEvents) *Bulk {
 	return &Bulk{client: client, cluster: client.Mode() == rueidis.ClientModeCluster, wait: wait,
-		warn: warn, back: back, conns: map[uint16]*bulkConn{}}
+		events: events, conns: map[uint16]*bulkConn{}}
 }
 
 // Ask asks for route's connection, if none is held or asked for, without
@@ -136,7 +148,7 @@ func (b *Bulk) For(ctx context.Context, route string) rueidis.CoreClient {
 	case c.answered() && c.err == nil && !c.closed():
 		if b.warned {
 			b.warned = false
-			b.back()
+			b.events.Own()
 		}
 		return c.dc
 	case ctx.Err() != nil:
@@ -147,7 +159,7 @@ func (b *Bulk) For(ctx context.Context, route string) rueidis.CoreClient {
 		if c.answered() {
 			err = c.err
 		}
-		b.warn(time.Since(c.asked), err)
+		b.events.Shared(time.Since(c.asked), err)
 	}
 	return b.client
 }
@@ -190,12 +202,26 @@ func (b *Bulk) ask(route string) *bulkConn {
 		defer cancel()
 		dc, release := b.client.Dedicate()
 		err := dc.Do(ctx, dc.B().Exists().Key(route).Build()).Error()
-		var gone <-chan error
+		var gone <-chan struct{}
 		if err == nil {
 			// A hook makes rueidis read the connection in the background,
 			// and tell when it closes: between two writes, a cut is then
 			// seen before the next one is sent, rather than by it.
-			gone = dc.SetPubSubHooks(rueidis.PubSubHooks{OnMessage: func(rueidis.PubSubMessage) {}})
+			closing := dc.SetPubSubHooks(rueidis.PubSubHooks{OnMessage: func(rueidis.PubSubMessage) {}})
+			done := make(chan struct{})
+			gone = done
+			go func() {
+				if closing == nil {
+					return // never closed: nothing tells
+				}
+				// The channel gets the error of a connection that breaks,
+				// and is closed without one when the connection is given
+				// back: this goroutine ends with the connection.
+				if err, ok := <-closing; ok && err != nil {
+					b.events.Lost(err)
+				}
+				close(done)
+			}()
 		}
 		b.mu.Lock()
 		c.dc, c.release, c.err, c.gone = dc, release, err, gone

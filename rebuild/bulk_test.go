@@ -1,0 +1,362 @@
+package rebuild_test
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"iter"
+	"log/slog"
+	"net"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/keyswap/keyswap/builders"
+	"github.com/keyswap/keyswap/internal/faultproxy"
+	"github.com/keyswap/keyswap/internal/keys"
+	"github.com/keyswap/keyswap/internal/redistest"
+	"github.com/keyswap/keyswap/rebuild"
+	"github.com/redis/rueidis"
+	"github.com/redis/rueidis/rueidishook"
+)
+
+// hangDeadline bounds a command that must not wait behind a stalled
+// connection: far longer than any wait a loaded machine causes, far
+// shorter than the stall.
+const hangDeadline = 15 * time.Second
+
+// connDialer dials every connection of a client through a faultproxy.Proxy
+// of its own, so that a test can stall or cut one connection alone.
+type connDialer struct {
+	mu      sync.Mutex
+	proxies []*faultproxy.Proxy
+}
+
+func (d *connDialer) dial(ctx context.Context, dst string, nd *net.Dialer, _ *tls.Config) (net.Conn, error) {
+	p, err := faultproxy.New(dst)
+	if err != nil {
+		return nil, err
+	}
+	d.mu.Lock()
+	d.proxies = append(d.proxies, p)
+	d.mu.Unlock()
+	return nd.DialContext(ctx, "tcp", p.Addr())
+}
+
+func (d *connDialer) close() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, p := range d.proxies {
+		_ = p.Close()
+	}
+}
+
+// busiest returns the proxy of the connection that carried the most bytes
+// to the server: the one the run's batches went on.
+func (d *connDialer) busiest() *faultproxy.Proxy {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return slices.MaxFunc(d.proxies, func(a, b *faultproxy.Proxy) int {
+		return int(a.Stats().ToServer - b.Stats().ToServer)
+	})
+}
+
+// cutAll cuts every connection of the client.
+func (d *connDialer) cutAll() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, p := range d.proxies {
+		p.CutAll()
+	}
+}
+
+func (d *connDialer) count() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return len(d.proxies)
+}
+
+// writeCounts counts the run's transactions (the DoMultis that start with
+// MULTI) by the connection they went on: a dedicated one of their own, or
+// the client's shared ones.
+type writeCounts struct{ own, shared atomic.Int64 }
+
+// recordWrites wraps c so that w counts the transactions sent through it.
+func recordWrites(c rueidis.Client) (rueidis.Client, *writeCounts) {
+	w := &writeCounts{}
+	return rueidishook.WithHook(c, redistest.Hook{OnDoMulti: func(c rueidis.Client, ctx context.Context, multi ...rueidis.Completed) []rueidis.RedisResult {
+		if len(multi) > 0 && multi[0].Commands()[0] == "MULTI" {
+			// rueidishook hands a dedicated connection's calls over as a
+			// client that also has the methods of a DedicatedClient.
+			if _, own := c.(interface {
+				SetPubSubHooks(rueidis.PubSubHooks) <-chan error
+			}); own {
+				w.own.Add(1)
+			} else {
+				w.shared.Add(1)
+			}
+		}
+		return c.DoMulti(ctx, multi...)
+	}}), w
+}
+
+// isolationClient returns a client of d (a server or a cluster) whose every
+// connection goes through a proxy of its own, wrapped to count the run's
+// transactions, with its blocking pool of size pool (0: the default).
+func isolationClient(t *testing.T, addrs []string, cluster bool, pool int) (rueidis.Client, *connDialer, *writeCounts) {
+	t.Helper()
+	d := &connDialer{}
+	t.Cleanup(d.close)
+	// rueidis closes a connection whose replies are late by
+	// ConnWriteTimeout (10 s by default), and sends a GET again on a new
+	// one: long enough here that a command behind a stalled connection
+	// waits for it, rather than past it.
+	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: addrs, ForceSingleClient: !cluster, DisableCache: true,
+		BlockingPoolSize: pool, DialCtxFn: d.dial, ConnWriteTimeout: 2 * time.Minute})
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	t.Cleanup(c.Close)
+	hooked, w := recordWrites(c)
+	return hooked, d, w
+}
+
+// onOwnDeployments runs f on a private standalone server and on a private
+// 3-master cluster (the tests stall and cut their connections).
+func onOwnDeployments(t *testing.T, f func(t *testing.T, addrs []string, cluster bool, admin rueidis.Client)) {
+	t.Run("standalone", func(t *testing.T) {
+		t.Parallel()
+		s := redistest.OwnServer(t)
+		f(t, []string{s.Addr}, false, s.Client(t))
+	})
+	t.Run("cluster", func(t *testing.T) {
+		t.Parallel()
+		cl := redistest.OwnCluster(t, 3)
+		f(t, cl.Addrs, true, cl.Client(t))
+	})
+}
+
+// TestWritesApartFromTheApplication (C80): while a run writes, the
+// connection its transactions go on is stalled (its proxy holds every byte
+// both ways). The application's GETs of another key of the same server,
+// and its Apply of a change, on the very client the run was given, still
+// return: nothing of the application waits behind the run's writes on the
+// way to Redis. Every transaction of the run went on a dedicated connection.
+// Once the stall ends the run publishes every item it pulled and the
+// change, exactly, and leaves nothing behind.
+//
+// Before, the run's transactions went on the client's pipelined
+// connections: a GET sent on the stalled one waited for the stall's end.
+func TestWritesApartFromTheApplication(t *testing.T) {
+	t.Parallel()
+	onOwnDeployments(t, func(t *testing.T, addrs []string, cluster bool, admin rueidis.Client) {
+		c, d, w := isolationClient(t, addrs, cluster, 0)
+		key, other := "{iso}:by-email", "{iso}:other"
+		redistest.Do(t, admin, admin.B().Set().Key(other).Value("v").Build())
+		t.Cleanup(func() { redistest.Clean(t, admin, other) })
+		app := redistest.Rebuilder(t, c, rebuild.Options{}, userHash(key))
+		finish, yielded := endlessRun(t, c, key, rebuild.Options{BatchSize: 200})
+		defer finish()
+		waitFor(t, "some of the run's batches written", func() bool { return w.own.Load()+w.shared.Load() >= 5 })
+
+		stalled := d.busiest()
+		stalled.Pause()
+		defer stalled.Resume()
+		for i := range 20 {
+			ctx, cancel := context.WithTimeout(t.Context(), hangDeadline)
+			v, err := c.Do(ctx, c.B().Get().Key(other).Build()).ToString()
+			cancel()
+			if err != nil || v != "v" {
+				t.Fatalf("GET %d of %s during the stall: got %q, %v; want \"v\" (did it wait behind the run's writes?)", i, other, v, err)
+			}
+		}
+		ctx, cancel := context.WithTimeout(t.Context(), hangDeadline)
+		err := app.Apply(ctx, rebuild.Insert(appUser))
+		cancel()
+		if err != nil {
+			t.Fatalf("Apply during the stall: %v (did it wait behind the run's writes?)", err)
+		}
+		stalled.Resume()
+
+		if err := finishWithin(t, finish); err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+		if n := w.shared.Load(); n != 0 {
+			t.Errorf("%d of the run's transactions went on the client's shared connections, want none (%d on a connection of their own)", n, w.own.Load())
+		}
+		wantEndlessAnd(t, admin, key, yielded.Load(), appUser)
+		redistest.WantClean(t, admin, "{iso}:by-email")
+	})
+}
+
+// TestWritesWhilePoolBusy (C80): the application holds the only connection
+// of the client's blocking pool (BlockingPoolSize 1), as a blocking
+// command would. The run does not wait for it: its writes go on the
+// client's shared connections, with one warning, and as soon as the
+// application frees the connection they take it (logged at the Info level)
+// and go on it alone. The run publishes every item it pulled, exactly,
+// leaves nothing behind, and gives the connection back: the application
+// has it again at once.
+func TestWritesWhilePoolBusy(t *testing.T) {
+	t.Parallel()
+	onOwnDeployments(t, func(t *testing.T, addrs []string, cluster bool, admin rueidis.Client) {
+		c, _, w := isolationClient(t, addrs, cluster, 1)
+		key := "{busy}:by-email"
+		held, release := c.Dedicate()
+		var once sync.Once
+		free := func() { once.Do(release) }
+		t.Cleanup(free)
+		// A cluster client takes the connection on its first command, from
+		// the pool of the server of its key.
+		if err := held.Do(t.Context(), held.B().Get().Key(keys.LockKey(key, cluster)).Build()).Error(); err != nil && !rueidis.IsRedisNil(err) {
+			t.Fatalf("GET on the held connection: %v", err)
+		}
+
+		rec := newLogRecorder()
+		finish, yielded := endlessRun(t, c, key, rebuild.Options{BatchSize: 100, Logger: slog.New(rec)})
+		defer finish()
+		waitFor(t, "the warning that no connection is free for the writes", func() bool {
+			return len(rec.matching("keyswap: no connection of the client's blocking pool", "key="+key)) > 0
+		})
+		shared := w.shared.Load()
+		waitFor(t, "the run writing on the shared connections meanwhile", func() bool { return w.shared.Load() >= shared+3 })
+		if n := w.own.Load(); n != 0 {
+			t.Fatalf("%d transactions on a connection of their own while the application held the only one", n)
+		}
+
+		free()
+		waitFor(t, "the writes taking the freed connection", func() bool {
+			return len(rec.matching("keyswap: the run's writes have a connection of their own again", "key="+key)) > 0
+		})
+		// At most two round trips are in flight: three more on the
+		// dedicated connection, and every one sent on the shared ones has
+		// been counted.
+		own := w.own.Load()
+		waitFor(t, "writes on the dedicated connection", func() bool { return w.own.Load() >= own+3 })
+		shared, own = w.shared.Load(), w.own.Load()
+		waitFor(t, "more writes on the dedicated connection", func() bool { return w.own.Load() >= own+3 })
+		if n := w.shared.Load(); n != shared {
+			t.Errorf("%d more transactions went on the shared connections once the run had its own, want none", n-shared)
+		}
+		if n := len(rec.matching("keyswap: no connection of the client's blocking pool")); n != 1 {
+			t.Errorf("got %d warnings that no connection is free, want 1", n)
+		}
+
+		if err := finishWithin(t, finish); err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+		wantEndless(t, admin, key, yielded.Load())
+		redistest.WantClean(t, admin, "{busy}:by-email")
+		// The run gave its connection back to the pool of one.
+		ctx, cancel := context.WithTimeout(t.Context(), hangDeadline)
+		defer cancel()
+		again, back := c.Dedicate()
+		defer back()
+		if err := again.Do(ctx, again.B().Get().Key(keys.LockKey(key, cluster)).Build()).Error(); err != nil && !rueidis.IsRedisNil(err) {
+			t.Fatalf("the application's blocking pool after the run: %v (did the run keep its connection?)", err)
+		}
+	})
+}
+
+// TestWritesAfterCut (C80): between two of a run's writes, every connection
+// of its client is cut. The run notices that its own connection closed
+// (logged at the Info level), and its next write takes a new dedicated
+// connection, not the client's shared ones: the run goes on, publishes
+// every item, exactly, and leaves nothing behind.
+//
+// Before it noticed, the next write went on the broken connection and
+// failed the run.
+func TestWritesAfterCut(t *testing.T) {
+	t.Parallel()
+	onOwnDeployments(t, func(t *testing.T, addrs []string, cluster bool, admin rueidis.Client) {
+		c, d, w := isolationClient(t, addrs, cluster, 0)
+		key := "{cut}:by-email"
+		rec := newLogRecorder()
+		var written atomic.Int64
+		more := make(chan struct{})
+		src := func(ctx context.Context) iter.Seq2[user, error] {
+			return func(yield func(user, error) bool) {
+				for i := range 600 {
+					if i == 300 {
+						select {
+						case <-more:
+						case <-ctx.Done():
+							return
+						}
+					}
+					if !yield(user{ID: fmt.Sprintf("u%08d", i), Email: fmt.Sprintf("user%08d@example.com", i)}, nil) {
+						return
+					}
+				}
+			}
+		}
+		r := redistest.Rebuilder(t, c, rebuild.Options{BatchSize: 100, Logger: slog.New(rec),
+			Progress: func(p rebuild.Progress) { written.Store(p.Items) }}, userHash(key))
+		done := make(chan error, 1)
+		go func() {
+			_, err := r.Run(redistest.Ctx(t), src)
+			done <- err
+		}()
+		waitFor(t, "the first 300 items written", func() bool { return written.Load() == 300 })
+
+		dialed := d.count()
+		d.cutAll()
+		waitFor(t, "the run noticing that its connection closed", func() bool {
+			return len(rec.matching("keyswap: the connection of the run's writes closed", "key="+key)) > 0
+		})
+		close(more)
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+		case <-time.After(time.Minute):
+			t.Fatal("Run did not return within a minute")
+		}
+		if n := w.shared.Load(); n != 0 {
+			t.Errorf("%d of the run's transactions went on the client's shared connections, want none (%d on connections of their own)", n, w.own.Load())
+		}
+		if d.count() == dialed {
+			t.Error("no connection was dialed after the cut")
+		}
+		wantEndless(t, admin, key, 600)
+		redistest.WantClean(t, admin, "{cut}:by-email")
+	})
+}
+
+// appUser is a user that no endless source yields, which the application
+// inserts during a run.
+var appUser = user{ID: "app", Email: "app@example.com"}
+
+// userHash is endlessRun's builder: email → id.
+func userHash(key string) rebuild.Builder[user] {
+	return builders.Hash(key, func(u user) (string, string, bool) { return u.Email, u.ID, true })
+}
+
+// finishWithin calls finish, and fails t unless it returns within a minute.
+func finishWithin(t *testing.T, finish func() error) error {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- finish() }()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(time.Minute):
+		t.Fatal("Run did not return within a minute of its source's end")
+		return nil
+	}
+}
+
+// wantEndlessAnd fails t unless key holds exactly the n first users of
+// endlessRun's source and extra, without a TTL.
+func wantEndlessAnd(t *testing.T, c rueidis.Client, key string, n int64, extra user) {
+	t.Helper()
+	got := redistest.HGetAll(t, c, key)
+	if got[extra.Email] != extra.ID {
+		t.Fatalf("field %s: got %q, want %q", extra.Email, got[extra.Email], extra.ID)
+	}
+	redistest.Do(t, c, c.B().Hdel().Key(key).Field(extra.Email).Build())
+	wantEndless(t, c, key, n)
+}
