@@ -80,6 +80,18 @@
 //     never: one round trip at a time, in source order;
 //   - with [Options.Unordered], always, whatever the builders.
 //
+// The round trips go on a connection of their own, which the run takes from
+// the client's blocking pool (rueidis ClientOption.BlockingPoolSize) as it
+// starts and gives back as it ends. rueidis pipelines every other command
+// of the client on a few shared connections: there, the application's
+// commands would wait behind a round trip of the run's transactions (about
+// 360 KB at the default BatchSize and Writers) on the way to Redis and back.
+// Apart from them, they wait only for what the server is running at that
+// moment, as the commands of any other client do. While the pool gives no
+// connection within a second, the writes go on the shared connections,
+// with one warning, until one comes (see Options.LatencyBudget for the
+// pool's size).
+//
 // # Pacing
 //
 // Pulling the source is what a run paces: Options.MaxRate (or an

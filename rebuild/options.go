@@ -114,8 +114,16 @@ type Options struct {
 	// lower of it and MaxRate (or an operator's throttle) holds. Each
 	// decision is logged to Logger at the Debug level.
 	//
+	// Without a budget, the application's commands on the client the run
+	// was given wait as long as another client's do: the run's writes go
+	// on a connection of their own (see the package documentation,
+	// "Pipeline"), so what a run adds is the server's load alone, which
+	// only a budget bounds, at a cost in throughput (the README's Pacing
+	// section has both, measured).
+	//
 	// The probes' connection comes from the client's blocking pool
-	// (rueidis ClientOption.BlockingPoolSize). While the application keeps
+	// (rueidis ClientOption.BlockingPoolSize), as does the writes': a run
+	// takes two of them, one without a budget. While the application keeps
 	// every one of them busy, the run keeps its limit, and warns once
 	// after a second.
 	//

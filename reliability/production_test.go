@@ -493,11 +493,12 @@ func TestProductionDurability(t *testing.T) {
 	})
 }
 
-// TestProductionDurabilityNoConnection: the application holds the only
-// connection of the client's blocking pool (BlockingPoolSize 1) to the
-// server of the run's lock, as a blocking command would, from before the
-// run (its check that WAIT may run needs the pool too) or from its first
-// batch (the wait before the publish then has no connection to wait on),
+// TestProductionDurabilityNoConnection: the application holds every free
+// connection of the client's blocking pool (BlockingPoolSize 2) to the
+// server of the run's lock, as blocking commands would, from before the
+// run (both: its check that WAIT may run needs the pool too) or from its
+// first batch (the one its writes do not hold, C80: the wait before the
+// publish then has no connection to wait on),
 // on a standalone server and on a cluster (whose client takes the
 // connection in the wait's first command). Either way the run fails closed
 // after Durability.Timeout, with an error matching ErrNotDurable that names
@@ -525,7 +526,7 @@ func TestProductionDurabilityNoConnection(t *testing.T) {
 
 func testDurabilityNoConnection(t *testing.T, cluster, beforeRun bool) {
 	ctx := redistest.Ctx(t)
-	opt := rueidis.ClientOption{DisableCache: true, BlockingPoolSize: 1}
+	opt := rueidis.ClientOption{DisableCache: true, BlockingPoolSize: 2}
 	var admin rueidis.Client
 	if cluster {
 		cl := redistest.OwnCluster(t, 3)
@@ -542,25 +543,27 @@ func testDurabilityNoConnection(t *testing.T, cluster, beforeRun bool) {
 	prefix := redistest.Prefix(t)
 	live := prefix + "by-email"
 	var once sync.Once
-	hold := func() {
+	hold := func(n int) {
 		once.Do(func() {
-			// A cluster client takes the connection on the first command,
-			// from the pool of its key's server: the lock's.
-			held, release := c.Dedicate()
-			t.Cleanup(release)
-			if err := held.Do(ctx, held.B().Get().Key(keys.LockKey(live, cluster)).Build()).Error(); err != nil && !rueidis.IsRedisNil(err) {
-				t.Errorf("GET on the held connection: %v", err)
+			for range n {
+				// A cluster client takes the connection on the first
+				// command, from the pool of its key's server: the lock's.
+				held, release := c.Dedicate()
+				t.Cleanup(release)
+				if err := held.Do(ctx, held.B().Get().Key(keys.LockKey(live, cluster)).Build()).Error(); err != nil && !rueidis.IsRedisNil(err) {
+					t.Errorf("GET on a held connection: %v", err)
+				}
 			}
 		})
 	}
 	if beforeRun {
-		hold()
+		hold(opt.BlockingPoolSize)
 	}
 	redistest.SeedHash(t, admin, live, prodOld)
 	before := redistest.Snapshot(t, admin, prefix)
 	o := prodOptions()
 	o.Durability = rebuild.Durability{Replicas: 1, Timeout: 500 * time.Millisecond}
-	r := redistest.Rebuilder(t, onBatch(c, func(int, string) { hold() }), o, prodHash(live))
+	r := redistest.Rebuilder(t, onBatch(c, func(int, string) { hold(opt.BlockingPoolSize - 1) }), o, prodHash(live))
 	done := make(chan error, 1)
 	go func() {
 		_, err := r.Run(ctx, prodItems())
