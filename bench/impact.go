@@ -328,7 +328,7 @@ func (p *impactProbes) apply(ctx context.Context) ([]call, error) {
 		took := time.Since(start)
 		cancel()
 		if err != nil {
-			return calls, fmt.Errorf("Apply probe: %w", err)
+			return calls, fmt.Errorf("the Apply probe: %w", err)
 		}
 		calls = append(calls, call{start: start, took: took})
 	}
