@@ -42,6 +42,7 @@ import (
 	"strings"
 
 	"github.com/keyswap/keyswap/builders"
+	"github.com/keyswap/keyswap/examples/internal/cli"
 	"github.com/keyswap/keyswap/examples/internal/connect"
 	"github.com/keyswap/keyswap/goredis"
 	"github.com/keyswap/keyswap/rebuild"
@@ -54,10 +55,7 @@ import (
 )
 
 func main() {
-	if err := run(context.Background(), os.Args[1:], os.Stdout, otel.GetTracerProvider()); err != nil {
-		fmt.Fprintln(os.Stderr, "goredis:", err)
-		os.Exit(1)
-	}
+	cli.Main("goredis", func() error { return run(context.Background(), os.Args[1:], os.Stdout, otel.GetTracerProvider()) })
 }
 
 // Product is the application's record, a hash product:<sku> that it
