@@ -49,6 +49,7 @@ Entries that are not printable text are Go-quoted in the tables. -json
 prints one object instead, with the names exact:
 
   {
+    "server": {"mode": "standalone", "addrs": ["10.0.0.5:6379"], "db": 0},
     "lock_key": "users:by-email:rebuild-lock",
     "token_prefix": "3f9a1c2e",
     "keys": [{
@@ -161,7 +162,9 @@ func (c *cli) diff(ctx context.Context, args []string) error {
 		return fmt.Errorf("diff %s: the %s was decided, or ended, while diff read it: run diff again", displayKey(key), rec.describe())
 	}
 	if f.asJSON {
-		return writeJSON(c.stdout, diffReportJSON(rec, out))
+		j := diffReportJSON(rec, out)
+		j.Server = serverOf(client, f.conn.used).json()
+		return writeJSON(c.stdout, j)
 	}
 	return writeDiff(c.stdout, rec, out)
 }
@@ -310,6 +313,7 @@ func displayValue(v string) string {
 
 // diffJSON is the -json document of 'keyswap diff' (see diffUsage).
 type diffJSON struct {
+	Server        serverJSON      `json:"server"`
 	LockKey       *string         `json:"lock_key,omitempty"`
 	LockKeyBase64 []byte          `json:"lock_key_base64,omitempty"`
 	TokenPrefix   string          `json:"token_prefix"`

@@ -88,7 +88,7 @@ func TestDiff(t *testing.T) {
 					LiveSize: live, NewSize: nw, Added: added, Removed: removed, Exact: true, Samples: samples}
 			}
 			lock := ix.lock(d)
-			wantJSON := diffJSON{LockKey: &lock, TokenPrefix: rec["token"][:8], Keys: []indexDiffJSON{
+			wantJSON := diffJSON{Server: d.server().json(), LockKey: &lock, TokenPrefix: rec["token"][:8], Keys: []indexDiffJSON{
 				{jsonKey: newJSONKey(ix.email), Added: 1, Removed: 1, Changed: 1, Exact: true, Diffs: []keyDiffJSON{{
 					Live: str(ix.email), Temp: str(keys.Base(ix.email, d.cluster) + suffix), Type: "hash", LiveType: "hash",
 					LiveSize: 3, NewSize: 3, Added: 1, Removed: 1, Changed: 1, Exact: true, Samples: []sampleJSON{
