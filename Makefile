@@ -17,21 +17,24 @@ test: redis-server fmt vet staticcheck unit install-check
 quickstart:
 	go run ./examples/quickstart
 
-## tidy: go mod tidy in every module, the nested ones against the library in this checkout.
-# go mod tidy ignores go.work, and the nested modules require the library at
-# the version they will be released with, which need not exist yet: each is
-# tidied with a replace directive to the checkout, removed again afterwards,
-# so that no go.mod keeps one (go install refuses them) and no go.sum
-# records a hash of an unreleased library.
+## tidy: go mod tidy in every module, the nested ones against the modules of this checkout.
+# go mod tidy ignores go.work, and the nested modules require keyswap's
+# modules (the library, goredis) at the version they will be released with,
+# which need not exist yet: each is tidied with replace directives to the
+# checkout's modules it requires, removed again afterwards, so that no
+# go.mod keeps one (go install refuses them) and no go.sum records a hash of
+# an unreleased module.
+OURS_AWK := '($$1 == "require" && $$2 ~ /^github.com\/keyswap\/keyswap(\/|$$)/) { print $$2 } ($$1 ~ /^github.com\/keyswap\/keyswap(\/|$$)/ && $$2 ~ /^v/) { print $$1 }'
 tidy:
 	@for m in $(MODULES); do \
 		echo "go mod tidy $$m"; \
-		if [ "$$m" = . ] || ! grep -q '^[[:space:]]*github.com/keyswap/keyswap v' $$m/go.mod; then \
+		ours=$$(awk $(OURS_AWK) $$m/go.mod); \
+		if [ "$$m" = . ] || [ -z "$$ours" ]; then \
 			(cd $$m && go mod tidy) || exit 1; continue; \
 		fi; \
 		root=$$(realpath --relative-to=$$m .); \
-		(cd $$m && go mod edit -replace=github.com/keyswap/keyswap=$$root && go mod tidy; rc=$$?; \
-			go mod edit -dropreplace=github.com/keyswap/keyswap && sed -i '\#^github.com/keyswap/keyswap #d' go.sum && exit $$rc) || exit 1; \
+		(cd $$m && for p in $$ours; do go mod edit -replace=$$p=$$root$${p#github.com/keyswap/keyswap}; done && go mod tidy; rc=$$?; \
+			for p in $$ours; do go mod edit -dropreplace=$$p && sed -i "\#^$$p #d" go.sum; done; exit $$rc) || exit 1; \
 	done
 
 # The tests start their own redis-server processes; they never use a server

@@ -149,8 +149,10 @@ func (h *Held[T]) wait(ctx context.Context) (Stats, error) {
 
 // DiffOptions bounds [Held.Diff].
 type DiffOptions struct {
-	// Limit is the most entries read from each key of a comparison; past
-	// it, the counts are estimated from random samples. Zero means 100,000.
+	// Limit is the most entries read from each key of a comparison. The
+	// counts are exact when one of the two keys has at most Limit entries
+	// (it is read whole); when both have more, they are estimated from
+	// random samples. Zero means 100,000.
 	Limit int
 	// Samples is the number of differing entries shown per key. Zero means
 	// 10.
@@ -181,8 +183,8 @@ type BuilderDiff struct {
 	BucketsAdded, BucketsRemoved int
 	// Added, Removed and Changed sum Keys' counts.
 	Added, Removed, Changed int64
-	// Exact is false when a count is an estimate: a key past
-	// DiffOptions.Limit, or a family with buckets not compared.
+	// Exact is false when a count is an estimate: a new key and a live key
+	// both past DiffOptions.Limit, or a family with buckets not compared.
 	Exact bool
 }
 
@@ -214,8 +216,9 @@ type DiffEntry struct {
 
 // Diff compares the held run's keys with the live keys, without blocking
 // Redis: each comparison reads at most DiffOptions.Limit entries of each
-// key with SCAN cursors and batched lookups, and estimates from random
-// samples past that.
+// key with SCAN cursors and batched lookups, exact when one of the two keys
+// is within the limit, and estimates from random samples when both are past
+// it ('keyswap diff' shows the estimates' 95% confidence intervals).
 func (h *Held[T]) Diff(ctx context.Context, o DiffOptions) (Diff, error) {
 	x := h.x
 	r := x.r

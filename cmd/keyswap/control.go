@@ -17,6 +17,19 @@ read with it, so that it never reaches a later run of the same keys. The
 run reads its requests at every heartbeat, about once a second, and
 'keyswap status' lists those pending.
 
+-json prints one object instead of a line, with the names exact (a lock
+key that is not valid UTF-8 is given as "lock_key_base64"):
+
+  {
+    "server": {"mode": "standalone", "addrs": ["10.0.0.5:6379"], "db": 0},
+    "command": "throttle",            cancel, throttle, pause or resume
+    "lock_key": "users:by-email:rebuild-lock",
+    "token_prefix": "3f9a1c2e",
+    "field": "max_rate",              the request written into the record
+    "value": "100",                   "" clears it
+    "recorded": true
+  }
+
 Exit status: 0 when the request is recorded; 4 when no rebuild of
 rebuild.Rebuilder is in progress for <key> (none holds its lock, or the
 lock is held by something that takes no requests, such as
@@ -105,6 +118,7 @@ func (c *cli) control(ctx context.Context, name, usage string, args []string,
 	request func(rest []string) (fields []string, done string, err error)) error {
 	fs := newFlagSet(name)
 	conn := addConnFlags(fs)
+	asJSON := fs.Bool("json", false, "print one JSON object (described above) instead of a line")
 	positional, err := c.parse(fs, args, usage)
 	if err != nil {
 		return err
@@ -133,6 +147,24 @@ func (c *cli) control(ctx context.Context, name, usage string, args []string,
 	if err := rr.Control(ctx, info, fields...); err != nil {
 		return err
 	}
+	if *asJSON {
+		j := controlJSON{Server: serverOf(client, conn.used).json(), Command: name, TokenPrefix: prefix(rec.Token, tokenPrefixLen),
+			Field: fields[0], Value: fields[1], Recorded: true}
+		j.LockKey, j.LockKeyBase64 = jsonName(rec.Lock)
+		return writeJSON(c.stdout, j)
+	}
 	_, err = fmt.Fprintf(c.stdout, "%s requested for the %s; %s\n", name, rec.describe(), done)
 	return err
+}
+
+// controlJSON is the -json document of cancel, throttle, pause and resume.
+type controlJSON struct {
+	Server        serverJSON `json:"server"`
+	Command       string     `json:"command"`
+	LockKey       *string    `json:"lock_key,omitempty"`
+	LockKeyBase64 []byte     `json:"lock_key_base64,omitempty"`
+	TokenPrefix   string     `json:"token_prefix"`
+	Field         string     `json:"field"`
+	Value         string     `json:"value"`
+	Recorded      bool       `json:"recorded"`
 }

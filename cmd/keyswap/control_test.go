@@ -1,8 +1,10 @@
 package main
 
 import (
+	"encoding/json"
 	"errors"
 	"maps"
+	"reflect"
 	"testing"
 
 	"github.com/keyswap/keyswap/internal/scan"
@@ -65,6 +67,22 @@ func TestThrottle(t *testing.T) {
 			run := startRun(t, ix.rebuilder(t, d, krebuild.Options{MaxRate: 20}), src.source)
 			ix.waitRecord(t, d, "the run's own limit", func(rec map[string]string) bool { return rec["limit"] == "20" })
 			token := ix.token(t, d)
+
+			// -json: the request, the run and the server, in one object.
+			r := keyswap(t, d.args("throttle", "-json", ix.email, "3.5")...)
+			r.wantCode(t, exitOK)
+			var got controlJSON
+			if err := json.Unmarshal([]byte(r.stdout), &got); err != nil {
+				t.Fatalf("throttle -json: %v\n%s", err, r.stdout)
+			}
+			lock := ix.lock(d)
+			want := controlJSON{Server: d.server().json(), Command: "throttle", LockKey: &lock, TokenPrefix: token[:8],
+				Field: "max_rate", Value: "3.5", Recorded: true}
+			if !reflect.DeepEqual(got, want) || r.stderr != "" {
+				w, _ := json.Marshal(want)
+				t.Errorf("throttle -json: got\n%s\nstderr %q\nwant\n%s", r.stdout, r.stderr, w)
+			}
+			ix.waitRecord(t, d, "limit 3.5", func(rec map[string]string) bool { return rec["limit"] == "3.5" })
 
 			for _, step := range []struct {
 				rate, limit, request, done string

@@ -30,6 +30,7 @@ once.
 -json prints one object, with the names exact:
 
   {
+    "server": {"mode": "standalone", "addrs": ["10.0.0.5:6379"], "db": 0},
     "lock_key": "users:by-email:rebuild-lock",
     "token_prefix": "3f9a1c2e",
     "decision": "publish",            or "discard"
@@ -85,6 +86,7 @@ var errWaitTimeout = errors.New("the run had not ended")
 // decideJSON is the -json document of 'keyswap publish' and 'keyswap
 // discard'.
 type decideJSON struct {
+	Server        serverJSON  `json:"server"`
 	LockKey       *string     `json:"lock_key,omitempty"`
 	LockKeyBase64 []byte      `json:"lock_key_base64,omitempty"`
 	TokenPrefix   string      `json:"token_prefix"`
@@ -167,7 +169,7 @@ func (c *cli) decide(ctx context.Context, decision, usage string, args []string)
 			outcome = outcomePublished
 		}
 	}
-	if err := c.reportDecision(rec, decision, outcome, after, *asJSON); err != nil {
+	if err := c.reportDecision(serverOf(client, conn.used), rec, decision, outcome, after, *asJSON); err != nil {
 		return err
 	}
 	switch {
@@ -218,13 +220,13 @@ func advanced(before, after []*generation) bool {
 
 // reportDecision prints the outcome of a decision on the held run rec, and
 // the generations of its keys.
-func (c *cli) reportDecision(rec runRecord, decision, outcome string, gens []*generation, asJSON bool) error {
+func (c *cli) reportDecision(srv server, rec runRecord, decision, outcome string, gens []*generation, asJSON bool) error {
 	idx := make([]keyGeneration, len(rec.Keys))
 	for i, k := range rec.Keys {
 		idx[i] = keyGeneration{Key: k, Family: rec.Families[i], Generation: gens[i]}
 	}
 	if asJSON {
-		j := decideJSON{TokenPrefix: prefix(rec.Token, tokenPrefixLen), Decision: decision, Outcome: outcome, Keys: indexesJSON(idx)}
+		j := decideJSON{Server: srv.json(), TokenPrefix: prefix(rec.Token, tokenPrefixLen), Decision: decision, Outcome: outcome, Keys: indexesJSON(idx)}
 		j.LockKey, j.LockKeyBase64 = jsonName(rec.Lock)
 		return writeJSON(c.stdout, j)
 	}

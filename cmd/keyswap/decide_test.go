@@ -82,7 +82,7 @@ func TestPublish(t *testing.T) {
 				t.Fatalf("%v\n%s", err, r.stdout)
 			}
 			lock := ix.lock(d)
-			want := decideJSON{LockKey: &lock, TokenPrefix: token[:8], Decision: "publish", Outcome: "published",
+			want := decideJSON{Server: d.server().json(), LockKey: &lock, TokenPrefix: token[:8], Decision: "publish", Outcome: "published",
 				Keys: ix.indexes(t, d)}
 			if !reflect.DeepEqual(got, want) {
 				w, _ := json.Marshal(want)
@@ -152,7 +152,7 @@ func TestDiscard(t *testing.T) {
 				t.Fatalf("%v\n%s", err, r.stdout)
 			}
 			lock := ix.lock(d)
-			want := decideJSON{LockKey: &lock, TokenPrefix: token[:8], Decision: "discard", Outcome: "discarded", Keys: ix.indexes(t, d)}
+			want := decideJSON{Server: d.server().json(), LockKey: &lock, TokenPrefix: token[:8], Decision: "discard", Outcome: "discarded", Keys: ix.indexes(t, d)}
 			if !reflect.DeepEqual(got, want) || got.Keys[0].Generation.Gen != 1 {
 				w, _ := json.Marshal(want)
 				t.Errorf("got\n%s\nwant\n%s, generation 1", r.stdout, w)

@@ -6,6 +6,7 @@ import (
 	"io"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 
@@ -36,11 +37,15 @@ whole, one only in the live family removed whole.
 
 Diff never blocks Redis: sizes come from O(1) commands, and a comparison
 reads at most --limit entries of each key, with SCAN cursors and batched
-lookups (HSCAN, ZSCAN, SSCAN; HMGET, ZMSCORE, SMISMEMBER). Past --limit it
-estimates the counts from random samples (HRANDFIELD, ZRANDMEMBER,
-SRANDMEMBER), and says so: EXACT is "no". Strings, lists and streams are
-compared by size only (EXACT "no"). A family compares at most --max-keys
-buckets, in name order; the others are only counted.
+lookups (HSCAN, ZSCAN, SSCAN; HMGET, ZMSCORE, SMISMEMBER). The counts are
+exact when one of the two keys has at most --limit entries: diff reads it
+whole and looks its entries up in the other. When both have more, it
+estimates the counts from random samples of both (HRANDFIELD, ZRANDMEMBER,
+SRANDMEMBER) and says so: EXACT is "no", and each estimate is shown as
+~N [LOW,HIGH], with its 95% confidence interval (a family's total sums
+its buckets' bounds). Strings, lists and streams are compared by size only
+(EXACT "no"). A family compares at most --max-keys buckets, in name order;
+the others are only counted.
 
 The run goes on while diff reads: changes applied meanwhile may show. Diff
 fails if the run was decided or ended before it finished.
@@ -49,6 +54,7 @@ Entries that are not printable text are Go-quoted in the tables. -json
 prints one object instead, with the names exact:
 
   {
+    "server": {"mode": "standalone", "addrs": ["10.0.0.5:6379"], "db": 0},
     "lock_key": "users:by-email:rebuild-lock",
     "token_prefix": "3f9a1c2e",
     "keys": [{
@@ -58,6 +64,10 @@ prints one object instead, with the names exact:
       "removed": 1,
       "changed": 1,
       "exact": true,                  false: estimates, or keys not compared
+      "sampled": false,               true: some counts are estimates, and
+      "added_range": {"low": 1, "high": 1},    these bound them (sums of the
+      "removed_range": {"low": 1, "high": 1},  keys' 95% intervals); left out
+      "changed_range": {"low": 1, "high": 1},  when sampled is false
       "buckets": 3,                   families only: buckets new or live,
       "compared": 3,                  of which compared (--max-keys),
       "buckets_added": 1,             only in the new family,
@@ -73,6 +83,9 @@ prints one object instead, with the names exact:
         "removed": 1,
         "changed": 1,
         "exact": true,
+        "sampled": false,             true: estimates from random samples,
+                                      with "added_range", "removed_range" and
+                                      "changed_range", their 95% intervals
         "samples": [
           {"kind": "added", "entry": "x@example.com", "new": "42"},
           {"kind": "changed", "entry": "y@example.com", "old": "7", "new": "8"}
@@ -107,6 +120,11 @@ type indexDiff struct {
 	// Exact is false when a count is an estimate, or buckets or entries
 	// were not compared.
 	Exact bool
+	// Sampled is true when some counts are estimates; the ranges are then
+	// the sums of the keys' 95% confidence intervals (an exact count
+	// counts as its own interval).
+	Sampled                                bool
+	AddedRange, RemovedRange, ChangedRange diff.Interval
 }
 
 // diffFlags are the flags of 'keyswap diff'.
@@ -161,7 +179,9 @@ func (c *cli) diff(ctx context.Context, args []string) error {
 		return fmt.Errorf("diff %s: the %s was decided, or ended, while diff read it: run diff again", displayKey(key), rec.describe())
 	}
 	if f.asJSON {
-		return writeJSON(c.stdout, diffReportJSON(rec, out))
+		j := diffReportJSON(rec, out)
+		j.Server = serverOf(client, f.conn.used).json()
+		return writeJSON(c.stdout, j)
 	}
 	return writeDiff(c.stdout, rec, out)
 }
@@ -185,13 +205,29 @@ func diffRun(ctx context.Context, client rueidis.Client, rec runRecord, f diffFl
 			if err != nil {
 				return nil, fmt.Errorf("comparing %s with %s: %w", displayKey(p[1]), displayKey(p[0]), err)
 			}
-			d.Diffs = append(d.Diffs, kd)
-			d.Added, d.Removed, d.Changed = d.Added+kd.Added, d.Removed+kd.Removed, d.Changed+kd.Changed
-			d.Exact = d.Exact && kd.Exact
+			d.add(kd)
 		}
 		out = append(out, d)
 	}
 	return out, nil
+}
+
+// add adds the comparison of a key to d.
+func (d *indexDiff) add(kd diff.Key) {
+	d.Diffs = append(d.Diffs, kd)
+	d.Added, d.Removed, d.Changed = d.Added+kd.Added, d.Removed+kd.Removed, d.Changed+kd.Changed
+	d.Exact = d.Exact && kd.Exact
+	d.Sampled = d.Sampled || kd.Sampled
+	for _, r := range []struct {
+		sum   *diff.Interval
+		count int64
+		iv    diff.Interval
+	}{{&d.AddedRange, kd.Added, kd.AddedRange}, {&d.RemovedRange, kd.Removed, kd.RemovedRange}, {&d.ChangedRange, kd.Changed, kd.ChangedRange}} {
+		if !kd.Sampled {
+			r.iv = diff.Interval{Low: r.count, High: r.count}
+		}
+		r.sum.Low, r.sum.High = r.sum.Low+r.iv.Low, r.sum.High+r.iv.High
+	}
 }
 
 // familyPairs returns the buckets of the family prefix to compare, as
@@ -253,8 +289,9 @@ func writeDiff(w io.Writer, rec runRecord, out []indexDiff) error {
 	samples := 0
 	for _, d := range out {
 		for _, k := range d.Diffs {
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%s\n", displayKey(k.Live), diffType(k), k.LiveSize, k.NewSize,
-				k.Added, k.Removed, k.Changed, yesNo(k.Exact))
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\n", displayKey(k.Live), diffType(k), k.LiveSize, k.NewSize,
+				fmtCount(k.Added, k.AddedRange, k.Sampled), fmtCount(k.Removed, k.RemovedRange, k.Sampled),
+				fmtCount(k.Changed, k.ChangedRange, k.Sampled), yesNo(k.Exact))
 			samples += len(k.Samples)
 		}
 	}
@@ -274,9 +311,10 @@ func writeDiff(w io.Writer, rec runRecord, out []indexDiff) error {
 	}
 	fmt.Fprintln(w)
 	for _, d := range out {
-		counts := fmt.Sprintf("%d added, %d removed, %d changed", d.Added, d.Removed, d.Changed)
-		if !d.Exact {
-			counts += " (not exact: estimates, or keys not compared)"
+		counts := fmt.Sprintf("%s added, %s removed, %s changed", fmtCount(d.Added, d.AddedRange, d.Sampled),
+			fmtCount(d.Removed, d.RemovedRange, d.Sampled), fmtCount(d.Changed, d.ChangedRange, d.Sampled))
+		if why := d.inexact(); why != "" {
+			counts += " (not exact: " + why + ")"
 		}
 		if d.Family {
 			fmt.Fprintf(w, "%s (family): %s, %d added, %d removed, %d compared; %s\n", displayKey(d.Key),
@@ -286,6 +324,36 @@ func writeDiff(w io.Writer, rec runRecord, out []indexDiff) error {
 		}
 	}
 	return nil
+}
+
+// fmtCount formats a count: as is when exact, else "~N [LOW,HIGH]" with its
+// confidence interval.
+func fmtCount(n int64, iv diff.Interval, sampled bool) string {
+	if !sampled {
+		return strconv.FormatInt(n, 10)
+	}
+	return fmt.Sprintf("~%d [%d,%d]", n, iv.Low, iv.High)
+}
+
+// inexact says why d's counts are not exact, "" when they are.
+func (d indexDiff) inexact() string {
+	var why []string
+	if d.Sampled {
+		why = append(why, "estimated from random samples, with 95% confidence intervals in brackets")
+	}
+	if d.Family && d.Compared < d.Buckets {
+		why = append(why, fmt.Sprintf("%d of %d buckets compared", d.Compared, d.Buckets))
+	}
+	for _, k := range d.Diffs {
+		if !k.Exact && !k.Sampled {
+			why = append(why, "keys of a type compared only by size")
+			break
+		}
+	}
+	if len(why) == 0 && !d.Exact {
+		why = append(why, "keys not compared")
+	}
+	return strings.Join(why, "; ")
 }
 
 // diffType is a comparison's TYPE column: the keys' type, or "live->new"
@@ -310,6 +378,7 @@ func displayValue(v string) string {
 
 // diffJSON is the -json document of 'keyswap diff' (see diffUsage).
 type diffJSON struct {
+	Server        serverJSON      `json:"server"`
 	LockKey       *string         `json:"lock_key,omitempty"`
 	LockKeyBase64 []byte          `json:"lock_key_base64,omitempty"`
 	TokenPrefix   string          `json:"token_prefix"`
@@ -324,6 +393,10 @@ type indexDiffJSON struct {
 	Removed        int64         `json:"removed"`
 	Changed        int64         `json:"changed"`
 	Exact          bool          `json:"exact"`
+	Sampled        bool          `json:"sampled"`
+	AddedRange     *rangeJSON    `json:"added_range,omitempty"`
+	RemovedRange   *rangeJSON    `json:"removed_range,omitempty"`
+	ChangedRange   *rangeJSON    `json:"changed_range,omitempty"`
 	Buckets        *int          `json:"buckets,omitempty"`
 	Compared       *int          `json:"compared,omitempty"`
 	BucketsAdded   *int          `json:"buckets_added,omitempty"`
@@ -333,19 +406,40 @@ type indexDiffJSON struct {
 
 // keyDiffJSON is a diff.Key in diffJSON.
 type keyDiffJSON struct {
-	Live       *string      `json:"live,omitempty"`
-	LiveBase64 []byte       `json:"live_base64,omitempty"`
-	Temp       *string      `json:"temp,omitempty"`
-	TempBase64 []byte       `json:"temp_base64,omitempty"`
-	Type       string       `json:"type"`
-	LiveType   string       `json:"live_type"`
-	LiveSize   int64        `json:"live_size"`
-	NewSize    int64        `json:"new_size"`
-	Added      int64        `json:"added"`
-	Removed    int64        `json:"removed"`
-	Changed    int64        `json:"changed"`
-	Exact      bool         `json:"exact"`
-	Samples    []sampleJSON `json:"samples"`
+	Live         *string      `json:"live,omitempty"`
+	LiveBase64   []byte       `json:"live_base64,omitempty"`
+	Temp         *string      `json:"temp,omitempty"`
+	TempBase64   []byte       `json:"temp_base64,omitempty"`
+	Type         string       `json:"type"`
+	LiveType     string       `json:"live_type"`
+	LiveSize     int64        `json:"live_size"`
+	NewSize      int64        `json:"new_size"`
+	Added        int64        `json:"added"`
+	Removed      int64        `json:"removed"`
+	Changed      int64        `json:"changed"`
+	Exact        bool         `json:"exact"`
+	Sampled      bool         `json:"sampled"`
+	AddedRange   *rangeJSON   `json:"added_range,omitempty"`
+	RemovedRange *rangeJSON   `json:"removed_range,omitempty"`
+	ChangedRange *rangeJSON   `json:"changed_range,omitempty"`
+	Samples      []sampleJSON `json:"samples"`
+}
+
+// rangeJSON is an estimate's confidence interval in diffJSON.
+type rangeJSON struct {
+	Low  int64 `json:"low"`
+	High int64 `json:"high"`
+}
+
+// ranges returns the three intervals in JSON, nil unless sampled.
+func ranges(sampled bool, ivs ...diff.Interval) []*rangeJSON {
+	out := make([]*rangeJSON, len(ivs))
+	if sampled {
+		for i, iv := range ivs {
+			out[i] = &rangeJSON{Low: iv.Low, High: iv.High}
+		}
+	}
+	return out
 }
 
 // sampleJSON is a diff.Entry in diffJSON.
@@ -365,13 +459,18 @@ func diffReportJSON(rec runRecord, out []indexDiff) diffJSON {
 	j.LockKey, j.LockKeyBase64 = jsonName(rec.Lock)
 	for _, d := range out {
 		dj := indexDiffJSON{jsonKey: newJSONKey(d.Key), Family: d.Family, Added: d.Added, Removed: d.Removed,
-			Changed: d.Changed, Exact: d.Exact, Diffs: make([]keyDiffJSON, 0, len(d.Diffs))}
+			Changed: d.Changed, Exact: d.Exact, Sampled: d.Sampled, Diffs: make([]keyDiffJSON, 0, len(d.Diffs))}
+		rs := ranges(d.Sampled, d.AddedRange, d.RemovedRange, d.ChangedRange)
+		dj.AddedRange, dj.RemovedRange, dj.ChangedRange = rs[0], rs[1], rs[2]
 		if d.Family {
 			dj.Buckets, dj.Compared, dj.BucketsAdded, dj.BucketsRemoved = &d.Buckets, &d.Compared, &d.BucketsAdded, &d.BucketsRemoved
 		}
 		for _, k := range d.Diffs {
 			kj := keyDiffJSON{Type: k.Type, LiveType: k.LiveType, LiveSize: k.LiveSize, NewSize: k.NewSize,
-				Added: k.Added, Removed: k.Removed, Changed: k.Changed, Exact: k.Exact, Samples: make([]sampleJSON, 0, len(k.Samples))}
+				Added: k.Added, Removed: k.Removed, Changed: k.Changed, Exact: k.Exact, Sampled: k.Sampled,
+				Samples: make([]sampleJSON, 0, len(k.Samples))}
+			rs := ranges(k.Sampled, k.AddedRange, k.RemovedRange, k.ChangedRange)
+			kj.AddedRange, kj.RemovedRange, kj.ChangedRange = rs[0], rs[1], rs[2]
 			kj.Live, kj.LiveBase64 = jsonName(k.Live)
 			kj.Temp, kj.TempBase64 = jsonName(k.Temp)
 			for _, s := range k.Samples {

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"text/tabwriter"
 
+	"github.com/keyswap/keyswap/internal/diff"
 	"github.com/keyswap/keyswap/internal/keys"
 	krebuild "github.com/keyswap/keyswap/rebuild"
 )
@@ -88,7 +89,7 @@ func TestDiff(t *testing.T) {
 					LiveSize: live, NewSize: nw, Added: added, Removed: removed, Exact: true, Samples: samples}
 			}
 			lock := ix.lock(d)
-			wantJSON := diffJSON{LockKey: &lock, TokenPrefix: rec["token"][:8], Keys: []indexDiffJSON{
+			wantJSON := diffJSON{Server: d.server().json(), LockKey: &lock, TokenPrefix: rec["token"][:8], Keys: []indexDiffJSON{
 				{jsonKey: newJSONKey(ix.email), Added: 1, Removed: 1, Changed: 1, Exact: true, Diffs: []keyDiffJSON{{
 					Live: str(ix.email), Temp: str(keys.Base(ix.email, d.cluster) + suffix), Type: "hash", LiveType: "hash",
 					LiveSize: 3, NewSize: 3, Added: 1, Removed: 1, Changed: 1, Exact: true, Samples: []sampleJSON{
@@ -122,7 +123,7 @@ func TestDiff(t *testing.T) {
 				t.Errorf("--max-keys 2 --samples 1: got %s", r.stdout)
 			}
 			r = keyswap(t, d.args("diff", "--max-keys", "2", ix.email)...)
-			if want := ix.country + " (family): 4 buckets, 2 added, 1 removed, 2 compared; 1 added, 1 removed, 0 changed (not exact: estimates, or keys not compared)\n"; !strings.HasSuffix(r.stdout, want) {
+			if want := ix.country + " (family): 4 buckets, 2 added, 1 removed, 2 compared; 1 added, 1 removed, 0 changed (not exact: 2 of 4 buckets compared)\n"; !strings.HasSuffix(r.stdout, want) {
 				t.Errorf("--max-keys 2: got\n%s\nwant it to end with\n%s", r.stdout, want)
 			}
 
@@ -168,5 +169,39 @@ func TestNotHeld(t *testing.T) {
 			}
 			ix.wantLive(t, d, people(0, src.n()))
 		})
+	}
+}
+
+// TestWriteDiffSampled pins how diff shows estimates: each with its 95%
+// confidence interval, a family's total with the sums of its buckets'
+// bounds (an exact bucket counting as its own), and why it is not exact.
+func TestWriteDiffSampled(t *testing.T) {
+	d := indexDiff{Key: "tags", Family: true, Exact: true, Buckets: 3, Compared: 2}
+	d.add(diff.Key{Live: "tags:go", Temp: "tags:go:rebuild:1:0123456789abcdef", Type: "set", LiveType: "set",
+		LiveSize: 200000, NewSize: 210000, Added: 12000, Removed: 2000, Changed: 0, Sampled: true,
+		AddedRange: diff.Interval{Low: 10500, High: 13600}, RemovedRange: diff.Interval{Low: 1300, High: 2900}})
+	d.add(diff.Key{Live: "tags:rust", Temp: "tags:rust:rebuild:1:0123456789abcdef", Type: "set", LiveType: "set",
+		LiveSize: 10, NewSize: 11, Added: 1, Exact: true})
+	d.Exact = false // a bucket not compared
+	var out bytes.Buffer
+	if err := writeDiff(&out, runRecord{Lock: "tags:rebuild-lock", Token: "0123456789abcdef", Keys: []string{"tags"},
+		Host: "h", PID: 1}, []indexDiff{d}); err != nil {
+		t.Fatal(err)
+	}
+	want := table(
+		[]string{"KEY", "TYPE", "LIVE", "NEW", "ADDED", "REMOVED", "CHANGED", "EXACT"},
+		[]string{"tags:go", "set", "200000", "210000", "~12000 [10500,13600]", "~2000 [1300,2900]", "~0 [0,0]", "no"},
+		[]string{"tags:rust", "set", "10", "11", "1", "0", "0", "yes"},
+	) + "\ntags (family): 3 buckets, 0 added, 0 removed, 2 compared; ~12001 [10501,13601] added, ~2000 [1300,2900] removed, ~0 [0,0] changed" +
+		" (not exact: estimated from random samples, with 95% confidence intervals in brackets; 2 of 3 buckets compared)\n"
+	if got := out.String(); !strings.HasSuffix(got, want) {
+		t.Errorf("got\n%s\nwant it to end with\n%s", got, want)
+	}
+	j := diffReportJSON(runRecord{Lock: "tags:rebuild-lock", Token: "0123456789abcdef"}, []indexDiff{d})
+	k := j.Keys[0]
+	if !k.Sampled || *k.AddedRange != (rangeJSON{10501, 13601}) || !k.Diffs[0].Sampled || *k.Diffs[0].RemovedRange != (rangeJSON{1300, 2900}) ||
+		k.Diffs[1].Sampled || k.Diffs[1].AddedRange != nil {
+		b, _ := json.Marshal(j)
+		t.Errorf("JSON: got %s", b)
 	}
 }

@@ -6,62 +6,77 @@
 // Usage:
 //
 //	keyswap status   [connection flags] [-json] [-older-than 1h] [pattern]
-//	keyswap cancel   [connection flags] <key>
-//	keyswap throttle [connection flags] <key> <items/s>
-//	keyswap pause    [connection flags] <key>
-//	keyswap resume   [connection flags] <key>
+//	keyswap cancel   [connection flags] [-json] <key>
+//	keyswap throttle [connection flags] [-json] <key> <items/s>
+//	keyswap pause    [connection flags] [-json] <key>
+//	keyswap resume   [connection flags] [-json] <key>
 //	keyswap diff     [connection flags] [-json] [--limit 100000] [--samples 10] [--max-keys 100] <key>
 //	keyswap publish  [connection flags] [-json] [--wait 30s] <key>
 //	keyswap discard  [connection flags] [-json] [--wait 30s] <key>
 //	keyswap rollback [connection flags] [-json] <key>...
-//	keyswap sweep    [connection flags] [--delete] [--pattern '*:rebuild:*'] [--older-than 1h] [-json] [-progress auto]
-//	keyswap version
+//	keyswap sweep    [connection flags] [--delete | --dry-run] [--pattern '*:rebuild:*'] [--older-than 1h] [-json] [-progress auto]
+//	keyswap version  [-json]
+//	keyswap help     [<command> | connect]
 //
-// Flags take one dash or two and may follow the arguments. 'keyswap
-// <command> -h' prints a command's full help; 'keyswap --version' prints
-// the version.
+// Flags take one dash or two and may follow the arguments. 'keyswap help
+// <command>' (or 'keyswap <command> --help') prints a command's help and
+// its own flags; 'keyswap help connect' the connection flags, which every
+// command that talks to Redis shares. A misspelled command or flag gets a
+// suggestion. 'keyswap --version' prints the version.
 //
 // # Connecting
 //
-// Every command that talks to Redis takes the same connection flags, named
-// as redis-cli names them.
+// The connection flags are redis-cli's. -h is the host, as in redis-cli:
+// help is --help, and -h without a host is a usage error (exit status 2),
+// so that a monitoring script whose host variable is empty fails instead of
+// reading help as "nothing to sweep".
 //
-// -u URL, or -redis URL, says where: a redis:// URL (user, password and
-// database included, as in redis://user:password@host:6379/2), a rediss://
-// URL for TLS, a unix:// URL or the absolute path of a unix socket
-// (unix:///run/redis.sock?db=2, /run/redis.sock), or a bare host:port.
-// Repeat the flag, or separate URLs with commas, to give several seeds of a
-// Redis Cluster; a single seed finds the whole cluster too. With the URL
-// parameter master_set, as in redis://10.0.0.5:26379?master_set=mymaster,
+// Where: -u URL (or -redis URL), or -h HOST, -p PORT and -s SOCKET, else
+// $REDIS_URL, else redis://127.0.0.1:6379. A URL is a redis:// URL (user,
+// password and database included, as in redis://user:password@host:6379/2),
+// a rediss:// URL for TLS, a unix:// URL or the absolute path of a unix
+// socket (unix:///run/redis.sock?db=2, /run/redis.sock), or a bare
+// host:port. Repeat -u, or separate URLs with commas, to give several seeds
+// of a Redis Cluster; a single seed finds the whole cluster too. With the
+// URL parameter master_set, as in redis://10.0.0.5:26379?master_set=mymaster,
 // the addresses are those of Redis Sentinels, and keyswap connects to the
 // master they monitor under that name (the sentinels are asked without
-// AUTH). Without -u, $REDIS_URL is used, else redis://127.0.0.1:6379. Each
-// connection attempt times out after 3 seconds (override with the URL
-// parameter dial_timeout=10s).
+// AUTH). -u wins over -h, -p and -s, whatever their order, with a warning;
+// -s wins over -h and -p; -h alone means port 6379, -p alone host
+// 127.0.0.1. Each connection attempt times out after 3 seconds (override
+// with the URL parameter dial_timeout=10s).
 //
-// --user NAME logs in as the ACL user NAME instead of the URL's user (else
-// "default"). The password is the first of:
+// -n DB selects a database, over the URL's. --user NAME logs in as the ACL
+// user NAME instead of the URL's user (else "default"). The password is the
+// first of:
 //
-//  1. the one typed at the prompt of --askpass, read from the terminal
-//     without echo;
-//  2. the URL's;
-//  3. $KEYSWAP_PASSWORD;
-//  4. $REDISCLI_AUTH, redis-cli's variable.
+//  1. the one --askpass reads: typed on the terminal without echo, or,
+//     when stdin is not a terminal, its first line (echo "$PW" | keyswap
+//     status --askpass), as redis-cli does;
+//  2. -a PASSWORD, or --pass PASSWORD;
+//  3. the URL's;
+//  4. $KEYSWAP_PASSWORD;
+//  5. $REDISCLI_AUTH, redis-cli's variable.
 //
-// A password in a -u or -redis URL can be read by other users of the
-// machine in the process list, so keyswap warns about it on stderr
-// (--no-auth-warning silences that); the environment and --askpass keep it
-// out of the command line.
+// A password given with -a, --pass or in a -u URL can be read by other
+// users of the machine in the process list, so keyswap warns about it on
+// stderr, as redis-cli does (--no-auth-warning silences that); the
+// environment and --askpass keep it out of the command line. A command that
+// keyswap suggests never repeats a password: it keeps the connection flags
+// and asks for the password with --askpass.
 //
 // --tls, or a rediss:// URL, connects with TLS. The server's certificate is
 // verified against the system's CAs or those of --cacert FILE, and against
 // the host each server is reached at or the name given by --sni NAME;
 // --insecure skips the verification. --cert FILE and --key FILE give a
-// client certificate, for a server that requires one (tls-auth-clients).
+// client certificate, for a server that requires one (tls-auth-clients). A
+// plain connection that a server ends before it answers, as a TLS port does,
+// is reported with "is this a TLS port? try --tls".
 //
 // # Status
 //
-// status lists the rebuild locks (<key>:rebuild-lock) with their TTL and
+// status names the server it read, then lists the rebuild locks
+// (<key>:rebuild-lock) with their TTL and
 // the start of their token, and the temp keys (<key>:rebuild:<unix>:<nonce>)
 // with their age, TTL, type, size, memory, whether a held lock protects
 // them, and whether the sweep would delete them, by the sweep's own rule.
@@ -69,9 +84,10 @@
 // against the live key (on a cluster, with and without the hash tag keyswap
 // adds). When there are sweep candidates, status prints the sweep command
 // that lists them, limited to the temp keys of the live keys the pattern
-// selects: 'keyswap status "users:*"' suggests
+// selects, with the connection flags: 'keyswap status -h 10.0.0.5 -a pw
+// "users:*"' suggests
 //
-//	keyswap sweep --older-than 1h0m0s --pattern 'users:*:rebuild:*'
+//	keyswap sweep --older-than 1h0m0s --pattern 'users:*:rebuild:*' -h 10.0.0.5 --askpass
 //
 // For each run of a rebuild.Rebuilder (a lock whose record, <lock>:run,
 // carries the lock's token), status also shows what its heartbeats write
@@ -124,6 +140,14 @@
 // key as an empty rebuild, deleting the live index.
 //
 // # JSON
+//
+// Every command takes -json and prints one JSON object on stdout instead of
+// lines and tables; those that talk to Redis name the server they read in
+// "server" ({"mode": "standalone", "addrs": ["10.0.0.5:6379"], "db": 0}).
+// A command that fails prints its error on stderr as without -json, and on
+// stdout the object {"command": "cancel", "error": "...", "kind": "no_run",
+// "exit_status": 4}, whose kind names the exit status: error, usage,
+// no_run, conflict, no_previous or timeout.
 //
 // The JSON of every command names keys exactly. Redis names are bytes:
 // a name that is valid UTF-8 is a JSON string, as in "key":

@@ -50,15 +50,17 @@ Commands:
 	sweep     delete orphaned temp keys (a dry run unless --delete is given)
 	version   print keyswap's version (also: keyswap --version)
 
-Run 'keyswap <command> -h' for a command's flags. Flags take one dash or two
-(-json or --json) and may follow the arguments.
+Run 'keyswap help <command>' (or 'keyswap <command> --help') for a
+command's flags. Flags take one dash or two (-json or --json) and may follow
+the arguments. Every command takes -json, which prints one JSON object,
+errors included.
 
-Every command that talks to Redis takes the same connection flags, as
-redis-cli does: -u URL (or -redis URL), --user, --askpass, and --tls with
---cacert, --cert, --key, --insecure and --sni. The URL defaults to
-$REDIS_URL, else redis://127.0.0.1:6379; the password comes from --askpass,
-else the URL, else $KEYSWAP_PASSWORD, else $REDISCLI_AUTH. 'keyswap status
--h' describes them all.
+Every command that talks to Redis takes the same connection flags, named as
+redis-cli names them: -u URL (or -redis URL), -h HOST, -p PORT, -s SOCKET,
+-n DB, -a PASSWORD (or --pass), --user, --askpass, and --tls with --cacert,
+--cert, --key, --insecure and --sni. -h is the host, as in redis-cli: help
+is --help. The address defaults to $REDIS_URL, else redis://127.0.0.1:6379.
+'keyswap help connect' describes them.
 
 Exit status:
 
@@ -144,45 +146,148 @@ func (c *cli) main(ctx context.Context, args []string) int {
 			fmt.Fprint(c.stdout, mainUsage)
 			return exitOK
 		}
-		// "keyswap help sweep" is "keyswap sweep -h".
-		name, rest = rest[0], []string{"-h"}
+		if rest[0] == "connect" {
+			c.printConnUsage()
+			return exitOK
+		}
+		// "keyswap help sweep" is "keyswap sweep --help".
+		name, rest = rest[0], []string{"--help"}
 	case "-version", "--version":
 		name = "version"
 	}
 	for _, cmd := range commands {
 		if cmd.name == name {
-			return c.exit(cmd.name, cmd.run(c, ctx, rest))
+			return c.exit(cmd.name, cmd.run(c, ctx, rest), wantsJSON(rest))
 		}
 	}
-	fmt.Fprintf(c.stderr, "keyswap: unknown command %q\nRun 'keyswap -h' for usage.\n", name)
-	return exitUsage
+	names := []string{"connect"}
+	for _, cmd := range commands {
+		names = append(names, cmd.name)
+	}
+	err := usagef("unknown command %q%s", name, didYouMean(name, names, ""))
+	return c.exit("", err, wantsJSON(rest))
 }
 
-// exit reports err, the result of the command called name, and returns the
-// exit status.
-func (c *cli) exit(name string, err error) int {
+// exit reports err, the result of the command called name ("" before
+// one is known), and returns the exit status. With -json, the error is
+// also printed on stdout as a JSON object (see errorJSON).
+func (c *cli) exit(name string, err error, asJSON bool) int {
 	var ue *usageError
+	code := exitError
 	switch {
 	case err == nil, errors.Is(err, errHelp):
 		return exitOK
 	case errors.Is(err, errOrphansFound):
 		return exitOrphans
 	case errors.As(err, &ue):
-		fmt.Fprintf(c.stderr, "keyswap %s: %v\nRun 'keyswap %s -h' for usage.\n", name, ue.err, name)
-		return exitUsage
+		code = exitUsage
+		help := "keyswap -h"
+		if name != "" {
+			help = "keyswap help " + name
+			fmt.Fprintf(c.stderr, "keyswap %s: %v\nRun '%s' for usage.\n", name, ue.err, help)
+		} else {
+			fmt.Fprintf(c.stderr, "keyswap: %v\nRun '%s' for usage.\n", ue.err, help)
+		}
+	default:
+		fmt.Fprintf(c.stderr, "keyswap: %s\n", errorMessage(err))
+		switch {
+		case errors.Is(err, krun.ErrNoRun):
+			code = exitNoRun
+		case errors.Is(err, errNotHeld), errors.Is(err, krun.ErrInProgress):
+			code = exitConflict
+		case errors.Is(err, krun.ErrNothingToRollBack):
+			code = exitNoPrev
+		case errors.Is(err, errWaitTimeout):
+			code = exitTimeout
+		}
 	}
-	fmt.Fprintf(c.stderr, "keyswap: %s\n", errorMessage(err))
-	switch {
-	case errors.Is(err, krun.ErrNoRun):
-		return exitNoRun
-	case errors.Is(err, errNotHeld), errors.Is(err, krun.ErrInProgress):
-		return exitConflict
-	case errors.Is(err, krun.ErrNothingToRollBack):
-		return exitNoPrev
-	case errors.Is(err, errWaitTimeout):
-		return exitTimeout
+	if asJSON && !errors.Is(err, errReported) {
+		msg := errorMessage(err)
+		if ue != nil {
+			msg = ue.err.Error()
+		}
+		_ = writeJSON(c.stdout, errorJSON{Command: name, Error: msg, Kind: exitKinds[code], ExitStatus: code}) // stderr has the error
 	}
-	return exitError
+	return code
+}
+
+// errorJSON is what a command given -json prints on stdout when it fails,
+// besides its message on stderr.
+type errorJSON struct {
+	Command    string `json:"command"`
+	Error      string `json:"error"`
+	Kind       string `json:"kind"`
+	ExitStatus int    `json:"exit_status"`
+}
+
+// exitKinds names the exit statuses of errors, for errorJSON.
+var exitKinds = map[int]string{
+	exitError:    "error",
+	exitUsage:    "usage",
+	exitNoRun:    "no_run",
+	exitConflict: "conflict",
+	exitNoPrev:   "no_previous",
+	exitTimeout:  "timeout",
+}
+
+// errReported wraps an error whose command printed it in its own -json
+// document already (sweep's "error"): exit prints no second document.
+var errReported = errors.New("reported in the JSON document")
+
+// wantsJSON reports whether args, a command's arguments, ask for -json.
+func wantsJSON(args []string) bool {
+	for _, a := range args {
+		switch a {
+		case "--":
+			return false
+		case "-json", "--json", "-json=true", "--json=true":
+			return true
+		}
+	}
+	return false
+}
+
+// didYouMean returns ` (did you mean "x"?)` for the candidate x closest to
+// name, with dash in front ("-" for flags), or "" when none is close: at
+// most two edits away, and fewer than half of name's letters.
+func didYouMean(name string, candidates []string, dash string) string {
+	best, bestDist := "", 3
+	for _, c := range candidates {
+		if d := editDistance(strings.ToLower(name), c); d < bestDist && d*2 < max(len(name), 2) {
+			best, bestDist = c, d
+		}
+	}
+	if best == "" {
+		return ""
+	}
+	if dash != "" {
+		return fmt.Sprintf(" (did you mean %s%s?)", dash, best)
+	}
+	return fmt.Sprintf(" (did you mean %q?)", best)
+}
+
+// editDistance returns the Levenshtein distance between a and b, counting a
+// swap of two neighbours as one edit.
+func editDistance(a, b string) int {
+	prev2, prev, cur := make([]int, len(b)+1), make([]int, len(b)+1), make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+			if i > 1 && j > 1 && a[i-1] == b[j-2] && a[i-2] == b[j-1] {
+				cur[j] = min(cur[j], prev2[j-2]+1)
+			}
+		}
+		prev2, prev, cur = prev, cur, prev2
+	}
+	return prev[len(b)]
 }
 
 // errorMessage returns err's message without the "keyswap: " that the
@@ -231,7 +336,7 @@ func (c *cli) parse(fs *flag.FlagSet, args []string, usage string) ([]string, er
 				c.printUsage(fs, usage)
 				return nil, errHelp
 			}
-			return nil, &usageError{err: err}
+			return nil, flagError(fs, err)
 		}
 		rest := fs.Args()
 		if len(rest) == 0 {
@@ -245,8 +350,28 @@ func (c *cli) parse(fs *flag.FlagSet, args []string, usage string) ([]string, er
 	}
 }
 
-// printUsage prints usage and then fs's flags to stdout: the command's own,
-// then the connection flags, if it takes them.
+// flagError turns err, an error of fs.Parse, into a *usageError that says
+// what to do: -h without a host is taken for a request for help; an
+// unknown flag gets the closest one.
+func flagError(fs *flag.FlagSet, err error) error {
+	msg := err.Error()
+	if msg == "flag needs an argument: -h" && fs.Lookup("h") != nil {
+		return usagef("-h needs a host, as in redis-cli; for help, pass --help")
+	}
+	if name, ok := strings.CutPrefix(msg, "flag provided but not defined: -"); ok {
+		var names []string
+		fs.VisitAll(func(f *flag.Flag) { names = append(names, f.Name) })
+		dash := "-"
+		if len(name) > 1 {
+			dash = "--"
+		}
+		return usagef("%s%s", msg, didYouMean(name, names, dash))
+	}
+	return &usageError{err: err}
+}
+
+// printUsage prints usage and then fs's own flags to stdout, and, when it
+// takes the connection flags, where they are described.
 func (c *cli) printUsage(fs *flag.FlagSet, usage string) {
 	conn := connFlagNames()
 	fmt.Fprint(c.stdout, strings.TrimRight(usage, "\n")+"\n\nFlags:\n\n")
@@ -254,9 +379,18 @@ func (c *cli) printUsage(fs *flag.FlagSet, usage string) {
 	var takesConn bool
 	fs.VisitAll(func(f *flag.Flag) { takesConn = takesConn || conn[f.Name] })
 	if takesConn {
-		fmt.Fprint(c.stdout, "\n"+connUsage+"\n\nConnection flags (the same for every command):\n\n")
-		printFlags(c.stdout, fs, func(name string) bool { return conn[name] })
+		fmt.Fprint(c.stdout, "\nIt takes the connection flags, as redis-cli names them (-u URL, -h HOST, -p PORT,\n"+
+			"-s SOCKET, -n DB, -a PASSWORD, --user, --askpass, --tls, ...): see 'keyswap help connect'.\n")
 	}
+}
+
+// printConnUsage prints the description of the connection flags, and the
+// flags: 'keyswap help connect'.
+func (c *cli) printConnUsage() {
+	fs := newFlagSet("connect")
+	addConnFlags(fs)
+	fmt.Fprint(c.stdout, connUsage+"\n\nConnection flags:\n\n")
+	printFlags(c.stdout, fs, func(string) bool { return true })
 }
 
 // printFlags prints the flags of fs for which keep is true to w, in the

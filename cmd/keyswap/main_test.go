@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"os"
 	"strings"
@@ -107,6 +108,9 @@ func deployments(t *testing.T) []deployment {
 		cluster,
 	}
 }
+
+// server returns d's server as the CLI names it.
+func (d deployment) server() server { return serverOf(d.client, nil) }
 
 // args returns cmd, then d's -redis flags, then rest.
 func (d deployment) args(cmd string, rest ...string) []string {
@@ -241,35 +245,46 @@ func TestHelp(t *testing.T) {
 		{[]string{"-h"}, "keyswap <command> [flags] [arguments]"},
 		{[]string{"--help"}, "Commands:"},
 		{[]string{"help"}, "Exit status"},
+		{[]string{"help"}, "'keyswap help connect' describes them."},
 		{[]string{"help", "sweep"}, "Usage: keyswap sweep [flags]"},
-		{[]string{"status", "-h"}, "Usage: keyswap status [flags] [pattern]"},
-		{[]string{"status", "--help"}, `"sweep_candidate": false`},
-		{[]string{"sweep", "-h"}, "WARNING: do not sweep during a rolling upgrade from a version without the\nrebuild lock."},
-		{[]string{"sweep", "-h"}, "-delete\n"},
-		{[]string{"sweep", "-h"}, `(default "*:rebuild:*")`},
-		{[]string{"sweep", "-h"}, "\nConnection flags (the same for every command):\n\n  -askpass\n"},
-		{[]string{"status", "-json", "-h"}, "  -json\n    \tprint one JSON object (described above) instead of tables\n"},
-		{[]string{"status", "-h"}, "  -u URL\n    \tRedis URL: the same as -redis, as in redis-cli\n"},
-		{[]string{"status", "-h"}, "$KEYSWAP_PASSWORD"},
-		{[]string{"status", "-h"}, `"key_base64"`},
-		{[]string{"sweep", "-h"}, `"key_base64"`},
+		{[]string{"status", "--help"}, "Usage: keyswap status [flags] [pattern]"},
+		{[]string{"status", "-help"}, `"sweep_candidate": false`},
+		{[]string{"status", "--help"}, `"server": {`},
+		{[]string{"sweep", "--help"}, "WARNING: do not sweep during a rolling upgrade from a version without the\nrebuild lock."},
+		{[]string{"sweep", "--help"}, "-delete\n"},
+		{[]string{"sweep", "--help"}, "-dry-run\n"},
+		{[]string{"sweep", "--help"}, `(default "*:rebuild:*")`},
+		{[]string{"sweep", "--help"}, "\nIt takes the connection flags, as redis-cli names them (-u URL, -h HOST, -p PORT,\n" +
+			"-s SOCKET, -n DB, -a PASSWORD, --user, --askpass, --tls, ...): see 'keyswap help connect'.\n"},
+		{[]string{"status", "-json", "--help"}, "  -json\n    \tprint one JSON object (described above) instead of tables\n"},
+		{[]string{"help", "connect"}, "  -u URL\n    \tRedis URL: the same as -redis, as in redis-cli\n"},
+		{[]string{"help", "connect"}, "  -h host\n    \tthe server's host, as in redis-cli (default 127.0.0.1 when -p is given); help is --help\n"},
+		{[]string{"help", "connect"}, "  -a password\n"},
+		{[]string{"help", "connect"}, "  -askpass\n"},
+		{[]string{"help", "connect"}, "$KEYSWAP_PASSWORD"},
+		{[]string{"help", "connect"}, "-u wins over -h, -p\n    and -s"},
+		{[]string{"status", "--help"}, `"key_base64"`},
+		{[]string{"sweep", "--help"}, `"key_base64"`},
 		{[]string{"help"}, "3  status or a sweep without --delete found sweep candidates"},
 		{[]string{"help"}, "4  no rebuild is in progress for the key given"},
 		{[]string{"help"}, "7  publish, discard: the run had not ended within --wait"},
 		{[]string{"help", "throttle"}, "Usage: keyswap throttle [flags] <key> <items/s>"},
 		{[]string{"version", "-h"}, "Usage: keyswap version"},
-		{[]string{"cancel", "-h"}, "rebuild.ErrAborted"},
-		{[]string{"cancel", "-h"}, "\nConnection flags (the same for every command):\n\n  -askpass\n"},
-		{[]string{"pause", "-h"}, "Usage: keyswap pause [flags] <key>"},
-		{[]string{"resume", "-h"}, "Usage: keyswap resume [flags] <key>"},
-		{[]string{"throttle", "-h"}, "0 removes the limit"},
-		{[]string{"diff", "-h"}, "  -max-keys int\n    \tthe most buckets of a family compared one by one; the others are only counted (default 100)\n"},
-		{[]string{"diff", "-h"}, `"entry_base64"`},
-		{[]string{"publish", "-h"}, "  -wait duration\n    \thow long to wait for the run to end; 0: record the decision and return at once (default 30s)\n"},
-		{[]string{"discard", "-h"}, "rebuild.ErrDiscarded"},
-		{[]string{"rollback", "-h"}, "Usage: keyswap rollback [flags] <key>..."},
-		{[]string{"rollback", "-h"}, "6 when one keeps no previous generation"},
-		{[]string{"status", "-h"}, `"requests": {"cancel": false, "max_rate": 0, "paused": false, "action": ""}`},
+		{[]string{"version", "--help"}, "-json"},
+		{[]string{"cancel", "--help"}, "rebuild.ErrAborted"},
+		{[]string{"cancel", "--help"}, "  -json\n"},
+		{[]string{"cancel", "--help"}, "see 'keyswap help connect'"},
+		{[]string{"pause", "--help"}, "Usage: keyswap pause [flags] <key>"},
+		{[]string{"resume", "--help"}, "Usage: keyswap resume [flags] <key>"},
+		{[]string{"throttle", "--help"}, "0 removes the limit"},
+		{[]string{"throttle", "--help"}, `"field": "max_rate"`},
+		{[]string{"diff", "--help"}, "  -max-keys int\n    \tthe most buckets of a family compared one by one; the others are only counted (default 100)\n"},
+		{[]string{"diff", "--help"}, `"entry_base64"`},
+		{[]string{"publish", "--help"}, "  -wait duration\n    \thow long to wait for the run to end; 0: record the decision and return at once (default 30s)\n"},
+		{[]string{"discard", "--help"}, "rebuild.ErrDiscarded"},
+		{[]string{"rollback", "--help"}, "Usage: keyswap rollback [flags] <key>..."},
+		{[]string{"rollback", "--help"}, "6 when one keeps no previous generation"},
+		{[]string{"status", "--help"}, `"requests": {"cancel": false, "max_rate": 0, "paused": false, "action": ""}`},
 	} {
 		r := keyswap(t, tc.args...)
 		r.wantCode(t, exitOK)
@@ -280,6 +295,15 @@ func TestHelp(t *testing.T) {
 			t.Errorf("keyswap %q: got stderr %q, want none", tc.args, r.stderr)
 		}
 	}
+	// A command's help lists its own flags, not the connection flags.
+	for _, cmd := range []string{"status", "sweep", "cancel", "diff", "rollback"} {
+		r := keyswap(t, cmd, "--help")
+		for _, conn := range []string{"  -askpass", "  -u URL", "  -cacert", "  -h host"} {
+			if strings.Contains(r.stdout, conn+"\n") {
+				t.Errorf("keyswap %s --help lists the connection flag %s:\n%s", cmd, conn, r.stdout)
+			}
+		}
+	}
 }
 
 func TestUsageErrors(t *testing.T) {
@@ -288,8 +312,19 @@ func TestUsageErrors(t *testing.T) {
 		want string
 	}{
 		{nil, "Usage:"},
-		{[]string{"frobnicate"}, `keyswap: unknown command "frobnicate"`},
-		{[]string{"sweep", "--bogus"}, "keyswap sweep: flag provided but not defined: -bogus\nRun 'keyswap sweep -h' for usage."},
+		{[]string{"frobnicate"}, `keyswap: unknown command "frobnicate"` + "\nRun 'keyswap -h' for usage."},
+		{[]string{"sweep", "--bogus"}, "keyswap sweep: flag provided but not defined: -bogus\nRun 'keyswap help sweep' for usage."},
+		{[]string{"stauts"}, `keyswap: unknown command "stauts" (did you mean "status"?)` + "\nRun 'keyswap -h' for usage."},
+		{[]string{"swep", "--delete"}, `keyswap: unknown command "swep" (did you mean "sweep"?)`},
+		{[]string{"rollbak"}, `(did you mean "rollback"?)`},
+		{[]string{"status", "--jsno"}, "flag provided but not defined: -jsno (did you mean --json?)"},
+		{[]string{"sweep", "--older-then", "1h"}, "flag provided but not defined: -older-then (did you mean --older-than?)"},
+		{[]string{"status", "-h"}, "keyswap status: -h needs a host, as in redis-cli; for help, pass --help"},
+		{[]string{"status", "-h", "-bogus"}, "keyswap status: -h -bogus: a host does not start with '-'"},
+		{[]string{"status", "-p", "0"}, `invalid value "0" for flag -p: want a port, 1 to 65535`},
+		{[]string{"status", "-p", "http"}, `invalid value "http" for flag -p: want a port, 1 to 65535`},
+		{[]string{"status", "-n", "-1"}, `invalid value "-1" for flag -n: want a database number, 0 or more`},
+		{[]string{"sweep", "--delete", "--dry-run"}, "keyswap sweep: --delete and --dry-run contradict each other: give one"},
 		{[]string{"sweep", "orphans"}, "did you mean --pattern?"},
 		{[]string{"sweep", "--older-than", "-1h"}, "--older-than -1h0m0s: must be positive"},
 		{[]string{"sweep", "--older-than", "0"}, "must be positive"},
@@ -336,9 +371,9 @@ func TestUsageErrors(t *testing.T) {
 func TestUnreachable(t *testing.T) {
 	for _, args := range [][]string{
 		{"status", "-redis", "redis://127.0.0.1:1"},
-		{"status", "-json", "-redis", "127.0.0.1:1"},
 		{"sweep", "--delete", "-redis", "redis://127.0.0.1:1"},
 		{"sweep", "-redis", "redis://127.0.0.1:1", "-redis", "redis://127.0.0.1:2"},
+		{"status", "-h", "127.0.0.1", "-p", "1"},
 	} {
 		var stdout, stderr bytes.Buffer
 		start := time.Now()
@@ -369,5 +404,44 @@ func TestRedisURLFromEnvironment(t *testing.T) {
 	r.wantCode(t, exitError)
 	if !strings.Contains(r.stderr, "cannot reach Redis at 127.0.0.1:1") {
 		t.Errorf("got stderr %q, want it to name $REDIS_URL's address", r.stderr)
+	}
+}
+
+// TestJSONErrors fails commands given -json in each way: the error is a
+// JSON object on stdout, with the exit status and its kind, and the
+// message is on stderr as without -json.
+func TestJSONErrors(t *testing.T) {
+	t.Parallel()
+	addr := "redis://" + env.Standalone.Addr
+	p := redistest.Prefix(t)
+	for _, tc := range []struct {
+		args []string
+		code int
+		kind string
+		msg  string // the start of "error"
+	}{
+		{[]string{"status", "-json", "-redis", "127.0.0.1:1"}, exitError, "error", "cannot reach Redis at 127.0.0.1:1: "},
+		{[]string{"cancel", "--json", "-u", addr, p + "nothing"}, exitNoRun, "no_run", p + "nothing: no rebuild in progress"},
+		{[]string{"throttle", "-json", "-u", addr, p + "nothing", "100"}, exitNoRun, "no_run", p + "nothing: no rebuild in progress"},
+		{[]string{"pause", "-json", "-u", addr, p + "nothing"}, exitNoRun, "no_run", p + "nothing:"},
+		{[]string{"resume", "-json", "-u", addr, p + "nothing"}, exitNoRun, "no_run", p + "nothing:"},
+		{[]string{"throttle", "-json", "a", "fast"}, exitUsage, "usage", `rate "fast": want a number`},
+		{[]string{"sweep", "-json", "--delete", "--dry-run"}, exitUsage, "usage", "--delete and --dry-run contradict each other"},
+		{[]string{"stauts", "-json"}, exitUsage, "usage", `unknown command "stauts" (did you mean "status"?)`},
+		{[]string{"rollback", "-json", "-u", addr, p + "never"}, exitNoPrev, "no_previous", "rollback " + p + "never: "},
+	} {
+		r := keyswap(t, tc.args...)
+		r.wantCode(t, tc.code)
+		var got errorJSON
+		if err := json.Unmarshal([]byte(r.stdout), &got); err != nil {
+			t.Errorf("keyswap %q: stdout is no JSON object: %v\n%s", tc.args, err, r.stdout)
+			continue
+		}
+		if got.ExitStatus != tc.code || got.Kind != tc.kind || !strings.HasPrefix(got.Error, tc.msg) {
+			t.Errorf("keyswap %q: got %+v, want exit status %d, kind %s, error %q...", tc.args, got, tc.code, tc.kind, tc.msg)
+		}
+		if !strings.Contains(r.stderr, got.Error) {
+			t.Errorf("keyswap %q: stderr %q lacks the error %q", tc.args, r.stderr, got.Error)
+		}
 	}
 }

@@ -1,9 +1,11 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"strings"
 
@@ -21,24 +23,35 @@ const (
 // password returns the password to log in to opt with, and where it came
 // from ("" for none). The first of these wins:
 //
-//  1. --askpass: typed on the terminal;
-//  2. the URL's, as given by urlFrom (a flag, $REDIS_URL);
-//  3. $KEYSWAP_PASSWORD;
-//  4. $REDISCLI_AUTH.
+//  1. --askpass: typed on the terminal, or the first line of stdin;
+//  2. -a or --pass;
+//  3. the URL's, as given by urlFrom (a flag, $REDIS_URL);
+//  4. $KEYSWAP_PASSWORD;
+//  5. $REDISCLI_AUTH.
 //
-// A password in a URL on the command line can be read by every user of the
-// machine (ps), so password warns about it on stderr unless
-// --no-auth-warning, as redis-cli does.
+// A password on the command line (-a, --pass, a -u URL) can be read by
+// every user of the machine (ps), so password warns about it on stderr
+// unless --no-auth-warning, as redis-cli does.
 func (c *cli) password(ctx context.Context, f *connFlags, opt rueidis.ClientOption, urlFrom string) (pw, from string, err error) {
+	// The process list shows a password given on the command line, used or
+	// not (--askpass wins).
+	if !f.noAuthWarning {
+		switch {
+		case f.password != "":
+			fmt.Fprintf(c.stderr, "keyswap: warning: other users of this machine can read a password given with %s in the process list;"+
+				" set $%s or $%s, or pass --askpass (--no-auth-warning silences this)\n", f.passwordFlag, envPassword, envRedisCLIAuth)
+		case opt.Password != "" && strings.HasPrefix(urlFrom, "-"):
+			fmt.Fprintf(c.stderr, "keyswap: warning: other users of this machine can read the password of a %s URL in the process list;"+
+				" set $%s or $%s, or pass --askpass (--no-auth-warning silences this)\n", urlFrom, envPassword, envRedisCLIAuth)
+		}
+	}
 	switch {
 	case f.askpass:
 		pw, err := c.askPassword(ctx, fmt.Sprintf("user %s at %s", userName(opt), strings.Join(opt.InitAddress, ", ")))
 		return pw, "--askpass", err
+	case f.password != "":
+		return f.password, f.passwordFlag, nil
 	case opt.Password != "":
-		if strings.HasPrefix(urlFrom, "-") && !f.noAuthWarning {
-			fmt.Fprintf(c.stderr, "keyswap: warning: other users of this machine can read the password of a %s URL in the process list;"+
-				" set $%s or $%s, or pass --askpass (--no-auth-warning silences this)\n", urlFrom, envPassword, envRedisCLIAuth)
-		}
 		return opt.Password, "the " + urlFrom + " URL", nil
 	}
 	for _, name := range []string{envPassword, envRedisCLIAuth} {
@@ -66,13 +79,15 @@ func passwordHint(from string) string {
 }
 
 // askPassword prompts for the password of who on stderr and reads it,
-// without echo, from stdin, which must be a terminal. When ctx is cancelled
+// without echo, from stdin when it is a terminal. When ctx is cancelled
 // (Ctrl-C) while it waits, it restores the terminal and returns
-// context.Cause(ctx).
+// context.Cause(ctx). When stdin is not a terminal (a pipe, a file), it
+// reads the first line of stdin instead, without a prompt, as redis-cli
+// does.
 func (c *cli) askPassword(ctx context.Context, who string) (string, error) {
 	f, ok := c.stdin.(*os.File)
 	if !ok || !term.IsTerminal(int(f.Fd())) {
-		return "", &usageError{err: errors.New("--askpass: stdin is not a terminal to read the password from")}
+		return readPasswordLine(c.stdin)
 	}
 	fd := int(f.Fd())
 	state, err := term.GetState(fd)
@@ -104,4 +119,17 @@ func (c *cli) askPassword(ctx context.Context, who string) (string, error) {
 		fmt.Fprintln(c.stderr)
 		return "", fmt.Errorf("--askpass: %w", context.Cause(ctx))
 	}
+}
+
+// readPasswordLine returns the first line of r, without its line ending:
+// the password that --askpass reads from a pipe.
+func readPasswordLine(r io.Reader) (string, error) {
+	line, err := bufio.NewReader(r).ReadString('\n')
+	if err != nil && !errors.Is(err, io.EOF) {
+		return "", fmt.Errorf("--askpass: reading stdin: %w", err)
+	}
+	if line == "" {
+		return "", &usageError{err: errors.New("--askpass: stdin is not a terminal, and holds no line to read the password from")}
+	}
+	return strings.TrimRight(line, "\r\n"), nil
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -199,21 +200,53 @@ func TestAskpassInterrupted(t *testing.T) {
 	}
 }
 
-// TestAskpassNotATerminal asks for the password when stdin is a pipe: a
-// usage error, and no prompt.
-func TestAskpassNotATerminal(t *testing.T) {
+// TestAskpassPipe gives --askpass a stdin that is not a terminal: it reads
+// the password from its first line, without a prompt, as redis-cli does,
+// and that password wins over every other.
+func TestAskpassPipe(t *testing.T) {
 	t.Parallel()
-	r := keyswapWith(t, invocation{stdin: strings.NewReader("pw\n")}, "sweep", "--askpass", "-u", env.Standalone.Addr)
-	r.wantCode(t, exitUsage)
-	if want := "keyswap sweep: --askpass: stdin is not a terminal to read the password from\nRun 'keyswap sweep -h' for usage.\n"; r.stderr != want {
-		t.Errorf("got stderr %q, want %q", r.stderr, want)
+	addr := env.Standalone.Addr
+	user := aclUser(t, "pipe-pw", "~*", "&*", "+@all")
+	pattern := redistest.Prefix(t) + "*"
+	for _, tc := range []struct {
+		name, stdin string
+		args        []string
+		code        int
+		stderr      string // its start; "" for none
+	}{
+		{"a line", "pipe-pw\n", nil, exitOK, ""},
+		{"CRLF", "pipe-pw\r\nmore\n", nil, exitOK, ""},
+		{"no newline", "pipe-pw", nil, exitOK, ""},
+		{"over -a", "pipe-pw\n", []string{"-a", "wrong"}, exitOK, "keyswap: warning: other users of this machine can read a password given with -a"},
+		{"over the URL's", "pipe-pw\n", []string{"-redis", "redis://" + user + ":wrong@" + addr, "--no-auth-warning"}, exitOK, ""},
+		{"wrong", "wrong\n", nil, exitError, "keyswap: authentication failed for user " + user + " at " + addr + ": " + wrongPass + " (the password came from --askpass)"},
+		{"empty", "", nil, exitUsage, "keyswap status: --askpass: stdin is not a terminal, and holds no line to read the password from\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append([]string{"status", "--askpass", "--user", user, pattern}, tc.args...)
+			if !slices.Contains(tc.args, "-redis") {
+				args = append(args, "-u", addr)
+			}
+			r := keyswapWith(t, invocation{stdin: strings.NewReader(tc.stdin)}, args...)
+			r.wantCode(t, tc.code)
+			if !strings.HasPrefix(r.stderr, tc.stderr) || tc.stderr == "" && r.stderr != "" {
+				t.Errorf("got stderr %q, want %q...", r.stderr, tc.stderr)
+			}
+			if strings.Contains(r.stderr, "Password for") {
+				t.Errorf("got a prompt on stderr %q, want none for a pipe", r.stderr)
+			}
+		})
 	}
+	// A real pipe, as in: echo pw | keyswap status --askpass.
 	rd, wr, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer rd.Close()
-	defer wr.Close()
-	r = keyswapWith(t, invocation{stdin: rd}, "status", "--askpass", "-u", env.Standalone.Addr)
-	r.wantCode(t, exitUsage)
+	if _, err := wr.WriteString("pipe-pw\n"); err != nil {
+		t.Fatal(err)
+	}
+	wr.Close()
+	r := keyswapWith(t, invocation{stdin: rd}, "status", "--askpass", "-u", addr, "--user", user, pattern)
+	r.wantCode(t, exitOK)
 }

@@ -70,18 +70,6 @@ func splitURLs(v string) []string {
 	return out
 }
 
-// redisURLs returns the URLs to connect to and where they came from: the
-// -redis and -u flags, else $REDIS_URL, else defaultRedisURL.
-func (c *cli) redisURLs(l urlList) (urls []string, from string) {
-	if len(l.urls) > 0 {
-		return l.urls, l.flag
-	}
-	if urls := splitURLs(c.getenv("REDIS_URL")); len(urls) > 0 {
-		return urls, "$REDIS_URL"
-	}
-	return []string{defaultRedisURL}, "the default URL"
-}
-
 // parseURLs turns URLs into one rueidis.ClientOption. The addresses of
 // every URL become seeds; the other settings (credentials, database, TLS,
 // Sentinel master set, unix socket) come from the first URL, and the others

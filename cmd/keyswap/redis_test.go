@@ -11,23 +11,43 @@ import (
 	"github.com/keyswap/keyswap/internal/redistest"
 )
 
+// TestRedisURLs checks where the address comes from: -u (over -h, -p and
+// -s, with a warning), -s (over -h and -p), -h and -p, $REDIS_URL, the
+// default.
 func TestRedisURLs(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
-		list     urlList
+		args     []string
 		env      string
 		want     []string
 		wantFrom string
+		warning  string
 	}{
-		{"default", urlList{}, "", []string{defaultRedisURL}, "the default URL"},
-		{"environment", urlList{}, "redis://a:1, redis://b:2", []string{"redis://a:1", "redis://b:2"}, "$REDIS_URL"},
-		{"flag wins", urlList{urls: []string{"redis://c:3"}, flag: "-u"}, "redis://a:1", []string{"redis://c:3"}, "-u"},
+		{"default", nil, "", []string{defaultRedisURL}, "the default URL", ""},
+		{"environment", nil, "redis://a:1, redis://b:2", []string{"redis://a:1", "redis://b:2"}, "$REDIS_URL", ""},
+		{"flag wins", []string{"-u", "redis://c:3"}, "redis://a:1", []string{"redis://c:3"}, "-u", ""},
+		{"-h", []string{"-h", "10.0.0.5"}, "redis://a:1", []string{"redis://10.0.0.5:6379"}, "-h and -p", ""},
+		{"-p", []string{"-p", "7000"}, "", []string{"redis://127.0.0.1:7000"}, "-h and -p", ""},
+		{"-h -p", []string{"-p", "7000", "-h", "::1"}, "", []string{"redis://[::1]:7000"}, "-h and -p", ""},
+		{"-s", []string{"-s", "/run/redis.sock"}, "redis://a:1", []string{"unix:///run/redis.sock"}, "-s", ""},
+		{"-s over -h", []string{"-h", "10.0.0.5", "-s", "/run/redis.sock"}, "", []string{"unix:///run/redis.sock"}, "-s", ""},
+		{"-u over -h and -p", []string{"-h", "10.0.0.5", "-p", "7000", "-redis", "redis://c:3"}, "", []string{"redis://c:3"}, "-redis",
+			"keyswap: warning: -redis gives the address: -h, -p and -s are ignored\n"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := &cli{getenv: func(string) string { return tc.env }}
-			got, from := c.redisURLs(tc.list)
+			fs := newFlagSet("test")
+			f := addConnFlags(fs)
+			if err := fs.Parse(tc.args); err != nil {
+				t.Fatal(err)
+			}
+			var stderr strings.Builder
+			c := &cli{getenv: func(string) string { return tc.env }, stderr: &stderr}
+			got, from := c.redisURLs(f)
 			if !slices.Equal(got, tc.want) || from != tc.wantFrom {
 				t.Errorf("got %q from %s, want %q from %s", got, from, tc.want, tc.wantFrom)
+			}
+			if stderr.String() != tc.warning {
+				t.Errorf("stderr: got %q, want %q", &stderr, tc.warning)
 			}
 		})
 	}

@@ -36,6 +36,7 @@ and the one kept for a roll forward; -json prints one object instead, with
 the names exact:
 
   {
+    "server": {"mode": "standalone", "addrs": ["10.0.0.5:6379"], "db": 0},
     "keys": [{
       "key": "users:by-email",        a family's prefix for a family
       "family": false,
@@ -59,7 +60,8 @@ const rollbackLease = 60 * time.Second
 
 // rollbackJSON is the -json document of 'keyswap rollback'.
 type rollbackJSON struct {
-	Keys []indexJSON `json:"keys"`
+	Server serverJSON  `json:"server"`
+	Keys   []indexJSON `json:"keys"`
 }
 
 // rollback is the 'keyswap rollback' command.
@@ -111,7 +113,7 @@ func (c *cli) rollback(ctx context.Context, args []string) error {
 		idx[i] = keyGeneration{Key: l, Family: families[i] != "", Generation: after[i]}
 	}
 	if *asJSON {
-		return writeJSON(c.stdout, rollbackJSON{Keys: indexesJSON(idx)})
+		return writeJSON(c.stdout, rollbackJSON{Server: serverOf(client, conn.used).json(), Keys: indexesJSON(idx)})
 	}
 	fmt.Fprintf(c.stdout, "rolled back %s; 'keyswap rollback' again rolls forward while PREV is kept\n\n", indexes(len(lives)))
 	return writeGenerations(c, idx)

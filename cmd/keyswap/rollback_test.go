@@ -95,7 +95,7 @@ func TestRollback(t *testing.T) {
 			if err := json.Unmarshal([]byte(r.stdout), &got); err != nil {
 				t.Fatalf("%v\n%s", err, r.stdout)
 			}
-			if want := (rollbackJSON{Keys: ix.indexes(t, d)}); !reflect.DeepEqual(got, want) {
+			if want := (rollbackJSON{Server: d.server().json(), Keys: ix.indexes(t, d)}); !reflect.DeepEqual(got, want) {
 				w, _ := json.Marshal(want)
 				t.Errorf("got\n%s\nwant\n%s", r.stdout, w)
 			}

@@ -41,7 +41,10 @@ TTL-less temp key under a held lock is normal: a rebuild has written it and
 not touched it yet. Sweep candidates are decided by the sweep's own rule,
 so status and sweep agree. When there are some, status prints the sweep
 command that lists them (and, with --delete, deletes them), limited to the
-keys that the pattern selects.
+keys that the pattern selects, with the connection flags that reach the same
+server (a password given on the command line becomes --askpass: a
+suggested command never repeats a password). The tables start with the
+server they read.
 
 pattern is a Redis glob (as in SCAN MATCH: * ? [a-z] \x) matched against
 the live key that a lock or temp key belongs to: 'keyswap status "users:*"'
@@ -61,6 +64,12 @@ monitoring), 1 on an error, 2 on a usage error.
 JSON output (-json) is one object, whose fields are kept stable:
 
   {
+    "server": {                       the Redis read
+      "mode": "standalone",           standalone, cluster or sentinel
+      "addrs": ["10.0.0.5:6379"],     the nodes (a cluster's), or the master
+      "db": 0,
+      "master_set": "mymaster"        Sentinel only
+    },
     "time": "2025-01-02T15:04:05Z",   when the snapshot was taken
     "pattern": "users:*",             "" when none was given
     "cluster": false,
@@ -133,6 +142,10 @@ out.`
 // statusReport is the snapshot 'keyswap status' prints. statusJSON is its
 // -json document.
 type statusReport struct {
+	// Server is the Redis read; SweepArgs the connection flags that reach
+	// it again, for the sweep commands status suggests.
+	Server           server
+	SweepArgs        []string
 	Time             time.Time
 	Pattern          string
 	Cluster          bool
@@ -220,6 +233,7 @@ func (c *cli) status(ctx context.Context, args []string) error {
 	if err != nil {
 		return fmt.Errorf("status: %w", err)
 	}
+	rep.Server, rep.SweepArgs = serverOf(client, conn.used), conn.suggest()
 	if *asJSON {
 		err = writeJSON(c.stdout, rep.json())
 	} else {

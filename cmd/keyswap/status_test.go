@@ -120,7 +120,7 @@ func TestStatusShowsRebuildInProgress(t *testing.T) {
 			}
 			r = keyswap(t, d.args("status", p+"users:*")...)
 			r.wantCode(t, exitOK)
-			if want := "No rebuild in progress.\n\nNo temp keys.\n\n0 rebuilds in progress; 0 temp keys, 0 without a TTL; 0 sweep candidates (no TTL, no lock, older than 1h0m0s).\n"; r.stdout != want {
+			if want := d.server().String() + "\n\nNo rebuild in progress.\n\nNo temp keys.\n\n0 rebuilds in progress; 0 temp keys, 0 without a TTL; 0 sweep candidates (no TTL, no lock, older than 1h0m0s).\n"; r.stdout != want {
 				t.Errorf("status after the rebuild: got\n%s\nwant\n%s", r.stdout, want)
 			}
 		})
@@ -235,9 +235,14 @@ func TestStatusSuggestsLimitedSweep(t *testing.T) {
 				}
 				patterns[pat] = true
 			}
+			// The connection flags follow: the deployment's URLs.
+			var urls []string
+			for i := 1; i < len(d.redis); i += 2 {
+				urls = append(urls, d.redis[i])
+			}
 			var want string
 			for _, pat := range slices.Sorted(maps.Keys(patterns)) {
-				want += "  keyswap sweep --older-than 1h0m0s --pattern " + shellQuote(pat) + "\n"
+				want += "  keyswap sweep --older-than 1h0m0s --pattern " + shellQuote(pat) + " -u " + strings.Join(urls, ",") + "\n"
 			}
 			if cmds != want {
 				t.Errorf("got sweep commands\n%s\nwant\n%s", cmds, want)

@@ -8,6 +8,7 @@ import (
 // statusJSON is the -json document of 'keyswap status' (see statusUsage).
 // Its field names are stable.
 type statusJSON struct {
+	Server           serverJSON `json:"server"`
 	Time             time.Time  `json:"time"`
 	Pattern          *string    `json:"pattern,omitempty"`
 	PatternBase64    []byte     `json:"pattern_base64,omitempty"`
@@ -47,6 +48,7 @@ type tempJSON struct {
 // json returns rep's -json document.
 func (rep *statusReport) json() statusJSON {
 	out := statusJSON{
+		Server:           rep.Server.json(),
 		Time:             rep.Time,
 		Cluster:          rep.Cluster,
 		OlderThanSeconds: rep.OlderThanSeconds,

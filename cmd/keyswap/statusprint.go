@@ -13,6 +13,9 @@ import (
 
 // writeStatus prints rep as tables, then a summary line.
 func writeStatus(w io.Writer, rep *statusReport) error {
+	if len(rep.Server.Addrs) > 0 {
+		fmt.Fprintf(w, "%s\n\n", rep.Server)
+	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	if len(rep.Locks) == 0 {
 		fmt.Fprintln(tw, "No rebuild in progress.")
@@ -70,7 +73,7 @@ func writeStatus(w io.Writer, rep *statusReport) error {
 // keys of the live keys that rep's pattern selects (see sweepPattern).
 // Most often that is one command; on a cluster, the candidates of live keys
 // that keyswap wraps in a hash tag and of live keys that carry their own
-// need one each.
+// need one each. Each ends with rep.SweepArgs, the connection flags.
 func (rep *statusReport) sweepCommands() []string {
 	olderThan := time.Duration(rep.OlderThanSeconds) * time.Second
 	cmds := map[string]bool{}
@@ -85,6 +88,9 @@ func (rep *statusReport) sweepCommands() []string {
 				continue // not selected by the pattern: never listed
 			}
 			cmd += " --pattern " + shellQuote(p)
+		}
+		if len(rep.SweepArgs) > 0 {
+			cmd += " " + strings.Join(rep.SweepArgs, " ")
 		}
 		cmds[cmd] = true
 	}

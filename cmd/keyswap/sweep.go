@@ -12,8 +12,9 @@ import (
 const sweepUsage = `Usage: keyswap sweep [flags]
 
 Sweep finds the temp keys that crashed rebuilds left behind and, with
---delete, deletes them. Without --delete it is a dry run: it prints what it
-would delete and changes nothing. Run it without --delete first.
+--delete, deletes them. Without --delete it is a dry run (--dry-run says so
+explicitly): it prints what it would delete and changes nothing. Run it
+without --delete first.
 
 A key is deleted only if all of these hold, checked in this order:
 
@@ -28,10 +29,11 @@ key of a rebuild that holds its lock. It scans with SCAN, never KEYS, on
 every master of a cluster, and deletes with UNLINK in chunks.
 
 It prints every key it deletes (or would delete), one per line, then a
-summary line. Keys that are not printable text are Go-quoted. -json prints
-one object instead, with the names exact:
+summary line that names the server. Keys that are not printable text are
+Go-quoted. -json prints one object instead, with the names exact:
 
   {
+    "server": {"mode": "standalone", "addrs": ["10.0.0.5:6379"], "db": 0},
     "dry_run": true,
     "pattern": "*:rebuild:*",
     "older_than_seconds": 3600,
@@ -62,19 +64,21 @@ process runs a locking version and no older rebuild is left.`
 
 // sweepJSON is the -json document of 'keyswap sweep' (see sweepUsage).
 type sweepJSON struct {
-	DryRun           bool      `json:"dry_run"`
-	Pattern          *string   `json:"pattern,omitempty"`
-	PatternBase64    []byte    `json:"pattern_base64,omitempty"`
-	OlderThanSeconds int64     `json:"older_than_seconds"`
-	Keys             []jsonKey `json:"keys"`
-	Count            int       `json:"count"`
-	Error            string    `json:"error,omitempty"`
+	Server           serverJSON `json:"server"`
+	DryRun           bool       `json:"dry_run"`
+	Pattern          *string    `json:"pattern,omitempty"`
+	PatternBase64    []byte     `json:"pattern_base64,omitempty"`
+	OlderThanSeconds int64      `json:"older_than_seconds"`
+	Keys             []jsonKey  `json:"keys"`
+	Count            int        `json:"count"`
+	Error            string     `json:"error,omitempty"`
 }
 
 // sweepFlags are the flags of 'keyswap sweep'.
 type sweepFlags struct {
 	conn      *connFlags
 	del       bool
+	dryRun    bool
 	pattern   string
 	olderThan time.Duration
 	legacy    bool
@@ -105,16 +109,23 @@ func (c *cli) sweep(ctx context.Context, args []string) error {
 	})
 	bar.finish()
 	slices.Sort(swept)
-	if jerr := c.reportSweep(f, swept, err); jerr != nil && err == nil {
+	srv := serverOf(client, f.conn.used)
+	if jerr := c.reportSweep(f, srv, swept, err); jerr != nil && err == nil {
 		return jerr
+	}
+	reported := func(err error) error { // -json has printed err in its document
+		if f.asJSON {
+			return fmt.Errorf("%w (%w)", err, errReported)
+		}
+		return err
 	}
 	switch {
 	case err != nil && !dryRun:
 		// err is a *store.Error, which names the operation ("keyswap:
 		// sweep: ..."): no prefix of ours.
-		return fmt.Errorf("%w (deleted %s before the error)", err, plural(len(swept), "key"))
+		return reported(fmt.Errorf("%w (deleted %s before the error)", err, plural(len(swept), "key")))
 	case err != nil:
-		return err
+		return reported(err)
 	case dryRun && len(swept) > 0:
 		return errOrphansFound
 	}
@@ -126,6 +137,7 @@ func (c *cli) parseSweep(args []string) (sweepFlags, error) {
 	fs := newFlagSet("sweep")
 	f := sweepFlags{conn: addConnFlags(fs)}
 	fs.BoolVar(&f.del, "delete", false, "delete the keys; without it, sweep is a dry run that deletes nothing")
+	fs.BoolVar(&f.dryRun, "dry-run", false, "delete nothing: print what --delete would delete (the default, said explicitly)")
 	fs.StringVar(&f.pattern, "pattern", store.DefaultSweepPattern,
 		"SCAN MATCH `glob` of the temp keys to consider; each match is still checked against the\n"+
 			"temp-key shape. Keep a leading * on a cluster, where temp keys may start with a hash tag ({key}:rebuild:...).")
@@ -143,6 +155,8 @@ func (c *cli) parseSweep(args []string) (sweepFlags, error) {
 		return f, err
 	case len(positional) > 0:
 		return f, usagef("unexpected arguments %q (did you mean --pattern?)", positional)
+	case f.del && f.dryRun:
+		return f, usagef("--delete and --dry-run contradict each other: give one")
 	case f.olderThan <= 0:
 		return f, usagef("--older-than %v: must be positive", f.olderThan)
 	case f.pattern == "":
@@ -155,14 +169,14 @@ func (c *cli) parseSweep(args []string) (sweepFlags, error) {
 	return f, usagef("--progress %q: want auto, always or never", f.progress)
 }
 
-// reportSweep prints the result of a sweep with flags f, as lines or as
-// JSON: the keys swept, and err, the sweep's error.
-func (c *cli) reportSweep(f sweepFlags, swept []string, err error) error {
+// reportSweep prints the result of a sweep with flags f on srv, as lines
+// or as JSON: the keys swept, and err, the sweep's error.
+func (c *cli) reportSweep(f sweepFlags, srv server, swept []string, err error) error {
 	if !f.asJSON {
-		c.printSwept(swept, !f.del, err)
+		c.printSwept(srv, swept, !f.del, err)
 		return nil
 	}
-	rep := sweepJSON{DryRun: !f.del, OlderThanSeconds: int64(f.olderThan / time.Second), Keys: jsonKeys(swept), Count: len(swept)}
+	rep := sweepJSON{Server: srv.json(), DryRun: !f.del, OlderThanSeconds: int64(f.olderThan / time.Second), Keys: jsonKeys(swept), Count: len(swept)}
 	rep.Pattern, rep.PatternBase64 = jsonName(f.pattern)
 	if err != nil {
 		rep.Error = err.Error()
@@ -170,16 +184,16 @@ func (c *cli) reportSweep(f sweepFlags, swept []string, err error) error {
 	return writeJSON(c.stdout, rep)
 }
 
-// printSwept prints the keys a sweep deleted (or, in a dry run, would
-// delete), then a summary line unless a dry run failed.
-func (c *cli) printSwept(swept []string, dryRun bool, err error) {
+// printSwept prints the keys a sweep of srv deleted (or, in a dry run,
+// would delete), then a summary line unless a dry run failed.
+func (c *cli) printSwept(srv server, swept []string, dryRun bool, err error) {
 	for _, k := range swept {
 		fmt.Fprintln(c.stdout, displayKey(k))
 	}
 	switch {
 	case dryRun && err == nil:
-		fmt.Fprintf(c.stdout, "would delete %s (dry run; pass --delete to delete)\n", plural(len(swept), "key"))
+		fmt.Fprintf(c.stdout, "would delete %s of %s (dry run; pass --delete to delete)\n", plural(len(swept), "key"), srv)
 	case !dryRun:
-		fmt.Fprintf(c.stdout, "deleted %s\n", plural(len(swept), "key"))
+		fmt.Fprintf(c.stdout, "deleted %s of %s\n", plural(len(swept), "key"), srv)
 	}
 }

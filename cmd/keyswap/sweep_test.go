@@ -87,7 +87,7 @@ func TestSweepDryRunDeletesNothing(t *testing.T) {
 			s := seedSweep(t, d)
 			r := keyswap(t, d.args("sweep", "--pattern", testSweepPattern(t))...)
 			r.wantCode(t, exitOrphans)
-			want := strings.Join(s.orphans, "\n") + "\nwould delete 2 keys (dry run; pass --delete to delete)\n"
+			want := strings.Join(s.orphans, "\n") + "\nwould delete 2 keys of " + d.server().String() + " (dry run; pass --delete to delete)\n"
 			if r.stdout != want {
 				t.Errorf("stdout: got\n%s\nwant\n%s", r.stdout, want)
 			}
@@ -96,6 +96,14 @@ func TestSweepDryRunDeletesNothing(t *testing.T) {
 			}
 			wantKeys(t, d, s.orphans, true)
 			wantKeys(t, d, s.kept, true)
+
+			// --dry-run says so explicitly, and does the same.
+			r = keyswap(t, d.args("sweep", "--dry-run", "--pattern", testSweepPattern(t))...)
+			r.wantCode(t, exitOrphans)
+			if r.stdout != want || r.stderr != "" {
+				t.Errorf("--dry-run: got stdout\n%s\nstderr %q, want\n%s", r.stdout, r.stderr, want)
+			}
+			wantKeys(t, d, s.orphans, true)
 
 			// -json says the same.
 			r = keyswap(t, d.args("sweep", "-json", "--pattern", testSweepPattern(t), "--older-than", "90m")...)
@@ -110,7 +118,7 @@ func TestSweepDryRunDeletesNothing(t *testing.T) {
 			// A younger cutoff than the orphans' age finds nothing.
 			r = keyswap(t, d.args("sweep", "--pattern", testSweepPattern(t), "--older-than", "3h")...)
 			r.wantCode(t, exitOK)
-			if want := "would delete 0 keys (dry run; pass --delete to delete)\n"; r.stdout != want {
+			if want := "would delete 0 keys of " + d.server().String() + " (dry run; pass --delete to delete)\n"; r.stdout != want {
 				t.Errorf("--older-than 3h: got %q, want %q", r.stdout, want)
 			}
 		})
@@ -124,7 +132,7 @@ func TestSweepDeleteRemovesExactlyTheOrphans(t *testing.T) {
 			s := seedSweep(t, d)
 			r := keyswap(t, d.args("sweep", "--delete", "--pattern", testSweepPattern(t))...)
 			r.wantCode(t, exitOK)
-			want := strings.Join(s.orphans, "\n") + "\ndeleted 2 keys\n"
+			want := strings.Join(s.orphans, "\n") + "\ndeleted 2 keys of " + d.server().String() + "\n"
 			if r.stdout != want {
 				t.Errorf("stdout: got\n%s\nwant\n%s", r.stdout, want)
 			}
@@ -143,7 +151,7 @@ func TestSweepDeleteRemovesExactlyTheOrphans(t *testing.T) {
 			// Nothing is left to sweep.
 			r = keyswap(t, d.args("sweep", "--delete", "--pattern", testSweepPattern(t))...)
 			r.wantCode(t, exitOK)
-			if want := "deleted 0 keys\n"; r.stdout != want {
+			if want := "deleted 0 keys of " + d.server().String() + "\n"; r.stdout != want {
 				t.Errorf("second sweep: got %q, want %q", r.stdout, want)
 			}
 		})
@@ -184,13 +192,13 @@ func TestSweepClusterEveryMaster(t *testing.T) {
 	// One seed finds the whole cluster too.
 	r = keyswap(t, "sweep", "-u", env.Cluster.Addrs[0], "--pattern", testSweepPattern(t))
 	r.wantCode(t, exitOrphans)
-	if want := strings.Join(orphans, "\n") + fmt.Sprintf("\nwould delete %d keys (dry run; pass --delete to delete)\n", len(orphans)); r.stdout != want {
+	if want := strings.Join(orphans, "\n") + fmt.Sprintf("\nwould delete %d keys of %s (dry run; pass --delete to delete)\n", len(orphans), d.server()); r.stdout != want {
 		t.Errorf("sweep through one seed: got\n%s\nwant\n%s", r.stdout, want)
 	}
 
 	r = keyswap(t, "sweep", "--delete", "-redis", seeds, "--pattern", testSweepPattern(t))
 	r.wantCode(t, exitOK)
-	want := strings.Join(orphans, "\n") + fmt.Sprintf("\ndeleted %d keys\n", len(orphans))
+	want := strings.Join(orphans, "\n") + fmt.Sprintf("\ndeleted %d keys of %s\n", len(orphans), d.server())
 	if r.stdout != want {
 		t.Errorf("sweep on masters %v: got\n%s\nwant\n%s", perNode, r.stdout, want)
 	}
@@ -205,7 +213,7 @@ func TestSweepProgress(t *testing.T) {
 	s := seedSweep(t, d)
 	r := keyswap(t, d.args("sweep", "-progress", "always", "--pattern", testSweepPattern(t))...)
 	r.wantCode(t, exitOrphans)
-	if want := strings.Join(s.orphans, "\n") + "\nwould delete 2 keys (dry run; pass --delete to delete)\n"; r.stdout != want {
+	if want := strings.Join(s.orphans, "\n") + "\nwould delete 2 keys of " + d.server().String() + " (dry run; pass --delete to delete)\n"; r.stdout != want {
 		t.Errorf("stdout: got\n%s\nwant\n%s", r.stdout, want)
 	}
 	if !strings.Contains(r.stderr, "matching keys, 2 to delete (keyspace: ") {
@@ -232,7 +240,7 @@ func TestSweepLegacy(t *testing.T) {
 			}
 			r = keyswap(t, d.args("sweep", "--pattern", testSweepPattern(t), "--delete", "--legacy")...)
 			r.wantCode(t, exitOK)
-			if r.stdout != s.legacy+"\ndeleted 1 key\n" {
+			if r.stdout != s.legacy+"\ndeleted 1 key of "+d.server().String()+"\n" {
 				t.Errorf("sweep --delete --legacy: stdout %q, want %s deleted", r.stdout, s.legacy)
 			}
 			if exists(t, d.client, s.legacy) {

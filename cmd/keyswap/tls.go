@@ -85,6 +85,23 @@ func (f *tlsFlags) config(opt rueidis.ClientOption) (*tls.Config, error) {
 	return cfg, nil
 }
 
+// suggest returns the TLS flags given, for a command keyswap suggests.
+func (f *tlsFlags) suggest() []string {
+	var args []string
+	if f.on {
+		args = append(args, "--tls")
+	}
+	for _, kv := range [][2]string{{"--cacert", f.cacert}, {"--cert", f.cert}, {"--key", f.key}, {"--sni", f.sni}} {
+		if kv[1] != "" {
+			args = append(args, kv[0], shellQuote(kv[1]))
+		}
+	}
+	if f.insecure {
+		args = append(args, "--insecure")
+	}
+	return args
+}
+
 // given returns the name of the first TLS setting given besides --tls, or
 // "" when none is.
 func (f *tlsFlags) given() string {

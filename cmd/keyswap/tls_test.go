@@ -234,8 +234,29 @@ func TestTLSUsageErrors(t *testing.T) {
 		}
 		r := keyswap(t, append([]string{"status"}, args...)...)
 		r.wantCode(t, exitUsage)
-		if want := tc.want + "Run 'keyswap status -h' for usage.\n"; r.stderr != want {
+		if want := tc.want + "Run 'keyswap help status' for usage.\n"; r.stderr != want {
 			t.Errorf("keyswap status %q: got stderr\n%q\nwant\n%q", tc.args, r.stderr, want)
 		}
 	}
+}
+
+// TestPlainToTLSPort connects without TLS to a server's TLS port: the
+// message asks whether it is one, and says what to try.
+func TestPlainToTLSPort(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	authority := newCA(t, dir, "ca")
+	serverCert, serverKey := authority.issue(t, dir, "server", true)
+	plain, secure := tlsServer(t, authority, serverCert, serverKey, "optional")
+	for _, args := range [][]string{{"-u", secure}, {"-u", "redis://" + secure + "/2"}, {"-p", strings.TrimPrefix(secure, "127.0.0.1:")}} {
+		r := keyswap(t, append([]string{"status"}, args...)...)
+		r.wantCode(t, exitError)
+		prefix := "keyswap: " + secure + " ended the connection before it answered: "
+		if !strings.HasPrefix(r.stderr, prefix) || !strings.HasSuffix(r.stderr, " (is this a TLS port? try --tls, or a rediss:// URL)\n") {
+			t.Errorf("keyswap status %q: got stderr\n%q\nwant\n%q... (is this a TLS port? try --tls, or a rediss:// URL)", args, r.stderr, prefix)
+		}
+	}
+	// The plain port of the same server is no TLS port: no such hint.
+	r := keyswap(t, "status", "-u", plain, redistest.Prefix(t)+"*")
+	r.wantCode(t, exitOK)
 }

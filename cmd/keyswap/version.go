@@ -13,7 +13,8 @@ var version string
 
 const versionUsage = `Usage: keyswap version
 
-Version prints "keyswap <version>". The version is the one given at link
+Version prints "keyswap <version>", or with -json {"version": "<version>"}.
+The version is the one given at link
 time (-ldflags "-X main.version=..."), else the module version that the Go
 toolchain recorded in the binary: v1.2.3 for 'go install
 github.com/keyswap/keyswap/cmd/keyswap@v1.2.3', a pseudo-version or
@@ -22,6 +23,7 @@ github.com/keyswap/keyswap/cmd/keyswap@v1.2.3', a pseudo-version or
 // version is the 'keyswap version' command.
 func (c *cli) version(_ context.Context, args []string) error {
 	fs := newFlagSet("version")
+	asJSON := fs.Bool("json", false, `print {"version": "..."} instead of a line`)
 	positional, err := c.parse(fs, args, versionUsage)
 	if err != nil {
 		return err
@@ -30,7 +32,13 @@ func (c *cli) version(_ context.Context, args []string) error {
 		return usagef("unexpected arguments %q", positional)
 	}
 	info, ok := debug.ReadBuildInfo()
-	_, err = fmt.Fprintf(c.stdout, "keyswap %s\n", versionString(version, info, ok))
+	v := versionString(version, info, ok)
+	if *asJSON {
+		return writeJSON(c.stdout, struct {
+			Version string `json:"version"`
+		}{v})
+	}
+	_, err = fmt.Fprintf(c.stdout, "keyswap %s\n", v)
 	return err
 }
 

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"os/exec"
 	"path/filepath"
 	"runtime/debug"
@@ -96,5 +97,18 @@ func TestVersionBinary(t *testing.T) {
 		if got, want := runBin(stamped, args...), "keyswap v9.8.7\n"; got != want {
 			t.Errorf("-X main.version=v9.8.7, keyswap %q: got %q, want %q", args, got, want)
 		}
+	}
+}
+
+// TestVersionJSON prints the version as a JSON object.
+func TestVersionJSON(t *testing.T) {
+	r := keyswap(t, "version", "-json")
+	r.wantCode(t, exitOK)
+	var got struct{ Version string }
+	if err := json.Unmarshal([]byte(r.stdout), &got); err != nil || got.Version == "" {
+		t.Errorf("version -json: got %q (%v), want {\"version\": ...}", r.stdout, err)
+	}
+	if plain := keyswap(t, "version"); plain.stdout != "keyswap "+got.Version+"\n" {
+		t.Errorf("version: got %q, want the version of -json, %q", plain.stdout, got.Version)
 	}
 }

@@ -23,16 +23,14 @@ import (
 	"os"
 
 	"github.com/keyswap/keyswap/builders"
+	"github.com/keyswap/keyswap/examples/internal/cli"
 	"github.com/keyswap/keyswap/examples/internal/connect"
 	"github.com/keyswap/keyswap/rebuild"
 	"github.com/redis/rueidis"
 )
 
 func main() {
-	if err := run(context.Background(), os.Args[1:], os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "cluster:", err)
-		os.Exit(1)
-	}
+	cli.Main("cluster", func() error { return run(context.Background(), os.Args[1:], os.Stdout) })
 }
 
 // User is a row of the users table.

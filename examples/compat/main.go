@@ -19,6 +19,7 @@ import (
 	"os"
 
 	"github.com/keyswap/keyswap/builders"
+	"github.com/keyswap/keyswap/examples/internal/cli"
 	"github.com/keyswap/keyswap/examples/internal/connect"
 	"github.com/keyswap/keyswap/rebuild"
 	"github.com/redis/rueidis"
@@ -26,10 +27,7 @@ import (
 )
 
 func main() {
-	if err := run(context.Background(), os.Args[1:], os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "compat:", err)
-		os.Exit(1)
-	}
+	cli.Main("compat", func() error { return run(context.Background(), os.Args[1:], os.Stdout) })
 }
 
 // Product is a row of a catalogue.

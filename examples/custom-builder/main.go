@@ -21,16 +21,14 @@ import (
 	"strconv"
 
 	"github.com/keyswap/keyswap/builders"
+	"github.com/keyswap/keyswap/examples/internal/cli"
 	"github.com/keyswap/keyswap/examples/internal/connect"
 	"github.com/keyswap/keyswap/rebuild"
 	"github.com/redis/rueidis"
 )
 
 func main() {
-	if err := run(context.Background(), os.Args[1:], os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "custom-builder:", err)
-		os.Exit(1)
-	}
+	cli.Main("custom-builder", func() error { return run(context.Background(), os.Args[1:], os.Stdout) })
 }
 
 // Visit is one row of a visits log.

@@ -1,7 +1,8 @@
 // Goredis runs keyswap next to an application that talks to Redis through
 // go-redis: both parse the same URL, the application keeps its go-redis
-// client, and keyswap gets a rueidis client built from the same options,
-// traced with OpenTelemetry through rueidisotel.
+// client, and keyswap gets a rueidis client built from the same options by
+// the module github.com/keyswap/keyswap/goredis, traced with OpenTelemetry
+// through rueidisotel.
 //
 //	go run ./examples/goredis                          # embedded Redis
 //	go run ./examples/goredis -redis redis://user:password@127.0.0.1:6379/2
@@ -41,7 +42,9 @@ import (
 	"strings"
 
 	"github.com/keyswap/keyswap/builders"
+	"github.com/keyswap/keyswap/examples/internal/cli"
 	"github.com/keyswap/keyswap/examples/internal/connect"
+	"github.com/keyswap/keyswap/goredis"
 	"github.com/keyswap/keyswap/rebuild"
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/rueidis"
@@ -52,10 +55,7 @@ import (
 )
 
 func main() {
-	if err := run(context.Background(), os.Args[1:], os.Stdout, otel.GetTracerProvider()); err != nil {
-		fmt.Fprintln(os.Stderr, "goredis:", err)
-		os.Exit(1)
-	}
+	cli.Main("goredis", func() error { return run(context.Background(), os.Args[1:], os.Stdout, otel.GetTracerProvider()) })
 }
 
 // Product is the application's record, a hash product:<sku> that it
@@ -96,7 +96,8 @@ func run(ctx context.Context, args []string, stdout io.Writer, tp trace.TracerPr
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if *url == "" {
+	embedded := *url == ""
+	if embedded {
 		if *cluster {
 			return fmt.Errorf("-cluster needs -redis: the embedded Redis is not a cluster")
 		}
@@ -117,17 +118,22 @@ func run(ctx context.Context, args []string, stdout io.Writer, tp trace.TracerPr
 		if err != nil {
 			return err
 		}
-		application, ksOpt = redis.NewClusterClient(o), ClusterClientOption(o)
+		application, ksOpt = redis.NewClusterClient(o), goredis.ClusterClientOption(o)
 		where = fmt.Sprintf("a cluster seeded by %s", strings.Join(o.Addrs, ", "))
 	} else {
 		o, err := redis.ParseURL(*url)
 		if err != nil {
 			return err
 		}
-		application, ksOpt = redis.NewClient(o), ClientOption(o)
+		application, ksOpt = redis.NewClient(o), goredis.ClientOption(o)
 		where = fmt.Sprintf("%s %s, database %d", o.Network, o.Addr, o.DB)
 	}
 	defer application.Close()
+	if embedded {
+		// The embedded Redis (miniredis) has no CLIENT TRACKING, which
+		// rueidis's client-side cache needs; a real server keeps it.
+		ksOpt.DisableCache = true
+	}
 	keyswap, err := rueidisotel.NewClient(ksOpt, rueidisotel.WithTracerProvider(tp))
 	if err != nil {
 		return fmt.Errorf("keyswap's client: %w", err)

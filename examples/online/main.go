@@ -33,6 +33,7 @@ import (
 	"os/signal"
 	"time"
 
+	"github.com/keyswap/keyswap/examples/internal/cli"
 	"github.com/keyswap/keyswap/examples/internal/connect"
 	"github.com/keyswap/keyswap/rebuild"
 	"github.com/redis/rueidis"
@@ -41,10 +42,7 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "online:", err)
-		os.Exit(1)
-	}
+	cli.Main("online", func() error { return run(ctx, os.Args[1:], os.Stdout) })
 }
 
 // run is the program, with its arguments and output injectable for tests.

@@ -15,7 +15,9 @@
 // and publishes all of them in one atomic step. The reader never sees an
 // index missing or half-built. Without -redis (or REDIS_URL) the program
 // runs on an embedded miniredis; with it, it writes only keys under
-// "quickstart:" ("{quickstart}:" on a cluster) and leaves them there.
+// "quickstart:" ("{quickstart}:" on a cluster) and leaves them there, and
+// every key it prints is a key it wrote, named in full. -h prints the
+// usage and exits 0.
 package main
 
 import (
@@ -28,6 +30,7 @@ import (
 	"os/signal"
 	"time"
 
+	"github.com/keyswap/keyswap/examples/internal/cli"
 	"github.com/keyswap/keyswap/examples/internal/connect"
 	"github.com/keyswap/keyswap/rebuild"
 	"github.com/redis/rueidis"
@@ -36,19 +39,28 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
-		fmt.Fprintln(os.Stderr, "quickstart:", err)
-		os.Exit(1)
-	}
+	cli.Main("quickstart", func() error { return run(ctx, os.Args[1:], os.Stdout, os.Stderr) })
 }
 
 // run is the program, with its arguments and output injectable for tests.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("quickstart", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	url := connect.Flag(fs)
 	n := fs.Int("users", 50000, "number of users in today's table")
-	if err := fs.Parse(args); err != nil {
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), `Usage: go run ./examples/quickstart [-redis URL] [-users N]
+
+Quickstart rebuilds three indexes of a users table (a hash, a sorted set and
+one set per country) in one atomic step while a concurrent reader watches,
+and shows what a reader sees before and after. Without -redis it runs on an
+embedded Redis; with it, it writes only keys under "quickstart:"
+("{quickstart}:" on a cluster) and leaves them there.
+
+Flags:
+`)
+		fs.PrintDefaults()
+	}
+	if err := cli.Parse(fs, args, stdout, stderr); err != nil {
 		return err
 	}
 	client, where, closeFn, err := connect.Open(*url)

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/keyswap/keyswap/examples/internal/cli"
 	"github.com/keyswap/keyswap/internal/redistest"
 )
 
@@ -58,13 +59,23 @@ func TestQuickstart(t *testing.T) {
 				regexp.QuoteMeta(tc.prefix+"users:by-country:fr") + `\s+3600\s+6667`,
 				regexp.QuoteMeta(tc.prefix+"users:by-email") + `\s+18000\s+16362`,
 				regexp.QuoteMeta(tc.prefix+"users:by-score") + `\s+18000\s+18000`,
-				`HGET users:by-email user9@old.example\s+u00009\s+\(nil\)`,
-				`HGET users:by-email user7@new.example\s+\(nil\)\s+u00007`,
-				`SISMEMBER users:by-country:fr u00006\s+false\s+true`,
-				`EXISTS users:by-country:br\s+1\s+0`,
+				`HGET ` + regexp.QuoteMeta(tc.prefix+"users:by-email") + ` user9@old.example\s+u00009\s+\(nil\)`,
+				`HGET ` + regexp.QuoteMeta(tc.prefix+"users:by-email") + ` user7@new.example\s+\(nil\)\s+u00007`,
+				`SISMEMBER ` + regexp.QuoteMeta(tc.prefix+"users:by-country:fr") + ` u00006\s+false\s+true`,
+				`EXISTS ` + regexp.QuoteMeta(tc.prefix+"users:by-country:br") + `\s+1\s+0`,
 			} {
 				if !regexp.MustCompile(row).MatchString(out) {
 					t.Errorf("output lacks a row matching %q:\n%s", row, out)
+				}
+			}
+			// Every command a reader runs names a key the program wrote, in full.
+			cmds := regexp.MustCompile(`(?m)^\s+(?:HGET|SISMEMBER|EXISTS) (\S+)`).FindAllStringSubmatch(out, -1)
+			if len(cmds) != 7 {
+				t.Errorf("got %d commands a reader runs, want 7:\n%s", len(cmds), out)
+			}
+			for _, c := range cmds {
+				if !strings.HasPrefix(c[1], tc.prefix+"users:by-") {
+					t.Errorf("a reader runs a command on %q, not a key the program wrote (%susers:by-...)", c[1], tc.prefix)
 				}
 			}
 			if polls := regexp.MustCompile(`polled every index (\d+) times`).FindStringSubmatch(out); polls == nil || polls[1] == "0" {
@@ -79,5 +90,25 @@ func TestQuickstartBadURL(t *testing.T) {
 	err := run(context.Background(), []string{"-redis", "redis://127.0.0.1:1"}, &stdout, &stderr)
 	if err == nil || !strings.Contains(err.Error(), "127.0.0.1:1") {
 		t.Fatalf("err = %v, want a connection error naming the address", err)
+	}
+}
+
+// TestQuickstartHelp checks that -h prints the usage to stdout and is no
+// error: the program exits 0.
+func TestQuickstartHelp(t *testing.T) {
+	for _, arg := range []string{"-h", "-help", "--help"} {
+		var stdout, stderr bytes.Buffer
+		err := run(context.Background(), []string{arg}, &stdout, &stderr)
+		if code := cli.ExitCode(err); code != 0 {
+			t.Errorf("run(%s): exit status %d (%v), want 0", arg, code, err)
+		}
+		if !strings.HasPrefix(stdout.String(), "Usage: go run ./examples/quickstart") || !strings.Contains(stdout.String(), "-users") || stderr.Len() != 0 {
+			t.Errorf("run(%s): stdout %q, stderr %q, want the usage on stdout only", arg, &stdout, &stderr)
+		}
+	}
+	var stdout, stderr bytes.Buffer
+	err := run(context.Background(), []string{"-nope"}, &stdout, &stderr)
+	if code := cli.ExitCode(err); code != 2 || !strings.HasPrefix(stderr.String(), "flag provided but not defined: -nope\nUsage:") {
+		t.Errorf("run(-nope): exit status %d (%v), stderr %q, want 2 and the error with the usage", code, err, &stderr)
 	}
 }

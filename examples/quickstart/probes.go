@@ -23,7 +23,7 @@ type probe struct {
 // table of n users.
 func (ix indexes) probes(n int) []probe {
 	hget := func(email, why string) probe {
-		return probe{"HGET users:by-email " + email, why, func(ctx context.Context, c rueidis.Client) (string, error) {
+		return probe{"HGET " + ix.byEmail + " " + email, why, func(ctx context.Context, c rueidis.Client) (string, error) {
 			v, err := c.Do(ctx, c.B().Hget().Key(ix.byEmail).Field(email).Build()).ToString()
 			if rueidis.IsRedisNil(err) {
 				return "(nil)", nil
@@ -32,7 +32,7 @@ func (ix indexes) probes(n int) []probe {
 		}}
 	}
 	sismember := func(cc, id, why string) probe {
-		return probe{"SISMEMBER users:by-country:" + cc + " " + id, why, func(ctx context.Context, c rueidis.Client) (string, error) {
+		return probe{"SISMEMBER " + ix.byCountry + ":" + cc + " " + id, why, func(ctx context.Context, c rueidis.Client) (string, error) {
 			in, err := c.Do(ctx, c.B().Sismember().Key(ix.byCountry+":"+cc).Member(id).Build()).AsBool()
 			return strconv.FormatBool(in), err
 		}}
@@ -48,7 +48,7 @@ func (ix indexes) probes(n int) []probe {
 		sismember("de", "u00006", "u00006 moved from de"),
 		sismember("fr", "u00006", "... to fr"),
 		hget(fmt.Sprintf("user%d@old.example", fresh), "a new user"),
-		{"EXISTS users:by-country:br", "nobody lives in br any more", func(ctx context.Context, c rueidis.Client) (string, error) {
+		{"EXISTS " + ix.byCountry + ":br", "nobody lives in br any more", func(ctx context.Context, c rueidis.Client) (string, error) {
 			n, err := c.Do(ctx, c.B().Exists().Key(ix.byCountry+":br").Build()).AsInt64()
 			return strconv.FormatInt(n, 10), err
 		}},

@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/keyswap/keyswap/builders"
+	"github.com/keyswap/keyswap/examples/internal/cli"
 	"github.com/keyswap/keyswap/examples/internal/connect"
 	"github.com/keyswap/keyswap/rebuild"
 	"github.com/redis/rueidis"
@@ -39,10 +40,7 @@ type product struct {
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "safe-publish:", err)
-		os.Exit(1)
-	}
+	cli.Main("safe-publish", func() error { return run(ctx, os.Args[1:], os.Stdout) })
 }
 
 func run(ctx context.Context, args []string, out io.Writer) error {

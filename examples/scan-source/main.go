@@ -21,16 +21,14 @@ import (
 	"strings"
 
 	"github.com/keyswap/keyswap/builders"
+	"github.com/keyswap/keyswap/examples/internal/cli"
 	"github.com/keyswap/keyswap/examples/internal/connect"
 	"github.com/keyswap/keyswap/rebuild"
 	"github.com/redis/rueidis"
 )
 
 func main() {
-	if err := run(context.Background(), os.Args[1:], os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "scan-source:", err)
-		os.Exit(1)
-	}
+	cli.Main("scan-source", func() error { return run(context.Background(), os.Args[1:], os.Stdout) })
 }
 
 // user is what an object hash decodes to.

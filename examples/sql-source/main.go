@@ -21,6 +21,7 @@ import (
 	"os"
 
 	"github.com/keyswap/keyswap/builders"
+	"github.com/keyswap/keyswap/examples/internal/cli"
 	"github.com/keyswap/keyswap/examples/internal/connect"
 	"github.com/keyswap/keyswap/rebuild"
 	"github.com/redis/rueidis"
@@ -28,10 +29,7 @@ import (
 )
 
 func main() {
-	if err := run(context.Background(), os.Args[1:], os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "sql-source:", err)
-		os.Exit(1)
-	}
+	cli.Main("sql-source", func() error { return run(context.Background(), os.Args[1:], os.Stdout) })
 }
 
 // Order is a row of the orders table.

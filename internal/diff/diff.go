@@ -2,13 +2,17 @@
 // the entries of keys, without blocking Redis: cardinalities come from
 // O(1) commands, and a comparison reads at most a bounded number of
 // entries, with SCAN cursors (HSCAN, ZSCAN, SSCAN) and batched lookups
-// (HMGET, ZMSCORE, SMISMEMBER), or, past the bound, from a random sample
-// (HRANDFIELD, ZRANDMEMBER, SRANDMEMBER), which gives estimates.
+// (HMGET, ZMSCORE, SMISMEMBER). The counts are exact when one of the two
+// keys is within the bound: reading it, and looking its entries up in the
+// other, counts all three kinds. Past the bound on both sides they are
+// estimated from random samples (HRANDFIELD, ZRANDMEMBER, SRANDMEMBER),
+// each with a 95% confidence interval.
 package diff
 
 import (
 	"context"
 	"fmt"
+	"math"
 	"strconv"
 
 	"github.com/redis/rueidis"
@@ -132,16 +136,27 @@ type Key struct {
 	Added   int64 `json:"added"`
 	Removed int64 `json:"removed"`
 	Changed int64 `json:"changed"`
-	// Exact is false when the counts are estimates from samples (keys
+	// Exact is false when the counts are estimates from samples (both keys
 	// larger than Options.Limit), or when the keys are of a type that is
 	// not compared entry by entry (Added, Removed and Changed are then 0).
 	Exact bool `json:"exact"`
+	// Sampled is true when the counts are estimates from random samples;
+	// AddedRange, RemovedRange and ChangedRange then bound each with a 95%
+	// confidence interval (see Interval). They are the zero Interval
+	// otherwise.
+	Sampled      bool     `json:"sampled"`
+	AddedRange   Interval `json:"added_range"`
+	RemovedRange Interval `json:"removed_range"`
+	ChangedRange Interval `json:"changed_range"`
 	// Samples are some of the differing entries.
 	Samples []Entry `json:"samples,omitempty"`
 }
 
 // Compare compares temp, the rebuilt value, with live. Hashes, sorted sets
-// and sets are compared entry by entry; other types only by size.
+// and sets are compared entry by entry: exactly when one of the two keys
+// has at most o.Limit entries, by reading it whole; otherwise from random
+// samples of both, with confidence intervals. Other types are compared
+// only by size.
 func Compare(ctx context.Context, c rueidis.Client, live, temp string, o Options) (Key, error) {
 	o = o.withDefaults()
 	types, sizes, err := Sizes(ctx, c, []string{temp, live})
@@ -156,8 +171,13 @@ func Compare(ctx context.Context, c rueidis.Client, live, temp string, o Options
 	if k.LiveType != "none" && k.Type != "none" && k.LiveType != k.Type || !comparable(kind) {
 		return k, nil
 	}
-	if k.NewSize <= int64(o.Limit) && k.LiveSize <= int64(o.Limit) {
-		return k, exact(ctx, c, &k, kind, o)
+	// Read the smaller key whole when it is within the limit.
+	small, fromLive := k.NewSize, false
+	if k.LiveSize < k.NewSize {
+		small, fromLive = k.LiveSize, true
+	}
+	if small <= int64(o.Limit) {
+		return k, exact(ctx, c, &k, kind, o, fromLive)
 	}
 	return k, sampled(ctx, c, &k, kind, o)
 }
@@ -166,27 +186,47 @@ func comparable(kind string) bool {
 	return kind == "hash" || kind == "zset" || kind == "set"
 }
 
-// exact scans the new key and looks each chunk up in the live key: the
-// entries of both that are not in the new key are the live size minus
-// those found in it.
-func exact(ctx context.Context, c rueidis.Client, k *Key, kind string, o Options) error {
+// exact counts exactly by reading one key whole, the new one or, with
+// fromLive, the live one, and looking each page of it up in the other: the
+// entries of the other key that are not in the one read are its size minus
+// those found. A SCAN cursor may return an entry twice; each is counted
+// once. It then reads at most Options.Limit entries of the other key to
+// name a few of the entries only there.
+func exact(ctx context.Context, c rueidis.Client, k *Key, kind string, o Options, fromLive bool) error {
 	k.Exact = true
-	var common int64
-	if k.NewSize > 0 {
-		err := scanEntries(ctx, c, kind, k.Temp, func(entries, values []string) error {
-			old, found, err := lookup(ctx, c, kind, k.Live, entries)
+	read, other, size := k.Temp, k.Live, k.NewSize
+	if fromLive {
+		read, other, size = k.Live, k.Temp, k.LiveSize
+	}
+	var common, only int64 // entries of read found in other, and not
+	if size > 0 {
+		seen := make(map[string]struct{}, size)
+		err := scanEntries(ctx, c, kind, read, func(entries, values []string) error {
+			theirs, found, err := lookup(ctx, c, kind, other, entries)
 			if err != nil {
 				return err
 			}
 			for i, e := range entries {
+				if _, dup := seen[e]; dup {
+					continue
+				}
+				seen[e] = struct{}{}
+				oldV, newV := theirs[i], values[i]
+				if fromLive {
+					oldV, newV = values[i], theirs[i]
+				}
 				switch {
 				case !found[i]:
-					k.Added++
-					k.sample(o, Entry{Kind: "added", Entry: e, New: values[i]})
-				case old[i] != values[i]:
+					only++
+					if fromLive {
+						k.sample(o, Entry{Kind: "removed", Entry: e, Old: values[i]})
+					} else {
+						k.sample(o, Entry{Kind: "added", Entry: e, New: values[i]})
+					}
+				case oldV != newV:
 					common++
 					k.Changed++
-					k.sample(o, Entry{Kind: "changed", Entry: e, Old: old[i], New: values[i]})
+					k.sample(o, Entry{Kind: "changed", Entry: e, Old: oldV, New: newV})
 				default:
 					common++
 				}
@@ -197,20 +237,33 @@ func exact(ctx context.Context, c rueidis.Client, k *Key, kind string, o Options
 			return err
 		}
 	}
-	k.Removed = max(0, k.LiveSize-common)
-	if k.Removed > 0 && len(k.Samples) < o.Samples {
-		// Name a few: scan the live key for entries the new key lacks.
-		return scanEntries(ctx, c, kind, k.Live, func(entries, values []string) error {
-			_, found, err := lookup(ctx, c, kind, k.Temp, entries)
+	otherSize, otherKind := k.LiveSize, "removed"
+	if fromLive {
+		k.Removed, k.Added = only, max(0, k.NewSize-common)
+		otherSize, otherKind = k.NewSize, "added"
+	} else {
+		k.Added, k.Removed = only, max(0, k.LiveSize-common)
+	}
+	if otherSize-common > 0 && len(k.Samples) < o.Samples {
+		// Name a few: scan the other key, at most Limit entries of it, for
+		// entries that the one read lacks.
+		budget := o.Limit
+		return scanEntries(ctx, c, kind, other, func(entries, values []string) error {
+			_, found, err := lookup(ctx, c, kind, read, entries)
 			if err != nil {
 				return err
 			}
 			for i, e := range entries {
-				if !found[i] {
+				if found[i] {
+					continue
+				}
+				if otherKind == "added" {
+					k.sample(o, Entry{Kind: "added", Entry: e, New: values[i]})
+				} else {
 					k.sample(o, Entry{Kind: "removed", Entry: e, Old: values[i]})
 				}
 			}
-			if len(k.Samples) >= o.Samples {
+			if budget -= len(entries); len(k.Samples) >= o.Samples || budget <= 0 {
 				return errEnough
 			}
 			return nil
@@ -260,14 +313,57 @@ func sampled(ctx context.Context, c rueidis.Client, k *Key, kind string, o Optio
 			}
 		}
 	}
-	if drawnNew > 0 {
-		k.Added = added * k.NewSize / drawnNew
-		k.Changed = changed * k.NewSize / drawnNew
-	}
-	if drawnLive > 0 {
-		k.Removed = missing * k.LiveSize / drawnLive
-	}
+	k.Sampled = true
+	k.Added, k.AddedRange = estimate(added, drawnNew, k.NewSize)
+	k.Changed, k.ChangedRange = estimate(changed, drawnNew, k.NewSize)
+	k.Removed, k.RemovedRange = estimate(missing, drawnLive, k.LiveSize)
 	return nil
+}
+
+// Interval bounds an estimated count: a 95% confidence interval, which
+// holds the true count in 95 of 100 comparisons. It is the Wilson score
+// interval of the proportion found in a sample drawn without replacement,
+// with the finite population correction, scaled to the key's size and
+// narrowed to what the sample proves: at least the entries found, at most
+// the size less the entries sampled and not found.
+type Interval struct {
+	Low  int64 `json:"low"`
+	High int64 `json:"high"`
+}
+
+// z95 is the normal quantile of a two-sided 95% interval.
+const z95 = 1.959963984540054
+
+// estimate returns the estimated count of entries with a property in a key
+// of size entries, x of n distinct entries drawn at random having it, and
+// its Interval. A sample of the whole key gives the exact count.
+func estimate(x, n, size int64) (int64, Interval) {
+	if n <= 0 || size <= 0 {
+		return 0, Interval{}
+	}
+	if n >= size {
+		return x, Interval{Low: x, High: x}
+	}
+	lo, hi := wilson(float64(x), float64(n), float64(size), z95)
+	iv := Interval{Low: int64(math.Floor(lo * float64(size))), High: int64(math.Ceil(hi * float64(size)))}
+	iv.Low = min(max(iv.Low, x), size-(n-x))
+	iv.High = max(min(iv.High, size-(n-x)), iv.Low)
+	return x * size / n, iv
+}
+
+// wilson returns the Wilson score interval, at the normal quantile z, of
+// the proportion x/n in a sample of n drawn without replacement from size:
+// the finite population correction enlarges the sample to n(size-1)/(size-n).
+func wilson(x, n, size, z float64) (lo, hi float64) {
+	if n < size {
+		n2 := n * (size - 1) / (size - n)
+		x, n = x*n2/n, n2
+	}
+	p := x / n
+	z2 := z * z
+	center := (p + z2/(2*n)) / (1 + z2/n)
+	half := z * math.Sqrt(p*(1-p)/n+z2/(4*n*n)) / (1 + z2/n)
+	return max(0, center-half), min(1, center+half)
 }
 
 func (k *Key) sample(o Options, e Entry) {

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -146,4 +148,117 @@ func TestSizes(t *testing.T) {
 	if want := []int64{3, 5, 1, 2, 0}; !slices.Equal(sizes, want) {
 		t.Errorf("sizes: got %v, want %v", sizes, want)
 	}
+}
+
+// TestCompareExactOneSideSmall compares a key within the limit with one
+// far past it, each way round: the counts are exact, read from the small
+// key and looked up in the large one, and the samples name only what
+// differs.
+func TestCompareExactOneSideSmall(t *testing.T) {
+	env.ForEachDeployment(t, func(t *testing.T, d redistest.Deployment) {
+		for _, tc := range []struct {
+			name                    string
+			liveN, newN             int
+			added, removed, changed int64
+		}{
+			// live: 0..19999. new: 0..1999 without every 10th, every 7th
+			// changed: the entries 2000..19999 are removed.
+			{"small new", 20000, 2000, 0, 200 + 18000, 257},
+			// live: 0..1999; new: 0..19999 without every 10th under 2000,
+			// every 7th changed: the entries 2000..19999 are added.
+			{"small live", 2000, 20000, 18000, 200, 257},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				live, temp := d.Prefix+tc.name+":live", d.Prefix+tc.name+":temp"
+				removed := func(i int) bool { return i < 2000 && i%10 == 0 }
+				changed := func(i int) bool { return i < 2000 && i%7 == 0 && !removed(i) }
+				var n int64
+				for i := range 2000 {
+					if changed(i) {
+						n++
+					}
+				}
+				if n != tc.changed {
+					t.Fatalf("the test changes %d entries, and counts on %d", n, tc.changed)
+				}
+				seed(t, d.Other, "hash", live, tc.liveN, nil, nil)
+				seed(t, d.Other, "hash", temp, tc.newN, removed, changed)
+				got, err := diff.Compare(redistest.Ctx(t), d.Client, live, temp, diff.Options{Limit: 5000})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !got.Exact || got.Sampled || got.Added != tc.added || got.Removed != tc.removed || got.Changed != tc.changed {
+					t.Errorf("got exact %v sampled %v, added %d, removed %d, changed %d; want exact, %d, %d, %d",
+						got.Exact, got.Sampled, got.Added, got.Removed, got.Changed, tc.added, tc.removed, tc.changed)
+				}
+				if len(got.Samples) != diff.DefaultSamples {
+					t.Errorf("got %d samples, want %d", len(got.Samples), diff.DefaultSamples)
+				}
+				for _, s := range got.Samples {
+					i, _ := strconv.Atoi(strings.TrimPrefix(s.Entry, "f"))
+					ok := s.Kind == "removed" && (removed(i) || i >= tc.newN) ||
+						s.Kind == "added" && i >= tc.liveN ||
+						s.Kind == "changed" && changed(i)
+					if !ok {
+						t.Errorf("sample %+v: no such difference", s)
+					}
+				}
+			})
+		}
+	})
+}
+
+// TestSampledCoverage compares two keys past the limit many times: each
+// comparison estimates from fresh random samples, and its 95% intervals
+// hold the true counts in most of them. (With 400 comparisons, a coverage
+// under 90% would be 4 standard deviations away from 95%.)
+func TestSampledCoverage(t *testing.T) {
+	c := env.Standalone.Client(t)
+	p := redistest.Prefix(t)
+	live, temp := p+"live", p+"temp"
+	// live: 0..19999. new: without every 10th (2000 removed), every 8th
+	// of the rest changed, and 20000..21999 added.
+	removed := func(i int) bool { return i < 20000 && i%10 == 0 }
+	changed := func(i int) bool { return i < 20000 && i%8 == 0 && !removed(i) }
+	seed(t, c, "hash", live, 20000, nil, nil)
+	seed(t, c, "hash", temp, 22000, removed, changed)
+	var wantChanged int64
+	for i := range 20000 {
+		if changed(i) {
+			wantChanged++
+		}
+	}
+	const trials = 400
+	covered := map[string]int{}
+	for range trials {
+		got, err := diff.Compare(redistest.Ctx(t), c, live, temp, diff.Options{Limit: 1000, SampleSize: 300})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Exact || !got.Sampled {
+			t.Fatalf("got exact %v, sampled %v: want estimates past the limit", got.Exact, got.Sampled)
+		}
+		for _, m := range []struct {
+			name       string
+			est, truth int64
+			iv         diff.Interval
+		}{
+			{"added", got.Added, 2000, got.AddedRange},
+			{"removed", got.Removed, 2000, got.RemovedRange},
+			{"changed", got.Changed, wantChanged, got.ChangedRange},
+		} {
+			if m.iv.Low > m.est || m.iv.High < m.est {
+				t.Fatalf("%s: the interval %+v does not hold the estimate %d", m.name, m.iv, m.est)
+			}
+			if m.iv.Low <= m.truth && m.truth <= m.iv.High {
+				covered[m.name]++
+			}
+		}
+	}
+	for _, name := range []string{"added", "removed", "changed"} {
+		if covered[name] < trials*9/10 {
+			t.Errorf("%s: the 95%% interval held the true count in %d of %d comparisons, want at least 90%%", name, covered[name], trials)
+		}
+	}
+	t.Logf("coverage of %d comparisons: %v", trials, covered)
 }

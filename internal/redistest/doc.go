@@ -54,6 +54,13 @@
 // second proxy for clients that failover re-points to the promoted replica.
 // It is a package of its own because faultproxy's tests import redistest.
 //
+// # Sentinel
+//
+// [StartSentinel] and [OwnSentinel] start a Redis Sentinel that monitors a
+// server under a master set name, as redis-server in sentinel mode, with a
+// configuration file of its own (a sentinel rewrites it). Clients reach it at
+// its Addr, as any [Server].
+//
 // # ACL users and renamed commands
 //
 // [Server.ClientAs] creates an ACL user with the given rules and returns a

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -451,5 +452,35 @@ func TestPortTaken(t *testing.T) {
 	}
 	if !strings.Contains(err.Error(), "redis.log") {
 		t.Errorf("Restart on a taken port: got %q, want it to quote redis.log", err)
+	}
+}
+
+// TestSentinel starts a sentinel that monitors a server, with a line of
+// configuration of the test's own, and asks it for the master.
+func TestSentinel(t *testing.T) {
+	t.Parallel()
+	master := startTestServer(t)
+	s := OwnSentinel(t, "rt-master", master.Addr, "sentinel down-after-milliseconds rt-master 60000")
+	if s.Port == 6379 || s.Port == 26379 || s.Port == master.Port {
+		t.Errorf("Port: got %d, want a free one", s.Port)
+	}
+	c := s.Client(t)
+	ctx := t.Context()
+	got, err := c.Do(ctx, c.B().SentinelGetMasterAddrByName().Master("rt-master").Build()).AsStrSlice()
+	if want := []string{"127.0.0.1", fmt.Sprint(master.Port)}; err != nil || !slices.Equal(got, want) {
+		t.Fatalf("SENTINEL GET-MASTER-ADDR-BY-NAME: got %q, %v, want %q", got, err, want)
+	}
+	m, err := c.Do(ctx, c.B().Arbitrary("SENTINEL", "MASTER").Args("rt-master").Build()).AsStrMap()
+	if err != nil {
+		t.Fatalf("SENTINEL MASTER: %v", err)
+	}
+	if m["down-after-milliseconds"] != "60000" {
+		t.Errorf("SENTINEL MASTER: down-after-milliseconds %q, want 60000, from the test's configuration line", m["down-after-milliseconds"])
+	}
+	if err := s.Stop(); err != nil {
+		t.Fatalf("Stop: %v", err)
+	}
+	if _, err := os.Stat(s.Dir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("Dir after Stop: got %v, want it removed", err)
 	}
 }
