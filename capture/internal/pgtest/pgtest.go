@@ -13,7 +13,7 @@
 //
 //	var srv *pgtest.Server
 //
-//	func TestMain(m *testing.M) { os.Exit(pgtest.Main(m, &srv)) }
+//	func TestMain(m *testing.M) { os.Exit(pgtest.Main(&srv, m.Run)) }
 //
 // and each test makes a database of its own with [Server.Database], so that
 // tests never see each other's tables, slots or publications. A test that
@@ -65,17 +65,18 @@ type Server struct {
 	done chan struct{}
 }
 
-// Main starts a server, stores it in *srv, runs m, stops the server, and
-// returns the exit code for os.Exit. When the server cannot start, Main
-// prints why and returns 1 without running any test.
-func Main(m *testing.M, srv **Server) int {
+// Main starts a server, stores it in *srv, calls run (m.Run, or a
+// function that starts more and calls it), stops the server, and returns
+// run's exit code for os.Exit. When the server cannot start, Main prints
+// why and returns 1 without calling run.
+func Main(srv **Server, run func() int) int {
 	s, err := Start()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
 	*srv = s
-	code := m.Run()
+	code := run()
 	if err := s.Stop(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		if code == 0 {
