@@ -26,7 +26,16 @@ type entry[T any] struct {
 	ack      uint64    // a position every change before it completes
 	commit   time.Time // a transaction's commit time, with its ack
 	truncate []string
+	stop     error // the stream stops here: apply what came before, then fail
 }
+
+// rowError is an error of the stream at a row change (a rejected row, one
+// that cannot be decoded or lacks its old row): the changes before it are
+// applied before the relay stops.
+type rowError struct{ err error }
+
+func (e rowError) Error() string { return e.err.Error() }
+func (e rowError) Unwrap() error { return e.err }
 
 // pipe holds the entries read and not yet applied. The stream appends to
 // it, the applier takes from it what has come while it applied the
@@ -53,8 +62,8 @@ func signal(c chan struct{}) {
 // push appends e. A keepalive marker right after another replaces it.
 func (p *pipe[T]) push(e entry[T]) {
 	p.mu.Lock()
-	if n := len(p.entries); n > 0 && !e.isChange && e.truncate == nil && e.commit.IsZero() {
-		if last := &p.entries[n-1]; !last.isChange && last.truncate == nil && last.commit.IsZero() {
+	if n := len(p.entries); n > 0 && e.keepalive() {
+		if last := &p.entries[n-1]; last.keepalive() {
 			last.ack = e.ack
 			p.mu.Unlock()
 			return
@@ -66,6 +75,11 @@ func (p *pipe[T]) push(e entry[T]) {
 	}
 	p.mu.Unlock()
 	signal(p.ready)
+}
+
+// keepalive reports whether e is a marker of a keepalive.
+func (e entry[T]) keepalive() bool {
+	return !e.isChange && e.truncate == nil && e.stop == nil && e.commit.IsZero()
 }
 
 // full reports whether the pipe holds limit changes or more.
@@ -83,7 +97,8 @@ func (p *pipe[T]) take(max int) []entry[T] {
 	n, changes := 0, 0
 	for n < len(p.entries) {
 		e := p.entries[n]
-		if e.truncate != nil && n > 0 {
+		alone := e.truncate != nil || e.stop != nil // taken alone
+		if alone && n > 0 {
 			break
 		}
 		if e.isChange {
@@ -93,7 +108,7 @@ func (p *pipe[T]) take(max int) []entry[T] {
 			changes++
 		}
 		n++
-		if e.truncate != nil {
+		if alone {
 			break
 		}
 	}
@@ -170,7 +185,14 @@ func (r *Relay[T]) session(ctx context.Context) (err error) {
 		defer wg.Done()
 		cancel(r.watch(sctx, check))
 	}()
-	cancel(r.stream(sctx, repl, p))
+	err = r.stream(sctx, repl, p)
+	var rowErr rowError
+	if errors.As(err, &rowErr) {
+		// Apply what came before the row, then stop with its error.
+		p.push(entry[T]{stop: rowErr.err})
+	} else {
+		cancel(err)
+	}
 	wg.Wait()
 	return context.Cause(sctx)
 }
@@ -320,7 +342,7 @@ func (r *Relay[T]) stream(ctx context.Context, repl *pgconn.PgConn, p *pipe[T]) 
 func (r *Relay[T]) change(p *pipe[T], types *pgtype.Map, rels map[uint32]*relation, id uint32, op string, at pglogrepl.LSN, commit time.Time, oldTuple *pglogrepl.TupleData, oldType uint8, newTuple *pglogrepl.TupleData) error {
 	rel, ok := rels[id]
 	if !ok {
-		return fmt.Errorf("pgcdc: %s at %s of relation %d, which the stream never described", op, at, id)
+		return rowError{fmt.Errorf("pgcdc: %s at %s of relation %d, which the stream never described", op, at, id)}
 	}
 	t, ok := r.tables[rel.name]
 	if !ok {
@@ -332,26 +354,26 @@ func (r *Relay[T]) change(p *pipe[T], types *pgtype.Map, rels map[uint32]*relati
 		// Only REPLICA IDENTITY FULL sends the whole old row ('O'); without
 		// it an update or delete cannot remove the old entries.
 		if oldTuple == nil || oldType != pglogrepl.UpdateMessageTupleTypeOld {
-			return fmt.Errorf("pgcdc: %w: %s at %s of table %s came without the whole old row: the table's REPLICA IDENTITY is not FULL (ALTER TABLE %s REPLICA IDENTITY FULL)", ErrSetup, op, at, rel.name, rel.name)
+			return rowError{fmt.Errorf("pgcdc: %w: %s at %s of table %s came without the whole old row: the table's REPLICA IDENTITY is not FULL (ALTER TABLE %s REPLICA IDENTITY FULL)", ErrSetup, op, at, rel.name, rel.name)}
 		}
 		if old, err = decodeRow(types, rel, oldTuple, nil); err != nil {
-			return fmt.Errorf("pgcdc: %s at %s of table %s: old row: %w", op, at, rel.name, err)
+			return rowError{fmt.Errorf("pgcdc: %s at %s of table %s: old row: %w", op, at, rel.name, err)}
 		}
 	}
 	if newTuple != nil {
 		if new, err = decodeRow(types, rel, newTuple, old); err != nil {
-			return fmt.Errorf("pgcdc: %s at %s of table %s: new row: %w", op, at, rel.name, err)
+			return rowError{fmt.Errorf("pgcdc: %s at %s of table %s: new row: %w", op, at, rel.name, err)}
 		}
 	}
 	c, ok, err := t.Change(old, new)
 	if err != nil {
-		return fmt.Errorf("pgcdc: %w: %s at %s of table %s: %w", ErrRejected, op, at, rel.name, err)
+		return rowError{fmt.Errorf("pgcdc: %w: %s at %s of table %s: %w", ErrRejected, op, at, rel.name, err)}
 	}
 	if !ok {
 		return nil
 	}
 	if c.Old == nil && c.New == nil {
-		return fmt.Errorf("pgcdc: %w: %s at %s of table %s: the change has neither an old nor a new value", ErrRejected, op, at, rel.name)
+		return rowError{fmt.Errorf("pgcdc: %w: %s at %s of table %s: the change has neither an old nor a new value", ErrRejected, op, at, rel.name)}
 	}
 	p.push(entry[T]{change: c, isChange: true})
 	r.track.Read(1, commit)
@@ -412,6 +434,9 @@ func (r *Relay[T]) apply(ctx context.Context, p *pipe[T]) error {
 			batch := p.take(r.opts.BatchSize)
 			if len(batch) == 0 {
 				break
+			}
+			if err := batch[0].stop; err != nil {
+				return err
 			}
 			if t := batch[0].truncate; t != nil {
 				if r.opts.Truncate == nil {
