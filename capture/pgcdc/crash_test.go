@@ -6,7 +6,7 @@ import (
 	"strconv"
 	"testing"
 
-	"github.com/keyswap/keyswap/capture/internal/pgtest"
+	"github.com/keyswap/keyswap/capture/pgtest"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/rebuild"
 )

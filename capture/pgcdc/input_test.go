@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/keyswap/keyswap/capture/internal/pgtest"
 	"github.com/keyswap/keyswap/capture/pgcdc"
+	"github.com/keyswap/keyswap/capture/pgtest"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/rebuild"
 )
@@ -212,7 +212,7 @@ func TestTruncate(t *testing.T) {
 	var truncated []string
 	opts.Truncate = func(ctx context.Context, tables []string) error {
 		truncated = tables
-		_, err := f.rb.Run(ctx, rebuild.FromSeq2(f.source(ctx, t)))
+		_, err := f.rb.Run(ctx, rebuild.FromSeq2(f.source(ctx)))
 		return err
 	}
 	running(t, f.relay(t, opts))
@@ -223,7 +223,7 @@ func TestTruncate(t *testing.T) {
 }
 
 // source reads the users table, for a rebuild.
-func (f *fixture) source(ctx context.Context, t *testing.T) func(func(user, error) bool) {
+func (f *fixture) source(ctx context.Context) func(func(user, error) bool) {
 	return func(yield func(user, error) bool) {
 		c, err := pgx.Connect(ctx, f.dsn)
 		if err != nil {

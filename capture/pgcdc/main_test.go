@@ -19,8 +19,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/keyswap/keyswap/builders"
-	"github.com/keyswap/keyswap/capture/internal/pgtest"
 	"github.com/keyswap/keyswap/capture/pgcdc"
+	"github.com/keyswap/keyswap/capture/pgtest"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/rebuild"
 	"github.com/redis/rueidis"
@@ -91,7 +91,7 @@ type fixture struct {
 	rb                *rebuild.Rebuilder[user]
 }
 
-func newFixture(t *testing.T, srv *pgtest.Server, client rueidis.Client) *fixture {
+func newFixture(t testing.TB, srv *pgtest.Server, client rueidis.Client) *fixture {
 	t.Helper()
 	f := &fixture{dsn: srv.Database(t), prefix: redistest.Prefix(t), client: client, slot: fmt.Sprintf("ks_%d_%d", os.Getpid(), slots.Add(1))}
 	srv.Exec(t, f.dsn, schema...)
@@ -107,7 +107,7 @@ func (f *fixture) options() pgcdc.Options {
 }
 
 // relay returns a relay of the users table with opts.
-func (f *fixture) relay(t *testing.T, opts pgcdc.Options) *pgcdc.Relay[user] {
+func (f *fixture) relay(t testing.TB, opts pgcdc.Options) *pgcdc.Relay[user] {
 	t.Helper()
 	r, err := pgcdc.New(f.dsn, f.rb, opts, usersTable())
 	if err != nil {
@@ -117,7 +117,7 @@ func (f *fixture) relay(t *testing.T, opts pgcdc.Options) *pgcdc.Relay[user] {
 }
 
 // running runs r until the test ends, and returns a channel of Run's error.
-func running(t *testing.T, r interface{ Run(context.Context) error }) (stop func() error) {
+func running(t testing.TB, r interface{ Run(context.Context) error }) (stop func() error) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -137,7 +137,7 @@ func running(t *testing.T, r interface{ Run(context.Context) error }) (stop func
 }
 
 // pool returns a pool of connections to the fixture's database.
-func (f *fixture) pool(t *testing.T) *pgxpool.Pool {
+func (f *fixture) pool(t testing.TB) *pgxpool.Pool {
 	t.Helper()
 	p, err := pgxpool.New(context.Background(), f.dsn)
 	if err != nil {
@@ -156,7 +156,7 @@ type index struct {
 }
 
 // tableIndex computes the index from the table's rows.
-func tableIndex(t *testing.T, dsn string) index {
+func tableIndex(t testing.TB, dsn string) index {
 	t.Helper()
 	ctx := context.Background()
 	c, err := pgx.Connect(ctx, dsn)
@@ -194,7 +194,7 @@ func tableIndex(t *testing.T, dsn string) index {
 }
 
 // redisIndex reads the index from Redis.
-func redisIndex(t *testing.T, c rueidis.Client, prefix string) index {
+func redisIndex(t testing.TB, c rueidis.Client, prefix string) index {
 	t.Helper()
 	got := index{
 		Emails:    redistest.HGetAll(t, c, prefix+"by-email"),
@@ -245,7 +245,7 @@ func lostAndStale(want, got index) (lost, stale int) {
 // waitIndex waits until the index in Redis is the one computed from the
 // table, or fails t with the difference after a deadline. The table must
 // no longer change.
-func (f *fixture) waitIndex(t *testing.T) {
+func (f *fixture) waitIndex(t testing.TB) {
 	t.Helper()
 	want := tableIndex(t, f.dsn)
 	deadline := time.Now().Add(redistest.Timeout)
@@ -279,7 +279,7 @@ const users = 2000
 
 // startWriter starts a writer on dsn. The rows it writes have unique
 // emails: each user's email is its id and a version.
-func startWriter(t *testing.T, dsn string, seed uint64, perSecond int) *writer {
+func startWriter(t testing.TB, dsn string, seed uint64, perSecond int) *writer {
 	t.Helper()
 	w := &writer{done: make(chan struct{}), finished: make(chan struct{})}
 	go func() {
@@ -367,7 +367,7 @@ func (w *writer) run(dsn string, seed uint64, perSecond int) error {
 }
 
 // waitFor polls cond until it holds, or fails t after a deadline.
-func waitFor(t *testing.T, what string, cond func() bool) {
+func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(redistest.Timeout)
 	for !cond() {

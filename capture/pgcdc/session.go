@@ -375,8 +375,8 @@ func (r *Relay[T]) change(p *pipe[T], types *pgtype.Map, rels map[uint32]*relati
 	if c.Old == nil && c.New == nil {
 		return rowError{fmt.Errorf("pgcdc: %w: %s at %s of table %s: the change has neither an old nor a new value", ErrRejected, op, at, rel.name)}
 	}
+	r.track.Read(1, commit) // before the applier can take it
 	p.push(entry[T]{change: c, isChange: true})
-	r.track.Read(1, commit)
 	return nil
 }
 

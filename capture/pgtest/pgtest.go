@@ -1,5 +1,6 @@
-// Package pgtest starts real PostgreSQL servers for the capture module's
-// tests: each on a free loopback port, in a data directory of its own, with
+// Package pgtest starts real PostgreSQL servers for tests (the capture
+// module's, its examples', or a program's that tests a relay): each on a
+// free loopback port, in a data directory of its own, with
 // wal_level=logical. It never touches a server that it did not start.
 //
 // PostgreSQL refuses to run as root. When the tests run as root, the
