@@ -10,7 +10,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/keyswap/keyswap/capture"
 	"github.com/keyswap/keyswap/capture/internal/track"
@@ -216,6 +215,3 @@ func (r *Relay[T]) Run(ctx context.Context) error {
 		}
 	}
 }
-
-// position formats an LSN.
-func position(lsn uint64) string { return pglogrepl.LSN(lsn).String() }
