@@ -94,9 +94,12 @@ func (o *Outbox[T]) Relay(db *sql.DB, r *rebuild.Rebuilder[T], opts RelayOptions
 	return &Relay[T]{o: o, db: db, rb: r, opts: opts, track: track.New("outbox", o.table, "{row}", opts.MeterProvider)}
 }
 
-// Status returns the relay's status: see capture.Status. Position is the
-// highest row id applied and deleted, and Backlog the rows in the outbox
-// at the last count.
+// Status returns the relay's status: see capture.Status. Its changes are
+// the outbox's rows: Applied counts the rows applied or dropped as late,
+// Pending the rows read and not yet deleted, Lag runs from the time the
+// application wrote a row (its clock, before the commit), Position is the
+// highest row id deleted, and Backlog the rows in the outbox at the last
+// count.
 func (r *Relay[T]) Status() capture.Status { return r.track.Status() }
 
 // Run applies the outbox's rows until ctx ends or an error that would come
