@@ -8,10 +8,10 @@ BIN := $(CURDIR)/.bin
 MODULES := $(patsubst %/,%,$(dir $(shell git ls-files --cached --others --exclude-standard -- 'go.mod' '*/go.mod')))
 GO_FILES := $(shell git ls-files --cached --others --exclude-standard -- '*.go')
 
-.PHONY: test quickstart tidy redis-server fmt vet staticcheck unit install-check
+.PHONY: test quickstart tidy redis-server postgresql fmt vet staticcheck unit install-check
 
-## test: install redis-server if missing, then gofmt, go vet, staticcheck and go test -race in every module, and install-check.
-test: redis-server fmt vet staticcheck unit install-check
+## test: install redis-server and PostgreSQL if missing, then gofmt, go vet, staticcheck and go test -race in every module, and install-check.
+test: redis-server postgresql fmt vet staticcheck unit install-check
 
 ## quickstart: run the quickstart on an embedded Redis (or -redis URL / REDIS_URL).
 quickstart:
@@ -48,6 +48,23 @@ redis-server:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null && redis-server --version; \
 	else \
 		echo "redis-server (and redis-cli) not found. The tests start their own servers; install Redis 7, e.g. 'sudo apt-get install redis-server', and run 'make test' again." >&2; \
+		exit 1; \
+	fi
+
+# The capture module's tests start their own PostgreSQL servers (initdb and
+# postgres of any version, found through pg_config or
+# /usr/lib/postgresql/*/bin); they never use a server someone else runs.
+# Install the Debian package when they are missing (as root), without the
+# cluster it would create and start, or stop with a message that says how.
+postgresql:
+	@if { command -v pg_config >/dev/null && [ -x "$$(pg_config --bindir)/initdb" ]; } || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then \
+		ls -d /usr/lib/postgresql/*/bin 2>/dev/null | head -1; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "PostgreSQL's server not found: installing the Debian package postgresql (without a default cluster)"; \
+		mkdir -p /etc/postgresql-common && { [ -e /etc/postgresql-common/createcluster.conf ] || echo "create_main_cluster = false" >/etc/postgresql-common/createcluster.conf; }; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null && ls -d /usr/lib/postgresql/*/bin; \
+	else \
+		echo "PostgreSQL's initdb and postgres not found. The capture module's tests start their own servers; install them, e.g. 'sudo apt-get install postgresql', and run 'make test' again." >&2; \
 		exit 1; \
 	fi
 

@@ -5,7 +5,9 @@ go 1.25.0
 require (
 	github.com/alicebob/miniredis/v2 v2.40.0
 	github.com/google/go-cmp v0.7.0
+	github.com/jackc/pgx/v5 v5.13.0
 	github.com/keyswap/keyswap v0.1.0
+	github.com/keyswap/keyswap/capture v0.1.0
 	github.com/keyswap/keyswap/goredis v0.1.0
 	github.com/redis/go-redis/v9 v9.22.0
 	github.com/redis/rueidis v1.0.79
@@ -16,6 +18,14 @@ require (
 	go.opentelemetry.io/otel/trace v1.46.0
 	golang.org/x/time v0.15.0
 	modernc.org/sqlite v1.59.0
+)
+
+require (
+	github.com/jackc/pgio v1.0.0 // indirect
+	github.com/jackc/pglogrepl v0.0.0-20251213150135-2e8d0df862c1 // indirect
+	github.com/jackc/pgpassfile v1.0.0 // indirect
+	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
+	golang.org/x/text v0.41.0 // indirect
 )
 
 require (

@@ -11,7 +11,8 @@
 // rueidis, go-redis and the standard packages the documents use, and
 // declares the names fragments use without declaring them: ctx, client,
 // users, emails, scores, countries, r (a *rebuild.Rebuilder[User]),
-// oldUser, newUser, and the types User and Store. A fragment that starts
+// oldUser, newUser, dsn and userFromRow (for the change relay), and the
+// types User and Store. A fragment that starts
 // with a declaration (type, func, var, const) is placed at the top level of
 // the file; any other is the body of a function that returns an error.
 // Compiler errors point at the document's lines.

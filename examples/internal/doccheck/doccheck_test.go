@@ -124,6 +124,7 @@ import (
 	"time"
 
 	"github.com/keyswap/keyswap/builders"
+	"github.com/keyswap/keyswap/capture/pgcdc"
 	"github.com/keyswap/keyswap/goredis"
 	keyswapotel "github.com/keyswap/keyswap/otel"
 	"github.com/keyswap/keyswap/rebuild"
@@ -144,6 +145,7 @@ var (
 	_ = os.Getenv
 	_ = time.Second
 	_ = builders.Blank
+	_ = pgcdc.New[User]
 	_ = goredis.ClientOption
 	_ = keyswapotel.New
 	_ = rebuild.New[User]
@@ -171,6 +173,8 @@ var (
 	emails, scores, countries rebuild.Builder[User]
 	r                         *rebuild.Rebuilder[User]
 	oldUser, newUser          User
+	dsn                       string
+	userFromRow               func(pgcdc.Row) (User, error)
 )
 
 func main() {}

@@ -1,0 +1,21 @@
+package pgcdc
+
+import "errors"
+
+var (
+	// ErrSetup: the database is not set up as the relay needs: wal_level is
+	// not logical, the slot or the publication does not exist or does not
+	// fit, a table does not exist (or was dropped), is not in the
+	// publication, or has no REPLICA IDENTITY FULL. The error names what
+	// to change. Nothing past it was applied.
+	ErrSetup = errors.New("the database is not set up for the relay")
+	// ErrRebuildRequired: changes were lost to the index, and only a rebuild
+	// restores it: PostgreSQL invalidated the slot (max_slot_wal_keep_size:
+	// the WAL it held was removed), or a captured table was truncated and
+	// Options.Truncate is not set.
+	ErrRebuildRequired = errors.New("changes were lost: the index needs a rebuild")
+	// ErrRejected: a table's Change function returned an error for a row.
+	// The relay stops before that change, and a restarted relay meets it
+	// again: change the function (to skip such rows, for instance).
+	ErrRejected = errors.New("a row was rejected")
+)
