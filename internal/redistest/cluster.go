@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os/exec"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -304,4 +305,94 @@ func (c *Cluster) adminClient(tb testing.TB) rueidis.Client {
 		tb.Fatalf("redistest: cluster %v is stopped", c.Addrs)
 	}
 	return c.admin
+}
+
+// StartMove starts moving slot from the master that serves it to to, as
+// redis-cli --cluster reshard does: to is set IMPORTING and the source
+// MIGRATING, so that the source answers ASK for a key of the slot it does
+// not hold. Finish moves every key of the slot with MIGRATE, gives the slot
+// to to on every master, and waits until they all agree. The caller keeps
+// the slot's keys still while it runs: a key written on both nodes would
+// make MIGRATE fail. Either calls tb.Fatal on error.
+func (c *Cluster) StartMove(tb testing.TB, slot int64, to *Server) (finish func()) {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(tb.Context(), callTimeout)
+	defer cancel()
+	var from *Server
+	ranges, err := slotMap(ctx, c.adminClient(tb))
+	if err != nil {
+		tb.Fatalf("redistest: %v", err)
+	}
+	for _, r := range ranges {
+		if slot >= r.start && slot <= r.end {
+			for _, n := range c.Nodes {
+				if int64(n.Port) == r.port {
+					from = n
+				}
+			}
+		}
+	}
+	if from == nil || from == to {
+		tb.Fatalf("redistest: slot %d is served by %v, cannot move it to %s", slot, from, to.Addr)
+	}
+	ids := map[*Server]string{}
+	clients := map[*Server]rueidis.Client{}
+	for _, n := range c.Nodes {
+		cl, err := n.newClient()
+		if err != nil {
+			tb.Fatalf("redistest: connect to %s: %v", n.Addr, err)
+		}
+		tb.Cleanup(cl.Close)
+		clients[n] = cl
+		if ids[n], err = cl.Do(ctx, cl.B().ClusterMyid().Build()).ToString(); err != nil {
+			tb.Fatalf("redistest: CLUSTER MYID on %s: %v", n.Addr, err)
+		}
+	}
+	setslot := func(ctx context.Context, n *Server, state ...string) {
+		tb.Helper()
+		cl := clients[n]
+		args := append([]string{"SETSLOT", strconv.FormatInt(slot, 10)}, state...)
+		if err := cl.Do(ctx, cl.B().Arbitrary("CLUSTER").Args(args...).Build()).Error(); err != nil {
+			tb.Fatalf("redistest: CLUSTER %v on %s: %v", args, n.Addr, err)
+		}
+	}
+	setslot(ctx, to, "IMPORTING", ids[from])
+	setslot(ctx, from, "MIGRATING", ids[to])
+	return func() {
+		tb.Helper()
+		ctx, cancel := context.WithTimeout(tb.Context(), callTimeout)
+		defer cancel()
+		src := clients[from]
+		for {
+			ks, err := src.Do(ctx, src.B().ClusterGetkeysinslot().Slot(slot).Count(100).Build()).AsStrSlice()
+			if err != nil {
+				tb.Fatalf("redistest: CLUSTER GETKEYSINSLOT %d on %s: %v", slot, from.Addr, err)
+			}
+			if len(ks) == 0 {
+				break
+			}
+			args := append([]string{"127.0.0.1", strconv.Itoa(to.Port), "", "0", "10000", "KEYS"}, ks...)
+			if err := src.Do(ctx, src.B().Arbitrary("MIGRATE").Args(args...).Build()).Error(); err != nil {
+				tb.Fatalf("redistest: MIGRATE %q from %s to %s: %v", ks, from.Addr, to.Addr, err)
+			}
+		}
+		// The new owner first, so that the slot is never without one.
+		setslot(ctx, to, "NODE", ids[to])
+		setslot(ctx, from, "NODE", ids[to])
+		for _, n := range c.Nodes {
+			if n != to && n != from {
+				setslot(ctx, n, "NODE", ids[to])
+			}
+		}
+		if err := c.waitReady(); err != nil {
+			tb.Fatal(err)
+		}
+	}
+}
+
+// MoveSlot moves slot, with every key in it, to the master to: StartMove,
+// then its finish.
+func (c *Cluster) MoveSlot(tb testing.TB, slot int64, to *Server) {
+	tb.Helper()
+	c.StartMove(tb, slot, to)()
 }
