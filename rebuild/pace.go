@@ -131,8 +131,10 @@ func (pr *probe) connect(ctx context.Context, c rueidis.Client) (ready bool, err
 	}
 	if pr.pending == nil {
 		lock := pr.lock
-		pr.pending = run.Acquire(c, func(dc rueidis.DedicatedClient) error {
-			return dc.Do(ctx, dc.B().Get().Key(lock).Build()).Error()
+		// Not under ctx: see run.Acquire. A connection that comes after
+		// the run is given back by close.
+		pr.pending = run.Acquire(c, func(actx context.Context, dc rueidis.DedicatedClient) error {
+			return dc.Do(actx, dc.B().Get().Key(lock).Build()).Error()
 		})
 		pr.since = time.Now()
 	}

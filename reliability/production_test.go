@@ -484,9 +484,10 @@ func TestProductionDurability(t *testing.T) {
 				t.Errorf("err = %q, want it to name %s", err, want)
 			}
 		}
-		// The probe is all that was sent: no lock, record or temp key
-		// was ever written.
-		if want := []string{"WAITAOF 0 0 1"}; !slices.Equal(sent, want) {
+		// The probe is all that was sent, on a connection bound to the
+		// lock's master by a read: no lock, record or temp key was ever
+		// written.
+		if want := []string{"EXISTS " + keys.RecordKey(keys.LockKey(live, false)), "WAITAOF 0 0 1"}; !slices.Equal(sent, want) {
 			t.Errorf("commands sent: got %q, want %q", sent, want)
 		}
 		redistest.WantUnchanged(t, admin, prefix, before)
@@ -502,10 +503,14 @@ func TestProductionDurability(t *testing.T) {
 // on a standalone server and on a cluster (whose client takes the
 // connection in the wait's first command). Either way the run fails closed
 // after Durability.Timeout, with an error matching ErrNotDurable that names
-// the pool, the live key untouched and nothing left. Before, rueidis's
-// Dedicated waited for the pool without a deadline, and the check and a
-// cluster's wait only under the run's context: the run hung, its lease
-// unrenewed, until the pool came free.
+// the pool, the live key untouched and nothing left; and the pool still
+// counts every connection the application holds: no one gets another.
+// Before, rueidis's Dedicated waited for the pool without a deadline, and
+// the check and a cluster's wait only under the run's context: the run
+// hung, its lease unrenewed, until the pool came free. Then the check's
+// WAIT, sent on the client, and a cluster's wait for a connection were cut
+// short by the timeout while they waited for the pool, which rueidis counts
+// as a connection given back: the pool had room for one more.
 func TestProductionDurabilityNoConnection(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -542,20 +547,32 @@ func testDurabilityNoConnection(t *testing.T, cluster, beforeRun bool) {
 	t.Cleanup(c.Close)
 	prefix := redistest.Prefix(t)
 	live := prefix + "by-email"
-	var once sync.Once
+	var once, freed sync.Once
+	var releases []func()
+	take := func() {
+		// A cluster client takes the connection on the first command,
+		// from the pool of its key's server: the lock's.
+		held, release := c.Dedicate()
+		releases = append(releases, release)
+		if err := held.Do(ctx, held.B().Get().Key(keys.LockKey(live, cluster)).Build()).Error(); err != nil && !rueidis.IsRedisNil(err) {
+			t.Errorf("GET on a held connection: %v", err)
+		}
+	}
 	hold := func(n int) {
 		once.Do(func() {
 			for range n {
-				// A cluster client takes the connection on the first
-				// command, from the pool of its key's server: the lock's.
-				held, release := c.Dedicate()
-				t.Cleanup(release)
-				if err := held.Do(ctx, held.B().Get().Key(keys.LockKey(live, cluster)).Build()).Error(); err != nil && !rueidis.IsRedisNil(err) {
-					t.Errorf("GET on a held connection: %v", err)
-				}
+				take()
 			}
 		})
 	}
+	free := func() {
+		freed.Do(func() {
+			for _, release := range releases {
+				release()
+			}
+		})
+	}
+	t.Cleanup(free)
 	if beforeRun {
 		hold(opt.BlockingPoolSize)
 	}
@@ -581,6 +598,13 @@ func testDurabilityNoConnection(t *testing.T, cluster, beforeRun bool) {
 	}
 	redistest.WantUnchanged(t, admin, prefix, before)
 	redistest.WantClean(t, admin, prefix)
+	// The waits the run gave up on are no connections the pool lost count
+	// of: once the application holds the one the run's writes gave back,
+	// none is free.
+	for len(releases) < opt.BlockingPoolSize {
+		take()
+	}
+	redistest.WantPoolFull(t, c, keys.LockKey(live, cluster), free)
 }
 
 // TestProductionLostPublishReply loses the publish script's reply after the

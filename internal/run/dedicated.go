@@ -1,6 +1,10 @@
 package run
 
-import "github.com/redis/rueidis"
+import (
+	"context"
+
+	"github.com/redis/rueidis"
+)
 
 // Dedicated is a connection of a client's blocking pool, the function that
 // gives it back, and the error of its first command.
@@ -21,11 +25,18 @@ type Dedicated struct {
 // of its own, so that a run can give up on it rather than hang, and not
 // take the wait for a slow server. The caller either receives from the
 // channel, or calls Abandon on it.
-func Acquire(c rueidis.Client, first func(rueidis.DedicatedClient) error) <-chan Dedicated {
+//
+// first gets a context that is never done, and must send under it (or one
+// derived from it without a cancel or a deadline): a cluster client whose
+// wait for its pool is cut short hands out a dead connection that the pool
+// does not count, and counts it as given back when it is, so that the pool
+// then holds one more connection than its size. A command that the server
+// does not answer is ended by rueidis's own timeouts (ConnWriteTimeout).
+func Acquire(c rueidis.Client, first func(ctx context.Context, dc rueidis.DedicatedClient) error) <-chan Dedicated {
 	got := make(chan Dedicated, 1)
 	go func() {
 		dc, release := c.Dedicate()
-		got <- Dedicated{dc, release, first(dc)}
+		got <- Dedicated{dc, release, first(context.Background(), dc)}
 	}()
 	return got
 }

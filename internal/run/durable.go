@@ -43,52 +43,54 @@ func (d Durability) none() bool { return d.Replicas == 0 && !d.needsWaitAOF() }
 // can give what d asks: WAITAOF exists only from Redis 7.2, and local AOF
 // fsyncs need appendonly yes. It returns an error saying what is missing.
 func (r *Redis) CheckDurable(ctx context.Context, op, key string, lock string, d Durability) error {
-	// rueidis sends WAIT and WAITAOF, blocking commands, on a connection of
-	// the client's blocking pool: bounded like the wait itself, should the
-	// application keep the pool in use.
-	probe, cancel := context.WithTimeoutCause(ctx, d.Timeout, errNoConnection)
-	defer cancel()
-	starved := func(cmd string) error {
-		if !errors.Is(context.Cause(probe), errNoConnection) {
-			return nil
-		}
-		return &Error{Op: op, Key: key, Err: fmt.Errorf("%w: %s did not answer within %v, perhaps as %w", ErrNotDurable, cmd, d.Timeout, errNoConnection)}
-	}
-	if d.Replicas > 0 && !d.needsWaitAOF() {
-		// WAIT 0 returns at once: it only asks whether this user may run it.
-		err := r.client.Do(probe, r.client.B().Wait().Numreplicas(0).Timeout(1).Build()).Error()
-		if serr := starved("WAIT"); serr != nil {
-			return serr
-		}
-		if perr := Refused(err); perr != nil {
-			return &Error{Op: op, Key: key, Err: fmt.Errorf("Durability asks for replicas, which needs WAIT: %w", perr)}
-		}
-		if err != nil {
-			return Fail(ctx, op, key, fmt.Errorf("WAIT: %w", err))
-		}
-	}
-	if !d.needsWaitAOF() {
+	if d.none() {
 		return nil
 	}
-	err := r.client.Do(probe, r.client.B().Waitaof().Numlocal(0).Numreplicas(0).Timeout(1).Build()).Error()
-	if serr := starved("WAITAOF"); serr != nil {
-		return serr
-	}
-	if perr := Refused(err); perr != nil {
-		return &Error{Op: op, Key: key, Err: fmt.Errorf("Durability asks for AOF fsyncs, which needs WAITAOF: %w", perr)}
-	}
-	if rerr, ok := rueidis.IsRedisErr(err); ok && strings.Contains(strings.ToLower(rerr.Error()), "unknown command") {
-		return &Error{Op: op, Key: key, Err: fmt.Errorf("%w: Durability asks for AOF fsyncs, which need WAITAOF (Redis 7.2 or later), and this server does not have it: %w", ErrNotDurable, err)}
-	}
-	if err != nil {
-		return Fail(ctx, op, key, fmt.Errorf("WAITAOF: %w", err))
-	}
-	return r.waitOn(ctx, op, key, lock, d.Timeout, func(c rueidis.DedicatedClient) error {
+	// WAIT and WAITAOF, blocking commands, need a connection of the
+	// client's blocking pool: taken as the wait's is (see waitOn), and
+	// answered within the timeout, should the application keep the pool
+	// in use or the server not answer.
+	return r.waitOn(ctx, op, key, lock, d.Timeout, false, func(probe context.Context, c rueidis.DedicatedClient) error {
+		late := func(cmd string, err error) error {
+			if errors.Is(context.Cause(probe), errNoConnection) {
+				return &Error{Op: op, Key: key, Err: fmt.Errorf("%w: %s did not answer within %v", ErrNotDurable, cmd, d.Timeout)}
+			}
+			return fmt.Errorf("%s: %w", cmd, err)
+		}
+		if d.Replicas > 0 && !d.needsWaitAOF() {
+			// WAIT 0 returns at once: it only asks whether this user may
+			// run it.
+			err := c.Do(probe, c.B().Wait().Numreplicas(0).Timeout(1).Build()).Error()
+			if perr := Refused(err); perr != nil {
+				return &Error{Op: op, Key: key, Err: fmt.Errorf("Durability asks for replicas, which needs WAIT: %w", perr)}
+			}
+			if err != nil {
+				return late("WAIT", err)
+			}
+		}
+		if !d.needsWaitAOF() {
+			return nil
+		}
+		err := c.Do(probe, c.B().Waitaof().Numlocal(0).Numreplicas(0).Timeout(1).Build()).Error()
+		if perr := Refused(err); perr != nil {
+			return &Error{Op: op, Key: key, Err: fmt.Errorf("Durability asks for AOF fsyncs, which needs WAITAOF: %w", perr)}
+		}
+		if rerr, ok := rueidis.IsRedisErr(err); ok && strings.Contains(strings.ToLower(rerr.Error()), "unknown command") {
+			return &Error{Op: op, Key: key, Err: fmt.Errorf("%w: Durability asks for AOF fsyncs, which need WAITAOF (Redis 7.2 or later), and this server does not have it: %w", ErrNotDurable, err)}
+		}
+		if err != nil {
+			return late("WAITAOF", err)
+		}
 		if !d.LocalAOF {
 			return nil
 		}
-		// WAITAOF 1 0 fails at once when appendonly is off.
-		return c.Do(ctx, c.B().Waitaof().Numlocal(1).Numreplicas(0).Timeout(1).Build()).Error()
+		// WAITAOF 1 0 fails at once when appendonly is off; after a write,
+		// so that it has one to wait for.
+		record := keys.RecordKey(lock)
+		if err := c.Do(probe, c.B().Hincrby().Key(record).Field("waits").Increment(1).Build()).Error(); err != nil {
+			return late("HINCRBY "+record, err)
+		}
+		return c.Do(probe, c.B().Waitaof().Numlocal(1).Numreplicas(0).Timeout(1).Build()).Error()
 	})
 }
 
@@ -103,7 +105,9 @@ func (r *Redis) Wait(ctx context.Context, op, key, lock string, d Durability) er
 		return nil
 	}
 	ms := d.Timeout.Milliseconds()
-	return r.waitOn(ctx, op, key, lock, d.Timeout, func(c rueidis.DedicatedClient) error {
+	// The waits have a timeout of their own, the same: under ctx, a reply
+	// that comes just after it is not cut off.
+	return r.waitOn(ctx, op, key, lock, d.Timeout, true, func(_ context.Context, c rueidis.DedicatedClient) error {
 		if d.Replicas > 0 {
 			n, err := c.Do(ctx, c.B().Wait().Numreplicas(int64(d.Replicas)).Timeout(ms).Build()).AsInt64()
 			if err != nil {
@@ -131,38 +135,56 @@ func (r *Redis) Wait(ctx context.Context, op, key, lock string, d Durability) er
 }
 
 // waitOn runs wait on a dedicated connection to the master of lock, after a
-// write to the run's record on it. The connection must come within within,
-// as the wait itself must: the lease is not renewed meanwhile.
-func (r *Redis) waitOn(ctx context.Context, op, key, lock string, within time.Duration, wait func(rueidis.DedicatedClient) error) error {
+// write to the run's record on it when write is set, with a context that
+// ends within after waitOn started. The connection must come by then, as
+// the wait itself must end: the lease is not renewed meanwhile.
+//
+// The connection's first command, an EXISTS of the record, binds a
+// cluster connection to the master of lock: a cluster client takes the
+// connection from the pool for it. It is not cut short when the connection
+// does not come in time (see Acquire): the run gives up on it, and it is
+// given back once it comes. So it only reads; the write that the wait
+// counts from comes once the connection is there.
+func (r *Redis) waitOn(ctx context.Context, op, key, lock string, within time.Duration, write bool, wait func(bounded context.Context, c rueidis.DedicatedClient) error) error {
 	record := keys.RecordKey(lock)
 	actx, cancel := context.WithTimeoutCause(ctx, within, errNoConnection)
 	defer cancel()
-	// The record's write is the connection's first command: a cluster
-	// client takes the connection from the pool for it.
-	got := Acquire(r.client, func(c rueidis.DedicatedClient) error {
-		return c.Do(actx, c.B().Hincrby().Key(record).Field("waits").Increment(1).Build()).Error()
+	got := Acquire(r.client, func(never context.Context, c rueidis.DedicatedClient) error {
+		return c.Do(never, c.B().Exists().Key(record).Build()).Error()
 	})
-	starved := func() error {
-		return &Error{Op: op, Key: key, Err: fmt.Errorf("%w: %w within %v", ErrNotDurable, errNoConnection, within)}
-	}
 	var d Dedicated
 	select {
 	case d = <-got:
 	case <-actx.Done():
 		Abandon(got)
 		if errors.Is(context.Cause(actx), errNoConnection) {
-			return starved()
+			return &Error{Op: op, Key: key, Err: fmt.Errorf("%w: %w within %v", ErrNotDurable, errNoConnection, within)}
 		}
 		return Fail(ctx, op, key, ctx.Err())
 	}
 	defer d.Release()
 	if d.Err != nil {
-		if errors.Is(context.Cause(actx), errNoConnection) {
-			return starved()
-		}
-		return Fail(ctx, op, key, fmt.Errorf("HINCRBY %s: %w", record, d.Err))
+		return Fail(ctx, op, key, fmt.Errorf("EXISTS %s: %w", record, d.Err))
 	}
-	if err := wait(d.Client); err != nil {
+	late := func(cmd string) error {
+		if errors.Is(context.Cause(actx), errNoConnection) {
+			return &Error{Op: op, Key: key, Err: fmt.Errorf("%w: %s did not answer within %v", ErrNotDurable, cmd, within)}
+		}
+		return nil
+	}
+	if write {
+		if err := d.Client.Do(actx, d.Client.B().Hincrby().Key(record).Field("waits").Increment(1).Build()).Error(); err != nil {
+			if lerr := late("HINCRBY " + record); lerr != nil {
+				return lerr
+			}
+			return Fail(ctx, op, key, fmt.Errorf("HINCRBY %s: %w", record, err))
+		}
+	}
+	if err := wait(actx, d.Client); err != nil {
+		var kerr *Error
+		if errors.As(err, &kerr) {
+			return err
+		}
 		return Fail(ctx, op, key, err)
 	}
 	return nil
