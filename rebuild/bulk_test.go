@@ -71,32 +71,50 @@ func (d *connDialer) count() int {
 
 // writeCounts counts the run's transactions (the DoMultis that start with
 // MULTI) by the connection they went on: a dedicated one of their own, or
-// the client's shared ones.
-type writeCounts struct{ own, shared atomic.Int64 }
+// the client's shared ones. served counts those of own that no server
+// redirected (MOVED, ASK).
+type writeCounts struct{ own, shared, served atomic.Int64 }
 
 // recordWrites wraps c so that w counts the transactions sent through it.
 func recordWrites(c rueidis.Client) (rueidis.Client, *writeCounts) {
 	w := &writeCounts{}
 	return rueidishook.WithHook(c, redistest.Hook{OnDoMulti: func(c rueidis.Client, ctx context.Context, multi ...rueidis.Completed) []rueidis.RedisResult {
-		if len(multi) > 0 && multi[0].Commands()[0] == "MULTI" {
-			// rueidishook hands a dedicated connection's calls over as a
-			// client that also has the methods of a DedicatedClient.
-			if _, own := c.(interface {
-				SetPubSubHooks(rueidis.PubSubHooks) <-chan error
-			}); own {
-				w.own.Add(1)
-			} else {
-				w.shared.Add(1)
-			}
+		if len(multi) == 0 || multi[0].Commands()[0] != "MULTI" {
+			return c.DoMulti(ctx, multi...)
 		}
-		return c.DoMulti(ctx, multi...)
+		// rueidishook hands a dedicated connection's calls over as a
+		// client that also has the methods of a DedicatedClient.
+		if _, own := c.(interface {
+			SetPubSubHooks(rueidis.PubSubHooks) <-chan error
+		}); !own {
+			w.shared.Add(1)
+			return c.DoMulti(ctx, multi...)
+		}
+		w.own.Add(1)
+		res := c.DoMulti(ctx, multi...)
+		if !slices.ContainsFunc(res, redirected) {
+			w.served.Add(1)
+		}
+		return res
 	}}), w
+}
+
+// redirected reports whether r is a cluster's redirection, MOVED or ASK.
+func redirected(r rueidis.RedisResult) bool {
+	e, ok := rueidis.IsRedisErr(r.Error())
+	if !ok {
+		return false
+	}
+	_, moved := e.IsMoved()
+	_, ask := e.IsAsk()
+	return moved || ask
 }
 
 // isolationClient returns a client of d (a server or a cluster) whose every
 // connection goes through a proxy of its own, wrapped to count the run's
-// transactions, with its blocking pool of size pool (0: the default).
-func isolationClient(t *testing.T, addrs []string, cluster bool, pool int) (rueidis.Client, *connDialer, *writeCounts) {
+// transactions, with its blocking pool of size pool (0: the default); tune,
+// if given, changes its options further.
+func isolationClient(t *testing.T, addrs []string, cluster bool, pool int, tune ...func(*rueidis.ClientOption)) (rueidis.Client, *connDialer, *writeCounts) {
 	t.Helper()
 	d := &connDialer{}
 	t.Cleanup(d.close)
@@ -104,8 +122,12 @@ func isolationClient(t *testing.T, addrs []string, cluster bool, pool int) (ruei
 	// ConnWriteTimeout (10 s by default), and sends a GET again on a new
 	// one: long enough here that a command behind a stalled connection
 	// waits for it, rather than past it.
-	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: addrs, ForceSingleClient: !cluster, DisableCache: true,
-		BlockingPoolSize: pool, DialCtxFn: d.dial, ConnWriteTimeout: 2 * time.Minute})
+	opt := rueidis.ClientOption{InitAddress: addrs, ForceSingleClient: !cluster, DisableCache: true,
+		BlockingPoolSize: pool, DialCtxFn: d.dial, ConnWriteTimeout: 2 * time.Minute}
+	for _, f := range tune {
+		f(&opt)
+	}
+	c, err := rueidis.NewClient(opt)
 	if err != nil {
 		t.Fatalf("connect: %v", err)
 	}
@@ -189,7 +211,7 @@ func TestWritesApartFromTheApplication(t *testing.T) {
 // application frees the connection they take it (logged at the Info level)
 // and go on it alone. The run publishes every item it pulled, exactly,
 // leaves nothing behind, and gives the connection back: the application
-// has it again at once.
+// has it again at once, and the pool still counts one connection.
 func TestWritesWhilePoolBusy(t *testing.T) {
 	t.Parallel()
 	onOwnDeployments(t, func(t *testing.T, addrs []string, cluster bool, admin rueidis.Client) {
@@ -240,13 +262,24 @@ func TestWritesWhilePoolBusy(t *testing.T) {
 		}
 		wantEndless(t, admin, key, yielded.Load())
 		redistest.WantClean(t, admin, "{busy}:by-email")
-		// The run gave its connection back to the pool of one.
-		ctx, cancel := context.WithTimeout(t.Context(), hangDeadline)
-		defer cancel()
-		again, back := c.Dedicate()
-		defer back()
-		if err := again.Do(ctx, again.B().Get().Key(keys.LockKey(key, cluster)).Build()).Error(); err != nil && !rueidis.IsRedisNil(err) {
-			t.Fatalf("the application's blocking pool after the run: %v (did the run keep its connection?)", err)
+		// The run gave its connection back to the pool of one: the
+		// application has it at once, and then no other comes. A
+		// standalone client waits for it in Dedicate, without a context.
+		lock := keys.LockKey(key, cluster)
+		got := make(chan func(), 1)
+		go func() {
+			again, back := c.Dedicate()
+			// Not cancellable: see redistest.WantPoolFull.
+			if err := again.Do(context.Background(), again.B().Get().Key(lock).Build()).Error(); err != nil && !rueidis.IsRedisNil(err) {
+				t.Errorf("GET on the connection the run gave back: %v", err)
+			}
+			got <- back
+		}()
+		select {
+		case back := <-got:
+			redistest.WantPoolFull(t, c, lock, back)
+		case <-time.After(hangDeadline):
+			t.Fatal("the application's blocking pool gave it no connection after the run: the run kept its own")
 		}
 	})
 }
@@ -255,66 +288,242 @@ func TestWritesWhilePoolBusy(t *testing.T) {
 // they go on is cut. The run notices that its own connection closed
 // (logged at the Info level), and its next write takes a new dedicated
 // connection, not the client's shared ones: the run goes on, publishes
-// every item, exactly, and leaves nothing behind.
+// every item, exactly, and leaves nothing behind. So it does
+//   - on RESP3, where rueidis reads the connection between writes and the
+//     run sees the cut before its next write;
+//   - on RESP2 (ClientOption.AlwaysRESP2), where nothing reads a connection
+//     between commands and the next write finds the cut itself, before it
+//     sends anything: the run's connection is then one server connection,
+//     not two;
+//   - with a blocking pool of one connection (BlockingPoolSize 1), which the
+//     cut one fills until it is given back.
 //
-// Before it noticed, the next write went on the broken connection and
-// failed the run.
+// Before, on RESP2 the next write went on the broken connection and failed
+// the run; with a pool of one the new connection was asked for before the
+// broken one was given back, so the pool gave none until the wait for it
+// had passed, and the writes went on the shared connections with a warning.
 func TestWritesAfterCut(t *testing.T) {
 	t.Parallel()
-	onOwnDeployments(t, func(t *testing.T, addrs []string, cluster bool, admin rueidis.Client) {
-		c, d, w := isolationClient(t, addrs, cluster, 0)
-		key := "{cut}:by-email"
-		rec := newLogRecorder()
-		var written atomic.Int64
-		more := make(chan struct{})
-		src := func(ctx context.Context) iter.Seq2[user, error] {
-			return func(yield func(user, error) bool) {
-				for i := range 600 {
-					if i == 300 {
-						select {
-						case <-more:
-						case <-ctx.Done():
-							return
+	for _, tc := range []struct {
+		name  string
+		pool  int
+		resp2 bool
+	}{
+		{name: "resp3"},
+		{name: "resp2", resp2: true},
+		{name: "pool of one", pool: 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			onOwnDeployments(t, func(t *testing.T, addrs []string, cluster bool, admin rueidis.Client) {
+				c, d, w := isolationClient(t, addrs, cluster, tc.pool, func(o *rueidis.ClientOption) { o.AlwaysRESP2 = tc.resp2 })
+				key := "{cut}:by-email"
+				rec := newLogRecorder()
+				var written atomic.Int64
+				more := make(chan struct{})
+				src := func(ctx context.Context) iter.Seq2[user, error] {
+					return func(yield func(user, error) bool) {
+						for i := range 600 {
+							if i == 300 {
+								select {
+								case <-more:
+								case <-ctx.Done():
+									return
+								}
+							}
+							if !yield(user{ID: fmt.Sprintf("u%08d", i), Email: fmt.Sprintf("user%08d@example.com", i)}, nil) {
+								return
+							}
 						}
 					}
-					if !yield(user{ID: fmt.Sprintf("u%08d", i), Email: fmt.Sprintf("user%08d@example.com", i)}, nil) {
+				}
+				r := redistest.Rebuilder(t, c, rebuild.Options{BatchSize: 100, Logger: slog.New(rec),
+					Progress: func(p rebuild.Progress) { written.Store(p.Items) }}, userHash(key))
+				done := make(chan error, 1)
+				go func() {
+					_, err := r.Run(redistest.Ctx(t), src)
+					done <- err
+				}()
+				waitFor(t, "the first 300 items written", func() bool { return written.Load() == 300 })
+
+				dialed := d.count()
+				d.busiest().CutAll()
+				closed := func() bool {
+					return len(rec.matching("keyswap: the connection of the run's writes closed", "key="+key)) > 0
+				}
+				if !tc.resp2 {
+					waitFor(t, "the run noticing that its connection closed", closed)
+				}
+				close(more)
+				select {
+				case err := <-done:
+					if err != nil {
+						t.Fatalf("Run: %v", err)
+					}
+				case <-time.After(time.Minute):
+					t.Fatal("Run did not return within a minute")
+				}
+				if !closed() {
+					t.Error("the run did not log that its connection closed")
+				}
+				if n := w.shared.Load(); n != 0 {
+					t.Errorf("%d of the run's transactions went on the client's shared connections, want none (%d on connections of their own)", n, w.own.Load())
+				}
+				if d.count() == dialed {
+					t.Error("no connection was dialed after the cut")
+				}
+				wantEndless(t, admin, key, 600)
+				redistest.WantClean(t, admin, "{cut}:by-email")
+			})
+		})
+	}
+}
+
+// TestWritesAfterSlotMoved (C80): on a cluster, while a run waits for its
+// source, the hash slot of its keys moves to another master with every key
+// in it (IMPORTING, MIGRATING, MIGRATE, SETSLOT NODE, as a resharding does).
+// The run's connection still goes to the old master, which answers its
+// next write with MOVED, so that none of the write's transactions runs:
+// the run sends them again on the client's shared connections, which
+// follow the slot, logs it at the Info level, and takes a connection to
+// the new master for the writes after. It publishes every item, exactly,
+// on the new master, and leaves nothing behind.
+//
+// Before, the write failed with MOVED and EXECABORT, and so did the run.
+func TestWritesAfterSlotMoved(t *testing.T) {
+	t.Parallel()
+	cl := redistest.OwnCluster(t, 3)
+	admin := cl.Client(t)
+	c, _, w := isolationClient(t, cl.Addrs, true, 0)
+	key := "{moved}:by-email"
+	rec := newLogRecorder()
+	var written, yielded atomic.Int64
+	more, stop := make(chan struct{}), make(chan struct{})
+	src := func(ctx context.Context) iter.Seq2[user, error] {
+		return func(yield func(user, error) bool) {
+			for i := 0; ; i++ {
+				if i == 300 {
+					select {
+					case <-more:
+					case <-ctx.Done():
 						return
 					}
 				}
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if !yield(user{ID: fmt.Sprintf("u%08d", i), Email: fmt.Sprintf("user%08d@example.com", i)}, nil) {
+					return
+				}
+				yielded.Add(1)
 			}
 		}
-		r := redistest.Rebuilder(t, c, rebuild.Options{BatchSize: 100, Logger: slog.New(rec),
-			Progress: func(p rebuild.Progress) { written.Store(p.Items) }}, userHash(key))
-		done := make(chan error, 1)
-		go func() {
-			_, err := r.Run(redistest.Ctx(t), src)
-			done <- err
-		}()
-		waitFor(t, "the first 300 items written", func() bool { return written.Load() == 300 })
+	}
+	r := redistest.Rebuilder(t, c, rebuild.Options{BatchSize: 100, Logger: slog.New(rec),
+		Progress: func(p rebuild.Progress) { written.Store(p.Items) }}, userHash(key))
+	done := make(chan error, 1)
+	go func() {
+		_, err := r.Run(redistest.Ctx(t), src)
+		done <- err
+	}()
+	waitFor(t, "the first 300 items written", func() bool { return written.Load() == 300 })
+	if n := w.served.Load(); n == 0 {
+		t.Fatal("no write went on a connection of the run's own before the move")
+	}
 
-		dialed := d.count()
-		d.busiest().CutAll()
-		waitFor(t, "the run noticing that its connection closed", func() bool {
-			return len(rec.matching("keyswap: the connection of the run's writes closed", "key="+key)) > 0
-		})
-		close(more)
+	from := cl.NodeFor(t, key)
+	to := cl.Nodes[0]
+	if to == from {
+		to = cl.Nodes[1]
+	}
+	cl.MoveSlot(t, cl.KeySlot(t, key), to)
+	served := w.served.Load()
+	close(more)
+	waitFor(t, "writes on a connection of the run's own to the new master", func() bool {
 		select {
 		case err := <-done:
-			if err != nil {
-				t.Fatalf("Run: %v", err)
-			}
-		case <-time.After(time.Minute):
-			t.Fatal("Run did not return within a minute")
+			t.Fatalf("Run returned before the test ended its source: %v", err)
+		default:
 		}
-		if n := w.shared.Load(); n != 0 {
-			t.Errorf("%d of the run's transactions went on the client's shared connections, want none (%d on connections of their own)", n, w.own.Load())
-		}
-		if d.count() == dialed {
-			t.Error("no connection was dialed after the cut")
-		}
-		wantEndless(t, admin, key, 600)
-		redistest.WantClean(t, admin, "{cut}:by-email")
+		return w.served.Load() >= served+3
 	})
+	close(stop)
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("Run did not return within a minute")
+	}
+	if len(rec.matching("keyswap: the hash slot of the run's writes moved", "key="+key)) == 0 {
+		t.Error("the run did not log that its slot moved")
+	}
+	if got := cl.NodeFor(t, key); got != to {
+		t.Fatalf("slot of %s served by %s, want %s", key, got.Addr, to.Addr)
+	}
+	wantEndless(t, admin, key, yielded.Load())
+	redistest.WantClean(t, admin, "{moved}:by-email")
+}
+
+// TestWritesEndWhileAsking (C80): the application holds the only
+// connection of the client's blocking pool (BlockingPoolSize 1) for a whole
+// run, which asks for one for its writes and, with a LatencyBudget, one for
+// its probes, and never gets them. The run ends while they are asked for:
+// it returns, exactly published, and the pool still counts one connection.
+// While the application holds it, no one gets another; once it gives it
+// back, the asks the run left get it and give it back, and the application
+// has it again.
+//
+// Before, on a cluster, the end of the run cancelled the asks, and rueidis
+// counts a wait for its pool that is cancelled as a connection given back:
+// the pool had room for one more connection after each such run.
+func TestWritesEndWhileAsking(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		budget time.Duration
+	}{
+		{name: "unthrottled"},
+		{name: "latency budget", budget: 50 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			onOwnDeployments(t, func(t *testing.T, addrs []string, cluster bool, admin rueidis.Client) {
+				c, _, w := isolationClient(t, addrs, cluster, 1)
+				key := "{asking}:by-email"
+				lock := keys.LockKey(key, cluster)
+				held, release := c.Dedicate()
+				var once sync.Once
+				free := func() { once.Do(release) }
+				t.Cleanup(free)
+				// A cluster client takes the connection on its first command, from
+				// the pool of the server of its key.
+				if err := held.Do(t.Context(), held.B().Get().Key(lock).Build()).Error(); err != nil && !rueidis.IsRedisNil(err) {
+					t.Fatalf("GET on the held connection: %v", err)
+				}
+
+				rec := newLogRecorder()
+				finish, yielded := endlessRun(t, c, key, rebuild.Options{BatchSize: 100, LatencyBudget: tc.budget, Logger: slog.New(rec)})
+				defer finish()
+				waitFor(t, "the run writing on the shared connections", func() bool { return w.shared.Load() >= 3 })
+				if tc.budget > 0 {
+					waitFor(t, "the warning that no connection is free for the probes", func() bool {
+						return len(rec.matching("keyswap: no connection is free for the latency probes", "key="+key)) > 0
+					})
+				}
+				if err := finishWithin(t, finish); err != nil {
+					t.Fatalf("Run: %v", err)
+				}
+				wantEndless(t, admin, key, yielded.Load())
+				redistest.WantClean(t, admin, "{asking}:by-email")
+
+				redistest.WantPoolFull(t, c, lock, free)
+			})
+		})
+	}
 }
 
 // appUser is a user that no endless source yields, which the application

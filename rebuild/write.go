@@ -20,7 +20,9 @@ const bulkWait = time.Second
 // round trips on the way to Redis and back. It asks for them at once. While
 // the client's blocking pool gives none (or the one it gave fails), the
 // writes go on the shared connections, and the run warns once, then logs
-// at the Info level when they have one again.
+// at the Info level when they have one again. A connection that closes, or
+// whose server no longer serves the run's slot, is replaced, and logged at
+// the Info level.
 func (x *execution[T]) newBulk() *run.Bulk {
 	r := x.r
 	b := run.NewBulk(r.redis.Client(), bulkWait, run.BulkEvents{
@@ -37,7 +39,10 @@ func (x *execution[T]) newBulk() *run.Bulk {
 			r.opts.Logger.Info("keyswap: the run's writes have a connection of their own again", "key", r.key)
 		},
 		Lost: func(err error) {
-			r.opts.Logger.Info("keyswap: the connection of the run's writes closed; the next write takes a new one", "key", r.key, "error", err)
+			r.opts.Logger.Info("keyswap: the connection of the run's writes closed between two writes; they go on a new one", "key", r.key, "error", err)
+		},
+		Moved: func(err error) {
+			r.opts.Logger.Info("keyswap: the hash slot of the run's writes moved to another server; the redirected write went on the client's shared connections, and the next write takes a connection to that server", "key", r.key, "error", err)
 		},
 	})
 	b.Ask(x.record)
@@ -109,14 +114,13 @@ func (x *execution[T]) write(ctx context.Context, txns []*txn) error {
 		}
 	}
 
-	// Every key of the DoMulti is in the slot of the run's record.
-	c := x.bulk.For(ctx, x.record)
 	// The writes are not cancelled with the run: once sent they will run,
 	// and the cleanup must come after them. A write that outlives the lease
-	// is bounded by it.
+	// is bounded by it. Every key of the DoMulti is in the slot of the
+	// run's record.
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.opts.TTL)
 	defer cancel()
-	res := c.DoMulti(wctx, cmds...)
+	res := x.bulk.DoMulti(ctx, wctx, x.record, cmds...)
 	if beat {
 		x.lease.settle(wctx, sent, h, &res[len(res)-1])
 	}

@@ -2,6 +2,8 @@ package run
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"sync"
 	"time"
 
@@ -29,17 +31,43 @@ import (
 // server does not answer), or the one asked for fails, the writes go on the
 // client's shared connections, as they would without a Bulk, and the
 // warning given to NewBulk is called once; each later write takes the
-// connection as soon as it has come. A connection that closes (cut, killed
-// by the server) is given back, and the next write asks for a new one.
-// Only a write in flight when its connection breaks fails: its outcome is
-// unknown, so it is never sent again.
+// connection as soon as it has come.
+//
+// A connection that closes (cut, killed by the server) between two writes
+// is given back, before a new one is asked for, so that a pool at its limit
+// has room for it; the next write takes the new one. On RESP3 rueidis reads
+// the connection between commands (the Bulk sets a pub/sub hook that makes
+// it do so) and tells when it closes. On RESP2 a hook would open a second
+// connection, and that one's fate says nothing of the first, so a write
+// that finds the connection idle first sends a PING on it: a connection
+// that fails it is replaced before the write is sent. Only a write in
+// flight when its connection breaks fails: its outcome is unknown, so it is
+// never sent again.
 //
 // A route is a key of the DoMulti: every key of a DoMulti must be in the
 // route's hash slot. On a cluster a dedicated connection is bound to the
-// slot of its first command, so there is one connection per slot written;
-// a run writes one slot today. A run that writes many slots would key its
-// connections by the master that serves them instead (one per node, from
-// the client's Nodes), which only For's lookup need change.
+// master that served the slot of its first command when it was taken, and
+// rueidis does not follow a slot that moves (resharding, a failover that
+// keeps the old master up as a replica): that master answers MOVED once
+// the slot is another's, or ASK for a key it has already handed over while
+// the slot moves, and runs none of a transaction that has such a command.
+// The Bulk sends those transactions, and what follows them, again on the
+// client's shared connections, which follow redirections. After a MOVED,
+// the next write takes a new connection, once the client has learnt where
+// the slot is; after an ASK the master still serves the slot and the keys
+// it holds, so the connection stays. There is one connection per slot
+// written; a run writes one slot today. A run that writes many slots would
+// key its connections by the master that serves them instead (one per
+// node, from the client's Nodes), which only the lookup of a route's
+// connection need change.
+//
+// rueidis gives no way to stop waiting for its blocking pool: a standalone
+// or Sentinel client waits in Dedicate, without a context, and a cluster
+// client in a connection's first command, where a cancelled wait is
+// counted as a connection given back that was never taken (the pool then
+// has room for one more connection than its size). So a connection asked
+// for is never given up on: one that comes after [Bulk.Close] is given back
+// at once, by a goroutine that may outlive the run.
 //
 // A Bulk is safe for concurrent use: two round trips may use one connection
 // at once.
@@ -48,28 +76,38 @@ type Bulk struct {
 	cluster bool
 	wait    time.Duration
 	events  BulkEvents
+	stop    chan struct{} // closed by Close: ends an ask's pause
 
 	mu     sync.Mutex
 	conns  map[uint16]*bulkConn
-	warned bool // warn was called, and back was not since
+	warned bool // Shared was called, and Own was not since
 	closed bool
 }
 
 // bulkConn is one dedicated connection, asked for or held.
 type bulkConn struct {
-	asked  time.Time
-	cancel context.CancelFunc // ends the ask's first command
-	ready  chan struct{}      // closed once the ask is answered
+	asked time.Time
+	ready chan struct{} // closed once the ask is answered
 
 	// Set before ready is closed; release is taken by one caller (take).
 	dc      rueidis.DedicatedClient
 	release func()
 	err     error
-	gone    <-chan struct{} // closed when the connection closes
+	gone    <-chan struct{} // closed when the connection closes; nil on RESP2
+
+	// Guarded by the Bulk's mu.
+	redirect error // the last MOVED the ask met, while it asks again
+	broken   error // why the connection cannot carry the writes any more
+	users    int   // writes that hold the connection
+	retired  bool  // out of conns: given back once users is 0
+
+	// check makes a write wait for the PING of another that found the
+	// connection idle (RESP2).
+	check sync.Mutex
 }
 
 // BulkEvents are what a Bulk reports, for logs. Each may be called from any
-// goroutine.
+// goroutine, never with a lock of the Bulk held.
 type BulkEvents struct {
 	// Shared is called when a write goes on the client's shared
 	// connections, after it waited for its own for waited; err is what
@@ -81,14 +119,27 @@ type BulkEvents struct {
 	// Lost is called when a connection closes while it is held, with the
 	// reason: the next write asks for a new one.
 	Lost func(err error)
+	// Moved is called when a connection's master answers a write with
+	// MOVED, with that reply: the slot is another master's now. The
+	// redirected transactions went on the shared connections, and the
+	// next write asks for a new connection.
+	Moved func(err error)
 }
+
+// Pauses between two asks of a cluster connection whose first command was
+// answered MOVED: rueidis refreshes its slot map in the background, within
+// a second of a redirection on a cluster of under 100 nodes.
+const (
+	redirectPause    = 10 * time.Millisecond
+	redirectPauseMax = 200 * time.Millisecond
+)
 
 // NewBulk returns a Bulk of client's connections. A write waits at most
 // wait, from when its route's connection was asked for, before it goes on
 // the shared connections.
 func NewBulk(client rueidis.Client, wait time.Duration, events BulkEvents) *Bulk {
 	return &Bulk{client: client, cluster: client.Mode() == rueidis.ClientModeCluster, wait: wait,
-		events: events, conns: map[uint16]*bulkConn{}}
+		events: events, stop: make(chan struct{}), conns: map[uint16]*bulkConn{}}
 }
 
 // Ask asks for route's connection, if none is held or asked for, without
@@ -101,32 +152,133 @@ func (b *Bulk) Ask(route string) {
 	}
 }
 
-// For returns where to send a DoMulti whose keys are all in route's slot:
-// route's dedicated connection, or the client itself while none is ready
-// (see Bulk). It waits for the connection, at most until ctx is done or
-// the wait given to NewBulk has passed since it was asked for.
-func (b *Bulk) For(ctx context.Context, route string) rueidis.CoreClient {
-	slot := b.slot(route)
-	var gone func()
-	defer func() {
-		if gone != nil {
-			gone() // not under b.mu: it may send commands
+// DoMulti sends cmds, whose keys must all be in route's hash slot, in one
+// round trip, under send: on route's connection, or on the client's shared
+// connections while none is ready (see Bulk). It waits for the connection
+// at most until ctx is done or the wait given to NewBulk has passed since
+// it was asked for. On a cluster, what the connection's server redirected
+// without running it is sent again on the shared connections, and its
+// replies are theirs.
+func (b *Bulk) DoMulti(ctx, send context.Context, route string, cmds ...rueidis.Completed) []rueidis.RedisResult {
+	if b.cluster {
+		// A redirected transaction is sent again: rueidis must not
+		// recycle the commands once they are sent.
+		for i := range cmds {
+			cmds[i] = cmds[i].Pin()
 		}
-	}()
+	}
+	c := b.hold(ctx, send, route)
+	if c == nil {
+		return b.client.DoMulti(send, cmds...)
+	}
+	res := c.dc.DoMulti(send, cmds...)
+	from, redirect := -1, error(nil)
+	if b.cluster {
+		from, redirect = redirected(cmds, res)
+	}
+	if !isMoved(redirect) {
+		// ASK: the master still serves the slot, which it is moving
+		// away, and the keys it still holds.
+		redirect = nil
+	}
+	b.unhold(c, redirect)
+	if from >= 0 {
+		copy(res[from:], b.client.DoMulti(send, cmds[from:]...))
+	}
+	return res
+}
+
+// hold returns route's connection, held for a write, once it is ready and
+// checked (see connection and checked), or nil for the client's shared
+// connections.
+func (b *Bulk) hold(ctx, send context.Context, route string) *bulkConn {
+	// A connection that fails its check is replaced; when a second one
+	// fails it too, the write goes on the shared connections.
+	var err error
+	for range 2 {
+		c := b.connection(ctx, route)
+		if c == nil || c.gone != nil {
+			return c
+		}
+		if err = b.checked(send, c); err == nil {
+			return c
+		}
+		b.unhold(c, nil)
+		if err != errRetired {
+			b.events.Lost(err)
+		}
+	}
+	b.mu.Lock()
+	warn := !b.warned
+	b.warned = true
+	b.mu.Unlock()
+	if warn {
+		b.events.Shared(0, err)
+	}
+	return nil
+}
+
+// errRetired is what checked returns for a connection that another write
+// found broken meanwhile.
+var errRetired = errors.New("keyswap: the connection was found broken by another write")
+
+// checked checks a held RESP2 connection, unless another write holds it
+// too: then that one checked it, or is checking it. It returns why the
+// connection cannot carry the write.
+//
+// rueidis reads a RESP2 connection only while a command waits on it, so a
+// cut between two writes would be seen by the second, once sent, and its
+// outcome would be unknown: a PING first makes it known. A write that is
+// sent behind another in flight takes its chance with it.
+func (b *Bulk) checked(ctx context.Context, c *bulkConn) error {
+	c.check.Lock()
+	defer c.check.Unlock()
+	b.mu.Lock()
+	broken, idle := c.broken, c.users == 1
+	b.mu.Unlock()
+	switch {
+	case broken != nil:
+		return errRetired
+	case !idle:
+		return nil
+	}
+	err := c.dc.Do(ctx, c.dc.B().Ping().Build()).Error()
+	if _, ok := rueidis.IsRedisErr(err); err == nil || ok {
+		return nil // the server answered: the connection works
+	}
+	b.mu.Lock()
+	c.broken = err
+	b.mu.Unlock()
+	return err
+}
+
+// connection returns route's connection, held, or nil for the client's
+// shared connections: it waits for the connection at most until ctx is
+// done or the wait given to NewBulk has passed since it was asked for. A
+// connection that closed, or was answered MOVED, is given back, and a
+// failed ask is tried again once per wait.
+func (b *Bulk) connection(ctx context.Context, route string) *bulkConn {
+	slot := b.slot(route)
 	b.mu.Lock()
 	if b.closed {
 		b.mu.Unlock()
-		return b.client
+		return nil
 	}
 	c := b.conns[slot]
-	switch {
-	case c == nil:
-		c = b.ask(route)
-		b.conns[slot] = c
-	case c.answered() && ((c.err != nil && time.Since(c.asked) >= b.wait) || c.closed()):
-		// A failed ask is tried again once per wait; a closed connection
-		// is replaced at once.
-		gone = c.take()
+	if c != nil && c.answered() && (c.closed() || c.broken != nil || c.err != nil && time.Since(c.asked) >= b.wait) {
+		release := b.retire(slot, c)
+		b.mu.Unlock()
+		// Before the next ask: a pool at its limit counts the connection
+		// until it is given back.
+		release()
+		b.mu.Lock()
+		if b.closed {
+			b.mu.Unlock()
+			return nil
+		}
+		c = b.conns[slot] // perhaps asked for by another write meanwhile
+	}
+	if c == nil {
 		c = b.ask(route)
 		b.conns[slot] = c
 	}
@@ -143,37 +295,86 @@ func (b *Bulk) For(ctx context.Context, route string) rueidis.CoreClient {
 	}
 
 	b.mu.Lock()
-	defer b.mu.Unlock()
+	var event func()
 	switch {
-	case c.answered() && c.err == nil && !c.closed():
+	case c.answered() && c.err == nil && c.broken == nil && !c.retired && !c.closed():
+		c.users++
 		if b.warned {
 			b.warned = false
-			b.events.Own()
+			event = b.events.Own
 		}
-		return c.dc
+		b.mu.Unlock()
+		if event != nil {
+			event()
+		}
+		return c
 	case ctx.Err() != nil:
 		// The run is ending: no warning for a wait it cut short.
 	case !b.warned:
 		b.warned = true
-		var err error
+		err := c.redirect
 		if c.answered() {
 			err = c.err
 		}
-		b.events.Shared(time.Since(c.asked), err)
+		waited := time.Since(c.asked)
+		event = func() { b.events.Shared(waited, err) }
 	}
-	return b.client
+	b.mu.Unlock()
+	if event != nil {
+		event()
+	}
+	return nil
+}
+
+// unhold ends a write's hold of c. redirect is the redirection its write
+// met: c is then replaced by the next write.
+func (b *Bulk) unhold(c *bulkConn, redirect error) {
+	b.mu.Lock()
+	c.users--
+	moved := redirect != nil && c.broken == nil
+	if moved {
+		c.broken = redirect
+	}
+	release := func() {}
+	if c.retired && c.users == 0 {
+		release = c.take()
+	}
+	b.mu.Unlock()
+	release()
+	if moved {
+		b.events.Moved(redirect)
+	}
+}
+
+// retire takes c, slot's connection, out of the Bulk, and returns the
+// function that gives it back if no write holds it; else the last write
+// that does gives it back (see unhold). A healthy connection that a write
+// still uses must not go back to the pool. b.mu is held.
+func (b *Bulk) retire(slot uint16, c *bulkConn) func() {
+	if b.conns[slot] == c {
+		delete(b.conns, slot)
+	}
+	c.retired = true
+	if c.users > 0 {
+		return func() {}
+	}
+	return c.take()
 }
 
 // Close gives back every connection held, and each one asked for once it
-// comes. Every DoMulti sent through For must have returned.
+// comes. Every DoMulti must have returned.
 func (b *Bulk) Close() {
 	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return
+	}
 	b.closed = true
+	close(b.stop)
 	var gone []func()
-	for _, c := range b.conns {
-		c.cancel()
+	for slot, c := range b.conns {
 		if c.answered() {
-			gone = append(gone, c.take())
+			gone = append(gone, b.retire(slot, c))
 		}
 	}
 	b.mu.Unlock()
@@ -190,51 +391,109 @@ func (b *Bulk) slot(route string) uint16 {
 	return keys.Slot(route)
 }
 
-// ask asks for a connection for route, in a goroutine of its own: a
-// standalone or Sentinel client waits for a free connection of its pool in
-// Dedicate, without a context; a cluster client in the connection's first
-// command, an EXISTS of route that binds it to route's slot, under a
-// context that Close cancels. b.mu is held.
+// ask asks for a connection for route, in a goroutine of its own that
+// answers c. b.mu is held.
 func (b *Bulk) ask(route string) *bulkConn {
-	ctx, cancel := context.WithCancel(context.Background())
-	c := &bulkConn{asked: time.Now(), cancel: cancel, ready: make(chan struct{})}
-	go func() {
-		defer cancel()
-		dc, release := b.client.Dedicate()
-		err := dc.Do(ctx, dc.B().Exists().Key(route).Build()).Error()
-		var gone <-chan struct{}
-		if err == nil {
-			// A hook makes rueidis read the connection in the background,
-			// and tell when it closes: between two writes, a cut is then
-			// seen before the next one is sent, rather than by it.
-			closing := dc.SetPubSubHooks(rueidis.PubSubHooks{OnMessage: func(rueidis.PubSubMessage) {}})
-			done := make(chan struct{})
-			gone = done
-			go func() {
-				if closing == nil {
-					return // never closed: nothing tells
-				}
-				// The channel gets the error of a connection that breaks,
-				// and is closed without one when the connection is given
-				// back: this goroutine ends with the connection.
-				if err, ok := <-closing; ok && err != nil {
-					b.events.Lost(err)
-				}
-				close(done)
-			}()
-		}
-		b.mu.Lock()
-		c.dc, c.release, c.err, c.gone = dc, release, err, gone
-		close(c.ready)
-		if err != nil || b.closed {
-			release = c.take()
-		} else {
-			release = func() {}
-		}
-		b.mu.Unlock()
-		release()
-	}()
+	c := &bulkConn{asked: time.Now(), ready: make(chan struct{})}
+	go b.answer(c, route)
 	return c
+}
+
+// answer takes a connection for c: from the pool (a standalone or Sentinel
+// client waits for a free one in Dedicate), then an EXISTS of route, which
+// binds a cluster connection to the master of route's slot (a cluster
+// client waits for a free one in this command), and a HELLO, whose reply
+// tells RESP3 from RESP2. Neither wait can be cut short (see Bulk). A
+// connection whose EXISTS is redirected (the client's slot map is out of
+// date) is given back, and taken anew after a pause, until Close.
+func (b *Bulk) answer(c *bulkConn, route string) {
+	var (
+		dc      rueidis.DedicatedClient
+		release func()
+		err     error
+		resp3   bool
+	)
+	for pause := redirectPause; ; pause = min(2*pause, redirectPauseMax) {
+		dc, release = b.client.Dedicate()
+		res := dc.DoMulti(context.Background(), dc.B().Exists().Key(route).Build(), dc.B().Hello().Build())
+		err = res[0].Error()
+		if isAsk(err) {
+			// Bound to the slot's master, which is moving it away: the
+			// keys it still holds are its.
+			err = nil
+		}
+		if err == nil {
+			// A HELLO that fails (before Redis 6.2, or refused by an ACL)
+			// leaves RESP2 as far as the Bulk can tell: the check of
+			// RESP2 works on RESP3 too.
+			hello, herr := res[1].ToMessage()
+			resp3 = herr == nil && hello.IsMap()
+			break
+		}
+		if !isMoved(err) {
+			break
+		}
+		release()
+		release = func() {}
+		b.mu.Lock()
+		c.redirect = err
+		b.mu.Unlock()
+		t := time.NewTimer(pause)
+		select {
+		case <-b.stop:
+		case <-t.C:
+		}
+		t.Stop()
+		if b.isClosed() {
+			break
+		}
+	}
+	var gone <-chan struct{}
+	if err == nil && resp3 {
+		gone = b.watch(dc)
+	}
+	b.mu.Lock()
+	c.dc, c.release, c.err, c.gone = dc, release, err, gone
+	close(c.ready)
+	if err != nil || b.closed {
+		c.retired = true
+		release = c.take()
+	} else {
+		release = func() {}
+	}
+	b.mu.Unlock()
+	release()
+}
+
+// watch returns a channel that is closed when dc's connection closes, and
+// calls Lost when it breaks. A hook makes rueidis read a RESP3 connection
+// in the background, and tell when it closes: between two writes, a cut
+// is then seen before the next one is sent, rather than by it. It returns
+// nil when rueidis cannot tell (see checked).
+func (b *Bulk) watch(dc rueidis.DedicatedClient) <-chan struct{} {
+	closing := dc.SetPubSubHooks(rueidis.PubSubHooks{OnMessage: func(rueidis.PubSubMessage) {}})
+	if closing == nil {
+		return nil
+	}
+	done := make(chan struct{})
+	go func() {
+		// The channel gets the error of a connection that breaks, and is
+		// closed without one when the connection is given back: this
+		// goroutine ends with the connection.
+		err, ok := <-closing
+		close(done) // first: the next write must not take it
+		if ok && err != nil {
+			b.events.Lost(err)
+		}
+	}()
+	return done
+}
+
+// isClosed reports whether Close was called.
+func (b *Bulk) isClosed() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.closed
 }
 
 // answered reports whether the ask of c is answered.
@@ -247,7 +506,8 @@ func (c *bulkConn) answered() bool {
 	}
 }
 
-// closed reports whether c's connection has closed. c is answered.
+// closed reports whether c's connection has closed, as far as rueidis
+// tells (RESP3). c is answered.
 func (c *bulkConn) closed() bool {
 	if c.gone == nil {
 		return false
@@ -268,4 +528,79 @@ func (c *bulkConn) take() func() {
 	release := c.release
 	c.release = func() {}
 	return release
+}
+
+// isRedirect reports whether err is a cluster's redirection: MOVED, or ASK.
+func isRedirect(err error) bool { return isMoved(err) || isAsk(err) }
+
+// isMoved reports whether err is MOVED: the slot is served by another
+// master.
+func isMoved(err error) bool {
+	e, ok := rueidis.IsRedisErr(err)
+	if !ok {
+		return false
+	}
+	_, moved := e.IsMoved()
+	return moved
+}
+
+// isAsk reports whether err is ASK: the slot is moving to another master,
+// which already holds the key.
+func isAsk(err error) bool {
+	e, ok := rueidis.IsRedisErr(err)
+	if !ok {
+		return false
+	}
+	_, ask := e.IsAsk()
+	return ask
+}
+
+// redirected returns where the commands of cmds that did not run because
+// of a redirection start, and that redirection, if nothing from there on
+// ran; else -1 and nil. A redirected command did not run; neither did any
+// of a MULTI ... EXEC whose EXEC answered EXECABORT, which a redirection
+// inside the transaction causes. A redirection after something that ran
+// (the slot came back?) is left to the caller, as any other error.
+func redirected(cmds []rueidis.Completed, res []rueidis.RedisResult) (from int, redirect error) {
+	first := -1
+	for i, r := range res {
+		if isRedirect(r.Error()) {
+			first = i
+			break
+		}
+	}
+	if first < 0 {
+		return -1, nil
+	}
+	// Back to the MULTI of the transaction it is in, if any.
+	from = first
+	for i := first - 1; i >= 0; i-- {
+		if name := cmds[i].Commands()[0]; name == "EXEC" {
+			break
+		} else if name == "MULTI" {
+			from = i
+			break
+		}
+	}
+	for i := from; i < len(cmds); i++ {
+		switch cmds[i].Commands()[0] {
+		case "MULTI":
+			exec := i + 1
+			for exec < len(cmds) && cmds[exec].Commands()[0] != "EXEC" {
+				exec++
+			}
+			if exec == len(cmds) {
+				return -1, nil
+			}
+			if e, ok := rueidis.IsRedisErr(res[exec].Error()); !ok || !strings.HasPrefix(e.Error(), "EXECABORT") {
+				return -1, nil
+			}
+			i = exec
+		default:
+			if !isRedirect(res[i].Error()) {
+				return -1, nil
+			}
+		}
+	}
+	return from, res[first].Error()
 }
