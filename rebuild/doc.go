@@ -90,7 +90,11 @@
 // moment, as the commands of any other client do. While the pool gives no
 // connection within a second, the writes go on the shared connections,
 // with one warning, until one comes (see Options.LatencyBudget for the
-// pool's size).
+// pool's size). A connection that closes between two writes is replaced,
+// on RESP3 and on RESP2; on a cluster, a round trip whose master no longer
+// serves the run's slot (it moved: MOVED, or ASK while it moves) ran none
+// of the transactions it redirected, which go again on the shared
+// connections, and a connection to the new master carries the next.
 //
 // # Pacing
 //

@@ -125,7 +125,9 @@ type Options struct {
 	// (rueidis ClientOption.BlockingPoolSize), as does the writes': a run
 	// takes two of them, one without a budget. While the application keeps
 	// every one of them busy, the run keeps its limit, and warns once
-	// after a second.
+	// after a second. A connection that comes only after the run has
+	// ended is given back at once (a wait for the pool is never cut
+	// short: rueidis would lose count of its connections).
 	//
 	// The run paces between batches: a batch's transaction runs whole, so
 	// BatchSize must be small enough that one batch runs well within the
