@@ -65,8 +65,9 @@
 //   - ErrRebuildRequired when changes were lost: PostgreSQL invalidated the
 //     slot (max_slot_wal_keep_size) or a captured table was truncated
 //     without Options.Truncate;
-//   - ErrRejected when a table's Change function returned an error: the
-//     changes before it are applied, and the relay stops before it;
+//   - ErrRejected when a table's Change function returned an error for a
+//     row, or a value of the row cannot be decoded: the changes before it
+//     are applied, and the relay stops before it;
 //   - an Apply error that would come back (a builder's error, a key of
 //     another type, a missing right), and PostgreSQL refusing the
 //     connection for good.

@@ -14,8 +14,12 @@ var (
 	// the WAL it held was removed), or a captured table was truncated and
 	// Options.Truncate is not set.
 	ErrRebuildRequired = errors.New("changes were lost: the index needs a rebuild")
-	// ErrRejected: a table's Change function returned an error for a row.
-	// The relay stops before that change, and a restarted relay meets it
-	// again: change the function (to skip such rows, for instance).
+	// ErrRejected: a row change cannot be turned into a change of an item:
+	// a table's Change function returned an error for it, or the relay
+	// cannot decode it (a value pgx cannot decode, such as a jsonb number
+	// beyond float64's range; the error names the column). The relay stops
+	// before that change, after applying every change before it, and a
+	// restarted relay meets it again: change the function (to skip such
+	// rows, for instance), or the row.
 	ErrRejected = errors.New("a row was rejected")
 )

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/keyswap/keyswap/capture/pgcdc"
 	"github.com/keyswap/keyswap/capture/pgtest"
 	"github.com/keyswap/keyswap/internal/redistest"
@@ -290,5 +291,87 @@ func TestLostSlot(t *testing.T) {
 	redistest.WantClean(t, f.client, f.prefix)
 	if keys := redistest.Keys(t, f.client, f.prefix); len(keys) != 0 {
 		t.Fatalf("applied something: %v", keys)
+	}
+}
+
+// TestServerOutputSettings: the database's own DateStyle, IntervalStyle,
+// extra_float_digits and bytea_output (set for the database, so the
+// relay's connections inherit them) change how PostgreSQL prints values;
+// the relay sets the ones pgx decodes on its replication connection, so
+// that Change gets the same values whatever the server prints by default
+// (a timestamp in DMY order could not be decoded at all, a float8 would be
+// rounded).
+func TestServerOutputSettings(t *testing.T) {
+	f := newFixture(t, pg, env.Standalone.Client(t))
+	db := f.dsn[strings.LastIndex(f.dsn, "/")+1 : strings.Index(f.dsn, "?")]
+	pg.Exec(t, f.dsn,
+		`CREATE TABLE events (id bigint PRIMARY KEY, at timestamptz, day date, took interval, ratio float8, raw bytea)`,
+		`ALTER TABLE events REPLICA IDENTITY FULL`,
+		`ALTER PUBLICATION keyswap ADD TABLE events`,
+		`ALTER DATABASE `+db+` SET DateStyle = 'SQL, DMY'`,
+		`ALTER DATABASE `+db+` SET IntervalStyle = 'iso_8601'`,
+		`ALTER DATABASE `+db+` SET extra_float_digits = -3`,
+		`ALTER DATABASE `+db+` SET bytea_output = 'escape'`,
+	)
+	pg.Exec(t, f.dsn, `INSERT INTO events VALUES (1, '2024-03-01 12:34:56.789+00', '2024-03-01', '1 year 2 mons 3 days 04:05:06', 0.1::float8 + 0.2::float8, '\x00ff10')`)
+	rows := make(chan pgcdc.Row, 10)
+	// A setting of the connection string itself gives way too.
+	r, err := pgcdc.New(f.dsn+"&datestyle=German", f.rb, f.options(), usersTable(), pgcdc.Table[user]{Name: "events", Change: func(_, new pgcdc.Row) (rebuild.Change[user], bool, error) {
+		rows <- new
+		return rebuild.Change[user]{}, false, nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	running(t, r)
+	var got pgcdc.Row
+	select {
+	case got = <-rows:
+	case <-time.After(redistest.Timeout):
+		t.Fatalf("no row within %v; relay status %+v", redistest.Timeout, r.Status())
+	}
+	if st := r.Status(); st.Reconnects != 0 {
+		t.Errorf("status %+v: want no reconnect", st)
+	}
+	at, _ := got["at"].(time.Time)
+	day, _ := got["day"].(time.Time)
+	if !at.Equal(time.Date(2024, 3, 1, 12, 34, 56, 789e6, time.UTC)) || !day.Equal(time.Date(2024, 3, 1, 0, 0, 0, 0, time.UTC)) {
+		t.Errorf("at %v, day %v: want 2024-03-01 12:34:56.789 UTC and 2024-03-01", got["at"], got["day"])
+	}
+	if want := (pgtype.Interval{Months: 14, Days: 3, Microseconds: (4*3600 + 5*60 + 6) * 1e6, Valid: true}); got["took"] != want {
+		t.Errorf("took %#v, want %#v", got["took"], want)
+	}
+	a, b := 0.1, 0.2
+	if want := a + b; got["ratio"] != want { // 0.30000000000000004, which extra_float_digits = -3 prints as 0.3
+		t.Errorf("ratio %v, want %v", got["ratio"], want)
+	}
+	if raw, _ := got["raw"].([]byte); string(raw) != "\x00\xff\x10" {
+		t.Errorf("raw %#v, want 00ff10", got["raw"])
+	}
+}
+
+// TestUndecodableRowStops: a row with a value pgx cannot decode (a jsonb
+// number beyond float64's range) stops the relay with ErrRejected, naming
+// the column, after the changes before it are applied; it does not
+// reconnect over and over, and the slot is not acknowledged past it.
+func TestUndecodableRowStops(t *testing.T) {
+	f := newFixture(t, pg, env.Standalone.Client(t))
+	pg.Exec(t, f.dsn,
+		`ALTER TABLE users ADD COLUMN extra jsonb`,
+		`INSERT INTO users (id, email) VALUES (1, 'a@example.com')`,
+	)
+	lsn := f.commitAt(t, `INSERT INTO users (id, email, extra) VALUES (2, 'b@example.com', '{"n": 1e400}')`)
+	pg.Exec(t, f.dsn, `INSERT INTO users (id, email) VALUES (3, 'c@example.com')`)
+	r := f.relay(t, f.options())
+	err := runErr(t, r)
+	if !errors.Is(err, pgcdc.ErrRejected) || !strings.Contains(err.Error(), "column extra") || !strings.Contains(err.Error(), "table public.users") {
+		t.Fatalf("Run: %v; want ErrRejected naming the table and the column", err)
+	}
+	if st := r.Status(); st.Reconnects != 0 {
+		t.Errorf("status %+v: want no reconnect", st)
+	}
+	redistest.WantHash(t, f.client, f.prefix+"by-email", map[string]string{"a@example.com": "1"})
+	if diff, _ := f.slotProgress(t, lsn); diff >= 0 {
+		t.Fatalf("the slot was acknowledged %d bytes past the row that cannot be decoded", diff)
 	}
 }

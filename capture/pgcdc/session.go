@@ -31,7 +31,8 @@ type entry[T any] struct {
 
 // rowError is an error of the stream at a row change (a rejected row, one
 // that cannot be decoded or lacks its old row): the changes before it are
-// applied before the relay stops.
+// applied before the relay stops. Its error matches ErrRejected or
+// ErrSetup, which transient reports as errors that would come back.
 type rowError struct{ err error }
 
 func (e rowError) Error() string { return e.err.Error() }
@@ -147,10 +148,7 @@ func (r *Relay[T]) session(ctx context.Context) (err error) {
 		}
 	}
 	rc := r.config.Config.Copy()
-	if rc.RuntimeParams == nil {
-		rc.RuntimeParams = map[string]string{}
-	}
-	rc.RuntimeParams["replication"] = "database"
+	rc.RuntimeParams = replicationParams(rc.RuntimeParams)
 	repl, err := pgconn.ConnectConfig(ctx, rc)
 	if err != nil {
 		return fmt.Errorf("pgcdc: open a replication connection: %w", err)
@@ -195,6 +193,44 @@ func (r *Relay[T]) session(ctx context.Context) (err error) {
 	}
 	wg.Wait()
 	return context.Cause(sctx)
+}
+
+// outputParams are the settings of the replication connection that decide
+// how PostgreSQL prints the values of the rows it streams, set to what
+// pgx's decoding of the text format reads: the server's or the database's
+// own defaults could be DateStyle 'SQL, DMY' (a timestamp pgx cannot
+// parse), IntervalStyle 'iso_8601', bytea_output 'escape', or a low
+// extra_float_digits (a float8 printed rounded: a wrong value, not an
+// error), and the client encoding the database's.
+var outputParams = map[string]string{
+	"DateStyle":          "ISO",
+	"IntervalStyle":      "postgres",
+	"extra_float_digits": "3",
+	"bytea_output":       "hex",
+	"client_encoding":    "UTF8",
+}
+
+// replicationParams returns the startup parameters of the replication
+// connection: the connection string's, with replication=database and
+// outputParams instead of any of the same names (PostgreSQL's parameter
+// names ignore case).
+func replicationParams(params map[string]string) map[string]string {
+	out := map[string]string{"replication": "database"}
+	for k, v := range params {
+		if _, ours := out[strings.ToLower(k)]; ours {
+			continue
+		}
+		out[k] = v
+	}
+	for k, v := range outputParams {
+		for have := range out {
+			if strings.EqualFold(have, k) {
+				delete(out, have)
+			}
+		}
+		out[k] = v
+	}
+	return out
 }
 
 // startError maps an error of START_REPLICATION.
@@ -342,7 +378,7 @@ func (r *Relay[T]) stream(ctx context.Context, repl *pgconn.PgConn, p *pipe[T]) 
 func (r *Relay[T]) change(p *pipe[T], types *pgtype.Map, rels map[uint32]*relation, id uint32, op string, at pglogrepl.LSN, commit time.Time, oldTuple *pglogrepl.TupleData, oldType uint8, newTuple *pglogrepl.TupleData) error {
 	rel, ok := rels[id]
 	if !ok {
-		return rowError{fmt.Errorf("pgcdc: %s at %s of relation %d, which the stream never described", op, at, id)}
+		return rowError{fmt.Errorf("pgcdc: %w: %s at %s of relation %d, which the stream never described", ErrRejected, op, at, id)}
 	}
 	t, ok := r.tables[rel.name]
 	if !ok {
@@ -357,12 +393,12 @@ func (r *Relay[T]) change(p *pipe[T], types *pgtype.Map, rels map[uint32]*relati
 			return rowError{fmt.Errorf("pgcdc: %w: %s at %s of table %s came without the whole old row: the table's REPLICA IDENTITY is not FULL (ALTER TABLE %s REPLICA IDENTITY FULL)", ErrSetup, op, at, rel.name, rel.name)}
 		}
 		if old, err = decodeRow(types, rel, oldTuple, nil); err != nil {
-			return rowError{fmt.Errorf("pgcdc: %s at %s of table %s: old row: %w", op, at, rel.name, err)}
+			return rowError{fmt.Errorf("pgcdc: %w: %s at %s of table %s: old row: %w", ErrRejected, op, at, rel.name, err)}
 		}
 	}
 	if newTuple != nil {
 		if new, err = decodeRow(types, rel, newTuple, old); err != nil {
-			return rowError{fmt.Errorf("pgcdc: %s at %s of table %s: new row: %w", op, at, rel.name, err)}
+			return rowError{fmt.Errorf("pgcdc: %w: %s at %s of table %s: new row: %w", ErrRejected, op, at, rel.name, err)}
 		}
 	}
 	c, ok, err := t.Change(old, new)
