@@ -9,9 +9,11 @@
 //	ob, err := outbox.New[User](outbox.Options{Dialect: outbox.Postgres})
 //	err = ob.Create(ctx, db) // the tables, if missing
 //
-//	// In the application's transaction:
+//	// In the application's transaction: the change to the data, then a
+//	// version from a sequence, then the outbox row.
 //	tx, err := db.BeginTx(ctx, nil)
-//	err = tx.QueryRowContext(ctx, `UPDATE users SET email = $1, version = version + 1 WHERE id = $2 RETURNING version`, email, id).Scan(&version)
+//	_, err = tx.ExecContext(ctx, `UPDATE users SET email = $1 WHERE id = $2`, email, id)
+//	err = tx.QueryRowContext(ctx, `SELECT nextval('user_versions')`).Scan(&version)
 //	err = ob.Write(ctx, tx, "user:"+id, version, rebuild.Update(old, new))
 //	err = tx.Commit()
 //
@@ -20,20 +22,35 @@
 //
 // # Ordering
 //
-// The rows' serial ids are not the commit order: a transaction that took
-// an id first may commit last. So the application gives each change a
-// version, which orders the changes of one item (a version column
-// incremented under the row's lock is the usual one). The relay applies
-// each item's changes in version order, whatever order their rows were
-// written or committed in, and remembers, per item, the version it applied
-// last (in the table <outbox>_applied, written in the transaction that
-// deletes the rows): a row whose version is not above it came late and is
-// dropped, never applied over a newer change. What holds: per item, the
+// The relay applies the rows in the order of their ids, except that each
+// item's rows are sorted by version among the positions they hold. Write
+// the outbox row after the statement that changes the data, in the same
+// transaction: a transaction that had to wait for another one (the row's
+// lock, or a unique index holding a value the other one gives up) then
+// takes its row's id after the other one took its own, so the ids order
+// the changes that depend on each other, such as an email that one user
+// gives up and another takes. Ids are not the commit order otherwise (a
+// transaction that took an id first may commit last), and transactions
+// that do not wait for each other change different entries, so applying
+// them in either order gives the same index.
+//
+// The version orders an item's own changes: it must increase with each
+// change of the item, over the item's whole life, across a delete and an
+// insert of the same item too. Take it, after the statement that changes
+// the item's row (so that the row's lock orders the transactions), from a
+// counter that never goes back: on PostgreSQL a sequence (CREATE SEQUENCE
+// user_versions, with its default CACHE 1), on SQLite, whose transactions
+// write one at a time, a one-row table incremented in the transaction. A
+// version column of the row incremented by the UPDATE does not do: it
+// starts again at its default when the row is deleted and inserted again.
+//
+// The relay remembers, per item, the version it applied last (in the
+// table <outbox>_applied, written in the transaction that deletes the
+// rows): a row whose version is not above it is dropped, never applied
+// over a newer change. What holds: per item, the
 // index ends at the change with the highest version, and passes only
-// through changes in increasing version order. Across items there is no
-// order beyond the rows' ids: changes to different items are applied in
-// the order of their items' first rows in each batch. The <outbox>_applied
-// table keeps one row per item ever changed.
+// through changes in increasing version order. The <outbox>_applied table
+// keeps one row per item ever changed.
 //
 // # Concurrency
 //

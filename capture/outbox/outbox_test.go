@@ -2,9 +2,15 @@ package outbox_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -173,4 +179,167 @@ func TestSecondRelayWaits(t *testing.T) {
 	if st := second.Status(); !st.Connected || st.Applied != 1 {
 		t.Errorf("second relay's status %+v: want it connected, 1 row applied", st)
 	}
+}
+
+// TestItemsKeepIDOrder: rows of different items are applied in the order
+// of their ids, and an item's rows are sorted by version only among the
+// positions they hold. Item 2 gives up an email (row 4) that item 1 then
+// takes (row 5): applied the other way round, item 2's removal of the
+// email would remove item 1's entry.
+func TestItemsKeepIDOrder(t *testing.T) {
+	for name, open := range dialects(t) {
+		t.Run(name, func(t *testing.T) {
+			x := open(t)
+			client, prefix := env.Standalone.Client(t), redistest.Prefix(t)
+			ctx := redistest.Ctx(t)
+			u := func(id, email string) user { return user{ID: id, Email: email} }
+			for _, w := range []struct {
+				item string
+				v    int64
+				c    rebuild.Change[user]
+			}{
+				{"user:1", 1, rebuild.Insert(u("1", "e0"))},               // row 1
+				{"user:2", 1, rebuild.Insert(u("2", "e1"))},               // row 2
+				{"user:1", 2, rebuild.Update(u("1", "e0"), u("1", "e2"))}, // row 3
+				{"user:2", 2, rebuild.Update(u("2", "e1"), u("2", "e3"))}, // row 4: gives up e1
+				{"user:1", 3, rebuild.Update(u("1", "e2"), u("1", "e1"))}, // row 5: takes e1
+				// Item 3's version 2 got the lower id (row 6): item 3's rows
+				// swap their positions, 6 and 8, around item 4's row 7.
+				{"user:3", 2, rebuild.Update(u("3", "c1"), u("3", "c2"))}, // row 6
+				{"user:4", 1, rebuild.Insert(u("4", "d1"))},               // row 7
+				{"user:3", 1, rebuild.Insert(u("3", "c1"))},               // row 8
+			} {
+				if err := x.ob.Write(ctx, x.sql, w.item, w.v, w.c); err != nil {
+					t.Fatal(err)
+				}
+			}
+			rec := &recorder{key: prefix + "order"}
+			rb := redistest.Rebuilder(t, client, rebuild.Options{}, append(indexes(prefix), rebuild.Builder[user](rec))...)
+			running(t, x.ob.Relay(x.sql, rb, options()))
+			waitFor(t, "the outbox to empty", func() bool { return x.outboxRows(t) == 0 })
+			want := []string{"1:->e0", "2:->e1", "1:e0>e2", "2:e1>e3", "1:e2>e1", "3:->c1", "4:->d1", "3:c1>c2"}
+			if got := rec.changes(); !slices.Equal(got, want) {
+				t.Errorf("applied in the order\n%v\nwant\n%v", got, want)
+			}
+			redistest.WantHash(t, client, prefix+"by-email", map[string]string{"e1": "1", "e3": "2", "c2": "3", "d1": "4"})
+		})
+	}
+}
+
+// TestValuesMoveBetweenItems: writers move a few emails (unique in the
+// table) between users: a user gives up an email in one transaction, and
+// another takes it in the next, while the relay applies a backlog in small
+// batches. The relay must apply each give-up before the take that waited
+// for it: checked on the order in which the changes were applied, and on
+// the index, which must end as the table.
+func TestValuesMoveBetweenItems(t *testing.T) {
+	for name, open := range dialects(t) {
+		t.Run(name, func(t *testing.T) {
+			x := open(t)
+			client, prefix := env.Standalone.Client(t), redistest.Prefix(t)
+			var commits atomic.Int64
+			done := make(chan struct{})
+			var wg sync.WaitGroup
+			var werr error
+			var errOnce sync.Once
+			for seed := range uint64(2) {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					if err := moveEmails(x, seed, done, &commits); err != nil {
+						errOnce.Do(func() { werr = err })
+					}
+				}()
+			}
+			stopWriters := func() error {
+				select {
+				case <-done:
+				default:
+					close(done)
+				}
+				wg.Wait()
+				return werr
+			}
+			t.Cleanup(func() { _ = stopWriters() })
+			// A backlog first, then the relay while the writers go on.
+			waitFor(t, "a backlog", func() bool { return commits.Load() >= 300 || werr != nil })
+			rec := &recorder{key: prefix + "order"}
+			rb := redistest.Rebuilder(t, client, rebuild.Options{}, append(indexes(prefix), rebuild.Builder[user](rec))...)
+			opts := options()
+			opts.BatchSize = 7
+			running(t, x.ob.Relay(x.sql, rb, opts))
+			waitFor(t, "more changes", func() bool { return commits.Load() >= 600 || werr != nil })
+			if err := stopWriters(); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, "the outbox to empty", func() bool { return x.outboxRows(t) == 0 })
+			// Replay the order applied: an email is taken only once its
+			// holder gave it up.
+			holder := map[string]string{}
+			moves := 0
+			for i, c := range rec.changes() {
+				id, emails, _ := strings.Cut(c, ":")
+				old, new, _ := strings.Cut(emails, ">")
+				if holder[old] == id {
+					delete(holder, old)
+				}
+				if new == "-" || new == "" {
+					continue
+				}
+				if h, ok := holder[new]; ok && h != id {
+					t.Fatalf("change %d (%s): user %s took %s while user %s still held it in the order applied", i, c, id, new, h)
+				}
+				if old != new {
+					moves++
+				}
+				holder[new] = id
+			}
+			t.Logf("%d transactions, %d changes applied, %d emails taken", commits.Load(), len(rec.changes()), moves)
+			x.waitIndex(t, client, prefix)
+		})
+	}
+}
+
+// moveEmails moves emails between users until done: it picks a user and
+// an email of a small pool; the email's holder, if another user, gives it
+// up (no email) and commits, then the user takes it. A take that loses a
+// race for the email (the unique constraint) is rolled back.
+func moveEmails(x *db, seed uint64, done <-chan struct{}, commits *atomic.Int64) error {
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(seed, 99))
+	for {
+		select {
+		case <-done:
+			return nil
+		default:
+		}
+		id := fmt.Sprint(1 + rng.IntN(12))
+		email := fmt.Sprintf("e%d@example.com", rng.IntN(8))
+		var holder string
+		err := x.sql.QueryRowContext(ctx, x.q(`SELECT id FROM users WHERE email = $1`), email).Scan(&holder)
+		if err != nil && err != sql.ErrNoRows {
+			return err
+		}
+		if holder == id {
+			continue
+		}
+		if holder != "" {
+			if err := x.change(ctx, holder, &user{ID: holder}); err != nil && !unique(err) {
+				return err
+			}
+			commits.Add(1)
+		}
+		if err := x.change(ctx, id, &user{ID: id, Email: email, Country: "fr"}); err != nil {
+			if unique(err) {
+				continue
+			}
+			return err
+		}
+		commits.Add(1)
+	}
+}
+
+// unique reports whether err is a unique constraint's violation.
+func unique(err error) bool {
+	return strings.Contains(strings.ToLower(err.Error()), "unique")
 }

@@ -39,9 +39,8 @@ var ErrRejected = errors.New("an outbox row was rejected")
 // RelayOptions configures a Relay. The zero value of each field means its
 // default.
 type RelayOptions struct {
-	// BatchSize is the most rows the relay reads at a time (with every
-	// other row of the same items), and the most changes one Apply call
-	// carries. Zero: 500.
+	// BatchSize is the most rows the relay reads, applies in one Apply
+	// call, and deletes at a time. Zero: 500.
 	BatchSize int
 	// PollInterval is how long the relay waits after finding the outbox
 	// empty before it reads it again. Zero: 100 ms. It bounds the lag that
@@ -103,13 +102,14 @@ func (o *Outbox[T]) Relay(db *sql.DB, r *rebuild.Rebuilder[T], opts RelayOptions
 func (r *Relay[T]) Status() capture.Status { return r.track.Status() }
 
 // Run applies the outbox's rows until ctx ends or an error that would come
-// back stops it. Each round reads the oldest rows (by id) with every other
-// row of their items, orders each item's rows by version, drops the rows
-// whose version is not above the one applied last for their item, applies
-// the others through the Rebuilder's Apply, in the order of each item's
-// first row, then, in one transaction, records each item's version and
-// deletes the rows. A relay killed before that transaction applies the
-// same rows again when it restarts, in the same order, which is harmless.
+// back stops it. Each round reads the oldest rows (by id), sorts each
+// item's rows by version among the positions they hold (see the package
+// documentation, "Ordering"), drops the rows whose version is not above
+// the one applied last for their item, applies the others through the
+// Rebuilder's Apply, in one call, then, in one transaction, records each
+// item's version and deletes the rows. A relay killed before that
+// transaction applies the same rows again when it restarts, in the same
+// order, which is harmless.
 //
 // One relay runs per outbox table. On PostgreSQL, Run holds an advisory
 // lock for the table on a connection of its own while it runs; while
@@ -246,8 +246,7 @@ type row struct {
 func (r *Relay[T]) round(ctx context.Context, conn *sql.Conn) (int, error) {
 	q := `SELECT o.id, o.item, o.version, o.old, o.new, o.written_us, a.version
 		FROM ` + r.o.table + ` o LEFT JOIN ` + r.o.applied + ` a ON a.item = o.item
-		WHERE o.item IN (SELECT item FROM ` + r.o.table + ` ORDER BY id LIMIT ` + strconv.Itoa(r.opts.BatchSize) + `)
-		ORDER BY o.id`
+		ORDER BY o.id LIMIT ` + strconv.Itoa(r.opts.BatchSize)
 	rs, err := conn.QueryContext(ctx, q)
 	if err != nil {
 		return 0, fmt.Errorf("outbox: read %s: %w", r.o.table, err)
@@ -269,64 +268,77 @@ func (r *Relay[T]) round(ctx context.Context, conn *sql.Conn) (int, error) {
 	}
 	r.track.Read(len(rows), time.UnixMicro(rows[0].written))
 
-	// Items in the order of their first row; each item's rows by version
-	// (rows of one version by id). A row whose version is not above the
-	// one applied last for its item came late: it is dropped.
-	order := map[string]int{}
-	var items [][]row
-	for _, w := range rows {
-		i, ok := order[w.item]
-		if !ok {
-			i = len(items)
-			order[w.item] = i
-			items = append(items, nil)
-		}
-		items[i] = append(items[i], w)
-	}
 	var changes []rebuild.Change[T]
 	var commits []time.Time
 	versions := map[string]int64{}
 	ids := make([]int64, 0, len(rows))
-	maxID := int64(0)
-	for _, its := range items {
-		slices.SortStableFunc(its, func(a, b row) int {
-			if a.version != b.version {
-				return cmpInt(a.version, b.version)
-			}
-			return cmpInt(a.id, b.id)
-		})
-		for _, w := range its {
-			ids = append(ids, w.id)
-			maxID = max(maxID, w.id)
-			if w.applied.Valid && w.version <= w.applied.Int64 {
-				continue
-			}
-			if v, ok := versions[w.item]; !ok || w.version > v {
-				versions[w.item] = w.version
-			}
-			c, err := r.decode(w)
-			if err != nil {
-				return 0, err
-			}
-			changes = append(changes, c)
-			commits = append(commits, time.UnixMicro(w.written))
+	for _, w := range inOrder(rows) {
+		ids = append(ids, w.id)
+		if w.applied.Valid && w.version <= w.applied.Int64 {
+			continue
 		}
+		if v, ok := versions[w.item]; !ok || w.version > v {
+			versions[w.item] = w.version
+		}
+		c, err := r.decode(w)
+		if err != nil {
+			return 0, err
+		}
+		changes = append(changes, c)
+		commits = append(commits, time.UnixMicro(w.written))
 	}
-	for start := 0; start < len(changes); start += r.opts.BatchSize {
-		end := min(start+r.opts.BatchSize, len(changes))
-		if err := track.Apply(ctx, r.track, r.rb, changes[start:end]); err != nil {
+	if len(changes) > 0 {
+		if err := track.Apply(ctx, r.track, r.rb, changes); err != nil {
 			if ctx.Err() != nil {
 				return 0, err
 			}
-			return 0, applyError{fmt.Errorf("outbox: apply the changes of rows %d..: %w", ids[0], err)}
+			return 0, applyError{fmt.Errorf("outbox: apply the changes of rows %d..%d: %w", ids[0], rows[len(rows)-1].id, err)}
 		}
 	}
 	if err := r.done(ctx, conn, versions, ids); err != nil {
 		return 0, err
 	}
 	r.track.Applied(ctx, len(rows), commits)
-	r.track.Position(strconv.FormatInt(maxID, 10))
+	r.track.Position(strconv.FormatInt(rows[len(rows)-1].id, 10))
 	return len(rows), nil
+}
+
+// inOrder returns rows, read in id order, in the order to apply them: the
+// rows of different items stay in id order, and each item's rows are
+// sorted by version (rows of one version by id) among the positions the
+// item's rows hold. The order of ids is the order in which conflicting
+// transactions wrote their rows, when each writes its outbox row after the
+// change to the data: a transaction that waits for another (a row lock, a
+// unique index that a value leaves) takes its id after the other took its
+// own. So an item that takes a value another item gave up is applied after
+// it; the versions order an item's own changes only.
+func inOrder(rows []row) []row {
+	positions := map[string][]int{}
+	var items []string
+	for i, w := range rows {
+		if _, ok := positions[w.item]; !ok {
+			items = append(items, w.item)
+		}
+		positions[w.item] = append(positions[w.item], i)
+	}
+	out := make([]row, len(rows))
+	for _, item := range items {
+		at := positions[item]
+		its := make([]row, len(at))
+		for j, i := range at {
+			its[j] = rows[i]
+		}
+		slices.SortStableFunc(its, func(a, b row) int {
+			if a.version != b.version {
+				return cmpInt(a.version, b.version)
+			}
+			return cmpInt(a.id, b.id)
+		})
+		for j, i := range at {
+			out[i] = its[j]
+		}
+	}
+	return out
 }
 
 // decode decodes a row into a change.
