@@ -47,6 +47,7 @@
 // outbox table's):
 //
 //	keyswap.relay.changes         counter    {change}  changes applied
+//	keyswap.relay.dropped         counter    {change}  outbox rows dropped as stale (version not above the one applied)
 //	keyswap.relay.lag             histogram  s         commit to visible in Redis, per transaction (PostgreSQL) or row (outbox)
 //	keyswap.relay.pending         gauge      {change}  changes read and not yet applied
 //	keyswap.relay.backlog         gauge      By/{row}  WAL the slot holds (By), or rows in the outbox ({row})

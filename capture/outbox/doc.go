@@ -47,7 +47,11 @@
 // The relay remembers, per item, the version it applied last (in the
 // table <outbox>_applied, written in the transaction that deletes the
 // rows): a row whose version is not above it is dropped, never applied
-// over a newer change. What holds: per item, the
+// over a newer change. It counts such rows (Status.Dropped, the metric
+// keyswap.relay.dropped) and logs a warning naming them: either a row
+// that came late (its version was applied from a row with a lower id, and
+// it is stale), or versions that went back (an item's change lost to the
+// index: rebuild it, and fix the versions). What holds: per item, the
 // index ends at the change with the highest version, and passes only
 // through changes in increasing version order. The <outbox>_applied table
 // keeps one row per item ever changed.

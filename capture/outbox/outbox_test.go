@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -17,6 +18,8 @@ import (
 	"github.com/keyswap/keyswap/capture/outbox"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/rebuild"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 )
 
 // options are the relay's options in tests.
@@ -65,8 +68,8 @@ func TestVersionOrder(t *testing.T) {
 				t.Fatalf("applied version %d, %v; want 2", v, err)
 			}
 			st := r.Status()
-			if st.Applied != 3 || st.Pending != 0 || st.Position == "" || st.Err != nil {
-				t.Errorf("status %+v: want 3 rows applied, none pending", st)
+			if st.Applied != 2 || st.Dropped != 1 || st.Pending != 0 || st.Position == "" || st.Err != nil {
+				t.Errorf("status %+v: want 2 rows applied, 1 dropped, none pending", st)
 			}
 		})
 	}
@@ -342,4 +345,93 @@ func moveEmails(x *db, seed uint64, done <-chan struct{}, commits *atomic.Int64)
 // unique reports whether err is a unique constraint's violation.
 func unique(err error) bool {
 	return strings.Contains(strings.ToLower(err.Error()), "unique")
+}
+
+// TestDroppedRowReported: an item deleted and inserted again with its
+// version restarted (a version column of the row) has its insert dropped,
+// as a row older than the delete applied: the relay never drops it
+// silently, but counts it, records the metric and logs a warning that
+// names the row.
+func TestDroppedRowReported(t *testing.T) {
+	for name, open := range dialects(t) {
+		t.Run(name, func(t *testing.T) {
+			x := open(t)
+			client, prefix := env.Standalone.Client(t), redistest.Prefix(t)
+			ctx := redistest.Ctx(t)
+			a := user{ID: "1", Email: "a@example.com"}
+			b := user{ID: "1", Email: "b@example.com"}
+			for _, w := range []struct {
+				v int64
+				c rebuild.Change[user]
+			}{{1, rebuild.Insert(a)}, {2, rebuild.Update(a, b)}, {3, rebuild.Delete(b)}} {
+				if err := x.ob.Write(ctx, x.sql, "user:1", w.v, w.c); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var logs syncBuffer
+			reader := sdkmetric.NewManualReader()
+			opts := options()
+			opts.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+			opts.MeterProvider = sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+			rb := redistest.Rebuilder(t, client, rebuild.Options{}, indexes(prefix)...)
+			r := x.ob.Relay(x.sql, rb, opts)
+			running(t, r)
+			waitFor(t, "the outbox to empty", func() bool { return x.outboxRows(t) == 0 })
+			// Inserted again, with the version a version column starts at.
+			if err := x.ob.Write(ctx, x.sql, "user:1", 1, rebuild.Insert(a)); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, "the row to be dropped", func() bool { return x.outboxRows(t) == 0 && r.Status().Pending == 0 })
+			redistest.WantAbsent(t, client, prefix+"by-email")
+			if st := r.Status(); st.Applied != 3 || st.Dropped != 1 {
+				t.Errorf("status %+v: want 3 rows applied, 1 dropped", st)
+			}
+			if got := logs.String(); !strings.Contains(got, "dropped rows whose version is not above the one applied") ||
+				!strings.Contains(got, "row=4 item=user:1 version=1 applied_version=3") {
+				t.Errorf("log:\n%s\nwant a warning naming row 4 of user:1, version 1 below 3", got)
+			}
+			var rm metricdata.ResourceMetrics
+			if err := reader.Collect(ctx, &rm); err != nil {
+				t.Fatal(err)
+			}
+			if got := counter(rm, "keyswap.relay.dropped"); got != 1 {
+				t.Errorf("keyswap.relay.dropped %d, want 1", got)
+			}
+		})
+	}
+}
+
+// counter returns the value of a counter of the relays' metrics.
+func counter(rm metricdata.ResourceMetrics, name string) int64 {
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if d, ok := m.Data.(metricdata.Sum[int64]); ok && m.Name == name {
+				var n int64
+				for _, p := range d.DataPoints {
+					n += p.Value
+				}
+				return n
+			}
+		}
+	}
+	return 0
+}
+
+// syncBuffer is a buffer safe for the relay's goroutine to write while the
+// test reads it.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf strings.Builder
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }

@@ -94,7 +94,8 @@ func (o *Outbox[T]) Relay(db *sql.DB, r *rebuild.Rebuilder[T], opts RelayOptions
 }
 
 // Status returns the relay's status: see capture.Status. Its changes are
-// the outbox's rows: Applied counts the rows applied or dropped as late,
+// the outbox's rows: Applied counts the rows applied, Dropped those
+// dropped as stale (see the package documentation, "Ordering"),
 // Pending the rows read and not yet deleted, Lag runs from the time the
 // application wrote a row (its clock, before the commit), Position is the
 // highest row id deleted, and Backlog the rows in the outbox at the last
@@ -272,9 +273,11 @@ func (r *Relay[T]) round(ctx context.Context, conn *sql.Conn) (int, error) {
 	var commits []time.Time
 	versions := map[string]int64{}
 	ids := make([]int64, 0, len(rows))
+	var dropped []row
 	for _, w := range inOrder(rows) {
 		ids = append(ids, w.id)
 		if w.applied.Valid && w.version <= w.applied.Int64 {
+			dropped = append(dropped, w)
 			continue
 		}
 		if v, ok := versions[w.item]; !ok || w.version > v {
@@ -298,7 +301,17 @@ func (r *Relay[T]) round(ctx context.Context, conn *sql.Conn) (int, error) {
 	if err := r.done(ctx, conn, versions, ids); err != nil {
 		return 0, err
 	}
-	r.track.Applied(ctx, len(rows), commits)
+	if len(dropped) > 0 {
+		// Never silent: a row that came late is harmless, but versions
+		// that went back lose a change to the index.
+		w := dropped[0]
+		r.opts.Logger.Warn("keyswap: the outbox relay dropped rows whose version is not above the one applied for their item: rows that came late, "+
+			"or versions that went back (an item deleted and inserted again with its version restarted), whose changes are then missing from the index: "+
+			"rebuild it, and take versions from a counter that never goes back",
+			"table", r.o.table, "rows", len(dropped), "row", w.id, "item", w.item, "version", w.version, "applied_version", w.applied.Int64)
+		r.track.Dropped(ctx, len(dropped))
+	}
+	r.track.Applied(ctx, len(rows)-len(dropped), commits)
 	r.track.Position(strconv.FormatInt(rows[len(rows)-1].id, 10))
 	return len(rows), nil
 }

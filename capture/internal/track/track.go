@@ -31,9 +31,9 @@ type Tracker struct {
 	attrs       metric.MeasurementOption
 	backlogUnit string
 
-	changes, retries, reconnects metric.Int64Counter
-	lag                          metric.Float64Histogram
-	reg                          metric.Registration
+	changes, dropped, retries, reconnects metric.Int64Counter
+	lag                                   metric.Float64Histogram
+	reg                                   metric.Registration
 
 	mu      sync.Mutex
 	st      capture.Status
@@ -71,6 +71,7 @@ func New(kind, source, backlogUnit string, mp metric.MeterProvider) *Tracker {
 		return c
 	}
 	t.changes = counter("keyswap.relay.changes", "{change}", "Changes a relay applied to the index.")
+	t.dropped = counter("keyswap.relay.dropped", "{change}", "Changes a relay dropped as stale: outbox rows whose version was not above the one applied for their item.")
 	t.retries = counter("keyswap.relay.retries", "{call}", "Apply calls a relay tried again, by error.type.")
 	t.reconnects = counter("keyswap.relay.reconnects", "{connection}", "Times a relay lost its source and connected again, by error.type.")
 	lag, err := m.Float64Histogram("keyswap.relay.lag", metric.WithUnit("s"),
@@ -167,16 +168,7 @@ func (t *Tracker) Drop() {
 func (t *Tracker) Applied(ctx context.Context, n int, commits []time.Time) {
 	now := t.now()
 	t.mu.Lock()
-	for left := n; left > 0 && len(t.pending) > 0; {
-		if t.pending[0].n <= left {
-			left -= t.pending[0].n
-			t.pending = t.pending[1:]
-		} else {
-			t.pending[0].n -= left
-			left = 0
-		}
-	}
-	t.st.Pending = max(0, t.st.Pending-int64(n))
+	t.donePendingLocked(n)
 	t.st.Applied += int64(n)
 	t.st.LastApplied = now
 	if len(commits) > 0 {
@@ -190,6 +182,34 @@ func (t *Tracker) Applied(ctx context.Context, n int, commits []time.Time) {
 	for _, c := range commits {
 		t.lag.Record(ctx, max(0, now.Sub(c).Seconds()), t.attrs)
 	}
+}
+
+// Dropped records the oldest n changes read as dropped: stale, never
+// applied.
+func (t *Tracker) Dropped(ctx context.Context, n int) {
+	if n == 0 {
+		return
+	}
+	t.mu.Lock()
+	t.donePendingLocked(n)
+	t.st.Dropped += int64(n)
+	t.mu.Unlock()
+	t.dropped.Add(ctx, int64(n), t.attrs)
+}
+
+// donePendingLocked removes the oldest n changes from those pending. t.mu
+// is held.
+func (t *Tracker) donePendingLocked(n int) {
+	for left := n; left > 0 && len(t.pending) > 0; {
+		if t.pending[0].n <= left {
+			left -= t.pending[0].n
+			t.pending = t.pending[1:]
+		} else {
+			t.pending[0].n -= left
+			left = 0
+		}
+	}
+	t.st.Pending = max(0, t.st.Pending-int64(n))
 }
 
 // Backlog records the source's backlog and whether it is past the
