@@ -62,8 +62,22 @@
 // lock while it runs, and a second one waits for it (a standby, whose
 // Status.Err matches ErrRelayRunning meanwhile); on SQLite nothing stops a
 // second relay, so run one (a second one could apply an item's changes out
-// of order). Write is safe for concurrent use,
-// as the database's transactions are.
+// of order). Write is safe for concurrent use, as the database's
+// transactions are.
+//
+// The lock is the session's: it goes when the relay's connection dies (a
+// restart, pg_terminate_backend, an idle timeout), and a standby then takes
+// over and applies the rows the first relay had read and not deleted,
+// followed by newer ones. So, before each Apply call, tries again
+// included, the relay checks on its connection that it still holds the
+// lock, and abandons its batch when it does not: a relay that was retrying
+// an Apply (Redis unreachable) when it lost its connection never applies
+// its old batch over the newer changes. What no check on the database can
+// exclude is a relay that stops right between that check and its Apply's
+// arrival in Redis (a paused process, a write held up in the network) for
+// as long as it takes another relay to take over and apply newer changes
+// of the same items: that would need Redis itself to refuse the writes of
+// a relay that lost its lock.
 //
 // # Errors
 //

@@ -7,17 +7,23 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"net"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/keyswap/keyswap/capture/outbox"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/rebuild"
+	"github.com/redis/rueidis"
+	"github.com/redis/rueidis/rueidishook"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 )
@@ -434,4 +440,87 @@ func (b *syncBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
+}
+
+// roles numbers the PostgreSQL roles the tests create.
+var roles atomic.Int64
+
+// TestLostLockAbandonsBatch: a relay retries a batch while Redis is
+// unreachable to it, and its database connection dies, which releases its
+// lock; a second relay takes over and applies the batch and a newer change
+// of the same user. When Redis is reachable again, the first relay must not
+// apply its old batch over the newer change: it checks its lock before
+// each Apply, and abandons the batch.
+func TestLostLockAbandonsBatch(t *testing.T) {
+	x := dialects(t)["postgres"](t)
+	client, prefix := env.Standalone.Client(t), redistest.Prefix(t)
+	ctx := redistest.Ctx(t)
+	// The first relay connects as a role of its own, which the test can
+	// then forbid to log in again: the second one takes the lock for sure.
+	role := fmt.Sprintf("relay_%d_%d", os.Getpid(), roles.Add(1))
+	for _, q := range []string{
+		`CREATE ROLE ` + role + ` LOGIN`,
+		`GRANT SELECT, DELETE ON users, keyswap_outbox TO ` + role,
+		`GRANT SELECT, INSERT, UPDATE ON keyswap_outbox_applied TO ` + role,
+	} {
+		if _, err := x.sql.ExecContext(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		_, _ = x.sql.Exec(`DROP OWNED BY ` + role)
+		_, _ = x.sql.Exec(`DROP ROLE ` + role)
+	})
+	firstDB := openDB(t, outbox.Postgres, "pgx", strings.Replace(x.source, "postgres@", role+"@", 1), false)
+	// Redis is unreachable to the first relay while cut is set: its apply
+	// script fails as on a reset connection, and is not sent.
+	var cut atomic.Bool
+	hooked := rueidishook.WithHook(env.Standalone.Client(t), redistest.Hook{
+		OnDo: func(c rueidis.Client, ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
+			if name := cmd.Commands()[0]; cut.Load() && (name == "EVALSHA" || name == "EVAL") {
+				return rueidis.NewErrorResult(&net.OpError{Op: "write", Net: "tcp", Err: syscall.ECONNRESET})
+			}
+			return c.Do(ctx, cmd)
+		},
+	})
+	first := x.ob.Relay(firstDB.sql, redistest.Rebuilder(t, hooked, rebuild.Options{}, indexes(prefix)...), options())
+	running(t, first)
+	if err := x.change(ctx, "1", &user{ID: "1", Email: "a@example.com", Country: "fr"}); err != nil {
+		t.Fatal(err)
+	}
+	x.waitIndex(t, client, prefix)
+
+	cut.Store(true)
+	if err := x.change(ctx, "1", &user{ID: "1", Email: "b@example.com", Country: "de"}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the first relay to retry its batch", func() bool { return first.Status().Retries > 0 })
+	if err := x.change(ctx, "1", &user{ID: "1", Email: "c@example.com", Country: "nl"}); err != nil {
+		t.Fatal(err)
+	}
+	// Its connection dies, and so does its lock.
+	for _, q := range []string{`ALTER ROLE ` + role + ` NOLOGIN`, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '` + role + `'`} {
+		if _, err := x.sql.ExecContext(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	second := x.ob.Relay(x.sql, redistest.Rebuilder(t, client, rebuild.Options{}, indexes(prefix)...), options())
+	running(t, second)
+	x.waitIndex(t, client, prefix)
+	redistest.WantHash(t, client, prefix+"by-email", map[string]string{"c@example.com": "1"})
+
+	// Redis is reachable again: the first relay finds that it lost its
+	// connection, and never applies its batch.
+	cut.Store(false)
+	waitFor(t, "the first relay to find its connection lost", func() bool { return first.Status().Reconnects > 0 })
+	if st := second.Status(); st.Applied != 2 {
+		t.Errorf("second relay's status %+v: want the 2 rows applied", st)
+	}
+	want := x.tableIndex(t)
+	if got := redisIndex(t, client, prefix); !cmp.Equal(want, got) {
+		t.Fatalf("the first relay applied its old batch over the newer change; index (-table +redis):\n%s", cmp.Diff(want, got))
+	}
+	if st := first.Status(); st.Applied != 1 || st.Pending != 0 {
+		t.Errorf("first relay's status %+v: want 1 row applied (before the cut), none pending", st)
+	}
 }

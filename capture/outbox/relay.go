@@ -116,7 +116,9 @@ func (r *Relay[T]) Status() capture.Status { return r.track.Status() }
 // lock for the table on a connection of its own while it runs; while
 // another relay holds it, Run waits (Status.Err matches ErrRelayRunning),
 // so a second relay is a standby that takes over when the first stops or
-// its connection dies. On SQLite nothing stops a second relay: run one.
+// its connection dies. Before each Apply call, Run checks that its
+// connection still holds the lock, and abandons its batch (and connects
+// again) when it does not. On SQLite nothing stops a second relay: run one.
 //
 // Run rides out what may go away: an Apply that fails for a reason that may
 // pass is tried again, with a backoff, before anything is deleted; a
@@ -184,7 +186,7 @@ func (r *Relay[T]) session(ctx context.Context) (progressed bool, err error) {
 	defer conn.Close()
 	if r.o.dialect == Postgres {
 		var ok bool
-		key := "keyswap-outbox:" + r.o.table
+		key := r.lockKey()
 		if err := conn.QueryRowContext(ctx, `SELECT pg_try_advisory_lock(hashtextextended($1, 0))`, key).Scan(&ok); err != nil {
 			return false, fmt.Errorf("outbox: take the relay's lock: %w", err)
 		}
@@ -217,6 +219,43 @@ func (r *Relay[T]) session(ctx context.Context) (progressed bool, err error) {
 			return progressed, err
 		}
 	}
+}
+
+// lockKey is the text whose hash is the key of the relay's advisory lock
+// (PostgreSQL).
+func (r *Relay[T]) lockKey() string { return "keyswap-outbox:" + r.o.table }
+
+// errLockLost: the relay no longer holds its advisory lock, so another
+// relay may have taken over.
+var errLockLost = errors.New("the relay lost its lock")
+
+// lockCheckTimeout bounds the check of the lock: a connection that does
+// not answer within it may be gone, and its lock with it.
+const lockCheckTimeout = 5 * time.Second
+
+// holdsLock returns nil if the relay's connection conn still holds its
+// advisory lock (PostgreSQL), and an error matching errLockLost if it does
+// not, or cannot tell. A session's advisory lock goes with its connection:
+// a relay whose connection died (a restart, pg_terminate_backend, an idle
+// timeout) while it retried an Apply must not apply its batch, which a
+// relay that took over may have applied already, followed by newer
+// changes.
+func (r *Relay[T]) holdsLock(ctx context.Context, conn *sql.Conn) error {
+	cctx, cancel := context.WithTimeout(ctx, lockCheckTimeout)
+	defer cancel()
+	var held bool
+	err := conn.QueryRowContext(cctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted
+		AND objsubid = 1 AND ((classid::bigint << 32) | objid::bigint) = hashtextextended($1, 0))`, r.lockKey()).Scan(&held)
+	switch {
+	case err != nil:
+		if ctx.Err() != nil {
+			return context.Cause(ctx)
+		}
+		return fmt.Errorf("outbox: %w: check the relay's lock on table %s before applying: %w", errLockLost, r.o.table, err)
+	case !held:
+		return fmt.Errorf("outbox: %w: its connection no longer holds the advisory lock of table %s", errLockLost, r.o.table)
+	}
+	return nil
 }
 
 // count counts the rows in the outbox.
@@ -291,8 +330,12 @@ func (r *Relay[T]) round(ctx context.Context, conn *sql.Conn) (int, error) {
 		commits = append(commits, time.UnixMicro(w.written))
 	}
 	if len(changes) > 0 {
-		if err := track.Apply(ctx, r.track, r.rb, changes); err != nil {
-			if ctx.Err() != nil {
+		var check func(context.Context) error
+		if r.o.dialect == Postgres {
+			check = func(ctx context.Context) error { return r.holdsLock(ctx, conn) }
+		}
+		if err := track.Apply(ctx, r.track, r.rb, changes, check); err != nil {
+			if ctx.Err() != nil || errors.Is(err, errLockLost) {
 				return 0, err
 			}
 			return 0, applyError{fmt.Errorf("outbox: apply the changes of rows %d..%d: %w", ids[0], rows[len(rows)-1].id, err)}

@@ -497,7 +497,7 @@ func (r *Relay[T]) apply(ctx context.Context, p *pipe[T]) error {
 				}
 			}
 			if len(changes) > 0 {
-				if err := track.Apply(ctx, r.track, r.rb, changes); err != nil {
+				if err := track.Apply(ctx, r.track, r.rb, changes, nil); err != nil {
 					return err
 				}
 			}

@@ -270,10 +270,17 @@ func Sleep(ctx context.Context, d time.Duration) error {
 
 // Apply applies changes through r, in one call, and tries again, after a
 // backoff, as long as the error is one that may go away (see Retryable).
-// It returns nil once applied, the first error that will not go away, or
-// ctx's cause.
-func Apply[T any](ctx context.Context, t *Tracker, r *rebuild.Rebuilder[T], changes []rebuild.Change[T]) error {
+// Before each call it calls check, when not nil, and returns its error
+// without applying: check proves that the relay may still apply (it holds
+// its lock). It returns nil once applied, check's error, the first error
+// of Apply that will not go away, or ctx's cause.
+func Apply[T any](ctx context.Context, t *Tracker, r *rebuild.Rebuilder[T], changes []rebuild.Change[T], check func(context.Context) error) error {
 	for attempt := 0; ; attempt++ {
+		if check != nil {
+			if err := check(ctx); err != nil {
+				return err
+			}
+		}
 		err := r.Apply(ctx, changes...)
 		if err == nil {
 			return nil
