@@ -82,9 +82,13 @@
 // # Errors
 //
 // Run returns an error matching ErrRejected for a row it cannot decode
-// (the relay stops before it: fix or delete the row), or an Apply error that would come back; it retries everything else: Redis
+// (the relay stops before it: fix or delete the row), an Apply error that
+// would come back, or a database error that would (a missing table or
+// right, a failed authentication). It retries everything else: Redis
 // unreachable, a change refused while a rebuild that does not log changes
-// holds a lock, a lost database connection. See package capture for the
-// status, the metrics, and what a rebuild of the index needs while the
-// relay runs.
+// holds a lock, a lost database connection, SQLite busy. On SQLite the
+// relay sets a busy_timeout of 5 s on its own connection when it has none,
+// so that its writes wait for the application's transactions instead of
+// failing. See package capture for the status, the metrics, and what a
+// rebuild of the index needs while the relay runs.
 package outbox

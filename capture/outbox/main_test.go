@@ -134,6 +134,16 @@ func openDB(t testing.TB, d outbox.Dialect, driver, source string, create bool) 
 	return x
 }
 
+// exec runs statements on x, and fails t on an error.
+func (x *db) exec(t *testing.T, sql ...string) {
+	t.Helper()
+	for _, q := range sql {
+		if _, err := x.sql.Exec(q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+}
+
 // q rewrites the placeholders $1, $2... for the dialect.
 func (x *db) q(query string) string {
 	if x.dialect == outbox.SQLite {

@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -445,6 +446,123 @@ func (b *syncBuffer) String() string {
 // roles numbers the PostgreSQL roles the tests create.
 var roles atomic.Int64
 
+// relayGrants are the rights a relay needs on the outbox's tables.
+var relayGrants = []string{
+	`GRANT SELECT, DELETE ON keyswap_outbox TO %s`,
+	`GRANT SELECT, INSERT, UPDATE ON keyswap_outbox_applied TO %s`,
+}
+
+// asRole creates a PostgreSQL role with grants (each with a %s for the
+// role's name), and returns the database as that role, and the role.
+func (x *db) asRole(t *testing.T, grants ...string) (*db, string) {
+	t.Helper()
+	role := fmt.Sprintf("relay_%d_%d", os.Getpid(), roles.Add(1))
+	if _, err := x.sql.Exec(`CREATE ROLE ` + role + ` LOGIN`); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_, _ = x.sql.Exec(`DROP OWNED BY ` + role)
+		_, _ = x.sql.Exec(`DROP ROLE ` + role)
+	})
+	for _, g := range grants {
+		if _, err := x.sql.Exec(fmt.Sprintf(g, role)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return openDB(t, outbox.Postgres, "pgx", strings.Replace(x.source, "postgres@", role+"@", 1), false), role
+}
+
+// TestPermanentErrors: database errors that would come back stop the
+// relay with an error that names them, instead of making it connect again
+// and again: a table of the outbox missing, a right missing.
+func TestPermanentErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name, dialect string
+		setup         func(t *testing.T, x *db) *db // the relay's database
+		want          string
+		applied       bool // the change reached the index before the error
+	}{
+		{name: "no applied table", dialect: "sqlite", want: "no such table: keyswap_outbox_applied",
+			setup: func(t *testing.T, x *db) *db { x.exec(t, `DROP TABLE keyswap_outbox_applied`); return x }},
+		{name: "no applied table", dialect: "postgres", want: `relation "keyswap_outbox_applied" does not exist`,
+			setup: func(t *testing.T, x *db) *db { x.exec(t, `DROP TABLE keyswap_outbox_applied`); return x }},
+		{name: "no delete right", dialect: "postgres", want: "permission denied for table keyswap_outbox", applied: true,
+			setup: func(t *testing.T, x *db) *db {
+				rx, _ := x.asRole(t, `GRANT SELECT ON keyswap_outbox TO %s`, `GRANT SELECT, INSERT, UPDATE ON keyswap_outbox_applied TO %s`)
+				return rx
+			}},
+	} {
+		t.Run(tc.dialect+"/"+tc.name, func(t *testing.T) {
+			x := dialects(t)[tc.dialect](t)
+			client, prefix := env.Standalone.Client(t), redistest.Prefix(t)
+			if err := x.change(redistest.Ctx(t), "1", &user{ID: "1", Email: "a@example.com"}); err != nil {
+				t.Fatal(err)
+			}
+			rx := tc.setup(t, x)
+			r := x.ob.Relay(rx.sql, redistest.Rebuilder(t, client, rebuild.Options{}, indexes(prefix)...), options())
+			ctx, cancel := context.WithTimeout(context.Background(), redistest.Timeout)
+			defer cancel()
+			err := r.Run(ctx)
+			if errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("Run did not return within %v; status %+v", redistest.Timeout, r.Status())
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Run: %v; want an error with %q", err, tc.want)
+			}
+			if st := r.Status(); st.Reconnects != 0 || st.Err == nil || st.Connected {
+				t.Errorf("status %+v: want the error, no reconnect, not connected", st)
+			}
+			if n := x.outboxRows(t); n != 1 {
+				t.Errorf("%d rows in the outbox, want the row left", n)
+			}
+			if tc.applied {
+				redistest.WantHash(t, client, prefix+"by-email", map[string]string{"a@example.com": "1"})
+			} else {
+				redistest.WantClean(t, client, prefix)
+				redistest.WantAbsent(t, client, prefix+"by-email")
+			}
+		})
+	}
+}
+
+// TestSQLiteBusy: on a SQLite database opened without busy_timeout, the
+// relay's write meets the application's write transaction: the relay
+// waits for it (it sets busy_timeout on its own connection) instead of
+// failing with SQLITE_BUSY and connecting again.
+func TestSQLiteBusy(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "app.db")
+	x := openDB(t, outbox.SQLite, "sqlite", "file:"+path+"?_pragma=journal_mode(WAL)", true)
+	app := openDB(t, outbox.SQLite, "sqlite", "file:"+path+"?_pragma=journal_mode(WAL)", false)
+	client, prefix := env.Standalone.Client(t), redistest.Prefix(t)
+	ctx := redistest.Ctx(t)
+	if err := x.ob.Write(ctx, x.sql, "user:1", 1, rebuild.Insert(user{ID: "1", Email: "a@example.com"})); err != nil {
+		t.Fatal(err)
+	}
+	// The application holds SQLite's write lock.
+	conn, err := app.sql.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(ctx, `BEGIN IMMEDIATE`); err != nil {
+		t.Fatal(err)
+	}
+	r := x.ob.Relay(x.sql, redistest.Rebuilder(t, client, rebuild.Options{}, indexes(prefix)...), options())
+	running(t, r)
+	// The relay read the row and applied it; its delete now waits for the
+	// lock, which the application holds a little longer (well within the
+	// relay's busy_timeout).
+	waitFor(t, "the change applied", func() bool { return len(redistest.HGetAll(t, client, prefix+"by-email")) == 1 })
+	time.Sleep(300 * time.Millisecond) // holds the lock; waits for nothing
+	if _, err := conn.ExecContext(ctx, `COMMIT`); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the outbox to empty", func() bool { return x.outboxRows(t) == 0 })
+	if st := r.Status(); st.Reconnects != 0 || st.Applied != 1 {
+		t.Errorf("status %+v: want 1 row applied, no reconnect", st)
+	}
+}
+
 // TestLostLockAbandonsBatch: a relay retries a batch while Redis is
 // unreachable to it, and its database connection dies, which releases its
 // lock; a second relay takes over and applies the batch and a newer change
@@ -457,21 +575,7 @@ func TestLostLockAbandonsBatch(t *testing.T) {
 	ctx := redistest.Ctx(t)
 	// The first relay connects as a role of its own, which the test can
 	// then forbid to log in again: the second one takes the lock for sure.
-	role := fmt.Sprintf("relay_%d_%d", os.Getpid(), roles.Add(1))
-	for _, q := range []string{
-		`CREATE ROLE ` + role + ` LOGIN`,
-		`GRANT SELECT, DELETE ON users, keyswap_outbox TO ` + role,
-		`GRANT SELECT, INSERT, UPDATE ON keyswap_outbox_applied TO ` + role,
-	} {
-		if _, err := x.sql.ExecContext(ctx, q); err != nil {
-			t.Fatal(err)
-		}
-	}
-	t.Cleanup(func() {
-		_, _ = x.sql.Exec(`DROP OWNED BY ` + role)
-		_, _ = x.sql.Exec(`DROP ROLE ` + role)
-	})
-	firstDB := openDB(t, outbox.Postgres, "pgx", strings.Replace(x.source, "postgres@", role+"@", 1), false)
+	firstDB, role := x.asRole(t, relayGrants...)
 	// Redis is unreachable to the first relay while cut is set: its apply
 	// script fails as on a reset connection, and is not sent.
 	var cut atomic.Bool

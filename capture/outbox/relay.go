@@ -122,11 +122,14 @@ func (r *Relay[T]) Status() capture.Status { return r.track.Status() }
 //
 // Run rides out what may go away: an Apply that fails for a reason that may
 // pass is tried again, with a backoff, before anything is deleted; a
-// database error makes it connect again. It returns context.Cause(ctx)
-// when ctx ends, an error matching ErrRejected for a row
-// it cannot decode, or an Apply error that would come back (a builder's
-// error, a key of another type, a missing right). Only one Run of a Relay
-// may run at a time.
+// database error that may pass (a lost connection, a restart, a lock
+// timeout) makes it connect again. It returns context.Cause(ctx) when ctx
+// ends, an error matching ErrRejected for a row it cannot decode, an Apply
+// error that would come back (a builder's error, a key of another type, a
+// missing right), or a database error that would (a missing table or
+// privilege, a failed authentication: on PostgreSQL, SQLSTATE classes 28,
+// 3D, 42 and 0A; on SQLite, with modernc.org/sqlite, SQLITE_ERROR and the
+// like). Only one Run of a Relay may run at a time.
 func (r *Relay[T]) Run(ctx context.Context) error {
 	if !r.running.CompareAndSwap(false, true) {
 		return errors.New("outbox: Run is already running")
@@ -139,7 +142,7 @@ func (r *Relay[T]) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return context.Cause(ctx)
 		}
-		if errors.Is(err, ErrRejected) || !track.Retryable(err) && isApplyError(err) {
+		if errors.Is(err, ErrRejected) || !track.Retryable(err) && isApplyError(err) || permanent(err) {
 			r.track.Failed(err)
 			return err
 		}
@@ -162,6 +165,32 @@ func (r *Relay[T]) Run(ctx context.Context) error {
 			return err
 		}
 	}
+}
+
+// permanent reports whether err, an error of the database, would come back
+// if the relay connected again, so that it must stop rather than retry:
+// PostgreSQL's SQLSTATE classes 28 (authentication), 3D (an unknown
+// database), 42 (a missing table, function or privilege, a syntax error)
+// and 0A (not supported), from a driver whose errors have a SQLState
+// method (pgx's); SQLite's SQLITE_ERROR (a missing table, a syntax error),
+// PERM, READONLY, CORRUPT, CANTOPEN, MISMATCH, AUTH and NOTADB, from a
+// driver whose errors have a Code method (modernc.org/sqlite's). Anything
+// else, such as a lost connection, SQLITE_BUSY or a serialization
+// failure, may pass.
+func permanent(err error) bool {
+	var pg interface{ SQLState() string }
+	if errors.As(err, &pg) {
+		state := pg.SQLState()
+		return len(state) >= 2 && slices.Contains([]string{"28", "3D", "42", "0A"}, state[:2])
+	}
+	var lite interface{ Code() int }
+	if errors.As(err, &lite) {
+		switch lite.Code() & 0xff { // the primary result code
+		case 1, 3, 8, 11, 14, 20, 23, 26:
+			return true
+		}
+	}
+	return false
 }
 
 // applyError is an error of Apply that would come back.
@@ -196,6 +225,13 @@ func (r *Relay[T]) session(ctx context.Context) (progressed bool, err error) {
 		defer func() {
 			_, _ = conn.ExecContext(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock(hashtextextended($1, 0))`, key)
 		}()
+	}
+	if r.o.dialect == SQLite {
+		restore, err := r.waitWhenBusy(ctx, conn)
+		if err != nil {
+			return false, err
+		}
+		defer restore()
 	}
 	r.track.Connected(true)
 	defer r.track.Connected(false)
@@ -256,6 +292,33 @@ func (r *Relay[T]) holdsLock(ctx context.Context, conn *sql.Conn) error {
 		return fmt.Errorf("outbox: %w: its connection no longer holds the advisory lock of table %s", errLockLost, r.o.table)
 	}
 	return nil
+}
+
+// busyTimeout is the busy_timeout the relay sets on its SQLite connection
+// when the connection has none.
+const busyTimeout = 5 * time.Second
+
+// waitWhenBusy sets busy_timeout on conn, a SQLite connection, when it is 0
+// (SQLite's default), and returns the function that sets it back: without
+// it, the relay's every write that meets the application's write
+// transaction fails at once with SQLITE_BUSY.
+func (r *Relay[T]) waitWhenBusy(ctx context.Context, conn *sql.Conn) (restore func(), err error) {
+	var ms int64
+	if err := conn.QueryRowContext(ctx, `PRAGMA busy_timeout`).Scan(&ms); err != nil {
+		return nil, fmt.Errorf("outbox: read busy_timeout: %w", err)
+	}
+	if ms != 0 {
+		return func() {}, nil
+	}
+	if _, err := conn.ExecContext(ctx, `PRAGMA busy_timeout = `+strconv.FormatInt(busyTimeout.Milliseconds(), 10)); err != nil {
+		return nil, fmt.Errorf("outbox: set busy_timeout: %w", err)
+	}
+	return func() {
+		// The connection goes back to the application's pool as it came.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_, _ = conn.ExecContext(cctx, `PRAGMA busy_timeout = 0`)
+	}, nil
 }
 
 // count counts the rows in the outbox.
