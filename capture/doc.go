@@ -54,4 +54,8 @@
 //	keyswap.relay.falling_behind  gauge      {relay}   1 while the backlog is past its threshold
 //	keyswap.relay.retries         counter    {call}    Apply calls tried again, with error.type
 //	keyswap.relay.reconnects      counter    {connection}  sources lost and connected again, with error.type
+//
+// The gauges are observed while the relay's Run runs, and no longer once it
+// returned, so that a relay one is done with leaves nothing registered
+// with the MeterProvider.
 package capture

@@ -382,7 +382,7 @@ func TestDroppedRowReported(t *testing.T) {
 			opts.MeterProvider = sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 			rb := redistest.Rebuilder(t, client, rebuild.Options{}, indexes(prefix)...)
 			r := x.ob.Relay(x.sql, rb, opts)
-			running(t, r)
+			stop := running(t, r)
 			waitFor(t, "the outbox to empty", func() bool { return x.outboxRows(t) == 0 })
 			// Inserted again, with the version a version column starts at.
 			if err := x.ob.Write(ctx, x.sql, "user:1", 1, rebuild.Insert(a)); err != nil {
@@ -404,8 +404,33 @@ func TestDroppedRowReported(t *testing.T) {
 			if got := counter(rm, "keyswap.relay.dropped"); got != 1 {
 				t.Errorf("keyswap.relay.dropped %d, want 1", got)
 			}
+			if !observed(rm, "keyswap.relay.pending") {
+				t.Error("keyswap.relay.pending is not observed while the relay runs")
+			}
+			// Once Run returned, its gauges are no longer observed.
+			if err := stop(); !errors.Is(err, context.Canceled) {
+				t.Fatal(err)
+			}
+			if err := reader.Collect(ctx, &rm); err != nil {
+				t.Fatal(err)
+			}
+			if observed(rm, "keyswap.relay.pending") {
+				t.Error("keyswap.relay.pending is still observed after Run returned")
+			}
 		})
 	}
+}
+
+// observed reports whether a gauge of the relays' metrics has a value.
+func observed(rm metricdata.ResourceMetrics, name string) bool {
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if d, ok := m.Data.(metricdata.Gauge[int64]); ok && m.Name == name && len(d.DataPoints) > 0 {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // counter returns the value of a counter of the relays' metrics.

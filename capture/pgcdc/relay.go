@@ -191,6 +191,7 @@ func (r *Relay[T]) Run(ctx context.Context) error {
 	}
 	defer r.running.Store(false)
 	defer r.track.Connected(false)
+	defer r.track.Observe()()
 	failures := 0
 	for {
 		before := r.acked.Load()

@@ -33,7 +33,8 @@ type Tracker struct {
 
 	changes, dropped, retries, reconnects metric.Int64Counter
 	lag                                   metric.Float64Histogram
-	reg                                   metric.Registration
+	meter                                 metric.Meter
+	gauges                                []metric.Int64ObservableGauge // pending, backlog, falling behind; nil when they could not be created
 
 	mu      sync.Mutex
 	st      capture.Status
@@ -88,21 +89,7 @@ func New(kind, source, backlogUnit string, mp metric.MeterProvider) *Tracker {
 	if err := errors.Join(err1, err2, err3); err != nil {
 		errs = append(errs, err)
 	} else if pending != nil && backlog != nil && behind != nil {
-		reg, err := m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
-			st := t.Status()
-			var fb int64
-			if st.FallingBehind {
-				fb = 1
-			}
-			o.ObserveInt64(pending, st.Pending, t.attrs)
-			o.ObserveInt64(backlog, st.Backlog, t.attrs)
-			o.ObserveInt64(behind, fb, t.attrs)
-			return nil
-		}, pending, backlog, behind)
-		if err != nil {
-			errs = append(errs, err)
-		}
-		t.reg = reg
+		t.meter, t.gauges = m, []metric.Int64ObservableGauge{pending, backlog, behind}
 	}
 	if err := errors.Join(errs...); err != nil {
 		otel.Handle(err)
@@ -110,11 +97,32 @@ func New(kind, source, backlogUnit string, mp metric.MeterProvider) *Tracker {
 	return t
 }
 
-// Close stops observing the gauges.
-func (t *Tracker) Close() {
-	if t.reg != nil {
-		_ = t.reg.Unregister()
+// Observe starts reporting the gauges (pending, backlog, falling behind),
+// and returns the function that stops it. A relay observes them while its
+// Run runs, so that a relay done with leaves nothing registered with the
+// MeterProvider, which would keep it, and report its last values, for
+// good.
+func (t *Tracker) Observe() (stop func()) {
+	if t.meter == nil {
+		return func() {}
 	}
+	pending, backlog, behind := t.gauges[0], t.gauges[1], t.gauges[2]
+	reg, err := t.meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		st := t.Status()
+		var fb int64
+		if st.FallingBehind {
+			fb = 1
+		}
+		o.ObserveInt64(pending, st.Pending, t.attrs)
+		o.ObserveInt64(backlog, st.Backlog, t.attrs)
+		o.ObserveInt64(behind, fb, t.attrs)
+		return nil
+	}, pending, backlog, behind)
+	if err != nil {
+		otel.Handle(err)
+		return func() {}
+	}
+	return func() { _ = reg.Unregister() }
 }
 
 // Status returns a copy of the status.
