@@ -29,6 +29,19 @@ func runErr(t *testing.T, r *pgcdc.Relay[user]) error {
 	return err
 }
 
+// runInBackground runs r until it returns or the test ends, and returns a
+// channel of Run's error.
+func runInBackground(t *testing.T, r *pgcdc.Relay[user]) <-chan error {
+	ctx, cancel := context.WithCancel(context.Background())
+	done, finished := make(chan error, 1), make(chan struct{})
+	go func() {
+		defer close(finished)
+		done <- r.Run(ctx)
+	}()
+	t.Cleanup(func() { cancel(); <-finished })
+	return done
+}
+
 // confirmed returns the slot's confirmed position.
 func (f *fixture) confirmed(t *testing.T) string {
 	t.Helper()
@@ -179,8 +192,7 @@ func TestTableDropped(t *testing.T) {
 	f := newFixture(t, pg, env.Standalone.Client(t))
 	pg.Exec(t, f.dsn, `INSERT INTO users (id, email) VALUES (1, 'a@example.com')`)
 	r := f.relay(t, f.options())
-	done := make(chan error, 1)
-	go func() { done <- runErr(t, r) }()
+	done := runInBackground(t, r)
 	f.waitIndex(t)
 	pg.Exec(t, f.dsn, `DROP TABLE users`)
 	var err error
@@ -374,4 +386,60 @@ func TestUndecodableRowStops(t *testing.T) {
 	if diff, _ := f.slotProgress(t, lsn); diff >= 0 {
 		t.Fatalf("the slot was acknowledged %d bytes past the row that cannot be decoded", diff)
 	}
+}
+
+// TestTableRenamed: a captured table renamed while the relay runs stops it
+// at once (checks far apart do not matter), with an error that names the
+// new name; the changes made under the new name are not skipped: a relay
+// given the table again resumes with them, 0 lost, 0 stale.
+func TestTableRenamed(t *testing.T) {
+	f := newFixture(t, pg, env.Standalone.Client(t))
+	opts := f.options()
+	opts.CheckInterval = time.Hour // only the stream can tell in time
+	pg.Exec(t, f.dsn, `INSERT INTO users (id, email) VALUES (1, 'a@example.com')`)
+	r := f.relay(t, opts)
+	done := runInBackground(t, r)
+	f.waitIndex(t)
+	pg.Exec(t, f.dsn, `ALTER TABLE users RENAME TO people`, `INSERT INTO people (id, email) VALUES (2, 'b@example.com')`, `UPDATE people SET email = 'a2@example.com' WHERE id = 1`)
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(redistest.Timeout):
+		t.Fatalf("the relay did not stop within %v after the table was renamed; status %+v", redistest.Timeout, r.Status())
+	}
+	if !errors.Is(err, pgcdc.ErrSetup) || !strings.Contains(err.Error(), "table public.users was renamed to public.people") {
+		t.Fatalf("Run: %v; want ErrSetup naming the new name", err)
+	}
+	// Renamed back (or given the new name), a relay resumes: the changes
+	// made under the other name reach the index.
+	pg.Exec(t, f.dsn, `ALTER TABLE people RENAME TO users`)
+	running(t, f.relay(t, opts))
+	f.waitIndex(t)
+	redistest.WantHash(t, f.client, f.prefix+"by-email", map[string]string{"a2@example.com": "1", "b@example.com": "2"})
+}
+
+// TestTableRecreated: a captured table dropped and created again while the
+// relay runs (between two checks) is another table: the entries of the
+// old one's rows are still in the index, so the relay stops at the new
+// table's first change with ErrRebuildRequired, and applies none of them.
+func TestTableRecreated(t *testing.T) {
+	f := newFixture(t, pg, env.Standalone.Client(t))
+	opts := f.options()
+	opts.CheckInterval = time.Hour // only the stream can tell in time
+	pg.Exec(t, f.dsn, `INSERT INTO users (id, email) VALUES (1, 'a@example.com')`)
+	r := f.relay(t, opts)
+	done := runInBackground(t, r)
+	f.waitIndex(t)
+	pg.Exec(t, f.dsn, `DROP TABLE users`, schema[0], schema[1], `ALTER PUBLICATION keyswap ADD TABLE users`,
+		`INSERT INTO users (id, email) VALUES (2, 'b@example.com')`)
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(redistest.Timeout):
+		t.Fatalf("the relay did not stop within %v after the table was created again; status %+v", redistest.Timeout, r.Status())
+	}
+	if !errors.Is(err, pgcdc.ErrRebuildRequired) || !strings.Contains(err.Error(), "not the table of that name the relay captures") {
+		t.Fatalf("Run: %v; want ErrRebuildRequired", err)
+	}
+	redistest.WantHash(t, f.client, f.prefix+"by-email", map[string]string{"a@example.com": "1"})
 }

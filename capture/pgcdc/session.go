@@ -123,7 +123,8 @@ func (p *pipe[T]) take(max int) []entry[T] {
 
 // relation is a table as the stream describes it.
 type relation struct {
-	name     string // qualified
+	name     string // qualified, as the stream names it
+	table    string // the name the relay was given for it, "" when not captured
 	identity uint8
 	columns  []*pglogrepl.RelationMessageColumn
 }
@@ -173,6 +174,7 @@ func (r *Relay[T]) session(ctx context.Context) (err error) {
 	sctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	p := newPipe[T]()
+	checkNow := make(chan struct{}, 1)
 	var wg sync.WaitGroup
 	wg.Add(2)
 	go func() {
@@ -181,9 +183,9 @@ func (r *Relay[T]) session(ctx context.Context) (err error) {
 	}()
 	go func() {
 		defer wg.Done()
-		cancel(r.watch(sctx, check))
+		cancel(r.watch(sctx, check, checkNow))
 	}()
-	err = r.stream(sctx, repl, p)
+	err = r.stream(sctx, repl, p, checkNow)
 	var rowErr rowError
 	if errors.As(err, &rowErr) {
 		// Apply what came before the row, then stop with its error.
@@ -262,8 +264,9 @@ func (r *Relay[T]) sendStatus(repl *pgconn.PgConn, reply bool) error {
 
 // stream reads the replication stream into p, and sends the standby status
 // updates, until an error or the end of ctx. It waits, still sending the
-// updates, while p holds more than a few batches.
-func (r *Relay[T]) stream(ctx context.Context, repl *pgconn.PgConn, p *pipe[T]) error {
+// updates, while p holds more than a few batches. It signals checkNow when
+// a captured table comes under another name (renamed).
+func (r *Relay[T]) stream(ctx context.Context, repl *pgconn.PgConn, p *pipe[T], checkNow chan struct{}) error {
 	types := pgtype.NewMap()
 	rels := map[uint32]*relation{}
 	inTx := false
@@ -341,7 +344,7 @@ func (r *Relay[T]) stream(ctx context.Context, repl *pgconn.PgConn, p *pipe[T]) 
 			}
 			switch m := m.(type) {
 			case *pglogrepl.RelationMessage:
-				rels[m.RelationID] = &relation{name: m.Namespace + "." + m.RelationName, identity: m.ReplicaIdentity, columns: m.Columns}
+				err = r.relation(rels, m, xld.WALStart, checkNow)
 			case *pglogrepl.BeginMessage:
 				inTx, commitTime = true, m.CommitTime
 			case *pglogrepl.CommitMessage:
@@ -356,10 +359,8 @@ func (r *Relay[T]) stream(ctx context.Context, repl *pgconn.PgConn, p *pipe[T]) 
 			case *pglogrepl.TruncateMessage:
 				var names []string
 				for _, id := range m.RelationIDs {
-					if rel, ok := rels[id]; ok {
-						if _, captured := r.tables[rel.name]; captured {
-							names = append(names, rel.name)
-						}
+					if rel, ok := rels[id]; ok && rel.table != "" {
+						names = append(names, rel.table)
 					}
 				}
 				if names != nil {
@@ -373,6 +374,34 @@ func (r *Relay[T]) stream(ctx context.Context, repl *pgconn.PgConn, p *pipe[T]) 
 	}
 }
 
+// relation records the table that m describes. A table is captured by
+// its OID, the one the checks found for a name the relay was given, so
+// that its changes are never skipped as those of another table when it is
+// renamed: a captured table under another name makes the watcher check the
+// tables now (and stop the relay, with an error that names the new name,
+// if the rename is not only in the past of the stream). A table of
+// another OID under a captured name is another table than the one the
+// index was built from (the captured one was dropped and created again,
+// or another one took its name): the relay stops before its changes.
+func (r *Relay[T]) relation(rels map[uint32]*relation, m *pglogrepl.RelationMessage, at pglogrepl.LSN, checkNow chan struct{}) error {
+	rel := &relation{name: m.Namespace + "." + m.RelationName, identity: m.ReplicaIdentity, columns: m.Columns}
+	rels[m.RelationID] = rel
+	if table, ok := r.captured(m.RelationID); ok {
+		rel.table = table
+		if rel.name != table {
+			signal(checkNow)
+		}
+		return nil
+	}
+	if _, ok := r.tables[rel.name]; ok {
+		was, _ := r.oid(rel.name)
+		return rowError{fmt.Errorf("pgcdc: %w: at %s the stream has table %s of OID %d, not the table of that name the relay captures (OID %d): "+
+			"the table was dropped and created again, or another table took its name, and the rows of the old one are still in the index; drop the slot, create it again, then rebuild the index",
+			ErrRebuildRequired, at, rel.name, m.RelationID, was)}
+	}
+	return nil
+}
+
 // change turns a row change of a captured table into an item's change,
 // through the table's function, and hands it to the applier.
 func (r *Relay[T]) change(p *pipe[T], types *pgtype.Map, rels map[uint32]*relation, id uint32, op string, at pglogrepl.LSN, commit time.Time, oldTuple *pglogrepl.TupleData, oldType uint8, newTuple *pglogrepl.TupleData) error {
@@ -380,10 +409,10 @@ func (r *Relay[T]) change(p *pipe[T], types *pgtype.Map, rels map[uint32]*relati
 	if !ok {
 		return rowError{fmt.Errorf("pgcdc: %w: %s at %s of relation %d, which the stream never described", ErrRejected, op, at, id)}
 	}
-	t, ok := r.tables[rel.name]
-	if !ok {
+	if rel.table == "" {
 		return nil // another table of the publication
 	}
+	t := r.tables[rel.table]
 	var old, new Row
 	var err error
 	if op != "INSERT" {
@@ -515,9 +544,10 @@ func (r *Relay[T]) apply(ctx context.Context, p *pipe[T]) error {
 	}
 }
 
-// watch checks the database every CheckInterval: the slot's backlog, and
-// whether the slot was invalidated or a table dropped or changed.
-func (r *Relay[T]) watch(ctx context.Context, conn *pgx.Conn) error {
+// watch checks the database every CheckInterval, and when signalled on
+// now: the slot's backlog, and whether the slot was invalidated or a table
+// dropped, renamed or changed.
+func (r *Relay[T]) watch(ctx context.Context, conn *pgx.Conn, now chan struct{}) error {
 	ticker := time.NewTicker(r.opts.CheckInterval)
 	defer ticker.Stop()
 	for {
@@ -525,6 +555,7 @@ func (r *Relay[T]) watch(ctx context.Context, conn *pgx.Conn) error {
 		case <-ctx.Done():
 			return context.Cause(ctx)
 		case <-ticker.C:
+		case <-now:
 		}
 		st, err := r.check(ctx, conn)
 		if err != nil {
