@@ -419,27 +419,44 @@ func TestTableRenamed(t *testing.T) {
 }
 
 // TestTableRecreated: a captured table dropped and created again while the
-// relay runs (between two checks) is another table: the entries of the
-// old one's rows are still in the index, so the relay stops at the new
-// table's first change with ErrRebuildRequired, and applies none of them.
+// relay runs is another table: the entries of the old one's rows are still
+// in the index, so the relay stops with ErrRebuildRequired, and applies
+// none of the new table's changes: at its first change, whatever the
+// checks' interval, or at the next check when there is none.
 func TestTableRecreated(t *testing.T) {
-	f := newFixture(t, pg, env.Standalone.Client(t))
-	opts := f.options()
-	opts.CheckInterval = time.Hour // only the stream can tell in time
-	pg.Exec(t, f.dsn, `INSERT INTO users (id, email) VALUES (1, 'a@example.com')`)
-	r := f.relay(t, opts)
-	done := runInBackground(t, r)
-	f.waitIndex(t)
-	pg.Exec(t, f.dsn, `DROP TABLE users`, schema[0], schema[1], `ALTER PUBLICATION keyswap ADD TABLE users`,
-		`INSERT INTO users (id, email) VALUES (2, 'b@example.com')`)
-	var err error
-	select {
-	case err = <-done:
-	case <-time.After(redistest.Timeout):
-		t.Fatalf("the relay did not stop within %v after the table was created again; status %+v", redistest.Timeout, r.Status())
+	for _, tc := range []struct {
+		name   string
+		check  time.Duration
+		insert bool
+		want   string
+	}{
+		{"a change", time.Hour, true, "not the table of that name the relay captures"},
+		{"no change", 0, false, "is not the table the relay captured"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, pg, env.Standalone.Client(t))
+			opts := f.options()
+			if tc.check != 0 {
+				opts.CheckInterval = tc.check
+			}
+			pg.Exec(t, f.dsn, `INSERT INTO users (id, email) VALUES (1, 'a@example.com')`)
+			r := f.relay(t, opts)
+			done := runInBackground(t, r)
+			f.waitIndex(t)
+			pg.Exec(t, f.dsn, `DROP TABLE users`, schema[0], schema[1], `ALTER PUBLICATION keyswap ADD TABLE users`)
+			if tc.insert {
+				pg.Exec(t, f.dsn, `INSERT INTO users (id, email) VALUES (2, 'b@example.com')`)
+			}
+			var err error
+			select {
+			case err = <-done:
+			case <-time.After(redistest.Timeout):
+				t.Fatalf("the relay did not stop within %v after the table was created again; status %+v", redistest.Timeout, r.Status())
+			}
+			if !errors.Is(err, pgcdc.ErrRebuildRequired) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Run: %v; want ErrRebuildRequired, and %q", err, tc.want)
+			}
+			redistest.WantHash(t, f.client, f.prefix+"by-email", map[string]string{"a@example.com": "1"})
+		})
 	}
-	if !errors.Is(err, pgcdc.ErrRebuildRequired) || !strings.Contains(err.Error(), "not the table of that name the relay captures") {
-		t.Fatalf("Run: %v; want ErrRebuildRequired", err)
-	}
-	redistest.WantHash(t, f.client, f.prefix+"by-email", map[string]string{"a@example.com": "1"})
 }
