@@ -47,10 +47,15 @@
 // outbox table's):
 //
 //	keyswap.relay.changes         counter    {change}  changes applied
+//	keyswap.relay.dropped         counter    {change}  outbox rows dropped as stale (version not above the one applied)
 //	keyswap.relay.lag             histogram  s         commit to visible in Redis, per transaction (PostgreSQL) or row (outbox)
 //	keyswap.relay.pending         gauge      {change}  changes read and not yet applied
 //	keyswap.relay.backlog         gauge      By/{row}  WAL the slot holds (By), or rows in the outbox ({row})
 //	keyswap.relay.falling_behind  gauge      {relay}   1 while the backlog is past its threshold
 //	keyswap.relay.retries         counter    {call}    Apply calls tried again, with error.type
 //	keyswap.relay.reconnects      counter    {connection}  sources lost and connected again, with error.type
+//
+// The gauges are observed while the relay's Run runs, and no longer once it
+// returned, so that a relay one is done with leaves nothing registered
+// with the MeterProvider.
 package capture

@@ -16,6 +16,10 @@ type Status struct {
 	Position string
 	// Applied counts the changes applied since Run started.
 	Applied int64
+	// Dropped counts the changes dropped as stale since Run started: outbox
+	// rows whose version was not above the one applied for their item
+	// (always 0 for the PostgreSQL relay).
+	Dropped int64
 	// Pending counts the changes read from the source and not yet applied:
 	// the relay's lag in changes.
 	Pending int64

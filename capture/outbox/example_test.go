@@ -29,13 +29,18 @@ func Example() {
 		log.Fatal(err)
 	}
 
-	// The application: the change and its outbox row commit together.
+	// The application: the change and its outbox row commit together. The
+	// version comes from a counter that never goes back (the one-row table
+	// user_versions), taken after the change to the row.
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		log.Fatal(err)
 	}
+	if _, err := tx.ExecContext(ctx, `UPDATE users SET email = ? WHERE id = ?`, "b@example.com", "42"); err != nil {
+		log.Fatal(err)
+	}
 	var version int64
-	if err := tx.QueryRowContext(ctx, `UPDATE users SET email = ?, version = version + 1 WHERE id = ? RETURNING version`, "b@example.com", "42").Scan(&version); err != nil {
+	if err := tx.QueryRowContext(ctx, `UPDATE user_versions SET v = v + 1 RETURNING v`).Scan(&version); err != nil {
 		log.Fatal(err)
 	}
 	old, new := User{ID: "42", Email: "a@example.com"}, User{ID: "42", Email: "b@example.com"}

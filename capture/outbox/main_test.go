@@ -53,6 +53,42 @@ func indexes(prefix string) []rebuild.Builder[user] {
 	}
 }
 
+// recorder is a builder of the tests that writes nothing and records, in
+// order, the changes Apply gives it: the order in which the relay applied
+// them.
+type recorder struct {
+	key  string
+	mu   sync.Mutex
+	seen []string
+}
+
+var _ rebuild.Incremental[user] = (*recorder)(nil)
+
+func (r *recorder) Key() string                                  { return r.key }
+func (r *recorder) Build(*rebuild.Commands, []user) error        { return nil }
+func (r *recorder) Diff(_ *rebuild.Writes, old, new *user) error { r.add(old, new); return nil }
+
+// add records a change as "id:old>new" (emails; "-" for no value).
+func (r *recorder) add(old, new *user) {
+	id, o, n := "", "-", "-"
+	if old != nil {
+		id, o = old.ID, old.Email
+	}
+	if new != nil {
+		id, n = new.ID, new.Email
+	}
+	r.mu.Lock()
+	r.seen = append(r.seen, id+":"+o+">"+n)
+	r.mu.Unlock()
+}
+
+// changes returns the changes recorded so far.
+func (r *recorder) changes() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.seen)
+}
+
 // db is a database of one dialect with the table users and an outbox.
 type db struct {
 	dialect        outbox.Dialect
@@ -88,7 +124,7 @@ func openDB(t testing.TB, d outbox.Dialect, driver, source string, create bool) 
 	x := &db{dialect: d, driver: driver, source: source, sql: s, ob: ob}
 	if create {
 		ctx := context.Background()
-		if _, err := s.ExecContext(ctx, `CREATE TABLE users (id TEXT PRIMARY KEY, email TEXT, country TEXT)`); err != nil {
+		if _, err := s.ExecContext(ctx, `CREATE TABLE users (id TEXT PRIMARY KEY, email TEXT UNIQUE, country TEXT)`); err != nil {
 			t.Fatal(err)
 		}
 		if err := ob.Create(ctx, s); err != nil {
@@ -96,6 +132,16 @@ func openDB(t testing.TB, d outbox.Dialect, driver, source string, create bool) 
 		}
 	}
 	return x
+}
+
+// exec runs statements on x, and fails t on an error.
+func (x *db) exec(t *testing.T, sql ...string) {
+	t.Helper()
+	for _, q := range sql {
+		if _, err := x.sql.Exec(q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
 }
 
 // q rewrites the placeholders $1, $2... for the dialect.
@@ -137,10 +183,10 @@ func (x *db) change(ctx context.Context, id string, new *user) error {
 		_, err = tx.ExecContext(ctx, x.q(`DELETE FROM users WHERE id = $1`), id)
 		c = rebuild.Delete(old)
 	case exists:
-		_, err = tx.ExecContext(ctx, x.q(`UPDATE users SET email = $1, country = $2 WHERE id = $3`), new.Email, new.Country, id)
+		_, err = tx.ExecContext(ctx, x.q(`UPDATE users SET email = nullif($1, ''), country = $2 WHERE id = $3`), new.Email, new.Country, id)
 		c = rebuild.Update(old, *new)
 	default:
-		_, err = tx.ExecContext(ctx, x.q(`INSERT INTO users (id, email, country) VALUES ($1, $2, $3)`), id, new.Email, new.Country)
+		_, err = tx.ExecContext(ctx, x.q(`INSERT INTO users (id, email, country) VALUES ($1, nullif($2, ''), $3)`), id, new.Email, new.Country)
 		c = rebuild.Insert(*new)
 	}
 	if err != nil {

@@ -124,15 +124,15 @@ func (o *Outbox[T]) Create(ctx context.Context, db Execer) error {
 }
 
 // Write records change c of item in the outbox, through tx: call it in the
-// transaction that makes the change to the data, so that both commit or
-// neither does. item names the item (its table and key, "user:42"), and
-// version orders the changes of one item: each change must carry a
-// version higher than the item's previous one, such as a version column
-// incremented by the same UPDATE (the row lock then orders the
-// transactions), or a value of a sequence taken after the row is locked.
-// The relay applies the changes of an item in version order, whatever
-// order their rows were written or committed in, and drops a change whose
-// version is not above one it already applied for the item.
+// transaction that makes the change to the data, after the statement that
+// changes it, so that both commit or neither does. item names the item
+// (its table and key, "user:42"), and version orders the changes of one
+// item: each change must carry a version higher than every earlier change
+// of the item, across a delete and an insert of the item too, such as a
+// value of a sequence taken after the statement that changes the item's
+// row (see the package documentation, "Ordering"). The relay applies the
+// rows in id order, each item's rows in version order, and drops a change
+// whose version is not above one it already applied for the item.
 //
 // Write returns an error for an empty item, a change with neither an old
 // nor a new value, a value encoding/json cannot encode, or the insert's

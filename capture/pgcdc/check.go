@@ -122,19 +122,31 @@ func (r *Relay[T]) checkTable(ctx context.Context, conn *pgx.Conn, name string) 
 	schema, table := splitName(name)
 	ident := pgx.Identifier{schema, table}.Sanitize()
 	var (
+		oid       uint32
 		replident string
 		cols      []string
 	)
-	err := conn.QueryRow(ctx, `SELECT c.relreplident::text,
+	err := conn.QueryRow(ctx, `SELECT c.oid, c.relreplident::text,
 		array(SELECT attname::text FROM pg_attribute WHERE attrelid = c.oid AND attnum > 0 AND NOT attisdropped AND attgenerated = '' ORDER BY attnum)
 		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-		WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p')`, schema, table).Scan(&replident, &cols)
+		WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p')`, schema, table).Scan(&oid, &replident, &cols)
 	if errors.Is(err, pgx.ErrNoRows) {
+		if was, ok := r.oid(name); ok {
+			var now string
+			err := conn.QueryRow(ctx, `SELECT n.nspname || '.' || c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1`, was).Scan(&now)
+			if err == nil {
+				return fmt.Errorf("pgcdc: %w: table %s was renamed to %s; give the relay its new name (Table.Name) and run it again: it resumes where it stopped", ErrSetup, name, now)
+			}
+		}
 		return fmt.Errorf("pgcdc: %w: table %s does not exist (was it dropped?); the index has no source for its changes: give the relay the tables that exist, and rebuild the index", ErrSetup, name)
 	}
 	if err != nil {
 		return fmt.Errorf("pgcdc: read table %s: %w", name, err)
 	}
+	if was, ok := r.oid(name); ok && was != oid {
+		return fmt.Errorf("pgcdc: %w: table %s is not the table the relay captured (OID %d, now %d): it was dropped and created again, or another table took its name, and the rows of the old one are still in the index; drop the slot, create it again, then rebuild the index", ErrRebuildRequired, name, was, oid)
+	}
+	r.setOID(name, oid)
 	var published map[string]any
 	err = conn.QueryRow(ctx, `SELECT to_jsonb(p) FROM pg_publication_tables p WHERE pubname = $1 AND schemaname = $2 AND tablename = $3`,
 		r.opts.Publication, schema, table).Scan(&published)

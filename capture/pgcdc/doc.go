@@ -30,6 +30,13 @@
 // dropped), is not in the publication, is published with a row filter or a
 // column list, or lacks REPLICA IDENTITY FULL.
 //
+// The relay knows a captured table by its OID, as the checks find it: a
+// table renamed while the relay runs stops it at once with ErrSetup naming
+// the new name (its changes under the new name are never skipped as
+// another table's: given the table's name, the relay resumes with them),
+// and another table under a captured name (the table was dropped and
+// created again) stops it with ErrRebuildRequired before its first change.
+//
 // A slot streams only what is committed after it was created: create it,
 // then rebuild the index (see package capture, "Rebuilds").
 //
@@ -63,10 +70,11 @@
 //
 //   - ErrSetup, as above;
 //   - ErrRebuildRequired when changes were lost: PostgreSQL invalidated the
-//     slot (max_slot_wal_keep_size) or a captured table was truncated
-//     without Options.Truncate;
-//   - ErrRejected when a table's Change function returned an error: the
-//     changes before it are applied, and the relay stops before it;
+//     slot (max_slot_wal_keep_size), a captured table was truncated
+//     without Options.Truncate, or dropped and created again;
+//   - ErrRejected when a table's Change function returned an error for a
+//     row, or a value of the row cannot be decoded: the changes before it
+//     are applied, and the relay stops before it;
 //   - an Apply error that would come back (a builder's error, a key of
 //     another type, a missing right), and PostgreSQL refusing the
 //     connection for good.

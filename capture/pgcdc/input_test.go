@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/keyswap/keyswap/capture/pgcdc"
 	"github.com/keyswap/keyswap/capture/pgtest"
 	"github.com/keyswap/keyswap/internal/redistest"
@@ -26,6 +27,19 @@ func runErr(t *testing.T, r *pgcdc.Relay[user]) error {
 		t.Fatalf("Run did not return within %v", redistest.Timeout)
 	}
 	return err
+}
+
+// runInBackground runs r until it returns or the test ends, and returns a
+// channel of Run's error.
+func runInBackground(t *testing.T, r *pgcdc.Relay[user]) <-chan error {
+	ctx, cancel := context.WithCancel(context.Background())
+	done, finished := make(chan error, 1), make(chan struct{})
+	go func() {
+		defer close(finished)
+		done <- r.Run(ctx)
+	}()
+	t.Cleanup(func() { cancel(); <-finished })
+	return done
 }
 
 // confirmed returns the slot's confirmed position.
@@ -178,8 +192,7 @@ func TestTableDropped(t *testing.T) {
 	f := newFixture(t, pg, env.Standalone.Client(t))
 	pg.Exec(t, f.dsn, `INSERT INTO users (id, email) VALUES (1, 'a@example.com')`)
 	r := f.relay(t, f.options())
-	done := make(chan error, 1)
-	go func() { done <- runErr(t, r) }()
+	done := runInBackground(t, r)
 	f.waitIndex(t)
 	pg.Exec(t, f.dsn, `DROP TABLE users`)
 	var err error
@@ -290,5 +303,160 @@ func TestLostSlot(t *testing.T) {
 	redistest.WantClean(t, f.client, f.prefix)
 	if keys := redistest.Keys(t, f.client, f.prefix); len(keys) != 0 {
 		t.Fatalf("applied something: %v", keys)
+	}
+}
+
+// TestServerOutputSettings: the database's own DateStyle, IntervalStyle,
+// extra_float_digits and bytea_output (set for the database, so the
+// relay's connections inherit them) change how PostgreSQL prints values;
+// the relay sets the ones pgx decodes on its replication connection, so
+// that Change gets the same values whatever the server prints by default
+// (a timestamp in DMY order could not be decoded at all, a float8 would be
+// rounded).
+func TestServerOutputSettings(t *testing.T) {
+	f := newFixture(t, pg, env.Standalone.Client(t))
+	db := f.dsn[strings.LastIndex(f.dsn, "/")+1 : strings.Index(f.dsn, "?")]
+	pg.Exec(t, f.dsn,
+		`CREATE TABLE events (id bigint PRIMARY KEY, at timestamptz, day date, took interval, ratio float8, raw bytea)`,
+		`ALTER TABLE events REPLICA IDENTITY FULL`,
+		`ALTER PUBLICATION keyswap ADD TABLE events`,
+		`ALTER DATABASE `+db+` SET DateStyle = 'SQL, DMY'`,
+		`ALTER DATABASE `+db+` SET IntervalStyle = 'iso_8601'`,
+		`ALTER DATABASE `+db+` SET extra_float_digits = -3`,
+		`ALTER DATABASE `+db+` SET bytea_output = 'escape'`,
+	)
+	pg.Exec(t, f.dsn, `INSERT INTO events VALUES (1, '2024-03-01 12:34:56.789+00', '2024-03-01', '1 year 2 mons 3 days 04:05:06', 0.1::float8 + 0.2::float8, '\x00ff10')`)
+	rows := make(chan pgcdc.Row, 10)
+	// A setting of the connection string itself gives way too.
+	r, err := pgcdc.New(f.dsn+"&datestyle=German", f.rb, f.options(), usersTable(), pgcdc.Table[user]{Name: "events", Change: func(_, new pgcdc.Row) (rebuild.Change[user], bool, error) {
+		rows <- new
+		return rebuild.Change[user]{}, false, nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	running(t, r)
+	var got pgcdc.Row
+	select {
+	case got = <-rows:
+	case <-time.After(redistest.Timeout):
+		t.Fatalf("no row within %v; relay status %+v", redistest.Timeout, r.Status())
+	}
+	if st := r.Status(); st.Reconnects != 0 {
+		t.Errorf("status %+v: want no reconnect", st)
+	}
+	at, _ := got["at"].(time.Time)
+	day, _ := got["day"].(time.Time)
+	if !at.Equal(time.Date(2024, 3, 1, 12, 34, 56, 789e6, time.UTC)) || !day.Equal(time.Date(2024, 3, 1, 0, 0, 0, 0, time.UTC)) {
+		t.Errorf("at %v, day %v: want 2024-03-01 12:34:56.789 UTC and 2024-03-01", got["at"], got["day"])
+	}
+	if want := (pgtype.Interval{Months: 14, Days: 3, Microseconds: (4*3600 + 5*60 + 6) * 1e6, Valid: true}); got["took"] != want {
+		t.Errorf("took %#v, want %#v", got["took"], want)
+	}
+	a, b := 0.1, 0.2
+	if want := a + b; got["ratio"] != want { // 0.30000000000000004, which extra_float_digits = -3 prints as 0.3
+		t.Errorf("ratio %v, want %v", got["ratio"], want)
+	}
+	if raw, _ := got["raw"].([]byte); string(raw) != "\x00\xff\x10" {
+		t.Errorf("raw %#v, want 00ff10", got["raw"])
+	}
+}
+
+// TestUndecodableRowStops: a row with a value pgx cannot decode (a jsonb
+// number beyond float64's range) stops the relay with ErrRejected, naming
+// the column, after the changes before it are applied; it does not
+// reconnect over and over, and the slot is not acknowledged past it.
+func TestUndecodableRowStops(t *testing.T) {
+	f := newFixture(t, pg, env.Standalone.Client(t))
+	pg.Exec(t, f.dsn,
+		`ALTER TABLE users ADD COLUMN extra jsonb`,
+		`INSERT INTO users (id, email) VALUES (1, 'a@example.com')`,
+	)
+	lsn := f.commitAt(t, `INSERT INTO users (id, email, extra) VALUES (2, 'b@example.com', '{"n": 1e400}')`)
+	pg.Exec(t, f.dsn, `INSERT INTO users (id, email) VALUES (3, 'c@example.com')`)
+	r := f.relay(t, f.options())
+	err := runErr(t, r)
+	if !errors.Is(err, pgcdc.ErrRejected) || !strings.Contains(err.Error(), "column extra") || !strings.Contains(err.Error(), "table public.users") {
+		t.Fatalf("Run: %v; want ErrRejected naming the table and the column", err)
+	}
+	if st := r.Status(); st.Reconnects != 0 {
+		t.Errorf("status %+v: want no reconnect", st)
+	}
+	redistest.WantHash(t, f.client, f.prefix+"by-email", map[string]string{"a@example.com": "1"})
+	if diff, _ := f.slotProgress(t, lsn); diff >= 0 {
+		t.Fatalf("the slot was acknowledged %d bytes past the row that cannot be decoded", diff)
+	}
+}
+
+// TestTableRenamed: a captured table renamed while the relay runs stops it
+// at once (checks far apart do not matter), with an error that names the
+// new name; the changes made under the new name are not skipped: a relay
+// given the table again resumes with them, 0 lost, 0 stale.
+func TestTableRenamed(t *testing.T) {
+	f := newFixture(t, pg, env.Standalone.Client(t))
+	opts := f.options()
+	opts.CheckInterval = time.Hour // only the stream can tell in time
+	pg.Exec(t, f.dsn, `INSERT INTO users (id, email) VALUES (1, 'a@example.com')`)
+	r := f.relay(t, opts)
+	done := runInBackground(t, r)
+	f.waitIndex(t)
+	pg.Exec(t, f.dsn, `ALTER TABLE users RENAME TO people`, `INSERT INTO people (id, email) VALUES (2, 'b@example.com')`, `UPDATE people SET email = 'a2@example.com' WHERE id = 1`)
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(redistest.Timeout):
+		t.Fatalf("the relay did not stop within %v after the table was renamed; status %+v", redistest.Timeout, r.Status())
+	}
+	if !errors.Is(err, pgcdc.ErrSetup) || !strings.Contains(err.Error(), "table public.users was renamed to public.people") {
+		t.Fatalf("Run: %v; want ErrSetup naming the new name", err)
+	}
+	// Renamed back (or given the new name), a relay resumes: the changes
+	// made under the other name reach the index.
+	pg.Exec(t, f.dsn, `ALTER TABLE people RENAME TO users`)
+	running(t, f.relay(t, opts))
+	f.waitIndex(t)
+	redistest.WantHash(t, f.client, f.prefix+"by-email", map[string]string{"a2@example.com": "1", "b@example.com": "2"})
+}
+
+// TestTableRecreated: a captured table dropped and created again while the
+// relay runs is another table: the entries of the old one's rows are still
+// in the index, so the relay stops with ErrRebuildRequired, and applies
+// none of the new table's changes: at its first change, whatever the
+// checks' interval, or at the next check when there is none.
+func TestTableRecreated(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		check  time.Duration
+		insert bool
+		want   string
+	}{
+		{"a change", time.Hour, true, "not the table of that name the relay captures"},
+		{"no change", 0, false, "is not the table the relay captured"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, pg, env.Standalone.Client(t))
+			opts := f.options()
+			if tc.check != 0 {
+				opts.CheckInterval = tc.check
+			}
+			pg.Exec(t, f.dsn, `INSERT INTO users (id, email) VALUES (1, 'a@example.com')`)
+			r := f.relay(t, opts)
+			done := runInBackground(t, r)
+			f.waitIndex(t)
+			pg.Exec(t, f.dsn, `DROP TABLE users`, schema[0], schema[1], `ALTER PUBLICATION keyswap ADD TABLE users`)
+			if tc.insert {
+				pg.Exec(t, f.dsn, `INSERT INTO users (id, email) VALUES (2, 'b@example.com')`)
+			}
+			var err error
+			select {
+			case err = <-done:
+			case <-time.After(redistest.Timeout):
+				t.Fatalf("the relay did not stop within %v after the table was created again; status %+v", redistest.Timeout, r.Status())
+			}
+			if !errors.Is(err, pgcdc.ErrRebuildRequired) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Run: %v; want ErrRebuildRequired, and %q", err, tc.want)
+			}
+			redistest.WantHash(t, f.client, f.prefix+"by-email", map[string]string{"a@example.com": "1"})
+		})
 	}
 }

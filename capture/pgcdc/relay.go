@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"regexp"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -91,6 +92,9 @@ type Relay[T any] struct {
 	running atomic.Bool
 	acked   atomic.Uint64 // every change up to this LSN is applied
 
+	mu   sync.Mutex
+	oids map[string]uint32 // the tables' OIDs by qualified name, as the checks found them
+
 	// onApplied, when set (by tests), is called after each Apply with the
 	// commit times of the transactions it completed.
 	onApplied func(commits []time.Time, at time.Time)
@@ -138,7 +142,7 @@ func New[T any](connString string, r *rebuild.Rebuilder[T], opts Options, tables
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	rl := &Relay[T]{rb: r, opts: opts, config: cfg, tables: map[string]Table[T]{}}
+	rl := &Relay[T]{rb: r, opts: opts, config: cfg, tables: map[string]Table[T]{}, oids: map[string]uint32{}}
 	for _, t := range tables {
 		q := qualified(t.Name)
 		if t.Change == nil {
@@ -155,6 +159,37 @@ func New[T any](connString string, r *rebuild.Rebuilder[T], opts Options, tables
 	}
 	rl.track = track.New("postgres", opts.Slot, "By", opts.MeterProvider)
 	return rl, nil
+}
+
+// oid returns the OID the checks found for the table name (qualified).
+func (r *Relay[T]) oid(name string) (uint32, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	oid, ok := r.oids[name]
+	return oid, ok
+}
+
+// setOID records the OID a check found for the table name.
+func (r *Relay[T]) setOID(name string, oid uint32) {
+	r.mu.Lock()
+	r.oids[name] = oid
+	r.mu.Unlock()
+}
+
+// captured returns the name the relay was given for the table whose OID is
+// oid, and false for a table it does not capture. A captured table is the
+// one the checks found, whatever name the stream gives it: the stream's
+// catalog is the one of the time of each change, so it may show an older
+// name (a table since renamed).
+func (r *Relay[T]) captured(oid uint32) (string, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for name, o := range r.oids {
+		if o == oid {
+			return name, true
+		}
+	}
+	return "", false
 }
 
 // Status returns the relay's status: see capture.Status. Position is the
@@ -191,6 +226,7 @@ func (r *Relay[T]) Run(ctx context.Context) error {
 	}
 	defer r.running.Store(false)
 	defer r.track.Connected(false)
+	defer r.track.Observe()()
 	failures := 0
 	for {
 		before := r.acked.Load()

@@ -2,6 +2,7 @@ package pgcdc_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -134,15 +135,42 @@ func TestMetrics(t *testing.T) {
 	opts := f.options()
 	opts.MeterProvider = sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	r := f.relay(t, opts)
-	running(t, r)
+	stop := running(t, r)
 	pg.Exec(t, f.dsn, `INSERT INTO users (id, email) VALUES (1, 'a@example.com'), (2, 'b@example.com')`, `DELETE FROM users WHERE id = 2`)
 	f.waitIndex(t)
 	waitFor(t, "3 changes applied", func() bool { return r.Status().Applied == 3 })
+	want := attribute.NewSet(attribute.String("keyswap.relay", "postgres"), attribute.String("keyswap.source", f.slot))
+	got := collect(t, reader, want)
+	if got["keyswap.relay.changes"] != int64(3) || got["keyswap.relay.lag"] != uint64(2) || got["keyswap.relay.pending"] != int64(0) || got["keyswap.relay.falling_behind"] != int64(0) {
+		t.Errorf("metrics %v: want 3 changes, the lag of 2 transactions, 0 pending, not falling behind", got)
+	}
+	if _, ok := got["keyswap.relay.backlog"]; !ok {
+		t.Errorf("metrics %v: no backlog", got)
+	}
+	// Once Run returned, the relay's gauges are no longer observed: the
+	// MeterProvider does not keep the relay.
+	if err := stop(); !errors.Is(err, context.Canceled) {
+		t.Fatal(err)
+	}
+	got = collect(t, reader, want)
+	for _, name := range []string{"keyswap.relay.pending", "keyswap.relay.backlog", "keyswap.relay.falling_behind"} {
+		if v, ok := got[name]; ok {
+			t.Errorf("after Run returned, %s is still observed (%v)", name, v)
+		}
+	}
+	if got["keyswap.relay.changes"] != int64(3) {
+		t.Errorf("metrics %v after Run returned: want the 3 changes counted", got)
+	}
+}
+
+// collect collects the metrics of the relays' scope with the attributes
+// want: a counter's value, a gauge's value, a histogram's count, by name.
+func collect(t *testing.T, reader *sdkmetric.ManualReader, want attribute.Set) map[string]any {
+	t.Helper()
 	var rm metricdata.ResourceMetrics
 	if err := reader.Collect(context.Background(), &rm); err != nil {
 		t.Fatal(err)
 	}
-	want := attribute.NewSet(attribute.String("keyswap.relay", "postgres"), attribute.String("keyswap.source", f.slot))
 	got := map[string]any{}
 	for _, sm := range rm.ScopeMetrics {
 		if sm.Scope.Name != "github.com/keyswap/keyswap/capture" {
@@ -171,10 +199,5 @@ func TestMetrics(t *testing.T) {
 			}
 		}
 	}
-	if got["keyswap.relay.changes"] != int64(3) || got["keyswap.relay.lag"] != uint64(2) || got["keyswap.relay.pending"] != int64(0) || got["keyswap.relay.falling_behind"] != int64(0) {
-		t.Errorf("metrics %v: want 3 changes, the lag of 2 transactions, 0 pending, not falling behind", got)
-	}
-	if _, ok := got["keyswap.relay.backlog"]; !ok {
-		t.Errorf("metrics %v: no backlog", got)
-	}
+	return got
 }

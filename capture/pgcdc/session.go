@@ -31,7 +31,8 @@ type entry[T any] struct {
 
 // rowError is an error of the stream at a row change (a rejected row, one
 // that cannot be decoded or lacks its old row): the changes before it are
-// applied before the relay stops.
+// applied before the relay stops. Its error matches ErrRejected or
+// ErrSetup, which transient reports as errors that would come back.
 type rowError struct{ err error }
 
 func (e rowError) Error() string { return e.err.Error() }
@@ -122,7 +123,8 @@ func (p *pipe[T]) take(max int) []entry[T] {
 
 // relation is a table as the stream describes it.
 type relation struct {
-	name     string // qualified
+	name     string // qualified, as the stream names it
+	table    string // the name the relay was given for it, "" when not captured
 	identity uint8
 	columns  []*pglogrepl.RelationMessageColumn
 }
@@ -147,10 +149,7 @@ func (r *Relay[T]) session(ctx context.Context) (err error) {
 		}
 	}
 	rc := r.config.Config.Copy()
-	if rc.RuntimeParams == nil {
-		rc.RuntimeParams = map[string]string{}
-	}
-	rc.RuntimeParams["replication"] = "database"
+	rc.RuntimeParams = replicationParams(rc.RuntimeParams)
 	repl, err := pgconn.ConnectConfig(ctx, rc)
 	if err != nil {
 		return fmt.Errorf("pgcdc: open a replication connection: %w", err)
@@ -175,6 +174,7 @@ func (r *Relay[T]) session(ctx context.Context) (err error) {
 	sctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	p := newPipe[T]()
+	checkNow := make(chan struct{}, 1)
 	var wg sync.WaitGroup
 	wg.Add(2)
 	go func() {
@@ -183,9 +183,9 @@ func (r *Relay[T]) session(ctx context.Context) (err error) {
 	}()
 	go func() {
 		defer wg.Done()
-		cancel(r.watch(sctx, check))
+		cancel(r.watch(sctx, check, checkNow))
 	}()
-	err = r.stream(sctx, repl, p)
+	err = r.stream(sctx, repl, p, checkNow)
 	var rowErr rowError
 	if errors.As(err, &rowErr) {
 		// Apply what came before the row, then stop with its error.
@@ -195,6 +195,44 @@ func (r *Relay[T]) session(ctx context.Context) (err error) {
 	}
 	wg.Wait()
 	return context.Cause(sctx)
+}
+
+// outputParams are the settings of the replication connection that decide
+// how PostgreSQL prints the values of the rows it streams, set to what
+// pgx's decoding of the text format reads: the server's or the database's
+// own defaults could be DateStyle 'SQL, DMY' (a timestamp pgx cannot
+// parse), IntervalStyle 'iso_8601', bytea_output 'escape', or a low
+// extra_float_digits (a float8 printed rounded: a wrong value, not an
+// error), and the client encoding the database's.
+var outputParams = map[string]string{
+	"DateStyle":          "ISO",
+	"IntervalStyle":      "postgres",
+	"extra_float_digits": "3",
+	"bytea_output":       "hex",
+	"client_encoding":    "UTF8",
+}
+
+// replicationParams returns the startup parameters of the replication
+// connection: the connection string's, with replication=database and
+// outputParams instead of any of the same names (PostgreSQL's parameter
+// names ignore case).
+func replicationParams(params map[string]string) map[string]string {
+	out := map[string]string{"replication": "database"}
+	for k, v := range params {
+		if _, ours := out[strings.ToLower(k)]; ours {
+			continue
+		}
+		out[k] = v
+	}
+	for k, v := range outputParams {
+		for have := range out {
+			if strings.EqualFold(have, k) {
+				delete(out, have)
+			}
+		}
+		out[k] = v
+	}
+	return out
 }
 
 // startError maps an error of START_REPLICATION.
@@ -226,8 +264,9 @@ func (r *Relay[T]) sendStatus(repl *pgconn.PgConn, reply bool) error {
 
 // stream reads the replication stream into p, and sends the standby status
 // updates, until an error or the end of ctx. It waits, still sending the
-// updates, while p holds more than a few batches.
-func (r *Relay[T]) stream(ctx context.Context, repl *pgconn.PgConn, p *pipe[T]) error {
+// updates, while p holds more than a few batches. It signals checkNow when
+// a captured table comes under another name (renamed).
+func (r *Relay[T]) stream(ctx context.Context, repl *pgconn.PgConn, p *pipe[T], checkNow chan struct{}) error {
 	types := pgtype.NewMap()
 	rels := map[uint32]*relation{}
 	inTx := false
@@ -305,7 +344,7 @@ func (r *Relay[T]) stream(ctx context.Context, repl *pgconn.PgConn, p *pipe[T]) 
 			}
 			switch m := m.(type) {
 			case *pglogrepl.RelationMessage:
-				rels[m.RelationID] = &relation{name: m.Namespace + "." + m.RelationName, identity: m.ReplicaIdentity, columns: m.Columns}
+				err = r.relation(rels, m, xld.WALStart, checkNow)
 			case *pglogrepl.BeginMessage:
 				inTx, commitTime = true, m.CommitTime
 			case *pglogrepl.CommitMessage:
@@ -320,10 +359,8 @@ func (r *Relay[T]) stream(ctx context.Context, repl *pgconn.PgConn, p *pipe[T]) 
 			case *pglogrepl.TruncateMessage:
 				var names []string
 				for _, id := range m.RelationIDs {
-					if rel, ok := rels[id]; ok {
-						if _, captured := r.tables[rel.name]; captured {
-							names = append(names, rel.name)
-						}
+					if rel, ok := rels[id]; ok && rel.table != "" {
+						names = append(names, rel.table)
 					}
 				}
 				if names != nil {
@@ -337,17 +374,45 @@ func (r *Relay[T]) stream(ctx context.Context, repl *pgconn.PgConn, p *pipe[T]) 
 	}
 }
 
+// relation records the table that m describes. A table is captured by
+// its OID, the one the checks found for a name the relay was given, so
+// that its changes are never skipped as those of another table when it is
+// renamed: a captured table under another name makes the watcher check the
+// tables now (and stop the relay, with an error that names the new name,
+// if the rename is not only in the past of the stream). A table of
+// another OID under a captured name is another table than the one the
+// index was built from (the captured one was dropped and created again,
+// or another one took its name): the relay stops before its changes.
+func (r *Relay[T]) relation(rels map[uint32]*relation, m *pglogrepl.RelationMessage, at pglogrepl.LSN, checkNow chan struct{}) error {
+	rel := &relation{name: m.Namespace + "." + m.RelationName, identity: m.ReplicaIdentity, columns: m.Columns}
+	rels[m.RelationID] = rel
+	if table, ok := r.captured(m.RelationID); ok {
+		rel.table = table
+		if rel.name != table {
+			signal(checkNow)
+		}
+		return nil
+	}
+	if _, ok := r.tables[rel.name]; ok {
+		was, _ := r.oid(rel.name)
+		return rowError{fmt.Errorf("pgcdc: %w: at %s the stream has table %s of OID %d, not the table of that name the relay captures (OID %d): "+
+			"the table was dropped and created again, or another table took its name, and the rows of the old one are still in the index; drop the slot, create it again, then rebuild the index",
+			ErrRebuildRequired, at, rel.name, m.RelationID, was)}
+	}
+	return nil
+}
+
 // change turns a row change of a captured table into an item's change,
 // through the table's function, and hands it to the applier.
 func (r *Relay[T]) change(p *pipe[T], types *pgtype.Map, rels map[uint32]*relation, id uint32, op string, at pglogrepl.LSN, commit time.Time, oldTuple *pglogrepl.TupleData, oldType uint8, newTuple *pglogrepl.TupleData) error {
 	rel, ok := rels[id]
 	if !ok {
-		return rowError{fmt.Errorf("pgcdc: %s at %s of relation %d, which the stream never described", op, at, id)}
+		return rowError{fmt.Errorf("pgcdc: %w: %s at %s of relation %d, which the stream never described", ErrRejected, op, at, id)}
 	}
-	t, ok := r.tables[rel.name]
-	if !ok {
+	if rel.table == "" {
 		return nil // another table of the publication
 	}
+	t := r.tables[rel.table]
 	var old, new Row
 	var err error
 	if op != "INSERT" {
@@ -357,12 +422,12 @@ func (r *Relay[T]) change(p *pipe[T], types *pgtype.Map, rels map[uint32]*relati
 			return rowError{fmt.Errorf("pgcdc: %w: %s at %s of table %s came without the whole old row: the table's REPLICA IDENTITY is not FULL (ALTER TABLE %s REPLICA IDENTITY FULL)", ErrSetup, op, at, rel.name, rel.name)}
 		}
 		if old, err = decodeRow(types, rel, oldTuple, nil); err != nil {
-			return rowError{fmt.Errorf("pgcdc: %s at %s of table %s: old row: %w", op, at, rel.name, err)}
+			return rowError{fmt.Errorf("pgcdc: %w: %s at %s of table %s: old row: %w", ErrRejected, op, at, rel.name, err)}
 		}
 	}
 	if newTuple != nil {
 		if new, err = decodeRow(types, rel, newTuple, old); err != nil {
-			return rowError{fmt.Errorf("pgcdc: %s at %s of table %s: new row: %w", op, at, rel.name, err)}
+			return rowError{fmt.Errorf("pgcdc: %w: %s at %s of table %s: new row: %w", ErrRejected, op, at, rel.name, err)}
 		}
 	}
 	c, ok, err := t.Change(old, new)
@@ -461,7 +526,7 @@ func (r *Relay[T]) apply(ctx context.Context, p *pipe[T]) error {
 				}
 			}
 			if len(changes) > 0 {
-				if err := track.Apply(ctx, r.track, r.rb, changes); err != nil {
+				if err := track.Apply(ctx, r.track, r.rb, changes, nil); err != nil {
 					return err
 				}
 			}
@@ -479,9 +544,10 @@ func (r *Relay[T]) apply(ctx context.Context, p *pipe[T]) error {
 	}
 }
 
-// watch checks the database every CheckInterval: the slot's backlog, and
-// whether the slot was invalidated or a table dropped or changed.
-func (r *Relay[T]) watch(ctx context.Context, conn *pgx.Conn) error {
+// watch checks the database every CheckInterval, and when signalled on
+// now: the slot's backlog, and whether the slot was invalidated or a table
+// dropped, renamed or changed.
+func (r *Relay[T]) watch(ctx context.Context, conn *pgx.Conn, now chan struct{}) error {
 	ticker := time.NewTicker(r.opts.CheckInterval)
 	defer ticker.Stop()
 	for {
@@ -489,6 +555,7 @@ func (r *Relay[T]) watch(ctx context.Context, conn *pgx.Conn) error {
 		case <-ctx.Done():
 			return context.Cause(ctx)
 		case <-ticker.C:
+		case <-now:
 		}
 		st, err := r.check(ctx, conn)
 		if err != nil {

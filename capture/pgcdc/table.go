@@ -11,7 +11,11 @@ import (
 // from PostgreSQL's text format as pgx decodes them (int4 as int32, int8 as
 // int64, text and varchar as string, bool, float8 as float64, timestamptz as
 // time.Time, numeric as pgtype.Numeric, ...); a type pgx does not know is a
-// string; NULL is nil.
+// string; NULL is nil. The relay's replication connection sets the
+// settings that decide how PostgreSQL prints values (DateStyle ISO,
+// IntervalStyle postgres, extra_float_digits 3, bytea_output hex,
+// client_encoding UTF8) whatever the server's or the database's defaults,
+// so that values decode alike on every server.
 type Row map[string]any
 
 // Table is a table whose row changes the relay captures.

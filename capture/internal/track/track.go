@@ -31,9 +31,10 @@ type Tracker struct {
 	attrs       metric.MeasurementOption
 	backlogUnit string
 
-	changes, retries, reconnects metric.Int64Counter
-	lag                          metric.Float64Histogram
-	reg                          metric.Registration
+	changes, dropped, retries, reconnects metric.Int64Counter
+	lag                                   metric.Float64Histogram
+	meter                                 metric.Meter
+	gauges                                []metric.Int64ObservableGauge // pending, backlog, falling behind; nil when they could not be created
 
 	mu      sync.Mutex
 	st      capture.Status
@@ -71,6 +72,7 @@ func New(kind, source, backlogUnit string, mp metric.MeterProvider) *Tracker {
 		return c
 	}
 	t.changes = counter("keyswap.relay.changes", "{change}", "Changes a relay applied to the index.")
+	t.dropped = counter("keyswap.relay.dropped", "{change}", "Changes a relay dropped as stale: outbox rows whose version was not above the one applied for their item.")
 	t.retries = counter("keyswap.relay.retries", "{call}", "Apply calls a relay tried again, by error.type.")
 	t.reconnects = counter("keyswap.relay.reconnects", "{connection}", "Times a relay lost its source and connected again, by error.type.")
 	lag, err := m.Float64Histogram("keyswap.relay.lag", metric.WithUnit("s"),
@@ -87,21 +89,7 @@ func New(kind, source, backlogUnit string, mp metric.MeterProvider) *Tracker {
 	if err := errors.Join(err1, err2, err3); err != nil {
 		errs = append(errs, err)
 	} else if pending != nil && backlog != nil && behind != nil {
-		reg, err := m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
-			st := t.Status()
-			var fb int64
-			if st.FallingBehind {
-				fb = 1
-			}
-			o.ObserveInt64(pending, st.Pending, t.attrs)
-			o.ObserveInt64(backlog, st.Backlog, t.attrs)
-			o.ObserveInt64(behind, fb, t.attrs)
-			return nil
-		}, pending, backlog, behind)
-		if err != nil {
-			errs = append(errs, err)
-		}
-		t.reg = reg
+		t.meter, t.gauges = m, []metric.Int64ObservableGauge{pending, backlog, behind}
 	}
 	if err := errors.Join(errs...); err != nil {
 		otel.Handle(err)
@@ -109,11 +97,32 @@ func New(kind, source, backlogUnit string, mp metric.MeterProvider) *Tracker {
 	return t
 }
 
-// Close stops observing the gauges.
-func (t *Tracker) Close() {
-	if t.reg != nil {
-		_ = t.reg.Unregister()
+// Observe starts reporting the gauges (pending, backlog, falling behind),
+// and returns the function that stops it. A relay observes them while its
+// Run runs, so that a relay done with leaves nothing registered with the
+// MeterProvider, which would keep it, and report its last values, for
+// good.
+func (t *Tracker) Observe() (stop func()) {
+	if t.meter == nil {
+		return func() {}
 	}
+	pending, backlog, behind := t.gauges[0], t.gauges[1], t.gauges[2]
+	reg, err := t.meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		st := t.Status()
+		var fb int64
+		if st.FallingBehind {
+			fb = 1
+		}
+		o.ObserveInt64(pending, st.Pending, t.attrs)
+		o.ObserveInt64(backlog, st.Backlog, t.attrs)
+		o.ObserveInt64(behind, fb, t.attrs)
+		return nil
+	}, pending, backlog, behind)
+	if err != nil {
+		otel.Handle(err)
+		return func() {}
+	}
+	return func() { _ = reg.Unregister() }
 }
 
 // Status returns a copy of the status.
@@ -167,16 +176,7 @@ func (t *Tracker) Drop() {
 func (t *Tracker) Applied(ctx context.Context, n int, commits []time.Time) {
 	now := t.now()
 	t.mu.Lock()
-	for left := n; left > 0 && len(t.pending) > 0; {
-		if t.pending[0].n <= left {
-			left -= t.pending[0].n
-			t.pending = t.pending[1:]
-		} else {
-			t.pending[0].n -= left
-			left = 0
-		}
-	}
-	t.st.Pending = max(0, t.st.Pending-int64(n))
+	t.donePendingLocked(n)
 	t.st.Applied += int64(n)
 	t.st.LastApplied = now
 	if len(commits) > 0 {
@@ -190,6 +190,34 @@ func (t *Tracker) Applied(ctx context.Context, n int, commits []time.Time) {
 	for _, c := range commits {
 		t.lag.Record(ctx, max(0, now.Sub(c).Seconds()), t.attrs)
 	}
+}
+
+// Dropped records the oldest n changes read as dropped: stale, never
+// applied.
+func (t *Tracker) Dropped(ctx context.Context, n int) {
+	if n == 0 {
+		return
+	}
+	t.mu.Lock()
+	t.donePendingLocked(n)
+	t.st.Dropped += int64(n)
+	t.mu.Unlock()
+	t.dropped.Add(ctx, int64(n), t.attrs)
+}
+
+// donePendingLocked removes the oldest n changes from those pending. t.mu
+// is held.
+func (t *Tracker) donePendingLocked(n int) {
+	for left := n; left > 0 && len(t.pending) > 0; {
+		if t.pending[0].n <= left {
+			left -= t.pending[0].n
+			t.pending = t.pending[1:]
+		} else {
+			t.pending[0].n -= left
+			left = 0
+		}
+	}
+	t.st.Pending = max(0, t.st.Pending-int64(n))
 }
 
 // Backlog records the source's backlog and whether it is past the
@@ -250,10 +278,17 @@ func Sleep(ctx context.Context, d time.Duration) error {
 
 // Apply applies changes through r, in one call, and tries again, after a
 // backoff, as long as the error is one that may go away (see Retryable).
-// It returns nil once applied, the first error that will not go away, or
-// ctx's cause.
-func Apply[T any](ctx context.Context, t *Tracker, r *rebuild.Rebuilder[T], changes []rebuild.Change[T]) error {
+// Before each call it calls check, when not nil, and returns its error
+// without applying: check proves that the relay may still apply (it holds
+// its lock). It returns nil once applied, check's error, the first error
+// of Apply that will not go away, or ctx's cause.
+func Apply[T any](ctx context.Context, t *Tracker, r *rebuild.Rebuilder[T], changes []rebuild.Change[T], check func(context.Context) error) error {
 	for attempt := 0; ; attempt++ {
+		if check != nil {
+			if err := check(ctx); err != nil {
+				return err
+			}
+		}
 		err := r.Apply(ctx, changes...)
 		if err == nil {
 			return nil

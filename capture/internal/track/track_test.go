@@ -30,7 +30,6 @@ func TestRetryable(t *testing.T) {
 
 func TestPending(t *testing.T) {
 	tr := New("test", "src", "{row}", nil)
-	defer tr.Close()
 	c0 := time.Unix(100, 0)
 	tr.Read(2, c0)
 	tr.Read(3, c0.Add(time.Second))
