@@ -18,51 +18,68 @@ const catchUpChunk = 1000
 
 // catchUp replays the changes applied during the run (see Apply) onto the
 // temp keys, from each lock's log, until what is left is short enough for
-// the publish to replay: at most PublishTail entries. It returns an error
-// matching ErrFallingBehind once deadline has passed with more left, or
-// when a log reached its bound.
+// the publish to replay: at most PublishTail entries, of at most
+// PublishTailWork ops and arguments. It returns an error matching
+// ErrFallingBehind once deadline has passed with more left, or when a log
+// reached its bound.
 //
-// Each round trip reads the next entries of every log, and writes the
-// previous ones: as transactions like the batches', which advance the
-// run's record, so that the publish can tell whether Redis lost any of
-// them.
+// The logs are input from other processes. Each round trip reads, in one
+// transaction per log, the next entries, the log's length and the counts
+// Apply keeps in the lock's record: a log shorter than its count lost
+// changes (ErrWritesLost), a longer one holds entries nobody counted
+// (ErrTampered). Every entry must be a change of its builder's keys
+// (ErrTampered otherwise, naming the log, the entry and the key). The
+// same round trip writes the previous entries: as transactions like the
+// batches', which advance the run's record, so that the publish can tell
+// whether Redis lost any of them.
 func (x *execution[T]) catchUp(ctx context.Context, deadline time.Time) error {
 	r := x.r
 	cb := r.redis.Client().B()
 	for {
-		cmds := make(rueidis.Commands, 0, 2*len(x.locks))
+		cmds := make(rueidis.Commands, 0, 5*len(x.locks))
 		for i, l := range x.locks {
 			log := keys.LogKey(l.Key)
-			cmds = append(cmds, cb.Lrange().Key(log).Start(x.offsets[i]).Stop(x.offsets[i]+catchUpChunk-1).Build(),
-				cb.Llen().Key(log).Build())
+			cmds = append(cmds, cb.Multi().Build(),
+				cb.Lrange().Key(log).Start(x.offsets[i]).Stop(x.offsets[i]+catchUpChunk-1).Build(),
+				cb.Llen().Key(log).Build(),
+				cb.Hmget().Key(keys.RecordKey(l.Key)).Field(run.FieldLogged, run.FieldWork).Build(),
+				cb.Exec().Build())
 		}
 		res := r.redis.Client().DoMulti(ctx, cmds...)
 		var txns []*txn
-		var read, behind int64
+		var read, behind, work int64
 		for i, l := range x.locks {
-			entries, err := res[2*i].AsStrSlice()
-			if err == nil {
-				var n int64
-				n, err = res[2*i+1].AsInt64()
-				behind += max(0, n-x.offsets[i]-int64(len(entries)))
-			}
+			log := keys.LogKey(l.Key)
+			entries, count, counted, err := readLog(res[5*i : 5*i+5])
 			if err != nil {
-				return run.Fail(ctx, "catch-up", r.key, fmt.Errorf("reading %s: %w", keys.LogKey(l.Key), err))
+				if perr := run.Refused(err); perr != nil {
+					err = perr
+				}
+				return run.Fail(ctx, "catch-up", r.key, fmt.Errorf("reading %s: %w", log, err))
 			}
-			for _, e := range entries {
+			if err := x.logs.Check(i, count); err != nil {
+				return &Error{Op: "catch-up", Key: r.lives[i], Err: err}
+			}
+			for j, e := range entries {
+				index := x.offsets[i] + int64(j)
 				ops, err := run.DecodeEntry(e)
 				if errors.Is(err, ErrFallingBehind) {
-					return &Error{Op: "catch-up", Key: r.lives[i], Err: fmt.Errorf("%w: %s reached its bound of changes (Options.MaxChanges of the Rebuilder that applies them), so later changes were not logged; every live key left unchanged (and holds every change)", ErrFallingBehind, keys.LogKey(l.Key))}
+					return &Error{Op: "catch-up", Key: r.lives[i], Err: fmt.Errorf("%w: %s reached its bound of changes (Options.MaxChanges of the Rebuilder that applies them), so later changes were not logged; every live key left unchanged (and holds every change)", ErrFallingBehind, log)}
 				}
 				if err != nil {
-					return &Error{Op: "catch-up", Key: r.lives[i], Err: fmt.Errorf("%s: %w", keys.LogKey(l.Key), err)}
+					return &Error{Op: "catch-up", Key: r.lives[i], Err: run.BadEntry(log, index, err)}
 				}
-				if txns, err = x.replay(txns, i, ops); err != nil {
+				if txns, err = x.replay(txns, i, index, ops); err != nil {
 					return err
+				}
+				for _, op := range ops {
+					x.work[i] += op.Work()
 				}
 			}
 			x.offsets[i] += int64(len(entries))
 			read += int64(len(entries))
+			behind += max(0, count.Len-x.offsets[i])
+			work += max(0, counted-x.work[i])
 		}
 		if len(txns) > 0 {
 			for _, t := range txns {
@@ -77,24 +94,63 @@ func (x *execution[T]) catchUp(ctx context.Context, deadline time.Time) error {
 		}
 		x.replayed.Add(read)
 		switch {
-		case behind <= PublishTail:
+		case behind <= PublishTail && work <= PublishTailWork:
 			return nil
 		case time.Now().After(deadline):
-			return &Error{Op: "catch-up", Key: r.key, Err: fmt.Errorf("%w: %d changes still to replay after catching up for %v (Options.CatchUpTimeout): they arrive faster than the run replays them; every live key left unchanged (and holds every change)", ErrFallingBehind, behind, r.opts.CatchUpTimeout)}
+			return &Error{Op: "catch-up", Key: r.key, Err: fmt.Errorf("%w: %d changes (%d ops and arguments) still to replay after catching up for %v (Options.CatchUpTimeout): they arrive faster than the run replays them; every live key left unchanged (and holds every change)", ErrFallingBehind, behind, work, r.opts.CatchUpTimeout)}
 		case ctx.Err() != nil:
 			return nil // run reports the cause
 		}
 	}
 }
 
-// replay adds ops, from the log of lock i, to txns as writes of builder
-// i's temp keys: transactions of at most BatchSize commands.
-func (x *execution[T]) replay(txns []*txn, i int, ops []run.Op) ([]*txn, error) {
+// readLog reads the replies of one log's read transaction: MULTI, LRANGE,
+// LLEN, HMGET logged work, EXEC. It returns the entries, the log's length
+// and count, and the work Apply counted.
+func readLog(res []rueidis.RedisResult) (entries []string, c run.LogCount, work int64, err error) {
+	replies, err := execReplies(res, 3)
+	if err != nil {
+		return nil, c, 0, err
+	}
+	if entries, err = replies[0].AsStrSlice(); err != nil {
+		return nil, c, 0, err
+	}
+	if c.Len, err = replies[1].AsInt64(); err != nil {
+		return nil, c, 0, err
+	}
+	counts, err := replies[2].ToArray()
+	if err != nil || len(counts) != 2 {
+		return nil, c, 0, fmt.Errorf("HMGET of the record's counts: %v %w", counts, err)
+	}
+	for i, dst := range []*int64{&c.Logged, &work} {
+		if counts[i].IsNil() {
+			continue
+		}
+		if *dst, err = counts[i].AsInt64(); err != nil {
+			return nil, c, 0, fmt.Errorf("the record's %s: %w", []string{run.FieldLogged, run.FieldWork}[i], err)
+		}
+	}
+	return entries, c, work, nil
+}
+
+// replay adds ops, entry index of the log of lock i, to txns as writes of
+// builder i's temp keys: transactions of at most BatchSize commands. An op
+// on a key that is not builder i's fails the run with ErrTampered, naming
+// the log, the entry and the key: Apply logs no such op.
+func (x *execution[T]) replay(txns []*txn, i int, index int64, ops []run.Op) ([]*txn, error) {
 	cb := x.r.redis.Client().B()
+	o := x.r.owners[i]
+	log := run.LogOffset{Key: keys.LogKey(x.locks[i].Key), Owner: o.key, Family: o.family}
+	if err := run.CheckEntry(log, index, ops); err != nil {
+		return nil, &Error{Op: "catch-up", Key: x.r.lives[i], Err: err}
+	}
 	for _, op := range ops {
 		t, err := x.targets.get(i, op.Key)
+		if errors.Is(err, ErrTooManyKeys) {
+			return nil, &Error{Op: "catch-up", Key: x.r.lives[i], Err: fmt.Errorf("the changes applied during the run add keys past the bound: %w", err)}
+		}
 		if err != nil {
-			return nil, &Error{Op: "catch-up", Key: x.r.lives[i], Err: fmt.Errorf("a change applied during the run writes a key this run does not rebuild (does another process apply changes to %q with a different definition?): %w", x.r.lives[i], err)}
+			return nil, &Error{Op: "catch-up", Key: x.r.lives[i], Err: err}
 		}
 		var cur *txn
 		if n := len(txns); n > 0 && len(txns[n-1].cmds) < x.r.opts.BatchSize {
@@ -103,7 +159,11 @@ func (x *execution[T]) replay(txns []*txn, i int, ops []run.Op) ([]*txn, error) 
 			cur = &txn{label: "replayed changes"}
 			txns = append(txns, cur)
 		}
-		cur.cmds = append(cur.cmds, cb.Arbitrary(op.Cmd).Keys(t.Key).Args(op.Args...).Build())
+		if op.Conditional() {
+			cur.cmds = append(cur.cmds, cb.Eval().Script(run.RemoveIfSource()).Numkeys(1).Key(t.Key).Arg(op.Cmd).Arg(op.Args...).Build())
+		} else {
+			cur.cmds = append(cur.cmds, cb.Arbitrary(op.Cmd).Keys(t.Key).Args(op.Args...).Build())
+		}
 		cur.writes = append(cur.writes, t)
 		if op.Removes() && !slices.Contains(cur.probes, t) {
 			cur.probes = append(cur.probes, t)
@@ -117,7 +177,9 @@ func (x *execution[T]) replay(txns []*txn, i int, ops []run.Op) ([]*txn, error) 
 func (x *execution[T]) logOffsets() []run.LogOffset {
 	out := make([]run.LogOffset, len(x.locks))
 	for i, l := range x.locks {
-		out[i] = run.LogOffset{Key: keys.LogKey(l.Key), Offset: x.offsets[i]}
+		o := x.r.owners[i]
+		out[i] = run.LogOffset{Key: keys.LogKey(l.Key), Offset: x.offsets[i], Work: x.work[i],
+			Logged: x.logs.Highest(i), Owner: o.key, Family: o.family}
 	}
 	return out
 }

@@ -45,9 +45,11 @@ type Incremental[T any] interface {
 // method writes one live key of the builder whose Diff is called, and
 // returns an error for a key the builder does not own.
 //
-// Only commands that set or remove entries outright are offered, so that
-// the last write of an entry decides it whatever came before: that is what
-// lets a run replay the changes applied while it ran onto its snapshot.
+// Only commands that set or remove entries outright, or remove them only
+// while they hold what the write names (HDelIf, ZRemIf), are offered, so
+// that the last write of an entry decides it whatever came before: that is
+// what lets a run replay the changes applied while it ran onto its
+// snapshot.
 type Writes struct {
 	owners  []owner
 	cluster bool
@@ -67,6 +69,15 @@ func (w *Writes) HDel(key string, fields ...string) error {
 	return w.add("HDEL", key, fields...)
 }
 
+// HDelIf removes field from the hash key only while it holds value: the
+// removal of an old item's entry that another item may have taken since
+// (an email moving from one user to another), which an HDel would remove
+// from under it. It is not a Redis command: Apply, the catch-up and the
+// publish run it as a script.
+func (w *Writes) HDelIf(key, field, value string) error {
+	return w.add("HDELIF", key, field, value)
+}
+
 // ZAdd sets member's score in the sorted set key. A NaN score is an error.
 func (w *Writes) ZAdd(key string, score float64, member string) error {
 	if math.IsNaN(score) {
@@ -78,6 +89,17 @@ func (w *Writes) ZAdd(key string, score float64, member string) error {
 // ZRem removes members from the sorted set key.
 func (w *Writes) ZRem(key string, members ...string) error {
 	return w.add("ZREM", key, members...)
+}
+
+// ZRemIf removes member from the sorted set key only while it has score:
+// the removal of an old item's member that another item may have taken
+// since. A NaN score is an error. It is not a Redis command: Apply, the
+// catch-up and the publish run it as a script.
+func (w *Writes) ZRemIf(key string, score float64, member string) error {
+	if math.IsNaN(score) {
+		return fmt.Errorf("ZREMIF %q: member %q has a NaN score", key, member)
+	}
+	return w.add("ZREMIF", key, strconv.FormatFloat(score, 'g', -1, 64), member)
 }
 
 // SAdd adds members to the set key.
@@ -155,7 +177,7 @@ func (r *Rebuilder[T]) Apply(ctx context.Context, changes ...Change[T]) error {
 		}
 	}
 	applied, err := r.redis.Apply(ctx, run.ApplyOptions{
-		Op: "apply", Key: r.key, Locks: r.lockKeys, Ops: w.ops, MaxLog: r.opts.MaxChanges,
+		Op: "apply", Key: r.key, Locks: r.lockKeys, Lives: r.lives, Ops: w.ops, MaxLog: r.opts.MaxChanges,
 	})
 	if err != nil {
 		return err

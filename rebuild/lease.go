@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/keyswap/keyswap/internal/run"
@@ -26,12 +28,18 @@ import (
 //   - The refresh, every TTL/3: the temp keys' TTL reset to 2×TTL, at most
 //     run.RefreshChunk keys per script, one script after the other, so that
 //     no renewal blocks Redis for longer than a few milliseconds, whatever
-//     the size of a family.
+//     the size of a family. It runs in a goroutine of its own, so that a
+//     family's many chunks never hold a heartbeat back, and it stops
+//     between two chunks once the lease ends.
 //
-// A temp key's deadline is thus never earlier than its lock's: it was reset
-// at most TTL/3 ago to 2×TTL, the lock at most now to TTL. A heartbeat is
-// not sent when the last refresh ended more than TTL ago, so that this holds
-// even when refreshes stall.
+// A temp key's deadline is never earlier than its lock's: every temp key
+// was renewed, to the temp keys' TTL, at or after the start of the last
+// complete refresh, and a heartbeat, which gives the locks TTL, is not sent
+// once that start is more than the temp keys' TTL minus TTL ago. A refresh
+// of many keys takes long: when the last one took so long that heartbeats
+// would have to wait (the temp keys' TTL is less than TTL + TTL/3 + twice
+// the refresh's time), the temp keys' TTL grows to cover it, and the run
+// logs that it did, rather than let its lease lapse.
 //
 // The run ends when:
 //   - no heartbeat reaches Redis for a whole TTL (the process or the network
@@ -55,31 +63,41 @@ type lease struct {
 	control func(run.Control)
 	stall   *stallWatch
 
+	// tempSecs is the temp keys' TTL, in seconds: 2×TTL, or longer when a
+	// refresh takes long (see refreshed). The batches' EXPIRE NX reads it
+	// too.
+	tempSecs *atomic.Int64
+	log      *slog.Logger
+
 	// temps is held by a refresh, from its snapshot of the temp keys to its
 	// check of what it found, and by a catch-up's write, which may empty
 	// temp keys: a refresh must not take a key emptied by a replayed change
 	// for a lost one.
 	temps sync.Mutex
 
-	mu          sync.Mutex
-	lastBeat    time.Time // when the last successful heartbeat was sent
-	lastRefresh time.Time // when the last complete refresh ended
-	lastSend    time.Time // when a batch last went out
-	inFlight    bool
-	watchdog    *time.Timer
-	stopped     bool
-	stop        chan struct{}
+	mu       sync.Mutex
+	lastBeat time.Time // when the last successful heartbeat was sent
+	// renewed is when the last complete refresh started, and renewedTTL the
+	// TTL it gave: every temp key lives until renewed + renewedTTL at least.
+	renewed    time.Time
+	renewedTTL time.Duration
+	lastSend   time.Time // when a batch last went out
+	inFlight   bool
+	watchdog   *time.Timer
+	stopped    bool
+	stop       chan struct{}
 }
 
 // heartbeatEvery is how often the heartbeat renews a run of lease ttl.
 func heartbeatEvery(ttl time.Duration) time.Duration { return min(time.Second, ttl/3) }
 
-// newLease starts the lease of locks acquired at (or after) start.
+// newLease starts the lease of locks acquired at (or after) start: the
+// temp keys, written since, live until start plus their TTL at least.
 func newLease(x leaseOwner, start time.Time) *lease {
 	l := &lease{
 		redis: x.redis, locks: x.locks, targets: x.targets, ttl: x.ttl, key: x.key, cancel: x.cancel,
-		acked: x.acked, status: x.status, control: x.control, stall: x.stall,
-		lastBeat: start, lastRefresh: start, stop: make(chan struct{}),
+		acked: x.acked, status: x.status, control: x.control, stall: x.stall, tempSecs: x.tempSecs, log: x.log,
+		lastBeat: start, renewed: start, renewedTTL: time.Duration(x.tempSecs.Load()) * time.Second, stop: make(chan struct{}),
 	}
 	l.watchdog = time.AfterFunc(time.Until(start.Add(l.ttl)), l.lapse)
 	return l
@@ -89,25 +107,27 @@ func newLease(x leaseOwner, start time.Time) *lease {
 // did not happen: it goes on from l's last heartbeat and refresh.
 func (l *lease) resume(x leaseOwner) *lease {
 	l.mu.Lock()
-	beat, refresh := l.lastBeat, l.lastRefresh
+	beat, renewed, renewedTTL := l.lastBeat, l.renewed, l.renewedTTL
 	l.mu.Unlock()
 	n := newLease(x, beat)
-	n.lastRefresh = refresh
+	n.renewed, n.renewedTTL = renewed, renewedTTL
 	return n
 }
 
 // leaseOwner is what a lease needs of its run.
 type leaseOwner struct {
-	redis   *run.Redis
-	locks   []*run.Lock
-	targets *targets
-	ttl     time.Duration
-	key     string
-	cancel  context.CancelCauseFunc
-	acked   func() int64
-	status  func() []string
-	control func(run.Control)
-	stall   *stallWatch
+	redis    *run.Redis
+	locks    []*run.Lock
+	targets  *targets
+	ttl      time.Duration
+	key      string
+	cancel   context.CancelCauseFunc
+	acked    func() int64
+	status   func() []string
+	control  func(run.Control)
+	stall    *stallWatch
+	tempSecs *atomic.Int64
+	log      *slog.Logger
 }
 
 // lapsed reports whether no heartbeat has reached Redis for a whole TTL by
@@ -138,7 +158,9 @@ func (l *lease) claim(now time.Time, alone bool) (run.Heartbeat, bool) {
 	if !alone {
 		l.lastSend = now
 	}
-	if l.stopped || l.inFlight || now.Sub(l.lastBeat) < every || now.Sub(l.lastRefresh) > l.ttl ||
+	// A heartbeat gives the locks TTL from now: not past what the last
+	// complete refresh gave the temp keys.
+	if l.stopped || l.inFlight || now.Sub(l.lastBeat) < every || now.Add(l.ttl).After(l.renewed.Add(l.renewedTTL)) ||
 		alone && now.Sub(l.lastSend) < every/2 {
 		return run.Heartbeat{}, false
 	}
@@ -189,32 +211,67 @@ func (l *lease) settle(ctx context.Context, sent time.Time, h run.Heartbeat, rep
 func (l *lease) refresh(ctx context.Context) {
 	l.temps.Lock()
 	defer l.temps.Unlock()
+	started := time.Now()
+	ttl := time.Duration(l.tempSecs.Load()) * time.Second
 	snap := run.Snap(l.targets.temps())
-	states, err := l.redis.Refresh(ctx, l.locks[0], snap.Keys(), 2*l.ttl)
+	states, err := l.redis.Refresh(ctx, l.locks[0], snap.Keys(), ttl)
 	switch {
 	case errors.Is(err, ErrLockLost):
 		l.cancel(err)
 	case err != nil:
 		// Not fatal yet: the next refresh may succeed; a heartbeat waits
-		// for one that does (see claim).
+		// for one that does (see claim). A refresh the lease's end stopped
+		// is over.
 	default:
-		l.mu.Lock()
-		l.lastRefresh = time.Now()
-		l.mu.Unlock()
+		l.refreshed(started, time.Now(), ttl)
 		if err := snap.Check(states, "during the run"); err != nil {
 			l.cancel(&Error{Op: "lease", Key: l.key, Err: err})
 		}
 	}
 }
 
-// run sends the heartbeats no batch carried, refreshes the temp keys every
-// TTL/3, and watches the source for a stall, until ctx is done or the lease
-// is stopped.
+// refreshed records a complete refresh, from started to ended, that gave
+// the temp keys ttl; and, if it took so long that heartbeats would have to
+// wait for the next one, makes the temp keys' TTL long enough. Between the
+// starts of two refreshes pass TTL/3 and the first's time; a heartbeat
+// needs every temp key to outlive the locks it extends by TTL.
+func (l *lease) refreshed(started, ended time.Time, ttl time.Duration) {
+	l.mu.Lock()
+	l.renewed, l.renewedTTL = started, ttl
+	l.mu.Unlock()
+	took := ended.Sub(started)
+	need := l.ttl + l.ttl/3 + 2*took + time.Second
+	secs := int64((need + time.Second - 1) / time.Second)
+	if old := l.tempSecs.Load(); secs > old && l.tempSecs.CompareAndSwap(old, secs) {
+		l.log.Warn("keyswap: refreshing the temp keys takes long for the lease (Options.TTL); their TTL grows to cover it",
+			"key", l.key, "temp_keys", l.targets.count(), "refresh", took, "ttl", l.ttl, "temp_ttl", time.Duration(secs)*time.Second)
+	}
+}
+
+// run sends the heartbeats no batch carried and watches the source for a
+// stall, and refreshes the temp keys every TTL/3 in a goroutine of its
+// own, until ctx is done or the lease is stopped. It returns once the
+// refresh has stopped too.
 func (l *lease) run(ctx context.Context) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var refreshing sync.WaitGroup
+	defer refreshing.Wait()
+	refreshing.Go(func() {
+		every := max(l.ttl/3, time.Millisecond)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-l.stop:
+				return
+			case <-time.After(every):
+			}
+			l.refresh(ctx)
+		}
+	})
 	beat := time.NewTicker(max(heartbeatEvery(l.ttl)/2, time.Millisecond))
 	defer beat.Stop()
-	refresh := time.NewTicker(max(l.ttl/3, time.Millisecond))
-	defer refresh.Stop()
 	for {
 		select {
 		case <-ctx.Done():
@@ -228,8 +285,6 @@ func (l *lease) run(ctx context.Context) {
 			if h, ok := l.claim(now, true); ok {
 				l.settle(ctx, now, h, nil)
 			}
-		case <-refresh.C:
-			l.refresh(ctx)
 		}
 	}
 }

@@ -31,6 +31,12 @@ type owner struct {
 	key         string
 	family      bool
 	commutative bool
+	// unique: the builder is Commutative and Incremental, as builders.Set
+	// and builders.SetIndex are, so each member of its keys must belong to
+	// one item: Apply removes an item's member when the item moves, which
+	// would remove it for another item that shares it. A merged SADD that
+	// adds fewer members than it sends fails the run.
+	unique bool
 }
 
 // targets maps the live keys of a run to their temp keys. Keys of plain
@@ -241,6 +247,13 @@ func (ts *targets) all() []*target {
 	ts.mu.Lock()
 	defer ts.mu.Unlock()
 	return append([]*target(nil), ts.ordered...)
+}
+
+// count returns the number of targets so far.
+func (ts *targets) count() int {
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	return len(ts.ordered)
 }
 
 // temps returns the run.Temp of every target so far.

@@ -212,7 +212,8 @@ const RefreshChunk = 500
 // run between them. Each checks first that lock, the run's first lock,
 // still holds its token; it does not extend it. Refresh reports what it
 // found of each temp key. If the lock is no longer ours it stops and returns
-// an error matching [ErrLockLost].
+// an error matching [ErrLockLost]; once ctx is done it stops between two
+// chunks, and returns its error.
 func (r *Redis) Refresh(ctx context.Context, lock *Lock, temps []string, ttl time.Duration) ([]TempState, error) {
 	const op = "lease"
 	if err := CheckLock(op, lock); err != nil {
@@ -227,6 +228,9 @@ func (r *Redis) Refresh(ctx context.Context, lock *Lock, temps []string, ttl tim
 	}
 	out := make([]TempState, 0, len(temps))
 	for chunk := range slices.Chunk(temps, RefreshChunk) {
+		if err := ctx.Err(); err != nil {
+			return nil, Fail(ctx, op, lock.Live, err)
+		}
 		ks := append([]string{lock.Key}, chunk...)
 		if err := r.SameSlot(op, lock.Live, ks...); err != nil {
 			return nil, err
