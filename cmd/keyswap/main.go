@@ -25,6 +25,7 @@ const (
 	exitConflict = 5 // the run is not held (diff, publish, discard), or one holds the lock (rollback)
 	exitNoPrev   = 6 // rollback: no previous generation is kept
 	exitTimeout  = 7 // publish, discard: the run had not ended within --wait
+	exitTooLate  = 8 // cancel, throttle, pause, resume, publish, discard: the run already published
 )
 
 const mainUsage = `keyswap is the operator's tool for keyswap's atomic key rebuilds in Redis:
@@ -74,6 +75,8 @@ Exit status:
 	6  rollback: no previous generation is kept; nothing changed
 	7  publish, discard: the run had not ended within --wait (the decision
 	   stands)
+	8  too late: the run already published (cancel, throttle, pause,
+	   resume, publish, discard); nothing changed
 `
 
 // command is a subcommand: one file each (status.go, control.go for
@@ -181,6 +184,8 @@ func (c *cli) exit(name string, err error) int {
 		return exitNoPrev
 	case errors.Is(err, errWaitTimeout):
 		return exitTimeout
+	case errors.Is(err, krun.ErrTooLate):
+		return exitTooLate
 	}
 	return exitError
 }
