@@ -3,6 +3,7 @@ package run_test
 import (
 	"context"
 	"maps"
+	"math"
 	"reflect"
 	"slices"
 	"strconv"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/keyswap/keyswap/internal/redistest"
+	"github.com/keyswap/keyswap/internal/run"
 	"github.com/redis/rueidis"
 )
 
@@ -19,8 +21,9 @@ import (
 // as embedded in the library, against a real redis-server, the standalone
 // server and the 3-master cluster, and asserts its exact reply and the exact
 // state of every key under the case's prefix afterwards. Between them they
-// reach every branch of acquire.lua, heartbeat.lua, refresh.lua,
-// release.lua and publish.lua. The refusals of an ACL user run on a server
+// reach every branch of acquire.lua, heartbeat.lua, refresh.lua, control.lua,
+// removeif.lua, release.lua and publish.lua (apply.lua and the tail of the
+// publish are in changes_test.go). The refusals of an ACL user run on a server
 // of the test's own and on the cluster node that serves the test's slot; a
 // renamed command needs a server started with --rename-command, so those
 // run on servers of the test's own. touch.lua is tested in store
@@ -1420,5 +1423,101 @@ func TestScriptsWithoutACLCheck(t *testing.T) {
 		wantReply(t, got, 1)
 		redistest.WantLock(t, d.Other, locks[0], scriptTok, 100*time.Second)
 		wantFields(t, d.Other, records[0], map[string]string{"token": scriptTok, "owner": "me"})
+	})
+}
+
+func TestScriptControl(t *testing.T) {
+	// control.lua (C70, C74, C78): {1} writes the request into the run's
+	// requests, next to its lock, with the run's token and the lock's PTTL,
+	// replacing those of another token; the record is not written. {-1}
+	// when the lock, or the record, does not hold the token the operator
+	// read; {-16} when the run's receipt (read or not) holds it: the run
+	// already published. Either refusal writes nothing.
+	env.ForEachDeployment(t, func(t *testing.T, d redistest.Deployment) {
+		seed := func(t *testing.T, p string) (ks []string) {
+			lock := p + "lock:1"
+			ks = []string{lock, lock + ":run", lock + ":ctl", lock + ":done"}
+			cmds(t, d.Other,
+				[]string{"SET", lock, scriptTok, "EX", "50"},
+				[]string{"HSET", ks[1], "token", scriptTok, "phase", "building"},
+				[]string{"EXPIRE", ks[1], "50"},
+			)
+			return ks
+		}
+		t.Run("recorded", func(t *testing.T) {
+			p := casePrefix(t, d.Other, d.Prefix)
+			ks := seed(t, p)
+			cmds(t, d.Other, []string{"HSET", ks[2], "token", thiefTok, "cancel", "1"})
+			before := redistest.Snapshot(t, d.Other, p)
+			wantReply(t, evalScript(t, d.Client, "control", ks, []string{scriptTok, "max_rate", "250", "paused", "1"}), 1)
+			wantFields(t, d.Other, ks[2], map[string]string{"token": scriptTok, "max_rate": "250", "paused": "1"})
+			redistest.WantPTTL(t, d.Other, ks[2], 40*time.Second, 50*time.Second)
+			// A second request adds to the first.
+			wantReply(t, evalScript(t, d.Client, "control", ks, []string{scriptTok, "cancel", "1"}), 1)
+			wantFields(t, d.Other, ks[2], map[string]string{"token": scriptTok, "max_rate": "250", "paused": "1", "cancel": "1"})
+			wantUntouched(t, d.Other, p, before, ks[2])
+		})
+		for _, tt := range []struct {
+			name  string
+			setup func(ks []string) [][]string
+			want  []any
+		}{
+			{"another run's lock", func(ks []string) [][]string { return [][]string{{"SET", ks[0], thiefTok, "EX", "50"}} }, reply(-1)},
+			{"no lock", func(ks []string) [][]string { return [][]string{{"DEL", ks[0]}} }, reply(-1)},
+			{"a record of another token", func(ks []string) [][]string { return [][]string{{"HSET", ks[1], "token", thiefTok}} }, reply(-1)},
+			{"no record", func(ks []string) [][]string { return [][]string{{"DEL", ks[1]}} }, reply(-1)},
+			{"published", func(ks []string) [][]string { return [][]string{{"SET", ks[3], scriptTok, "EX", "30"}} }, reply(-16)},
+			{"published, receipt read", func(ks []string) [][]string {
+				return [][]string{{"SET", ks[3], "read:" + scriptTok, "EX", "30"}, {"DEL", ks[0]}}
+			}, reply(-16)},
+			{"another run's receipt", func(ks []string) [][]string {
+				return [][]string{{"SET", ks[3], thiefTok, "EX", "30"}, {"DEL", ks[0]}}
+			}, reply(-1)},
+		} {
+			t.Run(tt.name, func(t *testing.T) {
+				p := casePrefix(t, d.Other, d.Prefix)
+				ks := seed(t, p)
+				cmds(t, d.Other, tt.setup(ks)...)
+				before := redistest.Snapshot(t, d.Other, p)
+				wantReply(t, evalScript(t, d.Client, "control", ks, []string{scriptTok, "cancel", "1"}), tt.want...)
+				wantUntouched(t, d.Other, p, before)
+			})
+		}
+	})
+}
+
+func TestScriptRemoveIf(t *testing.T) {
+	// removeif.lua, which a catch-up sends with EVAL inside its
+	// transaction (C76): HDELIF removes each field only while it holds the
+	// value named, ZREMIF each member only while it has the score named
+	// (+Inf and -Inf as the Go side writes them, the scores ZSCORE replies
+	// compared as numbers); each replies the entries removed.
+	env.ForEachDeployment(t, func(t *testing.T, d redistest.Deployment) {
+		p := casePrefix(t, d.Other, d.Prefix)
+		h, z := p+"h", p+"z"
+		removeIf := func(key string, args ...string) int64 {
+			t.Helper()
+			n, err := redistest.Do(t, d.Client, d.Client.B().Eval().Script(run.RemoveIfSource()).Numkeys(1).Key(key).Arg(args...).Build()).AsInt64()
+			if err != nil {
+				t.Fatalf("removeif %s %q: %v", key, args, err)
+			}
+			return n
+		}
+		cmds(t, d.Other,
+			[]string{"HSET", h, "a", "1", "b", "2", "c", ""},
+			[]string{"ZADD", z, "1.5", "a", "+inf", "b", "-inf", "c", "1e+21", "d", "0.1", "e"},
+		)
+		if n := removeIf(h, "HDELIF", "a", "1", "b", "9", "c", "", "missing", "x"); n != 2 {
+			t.Errorf("HDELIF: removed %d, want 2", n)
+		}
+		wantFields(t, d.Other, h, map[string]string{"b": "2"})
+		if n := removeIf(z, "ZREMIF", "1.5", "a", "+Inf", "b", "1", "c", "1e+21", "d", "0.1", "e", "1", "missing"); n != 4 {
+			t.Errorf("ZREMIF: removed %d, want 4", n)
+		}
+		wantScores(t, d.Other, z, map[string]float64{"c": math.Inf(-1)})
+		if n := removeIf(z, "ZREMIF", "-Inf", "c"); n != 1 {
+			t.Errorf("ZREMIF -Inf: removed %d, want 1", n)
+		}
+		redistest.WantAbsent(t, d.Other, z) // emptied
 	})
 }
