@@ -32,14 +32,17 @@ import (
 //     family's many chunks never hold a heartbeat back, and it stops
 //     between two chunks once the lease ends.
 //
-// A temp key's deadline is never earlier than its lock's: every temp key
-// was renewed, to the temp keys' TTL, at or after the start of the last
-// complete refresh, and a heartbeat, which gives the locks TTL, is not sent
-// once that start is more than the temp keys' TTL minus TTL ago. A refresh
-// of many keys takes long: when the last one took so long that heartbeats
-// would have to wait (the temp keys' TTL is less than TTL + TTL/3 + twice
-// the refresh's time), the temp keys' TTL grows to cover it, and the run
-// logs that it did, rather than let its lease lapse.
+// A heartbeat is not sent once the refresh has made no progress (a chunk
+// renewed, or a refresh started) for a whole TTL: a refresh that stalls
+// lets the lease lapse with it, so that a stall shows as ErrLockLost, as
+// in Familia, rather than as temp keys lost. A refresh that is slow but
+// moving, over a family of many buckets, does not hold heartbeats back.
+// Instead, each refresh gives the temp keys a TTL long enough to last
+// until the next one has renewed them: TTL + TTL/3 + twice the time a
+// refresh of that many keys took (measured, per key, by the last one),
+// and at least 2×TTL. When that is more than before, the run logs it; a
+// temp key that expires all the same is found lost, and fails the run
+// with ErrTempKeyLost, saying how long refreshing took.
 //
 // The run ends when:
 //   - no heartbeat reaches Redis for a whole TTL (the process or the network
@@ -77,15 +80,16 @@ type lease struct {
 
 	mu       sync.Mutex
 	lastBeat time.Time // when the last successful heartbeat was sent
-	// renewed is when the last complete refresh started, and renewedTTL the
-	// TTL it gave: every temp key lives until renewed + renewedTTL at least.
-	renewed    time.Time
-	renewedTTL time.Duration
-	lastSend   time.Time // when a batch last went out
-	inFlight   bool
-	watchdog   *time.Timer
-	stopped    bool
-	stop       chan struct{}
+	// refreshed is when the refresh last made progress: started, or
+	// renewed a chunk.
+	refreshed time.Time
+	// perKey is the time the last complete refresh took per temp key.
+	perKey   time.Duration
+	lastSend time.Time // when a batch last went out
+	inFlight bool
+	watchdog *time.Timer
+	stopped  bool
+	stop     chan struct{}
 }
 
 // heartbeatEvery is how often the heartbeat renews a run of lease ttl.
@@ -97,7 +101,7 @@ func newLease(x leaseOwner, start time.Time) *lease {
 	l := &lease{
 		redis: x.redis, locks: x.locks, targets: x.targets, ttl: x.ttl, key: x.key, cancel: x.cancel,
 		acked: x.acked, status: x.status, control: x.control, stall: x.stall, tempSecs: x.tempSecs, log: x.log,
-		lastBeat: start, renewed: start, renewedTTL: time.Duration(x.tempSecs.Load()) * time.Second, stop: make(chan struct{}),
+		lastBeat: start, refreshed: start, stop: make(chan struct{}),
 	}
 	l.watchdog = time.AfterFunc(time.Until(start.Add(l.ttl)), l.lapse)
 	return l
@@ -107,10 +111,10 @@ func newLease(x leaseOwner, start time.Time) *lease {
 // did not happen: it goes on from l's last heartbeat and refresh.
 func (l *lease) resume(x leaseOwner) *lease {
 	l.mu.Lock()
-	beat, renewed, renewedTTL := l.lastBeat, l.renewed, l.renewedTTL
+	beat, refreshed, perKey := l.lastBeat, l.refreshed, l.perKey
 	l.mu.Unlock()
 	n := newLease(x, beat)
-	n.renewed, n.renewedTTL = renewed, renewedTTL
+	n.refreshed, n.perKey = refreshed, perKey
 	return n
 }
 
@@ -158,9 +162,7 @@ func (l *lease) claim(now time.Time, alone bool) (run.Heartbeat, bool) {
 	if !alone {
 		l.lastSend = now
 	}
-	// A heartbeat gives the locks TTL from now: not past what the last
-	// complete refresh gave the temp keys.
-	if l.stopped || l.inFlight || now.Sub(l.lastBeat) < every || now.Add(l.ttl).After(l.renewed.Add(l.renewedTTL)) ||
+	if l.stopped || l.inFlight || now.Sub(l.lastBeat) < every || now.Sub(l.refreshed) > l.ttl ||
 		alone && now.Sub(l.lastSend) < every/2 {
 		return run.Heartbeat{}, false
 	}
@@ -211,40 +213,58 @@ func (l *lease) settle(ctx context.Context, sent time.Time, h run.Heartbeat, rep
 func (l *lease) refresh(ctx context.Context) {
 	l.temps.Lock()
 	defer l.temps.Unlock()
-	started := time.Now()
-	ttl := time.Duration(l.tempSecs.Load()) * time.Second
 	snap := run.Snap(l.targets.temps())
-	states, err := l.redis.Refresh(ctx, l.locks[0], snap.Keys(), ttl)
+	ttl := l.tempTTL(len(snap.Temps))
+	started := time.Now()
+	l.progressed(started)
+	states, err := l.redis.Refresh(ctx, l.locks[0], snap.Keys(), ttl, func() { l.progressed(time.Now()) })
+	took := time.Since(started)
 	switch {
 	case errors.Is(err, ErrLockLost):
 		l.cancel(err)
 	case err != nil:
 		// Not fatal yet: the next refresh may succeed; a heartbeat waits
-		// for one that does (see claim). A refresh the lease's end stopped
-		// is over.
+		// for one that makes progress (see claim). A refresh the lease's
+		// end stopped is over.
 	default:
-		l.refreshed(started, time.Now(), ttl)
+		if n := len(snap.Temps); n > 0 {
+			l.mu.Lock()
+			l.perKey = took / time.Duration(n)
+			l.mu.Unlock()
+		}
 		if err := snap.Check(states, "during the run"); err != nil {
-			l.cancel(&Error{Op: "lease", Key: l.key, Err: err})
+			l.cancel(&Error{Op: "lease", Key: l.key, Err: fmt.Errorf("%w (refreshing the run's %d temp keys took %v, with a TTL of %v, for a lease of %v: a longer Options.TTL gives them more)", err, len(snap.Temps), took.Round(time.Millisecond), ttl, l.ttl)})
 		}
 	}
 }
 
-// refreshed records a complete refresh, from started to ended, that gave
-// the temp keys ttl; and, if it took so long that heartbeats would have to
-// wait for the next one, makes the temp keys' TTL long enough. Between the
-// starts of two refreshes pass TTL/3 and the first's time; a heartbeat
-// needs every temp key to outlive the locks it extends by TTL.
-func (l *lease) refreshed(started, ended time.Time, ttl time.Duration) {
+// progressed records that the refresh made progress at t.
+func (l *lease) progressed(t time.Time) {
 	l.mu.Lock()
-	l.renewed, l.renewedTTL = started, ttl
+	l.refreshed = t
 	l.mu.Unlock()
-	took := ended.Sub(started)
-	need := l.ttl + l.ttl/3 + 2*took + time.Second
+}
+
+// tempTTL returns the TTL a refresh of n temp keys gives them: long enough
+// that they outlive the next refresh, which starts TTL/3 after this one
+// ends and takes as long, at the time per key the last refresh took. It
+// only grows, and the batches' EXPIRE NX gives it to the keys they create.
+func (l *lease) tempTTL(n int) time.Duration {
+	l.mu.Lock()
+	perKey := l.perKey
+	l.mu.Unlock()
+	need := l.ttl + l.ttl/3 + 2*perKey*time.Duration(n) + time.Second
 	secs := int64((need + time.Second - 1) / time.Second)
-	if old := l.tempSecs.Load(); secs > old && l.tempSecs.CompareAndSwap(old, secs) {
-		l.log.Warn("keyswap: refreshing the temp keys takes long for the lease (Options.TTL); their TTL grows to cover it",
-			"key", l.key, "temp_keys", l.targets.count(), "refresh", took, "ttl", l.ttl, "temp_ttl", time.Duration(secs)*time.Second)
+	for {
+		old := l.tempSecs.Load()
+		if secs <= old {
+			return time.Duration(old) * time.Second
+		}
+		if l.tempSecs.CompareAndSwap(old, secs) {
+			l.log.Warn("keyswap: refreshing the temp keys takes long for the lease (Options.TTL); their TTL grows to cover it",
+				"key", l.key, "temp_keys", n, "refresh", (perKey * time.Duration(n)).Round(time.Millisecond), "ttl", l.ttl, "temp_ttl", time.Duration(secs)*time.Second)
+			return time.Duration(secs) * time.Second
+		}
 	}
 }
 

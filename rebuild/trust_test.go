@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"iter"
+	"log/slog"
 	"slices"
 	"strconv"
 	"strings"
@@ -576,4 +577,286 @@ func TestTrustSharedSetMembersRefused(t *testing.T) {
 			})
 		}
 	})
+}
+
+func TestTrustTooManyKeysInCatchUp(t *testing.T) {
+	// C62: changes applied during the run add buckets to the family past
+	// Options.MaxKeys: the catch-up fails with ErrTooManyKeys, saying so,
+	// and not blaming another process with another definition; nothing is
+	// published, nothing left.
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		ctx := redistest.Ctx(t)
+		k := onlineNames(d.Prefix)
+		onlineSeed(t, d, k, 60, 8) // 40 buckets at most: 42 keys with the hash and the sorted set
+		app := applier{c: d.Other, r: onlineRebuilder(t, d.Other, k, rebuild.Options{}), db: k.db}
+		keysBefore := 2 + len(redistest.LiveKeys(t, d.Other, k.family+":"))
+		h := startHeld(t, ctx, onlineRebuilder(t, d.Client, k, rebuild.Options{MaxKeys: keysBefore}), d.Client, k.db)
+		// Buckets the source does not have: "c00".."c06" of inserts are
+		// among them only if the seed lacks them; add more to be sure.
+		var cs []rebuild.Change[user]
+		for i := range 5 {
+			cs = append(cs, rebuild.Insert(user{ID: fmt.Sprintf("x%d", i), Email: fmt.Sprintf("x%d@example.com", i), Country: fmt.Sprintf("new%d", i), Score: 1}))
+		}
+		if err := app.apply(ctx, cs...); err != nil {
+			t.Fatal(err)
+		}
+		_, err := h.wait()
+		wantRunErr(t, err, "catch-up", rebuild.ErrTooManyKeys, "Options.MaxKeys")
+		if strings.Contains(err.Error(), "definition") {
+			t.Errorf("Run: %v, want no word of another definition", err)
+		}
+		truth, err := readDB(ctx, d.Other, k.db)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantIndex(t, d.Other, k, truth)
+		redistest.WantClean(t, d.Other, d.Prefix)
+	})
+}
+
+func TestTrustMaxHold(t *testing.T) {
+	// C68: a held run that gets no decision within Options.MaxHold is
+	// discarded, with an error matching ErrDiscarded that names MaxHold:
+	// its locks and temp keys are gone, the live keys as they were. Diff
+	// on it then says the run has ended, rather than comparing the live
+	// keys with temp keys that are gone.
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		ctx := redistest.Ctx(t)
+		ix := seedIndex(t, d, users(9)...)
+		before := redistest.Snapshot(t, d.Other, d.Prefix)
+		r := onlineRebuilder(t, d.Client, ix.k, rebuild.Options{MaxHold: time.Second})
+		held, _, err := r.Build(ctx, rebuild.FromSlice(users(12)))
+		if err != nil {
+			t.Fatalf("Build: %v", err)
+		}
+		_, err = held.Await(ctx)
+		wantRunErr(t, err, "publish", rebuild.ErrDiscarded, "Options.MaxHold")
+		_, err = held.Diff(ctx, rebuild.DiffOptions{})
+		if err == nil || !strings.Contains(err.Error(), "has ended") {
+			t.Errorf("Diff after the run ended: got %v, want an error saying it ended", err)
+		}
+		redistest.WantUnchanged(t, d.Other, d.Prefix, before)
+		redistest.WantClean(t, d.Other, d.Prefix)
+	})
+}
+
+func TestTrustDiffAfterDiscard(t *testing.T) {
+	// C68: Held.Diff on a run discarded, or published, says the run has
+	// ended.
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		ctx := redistest.Ctx(t)
+		ix := seedIndex(t, d, users(6)...)
+		for _, end := range []string{"discard", "publish"} {
+			r := onlineRebuilder(t, d.Client, ix.k, rebuild.Options{})
+			held, _, err := r.Build(ctx, rebuild.FromSlice(users(6)))
+			if err != nil {
+				t.Fatalf("Build: %v", err)
+			}
+			if _, err := held.Diff(ctx, rebuild.DiffOptions{}); err != nil {
+				t.Fatalf("Diff while held: %v", err)
+			}
+			if end == "discard" {
+				err = held.Discard(ctx)
+			} else {
+				_, err = held.Publish(ctx)
+			}
+			if err != nil {
+				t.Fatalf("%s: %v", end, err)
+			}
+			_, err = held.Diff(ctx, rebuild.DiffOptions{})
+			if err == nil || !strings.Contains(err.Error(), "has ended") {
+				t.Errorf("Diff after %s: got %v, want an error saying the run ended", end, err)
+			}
+		}
+		redistest.WantClean(t, d.Other, d.Prefix)
+	})
+}
+
+func TestTrustRollbackMaxKeys(t *testing.T) {
+	// C69: a rollback is one atomic script, as a publish is: one that
+	// would swap more keys than Options.MaxKeys is refused before any
+	// write, with ErrTooManyKeys; every key as it was, no lock left.
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		ctx := redistest.Ctx(t)
+		family := d.Prefix + "tags"
+		b := func() rebuild.Builder[user] {
+			return builders.SetIndex(family, func(u user) (string, string, bool) { return u.Email, u.ID, true })
+		}
+		us := users(20) // 20 buckets
+		for i := range 2 {
+			if _, err := redistest.Rebuilder(t, d.Client, rebuild.Options{KeepPrevious: time.Hour}, b()).Run(ctx, rebuild.FromSlice(us[i:])); err != nil {
+				t.Fatalf("run %d: %v", i, err)
+			}
+		}
+		before := redistest.Snapshot(t, d.Other, d.Prefix)
+		_, err := redistest.Rebuilder(t, d.Client, rebuild.Options{MaxKeys: 10}, b()).Rollback(ctx)
+		redistest.WantErr(t, err, rebuild.ErrTooManyKeys)
+		if !strings.Contains(err.Error(), "swap 20") {
+			t.Errorf("Rollback: %v, want it to say it would swap 20 keys", err)
+		}
+		t.Logf("Rollback: %v", err)
+		redistest.WantUnchanged(t, d.Other, d.Prefix, before)
+		if _, err := redistest.Rebuilder(t, d.Client, rebuild.Options{}, b()).Rollback(ctx); err != nil {
+			t.Errorf("Rollback within the bound: %v", err)
+		}
+	})
+}
+
+func TestTrustPublishWorkBound(t *testing.T) {
+	// C77: just before the publish, 999 changes of 200 updates each are
+	// logged: within PublishTail entries, but about 1.2 million ops and
+	// arguments, which the publish script would replay while every other
+	// client waits (4.1 s measured). The publish refuses them before any
+	// write ({-7}), the run catches up, and the next publish replays a
+	// tail within PublishTailWork. The index is exact. The publish
+	// scripts' time, from the server's SLOWLOG, is logged.
+	t.Parallel()
+	srv := redistest.OwnServer(t, "--slowlog-log-slower-than", "1000", "--slowlog-max-len", "10000")
+	c, other := srv.Client(t), srv.Client(t)
+	ctx := redistest.Ctx(t)
+	key := redistest.Prefix(t) + "by-email"
+	hash := func() rebuild.Builder[user] {
+		return builders.Hash(key, func(u user) (string, string, bool) { return u.Email, u.ID, true })
+	}
+	us := users(200)
+	if _, err := redistest.Rebuilder(t, c, rebuild.Options{}, hash()).Run(ctx, rebuild.FromSlice(us)); err != nil {
+		t.Fatal(err)
+	}
+	app := redistest.Rebuilder(t, other, rebuild.Options{}, hash())
+	publish := redistest.ScriptNamed("publish")
+	var codes []int64
+	hooked := rueidishook.WithHook(c, redistest.Hook{
+		OnDo: func(c rueidis.Client, ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
+			is := publish.Is(cmd.Commands()) && cmd.Commands()[0] == "EVALSHA"
+			if is && len(codes) == 0 {
+				for round := range 999 {
+					cs := make([]rebuild.Change[user], len(us))
+					for i, u := range us {
+						next := u
+						next.Email = fmt.Sprintf("u%06d.%d@example.com", i, round)
+						cs[i], us[i] = rebuild.Update(u, next), next
+					}
+					if err := app.Apply(ctx, cs...); err != nil {
+						t.Errorf("Apply: %v", err)
+						break
+					}
+				}
+			}
+			res := c.Do(ctx, cmd)
+			if code, ok := publishCode(res); is && ok {
+				codes = append(codes, code)
+			}
+			return res
+		},
+	})
+	stats, err := redistest.Rebuilder(t, hooked, rebuild.Options{}, hash()).Run(ctx, rebuild.FromSlice(users(200)))
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if len(codes) < 2 || codes[0] != -7 || codes[len(codes)-1] != 1 {
+		t.Errorf("publish replies %v, want {-7} (too much work) first, then {1}", codes)
+	}
+	want := map[string]string{}
+	for _, u := range us {
+		want[u.Email] = u.ID
+	}
+	redistest.WantHash(t, other, key, want)
+	redistest.WantClean(t, other, redistest.Prefix(t))
+	// What the server spent in each publish script.
+	entries, err := other.Do(ctx, other.B().SlowlogGet().Count(-1).Build()).ToArray()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var slowest time.Duration
+	for _, e := range entries {
+		f, _ := e.ToArray()
+		if len(f) < 4 {
+			continue
+		}
+		args, _ := f[3].AsStrSlice()
+		if len(args) > 1 && args[0] == "EVALSHA" && args[1] == publish.SHA1 {
+			us, _ := f[2].AsInt64()
+			slowest = max(slowest, time.Duration(us)*time.Microsecond)
+		}
+	}
+	t.Logf("publishes %v, Stats.Changes %d, slowest publish script over 1 ms: %v (0: none)", codes, stats.Changes, slowest)
+}
+
+func TestTrustLargeFamilyShortLease(t *testing.T) {
+	// C80: a SetIndex of 200,000 buckets, rebuilt over 200,000 live ones,
+	// with a 5 s lease, on a server slow enough (a hook delays each
+	// refresh script by 12 ms) that refreshing the temp keys takes about
+	// 5 s, 400 scripts, longer than the lease's third between two
+	// refreshes. The refresh runs in a goroutine of its own and does not
+	// hold the heartbeats back, and the temp keys' TTL grows to cover it
+	// (logged): the run publishes every bucket exactly, and leaves nothing.
+	// Before, the refresh ran in the lease's loop and starved the
+	// heartbeats: the run failed with "rebuild lock lost" (or, with
+	// guards, "context canceled" from a guard's TYPE).
+	t.Parallel()
+	srv := redistest.OwnServer(t)
+	c := srv.Client(t)
+	ctx := redistest.Ctx(t)
+	prefix := redistest.Prefix(t) + "by-id"
+	const n = 200_000
+	refresh := redistest.ScriptNamed("refresh")
+	var refreshes atomic.Int64
+	slow := rueidishook.WithHook(c, redistest.Hook{
+		OnDo: func(c rueidis.Client, ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
+			if refresh.Is(cmd.Commands()) {
+				refreshes.Add(1)
+				time.Sleep(12 * time.Millisecond) // the slow server the test is about, not a wait
+			}
+			return c.Do(ctx, cmd)
+		},
+	})
+	src := rebuild.FromSeq2(func(yield func(int, error) bool) {
+		for i := range n {
+			if !yield(i, nil) {
+				return
+			}
+		}
+	})
+	b := builders.SetIndex(prefix, func(i int) (string, string, bool) { return strconv.Itoa(i), "m", true })
+	if _, err := redistest.Rebuilder(t, c, rebuild.Options{MaxKeys: -1}, b).Run(ctx, src); err != nil {
+		t.Fatalf("first run: %v", err)
+	}
+	rec := newLogRecorder()
+	r := redistest.Rebuilder(t, slow, rebuild.Options{TTL: 5 * time.Second, MaxKeys: -1, Logger: slog.New(rec),
+		Guards: []rebuild.Guard{rebuild.RefuseEmpty()}}, b)
+	// The source ends once a second refresh has started, the first one
+	// measured: long enough for the temp keys' TTL to grow.
+	grown := func() bool { return len(rec.matching("their TTL grows")) > 0 }
+	stats, err := r.Run(ctx, rebuild.FromSeq2(func(yield func(int, error) bool) {
+		for i := range n {
+			if !yield(i, nil) {
+				return
+			}
+		}
+		deadline := time.Now().Add(time.Minute)
+		for !grown() && time.Now().Before(deadline) && ctx.Err() == nil {
+			time.Sleep(20 * time.Millisecond) // polling the log while the run goes on: that is the test
+		}
+	}))
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if got := len(stats.Outcomes); got != n {
+		t.Errorf("published %d buckets, want %d", got, n)
+	}
+	got := redistest.LiveKeys(t, c, prefix+":")
+	if len(got) != n {
+		t.Errorf("%d buckets live, want %d", len(got), n)
+	}
+	for _, i := range []int{0, 1, n / 2, n - 1} {
+		b := prefix + ":" + strconv.Itoa(i)
+		if m := redistest.SMembers(t, c, b); !slices.Equal(m, []string{"m"}) || redistest.PTTL(t, c, b) != -1 {
+			t.Errorf("%s: %q, PTTL %v; want [m], no TTL", b, m, redistest.PTTL(t, c, b))
+		}
+	}
+	if !grown() {
+		t.Errorf("the temp keys' TTL did not grow: no warning logged")
+	}
+	redistest.WantClean(t, c, redistest.Prefix(t))
+	t.Logf("Run: %v, %d refresh scripts; %q", stats.Elapsed, refreshes.Load(), rec.matching("temp keys"))
 }

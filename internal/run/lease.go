@@ -213,8 +213,9 @@ const RefreshChunk = 500
 // still holds its token; it does not extend it. Refresh reports what it
 // found of each temp key. If the lock is no longer ours it stops and returns
 // an error matching [ErrLockLost]; once ctx is done it stops between two
-// chunks, and returns its error.
-func (r *Redis) Refresh(ctx context.Context, lock *Lock, temps []string, ttl time.Duration) ([]TempState, error) {
+// chunks, and returns its error. It calls chunked, if not nil, after each
+// chunk.
+func (r *Redis) Refresh(ctx context.Context, lock *Lock, temps []string, ttl time.Duration, chunked func()) ([]TempState, error) {
 	const op = "lease"
 	if err := CheckLock(op, lock); err != nil {
 		return nil, err
@@ -247,6 +248,9 @@ func (r *Redis) Refresh(ctx context.Context, lock *Lock, temps []string, ttl tim
 			return nil, err
 		}
 		out = append(out, states...)
+		if chunked != nil {
+			chunked()
+		}
 	}
 	return out, nil
 }
