@@ -25,8 +25,10 @@ const catchUpChunk = 1000
 //
 // The logs are input from other processes. Each round trip reads, in one
 // transaction per log, the next entries, the log's length and the counts
-// Apply keeps in the lock's record: a log shorter than its count lost
-// changes (ErrWritesLost), a longer one holds entries nobody counted
+// Apply keeps in the lock's record, with the record's token: a record gone
+// lost its counts (ErrWritesLost), one of another token is forged
+// (ErrTampered); a log shorter than its count lost changes
+// (ErrWritesLost), a longer one holds entries nobody counted
 // (ErrTampered). Every entry must be a change of its builder's keys
 // (ErrTampered otherwise, naming the log, the entry and the key). The
 // same round trip writes the previous entries: as transactions like the
@@ -42,7 +44,7 @@ func (x *execution[T]) catchUp(ctx context.Context, deadline time.Time) error {
 			cmds = append(cmds, cb.Multi().Build(),
 				cb.Lrange().Key(log).Start(x.offsets[i]).Stop(x.offsets[i]+catchUpChunk-1).Build(),
 				cb.Llen().Key(log).Build(),
-				cb.Hmget().Key(keys.RecordKey(l.Key)).Field(run.FieldLogged, run.FieldWork).Build(),
+				cb.Hmget().Key(keys.RecordKey(l.Key)).Field(run.FieldLogged, run.FieldWork, run.FieldToken).Build(),
 				cb.Exec().Build())
 		}
 		res := r.redis.Client().DoMulti(ctx, cmds...)
@@ -50,12 +52,17 @@ func (x *execution[T]) catchUp(ctx context.Context, deadline time.Time) error {
 		var read, behind, work int64
 		for i, l := range x.locks {
 			log := keys.LogKey(l.Key)
-			entries, count, counted, err := readLog(res[5*i : 5*i+5])
+			entries, count, counted, token, err := readLog(res[5*i : 5*i+5])
 			if err != nil {
 				if perr := run.Refused(err); perr != nil {
 					err = perr
 				}
 				return run.Fail(ctx, "catch-up", r.key, fmt.Errorf("reading %s: %w", log, err))
+			}
+			// The counts are the record's: one gone (evicted) lost them,
+			// one forged is not the run's.
+			if token != l.Token {
+				return &Error{Op: "catch-up", Key: r.lives[i], Err: run.RecordError(keys.RecordKey(l.Key), token != "")}
 			}
 			if err := x.logs.Check(i, count); err != nil {
 				return &Error{Op: "catch-up", Key: r.lives[i], Err: err}
@@ -105,32 +112,36 @@ func (x *execution[T]) catchUp(ctx context.Context, deadline time.Time) error {
 }
 
 // readLog reads the replies of one log's read transaction: MULTI, LRANGE,
-// LLEN, HMGET logged work, EXEC. It returns the entries, the log's length
-// and count, and the work Apply counted.
-func readLog(res []rueidis.RedisResult) (entries []string, c run.LogCount, work int64, err error) {
+// LLEN, HMGET logged work token, EXEC. It returns the entries, the log's
+// length and count, the work Apply counted, and the record's token ("" for
+// none).
+func readLog(res []rueidis.RedisResult) (entries []string, c run.LogCount, work int64, token string, err error) {
 	replies, err := execReplies(res, 3)
 	if err != nil {
-		return nil, c, 0, err
+		return nil, c, 0, "", err
 	}
 	if entries, err = replies[0].AsStrSlice(); err != nil {
-		return nil, c, 0, err
+		return nil, c, 0, "", err
 	}
 	if c.Len, err = replies[1].AsInt64(); err != nil {
-		return nil, c, 0, err
+		return nil, c, 0, "", err
 	}
-	counts, err := replies[2].ToArray()
-	if err != nil || len(counts) != 2 {
-		return nil, c, 0, fmt.Errorf("HMGET of the record's counts: %v %w", counts, err)
+	fields, err := replies[2].ToArray()
+	if err != nil || len(fields) != 3 {
+		return nil, c, 0, "", fmt.Errorf("HMGET of the record's counts: %v %w", fields, err)
 	}
 	for i, dst := range []*int64{&c.Logged, &work} {
-		if counts[i].IsNil() {
+		if fields[i].IsNil() {
 			continue
 		}
-		if *dst, err = counts[i].AsInt64(); err != nil {
-			return nil, c, 0, fmt.Errorf("the record's %s: %w", []string{run.FieldLogged, run.FieldWork}[i], err)
+		if *dst, err = fields[i].AsInt64(); err != nil {
+			return nil, c, 0, "", fmt.Errorf("the record's %s: %w", []string{run.FieldLogged, run.FieldWork}[i], err)
 		}
 	}
-	return entries, c, work, nil
+	if !fields[2].IsNil() {
+		token, _ = fields[2].ToString()
+	}
+	return entries, c, work, token, nil
 }
 
 // replay adds ops, entry index of the log of lock i, to txns as writes of

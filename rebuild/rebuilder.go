@@ -80,7 +80,7 @@ func (r *Rebuilder[T]) configure() error {
 		}
 		_, family := b.(Family)
 		_, incremental := b.(Incremental[T])
-		r.owners = append(r.owners, owner{key: b.Key(), family: family, commutative: commutes(b), unique: commutes(b) && incremental})
+		r.owners = append(r.owners, owner{key: b.Key(), family: family, commutative: commutes(b), unique: commutes(b) && incremental, incremental: incremental})
 		ks = append(ks, b.Key())
 	}
 	if o.Unordered {

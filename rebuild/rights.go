@@ -60,13 +60,18 @@ func (x *execution[T]) checks() []run.Check {
 			add("", "SCAN")
 		}
 		temp := x.targets.newTemp(live)
-		// Batches, refreshes, the catch-up and the publish on the temp key.
+		// Batches, refreshes and the publish on the temp key, and the
+		// publish on the live key.
 		add(temp, "EXPIRE", "PTTL", "UNLINK", "RENAME")
-		add(temp, catchUpCommands...)
-		c = append(c, run.Check{Command: "EVAL", Key: temp})
-		// The publish on the live key: the swap and the changes it replays.
 		add(live, "UNLINK", "PERSIST")
-		add(live, tailCommands...)
+		if o.incremental {
+			// The changes Apply logs, replayed by the catch-up onto the
+			// temp key and by the publish onto the live key: a builder's
+			// Diff may write any of them.
+			add(temp, catchUpCommands...)
+			add("", "EVAL")
+			add(live, tailCommands...)
+		}
 		if x.r.opts.KeepPrevious > 0 {
 			prev := keys.PrevKey(live, cluster)
 			add(live, "EXISTS")

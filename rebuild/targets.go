@@ -37,6 +37,9 @@ type owner struct {
 	// would remove it for another item that shares it. A merged SADD that
 	// adds fewer members than it sends fails the run.
 	unique bool
+	// incremental: the builder is Incremental, so its log of changes may
+	// hold ops the catch-up and the publish replay.
+	incremental bool
 }
 
 // targets maps the live keys of a run to their temp keys. Keys of plain

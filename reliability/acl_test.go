@@ -219,7 +219,7 @@ func TestACLRevokedMidRun(t *testing.T) {
 // or not), and keyswap status and sweep (dry run or --delete) all work on a
 // standalone server: with a key pattern that covers the live keys,
 //
-//	ACL SETUSER keyswap on >password ~ks:* -@all +eval +evalsha +multi +exec +get +set +del +exists +unlink +rename +persist +expire +ttl +pttl +type +hset +hget +hmget +hgetall +hdel +hincrby +llen +lrange +zadd +sadd +scan
+//	ACL SETUSER keyswap on >password ~ks:* -@all +eval +evalsha +multi +exec +get +set +del +exists +unlink +rename +persist +expire +ttl +pttl +type +hset +hget +hmget +hgetall +hdel +hincrby +llen +lrange +zadd +zrem +zscore +sadd +srem +scan
 //
 // On a cluster, add +cluster|slots, which a rueidis cluster client needs to
 // find the slots. TestMinimalACL checks that a user with these rules runs
@@ -231,6 +231,7 @@ var minimalCommands = []string{
 	"hset", "hget", "hmget", "hgetall", "hdel", "hincrby", // the run record, the generations, the heartbeat, status
 	"llen", "lrange", // the run's log of changes: the heartbeat, the catch-up
 	"zadd", "sadd", // builders.SortedSet and builders.SetIndex (builders.Hash: hset)
+	"zrem", "zscore", "srem", // the changes the catch-up and the publish replay (HDELIF: hget, hdel)
 	"scan", // a family's buckets, the sweep, status
 }
 

@@ -342,10 +342,13 @@ func generations(t testing.TB, c rueidis.Client, k onlineKeys, cluster bool) []s
 	return out
 }
 
-// isCatchUpRead reports whether multi is a catch-up's read of its logs:
-// an LRANGE and an LLEN of each.
+// isCatchUpRead reports whether multi is a catch-up's read of its logs: a
+// transaction of an LRANGE, an LLEN and the record's counts of each.
 func isCatchUpRead(multi []rueidis.Completed) bool {
-	args := multi[0].Commands()
+	if len(multi) < 2 || multi[0].Commands()[0] != "MULTI" {
+		return false
+	}
+	args := multi[1].Commands()
 	return args[0] == "LRANGE" && strings.HasSuffix(args[1], keys.LogSuffix)
 }
 
@@ -372,10 +375,11 @@ func (f *catchUpFault) wrap(c rueidis.Client) rueidis.Client {
 			return c.Do(ctx, cmd)
 		},
 		OnDoMulti: func(c rueidis.Client, ctx context.Context, multi ...rueidis.Completed) []rueidis.RedisResult {
-			if isCatchUpRead(multi) {
+			read := isCatchUpRead(multi)
+			if read {
 				f.catchingUp.Store(true)
 			}
-			at := f.catchingUp.Load() && (!f.write && isCatchUpRead(multi) || f.write && multi[0].Commands()[0] == "MULTI")
+			at := f.catchingUp.Load() && (!f.write && read || f.write && !read && multi[0].Commands()[0] == "MULTI")
 			if !at || !f.fired.CompareAndSwap(false, true) {
 				f.mu.RLock()
 				defer f.mu.RUnlock()

@@ -134,6 +134,16 @@ func (r *Redis) beatReply(ctx context.Context, h Heartbeat, res rueidis.RedisRes
 	return Control{}, &Error{Op: op, Key: live, Err: fmt.Errorf("unexpected heartbeat script reply %v", rep)}
 }
 
+// RecordError describes a run's record found gone, or without its token
+// (an error matching ErrWritesLost), or carrying another token than the
+// run's (forged: one matching ErrTampered).
+func RecordError(record string, forged bool) error {
+	if forged {
+		return recordError(codeTampered, record)
+	}
+	return recordError(codeNoRecord, record)
+}
+
 // recordError describes record, found gone (codeNoRecord) or carrying
 // another token (codeTampered).
 func recordError(code int64, record string) error {
