@@ -30,6 +30,7 @@ import (
 	"github.com/keyswap/keyswap/internal/faultproxy"
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/redistest"
+	"github.com/keyswap/keyswap/internal/run"
 	"github.com/keyswap/keyswap/rebuild"
 	"github.com/redis/rueidis"
 	"github.com/redis/rueidis/rueidiscompat"
@@ -837,11 +838,16 @@ func TestApplyCatchUpTimeout(t *testing.T) {
 	})
 }
 
-// isCatchUpRead reports whether multi is a catch-up's read of its logs:
-// LRANGE and LLEN of each.
+// isCatchUpRead reports whether multi is a catch-up's read of its logs: a
+// readlog script (the entries, the length and the counts) of each.
 func isCatchUpRead(multi []rueidis.Completed) bool {
-	return len(multi) > 1 && multi[0].Commands()[0] == "MULTI" && multi[1].Commands()[0] == "LRANGE" &&
-		strings.HasSuffix(multi[1].Commands()[1], keys.LogSuffix)
+	if len(multi) == 0 {
+		return false
+	}
+	// Sent as EVAL (run.ReadLogCommand); its text, not its SHA1, which
+	// FIPS 140-only mode does not allow.
+	args := multi[0].Commands()
+	return len(args) > 1 && args[0] == "EVAL" && args[1] == run.Source("readlog")
 }
 
 // sumLogs returns the entries of every log of k's locks.

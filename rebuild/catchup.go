@@ -24,8 +24,8 @@ const catchUpChunk = 1000
 // reached its bound.
 //
 // The logs are input from other processes. Each round trip reads, in one
-// transaction per log, the next entries, the log's length and the counts
-// Apply keeps in the lock's record, with the record's token: a record gone
+// script per log (run.ReadLogCommand), the next entries, the log's length
+// and the counts Apply keeps in the lock's record, with the record's token: a record gone
 // lost its counts (ErrWritesLost), one of another token is forged
 // (ErrTampered); a log shorter than its count lost changes
 // (ErrWritesLost), a longer one holds entries nobody counted
@@ -38,21 +38,16 @@ func (x *execution[T]) catchUp(ctx context.Context, deadline time.Time) error {
 	r := x.r
 	cb := r.redis.Client().B()
 	for {
-		cmds := make(rueidis.Commands, 0, 5*len(x.locks))
+		cmds := make(rueidis.Commands, 0, len(x.locks))
 		for i, l := range x.locks {
-			log := keys.LogKey(l.Key)
-			cmds = append(cmds, cb.Multi().Build(),
-				cb.Lrange().Key(log).Start(x.offsets[i]).Stop(x.offsets[i]+catchUpChunk-1).Build(),
-				cb.Llen().Key(log).Build(),
-				cb.Hmget().Key(keys.RecordKey(l.Key)).Field(run.FieldLogged, run.FieldWork, run.FieldToken).Build(),
-				cb.Exec().Build())
+			cmds = append(cmds, run.ReadLogCommand(cb, keys.LogKey(l.Key), keys.RecordKey(l.Key), x.offsets[i], x.offsets[i]+catchUpChunk-1))
 		}
 		res := r.redis.Client().DoMulti(ctx, cmds...)
 		var txns []*txn
 		var read, behind, work int64
 		for i, l := range x.locks {
 			log := keys.LogKey(l.Key)
-			entries, count, counted, token, err := readLog(res[5*i : 5*i+5])
+			entries, count, counted, token, err := run.ReadLogReply(res[i])
 			if err != nil {
 				if perr := run.Refused(err); perr != nil {
 					err = perr
@@ -109,39 +104,6 @@ func (x *execution[T]) catchUp(ctx context.Context, deadline time.Time) error {
 			return nil // run reports the cause
 		}
 	}
-}
-
-// readLog reads the replies of one log's read transaction: MULTI, LRANGE,
-// LLEN, HMGET logged work token, EXEC. It returns the entries, the log's
-// length and count, the work Apply counted, and the record's token ("" for
-// none).
-func readLog(res []rueidis.RedisResult) (entries []string, c run.LogCount, work int64, token string, err error) {
-	replies, err := execReplies(res, 3)
-	if err != nil {
-		return nil, c, 0, "", err
-	}
-	if entries, err = replies[0].AsStrSlice(); err != nil {
-		return nil, c, 0, "", err
-	}
-	if c.Len, err = replies[1].AsInt64(); err != nil {
-		return nil, c, 0, "", err
-	}
-	fields, err := replies[2].ToArray()
-	if err != nil || len(fields) != 3 {
-		return nil, c, 0, "", fmt.Errorf("HMGET of the record's counts: %v %w", fields, err)
-	}
-	for i, dst := range []*int64{&c.Logged, &work} {
-		if fields[i].IsNil() {
-			continue
-		}
-		if *dst, err = fields[i].AsInt64(); err != nil {
-			return nil, c, 0, "", fmt.Errorf("the record's %s: %w", []string{run.FieldLogged, run.FieldWork}[i], err)
-		}
-	}
-	if !fields[2].IsNil() {
-		token, _ = fields[2].ToString()
-	}
-	return entries, c, work, token, nil
 }
 
 // replay adds ops, entry index of the log of lock i, to txns as writes of

@@ -37,6 +37,13 @@ func Delete[T any](v T) Change[T] { return Change[T]{Old: &v} }
 // called from several goroutines at once. For a family bucket whose key has
 // the shape of keyswap's own keys, the Writes methods return an error
 // matching [ErrReservedKey]: skip that write, as Build skips such entries.
+//
+// An entry that another item may hold after this one, such as a field of a
+// unique index, must be removed conditionally ([Writes.HDelIf],
+// [Writes.ZRemIf]): the changes of two items may be applied in either
+// order. A builder that is also [Commutative] and merges SADDs (Set,
+// SetIndex) keeps each member for one item: a run whose merged SADD adds
+// fewer members than it sends fails, naming the key.
 type Incremental[T any] interface {
 	Diff(w *Writes, old, new *T) error
 }
@@ -147,12 +154,20 @@ func (w *Writes) add(cmd, key string, args ...string) error {
 // Without a run in progress, Apply simply maintains the index. Changes that
 // write nothing (an update that leaves every entry as it was) send nothing.
 //
+// While a key's lock is held by a rebuild that would not replay the change
+// (store.WithRebuild, a Ruby Familia rebuild, a rollback, a run of a
+// keyswap whose record version this one does not know, or one whose record
+// is gone or carries another token), Apply refuses the whole change,
+// writing nothing, with an error matching ErrInProgress: apply it again
+// once that rebuild ends. A change is never applied where that rebuild's
+// swap would revert it.
+//
 // Apply returns an *Error of Op "apply": ErrNotIncremental for a builder
 // without Diff; the builder's own Diff error, naming the change; an error
-// matching ErrNoPermission, or naming a key of another type, when Redis
-// would refuse a write (nothing applied); or one matching
-// ErrOutcomeUnknown when the reply was lost (all of it applied, or none:
-// applying it again is safe).
+// matching ErrInProgress as above; one matching ErrNoPermission, or naming
+// a key of another type, when Redis would refuse a write (nothing
+// applied); or one matching ErrOutcomeUnknown when the reply was lost (all
+// of it applied, or none: applying it again is safe).
 func (r *Rebuilder[T]) Apply(ctx context.Context, changes ...Change[T]) error {
 	w := &Writes{owners: r.owners, cluster: r.redis.Cluster(), ops: make([][]run.Op, len(r.builders))}
 	if w.cluster {

@@ -111,12 +111,15 @@ const (
 //	         ErrTempKeyLost); "touch" when the last renewal did
 //	run      the caller's context was cancelled (its cause is wrapped)
 //	scan     the SCAN for a family's live keys failed
-//	catch-up replaying the changes applied during the run (ErrFallingBehind)
-//	publish  the publish script (ErrLockLost, ErrTempKeyLost, or its own error)
+//	catch-up replaying the changes applied during the run (ErrFallingBehind,
+//	         ErrTampered, ErrWritesLost, ErrTooManyKeys)
+//	publish  the publish script (ErrLockLost, ErrTempKeyLost, ErrTampered,
+//	         ErrWritesLost, ErrAborted, or its own error)
 //	apply    Rebuilder.Apply: a change was refused (ErrNotIncremental,
-//	         ErrNoPermission, a key of the wrong type), or its reply lost
-//	         (ErrOutcomeUnknown); nothing of it was applied, or, for a lost
-//	         reply, all of it or nothing
+//	         ErrInProgress while a rebuild that does not log changes holds
+//	         a lock, ErrNoPermission, a key of the wrong type), or its reply
+//	         lost (ErrOutcomeUnknown); nothing of it was applied, or, for a
+//	         lost reply, all of it or nothing
 //
 // Key is the builders' keys, or the one key concerned, and Err the cause.
 type Error = run.Error

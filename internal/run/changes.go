@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/keyswap/keyswap/internal/keys"
+	"github.com/redis/rueidis"
 )
 
 // Op is one write of a change: a command on one live key. Every op sets or
@@ -57,6 +58,59 @@ func (op Op) Work() int64 { return 1 + int64(len(op.Args)) }
 func RemoveIfSource() string { return removeIfSource }
 
 var removeIfSource = Source("removeif")
+
+// ReadLogCommand returns the catch-up's read of log, the log of changes of
+// the lock whose record is record: its entries from start to stop, its
+// length, and the record's counts and token, in one atomic script
+// (scripts/readlog.lua), for the caller's own DoMulti. It only reads, so
+// rueidis may send it again on a new connection when a reply is lost; it
+// goes as EVAL, which needs no script cache. Read its reply with
+// ReadLogReply.
+func ReadLogCommand(cb rueidis.Builder, log, record string, start, stop int64) rueidis.Completed {
+	return cb.Eval().Script(readLogSource).Numkeys(2).Key(log, record).
+		Arg(strconv.FormatInt(start, 10), strconv.FormatInt(stop, 10)).Build().ToRetryable()
+}
+
+var readLogSource = Source("readlog")
+
+// ReadLogReply reads the reply of a ReadLogCommand: the entries, the log's
+// count (its length, and what Apply counted), the work Apply counted, and
+// the record's token ("" when the record has none).
+func ReadLogReply(res rueidis.RedisResult) (entries []string, c LogCount, work int64, token string, err error) {
+	arr, err := res.ToArray()
+	if err != nil {
+		return nil, c, 0, "", err
+	}
+	if len(arr) != 3 {
+		return nil, c, 0, "", fmt.Errorf("unexpected readlog script reply %v", arr)
+	}
+	if entries, err = arr[0].AsStrSlice(); err != nil {
+		return nil, c, 0, "", err
+	}
+	if c.Len, err = arr[1].AsInt64(); err != nil {
+		return nil, c, 0, "", err
+	}
+	fields, err := arr[2].ToArray()
+	if err != nil || len(fields) != 3 {
+		return nil, c, 0, "", fmt.Errorf("unexpected readlog script reply %v", arr)
+	}
+	for i, dst := range []*int64{&c.Logged, &work} {
+		if fields[i].IsNil() {
+			continue
+		}
+		s, err := fields[i].ToString()
+		if err == nil {
+			*dst, err = strconv.ParseInt(s, 10, 64)
+		}
+		if err != nil {
+			return nil, c, 0, "", fmt.Errorf("the record's %s: %q: %w", []string{FieldLogged, FieldWork}[i], s, err)
+		}
+	}
+	if !fields[2].IsNil() {
+		token, _ = fields[2].ToString()
+	}
+	return entries, c, work, token, nil
+}
 
 // check validates op's shape.
 func (op Op) check() error {

@@ -1521,3 +1521,63 @@ func TestScriptRemoveIf(t *testing.T) {
 		redistest.WantAbsent(t, d.Other, z) // emptied
 	})
 }
+
+func TestScriptAcquireChecksEval(t *testing.T) {
+	// acquire.lua checks EVAL with a script and the key it would be given:
+	// redis-server 7.0.15 crashes (SIGSEGV in getKeysUsingKeySpecs) when
+	// redis.acl_check_cmd is asked about EVAL without its arguments, for a
+	// user with key patterns. Such a user with EVAL runs the acquire ({1});
+	// one without it, or without the key, is refused ({-2, 'EVAL', key});
+	// and the server is still up.
+	forEachACLTarget(t, func(t *testing.T, a aclTarget) {
+		for _, tt := range []struct {
+			name  string
+			rules func(p string) []string
+			key   func(p string) string
+			want  func(p string) []any
+		}{
+			{"allowed", func(p string) []string { return []string{"~" + p + "*", "+@all"} },
+				func(p string) string { return p + "temp:1" }, func(string) []any { return reply(1) }},
+			{"allowed, no key", func(p string) []string { return []string{"~" + p + "*", "+@all"} },
+				func(p string) string { return "" }, func(string) []any { return reply(1) }},
+			{"denied", func(p string) []string { return []string{"~" + p + "*", "+@all", "-eval"} },
+				func(p string) string { return p + "temp:1" }, func(p string) []any { return reply(-2, "EVAL", p+"temp:1") }},
+			{"a key outside the patterns", func(p string) []string { return []string{"~" + p + "lock:*", "+@all"} },
+				func(p string) string { return p + "temp:1" }, func(p string) []any { return reply(-2, "EVAL", p+"temp:1") }},
+		} {
+			t.Run(tt.name, func(t *testing.T) {
+				p := casePrefix(t, a.admin, a.prefix)
+				c := a.srv.ClientAs(t, "ks-"+t.Name(), tt.rules(p)...)
+				locks, records, logs := runKeys(p, 1)
+				args := append([]string{scriptTok, "100", "1", "1", "EVAL", tt.key(p)}, recordArgs(locks)...)
+				wantReply(t, evalScript(t, c, "acquire", runKS(locks, records, logs), args), tt.want(p)...)
+				if err := a.admin.Do(redistest.Ctx(t), a.admin.B().Ping().Build()).Error(); err != nil {
+					t.Fatalf("PING after the acquire: %v", err)
+				}
+			})
+		}
+	})
+}
+
+func TestScriptReadLog(t *testing.T) {
+	// readlog.lua, the catch-up's read (C73): the entries from one index to
+	// another, the log's length, and the record's logged, work and token
+	// (nil where absent), in one step; it writes nothing.
+	env.ForEachDeployment(t, func(t *testing.T, d redistest.Deployment) {
+		p := casePrefix(t, d.Other, d.Prefix)
+		log, rec := p+"lock:1:log", p+"lock:1:run"
+		cmds(t, d.Other, []string{"RPUSH", log, "a", "b", "c"}, []string{"HSET", rec, "token", scriptTok, "logged", "3", "work", "9"})
+		before := redistest.Snapshot(t, d.Other, p)
+		res := d.Client.Do(redistest.Ctx(t), run.ReadLogCommand(d.Client.B(), log, rec, 1, 5))
+		entries, c, work, token, err := run.ReadLogReply(res)
+		if err != nil || !slices.Equal(entries, []string{"b", "c"}) || c != (run.LogCount{Len: 3, Logged: 3}) || work != 9 || token != scriptTok {
+			t.Errorf("got %q, %+v, %d, %q, %v", entries, c, work, token, err)
+		}
+		wantUntouched(t, d.Other, p, before)
+		res = d.Client.Do(redistest.Ctx(t), run.ReadLogCommand(d.Client.B(), p+"none:log", p+"none:run", 0, 9))
+		entries, c, work, token, err = run.ReadLogReply(res)
+		if err != nil || len(entries) != 0 || c != (run.LogCount{}) || work != 0 || token != "" {
+			t.Errorf("no log, no record: got %q, %+v, %d, %q, %v", entries, c, work, token, err)
+		}
+	})
+}

@@ -20,7 +20,8 @@
 -- ARGV[3]          n
 -- ARGV[4]          m, the number of rights to check
 -- ARGV[5..4+2m]    m pairs: a command name and the key it will run on ('':
---                  a command without keys, such as MULTI)
+--                  a command without keys, such as MULTI; for EVAL, the key
+--                  its script would be given)
 -- ARGV[5+2m..]     per record, in order: the number of its fields, then
 --                  its field/value pairs
 --
@@ -33,12 +34,15 @@ local m = tonumber(ARGV[4])
 local ctl = KEYS[3 * n + 1]
 if redis.acl_check_cmd then
   local function refused(cmd, key)
-    local ok, allowed
-    if key == '' then
-      ok, allowed = pcall(redis.acl_check_cmd, cmd)
-    else
-      ok, allowed = pcall(redis.acl_check_cmd, cmd, key)
+    local args = {cmd}
+    if cmd == 'EVAL' or cmd == 'EVALSHA' then
+      -- EVAL with its arguments, a script and a key or none: redis-server
+      -- 7.0 reads EVAL's number of keys from them without checking they
+      -- are there, and crashes, for a user with key patterns.
+      args = {cmd, 'return 1', key == '' and '0' or '1'}
     end
+    if key ~= '' then args[#args + 1] = key end
+    local ok, allowed = pcall(redis.acl_check_cmd, unpack(args))
     if not ok then
       return {-5, cmd}
     elseif not allowed then
