@@ -92,7 +92,8 @@ type Options struct {
 	// memory is bounded alike.
 	Unordered bool
 	// TTL is the lease of a run: its locks expire TTL after the last
-	// heartbeat, and its temp keys 2×TTL after the last refresh (see the
+	// heartbeat, and its temp keys 2×TTL (or more, for a family whose
+	// refresh takes long) after the last refresh (see the
 	// package documentation, "Lease"). A run whose heartbeats cannot reach
 	// Redis for a whole TTL fails with ErrLockLost, so that a stalled
 	// process cannot hold the lock forever, and a crashed one's lock expires

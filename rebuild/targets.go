@@ -252,13 +252,6 @@ func (ts *targets) all() []*target {
 	return append([]*target(nil), ts.ordered...)
 }
 
-// count returns the number of targets so far.
-func (ts *targets) count() int {
-	ts.mu.Lock()
-	defer ts.mu.Unlock()
-	return len(ts.ordered)
-}
-
 // temps returns the run.Temp of every target so far.
 func (ts *targets) temps() []*run.Temp {
 	all := ts.all()

@@ -115,12 +115,6 @@ func atoi(s string) int64 {
 	return n
 }
 
-// atof parses a number of a record, 0 when absent or malformed.
-func atof(s string) float64 {
-	f, _ := strconv.ParseFloat(s, 64)
-	return f
-}
-
 // fromMillis parses a time in milliseconds since the epoch, as records and
 // metas keep it; the zero time when absent or malformed.
 func fromMillis(s string) time.Time {

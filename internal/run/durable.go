@@ -132,7 +132,8 @@ func (r *Redis) Wait(ctx context.Context, op, key, lock string, d Durability) er
 
 // waitOn runs wait on a dedicated connection to the master of lock, after a
 // write to the run's record on it. The connection must come within within,
-// as the wait itself must: the lease is not renewed meanwhile.
+// as the wait itself must; a cancelled ctx (an operator's cancel, read by
+// the heartbeats, which go on meanwhile) ends the wait.
 func (r *Redis) waitOn(ctx context.Context, op, key, lock string, within time.Duration, wait func(rueidis.DedicatedClient) error) error {
 	record := keys.RecordKey(lock)
 	actx, cancel := context.WithTimeoutCause(ctx, within, errNoConnection)
