@@ -16,6 +16,22 @@ import (
 // trip.
 const catchUpChunk = 1000
 
+// catchUpWork bounds the work (ops and arguments) a catch-up replays per
+// round trip, over every log, so that entries of many ops each do not make
+// one round trip of hundreds of megabytes: past it, a log's next read takes
+// fewer entries. Every log replays at least one entry per round trip.
+const catchUpWork = 50_000
+
+// replayTxn is a transaction of replayed changes being built: its ops, and
+// the temp key of each.
+type replayTxn struct {
+	t     *txn
+	temps []string
+	index map[*target]int
+	ops   []run.Op
+	at    []int
+}
+
 // catchUp replays the changes applied during the run (see Apply) onto the
 // temp keys, from each lock's log, until what is left is short enough for
 // the publish to replay: at most PublishTail entries, of at most
@@ -40,11 +56,11 @@ func (x *execution[T]) catchUp(ctx context.Context, deadline time.Time) error {
 	for {
 		cmds := make(rueidis.Commands, 0, len(x.locks))
 		for i, l := range x.locks {
-			cmds = append(cmds, run.ReadLogCommand(cb, keys.LogKey(l.Key), keys.RecordKey(l.Key), x.offsets[i], x.offsets[i]+catchUpChunk-1))
+			cmds = append(cmds, run.ReadLogCommand(cb, keys.LogKey(l.Key), keys.RecordKey(l.Key), x.offsets[i], x.offsets[i]+x.chunks[i]-1))
 		}
 		res := r.redis.Client().DoMulti(ctx, cmds...)
-		var txns []*txn
-		var read, behind, work int64
+		var txns []*replayTxn
+		var read, behind, work, roundWork int64
 		for i, l := range x.locks {
 			log := keys.LogKey(l.Key)
 			entries, count, counted, token, err := run.ReadLogReply(res[i])
@@ -62,7 +78,12 @@ func (x *execution[T]) catchUp(ctx context.Context, deadline time.Time) error {
 			if err := x.logs.Check(i, count); err != nil {
 				return &Error{Op: "catch-up", Key: r.lives[i], Err: err}
 			}
+			taken := len(entries)
 			for j, e := range entries {
+				if j > 0 && roundWork >= catchUpWork {
+					taken = j // the rest is read again next round
+					break
+				}
 				index := x.offsets[i] + int64(j)
 				ops, err := run.DecodeEntry(e)
 				if errors.Is(err, ErrFallingBehind) {
@@ -76,19 +97,28 @@ func (x *execution[T]) catchUp(ctx context.Context, deadline time.Time) error {
 				}
 				for _, op := range ops {
 					x.work[i] += op.Work()
+					roundWork += op.Work()
 				}
 			}
-			x.offsets[i] += int64(len(entries))
-			read += int64(len(entries))
+			if taken < len(entries) {
+				x.chunks[i] = int64(max(1, taken))
+			} else {
+				x.chunks[i] = min(catchUpChunk, 2*x.chunks[i])
+			}
+			x.offsets[i] += int64(taken)
+			read += int64(taken)
 			behind += max(0, count.Len-x.offsets[i])
 			work += max(0, counted-x.work[i])
 		}
 		if len(txns) > 0 {
-			for _, t := range txns {
-				expiring(t)
+			ts := make([]*txn, len(txns))
+			for j, rt := range txns {
+				rt.t.cmds = rueidis.Commands{run.ReplayCommand(cb, rt.temps, rt.ops, rt.at)}
+				expiring(rt.t)
+				ts[j] = rt.t
 			}
 			x.lease.temps.Lock()
-			err := x.write(ctx, txns)
+			err := x.write(ctx, ts)
 			x.lease.temps.Unlock()
 			if err != nil {
 				return err
@@ -107,11 +137,11 @@ func (x *execution[T]) catchUp(ctx context.Context, deadline time.Time) error {
 }
 
 // replay adds ops, entry index of the log of lock i, to txns as writes of
-// builder i's temp keys: transactions of at most BatchSize commands. An op
-// on a key that is not builder i's fails the run with ErrTampered, naming
-// the log, the entry and the key: Apply logs no such op.
-func (x *execution[T]) replay(txns []*txn, i int, index int64, ops []run.Op) ([]*txn, error) {
-	cb := x.r.redis.Client().B()
+// builder i's temp keys: transactions of at most BatchSize ops, each
+// replayed by one script (run.ReplayCommand). An op on a key that is not
+// builder i's fails the run with ErrTampered, naming the log, the entry and
+// the key: Apply logs no such op.
+func (x *execution[T]) replay(txns []*replayTxn, i int, index int64, ops []run.Op) ([]*replayTxn, error) {
 	o := x.r.owners[i]
 	log := run.LogOffset{Key: keys.LogKey(x.locks[i].Key), Owner: o.key, Family: o.family}
 	if err := run.CheckEntry(log, index, ops); err != nil {
@@ -125,21 +155,23 @@ func (x *execution[T]) replay(txns []*txn, i int, index int64, ops []run.Op) ([]
 		if err != nil {
 			return nil, &Error{Op: "catch-up", Key: x.r.lives[i], Err: err}
 		}
-		var cur *txn
-		if n := len(txns); n > 0 && len(txns[n-1].cmds) < x.r.opts.BatchSize {
+		var cur *replayTxn
+		if n := len(txns); n > 0 && len(txns[n-1].ops) < x.r.opts.BatchSize {
 			cur = txns[n-1]
 		} else {
-			cur = &txn{label: "replayed changes"}
+			cur = &replayTxn{t: &txn{label: "replayed changes"}, index: map[*target]int{}}
 			txns = append(txns, cur)
 		}
-		if op.Conditional() {
-			cur.cmds = append(cur.cmds, cb.Eval().Script(run.RemoveIfSource()).Numkeys(1).Key(t.Key).Arg(op.Cmd).Arg(op.Args...).Build())
-		} else {
-			cur.cmds = append(cur.cmds, cb.Arbitrary(op.Cmd).Keys(t.Key).Args(op.Args...).Build())
+		k, ok := cur.index[t]
+		if !ok {
+			k = len(cur.temps)
+			cur.index[t] = k
+			cur.temps = append(cur.temps, t.Key)
+			cur.t.writes = append(cur.t.writes, t)
 		}
-		cur.writes = append(cur.writes, t)
-		if op.Removes() && !slices.Contains(cur.probes, t) {
-			cur.probes = append(cur.probes, t)
+		cur.ops, cur.at = append(cur.ops, op), append(cur.at, k)
+		if op.Removes() && !slices.Contains(cur.t.probes, t) {
+			cur.t.probes = append(cur.t.probes, t)
 		}
 	}
 	return txns, nil

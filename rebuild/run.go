@@ -74,6 +74,10 @@ func (r *Rebuilder[T]) run(ctx context.Context, src Source[T], held *Held[T]) (s
 	x.locks = locks
 	x.offsets = make([]int64, len(locks))
 	x.work = make([]int64, len(locks))
+	x.chunks = make([]int64, len(locks))
+	for i := range x.chunks {
+		x.chunks[i] = catchUpChunk
+	}
 	logKeys := make([]string, len(locks))
 	for i, l := range locks {
 		logKeys[i] = keys.LogKey(l.Key)
@@ -120,6 +124,7 @@ type execution[T any] struct {
 
 	offsets  []int64      // per lock, the entries of its log of changes replayed; only the catch-up writes
 	work     []int64      // per lock, the work (ops and arguments) of those entries; only the catch-up writes
+	chunks   []int64      // per lock, the entries the catch-up's next read takes; only the catch-up writes
 	logs     *run.Logs    // the counts of the logs seen
 	replayed atomic.Int64 // changes replayed by the catch-up
 	logged   atomic.Int64 // changes logged for the run, as the last heartbeat read

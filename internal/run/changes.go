@@ -43,21 +43,30 @@ func (op Op) Removes() bool {
 	return false
 }
 
-// Conditional reports whether op is a conditional removal, which runs as a
-// script (RemoveIfSource) rather than as a Redis command.
+// Conditional reports whether op is a conditional removal, which runs in a
+// script (lib/remove.lua) rather than as a Redis command.
 func (op Op) Conditional() bool { return op.Cmd == "HDELIF" || op.Cmd == "ZREMIF" }
 
 // Work returns the work of op: the op and each of its arguments count one.
 // The publish bounds the work of the changes it replays.
 func (op Op) Work() int64 { return 1 + int64(len(op.Args)) }
 
-// RemoveIfSource is the script that runs a conditional removal inside a
-// transaction (scripts/removeif.lua): EVAL it with the op's key, then its
-// command and arguments. EVAL, not EVALSHA: a NOSCRIPT inside EXEC would
-// leave the rest of the transaction applied.
-func RemoveIfSource() string { return removeIfSource }
+// ReplayCommand returns ops, checked, as one command that replays them, in
+// order, op i on temps[at[i]] instead of its live key (scripts/replay.lua):
+// a catch-up's transaction sends one per BatchSize ops, so that a
+// conditional removal runs in its place among the others. It goes as EVAL,
+// not EVALSHA: a NOSCRIPT inside EXEC would leave the rest of the
+// transaction applied.
+func ReplayCommand(cb rueidis.Builder, temps []string, ops []Op, at []int) rueidis.Completed {
+	args := make([]string, 0, 5*len(ops))
+	for i, op := range ops {
+		args = append(args, strconv.Itoa(at[i]+1), op.Cmd, strconv.Itoa(len(op.Args)))
+		args = append(args, op.Args...)
+	}
+	return cb.Eval().Script(replaySource).Numkeys(int64(len(temps))).Key(temps...).Arg(args...).Build()
+}
 
-var removeIfSource = Source("removeif")
+var replaySource = Source("replay")
 
 // ReadLogCommand returns the catch-up's read of log, the log of changes of
 // the lock whose record is record: its entries from start to stop, its

@@ -22,7 +22,7 @@ import (
 // server and the 3-master cluster, and asserts its exact reply and the exact
 // state of every key under the case's prefix afterwards. Between them they
 // reach every branch of acquire.lua, heartbeat.lua, refresh.lua, control.lua,
-// removeif.lua, release.lua and publish.lua (apply.lua and the tail of the
+// readlog.lua, replay.lua, release.lua and publish.lua (apply.lua and the tail of the
 // publish are in changes_test.go). The refusals of an ACL user run on a server
 // of the test's own and on the cluster node that serves the test's slot; a
 // renamed command needs a server started with --rename-command, so those
@@ -1486,37 +1486,39 @@ func TestScriptControl(t *testing.T) {
 	})
 }
 
-func TestScriptRemoveIf(t *testing.T) {
-	// removeif.lua, which a catch-up sends with EVAL inside its
-	// transaction (C76): HDELIF removes each field only while it holds the
-	// value named, ZREMIF each member only while it has the score named
-	// (+Inf and -Inf as the Go side writes them, the scores ZSCORE replies
-	// compared as numbers); each replies the entries removed.
+func TestScriptReplay(t *testing.T) {
+	// replay.lua, which a catch-up sends with EVAL inside each of its
+	// transactions (C76): the ops in order, each on its temp key; HDELIF
+	// removes each field only while it holds the value named, ZREMIF each
+	// member only while it has the score named (+Inf and -Inf as the Go
+	// side writes them, the scores ZSCORE replies compared as numbers),
+	// whatever the ops before them wrote. It replies the number of ops.
 	env.ForEachDeployment(t, func(t *testing.T, d redistest.Deployment) {
 		p := casePrefix(t, d.Other, d.Prefix)
-		h, z := p+"h", p+"z"
-		removeIf := func(key string, args ...string) int64 {
-			t.Helper()
-			n, err := redistest.Do(t, d.Client, d.Client.B().Eval().Script(run.RemoveIfSource()).Numkeys(1).Key(key).Arg(args...).Build()).AsInt64()
-			if err != nil {
-				t.Fatalf("removeif %s %q: %v", key, args, err)
-			}
-			return n
-		}
+		h, z, s := p+"h", p+"z", p+"s"
 		cmds(t, d.Other,
 			[]string{"HSET", h, "a", "1", "b", "2", "c", ""},
 			[]string{"ZADD", z, "1.5", "a", "+inf", "b", "-inf", "c", "1e+21", "d", "0.1", "e"},
 		)
-		if n := removeIf(h, "HDELIF", "a", "1", "b", "9", "c", "", "missing", "x"); n != 2 {
-			t.Errorf("HDELIF: removed %d, want 2", n)
+		ops := []run.Op{
+			{Cmd: "HDELIF", Key: h, Args: []string{"a", "1", "b", "9", "c", "", "missing", "x"}},
+			{Cmd: "HSET", Key: h, Args: []string{"x", "7"}},
+			{Cmd: "HDELIF", Key: h, Args: []string{"x", "7"}}, // removes what the op before it wrote
+			{Cmd: "ZREMIF", Key: z, Args: []string{"1.5", "a", "+Inf", "b", "1", "c", "1e+21", "d", "0.1", "e", "1", "missing"}},
+			{Cmd: "SADD", Key: s, Args: []string{"m", "n"}},
+			{Cmd: "SREM", Key: s, Args: []string{"m"}},
+		}
+		temps, at := []string{h, z, s}, []int{0, 0, 0, 1, 2, 2}
+		n, err := redistest.Do(t, d.Client, run.ReplayCommand(d.Client.B(), temps, ops, at)).AsInt64()
+		if err != nil || n != int64(len(ops)) {
+			t.Fatalf("replay: %d, %v; want %d", n, err, len(ops))
 		}
 		wantFields(t, d.Other, h, map[string]string{"b": "2"})
-		if n := removeIf(z, "ZREMIF", "1.5", "a", "+Inf", "b", "1", "c", "1e+21", "d", "0.1", "e", "1", "missing"); n != 4 {
-			t.Errorf("ZREMIF: removed %d, want 4", n)
-		}
 		wantScores(t, d.Other, z, map[string]float64{"c": math.Inf(-1)})
-		if n := removeIf(z, "ZREMIF", "-Inf", "c"); n != 1 {
-			t.Errorf("ZREMIF -Inf: removed %d, want 1", n)
+		wantMembers(t, d.Other, s, "n")
+		ops = []run.Op{{Cmd: "ZREMIF", Key: z, Args: []string{"-Inf", "c"}}}
+		if n, err := redistest.Do(t, d.Client, run.ReplayCommand(d.Client.B(), []string{z}, ops, []int{0})).AsInt64(); err != nil || n != 1 {
+			t.Fatalf("replay: %d, %v; want 1", n, err)
 		}
 		redistest.WantAbsent(t, d.Other, z) // emptied
 	})
