@@ -30,6 +30,9 @@ end
 -- reserved reports whether key has the shape of a key keyswap keeps next to
 -- a live key (keys.Reserved).
 function keyshapes.reserved(key)
+  -- Every reserved shape holds ":rebuild": most keys are told apart by one
+  -- plain search (Apply checks every op's key).
+  if not string.find(key, ':rebuild', 1, true) then return false end
   if keyshapes.temp(key) then return true end
   for _, s in ipairs(keyshapes.suffixes) do
     if #key >= #s and string.sub(key, -#s) == s then return true end
