@@ -336,7 +336,7 @@ func (r *runner) renew(ctx context.Context, rr *ksrun.Redis, args []string, ttl 
 	out := renewal{Keys: len(temps)}
 	for chunk := range slices.Chunk(temps, ksrun.RefreshChunk) {
 		t, err := timed(func() error {
-			states, err := rr.Refresh(ctx, lock, chunk, 2*ttl)
+			states, err := rr.Refresh(ctx, lock, chunk, 2*ttl, nil)
 			if err != nil {
 				return err
 			}

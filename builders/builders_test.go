@@ -9,6 +9,7 @@ import (
 	"math"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -284,9 +285,10 @@ func TestSortedSetNaN(t *testing.T) {
 }
 
 func TestSet(t *testing.T) {
-	// C48: blank members skipped; duplicates are written (and counted)
-	// but a set holds each member once.
-	src := []user{{ID: "a"}, {ID: ""}, {ID: "b"}, {ID: "a"}, {ID: "c"}}
+	// C48: blank members skipped. C76: a member belongs to one item: a
+	// source in which two items have the same member fails the run, naming
+	// the key and the member, and the live key is as it was.
+	src := []user{{ID: "a"}, {ID: ""}, {ID: "b"}, {ID: "c"}}
 	forEachDeployment(t, func(t *testing.T, d deployment) {
 		key := d.Prefix + "ids"
 		redistest.Do(t, d.Other, d.Other.B().Sadd().Key(key).Member("stale").Build())
@@ -296,8 +298,17 @@ func TestSet(t *testing.T) {
 		if got, want := redistest.SMembers(t, d.Other, key), []string{"a", "b", "c"}; !slices.Equal(got, want) {
 			t.Errorf("SMEMBERS %s: got %v, want %v", key, got, want)
 		}
-		if got := stats.Entries[key]; got != 4 {
-			t.Errorf("Stats.Entries[%q]: got %d, want 4", key, got)
+		if got := stats.Entries[key]; got != 3 {
+			t.Errorf("Stats.Entries[%q]: got %d, want 3", key, got)
+		}
+
+		r := redistest.Rebuilder(t, d.Client, rebuild.Options{BatchSize: 2}, ids(key))
+		_, err := r.Run(redistest.Ctx(t), rebuild.FromSlice(append(src, user{ID: "a"})))
+		if err == nil || !strings.Contains(err.Error(), `"a"`) || !strings.Contains(err.Error(), strconv.Quote(key)) {
+			t.Errorf("a member two items share: Run = %v, want an error naming %s and the member a", err, key)
+		}
+		if got, want := redistest.SMembers(t, d.Other, key), []string{"a", "b", "c"}; !slices.Equal(got, want) {
+			t.Errorf("SMEMBERS %s after the refused run: got %v, want %v", key, got, want)
 		}
 		redistest.WantClean(t, d.Other, d.Prefix)
 	})
@@ -965,13 +976,13 @@ func TestErrFormsWriteWhatThePlainFormsWrite(t *testing.T) {
 		plain := []rebuild.Builder[user]{
 			builders.Hash(plainPrefix+"h", func(u user) (string, string, bool) { return u.Email, u.ID, !builders.Blank(u.Email) }),
 			builders.SortedSet(plainPrefix+"z", func(u user) (string, float64, bool) { return u.ID, u.Score, true }),
-			builders.Set(plainPrefix+"s", func(u user) (string, bool) { return u.Country, !builders.Blank(u.Country) }),
+			builders.Set(plainPrefix+"s", func(u user) (string, bool) { return u.ID, !builders.Blank(u.Country) }),
 			builders.SetIndex(plainPrefix+"i", func(u user) (string, string, bool) { return u.Country, u.ID, !builders.Blank(u.Country) }),
 		}
 		withErr := []rebuild.Builder[user]{
 			builders.HashErr(errPrefix+"h", func(u user) (string, string, bool, error) { return u.Email, u.ID, !builders.Blank(u.Email), nil }),
 			builders.SortedSetErr(errPrefix+"z", func(u user) (string, float64, bool, error) { return u.ID, u.Score, true, nil }),
-			builders.SetErr(errPrefix+"s", func(u user) (string, bool, error) { return u.Country, !builders.Blank(u.Country), nil }),
+			builders.SetErr(errPrefix+"s", func(u user) (string, bool, error) { return u.ID, !builders.Blank(u.Country), nil }),
 			builders.SetIndexErr(errPrefix+"i", func(u user) (string, string, bool, error) { return u.Country, u.ID, !builders.Blank(u.Country), nil }),
 		}
 		plainStats := mustRun(t, d.Client, rebuild.Options{BatchSize: 3}, src, plain...)

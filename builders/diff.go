@@ -19,7 +19,10 @@ var (
 )
 
 // Diff removes the old item's field, unless the new one has the same, and
-// sets the new item's field to its value, unless it is unchanged.
+// sets the new item's field to its value, unless it is unchanged. The
+// removal happens only while the field still holds the old item's value
+// (HDelIf): another item may have taken the field since, and the changes
+// of two items may be applied in either order.
 func (h *hash[T]) Diff(w *rebuild.Writes, old, new *T) error {
 	of, ov, oldOK, err1 := mapped2(h.fn, old)
 	nf, nv, newOK, err2 := mapped2(h.fn, new)
@@ -27,7 +30,7 @@ func (h *hash[T]) Diff(w *rebuild.Writes, old, new *T) error {
 		return mappingError(err)
 	}
 	if oldOK && (!newOK || of != nf) {
-		if err := w.HDel(h.key, of); err != nil {
+		if err := w.HDelIf(h.key, of, ov); err != nil {
 			return err
 		}
 	}
@@ -38,7 +41,9 @@ func (h *hash[T]) Diff(w *rebuild.Writes, old, new *T) error {
 }
 
 // Diff removes the old item's member, unless the new one is the same, and
-// sets the new item's score, unless it is unchanged.
+// sets the new item's score, unless it is unchanged. The removal happens
+// only while the member still has the old item's score (ZRemIf): another
+// item may have taken the member since.
 func (z *sortedSet[T]) Diff(w *rebuild.Writes, old, new *T) error {
 	om, os, oldOK, err1 := mapped2(z.fn, old)
 	nm, ns, newOK, err2 := mapped2(z.fn, new)
@@ -46,7 +51,7 @@ func (z *sortedSet[T]) Diff(w *rebuild.Writes, old, new *T) error {
 		return mappingError(err)
 	}
 	if oldOK && (!newOK || om != nm) {
-		if err := w.ZRem(z.key, om); err != nil {
+		if err := w.ZRemIf(z.key, os, om); err != nil {
 			return err
 		}
 	}

@@ -4,7 +4,10 @@ import "github.com/keyswap/keyswap/rebuild"
 
 // Hash returns a builder of the hash key: a unique index such as
 // users:by-email (email → id). fn maps an item to a field and its value, or
-// ok false to skip the item. The last write of a field wins.
+// ok false to skip the item. The last write of a field wins. A field may
+// pass from one item to another (an email that moves): Apply removes an
+// item's old field only while it still holds that item's value, so the
+// changes of the two items may be applied in either order.
 // A Hash implements [rebuild.Keyed]. [HashErr] takes a mapping that can
 // fail.
 func Hash[T any](key string, fn func(T) (field, value string, ok bool)) rebuild.Builder[T] {

@@ -5,6 +5,13 @@ import "github.com/keyswap/keyswap/rebuild"
 // Set returns a builder of the set key. fn maps an item to a member, or ok
 // false to skip the item. A Set implements [rebuild.Commutative]. [SetErr]
 // takes a mapping that can fail.
+//
+// A member belongs to one item, such as the item's id: Apply removes an
+// item's member when the item changes or goes, which would remove it for
+// any other item that has the same member (a set of countries, say, which
+// many items share). A run in which two items have the same member fails,
+// naming the key (and the member when it can), before anything is
+// published.
 func Set[T any](key string, fn func(T) (member string, ok bool)) rebuild.Builder[T] {
 	return SetErr(key, func(it T) (string, bool, error) {
 		m, ok := fn(it)

@@ -22,6 +22,13 @@ import (
 // members disappears. Readers never see an empty or half-built
 // bucket, which Familia's clear-then-refill allowed.
 //
+// A member belongs to one item within its bucket, such as the item's id:
+// Apply removes an item's member from its old bucket when the item moves,
+// which would remove it for any other item with the same member in that
+// bucket. A run in which two items have the same member in one bucket
+// fails, naming the bucket (and the member when it can), before anything is
+// published.
+//
 // The family owns every set whose key starts with "<prefix>:": do not keep
 // other sets there. On Redis Cluster the prefix must carry a hash tag, such
 // as "{users}:by-country", so that every bucket shares one hash slot.

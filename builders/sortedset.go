@@ -12,8 +12,11 @@ import (
 // leaderboard such as users:by-score. fn maps an item to a member and its
 // score, or ok false to skip the item. A member's score is whatever fn
 // returns, and the last write of a member wins. A NaN score is an
-// error: Redis would refuse it. A SortedSet implements [rebuild.Keyed].
-// [SortedSetErr] takes a mapping that can fail.
+// error: Redis would refuse it. Apply removes an item's old member only
+// while it still has that item's score, so a member that passes from one
+// item to another survives the changes of both, in either order. A
+// SortedSet implements [rebuild.Keyed]. [SortedSetErr] takes a mapping that
+// can fail.
 func SortedSet[T any](key string, fn func(T) (member string, score float64, ok bool)) rebuild.Builder[T] {
 	return SortedSetErr(key, func(it T) (string, float64, bool, error) {
 		m, score, ok := fn(it)

@@ -30,6 +30,7 @@ import (
 	"github.com/keyswap/keyswap/internal/faultproxy"
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/redistest"
+	"github.com/keyswap/keyswap/internal/run"
 	"github.com/keyswap/keyswap/rebuild"
 	"github.com/redis/rueidis"
 	"github.com/redis/rueidis/rueidiscompat"
@@ -837,10 +838,16 @@ func TestApplyCatchUpTimeout(t *testing.T) {
 	})
 }
 
-// isCatchUpRead reports whether multi is a catch-up's read of its logs:
-// LRANGE and LLEN of each.
+// isCatchUpRead reports whether multi is a catch-up's read of its logs: a
+// readlog script (the entries, the length and the counts) of each.
 func isCatchUpRead(multi []rueidis.Completed) bool {
-	return len(multi) > 0 && multi[0].Commands()[0] == "LRANGE" && strings.HasSuffix(multi[0].Commands()[1], keys.LogSuffix)
+	if len(multi) == 0 {
+		return false
+	}
+	// Sent as EVAL (run.ReadLogCommand); its text, not its SHA1, which
+	// FIPS 140-only mode does not allow.
+	args := multi[0].Commands()
+	return len(args) > 1 && args[0] == "EVAL" && args[1] == run.Source("readlog")
 }
 
 // sumLogs returns the entries of every log of k's locks.
@@ -974,10 +981,11 @@ func TestApplyEmptiesTempKey(t *testing.T) {
 				publish := redistest.ScriptNamed("publish")
 				runner := rueidishook.WithHook(d.Client, redistest.Hook{
 					OnDoMulti: func(c rueidis.Client, ctx context.Context, multi ...rueidis.Completed) []rueidis.RedisResult {
-						if isCatchUpRead(multi) {
+						read := isCatchUpRead(multi)
+						if read {
 							catchingUp.Store(true)
 						}
-						write := catchingUp.Load() && multi[0].Commands()[0] == "MULTI"
+						write := catchingUp.Load() && !read && multi[0].Commands()[0] == "MULTI"
 						res := c.DoMulti(ctx, multi...)
 						if write && back == "a later catch-up round" {
 							once.Do(moveBack) // after the first round's writes
@@ -1038,8 +1046,12 @@ func TestApplyPublishRefusedDiscards(t *testing.T) {
 			says  string
 		}{
 			{"an entry that is not a change", func(t *testing.T, ctx context.Context, k onlineKeys, a applier) {
-				redistest.Cmd(t, d.Other, "RPUSH", keys.LogKey(keys.LockKey(k.hash, d.Cluster)), "garbage")
-			}, "holds an entry that is not a change"},
+				// Counted as Apply counts it, so that the entry itself is
+				// what the publish refuses.
+				lock := keys.LockKey(k.hash, d.Cluster)
+				redistest.Cmd(t, d.Other, "RPUSH", keys.LogKey(lock), "garbage")
+				redistest.Cmd(t, d.Other, "HINCRBY", keys.RecordKey(lock), "logged", "1")
+			}, "is not a change keyswap logged"},
 			{"a key of another type", func(t *testing.T, ctx context.Context, k onlineKeys, a applier) {
 				// A change creates a bucket the run does not know (not in
 				// its source, created after its scan of the family), which

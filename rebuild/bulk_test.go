@@ -151,7 +151,7 @@ func onOwnDeployments(t *testing.T, f func(t *testing.T, addrs []string, cluster
 	})
 }
 
-// TestWritesApartFromTheApplication (C80): while a run writes, the
+// TestWritesApartFromTheApplication (C81): while a run writes, the
 // connection its transactions go on is stalled (its proxy holds every byte
 // both ways). The application's GETs of another key of the same server,
 // and its Apply of a change, on the very client the run was given, still
@@ -204,7 +204,7 @@ func TestWritesApartFromTheApplication(t *testing.T) {
 	})
 }
 
-// TestWritesWhilePoolBusy (C80): the application holds the only connection
+// TestWritesWhilePoolBusy (C81): the application holds the only connection
 // of the client's blocking pool (BlockingPoolSize 1), as a blocking
 // command would. The run does not wait for it: its writes go on the
 // client's shared connections, with one warning, and as soon as the
@@ -284,7 +284,7 @@ func TestWritesWhilePoolBusy(t *testing.T) {
 	})
 }
 
-// TestWritesAfterCut (C80): between two of a run's writes, the connection
+// TestWritesAfterCut (C81): between two of a run's writes, the connection
 // they go on is cut. The run notices that its own connection closed
 // (logged at the Info level), and its next write takes a new dedicated
 // connection, not the client's shared ones: the run goes on, publishes
@@ -379,7 +379,7 @@ func TestWritesAfterCut(t *testing.T) {
 	}
 }
 
-// TestWritesAfterSlotMoved (C80): on a cluster, while a run waits for its
+// TestWritesAfterSlotMoved (C81): on a cluster, while a run waits for its
 // source, the hash slot of its keys moves to another master with every key
 // in it (IMPORTING, MIGRATING, MIGRATE, SETSLOT NODE, as a resharding does).
 // The run's connection still goes to the old master, which answers its
@@ -468,7 +468,7 @@ func TestWritesAfterSlotMoved(t *testing.T) {
 	redistest.WantClean(t, admin, "{moved}:by-email")
 }
 
-// TestWritesEndWhileAsking (C80): the application holds the only
+// TestWritesEndWhileAsking (C81): the application holds the only
 // connection of the client's blocking pool (BlockingPoolSize 1) for a whole
 // run, which asks for one for its writes and, with a LatencyBudget, one for
 // its probes, and never gets them. The run ends while they are asked for:

@@ -37,6 +37,13 @@ func Delete[T any](v T) Change[T] { return Change[T]{Old: &v} }
 // called from several goroutines at once. For a family bucket whose key has
 // the shape of keyswap's own keys, the Writes methods return an error
 // matching [ErrReservedKey]: skip that write, as Build skips such entries.
+//
+// An entry that another item may hold after this one, such as a field of a
+// unique index, must be removed conditionally ([Writes.HDelIf],
+// [Writes.ZRemIf]): the changes of two items may be applied in either
+// order. A builder that is also [Commutative] and merges SADDs (Set,
+// SetIndex) keeps each member for one item: a run whose merged SADD adds
+// fewer members than it sends fails, naming the key.
 type Incremental[T any] interface {
 	Diff(w *Writes, old, new *T) error
 }
@@ -45,9 +52,11 @@ type Incremental[T any] interface {
 // method writes one live key of the builder whose Diff is called, and
 // returns an error for a key the builder does not own.
 //
-// Only commands that set or remove entries outright are offered, so that
-// the last write of an entry decides it whatever came before: that is what
-// lets a run replay the changes applied while it ran onto its snapshot.
+// Only commands that set or remove entries outright, or remove them only
+// while they hold what the write names (HDelIf, ZRemIf), are offered, so
+// that the last write of an entry decides it whatever came before: that is
+// what lets a run replay the changes applied while it ran onto its
+// snapshot.
 type Writes struct {
 	owners  []owner
 	cluster bool
@@ -67,6 +76,15 @@ func (w *Writes) HDel(key string, fields ...string) error {
 	return w.add("HDEL", key, fields...)
 }
 
+// HDelIf removes field from the hash key only while it holds value: the
+// removal of an old item's entry that another item may have taken since
+// (an email moving from one user to another), which an HDel would remove
+// from under it. It is not a Redis command: Apply, the catch-up and the
+// publish run it as a script.
+func (w *Writes) HDelIf(key, field, value string) error {
+	return w.add("HDELIF", key, field, value)
+}
+
 // ZAdd sets member's score in the sorted set key. A NaN score is an error.
 func (w *Writes) ZAdd(key string, score float64, member string) error {
 	if math.IsNaN(score) {
@@ -78,6 +96,17 @@ func (w *Writes) ZAdd(key string, score float64, member string) error {
 // ZRem removes members from the sorted set key.
 func (w *Writes) ZRem(key string, members ...string) error {
 	return w.add("ZREM", key, members...)
+}
+
+// ZRemIf removes member from the sorted set key only while it has score:
+// the removal of an old item's member that another item may have taken
+// since. A NaN score is an error. It is not a Redis command: Apply, the
+// catch-up and the publish run it as a script.
+func (w *Writes) ZRemIf(key string, score float64, member string) error {
+	if math.IsNaN(score) {
+		return fmt.Errorf("ZREMIF %q: member %q has a NaN score", key, member)
+	}
+	return w.add("ZREMIF", key, strconv.FormatFloat(score, 'g', -1, 64), member)
 }
 
 // SAdd adds members to the set key.
@@ -125,12 +154,20 @@ func (w *Writes) add(cmd, key string, args ...string) error {
 // Without a run in progress, Apply simply maintains the index. Changes that
 // write nothing (an update that leaves every entry as it was) send nothing.
 //
+// While a key's lock is held by a rebuild that would not replay the change
+// (store.WithRebuild, a Ruby Familia rebuild, a rollback, a run of a
+// keyswap whose record version this one does not know, or one whose record
+// is gone or carries another token), Apply refuses the whole change,
+// writing nothing, with an error matching ErrInProgress: apply it again
+// once that rebuild ends. A change is never applied where that rebuild's
+// swap would revert it.
+//
 // Apply returns an *Error of Op "apply": ErrNotIncremental for a builder
 // without Diff; the builder's own Diff error, naming the change; an error
-// matching ErrNoPermission, or naming a key of another type, when Redis
-// would refuse a write (nothing applied); or one matching
-// ErrOutcomeUnknown when the reply was lost (all of it applied, or none:
-// applying it again is safe).
+// matching ErrInProgress as above; one matching ErrNoPermission, or naming
+// a key of another type, when Redis would refuse a write (nothing
+// applied); or one matching ErrOutcomeUnknown when the reply was lost (all
+// of it applied, or none: applying it again is safe).
 func (r *Rebuilder[T]) Apply(ctx context.Context, changes ...Change[T]) error {
 	w := &Writes{owners: r.owners, cluster: r.redis.Cluster(), ops: make([][]run.Op, len(r.builders))}
 	if w.cluster {
@@ -155,7 +192,7 @@ func (r *Rebuilder[T]) Apply(ctx context.Context, changes ...Change[T]) error {
 		}
 	}
 	applied, err := r.redis.Apply(ctx, run.ApplyOptions{
-		Op: "apply", Key: r.key, Locks: r.lockKeys, Ops: w.ops, MaxLog: r.opts.MaxChanges,
+		Op: "apply", Key: r.key, Locks: r.lockKeys, Lives: r.lives, Ops: w.ops, MaxLog: r.opts.MaxChanges,
 	})
 	if err != nil {
 		return err

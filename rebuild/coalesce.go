@@ -163,6 +163,11 @@ func pack(cb rueidis.Builder, cmds []mergedCmd, perTxn int) []*txn {
 		cur.cmds = append(cur.cmds, cb.Arbitrary(m.name).Keys(m.t.Key).Args(m.args...).Build())
 		cur.writes = append(cur.writes, m.t)
 		cur.entries += len(m.args)
+		var members []string
+		if strings.EqualFold(m.name, "SADD") {
+			members = m.args
+		}
+		cur.members = append(cur.members, members)
 	}
 	return out
 }

@@ -15,7 +15,7 @@ import (
 
 // TestControlRate: the status a heartbeat writes (its "rate", the items per
 // second so far) is not read back as an operator's limit, and an
-// operator's max_rate request is. A run without a limit reports limit 0
+// operator's max_rate request, in the run's requests ("<lock>:ctl"), is. A run without a limit reports limit 0
 // after several heartbeats; after run.Control sets max_rate, the next
 // heartbeats report that limit; then the source ends and the run publishes.
 func TestControlRate(t *testing.T) {
@@ -80,8 +80,13 @@ func TestControlRate(t *testing.T) {
 			t.Fatalf("Control: %v", err)
 		}
 		rec = beats(2)
-		if rec["limit"] != "250" || rec["max_rate"] != "250" {
-			t.Errorf("after max_rate 250: limit %q, max_rate %q; want 250 and 250", rec["limit"], rec["max_rate"])
+		ctl := redistest.HGetAll(t, d.Other, keys.CtlKey(info.Lock))
+		if rec["limit"] != "250" || ctl["max_rate"] != "250" || ctl["token"] != info.Token {
+			t.Errorf("after max_rate 250: limit %q, requests %q; want 250, and max_rate 250 for the run's token", rec["limit"], ctl)
+		}
+		// C74: operators write the requests, never the record.
+		if _, ok := rec["max_rate"]; ok {
+			t.Errorf("the record %s has max_rate: the request was written into it", record)
 		}
 	})
 }

@@ -118,8 +118,11 @@
 // (which also matches ErrInProgress), [ErrTempKeyLost], [ErrWritesLost]
 // (which also matches ErrTempKeyLost), [ErrNoPermission], [ErrNotDurable],
 // [ErrStalled], [ErrAborted], [ErrRefused], [ErrDiscarded],
-// [ErrFallingBehind], [ErrTooManyKeys]. Any of those means that nothing was
-// published. When the
+// [ErrFallingBehind], [ErrTooManyKeys], [ErrTampered] (a key keyswap relies
+// on, a run's log of changes or its record, holds what keyswap did not
+// write: an entry that is not a change of the log's own keys, more entries
+// than Apply counted, or a record of another token). Any of those means that
+// nothing was published. When the
 // publish script's reply is lost (a dropped connection, a timeout, a
 // cancelled context), Run finds out from the receipt the publish leaves
 // whether it ran: if it did, Run succeeds; only if Redis cannot be asked
@@ -144,16 +147,20 @@
 //
 // # Lease
 //
-// A run's locks live for Options.TTL, its temp keys for twice that. The
-// heartbeat, every second (or TTL/3 if shorter), checks that every lock
-// still holds the run's token and that the run's record holds every batch
-// Redis acknowledged, renews the locks, writes the run's status, and reads
-// an operator's requests; it rides in a batch's round trip, and goes alone
+// A run's locks live for Options.TTL, its temp keys for twice that at
+// least. The heartbeat, every second (or TTL/3 if shorter), checks that
+// every lock and record still holds the run's token, that the run's record
+// holds every batch Redis acknowledged, and that each log of changes holds
+// what Apply counted; renews the locks; writes the run's status; and reads
+// an operator's requests. It rides in a batch's round trip, and goes alone
 // only when no batch went out for half its period. The refresh, every
-// TTL/3, renews the temp keys' TTL, at most 500 keys per script, so that no
-// renewal blocks Redis for long whatever a family's size. A run whose
-// heartbeats cannot reach Redis for a whole TTL fails with ErrLockLost; one
-// whose source yields nothing for Options.StallTimeout, with ErrStalled.
+// TTL/3, in a goroutine of its own, renews the temp keys' TTL, at most 500
+// keys per script, so that no renewal blocks Redis for long whatever a
+// family's size; a refresh that takes long makes the temp keys' TTL grow
+// (and logs it) rather than hold the heartbeats back. The lease lasts
+// through the wait for Options.Durability. A run whose heartbeats cannot
+// reach Redis for a whole TTL fails with ErrLockLost; one whose source
+// yields nothing for Options.StallTimeout, with ErrStalled.
 //
 // # Writes during a rebuild
 //
@@ -170,10 +177,22 @@
 // primary, not a lagging replica; do not start from a snapshot taken before
 // the run), and the application must apply each change after committing
 // it, the changes of one item in commit order, retrying an Apply until it
-// succeeds. Writes to the live keys made without Apply are replaced by the
-// publish. A log holds at most Options.MaxChanges changes and the catch-up
-// may take Options.CatchUpTimeout: past either, the run fails with
-// ErrFallingBehind, and the live keys hold every change.
+// succeeds: while a rebuild that does not log changes holds a key's lock
+// (store.WithRebuild, a Familia rebuild, a rollback), Apply refuses the
+// change with ErrInProgress, writing nothing. Writes to the live keys made
+// without Apply are replaced by the publish. A log holds at most
+// Options.MaxChanges changes and the catch-up may take
+// Options.CatchUpTimeout: past either, the run fails with ErrFallingBehind,
+// and the live keys hold every change.
+//
+// The log is input from other processes: Apply counts every entry in the
+// run's record as it appends it, and the catch-up and the publish check
+// every log against its count and every entry against the log's builder
+// (its key, or a bucket of its family); anything else fails the run with
+// ErrTampered or ErrWritesLost, and nothing is published. A member of a Set
+// or SetIndex belongs to one item (a run whose items share one fails); a
+// Hash's field or a SortedSet's member is removed only while it holds the
+// old item's value.
 //
 // # Safe publishing
 //

@@ -23,8 +23,9 @@ type Durability struct {
 	// their AOF before it is published (WAITAOF, Redis 7.2 or later).
 	ReplicasAOF int
 	// Timeout bounds the wait. Zero means DefaultDurabilityTimeout, or half
-	// the lease (Options.TTL) if that is shorter. It must be shorter than
-	// the lease: the lease is not renewed while the run waits.
+	// the lease (Options.TTL) if that is shorter. The run keeps its lease
+	// while it waits (its phase is PhaseWaiting), and an operator's cancel
+	// ends the wait.
 	//
 	// WAIT and WAITAOF are blocking commands: rueidis sends them on a
 	// connection of the client's blocking pool (ClientOption.BlockingPoolSize).
@@ -58,8 +59,5 @@ func (r *Rebuilder[T]) checkDurability(bad func(string, ...any) error) error {
 		return nil // nothing to wait for
 	}
 	d.Timeout = run.OrDefault(d.Timeout, min(DefaultDurabilityTimeout, r.opts.TTL/2))
-	if d.Timeout >= r.opts.TTL {
-		return bad("Durability.Timeout %v: must be shorter than the lease, TTL %v, which is not renewed during the wait", d.Timeout, r.opts.TTL)
-	}
 	return nil
 }

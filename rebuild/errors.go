@@ -51,12 +51,19 @@ var (
 	// Options.CatchUpTimeout. Nothing was published; the live keys hold
 	// every change.
 	ErrFallingBehind = run.ErrFallingBehind
+	// ErrTampered: a key keyswap relies on, a run's log of changes or its
+	// record, holds what keyswap did not write: a log entry naming a key
+	// the run does not rebuild or a command no builder writes, more log
+	// entries than Apply counted, or a record whose token is not the run's.
+	// Nothing was published; the live keys were left as they were.
+	ErrTampered = run.ErrTampered
 )
 
 // ErrTooManyKeys reports a run that would publish more keys than
 // Options.MaxKeys: a family with more buckets (or stale buckets to delete)
-// than one atomic publish should touch. Nothing was published.
-var ErrTooManyKeys = errors.New("too many keys for one publish")
+// than one atomic publish should touch; or a rollback that would swap more.
+// Nothing was published, or rolled back.
+var ErrTooManyKeys = run.ErrTooManyKeys
 
 // ErrNotIncremental is what Apply returns when one of the Rebuilder's
 // builders cannot turn a change into writes: it does not implement
@@ -69,8 +76,9 @@ var ErrNotIncremental = errors.New("the builder cannot apply changes: it does no
 var ErrStalled = errors.New("the source stalled")
 
 // ErrAborted reports that an operator cancelled the run ("keyswap
-// cancel"). Nothing was published. It does not match ErrInProgress.
-var ErrAborted = errors.New("the run was cancelled by an operator")
+// cancel"), before its publish. Nothing was published. It does not match
+// ErrInProgress.
+var ErrAborted = run.ErrAborted
 
 // ErrReservedKey is what [Commands.Temp] returns for a family bucket whose
 // key has the shape of a key keyswap keeps next to an index: a lock, a
@@ -103,12 +111,15 @@ const (
 //	         ErrTempKeyLost); "touch" when the last renewal did
 //	run      the caller's context was cancelled (its cause is wrapped)
 //	scan     the SCAN for a family's live keys failed
-//	catch-up replaying the changes applied during the run (ErrFallingBehind)
-//	publish  the publish script (ErrLockLost, ErrTempKeyLost, or its own error)
+//	catch-up replaying the changes applied during the run (ErrFallingBehind,
+//	         ErrTampered, ErrWritesLost, ErrTooManyKeys)
+//	publish  the publish script (ErrLockLost, ErrTempKeyLost, ErrTampered,
+//	         ErrWritesLost, ErrAborted, or its own error)
 //	apply    Rebuilder.Apply: a change was refused (ErrNotIncremental,
-//	         ErrNoPermission, a key of the wrong type), or its reply lost
-//	         (ErrOutcomeUnknown); nothing of it was applied, or, for a lost
-//	         reply, all of it or nothing
+//	         ErrInProgress while a rebuild that does not log changes holds
+//	         a lock, ErrNoPermission, a key of the wrong type), or its reply
+//	         lost (ErrOutcomeUnknown); nothing of it was applied, or, for a
+//	         lost reply, all of it or nothing
 //
 // Key is the builders' keys, or the one key concerned, and Err the cause.
 type Error = run.Error

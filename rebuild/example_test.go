@@ -430,3 +430,64 @@ func ExampleCommands_MergeBucket() {
 	// fr: about 2 thousand
 	// it: about 1 thousand
 }
+
+// emailIndex is a hand-written unique index, email → id, that Apply can
+// maintain: its Diff removes an old email only while it still names the old
+// user, with HDelIf, as builders.Hash does.
+type emailIndex struct{ key string }
+
+func (e emailIndex) Key() string { return e.key }
+
+func (e emailIndex) Build(c *rebuild.Commands, users []User) error {
+	temp, err := c.Temp(e.key)
+	if err != nil {
+		return err
+	}
+	for _, u := range users {
+		c.Add(c.B().Hset().Key(temp).FieldValue().FieldValue(u.Email, u.ID).Build(), 1)
+	}
+	return nil
+}
+
+func (e emailIndex) Diff(w *rebuild.Writes, old, new *User) error {
+	if old != nil && (new == nil || old.Email != new.Email) {
+		if err := w.HDelIf(e.key, old.Email, old.ID); err != nil {
+			return err
+		}
+	}
+	if new != nil {
+		return w.HSet(e.key, new.Email, new.ID)
+	}
+	return nil
+}
+
+// An email passes from one user to another: user 1 changes to a new one,
+// then user 2 takes the old one, and the application applies user 2's
+// change first (the changes of two items may come in either order). User
+// 1's removal of x@example.com finds it holding user 2's id, and leaves it.
+func ExampleWrites_HDelIf() {
+	client := exampleClient()
+	defer client.Close()
+	ctx := context.Background()
+
+	r, err := rebuild.New[User](client, rebuild.Options{}, emailIndex{"users:by-email"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	ann := User{ID: "1", Email: "x@example.com"}
+	bob := User{ID: "2", Email: "w@example.com"}
+	if _, err := r.Run(ctx, rebuild.FromSlice([]User{ann, bob})); err != nil {
+		log.Fatal(err)
+	}
+	annMoved, bobMoved := ann, bob
+	annMoved.Email, bobMoved.Email = "y@example.com", "x@example.com"
+	if err := r.Apply(ctx, rebuild.Update(bob, bobMoved)); err != nil {
+		log.Fatal(err)
+	}
+	if err := r.Apply(ctx, rebuild.Update(ann, annMoved)); err != nil {
+		log.Fatal(err)
+	}
+	examplePrintKeys(ctx, client, "users:*")
+	// Output:
+	// users:by-email (hash): x@example.com=2 y@example.com=1
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"time"
 
 	"github.com/keyswap/keyswap/internal/diff"
 )
@@ -80,15 +81,20 @@ func (h *Held[T]) repanic() {
 }
 
 // hold is called by the run once built: it publishes the review, and
-// waits for a decision, or for the run to end another way.
+// waits for a decision, or for the run to end another way, for at most
+// Options.MaxHold.
 func (h *Held[T]) hold(ctx context.Context, x *execution[T], review Review, live []map[string]bool) (publish bool, err error) {
 	h.x, h.review, h.live = x, review, live
 	close(h.ready)
+	maxHold := time.NewTimer(x.r.opts.MaxHold)
+	defer maxHold.Stop()
 	select {
 	case publish := <-h.decide:
 		return publish, nil
 	case <-ctx.Done():
 		return false, context.Cause(ctx)
+	case <-maxHold.C:
+		return false, &Error{Op: "publish", Key: x.r.key, Err: fmt.Errorf("%w: held for %v (Options.MaxHold) without a decision: discarded, so that a forgotten held run does not keep its locks", ErrDiscarded, x.r.opts.MaxHold)}
 	}
 }
 
@@ -218,8 +224,37 @@ type DiffEntry struct {
 // Redis: each comparison reads at most DiffOptions.Limit entries of each
 // key with SCAN cursors and batched lookups, exact when one of the two keys
 // is within the limit, and estimates from random samples when both are past
-// it ('keyswap diff' shows the estimates' 95% confidence intervals).
+// it ('keyswap diff' shows the estimates' 95% confidence intervals). Once
+// the run has ended (published, discarded, or failed), its temp keys are
+// gone: Diff returns an error saying so, also when the run ends while Diff
+// reads.
 func (h *Held[T]) Diff(ctx context.Context, o DiffOptions) (Diff, error) {
+	if err := h.ended(); err != nil {
+		return Diff{}, err
+	}
+	d, err := h.diff(ctx, o)
+	if eerr := h.ended(); eerr != nil {
+		return Diff{}, eerr
+	}
+	return d, err
+}
+
+// ended returns an error if the held run has ended, saying how.
+func (h *Held[T]) ended() error {
+	select {
+	case <-h.done:
+	default:
+		return nil
+	}
+	how := "it was published"
+	if h.err != nil {
+		how = "it ended with: " + h.err.Error()
+	}
+	return &Error{Op: "diff", Key: h.x.r.key, Err: fmt.Errorf("the held run has ended, and its temp keys with it: nothing to compare (%s)", how)}
+}
+
+// diff is Diff, while the run is held.
+func (h *Held[T]) diff(ctx context.Context, o DiffOptions) (Diff, error) {
 	x := h.x
 	r := x.r
 	opts := diff.Options{Limit: o.Limit, Samples: o.Samples}

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/keyswap/keyswap/internal/run"
@@ -26,12 +28,21 @@ import (
 //   - The refresh, every TTL/3: the temp keys' TTL reset to 2×TTL, at most
 //     run.RefreshChunk keys per script, one script after the other, so that
 //     no renewal blocks Redis for longer than a few milliseconds, whatever
-//     the size of a family.
+//     the size of a family. It runs in a goroutine of its own, so that a
+//     family's many chunks never hold a heartbeat back, and it stops
+//     between two chunks once the lease ends.
 //
-// A temp key's deadline is thus never earlier than its lock's: it was reset
-// at most TTL/3 ago to 2×TTL, the lock at most now to TTL. A heartbeat is
-// not sent when the last refresh ended more than TTL ago, so that this holds
-// even when refreshes stall.
+// A heartbeat is not sent once the refresh has made no progress (a chunk
+// renewed, or a refresh started) for a whole TTL: a refresh that stalls
+// lets the lease lapse with it, so that a stall shows as ErrLockLost, as
+// in Familia, rather than as temp keys lost. A refresh that is slow but
+// moving, over a family of many buckets, does not hold heartbeats back.
+// Instead, each refresh gives the temp keys a TTL long enough to last
+// until the next one has renewed them: TTL + TTL/3 + twice the time a
+// refresh of that many keys took (measured, per key, by the last one),
+// and at least 2×TTL. When that is more than before, the run logs it; a
+// temp key that expires all the same is found lost, and fails the run
+// with ErrTempKeyLost, saying how long refreshing took.
 //
 // The run ends when:
 //   - no heartbeat reaches Redis for a whole TTL (the process or the network
@@ -55,31 +66,42 @@ type lease struct {
 	control func(run.Control)
 	stall   *stallWatch
 
+	// tempSecs is the temp keys' TTL, in seconds: 2×TTL, or longer when a
+	// refresh takes long (see refreshed). The batches' EXPIRE NX reads it
+	// too.
+	tempSecs *atomic.Int64
+	log      *slog.Logger
+
 	// temps is held by a refresh, from its snapshot of the temp keys to its
 	// check of what it found, and by a catch-up's write, which may empty
 	// temp keys: a refresh must not take a key emptied by a replayed change
 	// for a lost one.
 	temps sync.Mutex
 
-	mu          sync.Mutex
-	lastBeat    time.Time // when the last successful heartbeat was sent
-	lastRefresh time.Time // when the last complete refresh ended
-	lastSend    time.Time // when a batch last went out
-	inFlight    bool
-	watchdog    *time.Timer
-	stopped     bool
-	stop        chan struct{}
+	mu       sync.Mutex
+	lastBeat time.Time // when the last successful heartbeat was sent
+	// refreshed is when the refresh last made progress: started, or
+	// renewed a chunk.
+	refreshed time.Time
+	// perKey is the time the last complete refresh took per temp key.
+	perKey   time.Duration
+	lastSend time.Time // when a batch last went out
+	inFlight bool
+	watchdog *time.Timer
+	stopped  bool
+	stop     chan struct{}
 }
 
 // heartbeatEvery is how often the heartbeat renews a run of lease ttl.
 func heartbeatEvery(ttl time.Duration) time.Duration { return min(time.Second, ttl/3) }
 
-// newLease starts the lease of locks acquired at (or after) start.
+// newLease starts the lease of locks acquired at (or after) start: the
+// temp keys, written since, live until start plus their TTL at least.
 func newLease(x leaseOwner, start time.Time) *lease {
 	l := &lease{
 		redis: x.redis, locks: x.locks, targets: x.targets, ttl: x.ttl, key: x.key, cancel: x.cancel,
-		acked: x.acked, status: x.status, control: x.control, stall: x.stall,
-		lastBeat: start, lastRefresh: start, stop: make(chan struct{}),
+		acked: x.acked, status: x.status, control: x.control, stall: x.stall, tempSecs: x.tempSecs, log: x.log,
+		lastBeat: start, refreshed: start, stop: make(chan struct{}),
 	}
 	l.watchdog = time.AfterFunc(time.Until(start.Add(l.ttl)), l.lapse)
 	return l
@@ -89,25 +111,27 @@ func newLease(x leaseOwner, start time.Time) *lease {
 // did not happen: it goes on from l's last heartbeat and refresh.
 func (l *lease) resume(x leaseOwner) *lease {
 	l.mu.Lock()
-	beat, refresh := l.lastBeat, l.lastRefresh
+	beat, refreshed, perKey := l.lastBeat, l.refreshed, l.perKey
 	l.mu.Unlock()
 	n := newLease(x, beat)
-	n.lastRefresh = refresh
+	n.refreshed, n.perKey = refreshed, perKey
 	return n
 }
 
 // leaseOwner is what a lease needs of its run.
 type leaseOwner struct {
-	redis   *run.Redis
-	locks   []*run.Lock
-	targets *targets
-	ttl     time.Duration
-	key     string
-	cancel  context.CancelCauseFunc
-	acked   func() int64
-	status  func() []string
-	control func(run.Control)
-	stall   *stallWatch
+	redis    *run.Redis
+	locks    []*run.Lock
+	targets  *targets
+	ttl      time.Duration
+	key      string
+	cancel   context.CancelCauseFunc
+	acked    func() int64
+	status   func() []string
+	control  func(run.Control)
+	stall    *stallWatch
+	tempSecs *atomic.Int64
+	log      *slog.Logger
 }
 
 // lapsed reports whether no heartbeat has reached Redis for a whole TTL by
@@ -138,7 +162,7 @@ func (l *lease) claim(now time.Time, alone bool) (run.Heartbeat, bool) {
 	if !alone {
 		l.lastSend = now
 	}
-	if l.stopped || l.inFlight || now.Sub(l.lastBeat) < every || now.Sub(l.lastRefresh) > l.ttl ||
+	if l.stopped || l.inFlight || now.Sub(l.lastBeat) < every || now.Sub(l.refreshed) > l.ttl ||
 		alone && now.Sub(l.lastSend) < every/2 {
 		return run.Heartbeat{}, false
 	}
@@ -190,31 +214,84 @@ func (l *lease) refresh(ctx context.Context) {
 	l.temps.Lock()
 	defer l.temps.Unlock()
 	snap := run.Snap(l.targets.temps())
-	states, err := l.redis.Refresh(ctx, l.locks[0], snap.Keys(), 2*l.ttl)
+	ttl := l.tempTTL(len(snap.Temps))
+	started := time.Now()
+	l.progressed(started)
+	states, err := l.redis.Refresh(ctx, l.locks[0], snap.Keys(), ttl, func() { l.progressed(time.Now()) })
+	took := time.Since(started)
 	switch {
 	case errors.Is(err, ErrLockLost):
 		l.cancel(err)
 	case err != nil:
 		// Not fatal yet: the next refresh may succeed; a heartbeat waits
-		// for one that does (see claim).
+		// for one that makes progress (see claim). A refresh the lease's
+		// end stopped is over.
 	default:
-		l.mu.Lock()
-		l.lastRefresh = time.Now()
-		l.mu.Unlock()
+		if n := len(snap.Temps); n > 0 {
+			l.mu.Lock()
+			l.perKey = took / time.Duration(n)
+			l.mu.Unlock()
+		}
 		if err := snap.Check(states, "during the run"); err != nil {
-			l.cancel(&Error{Op: "lease", Key: l.key, Err: err})
+			l.cancel(&Error{Op: "lease", Key: l.key, Err: fmt.Errorf("%w (refreshing the run's %d temp keys took %v, with a TTL of %v, for a lease of %v: a longer Options.TTL gives them more)", err, len(snap.Temps), took.Round(time.Millisecond), ttl, l.ttl)})
 		}
 	}
 }
 
-// run sends the heartbeats no batch carried, refreshes the temp keys every
-// TTL/3, and watches the source for a stall, until ctx is done or the lease
-// is stopped.
+// progressed records that the refresh made progress at t.
+func (l *lease) progressed(t time.Time) {
+	l.mu.Lock()
+	l.refreshed = t
+	l.mu.Unlock()
+}
+
+// tempTTL returns the TTL a refresh of n temp keys gives them: long enough
+// that they outlive the next refresh, which starts TTL/3 after this one
+// ends and takes as long, at the time per key the last refresh took. It
+// only grows, and the batches' EXPIRE NX gives it to the keys they create.
+func (l *lease) tempTTL(n int) time.Duration {
+	l.mu.Lock()
+	perKey := l.perKey
+	l.mu.Unlock()
+	need := l.ttl + l.ttl/3 + 2*perKey*time.Duration(n) + time.Second
+	secs := int64((need + time.Second - 1) / time.Second)
+	for {
+		old := l.tempSecs.Load()
+		if secs <= old {
+			return time.Duration(old) * time.Second
+		}
+		if l.tempSecs.CompareAndSwap(old, secs) {
+			l.log.Warn("keyswap: refreshing the temp keys takes long for the lease (Options.TTL); their TTL grows to cover it",
+				"key", l.key, "temp_keys", n, "refresh", (perKey * time.Duration(n)).Round(time.Millisecond), "ttl", l.ttl, "temp_ttl", time.Duration(secs)*time.Second)
+			return time.Duration(secs) * time.Second
+		}
+	}
+}
+
+// run sends the heartbeats no batch carried and watches the source for a
+// stall, and refreshes the temp keys every TTL/3 in a goroutine of its
+// own, until ctx is done or the lease is stopped. It returns once the
+// refresh has stopped too.
 func (l *lease) run(ctx context.Context) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var refreshing sync.WaitGroup
+	defer refreshing.Wait()
+	refreshing.Go(func() {
+		every := max(l.ttl/3, time.Millisecond)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-l.stop:
+				return
+			case <-time.After(every):
+			}
+			l.refresh(ctx)
+		}
+	})
 	beat := time.NewTicker(max(heartbeatEvery(l.ttl)/2, time.Millisecond))
 	defer beat.Stop()
-	refresh := time.NewTicker(max(l.ttl/3, time.Millisecond))
-	defer refresh.Stop()
 	for {
 		select {
 		case <-ctx.Done():
@@ -228,8 +305,6 @@ func (l *lease) run(ctx context.Context) {
 			if h, ok := l.claim(now, true); ok {
 				l.settle(ctx, now, h, nil)
 			}
-		case <-refresh.C:
-			l.refresh(ctx)
 		}
 	}
 }

@@ -3,6 +3,8 @@ package rebuild
 import (
 	"log/slog"
 	"time"
+
+	"github.com/keyswap/keyswap/internal/run"
 )
 
 // Defaults for [Options].
@@ -28,19 +30,30 @@ const (
 	DefaultMaxMerged = 1 << 20
 	// DefaultMaxKeys is the most keys one publish touches (see
 	// Options.MaxKeys).
-	DefaultMaxKeys = 100_000
+	DefaultMaxKeys = run.DefaultMaxKeys
 	// DefaultMaxChanges is the most changes Apply logs for one run in
 	// progress (see Options.MaxChanges).
 	DefaultMaxChanges = 1_000_000
 	// DefaultCatchUpTimeout is how long a run may take to catch up with the
 	// changes applied while it ran (see Options.CatchUpTimeout).
 	DefaultCatchUpTimeout = time.Minute
+	// DefaultMaxHold is how long a held run waits for a decision (see
+	// Options.MaxHold).
+	DefaultMaxHold = time.Hour
 )
 
 // PublishTail is the most changes the publish itself replays: those logged
 // after the run's last catch-up (see the package documentation, "Writes
 // during a rebuild"). With more, the run catches up again first.
 const PublishTail = 1000
+
+// PublishTailWork bounds the work of the changes the publish replays, over
+// every log: their ops and arguments, each counting one (an Apply of one
+// change to a Hash, an HDELIF and an HSET, is 6). The publish is one
+// atomic script, which other clients wait behind: 10,000 keep the replay to
+// a few milliseconds of the server's time. With more, the run catches up
+// again first.
+const PublishTailWork = 10_000
 
 // Options configures a [Rebuilder]. The zero value uses every default.
 type Options struct {
@@ -79,7 +92,8 @@ type Options struct {
 	// memory is bounded alike.
 	Unordered bool
 	// TTL is the lease of a run: its locks expire TTL after the last
-	// heartbeat, and its temp keys 2×TTL after the last refresh (see the
+	// heartbeat, and its temp keys 2×TTL (or more, for a family whose
+	// refresh takes long) after the last refresh (see the
 	// package documentation, "Lease"). A run whose heartbeats cannot reach
 	// Redis for a whole TTL fails with ErrLockLost, so that a stalled
 	// process cannot hold the lock forever, and a crashed one's lock expires
@@ -176,6 +190,13 @@ type Options struct {
 	// fails with ErrFallingBehind. Zero means DefaultCatchUpTimeout;
 	// negative is an error.
 	CatchUpTimeout time.Duration
+	// MaxHold bounds how long a held run (Rebuilder.Build) waits for a
+	// decision: past it, the run is discarded (its temp keys deleted, its
+	// locks released), and it ends with an error matching ErrDiscarded
+	// that says so, so that a forgotten Held does not keep its locks, and
+	// block every other run of its keys, for ever. Zero means
+	// DefaultMaxHold; negative is an error.
+	MaxHold time.Duration
 	// Guards decide, before the publish, whether the result may replace
 	// the live keys (see Guard, RefuseEmpty, RefuseShrink): the first that
 	// refuses fails the run with ErrRefused, and nothing is published.
@@ -271,6 +292,10 @@ const (
 	// PhaseHeld: built and waiting for a decision to publish or discard
 	// (see Rebuilder.Build).
 	PhaseHeld Phase = "held"
-	// PhasePublishing: waiting for durability, if asked, and publishing.
+	// PhaseWaiting: waiting for Options.Durability before the publish. The
+	// run keeps its lease, and an operator's cancel still ends it.
+	PhaseWaiting Phase = "waiting for durability"
+	// PhasePublishing: publishing, in one script; an operator's cancel
+	// read by it refuses the publish.
 	PhasePublishing Phase = "publishing"
 )

@@ -267,7 +267,7 @@ func TestLatencyProbeCut(t *testing.T) {
 
 // TestLatencyProbeNoConnection: the application holds every connection of
 // the client's blocking pool (BlockingPoolSize 2: one for the run's writes,
-// C80, and one for its probes) to the server of the run's lock, as
+// C81, and one for its probes) to the server of the run's lock, as
 // blocking commands would. The probes cannot have one: the
 // run warns once, makes no pacing decision (a cluster client's wait for
 // the pool is not taken for a slow server), goes on at its starting limit,

@@ -186,9 +186,15 @@ func TestRunPublishesEveryTargetInOneScript(t *testing.T) {
 				t.Errorf("run %d: live keys named by the publish (-want +got):\n%s", run, diff)
 			}
 			// A fenced publish leaves its receipt, the first lock + ":done",
-			// and checks the run's record, the first lock + ":run".
-			if len(call.Locks) != 3 || !slices.Equal(call.Receipts, []string{call.Locks[0] + ":done"}) || !slices.Equal(call.Records, []string{call.Locks[0] + ":run"}) {
-				t.Fatalf("run %d: publish locks %q, receipts %q, records %q: want 3 locks, the first's receipt and record", run, call.Locks, call.Receipts, call.Records)
+			// checks the run's records, each lock + ":run", and reads the
+			// operator's requests, the first lock + ":ctl".
+			var records []string
+			for _, l := range call.Locks {
+				records = append(records, l+":run")
+			}
+			if len(call.Locks) != 3 || !slices.Equal(call.Receipts, []string{call.Locks[0] + ":done"}) || !slices.Equal(call.Records, records) ||
+				!slices.Equal(call.Ctls, []string{call.Locks[0] + ":ctl"}) {
+				t.Fatalf("run %d: publish locks %q, receipts %q, records %q, requests %q: want 3 locks, the first's receipt, every lock's record, the first's requests", run, call.Locks, call.Receipts, call.Records, call.Ctls)
 			}
 			if diff := cmp.Diff(tc.wantOrphans, call.Orphans); diff != "" {
 				t.Errorf("run %d: orphans named by the publish (-want +got):\n%s", run, diff)

@@ -57,10 +57,10 @@ func (x *execution[T]) publish(ctx context.Context, live []map[string]bool) (boo
 	}
 	sent := time.Now()
 	p, err := r.redis.Publish(ctx, run.PublishOptions{
-		Op: "publish", Key: r.key, Locks: x.locks, Batches: x.acked.Load(),
+		Op: "publish", Key: r.key, Locks: x.locks, Records: true, Batches: x.acked.Load(),
 		Targets: targets, Orphans: orphans, Drops: drops, Metas: metas, FamilyTypes: r.familyTypes(),
 		KeepPrevious: r.opts.KeepPrevious, PreserveFor: r.opts.PreserveFor, Settle: true, Now: time.Now(),
-		Logs: x.logOffsets(), MaxTail: PublishTail,
+		Logs: x.logOffsets(), MaxTail: PublishTail, MaxWork: PublishTailWork,
 	})
 	x.obs.Published(time.Since(sent))
 	if errors.Is(err, ErrLockLost) || run.PublishRefused(err) {

@@ -79,7 +79,8 @@ func (r *Rebuilder[T]) configure() error {
 			r.order = inOrder
 		}
 		_, family := b.(Family)
-		r.owners = append(r.owners, owner{key: b.Key(), family: family, commutative: commutes(b)})
+		_, incremental := b.(Incremental[T])
+		r.owners = append(r.owners, owner{key: b.Key(), family: family, commutative: commutes(b), unique: commutes(b) && incremental, incremental: incremental})
 		ks = append(ks, b.Key())
 	}
 	if o.Unordered {
@@ -152,7 +153,10 @@ func (r *Rebuilder[T]) checkTimes(bad func(string, ...any) error) error {
 		return bad("KeepPrevious %v: must be a whole number of seconds, or zero to keep nothing", o.KeepPrevious)
 	case o.CatchUpTimeout < 0:
 		return bad("CatchUpTimeout %v: must not be negative (zero means %v)", o.CatchUpTimeout, DefaultCatchUpTimeout)
+	case o.MaxHold < 0:
+		return bad("MaxHold %v: must not be negative (zero means %v)", o.MaxHold, DefaultMaxHold)
 	}
+	o.MaxHold = run.OrDefault(o.MaxHold, DefaultMaxHold)
 	o.MaxMerged = run.OrDefault(o.MaxMerged, DefaultMaxMerged)
 	o.MaxChanges = run.OrDefault(o.MaxChanges, DefaultMaxChanges)
 	o.MaxKeys = run.OrDefault(o.MaxKeys, DefaultMaxKeys)

@@ -23,13 +23,17 @@ var ErrNothingToRollBack = run.ErrNothingToRollBack
 // It is fenced like a run: it takes the builders' locks first, and fails
 // with ErrInProgress, changing nothing, while a run of them is in
 // progress. Changes applied (Apply) since the last publish are in the
-// generation rolled back, not in the one restored. It fails with
-// ErrNothingToRollBack when a key keeps no previous generation. It returns
-// each builder's generation now live, keyed by its Key.
+// generation rolled back, not in the one restored; Apply refuses changes to
+// its keys while it runs (ErrInProgress). It fails with
+// ErrNothingToRollBack when a key keeps no previous generation, and with
+// ErrTooManyKeys, before any write, when it would swap more keys than
+// Options.MaxKeys: a rollback is one atomic script, as a publish is. It
+// returns each builder's generation now live, keyed by its Key.
 func (r *Rebuilder[T]) Rollback(ctx context.Context) (map[string]int64, error) {
 	families := r.familyTypes()
 	gens, err := r.redis.Rollback(ctx, run.RollbackOptions{
 		Op: "rollback", Key: r.key, Lives: r.lives, FamilyTypes: families, TTL: r.opts.TTL, Now: time.Now(),
+		MaxKeys: r.opts.MaxKeys,
 	})
 	if err != nil {
 		return nil, err

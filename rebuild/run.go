@@ -64,7 +64,7 @@ func (r *Rebuilder[T]) run(ctx context.Context, src Source[T], held *Held[T]) (s
 	x := newExecution(r, start, &stats)
 	x.held, x.obs = held, obs
 	locks, err := r.redis.Acquire(ctx, run.AcquireOptions{
-		Op: "acquire", Key: r.key, Lives: r.lives, TTL: r.opts.TTL,
+		Op: "acquire", Key: r.key, Lives: r.lives, Families: r.families(), Mode: run.ModeRebuild, TTL: r.opts.TTL,
 		Checks: x.checks(), Record: x.recordFields(),
 	})
 	if err != nil {
@@ -73,6 +73,16 @@ func (r *Rebuilder[T]) run(ctx context.Context, src Source[T], held *Held[T]) (s
 	}
 	x.locks = locks
 	x.offsets = make([]int64, len(locks))
+	x.work = make([]int64, len(locks))
+	x.chunks = make([]int64, len(locks))
+	for i := range x.chunks {
+		x.chunks[i] = catchUpChunk
+	}
+	logKeys := make([]string, len(locks))
+	for i, l := range locks {
+		logKeys[i] = keys.LogKey(l.Key)
+	}
+	x.logs = run.NewLogs(logKeys)
 	obs.Phase(PhaseBuilding)
 	err = x.run(ctx, src)
 	returned = true
@@ -98,19 +108,25 @@ type execution[T any] struct {
 	gate    *gate
 	cancel  context.CancelCauseFunc
 
-	pulled  atomic.Int64  // items pulled from the source
-	done    atomic.Int64  // items in batches written and accounted
-	written atomic.Int64  // entries in batches Redis acknowledged
-	batches atomic.Int64  // batches written and accounted, in source order
-	acked   atomic.Int64  // batches whose transaction Redis acknowledged
-	probed  atomic.Int64  // the pacer's last 90th-percentile probe, in ns (Options.LatencyBudget)
-	phase   atomic.Value  // Phase
-	entries []int64       // entries written per builder; only the sender writes
-	skipped []int64       // entries skipped for a reserved key, per builder; only the sender writes
-	free    chan []T      // batch buffers to reuse
-	slots   chan struct{} // one per batch in flight: built, queued or being sent
+	pulled  atomic.Int64 // items pulled from the source
+	done    atomic.Int64 // items in batches written and accounted
+	written atomic.Int64 // entries in batches Redis acknowledged
+	batches atomic.Int64 // batches written and accounted, in source order
+	acked   atomic.Int64 // batches whose transaction Redis acknowledged
+	probed  atomic.Int64 // the pacer's last 90th-percentile probe, in ns (Options.LatencyBudget)
+	// tempSecs is the temp keys' TTL in seconds: twice the lease, or more
+	// when refreshing them takes long (see lease.refreshed).
+	tempSecs atomic.Int64
+	phase    atomic.Value  // Phase
+	entries  []int64       // entries written per builder; only the sender writes
+	skipped  []int64       // entries skipped for a reserved key, per builder; only the sender writes
+	free     chan []T      // batch buffers to reuse
+	slots    chan struct{} // one per batch in flight: built, queued or being sent
 
 	offsets  []int64      // per lock, the entries of its log of changes replayed; only the catch-up writes
+	work     []int64      // per lock, the work (ops and arguments) of those entries; only the catch-up writes
+	chunks   []int64      // per lock, the entries the catch-up's next read takes; only the catch-up writes
+	logs     *run.Logs    // the counts of the logs seen
 	replayed atomic.Int64 // changes replayed by the catch-up
 	logged   atomic.Int64 // changes logged for the run, as the last heartbeat read
 	held     *Held[T]     // Build's run, nil for Run
@@ -136,6 +152,7 @@ func newExecution[T any](r *Rebuilder[T], start time.Time, stats *Stats) *execut
 		gate:    newGate(r.opts.MaxRate),
 	}
 	x.phase.Store(PhaseBuilding)
+	x.tempSecs.Store(r.tempSecs)
 	x.targets = newTargets(r.owners, r.redis.Cluster(), func(live string) string {
 		return keys.Base(live, r.redis.Cluster()) + x.suffix
 	})
@@ -147,48 +164,24 @@ func newExecution[T any](r *Rebuilder[T], start time.Time, stats *Stats) *execut
 	return x
 }
 
-// checks returns the rights the run needs on the keys it knows before it
-// starts, for the acquire script to check before anything is written: a
-// missing one fails the run at once rather than after the build. The
-// publish checks every key it touches again, the family buckets included.
-func (x *execution[T]) checks() []run.Check {
-	c := []run.Check{{Command: "HINCRBY", Key: x.record}}
-	// The heartbeat's and the catch-up's commands on the run's own keys
-	// (the acquire script checks its own, the publish script its own).
-	c = append(c, run.Check{Command: "EXISTS", Key: x.record}, run.Check{Command: "HGET", Key: x.record},
-		run.Check{Command: "HSET", Key: x.record}, run.Check{Command: "HMGET", Key: x.record})
-	for _, l := range x.r.lockKeys {
-		log := keys.LogKey(l)
-		c = append(c, run.Check{Command: "GET", Key: l}, run.Check{Command: "EXPIRE", Key: l},
-			run.Check{Command: "EXPIRE", Key: keys.RecordKey(l)}, run.Check{Command: "EXISTS", Key: log},
-			run.Check{Command: "EXPIRE", Key: log}, run.Check{Command: "LLEN", Key: log}, run.Check{Command: "LRANGE", Key: log})
-	}
-	for _, t := range x.targets.all() {
-		c = append(c,
-			run.Check{Command: "EXPIRE", Key: t.Key}, run.Check{Command: "RENAME", Key: t.Key},
-			run.Check{Command: "UNLINK", Key: t.Live}, run.Check{Command: "PERSIST", Key: t.Live},
-			run.Check{Command: "PTTL", Key: t.Key})
-	}
-	return c
-}
-
-// recordFields returns the fields the run's record starts with.
+// recordFields returns the fields the run's record starts with, besides
+// its keys and mode.
 func (x *execution[T]) recordFields() []string {
 	host, _ := os.Hostname()
-	var families strings.Builder
-	for _, o := range x.r.owners {
-		if o.family {
-			families.WriteByte('1')
-		} else {
-			families.WriteByte('0')
-		}
-	}
 	return []string{
-		"keys", strings.Join(x.r.lives, "\n"), "families", families.String(), "suffix", x.suffix,
-		"host", host, "pid", strconv.Itoa(os.Getpid()),
-		"started", run.Now(x.start), "ttl", strconv.FormatInt(x.r.ttlSecs, 10),
-		"expected", strconv.FormatInt(x.r.opts.Expected, 10), "phase", string(PhaseBuilding),
+		run.FieldSuffix, x.suffix, run.FieldHost, host, run.FieldPID, strconv.Itoa(os.Getpid()),
+		run.FieldStarted, run.Now(x.start), run.FieldTTL, strconv.FormatInt(x.r.ttlSecs, 10),
+		run.FieldExpected, strconv.FormatInt(x.r.opts.Expected, 10), run.FieldPhase, string(PhaseBuilding),
 	}
+}
+
+// families reports which builders are families.
+func (r *Rebuilder[T]) families() []bool {
+	out := make([]bool, len(r.owners))
+	for i, o := range r.owners {
+		out[i] = o.family
+	}
+	return out
 }
 
 // run is Run after the locks are taken. Every way out of it, a panic or a
@@ -210,7 +203,7 @@ func (x *execution[T]) run(ctx context.Context, src Source[T]) (err error) {
 	owner := leaseOwner{
 		redis: r.redis, locks: x.locks, targets: x.targets, ttl: r.opts.TTL, key: r.key, cancel: cancel,
 		acked: x.acked.Load, status: x.status, control: x.control,
-		stall: x.stall,
+		stall: x.stall, tempSecs: &x.tempSecs, log: r.opts.Logger,
 	}
 	x.lease = newLease(owner, x.start)
 	var leaseDone sync.WaitGroup
@@ -285,6 +278,11 @@ func (x *execution[T]) run(ctx context.Context, src Source[T]) (err error) {
 		if err := x.catchUp(runCtx, deadline); err != nil {
 			return err
 		}
+		// A run that ended meanwhile (a lost lease, a cancel) says why,
+		// rather than what its next command ran into.
+		if cause := context.Cause(runCtx); cause != nil {
+			return run.Wrap("run", r.key, cause)
+		}
 		if err := x.decide(runCtx, live); err != nil {
 			return err
 		}
@@ -301,11 +299,22 @@ func (x *execution[T]) run(ctx context.Context, src Source[T]) (err error) {
 		if cause := context.Cause(runCtx); cause != nil {
 			return run.Wrap("run", r.key, cause)
 		}
+		// The lease lives on through the durability wait: the heartbeats
+		// keep the locks, show the phase, and read an operator's cancel.
+		if d := r.durability(); d != (run.Durability{}) {
+			x.setPhase(PhaseWaiting)
+			if err := r.redis.Wait(runCtx, "publish", r.key, x.locks[0].Key, d); err != nil {
+				if cause := context.Cause(runCtx); cause != nil {
+					return run.Wrap("run", r.key, cause)
+				}
+				return err
+			}
+		}
 		x.setPhase(PhasePublishing)
 		x.lease.end()
 		leaseDone.Wait()
-		if err := r.redis.Wait(runCtx, "publish", r.key, x.locks[0].Key, r.durability()); err != nil {
-			return err
+		if cause := context.Cause(runCtx); cause != nil {
+			return run.Wrap("run", r.key, cause)
 		}
 		published, err = x.publish(runCtx, live)
 		var behind *run.BehindError
@@ -433,8 +442,11 @@ func (x *execution[T]) control(c run.Control) {
 		}
 	}
 	var logged int64
-	for _, n := range c.Logs {
-		logged += n
+	for i, n := range c.Logs {
+		logged += n.Logged
+		if err := x.logs.Check(i, n); err != nil {
+			x.cancel(&Error{Op: "lease", Key: x.r.key, Err: err})
+		}
 	}
 	x.logged.Store(logged)
 }

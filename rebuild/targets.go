@@ -31,6 +31,15 @@ type owner struct {
 	key         string
 	family      bool
 	commutative bool
+	// unique: the builder is Commutative and Incremental, as builders.Set
+	// and builders.SetIndex are, so each member of its keys must belong to
+	// one item: Apply removes an item's member when the item moves, which
+	// would remove it for another item that shares it. A merged SADD that
+	// adds fewer members than it sends fails the run.
+	unique bool
+	// incremental: the builder is Incremental, so its log of changes may
+	// hold ops the catch-up and the publish replay.
+	incremental bool
 }
 
 // targets maps the live keys of a run to their temp keys. Keys of plain

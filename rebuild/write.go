@@ -57,6 +57,10 @@ type txn struct {
 	writes  []*target        // the temp keys cmds write
 	expire  []*target        // those that get an EXPIRE NX: set by the sender
 	entries int              // merged writes: the entries of cmds
+	// members are, for a merged SADD of cmds, its members (nil for other
+	// commands): SADD must add every one of them to a builder's key whose
+	// members belong to one item each (see owner.unique).
+	members [][]string
 	// probes are temp keys that cmds may leave empty (a replayed change
 	// that removes entries): EXISTS before and after the writes tells a key
 	// emptied by them from one lost before them.
@@ -91,7 +95,7 @@ func (x *execution[T]) write(ctx context.Context, txns []*txn) error {
 			// NX: only a key this transaction created has no TTL yet, so a
 			// reply of 1 is the creation of the temp key, and a second one
 			// for the same key is a loss (see run.Temp.Created).
-			cmds = append(cmds, cb.Expire().Key(tg.Key).Seconds(r.tempSecs).Nx().Build())
+			cmds = append(cmds, cb.Expire().Key(tg.Key).Seconds(x.tempSecs.Load()).Nx().Build())
 		}
 		for _, tg := range t.probes {
 			cmds = append(cmds, cb.Exists().Key(tg.Key).Build())
@@ -142,6 +146,9 @@ func (x *execution[T]) check(t *txn, res []rueidis.RedisResult) error {
 	n := len(res) - 2
 	replies, err := execReplies(res, n)
 	if err != nil {
+		if perr := refused(err); perr != nil {
+			err = perr
+		}
 		return fail(fmt.Errorf("%s: %w", t.label, err))
 	}
 	probes := len(t.probes)
@@ -149,7 +156,15 @@ func (x *execution[T]) check(t *txn, res []rueidis.RedisResult) error {
 	writes := len(t.cmds)
 	for i, m := range replies[:writes] {
 		if err := m.Error(); err != nil {
+			if perr := refused(err); perr != nil {
+				err = perr
+			}
 			return fail(fmt.Errorf("%s, command %d of %d: %w", t.label, i+1, writes, err))
+		}
+		if i < len(t.members) && t.members[i] != nil && x.r.owners[t.writes[i].builder].unique {
+			if added, err := m.AsInt64(); err == nil && added < int64(len(t.members[i])) {
+				return fail(sharedMember(t.writes[i].Live, t.members[i], added))
+			}
 		}
 	}
 	after := replies[writes+len(t.expire) : writes+len(t.expire)+probes]
@@ -186,6 +201,38 @@ func (x *execution[T]) check(t *txn, res []rueidis.RedisResult) error {
 		}
 	}
 	return nil
+}
+
+// refused returns err as an error matching ErrNoPermission, naming the
+// command, when it holds Redis refusing a command for this user's rights,
+// and nil otherwise.
+func refused(err error) error {
+	var rerr *rueidis.RedisError
+	if !errors.As(err, &rerr) {
+		return nil
+	}
+	if perr := run.Refused(rerr); perr != nil {
+		return fmt.Errorf("%w (%w)", perr, err)
+	}
+	return nil
+}
+
+// sharedMember describes a SADD of members to live that added only added of
+// them: a member was there already, written for another item.
+func sharedMember(live string, members []string, added int64) error {
+	which := "a member"
+	seen := make(map[string]bool, len(members))
+	for _, m := range members {
+		if seen[m] {
+			which = fmt.Sprintf("the member %q", m)
+			break
+		}
+		seen[m] = true
+	}
+	if which == "a member" && len(members) == 1 {
+		which = fmt.Sprintf("the member %q", members[0])
+	}
+	return fmt.Errorf("%s of %q is shared by two items of the source (SADD added %d of %d members): a member two items share cannot be maintained by Apply, which removes an item's member when the item moves, and would remove it for the other item too, so a Set or SetIndex keeps each member for one item; give each item a member of its own, such as its id; every live key left unchanged", which, live, added, len(members))
 }
 
 // expiring sets the temp keys of t that get an EXPIRE NX: every key it

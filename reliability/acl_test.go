@@ -24,6 +24,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -31,6 +32,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/keyswap/keyswap/builders"
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/rebuild"
@@ -112,6 +114,10 @@ func TestACLMissingRight(t *testing.T) {
 // whose script cache already holds keyswap's scripts (loaded by another
 // user's run), so that EVALSHA alone would do, and flushes the cache after
 // batch 2: every script then needs EVAL once, which the user may not run.
+// The builder is not Incremental (builders.Func): no change is ever
+// replayed, so the acquire does not ask for EVAL, which the catch-up sends
+// for a conditional removal (a user without it and an Incremental builder
+// is refused at the acquire: TestScriptAcquireRefused).
 // The publish never runs (NOPERM for EVAL), the live hash is untouched, and
 // what the failed cleanup leaves is bounded: the temp key is kept for
 // PreserveFor (the publish script itself failed), and the lock and the run
@@ -143,7 +149,7 @@ func TestACLMissingEvalScriptsCached(t *testing.T) {
 	const ttl, preserve = 10 * time.Second, 30 * time.Second
 	o := prodOptions()
 	o.TTL, o.PreserveFor = ttl, preserve
-	r := redistest.Rebuilder(t, hooked, o, prodHash(live))
+	r := redistest.Rebuilder(t, hooked, o, prodFuncHash(live))
 	stats, err := r.Run(ctx, prodItems())
 	t.Logf("Run after %d batches: %v", stats.Batches, err)
 	if err == nil {
@@ -171,6 +177,23 @@ func TestACLMissingEvalScriptsCached(t *testing.T) {
 			t.Errorf("%s: PTTL %v, want in (0, %v]", l.key, l.pttl, bound)
 		}
 	}
+}
+
+// prodFuncHash is prodHash as a builders.Func: the same hash, from a
+// builder that cannot apply changes (not Incremental).
+func prodFuncHash(live string) rebuild.Builder[int] {
+	return builders.Func(live, func(c *rebuild.Commands, items []int) error {
+		temp, err := c.Temp(live)
+		if err != nil {
+			return err
+		}
+		cmd := c.B().Hset().Key(temp).FieldValue()
+		for _, i := range items {
+			cmd = cmd.FieldValue("f"+strconv.Itoa(i), "new-"+strconv.Itoa(i))
+		}
+		c.Add(cmd.Build(), len(items))
+		return nil
+	})
 }
 
 // TestACLRevokedMidRun takes RENAME away from the run's user after batch
@@ -219,7 +242,7 @@ func TestACLRevokedMidRun(t *testing.T) {
 // or not), and keyswap status and sweep (dry run or --delete) all work on a
 // standalone server: with a key pattern that covers the live keys,
 //
-//	ACL SETUSER keyswap on >password ~ks:* -@all +eval +evalsha +multi +exec +get +set +del +exists +unlink +rename +persist +expire +ttl +pttl +type +hset +hget +hmget +hgetall +hdel +hincrby +llen +lrange +zadd +sadd +scan
+//	ACL SETUSER keyswap on >password ~ks:* -@all +eval +evalsha +multi +exec +get +set +del +exists +unlink +rename +persist +expire +ttl +pttl +type +hset +hget +hmget +hgetall +hdel +hincrby +llen +lrange +zadd +zrem +zscore +sadd +srem +scan
 //
 // On a cluster, add +cluster|slots, which a rueidis cluster client needs to
 // find the slots. TestMinimalACL checks that a user with these rules runs
@@ -231,6 +254,7 @@ var minimalCommands = []string{
 	"hset", "hget", "hmget", "hgetall", "hdel", "hincrby", // the run record, the generations, the heartbeat, status
 	"llen", "lrange", // the run's log of changes: the heartbeat, the catch-up
 	"zadd", "sadd", // builders.SortedSet and builders.SetIndex (builders.Hash: hset)
+	"zrem", "zscore", "srem", // the changes the catch-up and the publish replay (HDELIF: hget, hdel)
 	"scan", // a family's buckets, the sweep, status
 }
 

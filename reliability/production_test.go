@@ -498,7 +498,7 @@ func TestProductionDurability(t *testing.T) {
 // connection of the client's blocking pool (BlockingPoolSize 2) to the
 // server of the run's lock, as blocking commands would, from before the
 // run (both: its check that WAIT may run needs the pool too) or from its
-// first batch (the one its writes do not hold, C80: the wait before the
+// first batch (the one its writes do not hold, C81: the wait before the
 // publish then has no connection to wait on),
 // on a standalone server and on a cluster (whose client takes the
 // connection in the wait's first command). Either way the run fails closed

@@ -1060,8 +1060,10 @@ func raceBreakLock(c rueidis.Client) rueidis.Client {
 		if !acquire.Is(args) || len(args) < 3 {
 			return nil
 		}
+		// KEYS: n locks, their records, their logs, and the first's
+		// requests.
 		numkeys, err := strconv.Atoi(args[2])
-		if err != nil || numkeys%3 != 0 || 3+numkeys > len(args) {
+		if err != nil || numkeys%3 != 1 || 3+numkeys > len(args) {
 			return nil
 		}
 		return slices.Clone(args[3 : 3+numkeys/3])

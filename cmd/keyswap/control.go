@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -33,7 +34,8 @@ key that is not valid UTF-8 is given as "lock_key_base64"):
 Exit status: 0 when the request is recorded; 4 when no rebuild of
 rebuild.Rebuilder is in progress for <key> (none holds its lock, or the
 lock is held by something that takes no requests, such as
-store.WithRebuild); 1 on an error; 2 on a usage error.`
+store.WithRebuild); 8 when the run already published: too late, nothing
+recorded; 1 on an error; 2 on a usage error.`
 
 const cancelUsage = `Usage: keyswap cancel [flags] <key>
 
@@ -41,7 +43,9 @@ Cancel asks the rebuild in progress of <key> to stop. At its next heartbeat
 the run stops pulling its source, deletes its temp keys, releases its locks
 and returns an error matching rebuild.ErrAborted. It publishes nothing: the
 live keys are left as they are. A held run (rebuild.Rebuilder.Build) is
-discarded.
+discarded. A cancel recorded while the run waits for durability, or just
+before its publish script, is read by that script, which then publishes
+nothing; once the run has published, cancel says it is too late.
 
 ` + controlHelp
 
@@ -145,6 +149,9 @@ func (c *cli) control(ctx context.Context, name, usage string, args []string,
 		return err
 	}
 	if err := rr.Control(ctx, info, fields...); err != nil {
+		if errors.Is(err, krun.ErrTooLate) {
+			return fmt.Errorf("%s %s: %w, nothing recorded: the %s publishes what it built", name, displayKey(key), krun.ErrTooLate, rec.describe())
+		}
 		return err
 	}
 	if *asJSON {

@@ -97,8 +97,13 @@ func TestThrottle(t *testing.T) {
 					t.Errorf("throttle %s: got stdout %q, want %q", step.rate, r.stdout, want)
 				}
 				rec := ix.waitRecord(t, d, "limit "+step.limit, func(rec map[string]string) bool { return rec["limit"] == step.limit })
-				if rec["max_rate"] != step.request {
-					t.Errorf("throttle %s: the record's max_rate is %q, want %q", step.rate, rec["max_rate"], step.request)
+				// C74: the request is in the run's requests, for its token;
+				// the record is the run's alone.
+				if ctl := ix.ctl(t, d); ctl["max_rate"] != step.request || ctl["token"] != token {
+					t.Errorf("throttle %s: the requests are %q, want max_rate %q for the token %s", step.rate, ctl, step.request, token)
+				}
+				if _, ok := rec["max_rate"]; ok {
+					t.Errorf("throttle %s: the record has max_rate %q: written into the run's record", step.rate, rec["max_rate"])
 				}
 			}
 			// Unthrottled, the run pulls far more than 20 items/s: 500 more

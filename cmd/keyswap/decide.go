@@ -52,9 +52,10 @@ its bytes, in "lock_key_base64" or "key_base64".
 Exit status: 0 when the run ended as decided (or, with --wait 0, once the
 decision is recorded); 4 when no rebuild is in progress for <key>; 5 when
 it is not held (nothing recorded); 7 when it had not ended within --wait
-(the decision stands, and the run acts on it when it reads it); 1 on an
-error, or when the run ended otherwise: a publish that failed, a run
-cancelled, or decided otherwise by its own process first.`
+(the decision stands, and the run acts on it when it reads it); 8 when the
+run already published (too late: nothing recorded); 1 on an error, or when
+the run ended otherwise: a publish that failed, a run cancelled, or
+decided otherwise by its own process first.`
 
 const publishUsage = `Usage: keyswap publish [flags] <key>
 
@@ -148,6 +149,9 @@ func (c *cli) decide(ctx context.Context, decision, usage string, args []string)
 		return err
 	}
 	if err := rr.Control(ctx, info, requestAction, decision); err != nil {
+		if errors.Is(err, krun.ErrTooLate) {
+			return fmt.Errorf("%s %s: %w, nothing recorded", decision, displayKey(key), krun.ErrTooLate)
+		}
 		return err
 	}
 

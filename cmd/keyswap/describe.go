@@ -183,10 +183,25 @@ func describeRuns(ctx context.Context, client rueidis.Client, locks []lockStatus
 		}
 	}
 
+	// The operator's requests of each run.
+	firsts = slices.Sorted(maps.Keys(records))
+	cmds = cmds[:0]
+	for _, l := range firsts {
+		cmds = append(cmds, client.B().Hgetall().Key(keys.CtlKey(l)).Build())
+	}
+	ctls := make([]map[string]string, len(firsts))
+	for i, res := range client.DoMulti(ctx, cmds...) {
+		var err error
+		if ctls[i], err = res.AsStrMap(); err != nil {
+			return nil, fmt.Errorf("HGETALL %s: %w", displayKey(keys.CtlKey(firsts[i])), err)
+		}
+	}
+
 	out := []runStatus{}
 	var lives []string
-	for _, l := range slices.Sorted(maps.Keys(records)) {
-		r := parseRecord(l, records[l])
+	for i, l := range firsts {
+		// A field that is not as keyswap writes it shows as zero.
+		r, _ := parseRecord(l, records[l], ctls[i])
 		out = append(out, runStatus{runRecord: r})
 		lives = append(lives, r.Keys...)
 	}

@@ -25,6 +25,7 @@ const (
 	exitConflict = 5 // the run is not held (diff, publish, discard), or one holds the lock (rollback)
 	exitNoPrev   = 6 // rollback: no previous generation is kept
 	exitTimeout  = 7 // publish, discard: the run had not ended within --wait
+	exitTooLate  = 8 // cancel, throttle, pause, resume, publish, discard: the run already published
 )
 
 const mainUsage = `keyswap is the operator's tool for keyswap's atomic key rebuilds in Redis:
@@ -76,6 +77,8 @@ Exit status:
 	6  rollback: no previous generation is kept; nothing changed
 	7  publish, discard: the run had not ended within --wait (the decision
 	   stands)
+	8  too late: the run already published (cancel, throttle, pause,
+	   resume, publish, discard); nothing changed
 `
 
 // command is a subcommand: one file each (status.go, control.go for
@@ -199,6 +202,8 @@ func (c *cli) exit(name string, err error, asJSON bool) int {
 			code = exitNoPrev
 		case errors.Is(err, errWaitTimeout):
 			code = exitTimeout
+		case errors.Is(err, krun.ErrTooLate):
+			code = exitTooLate
 		}
 	}
 	if asJSON && !errors.Is(err, errReported) {
@@ -228,6 +233,7 @@ var exitKinds = map[int]string{
 	exitConflict: "conflict",
 	exitNoPrev:   "no_previous",
 	exitTimeout:  "timeout",
+	exitTooLate:  "too_late",
 }
 
 // errReported wraps an error whose command printed it in its own -json

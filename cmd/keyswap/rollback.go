@@ -97,6 +97,7 @@ func (c *cli) rollback(ctx context.Context, args []string) error {
 	}
 	_, err = krun.New(client, nil).Rollback(ctx, krun.RollbackOptions{
 		Op: "rollback", Key: what, Lives: lives, FamilyTypes: families, TTL: rollbackLease, Now: c.now(),
+		MaxKeys: krun.DefaultMaxKeys,
 	})
 	if errors.Is(err, krun.ErrInProgress) {
 		return fmt.Errorf("%w; nothing changed: roll back once it has ended, or end it ('keyswap cancel', 'keyswap discard')", err)

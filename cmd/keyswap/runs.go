@@ -15,10 +15,11 @@ import (
 )
 
 // A run of rebuild.Rebuilder keeps a record next to the lock of its first
-// key, "<lock>:run": a hash holding its token, its keys and owner, the
-// status its heartbeats write, and the operator's requests, which every
-// heartbeat reads. The commands here read that record and write requests
-// into it with run.Control, fenced by the token they read.
+// key, "<lock>:run": a hash holding its token, its keys and owner, and the
+// status its heartbeats write, which only the run writes. The operator's
+// requests go into a hash of their own next to it, "<lock>:ctl", which
+// every heartbeat reads: the commands here read the record, and write
+// requests with run.Control, fenced by the token they read.
 
 // runRecord is a run's record, parsed.
 type runRecord struct {
@@ -61,7 +62,7 @@ type runRecord struct {
 	Requests          runRequests
 }
 
-// runRequests are the operator's requests pending in a run's record.
+// runRequests are the operator's requests pending for a run.
 type runRequests struct {
 	Cancel  bool
 	MaxRate float64 // 0: none
@@ -69,55 +70,49 @@ type runRequests struct {
 	Action  string // "publish", "discard", or ""
 }
 
-// The record's request fields, which the heartbeat reads (heartbeat.lua).
+// The request fields, which the heartbeat reads (heartbeat.lua).
 const (
-	requestCancel  = "cancel"
-	requestMaxRate = "max_rate"
-	requestPaused  = "paused"
-	requestAction  = "action"
+	requestCancel  = krun.CtlCancel
+	requestMaxRate = krun.CtlMaxRate
+	requestPaused  = krun.CtlPaused
+	requestAction  = krun.CtlAction
 )
 
 // phaseHeld is the phase of a held run (rebuild.PhaseHeld): built, waiting
 // for a decision.
 const phaseHeld = "held"
 
-// parseRecord parses the record rec of the run holding lock.
-func parseRecord(lock string, rec map[string]string) runRecord {
+// parseRecord parses the record rec of the run holding lock, with the
+// requests ctl. A record of a version this keyswap does not know shows
+// that as its phase, and nothing else of it; a field that is not as
+// keyswap writes it is read as zero, and the error names it.
+func parseRecord(lock string, rec, ctl map[string]string) (runRecord, error) {
+	p, err := krun.ParseRecord(rec)
+	if errors.Is(err, krun.ErrRecordVersion) {
+		return runRecord{Lock: lock, Token: rec[krun.FieldToken], Phase: unknownVersion + strconv.Quote(p.Version) + ": upgrade keyswap"}, err
+	}
 	r := runRecord{
-		Lock: lock, Token: rec["token"], Suffix: rec["suffix"], Host: rec["host"], Phase: rec["phase"],
-		PID: atoi(rec["pid"]), Started: fromMillis(rec["started"]), LeaseSeconds: atoi(rec["ttl"]),
-		Expected: atoi(rec["expected"]), Items: atoi(rec["items"]), Entries: atoi(rec["entries"]), Acked: atoi(rec["acked"]),
-		Rate: atof(rec["rate"]), Limit: atof(rec["limit"]), Latency: time.Duration(atoi(rec["latency_us"])) * time.Microsecond,
-		BeatAt: fromMillis(rec["beat_at"]), ProgressAt: fromMillis(rec["progress_at"]),
-		Changes: atoi(rec["changes"]), Replayed: atoi(rec["replayed"]),
-		Requests: runRequests{
-			Cancel: rec[requestCancel] != "", MaxRate: atof(rec[requestMaxRate]),
-			Paused: rec[requestPaused] != "", Action: rec[requestAction],
-		},
+		Lock: lock, Token: p.Token, Keys: p.Keys, Families: p.Families, Suffix: p.Suffix, Host: p.Host, Phase: p.Phase,
+		PID: p.PID, Started: p.Started, LeaseSeconds: int64(p.TTL / time.Second), Expected: p.Expected,
+		Items: p.Items, Entries: p.Entries, Acked: p.Acked, Rate: p.Rate, Limit: p.Limit, Latency: p.Latency,
+		BeatAt: p.BeatAt, ProgressAt: p.ProgressAt, Changes: p.Changes, Replayed: p.Replayed,
+		Requests: runRequests(krun.ParseRequests(ctl, p.Token)),
 	}
-	if ks := rec["keys"]; ks != "" {
-		r.Keys = strings.Split(ks, "\n")
-		r.Families = make([]bool, len(r.Keys))
-		for i := range r.Keys {
-			r.Families[i] = i < len(rec["families"]) && rec["families"][i] == '1'
-		}
-	}
-	if eta, err := strconv.ParseInt(rec["eta"], 10, 64); err == nil {
+	if p.ETA != nil {
+		eta := int64(*p.ETA / time.Second)
 		r.ETASeconds = &eta
 	}
-	return r
+	return r, err
 }
+
+// unknownVersion starts the phase shown for a record of a version this
+// keyswap does not know.
+const unknownVersion = "unknown record version "
 
 // atoi parses a decimal integer of a record, 0 when absent or malformed.
 func atoi(s string) int64 {
 	n, _ := strconv.ParseInt(s, 10, 64)
 	return n
-}
-
-// atof parses a number of a record, 0 when absent or malformed.
-func atof(s string) float64 {
-	f, _ := strconv.ParseFloat(s, 64)
-	return f
 }
 
 // fromMillis parses a time in milliseconds since the epoch, as records and
@@ -156,7 +151,10 @@ func findRun(ctx context.Context, rr *krun.Redis, key string) (krun.RunInfo, run
 		}
 		return info, runRecord{}, err
 	}
-	rec := parseRecord(info.Lock, info.Record)
+	rec, err := parseRecord(info.Lock, info.Record, info.Ctl)
+	if err != nil {
+		return info, rec, fmt.Errorf("%s: the record of the run holding its lock: %w", displayKey(key), err)
+	}
 	if rec.Suffix == "" {
 		return info, rec, fmt.Errorf("%s: %w: its lock is held by a %s, which takes no requests", displayKey(key), krun.ErrNoRun, phaseOr(rec.Phase, "run"))
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"iter"
 	"maps"
@@ -16,6 +17,7 @@ import (
 	"github.com/keyswap/keyswap/builders"
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/redistest"
+	krun "github.com/keyswap/keyswap/internal/run"
 	// krebuild, as the tests have a type named rebuild.
 	krebuild "github.com/keyswap/keyswap/rebuild"
 )
@@ -99,6 +101,13 @@ func (ix index) lock(d deployment) string { return keys.LockKey(ix.email, d.clus
 func (ix index) record(t *testing.T, d deployment) map[string]string {
 	t.Helper()
 	return redistest.HGetAll(t, d.client, keys.RecordKey(ix.lock(d)))
+}
+
+// ctl returns the operator's requests to the run holding ix's lock, as
+// HGETALL returns them.
+func (ix index) ctl(t *testing.T, d deployment) map[string]string {
+	t.Helper()
+	return redistest.HGetAll(t, d.client, keys.CtlKey(ix.lock(d)))
 }
 
 // token returns the token of the lock of ix, "" if none holds it.
@@ -314,22 +323,48 @@ func (ix index) wantLiveState(t *testing.T, d deployment, before map[string]stri
 }
 
 func TestParseRecord(t *testing.T) {
-	rec := parseRecord("a:rebuild-lock", map[string]string{
-		"token": "0123456789abcdef", "keys": "a\n{b}:c", "families": "01", "suffix": ":rebuild:1:00",
+	// A record of this keyswap (v 2): its keys length-prefixed, so that a
+	// newline or a byte that is not UTF-8 survives (C79); the requests come
+	// from the hash next to it, and count only with the run's token.
+	ctl := map[string]string{"token": "0123456789abcdef", "cancel": "", "max_rate": "50", "paused": "1", "action": "publish"}
+	rec, err := parseRecord("a:rebuild-lock", map[string]string{
+		"v": "2", "token": "0123456789abcdef", "mode": "rebuild", "keys": krun.EncodeKeys([]string{"a\nb", "{b}:\xff"}), "families": "01", "suffix": ":rebuild:1:00",
 		"host": "h", "pid": "42", "started": "1700000000123", "ttl": "300", "expected": "10", "phase": "building",
 		"items": "5", "entries": "7", "acked": "1", "rate": "2.5", "limit": "0", "latency_us": "1500", "eta": "2",
 		"beat_at": "1700000001000", "progress_at": "", "changes": "3", "replayed": "1",
-		"cancel": "", "max_rate": "50", "paused": "1", "action": "publish",
-	})
+	}, ctl)
 	eta := int64(2)
 	want := runRecord{
-		Lock: "a:rebuild-lock", Token: "0123456789abcdef", Keys: []string{"a", "{b}:c"}, Families: []bool{false, true},
+		Lock: "a:rebuild-lock", Token: "0123456789abcdef", Keys: []string{"a\nb", "{b}:\xff"}, Families: []bool{false, true},
 		Suffix: ":rebuild:1:00", Host: "h", PID: 42, Started: time.UnixMilli(1700000000123).UTC(), LeaseSeconds: 300,
 		Expected: 10, Phase: "building", Items: 5, Entries: 7, Acked: 1, Rate: 2.5, Latency: 1500 * time.Microsecond, ETASeconds: &eta,
 		BeatAt: time.UnixMilli(1700000001000).UTC(), Changes: 3, Replayed: 1,
 		Requests: runRequests{MaxRate: 50, Paused: true, Action: "publish"},
 	}
-	if !reflect.DeepEqual(rec, want) {
-		t.Errorf("got\n%+v\nwant\n%+v", rec, want)
+	if err != nil || !reflect.DeepEqual(rec, want) {
+		t.Errorf("got\n%+v, %v\nwant\n%+v", rec, err, want)
+	}
+
+	// Requests written for another run are not this one's.
+	ctl["token"] = "fedcba9876543210"
+	if rec, _ := parseRecord("a:rebuild-lock", map[string]string{"v": "2", "token": "0123456789abcdef"}, ctl); rec.Requests != (runRequests{}) {
+		t.Errorf("another run's requests: got %+v, want none", rec.Requests)
+	}
+
+	// A record of an older keyswap (no version): its keys joined by "\n".
+	rec, err = parseRecord("a:rebuild-lock", map[string]string{"token": "t", "keys": "a\n{b}:c", "families": "01", "phase": "held"}, nil)
+	if err != nil || !slices.Equal(rec.Keys, []string{"a", "{b}:c"}) || !slices.Equal(rec.Families, []bool{false, true}) || rec.Phase != "held" {
+		t.Errorf("a v1 record: got %+v, %v; want its two keys, held", rec, err)
+	}
+
+	// A record of a newer keyswap: its version shown, nothing misread.
+	rec, err = parseRecord("a:rebuild-lock", map[string]string{"v": "3", "token": "t", "keys": "a", "phase": "building"}, nil)
+	if !errors.Is(err, krun.ErrRecordVersion) || rec.Keys != nil || rec.Phase != `unknown record version "3": upgrade keyswap` {
+		t.Errorf("a v3 record: got %+v, %v; want the version in the phase, no keys, ErrRecordVersion", rec, err)
+	}
+
+	// A field that is not as keyswap writes it is named.
+	if _, err := parseRecord("a:rebuild-lock", map[string]string{"v": "2", "token": "t", "pid": "x"}, nil); err == nil || !strings.Contains(err.Error(), `"pid"`) {
+		t.Errorf("a bad pid: got %v, want an error naming the field", err)
 	}
 }

@@ -193,7 +193,10 @@ func displayPhase(phase string) string {
 	switch phase {
 	case "":
 		return "-"
-	case "building", "catching up", "held", "publishing", "rolling back":
+	case "building", "catching up", "held", "waiting for durability", "publishing", "rolling back":
+		return phase
+	}
+	if strings.HasPrefix(phase, unknownVersion) {
 		return phase
 	}
 	return displayKey(phase)

@@ -29,6 +29,12 @@ const (
 	// to the live keys while the run that holds the lock runs:
 	// "<lock key>:log", a list. It lives no longer than the lock.
 	LogSuffix = ":log"
+	// CtlSuffix follows a lock key to name the operator's requests to the
+	// run that holds the lock: "<lock key>:ctl", a hash (cancel, a rate, a
+	// pause, a held run's decision) that the run reads at every heartbeat.
+	// It is the only key of a run that operators write, and it lives no
+	// longer than the lock.
+	CtlSuffix = ":ctl"
 	// MetaSuffix follows a base to name the metadata of a live key or a
 	// family: "<base>:rebuild-gen", a hash with its generation. It has no
 	// TTL: it lives as long as the index.
@@ -49,6 +55,10 @@ func RecordKey(lockKey string) string { return lockKey + RecordSuffix }
 // lockKey.
 func LogKey(lockKey string) string { return lockKey + LogSuffix }
 
+// CtlKey returns the key of the operator's requests to the run holding
+// lockKey.
+func CtlKey(lockKey string) string { return lockKey + CtlSuffix }
+
 // MetaKey returns the key of live's metadata: its generation.
 func MetaKey(live string, cluster bool) string { return Base(live, cluster) + MetaSuffix }
 
@@ -56,8 +66,8 @@ func MetaKey(live string, cluster bool) string { return Base(live, cluster) + Me
 func PrevKey(live string, cluster bool) string { return Base(live, cluster) + PrevSuffix }
 
 // Reserved reports whether key has the shape of a key keyswap makes next
-// to a live key: a lock, a lock's receipt, record or log, a live key's
-// metadata or kept previous value, or a temp key (current or legacy
+// to a live key: a lock, a lock's receipt, record, log or requests, a live
+// key's metadata or kept previous value, or a temp key (current or legacy
 // shape). keyswap refuses to rebuild such a key: it would take it for its
 // own.
 func Reserved(key string) bool {
@@ -65,7 +75,7 @@ func Reserved(key string) bool {
 		return true
 	}
 	for _, suffix := range []string{LockSuffix, MetaSuffix, PrevSuffix,
-		LockSuffix + ReceiptSuffix, LockSuffix + RecordSuffix, LockSuffix + LogSuffix} {
+		LockSuffix + ReceiptSuffix, LockSuffix + RecordSuffix, LockSuffix + LogSuffix, LockSuffix + CtlSuffix} {
 		if strings.HasSuffix(key, suffix) {
 			return true
 		}

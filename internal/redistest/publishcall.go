@@ -9,8 +9,8 @@ import (
 // keys by section, in the order the script documents them, and its
 // arguments.
 type PublishCall struct {
-	Locks, Records, Receipts, Temps, Lives, Orphans, Prevs, Drops, Metas, Logs []string
-	Args                                                                       []string
+	Locks, Records, Receipts, Temps, Lives, Orphans, Prevs, Drops, Metas, Logs, Ctls []string
+	Args                                                                             []string
 }
 
 // ParsePublish takes apart the arguments of a command that runs the
@@ -25,7 +25,7 @@ func ParsePublish(cmd []string) (PublishCall, error) {
 		return PublishCall{}, fmt.Errorf("bad numkeys in %q", cmd)
 	}
 	ks, args := cmd[3:3+n], cmd[3+n:]
-	const sections = 9 // L, R, C, T, O, P, D, G, X
+	const sections = 10 // L, R, C, T, O, P, D, G, X, K
 	if len(args) < 1+sections {
 		return PublishCall{}, fmt.Errorf("publish args %q: want the token and %d section sizes", args, sections)
 	}
@@ -35,7 +35,7 @@ func ParsePublish(cmd []string) (PublishCall, error) {
 			return PublishCall{}, fmt.Errorf("publish args %q: section %d: %w", args, i, err)
 		}
 	}
-	order := []int{0, 1, 2, 3, 3, 4, 5, 6, 7, 8} // the live keys are a second T section
+	order := []int{0, 1, 2, 3, 3, 4, 5, 6, 7, 8, 9} // the live keys are a second T section
 	var cut [][]string
 	at := 0
 	for _, s := range order {
@@ -49,5 +49,5 @@ func ParsePublish(cmd []string) (PublishCall, error) {
 		return PublishCall{}, fmt.Errorf("publish has %d keys, more than its sections %v", len(ks), size)
 	}
 	return PublishCall{Locks: cut[0], Records: cut[1], Receipts: cut[2], Temps: cut[3], Lives: cut[4],
-		Orphans: cut[5], Prevs: cut[6], Drops: cut[7], Metas: cut[8], Logs: cut[9], Args: args}, nil
+		Orphans: cut[5], Prevs: cut[6], Drops: cut[7], Metas: cut[8], Logs: cut[9], Ctls: cut[10], Args: args}, nil
 }

@@ -137,7 +137,7 @@ func connections(t *testing.T, admin rueidis.Client) int {
 	return strings.Count(list, " name="+bulkClientName+" ")
 }
 
-// TestBulk (C80) runs each case on a standalone server and on a cluster of
+// TestBulk (C81) runs each case on a standalone server and on a cluster of
 // its own (they kill connections and move slots), one after the other.
 func TestBulk(t *testing.T) {
 	t.Parallel()

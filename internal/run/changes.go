@@ -9,10 +9,12 @@ import (
 	"strings"
 
 	"github.com/keyswap/keyswap/internal/keys"
+	"github.com/redis/rueidis"
 )
 
 // Op is one write of a change: a command on one live key. Every op sets or
-// removes entries outright, so the last op on an entry decides it whatever
+// removes entries outright, or removes them only while they hold what the op
+// names (HDELIF, ZREMIF), so the last op on an entry decides it whatever
 // came before, and replaying a log of ops onto a snapshot gives the same
 // entries as applying them live.
 type Op struct {
@@ -22,9 +24,12 @@ type Op struct {
 }
 
 // OpTypes maps each command an [Op] may run to the type of key it writes.
+// HDELIF and ZREMIF are keyswap's own (scripts/lib/remove.lua): "HDELIF key
+// field value ..." removes each field only while it holds value, "ZREMIF
+// key score member ..." each member only while it has score.
 var OpTypes = map[string]string{
-	"HSET": "hash", "HDEL": "hash",
-	"ZADD": "zset", "ZREM": "zset",
+	"HSET": "hash", "HDEL": "hash", "HDELIF": "hash",
+	"ZADD": "zset", "ZREM": "zset", "ZREMIF": "zset",
 	"SADD": "set", "SREM": "set",
 }
 
@@ -32,28 +37,107 @@ var OpTypes = map[string]string{
 // empty, which Redis then deletes.
 func (op Op) Removes() bool {
 	switch op.Cmd {
-	case "HDEL", "ZREM", "SREM":
+	case "HDEL", "HDELIF", "ZREM", "ZREMIF", "SREM":
 		return true
 	}
 	return false
 }
 
+// Conditional reports whether op is a conditional removal, which runs in a
+// script (lib/remove.lua) rather than as a Redis command.
+func (op Op) Conditional() bool { return op.Cmd == "HDELIF" || op.Cmd == "ZREMIF" }
+
+// Work returns the work of op: the op and each of its arguments count one.
+// The publish bounds the work of the changes it replays.
+func (op Op) Work() int64 { return 1 + int64(len(op.Args)) }
+
+// ReplayCommand returns ops, checked, as one command that replays them, in
+// order, op i on temps[at[i]] instead of its live key (scripts/replay.lua):
+// a catch-up's transaction sends one per BatchSize ops, so that a
+// conditional removal runs in its place among the others. It goes as EVAL,
+// not EVALSHA: a NOSCRIPT inside EXEC would leave the rest of the
+// transaction applied.
+func ReplayCommand(cb rueidis.Builder, temps []string, ops []Op, at []int) rueidis.Completed {
+	args := make([]string, 0, 5*len(ops))
+	for i, op := range ops {
+		args = append(args, strconv.Itoa(at[i]+1), op.Cmd, strconv.Itoa(len(op.Args)))
+		args = append(args, op.Args...)
+	}
+	return cb.Eval().Script(replaySource).Numkeys(int64(len(temps))).Key(temps...).Arg(args...).Build()
+}
+
+var replaySource = Source("replay")
+
+// ReadLogCommand returns the catch-up's read of log, the log of changes of
+// the lock whose record is record: its entries from start to stop, its
+// length, and the record's counts and token, in one atomic script
+// (scripts/readlog.lua), for the caller's own DoMulti. It only reads, so
+// rueidis may send it again on a new connection when a reply is lost; it
+// goes as EVAL, which needs no script cache. Read its reply with
+// ReadLogReply.
+func ReadLogCommand(cb rueidis.Builder, log, record string, start, stop int64) rueidis.Completed {
+	return cb.Eval().Script(readLogSource).Numkeys(2).Key(log, record).
+		Arg(strconv.FormatInt(start, 10), strconv.FormatInt(stop, 10)).Build().ToRetryable()
+}
+
+var readLogSource = Source("readlog")
+
+// ReadLogReply reads the reply of a ReadLogCommand: the entries, the log's
+// count (its length, and what Apply counted), the work Apply counted, and
+// the record's token ("" when the record has none).
+func ReadLogReply(res rueidis.RedisResult) (entries []string, c LogCount, work int64, token string, err error) {
+	arr, err := res.ToArray()
+	if err != nil {
+		return nil, c, 0, "", err
+	}
+	if len(arr) != 3 {
+		return nil, c, 0, "", fmt.Errorf("unexpected readlog script reply %v", arr)
+	}
+	if entries, err = arr[0].AsStrSlice(); err != nil {
+		return nil, c, 0, "", err
+	}
+	if c.Len, err = arr[1].AsInt64(); err != nil {
+		return nil, c, 0, "", err
+	}
+	fields, err := arr[2].ToArray()
+	if err != nil || len(fields) != 3 {
+		return nil, c, 0, "", fmt.Errorf("unexpected readlog script reply %v", arr)
+	}
+	for i, dst := range []*int64{&c.Logged, &work} {
+		if fields[i].IsNil() {
+			continue
+		}
+		s, err := fields[i].ToString()
+		if err == nil {
+			*dst, err = strconv.ParseInt(s, 10, 64)
+		}
+		if err != nil {
+			return nil, c, 0, "", fmt.Errorf("the record's %s: %q: %w", []string{FieldLogged, FieldWork}[i], s, err)
+		}
+	}
+	if !fields[2].IsNil() {
+		token, _ = fields[2].ToString()
+	}
+	return entries, c, work, token, nil
+}
+
 // check validates op's shape.
 func (op Op) check() error {
 	if _, ok := OpTypes[op.Cmd]; !ok {
-		return fmt.Errorf("a change cannot run %q: only HSET, HDEL, ZADD, ZREM, SADD and SREM", op.Cmd)
+		return fmt.Errorf("a change cannot run %q: only HSET, HDEL, HDELIF, ZADD, ZREM, ZREMIF, SADD and SREM", op.Cmd)
 	}
 	if op.Key == "" {
 		return fmt.Errorf("%s with an empty key", op.Cmd)
 	}
 	n := len(op.Args)
-	if n == 0 || (op.Cmd == "HSET" || op.Cmd == "ZADD") && n%2 != 0 {
+	paired := op.Cmd == "HSET" || op.Cmd == "HDELIF" || op.Cmd == "ZADD" || op.Cmd == "ZREMIF"
+	if n == 0 || paired && n%2 != 0 {
 		return fmt.Errorf("%s %q with %d arguments", op.Cmd, op.Key, n)
 	}
-	if op.Cmd == "ZADD" {
+	if op.Cmd == "ZADD" || op.Cmd == "ZREMIF" {
 		for i := 0; i < n; i += 2 {
 			if !validScore(op.Args[i]) {
-				return fmt.Errorf("ZADD %q with the score %q", op.Key, op.Args[i])
+				return fmt.Errorf("%s %q with the score %q", op.Cmd, op.Key, op.Args[i])
 			}
 		}
 	}
@@ -129,8 +213,8 @@ func EncodeEntry(ops []Op) string {
 
 // DecodeEntry returns the ops of a log entry. It fails on [Overrun], with
 // an error matching [ErrFallingBehind], and on anything the apply script
-// does not write. It refuses what the publish script's decoder
-// (lib/changes.lua) refuses.
+// does not write, with an error saying what. It refuses what the publish
+// script's decoder (lib/changes.lua) refuses.
 func DecodeEntry(e string) ([]Op, error) {
 	if e == Overrun {
 		return nil, ErrFallingBehind
@@ -149,7 +233,7 @@ func DecodeEntry(e string) ([]Op, error) {
 		e = e[colon+1+n:]
 		return s, true
 	}
-	bad := errors.New("a log entry that is not a change")
+	bad := errors.New("it is not a change as keyswap encodes one")
 	for e != "" {
 		cmd, ok1 := take()
 		key, ok2 := take()
@@ -158,6 +242,9 @@ func DecodeEntry(e string) ([]Op, error) {
 		if !ok1 || !ok2 || !ok3 || !ok4 || n > len(e) {
 			return nil, bad
 		}
+		if _, ok := OpTypes[cmd]; !ok {
+			return nil, fmt.Errorf("its command %q is not one a builder writes", cmd)
+		}
 		op := Op{Cmd: cmd, Key: key, Args: make([]string, n)}
 		for i := range op.Args {
 			var ok bool
@@ -165,8 +252,8 @@ func DecodeEntry(e string) ([]Op, error) {
 				return nil, bad
 			}
 		}
-		if op.check() != nil {
-			return nil, bad
+		if err := op.check(); err != nil {
+			return nil, fmt.Errorf("its %w", err)
 		}
 		ops = append(ops, op)
 	}
@@ -177,10 +264,11 @@ func DecodeEntry(e string) ([]Op, error) {
 type ApplyOptions struct {
 	// Op and Key name the operation in errors.
 	Op, Key string
-	// Locks are the lock keys of the builders the change writes, and Ops
-	// the ops on each one's keys, in order: Ops[i] are logged for the run
-	// holding Locks[i], if any.
+	// Locks are the lock keys of the builders the change writes, Lives
+	// their live keys (for errors), and Ops the ops on each one's keys, in
+	// order: Ops[i] are logged for the run holding Locks[i], if any.
 	Locks []string
+	Lives []string
 	Ops   [][]Op
 	// MaxLog is the most entries a run's log may hold; a change past it is
 	// applied but not logged, and the run fails with ErrFallingBehind.
@@ -206,6 +294,14 @@ const (
 // and key type is checked first, so that the change is applied whole or
 // not at all. On a cluster every key must share one slot.
 //
+// While a lock is held, the change is logged for the run holding it, or
+// refused whole: Apply returns an error matching [ErrInProgress], having
+// written nothing, when a lock is held by a run that does not log changes
+// (store.WithRebuild, a Familia rebuild, a rollback, a run of a record
+// version this keyswap does not know, or one whose record is gone or
+// carries another token), or by a run that does not rebuild a key the
+// change writes. The change must be applied again once that run ends.
+//
 // A lost reply leaves the outcome unknown (an error matching
 // [ErrOutcomeUnknown]); the script is not retried, as a rerun would log the
 // change twice. Applying the same change again is safe: ops set or remove
@@ -216,11 +312,15 @@ func (r *Redis) Apply(ctx context.Context, opts ApplyOptions) (Applied, error) {
 	if len(opts.Locks) != len(opts.Ops) || opts.MaxLog < 1 {
 		return fail(fmt.Errorf("%d locks for %d lists of ops, log bound %d", len(opts.Locks), len(opts.Ops), opts.MaxLog))
 	}
-	var locks []string
+	var locks, lives []string
 	var lists [][]Op
 	for i, l := range opts.Locks {
 		if len(opts.Ops[i]) > 0 {
-			locks, lists = append(locks, l), append(lists, opts.Ops[i])
+			live := l
+			if i < len(opts.Lives) {
+				live = opts.Lives[i]
+			}
+			locks, lives, lists = append(locks, l), append(lives, live), append(lists, opts.Ops[i])
 		}
 	}
 	if len(locks) == 0 {
@@ -271,9 +371,14 @@ func (r *Redis) Apply(ctx context.Context, opts ApplyOptions) (Applied, error) {
 	if err != nil {
 		return fail(fmt.Errorf("unexpected apply script reply: %w", err))
 	}
+	i, _ := res.int(1)
 	switch {
 	case code == codeWrongType:
 		return fail(fmt.Errorf("%q holds a %s, which this change cannot write; nothing applied", res.str(1), res.str(2)))
+	case code == codeUnlogged && i >= 1 && int(i) <= n:
+		return fail(unlogged(lives[i-1], locks[i-1], res.str(2), res.str(3)))
+	case code == codeNotTheRuns && i >= 1 && int(i) <= n:
+		return fail(fmt.Errorf("%w: %q is not one of the keys of the run holding %s, which rebuilds %q (does this process apply changes with another definition of the index?); nothing applied: apply the change again once that run ends", ErrInProgress, res.str(2), locks[i-1], res.str(3)))
 	case code != codeOK || len(res) != 1+n:
 		return fail(fmt.Errorf("unexpected apply script reply %v", res))
 	}
@@ -292,20 +397,92 @@ func (r *Redis) Apply(ctx context.Context, opts ApplyOptions) (Applied, error) {
 	return out, nil
 }
 
-// LogOffset is one log of changes of a publish and how many of its entries
-// the run replayed itself.
+// unlogged describes a change refused because the lock of live is held by
+// a run that would not replay it: why and detail as apply.lua gives them.
+func unlogged(live, lock, why, detail string) error {
+	var holder string
+	switch why {
+	case "none":
+		holder = "a rebuild that does not log changes (store.WithRebuild, or a Familia rebuild), or one whose record is gone"
+	case "token":
+		holder = "a run whose record does not carry the lock's token (forged, or lost and re-created; that run fails)"
+	case "mode":
+		if detail == ModeRollback {
+			holder = "a rollback"
+		} else {
+			holder = fmt.Sprintf("a run of mode %q, which this keyswap does not know (upgrade keyswap)", detail)
+		}
+	case "version":
+		holder = fmt.Sprintf("a run of another keyswap, whose record version %q this one does not know (upgrade keyswap)", detail)
+	default:
+		holder = "a run whose record names no key"
+	}
+	return fmt.Errorf("%w: %q is locked (%s) by %s, which would not replay this change; nothing applied: apply the change again once that rebuild ends", ErrInProgress, live, lock, holder)
+}
+
+// LogOffset is one log of changes of a publish: how many of its entries the
+// run replayed itself, and their work; the highest count of logged entries
+// the run saw; and the builder whose keys its entries write.
 type LogOffset struct {
 	Key    string
 	Offset int64
+	Work   int64
+	Logged int64
+	// Owner is the builder's key, or a family's prefix when Family is set.
+	Owner  string
+	Family bool
 }
 
 // BehindError reports a publish refused because the logs' tails held more
-// than the bound: the run catches up again, then retries.
+// than the bounds: the run catches up again, then retries.
 type BehindError struct {
 	Log  string // the first log with a tail
 	Tail int64  // entries past the offsets, over every log
+	Work int64  // their work (ops and arguments)
 }
 
 func (e *BehindError) Error() string {
-	return fmt.Sprintf("%d changes logged since the last catch-up (first in %s), more than a publish replays", e.Tail, e.Log)
+	return fmt.Sprintf("%d changes (%d ops and arguments) logged since the last catch-up (first in %s), more than a publish replays", e.Tail, e.Work, e.Log)
 }
+
+// Owns reports whether key is one of the keys of the builder owner: owner
+// itself or, for a family, "<owner>:<bucket>" with a non-empty bucket that
+// does not have the shape of keyswap's own keys (keys.Reserved). The Lua
+// scripts decide the same (lib/keys.lua).
+func Owns(key, owner string, family bool) bool {
+	if !family {
+		return key == owner
+	}
+	return len(key) > len(owner)+1 && key[:len(owner)] == owner && key[len(owner)] == ':' && !keys.Reserved(key)
+}
+
+// badEntry describes entry e of log, which is not a change: why.
+func badEntry(log string, e int64, why error) error {
+	return fmt.Errorf("%w: %s, entry %d (LINDEX %d), is not a change keyswap logged: %w; every live key left unchanged", ErrTampered, log, e, e, why)
+}
+
+// foreignEntry describes entry e of l, which writes key, not one of its
+// builder's.
+func foreignEntry(l LogOffset, e int64, key string) error {
+	what := fmt.Sprintf("the key %q", l.Owner)
+	if l.Family {
+		what = fmt.Sprintf("the buckets of %q", l.Owner+":")
+	}
+	return fmt.Errorf("%w: %s, entry %d (LINDEX %d), writes %q, which is not one of the keys of its builder (%s); every live key left unchanged", ErrTampered, l.Key, e, e, key, what)
+}
+
+// CheckEntry checks ops, entry e of l, as the publish script does: every
+// op writes one of the builder's keys. It returns an error matching
+// [ErrTampered] naming the log, the entry and the key.
+func CheckEntry(l LogOffset, e int64, ops []Op) error {
+	for _, op := range ops {
+		if !Owns(op.Key, l.Owner, l.Family) {
+			return foreignEntry(l, e, op.Key)
+		}
+	}
+	return nil
+}
+
+// BadEntry returns the error of entry e of log, which DecodeEntry refused
+// with err (not ErrFallingBehind): one matching [ErrTampered].
+func BadEntry(log string, e int64, err error) error { return badEntry(log, e, err) }

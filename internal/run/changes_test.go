@@ -90,16 +90,55 @@ func opsOf(i int, ops []lockOp) []run.Op {
 }
 
 // holdRun seeds, as the acquire script leaves them, a run in progress that
-// holds lock: the lock with scriptTok for ttl, and its record with the
-// token.
+// holds lock ("<p>lock:<i>"): the lock with scriptTok for ttl, and its
+// record with the token, the schema's version, the mode "rebuild", and as
+// its key the family "<p>live", whose buckets are the live keys of the
+// apply cases.
 func holdRun(t *testing.T, c rueidis.Client, lock string, ttl time.Duration) {
 	t.Helper()
 	ms := strconv.FormatInt(ttl.Milliseconds(), 10)
+	p := lock[:strings.LastIndex(lock, "lock:")]
 	cmds(t, c,
 		[]string{"SET", lock, scriptTok, "PX", ms},
-		[]string{"HSET", keys.RecordKey(lock), "token", scriptTok, "batches", "0"},
+		[]string{"HSET", keys.RecordKey(lock), "v", run.RecordVersion, "token", scriptTok, "mode", run.ModeRebuild,
+			"keys", run.EncodeKeys([]string{p + "live"}), "families", "1", "batches", "0"},
 		[]string{"PEXPIRE", keys.RecordKey(lock), ms},
 	)
+	// A record whose keys are longer than hash-max-listpack-value is a
+	// hash table, which may still be rehashing: each lookup moves it one
+	// step, and changes what DUMP writes. Finish it, so that a DUMP before
+	// and after a script that only reads it compares equal.
+	for range 32 {
+		cmds(t, c, []string{"HGET", keys.RecordKey(lock), "token"})
+	}
+}
+
+// wantCounts fails t unless lock's record counts logged entries of work.
+func wantCounts(t *testing.T, c rueidis.Client, lock string, logged, work int) {
+	t.Helper()
+	got, err := redistest.Do(t, c, c.B().Hmget().Key(keys.RecordKey(lock)).Field("logged", "work").Build()).ToArray()
+	if err != nil || len(got) != 2 {
+		t.Fatalf("HMGET %s logged work: %v, %v", keys.RecordKey(lock), got, err)
+	}
+	want := []string{strconv.Itoa(logged), strconv.Itoa(work)}
+	for i, m := range got {
+		s, _ := m.ToString()
+		if m.IsNil() {
+			s = "0"
+		}
+		if s != want[i] {
+			t.Errorf("%s: %s = %s, want %s", keys.RecordKey(lock), []string{"logged", "work"}[i], s, want[i])
+		}
+	}
+}
+
+// workOf returns the work of ops, as the apply script counts it.
+func workOf(ops []run.Op) int {
+	w := 0
+	for _, o := range ops {
+		w += int(o.Work())
+	}
+	return w
 }
 
 // logEntries returns the entries of the list key, in order.
@@ -176,16 +215,23 @@ func seedLive(t *testing.T, c rueidis.Client, p string) {
 }
 
 // change is the change of most apply cases: every command, on every type,
-// a bucket move that empties its old bucket (u3 from de to es), and
-// arguments with the netstrings' own characters, an empty string and bytes
-// that are not UTF-8.
+// the conditional removals (which remove c and u9 and u3, which hold what
+// they name, and neither a nor u1, which no longer do), a bucket move that
+// empties its old bucket (u3 from de to es), and arguments with the
+// netstrings' own characters, an empty string and bytes that are not
+// UTF-8.
 func change(p string) []lockOp {
 	return []lockOp{
 		on(1, "HSET", p+"live:h", "c", "3", "a", "10"),
 		on(1, "HDEL", p+"live:h", "b", "missing"),
+		// A conditional removal removes only what holds its value.
+		on(1, "HDELIF", p+"live:h", "a", "1", "c", "3", "missing", ""),
+		on(1, "HSET", p+"live:h", "a", "10"),
 		on(1, "HSET", p+"live:h", "3:x:", "", "", "1:\x00\xff"),
-		on(1, "ZADD", p+"live:z", "7.5", "u1", "-Inf", "u9"),
+		on(1, "ZADD", p+"live:z", "7.5", "u1", "-Inf", "u9", "3", "u3"),
 		on(1, "ZREM", p+"live:z", "u2"),
+		on(1, "ZREMIF", p+"live:z", "1", "u1", "-Inf", "u9", "3", "u3", "1", "missing"),
+		on(1, "ZADD", p+"live:z", "-Inf", "u9"),
 		on(1, "SREM", p+"live:de", "u3"),
 		on(1, "SADD", p+"live:es", "u3"),
 		on(1, "SREM", p+"live:fr", "nobody"),
@@ -196,10 +242,10 @@ func change(p string) []lockOp {
 // what change(p) made of them.
 func wantChanged(t *testing.T, c rueidis.Client, p string) {
 	t.Helper()
-	wantFields(t, c, p+"live:h", map[string]string{"a": "10", "c": "3", "3:x:": "", "": "1:\x00\xff"})
-	redistest.WantPTTL(t, c, p+"live:h", 990*time.Second, 1000*time.Second) // HSET keeps the TTL
-	wantScores(t, c, p+"live:z", map[string]float64{"u1": 7.5, "u9": math.Inf(-1)})
-	redistest.WantAbsent(t, c, p+"live:de") // emptied
+	wantFields(t, c, p+"live:h", map[string]string{"a": "10", "3:x:": "", "": "1:\x00\xff"})
+	redistest.WantPTTL(t, c, p+"live:h", 990*time.Second, 1000*time.Second)         // HSET keeps the TTL
+	wantScores(t, c, p+"live:z", map[string]float64{"u1": 7.5, "u9": math.Inf(-1)}) // u3 removed by ZREMIF, u9 removed and added again
+	redistest.WantAbsent(t, c, p+"live:de")                                         // emptied
 	wantMembers(t, c, p+"live:es", "u3")
 	wantMembers(t, c, p+"live:fr", "u1", "u2")
 	for _, k := range []string{"live:z", "live:es", "live:fr"} {
@@ -215,11 +261,14 @@ func changedKeys(p string) []string {
 func TestScriptApply(t *testing.T) {
 	// apply.lua: {1, l...}: every op applied to the live keys, in order,
 	// in one step; and for each lock li = 1 when a run in progress holds
-	// it (the lock, and its record carrying the lock's token), the ops of
-	// that lock logged as one entry, and li = 0 otherwise, nothing logged.
+	// it (the lock, and its record carrying the lock's token, the mode
+	// "rebuild" and the schema's version), the ops of that lock logged as
+	// one entry and counted in its record (logged +1, work + the ops and
+	// their arguments), and li = 0 when no one holds it, nothing logged.
 	// A log the script creates gets the lock's PTTL; one at the bound gets
-	// "!overrun" once (li = 2) and nothing more, while the ops are still
-	// applied.
+	// "!overrun" once (li = 2, counted) and nothing more, while the ops are
+	// still applied. The refusals of a lock held by a run that would not
+	// replay the change are in TestScriptApplyUnlogged.
 	env.ForEachDeployment(t, func(t *testing.T, d redistest.Deployment) {
 		t.Run("no run", func(t *testing.T) {
 			p := casePrefix(t, d.Other, d.Prefix)
@@ -246,74 +295,60 @@ func TestScriptApply(t *testing.T) {
 			wantChanged(t, d.Other, p)
 			log := keys.LogKey(lock)
 			wantLog(t, d.Other, log, opsOf(1, ops))
+			wantCounts(t, d.Other, lock, 1, workOf(opsOf(1, ops)))
 			lockTTL, logTTL := redistest.PTTL(t, d.Other, lock), redistest.PTTL(t, d.Other, log)
 			if logTTL <= 0 || logTTL > lockTTL || lockTTL-logTTL > ttlSlack || logTTL > 30*time.Second {
 				t.Errorf("%s: PTTL %v, want the lock's, %v (at most 30 s)", log, logTTL, lockTTL)
 			}
 
-			// A second change: appended; the log's TTL is not renewed (the
-			// heartbeat renews it with the lock).
+			// A second change: appended and counted; the log's TTL is not
+			// renewed (the heartbeat renews it with the lock).
 			cmds(t, d.Other, []string{"PEXPIRE", lock, "45000"})
 			second := []lockOp{on(1, "SADD", p+"live:fr", "u4"), on(1, "ZREM", p+"live:z", "u9")}
 			wantReply(t, runApply(t, d.Client, []string{lock}, 10, second...), 1, 1)
 			wantLog(t, d.Other, log, opsOf(1, ops), opsOf(1, second))
+			wantCounts(t, d.Other, lock, 2, workOf(opsOf(1, ops))+workOf(opsOf(1, second)))
 			if got := redistest.PTTL(t, d.Other, log); got > logTTL {
 				t.Errorf("%s: PTTL %v after the second change, want at most %v: not renewed", log, got, logTTL)
 			}
 			wantMembers(t, d.Other, p+"live:fr", "u1", "u2", "u4")
 			wantScores(t, d.Other, p+"live:z", map[string]float64{"u1": 7.5})
-			wantUntouched(t, d.Other, p, before, append(changedKeys(p), log, lock)...)
+			wantUntouched(t, d.Other, p, before, append(changedKeys(p), log, lock, keys.RecordKey(lock))...)
 			redistest.WantLock(t, d.Other, lock, scriptTok, 45*time.Second)
 		})
 
-		for _, tt := range []struct {
-			name  string
-			setup func(lock string) [][]string
-		}{
-			// What store.Acquire takes: a lock of the single-key API, no
-			// record: no run replays a log, so none is written.
-			{"a lock without a record", func(lock string) [][]string {
-				return [][]string{{"SET", lock, scriptTok, "EX", "50"}}
-			}},
-			// A record left by a run whose lock another run took over.
-			{"a record of another token", func(lock string) [][]string {
-				return [][]string{{"SET", lock, thiefTok, "EX", "50"}, {"HSET", keys.RecordKey(lock), "token", scriptTok}, {"EXPIRE", keys.RecordKey(lock), "50"}}
-			}},
-			// A record whose lock expired.
-			{"a record without its lock", func(lock string) [][]string {
-				return [][]string{{"HSET", keys.RecordKey(lock), "token", scriptTok}, {"EXPIRE", keys.RecordKey(lock), "50"}}
-			}},
-			{"a record without a token", func(lock string) [][]string {
-				return [][]string{{"SET", lock, scriptTok, "EX", "50"}, {"HSET", keys.RecordKey(lock), "batches", "3"}, {"EXPIRE", keys.RecordKey(lock), "50"}}
-			}},
-		} {
-			t.Run(tt.name, func(t *testing.T) {
-				p := casePrefix(t, d.Other, d.Prefix)
-				seedLive(t, d.Other, p)
-				lock := p + "lock:1"
-				cmds(t, d.Other, tt.setup(lock)...)
-				before := redistest.Snapshot(t, d.Other, p)
-				wantReply(t, runApply(t, d.Client, []string{lock}, 10, change(p)...), 1, 0)
-				wantChanged(t, d.Other, p)
-				redistest.WantAbsent(t, d.Other, keys.LogKey(lock))
-				wantUntouched(t, d.Other, p, before, changedKeys(p)...)
-			})
-		}
+		t.Run("a record without its lock", func(t *testing.T) {
+			// A record whose lock expired: no run holds the lock, so the
+			// change is applied, and not logged.
+			p := casePrefix(t, d.Other, d.Prefix)
+			seedLive(t, d.Other, p)
+			lock := p + "lock:1"
+			holdRun(t, d.Other, lock, 50*time.Second)
+			cmds(t, d.Other, []string{"DEL", lock})
+			before := redistest.Snapshot(t, d.Other, p)
+			wantReply(t, runApply(t, d.Client, []string{lock}, 10, change(p)...), 1, 0)
+			wantChanged(t, d.Other, p)
+			redistest.WantAbsent(t, d.Other, keys.LogKey(lock))
+			wantUntouched(t, d.Other, p, before, changedKeys(p)...)
+		})
 
 		for _, bound := range []int{1, 2} {
 			t.Run("bound "+strconv.Itoa(bound), func(t *testing.T) {
 				// The changes past the bound are applied, not logged; the
-				// first of them pushes "!overrun", once.
+				// first of them pushes "!overrun", once, counted as an
+				// entry of no work.
 				p := casePrefix(t, d.Other, d.Prefix)
 				lock := p + "lock:1"
 				holdRun(t, d.Other, lock, 50*time.Second)
 				var logged [][]run.Op
+				work := 0
 				for i := range 4 {
 					ops := []lockOp{on(1, "SADD", p+"live:s", "m"+strconv.Itoa(i)), on(1, "HSET", p+"live:h", "n", strconv.Itoa(i))}
 					want := 1
 					switch {
 					case i < bound:
 						logged = append(logged, opsOf(1, ops))
+						work += workOf(opsOf(1, ops))
 					case i == bound:
 						logged = append(logged, nil) // "!overrun"
 						want = 2
@@ -323,6 +358,7 @@ func TestScriptApply(t *testing.T) {
 					wantReply(t, runApply(t, d.Client, []string{lock}, bound, ops...), 1, want)
 				}
 				wantLog(t, d.Other, keys.LogKey(lock), logged...)
+				wantCounts(t, d.Other, lock, bound+1, work)
 				redistest.WantTTL(t, d.Other, keys.LogKey(lock), 50*time.Second)
 				wantMembers(t, d.Other, p+"live:s", "m0", "m1", "m2", "m3")
 				redistest.WantHash(t, d.Other, p+"live:h", map[string]string{"n": "3"})
@@ -331,12 +367,12 @@ func TestScriptApply(t *testing.T) {
 
 		t.Run("several locks", func(t *testing.T) {
 			// Each lock's ops are logged in its own log, for the run that
-			// holds it: lock 1 and 3 by runs, lock 2 by a store lock only.
-			// A lock none of whose ops are in the change gets no entry.
+			// holds it, and counted in its own record: lock 1 and 3 by
+			// runs, lock 2 by none. A lock none of whose ops are in the
+			// change gets no entry.
 			p := casePrefix(t, d.Other, d.Prefix)
 			locks, _, logs := runKeys(p, 3)
 			holdRun(t, d.Other, locks[0], 50*time.Second)
-			cmds(t, d.Other, []string{"SET", locks[1], scriptTok, "EX", "50"})
 			holdRun(t, d.Other, locks[2], 40*time.Second)
 			first := []lockOp{
 				on(1, "HSET", p+"live:h", "f", "1"),
@@ -353,12 +389,93 @@ func TestScriptApply(t *testing.T) {
 			wantLog(t, d.Other, logs[0], opsOf(1, first))
 			redistest.WantAbsent(t, d.Other, logs[1])
 			wantLog(t, d.Other, logs[2], opsOf(3, second))
+			wantCounts(t, d.Other, locks[0], 1, workOf(opsOf(1, first)))
+			wantCounts(t, d.Other, locks[2], 1, workOf(opsOf(3, second)))
+			redistest.WantAbsent(t, d.Other, keys.RecordKey(locks[1]))
 			redistest.WantTTL(t, d.Other, logs[0], 50*time.Second)
 			redistest.WantTTL(t, d.Other, logs[2], 40*time.Second)
 			redistest.WantHash(t, d.Other, p+"live:h", map[string]string{"f": "1"})
 			redistest.WantAbsent(t, d.Other, p+"live:z")
 			wantMembers(t, d.Other, p+"live:s", "a", "b")
 		})
+	})
+}
+
+func TestScriptApplyUnlogged(t *testing.T) {
+	// apply.lua, while a lock is held by a run that would not replay the
+	// change (C75): {-12, i, why, detail} for the first such lock, and
+	// nothing written, not even the ops of other locks. why is 'none' for
+	// a lock without a record with a token (store.WithRebuild, a Familia
+	// rebuild, a record lost, or re-created by a batch without its token),
+	// 'token' for a record of another token (forged, or left by a run
+	// whose lock another took over), 'version' for a record of another
+	// schema version (or none: an older keyswap's), 'mode' for a run that
+	// does not log (a rollback), 'keys' for a record that names no key.
+	// {-13, i, key, owner} for an op whose key is not the run's (C72): not
+	// the builder's key, or not a bucket of its family, or a key of
+	// keyswap's own shapes under its prefix.
+	env.ForEachDeployment(t, func(t *testing.T, d redistest.Deployment) {
+		for _, tt := range []struct {
+			name  string
+			setup func(p, lock, rec string) [][]string
+			ops   func(p string) []lockOp // nil: change(p)
+			want  func(p string) []any
+		}{
+			{"a lock without a record", func(p, lock, rec string) [][]string {
+				return [][]string{{"DEL", rec}}
+			}, nil, func(string) []any { return reply(-12, 1, "none", "") }},
+			{"a record without a token", func(p, lock, rec string) [][]string {
+				return [][]string{{"HDEL", rec, "token"}}
+			}, nil, func(string) []any { return reply(-12, 1, "none", "") }},
+			{"a record of another token", func(p, lock, rec string) [][]string {
+				return [][]string{{"HSET", rec, "token", thiefTok}}
+			}, nil, func(string) []any { return reply(-12, 1, "token", "") }},
+			{"a lock of another token", func(p, lock, rec string) [][]string {
+				return [][]string{{"SET", lock, thiefTok, "EX", "50"}}
+			}, nil, func(string) []any { return reply(-12, 1, "token", "") }},
+			{"an older keyswap's record", func(p, lock, rec string) [][]string {
+				return [][]string{{"HDEL", rec, "v"}}
+			}, nil, func(string) []any { return reply(-12, 1, "version", "") }},
+			{"a newer keyswap's record", func(p, lock, rec string) [][]string {
+				return [][]string{{"HSET", rec, "v", "3"}}
+			}, nil, func(string) []any { return reply(-12, 1, "version", "3") }},
+			{"a rollback", func(p, lock, rec string) [][]string {
+				return [][]string{{"HSET", rec, "mode", "rollback"}}
+			}, nil, func(string) []any { return reply(-12, 1, "mode", "rollback") }},
+			{"a record without keys", func(p, lock, rec string) [][]string {
+				return [][]string{{"HDEL", rec, "keys"}}
+			}, nil, func(string) []any { return reply(-12, 1, "keys", "") }},
+			{"a key outside the family", func(p, lock, rec string) [][]string { return nil },
+				func(p string) []lockOp { return append(change(p), on(1, "SADD", p+"other", "m")) },
+				func(p string) []any { return reply(-13, 1, p+"other", p+"live") }},
+			{"the family's prefix itself", func(p, lock, rec string) [][]string { return nil },
+				func(p string) []lockOp { return []lockOp{on(1, "SADD", p+"live:", "m")} },
+				func(p string) []any { return reply(-13, 1, p+"live:", p+"live") }},
+			{"a reserved shape in the family", func(p, lock, rec string) [][]string { return nil },
+				func(p string) []lockOp { return []lockOp{on(1, "SADD", p+"live:x:rebuild-lock:ctl", "m")} },
+				func(p string) []any { return reply(-13, 1, p+"live:x:rebuild-lock:ctl", p+"live") }},
+			{"a key that is not the builder's", func(p, lock, rec string) [][]string {
+				return [][]string{{"HSET", rec, "keys", run.EncodeKeys([]string{p + "live:h"}), "families", "0"}}
+			}, nil, func(p string) []any { return reply(-13, 1, p+"live:z", p+"live:h") }},
+		} {
+			t.Run(tt.name, func(t *testing.T) {
+				p := casePrefix(t, d.Other, d.Prefix)
+				seedLive(t, d.Other, p)
+				locks, _, _ := runKeys(p, 2)
+				holdRun(t, d.Other, locks[0], 50*time.Second)
+				cmds(t, d.Other, tt.setup(p, locks[0], keys.RecordKey(locks[0]))...)
+				before := redistest.Snapshot(t, d.Other, p)
+				ops := change(p)
+				if tt.ops != nil {
+					ops = tt.ops(p)
+				}
+				// The ops of the second lock, which no run holds, are not
+				// applied either.
+				ops = append([]lockOp{on(2, "SADD", p+"live:fr", "u8")}, ops...)
+				wantReply(t, runApply(t, d.Client, locks, 10, ops...), tt.want(p)...)
+				wantUntouched(t, d.Other, p, before)
+			})
+		}
 	})
 }
 
@@ -424,7 +541,11 @@ func TestScriptApplyRefused(t *testing.T) {
 			want    func(p string) []any
 		}{
 			{"GET on a lock", "get", nil, func(p string) []any { return reply(-2, "GET", p+"lock:1") }},
-			{"HGET on a record", "hget", nil, func(p string) []any { return reply(-2, "HGET", p+"lock:1:run") }},
+			{"HMGET on a record", "hmget", nil, func(p string) []any { return reply(-2, "HMGET", p+"lock:1:run") }},
+			{"HINCRBY on a record", "hincrby", nil, func(p string) []any { return reply(-2, "HINCRBY", p+"lock:1:run") }},
+			// A conditional removal runs HGET and HDEL, ZSCORE and ZREM.
+			{"HGET of an HDELIF", "hget", nil, func(p string) []any { return reply(-2, "HGET", p+"live:h") }},
+			{"ZSCORE of a ZREMIF", "zscore", nil, func(p string) []any { return reply(-2, "ZSCORE", p+"live:z") }},
 			{"RPUSH on a log", "rpush", nil, func(p string) []any { return reply(-2, "RPUSH", p+"lock:1:log") }},
 			{"RPUSH on the second log", "rpush", []string{"lock:1:log"}, func(p string) []any { return reply(-2, "RPUSH", p+"lock:2:log") }},
 			{"PEXPIRE on a log", "pexpire", nil, func(p string) []any { return reply(-2, "PEXPIRE", p+"lock:1:log") }},
@@ -511,6 +632,45 @@ func TestApply(t *testing.T) {
 			}
 			wantLog(t, d.Other, logs[0], opsOf(1, change(p)), nil)
 			wantMembers(t, d.Other, p+"live:fr", "u1", "u2", "u7")
+		})
+
+		t.Run("refused while a run that does not log holds a lock", func(t *testing.T) {
+			// C75: a lock of the single-key API (no record), and a record
+			// of a rollback: ErrInProgress, saying to apply it again, and
+			// nothing written.
+			for _, tt := range []struct {
+				name, says string
+				setup      [][]string
+			}{
+				{"a lock without a record", "store.WithRebuild", [][]string{{"SET", locks[1], scriptTok, "EX", "50"}}},
+				{"a rollback", "a rollback", [][]string{{"SET", locks[1], scriptTok, "EX", "50"},
+					{"HSET", keys.RecordKey(locks[1]), "v", run.RecordVersion, "token", scriptTok, "mode", run.ModeRollback}}},
+			} {
+				cmds(t, d.Other, tt.setup...)
+				before := redistest.Snapshot(t, d.Other, p)
+				_, err := core.Apply(ctx, run.ApplyOptions{Op: "apply", Key: p + "idx", Locks: locks, Lives: []string{p + "live", p + "other", p + "live"}, MaxLog: 10, Ops: [][]run.Op{
+					{{Cmd: "SADD", Key: p + "live:fr", Args: []string{"u8"}}}, {{Cmd: "SADD", Key: p + "live:fr", Args: []string{"u9"}}}, nil,
+				}})
+				redistest.WantErr(t, err, run.ErrInProgress)
+				if !strings.Contains(err.Error(), tt.says) || !strings.Contains(err.Error(), "apply the change again") || !strings.Contains(err.Error(), strconv.Quote(p+"other")) {
+					t.Errorf("%s: Apply: %v, want it to name %s, say %q and to apply it again", tt.name, err, p+"other", tt.says)
+				}
+				wantUntouched(t, d.Other, p, before)
+				cmds(t, d.Other, []string{"DEL", locks[1], keys.RecordKey(locks[1])})
+			}
+		})
+
+		t.Run("refused for a key that is not the run's", func(t *testing.T) {
+			// C72: a key outside the family of the run holding the lock.
+			before := redistest.Snapshot(t, d.Other, p)
+			_, err := core.Apply(ctx, run.ApplyOptions{Op: "apply", Key: p + "idx", Locks: locks[:1], MaxLog: 10, Ops: [][]run.Op{
+				{{Cmd: "SADD", Key: p + "elsewhere", Args: []string{"u8"}}},
+			}})
+			redistest.WantErr(t, err, run.ErrInProgress)
+			if !strings.Contains(err.Error(), strconv.Quote(p+"elsewhere")) || !strings.Contains(err.Error(), strconv.Quote(p+"live")) {
+				t.Errorf("Apply: %v, want it to name the key and the run's", err)
+			}
+			wantUntouched(t, d.Other, p, before)
 		})
 
 		t.Run("nothing to apply", func(t *testing.T) {
@@ -691,6 +851,11 @@ var badEntries = []string{
 	"04:SADD1:k1:11:m", // and have no leading zeros
 	"0x4:SADD1:k1:11:m",
 	"4:SADD1:k1.0:11:m",
+	"6:HDELIF1:h1:11:f",      // a conditional removal takes pairs
+	"6:ZREMIF1:z1:23:abc1:m", // and a score ZADD takes
+	"6:ZREMIF1:z1:13:1.5",    // with its member
+	"6:hdelif1:h1:21:f1:v",   // in upper case
+	"5:ZREM?1:z1:11:m",       // no other command
 }
 
 // FuzzDecodeEntry: DecodeEntry never panics; what it decodes encodes back
@@ -715,14 +880,15 @@ func FuzzDecodeEntry(f *testing.F) {
 		if key == "" {
 			return
 		}
-		cmds := []string{"HSET", "HDEL", "ZADD", "ZREM", "SADD", "SREM"}
+		cmds := []string{"HSET", "HDEL", "ZADD", "ZREM", "SADD", "SREM", "HDELIF", "ZREMIF"}
 		op := run.Op{Cmd: cmds[int(sel)%len(cmds)], Key: key, Args: []string{a, b}}
+		paired := op.Cmd == "HSET" || op.Cmd == "HDELIF" || op.Cmd == "ZADD" || op.Cmd == "ZREMIF"
 		switch {
-		case op.Cmd == "ZADD" && math.IsNaN(score):
-			return // Writes.ZAdd refuses it
-		case op.Cmd == "ZADD":
+		case (op.Cmd == "ZADD" || op.Cmd == "ZREMIF") && math.IsNaN(score):
+			return // Writes.ZAdd and ZRemIf refuse it
+		case op.Cmd == "ZADD" || op.Cmd == "ZREMIF":
 			op.Args[0] = strconv.FormatFloat(score, 'g', -1, 64)
-		case sel >= 128 && op.Cmd != "HSET":
+		case sel >= 128 && !paired:
 			op.Args = op.Args[:1]
 		}
 		for _, ops := range [][]run.Op{{op}, {{Cmd: "SREM", Key: b + key, Args: []string{a}}, op}} {
@@ -772,6 +938,8 @@ func TestDecodersAgree(t *testing.T) {
 		"4:ZADD1:z1:24:+Inf1:m",
 		"4:ZADD1:z1:22:-01:m",
 		"4:ZADD1:z1:25:1e-071:m",
+		"6:HDELIF1:h1:21:f1:v4:HSET1:h1:21:g1:v",
+		"6:ZREMIF1:z1:43:-Inf1:m1:21:m",
 	}
 	entries := slices.Clone(badEntries)
 	for _, e := range valid {
@@ -782,7 +950,8 @@ func TestDecodersAgree(t *testing.T) {
 	// Scores ZADD refuses, which the publish would otherwise find only
 	// after its renames.
 	for _, score := range []string{"abc", "nan", "1e400", "1e-400", " 1", "1 ", "", "inf"} {
-		entries = append(entries, run.EncodeEntry([]run.Op{{Cmd: "ZADD", Key: "z", Args: []string{score, "m"}}}))
+		entries = append(entries, run.EncodeEntry([]run.Op{{Cmd: "ZADD", Key: "z", Args: []string{score, "m"}}}),
+			run.EncodeEntry([]run.Op{{Cmd: "ZREMIF", Key: "z", Args: []string{score, "m"}}}))
 	}
 	for _, e := range entries {
 		goOps, goErr := run.DecodeEntry(e)
@@ -813,22 +982,28 @@ func TestDecodersAgree(t *testing.T) {
 	}
 }
 
-// tailCall is a publishCall with logs (section X), the entries of each the
-// run replayed itself, and the bound of the tail.
+// tailCall is a publishCall with logs (section X), one per lock, each with
+// the entries and the work the run replayed itself, the highest count of
+// logged entries it saw, and its builder; and the bounds of the tail.
 type tailCall struct {
 	publishCall
-	logs    []string
-	offsets []string
-	maxTail string
+	logs                                      []string
+	offsets, highest, works, owners, families []string
+	maxTail, maxWork                          string
 }
 
-func (c tailCall) keys() []string { return append(c.publishCall.keys(), c.logs...) }
+func (c tailCall) keys() []string {
+	return slices.Concat(c.locks, c.records, c.receipts, c.temps, c.lives, c.orphans, c.prevs, c.drops, c.metas, c.logs, c.ctls)
+}
 
 func (c tailCall) args() []string {
 	a := c.publishCall.args()
-	a = a[:len(a)-1]                 // publishCall's bound of 0
+	a = a[:len(a)-2]                 // publishCall's bounds of 0
 	a[9] = strconv.Itoa(len(c.logs)) // X
-	return append(append(a, c.offsets...), c.maxTail)
+	for i := range c.logs {
+		a = append(a, c.offsets[i], c.highest[i], c.works[i], c.owners[i], c.families[i])
+	}
+	return append(a, c.maxTail, c.maxWork)
 }
 
 // run runs the publish on c and returns its reply.
@@ -844,10 +1019,11 @@ func entry(ops ...run.Op) string { return run.EncodeEntry(ops) }
 func op(cmd, key string, args ...string) run.Op { return run.Op{Cmd: cmd, Key: key, Args: args} }
 
 // seedTail seeds, under p, a fenced publish of a SetIndex family, a hash and
-// a sorted set, and the logs of its two locks, and returns its call, which
-// succeeds with {1, 1, 1, 1, 1, 8, 4}:
+// a sorted set, one lock each, and their logs, each counted in its lock's
+// record as Apply counts it, and returns its call, which succeeds with
+// {1, 1, 1, 1, 1, 8, 5}:
 //
-//	lock:1, lock:2     our locks, EX 50; lock:1:run our record, 2 batches
+//	lock:1..3          our locks, EX 50, and records; lock:1:run 2 batches
 //	temp:idx:fr        -> idx:fr   {u1, u2}; idx:fr holds {old}
 //	temp:idx:de        -> idx:de   {u3};     idx:de holds {old}
 //	temp:h             -> h        {a: 1, b: 2}; h holds {old: 1}, EX 1000
@@ -856,15 +1032,18 @@ func op(cmd, key string, args ...string) run.Op { return run.Op{Cmd: cmd, Key: k
 //	idx:gb             {u7}: a live bucket that is neither (created after the
 //	                   run's scan of the family)
 //	meta:1             generation 7
-//	lock:1:log         E0, replayed by the run (offset 1): SADD idx:fr early;
-//	                   then the tail: E1 moves u3 from de (emptied) to es (a
-//	                   bucket the tail creates), E2 adds u10 to the orphan
-//	                   idx:us (re-created after its UNLINK), E3 sets h's c
-//	                   and removes its a
-//	lock:2:log         E4, not replayed (offset 0): u2 into z, u1 out of it,
-//	                   and u8 into idx:gb
+//	lock:1:log         the family idx's: E0, replayed by the run (offset 1,
+//	                   work 2): SADD idx:fr early; then the tail: E1 moves u3
+//	                   from de (emptied) to es (a bucket the tail creates), E2
+//	                   adds u10 to the orphan idx:us (re-created after its
+//	                   UNLINK), E3 adds u8 to idx:gb; 4 logged, work 10
+//	lock:2:log         h's: E4 sets c, and removes a (which holds 1) and b
+//	                   only while it holds 9 (it holds 2: kept); 1 logged,
+//	                   work 9
+//	lock:3:log         z's: E5 adds u2, and removes u1 while its score is 1;
+//	                   1 logged, work 6
 //
-// The tail holds 4 entries (E1-E4); the bound is 10.
+// The tail holds 5 entries (E1-E5) of work 23; the bounds are 10 and 100.
 func seedTail(t *testing.T, c rueidis.Client, p string) tailCall {
 	t.Helper()
 	k := func(names ...string) []string {
@@ -877,9 +1056,10 @@ func seedTail(t *testing.T, c rueidis.Client, p string) tailCall {
 	call := tailCall{
 		publishCall: publishCall{
 			token:      scriptTok,
-			locks:      k("lock:1", "lock:2"),
-			records:    k("lock:1:run"),
+			locks:      k("lock:1", "lock:2", "lock:3"),
+			records:    k("lock:1:run", "lock:2:run", "lock:3:run"),
 			receipts:   k("lock:1:done"),
+			ctls:       k("lock:1:ctl"),
 			temps:      k("temp:idx:fr", "temp:idx:de", "temp:h", "temp:z"),
 			lives:      k("idx:fr", "idx:de", "h", "z"),
 			orphans:    k("idx:us", "idx:it"),
@@ -890,15 +1070,22 @@ func seedTail(t *testing.T, c rueidis.Client, p string) tailCall {
 			receiptTTL: "30",
 			now:        scriptNow,
 		},
-		logs:    k("lock:1:log", "lock:2:log"),
-		offsets: []string{"1", "0"},
-		maxTail: "10",
+		logs:     k("lock:1:log", "lock:2:log", "lock:3:log"),
+		offsets:  []string{"1", "0", "0"},
+		highest:  []string{"3", "1", "0"},
+		works:    []string{"2", "0", "0"},
+		owners:   k("idx", "h", "z"),
+		families: []string{"1", "0", "0"},
+		maxTail:  "10",
+		maxWork:  "100",
 	}
 	cmds(t, c,
 		[]string{"SET", call.locks[0], scriptTok, "EX", "50"},
 		[]string{"SET", call.locks[1], scriptTok, "EX", "50"},
-		[]string{"HSET", call.records[0], "token", scriptTok, "batches", "2"},
-		[]string{"EXPIRE", call.records[0], "50"},
+		[]string{"SET", call.locks[2], scriptTok, "EX", "50"},
+		[]string{"HSET", call.records[0], "token", scriptTok, "batches", "2", "logged", "4", "work", "10"},
+		[]string{"HSET", call.records[1], "token", scriptTok, "logged", "1", "work", "9"},
+		[]string{"HSET", call.records[2], "token", scriptTok, "logged", "1", "work", "6"},
 		[]string{"SADD", call.temps[0], "u1", "u2"},
 		[]string{"SADD", call.temps[1], "u3"},
 		[]string{"HSET", call.temps[2], "a", "1", "b", "2"},
@@ -915,13 +1102,30 @@ func seedTail(t *testing.T, c rueidis.Client, p string) tailCall {
 			entry(op("SADD", p+"idx:fr", "early")),
 			entry(op("SREM", p+"idx:de", "u3"), op("SADD", p+"idx:es", "u3")),
 			entry(op("SADD", p+"idx:us", "u10")),
-			entry(op("HSET", p+"h", "c", "3"), op("HDEL", p+"h", "a"))},
-		[]string{"RPUSH", call.logs[1], entry(op("ZADD", p+"z", "2", "u2"), op("ZREM", p+"z", "u1"), op("SADD", p+"idx:gb", "u8"))},
+			entry(op("SADD", p+"idx:gb", "u8"))},
+		[]string{"RPUSH", call.logs[1], entry(op("HSET", p+"h", "c", "3"), op("HDELIF", p+"h", "a", "1"), op("HDELIF", p+"h", "b", "9"))},
+		[]string{"RPUSH", call.logs[2], entry(op("ZADD", p+"z", "2", "u2"), op("ZREMIF", p+"z", "1", "u1"))},
 	)
-	for _, k := range slices.Concat(call.temps, call.logs) {
+	for _, k := range slices.Concat(call.temps, call.logs, call.records) {
 		cmds(t, c, []string{"EXPIRE", k, "80"})
 	}
 	return call
+}
+
+// push appends entries to log i of call, and counts them in its record as
+// Apply does.
+func (c tailCall) push(i int, entries ...string) [][]string {
+	work := 0
+	for _, e := range entries {
+		if ops, err := run.DecodeEntry(e); err == nil {
+			work += workOf(ops)
+		}
+	}
+	return [][]string{
+		append([]string{"RPUSH", c.logs[i]}, entries...),
+		{"HINCRBY", c.records[i], "logged", strconv.Itoa(len(entries))},
+		{"HINCRBY", c.records[i], "work", strconv.Itoa(work)},
+	}
 }
 
 // wantTailPublished checks the live keys after a seedTail call that
@@ -948,18 +1152,18 @@ func TestScriptPublishTail(t *testing.T) {
 	// publish.lua's tail: the entries of each log past its offset are
 	// replayed onto the live keys right after the renames and the orphans'
 	// retirement, in the same atomic step: {1, o..., g..., c} with c the
-	// number of entries replayed. The logs themselves are left to the
-	// release.
+	// number of entries replayed; the conditional removals remove only what
+	// holds their value (C76). The logs themselves are left to the release.
 	env.ForEachDeployment(t, func(t *testing.T, d redistest.Deployment) {
 		t.Run("replayed", func(t *testing.T) {
 			p := casePrefix(t, d.Other, d.Prefix)
 			call := seedTail(t, d.Other, p)
 			before := redistest.Snapshot(t, d.Other, p)
-			wantReply(t, call.run(t, d.Client), 1, 1, 1, 1, 1, 8, 4)
+			wantReply(t, call.run(t, d.Client), 1, 1, 1, 1, 1, 8, 5)
 			wantTailPublished(t, d.Other, p)
 			redistest.WantString(t, d.Other, call.receipts[0], scriptTok)
 			written := slices.Concat(call.temps, call.lives, call.orphans, call.receipts, call.metas, []string{p + "idx:es", p + "idx:gb"})
-			wantUntouched(t, d.Other, p, before, written...) // the logs, locks and record too
+			wantUntouched(t, d.Other, p, before, written...) // the logs, locks and records too
 		})
 
 		t.Run("keep previous", func(t *testing.T) {
@@ -971,7 +1175,7 @@ func TestScriptPublishTail(t *testing.T) {
 			for _, k := range slices.Concat(call.lives, call.orphans) {
 				call.prevs = append(call.prevs, k+":prev")
 			}
-			wantReply(t, call.run(t, d.Client), 1, 1, 1, 1, 1, 8, 4)
+			wantReply(t, call.run(t, d.Client), 1, 1, 1, 1, 1, 8, 5)
 			wantTailPublished(t, d.Other, p)
 			wantMembers(t, d.Other, p+"idx:de:prev", "old")
 			wantMembers(t, d.Other, p+"idx:us:prev", "u9")
@@ -979,21 +1183,20 @@ func TestScriptPublishTail(t *testing.T) {
 			redistest.WantAbsent(t, d.Other, p+"idx:it:prev")
 		})
 
-		t.Run("at the bound", func(t *testing.T) {
+		t.Run("at the bounds", func(t *testing.T) {
 			p := casePrefix(t, d.Other, d.Prefix)
 			call := seedTail(t, d.Other, p)
-			call.maxTail = "4"
-			wantReply(t, call.run(t, d.Client), 1, 1, 1, 1, 1, 8, 4)
+			call.maxTail, call.maxWork = "5", "23"
+			wantReply(t, call.run(t, d.Client), 1, 1, 1, 1, 1, 8, 5)
 			wantTailPublished(t, d.Other, p)
 		})
 
 		t.Run("no tail", func(t *testing.T) {
-			// Every entry replayed by the run, and a bound of 0: only the
-			// renames, and c = 0. An offset past the end (a log the
-			// release of an earlier run deleted) is no tail either.
+			// Every entry replayed by the run, and bounds of 0: only the
+			// renames, and c = 0.
 			p := casePrefix(t, d.Other, d.Prefix)
 			call := seedTail(t, d.Other, p)
-			call.offsets, call.maxTail = []string{"4", "7"}, "0"
+			call.offsets, call.highest, call.works, call.maxTail, call.maxWork = []string{"4", "1", "1"}, []string{"4", "1", "1"}, []string{"10", "9", "6"}, "0", "0"
 			wantReply(t, call.run(t, d.Client), 1, 1, 1, 1, 1, 8, 0)
 			wantMembers(t, d.Other, p+"idx:de", "u3")
 			redistest.WantAbsent(t, d.Other, p+"idx:es")
@@ -1009,9 +1212,9 @@ func TestScriptPublishTail(t *testing.T) {
 			p := casePrefix(t, d.Other, d.Prefix)
 			call := seedTail(t, d.Other, p)
 			call.flags = "2022"
-			cmds(t, d.Other, []string{"DEL", call.temps[1]},
-				[]string{"RPUSH", call.logs[1], entry(op("SADD", p+"idx:de", "u5"))})
-			wantReply(t, call.run(t, d.Client), 1, 1, 2, 1, 1, 8, 5)
+			cmds(t, d.Other, []string{"DEL", call.temps[1]})
+			cmds(t, d.Other, call.push(0, entry(op("SADD", p+"idx:de", "u5")))...)
+			wantReply(t, call.run(t, d.Client), 1, 1, 2, 1, 1, 8, 6)
 			wantMembers(t, d.Other, p+"idx:de", "u5")
 			redistest.WantPTTL(t, d.Other, p+"idx:de", -1, -1)
 		})
@@ -1020,35 +1223,70 @@ func TestScriptPublishTail(t *testing.T) {
 
 func TestScriptPublishTailFailsClosed(t *testing.T) {
 	// publish.lua refuses a tail before any write, after the fence, the
-	// record, the metas and the temp keys: {-7, i, n} when the tails hold n
-	// entries, over the bound, log i the first with one (checked before
-	// any entry is read); {-10, i} for "!overrun" in log i; {-9, i} for an
-	// entry that is not a change; {-8, key, type} for an op on a key of
-	// another type, as the key will be after the renames (a target has its
-	// temp key's type, an orphan none) and after the tail's earlier ops.
-	// Each way every key is byte-identical and no receipt is written.
+	// records, the metas and the temp keys. First the counts (C73): {-18,
+	// i, len, logged} when log i holds fewer entries than its record
+	// counts, or its count is below the highest the run saw; {-19, i, len,
+	// logged} when it holds more (entries nobody counted). Then the bounds
+	// (C77): {-7, i, n, w} when the tails hold n entries of work w (from
+	// the counters), over a bound, log i the first with one; and, as the
+	// entries are read, when their work counted again goes over the bound
+	// (a counter forged low). Then each entry: {-10, i} for "!overrun";
+	// {-9, i, e, why} for entry e that is not a change; {-13, i, e, key}
+	// for one that writes a key not its builder's (C72); {-8, key, type}
+	// for an op on a key of another type, as the key will be after the
+	// renames (a target has its temp key's type, an orphan none) and after
+	// the tail's earlier ops. Each way every key is byte-identical and no
+	// receipt is written.
 	env.ForEachDeployment(t, func(t *testing.T, d redistest.Deployment) {
 		for _, tt := range []struct {
 			name  string
 			setup func(c *tailCall, p string) [][]string
 			want  func(c tailCall, p string) []any
 		}{
-			{"tail over the bound", func(c *tailCall, p string) [][]string {
-				c.maxTail = "3"
+			{"a log deleted", func(c *tailCall, p string) [][]string {
+				return [][]string{{"DEL", c.logs[1]}}
+			}, func(c tailCall, p string) []any { return reply(-18, 2, 0, 1) }},
+			{"a log shortened", func(c *tailCall, p string) [][]string {
+				return [][]string{{"LPOP", c.logs[0]}}
+			}, func(c tailCall, p string) []any { return reply(-18, 1, 3, 4) }},
+			{"a log and its count rolled back", func(c *tailCall, p string) [][]string {
+				c.highest[0] = "5"
 				return nil
-			}, func(c tailCall, p string) []any { return reply(-7, 1, 4) }},
+			}, func(c tailCall, p string) []any { return reply(-18, 1, 4, 4) }},
+			{"a record without counts", func(c *tailCall, p string) [][]string {
+				return [][]string{{"HDEL", c.records[2], "logged", "work"}}
+			}, func(c tailCall, p string) []any { return reply(-19, 3, 1, 0) }},
+			{"an entry nobody counted", func(c *tailCall, p string) [][]string {
+				return [][]string{{"RPUSH", c.logs[2], entry(op("ZADD", p+"z", "1", "u5"))}}
+			}, func(c tailCall, p string) []any { return reply(-19, 3, 2, 1) }},
+			{"counts checked before the bounds", func(c *tailCall, p string) [][]string {
+				c.maxTail = "0"
+				return [][]string{{"RPUSH", c.logs[2], "garbage"}}
+			}, func(c tailCall, p string) []any { return reply(-19, 3, 2, 1) }},
+			{"tail over the bound", func(c *tailCall, p string) [][]string {
+				c.maxTail = "4"
+				return nil
+			}, func(c tailCall, p string) []any { return reply(-7, 1, 5, 23) }},
 			{"tail over a bound of 0", func(c *tailCall, p string) [][]string {
 				c.maxTail = "0"
 				return nil
-			}, func(c tailCall, p string) []any { return reply(-7, 1, 4) }},
-			{"tail only in the second log", func(c *tailCall, p string) [][]string {
-				c.offsets, c.maxTail = []string{"4", "0"}, "0"
+			}, func(c tailCall, p string) []any { return reply(-7, 1, 5, 23) }},
+			{"work over the bound", func(c *tailCall, p string) [][]string {
+				c.maxWork = "22"
 				return nil
-			}, func(c tailCall, p string) []any { return reply(-7, 2, 1) }},
+			}, func(c tailCall, p string) []any { return reply(-7, 1, 5, 23) }},
+			{"work counted low, counted again", func(c *tailCall, p string) [][]string {
+				c.maxWork = "10"
+				return [][]string{{"HSET", c.records[0], "work", "2"}, {"HSET", c.records[1], "work", "0"}, {"HSET", c.records[2], "work", "0"}}
+			}, func(c tailCall, p string) []any { return reply(-7, 2, 5, 17) }},
+			{"tail only in the second log", func(c *tailCall, p string) [][]string {
+				c.offsets, c.works, c.maxTail = []string{"4", "0", "1"}, []string{"10", "0", "6"}, "0"
+				return nil
+			}, func(c tailCall, p string) []any { return reply(-7, 2, 1, 9) }},
 			{"bound checked before the entries", func(c *tailCall, p string) [][]string {
-				c.maxTail = "4"
-				return [][]string{{"RPUSH", c.logs[1], "garbage"}}
-			}, func(c tailCall, p string) []any { return reply(-7, 1, 5) }},
+				c.maxTail = "5"
+				return c.push(1, "garbage")
+			}, func(c tailCall, p string) []any { return reply(-7, 1, 6, 23) }},
 			{"lock checked before the tail", func(c *tailCall, p string) [][]string {
 				c.maxTail = "0"
 				return [][]string{{"SET", c.locks[1], thiefTok, "EX", "40"}}
@@ -1057,46 +1295,75 @@ func TestScriptPublishTailFailsClosed(t *testing.T) {
 				return [][]string{{"DEL", c.temps[2]}, {"RPUSH", c.logs[0], "garbage"}}
 			}, func(c tailCall, p string) []any { return reply(0, 3) }},
 			{"overrun", func(c *tailCall, p string) [][]string {
-				return [][]string{{"RPUSH", c.logs[1], run.Overrun}}
+				return c.push(1, run.Overrun)
 			}, func(c tailCall, p string) []any { return reply(-10, 2) }},
 			{"overrun after a bad op", func(c *tailCall, p string) [][]string {
-				return [][]string{{"RPUSH", c.logs[0], entry(op("SADD", p+"h", "x")), run.Overrun}}
+				return c.push(1, entry(op("SADD", p+"h", "x")), run.Overrun)
 			}, func(c tailCall, p string) []any { return reply(-8, p+"h", "hash") }},
 			{"garbage", func(c *tailCall, p string) [][]string {
-				return [][]string{{"RPUSH", c.logs[1], "garbage"}}
-			}, func(c tailCall, p string) []any { return reply(-9, 2) }},
+				return c.push(1, "garbage")
+			}, func(c tailCall, p string) []any { return reply(-9, 2, 1, "it is not a change as keyswap encodes one") }},
 			{"not a change's command", func(c *tailCall, p string) [][]string {
-				return [][]string{{"RPUSH", c.logs[0], "3:DEL" + strconv.Itoa(len(p+"z")) + ":" + p + "z1:11:x"}}
-			}, func(c tailCall, p string) []any { return reply(-9, 1) }},
+				return c.push(2, "3:DEL"+strconv.Itoa(len(p+"z"))+":"+p+"z1:11:x")
+			}, func(c tailCall, p string) []any {
+				return reply(-9, 3, 1, "its command DEL is not one a builder writes")
+			}},
 			// Ops Redis refuses, which redis.acl_check_cmd lets through:
 			// before lib/changes.lua refused them, each failed the script
 			// after the renames.
 			{"no args", func(c *tailCall, p string) [][]string {
-				return [][]string{{"RPUSH", c.logs[0], entry(op("SADD", p+"idx:fr"))}}
-			}, func(c tailCall, p string) []any { return reply(-9, 1) }},
+				return c.push(0, entry(op("SADD", p+"idx:fr")))
+			}, func(c tailCall, p string) []any { return reply(-9, 1, 4, "its SADD has 0 arguments") }},
 			{"an odd HSET", func(c *tailCall, p string) [][]string {
-				return [][]string{{"RPUSH", c.logs[0], entry(op("HSET", p+"h", "f"))}}
-			}, func(c tailCall, p string) []any { return reply(-9, 1) }},
+				return c.push(1, entry(op("HSET", p+"h", "f")))
+			}, func(c tailCall, p string) []any { return reply(-9, 2, 1, "its HSET has 1 arguments") }},
+			{"an odd HDELIF", func(c *tailCall, p string) [][]string {
+				return c.push(1, entry(op("HDELIF", p+"h", "f")))
+			}, func(c tailCall, p string) []any { return reply(-9, 2, 1, "its HDELIF has 1 arguments") }},
 			{"a score ZADD refuses", func(c *tailCall, p string) [][]string {
-				return [][]string{{"RPUSH", c.logs[1], entry(op("ZADD", p+"z", "abc", "m"))}}
-			}, func(c tailCall, p string) []any { return reply(-9, 2) }},
+				return c.push(2, entry(op("ZADD", p+"z", "abc", "m")))
+			}, func(c tailCall, p string) []any { return reply(-9, 3, 1, "its ZADD has the score abc") }},
 			{"a score out of range", func(c *tailCall, p string) [][]string {
-				return [][]string{{"RPUSH", c.logs[1], entry(op("ZADD", p+"z", "1e400", "m"))}}
-			}, func(c tailCall, p string) []any { return reply(-9, 2) }},
+				return c.push(2, entry(op("ZREMIF", p+"z", "1e400", "m")))
+			}, func(c tailCall, p string) []any { return reply(-9, 3, 1, "its ZREMIF has the score 1e400") }},
 			{"an empty key", func(c *tailCall, p string) [][]string {
-				return [][]string{{"RPUSH", c.logs[1], "4:SADD0:1:11:m"}}
-			}, func(c tailCall, p string) []any { return reply(-9, 2) }},
-			{"a key of another type outside the targets", func(c *tailCall, p string) [][]string {
-				return [][]string{{"SET", p + "other", "x"}, {"RPUSH", c.logs[1], entry(op("SADD", p+"other", "m"))}}
-			}, func(c tailCall, p string) []any { return reply(-8, p+"other", "string") }},
+				return c.push(0, "4:SADD0:1:11:m")
+			}, func(c tailCall, p string) []any { return reply(-9, 1, 4, "its SADD has an empty key") }},
+			// Keys that are not the log's builder's (C72).
+			{"another builder's key", func(c *tailCall, p string) [][]string {
+				return c.push(1, entry(op("ZADD", p+"z", "1", "m")))
+			}, func(c tailCall, p string) []any { return reply(-13, 2, 1, p+"z") }},
+			{"a key outside the run", func(c *tailCall, p string) [][]string {
+				return c.push(0, entry(op("SADD", p+"admins", "mallory")))
+			}, func(c tailCall, p string) []any { return reply(-13, 1, 4, p+"admins") }},
+			{"a family's prefix", func(c *tailCall, p string) [][]string {
+				return c.push(0, entry(op("SADD", p+"idx:", "m")))
+			}, func(c tailCall, p string) []any { return reply(-13, 1, 4, p+"idx:") }},
+			{"a family's lock", func(c *tailCall, p string) [][]string {
+				return c.push(0, entry(op("SADD", p+"idx:rebuild-lock", "m")))
+			}, func(c tailCall, p string) []any { return reply(-13, 1, 4, p+"idx:rebuild-lock") }},
+			{"a bucket's temp key", func(c *tailCall, p string) [][]string {
+				return c.push(0, entry(op("SADD", p+"idx:fr:rebuild:1700000000:0123456789abcdef", "m")))
+			}, func(c tailCall, p string) []any {
+				return reply(-13, 1, 4, p+"idx:fr:rebuild:1700000000:0123456789abcdef")
+			}},
+			{"a bucket's kept value", func(c *tailCall, p string) [][]string {
+				return c.push(0, entry(op("SADD", p+"idx:fr:rebuild-prev", "m")))
+			}, func(c tailCall, p string) []any { return reply(-13, 1, 4, p+"idx:fr:rebuild-prev") }},
+			{"a foreign op after good ones in one entry", func(c *tailCall, p string) [][]string {
+				return c.push(1, entry(op("HSET", p+"h", "d", "4"), op("SADD", p+"admins", "mallory")))
+			}, func(c tailCall, p string) []any { return reply(-13, 2, 1, p+"admins") }},
+			{"a key of another type in the family", func(c *tailCall, p string) [][]string {
+				return append([][]string{{"SET", p + "idx:other", "x"}}, c.push(0, entry(op("SADD", p+"idx:other", "m")))...)
+			}, func(c tailCall, p string) []any { return reply(-8, p+"idx:other", "string") }},
 			{"a target's type after the rename", func(c *tailCall, p string) [][]string {
 				// h holds a set now, but the hash temp:h will replace it.
-				return [][]string{{"DEL", p + "h"}, {"SADD", p + "h", "x"}, {"RPUSH", c.logs[1], entry(op("SADD", p+"h", "m"))}}
+				return append([][]string{{"DEL", p + "h"}, {"SADD", p + "h", "x"}}, c.push(1, entry(op("SADD", p+"h", "m")))...)
 			}, func(c tailCall, p string) []any { return reply(-8, p+"h", "hash") }},
 			{"an orphan's type after the tail's first op", func(c *tailCall, p string) [][]string {
 				// The orphan is gone after the renames, re-created as a
 				// set by E2.
-				return [][]string{{"RPUSH", c.logs[1], entry(op("HSET", p+"idx:us", "f", "v"))}}
+				return c.push(0, entry(op("HSET", p+"idx:us", "f", "v")))
 			}, func(c tailCall, p string) []any { return reply(-8, p+"idx:us", "set") }},
 		} {
 			t.Run(tt.name, func(t *testing.T) {
@@ -1113,9 +1380,10 @@ func TestScriptPublishTailFailsClosed(t *testing.T) {
 
 func TestScriptPublishTailRefused(t *testing.T) {
 	// publish.lua for a user that may not run what the tail needs: LLEN
-	// or LRANGE on a log, checked with the script's own commands; an op's
-	// command on its key, or TYPE on a key outside the targets, checked as
-	// the tail is read: {-2, cmd, key}, and nothing written.
+	// or LRANGE on a log, HMGET of the counts on a record, checked with the
+	// script's own commands; an op's command on its key (a conditional
+	// removal's HGET and HDEL), or TYPE on a key outside the targets,
+	// checked as the tail is read: {-2, cmd, key}, and nothing written.
 	forEachACLTarget(t, func(t *testing.T, a aclTarget) {
 		for _, tt := range []struct {
 			name    string
@@ -1125,10 +1393,13 @@ func TestScriptPublishTailRefused(t *testing.T) {
 		}{
 			{"LLEN on a log", "llen", nil, func(c tailCall, p string) []any { return reply(-2, "LLEN", c.logs[0]) }},
 			{"LRANGE on the second log", "lrange", []string{"lock:1:log"}, func(c tailCall, p string) []any { return reply(-2, "LRANGE", c.logs[1]) }},
+			{"HMGET on a record", "hmget", []string{"lock:*:ctl"}, func(c tailCall, p string) []any { return reply(-2, "HMGET", c.records[0]) }},
 			{"SADD", "sadd", nil, func(c tailCall, p string) []any { return reply(-2, "SADD", p+"idx:es") }},
 			{"SREM on a target", "srem", nil, func(c tailCall, p string) []any { return reply(-2, "SREM", p+"idx:de") }},
-			{"HDEL on a target", "hdel", []string{"meta:*"}, func(c tailCall, p string) []any { return reply(-2, "HDEL", p+"h") }},
+			{"HGET of an HDELIF", "hget", []string{"meta:*", "lock:*"}, func(c tailCall, p string) []any { return reply(-2, "HGET", p+"h") }},
+			{"HDEL of an HDELIF", "hdel", []string{"meta:*"}, func(c tailCall, p string) []any { return reply(-2, "HDEL", p+"h") }},
 			{"ZADD", "zadd", nil, func(c tailCall, p string) []any { return reply(-2, "ZADD", p+"z") }},
+			{"ZREM of a ZREMIF", "zrem", nil, func(c tailCall, p string) []any { return reply(-2, "ZREM", p+"z") }},
 			// Sent only for a tail: before it was checked, the TYPE of a
 			// temp key failed the script with the server's own refusal.
 			{"TYPE on a temp key", "type", []string{"meta:*"}, func(c tailCall, p string) []any { return reply(-2, "TYPE", c.temps[0]) }},
@@ -1147,17 +1418,20 @@ func TestScriptPublishTailRefused(t *testing.T) {
 }
 
 func TestPublishTail(t *testing.T) {
-	// run.Redis.Publish sends the logs and their offsets, and reads what
-	// the tail did: Published.Replayed, or a *BehindError, or an error
-	// matching ErrFallingBehind for an overrun, or one naming the log or
-	// the key, each one PublishRefused; after a refusal every key is as it
-	// was.
+	// run.Redis.Publish sends the logs with their offsets, counts and
+	// builders, and reads what the tail did: Published.Replayed, or a
+	// *BehindError, or an error matching ErrFallingBehind for an overrun,
+	// ErrWritesLost for a log that lost entries, ErrTampered for one that
+	// holds entries nobody counted or an entry that is not a change of its
+	// builder's keys (naming the log, the entry and the key), or one
+	// naming the key and its type; each one PublishRefused; after a
+	// refusal every key is as it was.
 	env.ForEachDeployment(t, func(t *testing.T, d redistest.Deployment) {
 		ctx := redistest.Ctx(t)
 		core := run.New(d.Client, nil)
-		opts := func(c tailCall, maxTail int) run.PublishOptions {
-			o := run.PublishOptions{Op: "publish", Key: c.lives[0], Batches: 2, MaxTail: maxTail, Metas: c.metas, Orphans: c.orphans,
-				PreserveFor: time.Minute, Now: time.UnixMilli(1700000000123)}
+		opts := func(c tailCall, maxTail int, maxWork int64) run.PublishOptions {
+			o := run.PublishOptions{Op: "publish", Key: c.lives[0], Records: true, Batches: 2, MaxTail: maxTail, MaxWork: maxWork,
+				Metas: c.metas, Orphans: c.orphans, PreserveFor: time.Minute, Now: time.UnixMilli(1700000000123)}
 			for _, l := range c.locks {
 				o.Locks = append(o.Locks, &run.Lock{Live: l, Key: l, Token: scriptTok, TTL: 50 * time.Second})
 			}
@@ -1166,7 +1440,9 @@ func TestPublishTail(t *testing.T) {
 			}
 			for i, l := range c.logs {
 				n, _ := strconv.ParseInt(c.offsets[i], 10, 64)
-				o.Logs = append(o.Logs, run.LogOffset{Key: l, Offset: n})
+				h, _ := strconv.ParseInt(c.highest[i], 10, 64)
+				w, _ := strconv.ParseInt(c.works[i], 10, 64)
+				o.Logs = append(o.Logs, run.LogOffset{Key: l, Offset: n, Logged: h, Work: w, Owner: c.owners[i], Family: c.families[i] == "1"})
 			}
 			return o
 		}
@@ -1174,9 +1450,9 @@ func TestPublishTail(t *testing.T) {
 		t.Run("replayed", func(t *testing.T) {
 			p := casePrefix(t, d.Other, d.Prefix)
 			call := seedTail(t, d.Other, p)
-			got, err := core.Publish(ctx, opts(call, 4))
-			if err != nil || got.Replayed != 4 || !slices.Equal(got.Generations, []int64{8}) {
-				t.Fatalf("Publish = %+v, %v; want 4 replayed, generation 8", got, err)
+			got, err := core.Publish(ctx, opts(call, 5, 23))
+			if err != nil || got.Replayed != 5 || !slices.Equal(got.Generations, []int64{8}) {
+				t.Fatalf("Publish = %+v, %v; want 5 replayed, generation 8", got, err)
 			}
 			wantTailPublished(t, d.Other, p)
 		})
@@ -1184,36 +1460,78 @@ func TestPublishTail(t *testing.T) {
 		for _, tt := range []struct {
 			name    string
 			maxTail int
+			maxWork int64
 			setup   func(c tailCall, p string) [][]string
-			check   func(t *testing.T, c tailCall, err error)
+			check   func(t *testing.T, c tailCall, p string, err error)
 		}{
-			{"behind", 3, nil, func(t *testing.T, c tailCall, err error) {
+			{"behind", 4, 100, nil, func(t *testing.T, c tailCall, p string, err error) {
 				var behind *run.BehindError
-				if !errors.As(err, &behind) || behind.Log != c.logs[0] || behind.Tail != 4 {
-					t.Errorf("Publish: got %v, want a *BehindError of %s with a tail of 4", err, c.logs[0])
+				if !errors.As(err, &behind) || behind.Log != c.logs[0] || behind.Tail != 5 || behind.Work != 23 {
+					t.Errorf("Publish: got %v, want a *BehindError of %s with a tail of 5 of work 23", err, c.logs[0])
 				}
 				if errors.Is(err, run.ErrFallingBehind) {
 					t.Errorf("Publish: %v matches ErrFallingBehind: the run catches up again first", err)
 				}
 			}},
-			{"overrun", 10, func(c tailCall, p string) [][]string {
-				return [][]string{{"RPUSH", c.logs[1], run.Overrun}}
-			}, func(t *testing.T, c tailCall, err error) {
+			{"behind in work", 10, 20, nil, func(t *testing.T, c tailCall, p string, err error) {
+				var behind *run.BehindError
+				if !errors.As(err, &behind) || behind.Work != 23 {
+					t.Errorf("Publish: got %v, want a *BehindError of work 23", err)
+				}
+			}},
+			{"overrun", 10, 100, func(c tailCall, p string) [][]string {
+				return c.push(1, run.Overrun)
+			}, func(t *testing.T, c tailCall, p string, err error) {
 				if !errors.Is(err, run.ErrFallingBehind) || !strings.Contains(err.Error(), c.logs[1]) {
 					t.Errorf("Publish: got %v, want ErrFallingBehind naming %s", err, c.logs[1])
 				}
 			}},
-			{"garbage", 10, func(c tailCall, p string) [][]string {
-				return [][]string{{"RPUSH", c.logs[1], "garbage"}}
-			}, func(t *testing.T, c tailCall, err error) {
-				if err == nil || !strings.Contains(err.Error(), c.logs[1]+" holds an entry that is not a change") {
-					t.Errorf("Publish: got %v, want an error naming %s", err, c.logs[1])
+			{"a log lost", 10, 100, func(c tailCall, p string) [][]string {
+				return [][]string{{"DEL", c.logs[1]}}
+			}, func(t *testing.T, c tailCall, p string, err error) {
+				if !errors.Is(err, run.ErrWritesLost) || !strings.Contains(err.Error(), c.logs[1]+" holds 0 entries, where Apply counted 1") {
+					t.Errorf("Publish: got %v, want ErrWritesLost naming %s and its counts", err, c.logs[1])
 				}
 			}},
-			{"wrong type", 10, func(c tailCall, p string) [][]string {
-				return [][]string{{"SET", p + "other", "x"}, {"RPUSH", c.logs[1], entry(op("SADD", p+"other", "m"))}}
-			}, func(t *testing.T, c tailCall, err error) {
-				if err == nil || !strings.Contains(err.Error(), `"`+c.lives[0][:len(c.lives[0])-len("idx:fr")]+`other" holds a string`) {
+			{"an entry nobody counted", 10, 100, func(c tailCall, p string) [][]string {
+				return [][]string{{"RPUSH", c.logs[2], entry(op("ZADD", p+"z", "1", "m"))}}
+			}, func(t *testing.T, c tailCall, p string, err error) {
+				if !errors.Is(err, run.ErrTampered) || !strings.Contains(err.Error(), c.logs[2]+" holds 2 entries, but Apply counted 1") {
+					t.Errorf("Publish: got %v, want ErrTampered naming %s and its counts", err, c.logs[2])
+				}
+			}},
+			{"garbage", 10, 100, func(c tailCall, p string) [][]string {
+				return c.push(1, "garbage")
+			}, func(t *testing.T, c tailCall, p string, err error) {
+				if !errors.Is(err, run.ErrTampered) || !strings.Contains(err.Error(), c.logs[1]+", entry 1 (LINDEX 1), is not a change") {
+					t.Errorf("Publish: got %v, want ErrTampered naming %s and its entry", err, c.logs[1])
+				}
+			}},
+			{"a foreign key", 10, 100, func(c tailCall, p string) [][]string {
+				return c.push(0, entry(op("SADD", p+"admins", "mallory")))
+			}, func(t *testing.T, c tailCall, p string, err error) {
+				if !errors.Is(err, run.ErrTampered) || !strings.Contains(err.Error(), c.logs[0]+", entry 4 (LINDEX 4), writes "+strconv.Quote(p+"admins")) {
+					t.Errorf("Publish: got %v, want ErrTampered naming %s, the entry and the key", err, c.logs[0])
+				}
+			}},
+			{"a forged record", 10, 100, func(c tailCall, p string) [][]string {
+				return [][]string{{"HSET", c.records[1], "token", thiefTok}}
+			}, func(t *testing.T, c tailCall, p string, err error) {
+				if !errors.Is(err, run.ErrTampered) || !strings.Contains(err.Error(), c.records[1]) {
+					t.Errorf("Publish: got %v, want ErrTampered naming %s", err, c.records[1])
+				}
+			}},
+			{"a cancel", 10, 100, func(c tailCall, p string) [][]string {
+				return [][]string{{"HSET", c.ctls[0], "token", scriptTok, "cancel", "1"}}
+			}, func(t *testing.T, c tailCall, p string, err error) {
+				if !errors.Is(err, run.ErrAborted) {
+					t.Errorf("Publish: got %v, want ErrAborted", err)
+				}
+			}},
+			{"wrong type", 10, 100, func(c tailCall, p string) [][]string {
+				return append([][]string{{"SET", p + "idx:other", "x"}}, c.push(0, entry(op("SADD", p+"idx:other", "m")))...)
+			}, func(t *testing.T, c tailCall, p string, err error) {
+				if err == nil || !strings.Contains(err.Error(), `"`+p+`idx:other" holds a string`) {
 					t.Errorf("Publish: got %v, want an error naming the key and its type", err)
 				}
 			}},
@@ -1225,7 +1543,7 @@ func TestPublishTail(t *testing.T) {
 					cmds(t, d.Other, tt.setup(call, p)...)
 				}
 				before := redistest.Snapshot(t, d.Other, p)
-				_, err := core.Publish(ctx, opts(call, tt.maxTail))
+				_, err := core.Publish(ctx, opts(call, tt.maxTail, tt.maxWork))
 				var e *run.Error
 				if !errors.As(err, &e) || e.Op != "publish" {
 					t.Errorf("Publish: got %v, want an *Error of op publish", err)
@@ -1233,7 +1551,7 @@ func TestPublishTail(t *testing.T) {
 				if !run.PublishRefused(err) {
 					t.Errorf("PublishRefused(%v) = false, want true: the script refused before any write", err)
 				}
-				tt.check(t, call, err)
+				tt.check(t, call, p, err)
 				wantUntouched(t, d.Other, p, before)
 			})
 		}

@@ -28,6 +28,17 @@
 //
 // Methods return *[Error], which names the operation and the live key and
 // wraps one of the sentinels [ErrInProgress], [ErrLockLost],
-// [ErrTempKeyLost] and [ErrOutcomeUnknown], a Redis or transport error, or a
-// description of bad input. Packages store and rebuild re-export them.
+// [ErrTempKeyLost], [ErrOutcomeUnknown], [ErrWritesLost], [ErrTampered]
+// (a key keyswap relies on, a run's log of changes or its record, holds
+// what keyswap did not write: an entry that is not a change of the log's
+// builder, more entries than Apply counted, a record of another token),
+// [ErrNoPermission], [ErrFallingBehind], [ErrNotDurable], [ErrAborted],
+// [ErrTooManyKeys] or [ErrNothingToRollBack], a Redis or transport error,
+// or a description of bad input. Packages store and rebuild re-export them.
+//
+// # State
+//
+// The keys a run keeps, their fields and the schema's version are defined
+// in one place, record.go ([Record], [RecordVersion]); the scripts name
+// the same fields.
 package run

@@ -137,7 +137,8 @@ func (r *Redis) Wait(ctx context.Context, op, key, lock string, d Durability) er
 // waitOn runs wait on a dedicated connection to the master of lock, after a
 // write to the run's record on it when write is set, with a context that
 // ends within after waitOn started. The connection must come by then, as
-// the wait itself must end: the lease is not renewed meanwhile.
+// the wait itself must end; a cancelled ctx (an operator's cancel, read by
+// the heartbeats, which go on meanwhile) ends the wait.
 //
 // The connection's first command, an EXISTS of the record, binds a
 // cluster connection to the master of lock: a cluster client takes the

@@ -54,6 +54,19 @@ var ErrWritesLost error = writesLostError{}
 // written: a publish that failed halfway would leave the live keys worse.
 var ErrNoPermission = errors.New("a command keyswap needs is refused")
 
+// ErrTampered reports that a key keyswap relies on, a run's log of changes
+// or its record, holds what keyswap did not write: a log entry that names a
+// key the run does not rebuild, or a command no builder writes; more log
+// entries than were counted as they were appended (a direct RPUSH, or an
+// older keyswap that logs without counting); or a record whose token is not
+// the run's. The run fails closed: nothing was published, and the live keys
+// were left as they were.
+var ErrTampered = errors.New("a key keyswap relies on (a run's log of changes or its record) holds what keyswap did not write")
+
+// ErrAborted reports that an operator cancelled the run ("keyswap
+// cancel"), before its publish: nothing was published.
+var ErrAborted = errors.New("the run was cancelled by an operator")
+
 type writesLostError struct{}
 
 func (writesLostError) Error() string {

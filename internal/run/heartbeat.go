@@ -6,23 +6,24 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/redis/rueidis"
 )
 
-// Control is what an operator asked of a run, read from its record by
-// every heartbeat.
+// Control is what an operator asked of a run, read from its requests
+// ("<lock>:ctl") by every heartbeat, and the counts of its logs.
 type Control struct {
 	// Cancel: end the run ("keyswap cancel").
 	Cancel bool
-	// Rate is the most items per second the run may pull, the record's
+	// Rate is the most items per second the run may pull, the requests'
 	// max_rate; zero is no limit ("keyswap throttle").
 	Rate float64
 	// Paused: stop pulling the source, keep the lease ("keyswap pause").
 	Paused bool
 	// Action is a decision on a held publish: "publish" or "discard".
 	Action string
-	// Logs is the length of each lock's log of changes.
-	Logs []int64
+	// Logs are the counts of each lock's log of changes, read in one step.
+	Logs []LogCount
 }
 
 // Heartbeat is one renewal of a run's lease.
@@ -108,18 +109,48 @@ func (r *Redis) beatReply(ctx context.Context, h Heartbeat, res rueidis.RedisRes
 	case codeWritesLost:
 		have, _ := rep.int(1)
 		return Control{}, &Error{Op: op, Key: live, Err: writesLost(have, h.Acked)}
+	case codeNoRecord, codeTampered:
+		if i, _ := rep.int(1); i >= 1 && int(i) <= len(h.Locks) {
+			return Control{}, &Error{Op: op, Key: live, Err: recordError(code, keys.RecordKey(h.Locks[i-1].Key))}
+		}
 	case codeOK:
-		if len(rep) != 6+len(h.Locks) {
+		if len(rep) != 6+2*len(h.Locks) {
 			break
 		}
 		rate, _ := strconv.ParseFloat(rep.str(3), 64)
-		logs, err := rep.ints(6)
+		if !(rate > 0) {
+			rate = 0
+		}
+		counts, err := rep.ints(6)
 		if err != nil {
 			break
+		}
+		logs := make([]LogCount, len(h.Locks))
+		for i := range logs {
+			logs[i] = LogCount{Logged: counts[2*i], Len: counts[2*i+1]}
 		}
 		return Control{Cancel: rep.str(2) != "", Rate: rate, Paused: rep.str(4) != "", Action: rep.str(5), Logs: logs}, nil
 	}
 	return Control{}, &Error{Op: op, Key: live, Err: fmt.Errorf("unexpected heartbeat script reply %v", rep)}
+}
+
+// RecordError describes a run's record found gone, or without its token
+// (an error matching ErrWritesLost), or carrying another token than the
+// run's (forged: one matching ErrTampered).
+func RecordError(record string, forged bool) error {
+	if forged {
+		return recordError(codeTampered, record)
+	}
+	return recordError(codeNoRecord, record)
+}
+
+// recordError describes record, found gone (codeNoRecord) or carrying
+// another token (codeTampered).
+func recordError(code int64, record string) error {
+	if code == codeNoRecord {
+		return fmt.Errorf("%w: the run's record %s is gone, or lost and re-created without its token (evicted?), with the counts it kept of the run's writes and of the changes logged for it; every live key left unchanged", ErrWritesLost, record)
+	}
+	return fmt.Errorf("%w: the run's record %s carries another token than the run's: it was overwritten, and changes applied meanwhile may not have been logged; every live key left unchanged (and holds every change)", ErrTampered, record)
 }
 
 // writesLost describes a record that holds have batches where the run

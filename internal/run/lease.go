@@ -212,8 +212,10 @@ const RefreshChunk = 500
 // run between them. Each checks first that lock, the run's first lock,
 // still holds its token; it does not extend it. Refresh reports what it
 // found of each temp key. If the lock is no longer ours it stops and returns
-// an error matching [ErrLockLost].
-func (r *Redis) Refresh(ctx context.Context, lock *Lock, temps []string, ttl time.Duration) ([]TempState, error) {
+// an error matching [ErrLockLost]; once ctx is done it stops between two
+// chunks, and returns its error. It calls chunked, if not nil, after each
+// chunk.
+func (r *Redis) Refresh(ctx context.Context, lock *Lock, temps []string, ttl time.Duration, chunked func()) ([]TempState, error) {
 	const op = "lease"
 	if err := CheckLock(op, lock); err != nil {
 		return nil, err
@@ -227,6 +229,9 @@ func (r *Redis) Refresh(ctx context.Context, lock *Lock, temps []string, ttl tim
 	}
 	out := make([]TempState, 0, len(temps))
 	for chunk := range slices.Chunk(temps, RefreshChunk) {
+		if err := ctx.Err(); err != nil {
+			return nil, Fail(ctx, op, lock.Live, err)
+		}
 		ks := append([]string{lock.Key}, chunk...)
 		if err := r.SameSlot(op, lock.Live, ks...); err != nil {
 			return nil, err
@@ -243,6 +248,9 @@ func (r *Redis) Refresh(ctx context.Context, lock *Lock, temps []string, ttl tim
 			return nil, err
 		}
 		out = append(out, states...)
+		if chunked != nil {
+			chunked()
+		}
 	}
 	return out, nil
 }

@@ -69,16 +69,53 @@ type Check struct {
 type AcquireOptions struct {
 	// Op and Key name the operation and the rebuild in errors.
 	Op, Key string
-	// Lives are the live keys to lock, under one token.
-	Lives []string
+	// Lives are the live keys to lock, under one token: a family's prefix
+	// for a family, as Families says (nil: none is).
+	Lives    []string
+	Families []bool
+	// Mode is the run's mode: ModeRebuild (Apply logs the changes to its
+	// keys) or ModeRollback (Apply refuses them while it runs).
+	Mode string
 	// TTL is the locks' lifetime; a whole number of seconds.
 	TTL time.Duration
 	// Checks are the rights to check before anything is written, where the
-	// server can check them (Redis 7).
+	// server can check them (Redis 7). A Check with an empty Key is a
+	// command without keys, such as MULTI.
 	Checks []Check
-	// Record is field/value pairs for the run's record, next to the first
-	// lock: its owner and options.
+	// Record is more field/value pairs for the record of the first lock:
+	// the run's owner, options and status.
 	Record []string
+}
+
+// records returns the field/value pairs of each lock's record, for the
+// acquire script: the schema version, the token, the mode and the keys;
+// the first lock's with opts.Record, the others' naming the first.
+func (opts AcquireOptions) records(locks []*Lock) [][]string {
+	flags := func(fs []bool) string {
+		b := make([]byte, len(fs))
+		for i, f := range fs {
+			b[i] = '0'
+			if f {
+				b[i] = '1'
+			}
+		}
+		return string(b)
+	}
+	families := make([]bool, len(opts.Lives))
+	copy(families, opts.Families)
+	out := make([][]string, len(locks))
+	for i, l := range locks {
+		rec := []string{FieldVersion, RecordVersion, FieldToken, l.Token, FieldMode, opts.Mode}
+		if i == 0 {
+			rec = append(rec, FieldKeys, EncodeKeys(opts.Lives), FieldFamilies, flags(families))
+			rec = append(rec, opts.Record...)
+		} else {
+			rec = append(rec, FieldPrimary, locks[0].Key,
+				FieldKeys, EncodeKeys(opts.Lives[i:i+1]), FieldFamilies, flags(families[i:i+1]))
+		}
+		out[i] = rec
+	}
+	return out
 }
 
 // Acquire takes the rebuild locks of opts.Lives, all under one fresh token,
@@ -106,6 +143,9 @@ func (r *Redis) Acquire(ctx context.Context, opts AcquireOptions) ([]*Lock, erro
 	if err != nil {
 		return nil, err
 	}
+	if opts.Mode != ModeRebuild && opts.Mode != ModeRollback || len(opts.Record)%2 != 0 || len(opts.Families) > len(lives) {
+		return nil, &Error{Op: op, Key: opts.Key, Err: fmt.Errorf("mode %q, %d record arguments, %d family flags for %d keys", opts.Mode, len(opts.Record), len(opts.Families), len(lives))}
+	}
 	token := NewToken()
 	locks := make([]*Lock, len(lives))
 	for i, l := range lives {
@@ -122,7 +162,10 @@ func (r *Redis) Acquire(ctx context.Context, opts AcquireOptions) ([]*Lock, erro
 	for _, c := range opts.Checks {
 		args = append(args, c.Command, c.Key)
 	}
-	args = append(args, opts.Record...)
+	for _, rec := range opts.records(locks) {
+		args = append(args, strconv.Itoa(len(rec)/2))
+		args = append(args, rec...)
+	}
 	res, err := parseReply(acquireScript.Exec(ctx, r.client, ks, args))
 	if err != nil {
 		// It may have run (a lost reply), or run in part (an error reply
@@ -149,9 +192,10 @@ func (r *Redis) Acquire(ctx context.Context, opts AcquireOptions) ([]*Lock, erro
 }
 
 // runKeys returns the keys of a run's locks, then their records, then their
-// logs: the KEYS of acquire, heartbeat and release.
+// logs, then the operator's requests next to the first lock: the KEYS of
+// acquire, heartbeat and release.
 func runKeys(locks []*Lock) []string {
-	ks := make([]string, 0, 3*len(locks))
+	ks := make([]string, 0, 3*len(locks)+1)
 	for _, l := range locks {
 		ks = append(ks, l.Key)
 	}
@@ -161,11 +205,12 @@ func runKeys(locks []*Lock) []string {
 	for _, l := range locks {
 		ks = append(ks, keys.LogKey(l.Key))
 	}
-	return ks
+	return append(ks, keys.CtlKey(locks[0].Key))
 }
 
 // Release deletes every lock of locks that still holds its token, with the
-// record and the log of changes kept next to it, in one compare-and-delete
+// record, the log of changes and the requests kept next to it, in one
+// compare-and-delete
 // script, and never a lock someone else holds. If another rebuild holds
 // some lock, the others are still released and the error matches
 // [ErrLockLost]. A lock already gone (it expired, or this release ran

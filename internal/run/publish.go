@@ -58,9 +58,14 @@ type PublishOptions struct {
 	// Locks fences the publish: it happens only while every lock still holds
 	// its token. The locks must share one token. Nil is an unfenced publish.
 	Locks []*Lock
-	// Batches, when positive, is the number of batches the run wrote: the
-	// record of the run, next to Locks[0], must hold as many, or the publish
-	// fails with ErrWritesLost.
+	// Records, with Locks, says that the locks are a Rebuilder's run's,
+	// each with its record: every record must carry the run's token (else
+	// the publish fails with ErrTampered, or ErrWritesLost for one gone),
+	// the first must hold Batches batches (else ErrWritesLost), and an
+	// operator's cancel in the requests next to the first lock fails it
+	// with ErrAborted.
+	Records bool
+	// Batches is the number of batches the run wrote, with Records.
 	Batches int64
 	// Targets are the keys to publish.
 	Targets []Target
@@ -87,13 +92,17 @@ type PublishOptions struct {
 	Settle bool
 	// Now is the time recorded in the metas.
 	Now time.Time
-	// Logs are the logs of changes of the run's locks, each with the
-	// entries the run replayed onto its temp keys: the publish replays the
-	// rest onto the live keys, right after the renames. MaxTail bounds the
-	// rest, over every log: a longer one fails with a *BehindError before
-	// any write.
+	// Logs are the logs of changes of the run's locks, one per lock, with
+	// Records, each with the entries the run replayed onto its temp keys:
+	// the publish replays the rest onto the live keys, right after the
+	// renames, after checking each log against its count (ErrWritesLost,
+	// ErrTampered) and each entry of the rest (ErrTampered for an entry
+	// that is not a change of its builder's keys). MaxTail bounds the rest
+	// in entries and MaxWork in work (ops and arguments), over every log:
+	// a longer one fails with a *BehindError before any write.
 	Logs    []LogOffset
 	MaxTail int
+	MaxWork int64
 }
 
 // Published is what a successful publish did.
@@ -203,12 +212,18 @@ func (r *Redis) plan(opts PublishOptions) (publishPlan, error) {
 			return publishPlan{}, &Error{Op: op, Key: key, Err: errors.New("empty key")}
 		}
 	}
-	var records, receipts, prevs []string
+	var records, receipts, prevs, ctls []string
 	if len(lockKeys) > 0 {
 		receipts = []string{keys.ReceiptKey(lockKeys[0])}
-		if opts.Batches > 0 {
-			records = []string{keys.RecordKey(lockKeys[0])}
+		if opts.Records {
+			for _, l := range lockKeys {
+				records = append(records, keys.RecordKey(l))
+			}
+			ctls = []string{keys.CtlKey(lockKeys[0])}
 		}
+	}
+	if len(opts.Logs) > 0 && len(opts.Logs) != len(records) {
+		return publishPlan{}, &Error{Op: op, Key: key, Err: fmt.Errorf("%d logs for %d locks with records", len(opts.Logs), len(records))}
 	}
 	if keep > 0 {
 		for _, k := range append(slicesOf(lives), opts.Orphans...) {
@@ -220,7 +235,7 @@ func (r *Redis) plan(opts PublishOptions) (publishPlan, error) {
 		logs[i] = l.Key
 	}
 	var ks []string
-	for _, section := range [][]string{lockKeys, records, receipts, temps, lives, opts.Orphans, prevs, opts.Drops, opts.Metas, logs} {
+	for _, section := range [][]string{lockKeys, records, receipts, temps, lives, opts.Orphans, prevs, opts.Drops, opts.Metas, logs, ctls} {
 		ks = append(ks, section...)
 	}
 	if dup := FirstDuplicate(ks); dup != "" {
@@ -230,18 +245,22 @@ func (r *Redis) plan(opts PublishOptions) (publishPlan, error) {
 		return publishPlan{}, err
 	}
 	args := []string{token}
-	for _, n := range []int{len(lockKeys), len(records), len(receipts), len(temps), len(opts.Orphans), len(prevs), len(opts.Drops), len(opts.Metas), len(logs)} {
+	for _, n := range []int{len(lockKeys), len(records), len(receipts), len(temps), len(opts.Orphans), len(prevs), len(opts.Drops), len(opts.Metas), len(logs), len(ctls)} {
 		args = append(args, strconv.Itoa(n))
 	}
 	args = append(args, flags, strconv.FormatInt(opts.Batches, 10), strconv.FormatInt(keep, 10),
 		strconv.Itoa(int(receiptTTL/time.Second)), Now(opts.Now))
 	for _, l := range opts.Logs {
-		if l.Offset < 0 {
-			return publishPlan{}, &Error{Op: op, Key: key, Err: fmt.Errorf("negative offset %d in log %q", l.Offset, l.Key)}
+		if l.Offset < 0 || l.Logged < l.Offset || l.Work < 0 || l.Owner == "" {
+			return publishPlan{}, &Error{Op: op, Key: key, Err: fmt.Errorf("log %q: offset %d, %d logged, work %d, builder %q", l.Key, l.Offset, l.Logged, l.Work, l.Owner)}
 		}
-		args = append(args, strconv.FormatInt(l.Offset, 10))
+		family := "0"
+		if l.Family {
+			family = "1"
+		}
+		args = append(args, strconv.FormatInt(l.Offset, 10), strconv.FormatInt(l.Logged, 10), strconv.FormatInt(l.Work, 10), l.Owner, family)
 	}
-	args = append(args, strconv.Itoa(max(opts.MaxTail, 0)))
+	args = append(args, strconv.Itoa(max(opts.MaxTail, 0)), strconv.FormatInt(max(opts.MaxWork, 0), 10))
 	for i := range opts.Metas {
 		kind := ""
 		if i < len(opts.FamilyTypes) {
@@ -332,13 +351,28 @@ func (r *Redis) published(ctx context.Context, opts PublishOptions, res reply) (
 		return refuse(fmt.Errorf("%w: %s has no TTL: it was lost and re-created by a later write, so it holds only part of the rebuild (or a write removed its TTL, as a plain SET does: use SET KEEPTTL); %s and every other live key left unchanged", ErrTempKeyLost, t.Temp, t.Live))
 	case code == codeWritesLost:
 		return refuse(writesLost(i, opts.Batches))
+	case (code == codeNoRecord || code == codeTampered) && i >= 1 && int(i) <= len(opts.Locks):
+		return refuse(recordError(code, keys.RecordKey(opts.Locks[i-1].Key)))
+	case code == codeAborted:
+		return refuse(fmt.Errorf("%w: the operator's cancel came before the publish; every live key left unchanged", ErrAborted))
+	case (code == codeLogLost || code == codeUncounted) && i >= 1 && int(i) <= len(opts.Logs):
+		n, _ := res.int(2)
+		logged, _ := res.int(3)
+		ls := NewLogs([]string{opts.Logs[i-1].Key})
+		ls.highest[0].Store(opts.Logs[i-1].Logged)
+		return refuse(ls.Check(0, LogCount{Len: n, Logged: logged}))
 	case code == codeBehind && i >= 1 && int(i) <= len(opts.Logs):
 		n, _ := res.int(2)
-		return refuse(&BehindError{Log: opts.Logs[i-1].Key, Tail: n})
+		w, _ := res.int(3)
+		return refuse(&BehindError{Log: opts.Logs[i-1].Key, Tail: n, Work: w})
 	case code == codeOverrun && i >= 1 && int(i) <= len(opts.Logs):
 		return refuse(fmt.Errorf("%w: %s reached its bound, so changes applied during the run were not logged; every live key left unchanged (and holds every change)", ErrFallingBehind, opts.Logs[i-1].Key))
 	case code == codeBadLog && i >= 1 && int(i) <= len(opts.Logs):
-		return refuse(fmt.Errorf("%s holds an entry that is not a change keyswap logged; every live key left unchanged", opts.Logs[i-1].Key))
+		e, _ := res.int(2)
+		return refuse(badEntry(opts.Logs[i-1].Key, e, errors.New(res.str(3))))
+	case code == codeNotTheRuns && i >= 1 && int(i) <= len(opts.Logs):
+		e, _ := res.int(2)
+		return refuse(foreignEntry(opts.Logs[i-1], e, res.str(3)))
 	case code == codeWrongType:
 		return refuse(fmt.Errorf("a change applied during the run cannot be replayed: %q holds a %s; every live key left unchanged", res.str(1), res.str(2)))
 	case code == codeNotMeta && i >= 1 && int(i) <= len(opts.Metas):

@@ -14,6 +14,14 @@ import (
 	"github.com/keyswap/keyswap/internal/scan"
 )
 
+// ErrTooManyKeys reports a publish or a rollback that would touch more keys
+// than its bound (MaxKeys) in one atomic script. Nothing changed.
+var ErrTooManyKeys = errors.New("too many keys for one publish")
+
+// DefaultMaxKeys is the most keys one publish or rollback touches unless
+// told otherwise.
+const DefaultMaxKeys = 100_000
+
 // ErrNothingToRollBack reports a rollback of an index that keeps no
 // previous generation: none was kept (KeepPrevious was not set), or it
 // expired. Nothing changed.
@@ -31,6 +39,11 @@ type RollbackOptions struct {
 	FamilyTypes []string
 	// TTL is the lease of the locks the rollback holds while it runs.
 	TTL time.Duration
+	// MaxKeys bounds the keys of the rollback, live keys and kept previous
+	// values together, as MaxKeys bounds a publish: the rollback is one
+	// atomic script, so past it the rollback is refused before any write,
+	// with an error matching ErrTooManyKeys. Zero or negative: no bound.
+	MaxKeys int
 	// Now is the time recorded in the metas.
 	Now time.Time
 }
@@ -39,12 +52,17 @@ type RollbackOptions struct {
 // in one atomic script (rollback.lua), fenced by the indexes' locks, which
 // it takes first: while a run of them is in progress it fails with
 // ErrInProgress and changes nothing. A family's keys are found by SCAN
-// under its prefix, with the lock held. It returns the generation now live
-// of each index.
+// under its prefix, with the lock held; more keys than opts.MaxKeys fail
+// it with ErrTooManyKeys, changing nothing. It returns the generation now
+// live of each index.
 func (r *Redis) Rollback(ctx context.Context, opts RollbackOptions) ([]int64, error) {
 	op, key := opts.Op, opts.Key
-	locks, err := r.Acquire(ctx, AcquireOptions{Op: op, Key: key, Lives: opts.Lives, TTL: opts.TTL,
-		Record: []string{"phase", "rolling back"}})
+	families := make([]bool, len(opts.Lives))
+	for i := range families {
+		families[i] = i < len(opts.FamilyTypes) && opts.FamilyTypes[i] != ""
+	}
+	locks, err := r.Acquire(ctx, AcquireOptions{Op: op, Key: key, Lives: opts.Lives, Families: families,
+		Mode: ModeRollback, TTL: opts.TTL, Record: []string{FieldPhase, "rolling back"}})
 	if err != nil {
 		return nil, err
 	}
@@ -73,6 +91,9 @@ func (r *Redis) rollback(ctx context.Context, opts RollbackOptions, locks []*Loc
 			triples = append(triples, k, prev, prev+":swap")
 			owner = append(owner, strconv.Itoa(i+1))
 		}
+	}
+	if n := len(triples) / 3; opts.MaxKeys > 0 && n > opts.MaxKeys {
+		return nil, &Error{Op: op, Key: key, Err: fmt.Errorf("%w: a rollback may touch at most %d keys (MaxKeys), and this one would swap %d, in one atomic script that blocks Redis for about 10 µs per key; nothing changed", ErrTooManyKeys, opts.MaxKeys, n)}
 	}
 	ks := slices.Concat(lockKeys, metas, triples)
 	if err := r.SameSlot(op, key, ks...); err != nil {

@@ -33,7 +33,7 @@ func TestScriptsMultiKey(t *testing.T) {
 		core := run.New(d.Client, nil)
 		a, b, orphan := d.Prefix+"a", d.Prefix+"b", d.Prefix+"orphan"
 		redistest.Clean(t, d.Other, a, b, orphan, core.LockKey(a), core.LockKey(b))
-		locks, err := core.Acquire(ctx, run.AcquireOptions{Op: "acquire", Key: a, Lives: []string{a, b}, TTL: 60 * time.Second})
+		locks, err := core.Acquire(ctx, run.AcquireOptions{Op: "acquire", Key: a, Lives: []string{a, b}, TTL: 60 * time.Second, Mode: run.ModeRebuild})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -133,7 +133,7 @@ func TestPublishAnswersAreNotSettled(t *testing.T) {
 		}})
 		core := run.New(hooked, nil)
 		live := d.Prefix + "idx"
-		locks, err := core.Acquire(ctx, run.AcquireOptions{Op: "acquire", Key: live, Lives: []string{live}, TTL: 60 * time.Second})
+		locks, err := core.Acquire(ctx, run.AcquireOptions{Op: "acquire", Key: live, Lives: []string{live}, TTL: 60 * time.Second, Mode: run.ModeRebuild})
 		if err != nil {
 			t.Fatal(err)
 		}

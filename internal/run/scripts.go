@@ -129,6 +129,14 @@ const (
 	codeBadLog     = -9  // publish: {-9, i}: log i holds an entry that is not a change
 	codeOverrun    = -10 // publish: {-10, i}: log i reached its bound: changes were not logged
 	codeNoPrevious = -11 // rollback: {-11, i}: index i keeps no previous generation
+	codeUnlogged   = -12 // apply: {-12, i, why, detail}: lock i is held by a run that does not log the change
+	codeNotTheRuns = -13 // apply: {-13, i, key, owner}; publish: {-13, i, index, key}: key is not the run's
+	codeTampered   = -14 // heartbeat, publish: {-14, i}: record i carries another token
+	codeNoRecord   = -15 // heartbeat, publish: {-15, i}: record i is gone (or has no token)
+	codeTooLate    = -16 // control: {-16}: the run already published
+	codeAborted    = -17 // publish: {-17}: the operator cancelled the run
+	codeLogLost    = -18 // publish: {-18, i, llen, logged}: log i lost entries
+	codeUncounted  = -19 // publish: {-19, i, llen, logged}: log i holds entries nobody counted
 	codeRenamed    = 1   // publish, per target: renamed
 	codeEmptied    = 2   // publish, per target: live key deleted
 	tempAbsent     = 0   // touch, refresh, per temp key

@@ -3,6 +3,7 @@ package run_test
 import (
 	"context"
 	"maps"
+	"math"
 	"reflect"
 	"slices"
 	"strconv"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/keyswap/keyswap/internal/redistest"
+	"github.com/keyswap/keyswap/internal/run"
 	"github.com/redis/rueidis"
 )
 
@@ -19,8 +21,9 @@ import (
 // as embedded in the library, against a real redis-server, the standalone
 // server and the 3-master cluster, and asserts its exact reply and the exact
 // state of every key under the case's prefix afterwards. Between them they
-// reach every branch of acquire.lua, heartbeat.lua, refresh.lua,
-// release.lua and publish.lua. The refusals of an ACL user run on a server
+// reach every branch of acquire.lua, heartbeat.lua, refresh.lua, control.lua,
+// readlog.lua, replay.lua, release.lua and publish.lua (apply.lua and the tail of the
+// publish are in changes_test.go). The refusals of an ACL user run on a server
 // of the test's own and on the cluster node that serves the test's slot; a
 // renamed command needs a server started with --rename-command, so those
 // run on servers of the test's own. touch.lua is tested in store
@@ -199,8 +202,9 @@ func wantUntouched(t *testing.T, c rueidis.Client, prefix string, before map[str
 	}
 }
 
-// runKeys returns the KEYS of acquire, heartbeat and release for n locks
-// under p: the locks "lock:<i>", then their records, then their logs.
+// runKeys returns the keys of n locks under p: the locks "lock:<i>", then
+// their records, then their logs. With ctlOf, they are the KEYS of
+// acquire, heartbeat and release.
 func runKeys(p string, n int) (locks, records, logs []string) {
 	for i := 1; i <= n; i++ {
 		l := p + "lock:" + strconv.Itoa(i)
@@ -209,29 +213,56 @@ func runKeys(p string, n int) (locks, records, logs []string) {
 	return locks, records, logs
 }
 
+// ctlOf returns the requests next to the first of locks.
+func ctlOf(locks []string) string { return locks[0] + ":ctl" }
+
+// runKS returns the KEYS of acquire, heartbeat and release: locks, records,
+// logs, and the requests of the first lock.
+func runKS(locks, records, logs []string) []string {
+	return slices.Concat(locks, records, logs, []string{ctlOf(locks)})
+}
+
+// recordArgs returns the per-record ARGV of acquire for n records: a count
+// and pairs each, fields for the first and the first lock for the others.
+func recordArgs(locks []string, first ...string) []string {
+	var out []string
+	for i := range locks {
+		rec := []string{"token", scriptTok}
+		if i == 0 {
+			rec = append(rec, first...)
+		} else {
+			rec = append(rec, "primary", locks[0])
+		}
+		out = append(out, strconv.Itoa(len(rec)/2))
+		out = append(out, rec...)
+	}
+	return out
+}
+
 func TestScriptAcquire(t *testing.T) {
 	// acquire.lua: {1} takes every lock with SET EX under one token
-	// (C6), deletes the records and logs a previous holder left, and opens
-	// the records: the first with the token and the given fields, the
-	// others with the token and the first lock. {0, i} for the first lock
-	// held, by anyone, with nothing changed: the holder's lock keeps its
-	// value and TTL (C7). {-5, cmd} for a command the server does not know;
-	// the refusals of an ACL user are in TestScriptAcquireRefused.
+	// (C6), deletes the records and logs a previous holder left and the
+	// requests of an earlier run, and opens the records, each with the
+	// fields given for it. {0, i} for the first lock held, by anyone, with
+	// nothing changed: the holder's lock keeps its value and TTL (C7).
+	// {-5, cmd} for a command the server does not know; the refusals of an
+	// ACL user are in TestScriptAcquireRefused.
 	env.ForEachDeployment(t, func(t *testing.T, d redistest.Deployment) {
 		t.Run("taken", func(t *testing.T) {
 			p := casePrefix(t, d.Other, d.Prefix)
 			locks, records, logs := runKeys(p, 2)
 			// What a previous run, whose locks expired, left behind.
 			cmds(t, d.Other,
-				[]string{"HSET", records[0], "token", thiefTok, "batches", "9", "cancel", "1"},
+				[]string{"HSET", records[0], "token", thiefTok, "batches", "9", "logged", "4"},
 				[]string{"EXPIRE", records[0], "40"},
 				[]string{"HSET", records[1], "token", thiefTok, "primary", p + "elsewhere"},
 				[]string{"EXPIRE", records[1], "40"},
 				[]string{"RPUSH", logs[0], "a", "b"},
 				[]string{"RPUSH", logs[1], "c"},
+				[]string{"HSET", ctlOf(locks), "token", thiefTok, "cancel", "1"},
 			)
-			args := []string{scriptTok, "100", "2", "1", "HINCRBY", records[0], "owner", "me", "phase", "building"}
-			got := evalScript(t, d.Client, "acquire", slices.Concat(locks, records, logs), args)
+			args := append([]string{scriptTok, "100", "2", "2", "HINCRBY", records[0], "MULTI", ""}, recordArgs(locks, "owner", "me", "phase", "building")...)
+			got := evalScript(t, d.Client, "acquire", runKS(locks, records, logs), args)
 			wantReply(t, got, 1)
 			for _, l := range locks {
 				redistest.WantString(t, d.Other, l, scriptTok)
@@ -242,7 +273,7 @@ func TestScriptAcquire(t *testing.T) {
 			for _, r := range records {
 				redistest.WantPTTL(t, d.Other, r, 50*time.Second, 100*time.Second)
 			}
-			for _, l := range logs {
+			for _, l := range append(logs, ctlOf(locks)) {
 				redistest.WantAbsent(t, d.Other, l)
 			}
 			if keys := redistest.Keys(t, d.Other, p); len(keys) != 4 {
@@ -250,10 +281,10 @@ func TestScriptAcquire(t *testing.T) {
 			}
 		})
 
-		t.Run("one lock, no fields", func(t *testing.T) {
+		t.Run("one lock, its token alone", func(t *testing.T) {
 			p := casePrefix(t, d.Other, d.Prefix)
 			locks, records, logs := runKeys(p, 1)
-			got := evalScript(t, d.Client, "acquire", slices.Concat(locks, records, logs), []string{scriptTok, "100", "1", "0"})
+			got := evalScript(t, d.Client, "acquire", runKS(locks, records, logs), append([]string{scriptTok, "100", "1", "0"}, recordArgs(locks)...))
 			wantReply(t, got, 1)
 			redistest.WantLock(t, d.Other, locks[0], scriptTok, 100*time.Second)
 			wantFields(t, d.Other, records[0], map[string]string{"token": scriptTok})
@@ -273,6 +304,7 @@ func TestScriptAcquire(t *testing.T) {
 			{"third held", 3, thiefTok, nil, reply(0, 3)},
 			{"held by our own token", 1, scriptTok, nil, reply(0, 1)},
 			{"unknown command", 0, "", []string{"HINCRBY", "record", "NOSUCHCOMMAND", "key"}, reply(-5, "NOSUCHCOMMAND")},
+			{"unknown command without a key", 0, "", []string{"NOSUCHCOMMAND", ""}, reply(-5, "NOSUCHCOMMAND")},
 			{"unknown command before the held lock", 2, thiefTok, []string{"NOSUCHCOMMAND", "key"}, reply(-5, "NOSUCHCOMMAND")},
 		} {
 			t.Run(tt.name, func(t *testing.T) {
@@ -286,13 +318,14 @@ func TestScriptAcquire(t *testing.T) {
 						[]string{"RPUSH", logs[i], "x"},
 					)
 				}
+				cmds(t, d.Other, []string{"HSET", ctlOf(locks), "token", thiefTok, "cancel", "1"})
 				if tt.held > 0 {
 					cmds(t, d.Other, []string{"SET", locks[tt.held-1], tt.holder, "EX", "40"})
 				}
 				before := redistest.Snapshot(t, d.Other, p)
 				args := []string{scriptTok, "100", "3", strconv.Itoa(len(tt.checks) / 2)}
-				args = append(append(args, tt.checks...), "owner", "me")
-				got := evalScript(t, d.Client, "acquire", slices.Concat(locks, records, logs), args)
+				args = append(append(args, tt.checks...), recordArgs(locks, "owner", "me")...)
+				got := evalScript(t, d.Client, "acquire", runKS(locks, records, logs), args)
 				wantReply(t, got, tt.want...)
 				wantUntouched(t, d.Other, p, before)
 			})
@@ -360,11 +393,11 @@ func TestScriptAcquireRefused(t *testing.T) {
 	// looked at, and nothing changed.
 	forEachACLTarget(t, func(t *testing.T, a aclTarget) {
 		// own returns the reply {-2, cmd, key} for the key of section
-		// (0 locks, 1 records, 2 logs) of lock i.
+		// (0 locks, 1 records, 2 logs, 3 the requests) of lock i.
 		own := func(cmd string, section, i int) func(p string) []any {
 			return func(p string) []any {
 				locks, records, logs := runKeys(p, 2)
-				return reply(-2, cmd, [][]string{locks, records, logs}[section][i-1])
+				return reply(-2, cmd, [][]string{locks, records, logs, {ctlOf(locks)}}[section][i-1])
 			}
 		}
 		for _, tt := range []struct {
@@ -415,13 +448,18 @@ func TestScriptAcquireRefused(t *testing.T) {
 				want:  own("SET", 0, 1),
 			},
 			{
-				name:  "DEL on a record",
+				name:  "DEL on the requests",
 				rules: func(p string) []string { return deniedRules(p, "del") },
+				want:  own("DEL", 3, 1),
+			},
+			{
+				name:  "DEL on a record",
+				rules: func(p string) []string { return deniedRules(p, "del", "lock:*:ctl") },
 				want:  own("DEL", 1, 1),
 			},
 			{
 				name:  "DEL on a log",
-				rules: func(p string) []string { return deniedRules(p, "del", "lock:*:run") },
+				rules: func(p string) []string { return deniedRules(p, "del", "lock:*:run", "lock:*:ctl") },
 				want:  own("DEL", 2, 1),
 			},
 			{
@@ -461,10 +499,10 @@ func TestScriptAcquireRefused(t *testing.T) {
 					cmds(t, a.admin, []string{"SET", locks[0], thiefTok, "EX", "40"})
 				}
 				before := redistest.Snapshot(t, a.admin, p)
-				args := []string{scriptTok, "100", "2", "4",
-					"HINCRBY", records[0], "EXPIRE", p + "temp:1", "RENAME", p + "temp:1", "UNLINK", p + "live:1",
-					"owner", "me"}
-				got := evalScript(t, c, "acquire", slices.Concat(locks, records, logs), args)
+				args := append([]string{scriptTok, "100", "2", "4",
+					"HINCRBY", records[0], "EXPIRE", p + "temp:1", "RENAME", p + "temp:1", "UNLINK", p + "live:1"},
+					recordArgs(locks, "owner", "me")...)
+				got := evalScript(t, c, "acquire", runKS(locks, records, logs), args)
 				wantReply(t, got, tt.want(p)...)
 				wantUntouched(t, a.admin, p, before)
 			})
@@ -474,48 +512,67 @@ func TestScriptAcquireRefused(t *testing.T) {
 
 func TestScriptHeartbeat(t *testing.T) {
 	// heartbeat.lua: compare-and-extend (C9, C16+). {1, batches, cancel,
-	// max_rate, paused, action, log lengths...}: every lock and record, and
-	// every log that exists, reset to the TTL, not left to decay (C13), and
-	// the status written into the run's record. {-1, i} for the first lock
-	// not ours, {-3, batches} when the record holds fewer batches than
-	// Redis acknowledged, and {-3, 0} when it is gone, whatever was
-	// acknowledged; each way nothing changed.
+	// max_rate, paused, action, then logged and length of each log}: every
+	// lock and record, and every log and the requests if they exist, reset
+	// to the TTL, not left to decay (C13), and the status written into the
+	// run's record; the requests are read only when they carry the run's
+	// token (C70). {-1, i} for the first lock not ours; {-15, i} for the
+	// first record gone or without a token, {-14, i} for one with another
+	// token (C74); {-3, batches} when the first record holds fewer batches
+	// than Redis acknowledged (C55); each way nothing changed.
 	env.ForEachDeployment(t, func(t *testing.T, d redistest.Deployment) {
 		t.Run("renewed", func(t *testing.T) {
 			p := casePrefix(t, d.Other, d.Prefix)
 			locks, records, logs := runKeys(p, 2)
+			ctl := ctlOf(locks)
 			cmds(t, d.Other,
 				[]string{"SET", locks[0], scriptTok, "EX", "50"},
 				[]string{"SET", locks[1], scriptTok, "EX", "50"},
-				[]string{"HSET", records[0], "token", scriptTok, "batches", "5", "cancel", "1", "max_rate", "250", "paused", "1", "action", "publish", "phase", "building", "rate", "12.5"},
+				[]string{"HSET", records[0], "token", scriptTok, "batches", "5", "logged", "3", "phase", "building", "rate", "12.5"},
 				[]string{"EXPIRE", records[0], "50"},
-				[]string{"HSET", records[1], "token", scriptTok, "primary", locks[0]},
+				[]string{"HSET", records[1], "token", scriptTok, "primary", locks[0], "logged", "2"},
 				[]string{"EXPIRE", records[1], "50"},
 				[]string{"RPUSH", logs[0], "a", "b", "c"},
 				[]string{"EXPIRE", logs[0], "50"},
+				[]string{"HSET", ctl, "token", scriptTok, "cancel", "1", "max_rate", "250", "paused", "1", "action", "publish"},
+				[]string{"EXPIRE", ctl, "50"},
 			)
 			before := redistest.Snapshot(t, d.Other, p)
 			args := []string{scriptTok, "100", "2", "5", "phase", "publishing", "items", "42", "rate", "3.5"}
-			got := evalScript(t, d.Client, "heartbeat", slices.Concat(locks, records, logs), args)
-			wantReply(t, got, 1, 5, "1", "250", "1", "publish", 3, 0)
+			got := evalScript(t, d.Client, "heartbeat", runKS(locks, records, logs), args)
+			wantReply(t, got, 1, 5, "1", "250", "1", "publish", 3, 3, 2, 0)
 			for _, l := range locks {
 				redistest.WantString(t, d.Other, l, scriptTok)
 			}
 			wantFields(t, d.Other, records[0], map[string]string{
-				"token": scriptTok, "batches": "5", "cancel": "1", "max_rate": "250", "paused": "1", "action": "publish",
-				"phase": "publishing", "items": "42", "rate": "3.5",
+				"token": scriptTok, "batches": "5", "logged": "3", "phase": "publishing", "items": "42", "rate": "3.5",
 			})
-			wantFields(t, d.Other, records[1], map[string]string{"token": scriptTok, "primary": locks[0]})
+			wantFields(t, d.Other, records[1], map[string]string{"token": scriptTok, "primary": locks[0], "logged": "2"})
 			wantDump(t, d.Other, logs[0], before)
-			for _, k := range slices.Concat(locks, records, logs[:1]) {
+			wantDump(t, d.Other, ctl, before)
+			for _, k := range slices.Concat(locks, records, logs[:1], []string{ctl}) {
 				redistest.WantPTTL(t, d.Other, k, 50*time.Second, 100*time.Second)
 			}
 			redistest.WantAbsent(t, d.Other, logs[1]) // EXPIRE does not create it
-			wantUntouched(t, d.Other, p, before, slices.Concat(locks, records, logs[:1])...)
+			wantUntouched(t, d.Other, p, before, slices.Concat(locks, records, logs[:1], []string{ctl})...)
+		})
+
+		t.Run("another run's requests", func(t *testing.T) {
+			// Requests written for another token are not this run's.
+			p := casePrefix(t, d.Other, d.Prefix)
+			locks, records, logs := runKeys(p, 1)
+			cmds(t, d.Other,
+				[]string{"SET", locks[0], scriptTok, "EX", "50"},
+				[]string{"HSET", records[0], "token", scriptTok},
+				[]string{"EXPIRE", records[0], "50"},
+				[]string{"HSET", ctlOf(locks), "token", thiefTok, "cancel", "1", "max_rate", "3"},
+			)
+			got := evalScript(t, d.Client, "heartbeat", runKS(locks, records, logs), []string{scriptTok, "100", "1", "0"})
+			wantReply(t, got, 1, 0, "", "", "", "", 0, 0)
 		})
 
 		t.Run("bare record, no status", func(t *testing.T) {
-			// No batches field counts as 0; no control field reads as "";
+			// No batches or logged field counts as 0; no request reads as "";
 			// no status leaves the record as it was.
 			p := casePrefix(t, d.Other, d.Prefix)
 			locks, records, logs := runKeys(p, 1)
@@ -525,13 +582,14 @@ func TestScriptHeartbeat(t *testing.T) {
 				[]string{"EXPIRE", records[0], "50"},
 			)
 			before := redistest.Snapshot(t, d.Other, p)
-			got := evalScript(t, d.Client, "heartbeat", slices.Concat(locks, records, logs), []string{scriptTok, "100", "1", "0"})
-			wantReply(t, got, 1, 0, "", "", "", "", 0)
+			got := evalScript(t, d.Client, "heartbeat", runKS(locks, records, logs), []string{scriptTok, "100", "1", "0"})
+			wantReply(t, got, 1, 0, "", "", "", "", 0, 0)
 			wantDump(t, d.Other, locks[0], before)
 			wantDump(t, d.Other, records[0], before)
 			redistest.WantPTTL(t, d.Other, locks[0], 50*time.Second, 100*time.Second)
 			redistest.WantPTTL(t, d.Other, records[0], 50*time.Second, 100*time.Second)
 			redistest.WantAbsent(t, d.Other, logs[0])
+			redistest.WantAbsent(t, d.Other, ctlOf(locks))
 		})
 
 		t.Run("record ahead of the acknowledged batches", func(t *testing.T) {
@@ -543,8 +601,8 @@ func TestScriptHeartbeat(t *testing.T) {
 				[]string{"HSET", records[0], "token", scriptTok, "batches", "7"},
 				[]string{"EXPIRE", records[0], "50"},
 			)
-			got := evalScript(t, d.Client, "heartbeat", slices.Concat(locks, records, logs), []string{scriptTok, "100", "1", "5"})
-			wantReply(t, got, 1, 7, "", "", "", "", 0)
+			got := evalScript(t, d.Client, "heartbeat", runKS(locks, records, logs), []string{scriptTok, "100", "1", "5"})
+			wantReply(t, got, 1, 7, "", "", "", "", 0, 0)
 			redistest.WantPTTL(t, d.Other, locks[0], 50*time.Second, 100*time.Second)
 		})
 
@@ -552,21 +610,26 @@ func TestScriptHeartbeat(t *testing.T) {
 			name    string
 			lost    int    // which lock is not ours (0: none)
 			holder  string // its value ("": expired)
-			batches string // the record's batches ("": no such field; "-": no record)
+			batches string // the record's batches ("": no such field; "-": no record; "token": a record without a token)
+			second  string // the second record's token ("-": no record)
 			acked   string
 			want    []any
 		}{
-			{"second stolen", 2, thiefTok, "5", "5", reply(-1, 2)},
-			{"first stolen", 1, thiefTok, "5", "5", reply(-1, 1)},
-			{"second expired", 2, "", "5", "5", reply(-1, 2)},
-			{"first expired", 1, "", "5", "5", reply(-1, 1)},
-			{"lock checked before the batches", 2, thiefTok, "3", "5", reply(-1, 2)},
-			{"writes lost", 0, "", "3", "5", reply(-3, 3)},
-			{"record without batches", 0, "", "", "1", reply(-3, 0)},
-			{"record gone", 0, "", "-", "1", reply(-3, 0)},
+			{"second stolen", 2, thiefTok, "5", scriptTok, "5", reply(-1, 2)},
+			{"first stolen", 1, thiefTok, "5", scriptTok, "5", reply(-1, 1)},
+			{"second expired", 2, "", "5", scriptTok, "5", reply(-1, 2)},
+			{"first expired", 1, "", "5", scriptTok, "5", reply(-1, 1)},
+			{"lock checked before the batches", 2, thiefTok, "3", scriptTok, "5", reply(-1, 2)},
+			{"writes lost", 0, "", "3", scriptTok, "5", reply(-3, 3)},
+			{"record without batches", 0, "", "", scriptTok, "1", reply(-3, 0)},
 			// Renewing would re-create the record without a TTL.
-			{"record gone, nothing acknowledged", 0, "", "-", "0", reply(-3, 0)},
-			{"lock checked before the missing record", 2, thiefTok, "-", "0", reply(-1, 2)},
+			{"record gone", 0, "", "-", scriptTok, "1", reply(-15, 1)},
+			{"record gone, nothing acknowledged", 0, "", "-", scriptTok, "0", reply(-15, 1)},
+			{"record re-created by a batch, without its token", 0, "", "token", scriptTok, "0", reply(-15, 1)},
+			{"second record gone", 0, "", "5", "-", "5", reply(-15, 2)},
+			{"second record forged", 0, "", "5", thiefTok, "5", reply(-14, 2)},
+			{"records checked before the batches", 0, "", "3", thiefTok, "5", reply(-14, 2)},
+			{"lock checked before the missing record", 2, thiefTok, "-", scriptTok, "0", reply(-1, 2)},
 		} {
 			t.Run(tt.name, func(t *testing.T) {
 				p := casePrefix(t, d.Other, d.Prefix)
@@ -574,15 +637,18 @@ func TestScriptHeartbeat(t *testing.T) {
 				cmds(t, d.Other,
 					[]string{"SET", locks[0], scriptTok, "EX", "50"},
 					[]string{"SET", locks[1], scriptTok, "EX", "50"},
-					[]string{"HSET", records[1], "token", scriptTok, "primary", locks[0]},
-					[]string{"EXPIRE", records[1], "50"},
 					[]string{"RPUSH", logs[0], "a"},
 					[]string{"EXPIRE", logs[0], "50"},
 				)
+				if tt.second != "-" {
+					cmds(t, d.Other, []string{"HSET", records[1], "token", tt.second, "primary", locks[0]}, []string{"EXPIRE", records[1], "50"})
+				}
 				switch tt.batches {
 				case "-":
 				case "":
 					cmds(t, d.Other, []string{"HSET", records[0], "token", scriptTok}, []string{"EXPIRE", records[0], "50"})
+				case "token":
+					cmds(t, d.Other, []string{"HSET", records[0], "batches", "1"}, []string{"EXPIRE", records[0], "50"})
 				default:
 					cmds(t, d.Other, []string{"HSET", records[0], "token", scriptTok, "batches", tt.batches}, []string{"EXPIRE", records[0], "50"})
 				}
@@ -595,7 +661,7 @@ func TestScriptHeartbeat(t *testing.T) {
 				}
 				before := redistest.Snapshot(t, d.Other, p)
 				args := []string{scriptTok, "100", "2", tt.acked, "phase", "publishing"}
-				got := evalScript(t, d.Client, "heartbeat", slices.Concat(locks, records, logs), args)
+				got := evalScript(t, d.Client, "heartbeat", runKS(locks, records, logs), args)
 				wantReply(t, got, tt.want...)
 				wantUntouched(t, d.Other, p, before)
 			})
@@ -707,7 +773,8 @@ func seedRelease(t *testing.T, c rueidis.Client, state releaseLock, lock, record
 
 func TestScriptRelease(t *testing.T) {
 	// release.lua: compare-and-delete (C8). {deleted, foreign, receipt}:
-	// each lock that holds our token is deleted with its record and log;
+	// each lock that holds our token is deleted with its record and log
+	// (and the first with the requests next to it);
 	// a lock another run holds counts as foreign and is left alone with its
 	// log, and its record unless the record still holds our token; a lock
 	// no one holds counts in neither, and the record and log next to it,
@@ -740,9 +807,15 @@ func TestScriptRelease(t *testing.T) {
 							deleted = append(deleted, records[i])
 						}
 					}
+					// The requests next to the first lock go with a lock of
+					// ours or no one's, not with another run's.
+					cmds(t, d.Other, []string{"HSET", ctlOf(locks), "token", scriptTok, "cancel", "1"})
+					if first := tt.locks[0]; first != foreign && first != foreignOurs {
+						deleted = append(deleted, ctlOf(locks))
+					}
 					receipt := locks[0] + ":done"
 					before := redistest.Snapshot(t, d.Other, p)
-					keys := append(slices.Concat(locks, records, logs), receipt)
+					keys := append(runKS(locks, records, logs), receipt)
 					got := evalScript(t, d.Client, "release", keys, []string{scriptTok, strconv.Itoa(len(locks)), mode})
 					wantReply(t, got, tt.want...)
 					for _, k := range deleted {
@@ -789,7 +862,7 @@ func TestScriptReleaseReceipt(t *testing.T) {
 					cmds(t, d.Other, []string{"SET", receipt, tt.receipt, "EX", "30"})
 				}
 				before := redistest.Snapshot(t, d.Other, p)
-				keys := append(slices.Concat(locks, records, logs), receipt)
+				keys := append(runKS(locks, records, logs), receipt)
 				got := evalScript(t, d.Client, "release", keys, []string{scriptTok, "1", tt.mode})
 				wantReply(t, got, tt.want...)
 				redistest.WantString(t, d.Other, receipt, tt.after)
@@ -814,8 +887,8 @@ func TestScriptReleaseRetried(t *testing.T) {
 			seedRelease(t, d.Other, ours, locks[i], records[i], logs[i])
 		}
 		receipt := locks[0] + ":done"
-		cmds(t, d.Other, []string{"SET", receipt, scriptTok, "EX", "30"})
-		keys := append(slices.Concat(locks, records, logs), receipt)
+		cmds(t, d.Other, []string{"SET", receipt, scriptTok, "EX", "30"}, []string{"HSET", ctlOf(locks), "token", scriptTok, "paused", "1"})
+		keys := append(runKS(locks, records, logs), receipt)
 		for i, step := range []struct {
 			mode    string
 			want    []any
@@ -842,26 +915,26 @@ func TestScriptReleaseRetried(t *testing.T) {
 }
 
 // publishCall is one call of publish.lua: its keys by section, in the
-// order of the script's header, and its arguments. It has no logs (X = 0),
-// as run.Redis.Publish sends none.
+// order of the script's header, and its arguments. It has no logs (X = 0);
+// the tails are in TestScriptPublishTail and the tests after it.
 type publishCall struct {
-	token                                                                string
-	locks, records, receipts, temps, lives, orphans, prevs, drops, metas []string
-	flags, batches, keep, receiptTTL, now                                string
+	token                                                                      string
+	locks, records, receipts, temps, lives, orphans, prevs, drops, metas, ctls []string
+	flags, batches, keep, receiptTTL, now                                      string
 }
 
 func (c publishCall) keys() []string {
-	return slices.Concat(c.locks, c.records, c.receipts, c.temps, c.lives, c.orphans, c.prevs, c.drops, c.metas)
+	return slices.Concat(c.locks, c.records, c.receipts, c.temps, c.lives, c.orphans, c.prevs, c.drops, c.metas, c.ctls)
 }
 
 func (c publishCall) args() []string {
 	args := []string{c.token}
-	for _, s := range [][]string{c.locks, c.records, c.receipts, c.temps, c.orphans, c.prevs, c.drops, c.metas} {
+	for _, s := range [][]string{c.locks, c.records, c.receipts, c.temps, c.orphans, c.prevs, c.drops, c.metas, nil, c.ctls} {
 		args = append(args, strconv.Itoa(len(s)))
 	}
-	// X = 0: no logs, and so no offsets after ARGV[15]; a tail of at most
-	// 0 changes.
-	return append(args, "0", c.flags, c.batches, c.keep, c.receiptTTL, c.now, "0")
+	// X = 0: no logs, and so no per-log arguments after ARGV[16]; a tail of
+	// at most 0 changes of 0 work.
+	return append(args, c.flags, c.batches, c.keep, c.receiptTTL, c.now, "0", "0")
 }
 
 // run runs the publish on c and returns its reply.
@@ -879,8 +952,9 @@ const prevUntil = "1700000600123"
 // {1, 1, 2, 1, 1, 8, 1, 0}:
 //
 //	lock:1, lock:2    our locks, EX 50
-//	lock:1:run        our record, 4 batches, EX 50
+//	lock:1:run        our record, 4 batches, EX 50; lock:2:run our other record
 //	lock:1:done       the receipt: absent
+//	lock:1:ctl        the operator's requests: a pause, no cancel
 //	temp:1 -> live:1  populated with a TTL (flag '2'); live:1 has old fields and a TTL
 //	temp:2 -> live:2  absent, never populated (flag '0'): live:2 is emptied
 //	temp:3 -> live:3  populated without a TTL (flag '1'); live:3 is absent
@@ -902,8 +976,9 @@ func seedPublish(t *testing.T, c rueidis.Client, p string) publishCall {
 	call := publishCall{
 		token:      scriptTok,
 		locks:      k("lock:1", "lock:2"),
-		records:    k("lock:1:run"),
+		records:    k("lock:1:run", "lock:2:run"),
 		receipts:   k("lock:1:done"),
+		ctls:       k("lock:1:ctl"),
 		temps:      k("temp:1", "temp:2", "temp:3", "temp:4"),
 		lives:      k("live:1", "live:2", "live:3", "live:4"),
 		orphans:    k("orphan:1", "orphan:2"),
@@ -921,6 +996,10 @@ func seedPublish(t *testing.T, c rueidis.Client, p string) publishCall {
 		[]string{"SET", call.locks[1], scriptTok, "EX", "50"},
 		[]string{"HSET", call.records[0], "token", scriptTok, "batches", "4"},
 		[]string{"EXPIRE", call.records[0], "50"},
+		[]string{"HSET", call.records[1], "token", scriptTok, "primary", call.locks[0]},
+		[]string{"EXPIRE", call.records[1], "50"},
+		[]string{"HSET", call.ctls[0], "token", scriptTok, "paused", "1"},
+		[]string{"EXPIRE", call.ctls[0], "50"},
 	)
 	redistest.SeedHash(t, c, call.temps[0], redistest.Fields("new1", 3))
 	cmds(t, c, []string{"EXPIRE", call.temps[0], "80"})
@@ -1016,12 +1095,22 @@ func TestScriptPublish(t *testing.T) {
 			call := seedPublish(t, d.Other, p)
 			cmds(t, d.Other, []string{"SET", call.locks[1], thiefTok, "EX", "40"})
 			receipt := call.receipts[0]
-			call.token, call.locks, call.records, call.receipts = "", nil, nil, nil
+			call.token, call.locks, call.records, call.receipts, call.ctls = "", nil, nil, nil, nil
 			before := redistest.Snapshot(t, d.Other, p)
 			wantReply(t, call.run(t, d.Client), 1, 1, 2, 1, 1, 8, 1, 0)
 			wantPublished(t, d.Other, call)
 			redistest.WantAbsent(t, d.Other, receipt)
 			wantUntouched(t, d.Other, p, before, slices.Concat(call.temps, call.lives, call.orphans, call.prevs, call.drops, call.metas)...)
+		})
+
+		t.Run("another run's cancel", func(t *testing.T) {
+			// A cancel in requests written for another token is not this
+			// run's (C70): published.
+			p := casePrefix(t, d.Other, d.Prefix)
+			call := seedPublish(t, d.Other, p)
+			cmds(t, d.Other, []string{"HSET", call.ctls[0], "token", thiefTok, "cancel", "1"})
+			wantReply(t, call.run(t, d.Client), 1, 1, 2, 1, 1, 8, 1, 0)
+			wantPublished(t, d.Other, call)
 		})
 
 		t.Run("record ahead", func(t *testing.T) {
@@ -1075,9 +1164,12 @@ func TestScriptPublish(t *testing.T) {
 
 func TestScriptPublishFailsClosed(t *testing.T) {
 	// publish.lua's failures: in this order (C22), {-1, i} for the first
-	// lock not ours (C27), checked before the record and the temp keys
-	// (C28); {-3, batches} when the record holds fewer batches than the
-	// run wrote; {0, i} for the first temp key flagged populated that is
+	// lock not ours (C27), checked before the records and the temp keys
+	// (C28); {-15, i} for the first record gone or without a token, and
+	// {-14, i} for one with another token (C74); {-3, batches} when the
+	// first record holds fewer batches than the run wrote; {-17} when the
+	// operator's requests for the run hold a cancel (C78); {0, i} for the
+	// first temp key flagged populated that is
 	// gone (C26); {-4, i} for one flagged populated with a TTL that has
 	// none (re-created by a later write); and, between the record and the
 	// temp keys, {-6, i} for the first meta that is neither absent nor a
@@ -1115,7 +1207,31 @@ func TestScriptPublishFailsClosed(t *testing.T) {
 			}, reply(-3, 0)},
 			{"record gone", func(c *publishCall) [][]string {
 				return [][]string{{"DEL", c.records[0]}}
-			}, reply(-3, 0)},
+			}, reply(-15, 1)},
+			{"second record gone", func(c *publishCall) [][]string {
+				return [][]string{{"DEL", c.records[1]}}
+			}, reply(-15, 2)},
+			{"record without its token", func(c *publishCall) [][]string {
+				return [][]string{{"HDEL", c.records[0], "token"}}
+			}, reply(-15, 1)},
+			{"record forged", func(c *publishCall) [][]string {
+				return [][]string{{"HSET", c.records[0], "token", thiefTok}}
+			}, reply(-14, 1)},
+			{"second record forged", func(c *publishCall) [][]string {
+				return [][]string{{"HSET", c.records[1], "token", thiefTok}}
+			}, reply(-14, 2)},
+			{"records checked before the batches", func(c *publishCall) [][]string {
+				return [][]string{{"HSET", c.records[1], "token", thiefTok}, {"HSET", c.records[0], "batches", "3"}}
+			}, reply(-14, 2)},
+			{"cancelled", func(c *publishCall) [][]string {
+				return [][]string{{"HSET", c.ctls[0], "cancel", "1"}}
+			}, reply(-17)},
+			{"batches checked before the cancel", func(c *publishCall) [][]string {
+				return [][]string{{"HSET", c.ctls[0], "cancel", "1"}, {"HSET", c.records[0], "batches", "3"}}
+			}, reply(-3, 3)},
+			{"cancel checked before the metas", func(c *publishCall) [][]string {
+				return [][]string{{"HSET", c.ctls[0], "cancel", "1"}, {"RPUSH", c.metas[1], "7"}}
+			}, reply(-17)},
 			{"record checked before the temp keys", func(c *publishCall) [][]string {
 				return [][]string{{"HSET", c.records[0], "batches", "3"}, {"DEL", c.temps[0]}}
 			}, reply(-3, 3)},
@@ -1204,6 +1320,9 @@ func TestScriptPublishRefused(t *testing.T) {
 		}{
 			{"GET on a lock", "get", nil, nil, func(c publishCall) []any { return reply(-2, "GET", c.locks[0]) }},
 			{"HGET on the record", "hget", nil, nil, func(c publishCall) []any { return reply(-2, "HGET", c.records[0]) }},
+			{"HGET on the second record", "hget", []string{"lock:1:run"}, nil, func(c publishCall) []any { return reply(-2, "HGET", c.records[1]) }},
+			{"HMGET on the record", "hmget", nil, nil, func(c publishCall) []any { return reply(-2, "HMGET", c.records[0]) }},
+			{"HMGET on the requests", "hmget", []string{"lock:*:run"}, nil, func(c publishCall) []any { return reply(-2, "HMGET", c.ctls[0]) }},
 			{"SET on the receipt", "set", nil, nil, func(c publishCall) []any { return reply(-2, "SET", c.receipts[0]) }},
 			{"PTTL on a temp key", "pttl", nil, nil, func(c publishCall) []any { return reply(-2, "PTTL", c.temps[0]) }},
 			{"UNLINK on a live key", "unlink", nil, nil, func(c publishCall) []any { return reply(-2, "UNLINK", c.lives[0]) }},
@@ -1269,8 +1388,8 @@ func TestScriptUnknownCommand(t *testing.T) {
 			wantUntouched(t, c, p, before)
 
 			locks, records, logs := runKeys(p+"acquire:", 1)
-			args := []string{scriptTok, "100", "1", "2", "HINCRBY", records[0], tt.command, p + "temp:1"}
-			wantReply(t, evalScript(t, c, "acquire", slices.Concat(locks, records, logs), args), -5, tt.command)
+			args := append([]string{scriptTok, "100", "1", "2", "HINCRBY", records[0], tt.command, p + "temp:1"}, recordArgs(locks)...)
+			wantReply(t, evalScript(t, c, "acquire", runKS(locks, records, logs), args), -5, tt.command)
 			wantUntouched(t, c, p, before)
 
 			// Only a meta: no RENAME, no UNLINK.
@@ -1299,10 +1418,168 @@ func TestScriptsWithoutACLCheck(t *testing.T) {
 		wantPublished(t, d.Other, call)
 
 		locks, records, logs := runKeys(p+"acquire:", 1)
-		args := []string{scriptTok, "100", "1", "1", "NOSUCHCOMMAND", "key", "owner", "me"}
-		got = evalSource(t, d.Client, withoutACLCheck+redistest.ScriptNamed("acquire").Source, slices.Concat(locks, records, logs), args)
+		args := append([]string{scriptTok, "100", "1", "1", "NOSUCHCOMMAND", "key"}, recordArgs(locks, "owner", "me")...)
+		got = evalSource(t, d.Client, withoutACLCheck+redistest.ScriptNamed("acquire").Source, runKS(locks, records, logs), args)
 		wantReply(t, got, 1)
 		redistest.WantLock(t, d.Other, locks[0], scriptTok, 100*time.Second)
 		wantFields(t, d.Other, records[0], map[string]string{"token": scriptTok, "owner": "me"})
+	})
+}
+
+func TestScriptControl(t *testing.T) {
+	// control.lua (C70, C74, C78): {1} writes the request into the run's
+	// requests, next to its lock, with the run's token and the lock's PTTL,
+	// replacing those of another token; the record is not written. {-1}
+	// when the lock, or the record, does not hold the token the operator
+	// read; {-16} when the run's receipt (read or not) holds it: the run
+	// already published. Either refusal writes nothing.
+	env.ForEachDeployment(t, func(t *testing.T, d redistest.Deployment) {
+		seed := func(t *testing.T, p string) (ks []string) {
+			lock := p + "lock:1"
+			ks = []string{lock, lock + ":run", lock + ":ctl", lock + ":done"}
+			cmds(t, d.Other,
+				[]string{"SET", lock, scriptTok, "EX", "50"},
+				[]string{"HSET", ks[1], "token", scriptTok, "phase", "building"},
+				[]string{"EXPIRE", ks[1], "50"},
+			)
+			return ks
+		}
+		t.Run("recorded", func(t *testing.T) {
+			p := casePrefix(t, d.Other, d.Prefix)
+			ks := seed(t, p)
+			cmds(t, d.Other, []string{"HSET", ks[2], "token", thiefTok, "cancel", "1"})
+			before := redistest.Snapshot(t, d.Other, p)
+			wantReply(t, evalScript(t, d.Client, "control", ks, []string{scriptTok, "max_rate", "250", "paused", "1"}), 1)
+			wantFields(t, d.Other, ks[2], map[string]string{"token": scriptTok, "max_rate": "250", "paused": "1"})
+			redistest.WantPTTL(t, d.Other, ks[2], 40*time.Second, 50*time.Second)
+			// A second request adds to the first.
+			wantReply(t, evalScript(t, d.Client, "control", ks, []string{scriptTok, "cancel", "1"}), 1)
+			wantFields(t, d.Other, ks[2], map[string]string{"token": scriptTok, "max_rate": "250", "paused": "1", "cancel": "1"})
+			wantUntouched(t, d.Other, p, before, ks[2])
+		})
+		for _, tt := range []struct {
+			name  string
+			setup func(ks []string) [][]string
+			want  []any
+		}{
+			{"another run's lock", func(ks []string) [][]string { return [][]string{{"SET", ks[0], thiefTok, "EX", "50"}} }, reply(-1)},
+			{"no lock", func(ks []string) [][]string { return [][]string{{"DEL", ks[0]}} }, reply(-1)},
+			{"a record of another token", func(ks []string) [][]string { return [][]string{{"HSET", ks[1], "token", thiefTok}} }, reply(-1)},
+			{"no record", func(ks []string) [][]string { return [][]string{{"DEL", ks[1]}} }, reply(-1)},
+			{"published", func(ks []string) [][]string { return [][]string{{"SET", ks[3], scriptTok, "EX", "30"}} }, reply(-16)},
+			{"published, receipt read", func(ks []string) [][]string {
+				return [][]string{{"SET", ks[3], "read:" + scriptTok, "EX", "30"}, {"DEL", ks[0]}}
+			}, reply(-16)},
+			{"another run's receipt", func(ks []string) [][]string {
+				return [][]string{{"SET", ks[3], thiefTok, "EX", "30"}, {"DEL", ks[0]}}
+			}, reply(-1)},
+		} {
+			t.Run(tt.name, func(t *testing.T) {
+				p := casePrefix(t, d.Other, d.Prefix)
+				ks := seed(t, p)
+				cmds(t, d.Other, tt.setup(ks)...)
+				before := redistest.Snapshot(t, d.Other, p)
+				wantReply(t, evalScript(t, d.Client, "control", ks, []string{scriptTok, "cancel", "1"}), tt.want...)
+				wantUntouched(t, d.Other, p, before)
+			})
+		}
+	})
+}
+
+func TestScriptReplay(t *testing.T) {
+	// replay.lua, which a catch-up sends with EVAL inside each of its
+	// transactions (C76): the ops in order, each on its temp key; HDELIF
+	// removes each field only while it holds the value named, ZREMIF each
+	// member only while it has the score named (+Inf and -Inf as the Go
+	// side writes them, the scores ZSCORE replies compared as numbers),
+	// whatever the ops before them wrote. It replies the number of ops.
+	env.ForEachDeployment(t, func(t *testing.T, d redistest.Deployment) {
+		p := casePrefix(t, d.Other, d.Prefix)
+		h, z, s := p+"h", p+"z", p+"s"
+		cmds(t, d.Other,
+			[]string{"HSET", h, "a", "1", "b", "2", "c", ""},
+			[]string{"ZADD", z, "1.5", "a", "+inf", "b", "-inf", "c", "1e+21", "d", "0.1", "e"},
+		)
+		ops := []run.Op{
+			{Cmd: "HDELIF", Key: h, Args: []string{"a", "1", "b", "9", "c", "", "missing", "x"}},
+			{Cmd: "HSET", Key: h, Args: []string{"x", "7"}},
+			{Cmd: "HDELIF", Key: h, Args: []string{"x", "7"}}, // removes what the op before it wrote
+			{Cmd: "ZREMIF", Key: z, Args: []string{"1.5", "a", "+Inf", "b", "1", "c", "1e+21", "d", "0.1", "e", "1", "missing"}},
+			{Cmd: "SADD", Key: s, Args: []string{"m", "n"}},
+			{Cmd: "SREM", Key: s, Args: []string{"m"}},
+		}
+		temps, at := []string{h, z, s}, []int{0, 0, 0, 1, 2, 2}
+		n, err := redistest.Do(t, d.Client, run.ReplayCommand(d.Client.B(), temps, ops, at)).AsInt64()
+		if err != nil || n != int64(len(ops)) {
+			t.Fatalf("replay: %d, %v; want %d", n, err, len(ops))
+		}
+		wantFields(t, d.Other, h, map[string]string{"b": "2"})
+		wantScores(t, d.Other, z, map[string]float64{"c": math.Inf(-1)})
+		wantMembers(t, d.Other, s, "n")
+		ops = []run.Op{{Cmd: "ZREMIF", Key: z, Args: []string{"-Inf", "c"}}}
+		if n, err := redistest.Do(t, d.Client, run.ReplayCommand(d.Client.B(), []string{z}, ops, []int{0})).AsInt64(); err != nil || n != 1 {
+			t.Fatalf("replay: %d, %v; want 1", n, err)
+		}
+		redistest.WantAbsent(t, d.Other, z) // emptied
+	})
+}
+
+func TestScriptAcquireChecksEval(t *testing.T) {
+	// acquire.lua checks EVAL with a script and the key it would be given:
+	// redis-server 7.0.15 crashes (SIGSEGV in getKeysUsingKeySpecs) when
+	// redis.acl_check_cmd is asked about EVAL without its arguments, for a
+	// user with key patterns. Such a user with EVAL runs the acquire ({1});
+	// one without it, or without the key, is refused ({-2, 'EVAL', key});
+	// and the server is still up.
+	forEachACLTarget(t, func(t *testing.T, a aclTarget) {
+		for _, tt := range []struct {
+			name  string
+			rules func(p string) []string
+			key   func(p string) string
+			want  func(p string) []any
+		}{
+			{"allowed", func(p string) []string { return []string{"~" + p + "*", "+@all"} },
+				func(p string) string { return p + "temp:1" }, func(string) []any { return reply(1) }},
+			{"allowed, no key", func(p string) []string { return []string{"~" + p + "*", "+@all"} },
+				func(p string) string { return "" }, func(string) []any { return reply(1) }},
+			{"denied", func(p string) []string { return []string{"~" + p + "*", "+@all", "-eval"} },
+				func(p string) string { return p + "temp:1" }, func(p string) []any { return reply(-2, "EVAL", p+"temp:1") }},
+			{"a key outside the patterns", func(p string) []string { return []string{"~" + p + "lock:*", "+@all"} },
+				func(p string) string { return p + "temp:1" }, func(p string) []any { return reply(-2, "EVAL", p+"temp:1") }},
+		} {
+			t.Run(tt.name, func(t *testing.T) {
+				p := casePrefix(t, a.admin, a.prefix)
+				c := a.srv.ClientAs(t, "ks-"+t.Name(), tt.rules(p)...)
+				locks, records, logs := runKeys(p, 1)
+				args := append([]string{scriptTok, "100", "1", "1", "EVAL", tt.key(p)}, recordArgs(locks)...)
+				wantReply(t, evalScript(t, c, "acquire", runKS(locks, records, logs), args), tt.want(p)...)
+				if err := a.admin.Do(redistest.Ctx(t), a.admin.B().Ping().Build()).Error(); err != nil {
+					t.Fatalf("PING after the acquire: %v", err)
+				}
+			})
+		}
+	})
+}
+
+func TestScriptReadLog(t *testing.T) {
+	// readlog.lua, the catch-up's read (C73): the entries from one index to
+	// another, the log's length, and the record's logged, work and token
+	// (nil where absent), in one step; it writes nothing.
+	env.ForEachDeployment(t, func(t *testing.T, d redistest.Deployment) {
+		p := casePrefix(t, d.Other, d.Prefix)
+		log, rec := p+"lock:1:log", p+"lock:1:run"
+		cmds(t, d.Other, []string{"RPUSH", log, "a", "b", "c"}, []string{"HSET", rec, "token", scriptTok, "logged", "3", "work", "9"})
+		before := redistest.Snapshot(t, d.Other, p)
+		res := d.Client.Do(redistest.Ctx(t), run.ReadLogCommand(d.Client.B(), log, rec, 1, 5))
+		entries, c, work, token, err := run.ReadLogReply(res)
+		if err != nil || !slices.Equal(entries, []string{"b", "c"}) || c != (run.LogCount{Len: 3, Logged: 3}) || work != 9 || token != scriptTok {
+			t.Errorf("got %q, %+v, %d, %q, %v", entries, c, work, token, err)
+		}
+		wantUntouched(t, d.Other, p, before)
+		res = d.Client.Do(redistest.Ctx(t), run.ReadLogCommand(d.Client.B(), p+"none:log", p+"none:run", 0, 9))
+		entries, c, work, token, err = run.ReadLogReply(res)
+		if err != nil || len(entries) != 0 || c != (run.LogCount{}) || work != 0 || token != "" {
+			t.Errorf("no log, no record: got %q, %+v, %d, %q, %v", entries, c, work, token, err)
+		}
 	})
 }

@@ -3,14 +3,25 @@
 --
 -- Everything that could fail is checked before the first write, so that a
 -- change is applied whole or not at all: the rights of this user on every
--- key (redis.acl_check_cmd, where the server has it), and the type of
--- every key an op writes.
+-- key (redis.acl_check_cmd, where the server has it), the type of every key
+-- an op writes, and the runs that hold the locks.
 --
--- A run in progress is one that holds a lock and whose record (next to the
--- lock) carries the lock's token: a Rebuilder's run, which replays its log
--- onto its temp keys before it publishes. The log gets the lock's
--- remaining TTL when this script creates it, and the heartbeat renews it
--- with the lock; the run's release deletes it.
+-- While a lock is held, a change to its keys is logged or refused, never
+-- applied silently: a run that does not replay it would publish over it.
+-- It is logged when the lock's record carries the lock's token, the mode
+-- "rebuild" and the version this script knows (a Rebuilder's run, which
+-- replays its log onto its temp keys before it publishes), and each op's
+-- key is one of that run's. Any other holder, a lock without a record
+-- (store.WithRebuild, a Familia rebuild, a record lost), a record with
+-- another token (forged, or lost and re-created), a rollback, or a run of a
+-- version this script does not know, refuses the whole change.
+--
+-- A logged change is counted where it is appended, in the same step: the
+-- record's "logged" counts the entries of the lock's log, and "work" their
+-- ops and arguments. The run compares them with the log, so that a log
+-- lost on its own (evicted, deleted, rolled back) fails it closed. The log
+-- gets the lock's remaining TTL when this script creates it, and the
+-- heartbeat renews it with the lock; the run's release deletes it.
 --
 -- KEYS[1..n]        lock keys
 -- KEYS[n+1..2n]     their records
@@ -29,6 +40,15 @@
 --         {-2, cmd, key}: this user may not run cmd on key; nothing written.
 --         {-5, cmd}: cmd does not exist (renamed or disabled).
 --         {-8, key, type}: key holds a type the op cannot write.
+--         {-12, i, why, detail}: lock i is held by a run that does not log
+--           this change: why is 'none' (no record with a token), 'token'
+--           (the record's token is not the lock's), 'mode' (detail: the
+--           record's mode), 'version' (detail: the record's version) or
+--           'keys' (the record names no key); nothing written.
+--         {-13, i, key, owner}: key is not one of the keys of the run
+--           holding lock i, which rebuilds owner; nothing written.
+-- #include keys
+-- #include remove
 -- #include changes
 local n, bound, count = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local ops, perLock = {}, {}
@@ -43,20 +63,50 @@ for _ = 1, count do
 end
 
 for i = 1, n do
-  local r = changes.refused('GET', KEYS[i]) or changes.refused('HGET', KEYS[n + i], 'token')
-    or changes.refused('RPUSH', KEYS[2 * n + i], 'x') or changes.refused('PEXPIRE', KEYS[2 * n + i], '1')
-    or changes.refused('LLEN', KEYS[2 * n + i]) or changes.refused('PTTL', KEYS[i])
+  local record, log = KEYS[n + i], KEYS[2 * n + i]
+  local r = changes.refused('GET', KEYS[i]) or changes.refused('PTTL', KEYS[i])
+    or changes.refused('HMGET', record, 'token') or changes.refused('HINCRBY', record, 'logged', '1')
+    or changes.refused('RPUSH', log, 'x') or changes.refused('PEXPIRE', log, '1') or changes.refused('LLEN', log)
   if r then return r end
 end
 local kinds = {}
 for _, op in ipairs(ops) do
-  local r = changes.refused(op[1], op[2], unpack(op[3])) or changes.refused('TYPE', op[2])
+  local r = changes.check(op) or changes.refused('TYPE', op[2])
   if r then return r end
   r = changes.mistyped(op, kinds[op[2]] or redis.call('TYPE', op[2])['ok'])
   if r then return r end
   -- The first op on a key decides its type for the ops after it: HSET then
   -- SADD on a missing key would write the hash, then fail on the SADD.
   kinds[op[2]] = changes.types[op[1]]
+end
+
+-- The runs holding the locks: logged, or refused.
+local logging = {}
+for i = 1, n do
+  local holder = perLock[i] and redis.call('GET', KEYS[i])
+  if holder then
+    local rec = redis.call('HMGET', KEYS[n + i], 'token', 'v', 'mode', 'keys', 'families')
+    if not rec[1] then
+      return {-12, i, 'none', ''}
+    elseif rec[1] ~= holder then
+      return {-12, i, 'token', ''}
+    elseif rec[2] ~= '2' then
+      return {-12, i, 'version', rec[2] or ''}
+    elseif rec[3] ~= 'rebuild' then
+      return {-12, i, 'mode', rec[3] or ''}
+    end
+    local owner = keyshapes.first(rec[4])
+    if not owner then
+      return {-12, i, 'keys', ''}
+    end
+    local family = string.sub(rec[5] or '', 1, 1) == '1'
+    for _, op in ipairs(perLock[i]) do
+      if not keyshapes.owns(op[2], owner, family) then
+        return {-13, i, op[2], owner}
+      end
+    end
+    logging[i] = true
+  end
 end
 
 for _, op in ipairs(ops) do
@@ -66,15 +116,17 @@ local out = {1}
 for i = 1, n do
   local lock, record, log = KEYS[i], KEYS[n + i], KEYS[2 * n + i]
   local logged = 0
-  local holder = perLock[i] and redis.call('GET', lock)
-  if holder and redis.call('HGET', record, 'token') == holder then
+  if logging[i] then
     local len = redis.call('LLEN', log)
     if len < bound then
       redis.call('RPUSH', log, changes.encode(perLock[i]))
+      redis.call('HINCRBY', record, 'logged', 1)
+      redis.call('HINCRBY', record, 'work', changes.work(perLock[i]))
       logged = 1
     else
       if len == bound then
         redis.call('RPUSH', log, changes.overrun)
+        redis.call('HINCRBY', record, 'logged', 1)
       end
       logged = 2
     end

@@ -1,13 +1,17 @@
 -- heartbeat.lua: renew a run's lease and status, and read the operator's
--- requests, in one step.
+-- requests and the counts of the logs of changes, in one step.
 --
 -- Every lock must still hold the run's token: a blind EXPIRE would let a
--- stalled run keep a lock that a successor took over. The record counts the
--- batches that reached Redis (every batch's MULTI/EXEC advances it), and the
--- run knows how many of them Redis acknowledged: fewer in the record means
--- Redis lost writes it had acknowledged (a failover to a replica that was
--- behind, a restart from an older snapshot), and the temp keys hold only part
--- of the run.
+-- stalled run keep a lock that a successor took over. Every record must
+-- still carry it: the record is the run's alone, and Apply logs changes for
+-- a run only while its record carries the lock's token, so a record that
+-- carries another was forged (or lost and re-created), and changes may
+-- have been applied without being logged. The first record counts the
+-- batches that reached Redis (every batch's MULTI/EXEC advances it), and
+-- the run knows how many of them Redis acknowledged: fewer in the record
+-- means Redis lost writes it had acknowledged (a failover to a replica that
+-- was behind, a restart from an older snapshot), and the temp keys hold
+-- only part of the run.
 --
 -- The temp keys are not renewed here but in bounded chunks (refresh.lua),
 -- with a longer TTL, so that a renewal never runs longer than a few
@@ -16,28 +20,39 @@
 -- KEYS[1..n]       lock keys
 -- KEYS[n+1..2n]    their records; KEYS[n+1] is the run's own
 -- KEYS[2n+1..3n]   their logs of changes
+-- KEYS[3n+1]       the operator's requests, next to the first lock
 -- ARGV[1]          token
 -- ARGV[2]          ttl in seconds
 -- ARGV[3]          n
 -- ARGV[4]          the batches Redis acknowledged when the heartbeat left
 -- ARGV[5..]        field/value pairs of the run's status
 --
--- Returns {1, batches, cancel, max_rate, paused, action, log lengths...}:
---         renewed.
+-- Returns {1, batches, cancel, max_rate, paused, action, logged1, len1, ...,
+--         loggedn, lenn}: renewed; the requests are those of the run's
+--         token ('' otherwise); loggedi is the entries Apply counted in log
+--         i, leni its length, read in the same step.
 --         {-1, i}: lock i does not hold the token; nothing changed.
---         {-3, batches}: the record holds fewer batches than acknowledged,
---                        or is gone ({-3, 0}).
+--         {-15, i}: record i is gone, or carries no token: it was lost
+--                   (evicted), with the counts it kept; nothing changed.
+--         {-14, i}: record i carries another token; nothing changed.
+--         {-3, batches}: the record holds fewer batches than acknowledged.
 local n = tonumber(ARGV[3])
+local ctl = KEYS[3 * n + 1]
 for i = 1, n do
   if redis.call('GET', KEYS[i]) ~= ARGV[1] then
     return {-1, i}
   end
 end
--- The record is opened with the locks and lives as long as they do: a
+-- The records are opened with the locks and live as long as they do: a
 -- missing one was lost with the writes it counted (evicted, or a restart
 -- from before the run), and renewing would re-create it without a TTL.
-if redis.call('EXISTS', KEYS[n + 1]) == 0 then
-  return {-3, 0}
+for i = 1, n do
+  local token = redis.call('HGET', KEYS[n + i], 'token')
+  if not token then
+    return {-15, i}
+  elseif token ~= ARGV[1] then
+    return {-14, i}
+  end
 end
 local batches = tonumber(redis.call('HGET', KEYS[n + 1], 'batches') or '0')
 if batches < tonumber(ARGV[4]) then
@@ -46,7 +61,7 @@ end
 for i = 1, 2 * n do
   redis.call('EXPIRE', KEYS[i], ARGV[2])
 end
-for i = 2 * n + 1, 3 * n do
+for i = 2 * n + 1, 3 * n + 1 do
   if redis.call('EXISTS', KEYS[i]) == 1 then
     redis.call('EXPIRE', KEYS[i], ARGV[2])
   end
@@ -54,12 +69,15 @@ end
 if #ARGV > 4 then
   redis.call('HSET', KEYS[n + 1], unpack(ARGV, 5))
 end
--- The requests have names of their own: the status written above has a
--- "rate" of its own (the items per second so far), which a request of the
--- same name would read back as a limit.
-local c = redis.call('HMGET', KEYS[n + 1], 'cancel', 'max_rate', 'paused', 'action')
-local out = {1, batches, c[1] or '', c[2] or '', c[3] or '', c[4] or ''}
-for i = 2 * n + 1, 3 * n do
-  out[#out + 1] = redis.call('LLEN', KEYS[i])
+-- The requests are the operator's, in a hash of their own; those written
+-- for another run (another token) are not this run's.
+local c = redis.call('HMGET', ctl, 'token', 'cancel', 'max_rate', 'paused', 'action')
+if c[1] ~= ARGV[1] then
+  c = {}
+end
+local out = {1, batches, c[2] or '', c[3] or '', c[4] or '', c[5] or ''}
+for i = 1, n do
+  out[#out + 1] = tonumber(redis.call('HGET', KEYS[n + i], 'logged') or '0')
+  out[#out + 1] = redis.call('LLEN', KEYS[2 * n + i])
 end
 return out

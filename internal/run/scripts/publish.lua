@@ -10,7 +10,8 @@
 -- writes made before the failure stay. So everything that could fail is
 -- checked before the first write: the rights of this user on every key
 -- (redis.acl_check_cmd, where the server has it), that no command is
--- renamed or disabled, the locks, the run's record, and the temp keys.
+-- renamed or disabled, the locks, the run's records, the operator's
+-- requests, the temp keys and the logs of changes.
 --
 -- The old value is UNLINKed (or, to keep it for a rollback, RENAMEd aside)
 -- before the RENAME: RENAME frees the value it replaces synchronously, which
@@ -20,63 +21,88 @@
 -- over, so PERSIST clears it: a live key never inherits an expiry.
 --
 -- The keys come in sections, in this order, with their sizes in ARGV:
---   L locks; R records (0 or 1: the run's own); C receipts (0 or 1);
---   T temp keys; T live keys, in the same order; O orphans: live keys to
---   delete, such as family buckets the run did not produce; P prevs: where
---   the old value of each live key, then of each orphan, is kept (P = T + O
---   when ARGV[13] > 0, else 0); D drops: keys to delete as well, such as
---   prevs of an earlier publish; G metas: the generation of each builder;
---   X logs: the logs of changes of the run's locks.
+--   L locks; R records (0, or L: the run's, one per lock); C receipts (0
+--   or 1); T temp keys; T live keys, in the same order; O orphans: live
+--   keys to delete, such as family buckets the run did not produce; P
+--   prevs: where the old value of each live key, then of each orphan, is
+--   kept (P = T + O when ARGV[14] > 0, else 0); D drops: keys to delete as
+--   well, such as prevs of an earlier publish; G metas: the generation of
+--   each builder; X logs: the logs of changes of the run's locks (0, or L:
+--   log i is lock i's, counted in record i); K requests (0 or 1: the
+--   operator's, next to the first lock).
 --
 -- The changes applied to the live keys while the run was in progress (see
 -- apply.lua) are in the logs. The run replayed each log onto its temp keys
 -- up to an offset; the script replays the rest, the tail, onto the live keys
 -- right after the renames, so that no change can fall between the run's
--- last catch-up and the publish. The tail is bounded: a longer one is
--- refused before any write, and the run catches up again.
+-- last catch-up and the publish. The logs are input from other processes,
+-- so the script checks them as the run's catch-up does: the length of each
+-- log against the count its record keeps (Apply counts each entry as it
+-- appends it) and against the highest count the run saw, and every entry of
+-- the tail: a change as keyswap encodes it, whose keys are the builder's.
+-- The tail is bounded in entries and in work (ops and arguments): a longer
+-- one is refused before any write, and the run catches up again.
 --
 -- ARGV[1]    token; '' skips the lock checks (an unfenced swap)
--- ARGV[2..10] L, R, C, T, O, P, D, G, X
--- ARGV[11]   T characters: '1' where the caller saw temp key i populated, so
---           that a missing key is a loss and must fail closed; '2' where it
---           also gave it a TTL with every write, so that a key without one
---           was lost and re-created; '0' where a missing key is an empty
---           result
--- ARGV[12]   the batches the run wrote (checked against the record)
--- ARGV[13]   how long to keep the old values, in seconds (0: do not)
--- ARGV[14]   the receipt's TTL in seconds: the script sets the receipt to
+-- ARGV[2..11] L, R, C, T, O, P, D, G, X, K
+-- ARGV[12]   T characters: '1' where the caller saw temp key i populated,
+--            so that a missing key is a loss and must fail closed; '2'
+--            where it also gave it a TTL with every write, so that a key
+--            without one was lost and re-created; '0' where a missing key
+--            is an empty result
+-- ARGV[13]   the batches the run wrote (checked against the first record)
+-- ARGV[14]   how long to keep the old values, in seconds (0: do not)
+-- ARGV[15]   the receipt's TTL in seconds: the script sets the receipt to
 --            the token in the same atomic step as the publish, so that a
 --            caller whose reply was lost can tell whether it ran
--- ARGV[15]   the time, in milliseconds since the epoch, for the metas
--- ARGV[16..15+X] X offsets: the entries of each log the run replayed
--- ARGV[16+X] the most entries a tail may have, over all logs
--- ARGV[17+X..16+X+G] per meta, the key type of a family's keys, or '' for a
---            plain key (recorded in the meta, for a rollback)
+-- ARGV[16]   the time, in milliseconds since the epoch, for the metas
+-- ARGV[17..16+5X] per log, five: the entries the run replayed; the highest
+--            count of logged entries the run saw; the work of the entries
+--            it replayed; the key of the log's builder (a family's prefix);
+--            '1' for a family, else '0'
+-- ARGV[17+5X] the most entries a tail may have, over all logs
+-- ARGV[18+5X] the most work a tail may have, over all logs
+-- ARGV[19+5X..18+5X+G] per meta, the key type of a family's keys, or ''
+--            for a plain key (recorded in the meta, for a rollback)
 --
 -- Returns {1, o1..oT, g1..gG, c}: published; oi = 1 renamed, 2 live key
 --           deleted (empty result); gi the new generation of meta i; c the
 --           number of changes (log entries) of the tails replayed.
 --         {-1, i}: lock i does not hold the token.
+--         {-15, i}: record i is gone, or carries no token.
+--         {-14, i}: record i carries another token.
+--         {-3, batches}: the first record holds fewer batches than the run
+--                  wrote.
+--         {-17}: the operator asked the run to cancel.
 --         {0, i}: temp key i was populated and is gone.
 --         {-4, i}: temp key i was populated and has no TTL: it was lost and
 --                  re-created by a later write (or a write removed its TTL).
---         {-3, batches}: the record holds fewer batches than the run wrote.
 --         {-2, cmd, key}: this user may not run cmd on key.
 --         {-5, cmd}: cmd does not exist (renamed or disabled).
 --         {-6, i}: meta i is not a hash of keyswap's: another key has its
 --                  name.
---         {-7, i, n}: the tails hold n entries, over the bound; log i is
---                  the first with a tail.
---         {-8, key, type}: a change in a tail cannot write key, of type.
---         {-9, i}: log i holds an entry that is not a change.
+--         {-18, i, len, logged}: log i holds fewer entries than were
+--                  counted, or its count went back: it lost entries.
+--         {-19, i, len, logged}: log i holds more entries than were
+--                  counted: entries nobody counted were appended.
+--         {-7, i, n, w}: the tails hold n entries of work w, over a bound;
+--                  log i is the first with a tail.
 --         {-10, i}: log i reached its bound: changes were not logged.
+--         {-9, i, e, why}: entry e of log i (LINDEX e) is not a change.
+--         {-13, i, e, key}: entry e of log i writes key, which is not its
+--                  builder's.
+--         {-8, key, type}: a change in a tail cannot write key, of type.
 -- On every reply but {1, ...} nothing was written.
+-- #include keys
+-- #include remove
 -- #include changes
 local token = ARGV[1]
 local L, R, C, T = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local O, P, D, G = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
-local X = tonumber(ARGV[10])
-local populated, keep = ARGV[11], tonumber(ARGV[13])
+local X, K = tonumber(ARGV[10]), tonumber(ARGV[11])
+local populated, keep, now = ARGV[12], tonumber(ARGV[14]), ARGV[16]
+local maxEntries, maxWork = tonumber(ARGV[17 + 5 * X]), tonumber(ARGV[18 + 5 * X])
+local function logArg(i, j) return ARGV[16 + 5 * (i - 1) + j] end
 local at = 0
 local function section(n)
   local first = at
@@ -85,7 +111,7 @@ local function section(n)
 end
 local locks, records, receipts = section(L), section(R), section(C)
 local temps, lives, orphans = section(T), section(T), section(O)
-local prevs, drops, metas, logs = section(P), section(D), section(G), section(X)
+local prevs, drops, metas, logs, ctls = section(P), section(D), section(G), section(X), section(K)
 
 if redis.acl_check_cmd then
   local function refused(cmd, ...)
@@ -104,7 +130,7 @@ if redis.acl_check_cmd then
   end
   -- Every command the script can send, on every key it can send it to.
   local r = check('GET', locks, L) or check('HGET', records, R, 'batches')
-    or check('SET', receipts, C, token) or check('PTTL', temps, T)
+    or check('HMGET', records, R, 'logged') or check('HMGET', ctls, K, 'token') or check('SET', receipts, C, token) or check('PTTL', temps, T)
     or check('UNLINK', lives, T) or check('PERSIST', lives, T)
     or check('UNLINK', orphans, O) or check('UNLINK', prevs, P)
     or check('PEXPIRE', prevs, P, '1') or check('UNLINK', drops, D)
@@ -139,10 +165,26 @@ if token ~= '' then
     end
   end
 end
+for i = 1, R do
+  local t = redis.call('HGET', KEYS[records + i], 'token')
+  if not t then
+    return {-15, i}
+  elseif t ~= token then
+    return {-14, i}
+  end
+end
 if R > 0 then
   local batches = tonumber(redis.call('HGET', KEYS[records + 1], 'batches') or '0')
-  if batches < tonumber(ARGV[12]) then
+  if batches < tonumber(ARGV[13]) then
     return {-3, batches}
+  end
+end
+-- An operator's cancel, for this run, read in the same step as the
+-- publish: a cancel accepted before it is never followed by a publish.
+if K > 0 then
+  local c = redis.call('HMGET', KEYS[ctls + 1], 'token', 'cancel')
+  if c[1] == token and c[2] and c[2] ~= '' then
+    return {-17}
   end
 end
 -- A meta of another type, or with a seq that is not a number, would fail
@@ -172,17 +214,32 @@ for i = 1, T do
   end
 end
 
--- The tails: read, decoded and checked before any write.
-local tail, behind, first, replayed = {}, 0, 0, 0
+-- The tails: counted, read, decoded and checked before any write.
+local tail, behind, work, first, replayed = {}, 0, 0, 0, 0
+local lens = {}
 for i = 1, X do
-  local n = redis.call('LLEN', KEYS[logs + i]) - tonumber(ARGV[15 + i])
+  local log = KEYS[logs + i]
+  local len = redis.call('LLEN', log)
+  local rec = R > 0 and redis.call('HMGET', KEYS[records + i], 'logged', 'work') or {}
+  local logged, counted = tonumber(rec[1] or '0'), tonumber(rec[2] or '0')
+  if len < logged or logged < tonumber(logArg(i, 2)) then
+    return {-18, i, len, logged}
+  elseif len > logged then
+    return {-19, i, len, logged}
+  end
+  lens[i] = len
+  local n = len - tonumber(logArg(i, 1))
   if n > 0 then
     behind = behind + n
+    work = work + math.max(0, counted - tonumber(logArg(i, 3)))
     if first == 0 then first = i end
   end
 end
-if behind > tonumber(ARGV[16 + X] or '0') then
-  return {-7, first, behind}
+-- The counters first: a tail longer than the bounds is refused without
+-- reading it. A counter forged low cannot make the script do more: the
+-- work is counted again below, as the entries are decoded.
+if behind > maxEntries or work > maxWork then
+  return {-7, first, behind, work}
 end
 if behind > 0 then
   -- After the renames, a live key in T has its temp key's type (or none:
@@ -199,19 +256,30 @@ if behind > 0 then
   for i = 1, O do
     after[KEYS[orphans + i]] = 'none'
   end
+  work = 0
   for i = 1, X do
-    local entries = redis.call('LRANGE', KEYS[logs + i], ARGV[15 + i], -1)
-    for _, e in ipairs(entries) do
+    local offset = tonumber(logArg(i, 1))
+    local owner, family = logArg(i, 4), logArg(i, 5) == '1'
+    local entries = redis.call('LRANGE', KEYS[logs + i], offset, lens[i] - 1)
+    for j, e in ipairs(entries) do
+      local index = offset + j - 1
       replayed = replayed + 1
       if e == changes.overrun then
         return {-10, i}
       end
-      local ops = changes.decode(e)
+      local ops, why = changes.decode(e)
       if not ops then
-        return {-9, i}
+        return {-9, i, index, why}
+      end
+      work = work + changes.work(ops)
+      if work > maxWork then
+        return {-7, i, behind, work}
       end
       for _, op in ipairs(ops) do
-        local r = changes.refused(op[1], op[2], unpack(op[3]))
+        if not keyshapes.owns(op[2], owner, family) then
+          return {-13, i, index, op[2]}
+        end
+        local r = changes.check(op)
         if r then return r end
         local kind = after[op[2]]
         if not kind then
@@ -265,20 +333,20 @@ for i = 1, G do
   local meta = KEYS[metas + i]
   local gen = redis.call('HINCRBY', meta, 'seq', 1)
   local prev = redis.call('HGET', meta, 'gen') or ''
-  redis.call('HSET', meta, 'gen', gen, 'at', ARGV[15])
-  local family = ARGV[16 + X + i]
+  redis.call('HSET', meta, 'gen', gen, 'at', now)
+  local family = ARGV[18 + 5 * X + i]
   if family and family ~= '' then
     redis.call('HSET', meta, 'family', family)
   end
   if keep > 0 then
-    redis.call('HSET', meta, 'prev', prev, 'prev_until', tonumber(ARGV[15]) + keep * 1000)
+    redis.call('HSET', meta, 'prev', prev, 'prev_until', tonumber(now) + keep * 1000)
   else
     redis.call('HDEL', meta, 'prev', 'prev_until')
   end
   out[#out + 1] = gen
 end
 if C > 0 then
-  redis.call('SET', KEYS[receipts + 1], token, 'EX', ARGV[14])
+  redis.call('SET', KEYS[receipts + 1], token, 'EX', ARGV[15])
 end
 out[#out + 1] = replayed
 return out

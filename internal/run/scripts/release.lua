@@ -1,13 +1,15 @@
 -- release.lua: compare-and-delete. Deletes each lock key that still holds
--- our token, with the record and the log of changes kept next to it; our
--- record next to a lock someone else took; and the record and log next to a
--- lock no one holds. It leaves any other holder's lock, record and log
--- alone.
+-- our token, with the record and the log of changes kept next to it (and
+-- the operator's requests, next to the first lock); our record next to a
+-- lock someone else took; and the record, log and requests next to a lock
+-- no one holds. It leaves any other holder's lock, record, log and
+-- requests alone.
 --
 -- KEYS[1..n]       lock keys
 -- KEYS[n+1..2n]    their records
 -- KEYS[2n+1..3n]   their logs of changes
--- KEYS[3n+1]       the receipt a fenced publish leaves
+-- KEYS[3n+1]       the operator's requests, next to the first lock
+-- KEYS[3n+2]       the receipt a fenced publish leaves
 -- ARGV[1]          token
 -- ARGV[2]          n
 -- ARGV[3]          '1' when settling a publish whose reply was lost: the
@@ -26,7 +28,7 @@
 -- publish fenced on these locks can happen any more, and the receipt says
 -- whether one already did.
 local token, n = ARGV[1], tonumber(ARGV[2])
-local rcp = KEYS[3 * n + 1]
+local ctl, rcp = KEYS[3 * n + 1], KEYS[3 * n + 2]
 local v = redis.call('GET', rcp)
 local receipt = 0
 if v == token or v == 'read:' .. token then
@@ -44,6 +46,7 @@ for i = 1, n do
   if holder == token then
     deleted = deleted + redis.call('DEL', lock)
     redis.call('DEL', record, log)
+    if i == 1 then redis.call('DEL', ctl) end
   elseif holder then
     -- A successor's acquire replaces the record, so a record with our
     -- token is ours; the log is the holder's.
@@ -56,6 +59,7 @@ for i = 1, n do
     -- lapsed run left (a batch in flight re-creates the record after its
     -- lease lapsed; changes are logged only while a lock is held).
     redis.call('DEL', record, log)
+    if i == 1 then redis.call('DEL', ctl) end
   end
 end
 return {deleted, foreign, receipt}

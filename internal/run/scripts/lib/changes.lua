@@ -1,11 +1,14 @@
 -- lib/changes.lua: the changes Apply writes to live keys, shared by the
 -- apply and publish scripts (each script that uses it starts with
--- "-- #include changes", which the loader replaces with this file).
+-- "-- #include changes", which the loader replaces with this file, after
+-- "-- #include remove").
 --
 -- A change is a list of ops, each one command on one key: HSET, HDEL, ZADD,
--- ZREM, SADD or SREM. Every op sets or removes entries outright, so the
--- last op on an entry decides it, whatever came before: replaying a log of
--- ops onto a snapshot gives the same entries as applying them live.
+-- ZREM, SADD or SREM, or a conditional removal, HDELIF or ZREMIF (see
+-- lib/remove.lua). Every op sets or removes entries outright, or removes
+-- them only while they hold what the op names, so the last op on an entry
+-- decides it, whatever came before: replaying a log of ops onto a snapshot
+-- gives the same entries as applying them live.
 --
 -- A log entry is the ops of one Apply for one lock, as netstrings: for
 -- each op "<len>:<command>", "<len>:<key>", "<len>:<count>", then count
@@ -14,7 +17,12 @@
 local changes = {}
 
 -- The type of key each command writes.
-changes.types = {HSET = 'hash', HDEL = 'hash', ZADD = 'zset', ZREM = 'zset', SADD = 'set', SREM = 'set'}
+changes.types = {HSET = 'hash', HDEL = 'hash', HDELIF = 'hash', ZADD = 'zset', ZREM = 'zset', ZREMIF = 'zset',
+  SADD = 'set', SREM = 'set'}
+
+-- The ops whose args come in pairs, and whether the first of a pair is a
+-- score.
+local paired = {HSET = false, HDELIF = false, ZADD = true, ZREMIF = true}
 
 changes.overrun = '!overrun'
 
@@ -54,11 +62,11 @@ function changes.score(s)
   return v ~= nil and v > -math.huge and v < math.huge and (v ~= 0 or not string.find(mant, '[1-9]'))
 end
 
--- decode returns the ops of a log entry, or nil if it is not one as
+-- decode returns the ops of a log entry, or nil and why it is not one as
 -- encode writes it: every op with a change's command, a key, at least one
--- arg, pairs for HSET and ZADD, and scores ZADD takes. It refuses what
--- the Go decoder (run.DecodeEntry) refuses, so that an entry the publish
--- would fail on after its renames is refused ({-9}) before any write.
+-- arg, pairs for HSET, HDELIF, ZADD and ZREMIF, and scores ZADD takes. It
+-- refuses what the Go decoder (run.DecodeEntry) refuses, so that an entry
+-- the publish would fail on after its renames is refused before any write.
 function changes.decode(entry)
   local ops, pos = {}, 1
   local function take()
@@ -74,23 +82,37 @@ function changes.decode(entry)
     local cmd = take()
     local key = take()
     local n = count(take())
-    if not (cmd and key and n) or not changes.types[cmd] or key == '' or n < 1 then return nil end
-    local paired = cmd == 'HSET' or cmd == 'ZADD'
-    if paired and n % 2 ~= 0 then return nil end
+    if not (cmd and key and n) then return nil, 'it is not a change as keyswap encodes one' end
+    if not changes.types[cmd] then return nil, 'its command ' .. cmd .. ' is not one a builder writes' end
+    if key == '' then return nil, 'its ' .. cmd .. ' has an empty key' end
+    if n < 1 or paired[cmd] ~= nil and n % 2 ~= 0 then
+      return nil, 'its ' .. cmd .. ' has ' .. n .. ' arguments'
+    end
     local args = {}
     for j = 1, n do
       args[j] = take()
-      if not args[j] then return nil end
-      if cmd == 'ZADD' and j % 2 == 1 and not changes.score(args[j]) then return nil end
+      if not args[j] then return nil, 'it is not a change as keyswap encodes one' end
+      if paired[cmd] and j % 2 == 1 and not changes.score(args[j]) then
+        return nil, 'its ' .. cmd .. ' has the score ' .. args[j]
+      end
     end
     ops[#ops + 1] = {cmd, key, args}
   end
   return ops
 end
 
--- refused returns why this user may not run op ({-2, cmd, key} or
--- {-5, cmd}), or nil. It checks nothing on servers without
--- redis.acl_check_cmd (before Redis 7).
+-- work returns the work of ops: an op and its arguments each count one.
+function changes.work(ops)
+  local w = 0
+  for _, op in ipairs(ops) do
+    w = w + 1 + #op[3]
+  end
+  return w
+end
+
+-- refused returns why this user may not run the command cmd on key
+-- ({-2, cmd, key} or {-5, cmd}), or nil. It checks nothing on servers
+-- without redis.acl_check_cmd (before Redis 7).
 function changes.refused(cmd, key, ...)
   if not redis.acl_check_cmd then return nil end
   local ok, allowed = pcall(redis.acl_check_cmd, cmd, key, ...)
@@ -99,6 +121,18 @@ function changes.refused(cmd, key, ...)
   elseif not allowed then
     return {-2, cmd, key}
   end
+end
+
+-- check returns why this user may not run op, or nil: for a conditional
+-- removal, the commands it runs.
+function changes.check(op)
+  local cmd, key, args = op[1], op[2], op[3]
+  if cmd == 'HDELIF' then
+    return changes.refused('HGET', key, args[1]) or changes.refused('HDEL', key, args[1])
+  elseif cmd == 'ZREMIF' then
+    return changes.refused('ZSCORE', key, args[2]) or changes.refused('ZREM', key, args[2])
+  end
+  return changes.refused(cmd, key, unpack(args))
 end
 
 -- mistyped returns {-8, key, kind} when op would fail on a key of type
@@ -111,5 +145,9 @@ end
 
 -- run applies op.
 function changes.run(op)
-  redis.call(op[1], op[2], unpack(op[3]))
+  if op[1] == 'HDELIF' or op[1] == 'ZREMIF' then
+    remove.run(op[1], op[2], op[3])
+  else
+    redis.call(op[1], op[2], unpack(op[3]))
+  end
 end

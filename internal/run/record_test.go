@@ -1,0 +1,175 @@
+package run_test
+
+import (
+	"errors"
+	"io/fs"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/keyswap/keyswap/internal/keys"
+	"github.com/keyswap/keyswap/internal/redistest"
+	"github.com/keyswap/keyswap/internal/run"
+)
+
+func TestEncodeKeys(t *testing.T) {
+	// The record keeps a run's keys length-prefixed (C79): any byte
+	// survives, a newline and bytes that are not UTF-8 included.
+	for _, ks := range [][]string{
+		nil,
+		{"a"},
+		{"a\nb", "c"},
+		{"{tag}:x\xff", "", "3:x:", "é"},
+	} {
+		got, err := run.DecodeKeys(run.EncodeKeys(ks))
+		if err != nil || !slices.Equal(got, ks) {
+			t.Errorf("DecodeKeys(EncodeKeys(%q)) = %q, %v", ks, got, err)
+		}
+	}
+	for _, bad := range []string{"a", "1:", "2:a", "01:a", "-1:", ":a", "1:a3:bc"} {
+		if got, err := run.DecodeKeys(bad); err == nil {
+			t.Errorf("DecodeKeys(%q) = %q, want an error", bad, got)
+		}
+	}
+}
+
+func TestParseRecord(t *testing.T) {
+	// A record of this version parses whole; one without a version is an
+	// older keyswap's (keys joined by newlines); one of another version is
+	// refused, with its version alone; a field that is not as keyswap
+	// writes it gives an error naming it, the other fields still parsed.
+	rec, err := run.ParseRecord(map[string]string{
+		"v": "2", "token": "t", "mode": "rebuild", "keys": run.EncodeKeys([]string{"a\nb", "c"}), "families": "10",
+		"suffix": ":rebuild:1:00", "pid": "42", "started": "1700000000123", "ttl": "300", "batches": "4", "logged": "3",
+		"work": "12", "phase": "held", "rate": "2.5", "latency_us": "1500", "eta": "7",
+	})
+	wantETA := 7 * time.Second
+	if err != nil || rec.Version != "2" || rec.Token != "t" || rec.Mode != run.ModeRebuild || !slices.Equal(rec.Keys, []string{"a\nb", "c"}) ||
+		!slices.Equal(rec.Families, []bool{true, false}) || rec.PID != 42 || !rec.Started.Equal(time.UnixMilli(1700000000123)) ||
+		rec.TTL != 300*time.Second || rec.Batches != 4 || rec.Logged != 3 || rec.Work != 12 || rec.Phase != "held" ||
+		rec.Rate != 2.5 || rec.Latency != 1500*time.Microsecond || rec.ETA == nil || *rec.ETA != wantETA {
+		t.Errorf("ParseRecord: got %+v, %v", rec, err)
+	}
+	rec, err = run.ParseRecord(map[string]string{"token": "t", "keys": "a\nb", "families": "01"})
+	if err != nil || rec.Version != "" || !slices.Equal(rec.Keys, []string{"a", "b"}) || !slices.Equal(rec.Families, []bool{false, true}) {
+		t.Errorf("a v1 record: got %+v, %v", rec, err)
+	}
+	rec, err = run.ParseRecord(map[string]string{"v": "3", "token": "t", "keys": "whatever"})
+	if !errors.Is(err, run.ErrRecordVersion) || rec.Version != "3" || rec.Token != "" || rec.Keys != nil {
+		t.Errorf("a v3 record: got %+v, %v; want ErrRecordVersion and the version alone", rec, err)
+	}
+	for field, value := range map[string]string{"pid": "x", "started": "-1", "rate": "fast", "keys": "9:a", "families": "2", "eta": "soon"} {
+		h := map[string]string{"v": "2", "token": "t", field: value}
+		rec, err := run.ParseRecord(h)
+		if err == nil || !strings.Contains(err.Error(), `"`+field+`"`) || rec.Token != "t" {
+			t.Errorf("%s %q: got %+v, %v; want an error naming the field, the token still read", field, value, rec, err)
+		}
+	}
+	if _, err := run.ParseRecord(map[string]string{"v": "2", "keys": run.EncodeKeys([]string{"a", "b"}), "families": "1"}); err == nil {
+		t.Errorf("1 family flag for 2 keys: got no error")
+	}
+}
+
+func TestParseRequests(t *testing.T) {
+	// Requests count only for the run whose token they carry.
+	ctl := map[string]string{"token": "t", "cancel": "1", "max_rate": "2.5", "paused": "", "action": "publish"}
+	if got, want := run.ParseRequests(ctl, "t"), (run.Requests{Cancel: true, MaxRate: 2.5, Action: "publish"}); got != want {
+		t.Errorf("got %+v, want %+v", got, want)
+	}
+	for _, token := range []string{"other", ""} {
+		if got := run.ParseRequests(ctl, token); got != (run.Requests{}) {
+			t.Errorf("token %q: got %+v, want none", token, got)
+		}
+	}
+	if got := run.ParseRequests(map[string]string{"token": "t", "max_rate": "-3"}, "t"); got.MaxRate != 0 {
+		t.Errorf("max_rate -3: got %v, want none", got.MaxRate)
+	}
+}
+
+// luaFields matches the field names the scripts read and write in a
+// record, the requests or a meta: the quoted names after a key of theirs
+// in HGET, HMGET, HSET, HDEL and HINCRBY.
+var luaFields = regexp.MustCompile(`'(HGET|HMGET|HSET|HDEL|HINCRBY)', ([^)]*)\)`)
+
+func TestLuaFieldsAreGoFields(t *testing.T) {
+	// The scripts name the record's fields as literal strings: each of
+	// them must be one of the names of record.go, so that a field renamed
+	// on one side only fails here rather than in production.
+	known := slices.Concat(run.RecordFields, run.CtlFields, run.MetaFields)
+	quoted := regexp.MustCompile(`'([a-z_]+)'`)
+	seen := 0
+	err := fs.WalkDir(run.Scripts, "scripts", func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		src, err := run.Scripts.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		for _, m := range luaFields.FindAllStringSubmatch(string(src), -1) {
+			for _, f := range quoted.FindAllStringSubmatch(m[2], -1) {
+				seen++
+				if !slices.Contains(known, f[1]) {
+					t.Errorf("%s: %s names the field %q, which record.go does not", path, m[0], f[1])
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if seen < 20 {
+		t.Errorf("found %d field names in the scripts: the pattern no longer matches them", seen)
+	}
+}
+
+func TestKeyShapesAgree(t *testing.T) {
+	// lib/keys.lua and package keys (keys.Reserved, run.Owns) agree on a
+	// table of shapes: what the publish script takes for a key of the run
+	// is what the catch-up does (C72).
+	lib, err := run.Scripts.ReadFile("scripts/lib/keys.lua")
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := string(lib) + `
+local out = {}
+for i = 3, #ARGV do
+  out[#out + 1] = keyshapes.reserved(ARGV[i]) and 1 or 0
+  out[#out + 1] = keyshapes.owns(ARGV[i], ARGV[1], ARGV[2] == '1') and 1 or 0
+end
+return out
+`
+	c := env.Standalone.Client(t)
+	ctx := redistest.Ctx(t)
+	shapes := []string{
+		"p", "p:", "p:a", "p:a:b", "p:\n", "p:\xff", "q:a", "pp:a", "p:a:rebuild-lock", "p:rebuild-lock",
+		"p:a:rebuild-lock:run", "p:a:rebuild-lock:log", "p:a:rebuild-lock:ctl", "p:a:rebuild-lock:done",
+		"p:a:rebuild-gen", "p:a:rebuild-prev", "p:a:rebuild:1700000000:0123456789abcdef",
+		"p:a:rebuild:1700000000:0123456789ABCDEF", "p:a:rebuild:1700000000", "p:a:rebuild:", "p:a:rebuild:12x",
+		"p:a:rebuild:123:abc", "p:a:rebuild:1:rebuild:2", "p:rebuild:99999999999999999999999",
+		"p:a:rebuild:1:0123456789abcde", "p:a:rebuild:1:0123456789abcdefg", ":rebuild:1", "rebuild:1",
+		"p:a:rebuild-lockx", "p:ctl", "p:a:rebuild-prev:swap", "p::", "p:a:rebuild-lock:ctl:x",
+	}
+	for _, owner := range []struct {
+		key    string
+		family bool
+	}{{"p", true}, {"p", false}, {"p:a", false}, {"p:a", true}} {
+		flag := "0"
+		if owner.family {
+			flag = "1"
+		}
+		got, err := c.Do(ctx, c.B().Eval().Script(src).Numkeys(0).Arg(append([]string{owner.key, flag}, shapes...)...).Build()).AsIntSlice()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, k := range shapes {
+			reserved, owns := keys.Reserved(k), run.Owns(k, owner.key, owner.family)
+			if (got[2*i] == 1) != reserved || (got[2*i+1] == 1) != owns {
+				t.Errorf("%q (owner %q, family %v): Lua says reserved %d, owned %d; Go %v, %v", k, owner.key, owner.family, got[2*i], got[2*i+1], reserved, owns)
+			}
+		}
+	}
+}

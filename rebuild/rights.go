@@ -1,0 +1,88 @@
+package rebuild
+
+import (
+	"github.com/keyswap/keyswap/internal/keys"
+	"github.com/keyswap/keyswap/internal/run"
+)
+
+// rightsBucket names the bucket of a family whose keys stand for every
+// bucket's in the rights checked up front: ACL rules grant rights by key
+// pattern, and the buckets a run will write are not known before it runs.
+// The publish checks every bucket again.
+const rightsBucket = "keyswap-rights"
+
+// catchUpCommands are the commands a catch-up may send to a temp key: the
+// ops of a logged change (HDELIF and ZREMIF run as a script, with EVAL,
+// and send HGET, HDEL, ZSCORE and ZREM), and EXISTS, which tells a key a
+// replayed change emptied from one lost before it.
+var catchUpCommands = []string{"HSET", "HDEL", "HGET", "ZADD", "ZREM", "ZSCORE", "SADD", "SREM", "EXISTS", "EXPIRE", "TYPE"}
+
+// tailCommands are the commands the publish may send to a live key when it
+// replays the changes logged after the last catch-up.
+var tailCommands = []string{"HSET", "HDEL", "HGET", "ZADD", "ZREM", "ZSCORE", "SADD", "SREM", "TYPE"}
+
+// checks returns every right the run may need, for the acquire script to
+// check before anything is written: a missing one fails the run at once,
+// naming it, rather than after the build. The acquire script checks its
+// own commands; the publish checks every key it touches again, each family
+// bucket included.
+func (x *execution[T]) checks() []run.Check {
+	var c []run.Check
+	add := func(key string, cmds ...string) {
+		for _, cmd := range cmds {
+			c = append(c, run.Check{Command: cmd, Key: key})
+		}
+	}
+	// Commands without keys: the transactions of batches and catch-ups,
+	// and the SCAN of a family's live buckets.
+	add("", "MULTI", "EXEC")
+	cluster := x.r.redis.Cluster()
+	first := x.r.lockKeys[0]
+	for i, l := range x.r.lockKeys {
+		rec, log := keys.RecordKey(l), keys.LogKey(l)
+		// The heartbeat, the refresh, the release and the publish's fence.
+		add(l, "GET", "EXPIRE", "DEL")
+		add(rec, "HGET", "HMGET", "EXPIRE", "DEL")
+		add(log, "EXISTS", "EXPIRE", "LLEN", "LRANGE", "DEL")
+		if i == 0 {
+			// The batches' counter, the status, a durability wait's write.
+			add(rec, "HINCRBY", "HSET")
+		}
+	}
+	ctl, receipt := keys.CtlKey(first), keys.ReceiptKey(first)
+	add(ctl, "EXISTS", "EXPIRE", "HMGET", "DEL")
+	add(receipt, "GET", "SET", "DEL")
+	held := x.held != nil || len(x.r.opts.Guards) > 0
+	for i, o := range x.r.owners {
+		live := o.key
+		if o.family {
+			live = o.key + ":" + rightsBucket
+			add("", "SCAN")
+		}
+		temp := x.targets.newTemp(live)
+		// Batches, refreshes and the publish on the temp key, and the
+		// publish on the live key.
+		add(temp, "EXPIRE", "PTTL", "UNLINK", "RENAME")
+		add(live, "UNLINK", "PERSIST")
+		if o.incremental {
+			// The changes Apply logs, replayed by the catch-up onto the
+			// temp key and by the publish onto the live key: a builder's
+			// Diff may write any of them.
+			add(temp, catchUpCommands...)
+			add("", "EVAL")
+			add(live, tailCommands...)
+		}
+		if x.r.opts.KeepPrevious > 0 {
+			prev := keys.PrevKey(live, cluster)
+			add(live, "EXISTS")
+			add(prev, "UNLINK", "PEXPIRE")
+		}
+		if held {
+			// The guards' and a held run's review: each key's type and size.
+			add(temp, "HLEN", "ZCARD", "SCARD")
+			add(live, "HLEN", "ZCARD", "SCARD")
+		}
+		add(keys.MetaKey(x.r.lives[i], cluster), "TYPE", "HINCRBY", "HGET", "HSET", "HDEL")
+	}
+	return c
+}
