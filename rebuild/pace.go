@@ -133,7 +133,7 @@ func (pr *probe) connect(ctx context.Context, c rueidis.Client) (ready bool, err
 		lock := pr.lock
 		// Not under ctx: see run.Acquire. A connection that comes after
 		// the run is given back by close.
-		pr.pending = run.Acquire(c, func(actx context.Context, dc rueidis.DedicatedClient) error {
+		pr.pending = run.Acquire(ctx, c, func(actx context.Context, dc rueidis.DedicatedClient) error {
 			return dc.Do(actx, dc.B().Get().Key(lock).Build()).Error()
 		})
 		pr.since = time.Now()

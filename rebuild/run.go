@@ -195,7 +195,7 @@ func (x *execution[T]) run(ctx context.Context, src Source[T]) (err error) {
 	runCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	x.cancel = cancel
-	x.bulk = x.newBulk()
+	x.bulk = x.newBulk(runCtx)
 	var sourceDone atomic.Bool
 	x.stall = &stallWatch{timeout: r.opts.StallTimeout, items: &x.pulled, lastChange: x.start, idle: func() bool {
 		return sourceDone.Load() || x.gate.isPaused()

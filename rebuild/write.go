@@ -23,9 +23,9 @@ const bulkWait = time.Second
 // at the Info level when they have one again. A connection that closes, or
 // whose server no longer serves the run's slot, is replaced, and logged at
 // the Info level.
-func (x *execution[T]) newBulk() *run.Bulk {
+func (x *execution[T]) newBulk(ctx context.Context) *run.Bulk {
 	r := x.r
-	b := run.NewBulk(r.redis.Client(), bulkWait, run.BulkEvents{
+	b := run.NewBulk(ctx, r.redis.Client(), bulkWait, run.BulkEvents{
 		Shared: func(waited time.Duration, err error) {
 			if err != nil {
 				r.opts.Logger.Warn("keyswap: the connection of the run's writes failed; they go on the client's shared connections, where the application's commands wait behind them, until a new one works",

@@ -72,6 +72,7 @@ import (
 // A Bulk is safe for concurrent use: two round trips may use one connection
 // at once.
 type Bulk struct {
+	base    context.Context // the values the commands that take a connection carry
 	client  rueidis.Client
 	cluster bool
 	wait    time.Duration
@@ -136,9 +137,11 @@ const (
 
 // NewBulk returns a Bulk of client's connections. A write waits at most
 // wait, from when its route's connection was asked for, before it goes on
-// the shared connections.
-func NewBulk(client rueidis.Client, wait time.Duration, events BulkEvents) *Bulk {
-	return &Bulk{client: client, cluster: client.Mode() == rueidis.ClientModeCluster, wait: wait,
+// the shared connections. The commands that take a connection carry ctx's
+// values (a trace's span, say) but not its cancellation, which could not
+// cut their wait short (see Bulk).
+func NewBulk(ctx context.Context, client rueidis.Client, wait time.Duration, events BulkEvents) *Bulk {
+	return &Bulk{base: context.WithoutCancel(ctx), client: client, cluster: client.Mode() == rueidis.ClientModeCluster, wait: wait,
 		events: events, stop: make(chan struct{}), conns: map[uint16]*bulkConn{}}
 }
 
@@ -415,7 +418,7 @@ func (b *Bulk) answer(c *bulkConn, route string) {
 	)
 	for pause := redirectPause; ; pause = min(2*pause, redirectPauseMax) {
 		dc, release = b.client.Dedicate()
-		res := dc.DoMulti(context.Background(), dc.B().Exists().Key(route).Build(), dc.B().Hello().Build())
+		res := dc.DoMulti(b.base, dc.B().Exists().Key(route).Build(), dc.B().Hello().Build())
 		err = res[0].Error()
 		if isAsk(err) {
 			// Bound to the slot's master, which is moving it away: the

@@ -181,7 +181,7 @@ func testBulk(t *testing.T, addrs []string, cl *redistest.Cluster, nodeFor func(
 			redistest.Do(t, c, c.B().Get().Key(route).Build()) // the client's shared connections
 			before := connections(t, admin)
 			var ev bulkEvents
-			b := run.NewBulk(c, time.Minute, ev.events())
+			b := run.NewBulk(redistest.Ctx(t), c, time.Minute, ev.events())
 			defer b.Close()
 			id := bulkConnID(t, b, c, w, route)
 			if n := connections(t, admin) - before; n != 1 {
@@ -234,7 +234,7 @@ func testBulk(t *testing.T, addrs []string, cl *redistest.Cluster, nodeFor func(
 		route, a, b2 := "{bulk-moved}:k", "{bulk-moved}:a", "{bulk-moved}:b"
 		c, w := bulkClient(t, addrs, true, 0, false)
 		var ev bulkEvents
-		b := run.NewBulk(c, time.Minute, ev.events())
+		b := run.NewBulk(redistest.Ctx(t), c, time.Minute, ev.events())
 		defer b.Close()
 		set(t, b, c, route, a, "1")
 		from := nodeFor(route)

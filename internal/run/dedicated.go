@@ -26,17 +26,19 @@ type Dedicated struct {
 // take the wait for a slow server. The caller either receives from the
 // channel, or calls Abandon on it.
 //
-// first gets a context that is never done, and must send under it (or one
-// derived from it without a cancel or a deadline): a cluster client whose
+// first gets a context that is never done, with ctx's values (a trace's
+// span, say), and must send under it (or one derived from it without a
+// cancel or a deadline): a cluster client whose
 // wait for its pool is cut short hands out a dead connection that the pool
 // does not count, and counts it as given back when it is, so that the pool
 // then holds one more connection than its size. A command that the server
 // does not answer is ended by rueidis's own timeouts (ConnWriteTimeout).
-func Acquire(c rueidis.Client, first func(ctx context.Context, dc rueidis.DedicatedClient) error) <-chan Dedicated {
+func Acquire(ctx context.Context, c rueidis.Client, first func(ctx context.Context, dc rueidis.DedicatedClient) error) <-chan Dedicated {
+	never := context.WithoutCancel(ctx)
 	got := make(chan Dedicated, 1)
 	go func() {
 		dc, release := c.Dedicate()
-		got <- Dedicated{dc, release, first(context.Background(), dc)}
+		got <- Dedicated{dc, release, first(never, dc)}
 	}()
 	return got
 }

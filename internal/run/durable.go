@@ -150,7 +150,7 @@ func (r *Redis) waitOn(ctx context.Context, op, key, lock string, within time.Du
 	record := keys.RecordKey(lock)
 	actx, cancel := context.WithTimeoutCause(ctx, within, errNoConnection)
 	defer cancel()
-	got := Acquire(r.client, func(never context.Context, c rueidis.DedicatedClient) error {
+	got := Acquire(ctx, r.client, func(never context.Context, c rueidis.DedicatedClient) error {
 		return c.Do(never, c.B().Exists().Key(record).Build()).Error()
 	})
 	var d Dedicated
