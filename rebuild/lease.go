@@ -23,8 +23,10 @@ import (
 //     token, checks that the run's record holds every batch Redis
 //     acknowledged, resets the locks' TTL, writes the run's status, and
 //     reads what an operator asked. It rides in the round trip of the next
-//     batch, at no extra cost; it goes alone only when no batch was sent for
-//     half a heartbeat period.
+//     batch, at no extra cost; it goes alone when no batch was sent for half
+//     a heartbeat period, or when the round trip it rides in has not
+//     returned after a heartbeat period (a large batch on a slow server: the
+//     heartbeat at its end would renew the locks too late).
 //   - The refresh, every TTL/3: the temp keys' TTL reset to 2×TTL, at most
 //     run.RefreshChunk keys per script, one script after the other, so that
 //     no renewal blocks Redis for longer than a few milliseconds, whatever
@@ -86,7 +88,14 @@ type lease struct {
 	// perKey is the time the last complete refresh took per temp key.
 	perKey   time.Duration
 	lastSend time.Time // when a batch last went out
-	inFlight bool
+	// riding is when the heartbeat in flight in a batch's round trip was
+	// claimed (zero: none), and alone whether one sent alone is in flight.
+	// A heartbeat riding behind a round trip that takes longer than a
+	// heartbeat period (a large batch on a slow server) does not hold the
+	// next one back: that one goes alone, so that the lock is renewed
+	// whatever the batches' round trips take.
+	riding   time.Time
+	alone    bool
 	watchdog *time.Timer
 	stopped  bool
 	stop     chan struct{}
@@ -162,11 +171,18 @@ func (l *lease) claim(now time.Time, alone bool) (run.Heartbeat, bool) {
 	if !alone {
 		l.lastSend = now
 	}
-	if l.stopped || l.inFlight || now.Sub(l.lastBeat) < every || now.Sub(l.refreshed) > l.ttl ||
-		alone && now.Sub(l.lastSend) < every/2 {
+	if l.stopped || l.alone || now.Sub(l.lastBeat) < every || now.Sub(l.refreshed) > l.ttl {
 		return run.Heartbeat{}, false
 	}
-	l.inFlight = true
+	stuck := !l.riding.IsZero() && now.Sub(l.riding) >= every
+	switch {
+	case !alone && l.riding.IsZero():
+		l.riding = now
+	case alone && (stuck || l.riding.IsZero() && now.Sub(l.lastSend) >= every/2):
+		l.alone = true
+	default:
+		return run.Heartbeat{}, false
+	}
 	return run.Heartbeat{Locks: l.locks, Acked: l.acked(), Status: l.status()}, true
 }
 
@@ -186,8 +202,15 @@ func (l *lease) settle(ctx context.Context, sent time.Time, h run.Heartbeat, rep
 		c, err = l.redis.Beat(ctx, h)
 	}
 	l.mu.Lock()
-	l.inFlight = false
-	if err == nil {
+	if reply != nil {
+		l.riding = time.Time{}
+	} else {
+		l.alone = false
+	}
+	// Two heartbeats may be in flight (see riding): the later one sent
+	// decides; an earlier one's reply, if it comes last, changes nothing.
+	latest := err == nil && sent.After(l.lastBeat)
+	if latest {
 		l.lastBeat = sent
 		if !l.stopped {
 			l.watchdog.Reset(time.Until(sent.Add(l.ttl)))
@@ -195,8 +218,10 @@ func (l *lease) settle(ctx context.Context, sent time.Time, h run.Heartbeat, rep
 	}
 	l.mu.Unlock()
 	switch {
-	case err == nil:
+	case latest:
 		l.control(c)
+	case err == nil:
+		// An earlier heartbeat's reply after a later one's: stale.
 	case errors.Is(err, ErrLockLost), errors.Is(err, ErrWritesLost):
 		l.cancel(err)
 	case run.Refused(err) != nil:
@@ -274,9 +299,14 @@ func (l *lease) tempTTL(n int) time.Duration {
 // refresh has stopped too.
 func (l *lease) run(ctx context.Context) {
 	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	var refreshing sync.WaitGroup
-	defer refreshing.Wait()
+	defer func() {
+		// Cancel first: a refresh in progress stops at its next chunk,
+		// rather than hold up the publish, which waits for the lease to
+		// end, while the locks' TTL runs out.
+		cancel()
+		refreshing.Wait()
+	}()
 	refreshing.Go(func() {
 		every := max(l.ttl/3, time.Millisecond)
 		for {

@@ -860,3 +860,108 @@ func TestTrustLargeFamilyShortLease(t *testing.T) {
 	redistest.WantClean(t, c, redistest.Prefix(t))
 	t.Logf("Run: %v, %d refresh scripts; %q", stats.Elapsed, refreshes.Load(), rec.matching("temp keys"))
 }
+
+func TestTrustRefreshStopsWhenTheLeaseEnds(t *testing.T) {
+	// C80: a refresh in progress when the lease ends (the run goes on to its
+	// publish) stops at its next chunk: the publish waits for the lease's
+	// goroutines, so a refresh that went on through its chunks held the
+	// publish back while the locks' TTL ran out (a large family on a slow
+	// server then failed its publish with "rebuild lock lost"). A hook makes
+	// each refresh chunk slow (the server the test is about), and the source
+	// ends once the first refresh has sent its first chunk: no more than
+	// the chunk in flight then, and one started meanwhile, may be sent
+	// after the source's end and before the publish.
+	t.Parallel()
+	srv := redistest.OwnServer(t)
+	c := srv.Client(t)
+	ctx := redistest.Ctx(t)
+	prefix := redistest.Prefix(t) + "by-id"
+	const n = 10 * 500 // ten refresh chunks
+	refresh, publish := redistest.ScriptNamed("refresh"), redistest.ScriptNamed("publish")
+	var chunks, afterSource, atPublish atomic.Int64
+	var sourceDone atomic.Bool
+	slow := rueidishook.WithHook(c, redistest.Hook{
+		OnDo: func(c rueidis.Client, ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
+			switch {
+			case refresh.Is(cmd.Commands()):
+				chunks.Add(1)
+				if sourceDone.Load() {
+					afterSource.Add(1)
+				}
+				time.Sleep(300 * time.Millisecond) // the slow server the test is about, not a wait
+			case publish.Is(cmd.Commands()):
+				atPublish.Store(afterSource.Load())
+			}
+			return c.Do(ctx, cmd)
+		},
+	})
+	b := builders.SetIndex(prefix, func(i int) (string, string, bool) { return strconv.Itoa(i), "m", true })
+	r := redistest.Rebuilder(t, slow, rebuild.Options{TTL: 6 * time.Second}, b)
+	stats, err := r.Run(ctx, rebuild.FromSeq2(func(yield func(int, error) bool) {
+		for i := range n {
+			if !yield(i, nil) {
+				return
+			}
+		}
+		deadline := time.Now().Add(time.Minute)
+		for chunks.Load() == 0 && time.Now().Before(deadline) && ctx.Err() == nil {
+			time.Sleep(10 * time.Millisecond) // polling for the first refresh while the run goes on: that is the test
+		}
+		sourceDone.Store(true)
+	}))
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if got := len(stats.Outcomes); got != n {
+		t.Errorf("published %d buckets, want %d", got, n)
+	}
+	if got := atPublish.Load(); got > 2 {
+		t.Errorf("%d refresh chunks were sent after the source ended and before the publish, want at most 2 (the refresh went on after the lease ended)", got)
+	}
+	redistest.WantClean(t, c, redistest.Prefix(t))
+}
+
+func TestHeartbeatNotHeldBackBySlowRoundTrip(t *testing.T) {
+	// C16+: a heartbeat rides in a batch's round trip, and the lock's TTL is
+	// reset when that round trip reaches its end on the server. A round trip
+	// slower than a heartbeat period (a large batch, a slow network) no
+	// longer holds the next heartbeat back: it goes alone, and renews the
+	// locks in time. A hook delays the first round trip that carries a
+	// heartbeat by 2.5 s, with a lease of 3 s (a heartbeat every second):
+	// that heartbeat reaches the server after the lock would have expired,
+	// and before, the run failed with ErrLockLost. The source is paced
+	// (MaxRate) so that batches go out when the heartbeat is due.
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		key := d.Prefix + "by-id"
+		heartbeat := redistest.ScriptNamed("heartbeat")
+		var delayed atomic.Bool
+		slow := rueidishook.WithHook(d.Client, redistest.Hook{
+			OnDoMulti: func(c rueidis.Client, ctx context.Context, multi ...rueidis.Completed) []rueidis.RedisResult {
+				if n := len(multi); n > 1 && heartbeat.Is(multi[n-1].Commands()) && delayed.CompareAndSwap(false, true) {
+					time.Sleep(2500 * time.Millisecond) // the slow round trip the test is about, not a wait
+					return c.DoMulti(context.WithoutCancel(ctx), multi...)
+				}
+				return c.DoMulti(ctx, multi...)
+			},
+		})
+		const n = 6000
+		b := builders.Hash(key, func(i int) (string, string, bool) { return strconv.Itoa(i), "v", true })
+		r := redistest.Rebuilder(t, slow, rebuild.Options{TTL: 3 * time.Second, BatchSize: 100, MaxRate: 2000}, b)
+		if _, err := r.Run(redistest.Ctx(t), rebuild.FromSeq2(func(yield func(int, error) bool) {
+			for i := range n {
+				if !yield(i, nil) {
+					return
+				}
+			}
+		})); err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+		if !delayed.Load() {
+			t.Fatalf("no heartbeat rode in a batch's round trip")
+		}
+		if got := len(redistest.HGetAll(t, d.Other, key)); got != n {
+			t.Errorf("%s has %d fields, want %d", key, got, n)
+		}
+		redistest.WantClean(t, d.Other, d.Prefix)
+	})
+}

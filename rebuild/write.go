@@ -17,7 +17,7 @@ const bulkWait = time.Second
 // newBulk returns the connections of the run's writes, apart from the
 // pipelined connections the application shares with the run through its
 // client, so that the application's commands do not wait behind the run's
-// round trips on the way to Redis and back. It asks for them at once. While
+// round trips on the way to Redis and back. The first write asks for one. While
 // the client's blocking pool gives none (or the one it gave fails), the
 // writes go on the shared connections, and the run warns once, then logs
 // at the Info level when they have one again. A connection that closes, or
@@ -45,7 +45,6 @@ func (x *execution[T]) newBulk(ctx context.Context) *run.Bulk {
 			r.opts.Logger.Info("keyswap: the hash slot of the run's writes moved to another server; the redirected write went on the client's shared connections, and the next write takes a connection to that server", "key", r.key, "error", err)
 		},
 	})
-	b.Ask(x.record)
 	return b
 }
 

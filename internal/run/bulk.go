@@ -26,7 +26,8 @@ import (
 //
 // The connections come from the client's blocking pool
 // (rueidis ClientOption.BlockingPoolSize), one per route and run, asked for
-// as the run starts. When none comes within the wait given to [NewBulk]
+// by the run's first write to the route (not before: a run that fails before
+// it writes sends nothing more). When none comes within the wait given to [NewBulk]
 // (the application keeps the pool busy with blocking commands, or the
 // server does not answer), or the one asked for fails, the writes go on the
 // client's shared connections, as they would without a Bulk, and the
@@ -143,16 +144,6 @@ const (
 func NewBulk(ctx context.Context, client rueidis.Client, wait time.Duration, events BulkEvents) *Bulk {
 	return &Bulk{base: context.WithoutCancel(ctx), client: client, cluster: client.Mode() == rueidis.ClientModeCluster, wait: wait,
 		events: events, stop: make(chan struct{}), conns: map[uint16]*bulkConn{}}
-}
-
-// Ask asks for route's connection, if none is held or asked for, without
-// waiting for it.
-func (b *Bulk) Ask(route string) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if slot := b.slot(route); b.conns[slot] == nil && !b.closed {
-		b.conns[slot] = b.ask(route)
-	}
 }
 
 // DoMulti sends cmds, whose keys must all be in route's hash slot, in one
