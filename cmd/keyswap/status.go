@@ -21,9 +21,12 @@ Status lists what keyswap keeps in Redis right now, and changes nothing:
   - the runs of rebuild.Rebuilder among them (a lock whose record,
     <lock>:run, carries the lock's token), from what their heartbeats write
     every second: owner (host:pid), phase (building, catching up, held,
-    publishing), age, items pulled, entries written, rate (items/s since
-    the start), limit (items/s, "none"), ETA (when the run was given
-    Options.Expected), time since the last heartbeat (BEAT) and since the
+    publishing), age, items pulled, entries written, the current rate
+    (RATE: items/s over about the last five seconds, so that it shows a
+    throttle or a pause within seconds; "-" for a run of an older keyswap),
+    the average rate since the start (AVG), limit (items/s, "none"), ETA
+    at the current rate (when the run was given Options.Expected; "-"
+    while nothing is pulled), time since the last heartbeat (BEAT) and since the
     last item (PROGRESS), changes applied meanwhile (logged/replayed), and
     the operator's requests pending (cancel, paused, max_rate=N,
     action=publish|discard); then each of their keys (a family's prefix
@@ -106,9 +109,10 @@ JSON output (-json) is one object, whose fields are kept stable:
       "acked": 60,                    batches Redis acknowledged
       "expected": 500000,             0: unknown
       "rate": 1998.3,                 items/s since the start
+      "rate_now": 1000.5,             items/s over about the last 5 s; null: unknown
       "limit": 0,                     items/s; 0: none
       "latency_us": 0,                what the run's latency probes see, with a latency budget; 0: none
-      "eta_seconds": 190,             null: unknown
+      "eta_seconds": 190,             at the current rate; null: unknown
       "beat_at": "2025-01-02T15:06:05.456Z",       null: none yet
       "progress_at": "2025-01-02T15:06:05.440Z",   the last item pulled
       "changes": 12,                  applied meanwhile, logged for the run

@@ -393,7 +393,7 @@ func TestStatusShowsRuns(t *testing.T) {
 				t.Fatalf("got %d locks and %d runs, want 2 locks and 1 run:\n%s", len(doc.Locks), len(doc.Runs), r.stdout)
 			}
 			wantFields := []string{"acked", "beat_at", "changes", "entries", "eta_seconds", "expected", "host", "items", "keys",
-				"latency_us", "lease_seconds", "limit", "lock_key", "phase", "pid", "progress_at", "rate", "replayed", "requests", "started",
+				"latency_us", "lease_seconds", "limit", "lock_key", "phase", "pid", "progress_at", "rate", "rate_now", "replayed", "requests", "started",
 				"temp_suffix", "token_prefix"}
 			if got := slices.Sorted(maps.Keys(doc.Runs[0])); !slices.Equal(got, wantFields) {
 				t.Errorf("run fields: got %q, want %q", got, wantFields)
@@ -403,10 +403,14 @@ func TestStatusShowsRuns(t *testing.T) {
 			if err := json.Unmarshal(raw, &got); err != nil {
 				t.Fatal(err)
 			}
-			if got.Rate <= 0 || got.ETASeconds == nil || *got.ETASeconds < 0 || got.BeatAt == nil || got.ProgressAt == nil {
-				t.Errorf("rate %v, eta %v, beat_at %v, progress_at %v: want a rate, an ETA and both times", got.Rate, got.ETASeconds, got.BeatAt, got.ProgressAt)
+			// The ETA is at the current rate: none once the paused run has
+			// pulled nothing for a few seconds.
+			if got.Rate <= 0 || got.RateNow == nil || *got.RateNow < 0 || (*got.RateNow > 0) != (got.ETASeconds != nil) ||
+				got.ETASeconds != nil && *got.ETASeconds < 0 || got.BeatAt == nil || got.ProgressAt == nil {
+				t.Errorf("rate %v, rate_now %v, eta %v, beat_at %v, progress_at %v: want a rate, a current rate, an ETA when it is positive, and both times",
+					got.Rate, got.RateNow, got.ETASeconds, got.BeatAt, got.ProgressAt)
 			}
-			got.Rate, got.ETASeconds, got.BeatAt, got.ProgressAt = 0, nil, nil, nil
+			got.Rate, got.RateNow, got.ETASeconds, got.BeatAt, got.ProgressAt = 0, nil, nil, nil, nil
 			lock, started := ix.lock(d), ms(rec["started"])
 			gen := func(k string) *generationJSON {
 				at, until := ms(metas[k]["at"]), ms(metas[k]["prev_until"])
@@ -432,9 +436,9 @@ func TestStatusShowsRuns(t *testing.T) {
 			r.wantCode(t, exitOK)
 			row := tableRow(t, section(t, r.stdout, "RUNS"), lock)
 			wantRow := []string{lock, "building", fmt.Sprintf("%s:%d", host, os.Getpid()), row[3], "5", rec["entries"], row[6],
-				"50/s", row[8], row[9], row[10], "0/0", "paused,max_rate=50"}
-			if !slices.Equal(row, wantRow) || !strings.HasSuffix(row[6], "/s") || row[8] == "-" {
-				t.Errorf("run row: got %q, want %q with a rate and an ETA", row, wantRow)
+				row[7], "50/s", row[9], row[10], row[11], "0/0", "paused,max_rate=50"}
+			if !slices.Equal(row, wantRow) || !strings.HasSuffix(row[6], "/s") || !strings.HasSuffix(row[7], "/s") || (row[6] == "0/s") != (row[9] == "-") {
+				t.Errorf("run row: got %q, want %q with a current and an average rate, and an ETA unless the current rate is 0", row, wantRow)
 			}
 			keysRows := section(t, r.stdout, "KEYS OF THE RUNS")
 			for _, k := range []struct {
@@ -475,12 +479,12 @@ func TestWriteStatusRuns(t *testing.T) {
 		Runs: []runStatus{
 			{runRecord: runRecord{Lock: "tags:rebuild-lock", Token: "77aa0011ffff", Keys: []string{"tags"}, Families: []bool{false},
 				Host: "app-2", PID: 7, Started: now.Add(-3 * time.Second), Phase: "held", Items: 10, Entries: 10, Acked: 1,
-				Rate: 3.3, BeatAt: now, ProgressAt: now.Add(-2 * time.Second),
+				Rate: 3.3, RateNow: ptr(0.0), BeatAt: now, ProgressAt: now.Add(-2 * time.Second),
 				Requests: runRequests{Cancel: true, Action: "publish"}},
 				Generations: []keyGeneration{{Key: "tags"}}},
 			{runRecord: runRecord{Lock: "users:by-email:rebuild-lock", Token: "3f9a1c2e0000", Keys: []string{"users:by-email", "users:by-country"},
 				Families: []bool{false, true}, Host: "app-1", PID: 4242, Started: now.Add(-125 * time.Second), Phase: "building",
-				Items: 120000, Entries: 240000, Acked: 60, Expected: 500000, Rate: 960.5, Limit: 1000, ETASeconds: &eta,
+				Items: 120000, Entries: 240000, Acked: 60, Expected: 500000, Rate: 960.5, RateNow: ptr(1000.0), Limit: 1000, ETASeconds: &eta,
 				BeatAt: now.Add(-time.Second), ProgressAt: now, Changes: 12, Replayed: 3,
 				Requests: runRequests{MaxRate: 1000}},
 				Generations: []keyGeneration{
@@ -500,9 +504,9 @@ users:by-country:rebuild-lock  4m58s  3f9a1c2e
 tags:rebuild-lock              1m0s   77aa0011
 
 RUNS
-LOCK                         PHASE     OWNER       AGE   ITEMS   ENTRIES  RATE     LIMIT   ETA    BEAT  PROGRESS  CHANGES  REQUESTS
-tags:rebuild-lock            held      app-2:7     3s    10      10       3.3/s    none    -      0s    2s        0/0      cancel,action=publish
-users:by-email:rebuild-lock  building  app-1:4242  2m5s  120000  240000   960.5/s  1000/s  3m10s  1s    0s        12/3     max_rate=1000
+LOCK                         PHASE     OWNER       AGE   ITEMS   ENTRIES  RATE    AVG      LIMIT   ETA    BEAT  PROGRESS  CHANGES  REQUESTS
+tags:rebuild-lock            held      app-2:7     3s    10      10       0/s     3.3/s    none    -      0s    2s        0/0      cancel,action=publish
+users:by-email:rebuild-lock  building  app-1:4242  2m5s  120000  240000   1000/s  960.5/s  1000/s  3m10s  1s    0s        12/3     max_rate=1000
 
 KEYS OF THE RUNS
 KEY               LOCK                         FAMILY  GEN  LIVE SINCE            PREV  PREV KEPT UNTIL
@@ -518,3 +522,6 @@ No temp keys.
 		t.Errorf("got\n%s\nwant\n%s", got, want)
 	}
 }
+
+// ptr returns a pointer to v.
+func ptr[T any](v T) *T { return &v }

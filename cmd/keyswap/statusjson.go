@@ -91,6 +91,7 @@ type runJSON struct {
 	Acked         int64        `json:"acked"`
 	Expected      int64        `json:"expected"`
 	Rate          float64      `json:"rate"`
+	RateNow       *float64     `json:"rate_now"`
 	Limit         float64      `json:"limit"`
 	LatencyMicros int64        `json:"latency_us"`
 	ETASeconds    *int64       `json:"eta_seconds"`
@@ -132,7 +133,7 @@ func (r runStatus) json() runJSON {
 	j := runJSON{
 		TokenPrefix: prefix(r.Token, tokenPrefixLen), Host: r.Host, PID: r.PID, Started: jsonTime(r.Started),
 		LeaseSeconds: r.LeaseSeconds, Phase: r.Phase, Items: r.Items, Entries: r.Entries, Acked: r.Acked,
-		Expected: r.Expected, Rate: finite(r.Rate), Limit: finite(r.Limit), LatencyMicros: r.Latency.Microseconds(), ETASeconds: r.ETASeconds,
+		Expected: r.Expected, Rate: finite(r.Rate), RateNow: finitePtr(r.RateNow), Limit: finite(r.Limit), LatencyMicros: r.Latency.Microseconds(), ETASeconds: r.ETASeconds,
 		BeatAt: jsonTime(r.BeatAt), ProgressAt: jsonTime(r.ProgressAt), Changes: r.Changes, Replayed: r.Replayed,
 		Requests: requestsJSON{Cancel: r.Requests.Cancel, MaxRate: finite(r.Requests.MaxRate), Paused: r.Requests.Paused,
 			Action: r.Requests.Action},
@@ -166,6 +167,15 @@ func jsonTime(t time.Time) *time.Time {
 		return nil
 	}
 	return &t
+}
+
+// finitePtr returns *f as finite does, or nil when f is nil.
+func finitePtr(f *float64) *float64 {
+	if f == nil {
+		return nil
+	}
+	v := finite(*f)
+	return &v
 }
 
 // finite returns f, or 0 when encoding/json cannot write it (a record

@@ -102,15 +102,19 @@ func (rep *statusReport) sweepCommands() []string {
 func writeRuns(w io.Writer, runs []runStatus, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "\nRUNS")
-	fmt.Fprintln(tw, "LOCK\tPHASE\tOWNER\tAGE\tITEMS\tENTRIES\tRATE\tLIMIT\tETA\tBEAT\tPROGRESS\tCHANGES\tREQUESTS")
+	fmt.Fprintln(tw, "LOCK\tPHASE\tOWNER\tAGE\tITEMS\tENTRIES\tRATE\tAVG\tLIMIT\tETA\tBEAT\tPROGRESS\tCHANGES\tREQUESTS")
 	for _, r := range runs {
 		eta := "-"
 		if r.ETASeconds != nil {
 			eta = fmtDuration(time.Duration(*r.ETASeconds) * time.Second)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s:%d\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%d/%d\t%s\n",
+		rateNow := "-"
+		if r.RateNow != nil {
+			rateNow = fmtRate(*r.RateNow)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s:%d\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%d/%d\t%s\n",
 			displayKey(r.Lock), displayPhase(r.Phase), displayKey(phaseOr(r.Host, "-")), r.PID,
-			fmtSince(r.Started, now), r.Items, r.Entries, fmtRate(r.Rate), fmtLimit(r.Limit), eta,
+			fmtSince(r.Started, now), r.Items, r.Entries, rateNow, fmtRate(r.Rate), fmtLimit(r.Limit), eta,
 			fmtSince(r.BeatAt, now), fmtSince(r.ProgressAt, now), r.Changes, r.Replayed, r.Requests.String())
 	}
 	fmt.Fprintln(tw, "\nKEYS OF THE RUNS")
