@@ -114,14 +114,24 @@ func TestStatusShowsRebuildInProgress(t *testing.T) {
 				t.Errorf("status %s*: got %+v, want only the rebuild's lock and temp key", p+"users:", rep)
 			}
 
-			// Once the rebuild has swapped, status shows nothing left of it.
+			// Once the rebuild has swapped, status shows nothing left of it
+			// but the index it published, its first generation, which keeps
+			// no previous one.
 			if err := rb.finish(); err != nil {
 				t.Fatalf("rebuild: %v", err)
 			}
 			r = keyswap(t, d.args("status", p+"users:*")...)
 			r.wantCode(t, exitOK)
-			if want := d.server().String() + "\n\nNo rebuild in progress.\n\nNo temp keys.\n\n0 rebuilds in progress; 0 temp keys, 0 without a TTL; 0 sweep candidates (no TTL, no lock, older than 1h0m0s).\n"; r.stdout != want {
-				t.Errorf("status after the rebuild: got\n%s\nwant\n%s", r.stdout, want)
+			meta := redistest.HGetAll(t, d.client, keys.MetaKey(rb.final, d.cluster))
+			at := time.UnixMilli(atoi(meta["at"])).UTC().Format(time.RFC3339)
+			wantStart := d.server().String() + "\n\nNo rebuild in progress.\n\nINDEXES\n"
+			wantEnd := "\n\nNo temp keys.\n\n0 rebuilds in progress; 0 temp keys, 0 without a TTL; 0 sweep candidates (no TTL, no lock, older than 1h0m0s).\n"
+			if !strings.HasPrefix(r.stdout, wantStart) || !strings.HasSuffix(r.stdout, wantEnd) || strings.Count(r.stdout, "\n") != 11 {
+				t.Errorf("status after the rebuild: got\n%s\nwant it to start with\n%s\nand end with\n%s", r.stdout, wantStart, wantEnd)
+			}
+			row = tableRow(t, section(t, r.stdout, "INDEXES"), rb.final)
+			if want := []string{rb.final, "no", "1", at, "-", "-", "no:", "none", "kept"}; !slices.Equal(row, want) {
+				t.Errorf("index row: got %q, want %q", row, want)
 			}
 		})
 	}
@@ -150,6 +160,8 @@ func TestWriteStatus(t *testing.T) {
 	want := `REBUILDS IN PROGRESS
 LOCK                         TTL    TOKEN
 users:by-email:rebuild-lock  4m58s  3f9a1c2e
+
+No index published.
 
 TEMP KEYS
 KEY                                                 AGE     TTL     TYPE       SIZE  MEMORY    LOCKED  SWEEP
@@ -493,6 +505,22 @@ func TestWriteStatusRuns(t *testing.T) {
 				}},
 		},
 	}
+	// The indexes: locked by a run, published without a kept generation,
+	// kept past its time, and one that a rollback would roll back.
+	prev1, prev2 := int64(1), int64(2)
+	for _, ix := range []struct {
+		key  string
+		g    *generation
+		lock string
+	}{
+		{"orders", &generation{Gen: 2, At: now.Add(-2 * time.Hour), Prev: &prev1, PrevUntil: now.Add(-time.Hour)}, ""},
+		{"tags", &generation{Gen: 3, At: now.Add(-time.Hour)}, "tags:rebuild-lock"},
+		{"users:by-country", &generation{Gen: 3, At: now.Add(-time.Hour), Prev: &prev2, PrevUntil: now.Add(time.Hour), Family: true, FamilyType: "set"}, ""},
+		{"users:by-email", &generation{Gen: 7, At: now.Add(-time.Hour), Prev: &prev, PrevUntil: now.Add(time.Hour)}, "users:by-email:rebuild-lock"},
+	} {
+		rep.Indexes = append(rep.Indexes, indexStatus{Key: ix.key, MetaKey: ix.key + ":rebuild-gen", Generation: ix.g, LockKey: ix.lock,
+			Rollback: rollbackOf(ix.g, ix.lock, now)})
+	}
 	var out bytes.Buffer
 	if err := writeStatus(&out, rep); err != nil {
 		t.Fatal(err)
@@ -513,6 +541,13 @@ KEY               LOCK                         FAMILY  GEN  LIVE SINCE          
 tags              tags:rebuild-lock            no      -    -                     -     -
 users:by-email    users:by-email:rebuild-lock  no      7    2025-01-02T14:04:05Z  6     2025-01-02T16:04:05Z
 users:by-country  users:by-email:rebuild-lock  yes     3    2025-01-02T14:04:05Z  -     -
+
+INDEXES
+INDEX             FAMILY  GEN  LIVE SINCE            PREV  PREV KEPT UNTIL       ROLLBACK
+orders            no      2    2025-01-02T13:04:05Z  1     2025-01-02T14:04:05Z  no: expired
+tags              no      3    2025-01-02T14:04:05Z  -     -                     no: none kept
+users:by-country  yes     3    2025-01-02T14:04:05Z  2     2025-01-02T16:04:05Z  yes
+users:by-email    no      7    2025-01-02T14:04:05Z  6     2025-01-02T16:04:05Z  no: rebuild in progress
 
 No temp keys.
 

@@ -8,15 +8,37 @@ import (
 // statusJSON is the -json document of 'keyswap status' (see statusUsage).
 // Its field names are stable.
 type statusJSON struct {
-	Server           serverJSON `json:"server"`
-	Time             time.Time  `json:"time"`
-	Pattern          *string    `json:"pattern,omitempty"`
-	PatternBase64    []byte     `json:"pattern_base64,omitempty"`
-	Cluster          bool       `json:"cluster"`
-	OlderThanSeconds int64      `json:"older_than_seconds"`
-	Locks            []lockJSON `json:"locks"`
-	TempKeys         []tempJSON `json:"temp_keys"`
-	Runs             []runJSON  `json:"runs"`
+	Server           serverJSON        `json:"server"`
+	Time             time.Time         `json:"time"`
+	Pattern          *string           `json:"pattern,omitempty"`
+	PatternBase64    []byte            `json:"pattern_base64,omitempty"`
+	Key              *string           `json:"key,omitempty"`
+	KeyBase64        []byte            `json:"key_base64,omitempty"`
+	Scanned          bool              `json:"scanned"`
+	Cluster          bool              `json:"cluster"`
+	OlderThanSeconds int64             `json:"older_than_seconds"`
+	Locks            []lockJSON        `json:"locks"`
+	TempKeys         []tempJSON        `json:"temp_keys"`
+	Runs             []runJSON         `json:"runs"`
+	Indexes          []indexStatusJSON `json:"indexes"`
+}
+
+// indexStatusJSON is an indexStatus in statusJSON.
+type indexStatusJSON struct {
+	jsonKey
+	MetaKey       *string           `json:"meta_key,omitempty"`
+	MetaKeyBase64 []byte            `json:"meta_key_base64,omitempty"`
+	Family        bool              `json:"family"`
+	Generation    *generationJSON   `json:"generation"`
+	Locked        bool              `json:"locked"`
+	Rollback      rollbackStateJSON `json:"rollback"`
+}
+
+// rollbackStateJSON is a rollbackState in JSON.
+type rollbackStateJSON struct {
+	Possible bool       `json:"possible"`
+	Until    *time.Time `json:"until"`
+	WhyNot   string     `json:"why_not"`
 }
 
 // lockJSON is a lockStatus in statusJSON.
@@ -55,7 +77,20 @@ func (rep *statusReport) json() statusJSON {
 		Locks:            make([]lockJSON, 0, len(rep.Locks)),
 		TempKeys:         make([]tempJSON, 0, len(rep.TempKeys)),
 	}
-	out.Pattern, out.PatternBase64 = jsonName(rep.Pattern)
+	if rep.ByKey {
+		out.Key, out.KeyBase64 = jsonName(rep.Key)
+	} else {
+		out.Pattern, out.PatternBase64 = jsonName(rep.Pattern)
+	}
+	out.Scanned = !rep.ByKey
+	out.Indexes = make([]indexStatusJSON, 0, len(rep.Indexes))
+	for _, ix := range rep.Indexes {
+		j := indexStatusJSON{jsonKey: newJSONKey(ix.Key), Generation: ix.Generation.json(), Locked: ix.LockKey != "",
+			Rollback: rollbackStateJSON{Possible: ix.Rollback.Possible, Until: jsonTime(ix.Rollback.Until), WhyNot: ix.Rollback.WhyNot}}
+		j.MetaKey, j.MetaKeyBase64 = jsonName(ix.MetaKey)
+		j.Family = ix.Generation != nil && ix.Generation.Family
+		out.Indexes = append(out.Indexes, j)
+	}
 	out.Runs = make([]runJSON, 0, len(rep.Runs))
 	for _, r := range rep.Runs {
 		out.Runs = append(out.Runs, r.json())

@@ -17,9 +17,12 @@ func writeStatus(w io.Writer, rep *statusReport) error {
 		fmt.Fprintf(w, "%s\n\n", rep.Server)
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	if len(rep.Locks) == 0 {
+	switch {
+	case len(rep.Locks) == 0 && rep.ByKey:
+		fmt.Fprintf(tw, "No rebuild of %s in progress.\n", displayKey(rep.Key))
+	case len(rep.Locks) == 0:
 		fmt.Fprintln(tw, "No rebuild in progress.")
-	} else {
+	default:
 		fmt.Fprintln(tw, "REBUILDS IN PROGRESS")
 		fmt.Fprintln(tw, "LOCK\tTTL\tTOKEN")
 		for _, l := range rep.Locks {
@@ -33,6 +36,10 @@ func writeStatus(w io.Writer, rep *statusReport) error {
 		if err := writeRuns(w, rep.Runs, rep.Time); err != nil {
 			return err
 		}
+	}
+	fmt.Fprintln(w)
+	if err := writeIndexes(w, rep.Indexes); err != nil {
+		return err
 	}
 	fmt.Fprintln(tw)
 
@@ -55,6 +62,11 @@ func writeStatus(w io.Writer, rep *statusReport) error {
 		return err
 	}
 
+	if rep.ByKey {
+		fmt.Fprintf(w, "\n%s in progress for %s; %s of its run; read without a scan, so orphaned temp keys are not looked for: %s finds them.\n",
+			plural(len(rep.Runs), "run"), displayKey(rep.Key), plural(len(rep.TempKeys), "temp key"), scanSuggestion(rep.Key, rep.SweepArgs))
+		return nil
+	}
 	olderThan := time.Duration(rep.OlderThanSeconds) * time.Second
 	fmt.Fprintf(w, "\n%s in progress; %s, %d without a TTL; %s (no TTL, no lock, older than %s).\n",
 		plural(len(rep.Locks), "rebuild"), plural(len(rep.TempKeys), "temp key"), unexpiring,
@@ -124,6 +136,27 @@ func writeRuns(w io.Writer, runs []runStatus, now time.Time) error {
 			gen, since, prev, until := g.Generation.columns()
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", displayKey(g.Key), displayKey(r.Lock), yesNo(g.Family), gen, since, prev, until)
 		}
+	}
+	return tw.Flush()
+}
+
+// writeIndexes prints the indexes, their generations and whether a
+// rollback is possible now.
+func writeIndexes(w io.Writer, idx []indexStatus) error {
+	if len(idx) == 0 {
+		_, err := fmt.Fprintln(w, "No index published.")
+		return err
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "INDEXES")
+	fmt.Fprintln(tw, "INDEX\tFAMILY\tGEN\tLIVE SINCE\tPREV\tPREV KEPT UNTIL\tROLLBACK")
+	for _, ix := range idx {
+		family := "-"
+		if ix.Generation != nil {
+			family = yesNo(ix.Generation.Family)
+		}
+		gen, since, prev, until := ix.Generation.columns()
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", displayKey(ix.Key), family, gen, since, prev, until, ix.Rollback)
 	}
 	return tw.Flush()
 }
