@@ -105,6 +105,21 @@ func TestStatusShowsRebuildInProgress(t *testing.T) {
 				t.Errorf("orphan: got %+v", o)
 			}
 
+			// The status of the key: its lock, held by a store's rebuild,
+			// which keeps no record (no run, no temp key found), and no
+			// index yet.
+			r = keyswap(t, d.args("status", rb.final)...)
+			r.wantCode(t, exitOK)
+			if row := tableRow(t, r.stdout, rb.lockKey); row[2] != token[:8] {
+				t.Errorf("status %s: lock row %q, want the token %s", rb.final, row, token[:8])
+			}
+			if row := tableRow(t, section(t, r.stdout, "INDEXES"), rb.final); strings.Join(row[1:], " ") != "- - - - - no: never published" {
+				t.Errorf("status %s: index row %q, want never published", rb.final, row)
+			}
+			if want := "\n1 rebuild in progress for " + rb.final + "; 0 temp keys; read without a scan"; !strings.Contains(r.stdout, want) || strings.Contains(r.stdout, "\nRUNS\n") {
+				t.Errorf("status %s: got\n%s\nwant no run, and %q", rb.final, r.stdout, want)
+			}
+
 			// The pattern applies to the live key, with or without the hash
 			// tag a cluster adds.
 			r = keyswap(t, d.args("status", "-json", p+"users:*")...)

@@ -98,7 +98,7 @@ func TestStatusOfOneKey(t *testing.T) {
 			for i := 1; i < len(d.redis); i += 2 {
 				urls = append(urls, d.redis[i])
 			}
-			wantSummary := fmt.Sprintf("\n1 run in progress for %s; 1 temp key of its run; read without a scan, so orphaned temp keys are not looked for: keyswap status --pattern %s -u %s finds them.\n",
+			wantSummary := fmt.Sprintf("\n1 rebuild in progress for %s; 1 temp key; read without a scan, so orphaned temp keys are not looked for: keyswap status --pattern %s -u %s finds them.\n",
 				ix.email, shellQuote(ix.email), strings.Join(urls, ","))
 			if !strings.HasSuffix(r.stdout, wantSummary) {
 				t.Errorf("got\n%s\nwant it to end with\n%s", r.stdout, wantSummary)

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/keyswap/keyswap/internal/keys"
 )
 
 // writeStatus prints rep as tables, then a summary line.
@@ -63,8 +65,12 @@ func writeStatus(w io.Writer, rep *statusReport) error {
 	}
 
 	if rep.ByKey {
-		fmt.Fprintf(w, "\n%s in progress for %s; %s of its run; read without a scan, so orphaned temp keys are not looked for: %s finds them.\n",
-			plural(len(rep.Runs), "run"), displayKey(rep.Key), plural(len(rep.TempKeys), "temp key"), scanSuggestion(rep.Key, rep.SweepArgs))
+		held := 0
+		if rep.held()[keys.LockKey(rep.Key, rep.Cluster)] {
+			held = 1
+		}
+		fmt.Fprintf(w, "\n%s in progress for %s; %s; read without a scan, so orphaned temp keys are not looked for: %s finds them.\n",
+			plural(held, "rebuild"), displayKey(rep.Key), plural(len(rep.TempKeys), "temp key"), scanSuggestion(rep.Key, rep.SweepArgs))
 		return nil
 	}
 	olderThan := time.Duration(rep.OlderThanSeconds) * time.Second
