@@ -155,6 +155,20 @@ func TestStatusRateNow(t *testing.T) {
 		if err := rr.Control(t.Context(), info, run.CtlPaused, "1"); err != nil {
 			t.Fatalf("Control: %v", err)
 		}
+		// The heartbeat after the one that read the pause has no ETA, while
+		// its current rate still counts the items of the seconds before.
+		// The third heartbeat since the record was last read is such a
+		// one: the first may have run before the request was written.
+		last, beats := rec["beat_at"], 0
+		wait("three heartbeats", func(float64, float64) bool {
+			if rec["beat_at"] != last {
+				last, beats = rec["beat_at"], beats+1
+			}
+			return beats >= 3
+		})
+		if rec["eta"] != "" {
+			t.Errorf("paused: eta %q (rate_now %q), want none", rec["eta"], rec["rate_now"])
+		}
 		wait("a current rate of 0", func(rateNow, _ float64) bool { return rateNow == 0 })
 		if rec["rate_now"] != "0.0" || num("rate") <= 0 || rec["eta"] != "" {
 			t.Errorf("paused: rate_now %q, rate %q, eta %q; want 0.0, a positive average and no ETA", rec["rate_now"], rec["rate"], rec["eta"])

@@ -413,7 +413,7 @@ func (x *execution[T]) status() []string {
 	// paused or stalled run has none.
 	current := x.rates.observe(now, items)
 	eta := ""
-	if e := x.r.opts.Expected; e > 0 && current > 0 && x.phase.Load() == PhaseBuilding {
+	if e := x.r.opts.Expected; e > 0 && current > 0 && !x.gate.isPaused() && x.phase.Load() == PhaseBuilding {
 		eta = strconv.FormatInt(int64(float64(max(0, e-items))/current), 10)
 	}
 	return []string{
