@@ -27,7 +27,7 @@ Status lists what keyswap keeps in Redis right now, and changes nothing:
     throttle or a pause shows within seconds; "-" for a run of an older
     keyswap), the average rate since the start (AVG), limit (items/s,
     "none"), ETA at the current rate (when the run was given
-    Options.Expected; "-" while nothing is pulled), time since the last
+    Options.Expected; "-" while paused or nothing is pulled), time since the last
     heartbeat (BEAT) and since the last item (PROGRESS), changes applied
     meanwhile (logged/replayed), and the operator's requests pending
     (cancel, paused, max_rate=N, action=publish|discard); then each of
