@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"iter"
+	"slices"
+	"strconv"
 	"testing"
 
 	"github.com/keyswap/keyswap/builders"
@@ -88,5 +90,96 @@ func TestControlRate(t *testing.T) {
 		if _, ok := rec["max_rate"]; ok {
 			t.Errorf("the record %s has max_rate: the request was written into it", record)
 		}
+	})
+}
+
+// TestStatusRateNow: a run's heartbeat writes its current rate (rate_now,
+// over about the last five seconds) next to its average since the start
+// (rate), and its ETA at the current rate. Unthrottled from an endless
+// source until it has pulled a few thousand items, then throttled by an
+// operator to 50 items/s, the run's current rate falls to about 50 while
+// its average stays far above; paused, its current rate falls to 0 and
+// its ETA is unknown, while its average is still positive. Every field
+// of the record is one that record.go names.
+func TestStatusRateNow(t *testing.T) {
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		key := d.Prefix + "ratenow:by-email"
+		finish, yielded := endlessRun(t, d.Client, key, rebuild.Options{BatchSize: 100, Expected: 1 << 40})
+		record := keys.RecordKey(keys.LockKey(key, d.Cluster))
+		var rec map[string]string
+		wait := func(what string, cond func(rateNow, rate float64) bool) {
+			t.Helper()
+			waitFor(t, what, func() bool {
+				rec = redistest.HGetAll(t, d.Other, record)
+				parsed, err := run.ParseRecord(rec)
+				if err != nil {
+					t.Fatalf("the record %v: %v", rec, err)
+				}
+				return parsed.RateNow != nil && cond(*parsed.RateNow, parsed.Rate)
+			})
+		}
+		num := func(field string) float64 {
+			t.Helper()
+			f, err := strconv.ParseFloat(rec[field], 64)
+			if err != nil {
+				t.Fatalf("record field %s: %q", field, rec[field])
+			}
+			return f
+		}
+
+		wait("3000 items at more than 500 items/s", func(rateNow, _ float64) bool { return num("items") >= 3000 && rateNow > 500 })
+		for f := range rec {
+			if !slices.Contains(run.RecordFields, f) {
+				t.Errorf("the record has the field %q, which record.go does not name", f)
+			}
+		}
+		if rec["eta"] == "" {
+			t.Errorf("a running run with Expected: eta %q, want one", rec["eta"])
+		}
+
+		rr := run.New(d.Other, nil)
+		info, err := rr.FindRun(t.Context(), key)
+		if err != nil {
+			t.Fatalf("FindRun: %v", err)
+		}
+		if err := rr.Control(t.Context(), info, run.CtlMaxRate, "50"); err != nil {
+			t.Fatalf("Control: %v", err)
+		}
+		// The average cannot fall to 50 items/s: the run pulled 3000 items
+		// at more than 500/s before.
+		wait("a current rate of at most 60 items/s", func(rateNow, _ float64) bool { return rateNow <= 60 })
+		if rate, now := num("rate"), num("rate_now"); rate <= 2*now || now == 0 {
+			t.Errorf("throttled to 50/s: rate %v, rate_now %v; want the current rate positive and the average well above it", rate, now)
+		}
+
+		if err := rr.Control(t.Context(), info, run.CtlPaused, "1"); err != nil {
+			t.Fatalf("Control: %v", err)
+		}
+		// The heartbeat after the one that read the pause has no ETA, while
+		// its current rate still counts the items of the seconds before.
+		// The third heartbeat since the record was last read is such a
+		// one: the first may have run before the request was written.
+		last, beats := rec["beat_at"], 0
+		wait("three heartbeats", func(float64, float64) bool {
+			if rec["beat_at"] != last {
+				last, beats = rec["beat_at"], beats+1
+			}
+			return beats >= 3
+		})
+		if rec["eta"] != "" {
+			t.Errorf("paused: eta %q (rate_now %q), want none", rec["eta"], rec["rate_now"])
+		}
+		wait("a current rate of 0", func(rateNow, _ float64) bool { return rateNow == 0 })
+		if rec["rate_now"] != "0.0" || num("rate") <= 0 || rec["eta"] != "" {
+			t.Errorf("paused: rate_now %q, rate %q, eta %q; want 0.0, a positive average and no ETA", rec["rate_now"], rec["rate"], rec["eta"])
+		}
+		if err := rr.Control(t.Context(), info, run.CtlPaused, ""); err != nil {
+			t.Fatalf("Control: %v", err)
+		}
+		if err := finish(); err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+		wantEndless(t, d.Other, key, yielded.Load())
+		redistest.WantClean(t, d.Other, d.Prefix)
 	})
 }

@@ -131,6 +131,7 @@ type execution[T any] struct {
 	logged   atomic.Int64 // changes logged for the run, as the last heartbeat read
 	held     *Held[T]     // Build's run, nil for Run
 	stall    *stallWatch  // when the source last yielded
+	rates    *rateMeter   // the current rate, for the record
 	// stalePrevs are, per family, the kept previous values of its buckets
 	// found by the scan: written by the scans, read once they are done.
 	stalePrevs []map[string]bool
@@ -150,6 +151,7 @@ func newExecution[T any](r *Rebuilder[T], start time.Time, stats *Stats) *execut
 		free:    make(chan []T, r.opts.Writers+1),
 		slots:   make(chan struct{}, r.opts.Writers),
 		gate:    newGate(r.opts.MaxRate),
+		rates:   newRateMeter(start),
 	}
 	x.phase.Store(PhaseBuilding)
 	x.tempSecs.Store(r.tempSecs)
@@ -407,15 +409,18 @@ func (x *execution[T]) status() []string {
 	now := time.Now()
 	items := x.pulled.Load()
 	rate := float64(items) / max(now.Sub(x.start).Seconds(), 1e-3)
+	// The ETA is at the current rate, so that it follows a throttle; a
+	// paused or stalled run has none.
+	current := x.rates.observe(now, items)
 	eta := ""
-	if e := x.r.opts.Expected; e > 0 && rate > 0 && x.phase.Load() == PhaseBuilding {
-		eta = strconv.FormatInt(int64(float64(max(0, e-items))/rate), 10)
+	if e := x.r.opts.Expected; e > 0 && current > 0 && !x.gate.isPaused() && x.phase.Load() == PhaseBuilding {
+		eta = strconv.FormatInt(int64(float64(max(0, e-items))/current), 10)
 	}
 	return []string{
 		"eta", eta, "progress_at", run.Now(x.stall.lastProgress()),
 		"phase", string(x.phase.Load().(Phase)), "items", strconv.FormatInt(items, 10),
 		"entries", strconv.FormatInt(x.written.Load(), 10), "acked", strconv.FormatInt(x.acked.Load(), 10),
-		"rate", strconv.FormatFloat(rate, 'f', 1, 64),
+		"rate", strconv.FormatFloat(rate, 'f', 1, 64), run.FieldRateNow, strconv.FormatFloat(current, 'f', 1, 64),
 		"beat_at", run.Now(now), "limit", strconv.FormatFloat(x.gate.rate(), 'f', -1, 64),
 		"latency_us", strconv.FormatInt(x.probed.Load()/1e3, 10),
 		"changes", strconv.FormatInt(x.logged.Load(), 10), "replayed", strconv.FormatInt(x.replayed.Load(), 10),

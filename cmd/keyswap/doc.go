@@ -5,7 +5,7 @@
 //
 // Usage:
 //
-//	keyswap status   [connection flags] [-json] [-older-than 1h] [pattern]
+//	keyswap status   [connection flags] [-json] [-older-than 1h] [--watch [--interval 1s]] [pattern | key | --pattern glob | --index key]
 //	keyswap cancel   [connection flags] [-json] <key>
 //	keyswap throttle [connection flags] [-json] <key> <items/s>
 //	keyswap pause    [connection flags] [-json] <key>
@@ -91,12 +91,23 @@
 //
 // For each run of a rebuild.Rebuilder (a lock whose record, <lock>:run,
 // carries the lock's token), status also shows what its heartbeats write
-// there every second: owner, phase, age, items, entries, rate, limit, ETA,
-// the time since the last heartbeat and the last item, the changes applied
-// meanwhile, the operator's requests pending, and the generation of each of
-// its keys (the one live, the one kept for a rollback and until when).
+// there every second: owner, phase, age, items, entries, the current rate
+// (over about the last five seconds) and the average since the start,
+// limit, ETA, the time since the last heartbeat and the last item, the
+// changes applied meanwhile, the operator's requests pending, and the
+// generation of each of its keys. Every index published (its meta,
+// <key>:rebuild-gen) is listed with its generation, the one kept for a
+// rollback and until when, and whether 'keyswap rollback' would roll it
+// back now, and if not, why.
 //
-// -json prints a stable JSON document, described in 'keyswap status -h'.
+// An argument without a glob character (or --index) is one live key:
+// status then reads that key's lock, run and index without a scan, at the
+// same cost whatever the size of the keyspace, and does not look for
+// orphaned temp keys. --pattern takes a glob even without glob characters.
+// --watch shows the status again every second (--interval) until
+// interrupted; with -json, one JSON object per line.
+//
+// -json prints a stable JSON document, described in 'keyswap status --help'.
 //
 // # Steering a run
 //

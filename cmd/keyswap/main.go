@@ -223,6 +223,9 @@ type errorJSON struct {
 	Error      string `json:"error"`
 	Kind       string `json:"kind"`
 	ExitStatus int    `json:"exit_status"`
+	// Time is when a snapshot of 'status --watch' failed; absent
+	// otherwise.
+	Time *time.Time `json:"time,omitempty"`
 }
 
 // exitKinds names the exit statuses of errors, for errorJSON.

@@ -47,6 +47,10 @@ type runRecord struct {
 	// Rate is items per second since the start; Limit the run's limit now
 	// (0: none).
 	Rate, Limit float64
+	// RateNow is the current rate: items per second over about the last
+	// five seconds; nil for a run of an older keyswap, which does not
+	// write it.
+	RateNow *float64
 	// Latency is the 90th percentile of the last window of the run's
 	// probes, when it has a latency budget (rebuild.Options.LatencyBudget);
 	// 0 otherwise.
@@ -94,7 +98,7 @@ func parseRecord(lock string, rec, ctl map[string]string) (runRecord, error) {
 	r := runRecord{
 		Lock: lock, Token: p.Token, Keys: p.Keys, Families: p.Families, Suffix: p.Suffix, Host: p.Host, Phase: p.Phase,
 		PID: p.PID, Started: p.Started, LeaseSeconds: int64(p.TTL / time.Second), Expected: p.Expected,
-		Items: p.Items, Entries: p.Entries, Acked: p.Acked, Rate: p.Rate, Limit: p.Limit, Latency: p.Latency,
+		Items: p.Items, Entries: p.Entries, Acked: p.Acked, Rate: p.Rate, RateNow: p.RateNow, Limit: p.Limit, Latency: p.Latency,
 		BeatAt: p.BeatAt, ProgressAt: p.ProgressAt, Changes: p.Changes, Replayed: p.Replayed,
 		Requests: runRequests(krun.ParseRequests(ctl, p.Token)),
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"strings"
 	"time"
@@ -12,23 +13,31 @@ import (
 	"github.com/redis/rueidis"
 )
 
-const statusUsage = `Usage: keyswap status [flags] [pattern]
+const statusUsage = `Usage: keyswap status [flags] [pattern | key]
 
 Status lists what keyswap keeps in Redis right now, and changes nothing:
 
   - rebuilds in progress: their lock keys (<key>:rebuild-lock), each
     lock's remaining TTL and the first 8 characters of its token;
   - the runs of rebuild.Rebuilder among them (a lock whose record,
-    <lock>:run, carries the lock's token), from what their heartbeats write
-    every second: owner (host:pid), phase (building, catching up, held,
-    publishing), age, items pulled, entries written, rate (items/s since
-    the start), limit (items/s, "none"), ETA (when the run was given
-    Options.Expected), time since the last heartbeat (BEAT) and since the
-    last item (PROGRESS), changes applied meanwhile (logged/replayed), and
-    the operator's requests pending (cancel, paused, max_rate=N,
-    action=publish|discard); then each of their keys (a family's prefix
-    for a family) with its generation: the one live, since when, and the
-    one kept for 'keyswap rollback' and until when;
+    <lock>:run, carries the lock's token), from what their heartbeats
+    write every second: owner (host:pid), phase (building, catching up,
+    held, publishing), age, items pulled, entries written, the current
+    rate (RATE: items/s over about the last five seconds, so that a
+    throttle or a pause shows within seconds; "-" for a run of an older
+    keyswap), the average rate since the start (AVG), limit (items/s,
+    "none"), ETA at the current rate (when the run was given
+    Options.Expected; "-" while paused or nothing is pulled), time since the last
+    heartbeat (BEAT) and since the last item (PROGRESS), changes applied
+    meanwhile (logged/replayed), and the operator's requests pending
+    (cancel, paused, max_rate=N, action=publish|discard); then each of
+    their keys (a family's prefix for a family) with its generation;
+  - the indexes published (a live key, or a family's prefix), from their
+    meta (<key>:rebuild-gen), which every publish writes: the generation
+    live and since when, the one kept for 'keyswap rollback' and until
+    when, and whether a rollback would roll back now (ROLLBACK: yes, or no
+    and why: none kept, expired, a rebuild in progress, never published),
+    as the rollback itself decides it;
   - temp keys (<key>:rebuild:<unix>:<16 hex>): their age, from the
     timestamp in the name; their TTL ("none" when they have none); their
     Redis type and size (entries, or bytes for a string); MEMORY USAGE;
@@ -46,20 +55,42 @@ server (a password given on the command line becomes --askpass: a
 suggested command never repeats a password). The tables start with the
 server they read.
 
-pattern is a Redis glob (as in SCAN MATCH: * ? [a-z] \x) matched against
-the live key that a lock or temp key belongs to: 'keyswap status "users:*"'
-shows the rebuilds of users:by-email and of users:by-country:us. On Redis
-Cluster, keyswap may pin a live key to its slot with a hash tag
-({users:by-email}:rebuild-lock); the pattern is matched with and without
-that tag. Without a pattern, everything is listed. Every '[' must be closed
-by a ']', and a final '\' must be escaped ('\\').
+A pattern, or --pattern, is a Redis glob (as in SCAN MATCH: * ? [a-z] \x)
+matched against the live key that a lock, meta or temp key belongs to:
+'keyswap status "users:*"' shows the rebuilds and indexes of
+users:by-email and of users:by-country. On Redis Cluster, keyswap may pin
+a live key to its slot with a hash tag ({users:by-email}:rebuild-lock);
+the pattern is matched with and without that tag. Without a pattern,
+everything is listed. Every '[' must be closed by a ']', and a final '\'
+must be escaped ('\\'). Status then scans the keyspace once with SCAN, on
+every master of a cluster, never with KEYS, which takes longer the larger
+the keyspace.
 
-Status scans the keyspace once with SCAN, on every master of a cluster,
-never with KEYS. What it prints is a snapshot: rebuilds start and end while
-it runs.
+An argument without a glob character (* ? [ \), or --index, is a live
+key (a family's prefix for a family): 'keyswap status users:by-email'
+reads that key's lock, the run holding it (whichever of the run's keys it
+is), the run's other locks, its temp keys (but a family's buckets', which
+only a scan finds) and the key's index, without a scan: a few commands,
+whatever the size of the keyspace. Temp keys that crashed processes left
+are not looked for then, and the summary gives the command that scans for
+them (--pattern with the key, its glob characters escaped).
+
+With --watch, status shows its snapshot again every --interval (1s) until
+interrupted (Ctrl-C), each one under a line naming the query and the
+time, on a cleared screen when stdout is a terminal; with -json, each
+snapshot is one JSON object on one line. Every snapshot of a pattern scans
+the keyspace again: on a large one, watch a key, or give a longer
+--interval. An error of the first snapshot ends the watch; a later one (a
+failover, a restart) is shown in its place, in JSON as the object that
+-json errors print (see 'keyswap -h') with its "time", and the watch goes
+on.
+
+What status prints is a snapshot: rebuilds start and end while it runs.
 
 Exit status: 0 when there is no sweep candidate, 3 when there are some (for
-monitoring), 1 on an error, 2 on a usage error.
+monitoring), 1 on an error, 2 on a usage error. Status of one key looks for
+no sweep candidate, and exits 0. --watch exits 0 once interrupted, 1 when
+its first snapshot fails.
 
 JSON output (-json) is one object, whose fields are kept stable:
 
@@ -71,7 +102,9 @@ JSON output (-json) is one object, whose fields are kept stable:
       "master_set": "mymaster"        Sentinel only
     },
     "time": "2025-01-02T15:04:05Z",   when the snapshot was taken
-    "pattern": "users:*",             "" when none was given
+    "pattern": "users:*",             "" when none was given; absent for a key
+    "key": "users:by-email",          status of one key only
+    "scanned": true,                  false for a key: temp_keys holds its run's only
     "cluster": false,
     "older_than_seconds": 3600,
     "locks": [{
@@ -106,9 +139,10 @@ JSON output (-json) is one object, whose fields are kept stable:
       "acked": 60,                    batches Redis acknowledged
       "expected": 500000,             0: unknown
       "rate": 1998.3,                 items/s since the start
+      "rate_now": 1000.5,             items/s over about the last 5 s; null: unknown
       "limit": 0,                     items/s; 0: none
       "latency_us": 0,                what the run's latency probes see, with a latency budget; 0: none
-      "eta_seconds": 190,             null: unknown
+      "eta_seconds": 190,             at the current rate; null: unknown
       "beat_at": "2025-01-02T15:06:05.456Z",       null: none yet
       "progress_at": "2025-01-02T15:06:05.440Z",   the last item pulled
       "changes": 12,                  applied meanwhile, logged for the run
@@ -126,6 +160,19 @@ JSON output (-json) is one object, whose fields are kept stable:
           "rolled_back": null                   the last rollback, if any
         }
       }]
+    }],
+    "indexes": [{
+      "key": "users:by-email",        a family's prefix for a family
+      "meta_key": "users:by-email:rebuild-gen",
+      "family": false,
+      "generation": {...},            as in "keys" above; null: never published
+      "locked": false,                a rebuild (or a rollback) holds its lock
+      "rollback": {
+        "possible": true,             'keyswap rollback' would roll back now
+        "until": "2025-01-02T15:00:00Z",  while possible; else null
+        "why_not": ""                 "none_kept", "expired",
+                                      "rebuild_in_progress", "never_published"
+      }
     }]
   }
 
@@ -133,7 +180,7 @@ Names are exact. Redis names are bytes: a name that is valid UTF-8 is a
 JSON string, as above; any other name (a key holding the byte 0xff, say)
 is given instead as the standard base64 of its bytes, in a field named
 with "_base64" appended, and the plain field is left out: "key_base64",
-"base_base64", "lock_key_base64", "pattern_base64".
+"base_base64", "lock_key_base64", "meta_key_base64", "pattern_base64".
 
 The table of runs and the "runs" field are read from the records, which
 change every second: a run that ends between the scan and the read is left
@@ -144,15 +191,22 @@ out.`
 type statusReport struct {
 	// Server is the Redis read; SweepArgs the connection flags that reach
 	// it again, for the sweep commands status suggests.
-	Server           server
-	SweepArgs        []string
-	Time             time.Time
-	Pattern          string
+	Server    server
+	SweepArgs []string
+	Time      time.Time
+	// Pattern is the glob of a scan. Key is the live key of a status of
+	// one key (ByKey), which reads that key's lock, run and meta without
+	// a scan.
+	Pattern, Key     string
+	ByKey            bool
 	Cluster          bool
 	OlderThanSeconds int64
 	Locks            []lockStatus
 	TempKeys         []tempStatus
 	Runs             []runStatus
+	// Indexes are the indexes published, from their metas: those the
+	// pattern selects, or the key's.
+	Indexes []indexStatus
 }
 
 // lockStatus is one rebuild lock: a rebuild in progress.
@@ -202,26 +256,28 @@ const tokenPrefixLen = 8
 func (c *cli) status(ctx context.Context, args []string) error {
 	fs := newFlagSet("status")
 	conn := addConnFlags(fs)
-	asJSON := fs.Bool("json", false, "print one JSON object (described above) instead of tables")
+	asJSON := fs.Bool("json", false, "print one JSON object (described above) instead of tables; with --watch, one per line")
 	olderThan := fs.Duration("older-than", store.DefaultSweepOlderThan,
 		"the `age` past which a TTL-less, unlocked temp key is a sweep candidate, as for 'keyswap sweep'")
 	legacy := fs.Bool("legacy", false, "count keys of the legacy shape <key>:rebuild:<digits> as sweep candidates too, as 'keyswap sweep --legacy' would")
+	// Not --key: redis-cli's flag for the TLS client key, which is ours too.
+	key := fs.String("index", "", "show this live `key` (a family's prefix) alone, without a scan, whatever bytes it holds")
+	glob := fs.String("pattern", "", "scan for the live keys this `glob` matches, even one without glob characters")
+	watch := fs.Bool("watch", false, "show the status again every --interval until interrupted")
+	every := fs.Duration("interval", time.Second, "the `time` between two snapshots of --watch")
 	positional, err := c.parse(fs, args, statusUsage)
 	if err != nil {
 		return err
 	}
-	if len(positional) > 1 {
-		return usagef("want at most one pattern, got %d arguments: %q", len(positional), positional)
+	q, err := newStatusQuery(fs, positional, *key, *glob)
+	if err != nil {
+		return err
 	}
 	if *olderThan <= 0 {
 		return usagef("-older-than %v: must be positive", *olderThan)
 	}
-	var pattern string
-	if len(positional) == 1 {
-		pattern = positional[0]
-	}
-	if err := checkGlob(pattern); err != nil {
-		return usagef("pattern %q: %v", pattern, err)
+	if *every <= 0 {
+		return usagef("--interval %v: must be positive", *every)
 	}
 
 	client, err := c.connect(ctx, conn)
@@ -229,11 +285,27 @@ func (c *cli) status(ctx context.Context, args []string) error {
 		return err
 	}
 	defer client.Close()
-	rep, err := collectStatus(ctx, client, pattern, *olderThan, *legacy, c.now())
-	if err != nil {
-		return fmt.Errorf("status: %w", err)
+	collect := func(ctx context.Context) (*statusReport, error) {
+		var rep *statusReport
+		var err error
+		if q.byKey {
+			rep, err = collectKeyStatus(ctx, client, q.key, *olderThan, c.now())
+		} else {
+			rep, err = collectStatus(ctx, client, q.pattern, *olderThan, *legacy, c.now())
+		}
+		if err != nil {
+			return nil, fmt.Errorf("status: %w", err)
+		}
+		rep.Server, rep.SweepArgs = serverOf(client, conn.used), conn.suggest()
+		return rep, nil
 	}
-	rep.Server, rep.SweepArgs = serverOf(client, conn.used), conn.suggest()
+	if *watch {
+		return c.watchStatus(ctx, collect, *every, *asJSON, q)
+	}
+	rep, err := collect(ctx)
+	if err != nil {
+		return err
+	}
 	if *asJSON {
 		err = writeJSON(c.stdout, rep.json())
 	} else {
@@ -248,9 +320,54 @@ func (c *cli) status(ctx context.Context, args []string) error {
 	return nil
 }
 
-// rebuildKeysPattern is the SCAN MATCH glob of both lock keys
-// ("*:rebuild-lock") and temp keys ("*:rebuild:*"), so that one SCAN finds
-// both.
+// statusQuery is what status shows: the live keys a pattern selects, with a
+// scan, or one live key, without.
+type statusQuery struct {
+	pattern string
+	key     string
+	byKey   bool
+}
+
+// newStatusQuery returns the query of status's arguments: --index, --pattern,
+// or the one positional argument, a key when it has no glob character, a
+// pattern otherwise. No argument is the pattern "", which selects every
+// key. fs tells which flags were given.
+func newStatusQuery(fs *flag.FlagSet, positional []string, key, pattern string) (statusQuery, error) {
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	n := len(positional)
+	if given["index"] {
+		n++
+	}
+	if given["pattern"] {
+		n++
+	}
+	switch {
+	case n > 1:
+		return statusQuery{}, usagef("want one key or pattern at most (an argument, --index or --pattern), got %d", n)
+	case given["index"]:
+		if key == "" {
+			return statusQuery{}, usagef("--index: want a key, got an empty one")
+		}
+		return statusQuery{key: key, byKey: true}, nil
+	case len(positional) == 1 && positional[0] != "" && !hasGlob(positional[0]):
+		return statusQuery{key: positional[0], byKey: true}, nil
+	case len(positional) == 1:
+		pattern = positional[0]
+	}
+	if err := checkGlob(pattern); err != nil {
+		return statusQuery{}, usagef("pattern %q: %v", pattern, err)
+	}
+	return statusQuery{pattern: pattern}, nil
+}
+
+// hasGlob reports whether s has a character that SCAN MATCH reads as a
+// glob: '*', '?', '[' or '\'.
+func hasGlob(s string) bool { return strings.ContainsAny(s, `*?[\`) }
+
+// rebuildKeysPattern is the SCAN MATCH glob of lock keys
+// ("*:rebuild-lock"), metas ("*:rebuild-gen") and temp keys
+// ("*:rebuild:*"), so that one SCAN finds them all.
 const rebuildKeysPattern = "*:rebuild[-:]*"
 
 // collectStatus takes the snapshot of locks and temp keys whose live key
@@ -263,11 +380,14 @@ func collectStatus(ctx context.Context, client rueidis.Client, pattern string, o
 		Cluster:          cluster,
 		OlderThanSeconds: int64(olderThan / time.Second),
 	}
-	locks, temps, err := scanRebuildKeys(ctx, client, pattern, cluster, now)
+	locks, temps, metas, err := scanRebuildKeys(ctx, client, pattern, cluster, now)
 	if err != nil {
 		return nil, err
 	}
 	if rep.Locks, err = describeLocks(ctx, client, locks); err != nil {
+		return nil, err
+	}
+	if rep.Indexes, err = describeIndexes(ctx, client, metas, rep.held(), now); err != nil {
 		return nil, err
 	}
 	if rep.TempKeys, err = describeTemps(ctx, client, temps); err != nil {
@@ -296,25 +416,39 @@ func collectStatus(ctx context.Context, client rueidis.Client, pattern string, o
 }
 
 // scanRebuildKeys scans the keyspace once for the lock keys (lock key ->
-// base) and temp keys whose live key matches pattern.
+// base), temp keys and metas (meta key -> base) whose live key matches
+// pattern.
 func scanRebuildKeys(ctx context.Context, client rueidis.Client, pattern string, cluster bool, now time.Time) (
-	map[string]string, map[string]tempStatus, error) {
-	locks, temps := map[string]string{}, map[string]tempStatus{}
+	locks map[string]string, temps map[string]tempStatus, metas map[string]string, err error) {
+	locks, temps, metas = map[string]string{}, map[string]tempStatus{}, map[string]string{}
 	for page, err := range scan.Pages(ctx, client, scan.Options{Match: rebuildKeysPattern}) {
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 		for _, k := range page {
 			if base, ok := strings.CutSuffix(k, keys.LockSuffix); ok {
 				if matchLiveKey(pattern, base, cluster) {
 					locks[k] = base
 				}
+			} else if base, ok := strings.CutSuffix(k, keys.MetaSuffix); ok {
+				if matchLiveKey(pattern, base, cluster) {
+					metas[k] = base
+				}
 			} else if base, unix, ok := keys.ParseTempKey(k); ok && matchLiveKey(pattern, base, cluster) {
 				temps[k] = tempStatus{Key: k, Base: base, Timestamp: unix, AgeSeconds: now.Unix() - unix}
 			}
 		}
 	}
-	return locks, temps, nil
+	return locks, temps, metas, nil
+}
+
+// held returns the lock keys of rep's locks.
+func (rep *statusReport) held() map[string]bool {
+	out := map[string]bool{}
+	for _, l := range rep.Locks {
+		out[l.Key] = true
+	}
+	return out
 }
 
 // candidates returns the number of sweep candidates in rep.

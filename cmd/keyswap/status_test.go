@@ -105,6 +105,21 @@ func TestStatusShowsRebuildInProgress(t *testing.T) {
 				t.Errorf("orphan: got %+v", o)
 			}
 
+			// The status of the key: its lock, held by a store's rebuild,
+			// which keeps no record (no run, no temp key found), and no
+			// index yet.
+			r = keyswap(t, d.args("status", rb.final)...)
+			r.wantCode(t, exitOK)
+			if row := tableRow(t, r.stdout, rb.lockKey); row[2] != token[:8] {
+				t.Errorf("status %s: lock row %q, want the token %s", rb.final, row, token[:8])
+			}
+			if row := tableRow(t, section(t, r.stdout, "INDEXES"), rb.final); strings.Join(row[1:], " ") != "- - - - - no: never published" {
+				t.Errorf("status %s: index row %q, want never published", rb.final, row)
+			}
+			if want := "\n1 rebuild in progress for " + rb.final + "; 0 temp keys; read without a scan"; !strings.Contains(r.stdout, want) || strings.Contains(r.stdout, "\nRUNS\n") {
+				t.Errorf("status %s: got\n%s\nwant no run, and %q", rb.final, r.stdout, want)
+			}
+
 			// The pattern applies to the live key, with or without the hash
 			// tag a cluster adds.
 			r = keyswap(t, d.args("status", "-json", p+"users:*")...)
@@ -114,14 +129,24 @@ func TestStatusShowsRebuildInProgress(t *testing.T) {
 				t.Errorf("status %s*: got %+v, want only the rebuild's lock and temp key", p+"users:", rep)
 			}
 
-			// Once the rebuild has swapped, status shows nothing left of it.
+			// Once the rebuild has swapped, status shows nothing left of it
+			// but the index it published, its first generation, which keeps
+			// no previous one.
 			if err := rb.finish(); err != nil {
 				t.Fatalf("rebuild: %v", err)
 			}
 			r = keyswap(t, d.args("status", p+"users:*")...)
 			r.wantCode(t, exitOK)
-			if want := d.server().String() + "\n\nNo rebuild in progress.\n\nNo temp keys.\n\n0 rebuilds in progress; 0 temp keys, 0 without a TTL; 0 sweep candidates (no TTL, no lock, older than 1h0m0s).\n"; r.stdout != want {
-				t.Errorf("status after the rebuild: got\n%s\nwant\n%s", r.stdout, want)
+			meta := redistest.HGetAll(t, d.client, keys.MetaKey(rb.final, d.cluster))
+			at := time.UnixMilli(atoi(meta["at"])).UTC().Format(time.RFC3339)
+			wantStart := d.server().String() + "\n\nNo rebuild in progress.\n\nINDEXES\n"
+			wantEnd := "\n\nNo temp keys.\n\n0 rebuilds in progress; 0 temp keys, 0 without a TTL; 0 sweep candidates (no TTL, no lock, older than 1h0m0s).\n"
+			if !strings.HasPrefix(r.stdout, wantStart) || !strings.HasSuffix(r.stdout, wantEnd) || strings.Count(r.stdout, "\n") != 11 {
+				t.Errorf("status after the rebuild: got\n%s\nwant it to start with\n%s\nand end with\n%s", r.stdout, wantStart, wantEnd)
+			}
+			row = tableRow(t, section(t, r.stdout, "INDEXES"), rb.final)
+			if want := []string{rb.final, "no", "1", at, "-", "-", "no:", "none", "kept"}; !slices.Equal(row, want) {
+				t.Errorf("index row: got %q, want %q", row, want)
 			}
 		})
 	}
@@ -150,6 +175,8 @@ func TestWriteStatus(t *testing.T) {
 	want := `REBUILDS IN PROGRESS
 LOCK                         TTL    TOKEN
 users:by-email:rebuild-lock  4m58s  3f9a1c2e
+
+No index published.
 
 TEMP KEYS
 KEY                                                 AGE     TTL     TYPE       SIZE  MEMORY    LOCKED  SWEEP
@@ -349,7 +376,7 @@ func section(t *testing.T, out, header string) string {
 // and a family, published twice before with KeepPrevious, paused and
 // throttled from the CLI while its source waits: the table and the JSON
 // show the run once (both its locks lead to it) with its owner, start,
-// phase, counts, limit, ETA and requests, exactly as its record holds them,
+// phase, counts, limit, no ETA (paused) and requests, exactly as its record holds them,
 // and each key's generation as its meta holds it.
 func TestStatusShowsRuns(t *testing.T) {
 	t.Parallel()
@@ -393,7 +420,7 @@ func TestStatusShowsRuns(t *testing.T) {
 				t.Fatalf("got %d locks and %d runs, want 2 locks and 1 run:\n%s", len(doc.Locks), len(doc.Runs), r.stdout)
 			}
 			wantFields := []string{"acked", "beat_at", "changes", "entries", "eta_seconds", "expected", "host", "items", "keys",
-				"latency_us", "lease_seconds", "limit", "lock_key", "phase", "pid", "progress_at", "rate", "replayed", "requests", "started",
+				"latency_us", "lease_seconds", "limit", "lock_key", "phase", "pid", "progress_at", "rate", "rate_now", "replayed", "requests", "started",
 				"temp_suffix", "token_prefix"}
 			if got := slices.Sorted(maps.Keys(doc.Runs[0])); !slices.Equal(got, wantFields) {
 				t.Errorf("run fields: got %q, want %q", got, wantFields)
@@ -403,10 +430,13 @@ func TestStatusShowsRuns(t *testing.T) {
 			if err := json.Unmarshal(raw, &got); err != nil {
 				t.Fatal(err)
 			}
-			if got.Rate <= 0 || got.ETASeconds == nil || *got.ETASeconds < 0 || got.BeatAt == nil || got.ProgressAt == nil {
-				t.Errorf("rate %v, eta %v, beat_at %v, progress_at %v: want a rate, an ETA and both times", got.Rate, got.ETASeconds, got.BeatAt, got.ProgressAt)
+			// A paused run has no ETA: the heartbeat that wrote the limit
+			// was sent after the one that read the pause, requested first.
+			if got.Rate <= 0 || got.RateNow == nil || *got.RateNow < 0 || got.ETASeconds != nil || got.BeatAt == nil || got.ProgressAt == nil {
+				t.Errorf("rate %v, rate_now %v, eta %v, beat_at %v, progress_at %v: want a rate, a current rate, no ETA (paused), and both times",
+					got.Rate, got.RateNow, got.ETASeconds, got.BeatAt, got.ProgressAt)
 			}
-			got.Rate, got.ETASeconds, got.BeatAt, got.ProgressAt = 0, nil, nil, nil
+			got.Rate, got.RateNow, got.ETASeconds, got.BeatAt, got.ProgressAt = 0, nil, nil, nil, nil
 			lock, started := ix.lock(d), ms(rec["started"])
 			gen := func(k string) *generationJSON {
 				at, until := ms(metas[k]["at"]), ms(metas[k]["prev_until"])
@@ -432,9 +462,9 @@ func TestStatusShowsRuns(t *testing.T) {
 			r.wantCode(t, exitOK)
 			row := tableRow(t, section(t, r.stdout, "RUNS"), lock)
 			wantRow := []string{lock, "building", fmt.Sprintf("%s:%d", host, os.Getpid()), row[3], "5", rec["entries"], row[6],
-				"50/s", row[8], row[9], row[10], "0/0", "paused,max_rate=50"}
-			if !slices.Equal(row, wantRow) || !strings.HasSuffix(row[6], "/s") || row[8] == "-" {
-				t.Errorf("run row: got %q, want %q with a rate and an ETA", row, wantRow)
+				row[7], "50/s", "-", row[10], row[11], "0/0", "paused,max_rate=50"}
+			if !slices.Equal(row, wantRow) || !strings.HasSuffix(row[6], "/s") || !strings.HasSuffix(row[7], "/s") {
+				t.Errorf("run row: got %q, want %q with a current and an average rate", row, wantRow)
 			}
 			keysRows := section(t, r.stdout, "KEYS OF THE RUNS")
 			for _, k := range []struct {
@@ -475,12 +505,12 @@ func TestWriteStatusRuns(t *testing.T) {
 		Runs: []runStatus{
 			{runRecord: runRecord{Lock: "tags:rebuild-lock", Token: "77aa0011ffff", Keys: []string{"tags"}, Families: []bool{false},
 				Host: "app-2", PID: 7, Started: now.Add(-3 * time.Second), Phase: "held", Items: 10, Entries: 10, Acked: 1,
-				Rate: 3.3, BeatAt: now, ProgressAt: now.Add(-2 * time.Second),
+				Rate: 3.3, RateNow: ptr(0.0), BeatAt: now, ProgressAt: now.Add(-2 * time.Second),
 				Requests: runRequests{Cancel: true, Action: "publish"}},
 				Generations: []keyGeneration{{Key: "tags"}}},
 			{runRecord: runRecord{Lock: "users:by-email:rebuild-lock", Token: "3f9a1c2e0000", Keys: []string{"users:by-email", "users:by-country"},
 				Families: []bool{false, true}, Host: "app-1", PID: 4242, Started: now.Add(-125 * time.Second), Phase: "building",
-				Items: 120000, Entries: 240000, Acked: 60, Expected: 500000, Rate: 960.5, Limit: 1000, ETASeconds: &eta,
+				Items: 120000, Entries: 240000, Acked: 60, Expected: 500000, Rate: 960.5, RateNow: ptr(1000.0), Limit: 1000, ETASeconds: &eta,
 				BeatAt: now.Add(-time.Second), ProgressAt: now, Changes: 12, Replayed: 3,
 				Requests: runRequests{MaxRate: 1000}},
 				Generations: []keyGeneration{
@@ -488,6 +518,22 @@ func TestWriteStatusRuns(t *testing.T) {
 					{Key: "users:by-country", Family: true, Generation: &generation{Gen: 3, At: now.Add(-time.Hour)}},
 				}},
 		},
+	}
+	// The indexes: locked by a run, published without a kept generation,
+	// kept past its time, and one that a rollback would roll back.
+	prev1, prev2 := int64(1), int64(2)
+	for _, ix := range []struct {
+		key  string
+		g    *generation
+		lock string
+	}{
+		{"orders", &generation{Gen: 2, At: now.Add(-2 * time.Hour), Prev: &prev1, PrevUntil: now.Add(-time.Hour)}, ""},
+		{"tags", &generation{Gen: 3, At: now.Add(-time.Hour)}, "tags:rebuild-lock"},
+		{"users:by-country", &generation{Gen: 3, At: now.Add(-time.Hour), Prev: &prev2, PrevUntil: now.Add(time.Hour), Family: true, FamilyType: "set"}, ""},
+		{"users:by-email", &generation{Gen: 7, At: now.Add(-time.Hour), Prev: &prev, PrevUntil: now.Add(time.Hour)}, "users:by-email:rebuild-lock"},
+	} {
+		rep.Indexes = append(rep.Indexes, indexStatus{Key: ix.key, MetaKey: ix.key + ":rebuild-gen", Generation: ix.g, LockKey: ix.lock,
+			Rollback: rollbackOf(ix.g, ix.lock, now)})
 	}
 	var out bytes.Buffer
 	if err := writeStatus(&out, rep); err != nil {
@@ -500,15 +546,22 @@ users:by-country:rebuild-lock  4m58s  3f9a1c2e
 tags:rebuild-lock              1m0s   77aa0011
 
 RUNS
-LOCK                         PHASE     OWNER       AGE   ITEMS   ENTRIES  RATE     LIMIT   ETA    BEAT  PROGRESS  CHANGES  REQUESTS
-tags:rebuild-lock            held      app-2:7     3s    10      10       3.3/s    none    -      0s    2s        0/0      cancel,action=publish
-users:by-email:rebuild-lock  building  app-1:4242  2m5s  120000  240000   960.5/s  1000/s  3m10s  1s    0s        12/3     max_rate=1000
+LOCK                         PHASE     OWNER       AGE   ITEMS   ENTRIES  RATE    AVG      LIMIT   ETA    BEAT  PROGRESS  CHANGES  REQUESTS
+tags:rebuild-lock            held      app-2:7     3s    10      10       0/s     3.3/s    none    -      0s    2s        0/0      cancel,action=publish
+users:by-email:rebuild-lock  building  app-1:4242  2m5s  120000  240000   1000/s  960.5/s  1000/s  3m10s  1s    0s        12/3     max_rate=1000
 
 KEYS OF THE RUNS
 KEY               LOCK                         FAMILY  GEN  LIVE SINCE            PREV  PREV KEPT UNTIL
 tags              tags:rebuild-lock            no      -    -                     -     -
 users:by-email    users:by-email:rebuild-lock  no      7    2025-01-02T14:04:05Z  6     2025-01-02T16:04:05Z
 users:by-country  users:by-email:rebuild-lock  yes     3    2025-01-02T14:04:05Z  -     -
+
+INDEXES
+INDEX             FAMILY  GEN  LIVE SINCE            PREV  PREV KEPT UNTIL       ROLLBACK
+orders            no      2    2025-01-02T13:04:05Z  1     2025-01-02T14:04:05Z  no: expired
+tags              no      3    2025-01-02T14:04:05Z  -     -                     no: none kept
+users:by-country  yes     3    2025-01-02T14:04:05Z  2     2025-01-02T16:04:05Z  yes
+users:by-email    no      7    2025-01-02T14:04:05Z  6     2025-01-02T16:04:05Z  no: rebuild in progress
 
 No temp keys.
 
@@ -518,3 +571,6 @@ No temp keys.
 		t.Errorf("got\n%s\nwant\n%s", got, want)
 	}
 }
+
+// ptr returns a pointer to v.
+func ptr[T any](v T) *T { return &v }

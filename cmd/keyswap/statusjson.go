@@ -8,15 +8,37 @@ import (
 // statusJSON is the -json document of 'keyswap status' (see statusUsage).
 // Its field names are stable.
 type statusJSON struct {
-	Server           serverJSON `json:"server"`
-	Time             time.Time  `json:"time"`
-	Pattern          *string    `json:"pattern,omitempty"`
-	PatternBase64    []byte     `json:"pattern_base64,omitempty"`
-	Cluster          bool       `json:"cluster"`
-	OlderThanSeconds int64      `json:"older_than_seconds"`
-	Locks            []lockJSON `json:"locks"`
-	TempKeys         []tempJSON `json:"temp_keys"`
-	Runs             []runJSON  `json:"runs"`
+	Server           serverJSON        `json:"server"`
+	Time             time.Time         `json:"time"`
+	Pattern          *string           `json:"pattern,omitempty"`
+	PatternBase64    []byte            `json:"pattern_base64,omitempty"`
+	Key              *string           `json:"key,omitempty"`
+	KeyBase64        []byte            `json:"key_base64,omitempty"`
+	Scanned          bool              `json:"scanned"`
+	Cluster          bool              `json:"cluster"`
+	OlderThanSeconds int64             `json:"older_than_seconds"`
+	Locks            []lockJSON        `json:"locks"`
+	TempKeys         []tempJSON        `json:"temp_keys"`
+	Runs             []runJSON         `json:"runs"`
+	Indexes          []indexStatusJSON `json:"indexes"`
+}
+
+// indexStatusJSON is an indexStatus in statusJSON.
+type indexStatusJSON struct {
+	jsonKey
+	MetaKey       *string           `json:"meta_key,omitempty"`
+	MetaKeyBase64 []byte            `json:"meta_key_base64,omitempty"`
+	Family        bool              `json:"family"`
+	Generation    *generationJSON   `json:"generation"`
+	Locked        bool              `json:"locked"`
+	Rollback      rollbackStateJSON `json:"rollback"`
+}
+
+// rollbackStateJSON is a rollbackState in JSON.
+type rollbackStateJSON struct {
+	Possible bool       `json:"possible"`
+	Until    *time.Time `json:"until"`
+	WhyNot   string     `json:"why_not"`
 }
 
 // lockJSON is a lockStatus in statusJSON.
@@ -55,7 +77,20 @@ func (rep *statusReport) json() statusJSON {
 		Locks:            make([]lockJSON, 0, len(rep.Locks)),
 		TempKeys:         make([]tempJSON, 0, len(rep.TempKeys)),
 	}
-	out.Pattern, out.PatternBase64 = jsonName(rep.Pattern)
+	if rep.ByKey {
+		out.Key, out.KeyBase64 = jsonName(rep.Key)
+	} else {
+		out.Pattern, out.PatternBase64 = jsonName(rep.Pattern)
+	}
+	out.Scanned = !rep.ByKey
+	out.Indexes = make([]indexStatusJSON, 0, len(rep.Indexes))
+	for _, ix := range rep.Indexes {
+		j := indexStatusJSON{jsonKey: newJSONKey(ix.Key), Generation: ix.Generation.json(), Locked: ix.LockKey != "",
+			Rollback: rollbackStateJSON{Possible: ix.Rollback.Possible, Until: jsonTime(ix.Rollback.Until), WhyNot: ix.Rollback.WhyNot}}
+		j.MetaKey, j.MetaKeyBase64 = jsonName(ix.MetaKey)
+		j.Family = ix.Generation != nil && ix.Generation.Family
+		out.Indexes = append(out.Indexes, j)
+	}
 	out.Runs = make([]runJSON, 0, len(rep.Runs))
 	for _, r := range rep.Runs {
 		out.Runs = append(out.Runs, r.json())
@@ -91,6 +126,7 @@ type runJSON struct {
 	Acked         int64        `json:"acked"`
 	Expected      int64        `json:"expected"`
 	Rate          float64      `json:"rate"`
+	RateNow       *float64     `json:"rate_now"`
 	Limit         float64      `json:"limit"`
 	LatencyMicros int64        `json:"latency_us"`
 	ETASeconds    *int64       `json:"eta_seconds"`
@@ -132,7 +168,7 @@ func (r runStatus) json() runJSON {
 	j := runJSON{
 		TokenPrefix: prefix(r.Token, tokenPrefixLen), Host: r.Host, PID: r.PID, Started: jsonTime(r.Started),
 		LeaseSeconds: r.LeaseSeconds, Phase: r.Phase, Items: r.Items, Entries: r.Entries, Acked: r.Acked,
-		Expected: r.Expected, Rate: finite(r.Rate), Limit: finite(r.Limit), LatencyMicros: r.Latency.Microseconds(), ETASeconds: r.ETASeconds,
+		Expected: r.Expected, Rate: finite(r.Rate), RateNow: finitePtr(r.RateNow), Limit: finite(r.Limit), LatencyMicros: r.Latency.Microseconds(), ETASeconds: r.ETASeconds,
 		BeatAt: jsonTime(r.BeatAt), ProgressAt: jsonTime(r.ProgressAt), Changes: r.Changes, Replayed: r.Replayed,
 		Requests: requestsJSON{Cancel: r.Requests.Cancel, MaxRate: finite(r.Requests.MaxRate), Paused: r.Requests.Paused,
 			Action: r.Requests.Action},
@@ -166,6 +202,15 @@ func jsonTime(t time.Time) *time.Time {
 		return nil
 	}
 	return &t
+}
+
+// finitePtr returns *f as finite does, or nil when f is nil.
+func finitePtr(f *float64) *float64 {
+	if f == nil {
+		return nil
+	}
+	v := finite(*f)
+	return &v
 }
 
 // finite returns f, or 0 when encoding/json cannot write it (a record

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/keyswap/keyswap/internal/keys"
 )
 
 // writeStatus prints rep as tables, then a summary line.
@@ -17,9 +19,12 @@ func writeStatus(w io.Writer, rep *statusReport) error {
 		fmt.Fprintf(w, "%s\n\n", rep.Server)
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	if len(rep.Locks) == 0 {
+	switch {
+	case len(rep.Locks) == 0 && rep.ByKey:
+		fmt.Fprintf(tw, "No rebuild of %s in progress.\n", displayKey(rep.Key))
+	case len(rep.Locks) == 0:
 		fmt.Fprintln(tw, "No rebuild in progress.")
-	} else {
+	default:
 		fmt.Fprintln(tw, "REBUILDS IN PROGRESS")
 		fmt.Fprintln(tw, "LOCK\tTTL\tTOKEN")
 		for _, l := range rep.Locks {
@@ -33,6 +38,10 @@ func writeStatus(w io.Writer, rep *statusReport) error {
 		if err := writeRuns(w, rep.Runs, rep.Time); err != nil {
 			return err
 		}
+	}
+	fmt.Fprintln(w)
+	if err := writeIndexes(w, rep.Indexes); err != nil {
+		return err
 	}
 	fmt.Fprintln(tw)
 
@@ -55,6 +64,15 @@ func writeStatus(w io.Writer, rep *statusReport) error {
 		return err
 	}
 
+	if rep.ByKey {
+		held := 0
+		if rep.held()[keys.LockKey(rep.Key, rep.Cluster)] {
+			held = 1
+		}
+		fmt.Fprintf(w, "\n%s in progress for %s; %s; read without a scan, so orphaned temp keys are not looked for: %s finds them.\n",
+			plural(held, "rebuild"), displayKey(rep.Key), plural(len(rep.TempKeys), "temp key"), scanSuggestion(rep.Key, rep.SweepArgs))
+		return nil
+	}
 	olderThan := time.Duration(rep.OlderThanSeconds) * time.Second
 	fmt.Fprintf(w, "\n%s in progress; %s, %d without a TTL; %s (no TTL, no lock, older than %s).\n",
 		plural(len(rep.Locks), "rebuild"), plural(len(rep.TempKeys), "temp key"), unexpiring,
@@ -102,15 +120,19 @@ func (rep *statusReport) sweepCommands() []string {
 func writeRuns(w io.Writer, runs []runStatus, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "\nRUNS")
-	fmt.Fprintln(tw, "LOCK\tPHASE\tOWNER\tAGE\tITEMS\tENTRIES\tRATE\tLIMIT\tETA\tBEAT\tPROGRESS\tCHANGES\tREQUESTS")
+	fmt.Fprintln(tw, "LOCK\tPHASE\tOWNER\tAGE\tITEMS\tENTRIES\tRATE\tAVG\tLIMIT\tETA\tBEAT\tPROGRESS\tCHANGES\tREQUESTS")
 	for _, r := range runs {
 		eta := "-"
 		if r.ETASeconds != nil {
 			eta = fmtDuration(time.Duration(*r.ETASeconds) * time.Second)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s:%d\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%d/%d\t%s\n",
+		rateNow := "-"
+		if r.RateNow != nil {
+			rateNow = fmtRate(*r.RateNow)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s:%d\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%d/%d\t%s\n",
 			displayKey(r.Lock), displayPhase(r.Phase), displayKey(phaseOr(r.Host, "-")), r.PID,
-			fmtSince(r.Started, now), r.Items, r.Entries, fmtRate(r.Rate), fmtLimit(r.Limit), eta,
+			fmtSince(r.Started, now), r.Items, r.Entries, rateNow, fmtRate(r.Rate), fmtLimit(r.Limit), eta,
 			fmtSince(r.BeatAt, now), fmtSince(r.ProgressAt, now), r.Changes, r.Replayed, r.Requests.String())
 	}
 	fmt.Fprintln(tw, "\nKEYS OF THE RUNS")
@@ -120,6 +142,27 @@ func writeRuns(w io.Writer, runs []runStatus, now time.Time) error {
 			gen, since, prev, until := g.Generation.columns()
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", displayKey(g.Key), displayKey(r.Lock), yesNo(g.Family), gen, since, prev, until)
 		}
+	}
+	return tw.Flush()
+}
+
+// writeIndexes prints the indexes, their generations and whether a
+// rollback is possible now.
+func writeIndexes(w io.Writer, idx []indexStatus) error {
+	if len(idx) == 0 {
+		_, err := fmt.Fprintln(w, "No index published.")
+		return err
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "INDEXES")
+	fmt.Fprintln(tw, "INDEX\tFAMILY\tGEN\tLIVE SINCE\tPREV\tPREV KEPT UNTIL\tROLLBACK")
+	for _, ix := range idx {
+		family := "-"
+		if ix.Generation != nil {
+			family = yesNo(ix.Generation.Family)
+		}
+		gen, since, prev, until := ix.Generation.columns()
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", displayKey(ix.Key), family, gen, since, prev, until, ix.Rollback)
 	}
 	return tw.Flush()
 }

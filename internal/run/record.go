@@ -78,6 +78,10 @@ const (
 	FieldETA        = "eta"
 	FieldChanges    = "changes"
 	FieldReplayed   = "replayed"
+	// FieldRate is the average rate since the start, in items/s, and
+	// FieldRateNow the current rate: over about the last five seconds. A
+	// record of an older keyswap has no current rate.
+	FieldRateNow = "rate_now"
 )
 
 // The modes of a run.
@@ -115,7 +119,7 @@ const (
 var (
 	RecordFields = []string{FieldVersion, FieldToken, FieldPrimary, FieldMode, FieldKeys, FieldFamilies,
 		FieldSuffix, FieldHost, FieldPID, FieldStarted, FieldTTL, FieldExpected, FieldBatches, FieldLogged,
-		FieldWork, FieldWaits, FieldPhase, FieldItems, FieldEntries, FieldAcked, FieldRate, FieldBeatAt,
+		FieldWork, FieldWaits, FieldPhase, FieldItems, FieldEntries, FieldAcked, FieldRate, FieldRateNow, FieldBeatAt,
 		FieldProgressAt, FieldLimit, FieldLatency, FieldETA, FieldChanges, FieldReplayed}
 	CtlFields  = []string{CtlToken, CtlCancel, CtlMaxRate, CtlPaused, CtlAction}
 	MetaFields = []string{MetaGen, MetaSeq, MetaAt, MetaFamily, MetaPrev, MetaPrevUntil, MetaRolledBack}
@@ -148,6 +152,7 @@ type Record struct {
 	Phase                 string
 	Items, Entries, Acked int64
 	Rate, Limit           float64
+	RateNow               *float64 // nil: unknown (an older keyswap's run)
 	BeatAt, ProgressAt    time.Time
 	Latency               time.Duration
 	ETA                   *time.Duration // nil: unknown
@@ -246,6 +251,14 @@ func ParseRecord(h map[string]string) (Record, error) {
 	field(FieldAcked, integer(&r.Acked))
 	field(FieldRate, float(&r.Rate))
 	field(FieldLimit, float(&r.Limit))
+	field(FieldRateNow, func(s string) error {
+		var f float64
+		if err := float(&f)(s); err != nil {
+			return err
+		}
+		r.RateNow = &f
+		return nil
+	})
 	field(FieldBeatAt, millis(&r.BeatAt))
 	field(FieldProgressAt, millis(&r.ProgressAt))
 	field(FieldLatency, integer(&latency))

@@ -43,24 +43,25 @@ func TestParseRecord(t *testing.T) {
 	rec, err := run.ParseRecord(map[string]string{
 		"v": "2", "token": "t", "mode": "rebuild", "keys": run.EncodeKeys([]string{"a\nb", "c"}), "families": "10",
 		"suffix": ":rebuild:1:00", "pid": "42", "started": "1700000000123", "ttl": "300", "batches": "4", "logged": "3",
-		"work": "12", "phase": "held", "rate": "2.5", "latency_us": "1500", "eta": "7",
+		"work": "12", "phase": "held", "rate": "2.5", "rate_now": "0.5", "latency_us": "1500", "eta": "7",
 	})
 	wantETA := 7 * time.Second
 	if err != nil || rec.Version != "2" || rec.Token != "t" || rec.Mode != run.ModeRebuild || !slices.Equal(rec.Keys, []string{"a\nb", "c"}) ||
 		!slices.Equal(rec.Families, []bool{true, false}) || rec.PID != 42 || !rec.Started.Equal(time.UnixMilli(1700000000123)) ||
 		rec.TTL != 300*time.Second || rec.Batches != 4 || rec.Logged != 3 || rec.Work != 12 || rec.Phase != "held" ||
-		rec.Rate != 2.5 || rec.Latency != 1500*time.Microsecond || rec.ETA == nil || *rec.ETA != wantETA {
+		rec.Rate != 2.5 || rec.RateNow == nil || *rec.RateNow != 0.5 || rec.Latency != 1500*time.Microsecond || rec.ETA == nil || *rec.ETA != wantETA {
 		t.Errorf("ParseRecord: got %+v, %v", rec, err)
 	}
 	rec, err = run.ParseRecord(map[string]string{"token": "t", "keys": "a\nb", "families": "01"})
-	if err != nil || rec.Version != "" || !slices.Equal(rec.Keys, []string{"a", "b"}) || !slices.Equal(rec.Families, []bool{false, true}) {
+	if err != nil || rec.Version != "" || !slices.Equal(rec.Keys, []string{"a", "b"}) || !slices.Equal(rec.Families, []bool{false, true}) ||
+		rec.RateNow != nil {
 		t.Errorf("a v1 record: got %+v, %v", rec, err)
 	}
 	rec, err = run.ParseRecord(map[string]string{"v": "3", "token": "t", "keys": "whatever"})
 	if !errors.Is(err, run.ErrRecordVersion) || rec.Version != "3" || rec.Token != "" || rec.Keys != nil {
 		t.Errorf("a v3 record: got %+v, %v; want ErrRecordVersion and the version alone", rec, err)
 	}
-	for field, value := range map[string]string{"pid": "x", "started": "-1", "rate": "fast", "keys": "9:a", "families": "2", "eta": "soon"} {
+	for field, value := range map[string]string{"pid": "x", "started": "-1", "rate": "fast", "rate_now": "x", "keys": "9:a", "families": "2", "eta": "soon"} {
 		h := map[string]string{"v": "2", "token": "t", field: value}
 		rec, err := run.ParseRecord(h)
 		if err == nil || !strings.Contains(err.Error(), `"`+field+`"`) || rec.Token != "t" {

@@ -1,0 +1,141 @@
+package main
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/keyswap/keyswap/internal/keys"
+	"github.com/redis/rueidis"
+)
+
+// An index that keyswap published (a live key, or a family of keys under a
+// prefix) has a meta, "<base>:rebuild-gen": a hash with the generation
+// live and, when the publish kept the values it replaced
+// (Options.KeepPrevious), the generation kept for 'keyswap rollback' and
+// until when. Status lists the indexes from their metas.
+
+// indexStatus is one index, from its meta.
+type indexStatus struct {
+	// Key is the live key, or a family's prefix: what 'keyswap rollback'
+	// takes. MetaKey is its meta.
+	Key, MetaKey string
+	// Generation is nil when the index was never published (it has no
+	// meta): only 'status <key>' shows such an index.
+	Generation *generation
+	// LockKey is the index's lock when a rebuild (or a rollback) holds
+	// it; "" otherwise.
+	LockKey  string
+	Rollback rollbackState
+}
+
+// rollbackState says whether 'keyswap rollback' of an index would roll
+// back now, as the rollback script decides it, and if not, why.
+type rollbackState struct {
+	Possible bool
+	// Until is when the kept generation expires, while Possible.
+	Until time.Time
+	// WhyNot is one of the rollback* reasons when not Possible.
+	WhyNot string
+}
+
+// The reasons a rollback is not possible, as -json gives them.
+const (
+	rollbackNeverPublished = "never_published"     // no meta
+	rollbackNoneKept       = "none_kept"           // published without KeepPrevious, or rolled back to a first generation
+	rollbackExpired        = "expired"             // the kept generation's time ran out
+	rollbackLocked         = "rebuild_in_progress" // a rebuild holds the index's lock: rollback refuses
+)
+
+// rollbackOf returns whether an index of generation g (nil: never
+// published) can be rolled back at now, lock being the lock a rebuild holds
+// on it ("" for none). The order is the rollback's: it refuses while the
+// lock is held, then when an index keeps no generation.
+func rollbackOf(g *generation, lock string, now time.Time) rollbackState {
+	switch {
+	case g == nil:
+		return rollbackState{WhyNot: rollbackNeverPublished}
+	case g.Prev == nil:
+		return rollbackState{WhyNot: rollbackNoneKept}
+	case !g.PrevUntil.After(now):
+		return rollbackState{WhyNot: rollbackExpired}
+	case lock != "":
+		return rollbackState{WhyNot: rollbackLocked}
+	}
+	return rollbackState{Possible: true, Until: g.PrevUntil}
+}
+
+// String formats r in tables: "yes", or "no: " and the reason.
+func (r rollbackState) String() string {
+	if r.Possible {
+		return "yes"
+	}
+	switch r.WhyNot {
+	case rollbackNeverPublished:
+		return "no: never published"
+	case rollbackNoneKept:
+		return "no: none kept"
+	case rollbackExpired:
+		return "no: expired"
+	case rollbackLocked:
+		return "no: rebuild in progress"
+	}
+	return "no"
+}
+
+// indexKey returns the live key (a family's prefix) whose meta is metaKey,
+// of base: base itself on a standalone server; on a cluster, base without
+// the hash tag keyswap put around the live key, when that gives metaKey
+// back ("{users:by-email}" is users:by-email's). A base such as
+// "{users:by-email}" also stands for a live key spelled with the braces,
+// which shares the meta: the name without them is given.
+func indexKey(metaKey, base string, cluster bool) string {
+	names := liveNames(base, cluster)
+	for i := len(names) - 1; i >= 0; i-- {
+		if keys.MetaKey(names[i].name, cluster) == metaKey {
+			return names[i].name
+		}
+	}
+	return base
+}
+
+// describeIndexes returns the indexes of metas (meta key -> base), sorted
+// by key, with one pipelined HGETALL per meta. held are the lock keys held
+// (by key). A meta that is gone since the scan, or is not a hash with a
+// generation (not keyswap's), is left out.
+func describeIndexes(ctx context.Context, client rueidis.Client, metas map[string]string, held map[string]bool, now time.Time) ([]indexStatus, error) {
+	cluster := client.Mode() == rueidis.ClientModeCluster
+	ks := slices.Sorted(maps.Keys(metas))
+	cmds := make(rueidis.Commands, len(ks))
+	for i, k := range ks {
+		cmds[i] = client.B().Hgetall().Key(k).Build()
+	}
+	out := []indexStatus{}
+	for i, res := range client.DoMulti(ctx, cmds...) {
+		m, err := res.AsStrMap()
+		if rerr, ok := rueidis.IsRedisErr(err); ok && strings.HasPrefix(rerr.Error(), "WRONGTYPE") {
+			continue // a key of another type: not a meta of keyswap's
+		}
+		if err != nil {
+			return nil, fmt.Errorf("HGETALL %s: %w", displayKey(ks[i]), err)
+		}
+		g, ok := parseMeta(m)
+		if !ok {
+			continue
+		}
+		lock := keys.LockKeyForBase(metas[ks[i]])
+		if !held[lock] {
+			lock = ""
+		}
+		out = append(out, indexStatus{Key: indexKey(ks[i], metas[ks[i]], cluster), MetaKey: ks[i], Generation: &g,
+			LockKey: lock, Rollback: rollbackOf(&g, lock, now)})
+	}
+	slices.SortFunc(out, func(a, b indexStatus) int {
+		return cmp.Or(strings.Compare(a.Key, b.Key), strings.Compare(a.MetaKey, b.MetaKey))
+	})
+	return out, nil
+}

@@ -1,0 +1,69 @@
+package main
+
+import (
+	"context"
+	"time"
+
+	"github.com/keyswap/keyswap/internal/keys"
+	"github.com/redis/rueidis"
+)
+
+// collectKeyStatus takes the snapshot of the live key live (a family's
+// prefix for a family) at time now, without scanning the keyspace: its
+// lock; the run that holds it, whichever of the run's keys live is, with
+// the run's other locks; the run's temp keys, but a family's, whose
+// buckets only a scan finds; and live's index. It reads a few keys, and
+// costs the same whatever the size of the keyspace. Orphaned temp keys are
+// not looked for: that takes a scan.
+func collectKeyStatus(ctx context.Context, client rueidis.Client, live string, olderThan time.Duration, now time.Time) (*statusReport, error) {
+	cluster := client.Mode() == rueidis.ClientModeCluster
+	rep := &statusReport{
+		Time:             now.UTC(),
+		Key:              live,
+		ByKey:            true,
+		Cluster:          cluster,
+		OlderThanSeconds: int64(olderThan / time.Second),
+		TempKeys:         []tempStatus{},
+	}
+	lock := keys.LockKey(live, cluster)
+	locks := map[string]string{lock: keys.Base(live, cluster)}
+	var err error
+	if rep.Locks, err = describeLocks(ctx, client, locks); err != nil {
+		return nil, err
+	}
+	if rep.Runs, err = describeRuns(ctx, client, rep.Locks); err != nil {
+		return nil, err
+	}
+	temps := map[string]tempStatus{}
+	for _, r := range rep.Runs {
+		for i, k := range r.Keys {
+			locks[keys.LockKey(k, cluster)] = keys.Base(k, cluster)
+			if r.Suffix == "" || r.Families[i] {
+				continue
+			}
+			t := keys.Base(k, cluster) + r.Suffix
+			if base, unix, ok := keys.ParseTempKey(t); ok {
+				temps[t] = tempStatus{Key: t, Base: base, Timestamp: unix, AgeSeconds: now.Unix() - unix}
+			}
+		}
+	}
+	if len(locks) > len(rep.Locks) {
+		if rep.Locks, err = describeLocks(ctx, client, locks); err != nil {
+			return nil, err
+		}
+	}
+	if rep.TempKeys, err = describeTemps(ctx, client, temps); err != nil {
+		return nil, err
+	}
+	gens, err := readGenerations(ctx, client, []string{live})
+	if err != nil {
+		return nil, err
+	}
+	held := ""
+	if rep.held()[lock] {
+		held = lock
+	}
+	rep.Indexes = []indexStatus{{Key: live, MetaKey: keys.MetaKey(live, cluster), Generation: gens[0], LockKey: held,
+		Rollback: rollbackOf(gens[0], held, now)}}
+	return rep, nil
+}
