@@ -713,7 +713,9 @@ func TestTrustPublishWorkBound(t *testing.T) {
 	t.Parallel()
 	srv := redistest.OwnServer(t, "--slowlog-log-slower-than", "1000", "--slowlog-max-len", "10000")
 	c, other := srv.Client(t), srv.Client(t)
-	ctx := redistest.Ctx(t)
+	// 200,000 updates to catch up with: minutes under -race on a loaded
+	// machine, which the test is not about.
+	ctx := slowCtx(t)
 	key := redistest.Prefix(t) + "by-email"
 	hash := func() rebuild.Builder[user] {
 		return builders.Hash(key, func(u user) (string, string, bool) { return u.Email, u.ID, true })
@@ -749,7 +751,7 @@ func TestTrustPublishWorkBound(t *testing.T) {
 			return res
 		},
 	})
-	stats, err := redistest.Rebuilder(t, hooked, rebuild.Options{}, hash()).Run(ctx, rebuild.FromSlice(users(200)))
+	stats, err := redistest.Rebuilder(t, hooked, rebuild.Options{CatchUpTimeout: slowTimeout}, hash()).Run(ctx, rebuild.FromSlice(users(200)))
 	if err != nil {
 		t.Fatalf("Run: %v", err)
 	}
@@ -796,7 +798,7 @@ func TestTrustLargeFamilyShortLease(t *testing.T) {
 	t.Parallel()
 	srv := redistest.OwnServer(t)
 	c := srv.Client(t)
-	ctx := redistest.Ctx(t)
+	ctx := slowCtx(t) // 400,000 keys written: minutes under -race on a loaded machine
 	prefix := redistest.Prefix(t) + "by-id"
 	const n = 200_000
 	refresh := redistest.ScriptNamed("refresh")
@@ -964,4 +966,16 @@ func TestHeartbeatNotHeldBackBySlowRoundTrip(t *testing.T) {
 		}
 		redistest.WantClean(t, d.Other, d.Prefix)
 	})
+}
+
+// slowTimeout bounds the tests that write hundreds of thousands of keys or
+// changes: what they check is not their speed, and under -race on a loaded
+// machine they take minutes.
+const slowTimeout = 5 * time.Minute
+
+// slowCtx returns a context that ends after slowTimeout, or with the test.
+func slowCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(t.Context(), slowTimeout)
+	t.Cleanup(cancel)
+	return ctx
 }
