@@ -402,7 +402,7 @@ func TestSetIndexEmptyBucket(t *testing.T) {
 }
 
 func TestSetIndexBucketShapedLikeLockOrTemp(t *testing.T) {
-	// 11.4: bucket values come from data. A value that would make
+	// 11.4, C60: bucket values come from data. A value that would make
 	// "<prefix>:<bucket>" one of keyswap's own keys (the family's lock
 	// "rebuild-lock", its record, a generation, a temp key of either shape)
 	// is skipped, counted in Stats.Skipped and logged once per key; the run

@@ -181,7 +181,7 @@ func (ix *indexOf) changed(cs ...rebuild.Change[user]) {
 }
 
 func TestApplyMaintainsIndex(t *testing.T) {
-	// Without a run, Apply keeps the three indexes exactly as a rebuild of
+	// C64: without a run, Apply keeps the three indexes exactly as a rebuild of
 	// the source of truth would make them, in one round trip per call
 	// whatever the number of changes, and sends nothing for changes that
 	// write nothing.
@@ -244,8 +244,8 @@ func with(u user, f func(*user)) user {
 }
 
 func TestApplyRefusedBeforeSending(t *testing.T) {
-	// What Apply refuses without sending anything, the live keys as they
-	// were: a builder that is not Incremental (ErrNotIncremental, naming
+	// C64: what Apply refuses without sending anything, the live keys as
+	// they were: a builder that is not Incremental (ErrNotIncremental, naming
 	// it), a change with neither Old nor New (even with valid changes
 	// beside it), a Diff error (a NaN score), and a write to a key the
 	// builder does not own.
@@ -322,7 +322,7 @@ func (s *strayBuilder) Diff(w *rebuild.Writes, _, new *user) error {
 }
 
 func TestApplyReservedBucket(t *testing.T) {
-	// A change whose bucket would have the shape of keyswap's own keys
+	// C60: a change whose bucket would have the shape of keyswap's own keys
 	// (the family's "rebuild-lock", a generation) skips that write, as a
 	// run skips such an entry, and logs it; the rest of the change is
 	// applied, in the same round trip.
@@ -744,7 +744,7 @@ func wantRunErr(t *testing.T, err error, op string, target error, says string) {
 }
 
 func TestApplyMaxChanges(t *testing.T) {
-	// The writer's Rebuilder bounds each log at MaxChanges entries: past
+	// C65: the writer's Rebuilder bounds each log at MaxChanges entries: past
 	// it, changes are applied but not logged (the log gets "!overrun",
 	// and Apply logs a warning), and the run fails with ErrFallingBehind
 	// instead of publishing without them: in its catch-up when the overrun
@@ -799,7 +799,7 @@ func TestApplyMaxChanges(t *testing.T) {
 }
 
 func TestApplyCatchUpTimeout(t *testing.T) {
-	// A run whose catch-up cannot get within PublishTail of the logs before
+	// C66: a run whose catch-up cannot get within PublishTail of the logs before
 	// CatchUpTimeout fails with ErrFallingBehind: 1400 changes, each logged
 	// in the three logs, were applied while its source was held, and the
 	// catch-up replays 1000 entries per log per round trip; a hook makes
@@ -875,8 +875,8 @@ func publishCode(res rueidis.RedisResult) (int64, bool) {
 }
 
 func TestApplyTailTooLong(t *testing.T) {
-	// Changes applied between the last catch-up and the publish, more
-	// than PublishTail: the publish refuses before any write ({-7}), the
+	// C66, C77: changes applied between the last catch-up and the publish,
+	// more than PublishTail: the publish refuses before any write ({-7}), the
 	// run catches up again and publishes. A hook on the publish script's
 	// first send makes 1500 changes (inserts, deletes, updates of every
 	// field) before letting it through. Stats.Changes counts every entry

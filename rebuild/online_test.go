@@ -345,7 +345,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // 200,000, in a run that still takes seconds under -race.
 const onlineSize = 200_000
 
-// TestOnlineRebuildKeepsChanges: a rebuild of 200k users, from a snapshot
+// TestOnlineRebuildKeepsChanges (C64, C65, C66): a rebuild of 200k users, from a snapshot
 // of the source of truth taken when its source starts, while a writer
 // (another client, another Rebuilder of the same indexes) inserts, deletes
 // and updates users at a steady rate, before, during and after the run:
@@ -489,7 +489,7 @@ func TestOnlineFailedRunKeepsChanges(t *testing.T) {
 	})
 }
 
-// TestOnlineKilledRunLeavesNoLog: a run in another process, killed with
+// TestOnlineKilledRunLeavesNoLog (C65): a run in another process, killed with
 // SIGKILL while a writer applies changes that are logged for it, leaves its
 // lock, record, log and temp keys to expire: after twice its 2 s lease none
 // is left, and the live indexes hold every change.

@@ -864,7 +864,7 @@ func TestTrustLargeFamilyShortLease(t *testing.T) {
 }
 
 func TestTrustRefreshStopsWhenTheLeaseEnds(t *testing.T) {
-	// C80: a refresh in progress when the lease ends (the run goes on to its
+	// C80, C61: a refresh in progress when the lease ends (the run goes on to its
 	// publish) stops at its next chunk: the publish waits for the lease's
 	// goroutines, so a refresh that went on through its chunks held the
 	// publish back while the locks' TTL ran out (a large family on a slow
@@ -880,13 +880,19 @@ func TestTrustRefreshStopsWhenTheLeaseEnds(t *testing.T) {
 	prefix := redistest.Prefix(t) + "by-id"
 	const n = 10 * 500 // ten refresh chunks
 	refresh, publish := redistest.ScriptNamed("refresh"), redistest.ScriptNamed("publish")
-	var chunks, afterSource, atPublish atomic.Int64
+	var chunks, fullChunks, afterSource, atPublish atomic.Int64
 	var sourceDone atomic.Bool
 	slow := rueidishook.WithHook(c, redistest.Hook{
 		OnDo: func(c rueidis.Client, ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
 			switch {
 			case refresh.Is(cmd.Commands()):
 				chunks.Add(1)
+				// EVALSHA sha numkeys lock temp...: C61's bound on a chunk.
+				if n, err := strconv.Atoi(cmd.Commands()[2]); err != nil || n-1 > 500 {
+					t.Errorf("a refresh script of %q keys, want at most 500 temp keys and the lock", cmd.Commands()[2])
+				} else if n-1 == 500 {
+					fullChunks.Add(1)
+				}
 				if sourceDone.Load() {
 					afterSource.Add(1)
 				}
@@ -916,6 +922,9 @@ func TestTrustRefreshStopsWhenTheLeaseEnds(t *testing.T) {
 	}
 	if got := len(stats.Outcomes); got != n {
 		t.Errorf("published %d buckets, want %d", got, n)
+	}
+	if fullChunks.Load() == 0 {
+		t.Errorf("no refresh script carried 500 temp keys: the %d buckets were not chunked by 500", n)
 	}
 	if got := atPublish.Load(); got > 2 {
 		t.Errorf("%d refresh chunks were sent after the source ended and before the publish, want at most 2 (the refresh went on after the lease ended)", got)
