@@ -1170,12 +1170,7 @@ func TestCompatRefusedOtherSlot(t *testing.T) {
 					return nil
 				})
 
-				var err error
-				panicked := func() (p any) {
-					defer func() { p = recover() }()
-					_, err = redistest.Rebuilder(t, d.Client, rebuild.Options{}, b).Run(redistest.Ctx(t), rebuild.FromSlice(users(2)))
-					return nil
-				}()
+				panicked, err := runRecovering(t, d.Client, b)
 
 				switch {
 				case panicked != nil:
@@ -1212,12 +1207,7 @@ func TestCompatPanicPassedOn(t *testing.T) {
 				p.HSet(ctx, temp, us[0].Email, us[0].ID)
 				panic(value)
 			})
-			var err error
-			panicked := func() (p any) {
-				defer func() { p = recover() }()
-				_, err = redistest.Rebuilder(t, d.Client, rebuild.Options{}, b).Run(redistest.Ctx(t), rebuild.FromSlice(users(2)))
-				return nil
-			}()
+			panicked, err := runRecovering(t, d.Client, b)
 			if pe, ok := panicked.(*rebuild.PanicError); !ok || fmt.Sprint(pe.Value) != fmt.Sprint(value) {
 				t.Errorf("Run: got the panic %.200v and the error %v, want a panic with a *rebuild.PanicError of %v", panicked, err, value)
 			}
@@ -1225,6 +1215,15 @@ func TestCompatPanicPassedOn(t *testing.T) {
 		redistest.WantUnchanged(t, d.Other, d.Prefix, before)
 		redistest.WantClean(t, d.Other, d.Prefix)
 	})
+}
+
+// runRecovering runs a rebuild of two users with b, and returns its error,
+// or what Run panicked with.
+func runRecovering(t *testing.T, c rueidis.Client, b rebuild.Builder[user]) (panicked any, err error) {
+	t.Helper()
+	defer func() { panicked = recover() }()
+	_, err = redistest.Rebuilder(t, c, rebuild.Options{}, b).Run(redistest.Ctx(t), rebuild.FromSlice(users(2)))
+	return nil, err
 }
 
 func TestCompatServerRefusal(t *testing.T) {

@@ -147,21 +147,27 @@ func TestConfigInvalid(t *testing.T) {
 			want:     func(p string) []string { return []string{p + "k:rebuild-lock", "builder 0", "has the shape of"} },
 		},
 		{
-			name:     "Hash key shaped like a record",
-			builders: func(p string) []rebuild.Builder[user] { return []rebuild.Builder[user]{cfgZset(p + "z"), cfgHash(p + "k:rebuild-lock:run")} },
-			want:     func(p string) []string { return []string{p + "k:rebuild-lock:run", "builder 1", "has the shape of"} },
+			name: "Hash key shaped like a record",
+			builders: func(p string) []rebuild.Builder[user] {
+				return []rebuild.Builder[user]{cfgZset(p + "z"), cfgHash(p + "k:rebuild-lock:run")}
+			},
+			want: func(p string) []string { return []string{p + "k:rebuild-lock:run", "builder 1", "has the shape of"} },
 		},
 		{
-			name:     "SetIndex prefix shaped like a meta",
-			builders: func(p string) []rebuild.Builder[user] { return []rebuild.Builder[user]{cfgIndex(p + "idx:rebuild-gen")} },
-			want:     func(p string) []string { return []string{p + "idx:rebuild-gen", "has the shape of"} },
+			name: "SetIndex prefix shaped like a meta",
+			builders: func(p string) []rebuild.Builder[user] {
+				return []rebuild.Builder[user]{cfgIndex(p + "idx:rebuild-gen")}
+			},
+			want: func(p string) []string { return []string{p + "idx:rebuild-gen", "has the shape of"} },
 		},
 		{
 			name: "Hash key shaped like a temp key",
 			builders: func(p string) []rebuild.Builder[user] {
 				return []rebuild.Builder[user]{cfgHash(p + "k:rebuild:1600000000:0123456789abcdef")}
 			},
-			want: func(p string) []string { return []string{p + "k:rebuild:1600000000:0123456789abcdef", "has the shape of"} },
+			want: func(p string) []string {
+				return []string{p + "k:rebuild:1600000000:0123456789abcdef", "has the shape of"}
+			},
 		},
 		{
 			name: "two builders on one key",
