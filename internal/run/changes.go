@@ -23,11 +23,11 @@ type Op struct {
 	Args []string
 }
 
-// OpTypes maps each command an [Op] may run to the type of key it writes.
+// opTypes maps each command an [Op] may run to the type of key it writes.
 // HDELIF and ZREMIF are keyswap's own (scripts/lib/remove.lua): "HDELIF key
 // field value ..." removes each field only while it holds value, "ZREMIF
 // key score member ..." each member only while it has score.
-var OpTypes = map[string]string{
+var opTypes = map[string]string{
 	"HSET": "hash", "HDEL": "hash", "HDELIF": "hash",
 	"ZADD": "zset", "ZREM": "zset", "ZREMIF": "zset",
 	"SADD": "set", "SREM": "set",
@@ -123,7 +123,7 @@ func ReadLogReply(res rueidis.RedisResult) (entries []string, c LogCount, work i
 
 // check validates op's shape.
 func (op Op) check() error {
-	if _, ok := OpTypes[op.Cmd]; !ok {
+	if _, ok := opTypes[op.Cmd]; !ok {
 		return fmt.Errorf("a change cannot run %q: only HSET, HDEL, HDELIF, ZADD, ZREM, ZREMIF, SADD and SREM", op.Cmd)
 	}
 	if op.Key == "" {
@@ -242,7 +242,7 @@ func DecodeEntry(e string) ([]Op, error) {
 		if !ok1 || !ok2 || !ok3 || !ok4 || n > len(e) {
 			return nil, bad
 		}
-		if _, ok := OpTypes[cmd]; !ok {
+		if _, ok := opTypes[cmd]; !ok {
 			return nil, fmt.Errorf("its command %q is not one a builder writes", cmd)
 		}
 		op := Op{Cmd: cmd, Key: key, Args: make([]string, n)}
