@@ -17,6 +17,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/keyswap/keyswap/builders"
+	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/rebuild"
@@ -26,34 +27,34 @@ import (
 	"github.com/redis/rueidis/rueidishook"
 )
 
-// Every constructor returns a rebuild.Builder.
+// Every constructor returns a index.Builder.
 var (
-	_ rebuild.Builder[user] = builders.Hash[user]("h", func(user) (string, string, bool) { return "", "", false })
-	_ rebuild.Builder[user] = builders.SortedSet[user]("z", func(user) (string, float64, bool) { return "", 0, false })
-	_ rebuild.Builder[user] = builders.Set[user]("s", func(user) (string, bool) { return "", false })
-	_ rebuild.Builder[user] = builders.SetIndex[user]("i", func(user) (string, string, bool) { return "", "", false })
-	_ rebuild.Builder[user] = builders.HashErr[user]("h", func(user) (string, string, bool, error) { return "", "", false, nil })
-	_ rebuild.Builder[user] = builders.SortedSetErr[user]("z", func(user) (string, float64, bool, error) { return "", 0, false, nil })
-	_ rebuild.Builder[user] = builders.SetErr[user]("s", func(user) (string, bool, error) { return "", false, nil })
-	_ rebuild.Builder[user] = builders.SetIndexErr[user]("i", func(user) (string, string, bool, error) { return "", "", false, nil })
-	_ rebuild.Builder[user] = builders.Func[user]("f", func(*rebuild.Commands, []user) error { return nil })
-	_ rebuild.Builder[user] = builders.Compat[user]("c", func(context.Context, rueidiscompat.Pipeliner, string, []user) error { return nil })
+	_ index.Builder[user] = builders.Hash[user]("h", func(user) (string, string, bool) { return "", "", false })
+	_ index.Builder[user] = builders.SortedSet[user]("z", func(user) (string, float64, bool) { return "", 0, false })
+	_ index.Builder[user] = builders.Set[user]("s", func(user) (string, bool) { return "", false })
+	_ index.Builder[user] = builders.SetIndex[user]("i", func(user) (string, string, bool) { return "", "", false })
+	_ index.Builder[user] = builders.HashErr[user]("h", func(user) (string, string, bool, error) { return "", "", false, nil })
+	_ index.Builder[user] = builders.SortedSetErr[user]("z", func(user) (string, float64, bool, error) { return "", 0, false, nil })
+	_ index.Builder[user] = builders.SetErr[user]("s", func(user) (string, bool, error) { return "", false, nil })
+	_ index.Builder[user] = builders.SetIndexErr[user]("i", func(user) (string, string, bool, error) { return "", "", false, nil })
+	_ index.Builder[user] = builders.Func[user]("f", func(*index.Commands, []user) error { return nil })
+	_ index.Builder[user] = builders.Compat[user]("c", func(context.Context, rueidiscompat.Pipeliner, string, []user) error { return nil })
 )
 
 // The builders the tests use, over user.
-func byEmail(key string) rebuild.Builder[user] {
+func byEmail(key string) index.Builder[user] {
 	return builders.Hash(key, func(u user) (string, string, bool) { return u.Email, u.ID, !builders.Blank(u.Email) })
 }
 
-func byScore(key string) rebuild.Builder[user] {
+func byScore(key string) index.Builder[user] {
 	return builders.SortedSet(key, func(u user) (string, float64, bool) { return u.ID, u.Score, !builders.Blank(u.ID) })
 }
 
-func ids(key string) rebuild.Builder[user] {
+func ids(key string) index.Builder[user] {
 	return builders.Set(key, func(u user) (string, bool) { return u.ID, !builders.Blank(u.ID) })
 }
 
-func byCountry(prefix string) rebuild.Builder[user] {
+func byCountry(prefix string) index.Builder[user] {
 	return builders.SetIndex(prefix, func(u user) (string, string, bool) { return u.Country, u.ID, !builders.Blank(u.Country) })
 }
 
@@ -127,7 +128,7 @@ func TestBuilderKeyAndFamily(t *testing.T) {
 	// style): only SetIndex is one, and its Key is its prefix.
 	for _, tc := range []struct {
 		name   string
-		b      rebuild.Builder[user]
+		b      index.Builder[user]
 		key    string
 		family bool
 	}{
@@ -135,16 +136,16 @@ func TestBuilderKeyAndFamily(t *testing.T) {
 		{"SortedSet", byScore("users:by-score"), "users:by-score", false},
 		{"Set", ids("users:ids"), "users:ids", false},
 		{"SetIndex", byCountry("users:by-country"), "users:by-country", true},
-		{"Func", builders.Func("visitors", func(*rebuild.Commands, []user) error { return nil }), "visitors", false},
+		{"Func", builders.Func("visitors", func(*index.Commands, []user) error { return nil }), "visitors", false},
 		{"Compat", builders.Compat("c", func(context.Context, rueidiscompat.Pipeliner, string, []user) error { return nil }), "c", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := tc.b.Key(); got != tc.key {
 				t.Errorf("Key(): got %q, want %q", got, tc.key)
 			}
-			f, ok := tc.b.(rebuild.Family)
+			f, ok := tc.b.(index.Family)
 			if ok != tc.family {
-				t.Fatalf("implements rebuild.Family: got %v, want %v", ok, tc.family)
+				t.Fatalf("implements index.Family: got %v, want %v", ok, tc.family)
 			}
 			if ok && f.KeyType() != "set" {
 				t.Errorf("KeyType(): got %q, want %q", f.KeyType(), "set")
@@ -466,12 +467,12 @@ func TestMaxArgs(t *testing.T) {
 	for i := range src {
 		src[i].Country = "all" // one SetIndex bucket, so that it is split too
 	}
-	wantSizes := []int{builders.MaxArgs, builders.MaxArgs, batch - 2*builders.MaxArgs, n - batch}
-	wantMerged := []int{rebuild.MaxMergeArgs, rebuild.MaxMergeArgs, n - 2*rebuild.MaxMergeArgs}
+	wantSizes := []int{index.MaxArgs, index.MaxArgs, batch - 2*index.MaxArgs, n - batch}
+	wantMerged := []int{index.MaxArgs, index.MaxArgs, n - 2*index.MaxArgs}
 	forEachDeployment(t, func(t *testing.T, d deployment) {
 		for _, tc := range []struct {
 			name   string
-			b      rebuild.Builder[user]
+			b      index.Builder[user]
 			count  func(t *testing.T) int
 			merged bool
 		}{
@@ -524,8 +525,8 @@ func familiaSource() []user {
 
 // familiaBuilders returns a unique index, a timeline, a set and a
 // set-per-value index under p.
-func familiaBuilders(p string) []rebuild.Builder[user] {
-	return []rebuild.Builder[user]{byEmail(p + "by-email"), byScore(p + "by-score"), ids(p + "ids"), byCountry(p + "by-country")}
+func familiaBuilders(p string) []index.Builder[user] {
+	return []index.Builder[user]{byEmail(p + "by-email"), byScore(p + "by-score"), ids(p + "ids"), byCountry(p + "by-country")}
 }
 
 // familiaWant models what familiaBuilders must produce from src, applying
@@ -803,7 +804,7 @@ func TestFuncHyperLogLog(t *testing.T) {
 	forEachDeployment(t, func(t *testing.T, d deployment) {
 		key := d.Prefix + "visitors"
 		redistest.Do(t, d.Other, d.Other.B().Pfadd().Key(key).Element("someone-else").Build())
-		hll := builders.Func(key, func(c *rebuild.Commands, us []user) error {
+		hll := builders.Func(key, func(c *index.Commands, us []user) error {
 			temp, err := c.Temp(key)
 			if err != nil {
 				return err
@@ -847,7 +848,7 @@ func TestFuncError(t *testing.T) {
 		key := d.Prefix + "visitors"
 		redistest.Do(t, d.Other, d.Other.B().Pfadd().Key(key).Element("old").Build())
 		before := redistest.Snapshot(t, d.Other, d.Prefix)
-		b := builders.Func(key, func(c *rebuild.Commands, us []user) error {
+		b := builders.Func(key, func(c *index.Commands, us []user) error {
 			if us[0].ID == users(3)[1].ID { // the second batch (BatchSize 1)
 				return errBoom
 			}
@@ -892,12 +893,12 @@ func encodeUser(u user) (string, error) {
 // p, with a command that gives it old contents.
 func errForms(p string) []struct {
 	name, key string
-	builder   rebuild.Builder[user]
+	builder   index.Builder[user]
 	seed      func(c rueidis.Client) rueidis.Completed
 } {
 	type form = struct {
 		name, key string
-		builder   rebuild.Builder[user]
+		builder   index.Builder[user]
 		seed      func(c rueidis.Client) rueidis.Completed
 	}
 	return []form{
@@ -973,13 +974,13 @@ func TestErrFormsWriteWhatThePlainFormsWrite(t *testing.T) {
 	src[3].Email, src[4].Country = " ", "" // skipped by both forms
 	forEachDeployment(t, func(t *testing.T, d deployment) {
 		plainPrefix, errPrefix := d.Prefix+"plain:", d.Prefix+"err:"
-		plain := []rebuild.Builder[user]{
+		plain := []index.Builder[user]{
 			builders.Hash(plainPrefix+"h", func(u user) (string, string, bool) { return u.Email, u.ID, !builders.Blank(u.Email) }),
 			builders.SortedSet(plainPrefix+"z", func(u user) (string, float64, bool) { return u.ID, u.Score, true }),
 			builders.Set(plainPrefix+"s", func(u user) (string, bool) { return u.ID, !builders.Blank(u.Country) }),
 			builders.SetIndex(plainPrefix+"i", func(u user) (string, string, bool) { return u.Country, u.ID, !builders.Blank(u.Country) }),
 		}
-		withErr := []rebuild.Builder[user]{
+		withErr := []index.Builder[user]{
 			builders.HashErr(errPrefix+"h", func(u user) (string, string, bool, error) { return u.Email, u.ID, !builders.Blank(u.Email), nil }),
 			builders.SortedSetErr(errPrefix+"z", func(u user) (string, float64, bool, error) { return u.ID, u.Score, true, nil }),
 			builders.SetErr(errPrefix+"s", func(u user) (string, bool, error) { return u.ID, !builders.Blank(u.Country), nil }),
@@ -1013,18 +1014,18 @@ func TestTempOfForeignKey(t *testing.T) {
 		for _, tc := range []struct {
 			name    string
 			foreign string
-			with    []rebuild.Builder[user]
+			with    []index.Builder[user]
 		}{
 			{"unrelated key", d.Prefix + "elsewhere", nil},
 			{"the live key's neighbour", own + ":x", nil},
-			{"another builder's key", other, []rebuild.Builder[user]{ids(other)}},
-			{"a SetIndex bucket of another builder", other + ":fr", []rebuild.Builder[user]{byCountry(other)}},
+			{"another builder's key", other, []index.Builder[user]{ids(other)}},
+			{"a SetIndex bucket of another builder", other + ":fr", []index.Builder[user]{byCountry(other)}},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				redistest.Do(t, d.Other, d.Other.B().Set().Key(own).Value("old").Build())
 				redistest.Do(t, d.Other, d.Other.B().Sadd().Key(tc.foreign).Member("old").Build())
 				before := redistest.Snapshot(t, d.Other, d.Prefix)
-				f := builders.Func(own, func(c *rebuild.Commands, us []user) error {
+				f := builders.Func(own, func(c *index.Commands, us []user) error {
 					temp, err := c.Temp(tc.foreign)
 					if err != nil {
 						return err

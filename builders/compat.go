@@ -8,7 +8,7 @@ import (
 	"runtime/debug"
 	"strings"
 
-	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/index"
 	"github.com/redis/rueidis"
 	"github.com/redis/rueidis/rueidiscompat"
 )
@@ -31,7 +31,7 @@ import (
 // (SMOVE, COPY, RENAME, LMOVE, SORT, DEL, MSET, scripts, ...) are refused.
 // Either fails the rebuild with an error naming the command. Stats count
 // one entry per queued command.
-func Compat[T any](key string, fn func(ctx context.Context, p rueidiscompat.Pipeliner, temp string, items []T) error) rebuild.Builder[T] {
+func Compat[T any](key string, fn func(ctx context.Context, p rueidiscompat.Pipeliner, temp string, items []T) error) index.Builder[T] {
 	return &compat[T]{single{key}, fn}
 }
 
@@ -42,7 +42,7 @@ type compat[T any] struct {
 
 // Build runs fn on a pipeline that captures its commands instead of sending
 // them, checks that they write only to temp, and adds them to c.
-func (b *compat[T]) Build(c *rebuild.Commands, items []T) error {
+func (b *compat[T]) Build(c *index.Commands, items []T) error {
 	temp, err := c.Temp(b.key)
 	if err != nil {
 		return err

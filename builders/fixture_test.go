@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/rebuild"
@@ -47,7 +48,7 @@ func users(n int) []user {
 }
 
 // mustRun runs a Rebuilder of bs over src and fails the test on error.
-func mustRun[T any](t *testing.T, c rueidis.Client, opts rebuild.Options, src []T, bs ...rebuild.Builder[T]) rebuild.Stats {
+func mustRun[T any](t *testing.T, c rueidis.Client, opts rebuild.Options, src []T, bs ...index.Builder[T]) rebuild.Stats {
 	t.Helper()
 	stats, err := redistest.Rebuilder(t, c, opts, bs...).Run(redistest.Ctx(t), rebuild.FromSlice(src))
 	if err != nil {

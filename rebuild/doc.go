@@ -68,16 +68,18 @@
 //
 // rueidis writes a whole round trip before any of it leaves, and the server
 // waits meanwhile, so the sender keeps a second round trip in flight
-// whenever the order of the two cannot change the result:
+// whenever the order of the two cannot change the result, as the builders'
+// [index.Order] says:
 //
-//   - when every builder is [Commutative] (builders.Set, builders.SetIndex),
-//     always;
-//   - when every builder is Commutative or [Keyed] (builders.Hash,
+//   - when every builder is [index.AnyOrder] (builders.Set,
+//     builders.SetIndex), always;
+//   - when every builder is AnyOrder or [index.ByEntry] (builders.Hash,
 //     builders.SortedSet), unless the two write a common field or member of
-//     a Keyed builder: then the later waits for the earlier, so that the
+//     a ByEntry builder: then the later waits for the earlier, so that the
 //     last write in source order wins;
-//   - with any other builder (builders.Func, builders.Compat, your own),
-//     never: one round trip at a time, in source order;
+//   - with an [index.InOrder] builder (builders.Func, builders.Compat, one
+//     of your own without an Order method), never: one round trip at a
+//     time, in source order;
 //   - with [Options.Unordered], always, whatever the builders.
 //
 // The round trips go on a connection of their own, which the run takes from
@@ -165,7 +167,7 @@
 // # Writes during a rebuild
 //
 // [Rebuilder.Apply] applies a change to an item (its old and new value) to
-// the live keys through the builders ([Incremental]), in one atomic script.
+// the live keys through the builders ([index.Incremental]), in one atomic script.
 // When a run of those keys is in progress, in any process, the script also
 // logs the change for it, next to its lock. After the source's last item,
 // the run replays its logs onto the temp keys, until at most [PublishTail]

@@ -27,7 +27,7 @@ func MergePath(cb rueidis.Builder, buckets []string, bucketOf []int32, batch int
 		next <- i
 	}
 	close(next)
-	batches := make(chan *Commands, 4)
+	batches := make(chan *commands, 4)
 	errs := make(chan error, 2)
 	var wg sync.WaitGroup
 	for range 2 {

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/keyswap/keyswap/builders"
+	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/rebuild"
@@ -52,8 +53,8 @@ func failNewShape(d deployment) failShape {
 }
 
 // three returns the Hash, SortedSet and SetIndex builders.
-func (s failShape) three() []rebuild.Builder[user] {
-	return []rebuild.Builder[user]{
+func (s failShape) three() []index.Builder[user] {
+	return []index.Builder[user]{
 		builders.Hash(s.email, func(u user) (string, string, bool) { return u.Email, u.ID, true }),
 		builders.SortedSet(s.score, func(u user) (string, float64, bool) { return u.ID, u.Score, true }),
 		builders.SetIndex(s.country, func(u user) (string, string, bool) { return u.Country, u.ID, true }),
@@ -62,8 +63,8 @@ func (s failShape) three() []rebuild.Builder[user] {
 
 // builders returns three() and a Func builder of the set of ids that calls
 // fault, if not nil, with each batch before building it.
-func (s failShape) builders(fault func(items []user)) []rebuild.Builder[user] {
-	return append(s.three(), builders.Func(s.ids, func(c *rebuild.Commands, items []user) error {
+func (s failShape) builders(fault func(items []user)) []index.Builder[user] {
+	return append(s.three(), builders.Func(s.ids, func(c *index.Commands, items []user) error {
 		if fault != nil {
 			fault(items)
 		}
@@ -105,7 +106,7 @@ func failSecondUsers(n int) []user {
 
 // failPopulate runs bs once successfully over users(failN) and returns the
 // snapshot of every key under d.Prefix.
-func failPopulate(t *testing.T, d deployment, s failShape, bs []rebuild.Builder[user]) map[string]redistest.KeyState {
+func failPopulate(t *testing.T, d deployment, s failShape, bs []index.Builder[user]) map[string]redistest.KeyState {
 	t.Helper()
 	if _, err := redistest.Rebuilder(t, d.Client, rebuild.Options{}, bs...).Run(redistest.Ctx(t), rebuild.FromSlice(users(failN))); err != nil {
 		t.Fatalf("first run: %v", err)
@@ -622,7 +623,7 @@ func TestFailTempKeyDeleted(t *testing.T) {
 					temps, err := failTemps(ctx, d.Other, d.Prefix, tc.base)
 					if err == nil && len(temps) == 0 && p.Batches < failN/failBatch-1 {
 						// A bucket's members are merged across batches and
-						// sent when a command is full (MaxMergeArgs): its temp
+						// sent when a command is full (index.MaxArgs): its temp
 						// key may not exist yet. Later batches still write it.
 						return
 					}
@@ -1005,7 +1006,7 @@ func TestFailCancelDuringAcquire(t *testing.T) {
 	client, admin := srv.Client(t), srv.Client(t)
 	p := redistest.Prefix(t)
 	key := p + "by-email"
-	bs := []rebuild.Builder[user]{builders.Hash(key, func(u user) (string, string, bool) { return u.Email, u.ID, true })}
+	bs := []index.Builder[user]{builders.Hash(key, func(u user) (string, string, bool) { return u.Email, u.ID, true })}
 	r := redistest.Rebuilder(t, client, rebuild.Options{}, bs...)
 
 	// Cached, so that the paused EVALSHA runs once the pause ends instead of

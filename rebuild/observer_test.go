@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/keyswap/keyswap/builders"
+	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/rebuild"
@@ -77,7 +78,7 @@ func TestObserverSeesTheRun(t *testing.T) {
 		// A run that panics ends failed, and the panic goes on.
 		rec = &recorder{}
 		r = redistest.Rebuilder(t, d.Client, rebuild.Options{Observer: rec},
-			builders.Func(key, func(*rebuild.Commands, []user) error { panic("boom") }))
+			builders.Func(key, func(*index.Commands, []user) error { panic("boom") }))
 		func() {
 			defer func() {
 				if recover() == nil {

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/keyswap/keyswap/builders"
+	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/rebuild"
@@ -181,7 +182,7 @@ func newOnlineWriter(ctx context.Context, c rueidis.Client, r *rebuild.Rebuilder
 // step makes one change: an insert, a delete, or an update of the email,
 // the score, the country, or several of them.
 func (w *onlineWriter) step(ctx context.Context) error {
-	var change rebuild.Change[user]
+	var change index.Change[user]
 	var commit rueidis.Completed
 	roll := w.rng.IntN(100)
 	switch {
@@ -190,14 +191,14 @@ func (w *onlineWriter) step(ctx context.Context) error {
 		w.next++
 		w.users[u.ID] = u
 		w.ids = append(w.ids, u.ID)
-		change, commit = rebuild.Insert(u), w.c.B().Hset().Key(w.db).FieldValue().FieldValue(u.ID, encodeUser(u)).Build()
+		change, commit = index.Insert(u), w.c.B().Hset().Key(w.db).FieldValue().FieldValue(u.ID, encodeUser(u)).Build()
 	case roll < 20:
 		i := w.rng.IntN(len(w.ids))
 		u := w.users[w.ids[i]]
 		delete(w.users, u.ID)
 		w.ids[i] = w.ids[len(w.ids)-1]
 		w.ids = w.ids[:len(w.ids)-1]
-		change, commit = rebuild.Delete(u), w.c.B().Hdel().Key(w.db).Field(u.ID).Build()
+		change, commit = index.Delete(u), w.c.B().Hdel().Key(w.db).Field(u.ID).Build()
 	default:
 		old := w.users[w.ids[w.rng.IntN(len(w.ids))]]
 		u := old
@@ -212,7 +213,7 @@ func (w *onlineWriter) step(ctx context.Context) error {
 			u.Country = fmt.Sprintf("c%02d", w.rng.IntN(onlineCountries))
 		}
 		w.users[u.ID] = u
-		change, commit = rebuild.Update(old, u), w.c.B().Hset().Key(w.db).FieldValue().FieldValue(u.ID, encodeUser(u)).Build()
+		change, commit = index.Update(old, u), w.c.B().Hset().Key(w.db).FieldValue().FieldValue(u.ID, encodeUser(u)).Build()
 	}
 	// Commit to the source of truth first, then apply: the order the
 	// package documentation asks for.

@@ -13,6 +13,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/keyswap/keyswap/builders"
+	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/rebuild"
 	"github.com/keyswap/keyswap/store"
@@ -22,9 +23,9 @@ import (
 
 // Compile-time checks: the builders the pipeline tests use are Builders.
 var (
-	_ rebuild.Builder[user] = builders.Hash[user]("k", nil)
-	_ rebuild.Builder[user] = builders.SortedSet[user]("k", nil)
-	_ rebuild.Builder[user] = builders.SetIndex[user]("k", nil)
+	_ index.Builder[user] = builders.Hash[user]("k", nil)
+	_ index.Builder[user] = builders.SortedSet[user]("k", nil)
+	_ index.Builder[user] = builders.SetIndex[user]("k", nil)
 )
 
 // pipeKeys names the three targets of one source pass.
@@ -464,7 +465,7 @@ func TestStats(t *testing.T) {
 }
 
 // pipeBatchesIn returns the number of batches a DoMulti carries, for
-// pipeRebuilder with BatchSize at most builders.MaxArgs: one HSET each.
+// pipeRebuilder with BatchSize at most index.MaxArgs: one HSET each.
 func pipeBatchesIn(multi []rueidis.Completed) int {
 	n := 0
 	for _, cmd := range multi {
@@ -488,7 +489,7 @@ func pipeBatchesIn(multi []rueidis.Completed) int {
 //
 // The last user of every batch has the email shared@example.com, so that
 // every two batches write a common hash field and must go in order (Hash is
-// Keyed: batches with no field in common would overlap); the last batch's
+// ByEntry: batches with no field in common would overlap); the last batch's
 // user must own it.
 func TestWritersGroupBatchesInSourceOrder(t *testing.T) {
 	for _, writers := range []int{1, 4} {

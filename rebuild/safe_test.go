@@ -12,6 +12,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/keyswap/keyswap/builders"
+	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/internal/run"
@@ -140,7 +141,7 @@ func TestGuardSeesTheReview(t *testing.T) {
 				}
 			}
 			// Applied during the run: the catch-up adds it before the guard.
-			if err := applier.Apply(redistest.Ctx(t), rebuild.Insert(extra)); err != nil {
+			if err := applier.Apply(redistest.Ctx(t), index.Insert(extra)); err != nil {
 				t.Error(err)
 			}
 		}
@@ -221,7 +222,7 @@ func TestHeldRunPublishes(t *testing.T) {
 		}
 		// Applied while held: in the published index.
 		extra := user{ID: "x1", Email: "x1@example.com", Country: "c7"}
-		if err := safeRebuilder(t, d, k, rebuild.Options{}).Apply(ctx, rebuild.Insert(extra)); err != nil {
+		if err := safeRebuilder(t, d, k, rebuild.Options{}).Apply(ctx, index.Insert(extra)); err != nil {
 			t.Fatal(err)
 		}
 		stats, err := h.Publish(ctx)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/keyswap/keyswap/builders"
+	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/rebuild"
 	"github.com/redis/rueidis"
@@ -115,7 +116,7 @@ func TestFromSeqStopsWhenRunFails(t *testing.T) {
 		errBoom := errors.New("boom")
 		var builds atomic.Int64
 		hash := builders.Hash(key, func(u user) (string, string, bool) { return u.Email, u.ID, true })
-		failing := builders.Func(key, func(c *rebuild.Commands, us []user) error {
+		failing := builders.Func(key, func(c *index.Commands, us []user) error {
 			if builds.Add(1) == 3 {
 				return errBoom
 			}

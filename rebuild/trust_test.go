@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/keyswap/keyswap/builders"
+	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/rebuild"
@@ -231,7 +232,7 @@ func TestTrustForeignEntryNamed(t *testing.T) {
 
 // retryApply applies cs with r, again while it is refused with
 // ErrInProgress (a run that does not log holds a lock), until ctx ends.
-func retryApply(ctx context.Context, r *rebuild.Rebuilder[user], cs ...rebuild.Change[user]) error {
+func retryApply(ctx context.Context, r *rebuild.Rebuilder[user], cs ...index.Change[user]) error {
 	for {
 		err := r.Apply(ctx, cs...)
 		if !errors.Is(err, rebuild.ErrInProgress) {
@@ -392,7 +393,7 @@ func TestTrustApplyWhileUnloggedRunHoldsTheLock(t *testing.T) {
 				r := redistest.Rebuilder(t, d.Other, rebuild.Options{},
 					builders.Hash(ix.k.hash, func(u user) (string, string, bool) { return u.Email, u.ID, true }))
 				moved := with(us[1], func(u *user) { u.Email = "moved@example.com" })
-				change := rebuild.Update(us[1], moved)
+				change := index.Update(us[1], moved)
 				tc.hold(t, ctx, d, ix.k, func() {
 					before := redistest.HGetAll(t, d.Other, ix.k.hash)
 					err := r.Apply(ctx, change)
@@ -437,15 +438,15 @@ func TestTrustSharedEntries(t *testing.T) {
 	p1, p2 := person{"1", "x@example.com", 1}, person{"2", "w@example.com", 2}
 	p1moved := person{"1", "y@example.com", 1}
 	p2moved := person{"2", "x@example.com", 2}
-	changes := []rebuild.Change[person]{rebuild.Update(p2, p2moved), rebuild.Update(p1, p1moved)}
+	changes := []index.Change[person]{index.Update(p2, p2moved), index.Update(p1, p1moved)}
 	forEachDeployment(t, func(t *testing.T, d deployment) {
 		for _, when := range []string{"no run", "catch-up", "publish"} {
 			t.Run(when, func(t *testing.T) {
 				ctx := redistest.Ctx(t)
 				d := casePrefixed(d, when)
 				hash, zset := d.Prefix+"by-email", d.Prefix+"score-by-email"
-				bs := func() []rebuild.Builder[person] {
-					return []rebuild.Builder[person]{
+				bs := func() []index.Builder[person] {
+					return []index.Builder[person]{
 						builders.Hash(hash, func(p person) (string, string, bool) { return p.Email, p.ID, true }),
 						builders.SortedSet(zset, func(p person) (string, float64, bool) { return p.Email, p.Score, true }),
 					}
@@ -593,9 +594,9 @@ func TestTrustTooManyKeysInCatchUp(t *testing.T) {
 		h := startHeld(t, ctx, onlineRebuilder(t, d.Client, k, rebuild.Options{MaxKeys: keysBefore}), d.Client, k.db)
 		// Buckets the source does not have: "c00".."c06" of inserts are
 		// among them only if the seed lacks them; add more to be sure.
-		var cs []rebuild.Change[user]
+		var cs []index.Change[user]
 		for i := range 5 {
-			cs = append(cs, rebuild.Insert(user{ID: fmt.Sprintf("x%d", i), Email: fmt.Sprintf("x%d@example.com", i), Country: fmt.Sprintf("new%d", i), Score: 1}))
+			cs = append(cs, index.Insert(user{ID: fmt.Sprintf("x%d", i), Email: fmt.Sprintf("x%d@example.com", i), Country: fmt.Sprintf("new%d", i), Score: 1}))
 		}
 		if err := app.apply(ctx, cs...); err != nil {
 			t.Fatal(err)
@@ -679,7 +680,7 @@ func TestTrustRollbackMaxKeys(t *testing.T) {
 	forEachDeployment(t, func(t *testing.T, d deployment) {
 		ctx := redistest.Ctx(t)
 		family := d.Prefix + "tags"
-		b := func() rebuild.Builder[user] {
+		b := func() index.Builder[user] {
 			return builders.SetIndex(family, func(u user) (string, string, bool) { return u.Email, u.ID, true })
 		}
 		us := users(20) // 20 buckets
@@ -717,7 +718,7 @@ func TestTrustPublishWorkBound(t *testing.T) {
 	// machine, which the test is not about.
 	ctx := slowCtx(t)
 	key := redistest.Prefix(t) + "by-email"
-	hash := func() rebuild.Builder[user] {
+	hash := func() index.Builder[user] {
 		return builders.Hash(key, func(u user) (string, string, bool) { return u.Email, u.ID, true })
 	}
 	us := users(200)
@@ -732,11 +733,11 @@ func TestTrustPublishWorkBound(t *testing.T) {
 			is := publish.Is(cmd.Commands()) && cmd.Commands()[0] == "EVALSHA"
 			if is && len(codes) == 0 {
 				for round := range 999 {
-					cs := make([]rebuild.Change[user], len(us))
+					cs := make([]index.Change[user], len(us))
 					for i, u := range us {
 						next := u
 						next.Email = fmt.Sprintf("u%06d.%d@example.com", i, round)
-						cs[i], us[i] = rebuild.Update(u, next), next
+						cs[i], us[i] = index.Update(u, next), next
 					}
 					if err := app.Apply(ctx, cs...); err != nil {
 						t.Errorf("Apply: %v", err)

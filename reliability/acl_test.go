@@ -33,6 +33,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/keyswap/keyswap/builders"
+	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/rebuild"
@@ -181,8 +182,8 @@ func TestACLMissingEvalScriptsCached(t *testing.T) {
 
 // prodFuncHash is prodHash as a builders.Func: the same hash, from a
 // builder that cannot apply changes (not Incremental).
-func prodFuncHash(live string) rebuild.Builder[int] {
-	return builders.Func(live, func(c *rebuild.Commands, items []int) error {
+func prodFuncHash(live string) index.Builder[int] {
+	return builders.Func(live, func(c *index.Commands, items []int) error {
 		temp, err := c.Temp(live)
 		if err != nil {
 			return err

@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/keyswap/keyswap/builders"
+	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/internal/faultproxy"
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/redistest"
@@ -46,7 +47,7 @@ const (
 	// merged writes go out with the batches, and a fault mid-stream finds
 	// its buckets' temp keys partly written too. With
 	// the default (2^20 entries) every bucket's members would wait for a
-	// full command of MaxMergeArgs (1000), that is for the end of the
+	// full command of index.MaxArgs (1000), that is for the end of the
 	// source, and no fault before the publish would meet them.
 	faultMaxMerged   = faultBatch
 	faultTTL         = 4 * time.Second // lease of the faulted run: 2 s lapsed under load (3 suites at once, -race)
@@ -112,8 +113,8 @@ func newShape(prefix string) shape {
 // a generation record.
 func (s shape) keys() []string { return []string{s.email, s.score, s.country} }
 
-func (s shape) builders() []rebuild.Builder[fuser] {
-	return []rebuild.Builder[fuser]{
+func (s shape) builders() []index.Builder[fuser] {
+	return []index.Builder[fuser]{
 		builders.Hash(s.email, func(u fuser) (string, string, bool) { return u.Email, u.ID, true }),
 		builders.SortedSet(s.score, func(u fuser) (string, float64, bool) { return u.ID, u.Score, true }),
 		builders.SetIndex(s.country, func(u fuser) (string, string, bool) { return u.Country, u.ID, true }),

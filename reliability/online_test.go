@@ -26,6 +26,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/internal/faultproxy"
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/redistest"
@@ -179,7 +180,7 @@ type onlineApp struct {
 	next  int
 	// pending are the changes committed, not applied yet: refused while a
 	// lock was held by a run that would not replay them.
-	pending []rebuild.Change[fuser]
+	pending []index.Change[fuser]
 
 	applied atomic.Int64
 }
@@ -203,7 +204,7 @@ func newOnlineApp(ctx context.Context, c rueidis.Client, r *rebuild.Rebuilder[fu
 // step makes one change: an insert, a delete, or an update of the email,
 // the score, the country, or several of them.
 func (a *onlineApp) step(ctx context.Context) error {
-	var change rebuild.Change[fuser]
+	var change index.Change[fuser]
 	var commit rueidis.Completed
 	switch roll := a.rng.IntN(100); {
 	case roll < 10 || len(a.ids) == 0:
@@ -211,14 +212,14 @@ func (a *onlineApp) step(ctx context.Context) error {
 		a.next++
 		a.users[u.ID] = u
 		a.ids = append(a.ids, u.ID)
-		change, commit = rebuild.Insert(u), a.c.B().Hset().Key(a.db).FieldValue().FieldValue(u.ID, encodeFuser(u)).Build()
+		change, commit = index.Insert(u), a.c.B().Hset().Key(a.db).FieldValue().FieldValue(u.ID, encodeFuser(u)).Build()
 	case roll < 20:
 		i := a.rng.IntN(len(a.ids))
 		u := a.users[a.ids[i]]
 		delete(a.users, u.ID)
 		a.ids[i] = a.ids[len(a.ids)-1]
 		a.ids = a.ids[:len(a.ids)-1]
-		change, commit = rebuild.Delete(u), a.c.B().Hdel().Key(a.db).Field(u.ID).Build()
+		change, commit = index.Delete(u), a.c.B().Hdel().Key(a.db).Field(u.ID).Build()
 	default:
 		old := a.users[a.ids[a.rng.IntN(len(a.ids))]]
 		u := old
@@ -233,7 +234,7 @@ func (a *onlineApp) step(ctx context.Context) error {
 			u.Country = fmt.Sprintf("c%02d", a.rng.IntN(onlineCountries))
 		}
 		a.users[u.ID] = u
-		change, commit = rebuild.Update(old, u), a.c.B().Hset().Key(a.db).FieldValue().FieldValue(u.ID, encodeFuser(u)).Build()
+		change, commit = index.Update(old, u), a.c.B().Hset().Key(a.db).FieldValue().FieldValue(u.ID, encodeFuser(u)).Build()
 	}
 	// Commit to the source of truth first, then apply.
 	if err := a.c.Do(ctx, commit).Error(); err != nil {

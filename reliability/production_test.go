@@ -31,6 +31,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/keyswap/keyswap/builders"
+	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/internal/redistest/replication"
@@ -61,7 +62,7 @@ func prodItems() rebuild.Source[int] {
 }
 
 // prodHash is the run's one builder, for live.
-func prodHash(live string) rebuild.Builder[int] {
+func prodHash(live string) index.Builder[int] {
 	return builders.Hash(live, func(i int) (string, string, bool) {
 		return "f" + strconv.Itoa(i), "new-" + strconv.Itoa(i), true
 	})

@@ -65,6 +65,7 @@ import (
 	"time"
 
 	"github.com/keyswap/keyswap/builders"
+	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/internal/faultproxy"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/rebuild"
@@ -386,9 +387,9 @@ func (k raceKeys) bucketSize(g int64, j int) int64 {
 func (k raceKeys) bucket(j int) string { return k.Index + ":b" + strconv.Itoa(j) }
 
 // builders returns the three builders of one generation.
-func (k raceKeys) builders() []rebuild.Builder[raceItem] {
+func (k raceKeys) builders() []index.Builder[raceItem] {
 	value := func(it raceItem) string { return "g" + strconv.FormatInt(it.G, 10) + ":" + strconv.Itoa(it.I) }
-	return []rebuild.Builder[raceItem]{
+	return []index.Builder[raceItem]{
 		builders.Hash(k.Hash, func(it raceItem) (string, string, bool) {
 			if it.I < 0 {
 				return "gen", strconv.FormatInt(it.G, 10), true

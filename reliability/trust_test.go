@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/rebuild"
@@ -78,9 +79,9 @@ func operatorRules(prefix string) []string {
 // changeAll returns the changes of app that write every command the
 // builders of the online indexes emit: a delete (HDELIF, ZREMIF, SREM)
 // and an insert (HSET, ZADD, SADD).
-func changeAll(u fuser, tag string, n int) []rebuild.Change[fuser] {
+func changeAll(u fuser, tag string, n int) []index.Change[fuser] {
 	fresh := fuser{ID: fmt.Sprintf("%s-new%d", tag, n), Email: fmt.Sprintf("%s-new%d@example.com", tag, n), Country: "c01", Score: float64(n)}
-	return []rebuild.Change[fuser]{rebuild.Delete(u), rebuild.Insert(fresh)}
+	return []index.Change[fuser]{index.Delete(u), index.Insert(fresh)}
 }
 
 func TestTrustApplyUserRights(t *testing.T) {
@@ -324,7 +325,7 @@ func TestTrustLogEvicted(t *testing.T) {
 		// Updates whose emails are long, so that the logs grow fast. A
 		// change Apply refuses (a lock held by a run whose record is gone)
 		// is applied again once the run has ended.
-		var pending []rebuild.Change[fuser]
+		var pending []index.Change[fuser]
 		for i := 0; infoField(t, admin, "stats", "evicted_keys") == evicted && i < 100_000; i++ {
 			old := app.users[app.ids[rng.IntN(len(app.ids))]]
 			u := old
@@ -333,8 +334,8 @@ func TestTrustLogEvicted(t *testing.T) {
 				t.Fatalf("committing a change: %v", err)
 			}
 			app.users[u.ID] = u
-			if err := app.r.Apply(ctx, rebuild.Update(old, u)); err != nil {
-				pending = append(pending, rebuild.Update(old, u))
+			if err := app.r.Apply(ctx, index.Update(old, u)); err != nil {
+				pending = append(pending, index.Update(old, u))
 			}
 		}
 		config(0, "noeviction")

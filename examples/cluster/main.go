@@ -25,6 +25,7 @@ import (
 	"github.com/keyswap/keyswap/builders"
 	"github.com/keyswap/keyswap/examples/internal/cli"
 	"github.com/keyswap/keyswap/examples/internal/connect"
+	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/rebuild"
 	"github.com/redis/rueidis"
 )
@@ -40,8 +41,8 @@ type User struct {
 }
 
 // indexes returns the three builders under prefix.
-func indexes(prefix string) []rebuild.Builder[User] {
-	return []rebuild.Builder[User]{
+func indexes(prefix string) []index.Builder[User] {
+	return []index.Builder[User]{
 		builders.Hash(prefix+"by-email", func(u User) (string, string, bool) { return u.Email, u.ID, true }),
 		builders.SortedSet(prefix+"by-score", func(u User) (string, float64, bool) { return u.ID, u.Score, true }),
 		builders.SetIndex(prefix+"by-country", func(u User) (string, string, bool) { return u.Country, u.ID, true }),

@@ -28,6 +28,7 @@ import (
 	"github.com/keyswap/keyswap/builders"
 	"github.com/keyswap/keyswap/examples/internal/cli"
 	"github.com/keyswap/keyswap/examples/internal/connect"
+	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/rebuild"
 	"github.com/redis/rueidis"
 )
@@ -61,7 +62,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	fmt.Fprintf(out, "keyswap safe publishing on %s\n", where)
 	byName := prefix + "products:by-name"
 	byPrice := prefix + "products:by-price"
-	bs := []rebuild.Builder[product]{
+	bs := []index.Builder[product]{
 		builders.Hash(byName, func(p product) (string, string, bool) { return p.Name, p.SKU, true }),
 		builders.SortedSet(byPrice, func(p product) (string, float64, bool) { return p.SKU, p.Price, true }),
 	}

@@ -126,6 +126,7 @@ import (
 	"github.com/keyswap/keyswap/builders"
 	"github.com/keyswap/keyswap/capture/pgcdc"
 	"github.com/keyswap/keyswap/goredis"
+	"github.com/keyswap/keyswap/index"
 	keyswapotel "github.com/keyswap/keyswap/otel"
 	"github.com/keyswap/keyswap/rebuild"
 	"github.com/keyswap/keyswap/store"
@@ -148,6 +149,7 @@ var (
 	_ = pgcdc.New[User]
 	_ = goredis.ClientOption
 	_ = keyswapotel.New
+	_ = index.Insert[User]
 	_ = rebuild.New[User]
 	_ = store.New
 	_ = redis.ParseURL
@@ -170,7 +172,7 @@ var (
 	ctx                       context.Context
 	client                    rueidis.Client
 	users                     []User
-	emails, scores, countries rebuild.Builder[User]
+	emails, scores, countries index.Builder[User]
 	r                         *rebuild.Rebuilder[User]
 	oldUser, newUser          User
 	dsn                       string
