@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/sources"
 	"github.com/keyswap/keyswap/store"
 	"github.com/redis/rueidis"
 	"golang.org/x/sync/errgroup"
@@ -110,7 +111,7 @@ func rebuilder(c rueidis.Client, w workload, opts rebuild.Options) (*rebuild.Reb
 // runKeyswap runs r over d and checks its stats: every item seen, every
 // entry written, every plain target swapped.
 func runKeyswap(ctx context.Context, r *rebuild.Rebuilder[item], w workload, d dataset) error {
-	stats, err := r.Run(ctx, rebuild.FromSeq(d.all()))
+	stats, err := r.Run(ctx, sources.Seq(d.all()))
 	if err != nil {
 		return err
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/sources"
 	"github.com/keyswap/keyswap/store"
 	"github.com/redis/rueidis"
 	"github.com/redis/rueidis/rueidiscompat"
@@ -274,7 +275,7 @@ func TestSortedSetNaN(t *testing.T) {
 		src := []user{{ID: "a", Score: 1}, {ID: "b", Score: 2}, {ID: "c", Score: 3}, {ID: "not-a-number", Score: math.NaN()}, {ID: "e", Score: 5}}
 		var rec recorder
 		_, err := redistest.Rebuilder(t, rec.client(d.Client), rebuild.Options{BatchSize: 2, Writers: 1}, byScore(key)).
-			Run(redistest.Ctx(t), rebuild.FromSlice(src))
+			Run(redistest.Ctx(t), sources.Slice(src))
 
 		wantRunError(t, err, "build", "NaN", `"not-a-number"`, key)
 		if got := rec.entries(); !slices.Equal(got, []int{2}) {
@@ -304,7 +305,7 @@ func TestSet(t *testing.T) {
 		}
 
 		r := redistest.Rebuilder(t, d.Client, rebuild.Options{BatchSize: 2}, ids(key))
-		_, err := r.Run(redistest.Ctx(t), rebuild.FromSlice(append(src, user{ID: "a"})))
+		_, err := r.Run(redistest.Ctx(t), sources.Slice(append(src, user{ID: "a"})))
 		if err == nil || !strings.Contains(err.Error(), `"a"`) || !strings.Contains(err.Error(), strconv.Quote(key)) {
 			t.Errorf("a member two items share: Run = %v, want an error naming %s and the member a", err, key)
 		}
@@ -394,7 +395,7 @@ func TestSetIndexEmptyBucket(t *testing.T) {
 
 		b := builders.SetIndex(prefix, func(u user) (string, string, bool) { return u.Country, u.ID, true })
 		src := []user{{ID: "1", Country: "fr"}, {ID: "2", Country: "de"}, {ID: "3", Country: ""}}
-		_, err := redistest.Rebuilder(t, d.Client, rebuild.Options{BatchSize: 2, Writers: 1}, b).Run(redistest.Ctx(t), rebuild.FromSlice(src))
+		_, err := redistest.Rebuilder(t, d.Client, rebuild.Options{BatchSize: 2, Writers: 1}, b).Run(redistest.Ctx(t), sources.Slice(src))
 
 		wantRunError(t, err, "build", fmt.Sprintf("%q", prefix+":"), "bucket")
 		redistest.WantUnchanged(t, d.Other, d.Prefix, before)
@@ -425,7 +426,7 @@ func TestSetIndexBucketShapedLikeLockOrTemp(t *testing.T) {
 			return logged.Write(p)
 		}), nil))
 		stats, err := redistest.Rebuilder(t, d.Client, rebuild.Options{BatchSize: 3, Logger: logger}, byCountry(prefix)).
-			Run(redistest.Ctx(t), rebuild.FromSlice(src))
+			Run(redistest.Ctx(t), sources.Slice(src))
 		if err != nil {
 			t.Fatalf("Run: got %v, want success: one odd value must not block the family", err)
 		}
@@ -484,7 +485,7 @@ func TestMaxArgs(t *testing.T) {
 			t.Run(tc.name, func(t *testing.T) {
 				var rec recorder
 				stats, err := redistest.Rebuilder(t, rec.client(d.Client), rebuild.Options{BatchSize: batch, Writers: 1}, tc.b).
-					Run(redistest.Ctx(t), rebuild.FromSlice(src))
+					Run(redistest.Ctx(t), sources.Slice(src))
 				if err != nil {
 					t.Fatalf("Run: %v", err)
 				}
@@ -861,7 +862,7 @@ func TestFuncError(t *testing.T) {
 		})
 		var rec recorder
 		_, err := redistest.Rebuilder(t, rec.client(d.Client), rebuild.Options{BatchSize: 1, Writers: 1}, b).
-			Run(redistest.Ctx(t), rebuild.FromSlice(users(3)))
+			Run(redistest.Ctx(t), sources.Slice(users(3)))
 
 		if !errors.Is(err, errBoom) {
 			t.Errorf("Run: got error %v, want one matching errBoom", err)
@@ -945,7 +946,7 @@ func TestErrFormsMappingError(t *testing.T) {
 				src[2].Score = math.Inf(1)
 
 				_, err := redistest.Rebuilder(t, d.Client, rebuild.Options{BatchSize: 2, Writers: 1}, f.builder).
-					Run(redistest.Ctx(t), rebuild.FromSlice(src))
+					Run(redistest.Ctx(t), sources.Slice(src))
 
 				wantRunError(t, err, "build", f.key, "encoding "+src[2].ID)
 				var e *rebuild.Error
@@ -1034,7 +1035,7 @@ func TestTempOfForeignKey(t *testing.T) {
 					return nil
 				})
 				bs := append(slices.Clone(tc.with), f)
-				_, err := redistest.Rebuilder(t, d.Client, rebuild.Options{}, bs...).Run(redistest.Ctx(t), rebuild.FromSlice(users(3)))
+				_, err := redistest.Rebuilder(t, d.Client, rebuild.Options{}, bs...).Run(redistest.Ctx(t), sources.Slice(users(3)))
 
 				wantRunError(t, err, "build", fmt.Sprintf("%q", own), fmt.Sprintf("%q", tc.foreign), "does not own")
 				redistest.WantUnchanged(t, d.Other, d.Prefix, before)
@@ -1062,7 +1063,7 @@ func TestCompat(t *testing.T) {
 		})
 		var rec recorder
 		stats, err := redistest.Rebuilder(t, rec.client(d.Client), rebuild.Options{BatchSize: 4, Writers: 1}, b).
-			Run(redistest.Ctx(t), rebuild.FromSlice(users(8)))
+			Run(redistest.Ctx(t), sources.Slice(users(8)))
 		if err != nil {
 			t.Fatalf("Run: %v", err)
 		}
@@ -1117,7 +1118,7 @@ func TestCompatRefused(t *testing.T) {
 					return nil
 				})
 				var rec recorder
-				_, err := redistest.Rebuilder(t, rec.client(d.Client), rebuild.Options{}, b).Run(redistest.Ctx(t), rebuild.FromSlice(users(2)))
+				_, err := redistest.Rebuilder(t, rec.client(d.Client), rebuild.Options{}, b).Run(redistest.Ctx(t), sources.Slice(users(2)))
 
 				wantRunError(t, err, "build", tc.cmd, fmt.Sprintf("%q", live))
 				for _, args := range rec.commands() {
@@ -1159,7 +1160,7 @@ func TestCompatRefusedOtherSlot(t *testing.T) {
 		var err error
 		panicked := func() (p any) {
 			defer func() { p = recover() }()
-			_, err = redistest.Rebuilder(t, d.Client, rebuild.Options{}, b).Run(redistest.Ctx(t), rebuild.FromSlice(users(2)))
+			_, err = redistest.Rebuilder(t, d.Client, rebuild.Options{}, b).Run(redistest.Ctx(t), sources.Slice(users(2)))
 			return nil
 		}()
 
@@ -1194,7 +1195,7 @@ func TestCompatServerRefusal(t *testing.T) {
 		})
 		src := []user{{ID: "1", Email: "a@example.com"}, {ID: "2", Email: " "}}
 
-		_, err := redistest.Rebuilder(t, d.Client, rebuild.Options{BatchSize: 1, Writers: 1}, b).Run(redistest.Ctx(t), rebuild.FromSlice(src))
+		_, err := redistest.Rebuilder(t, d.Client, rebuild.Options{BatchSize: 1, Writers: 1}, b).Run(redistest.Ctx(t), sources.Slice(src))
 
 		wantRunError(t, err, "write", "wrong number of arguments")
 		redistest.WantUnchanged(t, d.Other, d.Prefix, before)
@@ -1225,7 +1226,7 @@ func TestCompatStringKeepTTL(t *testing.T) {
 					}
 					return nil
 				})
-				_, err := redistest.Rebuilder(t, d.Client, rebuild.Options{BatchSize: 1, Writers: 1}, b).Run(redistest.Ctx(t), rebuild.FromSlice(users(3)))
+				_, err := redistest.Rebuilder(t, d.Client, rebuild.Options{BatchSize: 1, Writers: 1}, b).Run(redistest.Ctx(t), sources.Slice(users(3)))
 
 				if tc.keepTTL {
 					if err != nil {

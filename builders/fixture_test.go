@@ -12,6 +12,7 @@ import (
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/sources"
 	"github.com/redis/rueidis"
 )
 
@@ -50,7 +51,7 @@ func users(n int) []user {
 // mustRun runs a Rebuilder of bs over src and fails the test on error.
 func mustRun[T any](t *testing.T, c rueidis.Client, opts rebuild.Options, src []T, bs ...index.Builder[T]) rebuild.Stats {
 	t.Helper()
-	stats, err := redistest.Rebuilder(t, c, opts, bs...).Run(redistest.Ctx(t), rebuild.FromSlice(src))
+	stats, err := redistest.Rebuilder(t, c, opts, bs...).Run(redistest.Ctx(t), sources.Slice(src))
 	if err != nil {
 		t.Fatalf("Run: got error %v, want nil", err)
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/sources"
 	"github.com/redis/rueidis"
 )
 
@@ -74,7 +75,7 @@ func ExampleCommands_MergeBucket() {
 	for i := range 3000 {
 		users = append(users, User{ID: strconv.Itoa(i), Country: []string{"fr", "it", "fr"}[i%3]})
 	}
-	if _, err := r.Run(ctx, rebuild.FromSlice(users)); err != nil {
+	if _, err := r.Run(ctx, sources.Slice(users)); err != nil {
 		log.Fatal(err)
 	}
 	for _, country := range []string{"fr", "it"} {
@@ -103,7 +104,7 @@ func ExampleBuilder() {
 		log.Fatal(err)
 	}
 	users := []User{{ID: "1", Email: "ann@example.com"}, {ID: "2", Email: "bob@example.com"}}
-	if _, err := r.Run(ctx, rebuild.FromSlice(users)); err != nil {
+	if _, err := r.Run(ctx, sources.Slice(users)); err != nil {
 		log.Fatal(err)
 	}
 	printHash(ctx, client, "users:by-email")
@@ -157,7 +158,7 @@ func ExampleWrites_HDelIf() {
 	}
 	ann := User{ID: "1", Email: "x@example.com"}
 	bob := User{ID: "2", Email: "w@example.com"}
-	if _, err := r.Run(ctx, rebuild.FromSlice([]User{ann, bob})); err != nil {
+	if _, err := r.Run(ctx, sources.Slice([]User{ann, bob})); err != nil {
 		log.Fatal(err)
 	}
 	annMoved, bobMoved := ann, bob

@@ -33,6 +33,7 @@ import (
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/internal/run"
 	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/sources"
 	"github.com/redis/rueidis"
 	"github.com/redis/rueidis/rueidiscompat"
 	"github.com/redis/rueidis/rueidishook"
@@ -161,7 +162,7 @@ type indexOf struct {
 func seedIndex(t *testing.T, d deployment, us ...user) *indexOf {
 	t.Helper()
 	k := onlineNames(d.Prefix)
-	if _, err := onlineRebuilder(t, d.Client, k, rebuild.Options{}).Run(redistest.Ctx(t), rebuild.FromSlice(us)); err != nil {
+	if _, err := onlineRebuilder(t, d.Client, k, rebuild.Options{}).Run(redistest.Ctx(t), sources.Slice(us)); err != nil {
 		t.Fatalf("first run: %v", err)
 	}
 	ix := &indexOf{k: k, users: byID(us...)}

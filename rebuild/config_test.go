@@ -18,6 +18,7 @@ import (
 	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/sources"
 	"github.com/redis/rueidis"
 )
 
@@ -37,8 +38,8 @@ func cfgIndex(prefix string) index.Builder[user] {
 
 // cfgSource returns a source of n users that records in *read that it was
 // read.
-func cfgSource(n int, read *bool) rebuild.Source[user] {
-	return rebuild.FromSeq2(func(yield func(user, error) bool) {
+func cfgSource(n int, read *bool) sources.Source[user] {
+	return sources.Seq2(func(yield func(user, error) bool) {
 		*read = true
 		for _, u := range users(n) {
 			if !yield(u, nil) {
@@ -206,7 +207,7 @@ func TestConfigAcceptsNeighbours(t *testing.T) {
 	forEachDeployment(t, func(t *testing.T, d deployment) {
 		p := d.Prefix
 		r := redistest.Rebuilder(t, d.Client, rebuild.Options{}, cfgIndex(p+"idx"), cfgHash(p+"idxfr"), cfgIndex(p+"idx2"), cfgZset(p+"id"))
-		if _, err := r.Run(redistest.Ctx(t), rebuild.FromSlice(users(30))); err != nil {
+		if _, err := r.Run(redistest.Ctx(t), sources.Slice(users(30))); err != nil {
 			t.Fatalf("Run: got %v, want success", err)
 		}
 		for _, k := range []string{p + "idx:fr", p + "idx2:de", p + "idxfr"} {
@@ -306,7 +307,7 @@ func TestConfigClusterSlots(t *testing.T) {
 	t.Run("one untagged key", func(t *testing.T) {
 		cluster := env.Cluster.Client(t)
 		key := p + "single"
-		if _, err := redistest.Rebuilder(t, cluster, rebuild.Options{}, cfgHash(key)).Run(redistest.Ctx(t), rebuild.FromSlice(users(30))); err != nil {
+		if _, err := redistest.Rebuilder(t, cluster, rebuild.Options{}, cfgHash(key)).Run(redistest.Ctx(t), sources.Slice(users(30))); err != nil {
 			t.Fatalf("Run: got %v, want success: one key is always in one slot", err)
 		}
 		if got := len(redistest.HGetAll(t, cluster, key)); got != 30 {
@@ -419,7 +420,7 @@ func TestConfigBuilderOutsideItsKeys(t *testing.T) {
 						}),
 					}
 				}
-				if _, err := redistest.Rebuilder(t, d.Client, rebuild.Options{}, shape(false)...).Run(redistest.Ctx(t), rebuild.FromSlice(users(100))); err != nil {
+				if _, err := redistest.Rebuilder(t, d.Client, rebuild.Options{}, shape(false)...).Run(redistest.Ctx(t), sources.Slice(users(100))); err != nil {
 					t.Fatalf("first run: %v", err)
 				}
 				before := redistest.Snapshot(t, d.Other, p)
@@ -427,7 +428,7 @@ func TestConfigBuilderOutsideItsKeys(t *testing.T) {
 					t.Fatalf("first run: got live keys %q, want 5", live)
 				}
 
-				_, err := redistest.Rebuilder(t, d.Client, rebuild.Options{BatchSize: 1000}, shape(true)...).Run(redistest.Ctx(t), rebuild.FromSlice(users(6000)))
+				_, err := redistest.Rebuilder(t, d.Client, rebuild.Options{BatchSize: 1000}, shape(true)...).Run(redistest.Ctx(t), sources.Slice(users(6000)))
 				var e *rebuild.Error
 				if !errors.As(err, &e) || e.Op != "build" || !strings.Contains(err.Error(), tc.want) {
 					t.Fatalf("Run: got %v, want a *rebuild.Error of Op %q mentioning %q", err, "build", tc.want)

@@ -19,7 +19,7 @@
 //	if err != nil {
 //		return err // a configuration error: nothing was sent
 //	}
-//	stats, err := r.Run(ctx, rebuild.FromSlice(users))
+//	stats, err := r.Run(ctx, sources.Slice(users))
 //
 // # Guarantees
 //

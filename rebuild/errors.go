@@ -135,3 +135,6 @@ func (p *PanicError) Unwrap() error {
 	err, _ := p.Value.(error)
 	return err
 }
+
+// errNilSource is Run's error for a nil Source.
+var errNilSource = errors.New("nil source")

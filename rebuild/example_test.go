@@ -16,6 +16,7 @@ import (
 	"github.com/keyswap/keyswap/builders"
 	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/sources"
 	"github.com/redis/rueidis"
 )
 
@@ -110,7 +111,7 @@ func ExampleNew() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	stats, err := r.Run(ctx, rebuild.FromSlice(users))
+	stats, err := r.Run(ctx, sources.Slice(users))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -150,7 +151,7 @@ func ExampleNew_hash() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	stats, err := r.Run(ctx, rebuild.FromSlice(users))
+	stats, err := r.Run(ctx, sources.Slice(users))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -194,7 +195,7 @@ func ExampleOptions_unordered() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	stats, err := r.Run(ctx, rebuild.FromSlice(users))
+	stats, err := r.Run(ctx, sources.Slice(users))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -231,7 +232,7 @@ func ExampleOptions_latencyBudget() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	stats, err := r.Run(ctx, rebuild.FromSlice(users))
+	stats, err := r.Run(ctx, sources.Slice(users))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -257,7 +258,7 @@ func ExampleNew_sortedSet() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	if _, err := r.Run(ctx, rebuild.FromSlice(users)); err != nil {
+	if _, err := r.Run(ctx, sources.Slice(users)); err != nil {
 		log.Fatal(err)
 	}
 	examplePrintKeys(ctx, client, "users:*")
@@ -280,7 +281,7 @@ func ExampleNew_setIndex() {
 		log.Fatal(err)
 	}
 
-	if _, err := r.Run(ctx, rebuild.FromSlice([]User{
+	if _, err := r.Run(ctx, sources.Slice([]User{
 		{ID: "1", Country: "fr"}, {ID: "2", Country: "fr"}, {ID: "3", Country: "it"},
 	})); err != nil {
 		log.Fatal(err)
@@ -288,7 +289,7 @@ func ExampleNew_setIndex() {
 	examplePrintKeys(ctx, client, "users:*")
 
 	// User 1 moves to Germany; user 3, the only Italian, is deleted.
-	stats, err := r.Run(ctx, rebuild.FromSlice([]User{
+	stats, err := r.Run(ctx, sources.Slice([]User{
 		{ID: "1", Country: "de"}, {ID: "2", Country: "fr"},
 	}))
 	if err != nil {
@@ -302,40 +303,6 @@ func ExampleNew_setIndex() {
 	// --- map[users:by-country:de:swapped users:by-country:fr:swapped users:by-country:it:emptied]
 	// users:by-country:de (set): 1
 	// users:by-country:fr (set): 2
-}
-
-// Rebuild an index from the objects themselves, Familia's fallback when
-// there is no other source: SCAN the object hashes and read each one.
-func ExampleFromHashes() {
-	client := exampleClient()
-	defer client.Close()
-	ctx := context.Background()
-
-	for _, u := range []User{{ID: "1", Email: "ann@example.com"}, {ID: "2", Email: "bob@example.com"}, {ID: "3"}} {
-		client.Do(ctx, client.B().Hset().Key("user:"+u.ID+":object").FieldValue().
-			FieldValue("id", u.ID).FieldValue("email", u.Email).Build())
-	}
-	client.Do(ctx, client.B().Set().Key("user:4:object").Value("not a hash").Build()) // skipped: SCAN TYPE hash
-
-	src := rebuild.FromHashes(client, "user:*:object", func(key string, f map[string]string) (User, bool, error) {
-		return User{ID: f["id"], Email: f["email"]}, true, nil
-	})
-	emails := builders.Hash("users:by-email", func(u User) (string, string, bool) {
-		return u.Email, u.ID, !builders.Blank(u.Email)
-	})
-	r, err := rebuild.New(client, rebuild.Options{}, emails)
-	if err != nil {
-		log.Fatal(err)
-	}
-	stats, err := r.Run(ctx, src)
-	if err != nil {
-		log.Fatal(err)
-	}
-	fmt.Println("objects read:", stats.Items)
-	examplePrintKeys(ctx, client, "users:*")
-	// Output:
-	// objects read: 3
-	// users:by-email (hash): ann@example.com=1 bob@example.com=2
 }
 
 // Report progress after each batch. Progress is called from one goroutine
@@ -363,7 +330,7 @@ func ExampleRebuilder_Run() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	stats, err := r.Run(ctx, rebuild.FromSlice(users))
+	stats, err := r.Run(ctx, sources.Slice(users))
 	if err != nil {
 		log.Fatal(err)
 	}

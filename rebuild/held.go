@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/keyswap/keyswap/internal/diff"
+	"github.com/keyswap/keyswap/sources"
 )
 
 // Held is a run that built everything and stopped short of its publish
@@ -46,7 +47,7 @@ type panicked struct{ value any }
 // panic in src or a builder reaches the caller of Build (or of the Held
 // method waiting then), after the cleanup, as with Run. ctx bounds the
 // whole run, held time included: cancelling it discards a held run.
-func (r *Rebuilder[T]) Build(ctx context.Context, src Source[T]) (*Held[T], Stats, error) {
+func (r *Rebuilder[T]) Build(ctx context.Context, src sources.Source[T]) (*Held[T], Stats, error) {
 	h := &Held[T]{ready: make(chan struct{}), decide: make(chan bool, 1), done: make(chan struct{})}
 	go h.run(ctx, r, src)
 	select {
@@ -59,7 +60,7 @@ func (r *Rebuilder[T]) Build(ctx context.Context, src Source[T]) (*Held[T], Stat
 }
 
 // run runs the execution, and records how it ended.
-func (h *Held[T]) run(ctx context.Context, r *Rebuilder[T], src Source[T]) {
+func (h *Held[T]) run(ctx context.Context, r *Rebuilder[T], src sources.Source[T]) {
 	ended := false
 	defer func() {
 		if v := recover(); v != nil {

@@ -10,6 +10,7 @@ import (
 	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/sources"
 )
 
 // bucketFamily is a builder that merges each user into the bucket of its
@@ -56,7 +57,7 @@ func TestMergeBucket(t *testing.T) {
 		second := d.Prefix + "again"
 		r := redistest.Rebuilder(t, d.Client, rebuild.Options{BatchSize: 7, Writers: 2},
 			index.Builder[user](familyOf{bucketFamily{prefix: prefix}}), familyOf{bucketFamily{prefix: second}})
-		stats, err := r.Run(redistest.Ctx(t), rebuild.FromSlice(src))
+		stats, err := r.Run(redistest.Ctx(t), sources.Slice(src))
 		if err != nil {
 			t.Fatalf("Run: %v", err)
 		}
@@ -90,7 +91,7 @@ func TestMergeBucketOutsideAFamily(t *testing.T) {
 		redistest.SeedHash(t, d.Other, key, map[string]string{"a": "1"})
 		before := redistest.Snapshot(t, d.Other, d.Prefix)
 		r := redistest.Rebuilder(t, d.Client, rebuild.Options{}, index.Builder[user](bucketFamily{prefix: key}))
-		_, err := r.Run(redistest.Ctx(t), rebuild.FromSlice(users(10)))
+		_, err := r.Run(redistest.Ctx(t), sources.Slice(users(10)))
 		var rerr *rebuild.Error
 		if !errors.As(err, &rerr) || rerr.Op != "build" || rerr.Key != key || !strings.Contains(err.Error(), "called MergeBucket but is not a Family") {
 			t.Fatalf("Run: got %v, want a build error of %q saying it is not a Family", err, key)

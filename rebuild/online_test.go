@@ -23,6 +23,7 @@ import (
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/sources"
 	"github.com/redis/rueidis"
 	"golang.org/x/time/rate"
 )
@@ -87,7 +88,7 @@ func readDB(ctx context.Context, c rueidis.Client, db string) (map[string]user, 
 // onlineSource reads the source of truth when the run starts it, then
 // yields it in id order, storing each id in last as it goes. fail, if
 // positive, makes it fail after that many items.
-func onlineSource(c rueidis.Client, db string, last *atomic.Value, fail int) rebuild.Source[user] {
+func onlineSource(c rueidis.Client, db string, last *atomic.Value, fail int) sources.Source[user] {
 	return func(ctx context.Context) iter.Seq2[user, error] {
 		return func(yield func(user, error) bool) {
 			m, err := readDB(ctx, c, db)

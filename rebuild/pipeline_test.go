@@ -16,6 +16,7 @@ import (
 	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/sources"
 	"github.com/keyswap/keyswap/store"
 	"github.com/redis/rueidis"
 	"github.com/redis/rueidis/rueidishook"
@@ -168,7 +169,7 @@ func TestRunPublishesEveryTargetInOneScript(t *testing.T) {
 			mu.Lock()
 			evalshas, evals, noscript = nil, nil, 0
 			mu.Unlock()
-			if _, err := r.Run(ctx, rebuild.FromSlice(tc.us)); err != nil {
+			if _, err := r.Run(ctx, sources.Slice(tc.us)); err != nil {
 				t.Fatalf("run %d: %v", run, err)
 			}
 			mu.Lock()
@@ -247,7 +248,7 @@ func TestReadersSeeOldOrNewNeverMixed(t *testing.T) {
 			}
 		}
 		r := pipeRebuilder(t, d.Client, k, rebuild.Options{BatchSize: 250})
-		if _, err := r.Run(ctx, rebuild.FromSlice(a.us)); err != nil {
+		if _, err := r.Run(ctx, sources.Slice(a.us)); err != nil {
 			t.Fatal(err)
 		}
 		readKeys := []string{k.hash, k.zset}
@@ -301,7 +302,7 @@ func TestReadersSeeOldOrNewNeverMixed(t *testing.T) {
 			if i%2 == 1 {
 				gen = a
 			}
-			stats, err := r.Run(ctx, rebuild.FromSlice(gen.us))
+			stats, err := r.Run(ctx, sources.Slice(gen.us))
 			if err != nil {
 				runErr = fmt.Errorf("rebuild %d (generation %s): %w", i, gen.name, err)
 				break
@@ -358,7 +359,7 @@ func TestProgressPerBatch(t *testing.T) {
 				us[i].Score = -1 // skipped items count in Progress.Items too
 			}
 		}
-		stats, err := pipeRebuilder(t, d.Client, pipeNames(d), opts).Run(ctx, rebuild.FromSlice(us))
+		stats, err := pipeRebuilder(t, d.Client, pipeNames(d), opts).Run(ctx, sources.Slice(us))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -428,7 +429,7 @@ func TestStats(t *testing.T) {
 			builders.SortedSet(k.zset, func(u user) (string, float64, bool) { return u.ID, u.Score, u.Score >= 0 }),
 			builders.SetIndex(k.country, func(u user) (string, string, bool) { return u.Country, u.ID, true }),
 		)
-		stats, err := r.Run(ctx, rebuild.FromSlice(us))
+		stats, err := r.Run(ctx, sources.Slice(us))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -554,7 +555,7 @@ func TestWritersGroupBatchesInSourceOrder(t *testing.T) {
 						}
 					}
 				}
-				stats, err := pipeRebuilder(t, client, k, rebuild.Options{BatchSize: batch, Writers: writers}).Run(ctx, rebuild.FromSeq2(src))
+				stats, err := pipeRebuilder(t, client, k, rebuild.Options{BatchSize: batch, Writers: writers}).Run(ctx, sources.Seq2(src))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -656,7 +657,7 @@ func TestTempKeysGetTTLWithFirstWrite(t *testing.T) {
 		})
 		k := pipeNames(d)
 		us := users(1000)
-		stats, err := pipeRebuilder(t, client, k, rebuild.Options{BatchSize: 200, Writers: 2, TTL: 120 * time.Second}).Run(ctx, rebuild.FromSlice(us))
+		stats, err := pipeRebuilder(t, client, k, rebuild.Options{BatchSize: 200, Writers: 2, TTL: 120 * time.Second}).Run(ctx, sources.Slice(us))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -773,7 +774,7 @@ func TestLeaseRenewedDuringSlowSource(t *testing.T) {
 		start := time.Now()
 		stats, err := redistest.Rebuilder(t, client, rebuild.Options{BatchSize: batch, TTL: ttl},
 			builders.Hash(key, func(u user) (string, string, bool) { return u.Email, u.ID, true }),
-		).Run(ctx, rebuild.FromSeq2(src))
+		).Run(ctx, sources.Seq2(src))
 		w := <-watched
 		if err != nil {
 			t.Fatalf("run: %v", err)
@@ -808,7 +809,7 @@ func TestRunTwiceAndConcurrently(t *testing.T) {
 		k := pipeNames(d)
 		r := pipeRebuilder(t, d.Client, k, rebuild.Options{BatchSize: 100})
 		for i, us := range [][]user{users(500), users(300)} {
-			if _, err := r.Run(ctx, rebuild.FromSlice(us)); err != nil {
+			if _, err := r.Run(ctx, sources.Slice(us)); err != nil {
 				t.Fatalf("run %d: %v", i+1, err)
 			}
 			pipeWant(t, d.Other, k, us)
@@ -821,8 +822,8 @@ func TestRunTwiceAndConcurrently(t *testing.T) {
 		started.Add(2)
 		both := make(chan struct{})
 		go func() { started.Wait(); close(both) }()
-		src := func(us []user) rebuild.Source[user] {
-			return rebuild.FromSeq2(func(yield func(user, error) bool) {
+		src := func(us []user) sources.Source[user] {
+			return sources.Seq2(func(yield func(user, error) bool) {
 				for i, u := range us {
 					if !yield(u, nil) {
 						return

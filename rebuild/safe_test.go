@@ -17,6 +17,7 @@ import (
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/internal/run"
 	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/sources"
 )
 
 // safeKeys are a hash and a SetIndex family, the two shapes a guard, a
@@ -95,11 +96,11 @@ func TestGuardsRefuseAndLeaveTheLiveKeys(t *testing.T) {
 				k.hash += ":" + strings.ReplaceAll(tc.name, " ", "_")
 				k.family += ":" + strings.ReplaceAll(tc.name, " ", "_")
 				old := safeUsers(100, 0, 4)
-				if _, err := safeRebuilder(t, d, k, rebuild.Options{}).Run(redistest.Ctx(t), rebuild.FromSlice(old)); err != nil {
+				if _, err := safeRebuilder(t, d, k, rebuild.Options{}).Run(redistest.Ctx(t), sources.Slice(old)); err != nil {
 					t.Fatal(err)
 				}
 				before := redistest.Snapshot(t, d.Other, d.Prefix)
-				_, err := safeRebuilder(t, d, k, rebuild.Options{Guards: tc.guards}).Run(redistest.Ctx(t), rebuild.FromSlice(tc.next))
+				_, err := safeRebuilder(t, d, k, rebuild.Options{Guards: tc.guards}).Run(redistest.Ctx(t), sources.Slice(tc.next))
 				if tc.want == "" {
 					if err != nil {
 						t.Fatalf("Run: %v, want published", err)
@@ -127,7 +128,7 @@ func TestGuardSeesTheReview(t *testing.T) {
 	// change applied during the run counts.
 	forEachDeployment(t, func(t *testing.T, d deployment) {
 		k := safeNames(d)
-		if _, err := safeRebuilder(t, d, k, rebuild.Options{}).Run(redistest.Ctx(t), rebuild.FromSlice(safeUsers(30, 0, 3))); err != nil {
+		if _, err := safeRebuilder(t, d, k, rebuild.Options{}).Run(redistest.Ctx(t), sources.Slice(safeUsers(30, 0, 3))); err != nil {
 			t.Fatal(err)
 		}
 		var got rebuild.Review
@@ -145,7 +146,7 @@ func TestGuardSeesTheReview(t *testing.T) {
 				t.Error(err)
 			}
 		}
-		if _, err := r.Run(redistest.Ctx(t), rebuild.FromSeq2(src)); err != nil {
+		if _, err := r.Run(redistest.Ctx(t), sources.Seq2(src)); err != nil {
 			t.Fatal(err)
 		}
 		want := rebuild.Review{Builders: []rebuild.BuilderReview{
@@ -169,7 +170,7 @@ func TestHeldRunPublishes(t *testing.T) {
 		ctx := redistest.Ctx(t)
 		k := safeNames(d)
 		old := safeUsers(100, 0, 4)
-		if _, err := safeRebuilder(t, d, k, rebuild.Options{}).Run(ctx, rebuild.FromSlice(old)); err != nil {
+		if _, err := safeRebuilder(t, d, k, rebuild.Options{}).Run(ctx, sources.Slice(old)); err != nil {
 			t.Fatal(err)
 		}
 		// The new version: users 0..79 (20 removed), 10 of them with
@@ -180,7 +181,7 @@ func TestHeldRunPublishes(t *testing.T) {
 		}
 		next = append(next, safeUsers(30, 500, 5)...)
 		r := safeRebuilder(t, d, k, rebuild.Options{TTL: 2 * time.Second})
-		h, _, err := r.Build(ctx, rebuild.FromSlice(next))
+		h, _, err := r.Build(ctx, sources.Slice(next))
 		if err != nil {
 			t.Fatalf("Build: %v", err)
 		}
@@ -262,13 +263,13 @@ func TestHeldRunDiscards(t *testing.T) {
 				k := safeNames(d)
 				k.hash += ":" + how
 				k.family += ":" + how
-				if _, err := safeRebuilder(t, d, k, rebuild.Options{}).Run(redistest.Ctx(t), rebuild.FromSlice(safeUsers(40, 0, 3))); err != nil {
+				if _, err := safeRebuilder(t, d, k, rebuild.Options{}).Run(redistest.Ctx(t), sources.Slice(safeUsers(40, 0, 3))); err != nil {
 					t.Fatal(err)
 				}
 				before := redistest.Snapshot(t, d.Other, d.Prefix)
 				ctx, cancel := context.WithCancel(redistest.Ctx(t))
 				defer cancel()
-				h, _, err := safeRebuilder(t, d, k, rebuild.Options{}).Build(ctx, rebuild.FromSlice(safeUsers(10, 100, 2)))
+				h, _, err := safeRebuilder(t, d, k, rebuild.Options{}).Build(ctx, sources.Slice(safeUsers(10, 100, 2)))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -307,7 +308,7 @@ func TestHeldRunPublishedByOperator(t *testing.T) {
 		ctx := redistest.Ctx(t)
 		k := safeNames(d)
 		next := safeUsers(25, 0, 3)
-		h, _, err := safeRebuilder(t, d, k, rebuild.Options{}).Build(ctx, rebuild.FromSlice(next))
+		h, _, err := safeRebuilder(t, d, k, rebuild.Options{}).Build(ctx, sources.Slice(next))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -345,16 +346,16 @@ func TestBuildFailsLikeRun(t *testing.T) {
 	// error, and a guard refuses before the run is held.
 	forEachDeployment(t, func(t *testing.T, d deployment) {
 		k := safeNames(d)
-		if _, err := safeRebuilder(t, d, k, rebuild.Options{}).Run(redistest.Ctx(t), rebuild.FromSlice(safeUsers(10, 0, 2))); err != nil {
+		if _, err := safeRebuilder(t, d, k, rebuild.Options{}).Run(redistest.Ctx(t), sources.Slice(safeUsers(10, 0, 2))); err != nil {
 			t.Fatal(err)
 		}
 		before := redistest.Snapshot(t, d.Other, d.Prefix)
-		h, _, err := safeRebuilder(t, d, k, rebuild.Options{Guards: []rebuild.Guard{rebuild.RefuseEmpty()}}).Build(redistest.Ctx(t), rebuild.FromSlice[user](nil))
+		h, _, err := safeRebuilder(t, d, k, rebuild.Options{Guards: []rebuild.Guard{rebuild.RefuseEmpty()}}).Build(redistest.Ctx(t), sources.Slice[user](nil))
 		if h != nil || !errors.Is(err, rebuild.ErrRefused) {
 			t.Fatalf("Build: got %v, %v; want no Held and ErrRefused", h, err)
 		}
 		boom := errors.New("boom")
-		_, stats, err := safeRebuilder(t, d, k, rebuild.Options{}).Build(redistest.Ctx(t), rebuild.FromSeq2(func(yield func(user, error) bool) {
+		_, stats, err := safeRebuilder(t, d, k, rebuild.Options{}).Build(redistest.Ctx(t), sources.Seq2(func(yield func(user, error) bool) {
 			yield(user{ID: "a", Email: "a@x", Country: "c"}, nil)
 			yield(user{}, boom)
 		}))
@@ -374,7 +375,7 @@ func TestRollbackSwapsGenerations(t *testing.T) {
 		v2 := safeUsers(50, 30, 6) // other users, buckets c0..c5
 		r := safeRebuilder(t, d, k, rebuild.Options{KeepPrevious: time.Minute})
 		// Without a kept previous generation: nothing to roll back.
-		if _, err := safeRebuilder(t, d, k, rebuild.Options{}).Run(ctx, rebuild.FromSlice(v1)); err != nil {
+		if _, err := safeRebuilder(t, d, k, rebuild.Options{}).Run(ctx, sources.Slice(v1)); err != nil {
 			t.Fatal(err)
 		}
 		before := redistest.Snapshot(t, d.Other, d.Prefix)
@@ -383,7 +384,7 @@ func TestRollbackSwapsGenerations(t *testing.T) {
 		}
 		redistest.WantUnchanged(t, d.Other, d.Prefix, before)
 
-		if _, err := r.Run(ctx, rebuild.FromSlice(v2)); err != nil {
+		if _, err := r.Run(ctx, sources.Slice(v2)); err != nil {
 			t.Fatal(err)
 		}
 		safeWant(t, d, k, v2)
@@ -421,11 +422,11 @@ func TestRollbackFencedByARun(t *testing.T) {
 		k := safeNames(d)
 		r := safeRebuilder(t, d, k, rebuild.Options{KeepPrevious: time.Minute})
 		for _, v := range [][]user{safeUsers(20, 0, 2), safeUsers(20, 50, 3)} {
-			if _, err := r.Run(ctx, rebuild.FromSlice(v)); err != nil {
+			if _, err := r.Run(ctx, sources.Slice(v)); err != nil {
 				t.Fatal(err)
 			}
 		}
-		h, _, err := r.Build(ctx, rebuild.FromSlice(safeUsers(5, 90, 1)))
+		h, _, err := r.Build(ctx, sources.Slice(safeUsers(5, 90, 1)))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -448,7 +449,7 @@ func TestMaxKeysBoundsThePublish(t *testing.T) {
 	forEachDeployment(t, func(t *testing.T, d deployment) {
 		ctx := redistest.Ctx(t)
 		k := safeNames(d)
-		if _, err := safeRebuilder(t, d, k, rebuild.Options{}).Run(ctx, rebuild.FromSlice(safeUsers(40, 0, 8))); err != nil {
+		if _, err := safeRebuilder(t, d, k, rebuild.Options{}).Run(ctx, sources.Slice(safeUsers(40, 0, 8))); err != nil {
 			t.Fatal(err)
 		}
 		before := redistest.Snapshot(t, d.Other, d.Prefix)
@@ -466,7 +467,7 @@ func TestMaxKeysBoundsThePublish(t *testing.T) {
 			if tc.name == "stale buckets" {
 				max = 8
 			}
-			_, err := safeRebuilder(t, d, k, rebuild.Options{MaxKeys: max}).Run(ctx, rebuild.FromSlice(safeUsers(40, 0, tc.countries)))
+			_, err := safeRebuilder(t, d, k, rebuild.Options{MaxKeys: max}).Run(ctx, sources.Slice(safeUsers(40, 0, tc.countries)))
 			if !errors.Is(err, rebuild.ErrTooManyKeys) || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("%s: Run: got %v, want ErrTooManyKeys saying %q", tc.name, err, tc.want)
 			}
@@ -474,7 +475,7 @@ func TestMaxKeysBoundsThePublish(t *testing.T) {
 			redistest.WantClean(t, d.Other, d.Prefix)
 		}
 		// Negative: no bound.
-		if _, err := safeRebuilder(t, d, k, rebuild.Options{MaxKeys: -1}).Run(ctx, rebuild.FromSlice(safeUsers(40, 0, 12))); err != nil {
+		if _, err := safeRebuilder(t, d, k, rebuild.Options{MaxKeys: -1}).Run(ctx, sources.Slice(safeUsers(40, 0, 12))); err != nil {
 			t.Fatalf("Run without a bound: %v", err)
 		}
 		safeWant(t, d, k, safeUsers(40, 0, 12))
@@ -496,7 +497,7 @@ func TestRollbackOwnsOnlyItsGeneration(t *testing.T) {
 		b := safeUsers(30, 0, 2)  // c0, c1: c2 removed, kept as a prev
 		c := safeUsers(30, 50, 2) // c0, c1 again, other users
 		for _, v := range [][]user{a, b, c} {
-			if _, err := r.Run(ctx, rebuild.FromSlice(v)); err != nil {
+			if _, err := r.Run(ctx, sources.Slice(v)); err != nil {
 				t.Fatal(err)
 			}
 		}

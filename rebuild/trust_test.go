@@ -26,6 +26,7 @@ import (
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/sources"
 	"github.com/keyswap/keyswap/store"
 	"github.com/redis/rueidis"
 	"github.com/redis/rueidis/rueidishook"
@@ -451,7 +452,7 @@ func TestTrustSharedEntries(t *testing.T) {
 						builders.SortedSet(zset, func(p person) (string, float64, bool) { return p.Email, p.Score, true }),
 					}
 				}
-				if _, err := redistest.Rebuilder(t, d.Client, rebuild.Options{}, bs()...).Run(ctx, rebuild.FromSlice([]person{p1, p2})); err != nil {
+				if _, err := redistest.Rebuilder(t, d.Client, rebuild.Options{}, bs()...).Run(ctx, sources.Slice([]person{p1, p2})); err != nil {
 					t.Fatal(err)
 				}
 				app := redistest.Rebuilder(t, d.Other, rebuild.Options{}, bs()...)
@@ -562,7 +563,7 @@ func TestTrustSharedSetMembersRefused(t *testing.T) {
 				redistest.Cmd(t, d.Other, "SADD", key, "old")
 				before := redistest.Snapshot(t, d.Other, d.Prefix)
 				us := []user{{ID: "1", Country: "fr"}, {ID: "2", Country: "de"}, {ID: "3", Country: "fr"}}
-				_, err := redistest.Rebuilder(t, d.Client, tc.opts, b).Run(ctx, rebuild.FromSlice(us))
+				_, err := redistest.Rebuilder(t, d.Client, tc.opts, b).Run(ctx, sources.Slice(us))
 				if err == nil {
 					t.Fatal("Run: nil, want the shared member refused")
 				}
@@ -626,7 +627,7 @@ func TestTrustMaxHold(t *testing.T) {
 		ix := seedIndex(t, d, users(9)...)
 		before := redistest.Snapshot(t, d.Other, d.Prefix)
 		r := onlineRebuilder(t, d.Client, ix.k, rebuild.Options{MaxHold: time.Second})
-		held, _, err := r.Build(ctx, rebuild.FromSlice(users(12)))
+		held, _, err := r.Build(ctx, sources.Slice(users(12)))
 		if err != nil {
 			t.Fatalf("Build: %v", err)
 		}
@@ -649,7 +650,7 @@ func TestTrustDiffAfterDiscard(t *testing.T) {
 		ix := seedIndex(t, d, users(6)...)
 		for _, end := range []string{"discard", "publish"} {
 			r := onlineRebuilder(t, d.Client, ix.k, rebuild.Options{})
-			held, _, err := r.Build(ctx, rebuild.FromSlice(users(6)))
+			held, _, err := r.Build(ctx, sources.Slice(users(6)))
 			if err != nil {
 				t.Fatalf("Build: %v", err)
 			}
@@ -685,7 +686,7 @@ func TestTrustRollbackMaxKeys(t *testing.T) {
 		}
 		us := users(20) // 20 buckets
 		for i := range 2 {
-			if _, err := redistest.Rebuilder(t, d.Client, rebuild.Options{KeepPrevious: time.Hour}, b()).Run(ctx, rebuild.FromSlice(us[i:])); err != nil {
+			if _, err := redistest.Rebuilder(t, d.Client, rebuild.Options{KeepPrevious: time.Hour}, b()).Run(ctx, sources.Slice(us[i:])); err != nil {
 				t.Fatalf("run %d: %v", i, err)
 			}
 		}
@@ -722,7 +723,7 @@ func TestTrustPublishWorkBound(t *testing.T) {
 		return builders.Hash(key, func(u user) (string, string, bool) { return u.Email, u.ID, true })
 	}
 	us := users(200)
-	if _, err := redistest.Rebuilder(t, c, rebuild.Options{}, hash()).Run(ctx, rebuild.FromSlice(us)); err != nil {
+	if _, err := redistest.Rebuilder(t, c, rebuild.Options{}, hash()).Run(ctx, sources.Slice(us)); err != nil {
 		t.Fatal(err)
 	}
 	app := redistest.Rebuilder(t, other, rebuild.Options{}, hash())
@@ -752,7 +753,7 @@ func TestTrustPublishWorkBound(t *testing.T) {
 			return res
 		},
 	})
-	stats, err := redistest.Rebuilder(t, hooked, rebuild.Options{CatchUpTimeout: slowTimeout}, hash()).Run(ctx, rebuild.FromSlice(users(200)))
+	stats, err := redistest.Rebuilder(t, hooked, rebuild.Options{CatchUpTimeout: slowTimeout}, hash()).Run(ctx, sources.Slice(users(200)))
 	if err != nil {
 		t.Fatalf("Run: %v", err)
 	}
@@ -813,7 +814,7 @@ func TestTrustLargeFamilyShortLease(t *testing.T) {
 			return c.Do(ctx, cmd)
 		},
 	})
-	src := rebuild.FromSeq2(func(yield func(int, error) bool) {
+	src := sources.Seq2(func(yield func(int, error) bool) {
 		for i := range n {
 			if !yield(i, nil) {
 				return
@@ -830,7 +831,7 @@ func TestTrustLargeFamilyShortLease(t *testing.T) {
 	// The source ends once a second refresh has started, the first one
 	// measured: long enough for the temp keys' TTL to grow.
 	grown := func() bool { return len(rec.matching("their TTL grows")) > 0 }
-	stats, err := r.Run(ctx, rebuild.FromSeq2(func(yield func(int, error) bool) {
+	stats, err := r.Run(ctx, sources.Seq2(func(yield func(int, error) bool) {
 		for i := range n {
 			if !yield(i, nil) {
 				return
@@ -900,7 +901,7 @@ func TestTrustRefreshStopsWhenTheLeaseEnds(t *testing.T) {
 	})
 	b := builders.SetIndex(prefix, func(i int) (string, string, bool) { return strconv.Itoa(i), "m", true })
 	r := redistest.Rebuilder(t, slow, rebuild.Options{TTL: 6 * time.Second}, b)
-	stats, err := r.Run(ctx, rebuild.FromSeq2(func(yield func(int, error) bool) {
+	stats, err := r.Run(ctx, sources.Seq2(func(yield func(int, error) bool) {
 		for i := range n {
 			if !yield(i, nil) {
 				return
@@ -950,7 +951,7 @@ func TestHeartbeatNotHeldBackBySlowRoundTrip(t *testing.T) {
 		const n = 6000
 		b := builders.Hash(key, func(i int) (string, string, bool) { return strconv.Itoa(i), "v", true })
 		r := redistest.Rebuilder(t, slow, rebuild.Options{TTL: 3 * time.Second, BatchSize: 100, MaxRate: 2000}, b)
-		if _, err := r.Run(redistest.Ctx(t), rebuild.FromSeq2(func(yield func(int, error) bool) {
+		if _, err := r.Run(redistest.Ctx(t), sources.Seq2(func(yield func(int, error) bool) {
 			for i := range n {
 				if !yield(i, nil) {
 					return

@@ -18,6 +18,7 @@ import (
 	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/sources"
 	"github.com/redis/rueidis"
 	"github.com/redis/rueidis/rueidishook"
 )
@@ -236,7 +237,7 @@ func TestUnorderedOverlapsRoundTrips(t *testing.T) {
 					writers = 4
 				}
 				r := redistest.Rebuilder(t, h.client(d.Client), rebuild.Options{BatchSize: 100, Writers: writers, Unordered: c.unordered}, c.builders(k)...)
-				stats, err := r.Run(redistest.Ctx(t), rebuild.FromSlice(us))
+				stats, err := r.Run(redistest.Ctx(t), sources.Slice(us))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -283,7 +284,7 @@ func TestUnorderedFailWithRoundTripInFlight(t *testing.T) {
 			{"write error", "write", nil, func(t *testing.T, c rueidis.Client) error {
 				var replaced atomic.Int64
 				_, err := redistest.Rebuilder(t, failRejectHSET(c, marker, &replaced), rebuild.Options{BatchSize: failBatch, Writers: 4, Unordered: true}, s.builders(nil)...).
-					Run(redistest.Ctx(t), rebuild.FromSlice(us))
+					Run(redistest.Ctx(t), sources.Slice(us))
 				if n := replaced.Load(); n != 1 {
 					t.Errorf("HSETs replaced: got %d, want 1", n)
 				}
@@ -302,7 +303,7 @@ func TestUnorderedFailWithRoundTripInFlight(t *testing.T) {
 					if p.Batches >= 3 {
 						once.Do(cancel)
 					}
-				}}, s.builders(nil)...).Run(ctx, rebuild.FromSlice(us))
+				}}, s.builders(nil)...).Run(ctx, sources.Slice(us))
 				return err
 			}},
 		} {
@@ -393,7 +394,7 @@ func TestOverlapRenewalBeforeCreation(t *testing.T) {
 		}
 		r := redistest.Rebuilder(t, hooked, rebuild.Options{BatchSize: 10, Writers: 2, TTL: 2 * time.Second},
 			builders.SetIndex(prefix, func(u user) (string, string, bool) { return u.Country, u.ID, true }))
-		if _, err := r.Run(ctx, rebuild.FromSlice(us)); err != nil {
+		if _, err := r.Run(ctx, sources.Slice(us)); err != nil {
 			t.Fatalf("Run: %v", err)
 		}
 		if !absent.Load() {
@@ -446,7 +447,7 @@ func TestKeyedOverlapKeepsLastWrite(t *testing.T) {
 			r := redistest.Rebuilder(t, hooked, rebuild.Options{BatchSize: 50, Writers: 4},
 				builders.Hash(k.hash, func(u user) (string, string, bool) { return u.Email, u.ID, true }),
 				builders.SortedSet(k.zset, func(u user) (string, float64, bool) { return u.Email, u.Score, true }))
-			if _, err := r.Run(redistest.Ctx(t), rebuild.FromSlice(us)); err != nil {
+			if _, err := r.Run(redistest.Ctx(t), sources.Slice(us)); err != nil {
 				t.Fatal(err)
 			}
 			wantH, wantZ := map[string]string{}, map[string]float64{}

@@ -37,6 +37,7 @@ import (
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/sources"
 	"github.com/keyswap/keyswap/store"
 	"github.com/redis/rueidis"
 	"github.com/redis/rueidis/rueidishook"
@@ -358,7 +359,7 @@ func (w *renewals) watch(c rueidis.Client) rueidis.Client {
 
 // pausedSource yields items, and halfway calls pause, which may block: a
 // run that must live through renewals, or be seen running.
-func pausedSource(items []fuser, pause func(ctx context.Context) error) rebuild.Source[fuser] {
+func pausedSource(items []fuser, pause func(ctx context.Context) error) sources.Source[fuser] {
 	return func(ctx context.Context) iter.Seq2[fuser, error] {
 		return func(yield func(fuser, error) bool) {
 			for i, u := range items {

@@ -28,6 +28,7 @@ import (
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/sources"
 	"github.com/redis/rueidis"
 )
 
@@ -442,6 +443,6 @@ func badRunSource(c rueidis.Client, opts rebuild.Options, src iter.Seq2[badItem,
 	if err != nil {
 		return err
 	}
-	_, err = r.Run(ctx, rebuild.FromSeq2(src))
+	_, err = r.Run(ctx, sources.Seq2(src))
 	return err
 }

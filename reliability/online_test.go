@@ -32,6 +32,7 @@ import (
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/internal/run"
 	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/sources"
 	"github.com/redis/rueidis"
 	"github.com/redis/rueidis/rueidishook"
 )
@@ -132,7 +133,7 @@ func seedOnline(t testing.TB, c rueidis.Client, k onlineKeys, n int, tags ...str
 // run took its locks: a snapshot of it as of the run's start. It then
 // waits for hold, if not nil, to be closed, and yields the snapshot in id
 // order.
-func truthSource(c rueidis.Client, db string, hold *heldSource) rebuild.Source[fuser] {
+func truthSource(c rueidis.Client, db string, hold *heldSource) sources.Source[fuser] {
 	return func(ctx context.Context) iter.Seq2[fuser, error] {
 		return func(yield func(fuser, error) bool) {
 			m, err := readTruth(ctx, c, db)

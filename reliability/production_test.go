@@ -36,6 +36,7 @@ import (
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/internal/redistest/replication"
 	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/sources"
 	"github.com/keyswap/keyswap/store"
 	"github.com/redis/rueidis"
 	"github.com/redis/rueidis/rueidishook"
@@ -53,12 +54,12 @@ var (
 )
 
 // prodItems is the run's source: item i is field f<i> = new-<i>.
-func prodItems() rebuild.Source[int] {
+func prodItems() sources.Source[int] {
 	items := make([]int, prodFields)
 	for i := range items {
 		items[i] = i
 	}
-	return rebuild.FromSlice(items)
+	return sources.Slice(items)
 }
 
 // prodHash is the run's one builder, for live.

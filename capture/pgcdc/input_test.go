@@ -14,7 +14,7 @@ import (
 	"github.com/keyswap/keyswap/capture/pgtest"
 	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/internal/redistest"
-	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/sources"
 )
 
 // runErr runs r until it returns, which must be within the test's
@@ -226,7 +226,7 @@ func TestTruncate(t *testing.T) {
 	var truncated []string
 	opts.Truncate = func(ctx context.Context, tables []string) error {
 		truncated = tables
-		_, err := f.rb.Run(ctx, rebuild.FromSeq2(f.source(ctx)))
+		_, err := f.rb.Run(ctx, sources.Seq2(f.source(ctx)))
 		return err
 	}
 	running(t, f.relay(t, opts))

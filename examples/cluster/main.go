@@ -27,6 +27,7 @@ import (
 	"github.com/keyswap/keyswap/examples/internal/connect"
 	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/sources"
 	"github.com/redis/rueidis"
 )
 
@@ -78,7 +79,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	stats, err := r.Run(ctx, rebuild.FromSlice(users))
+	stats, err := r.Run(ctx, sources.Slice(users))
 	if err != nil {
 		return err
 	}
@@ -110,7 +111,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if _, err := single.Run(ctx, rebuild.FromSlice(users)); err != nil {
+	if _, err := single.Run(ctx, sources.Slice(users)); err != nil {
 		return err
 	}
 	n, err := c.Do(ctx, c.B().Hlen().Key("users:by-email").Build()).AsInt64()

@@ -25,6 +25,7 @@ import (
 	"github.com/keyswap/keyswap/examples/internal/connect"
 	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/sources"
 	"github.com/redis/rueidis"
 )
 
@@ -109,7 +110,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if _, err := r.Run(ctx, rebuild.FromSlice(visits)); err != nil {
+	if _, err := r.Run(ctx, sources.Slice(visits)); err != nil {
 		return err
 	}
 

@@ -30,6 +30,7 @@ import (
 	"github.com/keyswap/keyswap/examples/internal/connect"
 	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/sources"
 	"github.com/redis/rueidis"
 )
 
@@ -76,13 +77,13 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	}
 
 	yesterday, today := catalog(200, 0), catalog(180, 1)
-	if _, err := r.Run(ctx, rebuild.FromSlice(yesterday)); err != nil {
+	if _, err := r.Run(ctx, sources.Slice(yesterday)); err != nil {
 		return fmt.Errorf("yesterday's index: %w", err)
 	}
 	fmt.Fprintf(out, "yesterday's index: %d products\n", len(yesterday))
 
 	// 1. A query that returned nothing.
-	_, err = r.Run(ctx, rebuild.FromSlice[product](nil))
+	_, err = r.Run(ctx, sources.Slice[product](nil))
 	if !errors.Is(err, rebuild.ErrRefused) {
 		return fmt.Errorf("the empty rebuild: got %v, want it refused", err)
 	}
@@ -92,7 +93,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	}
 
 	// 2. Today's rebuild, held before its publish.
-	h, _, err := r.Build(ctx, rebuild.FromSlice(today))
+	h, _, err := r.Build(ctx, sources.Slice(today))
 	if err != nil {
 		return fmt.Errorf("today's rebuild: %w", err)
 	}

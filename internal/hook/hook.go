@@ -1,10 +1,15 @@
-// Package hook connects package index, whose Commands and Writes builders
-// receive, to the runner that implements them (package rebuild): index
-// wraps what the runner passes here, so that builders see documented types
-// that only the runner can make.
+// Package hook connects the public packages index and sources to the
+// runner (package rebuild), which imports them. Package index wraps the
+// Commands and Writes the runner implements here, so that builders see
+// documented types that only the runner can make; package sources reads
+// from a source's context the keys of the run that pulls it.
 package hook
 
-import "github.com/redis/rueidis"
+import (
+	"context"
+
+	"github.com/redis/rueidis"
+)
 
 // Commands is what the runner implements behind index.Commands: one
 // batch's commands.
@@ -30,3 +35,19 @@ var (
 	NewCommands func(Commands) any
 	NewWrites   func(Writes) any
 )
+
+// ownKeysKey is the context key of the keys a run rebuilds, which its SCAN
+// sources (package sources) skip.
+type ownKeysKey struct{}
+
+// WithOwnKeys returns ctx carrying owns, which reports whether a key is one
+// the run rebuilds: the runner passes it to the source it pulls.
+func WithOwnKeys(ctx context.Context, owns func(string) bool) context.Context {
+	return context.WithValue(ctx, ownKeysKey{}, owns)
+}
+
+// OwnKey reports whether key is one the run pulling ctx rebuilds.
+func OwnKey(ctx context.Context, key string) bool {
+	owns, _ := ctx.Value(ownKeysKey{}).(func(string) bool)
+	return owns != nil && owns(key)
+}

@@ -129,6 +129,7 @@ import (
 	"github.com/keyswap/keyswap/index"
 	keyswapotel "github.com/keyswap/keyswap/otel"
 	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/sources"
 	"github.com/keyswap/keyswap/store"
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/rueidis"
@@ -151,6 +152,7 @@ var (
 	_ = keyswapotel.New
 	_ = index.Insert[User]
 	_ = rebuild.New[User]
+	_ = sources.Slice[User]
 	_ = store.New
 	_ = redis.ParseURL
 	_ = rueidis.NewClient
