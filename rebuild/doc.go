@@ -40,9 +40,9 @@
 //  3. Catch up: replay the changes applied to the live keys meanwhile (see
 //     Writes during a rebuild) onto the temp keys.
 //  4. If Options.Guards are set, or the run is held (Rebuilder.Build), review
-//     the result: a guard may refuse it (ErrRefused), and a held run waits
-//     for Held.Publish, Held.Discard or an operator, renewing its lease, then
-//     catches up again.
+//     the result: a guard may refuse it (guards.ErrRefused), and a held run
+//     waits for Held.Publish, Held.Discard or an operator, renewing its
+//     lease, then catches up again.
 //  5. Publish: wait for Options.Durability, if set; then one script checks
 //     the rights, the locks, the record (every batch Redis acknowledged is
 //     still there: otherwise ErrWritesLost) and the temp keys, replaces every
@@ -119,7 +119,7 @@
 // context.Canceled, or one of the sentinels: [ErrInProgress], [ErrLockLost]
 // (which also matches ErrInProgress), [ErrTempKeyLost], [ErrWritesLost]
 // (which also matches ErrTempKeyLost), [ErrNoPermission], [ErrNotDurable],
-// [ErrStalled], [ErrAborted], [ErrRefused], [ErrDiscarded],
+// [ErrStalled], [ErrAborted], [guards.ErrRefused], [ErrDiscarded],
 // [ErrFallingBehind], [ErrTooManyKeys], [ErrTampered] (a key keyswap relies
 // on, a run's log of changes or its record, holds what keyswap did not
 // write: an entry that is not a change of the log's own keys, more entries
@@ -199,7 +199,7 @@
 // # Safe publishing
 //
 // Options.Guards refuse a suspicious result before it is published
-// ([RefuseEmpty], [RefuseShrink]). [Rebuilder.Build] stops short of the
+// ([guards.RefuseEmpty], [guards.RefuseShrink]). [Rebuilder.Build] stops short of the
 // publish and returns a [Held] run, which keeps its lease while the program
 // or an operator inspects it ([Held.Review], [Held.Diff]) and then publishes
 // or discards it. With Options.KeepPrevious, the publish keeps the values

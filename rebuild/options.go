@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/keyswap/keyswap/guards"
 	"github.com/keyswap/keyswap/internal/run"
 )
 
@@ -198,9 +199,9 @@ type Options struct {
 	// DefaultMaxHold; negative is an error.
 	MaxHold time.Duration
 	// Guards decide, before the publish, whether the result may replace
-	// the live keys (see Guard, RefuseEmpty, RefuseShrink): the first that
-	// refuses fails the run with ErrRefused, and nothing is published.
-	Guards []Guard
+	// the live keys (see package guards): the first that refuses fails the
+	// run with guards.ErrRefused, and nothing is published.
+	Guards []guards.Guard
 	// KeepPrevious, when positive, keeps the previous value of every key a
 	// publish replaces or deletes for that long, instead of freeing it, so
 	// that Rebuilder.Rollback (or "keyswap rollback") can swap it back.

@@ -12,6 +12,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/keyswap/keyswap/builders"
+	"github.com/keyswap/keyswap/guards"
 	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/redistest"
@@ -79,17 +80,17 @@ func TestGuardsRefuseAndLeaveTheLiveKeys(t *testing.T) {
 	forEachDeployment(t, func(t *testing.T, d deployment) {
 		for _, tc := range []struct {
 			name   string
-			guards []rebuild.Guard
+			guards []guards.Guard
 			next   []user // what the source yields
 			want   string // "" = published; else a part of the refusal
 		}{
-			{"RefuseEmpty, empty source", []rebuild.Guard{rebuild.RefuseEmpty()}, nil, "none (RefuseEmpty)"},
-			{"RefuseEmpty, smaller source", []rebuild.Guard{rebuild.RefuseEmpty()}, safeUsers(10, 0, 3), ""},
-			{"RefuseShrink(0.9), half", []rebuild.Guard{rebuild.RefuseShrink(0.9)}, safeUsers(50, 0, 4), "below 90%"},
-			{"RefuseShrink(0.9), 95%", []rebuild.Guard{rebuild.RefuseShrink(0.9)}, safeUsers(95, 0, 4), ""},
-			{"RefuseShrink(0.9), growth", []rebuild.Guard{rebuild.RefuseShrink(0.9)}, safeUsers(200, 0, 5), ""},
-			{"both, the second refuses", []rebuild.Guard{rebuild.RefuseEmpty(), rebuild.RefuseShrink(1)}, safeUsers(99, 0, 4), "below 100%"},
-			{"RefuseShrink(0), bad ratio", []rebuild.Guard{rebuild.RefuseShrink(0)}, safeUsers(100, 0, 4), "ratio must be in (0, 1]"},
+			{"RefuseEmpty, empty source", []guards.Guard{guards.RefuseEmpty()}, nil, "none (RefuseEmpty)"},
+			{"RefuseEmpty, smaller source", []guards.Guard{guards.RefuseEmpty()}, safeUsers(10, 0, 3), ""},
+			{"RefuseShrink(0.9), half", []guards.Guard{guards.RefuseShrink(0.9)}, safeUsers(50, 0, 4), "below 90%"},
+			{"RefuseShrink(0.9), 95%", []guards.Guard{guards.RefuseShrink(0.9)}, safeUsers(95, 0, 4), ""},
+			{"RefuseShrink(0.9), growth", []guards.Guard{guards.RefuseShrink(0.9)}, safeUsers(200, 0, 5), ""},
+			{"both, the second refuses", []guards.Guard{guards.RefuseEmpty(), guards.RefuseShrink(1)}, safeUsers(99, 0, 4), "below 100%"},
+			{"RefuseShrink(0), bad ratio", []guards.Guard{guards.RefuseShrink(0)}, safeUsers(100, 0, 4), "ratio must be in (0, 1]"},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				k := safeNames(d)
@@ -108,7 +109,7 @@ func TestGuardsRefuseAndLeaveTheLiveKeys(t *testing.T) {
 					safeWant(t, d, k, tc.next)
 				} else {
 					var e *rebuild.Error
-					if !errors.Is(err, rebuild.ErrRefused) || !errors.As(err, &e) || e.Op != "guard" || !strings.Contains(err.Error(), tc.want) {
+					if !errors.Is(err, guards.ErrRefused) || !errors.As(err, &e) || e.Op != "guard" || !strings.Contains(err.Error(), tc.want) {
 						t.Fatalf("Run: got %v, want an error of Op guard matching ErrRefused and saying %q", err, tc.want)
 					}
 					if errors.Is(err, rebuild.ErrInProgress) {
@@ -131,8 +132,8 @@ func TestGuardSeesTheReview(t *testing.T) {
 		if _, err := safeRebuilder(t, d, k, rebuild.Options{}).Run(redistest.Ctx(t), sources.Slice(safeUsers(30, 0, 3))); err != nil {
 			t.Fatal(err)
 		}
-		var got rebuild.Review
-		r := safeRebuilder(t, d, k, rebuild.Options{Guards: []rebuild.Guard{func(rv rebuild.Review) error { got = rv; return nil }}})
+		var got guards.Review
+		r := safeRebuilder(t, d, k, rebuild.Options{Guards: []guards.Guard{func(rv guards.Review) error { got = rv; return nil }}})
 		applier := safeRebuilder(t, d, k, rebuild.Options{})
 		extra := user{ID: "x1", Email: "x1@example.com", Country: "c9"}
 		src := func(yield func(user, error) bool) {
@@ -149,7 +150,7 @@ func TestGuardSeesTheReview(t *testing.T) {
 		if _, err := r.Run(redistest.Ctx(t), sources.Seq2(src)); err != nil {
 			t.Fatal(err)
 		}
-		want := rebuild.Review{Builders: []rebuild.BuilderReview{
+		want := guards.Review{Builders: []guards.BuilderReview{
 			{Key: k.hash, New: 21, Live: 31, NewKeys: 1, LiveKeys: 1},
 			{Key: k.family, Family: true, New: 21, Live: 31, NewKeys: 6, LiveKeys: 4},
 		}}
@@ -200,14 +201,14 @@ func TestHeldRunPublishes(t *testing.T) {
 		if info, err := run.New(d.Other, nil).FindRun(ctx, k.hash); err != nil || info.Record["phase"] != "held" {
 			t.Errorf("the run's record: phase %q, %v; want held", info.Record["phase"], err)
 		}
-		wantReview := rebuild.Review{Builders: []rebuild.BuilderReview{
+		wantReview := guards.Review{Builders: []guards.BuilderReview{
 			{Key: k.hash, New: 110, Live: 100, NewKeys: 1, LiveKeys: 1},
 			{Key: k.family, Family: true, New: 110, Live: 100, NewKeys: 5, LiveKeys: 4},
 		}}
 		if diff := cmp.Diff(wantReview, h.Review()); diff != "" {
 			t.Errorf("Review (-want +got):\n%s", diff)
 		}
-		df, err := h.Diff(ctx, rebuild.DiffOptions{})
+		df, err := h.Diff(ctx, guards.DiffOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -350,8 +351,8 @@ func TestBuildFailsLikeRun(t *testing.T) {
 			t.Fatal(err)
 		}
 		before := redistest.Snapshot(t, d.Other, d.Prefix)
-		h, _, err := safeRebuilder(t, d, k, rebuild.Options{Guards: []rebuild.Guard{rebuild.RefuseEmpty()}}).Build(redistest.Ctx(t), sources.Slice[user](nil))
-		if h != nil || !errors.Is(err, rebuild.ErrRefused) {
+		h, _, err := safeRebuilder(t, d, k, rebuild.Options{Guards: []guards.Guard{guards.RefuseEmpty()}}).Build(redistest.Ctx(t), sources.Slice[user](nil))
+		if h != nil || !errors.Is(err, guards.ErrRefused) {
 			t.Fatalf("Build: got %v, %v; want no Held and ErrRefused", h, err)
 		}
 		boom := errors.New("boom")

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/keyswap/keyswap/builders"
+	"github.com/keyswap/keyswap/guards"
 	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/redistest"
@@ -633,7 +634,7 @@ func TestTrustMaxHold(t *testing.T) {
 		}
 		_, err = held.Await(ctx)
 		wantRunErr(t, err, "publish", rebuild.ErrDiscarded, "Options.MaxHold")
-		_, err = held.Diff(ctx, rebuild.DiffOptions{})
+		_, err = held.Diff(ctx, guards.DiffOptions{})
 		if err == nil || !strings.Contains(err.Error(), "has ended") {
 			t.Errorf("Diff after the run ended: got %v, want an error saying it ended", err)
 		}
@@ -654,7 +655,7 @@ func TestTrustDiffAfterDiscard(t *testing.T) {
 			if err != nil {
 				t.Fatalf("Build: %v", err)
 			}
-			if _, err := held.Diff(ctx, rebuild.DiffOptions{}); err != nil {
+			if _, err := held.Diff(ctx, guards.DiffOptions{}); err != nil {
 				t.Fatalf("Diff while held: %v", err)
 			}
 			if end == "discard" {
@@ -665,7 +666,7 @@ func TestTrustDiffAfterDiscard(t *testing.T) {
 			if err != nil {
 				t.Fatalf("%s: %v", end, err)
 			}
-			_, err = held.Diff(ctx, rebuild.DiffOptions{})
+			_, err = held.Diff(ctx, guards.DiffOptions{})
 			if err == nil || !strings.Contains(err.Error(), "has ended") {
 				t.Errorf("Diff after %s: got %v, want an error saying the run ended", end, err)
 			}
@@ -827,7 +828,7 @@ func TestTrustLargeFamilyShortLease(t *testing.T) {
 	}
 	rec := newLogRecorder()
 	r := redistest.Rebuilder(t, slow, rebuild.Options{TTL: 5 * time.Second, MaxKeys: -1, Logger: slog.New(rec),
-		Guards: []rebuild.Guard{rebuild.RefuseEmpty()}}, b)
+		Guards: []guards.Guard{guards.RefuseEmpty()}}, b)
 	// The source ends once a second refresh has started, the first one
 	// measured: long enough for the temp keys' TTL to grow.
 	grown := func() bool { return len(rec.matching("their TTL grows")) > 0 }

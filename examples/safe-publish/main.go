@@ -28,6 +28,7 @@ import (
 	"github.com/keyswap/keyswap/builders"
 	"github.com/keyswap/keyswap/examples/internal/cli"
 	"github.com/keyswap/keyswap/examples/internal/connect"
+	"github.com/keyswap/keyswap/guards"
 	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/rebuild"
 	"github.com/keyswap/keyswap/sources"
@@ -68,7 +69,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		builders.SortedSet(byPrice, func(p product) (string, float64, bool) { return p.SKU, p.Price, true }),
 	}
 	opts := rebuild.Options{
-		Guards:       []rebuild.Guard{rebuild.RefuseEmpty(), rebuild.RefuseShrink(0.5)},
+		Guards:       []guards.Guard{guards.RefuseEmpty(), guards.RefuseShrink(0.5)},
 		KeepPrevious: 10 * time.Minute, // what a rollback can go back to, for that long
 	}
 	r, err := rebuild.New(client, opts, bs...)
@@ -84,7 +85,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 
 	// 1. A query that returned nothing.
 	_, err = r.Run(ctx, sources.Slice[product](nil))
-	if !errors.Is(err, rebuild.ErrRefused) {
+	if !errors.Is(err, guards.ErrRefused) {
 		return fmt.Errorf("the empty rebuild: got %v, want it refused", err)
 	}
 	fmt.Fprintf(out, "\n1. an empty source is refused:\n   %v\n", err)
@@ -101,7 +102,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	for _, b := range h.Review().Builders {
 		fmt.Fprintf(out, "   %-28s %4d entries live, %4d new\n", b.Key, b.Live, b.New)
 	}
-	d, err := h.Diff(ctx, rebuild.DiffOptions{Samples: 2})
+	d, err := h.Diff(ctx, guards.DiffOptions{Samples: 2})
 	if err != nil {
 		return err
 	}

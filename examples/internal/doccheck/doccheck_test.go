@@ -126,6 +126,7 @@ import (
 	"github.com/keyswap/keyswap/builders"
 	"github.com/keyswap/keyswap/capture/pgcdc"
 	"github.com/keyswap/keyswap/goredis"
+	"github.com/keyswap/keyswap/guards"
 	"github.com/keyswap/keyswap/index"
 	keyswapotel "github.com/keyswap/keyswap/otel"
 	"github.com/keyswap/keyswap/rebuild"
@@ -150,6 +151,7 @@ var (
 	_ = pgcdc.New[User]
 	_ = goredis.ClientOption
 	_ = keyswapotel.New
+	_ = guards.RefuseEmpty
 	_ = index.Insert[User]
 	_ = rebuild.New[User]
 	_ = sources.Slice[User]
