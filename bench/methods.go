@@ -38,7 +38,7 @@ func (m method) describe() string {
 	case methodKeyswap:
 		return "a full `rebuild.Rebuilder` run (lock, lease, fenced publish), default options unless the command says otherwise, onto an existing key of the same size"
 	case methodUnordered:
-		return "keyswap with `Options.Unordered`: a second round trip is sent while the first is in flight, whatever the two write, for sources that yield each field or member once. keyswap does this by default when every builder is `Commutative` (Set, SetIndex) or `Keyed` (Hash, SortedSet) and the two round trips write no field or member in common, as in every workload here"
+		return "keyswap with `Options.Unordered`: a second round trip is sent while the first is in flight, whatever the two write, for sources that yield each field or member once. keyswap does this by default when every builder is `AnyOrder` (Set, SetIndex) or `ByEntry` (Hash, SortedSet) and the two round trips write no field or member in common, as in every workload here"
 	case methodNaive:
 		return fmt.Sprintf("one command per entry, pipelined in DoMulti batches of %d commands, %d in flight", rebuild.DefaultBatchSize, rebuild.DefaultWriters)
 	}

@@ -149,7 +149,7 @@ func TestFromSeqStopsWhenRunFails(t *testing.T) {
 	})
 }
 
-// srcKind is a SCAN source under test: FromHashes, or FromScan reading two
+// srcKind is a SCAN source under test: Hashes, or Scan reading two
 // fields with HMGET. fail is called once per key decoded; an error it
 // returns is the decode's error.
 type srcKind struct {
@@ -158,7 +158,7 @@ type srcKind struct {
 }
 
 var srcKinds = []srcKind{
-	{name: "FromHashes", source: func(c rueidis.Client, match string, fail func() error) sources.Source[user] {
+	{name: "Hashes", source: func(c rueidis.Client, match string, fail func() error) sources.Source[user] {
 		return sources.Hashes(c, match, func(key string, fields map[string]string) (user, bool, error) {
 			if err := fail(); err != nil {
 				return user{}, false, err
@@ -166,7 +166,7 @@ var srcKinds = []srcKind{
 			return user{ID: fields["id"], Email: fields["email"]}, true, nil
 		})
 	}},
-	{name: "FromScan", source: func(c rueidis.Client, match string, fail func() error) sources.Source[user] {
+	{name: "Scan", source: func(c rueidis.Client, match string, fail func() error) sources.Source[user] {
 		return sources.Scan(c, sources.ScanOptions{Match: match, Type: "hash", Count: 500},
 			func(cb rueidis.Builder, key string) rueidis.Completed {
 				return cb.Hmget().Key(key).Field("id", "email").Build()
