@@ -85,7 +85,8 @@ func (o Order) String() string {
 // documentation, "Pipeline", for what the runner makes of it.
 type Ordered interface {
 	// Order returns what the runner may do with the order of the
-	// builder's batches.
+	// builder's batches: InOrder, ByEntry or AnyOrder (the Rebuilder's
+	// New refuses any other value).
 	Order() Order
 }
 

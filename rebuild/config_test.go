@@ -85,6 +85,11 @@ func cfgWantNothingWritten(t *testing.T, c rueidis.Client, prefix string) {
 	}
 }
 
+// oddOrder is a builder whose Order is none of the index package's.
+type oddOrder struct{ index.Builder[user] }
+
+func (oddOrder) Order() index.Order { return 7 }
+
 // TestConfigInvalid: each invalid option or builder set gives an Op
 // "config" error that says what is wrong, and writes nothing.
 func TestConfigInvalid(t *testing.T) {
@@ -131,6 +136,15 @@ func TestConfigInvalid(t *testing.T) {
 			name:     "no builders",
 			builders: func(string) []index.Builder[user] { return nil },
 			want:     func(string) []string { return []string{"no builders"} },
+		},
+		{
+			name: "unknown Order",
+			builders: func(p string) []index.Builder[user] {
+				return []index.Builder[user]{cfgHash(p + "h"), oddOrder{cfgZset(p + "z")}}
+			},
+			want: func(p string) []string {
+				return []string{"builder 1", p + "z", "Order(7)", "none of InOrder, ByEntry and AnyOrder"}
+			},
 		},
 		{
 			name:     "empty Hash key",

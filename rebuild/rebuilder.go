@@ -97,6 +97,11 @@ func (r *Rebuilder[T]) configure() error {
 	case len(r.builders) == 0:
 		return bad("no builders")
 	}
+	for i, b := range r.builders {
+		if o, ok := b.(index.Ordered); ok && o.Order() != index.InOrder && o.Order() != index.ByEntry && o.Order() != index.AnyOrder {
+			return bad("builder %d (%q): Order returned %v, which is none of InOrder, ByEntry and AnyOrder", i, b.Key(), o.Order())
+		}
+	}
 	o.BatchSize = run.OrDefault(o.BatchSize, DefaultBatchSize)
 	o.Writers = run.OrDefault(o.Writers, DefaultWriters)
 	o.TTL = run.OrDefault(o.TTL, DefaultTTL)
@@ -204,8 +209,8 @@ func (r *Rebuilder[T]) checkSlots(bad func(string, ...any) error) error {
 }
 
 // orderOf returns b's index.Order as the run's order: inOrder for a
-// builder that is not index.Ordered, or of an Order this package does not
-// know.
+// builder that is not index.Ordered (configure refuses an Order it does not
+// know).
 func orderOf(b any) order {
 	o, _ := b.(index.Ordered)
 	if o == nil {
