@@ -1,10 +1,11 @@
 // Package rebuild rebuilds Redis indexes from a source of truth in one pass,
 // and publishes them atomically, with zero downtime.
 //
-// A [Rebuilder] pulls items from a [Source], turns batches of them into
-// commands through its builders (package builders: hashes, sorted sets,
-// sets, one set per value), writes them to fresh temp keys, and when the
-// source is exhausted publishes every key in one fenced Lua script:
+// A [Rebuilder] pulls items from a [sources.Source], turns batches of them
+// into commands through its builders (package builders: hashes, sorted
+// sets, sets, one set per value; package index for your own), writes them
+// to fresh temp keys, and when the source is exhausted publishes every key
+// in one fenced Lua script:
 //
 //	emails := builders.Hash("users:by-email", func(u User) (string, string, bool) {
 //		return u.Email, u.ID, !builders.Blank(u.Email)
