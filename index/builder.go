@@ -104,7 +104,14 @@ var ErrReservedKey = errors.New("the key has the shape of keyswap's own keys")
 
 // Commands collects the commands one batch sends. A Builder receives it in
 // Build; only the runner makes one.
-type Commands struct{ c hook.Commands }
+type Commands struct {
+	c hook.Commands
+	// args holds the entries of a Merge while the runner reads them, so
+	// that the variadic slice of the caller, which the runner only copies,
+	// stays on the caller's stack: an item-by-item Merge allocates
+	// nothing for it.
+	args []string
+}
 
 // B returns the command builder for the commands passed to [Commands.Add].
 func (c *Commands) B() rueidis.Builder { return c.c.B() }
@@ -141,7 +148,8 @@ func (c *Commands) Entry(entry string) { c.c.Entry(entry) }
 // Temp's. Each entry counts in the run's Stats.Entries; a Merge of no
 // entries writes nothing, not even the key.
 func (c *Commands) Merge(live, name string, entries ...string) error {
-	return c.c.Merge(live, name, entries...)
+	c.args = append(c.args[:0], entries...)
+	return c.c.Merge(live, name, c.args...)
 }
 
 // MergeBucket is [Commands.Merge] on the bucket "<prefix>:<bucket>" of a
@@ -151,7 +159,8 @@ func (c *Commands) Merge(live, name string, entries ...string) error {
 // time, as SetIndex does; its errors are Merge's, and calling it from a
 // builder that is not a Family fails the run.
 func (c *Commands) MergeBucket(bucket, name string, entries ...string) error {
-	return c.c.MergeBucket(bucket, name, entries...)
+	c.args = append(c.args[:0], entries...)
+	return c.c.MergeBucket(bucket, name, c.args...)
 }
 
 // Add appends cmd, which writes entries index entries (fields, members), to
@@ -164,6 +173,6 @@ func (c *Commands) MergeBucket(bucket, name string, entries ...string) error {
 func (c *Commands) Add(cmd rueidis.Completed, entries int) { c.c.Add(cmd, entries) }
 
 func init() {
-	hook.NewCommands = func(c hook.Commands) any { return &Commands{c} }
+	hook.NewCommands = func(c hook.Commands) any { return &Commands{c: c} }
 	hook.NewWrites = func(w hook.Writes) any { return &Writes{w} }
 }

@@ -12,7 +12,8 @@ import (
 )
 
 // Commands is what the runner implements behind index.Commands: one
-// batch's commands.
+// batch's commands. Merge and MergeBucket copy their entries and keep no
+// reference to the slice, which index.Commands reuses.
 type Commands interface {
 	B() rueidis.Builder
 	Temp(live string) (string, error)
