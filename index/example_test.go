@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 
+	"github.com/keyswap/keyswap/builders"
 	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/rebuild"
 	"github.com/keyswap/keyswap/sources"
@@ -173,4 +174,25 @@ func ExampleWrites_HDelIf() {
 	// Output:
 	// x@example.com=2
 	// y@example.com=1
+}
+
+// The builders of package builders say through Order what the runner may do
+// with the order of their batches; a builder without an Order method is
+// InOrder.
+func ExampleOrdered() {
+	for _, b := range []index.Builder[User]{
+		builders.Hash("users:by-email", func(u User) (string, string, bool) { return u.Email, u.ID, true }),
+		builders.SetIndex("users:by-country", func(u User) (string, string, bool) { return u.Country, u.ID, true }),
+		emailIndex{"users:by-email"},
+	} {
+		order := index.InOrder
+		if o, ok := b.(index.Ordered); ok {
+			order = o.Order()
+		}
+		fmt.Printf("%s: %v\n", b.Key(), order)
+	}
+	// Output:
+	// users:by-email: ByEntry
+	// users:by-country: AnyOrder
+	// users:by-email: InOrder
 }
