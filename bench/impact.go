@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/rebuild"
 	"github.com/redis/rueidis"
 )
@@ -324,7 +325,7 @@ func (p *impactProbes) apply(ctx context.Context) ([]call, error) {
 		}
 		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), applyTimeout)
 		start := time.Now()
-		err := p.app.Apply(actx, rebuild.Update(at(i), at(i+1)))
+		err := p.app.Apply(actx, index.Update(at(i), at(i+1)))
 		took := time.Since(start)
 		cancel()
 		if err != nil {

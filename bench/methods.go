@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/sources"
 	"github.com/keyswap/keyswap/store"
 	"github.com/redis/rueidis"
 	"golang.org/x/sync/errgroup"
@@ -37,7 +38,7 @@ func (m method) describe() string {
 	case methodKeyswap:
 		return "a full `rebuild.Rebuilder` run (lock, lease, fenced publish), default options unless the command says otherwise, onto an existing key of the same size"
 	case methodUnordered:
-		return "keyswap with `Options.Unordered`: a second round trip is sent while the first is in flight, whatever the two write, for sources that yield each field or member once. keyswap does this by default when every builder is `Commutative` (Set, SetIndex) or `Keyed` (Hash, SortedSet) and the two round trips write no field or member in common, as in every workload here"
+		return "keyswap with `Options.Unordered`: a second round trip is sent while the first is in flight, whatever the two write, for sources that yield each field or member once. keyswap does this by default when every builder is `AnyOrder` (Set, SetIndex) or `ByEntry` (Hash, SortedSet) and the two round trips write no field or member in common, as in every workload here"
 	case methodNaive:
 		return fmt.Sprintf("one command per entry, pipelined in DoMulti batches of %d commands, %d in flight", rebuild.DefaultBatchSize, rebuild.DefaultWriters)
 	}
@@ -110,7 +111,7 @@ func rebuilder(c rueidis.Client, w workload, opts rebuild.Options) (*rebuild.Reb
 // runKeyswap runs r over d and checks its stats: every item seen, every
 // entry written, every plain target swapped.
 func runKeyswap(ctx context.Context, r *rebuild.Rebuilder[item], w workload, d dataset) error {
-	stats, err := r.Run(ctx, rebuild.FromSeq(d.all()))
+	stats, err := r.Run(ctx, sources.Seq(d.all()))
 	if err != nil {
 		return err
 	}

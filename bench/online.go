@@ -372,7 +372,7 @@ func (res *onlineResult) markdown(b *bytes.Buffer) {
 	}
 	p("## Online\n\n")
 	p("A rebuild of the %s of %s items (the multi workload, %d rounds) while the application changes items: %d writers, on their own connection and `Rebuilder`, ", res.Workload, commas(res.Items), res.Rounds, res.Writers)
-	p("commit each change to a source of truth first, then apply it with `Rebuilder.Apply` of one `rebuild.Update` that rewrites the item's hash value, score and bucket (4 writes, one script, one round trip), %s changes/s in all. ", commas(int(res.Rate)))
+	p("commit each change to a source of truth first, then apply it with `Rebuilder.Apply` of one `index.Update` that rewrites the item's hash value, score and bucket (4 writes, one script, one round trip), %s changes/s in all. ", commas(int(res.Rate)))
 	p("In each round: %s of changes with no run in progress, then the rebuild with no changes, then the same rebuild with changes arriving from %s before it to %s after it. ", dur(onlineIdle), dur(onlineLead), dur(onlineLead))
 	p("The writers run in the bench's process, next to the rebuild, and share the machine's CPUs with it and with the server. ")
 	p("The run's source is a snapshot of the truth taken when it starts, after the run took its locks; every change committed later is applied while the run holds them, so Apply logs it for the run, which replays it. ")

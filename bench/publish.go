@@ -12,6 +12,7 @@ import (
 	"github.com/keyswap/keyswap/internal/keys"
 	ksrun "github.com/keyswap/keyswap/internal/run"
 	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/sources"
 	"github.com/keyswap/keyswap/store"
 )
 
@@ -221,7 +222,7 @@ func (r *runner) publishRun(ctx context.Context, w workload, d dataset, scripts 
 		return publishRun{}, err
 	}
 	start := time.Now()
-	stats, err := rb.Run(ctx, rebuild.FromSeq(d.all()))
+	stats, err := rb.Run(ctx, sources.Seq(d.all()))
 	out.Elapsed = time.Since(start) - renewTime
 	entries, werr := watch.stop(ctx)
 	switch {

@@ -12,6 +12,7 @@ import (
 	"github.com/keyswap/keyswap/internal/keys"
 	ksrun "github.com/keyswap/keyswap/internal/run"
 	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/sources"
 )
 
 // publishArgs returns the arguments of a publish of temps onto lives with
@@ -103,7 +104,7 @@ func TestRenew(t *testing.T) {
 			srv.admin.Do(ctx, srv.admin.B().Unlink().Key(k).Build())
 		}
 	})
-	if _, err := rb.Run(ctx, rebuild.FromSeq(func(yield func(int) bool) {
+	if _, err := rb.Run(ctx, sources.Seq(func(yield func(int) bool) {
 		for i := range 3 * buckets {
 			if !yield(i) {
 				return

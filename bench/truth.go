@@ -10,7 +10,7 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/sources"
 	"github.com/redis/rueidis"
 )
 
@@ -73,7 +73,7 @@ func (t *truth) view() func(i int) item {
 // snapshot. Run calls its source after it took its locks, so every change
 // committed after the snapshot is applied while the run holds them, and
 // logged for it.
-func (t *truth) source() rebuild.Source[item] {
+func (t *truth) source() sources.Source[item] {
 	return func(context.Context) iter.Seq2[item, error] {
 		return func(yield func(item, error) bool) {
 			t.mu.Lock()

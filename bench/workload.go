@@ -8,7 +8,7 @@ import (
 	"strings"
 
 	"github.com/keyswap/keyswap/builders"
-	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/index"
 	"github.com/redis/rueidis"
 )
 
@@ -18,7 +18,7 @@ const keyPrefix = "keyswap-bench:"
 
 // perCommand is the most entries one variadic command carries, as in
 // package builders and redis-cli --pipe's documented mass insertion.
-const perCommand = builders.MaxArgs
+const perCommand = index.MaxArgs
 
 // kind is the Redis type a target is rebuilt as.
 type kind int
@@ -144,8 +144,8 @@ func (w workload) commands(d dataset, perCmd int, emit emitFunc) error {
 }
 
 // builders returns the keyswap builders of w.
-func (w workload) builders() []rebuild.Builder[item] {
-	out := make([]rebuild.Builder[item], len(w.targets))
+func (w workload) builders() []index.Builder[item] {
+	out := make([]index.Builder[item], len(w.targets))
 	for i, t := range w.targets {
 		switch t.kind {
 		case kindHash:

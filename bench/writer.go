@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/rebuild"
 	"github.com/redis/rueidis"
 	// Imported by another name: rate is the report's formatter of items/s.
@@ -76,7 +77,7 @@ func (a *application) change(ctx context.Context, i int, rng *rand.Rand) (call, 
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), applyTimeout)
 	defer cancel()
 	start := time.Now()
-	err := a.rb.Apply(actx, rebuild.Update(old, new))
+	err := a.rb.Apply(actx, index.Update(old, new))
 	c := call{start: start, took: time.Since(start)}
 	if err != nil {
 		return c, fmt.Errorf("apply a change to %s: %w", old.member, err)

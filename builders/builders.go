@@ -4,13 +4,8 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/index"
 )
-
-// MaxArgs is the most entries (fields, members) one command carries. Past
-// about 1000, bigger commands no longer make the server faster per entry,
-// and they make each command block it for longer.
-const MaxArgs = 1000
 
 // Blank reports whether s is empty or only whitespace: an index value
 // Familia would skip. Use it in a builder function's ok result. Whitespace is
@@ -29,17 +24,17 @@ type single struct{ key string }
 func (s single) Key() string { return s.key }
 
 // variadic accumulates the entries of one variadic command (HSET, ZADD,
-// SADD) and adds it to c every MaxArgs entries.
+// SADD) and adds it to c every index.MaxArgs entries.
 type variadic struct {
-	c    *rebuild.Commands
+	c    *index.Commands
 	name string // command name
 	key  string // temp key
 	args []string
 	n    int // entries in args
 }
 
-func newVariadic(c *rebuild.Commands, name, temp string, perEntry int) *variadic {
-	return &variadic{c: c, name: name, key: temp, args: make([]string, 0, perEntry*MaxArgs)}
+func newVariadic(c *index.Commands, name, temp string, perEntry int) *variadic {
+	return &variadic{c: c, name: name, key: temp, args: make([]string, 0, perEntry*index.MaxArgs)}
 }
 
 // add appends one entry of one or two arguments.
@@ -48,7 +43,7 @@ func (v *variadic) add(a, b string, two bool) {
 	if two {
 		v.args = append(v.args, b)
 	}
-	if v.n++; v.n == MaxArgs {
+	if v.n++; v.n == index.MaxArgs {
 		v.flush()
 	}
 }

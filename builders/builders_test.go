@@ -16,44 +16,47 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/keyswap/keyswap/builders"
-	"github.com/keyswap/keyswap/internal/keys"
-	"github.com/keyswap/keyswap/internal/redistest"
-	"github.com/keyswap/keyswap/rebuild"
-	"github.com/keyswap/keyswap/store"
 	"github.com/redis/rueidis"
 	"github.com/redis/rueidis/rueidiscompat"
 	"github.com/redis/rueidis/rueidishook"
+
+	"github.com/keyswap/keyswap/builders"
+	"github.com/keyswap/keyswap/index"
+	"github.com/keyswap/keyswap/internal/keys"
+	"github.com/keyswap/keyswap/internal/redistest"
+	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/sources"
+	"github.com/keyswap/keyswap/store"
 )
 
-// Every constructor returns a rebuild.Builder.
+// Every constructor returns a index.Builder.
 var (
-	_ rebuild.Builder[user] = builders.Hash[user]("h", func(user) (string, string, bool) { return "", "", false })
-	_ rebuild.Builder[user] = builders.SortedSet[user]("z", func(user) (string, float64, bool) { return "", 0, false })
-	_ rebuild.Builder[user] = builders.Set[user]("s", func(user) (string, bool) { return "", false })
-	_ rebuild.Builder[user] = builders.SetIndex[user]("i", func(user) (string, string, bool) { return "", "", false })
-	_ rebuild.Builder[user] = builders.HashErr[user]("h", func(user) (string, string, bool, error) { return "", "", false, nil })
-	_ rebuild.Builder[user] = builders.SortedSetErr[user]("z", func(user) (string, float64, bool, error) { return "", 0, false, nil })
-	_ rebuild.Builder[user] = builders.SetErr[user]("s", func(user) (string, bool, error) { return "", false, nil })
-	_ rebuild.Builder[user] = builders.SetIndexErr[user]("i", func(user) (string, string, bool, error) { return "", "", false, nil })
-	_ rebuild.Builder[user] = builders.Func[user]("f", func(*rebuild.Commands, []user) error { return nil })
-	_ rebuild.Builder[user] = builders.Compat[user]("c", func(context.Context, rueidiscompat.Pipeliner, string, []user) error { return nil })
+	_ index.Builder[user] = builders.Hash[user]("h", func(user) (string, string, bool) { return "", "", false })
+	_ index.Builder[user] = builders.SortedSet[user]("z", func(user) (string, float64, bool) { return "", 0, false })
+	_ index.Builder[user] = builders.Set[user]("s", func(user) (string, bool) { return "", false })
+	_ index.Builder[user] = builders.SetIndex[user]("i", func(user) (string, string, bool) { return "", "", false })
+	_ index.Builder[user] = builders.HashErr[user]("h", func(user) (string, string, bool, error) { return "", "", false, nil })
+	_ index.Builder[user] = builders.SortedSetErr[user]("z", func(user) (string, float64, bool, error) { return "", 0, false, nil })
+	_ index.Builder[user] = builders.SetErr[user]("s", func(user) (string, bool, error) { return "", false, nil })
+	_ index.Builder[user] = builders.SetIndexErr[user]("i", func(user) (string, string, bool, error) { return "", "", false, nil })
+	_ index.Builder[user] = builders.Func[user]("f", func(*index.Commands, []user) error { return nil })
+	_ index.Builder[user] = builders.Compat[user]("c", func(context.Context, rueidiscompat.Pipeliner, string, []user) error { return nil })
 )
 
 // The builders the tests use, over user.
-func byEmail(key string) rebuild.Builder[user] {
+func byEmail(key string) index.Builder[user] {
 	return builders.Hash(key, func(u user) (string, string, bool) { return u.Email, u.ID, !builders.Blank(u.Email) })
 }
 
-func byScore(key string) rebuild.Builder[user] {
+func byScore(key string) index.Builder[user] {
 	return builders.SortedSet(key, func(u user) (string, float64, bool) { return u.ID, u.Score, !builders.Blank(u.ID) })
 }
 
-func ids(key string) rebuild.Builder[user] {
+func ids(key string) index.Builder[user] {
 	return builders.Set(key, func(u user) (string, bool) { return u.ID, !builders.Blank(u.ID) })
 }
 
-func byCountry(prefix string) rebuild.Builder[user] {
+func byCountry(prefix string) index.Builder[user] {
 	return builders.SetIndex(prefix, func(u user) (string, string, bool) { return u.Country, u.ID, !builders.Blank(u.Country) })
 }
 
@@ -127,7 +130,7 @@ func TestBuilderKeyAndFamily(t *testing.T) {
 	// style): only SetIndex is one, and its Key is its prefix.
 	for _, tc := range []struct {
 		name   string
-		b      rebuild.Builder[user]
+		b      index.Builder[user]
 		key    string
 		family bool
 	}{
@@ -135,16 +138,16 @@ func TestBuilderKeyAndFamily(t *testing.T) {
 		{"SortedSet", byScore("users:by-score"), "users:by-score", false},
 		{"Set", ids("users:ids"), "users:ids", false},
 		{"SetIndex", byCountry("users:by-country"), "users:by-country", true},
-		{"Func", builders.Func("visitors", func(*rebuild.Commands, []user) error { return nil }), "visitors", false},
+		{"Func", builders.Func("visitors", func(*index.Commands, []user) error { return nil }), "visitors", false},
 		{"Compat", builders.Compat("c", func(context.Context, rueidiscompat.Pipeliner, string, []user) error { return nil }), "c", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := tc.b.Key(); got != tc.key {
 				t.Errorf("Key(): got %q, want %q", got, tc.key)
 			}
-			f, ok := tc.b.(rebuild.Family)
+			f, ok := tc.b.(index.Family)
 			if ok != tc.family {
-				t.Fatalf("implements rebuild.Family: got %v, want %v", ok, tc.family)
+				t.Fatalf("implements index.Family: got %v, want %v", ok, tc.family)
 			}
 			if ok && f.KeyType() != "set" {
 				t.Errorf("KeyType(): got %q, want %q", f.KeyType(), "set")
@@ -273,7 +276,7 @@ func TestSortedSetNaN(t *testing.T) {
 		src := []user{{ID: "a", Score: 1}, {ID: "b", Score: 2}, {ID: "c", Score: 3}, {ID: "not-a-number", Score: math.NaN()}, {ID: "e", Score: 5}}
 		var rec recorder
 		_, err := redistest.Rebuilder(t, rec.client(d.Client), rebuild.Options{BatchSize: 2, Writers: 1}, byScore(key)).
-			Run(redistest.Ctx(t), rebuild.FromSlice(src))
+			Run(redistest.Ctx(t), sources.Slice(src))
 
 		wantRunError(t, err, "build", "NaN", `"not-a-number"`, key)
 		if got := rec.entries(); !slices.Equal(got, []int{2}) {
@@ -303,7 +306,7 @@ func TestSet(t *testing.T) {
 		}
 
 		r := redistest.Rebuilder(t, d.Client, rebuild.Options{BatchSize: 2}, ids(key))
-		_, err := r.Run(redistest.Ctx(t), rebuild.FromSlice(append(src, user{ID: "a"})))
+		_, err := r.Run(redistest.Ctx(t), sources.Slice(append(src, user{ID: "a"})))
 		if err == nil || !strings.Contains(err.Error(), `"a"`) || !strings.Contains(err.Error(), strconv.Quote(key)) {
 			t.Errorf("a member two items share: Run = %v, want an error naming %s and the member a", err, key)
 		}
@@ -393,7 +396,7 @@ func TestSetIndexEmptyBucket(t *testing.T) {
 
 		b := builders.SetIndex(prefix, func(u user) (string, string, bool) { return u.Country, u.ID, true })
 		src := []user{{ID: "1", Country: "fr"}, {ID: "2", Country: "de"}, {ID: "3", Country: ""}}
-		_, err := redistest.Rebuilder(t, d.Client, rebuild.Options{BatchSize: 2, Writers: 1}, b).Run(redistest.Ctx(t), rebuild.FromSlice(src))
+		_, err := redistest.Rebuilder(t, d.Client, rebuild.Options{BatchSize: 2, Writers: 1}, b).Run(redistest.Ctx(t), sources.Slice(src))
 
 		wantRunError(t, err, "build", fmt.Sprintf("%q", prefix+":"), "bucket")
 		redistest.WantUnchanged(t, d.Other, d.Prefix, before)
@@ -424,7 +427,7 @@ func TestSetIndexBucketShapedLikeLockOrTemp(t *testing.T) {
 			return logged.Write(p)
 		}), nil))
 		stats, err := redistest.Rebuilder(t, d.Client, rebuild.Options{BatchSize: 3, Logger: logger}, byCountry(prefix)).
-			Run(redistest.Ctx(t), rebuild.FromSlice(src))
+			Run(redistest.Ctx(t), sources.Slice(src))
 		if err != nil {
 			t.Fatalf("Run: got %v, want success: one odd value must not block the family", err)
 		}
@@ -466,12 +469,12 @@ func TestMaxArgs(t *testing.T) {
 	for i := range src {
 		src[i].Country = "all" // one SetIndex bucket, so that it is split too
 	}
-	wantSizes := []int{builders.MaxArgs, builders.MaxArgs, batch - 2*builders.MaxArgs, n - batch}
-	wantMerged := []int{rebuild.MaxMergeArgs, rebuild.MaxMergeArgs, n - 2*rebuild.MaxMergeArgs}
+	wantSizes := []int{index.MaxArgs, index.MaxArgs, batch - 2*index.MaxArgs, n - batch}
+	wantMerged := []int{index.MaxArgs, index.MaxArgs, n - 2*index.MaxArgs}
 	forEachDeployment(t, func(t *testing.T, d deployment) {
 		for _, tc := range []struct {
 			name   string
-			b      rebuild.Builder[user]
+			b      index.Builder[user]
 			count  func(t *testing.T) int
 			merged bool
 		}{
@@ -483,7 +486,7 @@ func TestMaxArgs(t *testing.T) {
 			t.Run(tc.name, func(t *testing.T) {
 				var rec recorder
 				stats, err := redistest.Rebuilder(t, rec.client(d.Client), rebuild.Options{BatchSize: batch, Writers: 1}, tc.b).
-					Run(redistest.Ctx(t), rebuild.FromSlice(src))
+					Run(redistest.Ctx(t), sources.Slice(src))
 				if err != nil {
 					t.Fatalf("Run: %v", err)
 				}
@@ -524,8 +527,8 @@ func familiaSource() []user {
 
 // familiaBuilders returns a unique index, a timeline, a set and a
 // set-per-value index under p.
-func familiaBuilders(p string) []rebuild.Builder[user] {
-	return []rebuild.Builder[user]{byEmail(p + "by-email"), byScore(p + "by-score"), ids(p + "ids"), byCountry(p + "by-country")}
+func familiaBuilders(p string) []index.Builder[user] {
+	return []index.Builder[user]{byEmail(p + "by-email"), byScore(p + "by-score"), ids(p + "ids"), byCountry(p + "by-country")}
 }
 
 // familiaWant models what familiaBuilders must produce from src, applying
@@ -803,7 +806,7 @@ func TestFuncHyperLogLog(t *testing.T) {
 	forEachDeployment(t, func(t *testing.T, d deployment) {
 		key := d.Prefix + "visitors"
 		redistest.Do(t, d.Other, d.Other.B().Pfadd().Key(key).Element("someone-else").Build())
-		hll := builders.Func(key, func(c *rebuild.Commands, us []user) error {
+		hll := builders.Func(key, func(c *index.Commands, us []user) error {
 			temp, err := c.Temp(key)
 			if err != nil {
 				return err
@@ -847,7 +850,7 @@ func TestFuncError(t *testing.T) {
 		key := d.Prefix + "visitors"
 		redistest.Do(t, d.Other, d.Other.B().Pfadd().Key(key).Element("old").Build())
 		before := redistest.Snapshot(t, d.Other, d.Prefix)
-		b := builders.Func(key, func(c *rebuild.Commands, us []user) error {
+		b := builders.Func(key, func(c *index.Commands, us []user) error {
 			if us[0].ID == users(3)[1].ID { // the second batch (BatchSize 1)
 				return errBoom
 			}
@@ -860,7 +863,7 @@ func TestFuncError(t *testing.T) {
 		})
 		var rec recorder
 		_, err := redistest.Rebuilder(t, rec.client(d.Client), rebuild.Options{BatchSize: 1, Writers: 1}, b).
-			Run(redistest.Ctx(t), rebuild.FromSlice(users(3)))
+			Run(redistest.Ctx(t), sources.Slice(users(3)))
 
 		if !errors.Is(err, errBoom) {
 			t.Errorf("Run: got error %v, want one matching errBoom", err)
@@ -892,12 +895,12 @@ func encodeUser(u user) (string, error) {
 // p, with a command that gives it old contents.
 func errForms(p string) []struct {
 	name, key string
-	builder   rebuild.Builder[user]
+	builder   index.Builder[user]
 	seed      func(c rueidis.Client) rueidis.Completed
 } {
 	type form = struct {
 		name, key string
-		builder   rebuild.Builder[user]
+		builder   index.Builder[user]
 		seed      func(c rueidis.Client) rueidis.Completed
 	}
 	return []form{
@@ -944,7 +947,7 @@ func TestErrFormsMappingError(t *testing.T) {
 				src[2].Score = math.Inf(1)
 
 				_, err := redistest.Rebuilder(t, d.Client, rebuild.Options{BatchSize: 2, Writers: 1}, f.builder).
-					Run(redistest.Ctx(t), rebuild.FromSlice(src))
+					Run(redistest.Ctx(t), sources.Slice(src))
 
 				wantRunError(t, err, "build", f.key, "encoding "+src[2].ID)
 				var e *rebuild.Error
@@ -973,13 +976,13 @@ func TestErrFormsWriteWhatThePlainFormsWrite(t *testing.T) {
 	src[3].Email, src[4].Country = " ", "" // skipped by both forms
 	forEachDeployment(t, func(t *testing.T, d deployment) {
 		plainPrefix, errPrefix := d.Prefix+"plain:", d.Prefix+"err:"
-		plain := []rebuild.Builder[user]{
+		plain := []index.Builder[user]{
 			builders.Hash(plainPrefix+"h", func(u user) (string, string, bool) { return u.Email, u.ID, !builders.Blank(u.Email) }),
 			builders.SortedSet(plainPrefix+"z", func(u user) (string, float64, bool) { return u.ID, u.Score, true }),
 			builders.Set(plainPrefix+"s", func(u user) (string, bool) { return u.ID, !builders.Blank(u.Country) }),
 			builders.SetIndex(plainPrefix+"i", func(u user) (string, string, bool) { return u.Country, u.ID, !builders.Blank(u.Country) }),
 		}
-		withErr := []rebuild.Builder[user]{
+		withErr := []index.Builder[user]{
 			builders.HashErr(errPrefix+"h", func(u user) (string, string, bool, error) { return u.Email, u.ID, !builders.Blank(u.Email), nil }),
 			builders.SortedSetErr(errPrefix+"z", func(u user) (string, float64, bool, error) { return u.ID, u.Score, true, nil }),
 			builders.SetErr(errPrefix+"s", func(u user) (string, bool, error) { return u.ID, !builders.Blank(u.Country), nil }),
@@ -1013,18 +1016,18 @@ func TestTempOfForeignKey(t *testing.T) {
 		for _, tc := range []struct {
 			name    string
 			foreign string
-			with    []rebuild.Builder[user]
+			with    []index.Builder[user]
 		}{
 			{"unrelated key", d.Prefix + "elsewhere", nil},
 			{"the live key's neighbour", own + ":x", nil},
-			{"another builder's key", other, []rebuild.Builder[user]{ids(other)}},
-			{"a SetIndex bucket of another builder", other + ":fr", []rebuild.Builder[user]{byCountry(other)}},
+			{"another builder's key", other, []index.Builder[user]{ids(other)}},
+			{"a SetIndex bucket of another builder", other + ":fr", []index.Builder[user]{byCountry(other)}},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				redistest.Do(t, d.Other, d.Other.B().Set().Key(own).Value("old").Build())
 				redistest.Do(t, d.Other, d.Other.B().Sadd().Key(tc.foreign).Member("old").Build())
 				before := redistest.Snapshot(t, d.Other, d.Prefix)
-				f := builders.Func(own, func(c *rebuild.Commands, us []user) error {
+				f := builders.Func(own, func(c *index.Commands, us []user) error {
 					temp, err := c.Temp(tc.foreign)
 					if err != nil {
 						return err
@@ -1033,7 +1036,7 @@ func TestTempOfForeignKey(t *testing.T) {
 					return nil
 				})
 				bs := append(slices.Clone(tc.with), f)
-				_, err := redistest.Rebuilder(t, d.Client, rebuild.Options{}, bs...).Run(redistest.Ctx(t), rebuild.FromSlice(users(3)))
+				_, err := redistest.Rebuilder(t, d.Client, rebuild.Options{}, bs...).Run(redistest.Ctx(t), sources.Slice(users(3)))
 
 				wantRunError(t, err, "build", fmt.Sprintf("%q", own), fmt.Sprintf("%q", tc.foreign), "does not own")
 				redistest.WantUnchanged(t, d.Other, d.Prefix, before)
@@ -1061,7 +1064,7 @@ func TestCompat(t *testing.T) {
 		})
 		var rec recorder
 		stats, err := redistest.Rebuilder(t, rec.client(d.Client), rebuild.Options{BatchSize: 4, Writers: 1}, b).
-			Run(redistest.Ctx(t), rebuild.FromSlice(users(8)))
+			Run(redistest.Ctx(t), sources.Slice(users(8)))
 		if err != nil {
 			t.Fatalf("Run: %v", err)
 		}
@@ -1116,7 +1119,7 @@ func TestCompatRefused(t *testing.T) {
 					return nil
 				})
 				var rec recorder
-				_, err := redistest.Rebuilder(t, rec.client(d.Client), rebuild.Options{}, b).Run(redistest.Ctx(t), rebuild.FromSlice(users(2)))
+				_, err := redistest.Rebuilder(t, rec.client(d.Client), rebuild.Options{}, b).Run(redistest.Ctx(t), sources.Slice(users(2)))
 
 				wantRunError(t, err, "build", tc.cmd, fmt.Sprintf("%q", live))
 				for _, args := range rec.commands() {
@@ -1219,10 +1222,10 @@ func TestCompatPanicPassedOn(t *testing.T) {
 
 // runRecovering runs a rebuild of two users with b, and returns its error,
 // or what Run panicked with.
-func runRecovering(t *testing.T, c rueidis.Client, b rebuild.Builder[user]) (panicked any, err error) {
+func runRecovering(t *testing.T, c rueidis.Client, b index.Builder[user]) (panicked any, err error) {
 	t.Helper()
 	defer func() { panicked = recover() }()
-	_, err = redistest.Rebuilder(t, c, rebuild.Options{}, b).Run(redistest.Ctx(t), rebuild.FromSlice(users(2)))
+	_, err = redistest.Rebuilder(t, c, rebuild.Options{}, b).Run(redistest.Ctx(t), sources.Slice(users(2)))
 	return nil, err
 }
 
@@ -1246,7 +1249,7 @@ func TestCompatServerRefusal(t *testing.T) {
 		})
 		src := []user{{ID: "1", Email: "a@example.com"}, {ID: "2", Email: " "}}
 
-		_, err := redistest.Rebuilder(t, d.Client, rebuild.Options{BatchSize: 1, Writers: 1}, b).Run(redistest.Ctx(t), rebuild.FromSlice(src))
+		_, err := redistest.Rebuilder(t, d.Client, rebuild.Options{BatchSize: 1, Writers: 1}, b).Run(redistest.Ctx(t), sources.Slice(src))
 
 		wantRunError(t, err, "write", "wrong number of arguments")
 		redistest.WantUnchanged(t, d.Other, d.Prefix, before)
@@ -1277,7 +1280,7 @@ func TestCompatStringKeepTTL(t *testing.T) {
 					}
 					return nil
 				})
-				_, err := redistest.Rebuilder(t, d.Client, rebuild.Options{BatchSize: 1, Writers: 1}, b).Run(redistest.Ctx(t), rebuild.FromSlice(users(3)))
+				_, err := redistest.Rebuilder(t, d.Client, rebuild.Options{BatchSize: 1, Writers: 1}, b).Run(redistest.Ctx(t), sources.Slice(users(3)))
 
 				if tc.keepTTL {
 					if err != nil {

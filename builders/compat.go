@@ -8,10 +8,11 @@ import (
 	"runtime"
 	"strings"
 
-	"github.com/keyswap/keyswap/internal/keys"
-	"github.com/keyswap/keyswap/rebuild"
 	"github.com/redis/rueidis"
 	"github.com/redis/rueidis/rueidiscompat"
+
+	"github.com/keyswap/keyswap/index"
+	"github.com/keyswap/keyswap/internal/keys"
 )
 
 // Compat returns a builder of key written against the go-redis-style API of
@@ -32,7 +33,7 @@ import (
 // (SMOVE, COPY, RENAME, LMOVE, SORT, DEL, MSET, scripts, ...) are refused.
 // Either fails the rebuild with an error naming the command. Stats count
 // one entry per queued command.
-func Compat[T any](key string, fn func(ctx context.Context, p rueidiscompat.Pipeliner, temp string, items []T) error) rebuild.Builder[T] {
+func Compat[T any](key string, fn func(ctx context.Context, p rueidiscompat.Pipeliner, temp string, items []T) error) index.Builder[T] {
 	return &compat[T]{single{key}, fn}
 }
 
@@ -43,7 +44,7 @@ type compat[T any] struct {
 
 // Build runs fn on a pipeline that captures its commands instead of sending
 // them, checks that they write only to temp, and adds them to c.
-func (b *compat[T]) Build(c *rebuild.Commands, items []T) error {
+func (b *compat[T]) Build(c *index.Commands, items []T) error {
 	temp, err := c.Temp(b.key)
 	if err != nil {
 		return err

@@ -3,7 +3,7 @@ package builders
 import (
 	"errors"
 
-	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/index"
 )
 
 // The builders of this package, but Func and Compat, maintain the index
@@ -12,10 +12,10 @@ import (
 // Apply). Each writes only what differs, so an update that leaves an
 // item's entry as it was writes nothing.
 var (
-	_ rebuild.Incremental[int] = (*hash[int])(nil)
-	_ rebuild.Incremental[int] = (*sortedSet[int])(nil)
-	_ rebuild.Incremental[int] = (*set[int])(nil)
-	_ rebuild.Incremental[int] = (*setIndex[int])(nil)
+	_ index.Incremental[int] = (*hash[int])(nil)
+	_ index.Incremental[int] = (*sortedSet[int])(nil)
+	_ index.Incremental[int] = (*set[int])(nil)
+	_ index.Incremental[int] = (*setIndex[int])(nil)
 )
 
 // Diff removes the old item's field, unless the new one has the same, and
@@ -23,7 +23,7 @@ var (
 // removal happens only while the field still holds the old item's value
 // (HDelIf): another item may have taken the field since, and the changes
 // of two items may be applied in either order.
-func (h *hash[T]) Diff(w *rebuild.Writes, old, new *T) error {
+func (h *hash[T]) Diff(w *index.Writes, old, new *T) error {
 	of, ov, oldOK, err1 := mapped2(h.fn, old)
 	nf, nv, newOK, err2 := mapped2(h.fn, new)
 	if err := errors.Join(err1, err2); err != nil {
@@ -44,7 +44,7 @@ func (h *hash[T]) Diff(w *rebuild.Writes, old, new *T) error {
 // sets the new item's score, unless it is unchanged. The removal happens
 // only while the member still has the old item's score (ZRemIf): another
 // item may have taken the member since.
-func (z *sortedSet[T]) Diff(w *rebuild.Writes, old, new *T) error {
+func (z *sortedSet[T]) Diff(w *index.Writes, old, new *T) error {
 	om, os, oldOK, err1 := mapped2(z.fn, old)
 	nm, ns, newOK, err2 := mapped2(z.fn, new)
 	if err := errors.Join(err1, err2); err != nil {
@@ -63,7 +63,7 @@ func (z *sortedSet[T]) Diff(w *rebuild.Writes, old, new *T) error {
 
 // Diff removes the old item's member and adds the new one's, unless they
 // are the same.
-func (s *set[T]) Diff(w *rebuild.Writes, old, new *T) error {
+func (s *set[T]) Diff(w *index.Writes, old, new *T) error {
 	om, oldOK, err1 := mapped1(s.fn, old)
 	nm, newOK, err2 := mapped1(s.fn, new)
 	if err := errors.Join(err1, err2); err != nil {
@@ -84,7 +84,7 @@ func (s *set[T]) Diff(w *rebuild.Writes, old, new *T) error {
 // from the old bucket's set, SADD to the new one's, unless bucket and
 // member are unchanged. A bucket whose key has the shape of keyswap's own
 // keys is skipped, as Build skips it.
-func (s *setIndex[T]) Diff(w *rebuild.Writes, old, new *T) error {
+func (s *setIndex[T]) Diff(w *index.Writes, old, new *T) error {
 	ob, om, oldOK, err1 := mapped2(s.fn, old)
 	nb, nm, newOK, err2 := mapped2(s.fn, new)
 	if err := errors.Join(err1, err2); err != nil {
@@ -102,10 +102,10 @@ func (s *setIndex[T]) Diff(w *rebuild.Writes, old, new *T) error {
 	return nil
 }
 
-// skipReserved drops an error matching rebuild.ErrReservedKey: the entry
+// skipReserved drops an error matching index.ErrReservedKey: the entry
 // is skipped (and logged by the Rebuilder).
 func skipReserved(err error) error {
-	if errors.Is(err, rebuild.ErrReservedKey) {
+	if errors.Is(err, index.ErrReservedKey) {
 		return nil
 	}
 	return err

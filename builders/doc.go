@@ -1,4 +1,4 @@
-// Package builders provides the rebuild.Builder implementations for the
+// Package builders provides the index.Builder implementations for the
 // index kinds of Familia, in Go: a hash (a unique index, field → value), a
 // sorted set (a timeline or leaderboard), a set, and a family of sets, one
 // per value (SetIndex). Func and Compat adapt plain functions, the latter
@@ -12,7 +12,7 @@
 // [SetErr], [SetIndexErr], whose functions return an error as well.
 //
 // Builders are pure: they turn a batch of items into variadic commands of at
-// most [MaxArgs] entries each, addressed to the run's temp keys, and never do
+// most [index.MaxArgs] entries each, addressed to the run's temp keys, and never do
 // I/O. The last write of a hash field or a sorted-set member wins.
 //
 // # Errors

@@ -15,6 +15,7 @@ import (
 
 	"github.com/keyswap/keyswap/builders"
 	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/sources"
 )
 
 // Profile is the record type of the example.
@@ -49,7 +50,7 @@ func ExampleHashErr() {
 		{ID: "u1", Name: "Ann", Tags: []string{"admin"}, Rating: 4.5},
 		{ID: "u2", Name: "Bob", Tags: []string{}, Rating: 3},
 	}
-	if _, err := r.Run(ctx, rebuild.FromSlice(src)); err != nil {
+	if _, err := r.Run(ctx, sources.Slice(src)); err != nil {
 		log.Fatal(err)
 	}
 	printHash := func() {
@@ -66,7 +67,7 @@ func ExampleHashErr() {
 
 	// One value json.Marshal refuses: nothing is published.
 	src = append(src, Profile{ID: "u3", Name: "Cy", Rating: math.Inf(1)})
-	_, err = r.Run(ctx, rebuild.FromSlice(src))
+	_, err = r.Run(ctx, sources.Slice(src))
 	var unsupported *json.UnsupportedValueError
 	fmt.Println("error:", err)
 	fmt.Println("errors.As finds the json error:", errors.As(err, &unsupported))

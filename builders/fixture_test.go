@@ -8,9 +8,11 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/sources"
 	"github.com/redis/rueidis"
 )
 
@@ -30,9 +32,9 @@ type user = redistest.User
 func users(n int) []user { return redistest.Users(n) }
 
 // mustRun runs a Rebuilder of bs over src and fails the test on error.
-func mustRun[T any](t *testing.T, c rueidis.Client, opts rebuild.Options, src []T, bs ...rebuild.Builder[T]) rebuild.Stats {
+func mustRun[T any](t *testing.T, c rueidis.Client, opts rebuild.Options, src []T, bs ...index.Builder[T]) rebuild.Stats {
 	t.Helper()
-	stats, err := redistest.Rebuilder(t, c, opts, bs...).Run(redistest.Ctx(t), rebuild.FromSlice(src))
+	stats, err := redistest.Rebuilder(t, c, opts, bs...).Run(redistest.Ctx(t), sources.Slice(src))
 	if err != nil {
 		t.Fatalf("Run: got error %v, want nil", err)
 	}

@@ -1,6 +1,8 @@
 package builders
 
-import "github.com/keyswap/keyswap/rebuild"
+import (
+	"github.com/keyswap/keyswap/index"
+)
 
 // Hash returns a builder of the hash key: a unique index such as
 // users:by-email (email → id). fn maps an item to a field and its value, or
@@ -8,9 +10,9 @@ import "github.com/keyswap/keyswap/rebuild"
 // pass from one item to another (an email that moves): Apply removes an
 // item's old field only while it still holds that item's value, so the
 // changes of the two items may be applied in either order.
-// A Hash implements [rebuild.Keyed]. [HashErr] takes a mapping that can
+// A Hash is [index.ByEntry]. [HashErr] takes a mapping that can
 // fail.
-func Hash[T any](key string, fn func(T) (field, value string, ok bool)) rebuild.Builder[T] {
+func Hash[T any](key string, fn func(T) (field, value string, ok bool)) index.Builder[T] {
 	return HashErr(key, func(it T) (string, string, bool, error) {
 		f, v, ok := fn(it)
 		return f, v, ok, nil
@@ -23,7 +25,7 @@ func Hash[T any](key string, fn func(T) (field, value string, ok bool)) rebuild.
 // and which wraps the error (errors.Is and errors.As reach it), the live
 // key is left as it was, and no temp key or lock is left behind. A non-nil
 // error fails the run whatever ok says.
-func HashErr[T any](key string, fn func(T) (field, value string, ok bool, err error)) rebuild.Builder[T] {
+func HashErr[T any](key string, fn func(T) (field, value string, ok bool, err error)) index.Builder[T] {
 	return &hash[T]{single{key}, fn}
 }
 
@@ -32,13 +34,13 @@ type hash[T any] struct {
 	fn func(T) (string, string, bool, error)
 }
 
-// Keyed reports true: batches that write no field in common may reach
+// Order returns ByEntry: batches that write no field in common may reach
 // Redis in any order.
-func (h *hash[T]) Keyed() bool { return true }
+func (h *hash[T]) Order() index.Order { return index.ByEntry }
 
-// Build writes items with HSET, MaxArgs fields per command, and reports
+// Build writes items with HSET, index.MaxArgs fields per command, and reports
 // each field with Entry.
-func (h *hash[T]) Build(c *rebuild.Commands, items []T) error {
+func (h *hash[T]) Build(c *index.Commands, items []T) error {
 	temp, err := c.Temp(h.key)
 	if err != nil {
 		return err

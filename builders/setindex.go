@@ -3,14 +3,14 @@ package builders
 import (
 	"errors"
 
-	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/index"
 )
 
 // SetIndex returns a builder of a family of sets, one per value: the
 // members of bucket b are in the set "<prefix>:<b>", as in
 // users:by-country:fr. fn maps an item to its bucket and member, or ok false
-// to skip the item. A SetIndex implements [rebuild.Family] and
-// [rebuild.Commutative].
+// to skip the item. A SetIndex implements [index.Family] and
+// [index.AnyOrder].
 //
 // A value whose bucket key would have the shape of keyswap's own keys (a
 // bucket named "rebuild-lock", or "rebuild:2024") is skipped, counted in
@@ -34,7 +34,7 @@ import (
 // as "{users}:by-country", so that every bucket shares one hash slot.
 //
 // [SetIndexErr] takes a mapping that can fail.
-func SetIndex[T any](prefix string, fn func(T) (bucket, member string, ok bool)) rebuild.Builder[T] {
+func SetIndex[T any](prefix string, fn func(T) (bucket, member string, ok bool)) index.Builder[T] {
 	return SetIndexErr(prefix, func(it T) (string, string, bool, error) {
 		b, m, ok := fn(it)
 		return b, m, ok, nil
@@ -47,7 +47,7 @@ func SetIndex[T any](prefix string, fn func(T) (bucket, member string, ok bool))
 // error (errors.Is and errors.As reach it), every bucket is left as it was,
 // and no temp key or lock is left behind. A non-nil error fails the run
 // whatever ok says.
-func SetIndexErr[T any](prefix string, fn func(T) (bucket, member string, ok bool, err error)) rebuild.Builder[T] {
+func SetIndexErr[T any](prefix string, fn func(T) (bucket, member string, ok bool, err error)) index.Builder[T] {
 	return &setIndex[T]{prefix, fn}
 }
 
@@ -57,11 +57,11 @@ type setIndex[T any] struct {
 }
 
 var (
-	_ rebuild.Family      = (*setIndex[int])(nil)
-	_ rebuild.Commutative = (*setIndex[int])(nil)
-	_ rebuild.Commutative = (*set[int])(nil)
-	_ rebuild.Keyed       = (*hash[int])(nil)
-	_ rebuild.Keyed       = (*sortedSet[int])(nil)
+	_ index.Family  = (*setIndex[int])(nil)
+	_ index.Ordered = (*setIndex[int])(nil)
+	_ index.Ordered = (*set[int])(nil)
+	_ index.Ordered = (*hash[int])(nil)
+	_ index.Ordered = (*sortedSet[int])(nil)
 )
 
 // Key returns the family's prefix.
@@ -70,14 +70,14 @@ func (s *setIndex[T]) Key() string { return s.prefix }
 // KeyType returns "set": only sets under the prefix can be orphans.
 func (s *setIndex[T]) KeyType() string { return "set" }
 
-// Commutative reports true: SADDs give the same sets in any order.
-func (s *setIndex[T]) Commutative() bool { return true }
+// Order returns AnyOrder: SADDs give the same sets in any order.
+func (s *setIndex[T]) Order() index.Order { return index.AnyOrder }
 
 // Build writes each item's member to its bucket with SADD, merged across
 // batches (Commands.MergeBucket), so that a bucket's members go in commands
 // as full as Options.MaxMerged allows. It merges item by item: grouping a
 // batch by bucket first would cost a map and a slice per bucket per batch.
-func (s *setIndex[T]) Build(c *rebuild.Commands, items []T) error {
+func (s *setIndex[T]) Build(c *index.Commands, items []T) error {
 	for _, it := range items {
 		b, m, ok, err := s.fn(it)
 		if err != nil {
@@ -87,7 +87,7 @@ func (s *setIndex[T]) Build(c *rebuild.Commands, items []T) error {
 			continue
 		}
 		err = c.MergeBucket(b, "SADD", m)
-		if errors.Is(err, rebuild.ErrReservedKey) {
+		if errors.Is(err, index.ErrReservedKey) {
 			continue // counted and logged by the Rebuilder
 		}
 		if err != nil {

@@ -5,7 +5,7 @@ import (
 	"math"
 	"strconv"
 
-	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/index"
 )
 
 // SortedSet returns a builder of the sorted-set key: a timeline or a
@@ -15,9 +15,9 @@ import (
 // error: Redis would refuse it. Apply removes an item's old member only
 // while it still has that item's score, so a member that passes from one
 // item to another survives the changes of both, in either order. A
-// SortedSet implements [rebuild.Keyed]. [SortedSetErr] takes a mapping that
+// SortedSet is [index.ByEntry]. [SortedSetErr] takes a mapping that
 // can fail.
-func SortedSet[T any](key string, fn func(T) (member string, score float64, ok bool)) rebuild.Builder[T] {
+func SortedSet[T any](key string, fn func(T) (member string, score float64, ok bool)) index.Builder[T] {
 	return SortedSetErr(key, func(it T) (string, float64, bool, error) {
 		m, score, ok := fn(it)
 		return m, score, ok, nil
@@ -30,7 +30,7 @@ func SortedSet[T any](key string, fn func(T) (member string, score float64, ok b
 // (errors.Is and errors.As reach it), the live key is left as it was, and
 // no temp key or lock is left behind. A non-nil error fails the run
 // whatever ok says.
-func SortedSetErr[T any](key string, fn func(T) (member string, score float64, ok bool, err error)) rebuild.Builder[T] {
+func SortedSetErr[T any](key string, fn func(T) (member string, score float64, ok bool, err error)) index.Builder[T] {
 	return &sortedSet[T]{single{key}, fn}
 }
 
@@ -39,13 +39,13 @@ type sortedSet[T any] struct {
 	fn func(T) (string, float64, bool, error)
 }
 
-// Keyed reports true: batches that write no member in common may reach
+// Order returns ByEntry: batches that write no member in common may reach
 // Redis in any order.
-func (z *sortedSet[T]) Keyed() bool { return true }
+func (z *sortedSet[T]) Order() index.Order { return index.ByEntry }
 
-// Build writes items with ZADD, MaxArgs members per command, and reports
+// Build writes items with ZADD, index.MaxArgs members per command, and reports
 // each member with Entry.
-func (z *sortedSet[T]) Build(c *rebuild.Commands, items []T) error {
+func (z *sortedSet[T]) Build(c *index.Commands, items []T) error {
 	temp, err := c.Temp(z.key)
 	if err != nil {
 		return err

@@ -22,6 +22,7 @@ import (
 	"github.com/keyswap/keyswap/builders"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/sources"
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/rueidis"
 )
@@ -68,7 +69,7 @@ func rebuildThrough(t *testing.T, client, check rueidis.Client, prefix string) {
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
-	stats, err := r.Run(ctx, rebuild.FromSlice(users()))
+	stats, err := r.Run(ctx, sources.Slice(users()))
 	if err != nil {
 		t.Fatalf("Run: %v", err)
 	}

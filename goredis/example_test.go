@@ -8,6 +8,7 @@ import (
 	"github.com/keyswap/keyswap/builders"
 	"github.com/keyswap/keyswap/goredis"
 	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/sources"
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/rueidis"
 )
@@ -38,7 +39,7 @@ func ExampleClientOption() {
 		log.Fatal(err)
 	}
 	users := []User{{ID: "1", Email: "ada@example.com"}}
-	if _, err := r.Run(context.Background(), rebuild.FromSlice(users)); err != nil {
+	if _, err := r.Run(context.Background(), sources.Slice(users)); err != nil {
 		log.Fatal(err)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 
+	"github.com/keyswap/keyswap/guards"
 	"github.com/keyswap/keyswap/rebuild"
 )
 
@@ -26,7 +27,7 @@ var kinds = []struct {
 	{rebuild.ErrFallingBehind, "falling_behind"},
 	{rebuild.ErrStalled, "stalled"},
 	{rebuild.ErrAborted, "aborted"},
-	{rebuild.ErrRefused, "refused"},
+	{guards.ErrRefused, "refused"},
 	{rebuild.ErrDiscarded, "discarded"},
 	{context.Canceled, "canceled"},
 	{context.DeadlineExceeded, "deadline_exceeded"},

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/keyswap/keyswap/guards"
 	keyswapotel "github.com/keyswap/keyswap/otel"
 	"github.com/keyswap/keyswap/rebuild"
 )
@@ -33,7 +34,7 @@ func TestErrorType(t *testing.T) {
 		{wrap("catch-up", rebuild.ErrFallingBehind), "falling_behind"},
 		{wrap("run", rebuild.ErrStalled), "stalled"},
 		{wrap("run", rebuild.ErrAborted), "aborted"},
-		{wrap("publish", fmt.Errorf("%w: RefuseEmpty", rebuild.ErrRefused)), "refused"},
+		{wrap("publish", fmt.Errorf("%w: RefuseEmpty", guards.ErrRefused)), "refused"},
 		{wrap("publish", rebuild.ErrDiscarded), "discarded"},
 		{wrap("run", context.Canceled), "canceled"},
 		{wrap("run", context.DeadlineExceeded), "deadline_exceeded"},

@@ -10,6 +10,7 @@ import (
 	"github.com/keyswap/keyswap/builders"
 	keyswapotel "github.com/keyswap/keyswap/otel"
 	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/sources"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -43,7 +44,7 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	if _, err := r.Run(ctx, rebuild.FromSlice(users)); err != nil {
+	if _, err := r.Run(ctx, sources.Slice(users)); err != nil {
 		log.Fatal(err)
 	}
 

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/keyswap/keyswap/builders"
+	"github.com/keyswap/keyswap/index"
 	keyswapotel "github.com/keyswap/keyswap/otel"
 	"github.com/keyswap/keyswap/rebuild"
 	"go.opentelemetry.io/otel/attribute"
@@ -34,9 +35,9 @@ func users(n int) []user {
 
 // twoBuilders returns a hash and a sorted set under prefix, and the key
 // their Rebuilder reports: both keys, joined by ", ".
-func twoBuilders(prefix string) ([]rebuild.Builder[user], string) {
+func twoBuilders(prefix string) ([]index.Builder[user], string) {
 	email, score := prefix+"by-email", prefix+"by-score"
-	return []rebuild.Builder[user]{
+	return []index.Builder[user]{
 		builders.Hash(email, func(u user) (string, string, bool) { return u.Email, u.ID, true }),
 		builders.SortedSet(score, func(u user) (string, float64, bool) { return u.ID, u.Score, true }),
 	}, email + ", " + score

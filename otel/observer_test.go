@@ -12,6 +12,7 @@ import (
 	"github.com/keyswap/keyswap/internal/redistest"
 	keyswapotel "github.com/keyswap/keyswap/otel"
 	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/sources"
 	"github.com/keyswap/keyswap/store"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -54,7 +55,7 @@ func TestRun(t *testing.T) {
 			r := redistest.Rebuilder(t, client, rebuild.Options{BatchSize: runBatch, Observer: rec.observer(tt.opts...)}, bs...)
 
 			ctx, parent := rec.tp.Tracer("test").Start(redistest.Ctx(t), "test")
-			stats, err := r.Run(ctx, rebuild.FromSlice(users(runN)))
+			stats, err := r.Run(ctx, sources.Slice(users(runN)))
 			parent.End()
 			if err != nil {
 				t.Fatalf("Run: %v", err)
@@ -144,7 +145,7 @@ func TestRunFails(t *testing.T) {
 	r := redistest.Rebuilder(t, client, rebuild.Options{BatchSize: runBatch, Observer: rec.observer()}, bs...)
 
 	ctx, parent := rec.tp.Tracer("test").Start(redistest.Ctx(t), "test")
-	stats, err := r.Run(ctx, rebuild.FromSlice(users(runN)))
+	stats, err := r.Run(ctx, sources.Slice(users(runN)))
 	parent.End()
 	if !errors.Is(err, rebuild.ErrInProgress) || errors.Is(err, rebuild.ErrLockLost) {
 		t.Fatalf("Run: got %v, want ErrInProgress", err)
@@ -213,7 +214,7 @@ func TestHeld(t *testing.T) {
 			bs, key := twoBuilders(redistest.Prefix(t))
 			r := redistest.Rebuilder(t, client, rebuild.Options{BatchSize: runBatch, Observer: rec.observer()}, bs...)
 			ctx := redistest.Ctx(t)
-			held, _, err := r.Build(ctx, rebuild.FromSlice(users(runN)))
+			held, _, err := r.Build(ctx, sources.Slice(users(runN)))
 			if err != nil {
 				t.Fatalf("Build: %v", err)
 			}

@@ -25,15 +25,18 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/keyswap/keyswap/builders"
-	"github.com/keyswap/keyswap/internal/faultproxy"
-	"github.com/keyswap/keyswap/internal/keys"
-	"github.com/keyswap/keyswap/internal/redistest"
-	"github.com/keyswap/keyswap/rebuild"
 	"github.com/redis/rueidis"
 	"github.com/redis/rueidis/rueidiscompat"
 	"github.com/redis/rueidis/rueidishook"
 	"golang.org/x/sync/errgroup"
+
+	"github.com/keyswap/keyswap/builders"
+	"github.com/keyswap/keyswap/index"
+	"github.com/keyswap/keyswap/internal/faultproxy"
+	"github.com/keyswap/keyswap/internal/keys"
+	"github.com/keyswap/keyswap/internal/redistest"
+	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/sources"
 )
 
 // sentCounter counts the commands a client sends, but not an EVALSHA
@@ -158,7 +161,7 @@ type indexOf struct {
 func seedIndex(t *testing.T, d deployment, us ...user) *indexOf {
 	t.Helper()
 	k := onlineNames(d.Prefix)
-	if _, err := onlineRebuilder(t, d.Client, k, rebuild.Options{}).Run(redistest.Ctx(t), rebuild.FromSlice(us)); err != nil {
+	if _, err := onlineRebuilder(t, d.Client, k, rebuild.Options{}).Run(redistest.Ctx(t), sources.Slice(us)); err != nil {
 		t.Fatalf("first run: %v", err)
 	}
 	ix := &indexOf{k: k, users: byID(us...)}
@@ -168,7 +171,7 @@ func seedIndex(t *testing.T, d deployment, us ...user) *indexOf {
 }
 
 // changed records what change does to the source of truth.
-func (ix *indexOf) changed(cs ...rebuild.Change[user]) {
+func (ix *indexOf) changed(cs ...index.Change[user]) {
 	for _, c := range cs {
 		if c.New != nil {
 			ix.users[c.New.ID] = *c.New
@@ -197,23 +200,23 @@ func TestApplyMaintainsIndex(t *testing.T) {
 		all.Email, all.Score, all.Country = "all@example.com", -1.5, "it"
 		for _, step := range []struct {
 			name    string
-			changes []rebuild.Change[user]
+			changes []index.Change[user]
 			sends   int64
 		}{
-			{"insert", []rebuild.Change[user]{rebuild.Insert(u)}, 1},
-			{"update the email", []rebuild.Change[user]{rebuild.Update(u, with(u, func(v *user) { v.Email = "renamed@example.com" }))}, 1},
-			{"update the score", []rebuild.Change[user]{rebuild.Update(with(u, func(v *user) { v.Email = "renamed@example.com" }), with(u, func(v *user) { v.Email, v.Score = "renamed@example.com", 9 }))}, 1},
-			{"move to a new bucket", []rebuild.Change[user]{rebuild.Update(with(u, func(v *user) { v.Email, v.Score = "renamed@example.com", 9 }), with(u, func(v *user) { v.Email, v.Score, v.Country = "renamed@example.com", 9, "de" }))}, 1},
-			{"move out of a bucket, emptying it", []rebuild.Change[user]{rebuild.Update(base[5], moved)}, 1},
-			{"update every field", []rebuild.Change[user]{rebuild.Update(with(u, func(v *user) { v.Email, v.Score, v.Country = "renamed@example.com", 9, "de" }), all)}, 1},
-			{"an update that changes nothing", []rebuild.Change[user]{rebuild.Update(all, all)}, 0},
+			{"insert", []index.Change[user]{index.Insert(u)}, 1},
+			{"update the email", []index.Change[user]{index.Update(u, with(u, func(v *user) { v.Email = "renamed@example.com" }))}, 1},
+			{"update the score", []index.Change[user]{index.Update(with(u, func(v *user) { v.Email = "renamed@example.com" }), with(u, func(v *user) { v.Email, v.Score = "renamed@example.com", 9 }))}, 1},
+			{"move to a new bucket", []index.Change[user]{index.Update(with(u, func(v *user) { v.Email, v.Score = "renamed@example.com", 9 }), with(u, func(v *user) { v.Email, v.Score, v.Country = "renamed@example.com", 9, "de" }))}, 1},
+			{"move out of a bucket, emptying it", []index.Change[user]{index.Update(base[5], moved)}, 1},
+			{"update every field", []index.Change[user]{index.Update(with(u, func(v *user) { v.Email, v.Score, v.Country = "renamed@example.com", 9, "de" }), all)}, 1},
+			{"an update that changes nothing", []index.Change[user]{index.Update(all, all)}, 0},
 			{"no changes", nil, 0},
-			{"several changes that change nothing", []rebuild.Change[user]{rebuild.Update(all, all), rebuild.Update(base[0], base[0])}, 0},
-			{"delete", []rebuild.Change[user]{rebuild.Delete(all)}, 1},
-			{"several changes at once", []rebuild.Change[user]{
-				rebuild.Insert(u), rebuild.Update(base[1], with(base[1], func(v *user) { v.Score, v.Country = 100, "zz" })),
-				rebuild.Delete(base[2]), rebuild.Update(base[3], base[3]),
-				rebuild.Update(u, with(u, func(v *user) { v.Email = "twice@example.com" })),
+			{"several changes that change nothing", []index.Change[user]{index.Update(all, all), index.Update(base[0], base[0])}, 0},
+			{"delete", []index.Change[user]{index.Delete(all)}, 1},
+			{"several changes at once", []index.Change[user]{
+				index.Insert(u), index.Update(base[1], with(base[1], func(v *user) { v.Score, v.Country = 100, "zz" })),
+				index.Delete(base[2]), index.Update(base[3], base[3]),
+				index.Update(u, with(u, func(v *user) { v.Email = "twice@example.com" })),
 			}, 1},
 		} {
 			t.Run(step.name, func(t *testing.T) {
@@ -251,8 +254,8 @@ func TestApplyRefusedBeforeSending(t *testing.T) {
 		ctx := redistest.Ctx(t)
 		us := users(3)
 		ix := seedIndex(t, d, us...)
-		three := func() []rebuild.Builder[user] {
-			return []rebuild.Builder[user]{
+		three := func() []index.Builder[user] {
+			return []index.Builder[user]{
 				builders.Hash(ix.k.Hash, func(u user) (string, string, bool) { return u.Email, u.ID, true }),
 				builders.SortedSet(ix.k.Zset, func(u user) (string, float64, bool) { return u.ID, u.Score, true }),
 				builders.SetIndex(ix.k.Family, func(u user) (string, string, bool) { return u.Country, u.ID, true }),
@@ -263,21 +266,21 @@ func TestApplyRefusedBeforeSending(t *testing.T) {
 		nan := user{ID: "u000009", Email: "nan@example.com", Country: "fr", Score: math.NaN()}
 		for _, tt := range []struct {
 			name     string
-			builders []rebuild.Builder[user]
-			changes  []rebuild.Change[user]
+			builders []index.Builder[user]
+			changes  []index.Change[user]
 			target   error
 			key      string // the *Error's Key
 			says     string
 		}{
-			{"a Func builder", append(three(), builders.Func(fn, func(*rebuild.Commands, []user) error { return nil })),
-				[]rebuild.Change[user]{rebuild.Insert(user{ID: "u000009", Email: "x@example.com", Country: "fr"})}, rebuild.ErrNotIncremental, fn, "does not implement rebuild.Incremental"},
-			{"a Compat builder first", append([]rebuild.Builder[user]{builders.Compat(compat, func(context.Context, rueidiscompat.Pipeliner, string, []user) error { return nil })}, three()...),
-				[]rebuild.Change[user]{rebuild.Insert(user{ID: "u000009", Email: "x@example.com", Country: "fr"})}, rebuild.ErrNotIncremental, compat, "does not implement rebuild.Incremental"},
-			{"neither old nor new", three(), []rebuild.Change[user]{rebuild.Insert(user{ID: "u000009", Email: "x@example.com", Country: "fr"}), {}},
+			{"a Func builder", append(three(), builders.Func(fn, func(*index.Commands, []user) error { return nil })),
+				[]index.Change[user]{index.Insert(user{ID: "u000009", Email: "x@example.com", Country: "fr"})}, rebuild.ErrNotIncremental, fn, "does not implement index.Incremental"},
+			{"a Compat builder first", append([]index.Builder[user]{builders.Compat(compat, func(context.Context, rueidiscompat.Pipeliner, string, []user) error { return nil })}, three()...),
+				[]index.Change[user]{index.Insert(user{ID: "u000009", Email: "x@example.com", Country: "fr"})}, rebuild.ErrNotIncremental, compat, "does not implement index.Incremental"},
+			{"neither old nor new", three(), []index.Change[user]{index.Insert(user{ID: "u000009", Email: "x@example.com", Country: "fr"}), {}},
 				nil, ix.k.Hash + ", " + ix.k.Zset + ", " + ix.k.Family, "change 1 has neither an old nor a new value"},
-			{"a NaN score", three(), []rebuild.Change[user]{rebuild.Insert(nan)}, nil, ix.k.Zset, "NaN score"},
-			{"a key the builder does not own", []rebuild.Builder[user]{&strayBuilder{key: ix.k.Hash, writes: ix.k.Zset}},
-				[]rebuild.Change[user]{rebuild.Insert(us[0])}, nil, ix.k.Hash, "does not own"},
+			{"a NaN score", three(), []index.Change[user]{index.Insert(nan)}, nil, ix.k.Zset, "NaN score"},
+			{"a key the builder does not own", []index.Builder[user]{&strayBuilder{key: ix.k.Hash, writes: ix.k.Zset}},
+				[]index.Change[user]{index.Insert(us[0])}, nil, ix.k.Hash, "does not own"},
 		} {
 			t.Run(tt.name, func(t *testing.T) {
 				var sent sentCounter
@@ -311,11 +314,11 @@ func TestApplyRefusedBeforeSending(t *testing.T) {
 // key, writes.
 type strayBuilder struct{ key, writes string }
 
-var _ rebuild.Incremental[user] = (*strayBuilder)(nil)
+var _ index.Incremental[user] = (*strayBuilder)(nil)
 
-func (s *strayBuilder) Key() string                           { return s.key }
-func (s *strayBuilder) Build(*rebuild.Commands, []user) error { return nil }
-func (s *strayBuilder) Diff(w *rebuild.Writes, _, new *user) error {
+func (s *strayBuilder) Key() string                         { return s.key }
+func (s *strayBuilder) Build(*index.Commands, []user) error { return nil }
+func (s *strayBuilder) Diff(w *index.Writes, _, new *user) error {
 	return w.HSet(s.writes, new.ID, new.Email)
 }
 
@@ -340,13 +343,13 @@ func TestApplyReservedBucket(t *testing.T) {
 		fr := with(odd, func(u *user) { u.Country = "fr" })
 		gen := with(odd, func(u *user) { u.Country = "rebuild-gen" })
 		for _, step := range []struct {
-			change  rebuild.Change[user]
+			change  index.Change[user]
 			skipped string
 			want    user // what the index holds of the user: no bucket for a skipped one
 		}{
-			{rebuild.Insert(odd), "rebuild-lock", with(odd, func(u *user) { u.Country = "" })},
-			{rebuild.Update(odd, fr), "rebuild-lock", fr},
-			{rebuild.Update(fr, gen), "rebuild-gen", with(gen, func(u *user) { u.Country = "" })},
+			{index.Insert(odd), "rebuild-lock", with(odd, func(u *user) { u.Country = "" })},
+			{index.Update(odd, fr), "rebuild-lock", fr},
+			{index.Update(fr, gen), "rebuild-gen", with(gen, func(u *user) { u.Country = "" })},
 		} {
 			before := len(rec.matching("skipped"))
 			if err := r.Apply(ctx, step.change); err != nil {
@@ -417,7 +420,7 @@ func TestApplyNoPermission(t *testing.T) {
 			r := onlineRebuilder(t, c, ix.k, rebuild.Options{})
 			before := redistest.Snapshot(t, admin, p)
 			moved := with(u[0], func(v *user) { v.Email, v.Score, v.Country = "moved@example.com", 50, "de" })
-			err := r.Apply(ctx, rebuild.Update(u[0], moved))
+			err := r.Apply(ctx, index.Update(u[0], moved))
 			redistest.WantErr(t, err, rebuild.ErrNoPermission)
 			bucket := ix.k.Family + ":fr"
 			if !strings.Contains(err.Error(), "SREM") || !strings.Contains(err.Error(), bucket) {
@@ -430,10 +433,10 @@ func TestApplyNoPermission(t *testing.T) {
 			redistest.WantUnchanged(t, admin, p, before)
 
 			scored := with(u[1], func(v *user) { v.Score = 60 })
-			if err := r.Apply(ctx, rebuild.Update(u[1], scored)); err != nil {
+			if err := r.Apply(ctx, index.Update(u[1], scored)); err != nil {
 				t.Fatalf("Apply of a score: %v", err)
 			}
-			ix.changed(rebuild.Update(u[1], scored))
+			ix.changed(index.Update(u[1], scored))
 			wantIndex(t, admin, ix.k, ix.users)
 			redistest.WantClean(t, admin, p)
 		})
@@ -467,12 +470,12 @@ func TestApplyReplyLost(t *testing.T) {
 				// the connection, so that the cut hits the script itself,
 				// not a NOSCRIPT reply or a new connection's handshake.
 				warm := with(u[2], func(v *user) { v.Email, v.Score, v.Country = "warm@example.com", 30, "it" })
-				if err := r.Apply(ctx, rebuild.Update(u[2], warm)); err != nil {
+				if err := r.Apply(ctx, index.Update(u[2], warm)); err != nil {
 					t.Fatalf("Apply: %v", err)
 				}
-				ix.changed(rebuild.Update(u[2], warm))
+				ix.changed(index.Update(u[2], warm))
 
-				change := rebuild.Update(u[0], with(u[0], func(v *user) { v.Email, v.Score, v.Country = "moved@example.com", 50, "it" }))
+				change := index.Update(u[0], with(u[0], func(v *user) { v.Email, v.Score, v.Country = "moved@example.com", 50, "it" }))
 				before := redistest.Snapshot(t, d.Other, d.Prefix)
 				proxy.CutAfter(tt.dir, 0)
 				err := r.Apply(ctx, change)
@@ -591,10 +594,10 @@ func TestApplyClusterBucketsShareTheSlot(t *testing.T) {
 	if keys.Slot(bucket) != keys.Slot(ix.k.Hash) {
 		t.Fatalf("%s is in slot %d, %s in %d", bucket, keys.Slot(bucket), ix.k.Hash, keys.Slot(ix.k.Hash))
 	}
-	if err := r.Apply(ctx, rebuild.Insert(braced)); err != nil {
+	if err := r.Apply(ctx, index.Insert(braced)); err != nil {
 		t.Fatalf("Apply: %v", err)
 	}
-	ix.changed(rebuild.Insert(braced))
+	ix.changed(index.Insert(braced))
 	wantIndex(t, d.Other, ix.k, ix.users)
 	redistest.WantClean(t, d.Other, p)
 }
@@ -657,7 +660,7 @@ type applier struct {
 }
 
 // apply commits and applies cs, in order.
-func (a applier) apply(ctx context.Context, cs ...rebuild.Change[user]) error {
+func (a applier) apply(ctx context.Context, cs ...index.Change[user]) error {
 	for _, ch := range cs {
 		var cmd rueidis.Completed
 		if ch.New != nil {
@@ -677,17 +680,17 @@ func (a applier) apply(ctx context.Context, cs ...rebuild.Change[user]) error {
 
 // inserts returns n new users from index from on, each an Insert: 3 log
 // entries, one per index.
-func inserts(from, n int) []rebuild.Change[user] {
-	out := make([]rebuild.Change[user], n)
+func inserts(from, n int) []index.Change[user] {
+	out := make([]index.Change[user], n)
 	for i := range out {
 		j := from + i
-		out[i] = rebuild.Insert(user{ID: fmt.Sprintf("n%07d", j), Email: fmt.Sprintf("new%07d@example.com", j), Country: fmt.Sprintf("c%02d", j%7), Score: float64(j)})
+		out[i] = index.Insert(user{ID: fmt.Sprintf("n%07d", j), Email: fmt.Sprintf("new%07d@example.com", j), Country: fmt.Sprintf("c%02d", j%7), Score: float64(j)})
 	}
 	return out
 }
 
 // applyAll applies cs from 4 goroutines at once, each its share in order.
-func (a applier) applyAll(ctx context.Context, cs []rebuild.Change[user]) error {
+func (a applier) applyAll(ctx context.Context, cs []index.Change[user]) error {
 	var g errgroup.Group
 	const workers = 4
 	for w := range workers {
@@ -947,7 +950,7 @@ func TestApplyEmptiesTempKey(t *testing.T) {
 				a := applier{c: d.Other, r: onlineRebuilder(t, d.Other, k, rebuild.Options{}), db: k.DB}
 				away := with(solo, func(u *user) { u.Country = "c00" })
 				moveBack := func() {
-					if err := a.apply(ctx, rebuild.Update(away, solo)); err != nil {
+					if err := a.apply(ctx, index.Update(away, solo)); err != nil {
 						t.Errorf("apply: %v", err)
 					}
 				}
@@ -975,7 +978,7 @@ func TestApplyEmptiesTempKey(t *testing.T) {
 					},
 				})
 				run := startHeld(t, ctx, onlineRebuilder(t, runner, k, rebuild.Options{}), d.Client, k.DB)
-				if err := a.apply(ctx, rebuild.Update(solo, away)); err != nil {
+				if err := a.apply(ctx, index.Update(solo, away)); err != nil {
 					t.Fatal(err)
 				}
 				if back == "a later catch-up round" {
@@ -1032,7 +1035,7 @@ func TestApplyPublishRefusedDiscards(t *testing.T) {
 				// its source, created after its scan of the family), which
 				// another client then replaces with a string.
 				u := user{ID: "n0000000", Email: "new@example.com", Country: "zz-new", Score: 1}
-				if err := a.apply(ctx, rebuild.Insert(u)); err != nil {
+				if err := a.apply(ctx, index.Insert(u)); err != nil {
 					t.Error(err)
 				}
 				bucket := k.Family + ":" + u.Country

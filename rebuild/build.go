@@ -3,6 +3,9 @@ package rebuild
 import (
 	"fmt"
 	"runtime/debug"
+
+	"github.com/keyswap/keyswap/index"
+	"github.com/keyswap/keyswap/internal/hook"
 )
 
 // build turns b's items into commands through every builder. A panic in a
@@ -33,9 +36,10 @@ func (x *execution[T]) buildBatch(b *batch[T]) {
 	r := x.r
 	c := newCommands(r.redis.Client().B(), x.targets, len(r.builders))
 	c.hint = len(b.items)
+	ic := hook.NewCommands(c).(*index.Commands)
 	for i, bl := range r.builders {
 		c.builder = i
-		err := bl.Build(c, b.items)
+		err := bl.Build(ic, b.items)
 		if err == nil {
 			err = c.err
 		}

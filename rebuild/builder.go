@@ -6,69 +6,13 @@ import (
 	"hash/maphash"
 	"slices"
 
+	"github.com/keyswap/keyswap/index"
 	"github.com/redis/rueidis"
 )
 
-// Builder turns batches of items into the Redis commands that rebuild the
-// key it owns. Package builders provides builders for hashes, sorted sets,
-// sets and one-set-per-value indexes; implement Builder for any other type.
-//
-// Builders are pure: Build never does I/O. It appends commands to c, which
-// the Rebuilder sends, and addresses them to this run's temp keys, which it
-// gets from [Commands.Temp]. Build is called once per batch, concurrently
-// for different batches, so it must not modify shared state without
-// synchronisation.
-type Builder[T any] interface {
-	// Key returns the live key the builder rebuilds or, for a [Family]
-	// builder, the prefix of the family of keys it rebuilds.
-	Key() string
-	// Build appends to c the commands that write items.
-	Build(c *Commands, items []T) error
-}
-
-// Family is an optional interface for a [Builder] that rebuilds a family of
-// keys "<prefix>:<bucket>" rather than one key, such as builders.SetIndex.
-// Its Key method returns the prefix.
-//
-// The family owns every key of its KeyType under "<prefix>:". The Rebuilder
-// locks the prefix, publishes every bucket the run produced, and in the same
-// atomic step deletes the live buckets it did not produce (found by SCAN
-// before the publish), so that a value no longer in the source disappears
-// from the index.
-type Family interface {
-	// KeyType returns the Redis type of the family's keys, as the TYPE
-	// command names it ("set" for SetIndex). Keys of other types under the
-	// prefix are never deleted as orphans.
-	KeyType() string
-}
-
-// Commutative is an optional interface for a [Builder] whose writes give
-// the same result in whatever order its batches reach Redis, as SADD's do:
-// builders.Set and builders.SetIndex implement it. See the package
-// documentation, "Pipeline", for what the Rebuilder makes of it.
-//
-// A builder whose batches can write one entry twice with different values
-// (HSET of a field, ZADD of a member) is not commutative: which value wins
-// depends on the order.
-type Commutative interface {
-	// Commutative reports whether the builder's writes commute.
-	Commutative() bool
-}
-
-// Keyed is an optional interface for a [Builder] that is not [Commutative]
-// but whose batches can disagree only on an entry both of them write, as
-// HSET's fields and ZADD's members do: builders.Hash and builders.SortedSet
-// implement it. Its Build reports every entry it writes with
-// [Commands.Entry]. See the package documentation, "Pipeline", for what the
-// Rebuilder makes of it.
-type Keyed interface {
-	// Keyed reports whether Build reports every entry it writes.
-	Keyed() bool
-}
-
-// Commands collects the commands one batch sends. A Builder receives it in
-// Build.
-type Commands struct {
+// commands collects the commands one batch sends: what an index.Commands
+// that a builder receives in Build wraps.
+type commands struct {
 	cb      rueidis.Builder
 	targets *targets
 	builder int // index of the builder now building
@@ -90,22 +34,22 @@ type Commands struct {
 	err         error              // the first argument over maxBulk
 	seen        map[*target]bool   // set of touched
 	temps       map[string]*target // this batch's cache of targets.get
-	writes      [][]uint64         // hashes of the entries written, per builder (Keyed builders); sorted once built
+	writes      [][]uint64         // hashes of the entries written, per builder (ByEntry builders); sorted once built
 }
 
 // newCommands returns the Commands of one batch of a run of n builders.
-func newCommands(cb rueidis.Builder, ts *targets, n int) *Commands {
-	return &Commands{cb: cb, targets: ts, entries: make([]int64, n), skipped: make([]int64, n), seen: map[*target]bool{}, temps: map[string]*target{}}
+func newCommands(cb rueidis.Builder, ts *targets, n int) *commands {
+	return &commands{cb: cb, targets: ts, entries: make([]int64, n), skipped: make([]int64, n), seen: map[*target]bool{}, temps: map[string]*target{}}
 }
 
-// entrySeed seeds the hashes of the entries that Keyed builders write.
+// entrySeed seeds the hashes of the entries that ByEntry builders write.
 var entrySeed = maphash.MakeSeed()
 
 // Entry records that the builder now building writes entry (a hash field,
-// a sorted-set member) in this batch. A [Keyed] builder calls it for every
+// a sorted-set member) in this batch. A [index.ByEntry] builder calls it for every
 // entry it writes; for a family, an entry of any of its keys. Two batches
 // that write a common entry of one builder are sent in order.
-func (c *Commands) Entry(entry string) {
+func (c *commands) Entry(entry string) {
 	if c.writes == nil {
 		c.writes = make([][]uint64, len(c.entries))
 	}
@@ -114,7 +58,7 @@ func (c *Commands) Entry(entry string) {
 
 // sortEntries sorts the recorded entry hashes, for conflicts. The batch's
 // goroutine calls it once every builder has built.
-func (c *Commands) sortEntries() {
+func (c *commands) sortEntries() {
 	for _, w := range c.writes {
 		slices.Sort(w)
 	}
@@ -123,7 +67,7 @@ func (c *Commands) sortEntries() {
 // conflicts reports whether c and o write a common entry of one builder. A
 // collision of two entries' 64-bit hashes reports a conflict too, which
 // only costs an overlap.
-func (c *Commands) conflicts(o *Commands) bool {
+func (c *commands) conflicts(o *commands) bool {
 	if c.writes == nil || o.writes == nil {
 		return false
 	}
@@ -143,26 +87,26 @@ func (c *Commands) conflicts(o *Commands) bool {
 	return false
 }
 
-// B returns the command builder for the commands passed to [Commands.Add].
-func (c *Commands) B() rueidis.Builder { return c.cb }
+// B returns the command builder for the commands passed to [index.Commands.Add].
+func (c *commands) B() rueidis.Builder { return c.cb }
 
 // Temp returns this run's temp key for the live key live, which must be the
-// builder's own key or, for a [Family] builder, a key "<prefix>:<bucket>"
+// builder's own key or, for a [index.Family] builder, a key "<prefix>:<bucket>"
 // with a non-empty bucket. Any other key is an error, and the rebuild fails
 // without publishing anything.
 //
 // For a family bucket whose key has the shape of keyswap's own keys (a
 // bucket named "rebuild-lock", say), Temp returns an error matching
-// [ErrReservedKey]: skip the entry, and the run goes on. Each such call
+// [index.ErrReservedKey]: skip the entry, and the run goes on. Each such call
 // counts one skipped entry in Stats.Skipped.
 //
 // Commands passed to Add must write only to keys returned by Temp.
-func (c *Commands) Temp(live string) (string, error) {
+func (c *commands) Temp(live string) (string, error) {
 	t := c.temps[live]
 	if t == nil || t.builder != c.builder {
 		var err error
 		if t, err = c.targets.get(c.builder, live); err != nil {
-			if errors.Is(err, ErrReservedKey) && c.targets.owners[c.builder].family {
+			if errors.Is(err, index.ErrReservedKey) && c.targets.owners[c.builder].family {
 				c.skipped[c.builder]++
 				c.targets.skipped(live)
 			}
@@ -181,15 +125,15 @@ func (c *Commands) Temp(live string) (string, error) {
 // live key live, which Temp would return: command name, that key, then the
 // entries, one argument each. The Rebuilder may merge them with the same
 // command on the same key from other batches, and send them later, in
-// commands of up to MaxMergeArgs entries: a family's buckets then get full
+// commands of up to index.MaxArgs entries: a family's buckets then get full
 // commands although each batch spreads over all of them.
 //
-// Only a [Commutative] builder may call Merge, for a command whose writes
+// Only a [index.AnyOrder] builder may call Merge, for a command whose writes
 // give the same result in any order and any grouping (SADD, PFADD), whose
 // only key is its first argument; the run fails otherwise. Its errors are
 // Temp's. Each entry counts in Stats.Entries; a Merge of no entries writes
 // nothing, not even the key.
-func (c *Commands) Merge(live, name string, entries ...string) error {
+func (c *commands) Merge(live, name string, entries ...string) error {
 	if n := len(c.merged); n > 0 && c.merged[n-1].t.Live == live && c.merged[n-1].t.builder == c.builder {
 		// The same key as the last call, as a builder that merges item by
 		// item asks: no lookup.
@@ -206,13 +150,13 @@ func (c *Commands) Merge(live, name string, entries ...string) error {
 	return nil
 }
 
-// MergeBucket is [Commands.Merge] on the bucket "<prefix>:<bucket>" of a
-// [Family] builder, whose Key is prefix, without building that key: the
+// MergeBucket is [index.Commands.Merge] on the bucket "<prefix>:<bucket>" of a
+// [index.Family] builder, whose Key is prefix, without building that key: the
 // bucket's temp key is found with one lookup of its name, shared by every
 // batch. It is the cheap way to merge a family's entries one item at a
 // time, as SetIndex does; its errors are Merge's, and calling it from a
 // builder that is not a Family fails the run.
-func (c *Commands) MergeBucket(bucket, name string, entries ...string) error {
+func (c *commands) MergeBucket(bucket, name string, entries ...string) error {
 	o := c.targets.owners[c.builder]
 	if !o.family {
 		err := fmt.Errorf("builder %q called MergeBucket but is not a Family: only a family has buckets", o.key)
@@ -236,8 +180,8 @@ func (c *Commands) MergeBucket(bucket, name string, entries ...string) error {
 
 // refused accounts for entries a Merge could not write to live, which get
 // refused with err: a family's reserved bucket is skipped and counted.
-func (c *Commands) refused(live string, err error, entries int) error {
-	if errors.Is(err, ErrReservedKey) && c.targets.owners[c.builder].family {
+func (c *commands) refused(live string, err error, entries int) error {
+	if errors.Is(err, index.ErrReservedKey) && c.targets.owners[c.builder].family {
 		c.skipped[c.builder] += int64(entries)
 		c.targets.skipped(live)
 	}
@@ -248,9 +192,9 @@ func (c *Commands) refused(live string, err error, entries int) error {
 // calls are kept end to end in one slice, and consecutive calls on the same
 // key and command are one record: a builder may merge item by item at the
 // cost of an append.
-func (c *Commands) merge(t *target, name string, entries []string) {
+func (c *commands) merge(t *target, name string, entries []string) {
 	if !c.targets.owners[c.builder].commutative && c.err == nil {
-		c.err = fmt.Errorf("builder %q called Merge but is not Commutative: merged writes reach Redis in no set order", c.targets.owners[c.builder].key)
+		c.err = fmt.Errorf("builder %q called Merge but is not AnyOrder: merged writes reach Redis in no set order", c.targets.owners[c.builder].key)
 	}
 	c.entries[c.builder] += int64(len(entries))
 	if len(entries) == 0 {
@@ -286,7 +230,7 @@ func (c *Commands) merge(t *target, name string, entries []string) {
 // anything of the batch is sent. (The Rebuilder finds a command's keys with
 // COMMAND INFO, once per command name, or COMMAND GETKEYS for a command
 // whose keys move with its arguments.)
-func (c *Commands) Add(cmd rueidis.Completed, entries int) {
+func (c *commands) Add(cmd rueidis.Completed, entries int) {
 	for _, a := range cmd.Commands() {
 		if len(a) > maxBulk && c.err == nil {
 			args := cmd.Commands()

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/keyswap/keyswap/builders"
+	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/internal/faultproxy"
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/redistest"
@@ -186,7 +187,7 @@ func TestWritesApartFromTheApplication(t *testing.T) {
 			}
 		}
 		ctx, cancel := context.WithTimeout(t.Context(), hangDeadline)
-		err := app.Apply(ctx, rebuild.Insert(appUser))
+		err := app.Apply(ctx, index.Insert(appUser))
 		cancel()
 		if err != nil {
 			t.Fatalf("Apply during the stall: %v (did it wait behind the run's writes?)", err)
@@ -531,7 +532,7 @@ func TestWritesEndWhileAsking(t *testing.T) {
 var appUser = user{ID: "app", Email: "app@example.com"}
 
 // userHash is endlessRun's builder: email → id.
-func userHash(key string) rebuild.Builder[user] {
+func userHash(key string) index.Builder[user] {
 	return builders.Hash(key, func(u user) (string, string, bool) { return u.Email, u.ID, true })
 }
 

@@ -4,6 +4,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/keyswap/keyswap/index"
 	"github.com/redis/rueidis"
 )
 
@@ -16,8 +17,8 @@ type merged struct {
 	args []string
 }
 
-// coalescer holds the entries of Commutative builders' Merge calls until a
-// command is full (MaxMergeArgs entries), or until it holds more than
+// coalescer holds the entries of AnyOrder builders' Merge calls until a
+// command is full (index.MaxArgs entries), or until it holds more than
 // bound entries in all, and turns them into commands. Only the sender uses
 // it. Each key's entries wait in its target, so that adding them costs no
 // lookup: a family of 100,000 buckets gets a Merge per bucket per batch.
@@ -32,9 +33,6 @@ type coalescer struct {
 	total int       // entries held
 	bound int       // Options.MaxMerged
 }
-
-// MaxMergeArgs is the most entries a merged command carries.
-const MaxMergeArgs = 1000
 
 // mergedCmd is one command the coalescer emits.
 type mergedCmd struct {
@@ -66,8 +64,8 @@ func (co *coalescer) add(ms []merged) []mergedCmd {
 		for len(t.ends) == 0 && full(args) {
 			// A full command of this batch alone, as a Set's batches
 			// give: sent as it is, with nothing to copy.
-			out = append(out, mergedCmd{t, m.name, args[:MaxMergeArgs:MaxMergeArgs]})
-			args = args[MaxMergeArgs:]
+			out = append(out, mergedCmd{t, m.name, args[:index.MaxArgs:index.MaxArgs]})
+			args = args[index.MaxArgs:]
 		}
 		for _, e := range args {
 			if t.data.Len()+len(e) > maxMergeBytes && len(t.ends) > 0 {
@@ -76,7 +74,7 @@ func (co *coalescer) add(ms []merged) []mergedCmd {
 			t.data.WriteString(e)
 			t.ends = append(t.ends, int32(t.data.Len()))
 			co.total++
-			if len(t.ends) == MaxMergeArgs {
+			if len(t.ends) == index.MaxArgs {
 				out = append(out, co.take(t))
 			}
 		}
@@ -91,14 +89,14 @@ func (co *coalescer) add(ms []merged) []mergedCmd {
 	return out
 }
 
-// full reports whether the first MaxMergeArgs of args make a command
+// full reports whether the first index.MaxArgs of args make a command
 // within maxMergeBytes.
 func full(args []string) bool {
-	if len(args) < MaxMergeArgs {
+	if len(args) < index.MaxArgs {
 		return false
 	}
 	n := 0
-	for _, a := range args[:MaxMergeArgs] {
+	for _, a := range args[:index.MaxArgs] {
 		n += len(a)
 	}
 	return n <= maxMergeBytes

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/keyswap/keyswap/index"
 )
 
 // The coalescer is pure bookkeeping; the runs in pipeline_test.go and
@@ -37,7 +38,7 @@ func TestCoalescerFillsCommandsAcrossBatches(t *testing.T) {
 	co := &coalescer{bound: 1 << 20}
 	var out []mergedCmd
 	// 30 batches of 100 entries for a and 1 for b: a's commands fill at
-	// MaxMergeArgs, b's wait for the drain.
+	// index.MaxArgs, b's wait for the drain.
 	var wantA []string
 	for i := range 30 {
 		batch := entries(fmt.Sprintf("a%02d-", i), 100)
@@ -123,7 +124,7 @@ func TestCoalescerBoundsCommandBytes(t *testing.T) {
 
 func TestCoalescerSendsFullBatchesAsTheyAre(t *testing.T) {
 	// A batch that alone fills commands, as a Set's does, goes out in
-	// commands of MaxMergeArgs without a copy; its rest waits, and so does
+	// commands of index.MaxArgs without a copy; its rest waits, and so does
 	// every entry of a key that already holds some.
 	k, held := &target{}, &target{}
 	k.Key, held.Key = "k", "held"
@@ -138,8 +139,8 @@ func TestCoalescerSendsFullBatchesAsTheyAre(t *testing.T) {
 	if &out[0].args[0] != &batch[0] || &out[1].args[0] != &batch[1000] {
 		t.Error("a full batch's commands were copied, want the batch's own entries")
 	}
-	if cap(out[0].args) != MaxMergeArgs {
-		t.Errorf("a full batch's command has capacity %d, want %d: an append to it must not write over the batch", cap(out[0].args), MaxMergeArgs)
+	if cap(out[0].args) != index.MaxArgs {
+		t.Errorf("a full batch's command has capacity %d, want %d: an append to it must not write over the batch", cap(out[0].args), index.MaxArgs)
 	}
 	if got := out[2].args[0]; got != "first" {
 		t.Errorf("the held key's command starts with %q, want what it held first", got)

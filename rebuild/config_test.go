@@ -14,30 +14,33 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/rueidis"
+
 	"github.com/keyswap/keyswap/builders"
+	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/rebuild"
-	"github.com/redis/rueidis"
+	"github.com/keyswap/keyswap/sources"
 )
 
 // cfgHash, cfgZset and cfgIndex are builders of users for the config
 // tests.
-func cfgHash(key string) rebuild.Builder[user] {
+func cfgHash(key string) index.Builder[user] {
 	return builders.Hash(key, func(u user) (string, string, bool) { return u.Email, u.ID, true })
 }
 
-func cfgZset(key string) rebuild.Builder[user] {
+func cfgZset(key string) index.Builder[user] {
 	return builders.SortedSet(key, func(u user) (string, float64, bool) { return u.ID, u.Score, true })
 }
 
-func cfgIndex(prefix string) rebuild.Builder[user] {
+func cfgIndex(prefix string) index.Builder[user] {
 	return builders.SetIndex(prefix, func(u user) (string, string, bool) { return u.Country, u.ID, true })
 }
 
 // cfgSource returns a source of n users that records in *read that it was
 // read.
-func cfgSource(n int, read *bool) rebuild.Source[user] {
-	return rebuild.FromSeq2(func(yield func(user, error) bool) {
+func cfgSource(n int, read *bool) sources.Source[user] {
+	return sources.Seq2(func(yield func(user, error) bool) {
 		*read = true
 		for _, u := range users(n) {
 			if !yield(u, nil) {
@@ -90,7 +93,7 @@ func TestConfigInvalid(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		opts     rebuild.Options
-		builders func(p string) []rebuild.Builder[user]
+		builders func(p string) []index.Builder[user]
 		want     func(p string) []string
 	}{
 		{
@@ -127,43 +130,43 @@ func TestConfigInvalid(t *testing.T) {
 		},
 		{
 			name:     "no builders",
-			builders: func(string) []rebuild.Builder[user] { return nil },
+			builders: func(string) []index.Builder[user] { return nil },
 			want:     func(string) []string { return []string{"no builders"} },
 		},
 		{
 			name:     "empty Hash key",
-			builders: func(p string) []rebuild.Builder[user] { return []rebuild.Builder[user]{cfgZset(p + "z"), cfgHash("")} },
+			builders: func(p string) []index.Builder[user] { return []index.Builder[user]{cfgZset(p + "z"), cfgHash("")} },
 			want:     func(string) []string { return []string{"builder 1", "empty key"} },
 		},
 		{
 			name:     "empty SetIndex prefix",
-			builders: func(p string) []rebuild.Builder[user] { return []rebuild.Builder[user]{cfgIndex("")} },
+			builders: func(p string) []index.Builder[user] { return []index.Builder[user]{cfgIndex("")} },
 			want:     func(string) []string { return []string{"builder 0", "empty key"} },
 		},
 		// C60: a builder key with the shape of keyswap's own keys.
 		{
 			name:     "Hash key shaped like a lock",
-			builders: func(p string) []rebuild.Builder[user] { return []rebuild.Builder[user]{cfgHash(p + "k:rebuild-lock")} },
+			builders: func(p string) []index.Builder[user] { return []index.Builder[user]{cfgHash(p + "k:rebuild-lock")} },
 			want:     func(p string) []string { return []string{p + "k:rebuild-lock", "builder 0", "has the shape of"} },
 		},
 		{
 			name: "Hash key shaped like a record",
-			builders: func(p string) []rebuild.Builder[user] {
-				return []rebuild.Builder[user]{cfgZset(p + "z"), cfgHash(p + "k:rebuild-lock:run")}
+			builders: func(p string) []index.Builder[user] {
+				return []index.Builder[user]{cfgZset(p + "z"), cfgHash(p + "k:rebuild-lock:run")}
 			},
 			want: func(p string) []string { return []string{p + "k:rebuild-lock:run", "builder 1", "has the shape of"} },
 		},
 		{
 			name: "SetIndex prefix shaped like a meta",
-			builders: func(p string) []rebuild.Builder[user] {
-				return []rebuild.Builder[user]{cfgIndex(p + "idx:rebuild-gen")}
+			builders: func(p string) []index.Builder[user] {
+				return []index.Builder[user]{cfgIndex(p + "idx:rebuild-gen")}
 			},
 			want: func(p string) []string { return []string{p + "idx:rebuild-gen", "has the shape of"} },
 		},
 		{
 			name: "Hash key shaped like a temp key",
-			builders: func(p string) []rebuild.Builder[user] {
-				return []rebuild.Builder[user]{cfgHash(p + "k:rebuild:1600000000:0123456789abcdef")}
+			builders: func(p string) []index.Builder[user] {
+				return []index.Builder[user]{cfgHash(p + "k:rebuild:1600000000:0123456789abcdef")}
 			},
 			want: func(p string) []string {
 				return []string{p + "k:rebuild:1600000000:0123456789abcdef", "has the shape of"}
@@ -171,43 +174,43 @@ func TestConfigInvalid(t *testing.T) {
 		},
 		{
 			name: "two builders on one key",
-			builders: func(p string) []rebuild.Builder[user] {
-				return []rebuild.Builder[user]{cfgHash(p + "k"), cfgZset(p + "k")}
+			builders: func(p string) []index.Builder[user] {
+				return []index.Builder[user]{cfgHash(p + "k"), cfgZset(p + "k")}
 			},
 			want: func(p string) []string { return []string{"builders 0 and 1", p + "k"} },
 		},
 		{
 			name: "Hash key equal to a SetIndex prefix",
-			builders: func(p string) []rebuild.Builder[user] {
-				return []rebuild.Builder[user]{cfgIndex(p + "idx"), cfgHash(p + "idx")}
+			builders: func(p string) []index.Builder[user] {
+				return []index.Builder[user]{cfgIndex(p + "idx"), cfgHash(p + "idx")}
 			},
 			want: func(p string) []string { return []string{"builders 0 and 1", p + "idx"} },
 		},
 		{
 			name: "Hash key inside a SetIndex prefix",
-			builders: func(p string) []rebuild.Builder[user] {
-				return []rebuild.Builder[user]{cfgIndex(p + "idx"), cfgHash(p + "idx:fr")}
+			builders: func(p string) []index.Builder[user] {
+				return []index.Builder[user]{cfgIndex(p + "idx"), cfgHash(p + "idx:fr")}
 			},
 			want: func(p string) []string { return []string{p + "idx:fr", "inside the family", p + "idx:*"} },
 		},
 		{
 			name: "SetIndex prefix around an earlier Hash key",
-			builders: func(p string) []rebuild.Builder[user] {
-				return []rebuild.Builder[user]{cfgHash(p + "idx:fr"), cfgIndex(p + "idx")}
+			builders: func(p string) []index.Builder[user] {
+				return []index.Builder[user]{cfgHash(p + "idx:fr"), cfgIndex(p + "idx")}
 			},
 			want: func(p string) []string { return []string{p + "idx:fr", "inside the family", p + "idx:*"} },
 		},
 		{
 			name: "nested SetIndex prefixes",
-			builders: func(p string) []rebuild.Builder[user] {
-				return []rebuild.Builder[user]{cfgIndex(p + "idx"), cfgIndex(p + "idx:sub")}
+			builders: func(p string) []index.Builder[user] {
+				return []index.Builder[user]{cfgIndex(p + "idx"), cfgIndex(p + "idx:sub")}
 			},
 			want: func(p string) []string { return []string{p + "idx:sub", "inside the family", p + "idx:*"} },
 		},
 		{
 			name: "nested SetIndex prefixes, inner first",
-			builders: func(p string) []rebuild.Builder[user] {
-				return []rebuild.Builder[user]{cfgIndex(p + "idx:sub"), cfgIndex(p + "idx")}
+			builders: func(p string) []index.Builder[user] {
+				return []index.Builder[user]{cfgIndex(p + "idx:sub"), cfgIndex(p + "idx")}
 			},
 			want: func(p string) []string { return []string{p + "idx:sub", "inside the family", p + "idx:*"} },
 		},
@@ -215,7 +218,7 @@ func TestConfigInvalid(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			forEachDeployment(t, func(t *testing.T, d deployment) {
-				bs := []rebuild.Builder[user]{cfgHash(d.Prefix + "h")}
+				bs := []index.Builder[user]{cfgHash(d.Prefix + "h")}
 				if tc.builders != nil {
 					bs = tc.builders(d.Prefix)
 				}
@@ -234,7 +237,7 @@ func TestConfigAcceptsNeighbours(t *testing.T) {
 	forEachDeployment(t, func(t *testing.T, d deployment) {
 		p := d.Prefix
 		r := redistest.Rebuilder(t, d.Client, rebuild.Options{}, cfgIndex(p+"idx"), cfgHash(p+"idxfr"), cfgIndex(p+"idx2"), cfgZset(p+"id"))
-		if _, err := r.Run(redistest.Ctx(t), rebuild.FromSlice(users(30))); err != nil {
+		if _, err := r.Run(redistest.Ctx(t), sources.Slice(users(30))); err != nil {
 			t.Fatalf("Run: got %v, want success", err)
 		}
 		for _, k := range []string{p + "idx:fr", p + "idx2:de", p + "idxfr"} {
@@ -310,11 +313,11 @@ func TestConfigClusterSlots(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name     string
-		builders []rebuild.Builder[user]
+		builders []index.Builder[user]
 		want     []string
 	}{
-		{"different slots", []rebuild.Builder[user]{cfgHash(a), cfgZset(b)}, []string{a, b, "different hash slots", "hash tag"}},
-		{"untagged SetIndex prefix", []rebuild.Builder[user]{cfgIndex(p + "idx")}, []string{p + "idx", "hash tag", "{" + p + "idx}"}},
+		{"different slots", []index.Builder[user]{cfgHash(a), cfgZset(b)}, []string{a, b, "different hash slots", "hash tag"}},
+		{"untagged SetIndex prefix", []index.Builder[user]{cfgIndex(p + "idx")}, []string{p + "idx", "hash tag", "{" + p + "idx}"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			read := false
@@ -334,7 +337,7 @@ func TestConfigClusterSlots(t *testing.T) {
 	t.Run("one untagged key", func(t *testing.T) {
 		cluster := env.Cluster.Client(t)
 		key := p + "single"
-		if _, err := redistest.Rebuilder(t, cluster, rebuild.Options{}, cfgHash(key)).Run(redistest.Ctx(t), rebuild.FromSlice(users(30))); err != nil {
+		if _, err := redistest.Rebuilder(t, cluster, rebuild.Options{}, cfgHash(key)).Run(redistest.Ctx(t), sources.Slice(users(30))); err != nil {
 			t.Fatalf("Run: got %v, want success: one key is always in one slot", err)
 		}
 		if got := len(redistest.HGetAll(t, cluster, key)); got != 30 {
@@ -365,39 +368,39 @@ func TestConfigBuilderOutsideItsKeys(t *testing.T) {
 		for i, tc := range []struct {
 			name        string
 			cluster     bool // only on the cluster
-			bad         func(c *rebuild.Commands, p string) error
+			bad         func(c *index.Commands, p string) error
 			emptyBucket bool // the SetIndex maps u003000 to bucket ""
 			owner       string
 			want        string
 		}{
-			{name: "Temp of another key", owner: "k", want: "does not own", bad: func(c *rebuild.Commands, p string) error {
+			{name: "Temp of another key", owner: "k", want: "does not own", bad: func(c *index.Commands, p string) error {
 				_, err := c.Temp(p + "other")
 				return err
 			}},
-			{name: "Temp of another builder's key", owner: "k", want: "does not own", bad: func(c *rebuild.Commands, p string) error {
+			{name: "Temp of another builder's key", owner: "k", want: "does not own", bad: func(c *index.Commands, p string) error {
 				_, err := c.Temp(p + "h")
 				return err
 			}},
-			{name: "Temp of a family's prefix", owner: "k", want: "does not own", bad: func(c *rebuild.Commands, p string) error {
+			{name: "Temp of a family's prefix", owner: "k", want: "does not own", bad: func(c *index.Commands, p string) error {
 				_, err := c.Temp(p + "idx:fr")
 				return err
 			}},
 			{name: "SetIndex empty bucket", owner: "idx", want: "followed by a bucket", emptyBucket: true},
 			// 11.6, C63: a command's keys must all be the builder's temp
 			// keys, on standalone as on a cluster; nothing of the batch is sent.
-			{name: "command on another key", owner: "k", want: "is not one of this run's temp keys", bad: func(c *rebuild.Commands, p string) error {
+			{name: "command on another key", owner: "k", want: "is not one of this run's temp keys", bad: func(c *index.Commands, p string) error {
 				c.Add(c.B().Sadd().Key(p+"other").Member("m").Build(), 1)
 				return nil
 			}},
-			{name: "command on the live key", owner: "k", want: "is not one of this run's temp keys", bad: func(c *rebuild.Commands, p string) error {
+			{name: "command on the live key", owner: "k", want: "is not one of this run's temp keys", bad: func(c *index.Commands, p string) error {
 				c.Add(c.B().Sadd().Key(p+"k").Member("m").Build(), 1)
 				return nil
 			}},
-			{name: "command on the lock", owner: "k", want: "is not one of this run's temp keys", bad: func(c *rebuild.Commands, p string) error {
+			{name: "command on the lock", owner: "k", want: "is not one of this run's temp keys", bad: func(c *index.Commands, p string) error {
 				c.Add(c.B().Set().Key(p+"k:rebuild-lock").Value("x").Build(), 1)
 				return nil
 			}},
-			{name: "second key of a command", owner: "k", want: "is not one of this run's temp keys", bad: func(c *rebuild.Commands, p string) error {
+			{name: "second key of a command", owner: "k", want: "is not one of this run's temp keys", bad: func(c *index.Commands, p string) error {
 				temp, err := c.Temp(p + "k")
 				if err != nil {
 					return err
@@ -405,15 +408,15 @@ func TestConfigBuilderOutsideItsKeys(t *testing.T) {
 				c.Add(c.B().Sunionstore().Destination(temp).Key(temp, p+"other").Build(), 1)
 				return nil
 			}},
-			{name: "script on another key", owner: "k", want: "is not one of this run's temp keys", bad: func(c *rebuild.Commands, p string) error {
+			{name: "script on another key", owner: "k", want: "is not one of this run's temp keys", bad: func(c *index.Commands, p string) error {
 				c.Add(c.B().Eval().Script("return 1").Numkeys(1).Key(p+"other").Build(), 1)
 				return nil
 			}},
-			{name: "arbitrary command on another builder's key", owner: "k", want: "is not one of this run's temp keys", bad: func(c *rebuild.Commands, p string) error {
+			{name: "arbitrary command on another builder's key", owner: "k", want: "is not one of this run's temp keys", bad: func(c *index.Commands, p string) error {
 				c.Add(c.B().Arbitrary("HSET").Keys(p+"h").Args("f", "v").Build(), 1)
 				return nil
 			}},
-			{name: "command in another slot", cluster: true, want: "outside the rebuild's hash slot", bad: func(c *rebuild.Commands, p string) error {
+			{name: "command in another slot", cluster: true, want: "outside the rebuild's hash slot", bad: func(c *index.Commands, p string) error {
 				c.Add(c.B().Sadd().Key(elsewhere).Member("m").Build(), 1)
 				return nil
 			}},
@@ -423,8 +426,8 @@ func TestConfigBuilderOutsideItsKeys(t *testing.T) {
 			}
 			t.Run(tc.name, func(t *testing.T) {
 				p := fmt.Sprintf("%sc%d:", d.Prefix, i)
-				shape := func(bad bool) []rebuild.Builder[user] {
-					return []rebuild.Builder[user]{
+				shape := func(bad bool) []index.Builder[user] {
+					return []index.Builder[user]{
 						cfgHash(p + "h"),
 						builders.SetIndex(p+"idx", func(u user) (string, string, bool) {
 							if bad && tc.emptyBucket && u.ID == "u003000" {
@@ -432,7 +435,7 @@ func TestConfigBuilderOutsideItsKeys(t *testing.T) {
 							}
 							return u.Country, u.ID, true
 						}),
-						builders.Func(p+"k", func(c *rebuild.Commands, items []user) error {
+						builders.Func(p+"k", func(c *index.Commands, items []user) error {
 							if bad && tc.bad != nil && items[0].ID == "u003000" {
 								if err := tc.bad(c, p); err != nil {
 									return err
@@ -447,7 +450,7 @@ func TestConfigBuilderOutsideItsKeys(t *testing.T) {
 						}),
 					}
 				}
-				if _, err := redistest.Rebuilder(t, d.Client, rebuild.Options{}, shape(false)...).Run(redistest.Ctx(t), rebuild.FromSlice(users(100))); err != nil {
+				if _, err := redistest.Rebuilder(t, d.Client, rebuild.Options{}, shape(false)...).Run(redistest.Ctx(t), sources.Slice(users(100))); err != nil {
 					t.Fatalf("first run: %v", err)
 				}
 				before := redistest.Snapshot(t, d.Other, p)
@@ -455,7 +458,7 @@ func TestConfigBuilderOutsideItsKeys(t *testing.T) {
 					t.Fatalf("first run: got live keys %q, want 5", live)
 				}
 
-				_, err := redistest.Rebuilder(t, d.Client, rebuild.Options{BatchSize: 1000}, shape(true)...).Run(redistest.Ctx(t), rebuild.FromSlice(users(6000)))
+				_, err := redistest.Rebuilder(t, d.Client, rebuild.Options{BatchSize: 1000}, shape(true)...).Run(redistest.Ctx(t), sources.Slice(users(6000)))
 				var e *rebuild.Error
 				if !errors.As(err, &e) || e.Op != "build" || !strings.Contains(err.Error(), tc.want) {
 					t.Fatalf("Run: got %v, want a *rebuild.Error of Op %q mentioning %q", err, "build", tc.want)

@@ -1,10 +1,11 @@
 // Package rebuild rebuilds Redis indexes from a source of truth in one pass,
 // and publishes them atomically, with zero downtime.
 //
-// A [Rebuilder] pulls items from a [Source], turns batches of them into
-// commands through its builders (package builders: hashes, sorted sets,
-// sets, one set per value), writes them to fresh temp keys, and when the
-// source is exhausted publishes every key in one fenced Lua script:
+// A [Rebuilder] pulls items from a [sources.Source], turns batches of them
+// into commands through its builders (package builders: hashes, sorted
+// sets, sets, one set per value; package index for your own), writes them
+// to fresh temp keys, and when the source is exhausted publishes every key
+// in one fenced Lua script:
 //
 //	emails := builders.Hash("users:by-email", func(u User) (string, string, bool) {
 //		return u.Email, u.ID, !builders.Blank(u.Email)
@@ -19,7 +20,7 @@
 //	if err != nil {
 //		return err // a configuration error: nothing was sent
 //	}
-//	stats, err := r.Run(ctx, rebuild.FromSlice(users))
+//	stats, err := r.Run(ctx, sources.Slice(users))
 //
 // # Guarantees
 //
@@ -40,9 +41,9 @@
 //  3. Catch up: replay the changes applied to the live keys meanwhile (see
 //     Writes during a rebuild) onto the temp keys.
 //  4. If Options.Guards are set, or the run is held (Rebuilder.Build), review
-//     the result: a guard may refuse it (ErrRefused), and a held run waits
-//     for Held.Publish, Held.Discard or an operator, renewing its lease, then
-//     catches up again.
+//     the result: a guard may refuse it (guards.ErrRefused), and a held run
+//     waits for Held.Publish, Held.Discard or an operator, renewing its
+//     lease, then catches up again.
 //  5. Publish: wait for Options.Durability, if set; then one script checks
 //     the rights, the locks, the record (every batch Redis acknowledged is
 //     still there: otherwise ErrWritesLost) and the temp keys, replaces every
@@ -68,16 +69,18 @@
 //
 // rueidis writes a whole round trip before any of it leaves, and the server
 // waits meanwhile, so the sender keeps a second round trip in flight
-// whenever the order of the two cannot change the result:
+// whenever the order of the two cannot change the result, as the builders'
+// [index.Order] says:
 //
-//   - when every builder is [Commutative] (builders.Set, builders.SetIndex),
-//     always;
-//   - when every builder is Commutative or [Keyed] (builders.Hash,
+//   - when every builder is [index.AnyOrder] (builders.Set,
+//     builders.SetIndex), always;
+//   - when every builder is AnyOrder or [index.ByEntry] (builders.Hash,
 //     builders.SortedSet), unless the two write a common field or member of
-//     a Keyed builder: then the later waits for the earlier, so that the
+//     a ByEntry builder: then the later waits for the earlier, so that the
 //     last write in source order wins;
-//   - with any other builder (builders.Func, builders.Compat, your own),
-//     never: one round trip at a time, in source order;
+//   - with an [index.InOrder] builder (builders.Func, builders.Compat, one
+//     of your own without an Order method), never: one round trip at a
+//     time, in source order;
 //   - with [Options.Unordered], always, whatever the builders.
 //
 // The round trips go on a connection of their own, which the run takes from
@@ -117,7 +120,7 @@
 // context.Canceled, or one of the sentinels: [ErrInProgress], [ErrLockLost]
 // (which also matches ErrInProgress), [ErrTempKeyLost], [ErrWritesLost]
 // (which also matches ErrTempKeyLost), [ErrNoPermission], [ErrNotDurable],
-// [ErrStalled], [ErrAborted], [ErrRefused], [ErrDiscarded],
+// [ErrStalled], [ErrAborted], [guards.ErrRefused], [ErrDiscarded],
 // [ErrFallingBehind], [ErrTooManyKeys], [ErrTampered] (a key keyswap relies
 // on, a run's log of changes or its record, holds what keyswap did not
 // write: an entry that is not a change of the log's own keys, more entries
@@ -165,7 +168,7 @@
 // # Writes during a rebuild
 //
 // [Rebuilder.Apply] applies a change to an item (its old and new value) to
-// the live keys through the builders ([Incremental]), in one atomic script.
+// the live keys through the builders ([index.Incremental]), in one atomic script.
 // When a run of those keys is in progress, in any process, the script also
 // logs the change for it, next to its lock. After the source's last item,
 // the run replays its logs onto the temp keys, until at most [PublishTail]
@@ -197,7 +200,7 @@
 // # Safe publishing
 //
 // Options.Guards refuse a suspicious result before it is published
-// ([RefuseEmpty], [RefuseShrink]). [Rebuilder.Build] stops short of the
+// ([guards.RefuseEmpty], [guards.RefuseShrink]). [Rebuilder.Build] stops short of the
 // publish and returns a [Held] run, which keeps its lease while the program
 // or an operator inspects it ([Held.Review], [Held.Diff]) and then publishes
 // or discards it. With Options.KeepPrevious, the publish keeps the values

@@ -67,8 +67,8 @@ var ErrTooManyKeys = run.ErrTooManyKeys
 
 // ErrNotIncremental is what Apply returns when one of the Rebuilder's
 // builders cannot turn a change into writes: it does not implement
-// [Incremental] (builders.Func and builders.Compat do not).
-var ErrNotIncremental = errors.New("the builder cannot apply changes: it does not implement rebuild.Incremental")
+// [index.Incremental] (builders.Func and builders.Compat do not).
+var ErrNotIncremental = errors.New("the builder cannot apply changes: it does not implement index.Incremental")
 
 // ErrStalled reports that the source yielded no item for
 // Options.StallTimeout. Nothing was published. It does not match
@@ -79,13 +79,6 @@ var ErrStalled = errors.New("the source stalled")
 // cancel"), before its publish. Nothing was published. It does not match
 // ErrInProgress.
 var ErrAborted = run.ErrAborted
-
-// ErrReservedKey is what [Commands.Temp] returns for a family bucket whose
-// key has the shape of a key keyswap keeps next to an index: a lock, a
-// record, a temp key, a kept previous value. A builder skips the entry;
-// the Rebuilder counts it in Stats.Skipped and logs it, and the run goes
-// on, so that one odd value cannot block the family's rebuilds.
-var ErrReservedKey = errors.New("the key has the shape of keyswap's own keys")
 
 // Outcome is what the publish did to a live key; see Stats.Outcomes.
 type Outcome = run.Outcome
@@ -142,3 +135,6 @@ func (p *PanicError) Unwrap() error {
 	err, _ := p.Value.(error)
 	return err
 }
+
+// errNilSource is Run's error for a nil Source.
+var errNilSource = errors.New("nil source")

@@ -14,7 +14,9 @@ import (
 	"time"
 
 	"github.com/keyswap/keyswap/builders"
+	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/sources"
 	"github.com/redis/rueidis"
 )
 
@@ -109,7 +111,7 @@ func ExampleNew() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	stats, err := r.Run(ctx, rebuild.FromSlice(users))
+	stats, err := r.Run(ctx, sources.Slice(users))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -149,7 +151,7 @@ func ExampleNew_hash() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	stats, err := r.Run(ctx, rebuild.FromSlice(users))
+	stats, err := r.Run(ctx, sources.Slice(users))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -160,12 +162,12 @@ func ExampleNew_hash() {
 	// users:by-email (hash): ann@example.com=3
 }
 
-// A builder that is neither Commutative nor Keyed, such as this Func
+// A builder that is neither AnyOrder nor ByEntry, such as this Func
 // writing a hash, keeps one round trip in flight, in source order. A source
 // that yields every field once, such as rows keyed by their primary key, may
 // give up that order: a second round trip goes out while the first is in
 // flight, and Redis never waits for the client between them.
-// (builders.Hash needs no such option: it is Keyed, and overlaps round
+// (builders.Hash needs no such option: it is ByEntry, and overlaps round
 // trips that share no field.)
 func ExampleOptions_unordered() {
 	client := exampleClient()
@@ -176,7 +178,7 @@ func ExampleOptions_unordered() {
 	for i := range users {
 		users[i] = User{ID: strconv.Itoa(i), Email: fmt.Sprintf("user%d@example.com", i)}
 	}
-	emails := builders.Func("users:by-email", func(c *rebuild.Commands, us []User) error {
+	emails := builders.Func("users:by-email", func(c *index.Commands, us []User) error {
 		temp, err := c.Temp("users:by-email")
 		if err != nil {
 			return err
@@ -193,7 +195,7 @@ func ExampleOptions_unordered() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	stats, err := r.Run(ctx, rebuild.FromSlice(users))
+	stats, err := r.Run(ctx, sources.Slice(users))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -230,7 +232,7 @@ func ExampleOptions_latencyBudget() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	stats, err := r.Run(ctx, rebuild.FromSlice(users))
+	stats, err := r.Run(ctx, sources.Slice(users))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -256,7 +258,7 @@ func ExampleNew_sortedSet() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	if _, err := r.Run(ctx, rebuild.FromSlice(users)); err != nil {
+	if _, err := r.Run(ctx, sources.Slice(users)); err != nil {
 		log.Fatal(err)
 	}
 	examplePrintKeys(ctx, client, "users:*")
@@ -279,7 +281,7 @@ func ExampleNew_setIndex() {
 		log.Fatal(err)
 	}
 
-	if _, err := r.Run(ctx, rebuild.FromSlice([]User{
+	if _, err := r.Run(ctx, sources.Slice([]User{
 		{ID: "1", Country: "fr"}, {ID: "2", Country: "fr"}, {ID: "3", Country: "it"},
 	})); err != nil {
 		log.Fatal(err)
@@ -287,7 +289,7 @@ func ExampleNew_setIndex() {
 	examplePrintKeys(ctx, client, "users:*")
 
 	// User 1 moves to Germany; user 3, the only Italian, is deleted.
-	stats, err := r.Run(ctx, rebuild.FromSlice([]User{
+	stats, err := r.Run(ctx, sources.Slice([]User{
 		{ID: "1", Country: "de"}, {ID: "2", Country: "fr"},
 	}))
 	if err != nil {
@@ -301,40 +303,6 @@ func ExampleNew_setIndex() {
 	// --- map[users:by-country:de:swapped users:by-country:fr:swapped users:by-country:it:emptied]
 	// users:by-country:de (set): 1
 	// users:by-country:fr (set): 2
-}
-
-// Rebuild an index from the objects themselves, Familia's fallback when
-// there is no other source: SCAN the object hashes and read each one.
-func ExampleFromHashes() {
-	client := exampleClient()
-	defer client.Close()
-	ctx := context.Background()
-
-	for _, u := range []User{{ID: "1", Email: "ann@example.com"}, {ID: "2", Email: "bob@example.com"}, {ID: "3"}} {
-		client.Do(ctx, client.B().Hset().Key("user:"+u.ID+":object").FieldValue().
-			FieldValue("id", u.ID).FieldValue("email", u.Email).Build())
-	}
-	client.Do(ctx, client.B().Set().Key("user:4:object").Value("not a hash").Build()) // skipped: SCAN TYPE hash
-
-	src := rebuild.FromHashes(client, "user:*:object", func(key string, f map[string]string) (User, bool, error) {
-		return User{ID: f["id"], Email: f["email"]}, true, nil
-	})
-	emails := builders.Hash("users:by-email", func(u User) (string, string, bool) {
-		return u.Email, u.ID, !builders.Blank(u.Email)
-	})
-	r, err := rebuild.New(client, rebuild.Options{}, emails)
-	if err != nil {
-		log.Fatal(err)
-	}
-	stats, err := r.Run(ctx, src)
-	if err != nil {
-		log.Fatal(err)
-	}
-	fmt.Println("objects read:", stats.Items)
-	examplePrintKeys(ctx, client, "users:*")
-	// Output:
-	// objects read: 3
-	// users:by-email (hash): ann@example.com=1 bob@example.com=2
 }
 
 // Report progress after each batch. Progress is called from one goroutine
@@ -362,7 +330,7 @@ func ExampleRebuilder_Run() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	stats, err := r.Run(ctx, rebuild.FromSlice(users))
+	stats, err := r.Run(ctx, sources.Slice(users))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -374,120 +342,4 @@ func ExampleRebuilder_Run() {
 	// catching up: 5 items in 3 batches
 	// publishing: 5 items in 3 batches
 	// done: 5 items, 3 batches, map[users:by-score:swapped]
-}
-
-// visitsByCountry is a custom family builder: a HyperLogLog per country of
-// the users seen, "visits:by-country:<country>", counted with PFCOUNT.
-type visitsByCountry struct{}
-
-func (visitsByCountry) Key() string { return "visits:by-country" }
-
-// KeyType reports "string", the type TYPE gives a HyperLogLog: only such
-// keys under the prefix are orphans.
-func (visitsByCountry) KeyType() string { return "string" }
-
-// Commutative reports true: PFADDs give the same HyperLogLog in any order.
-func (visitsByCountry) Commutative() bool { return true }
-
-// Build merges each user into its country's HyperLogLog, one item at a time.
-func (visitsByCountry) Build(c *rebuild.Commands, items []User) error {
-	for _, u := range items {
-		if err := c.MergeBucket(u.Country, "PFADD", u.ID); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// A family builder of your own merges its entries bucket by bucket with
-// MergeBucket; the Rebuilder gathers each bucket's entries across batches
-// into full commands.
-func ExampleCommands_MergeBucket() {
-	client := exampleClient()
-	defer client.Close()
-	ctx := context.Background()
-
-	r, err := rebuild.New(client, rebuild.Options{}, rebuild.Builder[User](visitsByCountry{}))
-	if err != nil {
-		log.Fatal(err)
-	}
-	var users []User
-	for i := range 3000 {
-		users = append(users, User{ID: strconv.Itoa(i), Country: []string{"fr", "it", "fr"}[i%3]})
-	}
-	if _, err := r.Run(ctx, rebuild.FromSlice(users)); err != nil {
-		log.Fatal(err)
-	}
-	for _, country := range []string{"fr", "it"} {
-		n, err := client.Do(ctx, client.B().Pfcount().Key("visits:by-country:"+country).Build()).AsInt64()
-		if err != nil {
-			log.Fatal(err)
-		}
-		// A HyperLogLog's count is within about 1% of the truth.
-		fmt.Printf("%s: about %d thousand\n", country, (n+500)/1000)
-	}
-	// Output:
-	// fr: about 2 thousand
-	// it: about 1 thousand
-}
-
-// emailIndex is a hand-written unique index, email → id, that Apply can
-// maintain: its Diff removes an old email only while it still names the old
-// user, with HDelIf, as builders.Hash does.
-type emailIndex struct{ key string }
-
-func (e emailIndex) Key() string { return e.key }
-
-func (e emailIndex) Build(c *rebuild.Commands, users []User) error {
-	temp, err := c.Temp(e.key)
-	if err != nil {
-		return err
-	}
-	for _, u := range users {
-		c.Add(c.B().Hset().Key(temp).FieldValue().FieldValue(u.Email, u.ID).Build(), 1)
-	}
-	return nil
-}
-
-func (e emailIndex) Diff(w *rebuild.Writes, old, new *User) error {
-	if old != nil && (new == nil || old.Email != new.Email) {
-		if err := w.HDelIf(e.key, old.Email, old.ID); err != nil {
-			return err
-		}
-	}
-	if new != nil {
-		return w.HSet(e.key, new.Email, new.ID)
-	}
-	return nil
-}
-
-// An email passes from one user to another: user 1 changes to a new one,
-// then user 2 takes the old one, and the application applies user 2's
-// change first (the changes of two items may come in either order). User
-// 1's removal of x@example.com finds it holding user 2's id, and leaves it.
-func ExampleWrites_HDelIf() {
-	client := exampleClient()
-	defer client.Close()
-	ctx := context.Background()
-
-	r, err := rebuild.New[User](client, rebuild.Options{}, emailIndex{"users:by-email"})
-	if err != nil {
-		log.Fatal(err)
-	}
-	ann := User{ID: "1", Email: "x@example.com"}
-	bob := User{ID: "2", Email: "w@example.com"}
-	if _, err := r.Run(ctx, rebuild.FromSlice([]User{ann, bob})); err != nil {
-		log.Fatal(err)
-	}
-	annMoved, bobMoved := ann, bob
-	annMoved.Email, bobMoved.Email = "y@example.com", "x@example.com"
-	if err := r.Apply(ctx, rebuild.Update(bob, bobMoved)); err != nil {
-		log.Fatal(err)
-	}
-	if err := r.Apply(ctx, rebuild.Update(ann, annMoved)); err != nil {
-		log.Fatal(err)
-	}
-	examplePrintKeys(ctx, client, "users:*")
-	// Output:
-	// users:by-email (hash): x@example.com=2 y@example.com=1
 }

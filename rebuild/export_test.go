@@ -5,6 +5,8 @@ import (
 	"strconv"
 	"sync"
 
+	"github.com/keyswap/keyswap/index"
+	"github.com/keyswap/keyswap/internal/hook"
 	"github.com/redis/rueidis"
 )
 
@@ -27,7 +29,7 @@ func MergePath(cb rueidis.Builder, buckets []string, bucketOf []int32, batch int
 		next <- i
 	}
 	close(next)
-	batches := make(chan *Commands, 4)
+	batches := make(chan *commands, 4)
 	errs := make(chan error, 2)
 	var wg sync.WaitGroup
 	for range 2 {
@@ -42,8 +44,9 @@ func MergePath(cb rueidis.Builder, buckets []string, bucketOf []int32, batch int
 				}
 				c := newCommands(cb, ts, 1)
 				c.hint = batch
+				ic := hook.NewCommands(c).(*index.Commands) // what a builder calls, as build passes it
 				for i := from; i < to; i++ {
-					if err := c.MergeBucket(buckets[bucketOf[i]], "SADD", members[i-from]); err != nil {
+					if err := ic.MergeBucket(buckets[bucketOf[i]], "SADD", members[i-from]); err != nil {
 						errs <- fmt.Errorf("item %d: %w", i, err)
 						return
 					}

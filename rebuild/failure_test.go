@@ -20,9 +20,11 @@ import (
 	"time"
 
 	"github.com/keyswap/keyswap/builders"
+	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/sources"
 	"github.com/keyswap/keyswap/store"
 	"github.com/redis/rueidis"
 	"github.com/redis/rueidis/rueidishook"
@@ -52,8 +54,8 @@ func failNewShape(d deployment) failShape {
 }
 
 // three returns the Hash, SortedSet and SetIndex builders.
-func (s failShape) three() []rebuild.Builder[user] {
-	return []rebuild.Builder[user]{
+func (s failShape) three() []index.Builder[user] {
+	return []index.Builder[user]{
 		builders.Hash(s.email, func(u user) (string, string, bool) { return u.Email, u.ID, true }),
 		builders.SortedSet(s.score, func(u user) (string, float64, bool) { return u.ID, u.Score, true }),
 		builders.SetIndex(s.country, func(u user) (string, string, bool) { return u.Country, u.ID, true }),
@@ -62,8 +64,8 @@ func (s failShape) three() []rebuild.Builder[user] {
 
 // builders returns three() and a Func builder of the set of ids that calls
 // fault, if not nil, with each batch before building it.
-func (s failShape) builders(fault func(items []user)) []rebuild.Builder[user] {
-	return append(s.three(), builders.Func(s.ids, func(c *rebuild.Commands, items []user) error {
+func (s failShape) builders(fault func(items []user)) []index.Builder[user] {
+	return append(s.three(), builders.Func(s.ids, func(c *index.Commands, items []user) error {
 		if fault != nil {
 			fault(items)
 		}
@@ -105,9 +107,9 @@ func failSecondUsers(n int) []user {
 
 // failPopulate runs bs once successfully over users(failN) and returns the
 // snapshot of every key under d.Prefix.
-func failPopulate(t *testing.T, d deployment, s failShape, bs []rebuild.Builder[user]) map[string]redistest.KeyState {
+func failPopulate(t *testing.T, d deployment, s failShape, bs []index.Builder[user]) map[string]redistest.KeyState {
 	t.Helper()
-	if _, err := redistest.Rebuilder(t, d.Client, rebuild.Options{}, bs...).Run(redistest.Ctx(t), rebuild.FromSlice(users(failN))); err != nil {
+	if _, err := redistest.Rebuilder(t, d.Client, rebuild.Options{}, bs...).Run(redistest.Ctx(t), sources.Slice(users(failN))); err != nil {
 		t.Fatalf("first run: %v", err)
 	}
 	if got := len(redistest.HGetAll(t, d.Other, s.email)); got != failN {
@@ -158,8 +160,8 @@ func failWantError(t *testing.T, err error, op string, target error) *rebuild.Er
 }
 
 // failSource yields items[:at], then err.
-func failSource(items []user, at int, err error) rebuild.Source[user] {
-	return rebuild.FromSeq2(func(yield func(user, error) bool) {
+func failSource(items []user, at int, err error) sources.Source[user] {
+	return sources.Seq2(func(yield func(user, error) bool) {
 		for _, u := range items[:at] {
 			if !yield(u, nil) {
 				return
@@ -197,7 +199,7 @@ func failTemps(ctx context.Context, c rueidis.Client, prefix, base string) ([]st
 // failRun runs r and returns its error, or the value it panicked with.
 // check runs inside the recover handler, before the panic is swallowed:
 // whatever it sees is what the caller sees when the panic reaches it.
-func failRun(r *rebuild.Rebuilder[user], ctx context.Context, src rebuild.Source[user], check func()) (panicked any, err error) {
+func failRun(r *rebuild.Rebuilder[user], ctx context.Context, src sources.Source[user], check func()) (panicked any, err error) {
 	defer func() {
 		if panicked = recover(); panicked != nil {
 			check()
@@ -250,7 +252,7 @@ func TestFailPanic(t *testing.T) {
 				}
 			})...)
 			checked := false
-			p, err := failRun(r, redistest.Ctx(t), rebuild.FromSlice(failSecondUsers(failN)), func() {
+			p, err := failRun(r, redistest.Ctx(t), sources.Slice(failSecondUsers(failN)), func() {
 				// The panic has reached us: the cleanup must be over.
 				checked = true
 				failWantNothingChanged(t, d, before)
@@ -291,7 +293,7 @@ func TestFailPanic(t *testing.T) {
 			}
 			r := redistest.Rebuilder(t, d.Client, rebuild.Options{BatchSize: failBatch, Writers: 4}, s.builders(nil)...)
 			checked := false
-			p, err := failRun(r, redistest.Ctx(t), rebuild.FromSeq2(src), func() {
+			p, err := failRun(r, redistest.Ctx(t), sources.Seq2(src), func() {
 				checked = true
 				failWantNothingChanged(t, d, before)
 			})
@@ -341,7 +343,7 @@ func TestFailCancel(t *testing.T) {
 						once.Do(cancel)
 					}
 				}}, s.builders(nil)...)
-				_, err := r.Run(ctx, rebuild.FromSlice(failSecondUsers(failN)))
+				_, err := r.Run(ctx, sources.Slice(failSecondUsers(failN)))
 				failWantError(t, err, "", tc.want)
 				failWantNothingChanged(t, d, before)
 			})
@@ -404,7 +406,7 @@ func TestFailLockStolen(t *testing.T) {
 						}
 					}
 				}
-				_, err := redistest.Rebuilder(t, client, opts, s.builders(nil)...).Run(redistest.Ctx(t), rebuild.FromSlice(failSecondUsers(failN)))
+				_, err := redistest.Rebuilder(t, client, opts, s.builders(nil)...).Run(redistest.Ctx(t), sources.Slice(failSecondUsers(failN)))
 				if !stolen {
 					t.Fatal("the lock was never stolen")
 				}
@@ -437,7 +439,7 @@ func TestFailStall(t *testing.T) {
 		before := failPopulate(t, d, s, s.builders(nil))
 		us := failSecondUsers(failN)
 		r := redistest.Rebuilder(t, d.Client, rebuild.Options{BatchSize: failBatch, StallTimeout: time.Second}, s.builders(nil)...)
-		_, err := r.Run(redistest.Ctx(t), rebuild.FromSeq2(func(yield func(user, error) bool) {
+		_, err := r.Run(redistest.Ctx(t), sources.Seq2(func(yield func(user, error) bool) {
 			for _, u := range us[:failN/2] {
 				if !yield(u, nil) {
 					return
@@ -484,7 +486,7 @@ func TestFailLeaseLapses(t *testing.T) {
 		})
 		us := failSecondUsers(failN)
 		r := redistest.Rebuilder(t, hooked, rebuild.Options{BatchSize: failBatch, TTL: 2 * time.Second}, s.builders(nil)...)
-		_, err := r.Run(redistest.Ctx(t), rebuild.FromSeq2(func(yield func(user, error) bool) {
+		_, err := r.Run(redistest.Ctx(t), sources.Seq2(func(yield func(user, error) bool) {
 			for i := 0; ; i++ { // a live source, until the run ends
 				u := us[i%failN]
 				u.ID += "." + strconv.Itoa(i/failN) // a member of a SetIndex belongs to one item
@@ -520,7 +522,7 @@ func TestSlowSourceKeepsLease(t *testing.T) {
 			},
 		}, builders.Set(key, func(u user) (string, bool) { return u.ID, true }))
 		us := users(12)
-		_, err := r.Run(redistest.Ctx(t), rebuild.FromSeq2(func(yield func(user, error) bool) {
+		_, err := r.Run(redistest.Ctx(t), sources.Seq2(func(yield func(user, error) bool) {
 			defer sourceDone.Store(true)
 			for i, u := range us {
 				if i > 0 {
@@ -557,7 +559,7 @@ func TestFailWrite(t *testing.T) {
 		marker := us[failN/2].Email
 		var replaced atomic.Int64
 		r := redistest.Rebuilder(t, failRejectHSET(d.Client, marker, &replaced), rebuild.Options{BatchSize: failBatch, Writers: 4}, s.builders(nil)...)
-		_, err := r.Run(redistest.Ctx(t), rebuild.FromSlice(us))
+		_, err := r.Run(redistest.Ctx(t), sources.Slice(us))
 		if n := replaced.Load(); n != 1 {
 			t.Fatalf("HSETs replaced: got %d, want 1", n)
 		}
@@ -622,7 +624,7 @@ func TestFailTempKeyDeleted(t *testing.T) {
 					temps, err := failTemps(ctx, d.Other, d.Prefix, tc.base)
 					if err == nil && len(temps) == 0 && p.Batches < failN/failBatch-1 {
 						// A bucket's members are merged across batches and
-						// sent when a command is full (MaxMergeArgs): its temp
+						// sent when a command is full (index.MaxArgs): its temp
 						// key may not exist yet. Later batches still write it.
 						return
 					}
@@ -637,7 +639,7 @@ func TestFailTempKeyDeleted(t *testing.T) {
 					}
 					deleted = temps[0]
 				}}, s.builders(nil)...)
-				_, err := r.Run(redistest.Ctx(t), rebuild.FromSlice(failSecondUsers(failN)))
+				_, err := r.Run(redistest.Ctx(t), sources.Slice(failSecondUsers(failN)))
 				if deleted == "" {
 					t.Fatal("no temp key was deleted")
 				}
@@ -673,7 +675,7 @@ func TestFailPublishScript(t *testing.T) {
 		})
 		const preserve = 60 * time.Second
 		r := redistest.Rebuilder(t, hooked, rebuild.Options{BatchSize: failBatch, Writers: 4, PreserveFor: preserve}, s.builders(nil)...)
-		_, err := r.Run(redistest.Ctx(t), rebuild.FromSlice(failSecondUsers(failN)))
+		_, err := r.Run(redistest.Ctx(t), sources.Slice(failSecondUsers(failN)))
 		if n := failed.Load(); n != 1 {
 			t.Fatalf("publish scripts failed: got %d, want 1", n)
 		}
@@ -786,7 +788,7 @@ func TestFailScriptFlushMidRun(t *testing.T) {
 		builders.Hash(key, func(u user) (string, string, bool) { return u.Email, u.ID, true }),
 		builders.SetIndex(idx, func(u user) (string, string, bool) { return u.Country, u.ID, true }),
 	)
-	stats, err := r.Run(ctx, rebuild.FromSeq2(src))
+	stats, err := r.Run(ctx, sources.Seq2(src))
 	if !sawNoScript.Load() {
 		t.Fatalf("no lease renewal inside a DoMulti hit NOSCRIPT after SCRIPT FLUSH (flushed: %v, %d items)", flushed.Load(), yielded)
 	}
@@ -847,7 +849,7 @@ func TestFailInProgress(t *testing.T) {
 					}
 				}
 				r := redistest.Rebuilder(t, d.Client, rebuild.Options{Progress: func(rebuild.Progress) { read = true }}, s.three()...)
-				_, err := r.Run(redistest.Ctx(t), rebuild.FromSeq2(src))
+				_, err := r.Run(redistest.Ctx(t), sources.Seq2(src))
 				e := failWantError(t, err, "", rebuild.ErrInProgress)
 				if errors.Is(err, rebuild.ErrLockLost) {
 					t.Errorf("Run: got %v, want ErrInProgress, not ErrLockLost", err)
@@ -893,7 +895,7 @@ func TestFailConcurrentRuns(t *testing.T) {
 		started, secondDone := make(chan struct{}), make(chan struct{})
 		first := make(chan error, 1)
 		go func() {
-			_, err := r.Run(ctx, rebuild.FromSeq2(func(yield func(user, error) bool) {
+			_, err := r.Run(ctx, sources.Seq2(func(yield func(user, error) bool) {
 				close(started)
 				select {
 				case <-secondDone:
@@ -915,7 +917,7 @@ func TestFailConcurrentRuns(t *testing.T) {
 			t.Fatalf("first Run returned %v before reading its source", err)
 		}
 		secondRead := false
-		_, err2 := r.Run(ctx, rebuild.FromSeq2(func(yield func(user, error) bool) { secondRead = true }))
+		_, err2 := r.Run(ctx, sources.Seq2(func(yield func(user, error) bool) { secondRead = true }))
 		close(secondDone)
 		err1 := <-first
 
@@ -977,7 +979,7 @@ func TestFailSourceErrorCancelsFamilyScan(t *testing.T) {
 		}
 		done := make(chan error, 1)
 		go func() {
-			_, err := redistest.Rebuilder(t, hooked, rebuild.Options{}, s.three()...).Run(ctx, rebuild.FromSeq2(src))
+			_, err := redistest.Rebuilder(t, hooked, rebuild.Options{}, s.three()...).Run(ctx, sources.Seq2(src))
 			done <- err
 		}()
 		var err error
@@ -1005,7 +1007,7 @@ func TestFailCancelDuringAcquire(t *testing.T) {
 	client, admin := srv.Client(t), srv.Client(t)
 	p := redistest.Prefix(t)
 	key := p + "by-email"
-	bs := []rebuild.Builder[user]{builders.Hash(key, func(u user) (string, string, bool) { return u.Email, u.ID, true })}
+	bs := []index.Builder[user]{builders.Hash(key, func(u user) (string, string, bool) { return u.Email, u.ID, true })}
 	r := redistest.Rebuilder(t, client, rebuild.Options{}, bs...)
 
 	// Cached, so that the paused EVALSHA runs once the pause ends instead of
@@ -1019,7 +1021,7 @@ func TestFailCancelDuringAcquire(t *testing.T) {
 	ctx, cancel := context.WithCancel(redistest.Ctx(t))
 	stop := time.AfterFunc(100*time.Millisecond, cancel) // the caller gives up
 	defer stop.Stop()
-	_, err := r.Run(ctx, rebuild.FromSlice(users(10)))
+	_, err := r.Run(ctx, sources.Slice(users(10)))
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("Run: got %v, want context.Canceled", err)
 	}
@@ -1035,7 +1037,7 @@ func TestFailCancelDuringAcquire(t *testing.T) {
 	if redistest.Exists(t, admin, lock) {
 		t.Fatalf("%s held after the run failed (PTTL %v), want it released", lock, redistest.PTTL(t, admin, lock))
 	}
-	if _, err := r.Run(redistest.Ctx(t), rebuild.FromSlice(users(10))); err != nil {
+	if _, err := r.Run(redistest.Ctx(t), sources.Slice(users(10))); err != nil {
 		t.Fatalf("next Run: got %v, want success", err)
 	}
 	if got := len(redistest.HGetAll(t, admin, key)); got != 10 {
@@ -1070,13 +1072,13 @@ func TestFailAcquireReplyLost(t *testing.T) {
 				return c.Do(hctx, cmd)
 			},
 		})
-		_, err := redistest.Rebuilder(t, hooked, rebuild.Options{}, s.builders(nil)...).Run(ctx, rebuild.FromSlice(failSecondUsers(failN)))
+		_, err := redistest.Rebuilder(t, hooked, rebuild.Options{}, s.builders(nil)...).Run(ctx, sources.Slice(failSecondUsers(failN)))
 		if !ran.Load() {
 			t.Fatal("the acquire script never ran through the hook")
 		}
 		failWantError(t, err, "acquire", context.Canceled)
 		failWantNothingChanged(t, d, before) // no lock, no record left
-		if _, err := redistest.Rebuilder(t, d.Client, rebuild.Options{}, s.builders(nil)...).Run(redistest.Ctx(t), rebuild.FromSlice(failSecondUsers(failN))); err != nil {
+		if _, err := redistest.Rebuilder(t, d.Client, rebuild.Options{}, s.builders(nil)...).Run(redistest.Ctx(t), sources.Slice(failSecondUsers(failN))); err != nil {
 			t.Fatalf("next Run: got %v, want success", err)
 		}
 	})
@@ -1120,7 +1122,7 @@ func TestFailGoexit(t *testing.T) {
 				}
 				r := redistest.Rebuilder(t, d.Client, rebuild.Options{BatchSize: failBatch, Writers: 4}, s.builders(fault)...)
 				us := failSecondUsers(failN)
-				src := rebuild.FromSeq2(func(yield func(user, error) bool) {
+				src := sources.Seq2(func(yield func(user, error) bool) {
 					for i, u := range us {
 						if where == "source" && i == failN/2 {
 							runtime.Goexit()

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/scan"
 	"golang.org/x/sync/errgroup"
@@ -16,7 +17,7 @@ func (x *execution[T]) scanFamilies(ctx context.Context, g *errgroup.Group) []ma
 	live := make([]map[string]bool, len(x.r.builders))
 	x.stalePrevs = make([]map[string]bool, len(x.r.builders))
 	for i, b := range x.r.builders {
-		f, ok := b.(Family)
+		f, ok := b.(index.Family)
 		if !ok {
 			continue
 		}

@@ -10,6 +10,7 @@ import (
 	"github.com/keyswap/keyswap/builders"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/sources"
 	"github.com/redis/rueidis"
 )
 
@@ -52,7 +53,7 @@ func TestFIPSChild(t *testing.T) {
 		t.Fatal(err)
 	}
 	for range 2 { // the second run publishes over the first
-		if _, err := r.Run(t.Context(), rebuild.FromSlice(us)); err != nil {
+		if _, err := r.Run(t.Context(), sources.Slice(us)); err != nil {
 			t.Fatalf("Run: %v", err)
 		}
 	}

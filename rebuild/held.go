@@ -8,7 +8,9 @@ import (
 	"slices"
 	"time"
 
+	"github.com/keyswap/keyswap/guards"
 	"github.com/keyswap/keyswap/internal/diff"
+	"github.com/keyswap/keyswap/sources"
 )
 
 // Held is a run that built everything and stopped short of its publish
@@ -23,7 +25,7 @@ import (
 // decision wins, and every call returns the run's outcome.
 type Held[T any] struct {
 	x      *execution[T]
-	review Review
+	review guards.Review
 	live   []map[string]bool // the families' live buckets
 
 	ready  chan struct{} // closed when the run is held
@@ -46,7 +48,7 @@ type panicked struct{ value any }
 // panic in src or a builder reaches the caller of Build (or of the Held
 // method waiting then), after the cleanup, as with Run. ctx bounds the
 // whole run, held time included: cancelling it discards a held run.
-func (r *Rebuilder[T]) Build(ctx context.Context, src Source[T]) (*Held[T], Stats, error) {
+func (r *Rebuilder[T]) Build(ctx context.Context, src sources.Source[T]) (*Held[T], Stats, error) {
 	h := &Held[T]{ready: make(chan struct{}), decide: make(chan bool, 1), done: make(chan struct{})}
 	go h.run(ctx, r, src)
 	select {
@@ -59,7 +61,7 @@ func (r *Rebuilder[T]) Build(ctx context.Context, src Source[T]) (*Held[T], Stat
 }
 
 // run runs the execution, and records how it ended.
-func (h *Held[T]) run(ctx context.Context, r *Rebuilder[T], src Source[T]) {
+func (h *Held[T]) run(ctx context.Context, r *Rebuilder[T], src sources.Source[T]) {
 	ended := false
 	defer func() {
 		if v := recover(); v != nil {
@@ -83,7 +85,7 @@ func (h *Held[T]) repanic() {
 // hold is called by the run once built: it publishes the review, and
 // waits for a decision, or for the run to end another way, for at most
 // Options.MaxHold.
-func (h *Held[T]) hold(ctx context.Context, x *execution[T], review Review, live []map[string]bool) (publish bool, err error) {
+func (h *Held[T]) hold(ctx context.Context, x *execution[T], review guards.Review, live []map[string]bool) (publish bool, err error) {
 	h.x, h.review, h.live = x, review, live
 	close(h.ready)
 	maxHold := time.NewTimer(x.r.opts.MaxHold)
@@ -109,7 +111,7 @@ func (h *Held[T]) decideBy(publish bool) {
 
 // Review returns what the run built next to what is live, as the guards
 // saw it.
-func (h *Held[T]) Review() Review { return h.review }
+func (h *Held[T]) Review() guards.Review { return h.review }
 
 // Publish publishes the held run, after catching up with the changes
 // applied while it was held, and returns the run's Stats and error, as Run
@@ -153,88 +155,21 @@ func (h *Held[T]) wait(ctx context.Context) (Stats, error) {
 	}
 }
 
-// DiffOptions bounds [Held.Diff].
-type DiffOptions struct {
-	// Limit is the most entries read from each key of a comparison. The
-	// counts are exact when one of the two keys has at most Limit entries
-	// (it is read whole); when both have more, they are estimated from
-	// random samples. Zero means 100,000.
-	Limit int
-	// Samples is the number of differing entries shown per key. Zero means
-	// 10.
-	Samples int
-	// MaxKeys is the most keys of a family compared one by one; the rest
-	// are only counted. Zero means 100.
-	MaxKeys int
-}
-
-// Diff is a held run's result next to the live keys.
-type Diff struct {
-	Builders []BuilderDiff
-}
-
-// BuilderDiff is one builder's part of a [Diff].
-type BuilderDiff struct {
-	// Key is the builder's key; Family reports a family.
-	Key    string
-	Family bool
-	// Keys are the keys compared: the builder's key, or up to
-	// DiffOptions.MaxKeys buckets of a family, those that differ first.
-	Keys []KeyDiff
-	// Compared is the number of a family's buckets compared, out of
-	// Buckets (new or live).
-	Compared, Buckets int
-	// BucketsAdded and BucketsRemoved count the buckets only the new
-	// family has, and those only the live one has.
-	BucketsAdded, BucketsRemoved int
-	// Added, Removed and Changed sum Keys' counts.
-	Added, Removed, Changed int64
-	// Exact is false when a count is an estimate: a new key and a live key
-	// both past DiffOptions.Limit, or a family with buckets not compared.
-	Exact bool
-}
-
-// KeyDiff compares one new key with its live key.
-type KeyDiff struct {
-	// Live is the live key, Temp the new one.
-	Live, Temp string
-	// Type and LiveType are their types ("none" when absent).
-	Type, LiveType string
-	// NewSize and LiveSize are their entries.
-	NewSize, LiveSize int64
-	// Added, Removed and Changed count entries only in the new key, only
-	// in the live one, and in both with another value or score.
-	Added, Removed, Changed int64
-	// Exact is false for estimates, and for types not compared entry by
-	// entry (strings, lists, streams).
-	Exact bool
-	// Samples are some of the differing entries.
-	Samples []DiffEntry
-}
-
-// DiffEntry is one entry that differs.
-type DiffEntry struct {
-	// Kind is "added", "removed" or "changed".
-	Kind string
-	// Entry is the field or member; Old and New its values or scores.
-	Entry, Old, New string
-}
-
 // Diff compares the held run's keys with the live keys, without blocking
-// Redis: each comparison reads at most DiffOptions.Limit entries of each
+// Redis: each comparison reads at most guards.DiffOptions.Limit entries of each
 // key with SCAN cursors and batched lookups, exact when one of the two keys
 // is within the limit, and estimates from random samples when both are past
 // it ('keyswap diff' shows the estimates' 95% confidence intervals). Once
 // the run has ended (published, discarded, or failed), its temp keys are
 // gone: Diff returns an error saying so, also when the run ends while Diff
 // reads.
-func (h *Held[T]) Diff(ctx context.Context, o DiffOptions) (Diff, error) {
+func (h *Held[T]) Diff(ctx context.Context, o guards.DiffOptions) (guards.Diff, error) {
 	if err := h.ended(); err != nil {
-		return Diff{}, err
+		return guards.Diff{}, err
 	}
 	d, err := h.diff(ctx, o)
 	if eerr := h.ended(); eerr != nil {
-		return Diff{}, eerr
+		return guards.Diff{}, eerr
 	}
 	return d, err
 }
@@ -254,7 +189,7 @@ func (h *Held[T]) ended() error {
 }
 
 // diff is Diff, while the run is held.
-func (h *Held[T]) diff(ctx context.Context, o DiffOptions) (Diff, error) {
+func (h *Held[T]) diff(ctx context.Context, o guards.DiffOptions) (guards.Diff, error) {
 	x := h.x
 	r := x.r
 	opts := diff.Options{Limit: o.Limit, Samples: o.Samples}
@@ -269,9 +204,9 @@ func (h *Held[T]) diff(ctx context.Context, o DiffOptions) (Diff, error) {
 	for _, t := range x.targets.all() {
 		temps[t.builder][t.Live] = t.Key
 	}
-	var out Diff
+	var out guards.Diff
 	for i, b := range r.builders {
-		bd := BuilderDiff{Key: b.Key(), Family: r.owners[i].family, Exact: true}
+		bd := guards.BuilderDiff{Key: b.Key(), Family: r.owners[i].family, Exact: true}
 		lives := []string{b.Key()}
 		if bd.Family {
 			all := maps.Clone(h.live[i])
@@ -300,12 +235,12 @@ func (h *Held[T]) diff(ctx context.Context, o DiffOptions) (Diff, error) {
 			}
 			k, err := diff.Compare(ctx, r.redis.Client(), l, temp, opts)
 			if err != nil {
-				return Diff{}, &Error{Op: "diff", Key: l, Err: fmt.Errorf("comparing with %s: %w", temp, err)}
+				return guards.Diff{}, &Error{Op: "diff", Key: l, Err: fmt.Errorf("comparing with %s: %w", temp, err)}
 			}
-			kd := KeyDiff{Live: k.Live, Temp: k.Temp, Type: k.Type, LiveType: k.LiveType, NewSize: k.NewSize, LiveSize: k.LiveSize,
+			kd := guards.KeyDiff{Live: k.Live, Temp: k.Temp, Type: k.Type, LiveType: k.LiveType, NewSize: k.NewSize, LiveSize: k.LiveSize,
 				Added: k.Added, Removed: k.Removed, Changed: k.Changed, Exact: k.Exact}
 			for _, s := range k.Samples {
-				kd.Samples = append(kd.Samples, DiffEntry(s))
+				kd.Samples = append(kd.Samples, guards.DiffEntry(s))
 			}
 			bd.Added, bd.Removed, bd.Changed = bd.Added+k.Added, bd.Removed+k.Removed, bd.Changed+k.Changed
 			bd.Exact = bd.Exact && k.Exact

@@ -13,6 +13,7 @@ import (
 	"github.com/keyswap/keyswap/builders"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/sources"
 	"github.com/redis/rueidis"
 	"github.com/redis/rueidis/rueidishook"
 )
@@ -92,10 +93,10 @@ func memMeasure(t *testing.T, f func()) memPeak {
 // memEvery is the period of memMeasure's measurements.
 const memEvery = 2 * time.Millisecond
 
-// memSource generates n items without holding them: a FromSeq generator,
+// memSource generates n items without holding them: a sources.Seq generator,
 // not a slice, so that the source itself costs no memory per item.
-func memSource(n int) rebuild.Source[int] {
-	return rebuild.FromSeq(func(yield func(int) bool) {
+func memSource(n int) sources.Source[int] {
+	return sources.Seq(func(yield func(int) bool) {
 		for i := range n {
 			if !yield(i) {
 				return
@@ -231,7 +232,7 @@ func TestMemoryItemsInFlightBounded(t *testing.T) {
 		}
 		k := pipeNames(d)
 		_, err := pipeRebuilder(t, client, k, rebuild.Options{BatchSize: batch, Writers: writers,
-			Progress: func(p rebuild.Progress) { written.Store(p.Items) }}).Run(ctx, rebuild.FromSeq2(src))
+			Progress: func(p rebuild.Progress) { written.Store(p.Items) }}).Run(ctx, sources.Seq2(src))
 		if err != nil {
 			t.Fatal(err)
 		}

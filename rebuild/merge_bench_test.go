@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/rebuild"
 )
 
@@ -34,8 +35,8 @@ func BenchmarkMergeBucketPath(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				if entries != items || cmds < items/rebuild.MaxMergeArgs {
-					b.Fatalf("%d commands of %d entries in all, want %d entries in at least %d commands", cmds, entries, items, items/rebuild.MaxMergeArgs)
+				if entries != items || cmds < items/index.MaxArgs {
+					b.Fatalf("%d commands of %d entries in all, want %d entries in at least %d commands", cmds, entries, items, items/index.MaxArgs)
 				}
 			}
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*items), "ns/item")

@@ -7,8 +7,10 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/sources"
 )
 
 // bucketFamily is a builder that merges each user into the bucket of its
@@ -16,10 +18,10 @@ import (
 // familyOf makes it one.
 type bucketFamily struct{ prefix string }
 
-func (b bucketFamily) Key() string       { return b.prefix }
-func (b bucketFamily) Commutative() bool { return true }
+func (b bucketFamily) Key() string        { return b.prefix }
+func (b bucketFamily) Order() index.Order { return index.AnyOrder }
 
-func (b bucketFamily) Build(c *rebuild.Commands, items []user) error {
+func (b bucketFamily) Build(c *index.Commands, items []user) error {
 	for _, u := range items {
 		if err := c.MergeBucket(u.Country, "SADD", u.ID); err != nil {
 			return err
@@ -28,7 +30,7 @@ func (b bucketFamily) Build(c *rebuild.Commands, items []user) error {
 	return nil
 }
 
-// familyOf makes b a rebuild.Family.
+// familyOf makes b a index.Family.
 type familyOf struct{ bucketFamily }
 
 func (familyOf) KeyType() string { return "set" }
@@ -54,8 +56,8 @@ func TestMergeBucket(t *testing.T) {
 		// outgrow the room made for one per item.
 		second := d.Prefix + "again"
 		r := redistest.Rebuilder(t, d.Client, rebuild.Options{BatchSize: 7, Writers: 2},
-			rebuild.Builder[user](familyOf{bucketFamily{prefix: prefix}}), familyOf{bucketFamily{prefix: second}})
-		stats, err := r.Run(redistest.Ctx(t), rebuild.FromSlice(src))
+			index.Builder[user](familyOf{bucketFamily{prefix: prefix}}), familyOf{bucketFamily{prefix: second}})
+		stats, err := r.Run(redistest.Ctx(t), sources.Slice(src))
 		if err != nil {
 			t.Fatalf("Run: %v", err)
 		}
@@ -88,8 +90,8 @@ func TestMergeBucketOutsideAFamily(t *testing.T) {
 		key := d.Prefix + "plain"
 		redistest.SeedHash(t, d.Other, key, map[string]string{"a": "1"})
 		before := redistest.Snapshot(t, d.Other, d.Prefix)
-		r := redistest.Rebuilder(t, d.Client, rebuild.Options{}, rebuild.Builder[user](bucketFamily{prefix: key}))
-		_, err := r.Run(redistest.Ctx(t), rebuild.FromSlice(users(10)))
+		r := redistest.Rebuilder(t, d.Client, rebuild.Options{}, index.Builder[user](bucketFamily{prefix: key}))
+		_, err := r.Run(redistest.Ctx(t), sources.Slice(users(10)))
 		var rerr *rebuild.Error
 		if !errors.As(err, &rerr) || rerr.Op != "build" || rerr.Key != key || !strings.Contains(err.Error(), "called MergeBucket but is not a Family") {
 			t.Fatalf("Run: got %v, want a build error of %q saying it is not a Family", err, key)

@@ -9,9 +9,11 @@ import (
 	"time"
 
 	"github.com/keyswap/keyswap/builders"
+	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/sources"
 )
 
 // recorder is an Observer that records what it is told.
@@ -59,7 +61,7 @@ func TestObserverSeesTheRun(t *testing.T) {
 		rec := &recorder{}
 		r := redistest.Rebuilder(t, d.Client, rebuild.Options{BatchSize: 100, Observer: rec},
 			builders.Hash(key, func(u user) (string, string, bool) { return u.Email, u.ID, true }))
-		stats, err := r.Run(redistest.Ctx(t), rebuild.FromSlice(users(250)))
+		stats, err := r.Run(redistest.Ctx(t), sources.Slice(users(250)))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -77,14 +79,14 @@ func TestObserverSeesTheRun(t *testing.T) {
 		// A run that panics ends failed, and the panic goes on.
 		rec = &recorder{}
 		r = redistest.Rebuilder(t, d.Client, rebuild.Options{Observer: rec},
-			builders.Func(key, func(*rebuild.Commands, []user) error { panic("boom") }))
+			builders.Func(key, func(*index.Commands, []user) error { panic("boom") }))
 		func() {
 			defer func() {
 				if recover() == nil {
 					t.Error("the builder's panic did not reach the caller")
 				}
 			}()
-			_, _ = r.Run(redistest.Ctx(t), rebuild.FromSlice(users(3)))
+			_, _ = r.Run(redistest.Ctx(t), sources.Slice(users(3)))
 		}()
 		if rec.ended != 1 || rec.endErr == nil {
 			t.Errorf("End after a panic: %d calls, err %v; want one, with an error", rec.ended, rec.endErr)
@@ -95,7 +97,7 @@ func TestObserverSeesTheRun(t *testing.T) {
 			builders.Hash(key, func(u user) (string, string, bool) { return u.Email, u.ID, true }))
 		lock := keys.LockKey(key, d.Cluster)
 		redistest.Do(t, d.Other, d.Other.B().Set().Key(lock).Value("someone-else").Ex(time.Minute).Build())
-		if _, err := r.Run(redistest.Ctx(t), rebuild.FromSlice(users(3))); !errors.Is(err, rebuild.ErrInProgress) || !errors.Is(rec.endErr, rebuild.ErrInProgress) {
+		if _, err := r.Run(redistest.Ctx(t), sources.Slice(users(3))); !errors.Is(err, rebuild.ErrInProgress) || !errors.Is(rec.endErr, rebuild.ErrInProgress) {
 			t.Errorf("Run %v, End %v; want ErrInProgress for both", err, rec.endErr)
 		}
 		redistest.Do(t, d.Other, d.Other.B().Del().Key(lock).Build())

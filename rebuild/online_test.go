@@ -15,11 +15,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/rueidis"
+	"golang.org/x/time/rate"
+
+	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/rebuild"
-	"github.com/redis/rueidis"
-	"golang.org/x/time/rate"
+	"github.com/keyswap/keyswap/sources"
 )
 
 // The online tests rebuild three indexes of a source of truth while a
@@ -48,7 +51,7 @@ func onlineRebuilder(tb testing.TB, c rueidis.Client, k onlineKeys, opts rebuild
 // onlineSource reads the source of truth when the run starts it, then
 // yields it in id order, storing each id in last as it goes. fail, if
 // positive, makes it fail after that many items.
-func onlineSource(c rueidis.Client, db string, last *atomic.Value, fail int) rebuild.Source[user] {
+func onlineSource(c rueidis.Client, db string, last *atomic.Value, fail int) sources.Source[user] {
 	return redistest.TruthSource(c, db, nil, func(i int, id string) error {
 		if fail > 0 && i == fail {
 			return errors.New("the source failed halfway")
@@ -90,7 +93,7 @@ func newOnlineWriter(ctx context.Context, c rueidis.Client, r *rebuild.Rebuilder
 }
 
 // count counts change as yielded or ahead of the source.
-func (w *onlineWriter) count(change rebuild.Change[user]) {
+func (w *onlineWriter) count(change index.Change[user]) {
 	if w.last == nil {
 		return
 	}

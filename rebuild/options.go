@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/keyswap/keyswap/guards"
 	"github.com/keyswap/keyswap/internal/run"
 )
 
@@ -77,11 +78,11 @@ type Options struct {
 	// "Pipeline", for when round trips overlap without it).
 	//
 	// Most Rebuilders need not set it: those whose builders are all
-	// [Commutative] (sets) or [Keyed] (builders.Hash, builders.SortedSet)
+	// [index.AnyOrder] (sets) or [index.ByEntry] (builders.Hash, builders.SortedSet)
 	// overlap their round trips anyway whenever the two write no field or
 	// member in common. Unordered makes a difference only with other
 	// builders (builders.Func, builders.Compat, your own), or to save the
-	// Keyed builders' bookkeeping.
+	// ByEntry builders' bookkeeping.
 	//
 	// The price: batches of two round trips may run in either order, so
 	// when the source yields a hash field or sorted-set member more than
@@ -156,7 +157,7 @@ type Options struct {
 	// Durability is how durable the run's writes must be before they are
 	// published. The zero value waits for nothing.
 	Durability Durability
-	// MaxMerged is the most entries of Commutative builders (a SetIndex's
+	// MaxMerged is the most entries of AnyOrder builders (a SetIndex's
 	// members, a Set's) the run holds back to merge them across batches
 	// into fuller commands (see Commands.Merge): a batch spreads over every
 	// bucket of a family, and without merging each bucket would get a
@@ -198,9 +199,9 @@ type Options struct {
 	// DefaultMaxHold; negative is an error.
 	MaxHold time.Duration
 	// Guards decide, before the publish, whether the result may replace
-	// the live keys (see Guard, RefuseEmpty, RefuseShrink): the first that
-	// refuses fails the run with ErrRefused, and nothing is published.
-	Guards []Guard
+	// the live keys (see package guards): the first that refuses fails the
+	// run with guards.ErrRefused, and nothing is published.
+	Guards []guards.Guard
 	// KeepPrevious, when positive, keeps the previous value of every key a
 	// publish replaces or deletes for that long, instead of freeing it, so
 	// that Rebuilder.Rollback (or "keyswap rollback") can swap it back.
@@ -266,7 +267,7 @@ type Stats struct {
 	Generations map[string]int64
 	// Skipped is the number of entries skipped per family builder because
 	// their key has the shape of a key keyswap keeps next to an index
-	// (ErrReservedKey), such as a bucket named "rebuild-lock".
+	// (index.ErrReservedKey), such as a bucket named "rebuild-lock".
 	Skipped map[string]int64
 	// Changes is the number of changes applied during the run that the
 	// run replayed, while it caught up and in the publish, counted per

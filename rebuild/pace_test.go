@@ -19,6 +19,7 @@ import (
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/sources"
 	"github.com/redis/rueidis"
 )
 
@@ -402,7 +403,7 @@ func TestMaxRateDeadline(t *testing.T) {
 			builders.Hash(key, func(u user) (string, string, bool) { return u.Email, u.ID, true }))
 		ctx, cancel := context.WithTimeout(redistest.Ctx(t), time.Second)
 		defer cancel()
-		_, err := r.Run(ctx, rebuild.FromSlice(users(1000))) // 20 s at 50 items/s
+		_, err := r.Run(ctx, sources.Slice(users(1000))) // 20 s at 50 items/s
 		if !errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("Run: got %v, want context.DeadlineExceeded", err)
 		}

@@ -13,8 +13,10 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/keyswap/keyswap/builders"
+	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/sources"
 	"github.com/keyswap/keyswap/store"
 	"github.com/redis/rueidis"
 	"github.com/redis/rueidis/rueidishook"
@@ -22,9 +24,9 @@ import (
 
 // Compile-time checks: the builders the pipeline tests use are Builders.
 var (
-	_ rebuild.Builder[user] = builders.Hash[user]("k", nil)
-	_ rebuild.Builder[user] = builders.SortedSet[user]("k", nil)
-	_ rebuild.Builder[user] = builders.SetIndex[user]("k", nil)
+	_ index.Builder[user] = builders.Hash[user]("k", nil)
+	_ index.Builder[user] = builders.SortedSet[user]("k", nil)
+	_ index.Builder[user] = builders.SetIndex[user]("k", nil)
 )
 
 // pipeKeys names the three targets of one source pass.
@@ -167,7 +169,7 @@ func TestRunPublishesEveryTargetInOneScript(t *testing.T) {
 			mu.Lock()
 			evalshas, evals, noscript = nil, nil, 0
 			mu.Unlock()
-			if _, err := r.Run(ctx, rebuild.FromSlice(tc.us)); err != nil {
+			if _, err := r.Run(ctx, sources.Slice(tc.us)); err != nil {
 				t.Fatalf("run %d: %v", run, err)
 			}
 			mu.Lock()
@@ -246,7 +248,7 @@ func TestReadersSeeOldOrNewNeverMixed(t *testing.T) {
 			}
 		}
 		r := pipeRebuilder(t, d.Client, k, rebuild.Options{BatchSize: 250})
-		if _, err := r.Run(ctx, rebuild.FromSlice(a.us)); err != nil {
+		if _, err := r.Run(ctx, sources.Slice(a.us)); err != nil {
 			t.Fatal(err)
 		}
 		readKeys := []string{k.hash, k.zset}
@@ -300,7 +302,7 @@ func TestReadersSeeOldOrNewNeverMixed(t *testing.T) {
 			if i%2 == 1 {
 				gen = a
 			}
-			stats, err := r.Run(ctx, rebuild.FromSlice(gen.us))
+			stats, err := r.Run(ctx, sources.Slice(gen.us))
 			if err != nil {
 				runErr = fmt.Errorf("rebuild %d (generation %s): %w", i, gen.name, err)
 				break
@@ -357,7 +359,7 @@ func TestProgressPerBatch(t *testing.T) {
 				us[i].Score = -1 // skipped items count in Progress.Items too
 			}
 		}
-		stats, err := pipeRebuilder(t, d.Client, pipeNames(d), opts).Run(ctx, rebuild.FromSlice(us))
+		stats, err := pipeRebuilder(t, d.Client, pipeNames(d), opts).Run(ctx, sources.Slice(us))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -427,7 +429,7 @@ func TestStats(t *testing.T) {
 			builders.SortedSet(k.zset, func(u user) (string, float64, bool) { return u.ID, u.Score, u.Score >= 0 }),
 			builders.SetIndex(k.country, func(u user) (string, string, bool) { return u.Country, u.ID, true }),
 		)
-		stats, err := r.Run(ctx, rebuild.FromSlice(us))
+		stats, err := r.Run(ctx, sources.Slice(us))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -464,7 +466,7 @@ func TestStats(t *testing.T) {
 }
 
 // pipeBatchesIn returns the number of batches a DoMulti carries, for
-// pipeRebuilder with BatchSize at most builders.MaxArgs: one HSET each.
+// pipeRebuilder with BatchSize at most index.MaxArgs: one HSET each.
 func pipeBatchesIn(multi []rueidis.Completed) int {
 	n := 0
 	for _, cmd := range multi {
@@ -488,7 +490,7 @@ func pipeBatchesIn(multi []rueidis.Completed) int {
 //
 // The last user of every batch has the email shared@example.com, so that
 // every two batches write a common hash field and must go in order (Hash is
-// Keyed: batches with no field in common would overlap); the last batch's
+// ByEntry: batches with no field in common would overlap); the last batch's
 // user must own it.
 func TestWritersGroupBatchesInSourceOrder(t *testing.T) {
 	for _, writers := range []int{1, 4} {
@@ -553,7 +555,7 @@ func TestWritersGroupBatchesInSourceOrder(t *testing.T) {
 						}
 					}
 				}
-				stats, err := pipeRebuilder(t, client, k, rebuild.Options{BatchSize: batch, Writers: writers}).Run(ctx, rebuild.FromSeq2(src))
+				stats, err := pipeRebuilder(t, client, k, rebuild.Options{BatchSize: batch, Writers: writers}).Run(ctx, sources.Seq2(src))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -655,7 +657,7 @@ func TestTempKeysGetTTLWithFirstWrite(t *testing.T) {
 		})
 		k := pipeNames(d)
 		us := users(1000)
-		stats, err := pipeRebuilder(t, client, k, rebuild.Options{BatchSize: 200, Writers: 2, TTL: 120 * time.Second}).Run(ctx, rebuild.FromSlice(us))
+		stats, err := pipeRebuilder(t, client, k, rebuild.Options{BatchSize: 200, Writers: 2, TTL: 120 * time.Second}).Run(ctx, sources.Slice(us))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -772,7 +774,7 @@ func TestLeaseRenewedDuringSlowSource(t *testing.T) {
 		start := time.Now()
 		stats, err := redistest.Rebuilder(t, client, rebuild.Options{BatchSize: batch, TTL: ttl},
 			builders.Hash(key, func(u user) (string, string, bool) { return u.Email, u.ID, true }),
-		).Run(ctx, rebuild.FromSeq2(src))
+		).Run(ctx, sources.Seq2(src))
 		w := <-watched
 		if err != nil {
 			t.Fatalf("run: %v", err)
@@ -807,7 +809,7 @@ func TestRunTwiceAndConcurrently(t *testing.T) {
 		k := pipeNames(d)
 		r := pipeRebuilder(t, d.Client, k, rebuild.Options{BatchSize: 100})
 		for i, us := range [][]user{users(500), users(300)} {
-			if _, err := r.Run(ctx, rebuild.FromSlice(us)); err != nil {
+			if _, err := r.Run(ctx, sources.Slice(us)); err != nil {
 				t.Fatalf("run %d: %v", i+1, err)
 			}
 			pipeWant(t, d.Other, k, us)
@@ -820,8 +822,8 @@ func TestRunTwiceAndConcurrently(t *testing.T) {
 		started.Add(2)
 		both := make(chan struct{})
 		go func() { started.Wait(); close(both) }()
-		src := func(us []user) rebuild.Source[user] {
-			return rebuild.FromSeq2(func(yield func(user, error) bool) {
+		src := func(us []user) sources.Source[user] {
+			return sources.Seq2(func(yield func(user, error) bool) {
 				for i, u := range us {
 					if !yield(u, nil) {
 						return

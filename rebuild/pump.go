@@ -17,7 +17,7 @@ type batch[T any] struct {
 	seq   int64 // 1 for the source's first batch
 	items []T
 	built chan struct{} // closed when c and err are set
-	c     *Commands
+	c     *commands
 	err   error
 }
 

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/run"
 	"github.com/redis/rueidis"
@@ -16,7 +17,7 @@ import (
 type Rebuilder[T any] struct {
 	redis    *run.Redis
 	opts     Options
-	builders []Builder[T]
+	builders []index.Builder[T]
 	owners   []owner
 	lives    []string // the builders' keys: the keys locked
 	lockKeys []string // their locks
@@ -33,11 +34,11 @@ type order int8
 const (
 	// inOrder: one round trip at a time, so batches run in source order.
 	inOrder order = iota
-	// byEntry: two at a time, unless they write a common entry of a Keyed
-	// builder; every builder is Commutative or Keyed.
+	// byEntry: two at a time, unless they write a common entry of a
+	// ByEntry builder; every builder is ByEntry or AnyOrder.
 	byEntry
 	// anyOrder: two at a time, whatever they write: Unordered, or every
-	// builder is Commutative.
+	// builder is AnyOrder.
 	anyOrder
 )
 
@@ -48,7 +49,7 @@ const (
 // keys, or, on a cluster, keys in different hash slots.
 //
 // New panics if client or a builder is nil: those are programming errors.
-func New[T any](client rueidis.Client, opts Options, builders ...Builder[T]) (*Rebuilder[T], error) {
+func New[T any](client rueidis.Client, opts Options, builders ...index.Builder[T]) (*Rebuilder[T], error) {
 	if client == nil {
 		panic("keyswap: rebuild.New: nil rueidis.Client")
 	}
@@ -71,16 +72,10 @@ func (r *Rebuilder[T]) configure() error {
 	var ks []string
 	r.order = anyOrder
 	for _, b := range r.builders {
-		switch {
-		case commutes(b):
-		case keyed(b):
-			r.order = min(r.order, byEntry)
-		default:
-			r.order = inOrder
-		}
-		_, family := b.(Family)
-		_, incremental := b.(Incremental[T])
-		r.owners = append(r.owners, owner{key: b.Key(), family: family, commutative: commutes(b), unique: commutes(b) && incremental, incremental: incremental})
+		r.order = min(r.order, orderOf(b))
+		_, family := b.(index.Family)
+		_, incremental := b.(index.Incremental[T])
+		r.owners = append(r.owners, owner{key: b.Key(), family: family, commutative: orderOf(b) == anyOrder, unique: orderOf(b) == anyOrder && incremental, incremental: incremental})
 		ks = append(ks, b.Key())
 	}
 	if o.Unordered {
@@ -101,6 +96,11 @@ func (r *Rebuilder[T]) configure() error {
 		return bad("PreserveFor %v: must not be negative (zero means %v)", o.PreserveFor, DefaultPreserveFor)
 	case len(r.builders) == 0:
 		return bad("no builders")
+	}
+	for i, b := range r.builders {
+		if o, ok := b.(index.Ordered); ok && o.Order() != index.InOrder && o.Order() != index.ByEntry && o.Order() != index.AnyOrder {
+			return bad("builder %d (%q): Order returned %v, which is none of InOrder, ByEntry and AnyOrder", i, b.Key(), o.Order())
+		}
 	}
 	o.BatchSize = run.OrDefault(o.BatchSize, DefaultBatchSize)
 	o.Writers = run.OrDefault(o.Writers, DefaultWriters)
@@ -208,14 +208,19 @@ func (r *Rebuilder[T]) checkSlots(bad func(string, ...any) error) error {
 	return nil
 }
 
-// commutes reports whether b is a Commutative builder.
-func commutes(b any) bool {
-	c, ok := b.(Commutative)
-	return ok && c.Commutative()
-}
-
-// keyed reports whether b is a Keyed builder.
-func keyed(b any) bool {
-	k, ok := b.(Keyed)
-	return ok && k.Keyed()
+// orderOf returns b's index.Order as the run's order: inOrder for a
+// builder that is not index.Ordered (configure refuses an Order it does not
+// know).
+func orderOf(b any) order {
+	o, _ := b.(index.Ordered)
+	if o == nil {
+		return inOrder
+	}
+	switch o.Order() {
+	case index.AnyOrder:
+		return anyOrder
+	case index.ByEntry:
+		return byEntry
+	}
+	return inOrder
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/internal/run"
 )
 
@@ -50,7 +51,7 @@ func (r *Rebuilder[T]) Rollback(ctx context.Context) (map[string]int64, error) {
 func (r *Rebuilder[T]) familyTypes() []string {
 	out := make([]string, len(r.builders))
 	for i, b := range r.builders {
-		if f, ok := b.(Family); ok {
+		if f, ok := b.(index.Family); ok {
 			out[i] = f.KeyType()
 		}
 	}

@@ -14,8 +14,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/keyswap/keyswap/internal/hook"
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/run"
+	"github.com/keyswap/keyswap/sources"
 	"golang.org/x/sync/errgroup"
 )
 
@@ -33,13 +35,13 @@ import (
 // each error means.
 //
 // Stats are returned on failure too, with what was done before it.
-func (r *Rebuilder[T]) Run(ctx context.Context, src Source[T]) (Stats, error) {
+func (r *Rebuilder[T]) Run(ctx context.Context, src sources.Source[T]) (Stats, error) {
 	return r.run(ctx, src, nil)
 }
 
 // run is Run, or Build when held is not nil: then the run waits before its
 // publish for held's decision.
-func (r *Rebuilder[T]) run(ctx context.Context, src Source[T], held *Held[T]) (stats Stats, err error) {
+func (r *Rebuilder[T]) run(ctx context.Context, src sources.Source[T], held *Held[T]) (stats Stats, err error) {
 	start := time.Now()
 	stats = Stats{Entries: map[string]int64{}, Outcomes: map[string]Outcome{}, Generations: map[string]int64{}, Skipped: map[string]int64{}}
 	if src == nil {
@@ -192,7 +194,7 @@ func (r *Rebuilder[T]) families() []bool {
 // the package documentation, "Pipeline": the caller's goroutine pulls the
 // source (pump), each batch is built in a goroutine of its own (build), and
 // one sender writes them (send, write).
-func (x *execution[T]) run(ctx context.Context, src Source[T]) (err error) {
+func (x *execution[T]) run(ctx context.Context, src sources.Source[T]) (err error) {
 	r := x.r
 	runCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -250,7 +252,7 @@ func (x *execution[T]) run(ctx context.Context, src Source[T]) (err error) {
 		}
 	}()
 
-	srcErr := x.pump(gctx, g, queue, src(withOwnKeys(gctx, r.owns)))
+	srcErr := x.pump(gctx, g, queue, src(hook.WithOwnKeys(gctx, r.owns)))
 	sourceDone.Store(true)
 	stopPacing()
 	paced.Wait()

@@ -12,10 +12,13 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/keyswap/keyswap/builders"
+	"github.com/keyswap/keyswap/guards"
+	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/internal/run"
 	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/sources"
 )
 
 // safeKeys are a hash and a SetIndex family, the two shapes a guard, a
@@ -79,28 +82,28 @@ func TestGuardsRefuseAndLeaveTheLiveKeys(t *testing.T) {
 	forEachDeployment(t, func(t *testing.T, d deployment) {
 		for _, tc := range []struct {
 			name   string
-			guards []rebuild.Guard
+			guards []guards.Guard
 			next   []user // what the source yields
 			want   string // "" = published; else a part of the refusal
 		}{
-			{"RefuseEmpty, empty source", []rebuild.Guard{rebuild.RefuseEmpty()}, nil, "none (RefuseEmpty)"},
-			{"RefuseEmpty, smaller source", []rebuild.Guard{rebuild.RefuseEmpty()}, safeUsers(10, 0, 3), ""},
-			{"RefuseShrink(0.9), half", []rebuild.Guard{rebuild.RefuseShrink(0.9)}, safeUsers(50, 0, 4), "below 90%"},
-			{"RefuseShrink(0.9), 95%", []rebuild.Guard{rebuild.RefuseShrink(0.9)}, safeUsers(95, 0, 4), ""},
-			{"RefuseShrink(0.9), growth", []rebuild.Guard{rebuild.RefuseShrink(0.9)}, safeUsers(200, 0, 5), ""},
-			{"both, the second refuses", []rebuild.Guard{rebuild.RefuseEmpty(), rebuild.RefuseShrink(1)}, safeUsers(99, 0, 4), "below 100%"},
-			{"RefuseShrink(0), bad ratio", []rebuild.Guard{rebuild.RefuseShrink(0)}, safeUsers(100, 0, 4), "ratio must be in (0, 1]"},
+			{"RefuseEmpty, empty source", []guards.Guard{guards.RefuseEmpty()}, nil, "none (RefuseEmpty)"},
+			{"RefuseEmpty, smaller source", []guards.Guard{guards.RefuseEmpty()}, safeUsers(10, 0, 3), ""},
+			{"RefuseShrink(0.9), half", []guards.Guard{guards.RefuseShrink(0.9)}, safeUsers(50, 0, 4), "below 90%"},
+			{"RefuseShrink(0.9), 95%", []guards.Guard{guards.RefuseShrink(0.9)}, safeUsers(95, 0, 4), ""},
+			{"RefuseShrink(0.9), growth", []guards.Guard{guards.RefuseShrink(0.9)}, safeUsers(200, 0, 5), ""},
+			{"both, the second refuses", []guards.Guard{guards.RefuseEmpty(), guards.RefuseShrink(1)}, safeUsers(99, 0, 4), "below 100%"},
+			{"RefuseShrink(0), bad ratio", []guards.Guard{guards.RefuseShrink(0)}, safeUsers(100, 0, 4), "ratio must be in (0, 1]"},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				k := safeNames(d)
 				k.hash += ":" + strings.ReplaceAll(tc.name, " ", "_")
 				k.family += ":" + strings.ReplaceAll(tc.name, " ", "_")
 				old := safeUsers(100, 0, 4)
-				if _, err := safeRebuilder(t, d, k, rebuild.Options{}).Run(redistest.Ctx(t), rebuild.FromSlice(old)); err != nil {
+				if _, err := safeRebuilder(t, d, k, rebuild.Options{}).Run(redistest.Ctx(t), sources.Slice(old)); err != nil {
 					t.Fatal(err)
 				}
 				before := redistest.Snapshot(t, d.Other, d.Prefix)
-				_, err := safeRebuilder(t, d, k, rebuild.Options{Guards: tc.guards}).Run(redistest.Ctx(t), rebuild.FromSlice(tc.next))
+				_, err := safeRebuilder(t, d, k, rebuild.Options{Guards: tc.guards}).Run(redistest.Ctx(t), sources.Slice(tc.next))
 				if tc.want == "" {
 					if err != nil {
 						t.Fatalf("Run: %v, want published", err)
@@ -108,7 +111,7 @@ func TestGuardsRefuseAndLeaveTheLiveKeys(t *testing.T) {
 					safeWant(t, d, k, tc.next)
 				} else {
 					var e *rebuild.Error
-					if !errors.Is(err, rebuild.ErrRefused) || !errors.As(err, &e) || e.Op != "guard" || !strings.Contains(err.Error(), tc.want) {
+					if !errors.Is(err, guards.ErrRefused) || !errors.As(err, &e) || e.Op != "guard" || !strings.Contains(err.Error(), tc.want) {
 						t.Fatalf("Run: got %v, want an error of Op guard matching ErrRefused and saying %q", err, tc.want)
 					}
 					if errors.Is(err, rebuild.ErrInProgress) {
@@ -128,11 +131,11 @@ func TestGuardSeesTheReview(t *testing.T) {
 	// change applied during the run counts.
 	forEachDeployment(t, func(t *testing.T, d deployment) {
 		k := safeNames(d)
-		if _, err := safeRebuilder(t, d, k, rebuild.Options{}).Run(redistest.Ctx(t), rebuild.FromSlice(safeUsers(30, 0, 3))); err != nil {
+		if _, err := safeRebuilder(t, d, k, rebuild.Options{}).Run(redistest.Ctx(t), sources.Slice(safeUsers(30, 0, 3))); err != nil {
 			t.Fatal(err)
 		}
-		var got rebuild.Review
-		r := safeRebuilder(t, d, k, rebuild.Options{Guards: []rebuild.Guard{func(rv rebuild.Review) error { got = rv; return nil }}})
+		var got guards.Review
+		r := safeRebuilder(t, d, k, rebuild.Options{Guards: []guards.Guard{func(rv guards.Review) error { got = rv; return nil }}})
 		applier := safeRebuilder(t, d, k, rebuild.Options{})
 		extra := user{ID: "x1", Email: "x1@example.com", Country: "c9"}
 		src := func(yield func(user, error) bool) {
@@ -142,14 +145,14 @@ func TestGuardSeesTheReview(t *testing.T) {
 				}
 			}
 			// Applied during the run: the catch-up adds it before the guard.
-			if err := applier.Apply(redistest.Ctx(t), rebuild.Insert(extra)); err != nil {
+			if err := applier.Apply(redistest.Ctx(t), index.Insert(extra)); err != nil {
 				t.Error(err)
 			}
 		}
-		if _, err := r.Run(redistest.Ctx(t), rebuild.FromSeq2(src)); err != nil {
+		if _, err := r.Run(redistest.Ctx(t), sources.Seq2(src)); err != nil {
 			t.Fatal(err)
 		}
-		want := rebuild.Review{Builders: []rebuild.BuilderReview{
+		want := guards.Review{Builders: []guards.BuilderReview{
 			{Key: k.hash, New: 21, Live: 31, NewKeys: 1, LiveKeys: 1},
 			{Key: k.family, Family: true, New: 21, Live: 31, NewKeys: 6, LiveKeys: 4},
 		}}
@@ -170,7 +173,7 @@ func TestHeldRunPublishes(t *testing.T) {
 		ctx := redistest.Ctx(t)
 		k := safeNames(d)
 		old := safeUsers(100, 0, 4)
-		if _, err := safeRebuilder(t, d, k, rebuild.Options{}).Run(ctx, rebuild.FromSlice(old)); err != nil {
+		if _, err := safeRebuilder(t, d, k, rebuild.Options{}).Run(ctx, sources.Slice(old)); err != nil {
 			t.Fatal(err)
 		}
 		// The new version: users 0..79 (20 removed), 10 of them with
@@ -181,7 +184,7 @@ func TestHeldRunPublishes(t *testing.T) {
 		}
 		next = append(next, safeUsers(30, 500, 5)...)
 		r := safeRebuilder(t, d, k, rebuild.Options{TTL: 2 * time.Second})
-		h, _, err := r.Build(ctx, rebuild.FromSlice(next))
+		h, _, err := r.Build(ctx, sources.Slice(next))
 		if err != nil {
 			t.Fatalf("Build: %v", err)
 		}
@@ -200,14 +203,14 @@ func TestHeldRunPublishes(t *testing.T) {
 		if info, err := run.New(d.Other, nil).FindRun(ctx, k.hash); err != nil || info.Record["phase"] != "held" {
 			t.Errorf("the run's record: phase %q, %v; want held", info.Record["phase"], err)
 		}
-		wantReview := rebuild.Review{Builders: []rebuild.BuilderReview{
+		wantReview := guards.Review{Builders: []guards.BuilderReview{
 			{Key: k.hash, New: 110, Live: 100, NewKeys: 1, LiveKeys: 1},
 			{Key: k.family, Family: true, New: 110, Live: 100, NewKeys: 5, LiveKeys: 4},
 		}}
 		if diff := cmp.Diff(wantReview, h.Review()); diff != "" {
 			t.Errorf("Review (-want +got):\n%s", diff)
 		}
-		df, err := h.Diff(ctx, rebuild.DiffOptions{})
+		df, err := h.Diff(ctx, guards.DiffOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -223,7 +226,7 @@ func TestHeldRunPublishes(t *testing.T) {
 		}
 		// Applied while held: in the published index.
 		extra := user{ID: "x1", Email: "x1@example.com", Country: "c7"}
-		if err := safeRebuilder(t, d, k, rebuild.Options{}).Apply(ctx, rebuild.Insert(extra)); err != nil {
+		if err := safeRebuilder(t, d, k, rebuild.Options{}).Apply(ctx, index.Insert(extra)); err != nil {
 			t.Fatal(err)
 		}
 		stats, err := h.Publish(ctx)
@@ -263,13 +266,13 @@ func TestHeldRunDiscards(t *testing.T) {
 				k := safeNames(d)
 				k.hash += ":" + how
 				k.family += ":" + how
-				if _, err := safeRebuilder(t, d, k, rebuild.Options{}).Run(redistest.Ctx(t), rebuild.FromSlice(safeUsers(40, 0, 3))); err != nil {
+				if _, err := safeRebuilder(t, d, k, rebuild.Options{}).Run(redistest.Ctx(t), sources.Slice(safeUsers(40, 0, 3))); err != nil {
 					t.Fatal(err)
 				}
 				before := redistest.Snapshot(t, d.Other, d.Prefix)
 				ctx, cancel := context.WithCancel(redistest.Ctx(t))
 				defer cancel()
-				h, _, err := safeRebuilder(t, d, k, rebuild.Options{}).Build(ctx, rebuild.FromSlice(safeUsers(10, 100, 2)))
+				h, _, err := safeRebuilder(t, d, k, rebuild.Options{}).Build(ctx, sources.Slice(safeUsers(10, 100, 2)))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -308,7 +311,7 @@ func TestHeldRunPublishedByOperator(t *testing.T) {
 		ctx := redistest.Ctx(t)
 		k := safeNames(d)
 		next := safeUsers(25, 0, 3)
-		h, _, err := safeRebuilder(t, d, k, rebuild.Options{}).Build(ctx, rebuild.FromSlice(next))
+		h, _, err := safeRebuilder(t, d, k, rebuild.Options{}).Build(ctx, sources.Slice(next))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -346,16 +349,16 @@ func TestBuildFailsLikeRun(t *testing.T) {
 	// error, and a guard refuses before the run is held.
 	forEachDeployment(t, func(t *testing.T, d deployment) {
 		k := safeNames(d)
-		if _, err := safeRebuilder(t, d, k, rebuild.Options{}).Run(redistest.Ctx(t), rebuild.FromSlice(safeUsers(10, 0, 2))); err != nil {
+		if _, err := safeRebuilder(t, d, k, rebuild.Options{}).Run(redistest.Ctx(t), sources.Slice(safeUsers(10, 0, 2))); err != nil {
 			t.Fatal(err)
 		}
 		before := redistest.Snapshot(t, d.Other, d.Prefix)
-		h, _, err := safeRebuilder(t, d, k, rebuild.Options{Guards: []rebuild.Guard{rebuild.RefuseEmpty()}}).Build(redistest.Ctx(t), rebuild.FromSlice[user](nil))
-		if h != nil || !errors.Is(err, rebuild.ErrRefused) {
+		h, _, err := safeRebuilder(t, d, k, rebuild.Options{Guards: []guards.Guard{guards.RefuseEmpty()}}).Build(redistest.Ctx(t), sources.Slice[user](nil))
+		if h != nil || !errors.Is(err, guards.ErrRefused) {
 			t.Fatalf("Build: got %v, %v; want no Held and ErrRefused", h, err)
 		}
 		boom := errors.New("boom")
-		_, stats, err := safeRebuilder(t, d, k, rebuild.Options{}).Build(redistest.Ctx(t), rebuild.FromSeq2(func(yield func(user, error) bool) {
+		_, stats, err := safeRebuilder(t, d, k, rebuild.Options{}).Build(redistest.Ctx(t), sources.Seq2(func(yield func(user, error) bool) {
 			yield(user{ID: "a", Email: "a@x", Country: "c"}, nil)
 			yield(user{}, boom)
 		}))
@@ -375,7 +378,7 @@ func TestRollbackSwapsGenerations(t *testing.T) {
 		v2 := safeUsers(50, 30, 6) // other users, buckets c0..c5
 		r := safeRebuilder(t, d, k, rebuild.Options{KeepPrevious: time.Minute})
 		// Without a kept previous generation: nothing to roll back.
-		if _, err := safeRebuilder(t, d, k, rebuild.Options{}).Run(ctx, rebuild.FromSlice(v1)); err != nil {
+		if _, err := safeRebuilder(t, d, k, rebuild.Options{}).Run(ctx, sources.Slice(v1)); err != nil {
 			t.Fatal(err)
 		}
 		before := redistest.Snapshot(t, d.Other, d.Prefix)
@@ -384,7 +387,7 @@ func TestRollbackSwapsGenerations(t *testing.T) {
 		}
 		redistest.WantUnchanged(t, d.Other, d.Prefix, before)
 
-		if _, err := r.Run(ctx, rebuild.FromSlice(v2)); err != nil {
+		if _, err := r.Run(ctx, sources.Slice(v2)); err != nil {
 			t.Fatal(err)
 		}
 		safeWant(t, d, k, v2)
@@ -422,11 +425,11 @@ func TestRollbackFencedByARun(t *testing.T) {
 		k := safeNames(d)
 		r := safeRebuilder(t, d, k, rebuild.Options{KeepPrevious: time.Minute})
 		for _, v := range [][]user{safeUsers(20, 0, 2), safeUsers(20, 50, 3)} {
-			if _, err := r.Run(ctx, rebuild.FromSlice(v)); err != nil {
+			if _, err := r.Run(ctx, sources.Slice(v)); err != nil {
 				t.Fatal(err)
 			}
 		}
-		h, _, err := r.Build(ctx, rebuild.FromSlice(safeUsers(5, 90, 1)))
+		h, _, err := r.Build(ctx, sources.Slice(safeUsers(5, 90, 1)))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -449,7 +452,7 @@ func TestMaxKeysBoundsThePublish(t *testing.T) {
 	forEachDeployment(t, func(t *testing.T, d deployment) {
 		ctx := redistest.Ctx(t)
 		k := safeNames(d)
-		if _, err := safeRebuilder(t, d, k, rebuild.Options{}).Run(ctx, rebuild.FromSlice(safeUsers(40, 0, 8))); err != nil {
+		if _, err := safeRebuilder(t, d, k, rebuild.Options{}).Run(ctx, sources.Slice(safeUsers(40, 0, 8))); err != nil {
 			t.Fatal(err)
 		}
 		before := redistest.Snapshot(t, d.Other, d.Prefix)
@@ -467,7 +470,7 @@ func TestMaxKeysBoundsThePublish(t *testing.T) {
 			if tc.name == "stale buckets" {
 				max = 8
 			}
-			_, err := safeRebuilder(t, d, k, rebuild.Options{MaxKeys: max}).Run(ctx, rebuild.FromSlice(safeUsers(40, 0, tc.countries)))
+			_, err := safeRebuilder(t, d, k, rebuild.Options{MaxKeys: max}).Run(ctx, sources.Slice(safeUsers(40, 0, tc.countries)))
 			if !errors.Is(err, rebuild.ErrTooManyKeys) || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("%s: Run: got %v, want ErrTooManyKeys saying %q", tc.name, err, tc.want)
 			}
@@ -475,7 +478,7 @@ func TestMaxKeysBoundsThePublish(t *testing.T) {
 			redistest.WantClean(t, d.Other, d.Prefix)
 		}
 		// Negative: no bound.
-		if _, err := safeRebuilder(t, d, k, rebuild.Options{MaxKeys: -1}).Run(ctx, rebuild.FromSlice(safeUsers(40, 0, 12))); err != nil {
+		if _, err := safeRebuilder(t, d, k, rebuild.Options{MaxKeys: -1}).Run(ctx, sources.Slice(safeUsers(40, 0, 12))); err != nil {
 			t.Fatalf("Run without a bound: %v", err)
 		}
 		safeWant(t, d, k, safeUsers(40, 0, 12))
@@ -497,7 +500,7 @@ func TestRollbackOwnsOnlyItsGeneration(t *testing.T) {
 		b := safeUsers(30, 0, 2)  // c0, c1: c2 removed, kept as a prev
 		c := safeUsers(30, 50, 2) // c0, c1 again, other users
 		for _, v := range [][]user{a, b, c} {
-			if _, err := r.Run(ctx, rebuild.FromSlice(v)); err != nil {
+			if _, err := r.Run(ctx, sources.Slice(v)); err != nil {
 				t.Fatal(err)
 			}
 		}

@@ -233,7 +233,7 @@ type trip[T any] struct {
 }
 
 // conflicts reports whether a batch of t and a batch of o write a common
-// entry of a Keyed builder.
+// entry of a ByEntry builder.
 func (t *trip[T]) conflicts(o *trip[T]) bool {
 	for _, a := range t.group {
 		for _, b := range o.group {

@@ -13,14 +13,16 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/keyswap/keyswap/builders"
+	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/sources"
 	"github.com/redis/rueidis"
 	"github.com/redis/rueidis/rueidishook"
 )
 
 // srcCollect drains src, stopping after limit items (limit < 0: never).
-func srcCollect[T any](src rebuild.Source[T], limit int) ([]T, error) {
+func srcCollect[T any](src sources.Source[T], limit int) ([]T, error) {
 	var out []T
 	for v, err := range src(context.Background()) {
 		if err != nil {
@@ -48,7 +50,7 @@ func TestFromSlice(t *testing.T) {
 		{name: "break early", in: []int{3, 1, 2, 5, 8}, limit: 2, want: []int{3, 1}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := srcCollect(rebuild.FromSlice(tc.in), tc.limit)
+			got, err := srcCollect(sources.Slice(tc.in), tc.limit)
 			if err != nil {
 				t.Fatalf("got error %v, want none", err)
 			}
@@ -83,7 +85,7 @@ func TestFromSeq(t *testing.T) {
 					}
 				}
 			}
-			got, err := srcCollect(rebuild.FromSeq(seq), tc.limit)
+			got, err := srcCollect(sources.Seq(seq), tc.limit)
 			if err != nil {
 				t.Fatalf("got error %v, want none", err)
 			}
@@ -107,7 +109,7 @@ func TestFromSeqStopsWhenRunFails(t *testing.T) {
 		key := d.Prefix + "gen:by-email"
 		if _, err := redistest.Rebuilder(t, d.Client, rebuild.Options{},
 			builders.Hash(key, func(u user) (string, string, bool) { return u.Email, u.ID, true }),
-		).Run(ctx, rebuild.FromSlice(users(10))); err != nil {
+		).Run(ctx, sources.Slice(users(10))); err != nil {
 			t.Fatal(err)
 		}
 		before := redistest.Snapshot(t, d.Other, d.Prefix)
@@ -115,7 +117,7 @@ func TestFromSeqStopsWhenRunFails(t *testing.T) {
 		errBoom := errors.New("boom")
 		var builds atomic.Int64
 		hash := builders.Hash(key, func(u user) (string, string, bool) { return u.Email, u.ID, true })
-		failing := builders.Func(key, func(c *rebuild.Commands, us []user) error {
+		failing := builders.Func(key, func(c *index.Commands, us []user) error {
 			if builds.Add(1) == 3 {
 				return errBoom
 			}
@@ -134,7 +136,7 @@ func TestFromSeqStopsWhenRunFails(t *testing.T) {
 			}
 			exhausted = true
 		}
-		_, err := redistest.Rebuilder(t, d.Client, rebuild.Options{BatchSize: 100, Writers: 2}, failing).Run(ctx, rebuild.FromSeq(gen))
+		_, err := redistest.Rebuilder(t, d.Client, rebuild.Options{BatchSize: 100, Writers: 2}, failing).Run(ctx, sources.Seq(gen))
 		if !errors.Is(err, errBoom) {
 			t.Fatalf("got error %v, want one matching %v", err, errBoom)
 		}
@@ -147,25 +149,25 @@ func TestFromSeqStopsWhenRunFails(t *testing.T) {
 	})
 }
 
-// srcKind is a SCAN source under test: FromHashes, or FromScan reading two
+// srcKind is a SCAN source under test: Hashes, or Scan reading two
 // fields with HMGET. fail is called once per key decoded; an error it
 // returns is the decode's error.
 type srcKind struct {
 	name   string
-	source func(c rueidis.Client, match string, fail func() error) rebuild.Source[user]
+	source func(c rueidis.Client, match string, fail func() error) sources.Source[user]
 }
 
 var srcKinds = []srcKind{
-	{name: "FromHashes", source: func(c rueidis.Client, match string, fail func() error) rebuild.Source[user] {
-		return rebuild.FromHashes(c, match, func(key string, fields map[string]string) (user, bool, error) {
+	{name: "Hashes", source: func(c rueidis.Client, match string, fail func() error) sources.Source[user] {
+		return sources.Hashes(c, match, func(key string, fields map[string]string) (user, bool, error) {
 			if err := fail(); err != nil {
 				return user{}, false, err
 			}
 			return user{ID: fields["id"], Email: fields["email"]}, true, nil
 		})
 	}},
-	{name: "FromScan", source: func(c rueidis.Client, match string, fail func() error) rebuild.Source[user] {
-		return rebuild.FromScan(c, rebuild.ScanOptions{Match: match, Type: "hash", Count: 500},
+	{name: "Scan", source: func(c rueidis.Client, match string, fail func() error) sources.Source[user] {
+		return sources.Scan(c, sources.ScanOptions{Match: match, Type: "hash", Count: 500},
 			func(cb rueidis.Builder, key string) rueidis.Completed {
 				return cb.Hmget().Key(key).Field("id", "email").Build()
 			},
@@ -439,7 +441,7 @@ func TestScanSourceSkipsOwnKeys(t *testing.T) {
 			redistest.Cmd(t, d.Other, "EXPIRE", k, "600")
 		}
 		var seen []string
-		src := rebuild.FromHashes(d.Client, p+"*", func(key string, f map[string]string) (user, bool, error) {
+		src := sources.Hashes(d.Client, p+"*", func(key string, f map[string]string) (user, bool, error) {
 			seen = append(seen, key)
 			return user{ID: f["id"], Email: f["email"]}, true, nil
 		})

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/run"
 )
@@ -31,7 +32,7 @@ type owner struct {
 	key         string
 	family      bool
 	commutative bool
-	// unique: the builder is Commutative and Incremental, as builders.Set
+	// unique: the builder is AnyOrder and Incremental, as builders.Set
 	// and builders.SetIndex are, so each member of its keys must belong to
 	// one item: Apply removes an item's member when the item moves, which
 	// would remove it for another item that shares it. A merged SADD that
@@ -215,7 +216,7 @@ func (o owner) owns(live string, cluster bool, slot uint16) error {
 	case o.family && !isBucket(live, o.key):
 		return fmt.Errorf("family builder %q wrote to key %q, which is not %q followed by a bucket", o.key, live, o.key+":")
 	case keys.Reserved(live):
-		return fmt.Errorf("%w: builder %q wrote to key %q, which has the shape of a key keyswap keeps next to an index (a lock, a record, a temp key, ...); keyswap would take it for one of its own (a lock key collision would block every later rebuild), so such keys cannot be rebuilt", ErrReservedKey, o.key, live)
+		return fmt.Errorf("%w: builder %q wrote to key %q, which has the shape of a key keyswap keeps next to an index (a lock, a record, a temp key, ...); keyswap would take it for one of its own (a lock key collision would block every later rebuild), so such keys cannot be rebuilt", index.ErrReservedKey, o.key, live)
 	case cluster && keys.Slot(live) != slot:
 		return fmt.Errorf("builder %q wrote to key %q in hash slot %d, outside this rebuild's slot %d; give it the rebuild's hash tag", o.key, live, keys.Slot(live), slot)
 	}

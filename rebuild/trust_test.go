@@ -21,13 +21,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/rueidis"
+	"github.com/redis/rueidis/rueidishook"
+
 	"github.com/keyswap/keyswap/builders"
+	"github.com/keyswap/keyswap/guards"
+	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/sources"
 	"github.com/keyswap/keyswap/store"
-	"github.com/redis/rueidis"
-	"github.com/redis/rueidis/rueidishook"
 )
 
 // standalone returns the standalone deployment of the package's servers.
@@ -223,7 +227,7 @@ func TestTrustForeignEntryNamed(t *testing.T) {
 
 // retryApply applies cs with r, again while it is refused with
 // ErrInProgress (a run that does not log holds a lock), until ctx ends.
-func retryApply(ctx context.Context, r *rebuild.Rebuilder[user], cs ...rebuild.Change[user]) error {
+func retryApply(ctx context.Context, r *rebuild.Rebuilder[user], cs ...index.Change[user]) error {
 	for {
 		err := r.Apply(ctx, cs...)
 		if !errors.Is(err, rebuild.ErrInProgress) {
@@ -384,7 +388,7 @@ func TestTrustApplyWhileUnloggedRunHoldsTheLock(t *testing.T) {
 				r := redistest.Rebuilder(t, d.Other, rebuild.Options{},
 					builders.Hash(ix.k.Hash, func(u user) (string, string, bool) { return u.Email, u.ID, true }))
 				moved := with(us[1], func(u *user) { u.Email = "moved@example.com" })
-				change := rebuild.Update(us[1], moved)
+				change := index.Update(us[1], moved)
 				tc.hold(t, ctx, d, ix.k, func() {
 					before := redistest.HGetAll(t, d.Other, ix.k.Hash)
 					err := r.Apply(ctx, change)
@@ -429,20 +433,20 @@ func TestTrustSharedEntries(t *testing.T) {
 	p1, p2 := person{"1", "x@example.com", 1}, person{"2", "w@example.com", 2}
 	p1moved := person{"1", "y@example.com", 1}
 	p2moved := person{"2", "x@example.com", 2}
-	changes := []rebuild.Change[person]{rebuild.Update(p2, p2moved), rebuild.Update(p1, p1moved)}
+	changes := []index.Change[person]{index.Update(p2, p2moved), index.Update(p1, p1moved)}
 	forEachDeployment(t, func(t *testing.T, d deployment) {
 		for _, when := range []string{"no run", "catch-up", "publish"} {
 			t.Run(when, func(t *testing.T) {
 				ctx := redistest.Ctx(t)
 				d := casePrefixed(d, when)
 				hash, zset := d.Prefix+"by-email", d.Prefix+"score-by-email"
-				bs := func() []rebuild.Builder[person] {
-					return []rebuild.Builder[person]{
+				bs := func() []index.Builder[person] {
+					return []index.Builder[person]{
 						builders.Hash(hash, func(p person) (string, string, bool) { return p.Email, p.ID, true }),
 						builders.SortedSet(zset, func(p person) (string, float64, bool) { return p.Email, p.Score, true }),
 					}
 				}
-				if _, err := redistest.Rebuilder(t, d.Client, rebuild.Options{}, bs()...).Run(ctx, rebuild.FromSlice([]person{p1, p2})); err != nil {
+				if _, err := redistest.Rebuilder(t, d.Client, rebuild.Options{}, bs()...).Run(ctx, sources.Slice([]person{p1, p2})); err != nil {
 					t.Fatal(err)
 				}
 				app := redistest.Rebuilder(t, d.Other, rebuild.Options{}, bs()...)
@@ -553,7 +557,7 @@ func TestTrustSharedSetMembersRefused(t *testing.T) {
 				redistest.Cmd(t, d.Other, "SADD", key, "old")
 				before := redistest.Snapshot(t, d.Other, d.Prefix)
 				us := []user{{ID: "1", Country: "fr"}, {ID: "2", Country: "de"}, {ID: "3", Country: "fr"}}
-				_, err := redistest.Rebuilder(t, d.Client, tc.opts, b).Run(ctx, rebuild.FromSlice(us))
+				_, err := redistest.Rebuilder(t, d.Client, tc.opts, b).Run(ctx, sources.Slice(us))
 				if err == nil {
 					t.Fatal("Run: nil, want the shared member refused")
 				}
@@ -585,9 +589,9 @@ func TestTrustTooManyKeysInCatchUp(t *testing.T) {
 		h := startHeld(t, ctx, onlineRebuilder(t, d.Client, k, rebuild.Options{MaxKeys: keysBefore}), d.Client, k.DB)
 		// Buckets the source does not have: "c00".."c06" of inserts are
 		// among them only if the seed lacks them; add more to be sure.
-		var cs []rebuild.Change[user]
+		var cs []index.Change[user]
 		for i := range 5 {
-			cs = append(cs, rebuild.Insert(user{ID: fmt.Sprintf("x%d", i), Email: fmt.Sprintf("x%d@example.com", i), Country: fmt.Sprintf("new%d", i), Score: 1}))
+			cs = append(cs, index.Insert(user{ID: fmt.Sprintf("x%d", i), Email: fmt.Sprintf("x%d@example.com", i), Country: fmt.Sprintf("new%d", i), Score: 1}))
 		}
 		if err := app.apply(ctx, cs...); err != nil {
 			t.Fatal(err)
@@ -617,13 +621,13 @@ func TestTrustMaxHold(t *testing.T) {
 		ix := seedIndex(t, d, users(9)...)
 		before := redistest.Snapshot(t, d.Other, d.Prefix)
 		r := onlineRebuilder(t, d.Client, ix.k, rebuild.Options{MaxHold: time.Second})
-		held, _, err := r.Build(ctx, rebuild.FromSlice(users(12)))
+		held, _, err := r.Build(ctx, sources.Slice(users(12)))
 		if err != nil {
 			t.Fatalf("Build: %v", err)
 		}
 		_, err = held.Await(ctx)
 		wantRunErr(t, err, "publish", rebuild.ErrDiscarded, "Options.MaxHold")
-		_, err = held.Diff(ctx, rebuild.DiffOptions{})
+		_, err = held.Diff(ctx, guards.DiffOptions{})
 		if err == nil || !strings.Contains(err.Error(), "has ended") {
 			t.Errorf("Diff after the run ended: got %v, want an error saying it ended", err)
 		}
@@ -640,11 +644,11 @@ func TestTrustDiffAfterDiscard(t *testing.T) {
 		ix := seedIndex(t, d, users(6)...)
 		for _, end := range []string{"discard", "publish"} {
 			r := onlineRebuilder(t, d.Client, ix.k, rebuild.Options{})
-			held, _, err := r.Build(ctx, rebuild.FromSlice(users(6)))
+			held, _, err := r.Build(ctx, sources.Slice(users(6)))
 			if err != nil {
 				t.Fatalf("Build: %v", err)
 			}
-			if _, err := held.Diff(ctx, rebuild.DiffOptions{}); err != nil {
+			if _, err := held.Diff(ctx, guards.DiffOptions{}); err != nil {
 				t.Fatalf("Diff while held: %v", err)
 			}
 			if end == "discard" {
@@ -655,7 +659,7 @@ func TestTrustDiffAfterDiscard(t *testing.T) {
 			if err != nil {
 				t.Fatalf("%s: %v", end, err)
 			}
-			_, err = held.Diff(ctx, rebuild.DiffOptions{})
+			_, err = held.Diff(ctx, guards.DiffOptions{})
 			if err == nil || !strings.Contains(err.Error(), "has ended") {
 				t.Errorf("Diff after %s: got %v, want an error saying the run ended", end, err)
 			}
@@ -671,12 +675,12 @@ func TestTrustRollbackMaxKeys(t *testing.T) {
 	forEachDeployment(t, func(t *testing.T, d deployment) {
 		ctx := redistest.Ctx(t)
 		family := d.Prefix + "tags"
-		b := func() rebuild.Builder[user] {
+		b := func() index.Builder[user] {
 			return builders.SetIndex(family, func(u user) (string, string, bool) { return u.Email, u.ID, true })
 		}
 		us := users(20) // 20 buckets
 		for i := range 2 {
-			if _, err := redistest.Rebuilder(t, d.Client, rebuild.Options{KeepPrevious: time.Hour}, b()).Run(ctx, rebuild.FromSlice(us[i:])); err != nil {
+			if _, err := redistest.Rebuilder(t, d.Client, rebuild.Options{KeepPrevious: time.Hour}, b()).Run(ctx, sources.Slice(us[i:])); err != nil {
 				t.Fatalf("run %d: %v", i, err)
 			}
 		}
@@ -709,11 +713,11 @@ func TestTrustPublishWorkBound(t *testing.T) {
 	// machine, which the test is not about.
 	ctx := slowCtx(t)
 	key := redistest.Prefix(t) + "by-email"
-	hash := func() rebuild.Builder[user] {
+	hash := func() index.Builder[user] {
 		return builders.Hash(key, func(u user) (string, string, bool) { return u.Email, u.ID, true })
 	}
 	us := users(200)
-	if _, err := redistest.Rebuilder(t, c, rebuild.Options{}, hash()).Run(ctx, rebuild.FromSlice(us)); err != nil {
+	if _, err := redistest.Rebuilder(t, c, rebuild.Options{}, hash()).Run(ctx, sources.Slice(us)); err != nil {
 		t.Fatal(err)
 	}
 	app := redistest.Rebuilder(t, other, rebuild.Options{}, hash())
@@ -724,11 +728,11 @@ func TestTrustPublishWorkBound(t *testing.T) {
 			is := publish.Is(cmd.Commands()) && cmd.Commands()[0] == "EVALSHA"
 			if is && len(codes) == 0 {
 				for round := range 999 {
-					cs := make([]rebuild.Change[user], len(us))
+					cs := make([]index.Change[user], len(us))
 					for i, u := range us {
 						next := u
 						next.Email = fmt.Sprintf("u%06d.%d@example.com", i, round)
-						cs[i], us[i] = rebuild.Update(u, next), next
+						cs[i], us[i] = index.Update(u, next), next
 					}
 					if err := app.Apply(ctx, cs...); err != nil {
 						t.Errorf("Apply: %v", err)
@@ -743,7 +747,7 @@ func TestTrustPublishWorkBound(t *testing.T) {
 			return res
 		},
 	})
-	stats, err := redistest.Rebuilder(t, hooked, rebuild.Options{CatchUpTimeout: slowTimeout}, hash()).Run(ctx, rebuild.FromSlice(users(200)))
+	stats, err := redistest.Rebuilder(t, hooked, rebuild.Options{CatchUpTimeout: slowTimeout}, hash()).Run(ctx, sources.Slice(users(200)))
 	if err != nil {
 		t.Fatalf("Run: %v", err)
 	}
@@ -805,7 +809,7 @@ func TestTrustLargeFamilyShortLease(t *testing.T) {
 			return c.Do(ctx, cmd)
 		},
 	})
-	src := rebuild.FromSeq2(func(yield func(int, error) bool) {
+	src := sources.Seq2(func(yield func(int, error) bool) {
 		for i := range n {
 			if !yield(i, nil) {
 				return
@@ -818,11 +822,11 @@ func TestTrustLargeFamilyShortLease(t *testing.T) {
 	}
 	rec := newLogRecorder()
 	r := redistest.Rebuilder(t, slow, rebuild.Options{TTL: 10 * time.Second, MaxKeys: -1, Logger: slog.New(rec),
-		Guards: []rebuild.Guard{rebuild.RefuseEmpty()}}, b)
+		Guards: []guards.Guard{guards.RefuseEmpty()}}, b)
 	// The source ends once a second refresh has started, the first one
 	// measured: long enough for the temp keys' TTL to grow.
 	grown := func() bool { return len(rec.matching("their TTL grows")) > 0 }
-	stats, err := r.Run(ctx, rebuild.FromSeq2(func(yield func(int, error) bool) {
+	stats, err := r.Run(ctx, sources.Seq2(func(yield func(int, error) bool) {
 		for i := range n {
 			if !yield(i, nil) {
 				return
@@ -900,7 +904,7 @@ func TestTrustRefreshStopsWhenTheLeaseEnds(t *testing.T) {
 	})
 	b := builders.SetIndex(prefix, func(i int) (string, string, bool) { return strconv.Itoa(i), "m", true })
 	r := redistest.Rebuilder(t, slow, rebuild.Options{TTL: 6 * time.Second}, b)
-	stats, err := r.Run(ctx, rebuild.FromSeq2(func(yield func(int, error) bool) {
+	stats, err := r.Run(ctx, sources.Seq2(func(yield func(int, error) bool) {
 		for i := range n {
 			if !yield(i, nil) {
 				return
@@ -953,7 +957,7 @@ func TestHeartbeatNotHeldBackBySlowRoundTrip(t *testing.T) {
 		const n = 6000
 		b := builders.Hash(key, func(i int) (string, string, bool) { return strconv.Itoa(i), "v", true })
 		r := redistest.Rebuilder(t, slow, rebuild.Options{TTL: 3 * time.Second, BatchSize: 100, MaxRate: 2000}, b)
-		if _, err := r.Run(redistest.Ctx(t), rebuild.FromSeq2(func(yield func(int, error) bool) {
+		if _, err := r.Run(redistest.Ctx(t), sources.Seq2(func(yield func(int, error) bool) {
 			for i := range n {
 				if !yield(i, nil) {
 					return

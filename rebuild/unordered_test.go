@@ -15,8 +15,10 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/keyswap/keyswap/builders"
+	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/sources"
 	"github.com/redis/rueidis"
 	"github.com/redis/rueidis/rueidishook"
 )
@@ -100,7 +102,7 @@ func (h *overlapHook) client(c rueidis.Client) rueidis.Client {
 
 // TestUnorderedOverlapsRoundTrips (C50, C54): a Rebuilder keeps one batch
 // DoMulti in flight while order matters, and two when it cannot (every
-// builder Commutative, as Set and SetIndex are, or Keyed, as Hash is, and
+// builder AnyOrder, as Set and SetIndex are, or ByEntry, as Hash is, and
 // no entry written by both) or when the caller gave it up
 // (Options.Unordered). The hook holds the first batch DoMulti, a slow
 // server, and sees whether the next one arrives meanwhile. Never more than
@@ -111,16 +113,16 @@ func TestUnorderedOverlapsRoundTrips(t *testing.T) {
 		unordered bool
 		writers   int  // 0 means 4
 		dup       bool // every batch writes the field "dup@example.com"
-		builders  func(k pipeKeys) []rebuild.Builder[user]
+		builders  func(k pipeKeys) []index.Builder[user]
 		want      func(t *testing.T, c rueidis.Client, k pipeKeys, us []user)
 		overlap   bool
 	}
-	hash := func(k pipeKeys) rebuild.Builder[user] {
+	hash := func(k pipeKeys) index.Builder[user] {
 		return builders.Hash(k.hash, func(u user) (string, string, bool) { return u.Email, u.ID, true })
 	}
-	// The same hash through Func: not Keyed, so order must hold.
-	funcHash := func(k pipeKeys) rebuild.Builder[user] {
-		return builders.Func(k.hash, func(c *rebuild.Commands, us []user) error {
+	// The same hash through Func: not ByEntry, so order must hold.
+	funcHash := func(k pipeKeys) index.Builder[user] {
+		return builders.Func(k.hash, func(c *index.Commands, us []user) error {
 			temp, err := c.Temp(k.hash)
 			if err != nil {
 				return err
@@ -133,10 +135,10 @@ func TestUnorderedOverlapsRoundTrips(t *testing.T) {
 			return nil
 		})
 	}
-	set := func(k pipeKeys) rebuild.Builder[user] {
+	set := func(k pipeKeys) index.Builder[user] {
 		return builders.Set(k.zset, func(u user) (string, bool) { return u.ID, true })
 	}
-	index := func(k pipeKeys) rebuild.Builder[user] {
+	setIndex := func(k pipeKeys) index.Builder[user] {
 		return builders.SetIndex(k.country, func(u user) (string, string, bool) { return u.Country, u.ID, true })
 	}
 	wantHash := func(t *testing.T, c rueidis.Client, k pipeKeys, us []user) {
@@ -184,27 +186,27 @@ func TestUnorderedOverlapsRoundTrips(t *testing.T) {
 		wantSet(t, c, k, us)
 	}
 	for _, c := range []tc{
-		// Hash is Keyed: batches that share no field overlap...
-		{name: "Hash", builders: func(k pipeKeys) []rebuild.Builder[user] { return []rebuild.Builder[user]{hash(k)} },
+		// Hash is ByEntry: batches that share no field overlap...
+		{name: "Hash", builders: func(k pipeKeys) []index.Builder[user] { return []index.Builder[user]{hash(k)} },
 			want: wantHash, overlap: true},
-		{name: "Hash+Set", builders: func(k pipeKeys) []rebuild.Builder[user] { return []rebuild.Builder[user]{hash(k), set(k)} },
+		{name: "Hash+Set", builders: func(k pipeKeys) []index.Builder[user] { return []index.Builder[user]{hash(k), set(k)} },
 			want: wantHashSet, overlap: true},
 		// ... and batches that do go in order, the last write winning.
-		{name: "Hash, a field in every batch", dup: true, builders: func(k pipeKeys) []rebuild.Builder[user] { return []rebuild.Builder[user]{hash(k)} },
+		{name: "Hash, a field in every batch", dup: true, builders: func(k pipeKeys) []index.Builder[user] { return []index.Builder[user]{hash(k)} },
 			want: wantHash, overlap: false},
-		{name: "Func", builders: func(k pipeKeys) []rebuild.Builder[user] { return []rebuild.Builder[user]{funcHash(k)} },
+		{name: "Func", builders: func(k pipeKeys) []index.Builder[user] { return []index.Builder[user]{funcHash(k)} },
 			want: wantHash, overlap: false},
-		{name: "Func+Set", builders: func(k pipeKeys) []rebuild.Builder[user] { return []rebuild.Builder[user]{funcHash(k), set(k)} },
+		{name: "Func+Set", builders: func(k pipeKeys) []index.Builder[user] { return []index.Builder[user]{funcHash(k), set(k)} },
 			want: wantHashSet, overlap: false},
-		{name: "Hash Unordered", unordered: true, builders: func(k pipeKeys) []rebuild.Builder[user] { return []rebuild.Builder[user]{hash(k)} },
+		{name: "Hash Unordered", unordered: true, builders: func(k pipeKeys) []index.Builder[user] { return []index.Builder[user]{hash(k)} },
 			want: wantHash, overlap: true},
-		{name: "Set", builders: func(k pipeKeys) []rebuild.Builder[user] { return []rebuild.Builder[user]{set(k)} },
+		{name: "Set", builders: func(k pipeKeys) []index.Builder[user] { return []index.Builder[user]{set(k)} },
 			want: wantSet, overlap: true},
 		// One slot: the batch in flight holds it, so the source cannot fill
 		// a second until the first is written (this once hung).
-		{name: "Set Writers=1", writers: 1, builders: func(k pipeKeys) []rebuild.Builder[user] { return []rebuild.Builder[user]{set(k)} },
+		{name: "Set Writers=1", writers: 1, builders: func(k pipeKeys) []index.Builder[user] { return []index.Builder[user]{set(k)} },
 			want: wantSet, overlap: false},
-		{name: "Set+SetIndex", builders: func(k pipeKeys) []rebuild.Builder[user] { return []rebuild.Builder[user]{set(k), index(k)} },
+		{name: "Set+SetIndex", builders: func(k pipeKeys) []index.Builder[user] { return []index.Builder[user]{set(k), setIndex(k)} },
 			want: func(t *testing.T, c rueidis.Client, k pipeKeys, us []user) {
 				wantSet(t, c, k, us)
 				wantIndex(t, c, k, us)
@@ -235,7 +237,7 @@ func TestUnorderedOverlapsRoundTrips(t *testing.T) {
 					writers = 4
 				}
 				r := redistest.Rebuilder(t, h.client(d.Client), rebuild.Options{BatchSize: 100, Writers: writers, Unordered: c.unordered}, c.builders(k)...)
-				stats, err := r.Run(redistest.Ctx(t), rebuild.FromSlice(us))
+				stats, err := r.Run(redistest.Ctx(t), sources.Slice(us))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -282,7 +284,7 @@ func TestUnorderedFailWithRoundTripInFlight(t *testing.T) {
 			{"write error", "write", nil, func(t *testing.T, c rueidis.Client) error {
 				var replaced atomic.Int64
 				_, err := redistest.Rebuilder(t, failRejectHSET(c, marker, &replaced), rebuild.Options{BatchSize: failBatch, Writers: 4, Unordered: true}, s.builders(nil)...).
-					Run(redistest.Ctx(t), rebuild.FromSlice(us))
+					Run(redistest.Ctx(t), sources.Slice(us))
 				if n := replaced.Load(); n != 1 {
 					t.Errorf("HSETs replaced: got %d, want 1", n)
 				}
@@ -301,7 +303,7 @@ func TestUnorderedFailWithRoundTripInFlight(t *testing.T) {
 					if p.Batches >= 3 {
 						once.Do(cancel)
 					}
-				}}, s.builders(nil)...).Run(ctx, rebuild.FromSlice(us))
+				}}, s.builders(nil)...).Run(ctx, sources.Slice(us))
 				return err
 			}},
 		} {
@@ -392,7 +394,7 @@ func TestOverlapRenewalBeforeCreation(t *testing.T) {
 		}
 		r := redistest.Rebuilder(t, hooked, rebuild.Options{BatchSize: 10, Writers: 2, TTL: 2 * time.Second},
 			builders.SetIndex(prefix, func(u user) (string, string, bool) { return u.Country, u.ID, true }))
-		if _, err := r.Run(ctx, rebuild.FromSlice(us)); err != nil {
+		if _, err := r.Run(ctx, sources.Slice(us)); err != nil {
 			t.Fatalf("Run: %v", err)
 		}
 		if !absent.Load() {
@@ -408,7 +410,7 @@ func TestOverlapRenewalBeforeCreation(t *testing.T) {
 }
 
 // TestKeyedOverlapKeepsLastWrite (C50, C54): with Hash and SortedSet, which
-// are Keyed, round trips overlap unless they write a common field or
+// are ByEntry, round trips overlap unless they write a common field or
 // member. One item in 60 rewrites an entry from up to 150 items
 // back, often in the trip still in flight, and the hook delays each batch
 // DoMulti by a random 0–3 ms before sending it, so that an overlapping
@@ -445,7 +447,7 @@ func TestKeyedOverlapKeepsLastWrite(t *testing.T) {
 			r := redistest.Rebuilder(t, hooked, rebuild.Options{BatchSize: 50, Writers: 4},
 				builders.Hash(k.hash, func(u user) (string, string, bool) { return u.Email, u.ID, true }),
 				builders.SortedSet(k.zset, func(u user) (string, float64, bool) { return u.Email, u.Score, true }))
-			if _, err := r.Run(redistest.Ctx(t), rebuild.FromSlice(us)); err != nil {
+			if _, err := r.Run(redistest.Ctx(t), sources.Slice(us)); err != nil {
 				t.Fatal(err)
 			}
 			wantH, wantZ := map[string]string{}, map[string]float64{}

@@ -49,7 +49,7 @@ func (x *execution[T]) newBulk(ctx context.Context) *run.Bulk {
 }
 
 // txn is one MULTI/EXEC transaction of a round trip: the writes of a
-// source batch, or merged writes of Commutative builders.
+// source batch, or merged writes of AnyOrder builders.
 type txn struct {
 	label   string           // for errors
 	cmds    rueidis.Commands // the writes

@@ -33,9 +33,11 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/keyswap/keyswap/builders"
+	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/sources"
 	"github.com/keyswap/keyswap/store"
 	"github.com/redis/rueidis"
 	"github.com/redis/rueidis/rueidishook"
@@ -181,8 +183,8 @@ func TestACLMissingEvalScriptsCached(t *testing.T) {
 
 // prodFuncHash is prodHash as a builders.Func: the same hash, from a
 // builder that cannot apply changes (not Incremental).
-func prodFuncHash(live string) rebuild.Builder[int] {
-	return builders.Func(live, func(c *rebuild.Commands, items []int) error {
+func prodFuncHash(live string) index.Builder[int] {
+	return builders.Func(live, func(c *index.Commands, items []int) error {
 		temp, err := c.Temp(live)
 		if err != nil {
 			return err
@@ -357,7 +359,7 @@ func (w *renewals) watch(c rueidis.Client) rueidis.Client {
 
 // pausedSource yields items, and halfway calls pause, which may block: a
 // run that must live through renewals, or be seen running.
-func pausedSource(items []fuser, pause func(ctx context.Context) error) rebuild.Source[fuser] {
+func pausedSource(items []fuser, pause func(ctx context.Context) error) sources.Source[fuser] {
 	return func(ctx context.Context) iter.Seq2[fuser, error] {
 		return func(yield func(fuser, error) bool) {
 			for i, u := range items {

@@ -24,9 +24,11 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/keyswap/keyswap/builders"
+	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/sources"
 	"github.com/redis/rueidis"
 )
 
@@ -51,21 +53,21 @@ func badItems(n, at int, big string) iter.Seq2[badItem, error] {
 	}
 }
 
-func badHash(key string) rebuild.Builder[badItem] {
+func badHash(key string) index.Builder[badItem] {
 	return builders.Hash(key, func(it badItem) (string, string, bool) { return "f" + strconv.Itoa(it.I), it.Value, true })
 }
 
-func badZset(key string) rebuild.Builder[badItem] {
+func badZset(key string) index.Builder[badItem] {
 	return builders.SortedSet(key, func(it badItem) (string, float64, bool) { return "m" + strconv.Itoa(it.I), float64(it.I), true })
 }
 
-func badIndex(prefix string) rebuild.Builder[badItem] {
+func badIndex(prefix string) index.Builder[badItem] {
 	return builders.SetIndex(prefix, func(it badItem) (string, string, bool) { return strconv.Itoa(it.I % 3), "m" + strconv.Itoa(it.I), true })
 }
 
 // badGood returns the builders of the live keys every case starts from.
-func badGood(p string) []rebuild.Builder[badItem] {
-	return []rebuild.Builder[badItem]{badHash(p + "h"), badZset(p + "z"), badIndex(p + "idx")}
+func badGood(p string) []index.Builder[badItem] {
+	return []index.Builder[badItem]{badHash(p + "h"), badZset(p + "z"), badIndex(p + "idx")}
 }
 
 // badStrayFamily is a family builder that, from item strayAt on, writes to
@@ -78,7 +80,7 @@ type badStrayFamily struct {
 func (b *badStrayFamily) Key() string     { return b.prefix }
 func (b *badStrayFamily) KeyType() string { return "set" }
 
-func (b *badStrayFamily) Build(c *rebuild.Commands, items []badItem) error {
+func (b *badStrayFamily) Build(c *index.Commands, items []badItem) error {
 	for _, it := range items {
 		live := b.prefix + ":" + strconv.Itoa(it.I%3)
 		if it.I >= b.strayAt {
@@ -198,7 +200,7 @@ func TestBadInput(t *testing.T) {
 		{
 			name: "builder writes another builder's key",
 			run: func(t *testing.T, c rueidis.Client, p string) error {
-				stray := builders.Func(p+"z", func(c *rebuild.Commands, its []badItem) error {
+				stray := builders.Func(p+"z", func(c *index.Commands, its []badItem) error {
 					key := p + "z"
 					if its[0].I >= 1000 {
 						key = p + "h"
@@ -252,7 +254,7 @@ func TestBadInput(t *testing.T) {
 			cluster: true,
 			run: func(t *testing.T, c rueidis.Client, p string) error {
 				other := badOtherSlot(t, p)
-				stray := builders.Func(p+"z", func(c *rebuild.Commands, its []badItem) error {
+				stray := builders.Func(p+"z", func(c *index.Commands, its []badItem) error {
 					temp, err := c.Temp(p + "z")
 					if err != nil {
 						return err
@@ -374,7 +376,7 @@ var bigValue = flag.Bool("bigvalue", false, "run TestBadInputOver512MB, which se
 // error is "write: connection reset by peer": the server resets the
 // connection on the over-long bulk string while the client is still
 // sending it, so the error does not say what was wrong, nor which key or
-// entry. Validating entry sizes before sending (in rebuild.Commands.Add, or
+// entry. Validating entry sizes before sending (in index.Commands.Add, or
 // the builders) would give a clear error. This test fails until then.
 func TestBadInputOver512MB(t *testing.T) {
 	if !*bigValue {
@@ -430,17 +432,17 @@ func TestBadInputZeroMeansDefault(t *testing.T) {
 }
 
 // badRun rebuilds builders from 100 good items.
-func badRun(c rueidis.Client, opts rebuild.Options, bs ...rebuild.Builder[badItem]) error {
+func badRun(c rueidis.Client, opts rebuild.Options, bs ...index.Builder[badItem]) error {
 	return badRunSource(c, opts, badItems(100, -1, ""), bs...)
 }
 
-func badRunSource(c rueidis.Client, opts rebuild.Options, src iter.Seq2[badItem, error], bs ...rebuild.Builder[badItem]) error {
+func badRunSource(c rueidis.Client, opts rebuild.Options, src iter.Seq2[badItem, error], bs ...index.Builder[badItem]) error {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	r, err := rebuild.New(c, opts, bs...)
 	if err != nil {
 		return err
 	}
-	_, err = r.Run(ctx, rebuild.FromSeq2(src))
+	_, err = r.Run(ctx, sources.Seq2(src))
 	return err
 }

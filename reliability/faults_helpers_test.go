@@ -24,13 +24,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/rueidis"
+	"github.com/redis/rueidis/rueidishook"
+
+	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/internal/faultproxy"
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/rebuild"
 	"github.com/keyswap/keyswap/store"
-	"github.com/redis/rueidis"
-	"github.com/redis/rueidis/rueidishook"
 )
 
 // Sizes and timings of the fault suite. The TTL is short so that a stall
@@ -110,7 +112,7 @@ func (s shape) keys() []string { return []string{s.email, s.score, s.country} }
 
 // builders returns the builders of the three indexes, those of the
 // online model.
-func (s shape) builders() []rebuild.Builder[fuser] {
+func (s shape) builders() []index.Builder[fuser] {
 	return redistest.OnlineIndexes{Hash: s.email, Zset: s.score, Family: s.country}.Builders()
 }
 

@@ -52,6 +52,7 @@ import (
 	"github.com/keyswap/keyswap/internal/faultproxy"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/sources"
 	"github.com/keyswap/keyswap/store"
 	"github.com/redis/rueidis"
 )
@@ -401,7 +402,7 @@ func (c *caseRun) runSuccessor() {
 	ctx, cancel := context.WithTimeout(context.Background(), faultRunTimeout)
 	defer cancel()
 	c.successorAt.from = time.Now()
-	_, c.successorErr = redistest.Rebuilder(c.t, c.obs, rebuild.Options{}, c.s.builders()...).Run(ctx, rebuild.FromSlice(v3.items()))
+	_, c.successorErr = redistest.Rebuilder(c.t, c.obs, rebuild.Options{}, c.s.builders()...).Run(ctx, sources.Slice(v3.items()))
 	c.successorAt.to = time.Now()
 	c.successorRan = true
 }
@@ -594,7 +595,7 @@ func runCase(t testing.TB, f faultSpec, p point, d *deployment) {
 	ctx, cancel := context.WithTimeout(context.Background(), faultRunTimeout)
 	defer cancel()
 	seedAt := genWindow{from: time.Now()}
-	if _, err := redistest.Rebuilder(t, c.obs, rebuild.Options{}, c.s.builders()...).Run(ctx, rebuild.FromSlice(v1.items())); err != nil {
+	if _, err := redistest.Rebuilder(t, c.obs, rebuild.Options{}, c.s.builders()...).Run(ctx, sources.Slice(v1.items())); err != nil {
 		t.Fatalf("seeding run: %v", err)
 	}
 	seedAt.to = time.Now()
@@ -658,7 +659,7 @@ func runCase(t testing.TB, f faultSpec, p point, d *deployment) {
 			res.panicked = recover()
 			done <- res
 		}()
-		res.stats, res.err = rb.Run(runCtx, rebuild.FromSeq2(src))
+		res.stats, res.err = rb.Run(runCtx, sources.Seq2(src))
 	}()
 	var res result
 	injected := false

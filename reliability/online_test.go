@@ -21,12 +21,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/rueidis"
+	"github.com/redis/rueidis/rueidishook"
+
 	"github.com/keyswap/keyswap/internal/faultproxy"
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/rebuild"
-	"github.com/redis/rueidis"
-	"github.com/redis/rueidis/rueidishook"
+	"github.com/keyswap/keyswap/sources"
 )
 
 const (
@@ -77,7 +79,7 @@ func seedOnline(t testing.TB, c rueidis.Client, k onlineKeys, n int, tags ...str
 // truthSource is the source of truth's snapshot as of the run's start
 // (redistest.TruthSource), which then waits for hold, if not nil, to be
 // released.
-func truthSource(c rueidis.Client, db string, hold *heldSource) rebuild.Source[fuser] {
+func truthSource(c rueidis.Client, db string, hold *heldSource) sources.Source[fuser] {
 	if hold == nil {
 		return redistest.TruthSource(c, db, nil, nil)
 	}

@@ -31,10 +31,12 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/keyswap/keyswap/builders"
+	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/internal/redistest/replication"
 	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/sources"
 	"github.com/keyswap/keyswap/store"
 	"github.com/redis/rueidis"
 	"github.com/redis/rueidis/rueidishook"
@@ -52,16 +54,16 @@ var (
 )
 
 // prodItems is the run's source: item i is field f<i> = new-<i>.
-func prodItems() rebuild.Source[int] {
+func prodItems() sources.Source[int] {
 	items := make([]int, prodFields)
 	for i := range items {
 		items[i] = i
 	}
-	return rebuild.FromSlice(items)
+	return sources.Slice(items)
 }
 
 // prodHash is the run's one builder, for live.
-func prodHash(live string) rebuild.Builder[int] {
+func prodHash(live string) index.Builder[int] {
 	return builders.Hash(live, func(i int) (string, string, bool) {
 		return "f" + strconv.Itoa(i), "new-" + strconv.Itoa(i), true
 	})

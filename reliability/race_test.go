@@ -65,9 +65,11 @@ import (
 	"time"
 
 	"github.com/keyswap/keyswap/builders"
+	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/internal/faultproxy"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/sources"
 	"github.com/redis/rueidis"
 	"github.com/redis/rueidis/rueidishook"
 )
@@ -165,7 +167,7 @@ func TestRaceReaderSeesBadStates(t *testing.T) {
 			for i := range k.size(g) {
 				items = append(items, raceItem{G: g, I: i})
 			}
-			if _, err := redistest.Rebuilder(t, c, rebuild.Options{}, k.builders()...).Run(ctx, rebuild.FromSlice(items)); err != nil {
+			if _, err := redistest.Rebuilder(t, c, rebuild.Options{}, k.builders()...).Run(ctx, sources.Slice(items)); err != nil {
 				t.Fatal(err)
 			}
 			if tc.edit != nil {
@@ -386,9 +388,9 @@ func (k raceKeys) bucketSize(g int64, j int) int64 {
 func (k raceKeys) bucket(j int) string { return k.Index + ":b" + strconv.Itoa(j) }
 
 // builders returns the three builders of one generation.
-func (k raceKeys) builders() []rebuild.Builder[raceItem] {
+func (k raceKeys) builders() []index.Builder[raceItem] {
 	value := func(it raceItem) string { return "g" + strconv.FormatInt(it.G, 10) + ":" + strconv.Itoa(it.I) }
-	return []rebuild.Builder[raceItem]{
+	return []index.Builder[raceItem]{
 		builders.Hash(k.Hash, func(it raceItem) (string, string, bool) {
 			if it.I < 0 {
 				return "gen", strconv.FormatInt(it.G, 10), true
@@ -665,7 +667,7 @@ func (rb *raceRebuilder) source(ctx context.Context) iter.Seq2[raceItem, error] 
 func (rb *raceRebuilder) run(ctx context.Context) (bool, error) {
 	rb.gen = 0
 	start := time.Now()
-	_, err := rb.r.Run(ctx, rebuild.FromSeq2(rb.source(ctx)))
+	_, err := rb.r.Run(ctx, sources.Seq2(rb.source(ctx)))
 	took := time.Since(start)
 	if rb.inside.Load() {
 		// The hook never saw the release: the interval is still open.

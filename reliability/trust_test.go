@@ -18,10 +18,12 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/redis/rueidis"
+
+	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/rebuild"
-	"github.com/redis/rueidis"
 )
 
 // operatorRules are the ACL rules of an operator of the runs under prefix,
@@ -43,9 +45,9 @@ func operatorRules(prefix string) []string {
 // changeAll returns the changes of app that write every command the
 // builders of the online indexes emit: a delete (HDELIF, ZREMIF, SREM)
 // and an insert (HSET, ZADD, SADD).
-func changeAll(u fuser, tag string, n int) []rebuild.Change[fuser] {
+func changeAll(u fuser, tag string, n int) []index.Change[fuser] {
 	fresh := fuser{ID: fmt.Sprintf("%s-new%d", tag, n), Email: fmt.Sprintf("%s-new%d@example.com", tag, n), Country: "c01", Score: float64(n)}
-	return []rebuild.Change[fuser]{rebuild.Delete(u), rebuild.Insert(fresh)}
+	return []index.Change[fuser]{index.Delete(u), index.Insert(fresh)}
 }
 
 func TestTrustApplyUserRights(t *testing.T) {
@@ -289,7 +291,7 @@ func TestTrustLogEvicted(t *testing.T) {
 		// Updates whose emails are long, so that the logs grow fast. A
 		// change Apply refuses (a lock held by a run whose record is gone)
 		// is applied again once the run has ended.
-		var pending []rebuild.Change[fuser]
+		var pending []index.Change[fuser]
 		for i := 0; infoField(t, admin, "stats", "evicted_keys") == evicted && i < 100_000; i++ {
 			old := app.Users[app.IDs[rng.IntN(len(app.IDs))]]
 			u := old
@@ -298,8 +300,8 @@ func TestTrustLogEvicted(t *testing.T) {
 				t.Fatalf("committing a change: %v", err)
 			}
 			app.Users[u.ID] = u
-			if err := app.Rebuilder.Apply(ctx, rebuild.Update(old, u)); err != nil {
-				pending = append(pending, rebuild.Update(old, u))
+			if err := app.Rebuilder.Apply(ctx, index.Update(old, u)); err != nil {
+				pending = append(pending, index.Update(old, u))
 			}
 		}
 		config(0, "noeviction")

@@ -14,7 +14,7 @@
 //	tx, err := db.BeginTx(ctx, nil)
 //	_, err = tx.ExecContext(ctx, `UPDATE users SET email = $1 WHERE id = $2`, email, id)
 //	err = tx.QueryRowContext(ctx, `SELECT nextval('user_versions')`).Scan(&version)
-//	err = ob.Write(ctx, tx, "user:"+id, version, rebuild.Update(old, new))
+//	err = ob.Write(ctx, tx, "user:"+id, version, index.Update(old, new))
 //	err = tx.Commit()
 //
 //	// In one process:

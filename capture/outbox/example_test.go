@@ -7,6 +7,7 @@ import (
 
 	"github.com/keyswap/keyswap/builders"
 	"github.com/keyswap/keyswap/capture/outbox"
+	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/rebuild"
 	"github.com/redis/rueidis"
 )
@@ -44,7 +45,7 @@ func Example() {
 		log.Fatal(err)
 	}
 	old, new := User{ID: "42", Email: "a@example.com"}, User{ID: "42", Email: "b@example.com"}
-	if err := ob.Write(ctx, tx, "user:42", version, rebuild.Update(old, new)); err != nil {
+	if err := ob.Write(ctx, tx, "user:42", version, index.Update(old, new)); err != nil {
 		log.Fatal(err)
 	}
 	if err := tx.Commit(); err != nil {

@@ -21,6 +21,7 @@ import (
 	"github.com/keyswap/keyswap/builders"
 	"github.com/keyswap/keyswap/capture/outbox"
 	"github.com/keyswap/keyswap/capture/pgtest"
+	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/rebuild"
 	"github.com/redis/rueidis"
@@ -46,8 +47,8 @@ type user struct {
 
 // indexes returns the index of users under prefix: a hash email → id and
 // one set of ids per country.
-func indexes(prefix string) []rebuild.Builder[user] {
-	return []rebuild.Builder[user]{
+func indexes(prefix string) []index.Builder[user] {
+	return []index.Builder[user]{
 		builders.Hash(prefix+"by-email", func(u user) (string, string, bool) { return u.Email, u.ID, !builders.Blank(u.Email) }),
 		builders.SetIndex(prefix+"by-country", func(u user) (string, string, bool) { return u.Country, u.ID, !builders.Blank(u.Country) }),
 	}
@@ -62,11 +63,11 @@ type recorder struct {
 	seen []string
 }
 
-var _ rebuild.Incremental[user] = (*recorder)(nil)
+var _ index.Incremental[user] = (*recorder)(nil)
 
-func (r *recorder) Key() string                                  { return r.key }
-func (r *recorder) Build(*rebuild.Commands, []user) error        { return nil }
-func (r *recorder) Diff(_ *rebuild.Writes, old, new *user) error { r.add(old, new); return nil }
+func (r *recorder) Key() string                                { return r.key }
+func (r *recorder) Build(*index.Commands, []user) error        { return nil }
+func (r *recorder) Diff(_ *index.Writes, old, new *user) error { r.add(old, new); return nil }
 
 // add records a change as "id:old>new" (emails; "-" for no value).
 func (r *recorder) add(old, new *user) {
@@ -175,19 +176,19 @@ func (x *db) change(ctx context.Context, id string, new *user) error {
 	if err != nil && err != sql.ErrNoRows {
 		return err
 	}
-	var c rebuild.Change[user]
+	var c index.Change[user]
 	switch {
 	case new == nil && !exists:
 		return nil
 	case new == nil:
 		_, err = tx.ExecContext(ctx, x.q(`DELETE FROM users WHERE id = $1`), id)
-		c = rebuild.Delete(old)
+		c = index.Delete(old)
 	case exists:
 		_, err = tx.ExecContext(ctx, x.q(`UPDATE users SET email = nullif($1, ''), country = $2 WHERE id = $3`), new.Email, new.Country, id)
-		c = rebuild.Update(old, *new)
+		c = index.Update(old, *new)
 	default:
 		_, err = tx.ExecContext(ctx, x.q(`INSERT INTO users (id, email, country) VALUES ($1, nullif($2, ''), $3)`), id, new.Email, new.Country)
-		c = rebuild.Insert(*new)
+		c = index.Insert(*new)
 	}
 	if err != nil {
 		return err
@@ -198,21 +199,21 @@ func (x *db) change(ctx context.Context, id string, new *user) error {
 	return tx.Commit()
 }
 
-// index is an index's contents.
-type index struct {
+// contents is an index's contents.
+type contents struct {
 	Emails    map[string]string
 	Countries map[string][]string
 }
 
 // tableIndex computes the index from the table.
-func (x *db) tableIndex(t *testing.T) index {
+func (x *db) tableIndex(t *testing.T) contents {
 	t.Helper()
 	rows, err := x.sql.Query(`SELECT id, coalesce(email, ''), coalesce(country, '') FROM users`)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer rows.Close()
-	want := index{Emails: map[string]string{}, Countries: map[string][]string{}}
+	want := contents{Emails: map[string]string{}, Countries: map[string][]string{}}
 	for rows.Next() {
 		var u user
 		if err := rows.Scan(&u.ID, &u.Email, &u.Country); err != nil {
@@ -232,9 +233,9 @@ func (x *db) tableIndex(t *testing.T) index {
 }
 
 // redisIndex reads the index from Redis.
-func redisIndex(t *testing.T, c rueidis.Client, prefix string) index {
+func redisIndex(t *testing.T, c rueidis.Client, prefix string) contents {
 	t.Helper()
-	got := index{Emails: redistest.HGetAll(t, c, prefix+"by-email"), Countries: map[string][]string{}}
+	got := contents{Emails: redistest.HGetAll(t, c, prefix+"by-email"), Countries: map[string][]string{}}
 	family := prefix + "by-country:"
 	for _, k := range redistest.LiveKeys(t, c, family) {
 		got.Countries[strings.TrimPrefix(k, family)] = redistest.SMembers(t, c, k)

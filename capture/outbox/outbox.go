@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/index"
 )
 
 // Dialect is the SQL dialect of the database that holds the outbox.
@@ -137,7 +137,7 @@ func (o *Outbox[T]) Create(ctx context.Context, db Execer) error {
 // Write returns an error for an empty item, a change with neither an old
 // nor a new value, a value encoding/json cannot encode, or the insert's
 // error.
-func (o *Outbox[T]) Write(ctx context.Context, tx Execer, item string, version int64, c rebuild.Change[T]) error {
+func (o *Outbox[T]) Write(ctx context.Context, tx Execer, item string, version int64, c index.Change[T]) error {
 	if item == "" {
 		return errors.New("outbox: empty item")
 	}

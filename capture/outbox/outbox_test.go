@@ -21,6 +21,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/keyswap/keyswap/capture/outbox"
+	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/rebuild"
 	"github.com/redis/rueidis"
@@ -49,8 +50,8 @@ func TestVersionOrder(t *testing.T) {
 			// committed last.
 			for _, w := range []struct {
 				v int64
-				c rebuild.Change[user]
-			}{{2, rebuild.Update(a, b)}, {1, rebuild.Insert(a)}} {
+				c index.Change[user]
+			}{{2, index.Update(a, b)}, {1, index.Insert(a)}} {
 				if err := x.ob.Write(ctx, x.sql, "user:1", w.v, w.c); err != nil {
 					t.Fatal(err)
 				}
@@ -65,7 +66,7 @@ func TestVersionOrder(t *testing.T) {
 			}
 			// A row of version 2 that comes now is stale: dropped.
 			c := user{ID: "1", Email: "c@example.com", Country: "nl"}
-			if err := x.ob.Write(ctx, x.sql, "user:1", 2, rebuild.Update(b, c)); err != nil {
+			if err := x.ob.Write(ctx, x.sql, "user:1", 2, index.Update(b, c)); err != nil {
 				t.Fatal(err)
 			}
 			waitFor(t, "the late row to be dropped", func() bool { return x.outboxRows(t) == 0 })
@@ -142,7 +143,7 @@ func TestRejectedRow(t *testing.T) {
 			x := open(t)
 			client, prefix := env.Standalone.Client(t), redistest.Prefix(t)
 			ctx := redistest.Ctx(t)
-			if err := x.ob.Write(ctx, x.sql, "user:1", 1, rebuild.Insert(user{ID: "1", Email: "a@example.com"})); err != nil {
+			if err := x.ob.Write(ctx, x.sql, "user:1", 1, index.Insert(user{ID: "1", Email: "a@example.com"})); err != nil {
 				t.Fatal(err)
 			}
 			if _, err := x.sql.Exec(x.q(`INSERT INTO `+x.ob.Table()+` (item, version, new, written_us) VALUES ('user:2', 1, $1, 0)`), []byte("{not json")); err != nil {
@@ -206,25 +207,25 @@ func TestItemsKeepIDOrder(t *testing.T) {
 			for _, w := range []struct {
 				item string
 				v    int64
-				c    rebuild.Change[user]
+				c    index.Change[user]
 			}{
-				{"user:1", 1, rebuild.Insert(u("1", "e0"))},               // row 1
-				{"user:2", 1, rebuild.Insert(u("2", "e1"))},               // row 2
-				{"user:1", 2, rebuild.Update(u("1", "e0"), u("1", "e2"))}, // row 3
-				{"user:2", 2, rebuild.Update(u("2", "e1"), u("2", "e3"))}, // row 4: gives up e1
-				{"user:1", 3, rebuild.Update(u("1", "e2"), u("1", "e1"))}, // row 5: takes e1
+				{"user:1", 1, index.Insert(u("1", "e0"))},               // row 1
+				{"user:2", 1, index.Insert(u("2", "e1"))},               // row 2
+				{"user:1", 2, index.Update(u("1", "e0"), u("1", "e2"))}, // row 3
+				{"user:2", 2, index.Update(u("2", "e1"), u("2", "e3"))}, // row 4: gives up e1
+				{"user:1", 3, index.Update(u("1", "e2"), u("1", "e1"))}, // row 5: takes e1
 				// Item 3's version 2 got the lower id (row 6): item 3's rows
 				// swap their positions, 6 and 8, around item 4's row 7.
-				{"user:3", 2, rebuild.Update(u("3", "c1"), u("3", "c2"))}, // row 6
-				{"user:4", 1, rebuild.Insert(u("4", "d1"))},               // row 7
-				{"user:3", 1, rebuild.Insert(u("3", "c1"))},               // row 8
+				{"user:3", 2, index.Update(u("3", "c1"), u("3", "c2"))}, // row 6
+				{"user:4", 1, index.Insert(u("4", "d1"))},               // row 7
+				{"user:3", 1, index.Insert(u("3", "c1"))},               // row 8
 			} {
 				if err := x.ob.Write(ctx, x.sql, w.item, w.v, w.c); err != nil {
 					t.Fatal(err)
 				}
 			}
 			rec := &recorder{key: prefix + "order"}
-			rb := redistest.Rebuilder(t, client, rebuild.Options{}, append(indexes(prefix), rebuild.Builder[user](rec))...)
+			rb := redistest.Rebuilder(t, client, rebuild.Options{}, append(indexes(prefix), index.Builder[user](rec))...)
 			running(t, x.ob.Relay(x.sql, rb, options()))
 			waitFor(t, "the outbox to empty", func() bool { return x.outboxRows(t) == 0 })
 			want := []string{"1:->e0", "2:->e1", "1:e0>e2", "2:e1>e3", "1:e2>e1", "3:->c1", "4:->d1", "3:c1>c2"}
@@ -274,7 +275,7 @@ func TestValuesMoveBetweenItems(t *testing.T) {
 			// A backlog first, then the relay while the writers go on.
 			waitFor(t, "a backlog", func() bool { return commits.Load() >= 300 || werr != nil })
 			rec := &recorder{key: prefix + "order"}
-			rb := redistest.Rebuilder(t, client, rebuild.Options{}, append(indexes(prefix), rebuild.Builder[user](rec))...)
+			rb := redistest.Rebuilder(t, client, rebuild.Options{}, append(indexes(prefix), index.Builder[user](rec))...)
 			opts := options()
 			opts.BatchSize = 7
 			running(t, x.ob.Relay(x.sql, rb, opts))
@@ -369,8 +370,8 @@ func TestDroppedRowReported(t *testing.T) {
 			b := user{ID: "1", Email: "b@example.com"}
 			for _, w := range []struct {
 				v int64
-				c rebuild.Change[user]
-			}{{1, rebuild.Insert(a)}, {2, rebuild.Update(a, b)}, {3, rebuild.Delete(b)}} {
+				c index.Change[user]
+			}{{1, index.Insert(a)}, {2, index.Update(a, b)}, {3, index.Delete(b)}} {
 				if err := x.ob.Write(ctx, x.sql, "user:1", w.v, w.c); err != nil {
 					t.Fatal(err)
 				}
@@ -385,7 +386,7 @@ func TestDroppedRowReported(t *testing.T) {
 			stop := running(t, r)
 			waitFor(t, "the outbox to empty", func() bool { return x.outboxRows(t) == 0 })
 			// Inserted again, with the version a version column starts at.
-			if err := x.ob.Write(ctx, x.sql, "user:1", 1, rebuild.Insert(a)); err != nil {
+			if err := x.ob.Write(ctx, x.sql, "user:1", 1, index.Insert(a)); err != nil {
 				t.Fatal(err)
 			}
 			waitFor(t, "the row to be dropped", func() bool { return x.outboxRows(t) == 0 && r.Status().Pending == 0 })
@@ -505,7 +506,7 @@ func TestPermanentErrors(t *testing.T) {
 		name, dialect string
 		setup         func(t *testing.T, x *db) *db // the relay's database
 		want          string
-		applied       bool // the change reached the index before the error
+		applied       bool // the change reached the contents before the error
 	}{
 		{name: "no applied table", dialect: "sqlite", want: "no such table: keyswap_outbox_applied",
 			setup: func(t *testing.T, x *db) *db { x.exec(t, `DROP TABLE keyswap_outbox_applied`); return x }},
@@ -560,7 +561,7 @@ func TestSQLiteBusy(t *testing.T) {
 	app := openDB(t, outbox.SQLite, "sqlite", "file:"+path+"?_pragma=journal_mode(WAL)", false)
 	client, prefix := env.Standalone.Client(t), redistest.Prefix(t)
 	ctx := redistest.Ctx(t)
-	if err := x.ob.Write(ctx, x.sql, "user:1", 1, rebuild.Insert(user{ID: "1", Email: "a@example.com"})); err != nil {
+	if err := x.ob.Write(ctx, x.sql, "user:1", 1, index.Insert(user{ID: "1", Email: "a@example.com"})); err != nil {
 		t.Fatal(err)
 	}
 	// The application holds SQLite's write lock.

@@ -15,6 +15,7 @@ import (
 
 	"github.com/keyswap/keyswap/capture"
 	"github.com/keyswap/keyswap/capture/internal/track"
+	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/rebuild"
 	"go.opentelemetry.io/otel/metric"
 )
@@ -372,7 +373,7 @@ func (r *Relay[T]) round(ctx context.Context, conn *sql.Conn) (int, error) {
 	}
 	r.track.Read(len(rows), time.UnixMicro(rows[0].written))
 
-	var changes []rebuild.Change[T]
+	var changes []index.Change[T]
 	var commits []time.Time
 	versions := map[string]int64{}
 	ids := make([]int64, 0, len(rows))
@@ -462,8 +463,8 @@ func inOrder(rows []row) []row {
 }
 
 // decode decodes a row into a change.
-func (r *Relay[T]) decode(w row) (rebuild.Change[T], error) {
-	var c rebuild.Change[T]
+func (r *Relay[T]) decode(w row) (index.Change[T], error) {
+	var c index.Change[T]
 	if w.old == nil && w.new == nil {
 		return c, fmt.Errorf("outbox: %w: row %d of %s (item %q) has neither an old nor a new value", ErrRejected, w.id, r.o.table, w.item)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/keyswap/keyswap/capture/pgcdc"
 	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/sources"
 )
 
 // BenchmarkRelay measures the relay on this machine's PostgreSQL and Redis
@@ -92,7 +93,7 @@ func lag(b *testing.B, rebuilding bool) {
 		go func() {
 			defer runs.Done()
 			for ctx.Err() == nil {
-				stats, err := f.rb.Run(ctx, rebuild.FromSeq2(f.source(ctx)))
+				stats, err := f.rb.Run(ctx, sources.Seq2(f.source(ctx)))
 				if err == nil {
 					rebuilds++
 					changesLogged += stats.Changes

@@ -11,7 +11,7 @@ import (
 	"github.com/keyswap/keyswap/capture/pgtest"
 	"github.com/keyswap/keyswap/internal/faultproxy"
 	"github.com/keyswap/keyswap/internal/redistest"
-	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/sources"
 )
 
 // TestRelayKilled: a relay process killed with SIGKILL while it streams a
@@ -179,7 +179,7 @@ func TestRebuildRacingRelay(t *testing.T) {
 				yield(user{}, err)
 			}
 		}
-		stats, err := f.rb.Run(ctx, rebuild.FromSeq2(src))
+		stats, err := f.rb.Run(ctx, sources.Seq2(src))
 		if err != nil {
 			t.Fatalf("run %d: %v", run, err)
 		}

@@ -12,8 +12,9 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/keyswap/keyswap/capture/pgcdc"
 	"github.com/keyswap/keyswap/capture/pgtest"
+	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/internal/redistest"
-	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/sources"
 )
 
 // runErr runs r until it returns, which must be within the test's
@@ -114,9 +115,9 @@ func TestRejectedRow(t *testing.T) {
 	}
 	redistest.WantHash(t, f.client, f.prefix+"by-email", map[string]string{"a@example.com": "1"})
 	// A function that skips such rows goes on.
-	skipping := func(old, new pgcdc.Row) (rebuild.Change[user], bool, error) {
+	skipping := func(old, new pgcdc.Row) (index.Change[user], bool, error) {
 		if u, _ := decodeUser(new); !strings.Contains(u.Email, "@") {
-			return rebuild.Change[user]{}, false, nil
+			return index.Change[user]{}, false, nil
 		}
 		return pgcdc.Decode(decodeUser)(old, new)
 	}
@@ -225,7 +226,7 @@ func TestTruncate(t *testing.T) {
 	var truncated []string
 	opts.Truncate = func(ctx context.Context, tables []string) error {
 		truncated = tables
-		_, err := f.rb.Run(ctx, rebuild.FromSeq2(f.source(ctx)))
+		_, err := f.rb.Run(ctx, sources.Seq2(f.source(ctx)))
 		return err
 	}
 	running(t, f.relay(t, opts))
@@ -328,9 +329,9 @@ func TestServerOutputSettings(t *testing.T) {
 	pg.Exec(t, f.dsn, `INSERT INTO events VALUES (1, '2024-03-01 12:34:56.789+00', '2024-03-01', '1 year 2 mons 3 days 04:05:06', 0.1::float8 + 0.2::float8, '\x00ff10')`)
 	rows := make(chan pgcdc.Row, 10)
 	// A setting of the connection string itself gives way too.
-	r, err := pgcdc.New(f.dsn+"&datestyle=German", f.rb, f.options(), usersTable(), pgcdc.Table[user]{Name: "events", Change: func(_, new pgcdc.Row) (rebuild.Change[user], bool, error) {
+	r, err := pgcdc.New(f.dsn+"&datestyle=German", f.rb, f.options(), usersTable(), pgcdc.Table[user]{Name: "events", Change: func(_, new pgcdc.Row) (index.Change[user], bool, error) {
 		rows <- new
-		return rebuild.Change[user]{}, false, nil
+		return index.Change[user]{}, false, nil
 	}})
 	if err != nil {
 		t.Fatal(err)

@@ -21,6 +21,7 @@ import (
 	"github.com/keyswap/keyswap/builders"
 	"github.com/keyswap/keyswap/capture/pgcdc"
 	"github.com/keyswap/keyswap/capture/pgtest"
+	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/rebuild"
 	"github.com/redis/rueidis"
@@ -54,8 +55,8 @@ var schema = []string{
 
 // indexes returns the index of users under prefix: a hash email → id, a
 // sorted set id → score, and one set of ids per country.
-func indexes(prefix string) []rebuild.Builder[user] {
-	return []rebuild.Builder[user]{
+func indexes(prefix string) []index.Builder[user] {
+	return []index.Builder[user]{
 		builders.Hash(prefix+"by-email", func(u user) (string, string, bool) { return u.Email, u.ID, !builders.Blank(u.Email) }),
 		builders.SortedSet(prefix+"by-score", func(u user) (string, float64, bool) { return u.ID, u.Score, true }),
 		builders.SetIndex(prefix+"by-country", func(u user) (string, string, bool) { return u.Country, u.ID, !builders.Blank(u.Country) }),
@@ -147,16 +148,16 @@ func (f *fixture) pool(t testing.TB) *pgxpool.Pool {
 	return p
 }
 
-// index is an index's contents, as read from Redis or computed from the
+// contents is an index's contents, as read from Redis or computed from the
 // table.
-type index struct {
+type contents struct {
 	Emails    map[string]string
 	Scores    map[string]float64
 	Countries map[string][]string
 }
 
 // tableIndex computes the index from the table's rows.
-func tableIndex(t testing.TB, dsn string) index {
+func tableIndex(t testing.TB, dsn string) contents {
 	t.Helper()
 	ctx := context.Background()
 	c, err := pgx.Connect(ctx, dsn)
@@ -168,7 +169,7 @@ func tableIndex(t testing.TB, dsn string) index {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := index{Emails: map[string]string{}, Scores: map[string]float64{}, Countries: map[string][]string{}}
+	want := contents{Emails: map[string]string{}, Scores: map[string]float64{}, Countries: map[string][]string{}}
 	for rows.Next() {
 		var id int64
 		var u user
@@ -194,9 +195,9 @@ func tableIndex(t testing.TB, dsn string) index {
 }
 
 // redisIndex reads the index from Redis.
-func redisIndex(t testing.TB, c rueidis.Client, prefix string) index {
+func redisIndex(t testing.TB, c rueidis.Client, prefix string) contents {
 	t.Helper()
-	got := index{
+	got := contents{
 		Emails:    redistest.HGetAll(t, c, prefix+"by-email"),
 		Scores:    redistest.ZScores(t, c, prefix+"by-score"),
 		Countries: map[string][]string{},
@@ -209,7 +210,7 @@ func redisIndex(t testing.TB, c rueidis.Client, prefix string) index {
 }
 
 // entries counts the entries of an index.
-func (x index) entries() map[string]bool {
+func (x contents) entries() map[string]bool {
 	out := map[string]bool{}
 	for e, id := range x.Emails {
 		out["email "+e+"="+id] = true
@@ -227,7 +228,7 @@ func (x index) entries() map[string]bool {
 
 // lostAndStale counts the entries of want missing from got, and those of
 // got that want lacks.
-func lostAndStale(want, got index) (lost, stale int) {
+func lostAndStale(want, got contents) (lost, stale int) {
 	w, g := want.entries(), got.entries()
 	for e := range w {
 		if !g[e] {
@@ -497,7 +498,7 @@ func runRole(role string) int {
 			return 2
 		}
 		fmt.Println("committed")
-		select {} // where it would call rb.Apply(ctx, rebuild.Insert(u))
+		select {} // where it would call rb.Apply(ctx, index.Insert(u))
 	}
 	fmt.Fprintln(os.Stderr, "unknown role", role)
 	return 2

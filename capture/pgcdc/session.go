@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/keyswap/keyswap/capture/internal/track"
+	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/rebuild"
 )
 
@@ -21,7 +22,7 @@ import (
 // or a marker that carries a position (a commit, or a keepalive between
 // transactions), or a truncate.
 type entry[T any] struct {
-	change   rebuild.Change[T]
+	change   index.Change[T]
 	isChange bool
 	ack      uint64    // a position every change before it completes
 	commit   time.Time // a transaction's commit time, with its ack
@@ -491,7 +492,7 @@ func decodeRow(types *pgtype.Map, rel *relation, tuple *pglogrepl.TupleData, old
 // apply applies the entries of p, in order, and moves the acknowledged
 // position past each marker once every change before it is applied.
 func (r *Relay[T]) apply(ctx context.Context, p *pipe[T]) error {
-	var changes []rebuild.Change[T]
+	var changes []index.Change[T]
 	var commits []time.Time
 	for {
 		select {

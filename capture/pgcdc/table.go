@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/index"
 )
 
 // Row is a row of a captured table, by column name. Values are decoded
@@ -30,15 +30,15 @@ type Table[T any] struct {
 	// false to skip the row change, and an error to stop the relay before
 	// it (the error Run returns matches ErrRejected). It is called from one
 	// goroutine, in commit order.
-	Change func(old, new Row) (c rebuild.Change[T], ok bool, err error)
+	Change func(old, new Row) (c index.Change[T], ok bool, err error)
 }
 
 // Decode returns a Table.Change for a table whose rows are items one to
-// one: INSERT is rebuild.Insert(decode(new)), UPDATE rebuild.Update, DELETE
-// rebuild.Delete(decode(old)). An error of decode rejects the row.
-func Decode[T any](decode func(Row) (T, error)) func(old, new Row) (rebuild.Change[T], bool, error) {
-	return func(old, new Row) (rebuild.Change[T], bool, error) {
-		var c rebuild.Change[T]
+// one: INSERT is index.Insert(decode(new)), UPDATE index.Update, DELETE
+// index.Delete(decode(old)). An error of decode rejects the row.
+func Decode[T any](decode func(Row) (T, error)) func(old, new Row) (index.Change[T], bool, error) {
+	return func(old, new Row) (index.Change[T], bool, error) {
+		var c index.Change[T]
 		if old != nil {
 			v, err := decode(old)
 			if err != nil {

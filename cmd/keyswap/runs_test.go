@@ -18,6 +18,7 @@ import (
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/redistest"
 	krun "github.com/keyswap/keyswap/internal/run"
+	"github.com/keyswap/keyswap/sources"
 	// krebuild, as the tests have a type named rebuild.
 	krebuild "github.com/keyswap/keyswap/rebuild"
 )
@@ -63,7 +64,7 @@ func (ix index) rebuilder(t *testing.T, d deployment, opts krebuild.Options) *kr
 // publish rebuilds ix from ps and publishes it, failing the test on error.
 func (ix index) publish(t *testing.T, d deployment, opts krebuild.Options, ps []person) krebuild.Stats {
 	t.Helper()
-	stats, err := ix.rebuilder(t, d, opts).Run(t.Context(), krebuild.FromSlice(ps))
+	stats, err := ix.rebuilder(t, d, opts).Run(t.Context(), sources.Slice(ps))
 	if err != nil {
 		t.Fatalf("Run: %v", err)
 	}
@@ -161,7 +162,7 @@ type endless struct {
 
 func newEndless() *endless { return &endless{stop: make(chan struct{})} }
 
-// source is e as a krebuild.Source.
+// source is e as a sources.Source.
 func (e *endless) source(ctx context.Context) iter.Seq2[person, error] {
 	return func(yield func(person, error) bool) {
 		for i := 0; ; i++ {
@@ -189,7 +190,7 @@ func (e *endless) n() int { return int(e.yielded.Load()) }
 
 // gated is a source that yields first, then waits for release (or the end
 // of the run) before it ends.
-func gated(first []person, release <-chan struct{}) krebuild.Source[person] {
+func gated(first []person, release <-chan struct{}) sources.Source[person] {
 	return func(ctx context.Context) iter.Seq2[person, error] {
 		return func(yield func(person, error) bool) {
 			for _, p := range first {
@@ -214,7 +215,7 @@ type bgRun struct {
 
 // startRun runs r with src in a goroutine until it ends; the test waits
 // for it at cleanup, whatever happens.
-func startRun(t *testing.T, r *krebuild.Rebuilder[person], src krebuild.Source[person]) *bgRun {
+func startRun(t *testing.T, r *krebuild.Rebuilder[person], src sources.Source[person]) *bgRun {
 	t.Helper()
 	b := &bgRun{done: make(chan struct{})}
 	ctx, cancel := context.WithCancel(context.Background()) // not t.Context(): it ends before cleanup
@@ -255,7 +256,7 @@ type bgHeld struct {
 func (ix index) startHeld(t *testing.T, d deployment, opts krebuild.Options, ps []person) *bgHeld {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	held, _, err := ix.rebuilder(t, d, opts).Build(ctx, krebuild.FromSlice(ps))
+	held, _, err := ix.rebuilder(t, d, opts).Build(ctx, sources.Slice(ps))
 	if err != nil {
 		cancel()
 		t.Fatalf("Build: %v", err)

@@ -14,6 +14,7 @@ import (
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/internal/redistest/replication"
 	krebuild "github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/sources"
 	"github.com/redis/rueidis"
 	"github.com/redis/rueidis/rueidishook"
 )
@@ -153,7 +154,7 @@ func TestTooLate(t *testing.T) {
 					return res
 				},
 			})
-			run := startRun(t, ix.rebuilderOn(t, hooked, krebuild.Options{}), krebuild.FromSlice(people(0, 5)))
+			run := startRun(t, ix.rebuilderOn(t, hooked, krebuild.Options{}), sources.Slice(people(0, 5)))
 			var released sync.Once
 			let := func() { released.Do(func() { close(release) }) }
 			t.Cleanup(let) // before startRun's, which waits for the run

@@ -25,7 +25,9 @@ import (
 	"github.com/keyswap/keyswap/builders"
 	"github.com/keyswap/keyswap/examples/internal/cli"
 	"github.com/keyswap/keyswap/examples/internal/connect"
+	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/sources"
 	"github.com/redis/rueidis"
 )
 
@@ -40,8 +42,8 @@ type User struct {
 }
 
 // indexes returns the three builders under prefix.
-func indexes(prefix string) []rebuild.Builder[User] {
-	return []rebuild.Builder[User]{
+func indexes(prefix string) []index.Builder[User] {
+	return []index.Builder[User]{
 		builders.Hash(prefix+"by-email", func(u User) (string, string, bool) { return u.Email, u.ID, true }),
 		builders.SortedSet(prefix+"by-score", func(u User) (string, float64, bool) { return u.ID, u.Score, true }),
 		builders.SetIndex(prefix+"by-country", func(u User) (string, string, bool) { return u.Country, u.ID, true }),
@@ -77,7 +79,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	stats, err := r.Run(ctx, rebuild.FromSlice(users))
+	stats, err := r.Run(ctx, sources.Slice(users))
 	if err != nil {
 		return err
 	}
@@ -109,7 +111,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if _, err := single.Run(ctx, rebuild.FromSlice(users)); err != nil {
+	if _, err := single.Run(ctx, sources.Slice(users)); err != nil {
 		return err
 	}
 	n, err := c.Do(ctx, c.B().Hlen().Key("users:by-email").Build()).AsInt64()

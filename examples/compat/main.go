@@ -22,6 +22,7 @@ import (
 	"github.com/keyswap/keyswap/examples/internal/cli"
 	"github.com/keyswap/keyswap/examples/internal/connect"
 	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/sources"
 	"github.com/redis/rueidis"
 	"github.com/redis/rueidis/rueidiscompat"
 )
@@ -70,7 +71,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if _, err := r.Run(ctx, rebuild.FromSlice(products)); err != nil {
+	if _, err := r.Run(ctx, sources.Slice(products)); err != nil {
 		return err
 	}
 	n, err := c.Do(ctx, c.B().Zcard().Key(key).Build()).AsInt64()
@@ -92,7 +93,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	_, err = bad.Run(ctx, rebuild.FromSlice(products))
+	_, err = bad.Run(ctx, sources.Slice(products))
 	fmt.Fprintf(stdout, "a builder that deletes the live key is refused: %v\n", err)
 	after, cerr := c.Do(ctx, c.B().Zcard().Key(key).Build()).AsInt64()
 	if cerr != nil {

@@ -1,6 +1,6 @@
 // Custom-builder rebuilds two kinds of key that package builders does not
 // ship: a geo index (GEOADD), written as a type that implements
-// rebuild.Builder, and a HyperLogLog of unique visitors (PFADD), written as
+// index.Builder, and a HyperLogLog of unique visitors (PFADD), written as
 // a function with builders.Func.
 //
 //	go run ./examples/custom-builder               # embedded Redis
@@ -23,7 +23,9 @@ import (
 	"github.com/keyswap/keyswap/builders"
 	"github.com/keyswap/keyswap/examples/internal/cli"
 	"github.com/keyswap/keyswap/examples/internal/connect"
+	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/sources"
 	"github.com/redis/rueidis"
 )
 
@@ -47,7 +49,7 @@ func (g geoBuilder) Key() string { return g.key }
 
 // Build adds every store of the batch with one GEOADD. A store seen twice
 // is added twice; the last position wins, as in any Redis sorted set.
-func (g geoBuilder) Build(c *rebuild.Commands, visits []Visit) error {
+func (g geoBuilder) Build(c *index.Commands, visits []Visit) error {
 	temp, err := c.Temp(g.key)
 	if err != nil {
 		return err
@@ -60,7 +62,7 @@ func (g geoBuilder) Build(c *rebuild.Commands, visits []Visit) error {
 	return nil
 }
 
-var _ rebuild.Builder[Visit] = geoBuilder{}
+var _ index.Builder[Visit] = geoBuilder{}
 
 func run(ctx context.Context, args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("custom-builder", flag.ContinueOnError)
@@ -92,7 +94,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		visits = append(visits, v)
 	}
 
-	unique := builders.Func(hllKey, func(c *rebuild.Commands, visits []Visit) error {
+	unique := builders.Func(hllKey, func(c *index.Commands, visits []Visit) error {
 		temp, err := c.Temp(hllKey)
 		if err != nil {
 			return err
@@ -108,7 +110,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if _, err := r.Run(ctx, rebuild.FromSlice(visits)); err != nil {
+	if _, err := r.Run(ctx, sources.Slice(visits)); err != nil {
 		return err
 	}
 

@@ -46,6 +46,7 @@ import (
 	"github.com/keyswap/keyswap/examples/internal/connect"
 	"github.com/keyswap/keyswap/goredis"
 	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/sources"
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/rueidis"
 	"github.com/redis/rueidis/rueidiscompat"
@@ -176,7 +177,7 @@ func run(ctx context.Context, args []string, stdout io.Writer, tp trace.TracerPr
 	if err != nil {
 		return err
 	}
-	records := rebuild.FromHashes(keyswap, prefix+"product:*", func(key string, f map[string]string) (Product, bool, error) {
+	records := sources.Hashes(keyswap, prefix+"product:*", func(key string, f map[string]string) (Product, bool, error) {
 		var pr Product
 		_, err := fmt.Sscan(f["price"], &pr.Price)
 		pr.SKU, pr.Category = strings.TrimPrefix(key, prefix+"product:"), f["category"]

@@ -5,7 +5,7 @@ import (
 	"strconv"
 
 	"github.com/keyswap/keyswap/builders"
-	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/index"
 	"github.com/redis/rueidis"
 )
 
@@ -18,8 +18,8 @@ func newIndexes(prefix string) indexes {
 
 // builders define the indexes once: they rebuild them (Run) and maintain
 // them (Apply).
-func (ix indexes) builders() []rebuild.Builder[user] {
-	return []rebuild.Builder[user]{
+func (ix indexes) builders() []index.Builder[user] {
+	return []index.Builder[user]{
 		builders.Hash(ix.byEmail, func(u user) (string, string, bool) { return u.Email, u.ID, true }),
 		builders.SortedSet(ix.byScore, func(u user) (string, float64, bool) { return u.ID, u.Score, true }),
 		builders.SetIndex(ix.byCountry, func(u user) (string, string, bool) { return u.Country, u.ID, true }),

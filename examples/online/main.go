@@ -36,6 +36,7 @@ import (
 	"github.com/keyswap/keyswap/examples/internal/cli"
 	"github.com/keyswap/keyswap/examples/internal/connect"
 	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/sources"
 	"github.com/redis/rueidis"
 )
 
@@ -72,7 +73,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		return err
 	}
 	// The indexes as they stand before today's rebuild.
-	if _, err := app.Run(ctx, rebuild.FromSlice(table.snapshot())); err != nil {
+	if _, err := app.Run(ctx, sources.Slice(table.snapshot())); err != nil {
 		return fmt.Errorf("building the indexes: %w", err)
 	}
 
@@ -97,7 +98,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		ix.byEmail, ix.byScore, ix.byCountry, *n, *rate)
 	before := w.applied.Load()
 	stats, err := r.Run(ctx, func(ctx context.Context) iter.Seq2[user, error] {
-		return rebuild.FromSlice(table.snapshot())(ctx)
+		return sources.Slice(table.snapshot())(ctx)
 	})
 	during := w.applied.Load() - before
 	if err == nil {

@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/time/rate"
 
+	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/rebuild"
 )
 
@@ -77,19 +78,19 @@ func (t *table) len() int {
 
 // change commits one random change to the table and returns it: an insert,
 // a delete, or an update of a user's email, score or country.
-func (t *table) change() rebuild.Change[user] {
+func (t *table) change() index.Change[user] {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	switch roll := t.rng.IntN(10); {
 	case roll == 0 || len(t.ids) == 0:
-		return rebuild.Insert(t.insertLocked())
+		return index.Insert(t.insertLocked())
 	case roll == 1:
 		i := t.rng.IntN(len(t.ids))
 		old := t.users[t.ids[i]]
 		delete(t.users, old.ID)
 		t.ids[i] = t.ids[len(t.ids)-1]
 		t.ids = t.ids[:len(t.ids)-1]
-		return rebuild.Delete(old)
+		return index.Delete(old)
 	default:
 		old := t.users[t.ids[t.rng.IntN(len(t.ids))]]
 		u := old
@@ -102,7 +103,7 @@ func (t *table) change() rebuild.Change[user] {
 			u.Country = countries[t.rng.IntN(len(countries))]
 		}
 		t.users[u.ID] = u
-		return rebuild.Update(old, u)
+		return index.Update(old, u)
 	}
 }
 

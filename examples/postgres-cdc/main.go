@@ -48,6 +48,7 @@ import (
 	"github.com/keyswap/keyswap/capture/pgcdc"
 	"github.com/keyswap/keyswap/examples/internal/connect"
 	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/sources"
 	"github.com/redis/rueidis"
 )
 
@@ -129,7 +130,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		SELECT g, 'user' || g || '@example.com', (ARRAY['fr','de','nl','be'])[1 + g % 4] FROM generate_series(1, $1) g`, *users); err != nil {
 		return err
 	}
-	stats, err := r.Run(ctx, rebuild.FromSeq2(source(ctx, *dsn)))
+	stats, err := r.Run(ctx, sources.Seq2(source(ctx, *dsn)))
 	if err != nil {
 		return err
 	}
@@ -138,7 +139,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	// 3. A writer changes users with plain SQL, while a second rebuild runs.
 	written := make(chan error, 1)
 	go func() { written <- write(ctx, db, *users, *changes) }()
-	stats, err = r.Run(ctx, rebuild.FromSeq2(source(ctx, *dsn)))
+	stats, err = r.Run(ctx, sources.Seq2(source(ctx, *dsn)))
 	if err != nil {
 		return err
 	}

@@ -6,7 +6,7 @@ import (
 	"maps"
 
 	"github.com/keyswap/keyswap/builders"
-	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/index"
 	"github.com/redis/rueidis"
 )
 
@@ -21,8 +21,8 @@ func newIndexes(prefix string) indexes {
 }
 
 // builders returns one builder per index.
-func (ix indexes) builders() []rebuild.Builder[User] {
-	return []rebuild.Builder[User]{
+func (ix indexes) builders() []index.Builder[User] {
+	return []index.Builder[User]{
 		builders.Hash(ix.byEmail, func(u User) (string, string, bool) {
 			return u.Email, u.ID, !builders.Blank(u.Email)
 		}),

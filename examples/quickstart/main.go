@@ -33,6 +33,7 @@ import (
 	"github.com/keyswap/keyswap/examples/internal/cli"
 	"github.com/keyswap/keyswap/examples/internal/connect"
 	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/sources"
 	"github.com/redis/rueidis"
 )
 
@@ -83,7 +84,7 @@ Flags:
 	if err != nil {
 		return err
 	}
-	if _, err := seed.Run(ctx, rebuild.FromSlice(yesterday)); err != nil {
+	if _, err := seed.Run(ctx, sources.Slice(yesterday)); err != nil {
 		return fmt.Errorf("building yesterday's indexes: %w", err)
 	}
 	before, err := ix.look(ctx, client, probes)
@@ -98,7 +99,7 @@ Flags:
 	if err != nil {
 		return err
 	}
-	stats, err := r.Run(ctx, rebuild.FromSlice(today))
+	stats, err := r.Run(ctx, sources.Slice(today))
 	seen := stopReader()
 	if err != nil {
 		return fmt.Errorf("rebuilding: %w", err)

@@ -28,7 +28,10 @@ import (
 	"github.com/keyswap/keyswap/builders"
 	"github.com/keyswap/keyswap/examples/internal/cli"
 	"github.com/keyswap/keyswap/examples/internal/connect"
+	"github.com/keyswap/keyswap/guards"
+	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/sources"
 	"github.com/redis/rueidis"
 )
 
@@ -61,12 +64,12 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	fmt.Fprintf(out, "keyswap safe publishing on %s\n", where)
 	byName := prefix + "products:by-name"
 	byPrice := prefix + "products:by-price"
-	bs := []rebuild.Builder[product]{
+	bs := []index.Builder[product]{
 		builders.Hash(byName, func(p product) (string, string, bool) { return p.Name, p.SKU, true }),
 		builders.SortedSet(byPrice, func(p product) (string, float64, bool) { return p.SKU, p.Price, true }),
 	}
 	opts := rebuild.Options{
-		Guards:       []rebuild.Guard{rebuild.RefuseEmpty(), rebuild.RefuseShrink(0.5)},
+		Guards:       []guards.Guard{guards.RefuseEmpty(), guards.RefuseShrink(0.5)},
 		KeepPrevious: 10 * time.Minute, // what a rollback can go back to, for that long
 	}
 	r, err := rebuild.New(client, opts, bs...)
@@ -75,14 +78,14 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	}
 
 	yesterday, today := catalog(200, 0), catalog(180, 1)
-	if _, err := r.Run(ctx, rebuild.FromSlice(yesterday)); err != nil {
+	if _, err := r.Run(ctx, sources.Slice(yesterday)); err != nil {
 		return fmt.Errorf("yesterday's index: %w", err)
 	}
 	fmt.Fprintf(out, "yesterday's index: %d products\n", len(yesterday))
 
 	// 1. A query that returned nothing.
-	_, err = r.Run(ctx, rebuild.FromSlice[product](nil))
-	if !errors.Is(err, rebuild.ErrRefused) {
+	_, err = r.Run(ctx, sources.Slice[product](nil))
+	if !errors.Is(err, guards.ErrRefused) {
 		return fmt.Errorf("the empty rebuild: got %v, want it refused", err)
 	}
 	fmt.Fprintf(out, "\n1. an empty source is refused:\n   %v\n", err)
@@ -91,7 +94,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	}
 
 	// 2. Today's rebuild, held before its publish.
-	h, _, err := r.Build(ctx, rebuild.FromSlice(today))
+	h, _, err := r.Build(ctx, sources.Slice(today))
 	if err != nil {
 		return fmt.Errorf("today's rebuild: %w", err)
 	}
@@ -99,7 +102,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	for _, b := range h.Review().Builders {
 		fmt.Fprintf(out, "   %-28s %4d entries live, %4d new\n", b.Key, b.Live, b.New)
 	}
-	d, err := h.Diff(ctx, rebuild.DiffOptions{Samples: 2})
+	d, err := h.Diff(ctx, guards.DiffOptions{Samples: 2})
 	if err != nil {
 		return err
 	}

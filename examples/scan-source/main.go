@@ -7,7 +7,7 @@
 //
 // It stores users as hashes "scan-source:user:<id>:object", then rebuilds
 // the unique index "scan-source:users:by-email" (email → id) from them with
-// rebuild.FromHashes, which streams the keys with SCAN and reads them with
+// sources.Hashes, which streams the keys with SCAN and reads them with
 // HGETALL one page at a time, so memory stays bounded however many objects
 // there are. A stale entry in the old index (a deleted user) disappears.
 package main
@@ -24,6 +24,7 @@ import (
 	"github.com/keyswap/keyswap/examples/internal/cli"
 	"github.com/keyswap/keyswap/examples/internal/connect"
 	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/sources"
 	"github.com/redis/rueidis"
 )
 
@@ -71,7 +72,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		}
 	}
 
-	src := rebuild.FromHashes(c, "scan-source:user:*:object",
+	src := sources.Hashes(c, "scan-source:user:*:object",
 		func(key string, fields map[string]string) (user, bool, error) {
 			if fields["id"] == "" {
 				return user{}, false, fmt.Errorf("object %s has no id", key)

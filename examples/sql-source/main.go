@@ -24,6 +24,7 @@ import (
 	"github.com/keyswap/keyswap/examples/internal/cli"
 	"github.com/keyswap/keyswap/examples/internal/connect"
 	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/sources"
 	"github.com/redis/rueidis"
 	_ "modernc.org/sqlite"
 )
@@ -104,7 +105,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	stats, err := r.Run(ctx, rebuild.FromSeq2(orders(ctx, db)))
+	stats, err := r.Run(ctx, sources.Seq2(orders(ctx, db)))
 	if err != nil {
 		return err
 	}

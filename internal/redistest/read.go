@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/internal/run"
 	"github.com/keyswap/keyswap/rebuild"
 	"github.com/redis/rueidis"
@@ -144,7 +145,7 @@ func (s Script) Is(args []string) bool {
 
 // Rebuilder returns rebuild.New(c, opts, bs...), and fails tb if New
 // refuses the configuration.
-func Rebuilder[T any](tb testing.TB, c rueidis.Client, opts rebuild.Options, bs ...rebuild.Builder[T]) *rebuild.Rebuilder[T] {
+func Rebuilder[T any](tb testing.TB, c rueidis.Client, opts rebuild.Options, bs ...index.Builder[T]) *rebuild.Rebuilder[T] {
 	tb.Helper()
 	r, err := rebuild.New(c, opts, bs...)
 	if err != nil {

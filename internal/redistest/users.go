@@ -13,10 +13,13 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/redis/rueidis"
+
 	"github.com/keyswap/keyswap/builders"
+	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/internal/run"
 	"github.com/keyswap/keyswap/rebuild"
-	"github.com/redis/rueidis"
+	"github.com/keyswap/keyswap/sources"
 )
 
 // User is the item type of the tests of keyswap's indexes: a hash of
@@ -122,7 +125,7 @@ func SeedTruth(tb testing.TB, c rueidis.Client, db string, n, countries, per int
 // if not nil, which returns false to end the source, and yields the
 // snapshot in id order, calling each, if not nil, with each id before it
 // yields it; each returns an error to fail the source there.
-func TruthSource(c rueidis.Client, db string, held func(ctx context.Context) bool, each func(i int, id string) error) rebuild.Source[User] {
+func TruthSource(c rueidis.Client, db string, held func(ctx context.Context) bool, each func(i int, id string) error) sources.Source[User] {
 	return func(ctx context.Context) iter.Seq2[User, error] {
 		return func(yield func(User, error) bool) {
 			m, err := ReadTruth(ctx, c, db)
@@ -172,10 +175,10 @@ type App struct {
 	// the package documentation asks. Without it, Step returns the error.
 	Patient bool
 	// Pending are the changes committed and not applied yet.
-	Pending []rebuild.Change[User]
+	Pending []index.Change[User]
 	// Before, if set, is called with each change after its commit and
 	// before it is applied.
-	Before func(rebuild.Change[User])
+	Before func(index.Change[User])
 	// Applied counts the changes applied.
 	Applied atomic.Int64
 }
@@ -206,7 +209,7 @@ func NewApp(ctx context.Context, c rueidis.Client, r *rebuild.Rebuilder[User], d
 // the score, the country, or several of them. It commits it to the source
 // of truth, then applies it (Flush).
 func (a *App) Step(ctx context.Context) error {
-	var change rebuild.Change[User]
+	var change index.Change[User]
 	var commit rueidis.Completed
 	switch roll := a.rng.IntN(100); {
 	case roll < 10 || len(a.IDs) == 0:
@@ -214,14 +217,14 @@ func (a *App) Step(ctx context.Context) error {
 		a.next++
 		a.Users[u.ID] = u
 		a.IDs = append(a.IDs, u.ID)
-		change, commit = rebuild.Insert(u), a.c.B().Hset().Key(a.db).FieldValue().FieldValue(u.ID, EncodeUser(u)).Build()
+		change, commit = index.Insert(u), a.c.B().Hset().Key(a.db).FieldValue().FieldValue(u.ID, EncodeUser(u)).Build()
 	case roll < 20:
 		i := a.rng.IntN(len(a.IDs))
 		u := a.Users[a.IDs[i]]
 		delete(a.Users, u.ID)
 		a.IDs[i] = a.IDs[len(a.IDs)-1]
 		a.IDs = a.IDs[:len(a.IDs)-1]
-		change, commit = rebuild.Delete(u), a.c.B().Hdel().Key(a.db).Field(u.ID).Build()
+		change, commit = index.Delete(u), a.c.B().Hdel().Key(a.db).Field(u.ID).Build()
 	default:
 		old := a.Users[a.IDs[a.rng.IntN(len(a.IDs))]]
 		u := old
@@ -236,7 +239,7 @@ func (a *App) Step(ctx context.Context) error {
 			u.Country = fmt.Sprintf("c%02d", a.rng.IntN(a.countries))
 		}
 		a.Users[u.ID] = u
-		change, commit = rebuild.Update(old, u), a.c.B().Hset().Key(a.db).FieldValue().FieldValue(u.ID, EncodeUser(u)).Build()
+		change, commit = index.Update(old, u), a.c.B().Hset().Key(a.db).FieldValue().FieldValue(u.ID, EncodeUser(u)).Build()
 	}
 	// Commit to the source of truth first, then apply.
 	if err := a.c.Do(ctx, commit).Error(); err != nil {
@@ -313,8 +316,8 @@ func IsCatchUpRead(multi []rueidis.Completed) bool {
 type OnlineIndexes struct{ DB, Hash, Zset, Family string }
 
 // Builders returns the builders of the three indexes of k.
-func (k OnlineIndexes) Builders() []rebuild.Builder[User] {
-	return []rebuild.Builder[User]{
+func (k OnlineIndexes) Builders() []index.Builder[User] {
+	return []index.Builder[User]{
 		builders.Hash(k.Hash, func(u User) (string, string, bool) { return u.Email, u.ID, true }),
 		builders.SortedSet(k.Zset, func(u User) (string, float64, bool) { return u.ID, u.Score, true }),
 		builders.SetIndex(k.Family, func(u User) (string, string, bool) { return u.Country, u.ID, true }),

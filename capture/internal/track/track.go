@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/keyswap/keyswap/capture"
+	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/rebuild"
 	"github.com/redis/rueidis"
 	"go.opentelemetry.io/otel"
@@ -282,7 +283,7 @@ func Sleep(ctx context.Context, d time.Duration) error {
 // without applying: check proves that the relay may still apply (it holds
 // its lock). It returns nil once applied, check's error, the first error
 // of Apply that will not go away, or ctx's cause.
-func Apply[T any](ctx context.Context, t *Tracker, r *rebuild.Rebuilder[T], changes []rebuild.Change[T], check func(context.Context) error) error {
+func Apply[T any](ctx context.Context, t *Tracker, r *rebuild.Rebuilder[T], changes []index.Change[T], check func(context.Context) error) error {
 	for attempt := 0; ; attempt++ {
 		if check != nil {
 			if err := check(ctx); err != nil {

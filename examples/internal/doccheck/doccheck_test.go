@@ -126,8 +126,11 @@ import (
 	"github.com/keyswap/keyswap/builders"
 	"github.com/keyswap/keyswap/capture/pgcdc"
 	"github.com/keyswap/keyswap/goredis"
+	"github.com/keyswap/keyswap/guards"
+	"github.com/keyswap/keyswap/index"
 	keyswapotel "github.com/keyswap/keyswap/otel"
 	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/sources"
 	"github.com/keyswap/keyswap/store"
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/rueidis"
@@ -148,7 +151,10 @@ var (
 	_ = pgcdc.New[User]
 	_ = goredis.ClientOption
 	_ = keyswapotel.New
+	_ = guards.RefuseEmpty
+	_ = index.Insert[User]
 	_ = rebuild.New[User]
+	_ = sources.Slice[User]
 	_ = store.New
 	_ = redis.ParseURL
 	_ = rueidis.NewClient
@@ -170,7 +176,7 @@ var (
 	ctx                       context.Context
 	client                    rueidis.Client
 	users                     []User
-	emails, scores, countries rebuild.Builder[User]
+	emails, scores, countries index.Builder[User]
 	r                         *rebuild.Rebuilder[User]
 	oldUser, newUser          User
 	dsn                       string

@@ -1,4 +1,4 @@
-package rebuild
+package sources
 
 import (
 	"context"
@@ -6,10 +6,10 @@ import (
 	"iter"
 )
 
-// FromRows returns a source that runs query with Run's context and yields
+// Rows returns a source that runs query with Run's context and yields
 // what scan makes of each row, such as
 //
-//	rebuild.FromRows(func(ctx context.Context) (*sql.Rows, error) {
+//	sources.Rows(func(ctx context.Context) (*sql.Rows, error) {
 //		return db.QueryContext(ctx, `SELECT id, email FROM users`)
 //	}, func(rows *sql.Rows) (User, error) {
 //		var u User
@@ -21,7 +21,7 @@ import (
 // is cancelled with the run. The source stops at the first error of query,
 // scan or the rows (rows.Err), and yields it; it closes the rows on every
 // path.
-func FromRows[T any](query func(ctx context.Context) (*sql.Rows, error), scan func(rows *sql.Rows) (T, error)) Source[T] {
+func Rows[T any](query func(ctx context.Context) (*sql.Rows, error), scan func(rows *sql.Rows) (T, error)) Source[T] {
 	return func(ctx context.Context) iter.Seq2[T, error] {
 		return func(yield func(T, error) bool) {
 			var zero T

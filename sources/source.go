@@ -1,37 +1,39 @@
-package rebuild
+// Package sources makes the sources a Rebuilder pulls its items from: a
+// slice, an iterator, the rows of an SQL query, or the keys of Redis itself
+// read with SCAN. A [Source] is a function, so any other source is a few
+// lines of your own.
+package sources
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"iter"
 	"slices"
 
+	"github.com/keyswap/keyswap/internal/hook"
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/scan"
 	"github.com/redis/rueidis"
 )
 
-// Source is where a run's items come from. Run calls it once, with a
-// context that is cancelled when the run ends or fails, and pulls the
-// sequence it returns: items, or an error. A source yields an error at most
-// once and then returns; Run stops at the first one.
+// Source is where a run's items come from. A Rebuilder's Run (or Build)
+// calls it once, with a context that is cancelled when the run ends or
+// fails, and pulls the sequence it returns: items, or an error. A source
+// yields an error at most once and then returns; Run stops at the first
+// one.
 //
 // The source must reflect the data as of the moment Run pulls it: build the
 // sequence lazily (a query run when the sequence is first pulled), not from
 // a snapshot taken before Run was called.
 type Source[T any] func(ctx context.Context) iter.Seq2[T, error]
 
-// errNilSource is Run's error for a nil Source.
-var errNilSource = errors.New("nil source")
-
-// FromSlice returns a source that yields the items of s.
-func FromSlice[T any](s []T) Source[T] {
-	return FromSeq(slices.Values(s))
+// Slice returns a source that yields the items of s.
+func Slice[T any](s []T) Source[T] {
+	return Seq(slices.Values(s))
 }
 
-// FromSeq returns a source that yields the items of seq, which cannot fail.
-func FromSeq[T any](seq iter.Seq[T]) Source[T] {
+// Seq returns a source that yields the items of seq, which cannot fail.
+func Seq[T any](seq iter.Seq[T]) Source[T] {
 	return func(context.Context) iter.Seq2[T, error] {
 		return func(yield func(T, error) bool) {
 			for it := range seq {
@@ -43,11 +45,11 @@ func FromSeq[T any](seq iter.Seq[T]) Source[T] {
 	}
 }
 
-// FromSeq2 returns a source that yields the items and the error of seq,
+// Seq2 returns a source that yields the items and the error of seq,
 // such as an iterator over a database cursor. seq must yield an error at
 // most once and then return. Prefer a Source of your own when the iterator
 // needs a context: Run passes one.
-func FromSeq2[T any](seq iter.Seq2[T, error]) Source[T] {
+func Seq2[T any](seq iter.Seq2[T, error]) Source[T] {
 	return func(context.Context) iter.Seq2[T, error] { return seq }
 }
 
@@ -63,7 +65,7 @@ type ScanOptions struct {
 	Count int64
 }
 
-// FromScan returns a source that streams the keys matching opts with SCAN
+// Scan returns a source that streams the keys matching opts with SCAN
 // (on every master of a cluster), reads each with the command read returns,
 // and yields what decode makes of the reply. decode returns ok false to
 // skip a key, such as one deleted since SCAN returned it. This is Familia's
@@ -80,7 +82,7 @@ type ScanOptions struct {
 // The source stops at the first error, read or decode, and yields it.
 // decode sees a missing key as Redis replies for it: a nil message for GET
 // or HGET, an empty map for HGETALL, an array of nils for HMGET.
-func FromScan[T any](client rueidis.Client, opts ScanOptions,
+func Scan[T any](client rueidis.Client, opts ScanOptions,
 	read func(cb rueidis.Builder, key string) rueidis.Completed,
 	decode func(key string, reply rueidis.RedisMessage) (item T, ok bool, err error)) Source[T] {
 	count := opts.Count
@@ -92,7 +94,7 @@ func FromScan[T any](client rueidis.Client, opts ScanOptions,
 	}
 }
 
-// scanSeq is the sequence of a FromScan source pulled with ctx.
+// scanSeq is the sequence of a Scan source pulled with ctx.
 func scanSeq[T any](ctx context.Context, client rueidis.Client, match, typ string, count int64,
 	read func(cb rueidis.Builder, key string) rueidis.Completed,
 	decode func(key string, reply rueidis.RedisMessage) (item T, ok bool, err error)) iter.Seq2[T, error] {
@@ -105,7 +107,7 @@ func scanSeq[T any](ctx context.Context, client rueidis.Client, match, typ strin
 			}
 			// keyswap's own keys (temp keys, locks, records) and the keys
 			// of the run that pulls the source are never items.
-			page = slices.DeleteFunc(page, func(k string) bool { return keys.Reserved(k) || ownKey(ctx, k) })
+			page = slices.DeleteFunc(page, func(k string) bool { return keys.Reserved(k) || hook.OwnKey(ctx, k) })
 			// SCAN's COUNT is a hint: a page can hold many more keys (small
 			// keyspaces, some servers ignore it). Read Count at a time.
 			for chunk := range slices.Chunk(page, int(count)) {
@@ -146,28 +148,12 @@ func readChunk[T any](ctx context.Context, client rueidis.Client, page []string,
 	return true
 }
 
-// ownKeysKey is the context key of the keys a run rebuilds, which its
-// SCAN sources skip.
-type ownKeysKey struct{}
-
-// withOwnKeys returns ctx carrying owns, which reports whether a key is
-// one the run rebuilds.
-func withOwnKeys(ctx context.Context, owns func(string) bool) context.Context {
-	return context.WithValue(ctx, ownKeysKey{}, owns)
-}
-
-// ownKey reports whether key is one the run pulling ctx rebuilds.
-func ownKey(ctx context.Context, key string) bool {
-	owns, _ := ctx.Value(ownKeysKey{}).(func(string) bool)
-	return owns != nil && owns(key)
-}
-
-// FromHashes is [FromScan] for hashes read with HGETALL: it yields what
+// Hashes is [Scan] for hashes read with HGETALL: it yields what
 // decode makes of each hash matching match, and skips keys that vanished
 // (or were emptied) between SCAN and HGETALL.
-func FromHashes[T any](client rueidis.Client, match string,
+func Hashes[T any](client rueidis.Client, match string,
 	decode func(key string, fields map[string]string) (item T, ok bool, err error)) Source[T] {
-	return FromScan(client, ScanOptions{Match: match, Type: "hash"},
+	return Scan(client, ScanOptions{Match: match, Type: "hash"},
 		func(cb rueidis.Builder, key string) rueidis.Completed { return cb.Hgetall().Key(key).Build() },
 		func(key string, reply rueidis.RedisMessage) (T, bool, error) {
 			var zero T
