@@ -68,6 +68,124 @@ func ReplayCommand(cb rueidis.Builder, temps []string, ops []Op, at []int) rueid
 
 var replaySource = Source("replay")
 
+// ReplayScriptWork bounds the work (ops and arguments) of one replay
+// script that ReplayCommands sends: a conditional removal runs one or two
+// commands per pair inside the script, so about this much work keeps one
+// call well under a millisecond of the server's time.
+const ReplayScriptWork = 512
+
+// ReplayCommands appends to cmds the commands that replay ops, checked,
+// all on the same live key, in order, onto temp instead.
+//
+// When none of them is a conditional removal and all are of one type of
+// key, only the last op on each entry (field or member) counts, as every
+// op sets or removes its entries outright: they go as at most two
+// commands, one that removes the entries whose last op removes them
+// (HDEL, ZREM, SREM) and one that sets the others to what their last op
+// gives them (HSET, ZADD, SADD). Otherwise each run of one plain command
+// goes as one command with the arguments of all of them, in order, and
+// each run of conditional removals (HDELIF, ZREMIF) in replay scripts
+// (ReplayCommand) of at most ReplayScriptWork ops and arguments each,
+// unless one op has more.
+func ReplayCommands(cb rueidis.Builder, cmds rueidis.Commands, temp string, ops []Op) rueidis.Commands {
+	if set, del, ok := netOps(ops); ok {
+		if len(del.Args) > 0 {
+			cmds = append(cmds, cb.Arbitrary(del.Cmd).Keys(temp).Args(del.Args...).Build())
+		}
+		if len(set.Args) > 0 {
+			cmds = append(cmds, cb.Arbitrary(set.Cmd).Keys(temp).Args(set.Args...).Build())
+		}
+		return cmds
+	}
+	temps := []string{temp}
+	for len(ops) > 0 {
+		n, work := 1, ops[0].Work()
+		if ops[0].Conditional() {
+			for n < len(ops) && ops[n].Conditional() && work+ops[n].Work() <= ReplayScriptWork {
+				work += ops[n].Work()
+				n++
+			}
+			cmds = append(cmds, ReplayCommand(cb, temps, ops[:n], make([]int, n)))
+			ops = ops[n:]
+			continue
+		}
+		for n < len(ops) && ops[n].Cmd == ops[0].Cmd {
+			work += ops[n].Work()
+			n++
+		}
+		args := make([]string, 0, work-int64(n))
+		for _, op := range ops[:n] {
+			args = append(args, op.Args...)
+		}
+		cmds = append(cmds, cb.Arbitrary(ops[0].Cmd).Keys(temp).Args(args...).Build())
+		ops = ops[n:]
+	}
+	return cmds
+}
+
+// The commands that set and that remove the entries of each type of key.
+var (
+	setCmd = map[string]string{"hash": "HSET", "zset": "ZADD", "set": "SADD"}
+	delCmd = map[string]string{"hash": "HDEL", "zset": "ZREM", "set": "SREM"}
+)
+
+// netOps returns what ops, on one key, leave: set, the entries whose last
+// op sets them, with what it sets, and del, those whose last op removes
+// them, each as one op without a key. It returns false when an op is a
+// conditional removal, or ops write more than one type of key.
+func netOps(ops []Op) (set, del Op, ok bool) {
+	kind := OpTypes[ops[0].Cmd]
+	step := 2 // field value, score member
+	if kind == "set" {
+		step = 1
+	}
+	// The entries in the order first written, each with the args of its
+	// last op (a removal's: the entry alone).
+	type entry struct {
+		args   []string
+		remove bool
+	}
+	var entries []entry
+	last := make(map[string]int, len(ops))
+	sets, dels := 0, 0
+	for _, op := range ops {
+		if op.Conditional() || OpTypes[op.Cmd] != kind {
+			return set, del, false
+		}
+		n, remove := step, op.Removes()
+		if remove {
+			n = 1
+		}
+		for j := 0; j+n <= len(op.Args); j += n {
+			e := op.Args[j]
+			if kind == "zset" && !remove {
+				e = op.Args[j+1] // score, member
+			}
+			if i, seen := last[e]; seen {
+				entries[i] = entry{op.Args[j : j+n], remove}
+				continue
+			}
+			last[e] = len(entries)
+			entries = append(entries, entry{op.Args[j : j+n], remove})
+		}
+		if remove {
+			dels += len(op.Args)
+		} else {
+			sets += len(op.Args)
+		}
+	}
+	set = Op{Cmd: setCmd[kind], Args: make([]string, 0, sets)}
+	del = Op{Cmd: delCmd[kind], Args: make([]string, 0, dels)}
+	for _, e := range entries {
+		if e.remove {
+			del.Args = append(del.Args, e.args...)
+		} else {
+			set.Args = append(set.Args, e.args...)
+		}
+	}
+	return set, del, true
+}
+
 // ReadLogCommand returns the catch-up's read of log, the log of changes of
 // the lock whose record is record: its entries from start to stop, its
 // length, and the record's counts and token, in one atomic script
