@@ -52,9 +52,10 @@ type catchUpRound struct {
 // ErrFallingBehind once deadline has passed with more left, or when a log
 // reached its bound.
 //
-// The logs are input from other processes. Each round trip reads, in one
-// script per log (run.ReadLogCommand), the next entries, the log's length
-// and the counts Apply keeps in the lock's record, with the record's token: a record gone
+// The logs are input from other processes. Each round trip reads, per log
+// (run.ReadLogCommands), the log's length and the counts Apply keeps in the
+// lock's record, with the record's token, in one script, then the next
+// entries, of those counted: a record gone
 // lost its counts (ErrWritesLost), one of another token is forged
 // (ErrTampered); a log shorter than its count lost changes
 // (ErrWritesLost), a longer one holds entries nobody counted
@@ -127,16 +128,17 @@ func (x *execution[T]) catchUp(ctx context.Context, deadline time.Time) (err err
 func (x *execution[T]) catchUpRead(ctx context.Context) (rd catchUpRound, behind, work int64, err error) {
 	r := x.r
 	cb := r.redis.Client().B()
-	cmds := make(rueidis.Commands, 0, len(x.locks))
+	cmds := make(rueidis.Commands, 0, 2*len(x.locks))
 	for i, l := range x.locks {
-		cmds = append(cmds, run.ReadLogCommand(cb, keys.LogKey(l.Key), keys.RecordKey(l.Key), x.offsets[i], x.offsets[i]+x.chunks[i]-1))
+		script, lrange := run.ReadLogCommands(cb, keys.LogKey(l.Key), keys.RecordKey(l.Key), x.offsets[i], x.offsets[i]+x.chunks[i]-1)
+		cmds = append(cmds, script, lrange)
 	}
 	res := r.redis.Client().DoMulti(ctx, cmds...)
 	round := replayRound{index: map[*target]int{}}
 	var roundWork int64
 	for i, l := range x.locks {
 		log := keys.LogKey(l.Key)
-		entries, count, counted, token, err := run.ReadLogReply(res[i])
+		entries, count, counted, token, err := run.ReadLogReply(res[2*i], res[2*i+1], x.offsets[i])
 		if err != nil {
 			if perr := run.Refused(err); perr != nil {
 				err = perr

@@ -186,38 +186,44 @@ func netOps(ops []Op) (set, del Op, ok bool) {
 	return set, del, true
 }
 
-// ReadLogCommand returns the catch-up's read of log, the log of changes of
-// the lock whose record is record: its entries from start to stop, its
-// length, and the record's counts and token, in one atomic script
-// (scripts/readlog.lua), for the caller's own DoMulti. It only reads, so
-// rueidis may send it again on a new connection when a reply is lost; it
-// goes as EVAL, which needs no script cache. Read its reply with
-// ReadLogReply.
-func ReadLogCommand(cb rueidis.Builder, log, record string, start, stop int64) rueidis.Completed {
-	return cb.Eval().Script(readLogSource).Numkeys(2).Key(log, record).
-		Arg(strconv.FormatInt(start, 10), strconv.FormatInt(stop, 10)).Build().ToRetryable()
+// ReadLogCommands returns the catch-up's read of log, the log of changes
+// of the lock whose record is record, for the caller's own DoMulti, in this
+// order: a script (scripts/readlog.lua) that reads the log's length and the
+// record's counts and token in one atomic step, then an LRANGE of the
+// entries from start to stop. Both only read, so rueidis may send them
+// again on a new connection when a reply is lost; the script goes as EVAL,
+// which needs no script cache. The entries are not read inside the script:
+// a script that returns thousands of them costs the server several times
+// what LRANGE does. Read their replies with ReadLogReply.
+func ReadLogCommands(cb rueidis.Builder, log, record string, start, stop int64) (script, lrange rueidis.Completed) {
+	return cb.Eval().Script(readLogSource).Numkeys(2).Key(log, record).Build().ToRetryable(),
+		cb.Lrange().Key(log).Start(start).Stop(stop).Build()
 }
 
 var readLogSource = Source("readlog")
 
-// ReadLogReply reads the reply of a ReadLogCommand: the entries, the log's
-// count (its length, and what Apply counted), the work Apply counted, and
-// the record's token ("" when the record has none).
-func ReadLogReply(res rueidis.RedisResult) (entries []string, c LogCount, work int64, token string, err error) {
-	arr, err := res.ToArray()
+// ReadLogReply reads the replies of ReadLogCommands read from start: the
+// entries, the log's count (its length, and what Apply counted), the work
+// Apply counted, and the record's token ("" when the record has none).
+// Only the entries below the length the script read are returned: a log
+// only grows, so they are the entries it counted, and any appended
+// between the script and the LRANGE wait for the next read, and its count.
+func ReadLogReply(script, lrange rueidis.RedisResult, start int64) (entries []string, c LogCount, work int64, token string, err error) {
+	arr, err := script.ToArray()
 	if err != nil {
 		return nil, c, 0, "", err
 	}
-	if len(arr) != 3 {
+	if len(arr) != 2 {
 		return nil, c, 0, "", fmt.Errorf("unexpected readlog script reply %v", arr)
 	}
-	if entries, err = arr[0].AsStrSlice(); err != nil {
+	if entries, err = lrange.AsStrSlice(); err != nil {
+		return nil, c, 0, "", fmt.Errorf("LRANGE: %w", err)
+	}
+	if c.Len, err = arr[0].AsInt64(); err != nil {
 		return nil, c, 0, "", err
 	}
-	if c.Len, err = arr[1].AsInt64(); err != nil {
-		return nil, c, 0, "", err
-	}
-	fields, err := arr[2].ToArray()
+	entries = entries[:max(0, min(int64(len(entries)), c.Len-start))]
+	fields, err := arr[1].ToArray()
 	if err != nil || len(fields) != 3 {
 		return nil, c, 0, "", fmt.Errorf("unexpected readlog script reply %v", arr)
 	}
