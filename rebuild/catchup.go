@@ -136,6 +136,10 @@ func (x *execution[T]) catchUpRead(ctx context.Context) (rd catchUpRound, behind
 	res := r.redis.Client().DoMulti(ctx, cmds...)
 	round := replayRound{index: map[*target]int{}}
 	var roundWork int64
+	// The ops of the entry being decoded (replay copies them), and the
+	// arguments of every op of the round.
+	var ops []run.Op
+	var args []string
 	for i, l := range x.locks {
 		log := keys.LogKey(l.Key)
 		entries, count, counted, token, err := run.ReadLogReply(res[2*i], res[2*i+1], x.offsets[i])
@@ -153,6 +157,8 @@ func (x *execution[T]) catchUpRead(ctx context.Context) (rd catchUpRound, behind
 		if err := x.logs.Check(i, count); err != nil {
 			return rd, 0, 0, &Error{Op: "catch-up", Key: r.lives[i], Err: err}
 		}
+		o := r.owners[i]
+		checked := run.LogOffset{Key: log, Owner: o.key, Family: o.family}
 		taken := len(entries)
 		for j, e := range entries {
 			if j > 0 && roundWork >= catchUpWork {
@@ -160,14 +166,15 @@ func (x *execution[T]) catchUpRead(ctx context.Context) (rd catchUpRound, behind
 				break
 			}
 			index := x.offsets[i] + int64(j)
-			ops, err := run.DecodeEntry(e)
+			var err error
+			ops, args, err = run.AppendEntry(ops[:0], args, e)
 			if errors.Is(err, ErrFallingBehind) {
 				return rd, 0, 0, &Error{Op: "catch-up", Key: r.lives[i], Err: fmt.Errorf("%w: %s reached its bound of changes (Options.MaxChanges of the Rebuilder that applies them), so later changes were not logged; every live key left unchanged (and holds every change)", ErrFallingBehind, log)}
 			}
 			if err != nil {
 				return rd, 0, 0, &Error{Op: "catch-up", Key: r.lives[i], Err: run.BadEntry(log, index, err)}
 			}
-			if err := x.replay(&round, i, index, ops); err != nil {
+			if err := x.replay(&round, i, checked, index, ops); err != nil {
 				return rd, 0, 0, err
 			}
 			for _, op := range ops {
@@ -189,13 +196,11 @@ func (x *execution[T]) catchUpRead(ctx context.Context) (rd catchUpRound, behind
 	return rd, behind, work, nil
 }
 
-// replay adds ops, entry index of the log of lock i, to round, each op in
+// replay adds ops, entry index of log, the log of lock i, to round, each op in
 // the group of its key. An op on a key that is not builder i's fails the
 // run with ErrTampered, naming the log, the entry and the key: Apply logs
 // no such op.
-func (x *execution[T]) replay(round *replayRound, i int, index int64, ops []run.Op) error {
-	o := x.r.owners[i]
-	log := run.LogOffset{Key: keys.LogKey(x.locks[i].Key), Owner: o.key, Family: o.family}
+func (x *execution[T]) replay(round *replayRound, i int, log run.LogOffset, index int64, ops []run.Op) error {
 	if err := run.CheckEntry(log, index, ops); err != nil {
 		return &Error{Op: "catch-up", Key: x.r.lives[i], Err: err}
 	}

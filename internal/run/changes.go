@@ -340,10 +340,22 @@ func EncodeEntry(ops []Op) string {
 // does not write, with an error saying what. It refuses what the publish
 // script's decoder (lib/changes.lua) refuses.
 func DecodeEntry(e string) ([]Op, error) {
-	if e == Overrun {
-		return nil, ErrFallingBehind
+	ops, _, err := AppendEntry(nil, nil, e)
+	if err != nil {
+		return nil, err
 	}
-	var ops []Op
+	return ops, nil
+}
+
+// AppendEntry is DecodeEntry appending the ops of e to ops, and their
+// arguments to args, which the ops' Args share: a caller that decodes many
+// entries allocates a few large slices rather than one per op. Appending
+// more to args later leaves the ops' Args as they are. On an error, what
+// it appended before it is not to be used: the entry is not a change.
+func AppendEntry(ops []Op, args []string, e string) ([]Op, []string, error) {
+	if e == Overrun {
+		return ops, args, ErrFallingBehind
+	}
 	take := func() (string, bool) {
 		colon := strings.IndexByte(e, ':')
 		if colon < 1 {
@@ -357,32 +369,36 @@ func DecodeEntry(e string) ([]Op, error) {
 		e = e[colon+1+n:]
 		return s, true
 	}
-	bad := errors.New("it is not a change as keyswap encodes one")
 	for e != "" {
 		cmd, ok1 := take()
 		key, ok2 := take()
 		c, ok3 := take()
 		n, ok4 := count(c)
 		if !ok1 || !ok2 || !ok3 || !ok4 || n > len(e) {
-			return nil, bad
+			return ops, args, errNotEncoded
 		}
 		if _, ok := OpTypes[cmd]; !ok {
-			return nil, fmt.Errorf("its command %q is not one a builder writes", cmd)
+			return ops, args, fmt.Errorf("its command %q is not one a builder writes", cmd)
 		}
-		op := Op{Cmd: cmd, Key: key, Args: make([]string, n)}
-		for i := range op.Args {
-			var ok bool
-			if op.Args[i], ok = take(); !ok {
-				return nil, bad
+		from := len(args)
+		for range n {
+			a, ok := take()
+			if !ok {
+				return ops, args, errNotEncoded
 			}
+			args = append(args, a)
 		}
+		op := Op{Cmd: cmd, Key: key, Args: args[from:len(args):len(args)]}
 		if err := op.check(); err != nil {
-			return nil, fmt.Errorf("its %w", err)
+			return ops, args, fmt.Errorf("its %w", err)
 		}
 		ops = append(ops, op)
 	}
-	return ops, nil
+	return ops, args, nil
 }
+
+// errNotEncoded says why an entry is not a change.
+var errNotEncoded = errors.New("it is not a change as keyswap encodes one")
 
 // ApplyOptions configures [Redis.Apply].
 type ApplyOptions struct {
