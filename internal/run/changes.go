@@ -72,7 +72,7 @@ var replaySource = Source("replay")
 // script that ReplayCommands sends: a conditional removal runs one or two
 // commands per pair inside the script, so about this much work keeps one
 // call well under a millisecond of the server's time.
-const ReplayScriptWork = 512
+const ReplayScriptWork = 256
 
 // ReplayCommands appends to cmds the commands that replay ops, checked,
 // all on the same live key, in order, onto temp instead.
