@@ -377,12 +377,13 @@ func generations(t testing.TB, c rueidis.Client, k onlineKeys, cluster bool) []s
 }
 
 // isCatchUpRead reports whether multi is a catch-up's read of its logs: a
-// readlog script (the entries, the length and the counts) of each.
+// readlog script (the length and the counts) and an LRANGE of the entries
+// of each.
 func isCatchUpRead(multi []rueidis.Completed) bool {
 	if len(multi) == 0 {
 		return false
 	}
-	// Sent as EVAL (run.ReadLogCommand); its text, not its SHA1, which
+	// Sent as EVAL (run.ReadLogCommands); its text, not its SHA1, which
 	// FIPS 140-only mode does not allow.
 	args := multi[0].Commands()
 	return len(args) > 1 && args[0] == "EVAL" && args[1] == run.Source("readlog")
@@ -511,7 +512,7 @@ func onlineFaultCase(t *testing.T, d *deployment, f *catchUpFault) (k onlineKeys
 // does (after half of the DoMulti's bytes: a transaction whose EXEC never
 // arrives).
 //
-// What happens next is rueidis's: it sends the read, a readlog script per
+// What happens next is rueidis's: it sends the read, a readlog script and an LRANGE per
 // log, again on a fresh connection (it only reads, and is sent as
 // retryable), and the run goes on; on a
 // cluster it also sends a transaction again whose commands include a
