@@ -82,7 +82,7 @@ staticcheck: $(BIN)/staticcheck-$(STATICCHECK_VERSION)
 	@for m in $(MODULES); do echo "staticcheck $$m/..."; (cd $$m && $< ./...) || exit 1; done
 
 unit:
-	@for m in $(MODULES); do echo "go test -race $$m/..."; (cd $$m && go test -race -count=1 ./...) || exit 1; done
+	@for m in $(MODULES); do echo "go test -race $$m/..."; (cd $$m && go test -race -count=1 -timeout 30m ./...) || exit 1; done
 
 ## install-check: go install the CLI and go get the library from a module proxy made of the working tree, at the next release's version.
 install-check:

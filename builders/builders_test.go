@@ -402,7 +402,7 @@ func TestSetIndexEmptyBucket(t *testing.T) {
 }
 
 func TestSetIndexBucketShapedLikeLockOrTemp(t *testing.T) {
-	// 11.4: bucket values come from data. A value that would make
+	// 11.4, C60: bucket values come from data. A value that would make
 	// "<prefix>:<bucket>" one of keyswap's own keys (the family's lock
 	// "rebuild-lock", its record, a generation, a temp key of either shape)
 	// is skipped, counted in Stats.Skipped and logged once per key; the run
@@ -1141,36 +1141,89 @@ func TestCompatRefusedOtherSlot(t *testing.T) {
 	// On a cluster, a command over keys of two hash slots cannot even be
 	// built: the rueidis command builder panics. Compat documents that a
 	// command writing a second key fails the rebuild with an error naming
-	// the command; it must say so on a cluster too, not panic.
+	// the command; it must say so on a cluster too, not panic. SUNIONSTORE
+	// writes only its first key: on standalone it is refused for reading
+	// a key that is not a temp key (C63), on a cluster for its slots.
 	forEachDeployment(t, func(t *testing.T, d deployment) {
 		live := d.Prefix + "by-email"
 		far := "far"
 		for i := 0; keys.Slot(far) == keys.Slot(live); i++ {
 			far = fmt.Sprintf("far%d", i)
 		}
-		redistest.Do(t, d.Other, d.Other.B().Hset().Key(live).FieldValue().FieldValue("f", "old").Build())
+		for _, tc := range []struct {
+			name  string
+			queue func(ctx context.Context, p rueidiscompat.Pipeliner, temp, member string)
+			want  []string
+		}{
+			{"SMOVE", func(ctx context.Context, p rueidiscompat.Pipeliner, temp, member string) {
+				p.SMove(ctx, temp, far, member)
+			}, []string{"SMOVE"}},
+			{"SUNIONSTORE", func(ctx context.Context, p rueidiscompat.Pipeliner, temp, _ string) {
+				p.SUnionStore(ctx, temp, temp, far)
+			}, []string{"SUNIONSTORE"}},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				redistest.Do(t, d.Other, d.Other.B().Hset().Key(live).FieldValue().FieldValue("f", "old").Build())
+				before := redistest.Snapshot(t, d.Other, d.Prefix)
+				b := builders.Compat(live, func(ctx context.Context, p rueidiscompat.Pipeliner, temp string, us []user) error {
+					tc.queue(ctx, p, temp, us[0].ID)
+					return nil
+				})
+
+				panicked, err := runRecovering(t, d.Client, b)
+
+				switch {
+				case panicked != nil:
+					first, _, _ := strings.Cut(fmt.Sprint(panicked), "\n")
+					t.Errorf("Run: got a panic %q, want an error naming %s", first, tc.name)
+				default:
+					wantRunError(t, err, "build", tc.want...)
+					if d.Cluster && !strings.Contains(err.Error(), "hash slot") {
+						t.Errorf("Run: got %q, want it to blame the hash slots", err)
+					}
+				}
+				redistest.WantUnchanged(t, d.Other, d.Prefix, before)
+				redistest.WantClean(t, d.Other, d.Prefix)
+			})
+		}
+	})
+}
+
+func TestCompatPanicPassedOn(t *testing.T) {
+	// A Compat function's own panic is the builder's panic, whatever it
+	// says: Run panics with a *rebuild.PanicError holding it, as for any
+	// builder. It is not taken for the refusal of a command over two
+	// hash slots, also when it talks of slots, on a cluster as on
+	// standalone.
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		live := d.Prefix + "by-email"
 		before := redistest.Snapshot(t, d.Other, d.Prefix)
-		b := builders.Compat(live, func(ctx context.Context, p rueidiscompat.Pipeliner, temp string, us []user) error {
-			p.SMove(ctx, temp, far, us[0].ID)
-			return nil
-		})
-
-		var err error
-		panicked := func() (p any) {
-			defer func() { p = recover() }()
-			_, err = redistest.Rebuilder(t, d.Client, rebuild.Options{}, b).Run(redistest.Ctx(t), rebuild.FromSlice(users(2)))
-			return nil
-		}()
-
-		if panicked != nil {
-			first, _, _ := strings.Cut(fmt.Sprint(panicked), "\n")
-			t.Errorf("Run: got a panic %q, want an error naming SMOVE", first)
-		} else {
-			wantRunError(t, err, "build", "SMOVE")
+		for _, value := range []any{
+			"no free slot in the application's pool",
+			fmt.Errorf("slot %d moved", keys.Slot(live)),
+			[]string{"multi key command with different key slots are not allowed"}, // not comparable
+		} {
+			b := builders.Compat(live, func(ctx context.Context, p rueidiscompat.Pipeliner, temp string, us []user) error {
+				p.HSet(ctx, temp, us[0].Email, us[0].ID)
+				panic(value)
+			})
+			panicked, err := runRecovering(t, d.Client, b)
+			if pe, ok := panicked.(*rebuild.PanicError); !ok || fmt.Sprint(pe.Value) != fmt.Sprint(value) {
+				t.Errorf("Run: got the panic %.200v and the error %v, want a panic with a *rebuild.PanicError of %v", panicked, err, value)
+			}
 		}
 		redistest.WantUnchanged(t, d.Other, d.Prefix, before)
 		redistest.WantClean(t, d.Other, d.Prefix)
 	})
+}
+
+// runRecovering runs a rebuild of two users with b, and returns its error,
+// or what Run panicked with.
+func runRecovering(t *testing.T, c rueidis.Client, b rebuild.Builder[user]) (panicked any, err error) {
+	t.Helper()
+	defer func() { panicked = recover() }()
+	_, err = redistest.Rebuilder(t, c, rebuild.Options{}, b).Run(redistest.Ctx(t), rebuild.FromSlice(users(2)))
+	return nil, err
 }
 
 func TestCompatServerRefusal(t *testing.T) {

@@ -4,10 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"regexp"
-	"runtime/debug"
+	"reflect"
+	"runtime"
 	"strings"
 
+	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/rebuild"
 	"github.com/redis/rueidis"
 	"github.com/redis/rueidis/rueidiscompat"
@@ -65,24 +66,28 @@ func (b *compat[T]) Build(c *rebuild.Commands, items []T) error {
 	return nil
 }
 
-// queue runs fn on a pipeline over sink and hands its commands to sink. On a
-// cluster client, rueidis's command builder panics on a command whose keys
-// span several hash slots: that is a refusal, reported as an error.
+// queue runs fn on a pipeline over sink and hands its commands to sink.
+//
+// A standalone or sentinel client's command builder never looks at slots.
+// A cluster client's builder panics on a command whose keys span several
+// hash slots; fn, not keyswap, calls the methods that build the commands,
+// so such a command cannot be refused before it is built. The panic is a
+// refusal, reported as an error, only when its value is the very value this
+// builder panics with for keys of two slots (asked of it before fn runs):
+// any other panic of fn is passed on, to fail the run as a builder's panic.
 func (b *compat[T]) queue(sink *capture, temp string, items []T) (err error) {
-	defer func() {
-		if p := recover(); p != nil {
-			msg := fmt.Sprint(p)
-			if !strings.Contains(msg, "slot") {
+	if crossSlot := crossSlotPanic(sink.cb); crossSlot != nil {
+		defer func() {
+			p := recover()
+			if p == nil {
+				return
+			}
+			if p != crossSlot {
 				panic(p)
 			}
-			// The panic value does not name the command; the stack does.
-			cmd := "a command"
-			if m := compatMethod.FindSubmatch(debug.Stack()); m != nil {
-				cmd = strings.ToUpper(string(m[1]))
-			}
-			err = fmt.Errorf("compat builder %q queued %s on keys outside its temp key's hash slot: %s", b.key, cmd, msg)
-		}
-	}()
+			err = fmt.Errorf("compat builder %q queued %s on keys outside its temp key's hash slot: %v", b.key, compatCommand(), p)
+		}()
+	}
 	p := rueidiscompat.NewAdapter(sink).Pipeline()
 	ctx := context.Background() // the pipeline only queues; nothing is sent
 	if err := b.fn(ctx, p, temp, items); err != nil {
@@ -94,8 +99,51 @@ func (b *compat[T]) queue(sink *capture, temp string, items []T) (err error) {
 	return nil
 }
 
-// compatMethod finds the rueidiscompat method in a stack trace.
-var compatMethod = regexp.MustCompile(`rueidiscompat\.\(\*(?:Compat|Pipeline)\)\.(\w+)\(`)
+// slotPair is two keys of different hash slots.
+var slotPair = func() [2]string {
+	for i := 1; ; i++ {
+		k := fmt.Sprintf("k%d", i)
+		if keys.Slot(k) != keys.Slot("k0") {
+			return [2]string{"k0", k}
+		}
+	}
+}()
+
+// crossSlotPanic returns what cb panics with when a command's keys span
+// two hash slots, or nil when cb does not check slots (it is not a
+// cluster client's). A value that cannot be compared is never matched, so
+// nil is returned for it too: such a panic then fails the run as a
+// builder's panic.
+func crossSlotPanic(cb rueidis.Builder) (p any) {
+	defer func() {
+		if p = recover(); p != nil && !reflect.TypeOf(p).Comparable() {
+			p = nil
+		}
+	}()
+	cb.Arbitrary("SUNIONSTORE").Keys(slotPair[0], slotPair[1])
+	return nil
+}
+
+// compatCommand names the rueidiscompat method being run, as a Redis
+// command, from the stack of the panic being recovered ("a command" when
+// none is on it): the panic value does not name it.
+func compatCommand() string {
+	pcs := make([]uintptr, 64)
+	frames := runtime.CallersFrames(pcs[:runtime.Callers(2, pcs)])
+	for {
+		f, more := frames.Next()
+		for _, typ := range []string{"(*Compat).", "(*Pipeline)."} {
+			if m, ok := strings.CutPrefix(f.Function, "github.com/redis/rueidis/rueidiscompat."+typ); ok {
+				if m, _, _ = strings.Cut(m, "."); m != "" {
+					return strings.ToUpper(m)
+				}
+			}
+		}
+		if !more {
+			return "a command"
+		}
+	}
+}
 
 // writesOtherKeys lists commands whose first argument is a key but which
 // can write another key too, or which take a key count first.

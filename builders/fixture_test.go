@@ -23,28 +23,11 @@ func forEachDeployment(t *testing.T, f func(t *testing.T, d deployment)) {
 	env.ForEachDeployment(t, f)
 }
 
-// user is the item type of the tests.
-type user struct {
-	ID      string
-	Email   string
-	Country string
-	Score   float64
-}
+// user is the item type of most tests.
+type user = redistest.User
 
-// users returns n users with distinct ids and emails, countries cycling
-// over fr, de, us, and scores equal to their index.
-func users(n int) []user {
-	out := make([]user, n)
-	for i := range out {
-		out[i] = user{
-			ID:      fmt.Sprintf("u%06d", i),
-			Email:   fmt.Sprintf("user%06d@example.com", i),
-			Country: []string{"fr", "de", "us"}[i%3],
-			Score:   float64(i),
-		}
-	}
-	return out
-}
+// users returns n users (redistest.Users).
+func users(n int) []user { return redistest.Users(n) }
 
 // mustRun runs a Rebuilder of bs over src and fails the test on error.
 func mustRun[T any](t *testing.T, c rueidis.Client, opts rebuild.Options, src []T, bs ...rebuild.Builder[T]) rebuild.Stats {

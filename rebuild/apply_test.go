@@ -13,7 +13,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"iter"
 	"log/slog"
 	"maps"
 	"math"
@@ -30,7 +29,6 @@ import (
 	"github.com/keyswap/keyswap/internal/faultproxy"
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/redistest"
-	"github.com/keyswap/keyswap/internal/run"
 	"github.com/keyswap/keyswap/rebuild"
 	"github.com/redis/rueidis"
 	"github.com/redis/rueidis/rueidiscompat"
@@ -114,26 +112,26 @@ func wantIndex(t *testing.T, c rueidis.Client, k onlineKeys, us map[string]user)
 	for _, u := range us {
 		wantHash[u.Email] = u.ID
 		wantZset[u.ID] = u.Score
-		b := k.family + ":" + u.Country
+		b := k.Family + ":" + u.Country
 		wantSets[b] = append(wantSets[b], u.ID)
 	}
 	for _, ms := range wantSets {
 		slices.Sort(ms)
 	}
-	if diff := cmp.Diff(wantHash, redistest.HGetAll(t, c, k.hash)); diff != "" {
-		t.Errorf("%s (-want +got):\n%s", k.hash, diff)
+	if diff := cmp.Diff(wantHash, redistest.HGetAll(t, c, k.Hash)); diff != "" {
+		t.Errorf("%s (-want +got):\n%s", k.Hash, diff)
 	}
-	if diff := cmp.Diff(wantZset, redistest.ZScores(t, c, k.zset)); diff != "" {
-		t.Errorf("%s (-want +got):\n%s", k.zset, diff)
+	if diff := cmp.Diff(wantZset, redistest.ZScores(t, c, k.Zset)); diff != "" {
+		t.Errorf("%s (-want +got):\n%s", k.Zset, diff)
 	}
 	gotSets := map[string][]string{}
-	for _, b := range redistest.LiveKeys(t, c, k.family+":") {
+	for _, b := range redistest.LiveKeys(t, c, k.Family+":") {
 		gotSets[b] = redistest.SMembers(t, c, b)
 	}
 	if diff := cmp.Diff(wantSets, gotSets); diff != "" {
-		t.Errorf("%s:* (-want +got):\n%s", k.family, diff)
+		t.Errorf("%s:* (-want +got):\n%s", k.Family, diff)
 	}
-	for _, key := range append(slices.Collect(maps.Keys(gotSets)), k.hash, k.zset) {
+	for _, key := range append(slices.Collect(maps.Keys(gotSets)), k.Hash, k.Zset) {
 		if redistest.Exists(t, c, key) {
 			redistest.WantPTTL(t, c, key, -1, -1)
 		}
@@ -181,7 +179,7 @@ func (ix *indexOf) changed(cs ...rebuild.Change[user]) {
 }
 
 func TestApplyMaintainsIndex(t *testing.T) {
-	// Without a run, Apply keeps the three indexes exactly as a rebuild of
+	// C64: without a run, Apply keeps the three indexes exactly as a rebuild of
 	// the source of truth would make them, in one round trip per call
 	// whatever the number of changes, and sends nothing for changes that
 	// write nothing.
@@ -230,8 +228,8 @@ func TestApplyMaintainsIndex(t *testing.T) {
 				wantIndex(t, d.Other, ix.k, ix.users)
 			})
 		}
-		if redistest.Exists(t, d.Other, ix.k.family+":solo") {
-			t.Errorf("%s:solo exists, want it deleted with its last member", ix.k.family)
+		if redistest.Exists(t, d.Other, ix.k.Family+":solo") {
+			t.Errorf("%s:solo exists, want it deleted with its last member", ix.k.Family)
 		}
 		redistest.WantClean(t, d.Other, d.Prefix)
 	})
@@ -244,8 +242,8 @@ func with(u user, f func(*user)) user {
 }
 
 func TestApplyRefusedBeforeSending(t *testing.T) {
-	// What Apply refuses without sending anything, the live keys as they
-	// were: a builder that is not Incremental (ErrNotIncremental, naming
+	// C64: what Apply refuses without sending anything, the live keys as
+	// they were: a builder that is not Incremental (ErrNotIncremental, naming
 	// it), a change with neither Old nor New (even with valid changes
 	// beside it), a Diff error (a NaN score), and a write to a key the
 	// builder does not own.
@@ -255,9 +253,9 @@ func TestApplyRefusedBeforeSending(t *testing.T) {
 		ix := seedIndex(t, d, us...)
 		three := func() []rebuild.Builder[user] {
 			return []rebuild.Builder[user]{
-				builders.Hash(ix.k.hash, func(u user) (string, string, bool) { return u.Email, u.ID, true }),
-				builders.SortedSet(ix.k.zset, func(u user) (string, float64, bool) { return u.ID, u.Score, true }),
-				builders.SetIndex(ix.k.family, func(u user) (string, string, bool) { return u.Country, u.ID, true }),
+				builders.Hash(ix.k.Hash, func(u user) (string, string, bool) { return u.Email, u.ID, true }),
+				builders.SortedSet(ix.k.Zset, func(u user) (string, float64, bool) { return u.ID, u.Score, true }),
+				builders.SetIndex(ix.k.Family, func(u user) (string, string, bool) { return u.Country, u.ID, true }),
 			}
 		}
 		fn := d.Prefix + "idx:func"
@@ -276,10 +274,10 @@ func TestApplyRefusedBeforeSending(t *testing.T) {
 			{"a Compat builder first", append([]rebuild.Builder[user]{builders.Compat(compat, func(context.Context, rueidiscompat.Pipeliner, string, []user) error { return nil })}, three()...),
 				[]rebuild.Change[user]{rebuild.Insert(user{ID: "u000009", Email: "x@example.com", Country: "fr"})}, rebuild.ErrNotIncremental, compat, "does not implement rebuild.Incremental"},
 			{"neither old nor new", three(), []rebuild.Change[user]{rebuild.Insert(user{ID: "u000009", Email: "x@example.com", Country: "fr"}), {}},
-				nil, ix.k.hash + ", " + ix.k.zset + ", " + ix.k.family, "change 1 has neither an old nor a new value"},
-			{"a NaN score", three(), []rebuild.Change[user]{rebuild.Insert(nan)}, nil, ix.k.zset, "NaN score"},
-			{"a key the builder does not own", []rebuild.Builder[user]{&strayBuilder{key: ix.k.hash, writes: ix.k.zset}},
-				[]rebuild.Change[user]{rebuild.Insert(us[0])}, nil, ix.k.hash, "does not own"},
+				nil, ix.k.Hash + ", " + ix.k.Zset + ", " + ix.k.Family, "change 1 has neither an old nor a new value"},
+			{"a NaN score", three(), []rebuild.Change[user]{rebuild.Insert(nan)}, nil, ix.k.Zset, "NaN score"},
+			{"a key the builder does not own", []rebuild.Builder[user]{&strayBuilder{key: ix.k.Hash, writes: ix.k.Zset}},
+				[]rebuild.Change[user]{rebuild.Insert(us[0])}, nil, ix.k.Hash, "does not own"},
 		} {
 			t.Run(tt.name, func(t *testing.T) {
 				var sent sentCounter
@@ -322,7 +320,7 @@ func (s *strayBuilder) Diff(w *rebuild.Writes, _, new *user) error {
 }
 
 func TestApplyReservedBucket(t *testing.T) {
-	// A change whose bucket would have the shape of keyswap's own keys
+	// C60: a change whose bucket would have the shape of keyswap's own keys
 	// (the family's "rebuild-lock", a generation) skips that write, as a
 	// run skips such an entry, and logs it; the rest of the change is
 	// applied, in the same round trip.
@@ -333,7 +331,7 @@ func TestApplyReservedBucket(t *testing.T) {
 		r := onlineRebuilder(t, d.Client, ix.k, rebuild.Options{Logger: slog.New(rec)})
 		// The family's generation, which the first run published, keeps
 		// its value: the change's write to it as a bucket is skipped.
-		meta := keys.MetaKey(ix.k.family, d.Cluster)
+		meta := keys.MetaKey(ix.k.Family, d.Cluster)
 		metaBefore := redistest.Snapshot(t, d.Other, meta)
 		if len(metaBefore) != 1 {
 			t.Fatalf("%s: got %v, want the family's generation", meta, metaBefore)
@@ -354,7 +352,7 @@ func TestApplyReservedBucket(t *testing.T) {
 			if err := r.Apply(ctx, step.change); err != nil {
 				t.Fatalf("Apply(%v → %v): %v", step.change.Old, step.change.New, err)
 			}
-			skipped := ix.k.family + ":" + step.skipped
+			skipped := ix.k.Family + ":" + step.skipped
 			if got := rec.matching("skipped a change's write", "skipped_key="+skipped); len(got) == 0 || len(rec.matching("skipped")) != before+1 {
 				t.Errorf("log: got %q, want one line naming %s", rec.matching("skipped"), skipped)
 			}
@@ -367,7 +365,7 @@ func TestApplyReservedBucket(t *testing.T) {
 				redistest.WantAbsent(t, d.Other, skipped)
 			}
 		}
-		wantMembers := map[string][]string{ix.k.family + ":fr": {"u000000"}, ix.k.family + ":de": {"u000001"}, ix.k.family + ":us": {"u000002"}}
+		wantMembers := map[string][]string{ix.k.Family + ":fr": {"u000000"}, ix.k.Family + ":de": {"u000001"}, ix.k.Family + ":us": {"u000002"}}
 		for b, ms := range wantMembers {
 			if got := redistest.SMembers(t, d.Other, b); !slices.Equal(got, ms) {
 				t.Errorf("%s: got %q, want %q", b, got, ms)
@@ -386,11 +384,11 @@ func wantHashZset(t *testing.T, c rueidis.Client, k onlineKeys, us map[string]us
 		wantHash[u.Email] = u.ID
 		wantZset[u.ID] = u.Score
 	}
-	if diff := cmp.Diff(wantHash, redistest.HGetAll(t, c, k.hash)); diff != "" {
-		t.Errorf("%s (-want +got):\n%s", k.hash, diff)
+	if diff := cmp.Diff(wantHash, redistest.HGetAll(t, c, k.Hash)); diff != "" {
+		t.Errorf("%s (-want +got):\n%s", k.Hash, diff)
 	}
-	if diff := cmp.Diff(wantZset, redistest.ZScores(t, c, k.zset)); diff != "" {
-		t.Errorf("%s (-want +got):\n%s", k.zset, diff)
+	if diff := cmp.Diff(wantZset, redistest.ZScores(t, c, k.Zset)); diff != "" {
+		t.Errorf("%s (-want +got):\n%s", k.Zset, diff)
 	}
 }
 
@@ -421,7 +419,7 @@ func TestApplyNoPermission(t *testing.T) {
 			moved := with(u[0], func(v *user) { v.Email, v.Score, v.Country = "moved@example.com", 50, "de" })
 			err := r.Apply(ctx, rebuild.Update(u[0], moved))
 			redistest.WantErr(t, err, rebuild.ErrNoPermission)
-			bucket := ix.k.family + ":fr"
+			bucket := ix.k.Family + ":fr"
 			if !strings.Contains(err.Error(), "SREM") || !strings.Contains(err.Error(), bucket) {
 				t.Errorf("Apply: %v, want it to name SREM and %s", err, bucket)
 			}
@@ -463,7 +461,7 @@ func TestApplyReplyLost(t *testing.T) {
 				d := casePrefixed(d, tt.name)
 				u := users(3)
 				ix := seedIndex(t, d, u...)
-				proxy, c := proxied(t, d, ix.k.hash)
+				proxy, c := proxied(t, d, ix.k.Hash)
 				r := onlineRebuilder(t, c, ix.k, rebuild.Options{})
 				// A first change caches the script on the server and opens
 				// the connection, so that the cut hits the script itself,
@@ -563,7 +561,7 @@ func waitIndex(t *testing.T, c rueidis.Client, k onlineKeys, us map[string]user)
 		}
 	}
 	waitFor(t, "the change to reach the server", func() bool {
-		id, ok := redistest.HGetAll(t, c, k.hash)[want.Email]
+		id, ok := redistest.HGetAll(t, c, k.Hash)[want.Email]
 		return ok && id == want.ID
 	})
 	wantIndex(t, c, k, us)
@@ -589,9 +587,9 @@ func TestApplyClusterBucketsShareTheSlot(t *testing.T) {
 	ix := seedIndex(t, d, users(2)...)
 	r := onlineRebuilder(t, c, ix.k, rebuild.Options{})
 	braced := user{ID: "u000009", Email: "braced@example.com", Country: "{elsewhere}", Score: 9}
-	bucket := ix.k.family + ":" + braced.Country
-	if keys.Slot(bucket) != keys.Slot(ix.k.hash) {
-		t.Fatalf("%s is in slot %d, %s in %d", bucket, keys.Slot(bucket), ix.k.hash, keys.Slot(ix.k.hash))
+	bucket := ix.k.Family + ":" + braced.Country
+	if keys.Slot(bucket) != keys.Slot(ix.k.Hash) {
+		t.Fatalf("%s is in slot %d, %s in %d", bucket, keys.Slot(bucket), ix.k.Hash, keys.Slot(ix.k.Hash))
 	}
 	if err := r.Apply(ctx, rebuild.Insert(braced)); err != nil {
 		t.Fatalf("Apply: %v", err)
@@ -617,26 +615,15 @@ type heldRun struct {
 func startHeld(t *testing.T, ctx context.Context, r *rebuild.Rebuilder[user], c rueidis.Client, db string) *heldRun {
 	t.Helper()
 	h := &heldRun{started: make(chan struct{}), released: make(chan struct{}), done: make(chan struct{})}
-	src := func(ctx context.Context) iter.Seq2[user, error] {
-		return func(yield func(user, error) bool) {
-			m, err := readDB(ctx, c, db)
-			if err != nil {
-				yield(user{}, err)
-				return
-			}
-			close(h.started)
-			select {
-			case <-h.released:
-			case <-ctx.Done():
-				return
-			}
-			for _, id := range slices.Sorted(maps.Keys(m)) {
-				if !yield(m[id], nil) {
-					return
-				}
-			}
+	src := redistest.TruthSource(c, db, func(ctx context.Context) bool {
+		close(h.started)
+		select {
+		case <-h.released:
+			return true
+		case <-ctx.Done():
+			return false
 		}
-	}
+	}, nil)
 	go func() {
 		defer close(h.done)
 		h.stats, h.err = r.Run(ctx, src)
@@ -674,7 +661,7 @@ func (a applier) apply(ctx context.Context, cs ...rebuild.Change[user]) error {
 	for _, ch := range cs {
 		var cmd rueidis.Completed
 		if ch.New != nil {
-			cmd = a.c.B().Hset().Key(a.db).FieldValue().FieldValue(ch.New.ID, encodeUser(*ch.New)).Build()
+			cmd = a.c.B().Hset().Key(a.db).FieldValue().FieldValue(ch.New.ID, redistest.EncodeUser(*ch.New)).Build()
 		} else {
 			cmd = a.c.B().Hdel().Key(a.db).Field(ch.Old.ID).Build()
 		}
@@ -720,9 +707,9 @@ func (a applier) applyAll(ctx context.Context, cs []rebuild.Change[user]) error 
 // first run of it.
 func onlineSeed(t *testing.T, d deployment, k onlineKeys, n int, seed uint64) {
 	t.Helper()
-	redistest.Clean(t, d.Other, k.db) // what an earlier run of the test (-count) inserted
-	seedDB(t, d.Other, k.db, n, seed)
-	if _, err := onlineRebuilder(t, d.Client, k, rebuild.Options{}).Run(redistest.Ctx(t), onlineSource(d.Client, k.db, nil, 0)); err != nil {
+	redistest.Clean(t, d.Other, k.DB) // what an earlier run of the test (-count) inserted
+	seedDB(t, d.Other, k.DB, n, seed)
+	if _, err := onlineRebuilder(t, d.Client, k, rebuild.Options{}).Run(redistest.Ctx(t), onlineSource(d.Client, k.DB, nil, 0)); err != nil {
 		t.Fatalf("first run: %v", err)
 	}
 }
@@ -744,7 +731,7 @@ func wantRunErr(t *testing.T, err error, op string, target error, says string) {
 }
 
 func TestApplyMaxChanges(t *testing.T) {
-	// The writer's Rebuilder bounds each log at MaxChanges entries: past
+	// C65: the writer's Rebuilder bounds each log at MaxChanges entries: past
 	// it, changes are applied but not logged (the log gets "!overrun",
 	// and Apply logs a warning), and the run fails with ErrFallingBehind
 	// instead of publishing without them: in its catch-up when the overrun
@@ -760,7 +747,7 @@ func TestApplyMaxChanges(t *testing.T) {
 				onlineSeed(t, d, k, 500, 21)
 				rec := newLogRecorder()
 				const bound = 5
-				a := applier{c: d.Other, r: onlineRebuilder(t, d.Other, k, rebuild.Options{MaxChanges: bound, Logger: slog.New(rec)}), db: k.db}
+				a := applier{c: d.Other, r: onlineRebuilder(t, d.Other, k, rebuild.Options{MaxChanges: bound, Logger: slog.New(rec)}), db: k.DB}
 				changes := inserts(0, 3*bound)
 				runner := d.Client
 				if where == "publish" {
@@ -779,7 +766,7 @@ func TestApplyMaxChanges(t *testing.T) {
 						},
 					})
 				}
-				run := startHeld(t, ctx, onlineRebuilder(t, runner, k, rebuild.Options{}), d.Client, k.db)
+				run := startHeld(t, ctx, onlineRebuilder(t, runner, k, rebuild.Options{}), d.Client, k.DB)
 				if where == "catch-up" {
 					if err := a.apply(ctx, changes...); err != nil {
 						t.Fatal(err)
@@ -799,8 +786,8 @@ func TestApplyMaxChanges(t *testing.T) {
 }
 
 func TestApplyCatchUpTimeout(t *testing.T) {
-	// A run whose catch-up cannot get within PublishTail of the logs before
-	// CatchUpTimeout fails with ErrFallingBehind: CatchUpChunk +
+	// C66: a run whose catch-up cannot get within PublishTail of the logs
+	// before CatchUpTimeout fails with ErrFallingBehind: CatchUpChunk +
 	// PublishTail + 400 changes, each logged in the three logs, were applied
 	// while its source was held, and the catch-up replays CatchUpChunk
 	// entries per log per round trip at most; a hook makes
@@ -814,15 +801,15 @@ func TestApplyCatchUpTimeout(t *testing.T) {
 		var rounds atomic.Int64
 		slow := rueidishook.WithHook(d.Client, redistest.Hook{
 			OnDoMulti: func(c rueidis.Client, ctx context.Context, multi ...rueidis.Completed) []rueidis.RedisResult {
-				if isCatchUpRead(multi) {
+				if redistest.IsCatchUpRead(multi) {
 					rounds.Add(1)
 					time.Sleep(5 * time.Millisecond) // the slow catch-up the test is about, not a wait for another goroutine
 				}
 				return c.DoMulti(ctx, multi...)
 			},
 		})
-		a := applier{c: d.Other, r: onlineRebuilder(t, d.Other, k, rebuild.Options{}), db: k.db}
-		run := startHeld(t, ctx, onlineRebuilder(t, slow, k, rebuild.Options{CatchUpTimeout: time.Millisecond}), d.Client, k.db)
+		a := applier{c: d.Other, r: onlineRebuilder(t, d.Other, k, rebuild.Options{}), db: k.DB}
+		run := startHeld(t, ctx, onlineRebuilder(t, slow, k, rebuild.Options{CatchUpTimeout: time.Millisecond}), d.Client, k.DB)
 		if err := a.applyAll(ctx, inserts(0, rebuild.CatchUpChunk+rebuild.PublishTail+400)); err != nil {
 			t.Fatal(err)
 		}
@@ -839,23 +826,10 @@ func TestApplyCatchUpTimeout(t *testing.T) {
 	})
 }
 
-// isCatchUpRead reports whether multi is a catch-up's read of its logs: a
-// readlog script (the length and the counts) and an LRANGE of the entries
-// of each.
-func isCatchUpRead(multi []rueidis.Completed) bool {
-	if len(multi) == 0 {
-		return false
-	}
-	// Sent as EVAL (run.ReadLogCommands); its text, not its SHA1, which
-	// FIPS 140-only mode does not allow.
-	args := multi[0].Commands()
-	return len(args) > 1 && args[0] == "EVAL" && args[1] == run.Source("readlog")
-}
-
 // sumLogs returns the entries of every log of k's locks.
 func sumLogs(ctx context.Context, c rueidis.Client, k onlineKeys, cluster bool) (int64, error) {
 	var n int64
-	for _, live := range []string{k.hash, k.zset, k.family} {
+	for _, live := range []string{k.Hash, k.Zset, k.Family} {
 		m, err := c.Do(ctx, c.B().Llen().Key(keys.LogKey(keys.LockKey(live, cluster))).Build()).AsInt64()
 		if err != nil {
 			return 0, err
@@ -877,8 +851,8 @@ func publishCode(res rueidis.RedisResult) (int64, bool) {
 }
 
 func TestApplyTailTooLong(t *testing.T) {
-	// Changes applied between the last catch-up and the publish, more
-	// than PublishTail: the publish refuses before any write ({-7}), the
+	// C66, C77: changes applied between the last catch-up and the publish,
+	// more than PublishTail: the publish refuses before any write ({-7}), the
 	// run catches up again and publishes. A hook on the publish script's
 	// first send makes 1500 changes (inserts, deletes, updates of every
 	// field) before letting it through. Stats.Changes counts every entry
@@ -887,7 +861,7 @@ func TestApplyTailTooLong(t *testing.T) {
 		ctx := redistest.Ctx(t)
 		k := onlineNames(d.Prefix)
 		onlineSeed(t, d, k, 2000, 23)
-		w, err := newOnlineWriter(ctx, d.Other, onlineRebuilder(t, d.Other, k, rebuild.Options{}), k.db, 23)
+		w, err := newOnlineWriter(ctx, d.Other, onlineRebuilder(t, d.Other, k, rebuild.Options{}), k.DB, 23)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -903,7 +877,7 @@ func TestApplyTailTooLong(t *testing.T) {
 				}
 				first.Do(func() {
 					for range 1500 {
-						if err := w.step(ctx); err != nil {
+						if err := w.Step(ctx); err != nil {
 							t.Errorf("writer: %v", err)
 							return
 						}
@@ -922,9 +896,9 @@ func TestApplyTailTooLong(t *testing.T) {
 				return res
 			},
 		})
-		run := startHeld(t, ctx, onlineRebuilder(t, runner, k, rebuild.Options{}), d.Client, k.db)
+		run := startHeld(t, ctx, onlineRebuilder(t, runner, k, rebuild.Options{}), d.Client, k.DB)
 		for range 100 { // some changes for the first catch-up too
-			if err := w.step(ctx); err != nil {
+			if err := w.Step(ctx); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -940,7 +914,7 @@ func TestApplyTailTooLong(t *testing.T) {
 		if stats.Changes != logged || stats.Changes < 1600 {
 			t.Errorf("Stats.Changes = %d, want the %d entries logged (1600 changes, each logged once per index it writes)", stats.Changes, logged)
 		}
-		t.Logf("%d changes, %d log entries replayed, catch-up %v", w.applied.Load(), stats.Changes, stats.CatchUp)
+		t.Logf("%d changes, %d log entries replayed, catch-up %v", w.Applied.Load(), stats.Changes, stats.CatchUp)
 		wantOnline(t, d.Other, k)
 		redistest.WantClean(t, d.Other, d.Prefix)
 	})
@@ -961,17 +935,17 @@ func TestApplyEmptiesTempKey(t *testing.T) {
 				ctx := redistest.Ctx(t)
 				d := casePrefixed(d, strings.ReplaceAll(back, "'", ""))
 				k := onlineNames(d.Prefix)
-				redistest.Clean(t, d.Other, k.db)
-				seedDB(t, d.Other, k.db, 300, 24)
+				redistest.Clean(t, d.Other, k.DB)
+				seedDB(t, d.Other, k.DB, 300, 24)
 				solo := user{ID: "solo", Email: "solo@example.com", Country: "solo", Score: 1}
-				if err := d.Other.Do(ctx, d.Other.B().Hset().Key(k.db).FieldValue().FieldValue(solo.ID, encodeUser(solo)).Build()).Error(); err != nil {
+				if err := d.Other.Do(ctx, d.Other.B().Hset().Key(k.DB).FieldValue().FieldValue(solo.ID, redistest.EncodeUser(solo)).Build()).Error(); err != nil {
 					t.Fatal(err)
 				}
-				if _, err := onlineRebuilder(t, d.Client, k, rebuild.Options{}).Run(ctx, onlineSource(d.Client, k.db, nil, 0)); err != nil {
+				if _, err := onlineRebuilder(t, d.Client, k, rebuild.Options{}).Run(ctx, onlineSource(d.Client, k.DB, nil, 0)); err != nil {
 					t.Fatalf("first run: %v", err)
 				}
-				bucket := k.family + ":solo"
-				a := applier{c: d.Other, r: onlineRebuilder(t, d.Other, k, rebuild.Options{}), db: k.db}
+				bucket := k.Family + ":solo"
+				a := applier{c: d.Other, r: onlineRebuilder(t, d.Other, k, rebuild.Options{}), db: k.DB}
 				away := with(solo, func(u *user) { u.Country = "c00" })
 				moveBack := func() {
 					if err := a.apply(ctx, rebuild.Update(away, solo)); err != nil {
@@ -983,7 +957,7 @@ func TestApplyEmptiesTempKey(t *testing.T) {
 				publish := redistest.ScriptNamed("publish")
 				runner := rueidishook.WithHook(d.Client, redistest.Hook{
 					OnDoMulti: func(c rueidis.Client, ctx context.Context, multi ...rueidis.Completed) []rueidis.RedisResult {
-						read := isCatchUpRead(multi)
+						read := redistest.IsCatchUpRead(multi)
 						if read {
 							catchingUp.Store(true)
 						}
@@ -1001,7 +975,7 @@ func TestApplyEmptiesTempKey(t *testing.T) {
 						return c.Do(ctx, cmd)
 					},
 				})
-				run := startHeld(t, ctx, onlineRebuilder(t, runner, k, rebuild.Options{}), d.Client, k.db)
+				run := startHeld(t, ctx, onlineRebuilder(t, runner, k, rebuild.Options{}), d.Client, k.DB)
 				if err := a.apply(ctx, rebuild.Update(solo, away)); err != nil {
 					t.Fatal(err)
 				}
@@ -1050,7 +1024,7 @@ func TestApplyPublishRefusedDiscards(t *testing.T) {
 			{"an entry that is not a change", func(t *testing.T, ctx context.Context, k onlineKeys, a applier) {
 				// Counted as Apply counts it, so that the entry itself is
 				// what the publish refuses.
-				lock := keys.LockKey(k.hash, d.Cluster)
+				lock := keys.LockKey(k.Hash, d.Cluster)
 				redistest.Cmd(t, d.Other, "RPUSH", keys.LogKey(lock), "garbage")
 				redistest.Cmd(t, d.Other, "HINCRBY", keys.RecordKey(lock), "logged", "1")
 			}, "is not a change keyswap logged"},
@@ -1062,7 +1036,7 @@ func TestApplyPublishRefusedDiscards(t *testing.T) {
 				if err := a.apply(ctx, rebuild.Insert(u)); err != nil {
 					t.Error(err)
 				}
-				bucket := k.family + ":" + u.Country
+				bucket := k.Family + ":" + u.Country
 				redistest.Cmd(t, d.Other, "DEL", bucket)
 				redistest.Cmd(t, d.Other, "SET", bucket, "x")
 			}, "holds a string"},
@@ -1072,7 +1046,7 @@ func TestApplyPublishRefusedDiscards(t *testing.T) {
 				d := casePrefixed(d, tt.name)
 				k := onlineNames(d.Prefix)
 				onlineSeed(t, d, k, 100, 25)
-				a := applier{c: d.Other, r: onlineRebuilder(t, d.Other, k, rebuild.Options{}), db: k.db}
+				a := applier{c: d.Other, r: onlineRebuilder(t, d.Other, k, rebuild.Options{}), db: k.DB}
 				publish := redistest.ScriptNamed("publish")
 				var once sync.Once
 				runner := rueidishook.WithHook(d.Client, redistest.Hook{
@@ -1084,7 +1058,7 @@ func TestApplyPublishRefusedDiscards(t *testing.T) {
 					},
 				})
 				before := generationsOf(t, d, k)
-				_, err := onlineRebuilder(t, runner, k, rebuild.Options{}).Run(ctx, onlineSource(d.Client, k.db, nil, 0))
+				_, err := onlineRebuilder(t, runner, k, rebuild.Options{}).Run(ctx, onlineSource(d.Client, k.DB, nil, 0))
 				var e *rebuild.Error
 				if !errors.As(err, &e) || e.Op != "publish" || !strings.Contains(err.Error(), tt.says) {
 					t.Fatalf("Run: got %v, want an *Error of op publish saying %q", err, tt.says)
@@ -1102,7 +1076,7 @@ func TestApplyPublishRefusedDiscards(t *testing.T) {
 func generationsOf(t *testing.T, d deployment, k onlineKeys) []string {
 	t.Helper()
 	var out []string
-	for _, live := range []string{k.hash, k.zset, k.family} {
+	for _, live := range []string{k.Hash, k.Zset, k.Family} {
 		out = append(out, redistest.HGetAll(t, d.Other, keys.MetaKey(live, d.Cluster))["gen"])
 	}
 	return out

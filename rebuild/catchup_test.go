@@ -15,7 +15,7 @@ import (
 )
 
 func TestCatchUpFailsWhileWriting(t *testing.T) {
-	// The catch-up reads and checks a round while the previous round's
+	// C66, C72, C73: the catch-up reads and checks a round while the previous round's
 	// write is in flight. The hash's log holds CatchUpChunk valid entries
 	// (the first round), then, first of the second round, an entry whose
 	// key is not the run's, or the log is cut right after the first round
@@ -40,17 +40,17 @@ func TestCatchUpFailsWhileWriting(t *testing.T) {
 				ctx := redistest.Ctx(t)
 				d := casePrefixed(d, tc.name)
 				ix := seedIndex(t, d, users(9)...)
-				foreign := ix.k.hash + "x" // in the hash's slot: the catch-up, not the cluster, refuses it
+				foreign := ix.k.Hash + "x" // in the hash's slot: the catch-up, not the cluster, refuses it
 				redistest.Cmd(t, d.Other, "SADD", foreign, "alice")
 				before := redistest.Snapshot(t, d.Other, d.Prefix)
-				log, rec := logOf(d, ix.k.hash), recordOf(d, ix.k.hash)
+				log, rec := logOf(d, ix.k.Hash), recordOf(d, ix.k.Hash)
 
 				var reads, writes atomic.Int64
 				var written atomic.Bool
 				secondRead := make(chan struct{})
 				hooked := rueidishook.WithHook(d.Client, redistest.Hook{
 					OnDoMulti: func(c rueidis.Client, hctx context.Context, multi ...rueidis.Completed) []rueidis.RedisResult {
-						if isCatchUpRead(multi) {
+						if redistest.IsCatchUpRead(multi) {
 							res := c.DoMulti(hctx, multi...)
 							switch reads.Add(1) {
 							case 1:
@@ -81,14 +81,14 @@ func TestCatchUpFailsWhileWriting(t *testing.T) {
 						return res
 					},
 				})
-				h := startHeld(t, ctx, onlineRebuilder(t, hooked, ix.k, rebuild.Options{}), d.Client, ix.k.db)
+				h := startHeld(t, ctx, onlineRebuilder(t, hooked, ix.k, rebuild.Options{}), d.Client, ix.k.DB)
 				// The first round, the foreign entry (the second round's
 				// first), and more than PublishTail after it, so that the
 				// catch-up reads a second round.
 				var es []string
 				work := 0
 				for i := range rebuild.CatchUpChunk + 1 + rebuild.PublishTail + 10 {
-					e := entry("HSET", ix.k.hash, fmt.Sprintf("fake%05d@example.com", i), "u999999")
+					e := entry("HSET", ix.k.Hash, fmt.Sprintf("fake%05d@example.com", i), "u999999")
 					w := 3
 					if i == rebuild.CatchUpChunk && tc.name == "tampered" {
 						e, w = entry("SADD", foreign, "mallory"), 2

@@ -140,6 +140,35 @@ func TestConfigInvalid(t *testing.T) {
 			builders: func(p string) []rebuild.Builder[user] { return []rebuild.Builder[user]{cfgIndex("")} },
 			want:     func(string) []string { return []string{"builder 0", "empty key"} },
 		},
+		// C60: a builder key with the shape of keyswap's own keys.
+		{
+			name:     "Hash key shaped like a lock",
+			builders: func(p string) []rebuild.Builder[user] { return []rebuild.Builder[user]{cfgHash(p + "k:rebuild-lock")} },
+			want:     func(p string) []string { return []string{p + "k:rebuild-lock", "builder 0", "has the shape of"} },
+		},
+		{
+			name: "Hash key shaped like a record",
+			builders: func(p string) []rebuild.Builder[user] {
+				return []rebuild.Builder[user]{cfgZset(p + "z"), cfgHash(p + "k:rebuild-lock:run")}
+			},
+			want: func(p string) []string { return []string{p + "k:rebuild-lock:run", "builder 1", "has the shape of"} },
+		},
+		{
+			name: "SetIndex prefix shaped like a meta",
+			builders: func(p string) []rebuild.Builder[user] {
+				return []rebuild.Builder[user]{cfgIndex(p + "idx:rebuild-gen")}
+			},
+			want: func(p string) []string { return []string{p + "idx:rebuild-gen", "has the shape of"} },
+		},
+		{
+			name: "Hash key shaped like a temp key",
+			builders: func(p string) []rebuild.Builder[user] {
+				return []rebuild.Builder[user]{cfgHash(p + "k:rebuild:1600000000:0123456789abcdef")}
+			},
+			want: func(p string) []string {
+				return []string{p + "k:rebuild:1600000000:0123456789abcdef", "has the shape of"}
+			},
+		},
 		{
 			name: "two builders on one key",
 			builders: func(p string) []rebuild.Builder[user] {
@@ -354,8 +383,8 @@ func TestConfigBuilderOutsideItsKeys(t *testing.T) {
 				return err
 			}},
 			{name: "SetIndex empty bucket", owner: "idx", want: "followed by a bucket", emptyBucket: true},
-			// 11.6: a command's keys must all be the builder's temp keys,
-			// on standalone as on a cluster.
+			// 11.6, C63: a command's keys must all be the builder's temp
+			// keys, on standalone as on a cluster; nothing of the batch is sent.
 			{name: "command on another key", owner: "k", want: "is not one of this run's temp keys", bad: func(c *rebuild.Commands, p string) error {
 				c.Add(c.B().Sadd().Key(p+"other").Member("m").Build(), 1)
 				return nil

@@ -427,7 +427,7 @@ func TestFailLockStolen(t *testing.T) {
 	})
 }
 
-// TestFailStall (C16+, 11.7): a source that yields no item for
+// TestFailStall (C16+, C61, 11.7): a source that yields no item for
 // StallTimeout fails the run with ErrStalled, which is not ErrInProgress:
 // no other process is involved. Nothing is published, nothing is left.
 func TestFailStall(t *testing.T) {
@@ -501,7 +501,7 @@ func TestFailLeaseLapses(t *testing.T) {
 	})
 }
 
-// TestSlowSourceKeepsLease (11.7): a source that yields one item every
+// TestSlowSourceKeepsLease (11.7, C61): a source that yields one item every
 // 300 ms, far fewer than a batch per TTL, rebuilds: the heartbeat keeps
 // the lease without completed batches, and each partial batch is written
 // after FlushInterval, so the run makes progress while the source is slow.

@@ -1,7 +1,6 @@
 package rebuild_test
 
 import (
-	"fmt"
 	"maps"
 	"slices"
 	"sync/atomic"
@@ -20,15 +19,8 @@ func forEachDeployment(t *testing.T, f func(t *testing.T, d deployment)) {
 }
 
 // user is the item type of most tests.
-type user struct {
-	ID      string
-	Email   string
-	Country string
-	Score   float64
-}
+type user = redistest.User
 
-// users returns n users with distinct ids and emails, countries cycling
-// over fr, de, us, and scores equal to their index.
 // flight counts the calls in flight and the most at once.
 type flight struct{ now, most atomic.Int64 }
 
@@ -40,18 +32,8 @@ func (f *flight) enter() (exit func()) {
 	return func() { f.now.Add(-1) }
 }
 
-func users(n int) []user {
-	out := make([]user, n)
-	for i := range out {
-		out[i] = user{
-			ID:      fmt.Sprintf("u%06d", i),
-			Email:   fmt.Sprintf("user%06d@example.com", i),
-			Country: []string{"fr", "de", "us"}[i%3],
-			Score:   float64(i),
-		}
-	}
-	return out
-}
+// users returns n users (redistest.Users).
+func users(n int) []user { return redistest.Users(n) }
 
 // sortedSets returns the members of each set of sets, sorted, as
 // redistest.SMembers returns them.

@@ -6,11 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"iter"
-	"maps"
-	"math/rand/v2"
 	"os"
 	"os/exec"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,7 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/keyswap/keyswap/builders"
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/rebuild"
@@ -35,298 +31,94 @@ import (
 // After the run, every index must equal what the source of truth holds
 // then, exactly.
 
-// onlineKeys are the keys of an online test.
-type onlineKeys struct{ db, hash, zset, family string }
+// onlineKeys are the keys of an online test, in the online model of
+// redistest (the source of truth, its users and the application, App).
+type onlineKeys = redistest.OnlineIndexes
 
 func onlineNames(prefix string) onlineKeys {
-	return onlineKeys{db: prefix + "db", hash: prefix + "idx:by-email", zset: prefix + "idx:by-score", family: prefix + "idx:by-country"}
+	return onlineKeys{DB: prefix + "db", Hash: prefix + "idx:by-email", Zset: prefix + "idx:by-score", Family: prefix + "idx:by-country"}
 }
 
 // onlineRebuilder returns the Rebuilder of the three indexes of k.
 func onlineRebuilder(tb testing.TB, c rueidis.Client, k onlineKeys, opts rebuild.Options) *rebuild.Rebuilder[user] {
 	tb.Helper()
-	return redistest.Rebuilder(tb, c, opts,
-		builders.Hash(k.hash, func(u user) (string, string, bool) { return u.Email, u.ID, true }),
-		builders.SortedSet(k.zset, func(u user) (string, float64, bool) { return u.ID, u.Score, true }),
-		builders.SetIndex(k.family, func(u user) (string, string, bool) { return u.Country, u.ID, true }),
-	)
-}
-
-func encodeUser(u user) string {
-	return u.Email + "|" + strconv.FormatFloat(u.Score, 'g', -1, 64) + "|" + u.Country
-}
-
-func decodeUser(id, v string) (user, error) {
-	f := strings.Split(v, "|")
-	if len(f) != 3 {
-		return user{}, fmt.Errorf("user %s: %q is not email|score|country", id, v)
-	}
-	score, err := strconv.ParseFloat(f[1], 64)
-	if err != nil {
-		return user{}, fmt.Errorf("user %s: %w", id, err)
-	}
-	return user{ID: id, Email: f[0], Score: score, Country: f[2]}, nil
-}
-
-// readDB returns the source of truth.
-func readDB(ctx context.Context, c rueidis.Client, db string) (map[string]user, error) {
-	m, err := c.Do(ctx, c.B().Hgetall().Key(db).Build()).AsStrMap()
-	if err != nil {
-		return nil, err
-	}
-	out := make(map[string]user, len(m))
-	for id, v := range m {
-		if out[id], err = decodeUser(id, v); err != nil {
-			return nil, err
-		}
-	}
-	return out, nil
+	return redistest.Rebuilder(tb, c, opts, k.Builders()...)
 }
 
 // onlineSource reads the source of truth when the run starts it, then
 // yields it in id order, storing each id in last as it goes. fail, if
 // positive, makes it fail after that many items.
 func onlineSource(c rueidis.Client, db string, last *atomic.Value, fail int) rebuild.Source[user] {
-	return func(ctx context.Context) iter.Seq2[user, error] {
-		return func(yield func(user, error) bool) {
-			m, err := readDB(ctx, c, db)
-			if err != nil {
-				yield(user{}, err)
-				return
-			}
-			for i, id := range slices.Sorted(maps.Keys(m)) {
-				if fail > 0 && i == fail {
-					yield(user{}, errors.New("the source failed halfway"))
-					return
-				}
-				if last != nil {
-					last.Store(id)
-				}
-				if !yield(m[id], nil) {
-					return
-				}
-			}
+	return redistest.TruthSource(c, db, nil, func(i int, id string) error {
+		if fail > 0 && i == fail {
+			return errors.New("the source failed halfway")
 		}
-	}
+		if last != nil {
+			last.Store(id)
+		}
+		return nil
+	})
 }
 
 // onlineCountries are the buckets of the SetIndex: few enough that moves
 // between them are frequent.
 const onlineCountries = 40
 
-func onlineUser(i int, rng *rand.Rand) user {
-	return user{
-		ID:      fmt.Sprintf("u%07d", i),
-		Email:   fmt.Sprintf("user%07d.%d@example.com", i, rng.IntN(1000)),
-		Score:   float64(rng.IntN(1_000_000)),
-		Country: fmt.Sprintf("c%02d", rng.IntN(onlineCountries)),
-	}
-}
-
 // seedDB writes n users to the source of truth.
 func seedDB(tb testing.TB, c rueidis.Client, db string, n int, seed uint64) {
 	tb.Helper()
-	rng := rand.New(rand.NewPCG(seed, 1))
-	var cmds rueidis.Commands
-	for start := 0; start < n; start += 1000 {
-		fv := c.B().Hset().Key(db).FieldValue()
-		for i := start; i < min(n, start+1000); i++ {
-			u := onlineUser(i, rng)
-			fv = fv.FieldValue(u.ID, encodeUser(u))
-		}
-		cmds = append(cmds, fv.Build())
-	}
-	for _, res := range c.DoMulti(redistest.Ctx(tb), cmds...) {
-		if err := res.Error(); err != nil {
-			tb.Fatal(err)
-		}
-	}
+	redistest.SeedTruth(tb, c, db, n, onlineCountries, 1000, seed, "u")
 }
 
-// onlineWriter is the application: it changes users in the source of
-// truth, then applies each change through its Rebuilder. It is the only
-// writer of the source of truth, so it keeps a copy.
+// onlineWriter is the application (redistest.App, of the users "u..."),
+// which also counts the changes to users the source had yielded when they
+// were applied, or not yet, when last, the source's last id, is set.
 type onlineWriter struct {
-	c     rueidis.Client
-	r     *rebuild.Rebuilder[user]
-	db    string
-	rng   *rand.Rand
-	users map[string]user
-	ids   []string
-	next  int
-	last  *atomic.Value // the source's last id, if known
-
-	applied        atomic.Int64
-	yielded, ahead atomic.Int64 // changes to items the source had yielded, or not yet
+	*redistest.App
+	last           *atomic.Value
+	yielded, ahead atomic.Int64
 }
 
 func newOnlineWriter(ctx context.Context, c rueidis.Client, r *rebuild.Rebuilder[user], db string, seed uint64) (*onlineWriter, error) {
-	users, err := readDB(ctx, c, db)
+	a, err := redistest.NewApp(ctx, c, r, db, "u", onlineCountries, seed)
 	if err != nil {
 		return nil, err
 	}
-	w := &onlineWriter{c: c, r: r, db: db, rng: rand.New(rand.NewPCG(seed, 2)), users: users}
-	w.ids = slices.Sorted(maps.Keys(users))
-	// Past every id in the source of truth, which also holds the users an
-	// earlier run of the test inserted (-count): an insert of an id that
-	// exists would leave its old entries behind.
-	for _, id := range w.ids {
-		if n, err := strconv.Atoi(strings.TrimPrefix(id, "u")); err == nil && n >= w.next {
-			w.next = n + 1
-		}
-	}
+	w := &onlineWriter{App: a}
+	a.Before = w.count
 	return w, nil
 }
 
-// step makes one change: an insert, a delete, or an update of the email,
-// the score, the country, or several of them.
-func (w *onlineWriter) step(ctx context.Context) error {
-	var change rebuild.Change[user]
-	var commit rueidis.Completed
-	roll := w.rng.IntN(100)
-	switch {
-	case roll < 10 || len(w.ids) == 0:
-		u := onlineUser(w.next, w.rng)
-		w.next++
-		w.users[u.ID] = u
-		w.ids = append(w.ids, u.ID)
-		change, commit = rebuild.Insert(u), w.c.B().Hset().Key(w.db).FieldValue().FieldValue(u.ID, encodeUser(u)).Build()
-	case roll < 20:
-		i := w.rng.IntN(len(w.ids))
-		u := w.users[w.ids[i]]
-		delete(w.users, u.ID)
-		w.ids[i] = w.ids[len(w.ids)-1]
-		w.ids = w.ids[:len(w.ids)-1]
-		change, commit = rebuild.Delete(u), w.c.B().Hdel().Key(w.db).Field(u.ID).Build()
-	default:
-		old := w.users[w.ids[w.rng.IntN(len(w.ids))]]
-		u := old
-		what := w.rng.IntN(7) + 1 // a non-empty subset of email, score, country
-		if what&1 != 0 {
-			u.Email = fmt.Sprintf("user%s.%d@example.com", u.ID[1:], 1000+w.rng.IntN(1_000_000))
-		}
-		if what&2 != 0 {
-			u.Score = float64(w.rng.IntN(1_000_000))
-		}
-		if what&4 != 0 {
-			u.Country = fmt.Sprintf("c%02d", w.rng.IntN(onlineCountries))
-		}
-		w.users[u.ID] = u
-		change, commit = rebuild.Update(old, u), w.c.B().Hset().Key(w.db).FieldValue().FieldValue(u.ID, encodeUser(u)).Build()
+// count counts change as yielded or ahead of the source.
+func (w *onlineWriter) count(change rebuild.Change[user]) {
+	if w.last == nil {
+		return
 	}
-	// Commit to the source of truth first, then apply: the order the
-	// package documentation asks for.
-	if err := w.c.Do(ctx, commit).Error(); err != nil {
-		return err
+	id := ""
+	if change.New != nil {
+		id = change.New.ID
+	} else {
+		id = change.Old.ID
 	}
-	if w.last != nil {
-		id := ""
-		if change.New != nil {
-			id = change.New.ID
+	if last, _ := w.last.Load().(string); last != "" {
+		if id <= last {
+			w.yielded.Add(1)
 		} else {
-			id = change.Old.ID
-		}
-		if last, _ := w.last.Load().(string); last != "" {
-			if id <= last {
-				w.yielded.Add(1)
-			} else {
-				w.ahead.Add(1)
-			}
+			w.ahead.Add(1)
 		}
 	}
-	if err := w.r.Apply(ctx, change); err != nil {
-		return err
-	}
-	w.applied.Add(1)
-	return nil
 }
 
 // run makes changes at most perSecond a second until stop is closed.
 func (w *onlineWriter) run(ctx context.Context, perSecond float64, stop <-chan struct{}) error {
-	lim := rate.NewLimiter(rate.Limit(perSecond), 1)
-	for {
-		select {
-		case <-stop:
-			return nil
-		default:
-		}
-		if err := lim.Wait(ctx); err != nil {
-			return err
-		}
-		if err := w.step(ctx); err != nil {
-			return err
-		}
-	}
+	return w.RunUntil(ctx, stop, rate.NewLimiter(rate.Limit(perSecond), 1).Wait)
 }
 
 // wantOnline fails t unless the three indexes of k hold exactly what the
-// source of truth holds, each key without a TTL, and reports how many
-// entries differ.
+// source of truth holds, each key without a TTL.
 func wantOnline(t *testing.T, c rueidis.Client, k onlineKeys) {
 	t.Helper()
-	ctx := redistest.Ctx(t)
-	users, err := readDB(ctx, c, k.db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	wantHash := map[string]string{}
-	wantZset := map[string]float64{}
-	wantSets := map[string]map[string]bool{}
-	for _, u := range users {
-		wantHash[u.Email] = u.ID
-		wantZset[u.ID] = u.Score
-		b := k.family + ":" + u.Country
-		if wantSets[b] == nil {
-			wantSets[b] = map[string]bool{}
-		}
-		wantSets[b][u.ID] = true
-	}
-	var lost, stale []string // entries missing or wrong; entries that should be gone
-	diff := func(what string, want, got map[string]string) {
-		for e, v := range want {
-			if g, ok := got[e]; !ok || g != v {
-				lost = append(lost, fmt.Sprintf("%s %s: got %q, want %q", what, e, g, v))
-			}
-		}
-		for e, g := range got {
-			if _, ok := want[e]; !ok {
-				stale = append(stale, fmt.Sprintf("%s %s = %q", what, e, g))
-			}
-		}
-	}
-	diff("hash field", wantHash, redistest.HGetAll(t, c, k.hash))
-	asStrings := func(m map[string]float64) map[string]string {
-		out := map[string]string{}
-		for e, s := range m {
-			out[e] = strconv.FormatFloat(s, 'g', -1, 64)
-		}
-		return out
-	}
-	diff("sorted-set member", asStrings(wantZset), asStrings(redistest.ZScores(t, c, k.zset)))
-	gotSets := map[string]string{}
-	for _, b := range redistest.LiveKeys(t, c, k.family+":") {
-		for _, m := range redistest.SMembers(t, c, b) {
-			gotSets[b+" "+m] = "member"
-		}
-	}
-	wantMembers := map[string]string{}
-	for b, ms := range wantSets {
-		for m := range ms {
-			wantMembers[b+" "+m] = "member"
-		}
-	}
-	diff("bucket", wantMembers, gotSets)
-	t.Logf("%d users: %d lost changes, %d stale entries", len(users), len(lost), len(stale))
-	for i, d := range append(lost, stale...) {
-		if i == 10 {
-			t.Errorf("... and %d more", len(lost)+len(stale)-10)
-			break
-		}
-		t.Error(d)
-	}
-	for _, key := range append(redistest.LiveKeys(t, c, k.family+":"), k.hash, k.zset) {
-		redistest.WantPTTL(t, c, key, -1, -1)
-	}
+	redistest.WantOnline(t, c, k)
 }
 
 // waitFor polls cond until it holds, failing t after a minute.
@@ -345,7 +137,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // 200,000, in a run that still takes seconds under -race.
 const onlineSize = 200_000
 
-// TestOnlineRebuildKeepsChanges: a rebuild of 200k users, from a snapshot
+// TestOnlineRebuildKeepsChanges (C64, C65, C66): a rebuild of 200k users, from a snapshot
 // of the source of truth taken when its source starts, while a writer
 // (another client, another Rebuilder of the same indexes) inserts, deletes
 // and updates users at a steady rate, before, during and after the run:
@@ -358,13 +150,13 @@ func TestOnlineRebuildKeepsChanges(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
 		k := onlineNames(d.Prefix)
-		seedDB(t, d.Other, k.db, onlineSize, 1)
+		seedDB(t, d.Other, k.DB, onlineSize, 1)
 		r := onlineRebuilder(t, d.Client, k, rebuild.Options{})
-		if _, err := r.Run(ctx, onlineSource(d.Client, k.db, nil, 0)); err != nil {
+		if _, err := r.Run(ctx, onlineSource(d.Client, k.DB, nil, 0)); err != nil {
 			t.Fatalf("first run: %v", err)
 		}
 		var last atomic.Value
-		w, err := newOnlineWriter(ctx, d.Other, onlineRebuilder(t, d.Other, k, rebuild.Options{}), k.db, 7)
+		w, err := newOnlineWriter(ctx, d.Other, onlineRebuilder(t, d.Other, k, rebuild.Options{}), k.DB, 7)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -373,24 +165,24 @@ func TestOnlineRebuildKeepsChanges(t *testing.T) {
 		var wg sync.WaitGroup
 		var werr error
 		wg.Go(func() { werr = w.run(ctx, 5000, stop) })
-		waitFor(t, "changes before the run", func() bool { return w.applied.Load() >= 200 })
+		waitFor(t, "changes before the run", func() bool { return w.Applied.Load() >= 200 })
 
-		before := w.applied.Load()
-		stats, err := r.Run(ctx, onlineSource(d.Client, k.db, &last, 0))
-		during := w.applied.Load() - before
+		before := w.Applied.Load()
+		stats, err := r.Run(ctx, onlineSource(d.Client, k.DB, &last, 0))
+		during := w.Applied.Load() - before
 		if err != nil {
 			close(stop)
 			wg.Wait()
 			t.Fatalf("Run: %v", err)
 		}
-		waitFor(t, "changes after the run", func() bool { return w.applied.Load() >= before+during+200 })
+		waitFor(t, "changes after the run", func() bool { return w.Applied.Load() >= before+during+200 })
 		close(stop)
 		wg.Wait()
 		if werr != nil {
 			t.Fatalf("writer: %v", werr)
 		}
 		t.Logf("%d changes in all, %d while the run ran (%d to users already yielded, %d to users not yet yielded); the run replayed %d; catch-up %v",
-			w.applied.Load(), during, w.yielded.Load(), w.ahead.Load(), stats.Changes, stats.CatchUp)
+			w.Applied.Load(), during, w.yielded.Load(), w.ahead.Load(), stats.Changes, stats.CatchUp)
 		if w.yielded.Load() == 0 || w.ahead.Load() == 0 {
 			t.Errorf("changes to users already yielded: %d, not yet: %d; want some of each", w.yielded.Load(), w.ahead.Load())
 		}
@@ -412,15 +204,15 @@ func TestOnlineRebuildKeepsChangesFromAnotherProcess(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
 		k := onlineNames(d.Prefix)
-		seedDB(t, d.Other, k.db, onlineSize, 2)
+		seedDB(t, d.Other, k.DB, onlineSize, 2)
 		r := onlineRebuilder(t, d.Client, k, rebuild.Options{})
-		if _, err := r.Run(ctx, onlineSource(d.Client, k.db, nil, 0)); err != nil {
+		if _, err := r.Run(ctx, onlineSource(d.Client, k.DB, nil, 0)); err != nil {
 			t.Fatalf("first run: %v", err)
 		}
 		w := startOnlineProcess(t, "writer", d)
 		waitFor(t, "changes before the run", func() bool { return w.applied.Load() >= 200 })
 		before := w.applied.Load()
-		stats, err := r.Run(ctx, onlineSource(d.Client, k.db, nil, 0))
+		stats, err := r.Run(ctx, onlineSource(d.Client, k.DB, nil, 0))
 		during := w.applied.Load() - before
 		if err != nil {
 			t.Fatalf("Run: %v", err)
@@ -445,12 +237,12 @@ func TestOnlineFailedRunKeepsChanges(t *testing.T) {
 		defer cancel()
 		k := onlineNames(d.Prefix)
 		const n = 20_000
-		seedDB(t, d.Other, k.db, n, 3)
+		seedDB(t, d.Other, k.DB, n, 3)
 		r := onlineRebuilder(t, d.Client, k, rebuild.Options{BatchSize: 500})
-		if _, err := r.Run(ctx, onlineSource(d.Client, k.db, nil, 0)); err != nil {
+		if _, err := r.Run(ctx, onlineSource(d.Client, k.DB, nil, 0)); err != nil {
 			t.Fatalf("first run: %v", err)
 		}
-		w, err := newOnlineWriter(ctx, d.Other, onlineRebuilder(t, d.Other, k, rebuild.Options{}), k.db, 8)
+		w, err := newOnlineWriter(ctx, d.Other, onlineRebuilder(t, d.Other, k, rebuild.Options{}), k.DB, 8)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -458,15 +250,15 @@ func TestOnlineFailedRunKeepsChanges(t *testing.T) {
 		var wg sync.WaitGroup
 		var werr error
 		wg.Go(func() { werr = w.run(ctx, 5000, stop) })
-		waitFor(t, "changes before the run", func() bool { return w.applied.Load() >= 100 })
+		waitFor(t, "changes before the run", func() bool { return w.Applied.Load() >= 100 })
 		// A source that yields slowly enough for changes to arrive during
 		// the run, then fails.
 		slow := func(ctx context.Context) iter.Seq2[user, error] {
 			return func(yield func(user, error) bool) {
-				for u, err := range onlineSource(d.Client, k.db, nil, n/2)(ctx) {
+				for u, err := range onlineSource(d.Client, k.DB, nil, n/2)(ctx) {
 					if err == nil && u.ID[len(u.ID)-3:] == "000" {
-						before := w.applied.Load()
-						waitFor(t, "changes during the run", func() bool { return w.applied.Load() > before+10 })
+						before := w.Applied.Load()
+						waitFor(t, "changes during the run", func() bool { return w.Applied.Load() > before+10 })
 					}
 					if !yield(u, err) {
 						return
@@ -489,7 +281,7 @@ func TestOnlineFailedRunKeepsChanges(t *testing.T) {
 	})
 }
 
-// TestOnlineKilledRunLeavesNoLog: a run in another process, killed with
+// TestOnlineKilledRunLeavesNoLog (C65): a run in another process, killed with
 // SIGKILL while a writer applies changes that are logged for it, leaves its
 // lock, record, log and temp keys to expire: after twice its 2 s lease none
 // is left, and the live indexes hold every change.
@@ -498,21 +290,21 @@ func TestOnlineKilledRunLeavesNoLog(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
 		k := onlineNames(d.Prefix)
-		seedDB(t, d.Other, k.db, 5000, 4)
+		seedDB(t, d.Other, k.DB, 5000, 4)
 		r := onlineRebuilder(t, d.Client, k, rebuild.Options{})
-		if _, err := r.Run(ctx, onlineSource(d.Client, k.db, nil, 0)); err != nil {
+		if _, err := r.Run(ctx, onlineSource(d.Client, k.DB, nil, 0)); err != nil {
 			t.Fatalf("first run: %v", err)
 		}
 		runner := startOnlineProcess(t, "runner", d)
-		lock := keys.LockKey(k.hash, d.Cluster)
+		lock := keys.LockKey(k.Hash, d.Cluster)
 		log := keys.LogKey(lock)
 		waitFor(t, "the other process's run", func() bool { return redistest.Exists(t, d.Other, keys.RecordKey(lock)) })
-		w, err := newOnlineWriter(ctx, d.Other, onlineRebuilder(t, d.Other, k, rebuild.Options{}), k.db, 9)
+		w, err := newOnlineWriter(ctx, d.Other, onlineRebuilder(t, d.Other, k, rebuild.Options{}), k.DB, 9)
 		if err != nil {
 			t.Fatal(err)
 		}
 		for range 50 {
-			if err := w.step(ctx); err != nil {
+			if err := w.Step(ctx); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -627,18 +419,14 @@ func onlineRole(role string) int {
 		_, _ = bufio.NewReader(os.Stdin).ReadString('\n') // EOF when the test closes it
 		close(stopped)
 	}()
-	r, err := rebuild.New(c, rebuild.Options{TTL: 2 * time.Second},
-		builders.Hash(k.hash, func(u user) (string, string, bool) { return u.Email, u.ID, true }),
-		builders.SortedSet(k.zset, func(u user) (string, float64, bool) { return u.ID, u.Score, true }),
-		builders.SetIndex(k.family, func(u user) (string, string, bool) { return u.Country, u.ID, true }),
-	)
+	r, err := rebuild.New(c, rebuild.Options{TTL: 2 * time.Second}, k.Builders()...)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
 	switch role {
 	case "writer":
-		w, err := newOnlineWriter(ctx, c, r, k.db, 11)
+		w, err := newOnlineWriter(ctx, c, r, k.DB, 11)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 2
@@ -647,7 +435,7 @@ func onlineRole(role string) int {
 		for {
 			select {
 			case <-stopped:
-				fmt.Printf("applied %d\n", w.applied.Load())
+				fmt.Printf("applied %d\n", w.Applied.Load())
 				return 0
 			default:
 			}
@@ -655,11 +443,11 @@ func onlineRole(role string) int {
 				fmt.Fprintln(os.Stderr, err)
 				return 2
 			}
-			if err := w.step(ctx); err != nil {
+			if err := w.Step(ctx); err != nil {
 				fmt.Fprintln(os.Stderr, "writer:", err)
 				return 2
 			}
-			if n := w.applied.Load(); n%50 == 0 {
+			if n := w.Applied.Load(); n%50 == 0 {
 				fmt.Printf("applied %d\n", n)
 			}
 		}
@@ -667,11 +455,11 @@ func onlineRole(role string) int {
 		// A run that yields its first items, then waits to be killed.
 		src := func(ctx context.Context) iter.Seq2[user, error] {
 			return func(yield func(user, error) bool) {
-				for u, err := range onlineSource(c, k.db, nil, 0)(ctx) {
+				for u, err := range onlineSource(c, k.DB, nil, 0)(ctx) {
 					if !yield(u, err) {
 						return
 					}
-					if u.ID == "u0000100" {
+					if u.ID == "u000100" {
 						<-stopped
 						return
 					}

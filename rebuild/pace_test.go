@@ -32,7 +32,7 @@ repeat
 until t[1] * 1000 + t[2] / 1000 - from >= tonumber(ARGV[1])
 return 1`
 
-// TestLatencyBudgetPaces (Options.LatencyBudget): on private servers (the
+// TestLatencyBudgetPaces (Options.LatencyBudget, C71): on private servers (the
 // test makes them slow for everyone), a run with a 50 ms budget builds from
 // an endless source. Its limit, which its status reports, starts at ten
 // batches a second and rises while the probes stay well under the budget.
@@ -265,7 +265,7 @@ func TestLatencyProbeCut(t *testing.T) {
 	wantProbedEnd(t, finish, other, key, yielded)
 }
 
-// TestLatencyProbeNoConnection: the application holds every connection of
+// TestLatencyProbeNoConnection (C71): the application holds every connection of
 // the client's blocking pool (BlockingPoolSize 2: one for the run's writes,
 // C81, and one for its probes) to the server of the run's lock, as
 // blocking commands would. The probes cannot have one: the
@@ -339,7 +339,7 @@ func testLatencyProbeNoConnection(t *testing.T, opt rueidis.ClientOption, other 
 	wantProbedEnd(t, finish, other, key, yielded)
 }
 
-// TestLatencyProbeTimeout: while another client keeps the server busy for
+// TestLatencyProbeTimeout (C71): while another client keeps the server busy for
 // 2.5 s, longer than a probe waits (1 s), a probe times out. It counts as a
 // round trip of at least 1 s, the pacer decides over the budget, and the
 // probes go on, timed, on the same connection: neither a failure nor a

@@ -589,7 +589,7 @@ func TestWritersGroupBatchesInSourceOrder(t *testing.T) {
 	}
 }
 
-// TestTempKeysGetTTLWithFirstWrite (C34.1, Guarantee 5, C55): every batch
+// TestTempKeysGetTTLWithFirstWrite (C34.1, Guarantee 5, C55, C56): every batch
 // DoMulti that writes a temp key (HSET, ZADD, SADD) also carries, after
 // those writes, an EXPIRE <temp> <2×TTL> NX of that key, so no temp key
 // exists without a TTL beyond one pipeline; and every batch transaction

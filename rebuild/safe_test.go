@@ -73,6 +73,8 @@ func safeUsers(n, from, countries int) []user {
 	return us
 }
 
+// TestGuardsRefuseAndLeaveTheLiveKeys (C67): a guard that refuses fails the
+// run with ErrRefused; RefuseEmpty and RefuseShrink refuse what they say.
 func TestGuardsRefuseAndLeaveTheLiveKeys(t *testing.T) {
 	forEachDeployment(t, func(t *testing.T, d deployment) {
 		for _, tc := range []struct {
@@ -121,7 +123,7 @@ func TestGuardsRefuseAndLeaveTheLiveKeys(t *testing.T) {
 }
 
 func TestGuardSeesTheReview(t *testing.T) {
-	// A guard gets the new and live sizes of each builder: entries and
+	// C67: a guard gets the new and live sizes of each builder: entries and
 	// keys, summed over a family's buckets; after the catch-up, so that a
 	// change applied during the run counts.
 	forEachDeployment(t, func(t *testing.T, d deployment) {

@@ -24,7 +24,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/keyswap/keyswap/builders"
 	"github.com/keyswap/keyswap/internal/faultproxy"
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/redistest"
@@ -60,10 +59,7 @@ const (
 )
 
 // fuser is the item type of the fault suite.
-type fuser struct {
-	ID, Email, Country string
-	Score              float64
-}
+type fuser = redistest.User
 
 // dataset is one version of the source of truth. v1 seeds the live keys
 // (the "old" value), v2 is the faulted run's (the "new" value), v3 a
@@ -112,12 +108,10 @@ func newShape(prefix string) shape {
 // a generation record.
 func (s shape) keys() []string { return []string{s.email, s.score, s.country} }
 
+// builders returns the builders of the three indexes, those of the
+// online model.
 func (s shape) builders() []rebuild.Builder[fuser] {
-	return []rebuild.Builder[fuser]{
-		builders.Hash(s.email, func(u fuser) (string, string, bool) { return u.Email, u.ID, true }),
-		builders.SortedSet(s.score, func(u fuser) (string, float64, bool) { return u.ID, u.Score, true }),
-		builders.SetIndex(s.country, func(u fuser) (string, string, bool) { return u.Country, u.ID, true }),
-	}
+	return redistest.OnlineIndexes{Hash: s.email, Zset: s.score, Family: s.country}.Builders()
 }
 
 // content is a live key's whole value, canonical: its type, its entries

@@ -15,12 +15,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"iter"
-	"maps"
-	"math/rand/v2"
 	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -29,7 +24,6 @@ import (
 	"github.com/keyswap/keyswap/internal/faultproxy"
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/redistest"
-	"github.com/keyswap/keyswap/internal/run"
 	"github.com/keyswap/keyswap/rebuild"
 	"github.com/redis/rueidis"
 	"github.com/redis/rueidis/rueidishook"
@@ -64,96 +58,30 @@ func (k onlineKeys) rebuilder(t testing.TB, c rueidis.Client, opts rebuild.Optio
 	return redistest.Rebuilder(t, c, opts, k.builders()...)
 }
 
-func encodeFuser(u fuser) string {
-	return u.Email + "|" + strconv.FormatFloat(u.Score, 'g', -1, 64) + "|" + u.Country
-}
-
-// readTruth returns the source of truth.
-func readTruth(ctx context.Context, c rueidis.Client, db string) (map[string]fuser, error) {
-	m, err := c.Do(ctx, c.B().Hgetall().Key(db).Build()).AsStrMap()
-	if err != nil {
-		return nil, err
-	}
-	out := make(map[string]fuser, len(m))
-	for id, v := range m {
-		f := strings.Split(v, "|")
-		if len(f) != 3 {
-			return nil, fmt.Errorf("user %s: %q is not email|score|country", id, v)
-		}
-		score, err := strconv.ParseFloat(f[1], 64)
-		if err != nil {
-			return nil, fmt.Errorf("user %s: %w", id, err)
-		}
-		out[id] = fuser{ID: id, Email: f[0], Score: score, Country: f[2]}
-	}
-	return out, nil
-}
-
-// onlineUser returns user i of the application with tag w.
-func onlineUser(w string, i int, rng *rand.Rand) fuser {
-	return fuser{
-		ID:      fmt.Sprintf("%s%06d", w, i),
-		Email:   fmt.Sprintf("%s%06d.%d@example.com", w, i, rng.IntN(1_000_000)),
-		Score:   float64(rng.IntN(1_000_000)),
-		Country: fmt.Sprintf("c%02d", rng.IntN(onlineCountries)),
-	}
+// indexes returns k as the online model of redistest names it.
+func (k onlineKeys) indexes() redistest.OnlineIndexes {
+	return redistest.OnlineIndexes{DB: k.db, Hash: k.email, Zset: k.score, Family: k.country}
 }
 
 // seedOnline replaces the source of truth of k with n users of each of
 // tags, and publishes a first run of the indexes of it.
 func seedOnline(t testing.TB, c rueidis.Client, k onlineKeys, n int, tags ...string) {
 	t.Helper()
-	ctx := redistest.Ctx(t)
 	redistest.Cmd(t, c, "DEL", k.db)
-	rng := rand.New(rand.NewPCG(uint64(n), 1))
-	var cmds rueidis.Commands
-	for _, w := range tags {
-		for start := 0; start < n; start += 500 {
-			fv := c.B().Hset().Key(k.db).FieldValue()
-			for i := start; i < min(n, start+500); i++ {
-				u := onlineUser(w, i, rng)
-				fv = fv.FieldValue(u.ID, encodeFuser(u))
-			}
-			cmds = append(cmds, fv.Build())
-		}
-	}
-	for _, res := range c.DoMulti(ctx, cmds...) {
-		if err := res.Error(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if _, err := k.rebuilder(t, c, rebuild.Options{}).Run(ctx, truthSource(c, k.db, nil)); err != nil {
+	redistest.SeedTruth(t, c, k.db, n, onlineCountries, 500, uint64(n), tags...)
+	if _, err := k.rebuilder(t, c, rebuild.Options{}).Run(redistest.Ctx(t), truthSource(c, k.db, nil)); err != nil {
 		t.Fatalf("first run: %v", err)
 	}
 }
 
-// truthSource reads the source of truth when the run starts it, after the
-// run took its locks: a snapshot of it as of the run's start. It then
-// waits for hold, if not nil, to be closed, and yields the snapshot in id
-// order.
+// truthSource is the source of truth's snapshot as of the run's start
+// (redistest.TruthSource), which then waits for hold, if not nil, to be
+// released.
 func truthSource(c rueidis.Client, db string, hold *heldSource) rebuild.Source[fuser] {
-	return func(ctx context.Context) iter.Seq2[fuser, error] {
-		return func(yield func(fuser, error) bool) {
-			m, err := readTruth(ctx, c, db)
-			if err != nil {
-				yield(fuser{}, err)
-				return
-			}
-			if hold != nil {
-				close(hold.read)
-				select {
-				case <-hold.release:
-				case <-ctx.Done():
-					return
-				}
-			}
-			for _, id := range slices.Sorted(maps.Keys(m)) {
-				if !yield(m[id], nil) {
-					return
-				}
-			}
-		}
+	if hold == nil {
+		return redistest.TruthSource(c, db, nil, nil)
 	}
+	return redistest.TruthSource(c, db, hold.wait, nil)
 }
 
 // heldSource holds a truthSource back after its snapshot: read is closed
@@ -164,205 +92,46 @@ func newHeldSource() *heldSource {
 	return &heldSource{read: make(chan struct{}), release: make(chan struct{})}
 }
 
-// onlineApp is the application: it changes its own users (those whose id
-// starts with its tag) in the source of truth, then applies each change
-// through its Rebuilder. It is the only writer of its users, so it keeps a
-// copy of them.
-type onlineApp struct {
-	c     rueidis.Client
-	r     *rebuild.Rebuilder[fuser]
-	db    string
-	tag   string
-	rng   *rand.Rand
-	users map[string]fuser
-	ids   []string
-	next  int
-	// pending are the changes committed, not applied yet: refused while a
-	// lock was held by a run that would not replay them.
-	pending []rebuild.Change[fuser]
-
-	applied atomic.Int64
+// wait closes read and waits for release, or the end of ctx (false).
+func (h *heldSource) wait(ctx context.Context) bool {
+	close(h.read)
+	select {
+	case <-h.release:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
-func newOnlineApp(ctx context.Context, c rueidis.Client, r *rebuild.Rebuilder[fuser], db, tag string, seed uint64) (*onlineApp, error) {
-	all, err := readTruth(ctx, c, db)
-	if err != nil {
-		return nil, err
+// newOnlineApp returns the application of tag's users (redistest.App):
+// a change Apply refuses with ErrInProgress waits to be applied again.
+func newOnlineApp(ctx context.Context, c rueidis.Client, r *rebuild.Rebuilder[fuser], db, tag string, seed uint64) (*redistest.App, error) {
+	a, err := redistest.NewApp(ctx, c, r, db, tag, onlineCountries, seed)
+	if a != nil {
+		a.Patient = true
 	}
-	a := &onlineApp{c: c, r: r, db: db, tag: tag, rng: rand.New(rand.NewPCG(seed, 2)), users: map[string]fuser{}}
-	for id, u := range all {
-		if n, err := strconv.Atoi(strings.TrimPrefix(id, tag)); err == nil && strings.HasPrefix(id, tag) {
-			a.users[id] = u
-			a.next = max(a.next, n+1)
-		}
-	}
-	a.ids = slices.Sorted(maps.Keys(a.users))
-	return a, nil
+	return a, err
 }
 
-// step makes one change: an insert, a delete, or an update of the email,
-// the score, the country, or several of them.
-func (a *onlineApp) step(ctx context.Context) error {
-	var change rebuild.Change[fuser]
-	var commit rueidis.Completed
-	switch roll := a.rng.IntN(100); {
-	case roll < 10 || len(a.ids) == 0:
-		u := onlineUser(a.tag, a.next, a.rng)
-		a.next++
-		a.users[u.ID] = u
-		a.ids = append(a.ids, u.ID)
-		change, commit = rebuild.Insert(u), a.c.B().Hset().Key(a.db).FieldValue().FieldValue(u.ID, encodeFuser(u)).Build()
-	case roll < 20:
-		i := a.rng.IntN(len(a.ids))
-		u := a.users[a.ids[i]]
-		delete(a.users, u.ID)
-		a.ids[i] = a.ids[len(a.ids)-1]
-		a.ids = a.ids[:len(a.ids)-1]
-		change, commit = rebuild.Delete(u), a.c.B().Hdel().Key(a.db).Field(u.ID).Build()
-	default:
-		old := a.users[a.ids[a.rng.IntN(len(a.ids))]]
-		u := old
-		what := a.rng.IntN(7) + 1 // a non-empty subset of email, score, country
-		if what&1 != 0 {
-			u.Email = fmt.Sprintf("%s.%d@example.com", u.ID, a.rng.IntN(1_000_000))
-		}
-		if what&2 != 0 {
-			u.Score = float64(a.rng.IntN(1_000_000))
-		}
-		if what&4 != 0 {
-			u.Country = fmt.Sprintf("c%02d", a.rng.IntN(onlineCountries))
-		}
-		a.users[u.ID] = u
-		change, commit = rebuild.Update(old, u), a.c.B().Hset().Key(a.db).FieldValue().FieldValue(u.ID, encodeFuser(u)).Build()
-	}
-	// Commit to the source of truth first, then apply.
-	if err := a.c.Do(ctx, commit).Error(); err != nil {
-		return err
-	}
-	a.pending = append(a.pending, change)
-	return a.flush(ctx)
-}
-
-// flush applies the changes committed and not applied yet, in order. A
-// change Apply refuses with ErrInProgress (a lock held by a run that would
-// not replay it, such as a thief's) waits, with the changes after it, to
-// be applied again later, as the package documentation asks.
-func (a *onlineApp) flush(ctx context.Context) error {
-	for len(a.pending) > 0 {
-		err := a.r.Apply(ctx, a.pending[0])
-		if errors.Is(err, rebuild.ErrInProgress) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		a.pending = a.pending[1:]
-		a.applied.Add(1)
-	}
-	return nil
-}
-
-// settle applies the changes that wait, until none is left or wait has
-// passed.
-func (a *onlineApp) settle(ctx context.Context, wait time.Duration) error {
+// settle applies the changes of a that wait, until none is left or wait
+// has passed.
+func settle(ctx context.Context, a *redistest.App, wait time.Duration) error {
 	return pollFor(wait, func() error {
-		if err := a.flush(ctx); err != nil {
+		if err := a.Flush(ctx); err != nil {
 			return err
 		}
-		if len(a.pending) > 0 {
-			return fmt.Errorf("%d changes still refused: %w", len(a.pending), rebuild.ErrInProgress)
+		if len(a.Pending) > 0 {
+			return fmt.Errorf("%d changes still refused: %w", len(a.Pending), rebuild.ErrInProgress)
 		}
 		return nil
 	})
-}
-
-// steps makes n changes.
-func (a *onlineApp) steps(ctx context.Context, n int) error {
-	for range n {
-		if err := a.step(ctx); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// runUntil makes changes as fast as it can until stop is closed.
-func (a *onlineApp) runUntil(ctx context.Context, stop <-chan struct{}) error {
-	for {
-		select {
-		case <-stop:
-			return nil
-		default:
-		}
-		if err := a.step(ctx); err != nil {
-			return err
-		}
-	}
-}
-
-// onlineDiff compares the three indexes of k with the source of truth and
-// returns the entries lost (missing, or with another value) and the stale
-// ones (that should be gone), described, and the number of users.
-func onlineDiff(t testing.TB, c rueidis.Client, k onlineKeys) (lost, stale []string, users int) {
-	t.Helper()
-	truth, err := readTruth(redistest.Ctx(t), c, k.db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := map[string]string{}
-	for _, u := range truth {
-		want["hash "+u.Email] = u.ID
-		want["zset "+u.ID] = strconv.FormatFloat(u.Score, 'g', -1, 64)
-		want["bucket "+k.country+":"+u.Country+" "+u.ID] = ""
-	}
-	got := map[string]string{}
-	for f, v := range redistest.HGetAll(t, c, k.email) {
-		got["hash "+f] = v
-	}
-	for m, s := range redistest.ZScores(t, c, k.score) {
-		got["zset "+m] = strconv.FormatFloat(s, 'g', -1, 64)
-	}
-	for _, b := range redistest.LiveKeys(t, c, k.country+":") {
-		for _, m := range redistest.SMembers(t, c, b) {
-			got["bucket "+b+" "+m] = ""
-		}
-		if pttl := redistest.PTTL(t, c, b); pttl != -1 {
-			stale = append(stale, fmt.Sprintf("%s has PTTL %v", b, pttl))
-		}
-	}
-	for _, key := range []string{k.email, k.score} {
-		if pttl := redistest.PTTL(t, c, key); pttl != -1 {
-			stale = append(stale, fmt.Sprintf("%s has PTTL %v", key, pttl))
-		}
-	}
-	for e, v := range want {
-		if g, ok := got[e]; !ok || g != v {
-			lost = append(lost, fmt.Sprintf("%s: got %q, want %q", e, g, v))
-		}
-	}
-	for e, g := range got {
-		if _, ok := want[e]; !ok {
-			stale = append(stale, fmt.Sprintf("%s = %q", e, g))
-		}
-	}
-	slices.Sort(lost)
-	slices.Sort(stale)
-	return lost, stale, len(truth)
 }
 
 // wantOnline fails t unless the indexes of k equal the source of truth,
 // and returns the counts for the case's report line.
 func wantOnline(t testing.TB, c rueidis.Client, k onlineKeys) (lost, stale int) {
 	t.Helper()
-	l, s, _ := onlineDiff(t, c, k)
-	for i, d := range append(l, s...) {
-		if i == 10 {
-			t.Errorf("... and %d more", len(l)+len(s)-10)
-			break
-		}
-		t.Error(d)
-	}
-	return len(l), len(s)
+	return redistest.WantOnline(t, c, k.indexes())
 }
 
 // generations returns the generation of each index of k, as its meta key
@@ -374,19 +143,6 @@ func generations(t testing.TB, c rueidis.Client, k onlineKeys, cluster bool) []s
 		out = append(out, redistest.HGetAll(t, c, keys.MetaKey(live, cluster))["gen"])
 	}
 	return out
-}
-
-// isCatchUpRead reports whether multi is a catch-up's read of its logs: a
-// readlog script (the length and the counts) and an LRANGE of the entries
-// of each.
-func isCatchUpRead(multi []rueidis.Completed) bool {
-	if len(multi) == 0 {
-		return false
-	}
-	// Sent as EVAL (run.ReadLogCommands); its text, not its SHA1, which
-	// FIPS 140-only mode does not allow.
-	args := multi[0].Commands()
-	return len(args) > 1 && args[0] == "EVAL" && args[1] == run.Source("readlog")
 }
 
 // catchUpFault is a hook on a run's client that acts once, when the run's
@@ -412,7 +168,7 @@ func (f *catchUpFault) wrap(c rueidis.Client) rueidis.Client {
 			return c.Do(ctx, cmd)
 		},
 		OnDoMulti: func(c rueidis.Client, ctx context.Context, multi ...rueidis.Completed) []rueidis.RedisResult {
-			read := isCatchUpRead(multi)
+			read := redistest.IsCatchUpRead(multi)
 			if read {
 				f.catchingUp.Store(true)
 			}
@@ -454,7 +210,7 @@ func onlineFaultDeployments(t *testing.T) map[string]func(t *testing.T) *deploym
 // the case's keys, a client straight to its server(s), the generations
 // before the run, and the run's error, once every connection of the run
 // is closed.
-func onlineFaultCase(t *testing.T, d *deployment, f *catchUpFault) (k onlineKeys, admin rueidis.Client, gens []string, app *onlineApp, err error) {
+func onlineFaultCase(t *testing.T, d *deployment, f *catchUpFault) (k onlineKeys, admin rueidis.Client, gens []string, app *redistest.App, err error) {
 	t.Helper()
 	ctx := redistest.Ctx(t)
 	admin = d.observe(t)
@@ -479,14 +235,14 @@ func onlineFaultCase(t *testing.T, d *deployment, f *catchUpFault) (k onlineKeys
 	case <-done:
 		t.Fatalf("Run ended before its source started: %v", err)
 	}
-	if err := app.steps(ctx, onlineHeld); err != nil {
+	if err := app.Steps(ctx, onlineHeld); err != nil {
 		t.Fatal(err)
 	}
 	close(hold.release)
 	stop := make(chan struct{})
 	var appErr error
 	var wg sync.WaitGroup
-	wg.Go(func() { appErr = app.runUntil(ctx, stop) })
+	wg.Go(func() { appErr = app.RunUntil(ctx, stop, nil) })
 	<-done
 	close(stop)
 	wg.Wait()
@@ -502,7 +258,7 @@ func onlineFaultCase(t *testing.T, d *deployment, f *catchUpFault) (k onlineKeys
 	if err := poll(d.allClosed); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("Run: %v; %d changes applied, Stats.Changes %d", err, app.applied.Load(), stats.Changes)
+	t.Logf("Run: %v; %d changes applied, Stats.Changes %d", err, app.Applied.Load(), stats.Changes)
 	return k, admin, gens, app, err
 }
 
@@ -547,7 +303,7 @@ func TestOnlineCatchUpCut(t *testing.T) {
 					d.proxy.CutAfter(faultproxy.ToServer, n)
 				}
 				k, admin, gens, app, err := onlineFaultCase(t, d, f)
-				if err := app.settle(redistest.Ctx(t), faultWait); err != nil {
+				if err := settle(redistest.Ctx(t), app, faultWait); err != nil {
 					t.Fatal(err)
 				}
 				cluster := d.name == "cluster"
@@ -642,8 +398,8 @@ func TestOnlineCatchUpLockStolen(t *testing.T) {
 			// indexes hold every change. Once the log has expired, nothing
 			// is left.
 			redistest.Cmd(t, admin, "DEL", lock)
-			refused := len(app.pending)
-			if err := app.settle(redistest.Ctx(t), faultWait); err != nil {
+			refused := len(app.Pending)
+			if err := settle(redistest.Ctx(t), app, faultWait); err != nil {
 				t.Fatal(err)
 			}
 			lost, stale := wantOnline(t, admin, k)
@@ -685,7 +441,7 @@ func TestOnlineChangesRacePublish(t *testing.T) {
 		t.Cleanup(clean)
 		k := newOnlineKeys(d.Prefix)
 		seedOnline(t, d.Other, k, onlineUsers, "a", "b")
-		var apps []*onlineApp
+		var apps []*redistest.App
 		for i, tag := range []string{"a", "b"} {
 			c := d.Other
 			if i == 1 {
@@ -701,7 +457,7 @@ func TestOnlineChangesRacePublish(t *testing.T) {
 		errs := make([]error, len(apps))
 		var wg sync.WaitGroup
 		for i, app := range apps {
-			wg.Go(func() { errs[i] = app.runUntil(ctx, stop) })
+			wg.Go(func() { errs[i] = app.RunUntil(ctx, stop, nil) })
 		}
 		// What each publish replayed itself (the last element of its
 		// reply), and how often it found its tail too long ({-7}).
@@ -729,7 +485,7 @@ func TestOnlineChangesRacePublish(t *testing.T) {
 		var replayed int64
 		applied := func() (n int64) {
 			for _, a := range apps {
-				n += a.applied.Load()
+				n += a.Applied.Load()
 			}
 			return n
 		}

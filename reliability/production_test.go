@@ -364,7 +364,7 @@ func TestProductionRestartFromAOF(t *testing.T) {
 	wantKeys(t, admin, prefix, live, keys.MetaKey(live, false))
 }
 
-// TestProductionDurability runs with Options.Durability: a WAIT for one
+// TestProductionDurability (C58) runs with Options.Durability: a WAIT for one
 // replica that the stalled link keeps from acknowledging refuses the
 // publish; one it acknowledges lets it through, and the replica then has
 // the new index; WAITAOF, which redis-server 7.0 lacks, is refused before
@@ -494,7 +494,7 @@ func TestProductionDurability(t *testing.T) {
 	})
 }
 
-// TestProductionDurabilityNoConnection: the application holds every free
+// TestProductionDurabilityNoConnection (C58): the application holds every free
 // connection of the client's blocking pool (BlockingPoolSize 2) to the
 // server of the run's lock, as blocking commands would, from before the
 // run (both: its check that WAIT may run needs the pool too) or from its
@@ -607,7 +607,7 @@ func testDurabilityNoConnection(t *testing.T, cluster, beforeRun bool) {
 	redistest.WantPoolFull(t, c, keys.LockKey(live, cluster), free)
 }
 
-// TestProductionLostPublishReply loses the publish script's reply after the
+// TestProductionLostPublishReply (C59) loses the publish script's reply after the
 // script ran, so that the run settles it from the receipt the script left.
 //
 //   - The reply is replaced by a network error, and the release that

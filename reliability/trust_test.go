@@ -4,7 +4,7 @@ package reliability
 // a user with exactly those rights can and cannot break; and a log of
 // changes evicted under memory pressure. The users are those of the
 // README's rights table: the rebuild user (minimalCommands), the Apply
-// user (applyCommands) and the operator (operatorRules).
+// user (redistest.ApplyCommands) and the operator (operatorRules).
 
 import (
 	"context"
@@ -23,41 +23,6 @@ import (
 	"github.com/keyswap/keyswap/rebuild"
 	"github.com/redis/rueidis"
 )
-
-// applyCommands are the commands a Redis user needs, and no more, so that
-// Rebuilder.Apply works, with and without a run in progress, for the
-// builders of package builders: the apply script (EVALSHA, and EVAL when
-// the server's script cache lacks it); GET and PTTL on each lock; HMGET and
-// HINCRBY on its record; RPUSH, LLEN and PEXPIRE on its log; and the
-// writes of the changes on the index keys, with TYPE.
-var applyCommands = []string{
-	"eval", "evalsha",
-	"get", "pttl", // the locks
-	"hmget", "hincrby", // the records: the run's token, mode and keys; the counts of the log
-	"rpush", "llen", "pexpire", // the logs
-	"type", "hset", "hdel", "hget", "zadd", "zrem", "zscore", "sadd", "srem", // the index keys
-}
-
-// applyRules returns the ACL rules of the Apply user on the keys pattern
-// matches, without the commands in without.
-func applyRules(pattern string, without ...string) []string {
-	rules := []string{pattern}
-	for _, c := range applyCommands {
-		if !slicesContains(without, c) {
-			rules = append(rules, "+"+c)
-		}
-	}
-	return rules
-}
-
-func slicesContains(ss []string, s string) bool {
-	for _, x := range ss {
-		if x == s {
-			return true
-		}
-	}
-	return false
-}
 
 // operatorRules are the ACL rules of an operator of the runs under prefix,
 // who runs keyswap's control commands (cancel, throttle, pause, resume,
@@ -84,7 +49,7 @@ func changeAll(u fuser, tag string, n int) []rebuild.Change[fuser] {
 }
 
 func TestTrustApplyUserRights(t *testing.T) {
-	// C75: a user with exactly applyCommands applies changes, with no run
+	// C75: a user with exactly redistest.ApplyCommands applies changes, with no run
 	// in progress and during one, which replays them: the indexes equal
 	// the source of truth. A user without any one of them is refused
 	// before anything is written (ErrNoPermission naming the command):
@@ -96,12 +61,12 @@ func TestTrustApplyUserRights(t *testing.T) {
 	p := redistest.Prefix(t)
 	k := newOnlineKeys(p + "idx:")
 	seedOnline(t, admin, k, 200, "a")
-	user := srv.ClientAs(t, "ks-apply", applyRules("~"+p+"idx:*")...)
+	user := srv.ClientAs(t, "ks-apply", redistest.ApplyRules(p+"idx:*")...)
 	app, err := newOnlineApp(ctx, admin, k.rebuilder(t, user, rebuild.Options{}), k.db, "a", 1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := app.steps(ctx, 50); err != nil {
+	if err := app.Steps(ctx, 50); err != nil {
 		t.Fatalf("Apply with no run: %v", err)
 	}
 	hold := newHeldSource()
@@ -111,7 +76,7 @@ func TestTrustApplyUserRights(t *testing.T) {
 		done <- err
 	}()
 	<-hold.read
-	if err := app.steps(ctx, 100); err != nil {
+	if err := app.Steps(ctx, 100); err != nil {
 		t.Errorf("Apply during a run: %v", err)
 	}
 	close(hold.release)
@@ -128,13 +93,13 @@ func TestTrustApplyUserRights(t *testing.T) {
 		done <- err
 	}()
 	<-hold.read
-	for i, cmd := range applyCommands {
+	for i, cmd := range redistest.ApplyCommands {
 		if cmd == "eval" || cmd == "evalsha" {
 			continue // refused by the server itself, before the script runs: TestACLMissingRight
 		}
-		c := srv.ClientAs(t, "ks-apply-without-"+cmd, applyRules("~"+p+"idx:*", cmd)...)
+		c := srv.ClientAs(t, "ks-apply-without-"+cmd, redistest.ApplyRules(p+"idx:*", cmd)...)
 		before := appliedState(t, admin, k)
-		u := app.users[app.ids[i]]
+		u := app.Users[app.IDs[i]]
 		err := k.rebuilder(t, c, rebuild.Options{}).Apply(ctx, changeAll(u, "w", i)...)
 		if !errors.Is(err, rebuild.ErrNoPermission) || !strings.Contains(err.Error(), strings.ToUpper(cmd)) {
 			t.Errorf("without +%s: Apply = %v, want ErrNoPermission naming %s", cmd, err, strings.ToUpper(cmd))
@@ -187,7 +152,7 @@ func TestTrustOldMinimalRules(t *testing.T) {
 			// run, then replayed by its catch-up.
 			truth := truthSource(admin, k.db, nil)
 			stats, err := k.rebuilder(t, c, tc.opts).Run(ctx, func(ctx context.Context) iter.Seq2[fuser, error] {
-				if err := app.steps(ctx, 50); err != nil {
+				if err := app.Steps(ctx, 50); err != nil {
 					t.Errorf("Apply: %v", err)
 				}
 				return truth(ctx)
@@ -326,14 +291,14 @@ func TestTrustLogEvicted(t *testing.T) {
 		// is applied again once the run has ended.
 		var pending []rebuild.Change[fuser]
 		for i := 0; infoField(t, admin, "stats", "evicted_keys") == evicted && i < 100_000; i++ {
-			old := app.users[app.ids[rng.IntN(len(app.ids))]]
+			old := app.Users[app.IDs[rng.IntN(len(app.IDs))]]
 			u := old
 			u.Email = fmt.Sprintf("%s.%d.%s@example.com", u.ID, i, strings.Repeat("x", 200))
-			if err := admin.Do(ctx, admin.B().Hset().Key(k.db).FieldValue().FieldValue(u.ID, encodeFuser(u)).Build()).Error(); err != nil {
+			if err := admin.Do(ctx, admin.B().Hset().Key(k.db).FieldValue().FieldValue(u.ID, redistest.EncodeUser(u)).Build()).Error(); err != nil {
 				t.Fatalf("committing a change: %v", err)
 			}
-			app.users[u.ID] = u
-			if err := app.r.Apply(ctx, rebuild.Update(old, u)); err != nil {
+			app.Users[u.ID] = u
+			if err := app.Rebuilder.Apply(ctx, rebuild.Update(old, u)); err != nil {
 				pending = append(pending, rebuild.Update(old, u))
 			}
 		}
@@ -341,7 +306,7 @@ func TestTrustLogEvicted(t *testing.T) {
 		close(hold.release)
 		runErr := <-done
 		for _, c := range pending {
-			if err := app.r.Apply(ctx, c); err != nil {
+			if err := app.Rebuilder.Apply(ctx, c); err != nil {
 				t.Fatalf("round %d: Apply once the run ended: %v", round, err)
 			}
 		}

@@ -71,6 +71,21 @@ func rbWantNoTemp(t *testing.T, tg target, node rueidis.Client, s *store.Store) 
 	}
 }
 
+// rbWantEnded checks how a rebuild of tg.live left it: the live key holds
+// live (absent for nil), the temp key is gone and no other is left, and
+// the lock is deleted (C36).
+func rbWantEnded(t *testing.T, tg target, node rueidis.Client, s *store.Store, live map[string]string, temp string) {
+	t.Helper()
+	if live == nil {
+		redistest.WantAbsent(t, tg.other, tg.live)
+	} else {
+		redistest.WantHash(t, tg.other, tg.live, live)
+	}
+	redistest.WantAbsent(t, tg.other, temp)
+	rbWantNoTemp(t, tg, node, s)
+	redistest.WantString(t, tg.other, s.LockKey(tg.live), "")
+}
+
 // rbFresh deletes live, its lock and its temp keys now and again when the
 // test ends, so that reruns (-count=N against the same servers) start clean.
 func rbFresh(t *testing.T, tg target) {
@@ -275,10 +290,7 @@ func TestWithRebuildCallbackArgs(t *testing.T) {
 			}
 		}
 		// C18: the failure left nothing behind.
-		redistest.WantHash(t, tg.other, tg.live, old)
-		redistest.WantAbsent(t, tg.other, temp)
-		rbWantNoTemp(t, tg, node, s)
-		redistest.WantString(t, tg.other, s.LockKey(tg.live), "")
+		rbWantEnded(t, tg, node, s, old, temp)
 	})
 }
 
@@ -320,10 +332,7 @@ func TestWithRebuildFinalTouch(t *testing.T) {
 		if n := slices.Index(after, "release"); n < publish {
 			t.Errorf("commands after the callback: %q, want the release after the publish", after)
 		}
-		redistest.WantHash(t, tg.other, tg.live, want)
-		redistest.WantAbsent(t, tg.other, temp)
-		rbWantNoTemp(t, tg, node, s)
-		redistest.WantString(t, tg.other, s.LockKey(tg.live), "")
+		rbWantEnded(t, tg, node, s, want, temp)
 	})
 }
 
@@ -605,10 +614,7 @@ func TestWithRebuildTempVanishedBetweenTouches(t *testing.T) {
 				if !strings.Contains(err.Error(), temp) || !strings.Contains(err.Error(), tg.live) {
 					t.Errorf("error %q does not name the temp key %q and the live key %q", err, temp, tg.live)
 				}
-				redistest.WantHash(t, tg.other, tg.live, old)
-				redistest.WantAbsent(t, tg.other, temp)
-				rbWantNoTemp(t, tg, node, s)
-				redistest.WantString(t, tg.other, s.LockKey(tg.live), "")
+				rbWantEnded(t, tg, node, s, old, temp)
 			})
 		}
 	})
@@ -638,10 +644,7 @@ func TestWithRebuildEmpty(t *testing.T) {
 				if err != nil {
 					t.Fatalf("WithRebuild: %v, want nil", err)
 				}
-				redistest.WantAbsent(t, tg.other, tg.live)
-				redistest.WantAbsent(t, tg.other, temp)
-				rbWantNoTemp(t, tg, node, s)
-				redistest.WantString(t, tg.other, s.LockKey(tg.live), "")
+				rbWantEnded(t, tg, node, s, nil, temp)
 			})
 		}
 	})
@@ -777,10 +780,7 @@ func TestWithRebuildContextCancelled(t *testing.T) {
 		if err != context.Canceled { // C17: the very same value
 			t.Errorf("err = %v, want context.Canceled", err)
 		}
-		redistest.WantHash(t, tg.other, tg.live, old)
-		redistest.WantAbsent(t, tg.other, temp)
-		rbWantNoTemp(t, tg, node, s)
-		redistest.WantString(t, tg.other, s.LockKey(tg.live), "")
+		rbWantEnded(t, tg, node, s, old, temp)
 	})
 }
 

@@ -40,7 +40,7 @@ func settleRebuild(t *testing.T, tg target, onPublish, onRelease func(c rueidis.
 var errLostReply = fmt.Errorf("read tcp: %w", context.DeadlineExceeded)
 
 func TestSettleLostReplyAfterThePublishRan(t *testing.T) {
-	// The publish script ran, its reply was lost: WithRebuild finds out
+	// C59: the publish script ran, its reply was lost: WithRebuild finds out
 	// from the receipt and reports the publish it made, instead of a
 	// failure that is not one.
 	forEachTarget(t, func(t *testing.T, tg target) {
@@ -66,7 +66,7 @@ func TestSettleLostReplyAfterThePublishRan(t *testing.T) {
 }
 
 func TestSettleLostReplyBeforeThePublishRan(t *testing.T) {
-	// The publish script never left: no receipt, so WithRebuild reports the
+	// C59: the publish script never left: no receipt, so WithRebuild reports the
 	// error, and the live key is the old one. The temp key is kept for
 	// PreserveFor (C29).
 	forEachTarget(t, func(t *testing.T, tg target) {
@@ -90,8 +90,8 @@ func TestSettleLostReplyBeforeThePublishRan(t *testing.T) {
 }
 
 func TestSettleUnreachable(t *testing.T) {
-	// The reply was lost and the release that would settle it fails too:
-	// the outcome is unknown, and the error says so while still matching
+	// C59: the reply was lost and the release that would settle it fails
+	// too: the outcome is unknown, and the error says so while still matching
 	// the original cause. The live key is old or new, never partial.
 	forEachTarget(t, func(t *testing.T, tg target) {
 		redistest.SeedHash(t, tg.other, tg.live, map[string]string{"f": "old"})

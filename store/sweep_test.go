@@ -459,7 +459,7 @@ func TestSweepKeyShapes(t *testing.T) {
 
 // TestSweepAllMasters: orphans on all three masters are found and deleted
 // through the one cluster client; none is missed and none is reported twice
-// (C40+).
+// (C40).
 func TestSweepAllMasters(t *testing.T) {
 	t.Parallel()
 	c, other := env.Cluster.Client(t), env.Cluster.Client(t)
@@ -520,7 +520,7 @@ func sweepDuplicates(ks []string) []string {
 	return dup
 }
 
-// TestSweepSkipsReplica: Sweep scans masters only (C40+). The replica is
+// TestSweepSkipsReplica: Sweep scans masters only (C40). The replica is
 // writable here, so a key written to it alone exists nowhere else: a sweep
 // that scanned the replica would report it.
 func TestSweepSkipsReplica(t *testing.T) {

@@ -3,10 +3,13 @@ package pgcdc_test
 import (
 	"context"
 	"errors"
+	"net/url"
 	"strconv"
 	"testing"
 
+	"github.com/keyswap/keyswap/capture/pgcdc"
 	"github.com/keyswap/keyswap/capture/pgtest"
+	"github.com/keyswap/keyswap/internal/faultproxy"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/rebuild"
 )
@@ -67,6 +70,54 @@ func TestRelayPostgresRestart(t *testing.T) {
 	f.waitIndex(t)
 	if st := r.Status(); st.Reconnects < 2 {
 		t.Errorf("status %+v: want 2 reconnects", st)
+	}
+	if err := stop(); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Run: %v", err)
+	}
+}
+
+// TestRelayConnectionCut: the network between the relay and PostgreSQL
+// is cut (a TCP reset, with no error message from the server) three times
+// while the relay streams a steady flow of changes: the relay connects
+// again, resumes from its slot, and the index ends exactly as the table.
+// A cut connection is one pgconn closes in the background; the relay must
+// not write to it after that (under -race, a standby status update sent on
+// it raced pgconn's own Terminate).
+func TestRelayConnectionCut(t *testing.T) {
+	f := newFixture(t, pg, env.Standalone.Client(t))
+	u, err := url.Parse(f.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy, err := faultproxy.New(u.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = proxy.Close() })
+	u.Host = proxy.Addr()
+	r, err := pgcdc.New(u.String(), f.rb, f.options(), usersTable())
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := running(t, r)
+	w := startWriter(t, f.dsn, 5, 0)
+	for round := range 3 {
+		applied := r.Status().Applied
+		waitFor(t, "changes applied", func() bool { return r.Status().Applied > applied+100 })
+		// PostgreSQL appears gone: the cut, then connections refused (the
+		// cancel request pgconn sends on a broken connection fails at once).
+		proxy.Refuse(true)
+		proxy.CutAll()
+		waitFor(t, "the relay to lose its connection", func() bool { return !r.Status().Connected })
+		proxy.Refuse(false)
+		waitFor(t, "the relay to connect again", func() bool { return r.Status().Reconnects > int64(round) && r.Status().Connected })
+	}
+	if err := w.stop(); err != nil {
+		t.Fatal(err)
+	}
+	f.waitIndex(t)
+	if st := r.Status(); st.Reconnects < 3 {
+		t.Errorf("status %+v: want 3 reconnects", st)
 	}
 	if err := stop(); !errors.Is(err, context.Canceled) {
 		t.Fatalf("Run: %v", err)

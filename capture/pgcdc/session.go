@@ -157,8 +157,12 @@ func (r *Relay[T]) session(ctx context.Context) (err error) {
 	defer func() {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
-		// Best effort: a restarted relay then applies less again.
-		_ = r.sendStatus(repl, false)
+		// Best effort: a restarted relay then applies less again. Not on a
+		// connection that broke: pgconn closes it in the background, writing
+		// its own goodbye, and a write of ours would race that one.
+		if !repl.IsClosed() {
+			_ = r.sendStatus(repl, false)
+		}
 		_ = repl.Close(cctx)
 	}()
 	pub := strings.ReplaceAll(r.opts.Publication, `'`, `''`)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"fmt"
+	"slices"
 	"testing"
 
 	"github.com/redis/rueidis"
@@ -95,4 +96,32 @@ func (s *Server) deleteUser(name string, pid int) error {
 		return fmt.Errorf("ACL DELUSER %s: %w", name, err)
 	}
 	return nil
+}
+
+// ApplyCommands are the commands a Redis user needs, and no more, so that
+// Rebuilder.Apply works, with and without a run in progress, for the
+// builders of package builders (the README's Apply user): the apply script
+// (EVALSHA, and EVAL when the server's script cache lacks it); GET and
+// PTTL on each lock; HMGET and HINCRBY on its record; RPUSH, LLEN and
+// PEXPIRE on its log; and the writes of the changes on the index keys,
+// with TYPE.
+var ApplyCommands = []string{
+	"eval", "evalsha",
+	"get", "pttl", // the locks
+	"hmget", "hincrby", // the records: the run's token, mode and keys; the counts of the log
+	"rpush", "llen", "pexpire", // the logs
+	"type", "hset", "hdel", "hget", "zadd", "zrem", "zscore", "sadd", "srem", // the index keys
+}
+
+// ApplyRules returns the ACL rules, for ClientAs, of the Apply user on the
+// keys pattern matches (the index keys, their locks, records and logs),
+// without the commands in without.
+func ApplyRules(pattern string, without ...string) []string {
+	rules := []string{"~" + pattern}
+	for _, c := range ApplyCommands {
+		if !slices.Contains(without, c) {
+			rules = append(rules, "+"+c)
+		}
+	}
+	return rules
 }

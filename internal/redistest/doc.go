@@ -78,6 +78,17 @@
 // by its original name ("-flushall" also denies FLUSHALL renamed to
 // "ks-flushall", and "-ks-flushall" is an error).
 //
+// # Test kit
+//
+// What the test suites of several packages share lives here, not in copies:
+// the item type [User] and [Users]; the online model, a source of truth
+// (a hash of users, read by [ReadTruth], seeded by [SeedTruth], read as a
+// run's source by [TruthSource]), the application that changes it and
+// applies each change ([App]), and the check that the indexes equal it
+// ([OnlineIndexes], [WantOnline]); and the ACL rules of the Apply user
+// ([ApplyRules]). This package is compiled into test binaries only; it adds
+// no module to the library's go.mod.
+//
 // # Errors
 //
 // A missing redis-server or redis-cli binary is an error that says how to

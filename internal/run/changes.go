@@ -23,11 +23,11 @@ type Op struct {
 	Args []string
 }
 
-// OpTypes maps each command an [Op] may run to the type of key it writes.
+// opTypes maps each command an [Op] may run to the type of key it writes.
 // HDELIF and ZREMIF are keyswap's own (scripts/lib/remove.lua): "HDELIF key
 // field value ..." removes each field only while it holds value, "ZREMIF
 // key score member ..." each member only while it has score.
-var OpTypes = map[string]string{
+var opTypes = map[string]string{
 	"HSET": "hash", "HDEL": "hash", "HDELIF": "hash",
 	"ZADD": "zset", "ZREM": "zset", "ZREMIF": "zset",
 	"SADD": "set", "SREM": "set",
@@ -134,7 +134,7 @@ var (
 // them, each as one op without a key. It returns false when an op is a
 // conditional removal, or ops write more than one type of key.
 func netOps(ops []Op) (set, del Op, ok bool) {
-	kind := OpTypes[ops[0].Cmd]
+	kind := opTypes[ops[0].Cmd]
 	step := 2 // field value, score member
 	if kind == "set" {
 		step = 1
@@ -149,7 +149,7 @@ func netOps(ops []Op) (set, del Op, ok bool) {
 	last := make(map[string]int, len(ops))
 	sets, dels := 0, 0
 	for _, op := range ops {
-		if op.Conditional() || OpTypes[op.Cmd] != kind {
+		if op.Conditional() || opTypes[op.Cmd] != kind {
 			return set, del, false
 		}
 		n, remove := step, op.Removes()
@@ -247,7 +247,7 @@ func ReadLogReply(script, lrange rueidis.RedisResult, start int64) (entries []st
 
 // check validates op's shape.
 func (op Op) check() error {
-	if _, ok := OpTypes[op.Cmd]; !ok {
+	if _, ok := opTypes[op.Cmd]; !ok {
 		return fmt.Errorf("a change cannot run %q: only HSET, HDEL, HDELIF, ZADD, ZREM, ZREMIF, SADD and SREM", op.Cmd)
 	}
 	if op.Key == "" {
@@ -377,7 +377,7 @@ func AppendEntry(ops []Op, args []string, e string) ([]Op, []string, error) {
 		if !ok1 || !ok2 || !ok3 || !ok4 || n > len(e) {
 			return ops, args, errNotEncoded
 		}
-		if _, ok := OpTypes[cmd]; !ok {
+		if _, ok := opTypes[cmd]; !ok {
 			return ops, args, fmt.Errorf("its command %q is not one a builder writes", cmd)
 		}
 		from := len(args)

@@ -123,14 +123,6 @@ func Wrap(op, key string, err error) error {
 	return &Error{Op: op, Key: key, Err: err}
 }
 
-// IsBadInput reports whether err is an *Error: one of our own errors, such
-// as an argument refused before anything was sent, rather than a bare error
-// from Redis or the network.
-func IsBadInput(err error) bool {
-	var e *Error
-	return errors.As(err, &e)
-}
-
 // Refused returns err as an error matching ErrNoPermission when it is
 // Redis refusing a command for this user's rights (NOPERM, or, inside a
 // script, "can't run this command"), and nil otherwise.

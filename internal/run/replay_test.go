@@ -82,7 +82,7 @@ func contents(t *testing.T, c rueidis.Client, kind, key string) []string {
 }
 
 func TestReplayCommands(t *testing.T) {
-	// ReplayCommands, which a catch-up sends for each key's ops of a round,
+	// C66: ReplayCommands, which a catch-up sends for each key's ops of a round,
 	// leaves every key as replaying the ops one by one in order does (the
 	// replay script, op after op): random ops over few entries, so that
 	// later ops overwrite and remove what earlier ones wrote, on keys that

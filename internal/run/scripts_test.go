@@ -1171,7 +1171,7 @@ func TestScriptPublishFailsClosed(t *testing.T) {
 	// operator's requests for the run hold a cancel (C78); {0, i} for the
 	// first temp key flagged populated that is
 	// gone (C26); {-4, i} for one flagged populated with a TTL that has
-	// none (re-created by a later write); and, between the record and the
+	// none (re-created by a later write, C56); and, between the record and the
 	// temp keys, {-6, i} for the first meta that is neither absent nor a
 	// hash whose seq is a number. On every one of them nothing was
 	// written: every key byte-identical, no receipt, so that what the
