@@ -55,9 +55,12 @@
 //     application commits changes to its truth and applies each with
 //     Rebuilder.Apply, -online-rate a second: Apply's latency with and
 //     without a run in progress, the rebuild's throughput next to the same
-//     rebuild without changes, and its catch-up. After every run each entry
-//     of every key is compared with the truth, and a lost change fails the
-//     bench.
+//     rebuild without changes, and its catch-up. With -online-backlog N,
+//     each round also runs the rebuild once more, with N changes applied as
+//     fast as Apply takes them once its source has given its last item: the
+//     catch-up's rate of replayed changes, and the server's and the bench's
+//     CPU per change. After every run each entry of every key is compared
+//     with the truth, and a lost change fails the bench.
 //
 // # Output
 //

@@ -113,6 +113,9 @@ type config struct {
 
 	onlineN    int     // items of the online section; 0 is n
 	onlineRate float64 // changes per second during the online section
+	// onlineBacklog is the changes of the online section's run with a
+	// backlog; 0 runs none.
+	onlineBacklog int
 
 	impactN         int           // items of the impact section; 0 is 2n
 	impactBudget    time.Duration // the impact section's Options.LatencyBudget
@@ -162,6 +165,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&cfg.render, "render", "", "render the report of an earlier run from its JSON `file` (to stdout and -out) instead of running")
 	fs.IntVar(&cfg.onlineN, "online-n", 0, "items of the online section; 0 means -n")
 	fs.Float64Var(&cfg.onlineRate, "online-rate", 10_000, "changes per second that the online section's writers apply, with rebuild.Rebuilder.Apply")
+	fs.IntVar(&cfg.onlineBacklog, "online-backlog", 0, "changes logged before the catch-up of an extra run in each round of the online section, applied as fast as Apply takes them once the source has given its last item, to measure the replay rate of the catch-up (e.g. 200000); 0 runs none")
 	fs.IntVar(&cfg.impactN, "impact-n", 0, "items of the impact section's rebuilds, long enough for the paced run to settle; 0 means 2×-n")
 	fs.DurationVar(&cfg.impactBudget, "impact-budget", time.Millisecond, "rebuild.Options.LatencyBudget of the impact section's paced rebuild")
 	fs.IntVar(&cfg.impactBatchSize, "impact-batch-size", 500, "rebuild.Options.BatchSize of the impact section's paced rebuild (a batch's transaction runs whole: it must fit the budget); 0 means -keyswap-batch-size")
@@ -185,8 +189,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	if cfg.impactN < 0 || cfg.impactBudget <= 0 || cfg.impactBatchSize < 0 {
 		return bad("-impact-n and -impact-batch-size must not be negative, and -impact-budget must be positive")
 	}
-	if cfg.onlineN < 0 || !(cfg.onlineRate > 0) || math.IsInf(cfg.onlineRate, 1) {
-		return bad("-online-n must not be negative, and -online-rate must be positive and finite")
+	if cfg.onlineN < 0 || cfg.onlineBacklog < 0 || !(cfg.onlineRate > 0) || math.IsInf(cfg.onlineRate, 1) {
+		return bad("-online-n and -online-backlog must not be negative, and -online-rate must be positive and finite")
 	}
 	var err error
 	if cfg.sections, err = names(*sections, allSections, "-sections"); err != nil {

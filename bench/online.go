@@ -45,6 +45,10 @@ type onlineResult struct {
 	Online  series        `json:"online"`
 	Runs    []onlineRound `json:"rounds_detail"`
 	Summary onlineSummary `json:"summary"`
+	// BacklogChanges is -online-backlog, and Backlog the runs that caught
+	// up with such a backlog, one per round.
+	BacklogChanges int            `json:"backlog_changes,omitempty"`
+	Backlog        []backlogRound `json:"backlog,omitempty"`
 }
 
 // onlineRound is what one round measured besides the runs' samples.
@@ -67,6 +71,8 @@ type onlineRound struct {
 	// Changed is the items the round changed in all, every one checked
 	// after each run.
 	Changed int `json:"items_changed"`
+	// Backlog is the round's run with a backlog, with -online-backlog.
+	Backlog *backlogRound `json:"-"`
 }
 
 // spread is a median and min–max over rounds.
@@ -155,6 +161,7 @@ func (r *runner) online(ctx context.Context) (*onlineResult, error) {
 		PublishTail:    rebuild.PublishTail,
 		MaxChanges:     cmp.Or(opts.MaxChanges, rebuild.DefaultMaxChanges),
 		CatchUpTimeout: cmp.Or(opts.CatchUpTimeout, rebuild.DefaultCatchUpTimeout),
+		BacklogChanges: cfg.onlineBacklog,
 	}
 	var quiet, online []sample
 	for round := range cfg.rounds {
@@ -163,6 +170,9 @@ func (r *runner) online(ctx context.Context) (*onlineResult, error) {
 			return nil, fmt.Errorf("%s, %d items, round %d: %w", w.name, d.n, round+1, err)
 		}
 		res.Runs = append(res.Runs, rd)
+		if rd.Backlog != nil {
+			res.Backlog = append(res.Backlog, *rd.Backlog)
+		}
 		quiet, online = append(quiet, q), append(online, o)
 	}
 	res.Quiet, res.Online = newSeries(quiet, nil), newSeries(online, nil)
@@ -234,8 +244,16 @@ func (r *runner) onlineRound(ctx context.Context, round int, w workload, d datas
 		return rd, quiet, online, fmt.Errorf("the run replayed %d changes, more than the %d builders × %d changes applied while it ran", o.stats.Changes, len(w.targets), rd.Applied)
 	}
 	rd.Ratio = o.sample.Rate() / q.sample.Rate()
-	rd.Changed = tr.changes()
 	r.bar.step()
+	if r.cfg.onlineBacklog > 0 {
+		r.bar.describe("online %d/%d: rebuild catching up with %d changes", round+1, r.cfg.rounds, r.cfg.onlineBacklog)
+		b, err := r.backlogRun(ctx, round, rb, tr, a)
+		if err != nil {
+			return rd, quiet, online, err
+		}
+		rd.Backlog = &b
+	}
+	rd.Changed = tr.changes()
 	return rd, q.sample, o.sample, nil
 }
 
@@ -356,9 +374,17 @@ func (res *onlineResult) summarize() {
 // summaryLine is the section's line of the report's summary.
 func (res *onlineResult) summaryLine() string {
 	s := res.Summary
-	return fmt.Sprintf("Online, %s at %s items, changes at %s/s (%s/s applied during the rebuild): one Apply takes **%s** at p99 with no run in progress, **%s** during a rebuild; the rebuild runs at **%.2f** of its speed without changes; catch-up %s (%s changes replayed); 0 lost changes.",
+	line := fmt.Sprintf("Online, %s at %s items, changes at %s/s (%s/s applied during the rebuild): one Apply takes **%s** at p99 with no run in progress, **%s** during a rebuild; the rebuild runs at **%.2f** of its speed without changes; catch-up %s (%s changes replayed); 0 lost changes.",
 		res.Workload, commas(res.Items), commas(int(res.Rate)), rate(s.AppliedRate.Median), durS(s.IdleP99.Median), durS(s.DuringP99.Median), s.Ratio.Median,
 		durS(s.CatchUp.Median), commas(int(s.Replayed.Median)))
+	if len(res.Backlog) > 0 {
+		var xs []float64
+		for _, rd := range res.Backlog {
+			xs = append(xs, rd.Rate)
+		}
+		line += fmt.Sprintf(" A catch-up of a backlog of %s changes replays **%s** changes/s.", commas(res.BacklogChanges), rate(median(xs)))
+	}
+	return line
 }
 
 // markdown writes the online section.
@@ -407,6 +433,7 @@ func (res *onlineResult) markdown(b *bytes.Buffer) {
 	p("`Options.CatchUpTimeout` (%v here) bounds it: a run whose changes arrive faster than it replays them fails with `ErrFallingBehind`, and leaves the live keys, which hold every change, as they are. ", res.CatchUpTimeout)
 	p("`Options.MaxChanges` (%s here) bounds each log, one entry per Apply and lock: at %s changes/s a run may last %s before its log is full and it fails with `ErrFallingBehind` in the same way.\n\n",
 		commas(res.MaxChanges), commas(int(res.Rate)), (time.Duration(float64(res.MaxChanges) / res.Rate * float64(time.Second))).Round(time.Second))
+	res.backlogMarkdown(b)
 }
 
 // durS formats a duration in ns held in a float64.

@@ -42,12 +42,40 @@ func TestOnline(t *testing.T) {
 	wantRender(t, path, md)
 }
 
+// TestOnlineBacklog runs the online section with a backlog: each round has
+// a third run, whose catch-up replays about -online-backlog changes.
+func TestOnlineBacklog(t *testing.T) {
+	md, rep, path := runSection(t, "-sections", "online", "-online-n", "2000", "-online-rate", "2000", "-online-backlog", "3000", "-rounds", "2")
+	for _, want := range []string{
+		"### Catch-up of a backlog", "(1,000 Updates, each logging one change for each of the 3 builders)",
+		"| changes replayed per second of catch-up |", "| server CPU µs per change |",
+		"A catch-up of a backlog of 3,000 changes replays **",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("report lacks %q:\n%s", want, md)
+		}
+	}
+	o := rep.Online
+	if o == nil || o.BacklogChanges != 3000 || len(o.Backlog) != 2 {
+		t.Fatalf("JSON online: got %+v, want 2 runs with a backlog of 3000", o)
+	}
+	for i, b := range o.Backlog {
+		// Every Update logs a change for each builder; one whose bucket
+		// does not change logs none for the SetIndex.
+		if b.Applied != 1000 || b.Replayed < 2000 || b.Replayed > 3000 || b.Rate <= 0 || b.ServerCPU <= 0 {
+			t.Errorf("run %d with a backlog: got %+v, want 1000 Updates, 2000–3000 changes replayed, a rate and server CPU", i+1, b)
+		}
+	}
+	wantRender(t, path, md)
+}
+
 func TestParseOnlineFlags(t *testing.T) {
 	wantSizes(t, sectionOnline, config.onlineItems, []sizeCase{
 		{nil, 1_000_000},
 		{[]string{"-n", "5000"}, 5000},
 		{[]string{"-n", "5000", "-online-n", "200"}, 200},
 		{[]string{"-online-n", "-1"}, 0},
+		{[]string{"-online-backlog", "-1"}, 0},
 		{[]string{"-online-rate", "0"}, 0},
 		{[]string{"-online-rate", "-10"}, 0},
 		{[]string{"-online-rate", "NaN"}, 0},

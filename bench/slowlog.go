@@ -162,6 +162,11 @@ type slowlogWatch struct {
 // watch of those of the clients named clients. The caller restores the
 // slowlog settings (saveSlowlog).
 func (r *runner) watchSlowlog(ctx context.Context, scripts []script, clients ...string) (*slowlogWatch, error) {
+	return r.watchSlowlogOver(ctx, slowlogThreshold, scripts, clients...)
+}
+
+// watchSlowlogOver is watchSlowlog of the commands of threshold or longer.
+func (r *runner) watchSlowlogOver(ctx context.Context, threshold time.Duration, scripts []script, clients ...string) (*slowlogWatch, error) {
 	s := r.srv
 	if err := s.configSet(ctx, "slowlog-max-len", slowlogLen); err != nil {
 		return nil, err
@@ -169,7 +174,7 @@ func (r *runner) watchSlowlog(ctx context.Context, scripts []script, clients ...
 	if err := s.admin.Do(ctx, s.admin.B().SlowlogReset().Build()).Error(); err != nil {
 		return nil, fmt.Errorf("SLOWLOG RESET: %w", err)
 	}
-	if err := s.configSet(ctx, "slowlog-log-slower-than", strconv.FormatInt(slowlogThreshold.Microseconds(), 10)); err != nil {
+	if err := s.configSet(ctx, "slowlog-log-slower-than", strconv.FormatInt(threshold.Microseconds(), 10)); err != nil {
 		return nil, err
 	}
 	w := newSlowlogWatch(s, scripts, clients...)

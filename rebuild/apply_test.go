@@ -789,10 +789,11 @@ func TestApplyMaxChanges(t *testing.T) {
 }
 
 func TestApplyCatchUpTimeout(t *testing.T) {
-	// C66: a run whose catch-up cannot get within PublishTail of the logs before
-	// CatchUpTimeout fails with ErrFallingBehind: 1400 changes, each logged
-	// in the three logs, were applied while its source was held, and the
-	// catch-up replays 1000 entries per log per round trip; a hook makes
+	// C66: a run whose catch-up cannot get within PublishTail of the logs
+	// before CatchUpTimeout fails with ErrFallingBehind: CatchUpChunk +
+	// PublishTail + 400 changes, each logged in the three logs, were applied
+	// while its source was held, and the catch-up replays CatchUpChunk
+	// entries per log per round trip at most; a hook makes
 	// that round trip last at least 5 ms, and the timeout is 1 ms. Nothing
 	// is published, nothing of the run is left, and the live indexes hold
 	// every change.
@@ -812,7 +813,7 @@ func TestApplyCatchUpTimeout(t *testing.T) {
 		})
 		a := applier{c: d.Other, r: onlineRebuilder(t, d.Other, k, rebuild.Options{}), db: k.DB}
 		run := startHeld(t, ctx, onlineRebuilder(t, slow, k, rebuild.Options{CatchUpTimeout: time.Millisecond}), d.Client, k.DB)
-		if err := a.applyAll(ctx, inserts(0, 1400)); err != nil {
+		if err := a.applyAll(ctx, inserts(0, rebuild.CatchUpChunk+rebuild.PublishTail+400)); err != nil {
 			t.Fatal(err)
 		}
 		stats, err := run.wait()
@@ -984,7 +985,7 @@ func TestApplyEmptiesTempKey(t *testing.T) {
 				if back == "a later catch-up round" {
 					// More than PublishTail entries past the first round
 					// (1000 per log), so that the catch-up goes round again.
-					if err := a.applyAll(ctx, inserts(0, 1400)); err != nil {
+					if err := a.applyAll(ctx, inserts(0, rebuild.CatchUpChunk+rebuild.PublishTail+400)); err != nil {
 						t.Fatal(err)
 					}
 				}

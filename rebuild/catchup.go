@@ -13,23 +13,36 @@ import (
 )
 
 // catchUpChunk is the most entries a catch-up reads from one log per round
-// trip.
-const catchUpChunk = 1000
+// trip: a readlog script of this many entries takes well under a
+// millisecond of the server's time.
+const catchUpChunk = 4000
 
 // catchUpWork bounds the work (ops and arguments) a catch-up replays per
 // round trip, over every log, so that entries of many ops each do not make
 // one round trip of hundreds of megabytes: past it, a log's next read takes
 // fewer entries. Every log replays at least one entry per round trip.
-const catchUpWork = 50_000
+const catchUpWork = 100_000
 
-// replayTxn is a transaction of replayed changes being built: its ops, and
-// the temp key of each.
-type replayTxn struct {
-	t     *txn
-	temps []string
-	index map[*target]int
-	ops   []run.Op
-	at    []int
+// replayGroup is the ops of a round of a catch-up on one key, in the order
+// logged.
+type replayGroup struct {
+	t   *target
+	ops []run.Op
+}
+
+// replayRound is the ops of a round of a catch-up, grouped by the temp key
+// they write: ops on different keys commute, so each key's go together,
+// which makes fewer commands (run.ReplayCommands).
+type replayRound struct {
+	groups []replayGroup
+	index  map[*target]int
+}
+
+// catchUpRound is what one round of a catch-up read: its transactions, and
+// the entries they replay.
+type catchUpRound struct {
+	txns []*txn
+	read int64
 }
 
 // catchUp replays the changes applied during the run (see Apply) onto the
@@ -39,142 +52,206 @@ type replayTxn struct {
 // ErrFallingBehind once deadline has passed with more left, or when a log
 // reached its bound.
 //
-// The logs are input from other processes. Each round trip reads, in one
-// script per log (run.ReadLogCommand), the next entries, the log's length
-// and the counts Apply keeps in the lock's record, with the record's token: a record gone
+// The logs are input from other processes. Each round trip reads, per log
+// (run.ReadLogCommands), the log's length and the counts Apply keeps in the
+// lock's record, with the record's token, in one script, then the next
+// entries, of those counted: a record gone
 // lost its counts (ErrWritesLost), one of another token is forged
 // (ErrTampered); a log shorter than its count lost changes
 // (ErrWritesLost), a longer one holds entries nobody counted
 // (ErrTampered). Every entry must be a change of its builder's keys
 // (ErrTampered otherwise, naming the log, the entry and the key). The
-// same round trip writes the previous entries: as transactions like the
-// batches', which advance the run's record, so that the publish can tell
-// whether Redis lost any of them.
-func (x *execution[T]) catchUp(ctx context.Context, deadline time.Time) error {
-	r := x.r
-	cb := r.redis.Client().B()
+// entries are written as transactions like the batches', which advance the
+// run's record, so that the publish can tell whether Redis lost any of
+// them: the ops of each transaction grouped by key, runs of one command
+// merged into one (run.ReplayCommands). The write of one round is in
+// flight while the next round is read and checked; catchUp returns once
+// every write it sent has returned, so that a failure's cleanup comes after
+// them.
+func (x *execution[T]) catchUp(ctx context.Context, deadline time.Time) (err error) {
+	var pending chan error // the write in flight, if any
+	var inFlight int64     // the entries it replays
+	wait := func() error {
+		if pending == nil {
+			return nil
+		}
+		err := <-pending
+		pending = nil
+		if err == nil {
+			x.replayed.Add(inFlight)
+		}
+		return err
+	}
+	defer func() {
+		if werr := wait(); err == nil {
+			err = werr
+		}
+	}()
 	for {
-		cmds := make(rueidis.Commands, 0, len(x.locks))
-		for i, l := range x.locks {
-			cmds = append(cmds, run.ReadLogCommand(cb, keys.LogKey(l.Key), keys.RecordKey(l.Key), x.offsets[i], x.offsets[i]+x.chunks[i]-1))
+		rd, behind, work, err := x.catchUpRead(ctx)
+		if err != nil {
+			return err
 		}
-		res := r.redis.Client().DoMulti(ctx, cmds...)
-		var txns []*replayTxn
-		var read, behind, work, roundWork int64
-		for i, l := range x.locks {
-			log := keys.LogKey(l.Key)
-			entries, count, counted, token, err := run.ReadLogReply(res[i])
-			if err != nil {
-				if perr := run.Refused(err); perr != nil {
-					err = perr
-				}
-				return run.Fail(ctx, "catch-up", r.key, fmt.Errorf("reading %s: %w", log, err))
-			}
-			// The counts are the record's: one gone (evicted) lost them,
-			// one forged is not the run's.
-			if token != l.Token {
-				return &Error{Op: "catch-up", Key: r.lives[i], Err: run.RecordError(keys.RecordKey(l.Key), token != "")}
-			}
-			if err := x.logs.Check(i, count); err != nil {
-				return &Error{Op: "catch-up", Key: r.lives[i], Err: err}
-			}
-			taken := len(entries)
-			for j, e := range entries {
-				if j > 0 && roundWork >= catchUpWork {
-					taken = j // the rest is read again next round
-					break
-				}
-				index := x.offsets[i] + int64(j)
-				ops, err := run.DecodeEntry(e)
-				if errors.Is(err, ErrFallingBehind) {
-					return &Error{Op: "catch-up", Key: r.lives[i], Err: fmt.Errorf("%w: %s reached its bound of changes (Options.MaxChanges of the Rebuilder that applies them), so later changes were not logged; every live key left unchanged (and holds every change)", ErrFallingBehind, log)}
-				}
-				if err != nil {
-					return &Error{Op: "catch-up", Key: r.lives[i], Err: run.BadEntry(log, index, err)}
-				}
-				if txns, err = x.replay(txns, i, index, ops); err != nil {
-					return err
-				}
-				for _, op := range ops {
-					x.work[i] += op.Work()
-					roundWork += op.Work()
-				}
-			}
-			if taken < len(entries) {
-				x.chunks[i] = int64(max(1, taken))
-			} else {
-				x.chunks[i] = min(catchUpChunk, 2*x.chunks[i])
-			}
-			x.offsets[i] += int64(taken)
-			read += int64(taken)
-			behind += max(0, count.Len-x.offsets[i])
-			work += max(0, counted-x.work[i])
+		if err := wait(); err != nil {
+			return err
 		}
-		if len(txns) > 0 {
-			ts := make([]*txn, len(txns))
-			for j, rt := range txns {
-				rt.t.cmds = rueidis.Commands{run.ReplayCommand(cb, rt.temps, rt.ops, rt.at)}
-				expiring(rt.t)
-				ts[j] = rt.t
-			}
-			x.lease.temps.Lock()
-			err := x.write(ctx, ts)
-			x.lease.temps.Unlock()
-			if err != nil {
+		done := behind <= PublishTail && work <= PublishTailWork
+		if len(rd.txns) > 0 {
+			ch := make(chan error, 1)
+			txns := rd.txns
+			go func() {
+				x.lease.temps.Lock()
+				defer x.lease.temps.Unlock()
+				ch <- x.write(ctx, txns)
+			}()
+			pending, inFlight = ch, rd.read
+		} else {
+			x.replayed.Add(rd.read)
+		}
+		switch {
+		case done:
+			return wait()
+		case time.Now().After(deadline):
+			if err := wait(); err != nil {
 				return err
 			}
-		}
-		x.replayed.Add(read)
-		switch {
-		case behind <= PublishTail && work <= PublishTailWork:
-			return nil
-		case time.Now().After(deadline):
-			return &Error{Op: "catch-up", Key: r.key, Err: fmt.Errorf("%w: %d changes (%d ops and arguments) still to replay after catching up for %v (Options.CatchUpTimeout): they arrive faster than the run replays them; every live key left unchanged (and holds every change)", ErrFallingBehind, behind, work, r.opts.CatchUpTimeout)}
+			return &Error{Op: "catch-up", Key: x.r.key, Err: fmt.Errorf("%w: %d changes (%d ops and arguments) still to replay after catching up for %v (Options.CatchUpTimeout): they arrive faster than the run replays them; every live key left unchanged (and holds every change)", ErrFallingBehind, behind, work, x.r.opts.CatchUpTimeout)}
 		case ctx.Err() != nil:
-			return nil // run reports the cause
+			return wait() // run reports the cause
 		}
 	}
 }
 
-// replay adds ops, entry index of the log of lock i, to txns as writes of
-// builder i's temp keys: transactions of at most BatchSize ops, each
-// replayed by one script (run.ReplayCommand). An op on a key that is not
-// builder i's fails the run with ErrTampered, naming the log, the entry and
-// the key: Apply logs no such op.
-func (x *execution[T]) replay(txns []*replayTxn, i int, index int64, ops []run.Op) ([]*replayTxn, error) {
-	o := x.r.owners[i]
-	log := run.LogOffset{Key: keys.LogKey(x.locks[i].Key), Owner: o.key, Family: o.family}
+// catchUpRead reads and checks the next entries of every log, and returns
+// them as transactions, with what is left behind them in the logs: entries
+// and their work.
+func (x *execution[T]) catchUpRead(ctx context.Context) (rd catchUpRound, behind, work int64, err error) {
+	r := x.r
+	cb := r.redis.Client().B()
+	cmds := make(rueidis.Commands, 0, 2*len(x.locks))
+	for i, l := range x.locks {
+		script, lrange := run.ReadLogCommands(cb, keys.LogKey(l.Key), keys.RecordKey(l.Key), x.offsets[i], x.offsets[i]+x.chunks[i]-1)
+		cmds = append(cmds, script, lrange)
+	}
+	res := r.redis.Client().DoMulti(ctx, cmds...)
+	round := replayRound{index: map[*target]int{}}
+	var roundWork int64
+	// The ops of the entry being decoded (replay copies them), and the
+	// arguments of every op of the round.
+	var ops []run.Op
+	var args []string
+	for i, l := range x.locks {
+		log := keys.LogKey(l.Key)
+		entries, count, counted, token, err := run.ReadLogReply(res[2*i], res[2*i+1], x.offsets[i])
+		if err != nil {
+			if perr := run.Refused(err); perr != nil {
+				err = perr
+			}
+			return rd, 0, 0, run.Fail(ctx, "catch-up", r.key, fmt.Errorf("reading %s: %w", log, err))
+		}
+		// The counts are the record's: one gone (evicted) lost them,
+		// one forged is not the run's.
+		if token != l.Token {
+			return rd, 0, 0, &Error{Op: "catch-up", Key: r.lives[i], Err: run.RecordError(keys.RecordKey(l.Key), token != "")}
+		}
+		if err := x.logs.Check(i, count); err != nil {
+			return rd, 0, 0, &Error{Op: "catch-up", Key: r.lives[i], Err: err}
+		}
+		o := r.owners[i]
+		checked := run.LogOffset{Key: log, Owner: o.key, Family: o.family}
+		taken := len(entries)
+		for j, e := range entries {
+			if j > 0 && roundWork >= catchUpWork {
+				taken = j // the rest is read again next round
+				break
+			}
+			index := x.offsets[i] + int64(j)
+			var err error
+			ops, args, err = run.AppendEntry(ops[:0], args, e)
+			if errors.Is(err, ErrFallingBehind) {
+				return rd, 0, 0, &Error{Op: "catch-up", Key: r.lives[i], Err: fmt.Errorf("%w: %s reached its bound of changes (Options.MaxChanges of the Rebuilder that applies them), so later changes were not logged; every live key left unchanged (and holds every change)", ErrFallingBehind, log)}
+			}
+			if err != nil {
+				return rd, 0, 0, &Error{Op: "catch-up", Key: r.lives[i], Err: run.BadEntry(log, index, err)}
+			}
+			if err := x.replay(&round, i, checked, index, ops); err != nil {
+				return rd, 0, 0, err
+			}
+			for _, op := range ops {
+				x.work[i] += op.Work()
+				roundWork += op.Work()
+			}
+		}
+		if taken < len(entries) {
+			x.chunks[i] = int64(max(1, taken))
+		} else {
+			x.chunks[i] = min(catchUpChunk, 2*x.chunks[i])
+		}
+		x.offsets[i] += int64(taken)
+		rd.read += int64(taken)
+		behind += max(0, count.Len-x.offsets[i])
+		work += max(0, counted-x.work[i])
+	}
+	rd.txns = x.replayTxns(cb, round.groups)
+	return rd, behind, work, nil
+}
+
+// replay adds ops, entry index of log, the log of lock i, to round, each op in
+// the group of its key. An op on a key that is not builder i's fails the
+// run with ErrTampered, naming the log, the entry and the key: Apply logs
+// no such op.
+func (x *execution[T]) replay(round *replayRound, i int, log run.LogOffset, index int64, ops []run.Op) error {
 	if err := run.CheckEntry(log, index, ops); err != nil {
-		return nil, &Error{Op: "catch-up", Key: x.r.lives[i], Err: err}
+		return &Error{Op: "catch-up", Key: x.r.lives[i], Err: err}
 	}
 	for _, op := range ops {
 		t, err := x.targets.get(i, op.Key)
 		if errors.Is(err, ErrTooManyKeys) {
-			return nil, &Error{Op: "catch-up", Key: x.r.lives[i], Err: fmt.Errorf("the changes applied during the run add keys past the bound: %w", err)}
+			return &Error{Op: "catch-up", Key: x.r.lives[i], Err: fmt.Errorf("the changes applied during the run add keys past the bound: %w", err)}
 		}
 		if err != nil {
-			return nil, &Error{Op: "catch-up", Key: x.r.lives[i], Err: err}
+			return &Error{Op: "catch-up", Key: x.r.lives[i], Err: err}
 		}
-		var cur *replayTxn
-		if n := len(txns); n > 0 && len(txns[n-1].ops) < x.r.opts.BatchSize {
-			cur = txns[n-1]
-		} else {
-			cur = &replayTxn{t: &txn{label: "replayed changes"}, index: map[*target]int{}}
-			txns = append(txns, cur)
-		}
-		k, ok := cur.index[t]
+		k, ok := round.index[t]
 		if !ok {
-			k = len(cur.temps)
-			cur.index[t] = k
-			cur.temps = append(cur.temps, t.Key)
-			cur.t.writes = append(cur.t.writes, t)
+			k = len(round.groups)
+			round.index[t] = k
+			round.groups = append(round.groups, replayGroup{t: t})
 		}
-		cur.ops, cur.at = append(cur.ops, op), append(cur.at, k)
-		if op.Removes() && !slices.Contains(cur.t.probes, t) {
-			cur.t.probes = append(cur.t.probes, t)
+		round.groups[k].ops = append(round.groups[k].ops, op)
+	}
+	return nil
+}
+
+// replayTxns returns the groups of a round as transactions of at most
+// BatchSize ops, each key's ops in order: a key of more ops than that is
+// split over consecutive transactions, which the round's DoMulti sends in
+// order.
+func (x *execution[T]) replayTxns(cb rueidis.Builder, groups []replayGroup) []*txn {
+	size := x.r.opts.BatchSize
+	var txns []*txn
+	var cur *txn
+	ops := 0
+	for _, g := range groups {
+		for len(g.ops) > 0 {
+			if cur == nil || ops >= size {
+				cur, ops = &txn{label: "replayed changes"}, 0
+				txns = append(txns, cur)
+			}
+			part := g.ops[:min(len(g.ops), size-ops)]
+			g.ops = g.ops[len(part):]
+			ops += len(part)
+			cur.writes = append(cur.writes, g.t)
+			if slices.ContainsFunc(part, run.Op.Removes) {
+				cur.probes = append(cur.probes, g.t)
+			}
+			cur.cmds = run.ReplayCommands(cb, cur.cmds, g.t.Key, part)
 		}
 	}
-	return txns, nil
+	for _, t := range txns {
+		expiring(t)
+	}
+	return txns
 }
 
 // logOffsets returns the logs of the run's locks with the entries replayed

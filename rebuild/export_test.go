@@ -72,3 +72,7 @@ func MergePath(cb rueidis.Builder, buckets []string, bucketOf []int32, batch int
 	}
 	return cmds, entries, err
 }
+
+// CatchUpChunk is the most entries a catch-up reads from one log per round
+// trip.
+const CatchUpChunk = catchUpChunk

@@ -270,7 +270,7 @@ func onlineFaultCase(t *testing.T, d *deployment, f *catchUpFault) (k onlineKeys
 // does (after half of the DoMulti's bytes: a transaction whose EXEC never
 // arrives).
 //
-// What happens next is rueidis's: it sends the read, a readlog script per
+// What happens next is rueidis's: it sends the read, a readlog script and an LRANGE per
 // log, again on a fresh connection (it only reads, and is sent as
 // retryable), and the run goes on; on a
 // cluster it also sends a transaction again whose commands include a

@@ -299,12 +299,13 @@ func (a *App) RunUntil(ctx context.Context, stop <-chan struct{}, wait func(cont
 }
 
 // IsCatchUpRead reports whether multi is a catch-up's read of its logs: a
-// readlog script (the entries, the length and the counts) of each.
+// readlog script (the length and the counts) and an LRANGE of the entries
+// of each.
 func IsCatchUpRead(multi []rueidis.Completed) bool {
 	if len(multi) == 0 {
 		return false
 	}
-	// Sent as EVAL (run.ReadLogCommand); its text, not its SHA1, which
+	// Sent as EVAL (run.ReadLogCommands); its text, not its SHA1, which
 	// FIPS 140-only mode does not allow.
 	args := multi[0].Commands()
 	return len(args) > 1 && args[0] == "EVAL" && args[1] == run.Source("readlog")

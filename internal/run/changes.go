@@ -68,38 +68,162 @@ func ReplayCommand(cb rueidis.Builder, temps []string, ops []Op, at []int) rueid
 
 var replaySource = Source("replay")
 
-// ReadLogCommand returns the catch-up's read of log, the log of changes of
-// the lock whose record is record: its entries from start to stop, its
-// length, and the record's counts and token, in one atomic script
-// (scripts/readlog.lua), for the caller's own DoMulti. It only reads, so
-// rueidis may send it again on a new connection when a reply is lost; it
-// goes as EVAL, which needs no script cache. Read its reply with
-// ReadLogReply.
-func ReadLogCommand(cb rueidis.Builder, log, record string, start, stop int64) rueidis.Completed {
-	return cb.Eval().Script(readLogSource).Numkeys(2).Key(log, record).
-		Arg(strconv.FormatInt(start, 10), strconv.FormatInt(stop, 10)).Build().ToRetryable()
+// ReplayScriptWork bounds the work (ops and arguments) of one replay
+// script that ReplayCommands sends: a conditional removal runs one or two
+// commands per pair inside the script, so about this much work keeps one
+// call well under a millisecond of the server's time.
+const ReplayScriptWork = 256
+
+// ReplayCommands appends to cmds the commands that replay ops, checked,
+// all on the same live key, in order, onto temp instead.
+//
+// When none of them is a conditional removal and all are of one type of
+// key, only the last op on each entry (field or member) counts, as every
+// op sets or removes its entries outright: they go as at most two
+// commands, one that removes the entries whose last op removes them
+// (HDEL, ZREM, SREM) and one that sets the others to what their last op
+// gives them (HSET, ZADD, SADD). Otherwise each run of one plain command
+// goes as one command with the arguments of all of them, in order, and
+// each run of conditional removals (HDELIF, ZREMIF) in replay scripts
+// (ReplayCommand) of at most ReplayScriptWork ops and arguments each,
+// unless one op has more.
+func ReplayCommands(cb rueidis.Builder, cmds rueidis.Commands, temp string, ops []Op) rueidis.Commands {
+	if set, del, ok := netOps(ops); ok {
+		if len(del.Args) > 0 {
+			cmds = append(cmds, cb.Arbitrary(del.Cmd).Keys(temp).Args(del.Args...).Build())
+		}
+		if len(set.Args) > 0 {
+			cmds = append(cmds, cb.Arbitrary(set.Cmd).Keys(temp).Args(set.Args...).Build())
+		}
+		return cmds
+	}
+	temps := []string{temp}
+	for len(ops) > 0 {
+		n, work := 1, ops[0].Work()
+		if ops[0].Conditional() {
+			for n < len(ops) && ops[n].Conditional() && work+ops[n].Work() <= ReplayScriptWork {
+				work += ops[n].Work()
+				n++
+			}
+			cmds = append(cmds, ReplayCommand(cb, temps, ops[:n], make([]int, n)))
+			ops = ops[n:]
+			continue
+		}
+		for n < len(ops) && ops[n].Cmd == ops[0].Cmd {
+			work += ops[n].Work()
+			n++
+		}
+		args := make([]string, 0, work-int64(n))
+		for _, op := range ops[:n] {
+			args = append(args, op.Args...)
+		}
+		cmds = append(cmds, cb.Arbitrary(ops[0].Cmd).Keys(temp).Args(args...).Build())
+		ops = ops[n:]
+	}
+	return cmds
+}
+
+// The commands that set and that remove the entries of each type of key.
+var (
+	setCmd = map[string]string{"hash": "HSET", "zset": "ZADD", "set": "SADD"}
+	delCmd = map[string]string{"hash": "HDEL", "zset": "ZREM", "set": "SREM"}
+)
+
+// netOps returns what ops, on one key, leave: set, the entries whose last
+// op sets them, with what it sets, and del, those whose last op removes
+// them, each as one op without a key. It returns false when an op is a
+// conditional removal, or ops write more than one type of key.
+func netOps(ops []Op) (set, del Op, ok bool) {
+	kind := opTypes[ops[0].Cmd]
+	step := 2 // field value, score member
+	if kind == "set" {
+		step = 1
+	}
+	// The entries in the order first written, each with the args of its
+	// last op (a removal's: the entry alone).
+	type entry struct {
+		args   []string
+		remove bool
+	}
+	var entries []entry
+	last := make(map[string]int, len(ops))
+	sets, dels := 0, 0
+	for _, op := range ops {
+		if op.Conditional() || opTypes[op.Cmd] != kind {
+			return set, del, false
+		}
+		n, remove := step, op.Removes()
+		if remove {
+			n = 1
+		}
+		for j := 0; j+n <= len(op.Args); j += n {
+			e := op.Args[j]
+			if kind == "zset" && !remove {
+				e = op.Args[j+1] // score, member
+			}
+			if i, seen := last[e]; seen {
+				entries[i] = entry{op.Args[j : j+n], remove}
+				continue
+			}
+			last[e] = len(entries)
+			entries = append(entries, entry{op.Args[j : j+n], remove})
+		}
+		if remove {
+			dels += len(op.Args)
+		} else {
+			sets += len(op.Args)
+		}
+	}
+	set = Op{Cmd: setCmd[kind], Args: make([]string, 0, sets)}
+	del = Op{Cmd: delCmd[kind], Args: make([]string, 0, dels)}
+	for _, e := range entries {
+		if e.remove {
+			del.Args = append(del.Args, e.args...)
+		} else {
+			set.Args = append(set.Args, e.args...)
+		}
+	}
+	return set, del, true
+}
+
+// ReadLogCommands returns the catch-up's read of log, the log of changes
+// of the lock whose record is record, for the caller's own DoMulti, in this
+// order: a script (scripts/readlog.lua) that reads the log's length and the
+// record's counts and token in one atomic step, then an LRANGE of the
+// entries from start to stop. Both only read, so rueidis may send them
+// again on a new connection when a reply is lost; the script goes as EVAL,
+// which needs no script cache. The entries are not read inside the script:
+// a script that returns thousands of them costs the server several times
+// what LRANGE does. Read their replies with ReadLogReply.
+func ReadLogCommands(cb rueidis.Builder, log, record string, start, stop int64) (script, lrange rueidis.Completed) {
+	return cb.Eval().Script(readLogSource).Numkeys(2).Key(log, record).Build().ToRetryable(),
+		cb.Lrange().Key(log).Start(start).Stop(stop).Build()
 }
 
 var readLogSource = Source("readlog")
 
-// ReadLogReply reads the reply of a ReadLogCommand: the entries, the log's
-// count (its length, and what Apply counted), the work Apply counted, and
-// the record's token ("" when the record has none).
-func ReadLogReply(res rueidis.RedisResult) (entries []string, c LogCount, work int64, token string, err error) {
-	arr, err := res.ToArray()
+// ReadLogReply reads the replies of ReadLogCommands read from start: the
+// entries, the log's count (its length, and what Apply counted), the work
+// Apply counted, and the record's token ("" when the record has none).
+// Only the entries below the length the script read are returned: a log
+// only grows, so they are the entries it counted, and any appended
+// between the script and the LRANGE wait for the next read, and its count.
+func ReadLogReply(script, lrange rueidis.RedisResult, start int64) (entries []string, c LogCount, work int64, token string, err error) {
+	arr, err := script.ToArray()
 	if err != nil {
 		return nil, c, 0, "", err
 	}
-	if len(arr) != 3 {
+	if len(arr) != 2 {
 		return nil, c, 0, "", fmt.Errorf("unexpected readlog script reply %v", arr)
 	}
-	if entries, err = arr[0].AsStrSlice(); err != nil {
+	if entries, err = lrange.AsStrSlice(); err != nil {
+		return nil, c, 0, "", fmt.Errorf("LRANGE: %w", err)
+	}
+	if c.Len, err = arr[0].AsInt64(); err != nil {
 		return nil, c, 0, "", err
 	}
-	if c.Len, err = arr[1].AsInt64(); err != nil {
-		return nil, c, 0, "", err
-	}
-	fields, err := arr[2].ToArray()
+	entries = entries[:max(0, min(int64(len(entries)), c.Len-start))]
+	fields, err := arr[1].ToArray()
 	if err != nil || len(fields) != 3 {
 		return nil, c, 0, "", fmt.Errorf("unexpected readlog script reply %v", arr)
 	}
@@ -216,10 +340,22 @@ func EncodeEntry(ops []Op) string {
 // does not write, with an error saying what. It refuses what the publish
 // script's decoder (lib/changes.lua) refuses.
 func DecodeEntry(e string) ([]Op, error) {
-	if e == Overrun {
-		return nil, ErrFallingBehind
+	ops, _, err := AppendEntry(nil, nil, e)
+	if err != nil {
+		return nil, err
 	}
-	var ops []Op
+	return ops, nil
+}
+
+// AppendEntry is DecodeEntry appending the ops of e to ops, and their
+// arguments to args, which the ops' Args share: a caller that decodes many
+// entries allocates a few large slices rather than one per op. Appending
+// more to args later leaves the ops' Args as they are. On an error, what
+// it appended before it is not to be used: the entry is not a change.
+func AppendEntry(ops []Op, args []string, e string) ([]Op, []string, error) {
+	if e == Overrun {
+		return ops, args, ErrFallingBehind
+	}
 	take := func() (string, bool) {
 		colon := strings.IndexByte(e, ':')
 		if colon < 1 {
@@ -233,32 +369,36 @@ func DecodeEntry(e string) ([]Op, error) {
 		e = e[colon+1+n:]
 		return s, true
 	}
-	bad := errors.New("it is not a change as keyswap encodes one")
 	for e != "" {
 		cmd, ok1 := take()
 		key, ok2 := take()
 		c, ok3 := take()
 		n, ok4 := count(c)
 		if !ok1 || !ok2 || !ok3 || !ok4 || n > len(e) {
-			return nil, bad
+			return ops, args, errNotEncoded
 		}
 		if _, ok := opTypes[cmd]; !ok {
-			return nil, fmt.Errorf("its command %q is not one a builder writes", cmd)
+			return ops, args, fmt.Errorf("its command %q is not one a builder writes", cmd)
 		}
-		op := Op{Cmd: cmd, Key: key, Args: make([]string, n)}
-		for i := range op.Args {
-			var ok bool
-			if op.Args[i], ok = take(); !ok {
-				return nil, bad
+		from := len(args)
+		for range n {
+			a, ok := take()
+			if !ok {
+				return ops, args, errNotEncoded
 			}
+			args = append(args, a)
 		}
+		op := Op{Cmd: cmd, Key: key, Args: args[from:len(args):len(args)]}
 		if err := op.check(); err != nil {
-			return nil, fmt.Errorf("its %w", err)
+			return ops, args, fmt.Errorf("its %w", err)
 		}
 		ops = append(ops, op)
 	}
-	return ops, nil
+	return ops, args, nil
 }
+
+// errNotEncoded says why an entry is not a change.
+var errNotEncoded = errors.New("it is not a change as keyswap encodes one")
 
 // ApplyOptions configures [Redis.Apply].
 type ApplyOptions struct {

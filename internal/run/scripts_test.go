@@ -1562,24 +1562,37 @@ func TestScriptAcquireChecksEval(t *testing.T) {
 }
 
 func TestScriptReadLog(t *testing.T) {
-	// readlog.lua, the catch-up's read (C73): the entries from one index to
-	// another, the log's length, and the record's logged, work and token
-	// (nil where absent), in one step; it writes nothing.
+	// readlog.lua, the catch-up's read (C73), and the LRANGE sent right
+	// after it: the log's length, and the record's logged, work and token
+	// (nil where absent), in one step, then the entries from one index to
+	// another, of those below that length; nothing written.
 	env.ForEachDeployment(t, func(t *testing.T, d redistest.Deployment) {
 		p := casePrefix(t, d.Other, d.Prefix)
 		log, rec := p+"lock:1:log", p+"lock:1:run"
 		cmds(t, d.Other, []string{"RPUSH", log, "a", "b", "c"}, []string{"HSET", rec, "token", scriptTok, "logged", "3", "work", "9"})
 		before := redistest.Snapshot(t, d.Other, p)
-		res := d.Client.Do(redistest.Ctx(t), run.ReadLogCommand(d.Client.B(), log, rec, 1, 5))
-		entries, c, work, token, err := run.ReadLogReply(res)
+		read := func(log, rec string, start, stop int64) rueidis.Commands {
+			script, lrange := run.ReadLogCommands(d.Client.B(), log, rec, start, stop)
+			return rueidis.Commands{script, lrange}
+		}
+		res := d.Client.DoMulti(redistest.Ctx(t), read(log, rec, 1, 5)...)
+		entries, c, work, token, err := run.ReadLogReply(res[0], res[1], 1)
 		if err != nil || !slices.Equal(entries, []string{"b", "c"}) || c != (run.LogCount{Len: 3, Logged: 3}) || work != 9 || token != scriptTok {
 			t.Errorf("got %q, %+v, %d, %q, %v", entries, c, work, token, err)
 		}
 		wantUntouched(t, d.Other, p, before)
-		res = d.Client.Do(redistest.Ctx(t), run.ReadLogCommand(d.Client.B(), p+"none:log", p+"none:run", 0, 9))
-		entries, c, work, token, err = run.ReadLogReply(res)
+		res = d.Client.DoMulti(redistest.Ctx(t), read(p+"none:log", p+"none:run", 0, 9)...)
+		entries, c, work, token, err = run.ReadLogReply(res[0], res[1], 0)
 		if err != nil || len(entries) != 0 || c != (run.LogCount{}) || work != 0 || token != "" {
 			t.Errorf("no log, no record: got %q, %+v, %d, %q, %v", entries, c, work, token, err)
+		}
+		// An entry appended after the script read the length waits for
+		// the next read: the script's reply with a longer LRANGE's.
+		res = d.Client.DoMulti(redistest.Ctx(t), read(log, rec, 0, 9)...)
+		cmds(t, d.Other, []string{"RPUSH", log, "d"})
+		late := d.Client.Do(redistest.Ctx(t), d.Client.B().Lrange().Key(log).Start(0).Stop(9).Build())
+		if entries, c, _, _, err = run.ReadLogReply(res[0], late, 0); err != nil || !slices.Equal(entries, []string{"a", "b", "c"}) || c.Len != 3 {
+			t.Errorf("an entry appended after the script: got %q, %+v, %v; want a, b, c of 3", entries, c, err)
 		}
 	})
 }
