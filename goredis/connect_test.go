@@ -2,15 +2,9 @@ package goredis
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
 	"fmt"
-	"math/big"
 	"net"
 	"os"
 	"path/filepath"
@@ -19,12 +13,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+	"github.com/redis/rueidis"
+
 	"github.com/keyswap/keyswap/builders"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/rebuild"
 	"github.com/keyswap/keyswap/sources"
-	"github.com/redis/go-redis/v9"
-	"github.com/redis/rueidis"
 )
 
 // env holds the package's redis-server processes: a standalone server and a
@@ -345,16 +340,18 @@ func TestFailoverWithoutMasterName(t *testing.T) {
 func TestTLS(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	roots, certFile, keyFile := serverCertificate(t, dir)
-	srv, port := tlsServer(t, certFile, keyFile)
-	o, err := redis.ParseURL(fmt.Sprintf("rediss://127.0.0.1:%d/4", port))
+	authority := redistest.NewCA(t, dir, "goredis test CA")
+	certFile, keyFile := authority.Issue(t, dir, "server", true)
+	srv, tlsAddr := redistest.OwnTLSServer(t, authority, certFile, keyFile, "no")
+	_, port, _ := net.SplitHostPort(tlsAddr)
+	o, err := redis.ParseURL("rediss://" + tlsAddr + "/4")
 	if err != nil {
 		t.Fatal(err)
 	}
-	o.TLSConfig.RootCAs = roots
+	o.TLSConfig.RootCAs = authority.Pool()
 	c := connect(t, ClientOption(o))
-	if info := clientInfo(t, c); info["db"] != "4" || !strings.HasSuffix(info["laddr"], fmt.Sprint(":", port)) {
-		t.Errorf("CLIENT INFO: got db=%s laddr=%s, want 4 and the TLS port %d", info["db"], info["laddr"], port)
+	if info := clientInfo(t, c); info["db"] != "4" || !strings.HasSuffix(info["laddr"], ":"+port) {
+		t.Errorf("CLIENT INFO: got db=%s laddr=%s, want 4 and the TLS port %s", info["db"], info["laddr"], port)
 	}
 	// The server's TLS port is the only one the client knows of: the
 	// rebuild went over TLS. The check reads through the plain port.
@@ -365,91 +362,5 @@ func TestTLS(t *testing.T) {
 	if c, err := rueidis.NewClient(ClientOption(o)); err == nil {
 		c.Close()
 		t.Error("NewClient without the CA: got a client, want a certificate error")
-	}
-}
-
-// serverCertificate writes a certificate for 127.0.0.1 and its key in
-// dir, signed by a new CA, and returns a pool of that CA.
-func serverCertificate(t *testing.T, dir string) (roots *x509.CertPool, certFile, keyFile string) {
-	t.Helper()
-	now := time.Now()
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "goredis test CA"},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour), IsCA: true, BasicConstraintsValid: true,
-		KeyUsage: x509.KeyUsageCertSign}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca, err := x509.ParseCertificate(caDER)
-	if err != nil {
-		t.Fatal(err)
-	}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "127.0.0.1"},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour), IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	certFile, keyFile = filepath.Join(dir, "server.crt"), filepath.Join(dir, "server.key")
-	writePEM(t, certFile, "CERTIFICATE", der)
-	writePEM(t, keyFile, "PRIVATE KEY", keyDER)
-	roots = x509.NewCertPool()
-	roots.AddCert(ca)
-	return roots, certFile, keyFile
-}
-
-// tlsServer starts a redis-server of the test's own that serves TLS with
-// certFile and keyFile on a port of its own, besides its plain port, and
-// returns it and its TLS port.
-func tlsServer(t *testing.T, certFile, keyFile string) (*redistest.Server, int) {
-	t.Helper()
-	for attempt := 1; ; attempt++ {
-		// A free port may be taken before the server binds it: try others.
-		port := freePort(t)
-		srv, err := redistest.StartServer("--tls-port", fmt.Sprint(port), "--tls-cert-file", certFile,
-			"--tls-key-file", keyFile, "--tls-auth-clients", "no")
-		if err == nil {
-			t.Cleanup(func() {
-				if err := srv.Stop(); err != nil {
-					t.Error(err)
-				}
-			})
-			return srv, port
-		}
-		if attempt == 3 || !strings.Contains(err.Error(), "Address already in use") {
-			t.Fatal(err)
-		}
-	}
-}
-
-// freePort returns a loopback port that was free a moment ago.
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
-// writePEM writes one PEM block to file.
-func writePEM(t *testing.T, file, typ string, der []byte) {
-	t.Helper()
-	if err := os.WriteFile(file, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
 	}
 }
