@@ -113,7 +113,6 @@ type execution[T any] struct {
 	written atomic.Int64 // entries in batches Redis acknowledged
 	batches atomic.Int64 // batches written and accounted, in source order
 	acked   atomic.Int64 // batches whose transaction Redis acknowledged
-	probed  atomic.Int64 // the pacer's last 90th-percentile probe, in ns (Options.LatencyBudget)
 	// tempSecs is the temp keys' TTL in seconds: twice the lease, or more
 	// when refreshing them takes long (see lease.refreshed).
 	tempSecs atomic.Int64
@@ -124,6 +123,7 @@ type execution[T any] struct {
 	slots    chan struct{} // one per batch in flight: built, queued or being sent
 
 	catchUp *catchUp    // the catch-up, and the counts of the logs of changes
+	pacing  *pacing     // the pacer (Options.LatencyBudget), and its last probe
 	held    *Held[T]    // Build's run, nil for Run
 	stall   *stallWatch // when the source last yielded
 	rates   *rateMeter  // the current rate, for the record
@@ -147,6 +147,10 @@ func newExecution[T any](r *Rebuilder[T], start time.Time, stats *Stats) *execut
 		slots:   make(chan struct{}, r.opts.Writers),
 		gate:    newGate(r.opts.MaxRate),
 		rates:   newRateMeter(start),
+	}
+	x.pacing = &pacing{
+		redis: r.redis, key: r.key, lockKeys: r.lockKeys, budget: r.opts.LatencyBudget,
+		batchSize: r.opts.BatchSize, logger: r.opts.Logger, gate: x.gate, items: x.pulled.Load,
 	}
 	x.phase.Store(PhaseBuilding)
 	x.tempSecs.Store(r.tempSecs)
@@ -217,7 +221,7 @@ func (x *execution[T]) run(ctx context.Context, src sources.Source[T]) (err erro
 	paceCtx, stopPacing := context.WithCancel(runCtx)
 	var paced sync.WaitGroup
 	if r.opts.LatencyBudget > 0 {
-		paced.Go(func() { x.pace(paceCtx) })
+		paced.Go(func() { x.pacing.run(paceCtx) })
 	}
 
 	published := false
@@ -418,7 +422,7 @@ func (x *execution[T]) status() []string {
 		"entries", strconv.FormatInt(x.written.Load(), 10), "acked", strconv.FormatInt(x.acked.Load(), 10),
 		"rate", strconv.FormatFloat(rate, 'f', 1, 64), run.FieldRateNow, strconv.FormatFloat(current, 'f', 1, 64),
 		"beat_at", run.Now(now), "limit", strconv.FormatFloat(x.gate.rate(), 'f', -1, 64),
-		"latency_us", strconv.FormatInt(x.probed.Load()/1e3, 10),
+		"latency_us", strconv.FormatInt(x.pacing.latency()/1e3, 10),
 		"changes", strconv.FormatInt(logged, 10), "replayed", strconv.FormatInt(replayed, 10),
 	}
 }
