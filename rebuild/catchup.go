@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/keyswap/keyswap/internal/keys"
@@ -22,6 +23,75 @@ const catchUpChunk = 4000
 // one round trip of hundreds of megabytes: past it, a log's next read takes
 // fewer entries. Every log replays at least one entry per round trip.
 const catchUpWork = 100_000
+
+// catchUpScope is what a catch-up uses of its run: it is set once, when the
+// run starts.
+type catchUpScope struct {
+	redis     *run.Redis
+	key       string   // the builders' keys, for errors
+	lives     []string // the builders' keys, one per lock
+	owners    []owner  // one per lock
+	targets   *targets
+	batchSize int           // Options.BatchSize
+	timeout   time.Duration // Options.CatchUpTimeout, for errors
+	// write writes the transactions of a round as the batches' are, with
+	// the lease's lock of the temp keys held.
+	write func(context.Context, []*txn) error
+}
+
+// catchUp is the catch-up of a run: it replays the changes applied during
+// the run (see Apply) from each lock's log onto the temp keys, and keeps
+// how far it got, for the publish (logOffsets) and the heartbeats (counts,
+// heard). Only run writes offsets, work and chunks.
+type catchUp struct {
+	catchUpScope
+	locks    []*run.Lock
+	offsets  []int64      // per lock, the entries of its log of changes replayed
+	work     []int64      // per lock, the work (ops and arguments) of those entries
+	chunks   []int64      // per lock, the entries the next read takes
+	logs     *run.Logs    // the counts of the logs seen
+	replayed atomic.Int64 // changes replayed
+	logged   atomic.Int64 // changes logged for the run, as the last heartbeat read
+}
+
+// newCatchUp returns the catch-up of a run of scope that holds locks,
+// nothing replayed yet.
+func newCatchUp(scope catchUpScope, locks []*run.Lock) *catchUp {
+	c := &catchUp{
+		catchUpScope: scope, locks: locks,
+		offsets: make([]int64, len(locks)),
+		work:    make([]int64, len(locks)),
+		chunks:  make([]int64, len(locks)),
+	}
+	for i := range c.chunks {
+		c.chunks[i] = catchUpChunk
+	}
+	logKeys := make([]string, len(locks))
+	for i, l := range locks {
+		logKeys[i] = keys.LogKey(l.Key)
+	}
+	c.logs = run.NewLogs(logKeys)
+	return c
+}
+
+// counts returns the changes logged for the run, as the last heartbeat
+// read, and those replayed so far.
+func (c *catchUp) counts() (logged, replayed int64) {
+	return c.logged.Load(), c.replayed.Load()
+}
+
+// heard checks the counts of the logs a heartbeat read, one per lock,
+// calling fail with the error of each that is wrong, and keeps their sum.
+func (c *catchUp) heard(counts []run.LogCount, fail func(error)) {
+	var logged int64
+	for i, n := range counts {
+		logged += n.Logged
+		if err := c.logs.Check(i, n); err != nil {
+			fail(err)
+		}
+	}
+	c.logged.Store(logged)
+}
 
 // replayGroup is the ops of a round of a catch-up on one key, in the order
 // logged.
@@ -45,7 +115,7 @@ type catchUpRound struct {
 	read int64
 }
 
-// catchUp replays the changes applied during the run (see Apply) onto the
+// run replays the changes applied during the run (see Apply) onto the
 // temp keys, from each lock's log, until what is left is short enough for
 // the publish to replay: at most PublishTail entries, of at most
 // PublishTailWork ops and arguments. It returns an error matching
@@ -68,7 +138,7 @@ type catchUpRound struct {
 // flight while the next round is read and checked; catchUp returns once
 // every write it sent has returned, so that a failure's cleanup comes after
 // them.
-func (x *execution[T]) catchUp(ctx context.Context, deadline time.Time) (err error) {
+func (c *catchUp) run(ctx context.Context, deadline time.Time) (err error) {
 	var pending chan error // the write in flight, if any
 	var inFlight int64     // the entries it replays
 	wait := func() error {
@@ -78,7 +148,7 @@ func (x *execution[T]) catchUp(ctx context.Context, deadline time.Time) (err err
 		err := <-pending
 		pending = nil
 		if err == nil {
-			x.replayed.Add(inFlight)
+			c.replayed.Add(inFlight)
 		}
 		return err
 	}
@@ -88,7 +158,7 @@ func (x *execution[T]) catchUp(ctx context.Context, deadline time.Time) (err err
 		}
 	}()
 	for {
-		rd, behind, work, err := x.catchUpRead(ctx)
+		rd, behind, work, err := c.read(ctx)
 		if err != nil {
 			return err
 		}
@@ -99,14 +169,10 @@ func (x *execution[T]) catchUp(ctx context.Context, deadline time.Time) (err err
 		if len(rd.txns) > 0 {
 			ch := make(chan error, 1)
 			txns := rd.txns
-			go func() {
-				x.lease.temps.Lock()
-				defer x.lease.temps.Unlock()
-				ch <- x.write(ctx, txns)
-			}()
+			go func() { ch <- c.write(ctx, txns) }()
 			pending, inFlight = ch, rd.read
 		} else {
-			x.replayed.Add(rd.read)
+			c.replayed.Add(rd.read)
 		}
 		switch {
 		case done:
@@ -115,49 +181,48 @@ func (x *execution[T]) catchUp(ctx context.Context, deadline time.Time) (err err
 			if err := wait(); err != nil {
 				return err
 			}
-			return &Error{Op: "catch-up", Key: x.r.key, Err: fmt.Errorf("%w: %d changes (%d ops and arguments) still to replay after catching up for %v (Options.CatchUpTimeout): they arrive faster than the run replays them; every live key left unchanged (and holds every change)", ErrFallingBehind, behind, work, x.r.opts.CatchUpTimeout)}
+			return &Error{Op: "catch-up", Key: c.key, Err: fmt.Errorf("%w: %d changes (%d ops and arguments) still to replay after catching up for %v (Options.CatchUpTimeout): they arrive faster than the run replays them; every live key left unchanged (and holds every change)", ErrFallingBehind, behind, work, c.timeout)}
 		case ctx.Err() != nil:
 			return wait() // run reports the cause
 		}
 	}
 }
 
-// catchUpRead reads and checks the next entries of every log, and returns
+// read reads and checks the next entries of every log, and returns
 // them as transactions, with what is left behind them in the logs: entries
 // and their work.
-func (x *execution[T]) catchUpRead(ctx context.Context) (rd catchUpRound, behind, work int64, err error) {
-	r := x.r
-	cb := r.redis.Client().B()
-	cmds := make(rueidis.Commands, 0, 2*len(x.locks))
-	for i, l := range x.locks {
-		script, lrange := run.ReadLogCommands(cb, keys.LogKey(l.Key), keys.RecordKey(l.Key), x.offsets[i], x.offsets[i]+x.chunks[i]-1)
+func (c *catchUp) read(ctx context.Context) (rd catchUpRound, behind, work int64, err error) {
+	cb := c.redis.Client().B()
+	cmds := make(rueidis.Commands, 0, 2*len(c.locks))
+	for i, l := range c.locks {
+		script, lrange := run.ReadLogCommands(cb, keys.LogKey(l.Key), keys.RecordKey(l.Key), c.offsets[i], c.offsets[i]+c.chunks[i]-1)
 		cmds = append(cmds, script, lrange)
 	}
-	res := r.redis.Client().DoMulti(ctx, cmds...)
+	res := c.redis.Client().DoMulti(ctx, cmds...)
 	round := replayRound{index: map[*target]int{}}
 	var roundWork int64
 	// The ops of the entry being decoded (replay copies them), and the
 	// arguments of every op of the round.
 	var ops []run.Op
 	var args []string
-	for i, l := range x.locks {
+	for i, l := range c.locks {
 		log := keys.LogKey(l.Key)
-		entries, count, counted, token, err := run.ReadLogReply(res[2*i], res[2*i+1], x.offsets[i])
+		entries, count, counted, token, err := run.ReadLogReply(res[2*i], res[2*i+1], c.offsets[i])
 		if err != nil {
 			if perr := run.Refused(err); perr != nil {
 				err = perr
 			}
-			return rd, 0, 0, run.Fail(ctx, "catch-up", r.key, fmt.Errorf("reading %s: %w", log, err))
+			return rd, 0, 0, run.Fail(ctx, "catch-up", c.key, fmt.Errorf("reading %s: %w", log, err))
 		}
 		// The counts are the record's: one gone (evicted) lost them,
 		// one forged is not the run's.
 		if token != l.Token {
-			return rd, 0, 0, &Error{Op: "catch-up", Key: r.lives[i], Err: run.RecordError(keys.RecordKey(l.Key), token != "")}
+			return rd, 0, 0, &Error{Op: "catch-up", Key: c.lives[i], Err: run.RecordError(keys.RecordKey(l.Key), token != "")}
 		}
-		if err := x.logs.Check(i, count); err != nil {
-			return rd, 0, 0, &Error{Op: "catch-up", Key: r.lives[i], Err: err}
+		if err := c.logs.Check(i, count); err != nil {
+			return rd, 0, 0, &Error{Op: "catch-up", Key: c.lives[i], Err: err}
 		}
-		o := r.owners[i]
+		o := c.owners[i]
 		checked := run.LogOffset{Key: log, Owner: o.key, Family: o.family}
 		taken := len(entries)
 		for j, e := range entries {
@@ -165,34 +230,34 @@ func (x *execution[T]) catchUpRead(ctx context.Context) (rd catchUpRound, behind
 				taken = j // the rest is read again next round
 				break
 			}
-			index := x.offsets[i] + int64(j)
+			index := c.offsets[i] + int64(j)
 			var err error
 			ops, args, err = run.AppendEntry(ops[:0], args, e)
 			if errors.Is(err, ErrFallingBehind) {
-				return rd, 0, 0, &Error{Op: "catch-up", Key: r.lives[i], Err: fmt.Errorf("%w: %s reached its bound of changes (Options.MaxChanges of the Rebuilder that applies them), so later changes were not logged; every live key left unchanged (and holds every change)", ErrFallingBehind, log)}
+				return rd, 0, 0, &Error{Op: "catch-up", Key: c.lives[i], Err: fmt.Errorf("%w: %s reached its bound of changes (Options.MaxChanges of the Rebuilder that applies them), so later changes were not logged; every live key left unchanged (and holds every change)", ErrFallingBehind, log)}
 			}
 			if err != nil {
-				return rd, 0, 0, &Error{Op: "catch-up", Key: r.lives[i], Err: run.BadEntry(log, index, err)}
+				return rd, 0, 0, &Error{Op: "catch-up", Key: c.lives[i], Err: run.BadEntry(log, index, err)}
 			}
-			if err := x.replay(&round, i, checked, index, ops); err != nil {
+			if err := c.replay(&round, i, checked, index, ops); err != nil {
 				return rd, 0, 0, err
 			}
 			for _, op := range ops {
-				x.work[i] += op.Work()
+				c.work[i] += op.Work()
 				roundWork += op.Work()
 			}
 		}
 		if taken < len(entries) {
-			x.chunks[i] = int64(max(1, taken))
+			c.chunks[i] = int64(max(1, taken))
 		} else {
-			x.chunks[i] = min(catchUpChunk, 2*x.chunks[i])
+			c.chunks[i] = min(catchUpChunk, 2*c.chunks[i])
 		}
-		x.offsets[i] += int64(taken)
+		c.offsets[i] += int64(taken)
 		rd.read += int64(taken)
-		behind += max(0, count.Len-x.offsets[i])
-		work += max(0, counted-x.work[i])
+		behind += max(0, count.Len-c.offsets[i])
+		work += max(0, counted-c.work[i])
 	}
-	rd.txns = x.replayTxns(cb, round.groups)
+	rd.txns = c.replayTxns(cb, round.groups)
 	return rd, behind, work, nil
 }
 
@@ -200,17 +265,17 @@ func (x *execution[T]) catchUpRead(ctx context.Context) (rd catchUpRound, behind
 // the group of its key. An op on a key that is not builder i's fails the
 // run with ErrTampered, naming the log, the entry and the key: Apply logs
 // no such op.
-func (x *execution[T]) replay(round *replayRound, i int, log run.LogOffset, index int64, ops []run.Op) error {
+func (c *catchUp) replay(round *replayRound, i int, log run.LogOffset, index int64, ops []run.Op) error {
 	if err := run.CheckEntry(log, index, ops); err != nil {
-		return &Error{Op: "catch-up", Key: x.r.lives[i], Err: err}
+		return &Error{Op: "catch-up", Key: c.lives[i], Err: err}
 	}
 	for _, op := range ops {
-		t, err := x.targets.get(i, op.Key)
+		t, err := c.targets.get(i, op.Key)
 		if errors.Is(err, ErrTooManyKeys) {
-			return &Error{Op: "catch-up", Key: x.r.lives[i], Err: fmt.Errorf("the changes applied during the run add keys past the bound: %w", err)}
+			return &Error{Op: "catch-up", Key: c.lives[i], Err: fmt.Errorf("the changes applied during the run add keys past the bound: %w", err)}
 		}
 		if err != nil {
-			return &Error{Op: "catch-up", Key: x.r.lives[i], Err: err}
+			return &Error{Op: "catch-up", Key: c.lives[i], Err: err}
 		}
 		k, ok := round.index[t]
 		if !ok {
@@ -227,8 +292,8 @@ func (x *execution[T]) replay(round *replayRound, i int, log run.LogOffset, inde
 // BatchSize ops, each key's ops in order: a key of more ops than that is
 // split over consecutive transactions, which the round's DoMulti sends in
 // order.
-func (x *execution[T]) replayTxns(cb rueidis.Builder, groups []replayGroup) []*txn {
-	size := x.r.opts.BatchSize
+func (c *catchUp) replayTxns(cb rueidis.Builder, groups []replayGroup) []*txn {
+	size := c.batchSize
 	var txns []*txn
 	var cur *txn
 	ops := 0
@@ -256,12 +321,12 @@ func (x *execution[T]) replayTxns(cb rueidis.Builder, groups []replayGroup) []*t
 
 // logOffsets returns the logs of the run's locks with the entries replayed
 // so far, for the publish.
-func (x *execution[T]) logOffsets() []run.LogOffset {
-	out := make([]run.LogOffset, len(x.locks))
-	for i, l := range x.locks {
-		o := x.r.owners[i]
-		out[i] = run.LogOffset{Key: keys.LogKey(l.Key), Offset: x.offsets[i], Work: x.work[i],
-			Logged: x.logs.Highest(i), Owner: o.key, Family: o.family}
+func (c *catchUp) logOffsets() []run.LogOffset {
+	out := make([]run.LogOffset, len(c.locks))
+	for i, l := range c.locks {
+		o := c.owners[i]
+		out[i] = run.LogOffset{Key: keys.LogKey(l.Key), Offset: c.offsets[i], Work: c.work[i],
+			Logged: c.logs.Highest(i), Owner: o.key, Family: o.family}
 	}
 	return out
 }

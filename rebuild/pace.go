@@ -3,7 +3,9 @@ package rebuild
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/keyswap/keyswap/internal/keys"
@@ -91,16 +93,35 @@ func percentile90(rtts []time.Duration) time.Duration {
 	return rtts[(len(rtts)*9+9)/10-1]
 }
 
+// pacing is the pacer of a run (Options.LatencyBudget): run paces the
+// run's gate by the probes of the servers it writes to, and keeps the last
+// probe's percentile for the heartbeats (latency).
+type pacing struct {
+	redis     *run.Redis
+	key       string   // the builders' keys, for the log
+	lockKeys  []string // the run's lock keys
+	budget    time.Duration
+	batchSize int
+	logger    *slog.Logger
+	gate      *gate
+	items     func() int64 // the items pulled from the source so far
+	probed    atomic.Int64 // the last 90th-percentile probe, in ns
+}
+
+// latency returns the last 90th-percentile probe, in ns; 0 before the
+// first.
+func (pc *pacing) latency() int64 { return pc.probed.Load() }
+
 // probeKeys returns the lock keys to probe: one per server the run writes
 // to, as far as the keys tell (one per slot in a cluster; one in all
 // otherwise).
-func (x *execution[T]) probeKeys() []string {
-	if !x.r.redis.Cluster() {
-		return x.r.lockKeys[:1]
+func (pc *pacing) probeKeys() []string {
+	if !pc.redis.Cluster() {
+		return pc.lockKeys[:1]
 	}
 	var out []string
 	seen := map[uint16]bool{}
-	for _, k := range x.r.lockKeys {
+	for _, k := range pc.lockKeys {
 		if s := keys.Slot(k); !seen[s] {
 			seen[s] = true
 			out = append(out, k)
@@ -168,13 +189,13 @@ func (pr *probe) close() {
 	}
 }
 
-// pace runs the pacer until ctx ends, then lifts its limit.
-func (x *execution[T]) pace(ctx context.Context) {
-	defer x.gate.setAdaptive(0)
-	p := newPacer(x.r.opts.LatencyBudget, x.r.opts.BatchSize)
-	x.gate.setAdaptive(p.limit)
+// run runs the pacer until ctx ends, then lifts its limit.
+func (pc *pacing) run(ctx context.Context) {
+	defer pc.gate.setAdaptive(0)
+	p := newPacer(pc.budget, pc.batchSize)
+	pc.gate.setAdaptive(p.limit)
 	var probes []*probe
-	for _, lock := range x.probeKeys() {
+	for _, lock := range pc.probeKeys() {
 		probes = append(probes, &probe{lock: lock})
 	}
 	defer func() {
@@ -184,13 +205,13 @@ func (x *execution[T]) pace(ctx context.Context) {
 	}()
 	tick := time.NewTicker(probeEvery)
 	defer tick.Stop()
-	from, items := time.Now(), x.pulled.Load()
+	from, items := time.Now(), pc.items()
 	warned, starved := false, false
 	failed := func(lock string, err error) {
 		if !warned {
 			warned = true
-			x.r.opts.Logger.Warn("keyswap: a latency probe failed; the run paces by the probes that succeed, and keeps its limit while none does",
-				"key", x.r.key, "lock", lock, "error", err)
+			pc.logger.Warn("keyswap: a latency probe failed; the run paces by the probes that succeed, and keeps its limit while none does",
+				"key", pc.key, "lock", lock, "error", err)
 		}
 	}
 	for {
@@ -200,7 +221,7 @@ func (x *execution[T]) pace(ctx context.Context) {
 		case <-tick.C:
 		}
 		for _, pr := range probes {
-			ready, err := pr.connect(ctx, x.r.redis.Client())
+			ready, err := pr.connect(ctx, pc.redis.Client())
 			switch {
 			case ctx.Err() != nil:
 				return
@@ -210,8 +231,8 @@ func (x *execution[T]) pace(ctx context.Context) {
 			case !ready:
 				if !starved && time.Since(pr.since) >= probeTimeout {
 					starved = true
-					x.r.opts.Logger.Warn("keyswap: no connection is free for the latency probes (the client's BlockingPoolSize is in use, or the server does not answer); the run keeps its limit until one is",
-						"key", x.r.key, "lock", pr.lock, "waited", time.Since(pr.since))
+					pc.logger.Warn("keyswap: no connection is free for the latency probes (the client's BlockingPoolSize is in use, or the server does not answer); the run keeps its limit until one is",
+						"key", pc.key, "lock", pr.lock, "waited", time.Since(pr.since))
 				}
 				continue
 			}
@@ -251,15 +272,15 @@ func (x *execution[T]) pace(ctx context.Context) {
 			}
 		}
 		if !measured {
-			from, items = time.Now(), x.pulled.Load()
+			from, items = time.Now(), pc.items()
 			continue
 		}
-		now, pulled := time.Now(), x.pulled.Load()
+		now, pulled := time.Now(), pc.items()
 		achieved := float64(pulled-items) / max(now.Sub(from).Seconds(), 1e-3)
-		x.probed.Store(int64(q))
+		pc.probed.Store(int64(q))
 		limit := p.next(q, achieved)
-		x.gate.setAdaptive(limit)
-		x.r.opts.Logger.Debug("keyswap: paced", "key", x.r.key, "p90", q, "items_per_s", achieved, "limit", limit)
+		pc.gate.setAdaptive(limit)
+		pc.logger.Debug("keyswap: paced", "key", pc.key, "p90", q, "items_per_s", achieved, "limit", limit)
 		from, items = now, pulled
 	}
 }

@@ -60,7 +60,7 @@ func (x *execution[T]) publish(ctx context.Context, live []map[string]bool) (boo
 		Op: "publish", Key: r.key, Locks: x.locks, Records: true, Batches: x.acked.Load(),
 		Targets: targets, Orphans: orphans, Drops: drops, Metas: metas, FamilyTypes: r.familyTypes(),
 		KeepPrevious: r.opts.KeepPrevious, PreserveFor: r.opts.PreserveFor, Settle: true, Now: time.Now(),
-		Logs: x.logOffsets(), MaxTail: PublishTail, MaxWork: PublishTailWork,
+		Logs: x.catchUp.logOffsets(), MaxTail: PublishTail, MaxWork: PublishTailWork,
 	})
 	x.obs.Published(time.Since(sent))
 	if errors.Is(err, ErrLockLost) || run.PublishRefused(err) {
@@ -84,6 +84,7 @@ func (x *execution[T]) publish(ctx context.Context, live []map[string]bool) (boo
 	for i, g := range p.Generations {
 		x.stats.Generations[r.lives[i]] = g
 	}
-	x.stats.Changes = x.replayed.Load() + p.Replayed
+	_, replayed := x.catchUp.counts()
+	x.stats.Changes = replayed + p.Replayed
 	return true, nil
 }

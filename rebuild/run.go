@@ -74,17 +74,15 @@ func (r *Rebuilder[T]) run(ctx context.Context, src sources.Source[T], held *Hel
 		return stats, err
 	}
 	x.locks = locks
-	x.offsets = make([]int64, len(locks))
-	x.work = make([]int64, len(locks))
-	x.chunks = make([]int64, len(locks))
-	for i := range x.chunks {
-		x.chunks[i] = catchUpChunk
-	}
-	logKeys := make([]string, len(locks))
-	for i, l := range locks {
-		logKeys[i] = keys.LogKey(l.Key)
-	}
-	x.logs = run.NewLogs(logKeys)
+	x.catchUp = newCatchUp(catchUpScope{
+		redis: r.redis, key: r.key, lives: r.lives, owners: r.owners, targets: x.targets,
+		batchSize: r.opts.BatchSize, timeout: r.opts.CatchUpTimeout,
+		write: func(ctx context.Context, txns []*txn) error {
+			x.lease.temps.Lock()
+			defer x.lease.temps.Unlock()
+			return x.write(ctx, txns)
+		},
+	}, locks)
 	obs.Phase(PhaseBuilding)
 	err = x.run(ctx, src)
 	returned = true
@@ -115,7 +113,6 @@ type execution[T any] struct {
 	written atomic.Int64 // entries in batches Redis acknowledged
 	batches atomic.Int64 // batches written and accounted, in source order
 	acked   atomic.Int64 // batches whose transaction Redis acknowledged
-	probed  atomic.Int64 // the pacer's last 90th-percentile probe, in ns (Options.LatencyBudget)
 	// tempSecs is the temp keys' TTL in seconds: twice the lease, or more
 	// when refreshing them takes long (see lease.refreshed).
 	tempSecs atomic.Int64
@@ -125,15 +122,11 @@ type execution[T any] struct {
 	free     chan []T      // batch buffers to reuse
 	slots    chan struct{} // one per batch in flight: built, queued or being sent
 
-	offsets  []int64      // per lock, the entries of its log of changes replayed; only the catch-up writes
-	work     []int64      // per lock, the work (ops and arguments) of those entries; only the catch-up writes
-	chunks   []int64      // per lock, the entries the catch-up's next read takes; only the catch-up writes
-	logs     *run.Logs    // the counts of the logs seen
-	replayed atomic.Int64 // changes replayed by the catch-up
-	logged   atomic.Int64 // changes logged for the run, as the last heartbeat read
-	held     *Held[T]     // Build's run, nil for Run
-	stall    *stallWatch  // when the source last yielded
-	rates    *rateMeter   // the current rate, for the record
+	catchUp *catchUp    // the catch-up, and the counts of the logs of changes
+	pacing  *pacing     // the pacer (Options.LatencyBudget), and its last probe
+	held    *Held[T]    // Build's run, nil for Run
+	stall   *stallWatch // when the source last yielded
+	rates   *rateMeter  // the current rate, for the record
 	// stalePrevs are, per family, the kept previous values of its buckets
 	// found by the scan: written by the scans, read once they are done.
 	stalePrevs []map[string]bool
@@ -154,6 +147,10 @@ func newExecution[T any](r *Rebuilder[T], start time.Time, stats *Stats) *execut
 		slots:   make(chan struct{}, r.opts.Writers),
 		gate:    newGate(r.opts.MaxRate),
 		rates:   newRateMeter(start),
+	}
+	x.pacing = &pacing{
+		redis: r.redis, key: r.key, lockKeys: r.lockKeys, budget: r.opts.LatencyBudget,
+		batchSize: r.opts.BatchSize, logger: r.opts.Logger, gate: x.gate, items: x.pulled.Load,
 	}
 	x.phase.Store(PhaseBuilding)
 	x.tempSecs.Store(r.tempSecs)
@@ -224,7 +221,7 @@ func (x *execution[T]) run(ctx context.Context, src sources.Source[T]) (err erro
 	paceCtx, stopPacing := context.WithCancel(runCtx)
 	var paced sync.WaitGroup
 	if r.opts.LatencyBudget > 0 {
-		paced.Go(func() { x.pace(paceCtx) })
+		paced.Go(func() { x.pacing.run(paceCtx) })
 	}
 
 	published := false
@@ -279,7 +276,7 @@ func (x *execution[T]) run(ctx context.Context, src sources.Source[T]) (err erro
 	if len(r.opts.Guards) > 0 || x.held != nil {
 		// The guards and the holder see the result caught up.
 		x.setPhase(PhaseCatchingUp)
-		if err := x.catchUp(runCtx, deadline); err != nil {
+		if err := x.catchUp.run(runCtx, deadline); err != nil {
 			return err
 		}
 		// A run that ended meanwhile (a lost lease, a cancel) says why,
@@ -297,7 +294,7 @@ func (x *execution[T]) run(ctx context.Context, src sources.Source[T]) (err erro
 	}
 	for {
 		x.setPhase(PhaseCatchingUp)
-		if err := x.catchUp(runCtx, deadline); err != nil {
+		if err := x.catchUp.run(runCtx, deadline); err != nil {
 			return err
 		}
 		if cause := context.Cause(runCtx); cause != nil {
@@ -418,14 +415,15 @@ func (x *execution[T]) status() []string {
 	if e := x.r.opts.Expected; e > 0 && current > 0 && !x.gate.isPaused() && x.phase.Load() == PhaseBuilding {
 		eta = strconv.FormatInt(int64(float64(max(0, e-items))/current), 10)
 	}
+	logged, replayed := x.catchUp.counts()
 	return []string{
 		"eta", eta, "progress_at", run.Now(x.stall.lastProgress()),
 		"phase", string(x.phase.Load().(Phase)), "items", strconv.FormatInt(items, 10),
 		"entries", strconv.FormatInt(x.written.Load(), 10), "acked", strconv.FormatInt(x.acked.Load(), 10),
 		"rate", strconv.FormatFloat(rate, 'f', 1, 64), run.FieldRateNow, strconv.FormatFloat(current, 'f', 1, 64),
 		"beat_at", run.Now(now), "limit", strconv.FormatFloat(x.gate.rate(), 'f', -1, 64),
-		"latency_us", strconv.FormatInt(x.probed.Load()/1e3, 10),
-		"changes", strconv.FormatInt(x.logged.Load(), 10), "replayed", strconv.FormatInt(x.replayed.Load(), 10),
+		"latency_us", strconv.FormatInt(x.pacing.latency()/1e3, 10),
+		"changes", strconv.FormatInt(logged, 10), "replayed", strconv.FormatInt(replayed, 10),
 	}
 }
 
@@ -448,12 +446,7 @@ func (x *execution[T]) control(c run.Control) {
 			x.held.decideBy(false)
 		}
 	}
-	var logged int64
-	for i, n := range c.Logs {
-		logged += n.Logged
-		if err := x.logs.Check(i, n); err != nil {
-			x.cancel(&Error{Op: "lease", Key: x.r.key, Err: err})
-		}
-	}
-	x.logged.Store(logged)
+	x.catchUp.heard(c.Logs, func(err error) {
+		x.cancel(&Error{Op: "lease", Key: x.r.key, Err: err})
+	})
 }
