@@ -152,9 +152,9 @@ func (pr *probe) connect(ctx context.Context, c rueidis.Client) (ready bool, err
 	}
 	if pr.pending == nil {
 		lock := pr.lock
-		// Not under ctx: see run.Acquire. A connection that comes after
+		// Not under ctx: see run.TakeConnection. A connection that comes after
 		// the run is given back by close.
-		pr.pending = run.Acquire(ctx, c, func(actx context.Context, dc rueidis.DedicatedClient) error {
+		pr.pending = run.TakeConnection(ctx, c, func(actx context.Context, dc rueidis.DedicatedClient) error {
 			return dc.Do(actx, dc.B().Get().Key(lock).Build()).Error()
 		})
 		pr.since = time.Now()

@@ -116,7 +116,7 @@ func (r *Rebuilder[T]) configure() error {
 	if err := r.checkTimes(bad); err != nil {
 		return err
 	}
-	if err := r.checkKeys(bad); err != nil {
+	if err := r.validateKeys(bad); err != nil {
 		return err
 	}
 	for _, o := range r.owners {
@@ -166,8 +166,8 @@ func (r *Rebuilder[T]) checkTimes(bad func(string, ...any) error) error {
 	return r.checkDurability(bad)
 }
 
-// checkKeys refuses empty, reserved, duplicated and nested keys.
-func (r *Rebuilder[T]) checkKeys(bad func(string, ...any) error) error {
+// validateKeys refuses empty, reserved, duplicated and nested keys.
+func (r *Rebuilder[T]) validateKeys(bad func(string, ...any) error) error {
 	for i, a := range r.owners {
 		if a.key == "" {
 			return bad("builder %d (%T) has an empty key", i, r.builders[i])

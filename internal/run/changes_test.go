@@ -909,7 +909,7 @@ var luaDecode = func() string {
 	if err != nil {
 		panic(err)
 	}
-	return string(lib) + `
+	return run.Expand(string(lib) + `
 local ops = changes.decode(ARGV[1])
 if not ops then return false end
 local out = {}
@@ -920,7 +920,7 @@ for _, op in ipairs(ops) do
   for _, a in ipairs(op[3]) do out[#out + 1] = a end
 end
 return out
-`
+`)
 }()
 
 func TestDecodersAgree(t *testing.T) {

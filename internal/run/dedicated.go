@@ -14,7 +14,7 @@ type Dedicated struct {
 	Err     error
 }
 
-// Acquire asks c for a dedicated connection, runs first on it, and returns
+// TakeConnection asks c for a dedicated connection, runs first on it, and returns
 // the channel on which the connection comes once first has returned.
 //
 // rueidis takes the connection from the client's blocking pool
@@ -33,7 +33,7 @@ type Dedicated struct {
 // does not count, and counts it as given back when it is, so that the pool
 // then holds one more connection than its size. A command that the server
 // does not answer is ended by rueidis's own timeouts (ConnWriteTimeout).
-func Acquire(ctx context.Context, c rueidis.Client, first func(ctx context.Context, dc rueidis.DedicatedClient) error) <-chan Dedicated {
+func TakeConnection(ctx context.Context, c rueidis.Client, first func(ctx context.Context, dc rueidis.DedicatedClient) error) <-chan Dedicated {
 	never := context.WithoutCancel(ctx)
 	got := make(chan Dedicated, 1)
 	go func() {

@@ -40,5 +40,8 @@
 //
 // The keys a run keeps, their fields and the schema's version are defined
 // in one place, record.go ([Record], [RecordVersion]); the scripts name
-// the same fields.
+// the same fields. So are the codes the scripts reply with, in codes.go
+// (replyCodes): a script names them (return {LOCK_LOST, i}), and [Expand]
+// starts the script's text with a line that defines those it names, so
+// that the text sent, and the SHA1 that EVALSHA sends, include it.
 package run

@@ -143,14 +143,14 @@ func (r *Redis) Wait(ctx context.Context, op, key, lock string, d Durability) er
 // The connection's first command, an EXISTS of the record, binds a
 // cluster connection to the master of lock: a cluster client takes the
 // connection from the pool for it. It is not cut short when the connection
-// does not come in time (see Acquire): the run gives up on it, and it is
+// does not come in time (see TakeConnection): the run gives up on it, and it is
 // given back once it comes. So it only reads; the write that the wait
 // counts from comes once the connection is there.
 func (r *Redis) waitOn(ctx context.Context, op, key, lock string, within time.Duration, write bool, wait func(bounded context.Context, c rueidis.DedicatedClient) error) error {
 	record := keys.RecordKey(lock)
 	actx, cancel := context.WithTimeoutCause(ctx, within, errNoConnection)
 	defer cancel()
-	got := Acquire(ctx, r.client, func(never context.Context, c rueidis.DedicatedClient) error {
+	got := TakeConnection(ctx, r.client, func(never context.Context, c rueidis.DedicatedClient) error {
 		return c.Do(never, c.B().Exists().Key(record).Build()).Error()
 	})
 	var d Dedicated

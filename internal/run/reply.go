@@ -52,7 +52,7 @@ func (r reply) ints(from int) ([]int64, error) {
 	return out, nil
 }
 
-// refusal turns the {-2, cmd, key} and {-5, cmd} replies into an error
+// refusal turns the {NO_RIGHT, cmd, key} and {UNKNOWN_CMD, cmd} replies into an error
 // matching ErrNoPermission that names the command, or returns nil.
 func (r reply) refusal() error {
 	code, err := r.code()

@@ -16,10 +16,19 @@ import (
 //go:embed scripts/*.lua scripts/lib/*.lua
 var Scripts embed.FS
 
-// Source returns the source of scripts/<name>.lua as it is sent to Redis:
-// each line "-- #include <lib>" replaced by scripts/lib/<lib>.lua.
+// Source returns the source of scripts/<name>.lua as it is sent to Redis
+// (see [Expand]). Its SHA1 is that of this text, preamble included.
 func Source(name string) string {
-	return include(read("scripts/" + name + ".lua"))
+	return Expand(read("scripts/" + name + ".lua"))
+}
+
+// Expand returns the Lua src as it is sent to Redis: each line
+// "-- #include <lib>" replaced by scripts/lib/<lib>.lua, and a first line
+// that defines, as Lua locals, the reply codes (see replyCodes) that the
+// expanded text names.
+func Expand(src string) string {
+	src = include(src)
+	return preamble(src) + src
 }
 
 // include expands src's include lines.
@@ -111,35 +120,4 @@ var (
 	rollbackScript = newScript("rollback", false)
 	// control only sets fields: a rerun sets them again.
 	controlScript = newScript("control", true)
-)
-
-// Return codes: the first element of the scripts' array replies.
-const (
-	codeLockLost   = -1  // touch, heartbeat, refresh, publish: lock i is not ours
-	codeHeld       = 0   // acquire: lock i is held
-	codeTempLost   = 0   // publish: populated temp key i is gone
-	codeOK         = 1   // every script: done
-	codeNoRight    = -2  // acquire, publish: {-2, cmd, key}
-	codeWritesLost = -3  // heartbeat, publish: {-3, batches}
-	codeRecreated  = -4  // publish: {-4, i}: populated temp key i has no TTL
-	codeUnknownCmd = -5  // acquire, publish: {-5, cmd}
-	codeNotMeta    = -6  // publish: {-6, i}: meta i is another key
-	codeBehind     = -7  // publish: {-7, i, n}: log i has n entries past its offset, over the bound
-	codeWrongType  = -8  // apply, publish: {-8, key, type}: an op cannot write key's type
-	codeBadLog     = -9  // publish: {-9, i}: log i holds an entry that is not a change
-	codeOverrun    = -10 // publish: {-10, i}: log i reached its bound: changes were not logged
-	codeNoPrevious = -11 // rollback: {-11, i}: index i keeps no previous generation
-	codeUnlogged   = -12 // apply: {-12, i, why, detail}: lock i is held by a run that does not log the change
-	codeNotTheRuns = -13 // apply: {-13, i, key, owner}; publish: {-13, i, index, key}: key is not the run's
-	codeTampered   = -14 // heartbeat, publish: {-14, i}: record i carries another token
-	codeNoRecord   = -15 // heartbeat, publish: {-15, i}: record i is gone (or has no token)
-	codeTooLate    = -16 // control: {-16}: the run already published
-	codeAborted    = -17 // publish: {-17}: the operator cancelled the run
-	codeLogLost    = -18 // publish: {-18, i, llen, logged}: log i lost entries
-	codeUncounted  = -19 // publish: {-19, i, llen, logged}: log i holds entries nobody counted
-	codeRenamed    = 1   // publish, per target: renamed
-	codeEmptied    = 2   // publish, per target: live key deleted
-	tempAbsent     = 0   // touch, refresh, per temp key
-	tempAlive      = 1
-	tempCreated    = 2
 )

@@ -25,10 +25,10 @@
 -- ARGV[5+2m..]     per record, in order: the number of its fields, then
 --                  its field/value pairs
 --
--- Returns {1}: every lock taken, every record open.
---         {0, i}: lock i is held (by another run); nothing changed.
---         {-2, cmd, key}: this user may not run cmd on key; nothing changed.
---         {-5, cmd}: cmd does not exist (renamed or disabled); nothing changed.
+-- Returns {OK}: every lock taken, every record open.
+--         {HELD, i}: lock i is held (by another run); nothing changed.
+--         {NO_RIGHT, cmd, key}: this user may not run cmd on key; nothing changed.
+--         {UNKNOWN_CMD, cmd}: cmd does not exist (renamed or disabled); nothing changed.
 local n = tonumber(ARGV[3])
 local m = tonumber(ARGV[4])
 local ctl = KEYS[3 * n + 1]
@@ -44,9 +44,9 @@ if redis.acl_check_cmd then
     if key ~= '' then args[#args + 1] = key end
     local ok, allowed = pcall(redis.acl_check_cmd, unpack(args))
     if not ok then
-      return {-5, cmd}
+      return {UNKNOWN_CMD, cmd}
     elseif not allowed then
-      return {-2, cmd, key}
+      return {NO_RIGHT, cmd, key}
     end
   end
   -- This script's own commands first, then the run's.
@@ -65,7 +65,7 @@ if redis.acl_check_cmd then
 end
 for i = 1, n do
   if redis.call('EXISTS', KEYS[i]) == 1 then
-    return {0, i}
+    return {HELD, i}
   end
 end
 redis.call('DEL', ctl)
@@ -78,4 +78,4 @@ for i = 1, n do
   redis.call('EXPIRE', KEYS[n + i], ARGV[2])
   at = at + 1 + 2 * c
 end
-return {1}
+return {OK}

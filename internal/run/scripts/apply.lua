@@ -34,18 +34,18 @@
 -- ARGV[4..]         per op: its lock's index (1..n), its key's index in
 --                   KEYS after 3n, the command, the count of args, the args
 --
--- Returns {1, l1..ln}: applied; li = 1 the change was logged for the run
+-- Returns {OK, l1..ln}: applied; li = 1 the change was logged for the run
 --           holding lock i, 0 no run holds it (or no op of the change is
 --           its), 2 its log is full (the run will fail).
---         {-2, cmd, key}: this user may not run cmd on key; nothing written.
---         {-5, cmd}: cmd does not exist (renamed or disabled).
---         {-8, key, type}: key holds a type the op cannot write.
---         {-12, i, why, detail}: lock i is held by a run that does not log
+--         {NO_RIGHT, cmd, key}: this user may not run cmd on key; nothing written.
+--         {UNKNOWN_CMD, cmd}: cmd does not exist (renamed or disabled).
+--         {WRONG_TYPE, key, type}: key holds a type the op cannot write.
+--         {UNLOGGED, i, why, detail}: lock i is held by a run that does not log
 --           this change: why is 'none' (no record with a token), 'token'
 --           (the record's token is not the lock's), 'mode' (detail: the
 --           record's mode), 'version' (detail: the record's version) or
 --           'keys' (the record names no key); nothing written.
---         {-13, i, key, owner}: key is not one of the keys of the run
+--         {NOT_THE_RUNS, i, key, owner}: key is not one of the keys of the run
 --           holding lock i, which rebuilds owner; nothing written.
 -- #include keys
 -- #include remove
@@ -87,22 +87,22 @@ for i = 1, n do
   if holder then
     local rec = redis.call('HMGET', KEYS[n + i], 'token', 'v', 'mode', 'keys', 'families')
     if not rec[1] then
-      return {-12, i, 'none', ''}
+      return {UNLOGGED, i, 'none', ''}
     elseif rec[1] ~= holder then
-      return {-12, i, 'token', ''}
+      return {UNLOGGED, i, 'token', ''}
     elseif rec[2] ~= '2' then
-      return {-12, i, 'version', rec[2] or ''}
+      return {UNLOGGED, i, 'version', rec[2] or ''}
     elseif rec[3] ~= 'rebuild' then
-      return {-12, i, 'mode', rec[3] or ''}
+      return {UNLOGGED, i, 'mode', rec[3] or ''}
     end
     local owner = keyshapes.first(rec[4])
     if not owner then
-      return {-12, i, 'keys', ''}
+      return {UNLOGGED, i, 'keys', ''}
     end
     local family = string.sub(rec[5] or '', 1, 1) == '1'
     for _, op in ipairs(perLock[i]) do
       if not keyshapes.owns(op[2], owner, family) then
-        return {-13, i, op[2], owner}
+        return {NOT_THE_RUNS, i, op[2], owner}
       end
     end
     logging[i] = true
@@ -112,7 +112,7 @@ end
 for _, op in ipairs(ops) do
   changes.run(op)
 end
-local out = {1}
+local out = {OK}
 for i = 1, n do
   local lock, record, log = KEYS[i], KEYS[n + i], KEYS[2 * n + i]
   local logged = 0

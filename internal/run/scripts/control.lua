@@ -14,22 +14,22 @@
 -- ARGV[1]   the token the operator read from the lock
 -- ARGV[2..] field/value pairs: cancel, max_rate, paused, action
 --
--- Returns {1}: recorded; the run reads it at its next heartbeat, and its
+-- Returns {OK}: recorded; the run reads it at its next heartbeat, and its
 --              publish refuses to run while a cancel is there.
---         {-1}: the lock does not hold the token: the run ended, or
+--         {LOCK_LOST}: the lock does not hold the token: the run ended, or
 --               another took over; nothing changed.
---         {-16}: the run already published (its receipt holds the token):
+--         {TOO_LATE}: the run already published (its receipt holds the token):
 --                too late; nothing changed.
 local token = ARGV[1]
 local receipt = redis.call('GET', KEYS[4])
 if receipt == token or receipt == 'read:' .. token then
-  return {-16}
+  return {TOO_LATE}
 end
 if redis.call('GET', KEYS[1]) ~= token then
-  return {-1}
+  return {LOCK_LOST}
 end
 if redis.call('HGET', KEYS[2], 'token') ~= token then
-  return {-1}
+  return {LOCK_LOST}
 end
 if redis.call('HGET', KEYS[3], 'token') ~= token then
   redis.call('DEL', KEYS[3])
@@ -39,4 +39,4 @@ local ttl = redis.call('PTTL', KEYS[1])
 if ttl > 0 then
   redis.call('PEXPIRE', KEYS[3], ttl)
 end
-return {1}
+return {OK}

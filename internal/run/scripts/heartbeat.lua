@@ -27,20 +27,20 @@
 -- ARGV[4]          the batches Redis acknowledged when the heartbeat left
 -- ARGV[5..]        field/value pairs of the run's status
 --
--- Returns {1, batches, cancel, max_rate, paused, action, logged1, len1, ...,
+-- Returns {OK, batches, cancel, max_rate, paused, action, logged1, len1, ...,
 --         loggedn, lenn}: renewed; the requests are those of the run's
 --         token ('' otherwise); loggedi is the entries Apply counted in log
 --         i, leni its length, read in the same step.
---         {-1, i}: lock i does not hold the token; nothing changed.
---         {-15, i}: record i is gone, or carries no token: it was lost
+--         {LOCK_LOST, i}: lock i does not hold the token; nothing changed.
+--         {NO_RECORD, i}: record i is gone, or carries no token: it was lost
 --                   (evicted), with the counts it kept; nothing changed.
---         {-14, i}: record i carries another token; nothing changed.
---         {-3, batches}: the record holds fewer batches than acknowledged.
+--         {TAMPERED, i}: record i carries another token; nothing changed.
+--         {WRITES_LOST, batches}: the record holds fewer batches than acknowledged.
 local n = tonumber(ARGV[3])
 local ctl = KEYS[3 * n + 1]
 for i = 1, n do
   if redis.call('GET', KEYS[i]) ~= ARGV[1] then
-    return {-1, i}
+    return {LOCK_LOST, i}
   end
 end
 -- The records are opened with the locks and live as long as they do: a
@@ -49,14 +49,14 @@ end
 for i = 1, n do
   local token = redis.call('HGET', KEYS[n + i], 'token')
   if not token then
-    return {-15, i}
+    return {NO_RECORD, i}
   elseif token ~= ARGV[1] then
-    return {-14, i}
+    return {TAMPERED, i}
   end
 end
 local batches = tonumber(redis.call('HGET', KEYS[n + 1], 'batches') or '0')
 if batches < tonumber(ARGV[4]) then
-  return {-3, batches}
+  return {WRITES_LOST, batches}
 end
 for i = 1, 2 * n do
   redis.call('EXPIRE', KEYS[i], ARGV[2])
@@ -75,7 +75,7 @@ local c = redis.call('HMGET', ctl, 'token', 'cancel', 'max_rate', 'paused', 'act
 if c[1] ~= ARGV[1] then
   c = {}
 end
-local out = {1, batches, c[2] or '', c[3] or '', c[4] or '', c[5] or ''}
+local out = {OK, batches, c[2] or '', c[3] or '', c[4] or '', c[5] or ''}
 for i = 1, n do
   out[#out + 1] = tonumber(redis.call('HGET', KEYS[n + i], 'logged') or '0')
   out[#out + 1] = redis.call('LLEN', KEYS[2 * n + i])

@@ -65,34 +65,34 @@
 -- ARGV[19+5X..18+5X+G] per meta, the key type of a family's keys, or ''
 --            for a plain key (recorded in the meta, for a rollback)
 --
--- Returns {1, o1..oT, g1..gG, c}: published; oi = 1 renamed, 2 live key
+-- Returns {OK, o1..oT, g1..gG, c}: published; oi = RENAMED, or EMPTIED: live key
 --           deleted (empty result); gi the new generation of meta i; c the
 --           number of changes (log entries) of the tails replayed.
---         {-1, i}: lock i does not hold the token.
---         {-15, i}: record i is gone, or carries no token.
---         {-14, i}: record i carries another token.
---         {-3, batches}: the first record holds fewer batches than the run
+--         {LOCK_LOST, i}: lock i does not hold the token.
+--         {NO_RECORD, i}: record i is gone, or carries no token.
+--         {TAMPERED, i}: record i carries another token.
+--         {WRITES_LOST, batches}: the first record holds fewer batches than the run
 --                  wrote.
---         {-17}: the operator asked the run to cancel.
---         {0, i}: temp key i was populated and is gone.
---         {-4, i}: temp key i was populated and has no TTL: it was lost and
+--         {ABORTED}: the operator asked the run to cancel.
+--         {TEMP_LOST, i}: temp key i was populated and is gone.
+--         {RECREATED, i}: temp key i was populated and has no TTL: it was lost and
 --                  re-created by a later write (or a write removed its TTL).
---         {-2, cmd, key}: this user may not run cmd on key.
---         {-5, cmd}: cmd does not exist (renamed or disabled).
---         {-6, i}: meta i is not a hash of keyswap's: another key has its
+--         {NO_RIGHT, cmd, key}: this user may not run cmd on key.
+--         {UNKNOWN_CMD, cmd}: cmd does not exist (renamed or disabled).
+--         {NOT_META, i}: meta i is not a hash of keyswap's: another key has its
 --                  name.
---         {-18, i, len, logged}: log i holds fewer entries than were
+--         {LOG_LOST, i, len, logged}: log i holds fewer entries than were
 --                  counted, or its count went back: it lost entries.
---         {-19, i, len, logged}: log i holds more entries than were
+--         {UNCOUNTED, i, len, logged}: log i holds more entries than were
 --                  counted: entries nobody counted were appended.
---         {-7, i, n, w}: the tails hold n entries of work w, over a bound;
+--         {BEHIND, i, n, w}: the tails hold n entries of work w, over a bound;
 --                  log i is the first with a tail.
---         {-10, i}: log i reached its bound: changes were not logged.
---         {-9, i, e, why}: entry e of log i (LINDEX e) is not a change.
---         {-13, i, e, key}: entry e of log i writes key, which is not its
+--         {OVERRUN, i}: log i reached its bound: changes were not logged.
+--         {BAD_LOG, i, e, why}: entry e of log i (LINDEX e) is not a change.
+--         {NOT_THE_RUNS, i, e, key}: entry e of log i writes key, which is not its
 --                  builder's.
---         {-8, key, type}: a change in a tail cannot write key, of type.
--- On every reply but {1, ...} nothing was written.
+--         {WRONG_TYPE, key, type}: a change in a tail cannot write key, of type.
+-- On every reply but {OK, ...} nothing was written.
 -- #include keys
 -- #include remove
 -- #include changes
@@ -117,9 +117,9 @@ if redis.acl_check_cmd then
   local function refused(cmd, ...)
     local ok, allowed = pcall(redis.acl_check_cmd, cmd, ...)
     if not ok then
-      return {-5, cmd}
+      return {UNKNOWN_CMD, cmd}
     elseif not allowed then
-      return {-2, cmd, (...)}
+      return {NO_RIGHT, cmd, (...)}
     end
   end
   local function check(cmd, first, n, ...)
@@ -161,22 +161,22 @@ end
 if token ~= '' then
   for i = 1, L do
     if redis.call('GET', KEYS[locks + i]) ~= token then
-      return {-1, i}
+      return {LOCK_LOST, i}
     end
   end
 end
 for i = 1, R do
   local t = redis.call('HGET', KEYS[records + i], 'token')
   if not t then
-    return {-15, i}
+    return {NO_RECORD, i}
   elseif t ~= token then
-    return {-14, i}
+    return {TAMPERED, i}
   end
 end
 if R > 0 then
   local batches = tonumber(redis.call('HGET', KEYS[records + 1], 'batches') or '0')
   if batches < tonumber(ARGV[13]) then
-    return {-3, batches}
+    return {WRITES_LOST, batches}
   end
 end
 -- An operator's cancel, for this run, read in the same step as the
@@ -184,7 +184,7 @@ end
 if K > 0 then
   local c = redis.call('HMGET', KEYS[ctls + 1], 'token', 'cancel')
   if c[1] == token and c[2] and c[2] ~= '' then
-    return {-17}
+    return {ABORTED}
   end
 end
 -- A meta of another type, or with a seq that is not a number, would fail
@@ -197,7 +197,7 @@ for i = 1, G do
   -- far from the int64 limit.
   local canonical = seq == '0' or (seq and string.match(seq, '^[1-9]%d*$') and #seq < 19)
   if (kind ~= 'none' and kind ~= 'hash') or (seq and not canonical) then
-    return {-6, i}
+    return {NOT_META, i}
   end
 end
 local present = {}
@@ -207,9 +207,9 @@ for i = 1, T do
   local seen = string.sub(populated, i, i)
   if seen ~= '0' then
     if pttl == -2 then
-      return {0, i}
+      return {TEMP_LOST, i}
     elseif pttl == -1 and seen == '2' then
-      return {-4, i}
+      return {RECREATED, i}
     end
   end
 end
@@ -223,9 +223,9 @@ for i = 1, X do
   local rec = R > 0 and redis.call('HMGET', KEYS[records + i], 'logged', 'work') or {}
   local logged, counted = tonumber(rec[1] or '0'), tonumber(rec[2] or '0')
   if len < logged or logged < tonumber(logArg(i, 2)) then
-    return {-18, i, len, logged}
+    return {LOG_LOST, i, len, logged}
   elseif len > logged then
-    return {-19, i, len, logged}
+    return {UNCOUNTED, i, len, logged}
   end
   lens[i] = len
   local n = len - tonumber(logArg(i, 1))
@@ -239,7 +239,7 @@ end
 -- reading it. A counter forged low cannot make the script do more: the
 -- work is counted again below, as the entries are decoded.
 if behind > maxEntries or work > maxWork then
-  return {-7, first, behind, work}
+  return {BEHIND, first, behind, work}
 end
 if behind > 0 then
   -- After the renames, a live key in T has its temp key's type (or none:
@@ -265,19 +265,19 @@ if behind > 0 then
       local index = offset + j - 1
       replayed = replayed + 1
       if e == changes.overrun then
-        return {-10, i}
+        return {OVERRUN, i}
       end
       local ops, why = changes.decode(e)
       if not ops then
-        return {-9, i, index, why}
+        return {BAD_LOG, i, index, why}
       end
       work = work + changes.work(ops)
       if work > maxWork then
-        return {-7, i, behind, work}
+        return {BEHIND, i, behind, work}
       end
       for _, op in ipairs(ops) do
         if not keyshapes.owns(op[2], owner, family) then
-          return {-13, i, index, op[2]}
+          return {NOT_THE_RUNS, i, index, op[2]}
         end
         local r = changes.check(op)
         if r then return r end
@@ -297,7 +297,7 @@ if behind > 0 then
   end
 end
 
-local out = {1}
+local out = {OK}
 local function retire(key, prev)
   if prev then
     redis.call('UNLINK', prev)
@@ -315,9 +315,9 @@ for i = 1, T do
   if present[i] then
     redis.call('RENAME', temp, live)
     redis.call('PERSIST', live)
-    out[#out + 1] = 1
+    out[#out + 1] = RENAMED
   else
-    out[#out + 1] = 2
+    out[#out + 1] = EMPTIED
   end
 end
 for i = 1, O do

@@ -11,23 +11,23 @@
 -- ARGV[1]      token
 -- ARGV[2]      the temp keys' ttl in seconds
 --
--- Returns {1, s1, s2, ...}: for temp key i,
---           si = 0  it does not exist;
---           si = 1  it existed with a TTL, now renewed;
---           si = 2  it existed without a TTL, which it now has: it was
+-- Returns {OK, s1, s2, ...}: for temp key i,
+--           si = TEMP_ABSENT  it does not exist;
+--           si = TEMP_ALIVE   it existed with a TTL, now renewed;
+--           si = TEMP_CREATED it existed without a TTL, which it now has: it was
 --                   created without one, or lost and re-created by a write.
---         {-1}: the lock does not hold the token; nothing changed.
+--         {LOCK_LOST}: the lock does not hold the token; nothing changed.
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
-  return {-1}
+  return {LOCK_LOST}
 end
-local out = {1}
+local out = {OK}
 for i = 2, #KEYS do
   local pttl = redis.call('PTTL', KEYS[i])
   if pttl == -2 then
-    out[#out + 1] = 0
+    out[#out + 1] = TEMP_ABSENT
   else
     redis.call('EXPIRE', KEYS[i], ARGV[2])
-    out[#out + 1] = pttl == -1 and 2 or 1
+    out[#out + 1] = pttl == -1 and TEMP_CREATED or TEMP_ALIVE
   end
 end
 return out

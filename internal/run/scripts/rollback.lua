@@ -21,10 +21,10 @@
 -- ARGV[5]            the time, in milliseconds since the epoch
 -- ARGV[6..5+P]       the meta index (1..G) of each triple
 --
--- Returns {1, g1..gG}: rolled back; gi is the generation now live.
---         {-1, i}: lock i does not hold the token; nothing changed.
---         {-2, cmd, key} / {-5, cmd}: a right or command is missing.
---         {-11, i}: index i keeps no previous generation (none was kept,
+-- Returns {OK, g1..gG}: rolled back; gi is the generation now live.
+--         {LOCK_LOST, i}: lock i does not hold the token; nothing changed.
+--         {NO_RIGHT, cmd, key} / {UNKNOWN_CMD, cmd}: a right or command is missing.
+--         {NO_PREVIOUS, i}: index i keeps no previous generation (none was kept,
 --                   or it expired: prev_until passed); nothing changed.
 local token = ARGV[1]
 local L, G, P = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -34,7 +34,7 @@ local metas, triples = L, L + G
 if redis.acl_check_cmd then
   local function refused(cmd, key, ...)
     local ok, allowed = pcall(redis.acl_check_cmd, cmd, key, ...)
-    if not ok then return {-5, cmd} elseif not allowed then return {-2, cmd, key} end
+    if not ok then return {UNKNOWN_CMD, cmd} elseif not allowed then return {NO_RIGHT, cmd, key} end
   end
   for i = 1, L do
     local r = refused('GET', KEYS[i])
@@ -55,7 +55,7 @@ end
 
 for i = 1, L do
   if redis.call('GET', KEYS[i]) ~= token then
-    return {-1, i}
+    return {LOCK_LOST, i}
   end
 end
 local keep = {}
@@ -63,7 +63,7 @@ for i = 1, G do
   local m = redis.call('HMGET', KEYS[metas + i], 'gen', 'prev', 'prev_until')
   local untilMs = tonumber(m[3] or '')
   if not m[2] or m[2] == '' or not untilMs or untilMs <= now then
-    return {-11, i}
+    return {NO_PREVIOUS, i}
   end
   keep[i] = untilMs - now
 end
@@ -88,7 +88,7 @@ for j = 0, P - 1 do
     redis.call('PEXPIRE', prev, ttl)
   end
 end
-local out = {1}
+local out = {OK}
 for i = 1, G do
   local meta = KEYS[metas + i]
   local m = redis.call('HMGET', meta, 'gen', 'prev')

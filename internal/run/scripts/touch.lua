@@ -13,31 +13,31 @@
 -- ARGV[2]       ttl in seconds
 -- ARGV[3]       n, the number of lock keys
 --
--- Returns {1, s1, s2, ...}: every lock extended, and for temp key i:
---           si = 0  it does not exist;
---           si = 1  it existed with a TTL: it has lived since an earlier touch;
---           si = 2  it existed without a TTL, which it now has: it was
+-- Returns {OK, s1, s2, ...}: every lock extended, and for temp key i:
+--           si = TEMP_ABSENT  it does not exist;
+--           si = TEMP_ALIVE   it existed with a TTL: it has lived since an earlier touch;
+--           si = TEMP_CREATED it existed without a TTL, which it now has: it was
 --                   created since the last touch. On a key already seen
 --                   populated, this means it was lost and re-created by a
 --                   later write, so it holds only part of the rebuild.
---         {-1, i}: lock i does not hold the token; nothing changed.
+--         {LOCK_LOST, i}: lock i does not hold the token; nothing changed.
 local n = tonumber(ARGV[3])
 for i = 1, n do
   if redis.call('GET', KEYS[i]) ~= ARGV[1] then
-    return {-1, i}
+    return {LOCK_LOST, i}
   end
 end
 for i = 1, n do
   redis.call('EXPIRE', KEYS[i], ARGV[2])
 end
-local out = {1}
+local out = {OK}
 for i = n + 1, #KEYS do
   local pttl = redis.call('PTTL', KEYS[i])
   if pttl == -2 then
-    out[#out + 1] = 0
+    out[#out + 1] = TEMP_ABSENT
   else
     redis.call('EXPIRE', KEYS[i], ARGV[2])
-    out[#out + 1] = pttl == -1 and 2 or 1
+    out[#out + 1] = pttl == -1 and TEMP_CREATED or TEMP_ALIVE
   end
 end
 return out

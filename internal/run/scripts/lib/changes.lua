@@ -111,15 +111,15 @@ function changes.work(ops)
 end
 
 -- refused returns why this user may not run the command cmd on key
--- ({-2, cmd, key} or {-5, cmd}), or nil. It checks nothing on servers
+-- ({NO_RIGHT, cmd, key} or {UNKNOWN_CMD, cmd}), or nil. It checks nothing on servers
 -- without redis.acl_check_cmd (before Redis 7).
 function changes.refused(cmd, key, ...)
   if not redis.acl_check_cmd then return nil end
   local ok, allowed = pcall(redis.acl_check_cmd, cmd, key, ...)
   if not ok then
-    return {-5, cmd}
+    return {UNKNOWN_CMD, cmd}
   elseif not allowed then
-    return {-2, cmd, key}
+    return {NO_RIGHT, cmd, key}
   end
 end
 
@@ -135,11 +135,11 @@ function changes.check(op)
   return changes.refused(cmd, key, unpack(args))
 end
 
--- mistyped returns {-8, key, kind} when op would fail on a key of type
+-- mistyped returns {WRONG_TYPE, key, kind} when op would fail on a key of type
 -- kind ('none' for a missing key), or nil.
 function changes.mistyped(op, kind)
   if kind ~= 'none' and kind ~= changes.types[op[1]] then
-    return {-8, op[2], kind}
+    return {WRONG_TYPE, op[2], kind}
   end
 end
 

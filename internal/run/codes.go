@@ -1,0 +1,112 @@
+package run
+
+import (
+	"regexp"
+	"strconv"
+	"strings"
+)
+
+// Reply codes: the first element of a script's array reply, and the status
+// of each temp key or target in the replies of touch, refresh and publish.
+// The scripts name them as replyCodes does; Go decodes them with these
+// constants. Two codes may share a number when no script returns both.
+const (
+	codeOK         = 1   // every script: done
+	codeLockLost   = -1  // touch, heartbeat, refresh, control, rollback, publish: {-1, i}: lock i is not ours
+	codeHeld       = 0   // acquire: {0, i}: lock i is held
+	codeTempLost   = 0   // publish: {0, i}: populated temp key i is gone
+	codeNoRight    = -2  // acquire, apply, rollback, publish: {-2, cmd, key}: this user may not run cmd on key
+	codeWritesLost = -3  // heartbeat, publish: {-3, batches}
+	codeRecreated  = -4  // publish: {-4, i}: populated temp key i has no TTL
+	codeUnknownCmd = -5  // acquire, apply, rollback, publish: {-5, cmd}
+	codeNotMeta    = -6  // publish: {-6, i}: meta i is another key
+	codeBehind     = -7  // publish: {-7, i, n, w}: the logs' tails hold n entries of work w, over a bound
+	codeWrongType  = -8  // apply, publish: {-8, key, type}: an op cannot write key's type
+	codeBadLog     = -9  // publish: {-9, i, e, why}: log i holds an entry that is not a change
+	codeOverrun    = -10 // publish: {-10, i}: log i reached its bound: changes were not logged
+	codeNoPrevious = -11 // rollback: {-11, i}: index i keeps no previous generation
+	codeUnlogged   = -12 // apply: {-12, i, why, detail}: lock i is held by a run that does not log the change
+	codeNotTheRuns = -13 // apply: {-13, i, key, owner}; publish: {-13, i, index, key}: key is not the run's
+	codeTampered   = -14 // heartbeat, publish: {-14, i}: record i carries another token
+	codeNoRecord   = -15 // heartbeat, publish: {-15, i}: record i is gone (or has no token)
+	codeTooLate    = -16 // control: {-16}: the run already published
+	codeAborted    = -17 // publish: {-17}: the operator cancelled the run
+	codeLogLost    = -18 // publish: {-18, i, llen, logged}: log i lost entries
+	codeUncounted  = -19 // publish: {-19, i, llen, logged}: log i holds entries nobody counted
+	codeRenamed    = 1   // publish, per target: renamed
+	codeEmptied    = 2   // publish, per target: live key deleted
+	tempAbsent     = 0   // touch, refresh, per temp key: it does not exist
+	tempAlive      = 1   // touch, refresh, per temp key: it had a TTL, now renewed
+	tempCreated    = 2   // touch, refresh, per temp key: it had no TTL (created since), now has one
+)
+
+// replyCodes is the one table of reply codes: the name each script uses
+// for a code (a Lua local that Expand defines at the top of a script that
+// names it), and its Go constant. A script writes a code by its name,
+// never as a number.
+var replyCodes = []struct {
+	name  string
+	value int64
+}{
+	{"OK", codeOK},
+	{"LOCK_LOST", codeLockLost},
+	{"HELD", codeHeld},
+	{"TEMP_LOST", codeTempLost},
+	{"NO_RIGHT", codeNoRight},
+	{"WRITES_LOST", codeWritesLost},
+	{"RECREATED", codeRecreated},
+	{"UNKNOWN_CMD", codeUnknownCmd},
+	{"NOT_META", codeNotMeta},
+	{"BEHIND", codeBehind},
+	{"WRONG_TYPE", codeWrongType},
+	{"BAD_LOG", codeBadLog},
+	{"OVERRUN", codeOverrun},
+	{"NO_PREVIOUS", codeNoPrevious},
+	{"UNLOGGED", codeUnlogged},
+	{"NOT_THE_RUNS", codeNotTheRuns},
+	{"TAMPERED", codeTampered},
+	{"NO_RECORD", codeNoRecord},
+	{"TOO_LATE", codeTooLate},
+	{"ABORTED", codeAborted},
+	{"LOG_LOST", codeLogLost},
+	{"UNCOUNTED", codeUncounted},
+	{"RENAMED", codeRenamed},
+	{"EMPTIED", codeEmptied},
+	{"TEMP_ABSENT", tempAbsent},
+	{"TEMP_ALIVE", tempAlive},
+	{"TEMP_CREATED", tempCreated},
+}
+
+// luaNoise matches what cannot name a code in Lua source: a comment to the
+// end of its line, or a quoted string.
+var luaNoise = regexp.MustCompile(`--[^\n]*|'[^'\n]*'|"[^"\n]*"`)
+
+// luaNames returns the upper-case identifiers of the Lua src, comments and
+// strings left out: the names of codes it uses, and KEYS, ARGV and the
+// one-letter counts of publish.
+func luaNames(src string) map[string]bool {
+	names := map[string]bool{}
+	for _, n := range upperName.FindAllString(luaNoise.ReplaceAllString(src, ""), -1) {
+		names[n] = true
+	}
+	return names
+}
+
+var upperName = regexp.MustCompile(`\b[A-Z][A-Z0-9_]*\b`)
+
+// preamble returns the line that defines, as Lua locals, the reply codes
+// src names, in the order of replyCodes, or "" when it names none.
+func preamble(src string) string {
+	used := luaNames(src)
+	var names, values []string
+	for _, c := range replyCodes {
+		if used[c.name] {
+			names = append(names, c.name)
+			values = append(values, strconv.FormatInt(c.value, 10))
+		}
+	}
+	if len(names) == 0 {
+		return ""
+	}
+	return "local " + strings.Join(names, ", ") + " = " + strings.Join(values, ", ") + "\n"
+}
