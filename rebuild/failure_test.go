@@ -514,14 +514,17 @@ func TestSlowSourceKeepsLease(t *testing.T) {
 		var progressed atomic.Int64 // Progress calls while the source still runs
 		var sourceDone atomic.Bool
 		r := redistest.Rebuilder(t, d.Client, rebuild.Options{
-			TTL: 2 * time.Second, FlushInterval: 200 * time.Millisecond,
+			// A source that yields for longer than the lease's TTL (5.7 s
+			// against 4 s), with a TTL long enough that a loaded machine
+			// running -race still sends a heartbeat in each third of it.
+			TTL: 4 * time.Second, FlushInterval: 200 * time.Millisecond,
 			Progress: func(rebuild.Progress) {
 				if !sourceDone.Load() {
 					progressed.Add(1)
 				}
 			},
 		}, builders.Set(key, func(u user) (string, bool) { return u.ID, true }))
-		us := users(12)
+		us := users(20)
 		_, err := r.Run(redistest.Ctx(t), sources.Seq2(func(yield func(user, error) bool) {
 			defer sourceDone.Store(true)
 			for i, u := range us {
@@ -541,7 +544,7 @@ func TestSlowSourceKeepsLease(t *testing.T) {
 			t.Errorf("SCARD %s: got %d, want %d", key, len(got), len(us))
 		}
 		if n := progressed.Load(); n < 3 {
-			t.Errorf("got %d batches written while the 3.3 s source ran, want at least 3: partial batches must be flushed", n)
+			t.Errorf("got %d batches written while the 5.7 s source ran, want at least 3: partial batches must be flushed", n)
 		}
 		redistest.WantClean(t, d.Other, d.Prefix)
 	})
