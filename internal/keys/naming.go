@@ -67,14 +67,15 @@ func PrevKey(live string, cluster bool) string { return Base(live, cluster) + Pr
 
 // Reserved reports whether key has the shape of a key keyswap makes next
 // to a live key: a lock, a lock's receipt, record, log or requests, a live
-// key's metadata or kept previous value, or a temp key (current or legacy
-// shape). keyswap refuses to rebuild such a key: it would take it for its
+// key's metadata or kept previous value, a temp key (current or legacy
+// shape), or an index's pointer, registry of generations or generation's
+// data key. keyswap refuses to rebuild such a key: it would take it for its
 // own.
 func Reserved(key string) bool {
-	if _, _, ok := ParseTempKey(key); ok {
+	if _, _, ok := ParseTempKey(key); ok || IsGenKey(key) {
 		return true
 	}
-	for _, suffix := range []string{LockSuffix, MetaSuffix, PrevSuffix,
+	for _, suffix := range []string{LockSuffix, MetaSuffix, PrevSuffix, PointerSuffix, RegistrySuffix,
 		LockSuffix + ReceiptSuffix, LockSuffix + RecordSuffix, LockSuffix + LogSuffix, LockSuffix + CtlSuffix} {
 		if strings.HasSuffix(key, suffix) {
 			return true

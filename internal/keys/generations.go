@@ -1,0 +1,112 @@
+package keys
+
+import (
+	"strconv"
+	"strings"
+)
+
+// The shapes of generational publishing. In that mode an index's data lives
+// under a generation, a number, and a pointer per index names the current
+// one:
+//
+//	pointer:  <base>:rebuild-ptr             a string: the current generation
+//	registry: <base>:rebuild-gens            a hash: the index's generations
+//	plain key of generation G:   <key>:rebuild-g:<G>
+//	bucket B of family P in G:   <P>:rebuild-g:<G>:<B>
+//
+// The pointer and the registry hang off the base, so on a cluster they share
+// the lock's slot; the data keys hang off the key itself, so they keep a
+// user's own hash tag and, without one, spread over every slot. An index
+// with no pointer is in the rename-in-place shape: its data is <key>, or
+// <P>:<B>.
+const (
+	// PointerSuffix follows a base to name an index's pointer: a string
+	// holding its current generation, in decimal.
+	PointerSuffix = ":rebuild-ptr"
+	// RegistrySuffix follows a base to name an index's registry of
+	// generations: a hash (see the Reg* fields).
+	RegistrySuffix = ":rebuild-gens"
+	// GenInfix follows a plain key or a family's prefix in a generation's
+	// data keys.
+	GenInfix = ":rebuild-g:"
+)
+
+// The registry's fields. RegNext holds the last generation allocated; each
+// generation G allocated and not yet removed has a field "G" whose value
+// is its state: RegBuilding followed by the token of the run that builds
+// it, RegCurrent, RegPrevious (kept for a rollback), or RegRetired
+// followed by the time of its retirement in milliseconds since the epoch.
+const (
+	RegNext     = "next"
+	RegBuilding = "building:"
+	RegCurrent  = "current"
+	RegPrevious = "previous"
+	RegRetired  = "retired:"
+)
+
+// PointerKey returns the key of the pointer of the index whose live key (or
+// family prefix) is live.
+func PointerKey(live string, cluster bool) string { return Base(live, cluster) + PointerSuffix }
+
+// RegistryKey returns the key of the registry of generations of the index
+// whose live key (or family prefix) is live.
+func RegistryKey(live string, cluster bool) string { return Base(live, cluster) + RegistrySuffix }
+
+// GenKey returns the key that holds plain key live in generation gen.
+func GenKey(live string, gen int64) string {
+	return live + GenInfix + strconv.FormatInt(gen, 10)
+}
+
+// GenPrefix returns the prefix of the keys of family prefix's buckets in
+// generation gen: bucket b is GenPrefix(prefix, gen) + b.
+func GenPrefix(prefix string, gen int64) string {
+	return prefix + GenInfix + strconv.FormatInt(gen, 10) + ":"
+}
+
+// GenBucketKey returns the key that holds bucket of family prefix in
+// generation gen.
+func GenBucketKey(prefix string, gen int64, bucket string) string {
+	return GenPrefix(prefix, gen) + bucket
+}
+
+// GenPattern returns a SCAN MATCH pattern for the bucket keys of family
+// prefix in generation gen, with the glob characters of prefix escaped.
+func GenPattern(prefix string, gen int64) string {
+	return GlobEscape(GenPrefix(prefix, gen)) + "*"
+}
+
+// GlobEscape escapes the characters that SCAN MATCH and KEYS treat as
+// special, so that s matches only itself.
+func GlobEscape(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; c {
+		case '*', '?', '[', ']', '\\':
+			b.WriteByte('\\')
+			b.WriteByte(c)
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return b.String()
+}
+
+// IsGenKey reports whether key has the shape of a generation's data key:
+// it holds GenInfix followed by a generation (digits) and then either its
+// end or a colon.
+func IsGenKey(key string) bool {
+	for rest := key; ; {
+		i := strings.Index(rest, GenInfix)
+		if i < 0 {
+			return false
+		}
+		rest = rest[i+len(GenInfix):]
+		n := 0
+		for n < len(rest) && rest[n] >= '0' && rest[n] <= '9' {
+			n++
+		}
+		if n > 0 && (n == len(rest) || rest[n] == ':') {
+			return true
+		}
+	}
+}
