@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/keyswap/keyswap/internal/redistest"
+	"github.com/keyswap/keyswap/internal/run"
 	"github.com/keyswap/keyswap/store"
 	"github.com/redis/rueidis"
 )
@@ -85,7 +86,7 @@ func TestScriptLease(t *testing.T) {
 			redistest.Cmd(t, tg.other, "DEL", t2)
 			redistest.SeedHash(t, tg.other, t3, redistest.Fields("c", 3)) // no TTL yet (C34.1)
 			got := scriptsRun(t, tg.client, lease, []string{l1, l2, t1, t2, t3}, []string{tok, "100", "2"})
-			scriptsWantReply(t, got, 1, 1, 0, 2)
+			scriptsWantReply(t, got, run.Code("OK"), run.Code("TEMP_ALIVE"), run.Code("TEMP_ABSENT"), run.Code("TEMP_CREATED"))
 			for _, key := range []string{l1, l2, t1, t3} {
 				redistest.WantPTTL(t, tg.other, key, 10*time.Second, 100*time.Second) // reset, not left to decay
 			}
@@ -97,7 +98,7 @@ func TestScriptLease(t *testing.T) {
 		t.Run("no temps", func(t *testing.T) {
 			k := scriptsKeys(tg, "lease-lock-only")
 			redistest.Cmd(t, tg.other, "SET", k("l1"), tok, "EX", "10")
-			scriptsWantReply(t, scriptsRun(t, tg.client, lease, []string{k("l1")}, []string{tok, "100", "1"}), 1)
+			scriptsWantReply(t, scriptsRun(t, tg.client, lease, []string{k("l1")}, []string{tok, "100", "1"}), run.Code("OK"))
 			redistest.WantPTTL(t, tg.other, k("l1"), 10*time.Second, 100*time.Second)
 		})
 
@@ -129,7 +130,7 @@ func TestScriptLease(t *testing.T) {
 				redistest.SeedHash(t, tg.other, t3, redistest.Fields("c", 3))
 
 				got := scriptsRun(t, tg.client, lease, []string{locks[0], locks[1], t1, t3}, []string{tok, "100", "2"})
-				scriptsWantReply(t, got, -1, tt.lostAt)
+				scriptsWantReply(t, got, run.Code("LOCK_LOST"), tt.lostAt)
 				for _, l := range locks {
 					switch {
 					case l != lost:

@@ -530,7 +530,15 @@ func (r *Redis) Apply(ctx context.Context, opts ApplyOptions) (Applied, error) {
 	j := 0
 	for i := range opts.Locks {
 		if len(opts.Ops[i]) > 0 {
-			out.Logged[i] = int(got[j])
+			if j >= len(got) {
+				return fail(fmt.Errorf("unexpected apply script reply %v: no status for lock %d", res, i+1))
+			}
+			switch got[j] {
+			case LogNone, Logged, LogFull:
+				out.Logged[i] = int(got[j])
+			default:
+				return fail(fmt.Errorf("unexpected apply script reply %v: status %d for lock %d", res, got[j], i+1))
+			}
 			j++
 		}
 	}

@@ -38,6 +38,7 @@ const (
 	tempAbsent     = 0   // touch, refresh, per temp key: it does not exist
 	tempAlive      = 1   // touch, refresh, per temp key: it had a TTL, now renewed
 	tempCreated    = 2   // touch, refresh, per temp key: it had no TTL (created since), now has one
+	// apply, per lock: LogNone, Logged and LogFull (see Applied).
 )
 
 // replyCodes is the one table of reply codes: the name each script uses
@@ -75,6 +76,21 @@ var replyCodes = []struct {
 	{"TEMP_ABSENT", tempAbsent},
 	{"TEMP_ALIVE", tempAlive},
 	{"TEMP_CREATED", tempCreated},
+	{"LOG_NONE", LogNone},
+	{"LOGGED", Logged},
+	{"LOG_FULL", LogFull},
+}
+
+// Code returns the value of the reply code that the scripts name name. It
+// panics on a name the table lacks. Tests outside this package that run a
+// script themselves use it, so that no test spells a code as a number.
+func Code(name string) int64 {
+	for _, c := range replyCodes {
+		if c.name == name {
+			return c.value
+		}
+	}
+	panic("keyswap: no reply code " + name)
 }
 
 // luaNoise matches what cannot name a code in Lua source: a comment to the

@@ -34,9 +34,9 @@
 -- ARGV[4..]         per op: its lock's index (1..n), its key's index in
 --                   KEYS after 3n, the command, the count of args, the args
 --
--- Returns {OK, l1..ln}: applied; li = 1 the change was logged for the run
---           holding lock i, 0 no run holds it (or no op of the change is
---           its), 2 its log is full (the run will fail).
+-- Returns {OK, l1..ln}: applied; li = LOGGED the change was logged for the
+--           run holding lock i, LOG_NONE no run holds it (or no op of the
+--           change is its), LOG_FULL its log is full (the run will fail).
 --         {NO_RIGHT, cmd, key}: this user may not run cmd on key; nothing written.
 --         {UNKNOWN_CMD, cmd}: cmd does not exist (renamed or disabled).
 --         {WRONG_TYPE, key, type}: key holds a type the op cannot write.
@@ -115,20 +115,20 @@ end
 local out = {OK}
 for i = 1, n do
   local lock, record, log = KEYS[i], KEYS[n + i], KEYS[2 * n + i]
-  local logged = 0
+  local logged = LOG_NONE
   if logging[i] then
     local len = redis.call('LLEN', log)
     if len < bound then
       redis.call('RPUSH', log, changes.encode(perLock[i]))
       redis.call('HINCRBY', record, 'logged', 1)
       redis.call('HINCRBY', record, 'work', changes.work(perLock[i]))
-      logged = 1
+      logged = LOGGED
     else
       if len == bound then
         redis.call('RPUSH', log, changes.overrun)
         redis.call('HINCRBY', record, 'logged', 1)
       end
-      logged = 2
+      logged = LOG_FULL
     end
     if len == 0 then
       local ttl = redis.call('PTTL', lock)
