@@ -85,7 +85,7 @@ func (tg target) client(t *testing.T, edit func(*rueidis.ClientOption)) rueidis.
 }
 
 // newReader returns a Reader over c, failing t on error.
-func newReader(t *testing.T, c rueidis.Client, opts reader.Options) *reader.Reader {
+func newReader(t testing.TB, c rueidis.Client, opts reader.Options) *reader.Reader {
 	t.Helper()
 	r, err := reader.New(c, opts)
 	if err != nil {
