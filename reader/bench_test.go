@@ -68,6 +68,15 @@ func BenchmarkRead(b *testing.B) {
 			hget(b, r)
 		}
 	})
+	b.Run("reader/key-cached", func(b *testing.B) { // the resolve alone: no round trip
+		r := newReader(b, client(nil), reader.Options{})
+		hget(b, r)
+		for b.Loop() {
+			if _, err := r.Key(ctx, live); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 	b.Run("reader/no-cache", func(b *testing.B) {
 		r := newReader(b, client(func(o *rueidis.ClientOption) { o.DisableCache = true }), reader.Options{})
 		for b.Loop() {

@@ -62,6 +62,9 @@ type Reader struct {
 	cluster bool
 	ttl     time.Duration
 	cached  atomic.Int32 // cacheUnknown, cacheOn or cacheOff
+	// noMulti is set once the server refused the MULTI of a cached read:
+	// resolves then send a plain GET rather than fail over on each one.
+	noMulti atomic.Bool
 }
 
 const (
@@ -181,12 +184,18 @@ func (r *Reader) generation(ctx context.Context, ref Ref, cached bool) (int64, e
 	ptr := keys.PointerKey(ref.name, r.cluster)
 	op := "recheck"
 	var res rueidis.RedisResult
-	if cached {
+	switch {
+	case cached && r.noMulti.Load():
+		op = "resolve"
+		res = r.client.Do(ctx, r.client.B().Get().Key(ptr).Build())
+	case cached:
 		op = "resolve"
 		res = r.client.DoCache(ctx, r.client.B().Get().Key(ptr).Cache(), r.ttl)
 		if errors.Is(res.Error(), rueidis.ErrDoCacheAborted) {
 			// The server refused the MULTI that wraps a cached read (a
-			// renamed or denied MULTI, say): read without the cache.
+			// renamed or denied MULTI, say): read without the cache, from
+			// now on.
+			r.noMulti.Store(true)
 			r.cached.Store(cacheOff)
 			res = r.client.Do(ctx, r.client.B().Get().Key(ptr).Build())
 		} else if err := res.Error(); err == nil || rueidis.IsRedisNil(err) {
@@ -199,7 +208,7 @@ func (r *Reader) generation(ctx context.Context, ref Ref, cached bool) (int64, e
 				r.cached.Store(cacheOff)
 			}
 		}
-	} else {
+	default:
 		res = r.client.Do(ctx, r.client.B().Get().Key(ptr).Build())
 	}
 	v, err := res.ToString()

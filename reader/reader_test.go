@@ -315,12 +315,23 @@ func TestCachedReportsClientTracking(t *testing.T) {
 	c := srv.Client(t)
 	redistest.Cmd(t, c, "SET", keys.PointerKey(tg.live, false), "4")
 	own := target{addrs: []string{srv.Addr}, live: tg.live}
-	r := newReader(t, own.client(t, nil), reader.Options{})
-	if got, err := r.Key(ctx, tg.live); err != nil || got != keys.GenKey(tg.live, 4) {
-		t.Errorf("without MULTI: Key = %q, %v; want generation 4", got, err)
+	wire := &wireCounter{needle: keys.PointerKey(tg.live, false)}
+	r := newReader(t, own.client(t, func(o *rueidis.ClientOption) { o.DialCtxFn = wire.dial }), reader.Options{})
+	for i := range 3 {
+		if got, err := r.Key(ctx, tg.live); err != nil || got != keys.GenKey(tg.live, 4) {
+			t.Errorf("without MULTI: Key = %q, %v; want generation 4", got, err)
+		}
+		if i == 0 {
+			wire.reset()
+		}
 	}
 	if r.Cached() {
 		t.Error("without MULTI: Cached() = true")
+	}
+	// PTTL and GET in the refused MULTI, then a GET: the first resolve
+	// only; the next ones send one GET each.
+	if n := wire.count(); n != 2 {
+		t.Errorf("without MULTI: two more resolves named the pointer %d times on the wire; want 2 (one GET each)", n)
 	}
 }
 

@@ -214,6 +214,13 @@ func (w *wireCounter) count() int {
 	return w.n
 }
 
+// reset sets the count back to 0.
+func (w *wireCounter) reset() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.n = 0
+}
+
 // dial is a rueidis DialCtxFn that counts what the connection writes.
 func (w *wireCounter) dial(ctx context.Context, addr string, d *net.Dialer, _ *tls.Config) (net.Conn, error) {
 	c, err := d.DialContext(ctx, "tcp", addr)
