@@ -5,8 +5,9 @@
 // prefix P at P:B, one key per bucket B). An index rebuilt in generations
 // keeps it at L:rebuild-g:G (P:rebuild-g:G:B), where G, the current
 // generation, is a decimal number in the index's pointer, a string key
-// next to the index's lock (L:rebuild-ptr on a standalone server,
-// {L}:rebuild-ptr on a cluster). A rebuild publishes by setting the
+// next to the index's lock (L:rebuild-ptr on a standalone server and for a
+// key with a hash tag on a cluster, {L}:rebuild-ptr for other keys on a
+// cluster). A rebuild publishes by setting the
 // pointer to a new generation: a flip, one SET, whatever the index's size.
 // An index without a pointer is in the rename-in-place shape, so a reader
 // that resolves works before, during and after a switch between the two
@@ -27,7 +28,8 @@
 // a member not found) is checked once against the pointer read without the
 // cache, and the data is read again if the generation changed, so that a
 // cached generation removed after a flip the cache missed never reads as
-// empty. That check costs one more round trip for every such answer. A
+// empty. That check costs one more round trip for every such answer (and a
+// second read while a cached pointer is stale, until its TTL ends). A
 // program that reads the keys from [Reader.Key] and [Reader.Bucket] itself
 // applies the same rule with [Reader.Recheck].
 //
