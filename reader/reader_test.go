@@ -351,3 +351,41 @@ func TestNewOptions(t *testing.T) {
 		t.Errorf("InBucket.String() = %q", got)
 	}
 }
+
+// A read fails with an *Error that names the step and the key: a data key
+// of another type (Redis's WRONGTYPE, on the data key), a pointer found
+// broken by the recheck of a missing key, a closed client (standalone).
+func TestReadErrors(t *testing.T) {
+	forEach(t, func(t *testing.T, tg target) {
+		ctx := redistest.Ctx(t)
+		g1 := tg.gen(1, "one", 1)
+		redistest.Cmd(t, tg.other, "SADD", g1.hash, "not-a-hash")
+		redistest.Cmd(t, tg.other, "SET", tg.ptr(tg.live), "1")
+		c := tg.client(t, func(o *rueidis.ClientOption) {
+			o.ClientTrackingOptions = []string{"PREFIX", "ks-no-such-prefix:", "BCAST"}
+		})
+		r := newReader(t, c, reader.Options{CacheTTL: time.Minute})
+		_, _, err := r.HGet(ctx, reader.Plain(tg.live), "ada")
+		var e *reader.Error
+		if !errors.As(err, &e) || e.Op != "hget" || e.Key != g1.hash || !strings.Contains(err.Error(), "WRONGTYPE") {
+			t.Errorf("HGet of a set: %v; want a WRONGTYPE *reader.Error of op hget on %s", err, g1.hash)
+		}
+
+		// The cached pointer says 1; generation 1 is gone and the pointer
+		// now holds garbage, which only the recheck reads.
+		redistest.Cmd(t, tg.other, "DEL", g1.hash)
+		redistest.Cmd(t, tg.other, "SET", tg.ptr(tg.live), "1x")
+		before := tg.snapshot(t)
+		_, _, err = r.HGet(ctx, reader.Plain(tg.live), "ada")
+		wantBadPointer(t, "HGet with a stale cache", err, "recheck", tg.ptr(tg.live), "1x")
+		tg.wantUnchanged(t, before)
+
+		if tg.cluster {
+			return // rueidis's cluster client may still answer after Close
+		}
+		c.Close()
+		if _, err := r.Key(ctx, tg.live+"-other"); !errors.As(err, &e) || e.Op != "resolve" || !errors.Is(err, rueidis.ErrClosing) {
+			t.Errorf("Key on a closed client: %v; want ErrClosing in an *Error of op resolve", err)
+		}
+	})
+}
