@@ -1,0 +1,47 @@
+// Package reader finds the keys that hold an index's data, for an
+// application that reads indexes rebuilt in generations, and reads them.
+//
+// An index rebuilt in place keeps its data at its live key L (a family with
+// prefix P at P:B, one key per bucket B). An index rebuilt in generations
+// keeps it at L:rebuild-g:G (P:rebuild-g:G:B), where G, the current
+// generation, is a decimal number in the index's pointer, a string key
+// next to the index's lock (L:rebuild-ptr on a standalone server and for a
+// key with a hash tag on a cluster, {L}:rebuild-ptr for other keys on a
+// cluster). A rebuild publishes by setting the
+// pointer to a new generation: a flip, one SET, whatever the index's size.
+// An index without a pointer is in the rename-in-place shape, so a reader
+// that resolves works before, during and after a switch between the two
+// modes.
+//
+// A [Reader] resolves the pointer with rueidis's client-side caching
+// (DoCache): once the pointer is cached, finding a key costs no round trip,
+// and Redis's invalidation drops the cached pointer when a flip sets it,
+// so the next read fetches the new generation. A cached pointer is used
+// for at most [Options.CacheTTL] (default 5 s) even if an invalidation is
+// lost: that is the worst-case staleness, and the writer keeps a
+// generation it flipped away from readable for its grace period, which
+// must exceed the TTL of every reader.
+//
+// The typed reads ([Reader.HGet], [Reader.SIsMember], [Reader.SMembers],
+// [Reader.ZScore], [Reader.ZRange], [Reader.ZRevRange]) add one rule: an
+// answer that may mean the data key is missing (a nil reply, an empty set,
+// a member not found) is checked once against the pointer read without the
+// cache, and the data is read again if the generation changed, so that a
+// cached generation removed after a flip the cache missed never reads as
+// empty. That check costs one more round trip for every such answer (and a
+// second read while a cached pointer is stale, until its TTL ends). A
+// program that reads the keys from [Reader.Key] and [Reader.Bucket] itself
+// applies the same rule with [Reader.Recheck].
+//
+// # Clients without client-side caching
+//
+// rueidis caches only on a RESP3 connection with client tracking. A client
+// created with ClientOption.DisableCache (required with AlwaysRESP2, and
+// with servers that lack CLIENT TRACKING such as miniredis, to which rueidis
+// refuses to connect otherwise) sends every DoCache as a plain command: the
+// reader then reads the pointer with a GET on every resolve, one round trip
+// more per read, and always sees the current generation. [Reader.Cached]
+// reports which of the two a reader's last resolve did.
+//
+// See docs/generations.md for the protocol, for readers in other languages.
+package reader

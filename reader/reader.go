@@ -1,0 +1,253 @@
+package reader
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/keyswap/keyswap/internal/keys"
+	"github.com/redis/rueidis"
+)
+
+// DefaultCacheTTL is the client-side cache TTL of a pointer when
+// [Options.CacheTTL] is zero.
+const DefaultCacheTTL = 5 * time.Second
+
+// ErrBadPointer reports that an index's pointer holds something other than
+// a generation: a positive decimal number without sign, spaces or leading
+// zeros, as the writer sets it. The reader does not guess: it refuses to
+// read the index until the pointer is repaired.
+var ErrBadPointer = errors.New("pointer holds no generation")
+
+// Error is the error type of a [Reader]'s methods. Op names the step that
+// failed ("new", "resolve", "recheck", or the read, such as "hget"), Key
+// the key it was working on (the pointer when resolving, the data key when
+// reading), and Err the cause: [ErrBadPointer], a Redis or transport error,
+// or a description of bad options.
+type Error struct {
+	Op  string
+	Key string
+	Err error
+}
+
+func (e *Error) Error() string {
+	if e.Key == "" {
+		return "keyswap: reader: " + e.Op + ": " + e.Err.Error()
+	}
+	return "keyswap: reader: " + e.Op + " " + e.Key + ": " + e.Err.Error()
+}
+
+// Unwrap returns e.Err.
+func (e *Error) Unwrap() error { return e.Err }
+
+// Options configures a [Reader]. The zero value is ready to use.
+type Options struct {
+	// CacheTTL is how long a pointer may be served from the client-side
+	// cache: the TTL given to DoCache, and the worst-case staleness of a
+	// reader whose invalidation was lost. Zero means DefaultCacheTTL (5 s).
+	// The writer's grace period (rebuild.Options.Grace, default 10 s) must
+	// exceed the CacheTTL of every reader, or a reader may find the
+	// generation it still uses removed (the typed reads then recheck the
+	// pointer, at one more round trip). Negative is an error.
+	CacheTTL time.Duration
+}
+
+// Reader finds and reads the current data keys of indexes. It is safe for
+// concurrent use. Create it with [New].
+type Reader struct {
+	client  rueidis.Client
+	cluster bool
+	ttl     time.Duration
+	cached  atomic.Int32 // cacheUnknown, cacheOn or cacheOff
+	// noMulti is set once the server refused the MULTI of a cached read:
+	// resolves then send a plain GET rather than fail over on each one.
+	noMulti atomic.Bool
+}
+
+const (
+	cacheUnknown = iota
+	cacheOn
+	cacheOff
+)
+
+// New returns a Reader that reads through client. Key shapes follow
+// client.Mode(), as the writer's do: the pointer hangs off the index's key
+// on a standalone server (and through a sentinel), and off a key in the
+// index's slot on a cluster. New sends nothing; it fails on a nil client or
+// a negative CacheTTL.
+func New(client rueidis.Client, opts Options) (*Reader, error) {
+	if client == nil {
+		return nil, &Error{Op: "new", Err: errors.New("nil rueidis.Client")}
+	}
+	if opts.CacheTTL < 0 {
+		return nil, &Error{Op: "new", Err: fmt.Errorf("negative Options.CacheTTL %v", opts.CacheTTL)}
+	}
+	ttl := opts.CacheTTL
+	if ttl == 0 {
+		ttl = DefaultCacheTTL
+	}
+	return &Reader{client: client, cluster: client.Mode() == rueidis.ClientModeCluster, ttl: ttl}, nil
+}
+
+// Cached reports whether the reader's last resolve of a pointer went
+// through rueidis's client-side cache: true on a RESP3 client with client
+// tracking (rueidis's default), false on a client created with
+// DisableCache (miniredis, AlwaysRESP2), whose every resolve is a GET, one
+// round trip. Before the first resolve it reports false.
+func (r *Reader) Cached() bool { return r.cached.Load() == cacheOn }
+
+// CacheTTL returns the client-side cache TTL of the reader's pointers.
+func (r *Reader) CacheTTL() time.Duration { return r.ttl }
+
+// Ref names the key of an index that a read targets: the live key of a
+// plain index ([Plain]) or a bucket of a family ([InBucket]).
+type Ref struct {
+	name   string // the live key, or the family's prefix
+	bucket string
+	family bool
+}
+
+// Plain returns the Ref of the index whose live key is live (a hash,
+// a sorted set or a set rebuilt as one key).
+func Plain(live string) Ref { return Ref{name: live} }
+
+// InBucket returns the Ref of bucket of the family whose prefix is prefix,
+// as passed to builders.SetIndex: "<prefix>:<bucket>" in the
+// rename-in-place shape.
+func InBucket(prefix, bucket string) Ref { return Ref{name: prefix, bucket: bucket, family: true} }
+
+// String returns the key ref names in the rename-in-place shape.
+func (ref Ref) String() string { return ref.key(0) }
+
+// key returns ref's data key in generation gen, or in the
+// rename-in-place shape when gen is 0 (no pointer).
+func (ref Ref) key(gen int64) string {
+	switch {
+	case gen == 0 && ref.family:
+		return ref.name + ":" + ref.bucket
+	case gen == 0:
+		return ref.name
+	case ref.family:
+		return keys.GenBucketKey(ref.name, gen, ref.bucket)
+	default:
+		return keys.GenKey(ref.name, gen)
+	}
+}
+
+// Key returns the key that holds the data of the plain index whose live key
+// is live: live itself when the index has no pointer, else live's key in
+// the current generation. Once the pointer is cached it costs no round
+// trip.
+func (r *Reader) Key(ctx context.Context, live string) (string, error) {
+	return r.Resolve(ctx, Plain(live))
+}
+
+// Bucket returns the key that holds bucket of the family whose prefix is
+// prefix: "<prefix>:<bucket>" when the family has no pointer, else the
+// bucket's key in the current generation. Once the pointer is cached it
+// costs no round trip.
+func (r *Reader) Bucket(ctx context.Context, prefix, bucket string) (string, error) {
+	return r.Resolve(ctx, InBucket(prefix, bucket))
+}
+
+// Resolve returns the key that holds ref's data now, reading the pointer
+// through the client-side cache.
+func (r *Reader) Resolve(ctx context.Context, ref Ref) (string, error) {
+	gen, err := r.generation(ctx, ref, true)
+	if err != nil {
+		return "", err
+	}
+	return ref.key(gen), nil
+}
+
+// Recheck reads ref's pointer without the cache and returns the key that
+// holds ref's data now, and whether it differs from key, the key a read
+// found missing. Call it when a key from [Reader.Key], [Reader.Bucket] or
+// [Reader.Resolve] is missing, and read again when changed is true: the
+// cached generation may have been removed after a flip the cache missed.
+// It costs one round trip.
+func (r *Reader) Recheck(ctx context.Context, ref Ref, key string) (now string, changed bool, err error) {
+	gen, err := r.generation(ctx, ref, false)
+	if err != nil {
+		return "", false, err
+	}
+	now = ref.key(gen)
+	return now, now != key, nil
+}
+
+// generation returns the generation ref's pointer names, 0 when there is
+// none, reading it through the client-side cache when cached is true.
+func (r *Reader) generation(ctx context.Context, ref Ref, cached bool) (int64, error) {
+	ptr := keys.PointerKey(ref.name, r.cluster)
+	op := "recheck"
+	var res rueidis.RedisResult
+	switch {
+	case cached && r.noMulti.Load():
+		op = "resolve"
+		res = r.client.Do(ctx, r.client.B().Get().Key(ptr).Build())
+	case cached:
+		op = "resolve"
+		res = r.client.DoCache(ctx, r.client.B().Get().Key(ptr).Cache(), r.ttl)
+		if errors.Is(res.Error(), rueidis.ErrDoCacheAborted) {
+			// The server refused the MULTI that wraps a cached read (a
+			// renamed or denied MULTI, say): read without the cache, from
+			// now on.
+			r.noMulti.Store(true)
+			r.cached.Store(cacheOff)
+			res = r.client.Do(ctx, r.client.B().Get().Key(ptr).Build())
+		} else if err := res.Error(); err == nil || rueidis.IsRedisNil(err) {
+			// A cached reply (hit or miss) carries the time its cache entry
+			// expires; rueidis's DoCache on a client without a cache sends
+			// a plain GET, whose reply carries none.
+			if res.CachePXAT() > 0 {
+				r.cached.Store(cacheOn)
+			} else {
+				r.cached.Store(cacheOff)
+			}
+		}
+	default:
+		res = r.client.Do(ctx, r.client.B().Get().Key(ptr).Build())
+	}
+	v, err := res.ToString()
+	if rueidis.IsRedisNil(err) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, &Error{Op: op, Key: ptr, Err: err}
+	}
+	gen, ok := parseGeneration(v)
+	if !ok {
+		return 0, &Error{Op: op, Key: ptr, Err: fmt.Errorf("%w: %s", ErrBadPointer, quote(v))}
+	}
+	return gen, nil
+}
+
+// parseGeneration parses a generation as the writer sets it: a positive
+// decimal number, without sign, spaces or leading zeros, that fits an
+// int64.
+func parseGeneration(v string) (int64, bool) {
+	if v == "" || v[0] == '0' {
+		return 0, false
+	}
+	for i := 0; i < len(v); i++ {
+		if v[i] < '0' || v[i] > '9' {
+			return 0, false
+		}
+	}
+	gen, err := strconv.ParseInt(v, 10, 64)
+	return gen, err == nil
+}
+
+// maxQuoted is how many bytes of an untrusted value an error quotes.
+const maxQuoted = 64
+
+// quote quotes v for an error, shortened to maxQuoted bytes.
+func quote(v string) string {
+	if len(v) > maxQuoted {
+		return fmt.Sprintf("%q... (%d bytes)", v[:maxQuoted], len(v))
+	}
+	return strconv.Quote(v)
+}
