@@ -114,9 +114,9 @@ type CorruptError struct {
 
 func (e *CorruptError) Error() string {
 	if e.Field == "" {
-		return fmt.Sprintf("%s = %q: %s: %s", e.Key, e.Value, e.Problem, ErrCorrupt)
+		return fmt.Sprintf("%s %s: %q is %s", e.Key, ErrCorrupt, e.Value, e.Problem)
 	}
-	return fmt.Sprintf("%s field %q = %q: %s: %s", e.Key, e.Field, e.Value, e.Problem, ErrCorrupt)
+	return fmt.Sprintf("%s %s: field %q = %q is %s", e.Key, ErrCorrupt, e.Field, e.Value, e.Problem)
 }
 
 // Unwrap returns [ErrCorrupt].
@@ -292,7 +292,7 @@ func Read(ctx context.Context, client rueidis.Client, idx Index) (Snapshot, erro
 			return Snapshot{}, &CorruptError{Key: s.PointerKey, Value: ptr, Problem: "not a generation (a positive number in canonical decimal)"}
 		}
 		if st, found := s.Registry.Gens[g]; !found || st.Kind != Current {
-			return Snapshot{}, &CorruptError{Key: s.PointerKey, Value: ptr, Problem: fmt.Sprintf("names generation %d, which is not current in %s (%q)", g, regKey, st.Raw)}
+			return Snapshot{}, &CorruptError{Key: s.PointerKey, Value: ptr, Problem: fmt.Sprintf("a generation that is not current in %s (its state: %q)", regKey, st.Raw)}
 		}
 		s.Pointer, s.HasPointer = g, true
 	}
