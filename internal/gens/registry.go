@@ -222,6 +222,9 @@ type Snapshot struct {
 	// that holds it ("" when free).
 	LockKey string
 	Lock    string
+	// Time is the server's clock when it read them (TIME), to the
+	// microsecond: the clock the runs' scripts stamp retirements with.
+	Time time.Time
 }
 
 // newScript returns a rueidis script. In FIPS 140 mode rueidis must not
@@ -243,11 +246,11 @@ func newScript(src string, retryable bool) *rueidis.Lua {
 //
 // KEYS[1] registry, KEYS[2] pointer, KEYS[3] lock.
 // Returns {HGETALL registry, 1 when the pointer exists else 0, the pointer
-// or an empty string, the lock or an empty string} (a Lua false would reach a RESP3 client as a
-// boolean, not a nil).
+// or an empty string, the lock or an empty string, TIME} (a Lua false
+// would reach a RESP3 client as a boolean, not a nil).
 var readScript = newScript(`
 local ptr = redis.call('GET', KEYS[2])
-return {redis.call('HGETALL', KEYS[1]), ptr and 1 or 0, ptr or '', redis.call('GET', KEYS[3]) or ''}
+return {redis.call('HGETALL', KEYS[1]), ptr and 1 or 0, ptr or '', redis.call('GET', KEYS[3]) or '', redis.call('TIME')}
 `, true)
 
 // isCluster reports whether client talks to a Redis Cluster.
@@ -268,7 +271,7 @@ func Read(ctx context.Context, client rueidis.Client, idx Index) (Snapshot, erro
 	if err != nil {
 		return Snapshot{}, err
 	}
-	if len(res) != 4 {
+	if len(res) != 5 {
 		return Snapshot{}, fmt.Errorf("unexpected reply of %d elements to the registry read", len(res))
 	}
 	fields, err := res[0].AsStrMap()
@@ -299,5 +302,15 @@ func Read(ctx context.Context, client rueidis.Client, idx Index) (Snapshot, erro
 	if s.Lock, err = res[3].ToString(); err != nil {
 		return Snapshot{}, fmt.Errorf("GET %s: %w", s.LockKey, err)
 	}
+	clock, err := res[4].AsStrSlice()
+	if err != nil || len(clock) != 2 {
+		return Snapshot{}, fmt.Errorf("unexpected TIME reply %v: %w", res[4], err)
+	}
+	sec, err1 := strconv.ParseInt(clock[0], 10, 64)
+	usec, err2 := strconv.ParseInt(clock[1], 10, 64)
+	if err := errors.Join(err1, err2); err != nil {
+		return Snapshot{}, fmt.Errorf("unexpected TIME reply %q: %w", clock, err)
+	}
+	s.Time = time.Unix(sec, usec*1000)
 	return s, nil
 }

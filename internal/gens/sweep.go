@@ -36,7 +36,9 @@ type Options struct {
 	// Grace is how long a retired generation is kept after its retirement.
 	// Zero means DefaultGrace; negative is an error.
 	Grace time.Duration
-	// Now is the time the grace is measured from; zero means time.Now().
+	// Now is the time the grace is measured from. Zero means the server's
+	// clock (TIME, read with the registry): runs stamp retirements with
+	// it, so a client's clock running ahead cannot cut the grace short.
 	Now time.Time
 	// ScanCount is the SCAN COUNT hint; zero means DefaultScanCount.
 	ScanCount int64
@@ -117,9 +119,6 @@ func (opts Options) withDefaults() (Options, error) {
 	if opts.Grace == 0 {
 		opts.Grace = DefaultGrace
 	}
-	if opts.Now.IsZero() {
-		opts.Now = time.Now()
-	}
 	if opts.ScanCount == 0 {
 		opts.ScanCount = DefaultScanCount
 	}
@@ -177,6 +176,9 @@ func Sweep(ctx context.Context, client rueidis.Client, idx Index, opts Options) 
 	snap, err := Read(ctx, client, idx)
 	if err != nil {
 		return res, run.Fail(ctx, op, idx.Live, err)
+	}
+	if o.Now.IsZero() {
+		o.Now = snap.Time
 	}
 	s := &sweeper{client: client, idx: idx, opts: o, snap: snap, res: &res, cluster: isCluster(client)}
 	for _, g := range snap.Registry.Sorted() {

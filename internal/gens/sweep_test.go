@@ -114,7 +114,7 @@ func TestSweepGrace(t *testing.T) {
 	now := time.UnixMilli(time.Now().UnixMilli())
 	grace := 30 * time.Second
 	f.registry(keys.RegNext, "2", "1", retired(now.Add(-grace)), "2", retired(now.Add(-grace-time.Millisecond)))
-	kept := f.gen(1, 2)
+	f.gen(1, 2) // kept, with its contents (check)
 	gone := f.gen(2, 2)
 	res, err := gens.Sweep(redistest.Ctx(t), f.c, f.idx, gens.Options{Now: now, Grace: grace})
 	if err != nil {
@@ -123,7 +123,30 @@ func TestSweepGrace(t *testing.T) {
 	wantResult(t, res, []int64{2}, map[int64]gens.Reason{1: gens.SkipGrace})
 	f.forget(gone...)
 	f.check(map[string]string{keys.RegNext: "2", "1": retired(now.Add(-grace))})
-	_ = kept
+}
+
+// TestSweepServerClock sweeps without Options.Now: the grace is measured
+// on the server's clock, which Read returns.
+func TestSweepServerClock(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, shape{family: true})
+	snap, err := gens.Read(redistest.Ctx(t), f.c, f.idx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(snap.Time); d < -time.Minute || d > time.Minute {
+		t.Fatalf("server time %v, %v from the test's clock", snap.Time, d)
+	}
+	f.registry(keys.RegNext, "2", "1", retired(snap.Time.Add(-time.Minute)), "2", retired(snap.Time))
+	gone := f.gen(1, 2)
+	f.gen(2, 2)
+	res, err := gens.Sweep(redistest.Ctx(t), f.c, f.idx, gens.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantResult(t, res, []int64{1}, map[int64]gens.Reason{2: gens.SkipGrace})
+	f.forget(gone...)
+	f.check(map[string]string{keys.RegNext: "2", "2": retired(snap.Time)})
 }
 
 // TestSweepRefusesCorruptRegistry writes registries and pointers no run
