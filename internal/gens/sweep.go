@@ -110,11 +110,11 @@ type Result struct {
 func (opts Options) withDefaults() (Options, error) {
 	switch {
 	case opts.Grace < 0:
-		return opts, fmt.Errorf("Grace %v: must not be negative", opts.Grace)
+		return opts, fmt.Errorf("option Grace %v: must not be negative", opts.Grace)
 	case opts.ScanCount < 0:
-		return opts, fmt.Errorf("ScanCount %d: must not be negative", opts.ScanCount)
+		return opts, fmt.Errorf("option ScanCount %d: must not be negative", opts.ScanCount)
 	case opts.Unlink < 0 || opts.Unlink > MaxUnlink:
-		return opts, fmt.Errorf("Unlink %d: must be from 1 to %d (0: %d)", opts.Unlink, MaxUnlink, MaxUnlink)
+		return opts, fmt.Errorf("option Unlink %d: must be from 1 to %d (0: %d)", opts.Unlink, MaxUnlink, MaxUnlink)
 	}
 	if opts.Grace == 0 {
 		opts.Grace = DefaultGrace
