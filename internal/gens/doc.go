@@ -48,9 +48,23 @@
 // generation, nor any key that does not have the shape of a data key of the
 // generation it removes (keys.GenKey, or keys.GenPattern for a family).
 //
+// The grace is measured on the server's clock (TIME, read in the same step
+// as the registry) unless the caller gives a time: a client's clock that
+// runs ahead of the one that stamped the retirement cannot cut it short.
+// A registry without a pointer (an index switched back to rename-in-place)
+// is swept by the same rules: only what its states say is dead goes.
+//
 // Removal is chunked so that Redis is never blocked for long: SCAN MATCH
 // with a COUNT of about a thousand per call, on every master of a cluster
 // (only the registry's master when the keys share its slot), and UNLINK of
 // at most 256 keys per command, which frees large values in the
 // background.
+//
+// # Leftovers of the plain shape
+//
+// [DropPlain] is the other half of the switch from rename-in-place to
+// generations: once the pointer exists, readers no longer read the plain
+// key or the family's plain buckets, and DropPlain deletes them in the same
+// chunks, checking in each deleting step that the pointer still exists. Its
+// documentation says exactly what it deletes.
 package gens

@@ -1,8 +1,10 @@
 package gens_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -116,11 +118,15 @@ func TestSweepGrace(t *testing.T) {
 	f.registry(keys.RegNext, "2", "1", retired(now.Add(-grace)), "2", retired(now.Add(-grace-time.Millisecond)))
 	f.gen(1, 2) // kept, with its contents (check)
 	gone := f.gen(2, 2)
-	res, err := gens.Sweep(redistest.Ctx(t), f.c, f.idx, gens.Options{Now: now, Grace: grace})
+	var log bytes.Buffer
+	res, err := gens.Sweep(redistest.Ctx(t), f.c, f.idx, gens.Options{Now: now, Grace: grace, Logger: slog.New(slog.NewTextHandler(&log, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
 	wantResult(t, res, []int64{2}, map[int64]gens.Reason{1: gens.SkipGrace})
+	if !contains(log.String(), "generation kept", "generation=1", string(gens.SkipGrace), "generation removed", "generation=2", "keys=2") {
+		t.Errorf("log:\n%s\nwant a line for generation 1 kept (and why) and one for generation 2 removed", log.String())
+	}
 	f.forget(gone...)
 	f.check(map[string]string{keys.RegNext: "2", "1": retired(now.Add(-grace))})
 }
