@@ -88,6 +88,9 @@ func DropPlain(ctx context.Context, client rueidis.Client, idx Index, opts Optio
 	const op = "drop plain keys"
 	var res DropResult
 	o, err := opts.withDefaults()
+	if err == nil {
+		err = idx.check()
+	}
 	if err != nil {
 		return res, &run.Error{Op: op, Key: idx.Live, Err: err}
 	}

@@ -209,6 +209,18 @@ type Index struct {
 	Type string
 }
 
+// check returns an error when idx cannot name an index: an empty key, or
+// one of keyswap's own keys (keys.Reserved), which no run rebuilds.
+func (idx Index) check() error {
+	switch {
+	case idx.Live == "":
+		return errors.New("empty key")
+	case keys.Reserved(idx.Live):
+		return fmt.Errorf("%q has the shape of one of keyswap's own keys, which is never an index", idx.Live)
+	}
+	return nil
+}
+
 // Snapshot is what [Read] reads of an index in one atomic step: its
 // registry, its pointer and its lock.
 type Snapshot struct {

@@ -170,6 +170,9 @@ func Sweep(ctx context.Context, client rueidis.Client, idx Index, opts Options) 
 	const op = "sweep"
 	var res Result
 	o, err := opts.withDefaults()
+	if err == nil {
+		err = idx.check()
+	}
 	if err != nil {
 		return res, &run.Error{Op: op, Key: idx.Live, Err: err}
 	}

@@ -321,7 +321,7 @@ func TestSweepStopsWhenStateChanges(t *testing.T) {
 	}
 }
 
-// TestSweepOptions checks that bad options are refused before anything is
+// TestSweepOptions checks that bad options and indexes are refused before anything is
 // read or deleted.
 func TestSweepOptions(t *testing.T) {
 	t.Parallel()
@@ -335,5 +335,41 @@ func TestSweepOptions(t *testing.T) {
 			t.Log(err)
 		}
 	}
+	for _, idx := range []gens.Index{{Family: true}, {Live: keys.LockKey(f.idx.Live, false), Family: true}, {Live: keys.GenKey(f.idx.Live, 1)}} {
+		if _, err := gens.Sweep(redistest.Ctx(t), f.c, idx, gens.Options{}); err == nil {
+			t.Errorf("Sweep(%+v) = nil error", idx)
+		} else {
+			t.Log(err)
+		}
+		if _, err := gens.DropPlain(redistest.Ctx(t), f.c, idx, gens.Options{}); err == nil {
+			t.Errorf("DropPlain(%+v) = nil error", idx)
+		}
+	}
 	f.check(map[string]string{keys.RegNext: "1", "1": retired(time.Unix(1, 0))})
+}
+
+// TestSweepAbandonedWithoutLock removes a building generation whose lock
+// is gone (it expired with its run), and keeps one whose lock holds its
+// token.
+func TestSweepAbandonedWithoutLock(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, shape{family: true})
+	f.registry(keys.RegNext, "1", "1", keys.RegBuilding+"tok")
+	gone := f.gen(1, 3)
+	f.lock("tok")
+	res, err := gens.Sweep(redistest.Ctx(t), f.c, f.idx, gens.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantResult(t, res, nil, map[int64]gens.Reason{1: gens.SkipRunning})
+	f.check(map[string]string{keys.RegNext: "1", "1": keys.RegBuilding + "tok"})
+
+	redistest.Cmd(t, f.c, "DEL", f.lockKey())
+	f.forget(f.lockKey())
+	if res, err = gens.Sweep(redistest.Ctx(t), f.c, f.idx, gens.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	wantResult(t, res, []int64{1}, nil)
+	f.forget(gone...)
+	f.check(map[string]string{keys.RegNext: "1"})
 }
