@@ -6,6 +6,7 @@ import (
 	"errors"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/internal/run"
+	"github.com/redis/rueidis"
 )
 
 // TestSweepRemovesOnlyDeadGenerations builds an index with a generation in
@@ -275,11 +277,71 @@ func TestSweepCancelledFinishesLater(t *testing.T) {
 	}
 }
 
-// TestSweepStopsWhenStateChanges changes a generation's state while the
-// sweep removes it, as a rollback that made it previous would: the sweep
-// deletes no further chunk, keeps the field with its new state, and says
-// why.
+// TestSweepStopsWhenStateChanges changes a generation's registry field
+// while the sweep removes it: made previous again (as a rollback would), or
+// removed (by its run's own cleanup, or another sweep). The sweep deletes
+// no further chunk, leaves the field as it found it, and says why.
 func TestSweepStopsWhenStateChanges(t *testing.T) {
+	t.Parallel()
+	for _, sh := range shapes() {
+		if !sh.family {
+			continue
+		}
+		for _, tc := range []struct {
+			name   string
+			change func(f *fixture) rueidis.Completed
+			reason gens.Reason
+			fields map[string]string
+		}{
+			{"previous", func(f *fixture) rueidis.Completed {
+				return f.c.B().Hset().Key(f.registryKey()).FieldValue().FieldValue("1", keys.RegPrevious).Build()
+			}, gens.SkipChanged, map[string]string{keys.RegNext: "1", "1": keys.RegPrevious}},
+			{"removed", func(f *fixture) rueidis.Completed {
+				return f.c.B().Hdel().Key(f.registryKey()).Field("1").Build()
+			}, gens.SkipGone, map[string]string{keys.RegNext: "1"}},
+		} {
+			t.Run(sh.name+"/"+tc.name, func(t *testing.T) {
+				t.Parallel()
+				f := newFixture(t, sh)
+				f.registry(keys.RegNext, "1", "1", retired(time.Unix(1, 0)))
+				ks := f.gen(1, 500)
+				var calls atomic.Int32
+				pace := func(ctx context.Context, n int) error {
+					if calls.Add(1) == 2 {
+						return f.c.Do(ctx, tc.change(f)).Error()
+					}
+					return nil
+				}
+				res, err := gens.Sweep(redistest.Ctx(t), f.c, f.idx, gens.Options{Unlink: 100, Pace: pace})
+				if err != nil {
+					t.Fatal(err)
+				}
+				wantResult(t, res, nil, map[int64]gens.Reason{1: tc.reason})
+				if res.Keys != 100 || res.Skipped[0].Keys != 100 {
+					t.Errorf("result %+v, want the first chunk of 100 keys deleted", res)
+				}
+				left := 0
+				for _, k := range ks {
+					if redistest.Exists(t, f.c, k) {
+						left++
+					} else {
+						f.forget(k)
+					}
+				}
+				if left != len(ks)-100 {
+					t.Errorf("%d keys left, want %d", left, len(ks)-100)
+				}
+				f.check(tc.fields)
+			})
+		}
+	}
+}
+
+// TestSweepGivesUpOnKeysStillWritten writes a key of the generation before
+// every chunk the sweep deletes, as a run that lost its lock and still
+// writes would: every pass finds keys, and after its last pass the sweep
+// keeps the registry field, so that a later sweep finds the generation.
+func TestSweepGivesUpOnKeysStillWritten(t *testing.T) {
 	t.Parallel()
 	for _, sh := range shapes() {
 		if !sh.family {
@@ -288,35 +350,32 @@ func TestSweepStopsWhenStateChanges(t *testing.T) {
 		t.Run(sh.name, func(t *testing.T) {
 			t.Parallel()
 			f := newFixture(t, sh)
-			f.registry(keys.RegNext, "1", "1", retired(time.Unix(1, 0)))
-			ks := f.gen(1, 500)
-			var calls atomic.Int32
+			f.registry(keys.RegNext, "1", "1", keys.RegBuilding+"lost")
+			ks := f.gen(1, 300)
+			var late atomic.Int32
 			pace := func(ctx context.Context, n int) error {
-				if calls.Add(1) == 2 {
-					return f.c.Do(ctx, f.c.B().Hset().Key(f.registryKey()).FieldValue().FieldValue("1", keys.RegPrevious).Build()).Error()
-				}
-				return nil
+				k := keys.GenBucketKey(f.idx.Live, 1, "late"+strconv.Itoa(int(late.Add(1))))
+				return f.c.Do(ctx, f.c.B().Set().Key(k).Value("x").Build()).Error()
 			}
 			res, err := gens.Sweep(redistest.Ctx(t), f.c, f.idx, gens.Options{Unlink: 100, Pace: pace})
 			if err != nil {
 				t.Fatal(err)
 			}
-			wantResult(t, res, nil, map[int64]gens.Reason{1: gens.SkipChanged})
-			if res.Keys != 100 || res.Skipped[0].Keys != 100 {
-				t.Errorf("result %+v, want the first chunk of 100 keys deleted", res)
-			}
-			left := 0
-			for _, k := range ks {
-				if redistest.Exists(t, f.c, k) {
-					left++
-				} else {
-					f.forget(k)
+			wantResult(t, res, nil, map[int64]gens.Reason{1: gens.SkipWritten})
+			f.forget(ks...)
+			for _, k := range f.keys() {
+				if k != f.registryKey() && !strings.HasPrefix(k, keys.GenBucketKey(f.idx.Live, 1, "late")) {
+					t.Errorf("%s left, want only keys written during the sweep", k)
 				}
 			}
-			if left != len(ks)-100 {
-				t.Errorf("%d keys left, want %d", left, len(ks)-100)
+			redistest.WantHash(t, f.c, f.registryKey(), map[string]string{keys.RegNext: "1", "1": keys.RegBuilding + "lost"})
+
+			// Once nothing writes any more, a sweep finishes it.
+			if res, err = gens.Sweep(redistest.Ctx(t), f.c, f.idx, gens.Options{}); err != nil {
+				t.Fatal(err)
 			}
-			f.check(map[string]string{keys.RegNext: "1", "1": keys.RegPrevious})
+			wantResult(t, res, []int64{1}, nil)
+			f.check(map[string]string{keys.RegNext: "1"})
 		})
 	}
 }
