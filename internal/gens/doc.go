@@ -60,6 +60,10 @@
 // at most 256 keys per command, which frees large values in the
 // background.
 //
+// [RemoveOwn] is the same removal for the run that built a generation and
+// failed before its flip: it removes its own building generation while it
+// still holds the lock, which Sweep would wait for.
+//
 // # Leftovers of the plain shape
 //
 // [DropPlain] is the other half of the switch from rename-in-place to

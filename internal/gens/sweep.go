@@ -198,13 +198,51 @@ func Sweep(ctx context.Context, client rueidis.Client, idx Index, opts Options) 
 			s.skip(g, st, reason, n)
 			continue
 		}
-		res.Removed = append(res.Removed, Removed{Gen: g, State: st, Keys: n})
-		o.Logger.Info("keyswap: generation removed", "index", idx.Live, "generation", g, "state", st.Raw, "keys", n)
+		s.removed(g, st, n)
 	}
 	return res, nil
 }
 
-// sweeper is one call of Sweep.
+// RemoveOwn removes generation gen of idx, which the run holding idx's lock
+// with token built and did not publish (its run failed): its keys in
+// chunks, as [Sweep] does, then its registry field, only while the field
+// holds "building:<token>". Unlike Sweep it does not wait for the lock to
+// be released: the caller is that run. A field in any other state, or
+// absent, is left alone and named in the result's Skipped (SkipChanged or
+// SkipGone). An error leaves the field, for a later sweep once the lock is
+// gone.
+func RemoveOwn(ctx context.Context, client rueidis.Client, idx Index, gen int64, token string, opts Options) (Result, error) {
+	const op = "remove generation"
+	var res Result
+	o, err := opts.withDefaults()
+	if err == nil {
+		err = idx.check()
+	}
+	if err == nil && (gen < 1 || token == "") {
+		err = fmt.Errorf("generation %d, token %q: want a generation from 1 and a token", gen, token)
+	}
+	if err != nil {
+		return res, &run.Error{Op: op, Key: idx.Live, Err: err}
+	}
+	cluster := isCluster(client)
+	st := State{Kind: Building, Token: token, Raw: keys.RegBuilding + token}
+	s := &sweeper{client: client, idx: idx, opts: o, res: &res, cluster: cluster, own: true, snap: Snapshot{
+		Registry: Registry{Key: keys.RegistryKey(idx.Live, cluster)},
+		LockKey:  keys.LockKey(idx.Live, cluster),
+	}}
+	n, reason, err := s.remove(ctx, gen, st)
+	if err != nil {
+		return res, run.Fail(ctx, op, idx.Live, fmt.Errorf("generation %d (%s): %w", gen, st, err))
+	}
+	if reason != "" {
+		s.skip(gen, st, reason, n)
+		return res, nil
+	}
+	s.removed(gen, st, n)
+	return res, nil
+}
+
+// sweeper is one call of Sweep or RemoveOwn.
 type sweeper struct {
 	client  rueidis.Client
 	idx     Index
@@ -212,6 +250,8 @@ type sweeper struct {
 	snap    Snapshot
 	res     *Result
 	cluster bool
+	// own is set for RemoveOwn: the lock holds the generation's token.
+	own bool
 }
 
 // keep returns why the generation in state st is kept, or "" when it is
@@ -234,6 +274,12 @@ func (s *sweeper) keep(st State) Reason {
 	return ""
 }
 
+// removed records a generation removed, with its n keys.
+func (s *sweeper) removed(g int64, st State, n int64) {
+	s.res.Removed = append(s.res.Removed, Removed{Gen: g, State: st, Keys: n})
+	s.opts.Logger.Info("keyswap: generation removed", "index", s.idx.Live, "generation", g, "state", st.Raw, "keys", n)
+}
+
 // skip records a generation kept.
 func (s *sweeper) skip(g int64, st State, reason Reason, n int64) {
 	s.res.Skipped = append(s.res.Skipped, Skipped{Gen: g, State: st, Reason: reason, Keys: n})
@@ -249,7 +295,11 @@ func (s *sweeper) script(ctx context.Context, g int64, st State, data []string, 
 	if last {
 		flag = "1"
 	}
-	n, err := unlinkScript.Exec(ctx, s.client, ks, []string{strconv.FormatInt(g, 10), st.Raw, st.Token, flag}).AsInt64()
+	fence := st.Token
+	if s.own {
+		fence = "" // the run removes its own generation, under its lock
+	}
+	n, err := unlinkScript.Exec(ctx, s.client, ks, []string{strconv.FormatInt(g, 10), st.Raw, fence, flag}).AsInt64()
 	if err != nil {
 		return 0, "", err
 	}

@@ -432,3 +432,40 @@ func TestSweepAbandonedWithoutLock(t *testing.T) {
 	f.forget(gone...)
 	f.check(map[string]string{keys.RegNext: "1"})
 }
+
+// TestRemoveOwn removes the generation a failed run built, while the run
+// still holds the lock (Sweep would keep it), and refuses a generation in
+// any other state: the current one, or one another run builds.
+func TestRemoveOwn(t *testing.T) {
+	t.Parallel()
+	for _, sh := range shapes() {
+		t.Run(sh.name, func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t, sh)
+			ctx := redistest.Ctx(t)
+			f.registry(keys.RegNext, "3", "1", keys.RegCurrent, "2", keys.RegBuilding+"tok", "3", keys.RegBuilding+"other")
+			f.set(f.pointerKey(), "1")
+			f.lock("tok")
+			f.gen(1, 300)
+			mine := f.gen(2, 300)
+			f.gen(3, 3)
+			for _, g := range []int64{1, 3} {
+				res, err := gens.RemoveOwn(ctx, f.c, f.idx, g, "tok", gens.Options{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				wantResult(t, res, nil, map[int64]gens.Reason{g: gens.SkipChanged})
+			}
+			res, err := gens.RemoveOwn(ctx, f.c, f.idx, 2, "tok", gens.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantResult(t, res, []int64{2}, nil)
+			if res.Keys != int64(len(mine)) {
+				t.Errorf("%d keys deleted, want %d", res.Keys, len(mine))
+			}
+			f.forget(mine...)
+			f.check(map[string]string{keys.RegNext: "3", "1": keys.RegCurrent, "3": keys.RegBuilding + "other"})
+		})
+	}
+}
