@@ -353,7 +353,9 @@ func (s *sweeper) remove(ctx context.Context, g int64, st State) (int64, Reason,
 			if err != nil {
 				return total, "", fmt.Errorf("SCAN %s: %w", opts.Match, err)
 			}
-			page = slices.DeleteFunc(page, func(k string) bool { return len(k) <= len(prefix) || !strings.HasPrefix(k, prefix) })
+			// MATCH already did this; a key SCAN returns that is not of the
+			// shape is never deleted.
+			page = slices.DeleteFunc(page, func(k string) bool { return !strings.HasPrefix(k, prefix) })
 			found += len(page)
 			for chunk := range slices.Chunk(page, s.opts.Unlink) {
 				n, reason, err := s.chunk(ctx, g, st, chunk, sameSlot)

@@ -70,6 +70,11 @@ func TestSweepRemovesOnlyDeadGenerations(t *testing.T) {
 				f.sadd(keys.GenBucketKey(p, 1, "b0"), "user")
 			}
 			f.sadd(p, "the live key of the plain shape")
+			if f.idx.Family {
+				// A bucket with an empty name is a key of the generation.
+				f.sadd(keys.GenBucketKey(p, 1, ""), "empty bucket")
+				old = append(old, keys.GenBucketKey(p, 1, ""))
+			}
 
 			var progress []gens.Progress
 			res, err := gens.Sweep(ctx, f.c, f.idx, gens.Options{Now: now, Progress: func(p gens.Progress) { progress = append(progress, p) }})
