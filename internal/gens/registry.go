@@ -94,19 +94,21 @@ func canonical(s string, min int64) (int64, bool) {
 	return n, true
 }
 
-// ErrCorrupt reports that an index's registry of generations, or its
-// pointer, holds what no keyswap run writes. [Read] returns it in a
+// ErrCorrupt reports that an index's registry of generations, its pointer
+// or its lock holds what no keyswap run writes (a value, or a type). [Read] returns it in a
 // [*CorruptError], which names the key, the field and the value.
 var ErrCorrupt = errors.New("holds what keyswap does not write")
 
-// CorruptError is an index's registry or pointer that holds what no run
-// writes: it names the key, the field (none for the pointer) and the value.
+// CorruptError is an index's registry, pointer or lock that holds what no
+// run writes: it names the key, the field (none but the registry's) and
+// the value.
 type CorruptError struct {
-	// Key is the registry's (or the pointer's) Redis key.
+	// Key is the registry's, the pointer's or the lock's Redis key.
 	Key string
-	// Field is the registry's field ("" for the pointer).
+	// Field is the registry's field ("" for another key, or for a key of
+	// the wrong type).
 	Field string
-	// Value is the value found.
+	// Value is the value found, or the type of a key of the wrong type.
 	Value string
 	// Problem says what is wrong with it.
 	Problem string
@@ -254,15 +256,21 @@ func newScript(src string, retryable bool) *rueidis.Lua {
 
 // readScript reads a registry, a pointer and a lock, all in the index's
 // slot, in one step: a flip between two reads would make a consistent pair
-// look corrupt.
+// look corrupt. It reads each only if it has the type keyswap gives it, and
+// returns the types.
 //
 // KEYS[1] registry, KEYS[2] pointer, KEYS[3] lock.
-// Returns {HGETALL registry, 1 when the pointer exists else 0, the pointer
-// or an empty string, the lock or an empty string, TIME} (a Lua false
-// would reach a RESP3 client as a boolean, not a nil).
+// Returns {HGETALL registry, the pointer, the lock, TIME, and the three
+// types}; an empty list or string for a key absent or of another type (a
+// Lua false would reach a RESP3 client as a boolean, not a nil).
 var readScript = newScript(`
-local ptr = redis.call('GET', KEYS[2])
-return {redis.call('HGETALL', KEYS[1]), ptr and 1 or 0, ptr or '', redis.call('GET', KEYS[3]) or '', redis.call('TIME')}
+local function typ(k) return redis.call('TYPE', k).ok end
+local rt, pt, lt = typ(KEYS[1]), typ(KEYS[2]), typ(KEYS[3])
+local fields, ptr, lock = {}, '', ''
+if rt == 'hash' then fields = redis.call('HGETALL', KEYS[1]) end
+if pt == 'string' then ptr = redis.call('GET', KEYS[2]) end
+if lt == 'string' then lock = redis.call('GET', KEYS[3]) end
+return {fields, ptr, lock, redis.call('TIME'), rt, pt, lt}
 `, true)
 
 // isCluster reports whether client talks to a Redis Cluster.
@@ -283,8 +291,19 @@ func Read(ctx context.Context, client rueidis.Client, idx Index) (Snapshot, erro
 	if err != nil {
 		return Snapshot{}, err
 	}
-	if len(res) != 5 {
+	if len(res) != 7 {
 		return Snapshot{}, fmt.Errorf("unexpected reply of %d elements to the registry read", len(res))
+	}
+	var types [3]string
+	for i := range types {
+		if types[i], err = res[4+i].ToString(); err != nil {
+			return Snapshot{}, fmt.Errorf("unexpected TYPE reply %v: %w", res[4+i], err)
+		}
+	}
+	for i, want := range []struct{ key, typ string }{{regKey, "hash"}, {s.PointerKey, "string"}, {s.LockKey, "string"}} {
+		if types[i] != want.typ && types[i] != "none" {
+			return Snapshot{}, &CorruptError{Key: want.key, Value: types[i], Problem: "its type (keyswap makes it a " + want.typ + ")"}
+		}
 	}
 	fields, err := res[0].AsStrMap()
 	if err != nil {
@@ -293,15 +312,11 @@ func Read(ctx context.Context, client rueidis.Client, idx Index) (Snapshot, erro
 	if s.Registry, err = Parse(regKey, fields); err != nil {
 		return Snapshot{}, err
 	}
-	exists, err := res[1].AsInt64()
-	if err != nil {
-		return Snapshot{}, fmt.Errorf("GET %s: %w", s.PointerKey, err)
-	}
-	ptr, err := res[2].ToString()
+	ptr, err := res[1].ToString()
 	switch {
 	case err != nil:
 		return Snapshot{}, fmt.Errorf("GET %s: %w", s.PointerKey, err)
-	case exists == 1:
+	case types[1] == "string":
 		g, ok := canonical(ptr, 1)
 		if !ok {
 			return Snapshot{}, &CorruptError{Key: s.PointerKey, Value: ptr, Problem: "not a generation (a positive number in canonical decimal)"}
@@ -311,12 +326,12 @@ func Read(ctx context.Context, client rueidis.Client, idx Index) (Snapshot, erro
 		}
 		s.Pointer, s.HasPointer = g, true
 	}
-	if s.Lock, err = res[3].ToString(); err != nil {
+	if s.Lock, err = res[2].ToString(); err != nil {
 		return Snapshot{}, fmt.Errorf("GET %s: %w", s.LockKey, err)
 	}
-	clock, err := res[4].AsStrSlice()
+	clock, err := res[3].AsStrSlice()
 	if err != nil || len(clock) != 2 {
-		return Snapshot{}, fmt.Errorf("unexpected TIME reply %v: %w", res[4], err)
+		return Snapshot{}, fmt.Errorf("unexpected TIME reply %v: %w", res[3], err)
 	}
 	sec, err1 := strconv.ParseInt(clock[0], 10, 64)
 	usec, err2 := strconv.ParseInt(clock[1], 10, 64)

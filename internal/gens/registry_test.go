@@ -8,6 +8,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/keyswap/keyswap/internal/gens"
 	"github.com/keyswap/keyswap/internal/keys"
+	"github.com/keyswap/keyswap/internal/redistest"
 )
 
 // TestParse parses a registry with a generation in every state.
@@ -68,5 +69,33 @@ func TestParseRefuses(t *testing.T) {
 		if !errors.As(err, &c) || c.Key != "k" || c.Field != tc.field || c.Value != tc.value {
 			t.Errorf("Parse(%q) = %v, want a CorruptError of field %q value %q", tc.fields, err, tc.field, tc.value)
 		}
+	}
+}
+
+// TestReadRefusesWrongTypes gives the registry, the pointer and the lock a
+// type keyswap never gives them: Read names the key and its type.
+func TestReadRefusesWrongTypes(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		key  func(f *fixture) string
+		cmd  []string // its arguments after the key
+	}{
+		{"registry", (*fixture).registryKey, []string{"SET", "v"}},
+		{"pointer", (*fixture).pointerKey, []string{"SADD", "1"}},
+		{"lock", (*fixture).lockKey, []string{"RPUSH", "tok"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t, shape{family: true})
+			key := tc.key(f)
+			redistest.Cmd(t, f.c, tc.cmd[0], key, tc.cmd[1])
+			_, err := gens.Read(redistest.Ctx(t), f.c, f.idx)
+			var c *gens.CorruptError
+			if !errors.As(err, &c) || c.Key != key || c.Field != "" {
+				t.Fatalf("Read = %v, want a CorruptError naming %s", err, key)
+			}
+			t.Log(err)
+		})
 	}
 }
