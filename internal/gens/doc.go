@@ -20,8 +20,9 @@
 // lives in Redis, where anyone can write. [Read] checks what it holds before
 // the sweep acts on it: a field that is neither "next" nor a generation in
 // canonical decimal, a state it does not know, a generation above "next",
-// two generations current (or previous), or a pointer that does not name the
-// current generation: each is a [*CorruptError] that names the key, the field
+// two generations current (or previous), a pointer that does not name the
+// current generation, or a registry, pointer or lock of another type than
+// keyswap gives it: each is a [*CorruptError] that names the key, the field
 // and the value, and the sweep then deletes nothing.
 //
 // # The rules of the sweep
@@ -63,6 +64,14 @@
 // [RemoveOwn] is the same removal for the run that built a generation and
 // failed before its flip: it removes its own building generation while it
 // still holds the lock, which Sweep would wait for.
+//
+// A run that lost its lock may go on writing its generation for a moment,
+// until its next heartbeat. The sweep therefore scans a generation again
+// after a pass that deleted keys, and removes the field only after a pass
+// that found none (after three passes that all found some, it keeps the
+// field for a later sweep: SkipWritten). Keys such a run writes after that
+// are removed by the run's own RemoveOwn, which deletes the keys of its
+// generation even when a sweep has removed its field.
 //
 // # Leftovers of the plain shape
 //

@@ -138,13 +138,19 @@ func (opts Options) withDefaults() (Options, error) {
 //
 // KEYS[1] registry, KEYS[2] lock, KEYS[3..] keys of the generation (maybe none)
 // ARGV[1] generation, ARGV[2] its state as read, ARGV[3] its run's token
-// (empty unless building), ARGV[4] '1' to remove the field after the keys
+// (empty unless building), ARGV[4] '1' to remove the field after the keys,
+// ARGV[5] '1' when the caller built the generation (RemoveOwn): an absent
+// field then means that a sweep removed it, and the keys are still the
+// caller's to delete
 // Returns the number of keys deleted; -1 the state changed, -2 the field is
 // gone, -3 the lock holds the token: then nothing changed.
 var unlinkScript = newScript(`
 local state = redis.call('HGET', KEYS[1], ARGV[1])
-if not state then return -2 end
-if state ~= ARGV[2] then return -1 end
+if not state then
+  if ARGV[5] ~= '1' then return -2 end
+elseif state ~= ARGV[2] then
+  return -1
+end
 if ARGV[3] ~= '' and redis.call('GET', KEYS[2]) == ARGV[3] then return -3 end
 local n = 0
 if #KEYS > 2 then n = redis.call('UNLINK', unpack(KEYS, 3)) end
@@ -207,10 +213,12 @@ func Sweep(ctx context.Context, client rueidis.Client, idx Index, opts Options) 
 // with token built and did not publish (its run failed): its keys in
 // chunks, as [Sweep] does, then its registry field, only while the field
 // holds "building:<token>". Unlike Sweep it does not wait for the lock to
-// be released: the caller is that run. A field in any other state, or
-// absent, is left alone and named in the result's Skipped (SkipChanged or
-// SkipGone). An error leaves the field, for a later sweep once the lock is
-// gone.
+// be released: the caller is that run. A field in any other state is left
+// alone and named in the result's Skipped (SkipChanged). An absent field
+// does not stop it: the generation was allocated to the caller, so its
+// keys are the caller's, and a sweep that removed the field while the run
+// had lost its lock and still wrote may have left some. An error leaves the
+// field, for a later sweep once the lock is gone.
 func RemoveOwn(ctx context.Context, client rueidis.Client, idx Index, gen int64, token string, opts Options) (Result, error) {
 	const op = "remove generation"
 	var res Result
@@ -295,11 +303,11 @@ func (s *sweeper) script(ctx context.Context, g int64, st State, data []string, 
 	if last {
 		flag = "1"
 	}
-	fence := st.Token
+	fence, own := st.Token, "0"
 	if s.own {
-		fence = "" // the run removes its own generation, under its lock
+		fence, own = "", "1" // the run removes its own generation, under its lock
 	}
-	n, err := unlinkScript.Exec(ctx, s.client, ks, []string{strconv.FormatInt(g, 10), st.Raw, fence, flag}).AsInt64()
+	n, err := unlinkScript.Exec(ctx, s.client, ks, []string{strconv.FormatInt(g, 10), st.Raw, fence, flag, own}).AsInt64()
 	if err != nil {
 		return 0, "", err
 	}

@@ -439,8 +439,9 @@ func TestSweepAbandonedWithoutLock(t *testing.T) {
 }
 
 // TestRemoveOwn removes the generation a failed run built, while the run
-// still holds the lock (Sweep would keep it), and refuses a generation in
-// any other state: the current one, or one another run builds.
+// still holds the lock (Sweep would keep it), and one of its generations
+// whose field a sweep removed; it refuses a generation in any other state:
+// the current one, or one another run builds.
 func TestRemoveOwn(t *testing.T) {
 	t.Parallel()
 	for _, sh := range shapes() {
@@ -448,12 +449,15 @@ func TestRemoveOwn(t *testing.T) {
 			t.Parallel()
 			f := newFixture(t, sh)
 			ctx := redistest.Ctx(t)
-			f.registry(keys.RegNext, "3", "1", keys.RegCurrent, "2", keys.RegBuilding+"tok", "3", keys.RegBuilding+"other")
+			f.registry(keys.RegNext, "4", "1", keys.RegCurrent, "2", keys.RegBuilding+"tok", "3", keys.RegBuilding+"other")
 			f.set(f.pointerKey(), "1")
 			f.lock("tok")
 			f.gen(1, 300)
 			mine := f.gen(2, 300)
 			f.gen(3, 3)
+			// Generation 4 was the run's too, and a sweep removed its field
+			// while the run, which had lost its lock, still wrote.
+			late := f.gen(4, 3)
 			for _, g := range []int64{1, 3} {
 				res, err := gens.RemoveOwn(ctx, f.c, f.idx, g, "tok", gens.Options{})
 				if err != nil {
@@ -469,8 +473,13 @@ func TestRemoveOwn(t *testing.T) {
 			if res.Keys != int64(len(mine)) {
 				t.Errorf("%d keys deleted, want %d", res.Keys, len(mine))
 			}
+			if res, err = gens.RemoveOwn(ctx, f.c, f.idx, 4, "tok", gens.Options{}); err != nil {
+				t.Fatal(err)
+			}
+			wantResult(t, res, []int64{4}, nil)
 			f.forget(mine...)
-			f.check(map[string]string{keys.RegNext: "3", "1": keys.RegCurrent, "3": keys.RegBuilding + "other"})
+			f.forget(late...)
+			f.check(map[string]string{keys.RegNext: "4", "1": keys.RegCurrent, "3": keys.RegBuilding + "other"})
 		})
 	}
 }
