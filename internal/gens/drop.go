@@ -1,0 +1,169 @@
+package gens
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/keyswap/keyswap/internal/keys"
+	"github.com/keyswap/keyswap/internal/run"
+	"github.com/keyswap/keyswap/internal/scan"
+	"github.com/redis/rueidis"
+)
+
+// ErrNoPointer reports that [DropPlain] found no pointer for its index: the
+// index is in the rename-in-place shape, and its plain keys are its live
+// data.
+var ErrNoPointer = errors.New("the index has no pointer: its plain keys are the live index, not leftovers")
+
+// DropResult is what [DropPlain] did.
+type DropResult struct {
+	// Keys is the number of keys deleted.
+	Keys int64
+	// Kept is the number of keys of keyswap's own shapes (keys.Reserved)
+	// the scan found under the family's prefix and left alone.
+	Kept int64
+	// Note says why nothing was looked for, when nothing was.
+	Note string
+}
+
+// dropScript deletes keys of the rename-in-place shape only while the
+// index's pointer exists, so only while readers read generations: a
+// rename-in-place publish deletes the pointer in the same step as it
+// publishes plain keys, and after it nothing here deletes them. With a type
+// it deletes only the keys of that type. Every key is in the pointer's
+// slot.
+//
+// KEYS[1] pointer, KEYS[2..] plain keys
+// ARGV[1] their type (empty for any)
+// Returns the number of keys deleted, or -1 when the pointer is gone (and
+// nothing changed).
+var dropScript = newScript(`
+if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
+local doomed = {}
+for i = 2, #KEYS do
+  if ARGV[1] == '' or redis.call('TYPE', KEYS[i]).ok == ARGV[1] then
+    doomed[#doomed + 1] = KEYS[i]
+  end
+end
+if #doomed == 0 then return 0 end
+return redis.call('UNLINK', unpack(doomed))
+`, false)
+
+// DropPlain deletes what is left of idx in the rename-in-place shape once
+// it is published in generations: the plain key itself, or a family's
+// buckets "<prefix>:<bucket>" of its Type (idx.Type, required for a
+// family). It is the second half of the switch from rename-in-place to
+// generations.
+//
+// What it deletes, and why that is safe:
+//
+//   - only while the index's pointer exists, checked in the same step as
+//     each deletion. Readers resolve the pointer and, while it exists, read
+//     the generation it names, never the plain keys: those are dead data.
+//     Without a pointer, DropPlain refuses ([ErrNoPointer]) before deleting
+//     anything, since the plain keys are then the live index; if a
+//     rename-in-place run deletes the pointer while DropPlain runs (the
+//     switch back), the next chunk is refused and DropPlain stops with
+//     ErrNoPointer;
+//   - for a plain index, the live key itself, which keyswap owns whole (a
+//     rename-in-place publish replaces it);
+//   - for a family, the keys under "<prefix>:" of the family's type, and
+//     none of keyswap's own shapes (keys.Reserved: a generation's data
+//     keys, locks, records, metadata, kept previous values, temp keys):
+//     exactly the keys a rename-in-place publish treats as the family's
+//     buckets, deleting those it did not produce. A key of another type
+//     under the prefix is not the family's and stays.
+//
+// On a cluster a family in the plain shape always had a hash tag (the
+// rename-in-place mode requires one): for an untagged prefix DropPlain
+// deletes nothing and says so in Note, because keyswap never wrote such
+// keys. A corrupt registry or pointer fails it before anything is deleted
+// ([*CorruptError]). Deletion is chunked like the sweep's: SCAN COUNT
+// opts.ScanCount on the prefix's master, at most opts.Unlink keys per
+// command, paced by opts.Pace. Grace and Now are not used.
+func DropPlain(ctx context.Context, client rueidis.Client, idx Index, opts Options) (DropResult, error) {
+	const op = "drop plain keys"
+	var res DropResult
+	o, err := opts.withDefaults()
+	if err == nil {
+		err = idx.check()
+	}
+	if err != nil {
+		return res, &run.Error{Op: op, Key: idx.Live, Err: err}
+	}
+	if idx.Family && idx.Type == "" {
+		return res, &run.Error{Op: op, Key: idx.Live, Err: errors.New("a family needs its Type: it owns only the keys of its type under its prefix")}
+	}
+	snap, err := Read(ctx, client, idx)
+	if err != nil {
+		return res, run.Fail(ctx, op, idx.Live, err)
+	}
+	if !snap.HasPointer {
+		return res, &run.Error{Op: op, Key: idx.Live, Err: fmt.Errorf("%s: %w", snap.PointerKey, ErrNoPointer)}
+	}
+	drop := func(ks []string, typ string) error {
+		if err := pace(ctx, o, len(ks)); err != nil {
+			return err
+		}
+		n, err := dropScript.Exec(ctx, client, append([]string{snap.PointerKey}, ks...), []string{typ}).AsInt64()
+		switch {
+		case err != nil:
+			return err
+		case n == -1:
+			return fmt.Errorf("%s disappeared: %w", snap.PointerKey, ErrNoPointer)
+		case n < 0:
+			return fmt.Errorf("unexpected drop script reply %d", n)
+		}
+		res.Keys += n
+		if o.Progress != nil {
+			o.Progress(Progress{Keys: res.Keys, Total: res.Keys})
+		}
+		return nil
+	}
+	if !idx.Family {
+		if err := drop([]string{idx.Live}, ""); err != nil {
+			return res, run.Fail(ctx, op, idx.Live, err)
+		}
+		o.Logger.Info("keyswap: plain key dropped", "index", idx.Live, "keys", res.Keys)
+		return res, nil
+	}
+	if _, tagged := keys.HashTag(idx.Live); isCluster(client) && !tagged {
+		res.Note = "the prefix has no hash tag, so on a cluster keyswap never published this family in the plain shape: nothing of it to delete"
+		return res, nil
+	}
+	prefix := idx.Live + ":"
+	sopts := scan.Options{Match: keys.GlobEscape(prefix) + "*", Type: idx.Type, Count: o.ScanCount, InSlot: true, Slot: keys.Slot(idx.Live)}
+	for page, err := range scan.Pages(ctx, client, sopts) {
+		if err != nil {
+			return res, run.Fail(ctx, op, idx.Live, fmt.Errorf("SCAN %s: %w", sopts.Match, err))
+		}
+		page = slices.DeleteFunc(page, func(k string) bool {
+			if !strings.HasPrefix(k, prefix) || len(k) == len(prefix) {
+				return true
+			}
+			if keys.Reserved(k) {
+				res.Kept++
+				return true
+			}
+			return false
+		})
+		for chunk := range slices.Chunk(page, o.Unlink) {
+			if err := drop(chunk, idx.Type); err != nil {
+				return res, run.Fail(ctx, op, idx.Live, err)
+			}
+		}
+	}
+	o.Logger.Info("keyswap: plain keys dropped", "index", idx.Live, "keys", res.Keys, "kept", res.Kept)
+	return res, nil
+}
+
+// pace waits for opts.Pace, if any.
+func pace(ctx context.Context, opts Options, n int) error {
+	if opts.Pace == nil {
+		return nil
+	}
+	return opts.Pace(ctx, n)
+}

@@ -1,0 +1,434 @@
+package gens
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/keyswap/keyswap/internal/keys"
+	"github.com/keyswap/keyswap/internal/run"
+	"github.com/keyswap/keyswap/internal/scan"
+	"github.com/redis/rueidis"
+)
+
+const (
+	// DefaultGrace is the grace period of [Options]: how long a retired
+	// generation stays readable. It must exceed the TTL of the readers'
+	// cache of the pointer.
+	DefaultGrace = 10 * time.Second
+	// DefaultScanCount is the SCAN COUNT hint of [Options].
+	DefaultScanCount = 1000
+	// MaxUnlink is the most keys one command of the sweep deletes.
+	MaxUnlink = 256
+	// maxPasses bounds the SCAN passes over a generation: a pass that
+	// deleted keys is followed by one that checks that none remains.
+	maxPasses = 3
+)
+
+// Options configures [Sweep] and [DropPlain]. The zero value is usable.
+type Options struct {
+	// Grace is how long a retired generation is kept after its retirement.
+	// Zero means DefaultGrace; negative is an error.
+	Grace time.Duration
+	// Now is the time the grace is measured from. Zero means the server's
+	// clock (TIME, read with the registry): runs stamp retirements with
+	// it, so a client's clock running ahead cannot cut the grace short.
+	Now time.Time
+	// ScanCount is the SCAN COUNT hint; zero means DefaultScanCount.
+	ScanCount int64
+	// Unlink is the most keys per deleting command, from 1 to MaxUnlink;
+	// zero means MaxUnlink.
+	Unlink int
+	// Pace, if not nil, is called before each deleting command with the
+	// number of keys it is about to delete, and may wait: a
+	// rate.Limiter's WaitN paces deletions to a rate of keys per second
+	// (its burst must be at least Unlink). An error stops the sweep.
+	Pace func(ctx context.Context, keys int) error
+	// Progress, if not nil, is called after each deleting command.
+	Progress func(Progress)
+	// Logger receives a line per generation removed or skipped (Info) and
+	// per SCAN pass (Debug). Nil discards them.
+	Logger *slog.Logger
+}
+
+// Progress is a sweep's progress, after a deleting command.
+type Progress struct {
+	// Gen is the generation being removed (0 for DropPlain).
+	Gen int64
+	// Keys is the keys of Gen deleted so far, Total those of the whole
+	// call.
+	Keys, Total int64
+}
+
+// Reason says why the sweep kept a generation.
+type Reason string
+
+// The reasons the sweep keeps a generation.
+const (
+	SkipCurrent  Reason = "current: readers read it"
+	SkipPrevious Reason = "previous: kept for a rollback"
+	SkipGrace    Reason = "retired less than the grace period ago"
+	SkipRunning  Reason = "building: the run that holds the lock builds it"
+	SkipChanged  Reason = "its state changed during the sweep"
+	SkipGone     Reason = "its registry field was removed during the sweep, by another sweep or its run"
+	SkipWritten  Reason = "keys of it kept appearing"
+)
+
+// Removed is a generation the sweep removed: its keys and its field.
+type Removed struct {
+	Gen   int64
+	State State
+	// Keys is the number of its keys deleted.
+	Keys int64
+}
+
+// Skipped is a generation the sweep kept, and why.
+type Skipped struct {
+	Gen    int64
+	State  State
+	Reason Reason
+	// Keys is the number of its keys deleted before the sweep stopped
+	// (for SkipChanged, SkipGone and SkipWritten).
+	Keys int64
+}
+
+// Result is what [Sweep] did.
+type Result struct {
+	Removed []Removed
+	Skipped []Skipped
+	// Keys is the number of keys deleted, over every generation.
+	Keys int64
+}
+
+// withDefaults returns opts with its defaults, or an error naming the option.
+func (opts Options) withDefaults() (Options, error) {
+	switch {
+	case opts.Grace < 0:
+		return opts, fmt.Errorf("option Grace %v: must not be negative", opts.Grace)
+	case opts.ScanCount < 0:
+		return opts, fmt.Errorf("option ScanCount %d: must not be negative", opts.ScanCount)
+	case opts.Unlink < 0 || opts.Unlink > MaxUnlink:
+		return opts, fmt.Errorf("option Unlink %d: must be from 1 to %d (0: %d)", opts.Unlink, MaxUnlink, MaxUnlink)
+	}
+	if opts.Grace == 0 {
+		opts.Grace = DefaultGrace
+	}
+	if opts.ScanCount == 0 {
+		opts.ScanCount = DefaultScanCount
+	}
+	if opts.Unlink == 0 {
+		opts.Unlink = MaxUnlink
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	return opts, nil
+}
+
+// unlinkScript deletes keys of a generation, and then its registry field
+// when asked, only while the generation is in the state the sweep read
+// and, for a building generation, while the lock does not hold its run's
+// token. Every key must be in the registry's slot.
+//
+// KEYS[1] registry, KEYS[2] lock, KEYS[3..] keys of the generation (maybe none)
+// ARGV[1] generation, ARGV[2] its state as read, ARGV[3] its run's token
+// (empty unless building), ARGV[4] '1' to remove the field after the keys,
+// ARGV[5] '1' when the caller built the generation (RemoveOwn): an absent
+// field then means that a sweep removed it, and the keys are still the
+// caller's to delete
+// Returns the number of keys deleted; -1 the state changed, -2 the field is
+// gone, -3 the lock holds the token: then nothing changed.
+var unlinkScript = newScript(`
+local state = redis.call('HGET', KEYS[1], ARGV[1])
+if not state then
+  if ARGV[5] ~= '1' then return -2 end
+elseif state ~= ARGV[2] then
+  return -1
+end
+if ARGV[3] ~= '' and redis.call('GET', KEYS[2]) == ARGV[3] then return -3 end
+local n = 0
+if #KEYS > 2 then n = redis.call('UNLINK', unpack(KEYS, 3)) end
+if ARGV[4] == '1' then redis.call('HDEL', KEYS[1], ARGV[1]) end
+return n
+`, false)
+
+// The unlink script's refusals, as reasons.
+var refusals = map[int64]Reason{-1: SkipChanged, -2: SkipGone, -3: SkipRunning}
+
+// Sweep removes idx's generations that no reader reads and no run builds:
+// those retired more than opts.Grace before opts.Now, and those building
+// whose lock does not hold their run's token. It never removes the current
+// or the previous generation, nor a key that is not a data key of a
+// generation it removes. See the package documentation for the rules.
+//
+// A corrupt registry or pointer fails the sweep with a [*CorruptError]
+// before anything is deleted. On any other error (a cancelled ctx, a lost
+// connection) the sweep stops with what it did so far: a generation whose
+// keys were partly deleted keeps its registry field, and the next sweep
+// finishes it.
+func Sweep(ctx context.Context, client rueidis.Client, idx Index, opts Options) (Result, error) {
+	const op = "sweep"
+	var res Result
+	o, err := opts.withDefaults()
+	if err == nil {
+		err = idx.check()
+	}
+	if err != nil {
+		return res, &run.Error{Op: op, Key: idx.Live, Err: err}
+	}
+	snap, err := Read(ctx, client, idx)
+	if err != nil {
+		return res, run.Fail(ctx, op, idx.Live, err)
+	}
+	if o.Now.IsZero() {
+		o.Now = snap.Time
+	}
+	s := &sweeper{client: client, idx: idx, opts: o, snap: snap, res: &res, cluster: isCluster(client)}
+	for _, g := range snap.Registry.Sorted() {
+		st := snap.Registry.Gens[g]
+		if reason := s.keep(st); reason != "" {
+			s.skip(g, st, reason, 0)
+			continue
+		}
+		n, reason, err := s.remove(ctx, g, st)
+		if err != nil {
+			return res, run.Fail(ctx, op, idx.Live, fmt.Errorf("generation %d (%s): %w", g, st, err))
+		}
+		if reason != "" {
+			s.skip(g, st, reason, n)
+			continue
+		}
+		s.removed(g, st, n)
+	}
+	return res, nil
+}
+
+// RemoveOwn removes generation gen of idx, which the run holding idx's lock
+// with token built and did not publish (its run failed): its keys in
+// chunks, as [Sweep] does, then its registry field, only while the field
+// holds "building:<token>". Unlike Sweep it does not wait for the lock to
+// be released: the caller is that run. A field in any other state is left
+// alone and named in the result's Skipped (SkipChanged). An absent field
+// does not stop it: the generation was allocated to the caller, so its
+// keys are the caller's, and a sweep that removed the field while the run
+// had lost its lock and still wrote may have left some. An error leaves the
+// field, for a later sweep once the lock is gone.
+func RemoveOwn(ctx context.Context, client rueidis.Client, idx Index, gen int64, token string, opts Options) (Result, error) {
+	const op = "remove generation"
+	var res Result
+	o, err := opts.withDefaults()
+	if err == nil {
+		err = idx.check()
+	}
+	if err == nil && (gen < 1 || token == "") {
+		err = fmt.Errorf("generation %d, token %q: want a generation from 1 and a token", gen, token)
+	}
+	if err != nil {
+		return res, &run.Error{Op: op, Key: idx.Live, Err: err}
+	}
+	cluster := isCluster(client)
+	st := State{Kind: Building, Token: token, Raw: keys.RegBuilding + token}
+	s := &sweeper{client: client, idx: idx, opts: o, res: &res, cluster: cluster, own: true, snap: Snapshot{
+		Registry: Registry{Key: keys.RegistryKey(idx.Live, cluster)},
+		LockKey:  keys.LockKey(idx.Live, cluster),
+	}}
+	n, reason, err := s.remove(ctx, gen, st)
+	if err != nil {
+		return res, run.Fail(ctx, op, idx.Live, fmt.Errorf("generation %d (%s): %w", gen, st, err))
+	}
+	if reason != "" {
+		s.skip(gen, st, reason, n)
+		return res, nil
+	}
+	s.removed(gen, st, n)
+	return res, nil
+}
+
+// sweeper is one call of Sweep or RemoveOwn.
+type sweeper struct {
+	client  rueidis.Client
+	idx     Index
+	opts    Options
+	snap    Snapshot
+	res     *Result
+	cluster bool
+	// own is set for RemoveOwn: the lock holds the generation's token.
+	own bool
+}
+
+// keep returns why the generation in state st is kept, or "" when it is
+// to be removed.
+func (s *sweeper) keep(st State) Reason {
+	switch st.Kind {
+	case Current:
+		return SkipCurrent
+	case Previous:
+		return SkipPrevious
+	case Retired:
+		if s.opts.Now.Sub(st.RetiredAt) <= s.opts.Grace {
+			return SkipGrace
+		}
+	case Building:
+		if s.snap.Lock == st.Token {
+			return SkipRunning
+		}
+	}
+	return ""
+}
+
+// removed records a generation removed, with its n keys.
+func (s *sweeper) removed(g int64, st State, n int64) {
+	s.res.Removed = append(s.res.Removed, Removed{Gen: g, State: st, Keys: n})
+	s.opts.Logger.Info("keyswap: generation removed", "index", s.idx.Live, "generation", g, "state", st.Raw, "keys", n)
+}
+
+// skip records a generation kept.
+func (s *sweeper) skip(g int64, st State, reason Reason, n int64) {
+	s.res.Skipped = append(s.res.Skipped, Skipped{Gen: g, State: st, Reason: reason, Keys: n})
+	s.opts.Logger.Info("keyswap: generation kept", "index", s.idx.Live, "generation", g, "state", st.Raw, "reason", string(reason), "keys", n)
+}
+
+// script runs the unlink script on data (keys of generation g, all in the
+// registry's slot), removing g's field after them when last. It returns
+// the keys deleted, or why nothing was.
+func (s *sweeper) script(ctx context.Context, g int64, st State, data []string, last bool) (int64, Reason, error) {
+	ks := append([]string{s.snap.Registry.Key, s.snap.LockKey}, data...)
+	flag := "0"
+	if last {
+		flag = "1"
+	}
+	fence, own := st.Token, "0"
+	if s.own {
+		fence, own = "", "1" // the run removes its own generation, under its lock
+	}
+	n, err := unlinkScript.Exec(ctx, s.client, ks, []string{strconv.FormatInt(g, 10), st.Raw, fence, flag, own}).AsInt64()
+	if err != nil {
+		return 0, "", err
+	}
+	if n < 0 {
+		if reason, ok := refusals[n]; ok {
+			return 0, reason, nil
+		}
+		return 0, "", fmt.Errorf("unexpected unlink script reply %d", n)
+	}
+	return n, "", nil
+}
+
+// remove deletes generation g's keys in chunks, then its registry field.
+// It returns the keys deleted and, when it stopped before the field, why.
+func (s *sweeper) remove(ctx context.Context, g int64, st State) (int64, Reason, error) {
+	// The data keys hang off the live key or prefix, the registry off its
+	// base: they share a slot on a standalone server, or when the live key
+	// carries a hash tag (its own base). Each chunk is then deleted by the
+	// script, which checks the state in the same step. Otherwise they are
+	// in other slots (a family's over every slot), and the state is checked
+	// just before each chunk.
+	_, tagged := keys.HashTag(s.idx.Live)
+	sameSlot := !s.cluster || tagged
+	if !s.idx.Family {
+		key := keys.GenKey(s.idx.Live, g)
+		if sameSlot {
+			// One step deletes the key and the field.
+			if err := s.pace(ctx, 1); err != nil {
+				return 0, "", err
+			}
+			n, reason, err := s.script(ctx, g, st, []string{key}, true)
+			if err == nil && reason == "" {
+				s.progress(g, n, n)
+			}
+			return n, reason, err
+		}
+		n, reason, err := s.chunk(ctx, g, st, []string{key}, false)
+		if err != nil || reason != "" {
+			return n, reason, err
+		}
+		s.progress(g, n, n)
+		_, reason, err = s.script(ctx, g, st, nil, true)
+		return n, reason, err
+	}
+	prefix := keys.GenPrefix(s.idx.Live, g)
+	opts := scan.Options{Match: keys.GenPattern(s.idx.Live, g), Count: s.opts.ScanCount, InSlot: sameSlot, Slot: keys.Slot(s.snap.Registry.Key)}
+	var total int64
+	for pass := 1; pass <= maxPasses; pass++ {
+		found := 0
+		for page, err := range scan.Pages(ctx, s.client, opts) {
+			if err != nil {
+				return total, "", fmt.Errorf("SCAN %s: %w", opts.Match, err)
+			}
+			// MATCH already did this; a key SCAN returns that is not of the
+			// shape is never deleted.
+			page = slices.DeleteFunc(page, func(k string) bool { return !strings.HasPrefix(k, prefix) })
+			found += len(page)
+			for chunk := range slices.Chunk(page, s.opts.Unlink) {
+				n, reason, err := s.chunk(ctx, g, st, chunk, sameSlot)
+				total += n
+				if err != nil || reason != "" {
+					return total, reason, err
+				}
+				s.progress(g, total, n)
+			}
+		}
+		s.opts.Logger.Debug("keyswap: generation scanned", "index", s.idx.Live, "generation", g, "pass", pass, "found", found)
+		if found == 0 {
+			_, reason, err := s.script(ctx, g, st, nil, true)
+			return total, reason, err
+		}
+	}
+	return total, SkipWritten, nil
+}
+
+// chunk deletes ks, keys of generation g, after the pacer: by the script
+// when they share the registry's slot, else by UNLINK after the script
+// checked the state.
+func (s *sweeper) chunk(ctx context.Context, g int64, st State, ks []string, sameSlot bool) (int64, Reason, error) {
+	if err := s.pace(ctx, len(ks)); err != nil {
+		return 0, "", err
+	}
+	if sameSlot {
+		return s.script(ctx, g, st, ks, false)
+	}
+	if _, reason, err := s.script(ctx, g, st, nil, false); err != nil || reason != "" {
+		return 0, reason, err
+	}
+	n, err := unlinkBySlot(ctx, s.client, ks)
+	return n, "", err
+}
+
+// pace waits for the pacer, if any.
+func (s *sweeper) pace(ctx context.Context, n int) error { return pace(ctx, s.opts, n) }
+
+// progress counts n more keys deleted and reports them.
+func (s *sweeper) progress(g, keys, n int64) {
+	s.res.Keys += n
+	if s.opts.Progress != nil {
+		s.opts.Progress(Progress{Gen: g, Keys: keys, Total: s.res.Keys})
+	}
+}
+
+// unlinkBySlot deletes ks, one UNLINK per hash slot (a command may not
+// cross slots on a cluster), all sent at once, and returns how many
+// existed.
+func unlinkBySlot(ctx context.Context, client rueidis.Client, ks []string) (int64, error) {
+	groups := map[uint16][]string{}
+	for _, k := range ks {
+		groups[keys.Slot(k)] = append(groups[keys.Slot(k)], k)
+	}
+	cmds := make(rueidis.Commands, 0, len(groups))
+	for _, slot := range slices.Sorted(maps.Keys(groups)) {
+		cmds = append(cmds, client.B().Unlink().Key(groups[slot]...).Build())
+	}
+	var n int64
+	var errs []error
+	for _, r := range client.DoMulti(ctx, cmds...) {
+		d, err := r.AsInt64()
+		n += d
+		errs = append(errs, err)
+	}
+	return n, errors.Join(errs...)
+}

@@ -1,0 +1,485 @@
+package gens_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/keyswap/keyswap/internal/gens"
+	"github.com/keyswap/keyswap/internal/keys"
+	"github.com/keyswap/keyswap/internal/redistest"
+	"github.com/keyswap/keyswap/internal/run"
+	"github.com/redis/rueidis"
+)
+
+// TestSweepRemovesOnlyDeadGenerations builds an index with a generation in
+// every state, and keys that look like a generation's but are not, then
+// sweeps: only the generation retired long ago, the empty one, and the one
+// building whose lock holds another token go, keys and registry fields;
+// every other key is left with its contents. A second sweep past the grace
+// removes the recently retired one too.
+func TestSweepRemovesOnlyDeadGenerations(t *testing.T) {
+	t.Parallel()
+	for _, sh := range shapes() {
+		t.Run(sh.name, func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t, sh)
+			ctx := redistest.Ctx(t)
+			now := time.Now()
+			const running, gone = "0123456789abcdef0123456789abcdef", "fedcba9876543210fedcba9876543210"
+			fields := map[string]string{
+				keys.RegNext: "7",
+				"1":          retired(now.Add(-time.Hour)),
+				"2":          retired(now.Add(-time.Second)),
+				"3":          keys.RegPrevious,
+				"4":          keys.RegCurrent,
+				"5":          keys.RegBuilding + running,
+				"6":          keys.RegBuilding + gone,
+				"7":          retired(now.Add(-time.Minute)), // no key at all
+			}
+			for f2, v := range fields {
+				f.registry(f2, v)
+			}
+			f.set(f.pointerKey(), "4")
+			f.lock(running)
+			old := f.gen(1, 600) // more than two chunks of MaxUnlink
+			recent := f.gen(2, 3)
+			for g := int64(3); g <= 5; g++ {
+				f.gen(g, 3)
+			}
+			abandoned := f.gen(6, 300)
+			// Keys that look like a generation's and are not: a user's key
+			// under the prefix, "7x" (not a generation), generation 10
+			// (whose pattern "1:" must not catch), the other shape (a
+			// family's under a plain key, a plain key's under a prefix).
+			p := f.idx.Live
+			f.sadd(p+":b0", "user")
+			f.sadd(p+keys.GenInfix+"7x", "user")
+			f.sadd(p+keys.GenInfix+"7x:b0", "user")
+			f.sadd(keys.GenBucketKey(p, 10, "b0"), "user")
+			f.sadd(keys.GenKey(p, 10), "user")
+			if f.idx.Family {
+				f.sadd(keys.GenKey(p, 1), "user")
+			} else {
+				f.sadd(keys.GenBucketKey(p, 1, "b0"), "user")
+			}
+			f.sadd(p, "the live key of the plain shape")
+			if f.idx.Family {
+				// A bucket with an empty name is a key of the generation.
+				f.sadd(keys.GenBucketKey(p, 1, ""), "empty bucket")
+				old = append(old, keys.GenBucketKey(p, 1, ""))
+			}
+
+			var progress []gens.Progress
+			res, err := gens.Sweep(ctx, f.c, f.idx, gens.Options{Now: now, Progress: func(p gens.Progress) { progress = append(progress, p) }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantResult(t, res, []int64{1, 6, 7}, map[int64]gens.Reason{
+				2: gens.SkipGrace, 3: gens.SkipPrevious, 4: gens.SkipCurrent, 5: gens.SkipRunning,
+			})
+			if want := int64(len(old) + len(abandoned)); res.Keys != want {
+				t.Errorf("Keys = %d, want %d", res.Keys, want)
+			}
+			for _, r := range res.Removed {
+				if want := map[int64]int64{1: int64(len(old)), 6: int64(len(abandoned)), 7: 0}[r.Gen]; r.Keys != want {
+					t.Errorf("generation %d: %d keys removed, want %d", r.Gen, r.Keys, want)
+				}
+			}
+			if len(progress) == 0 || progress[len(progress)-1].Total != res.Keys {
+				t.Errorf("progress %v: want it to end at %d keys", progress, res.Keys)
+			}
+			f.forget(old...)
+			f.forget(abandoned...)
+			delete(fields, "1")
+			delete(fields, "6")
+			delete(fields, "7")
+			f.check(fields)
+
+			// Past the grace, generation 2 goes too; the rest stays.
+			res, err = gens.Sweep(ctx, f.c, f.idx, gens.Options{Now: now.Add(time.Minute)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantResult(t, res, []int64{2}, map[int64]gens.Reason{3: gens.SkipPrevious, 4: gens.SkipCurrent, 5: gens.SkipRunning})
+			f.forget(recent...)
+			delete(fields, "2")
+			f.check(fields)
+		})
+	}
+}
+
+// TestSweepGrace checks the edge of the grace period: a generation retired
+// exactly Grace ago is kept, one a millisecond earlier is removed.
+func TestSweepGrace(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, shape{family: true})
+	now := time.UnixMilli(time.Now().UnixMilli())
+	grace := 30 * time.Second
+	f.registry(keys.RegNext, "2", "1", retired(now.Add(-grace)), "2", retired(now.Add(-grace-time.Millisecond)))
+	f.gen(1, 2) // kept, with its contents (check)
+	gone := f.gen(2, 2)
+	var log bytes.Buffer
+	res, err := gens.Sweep(redistest.Ctx(t), f.c, f.idx, gens.Options{Now: now, Grace: grace, Logger: slog.New(slog.NewTextHandler(&log, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantResult(t, res, []int64{2}, map[int64]gens.Reason{1: gens.SkipGrace})
+	if !contains(log.String(), "generation kept", "generation=1", string(gens.SkipGrace), "generation removed", "generation=2", "keys=2") {
+		t.Errorf("log:\n%s\nwant a line for generation 1 kept (and why) and one for generation 2 removed", log.String())
+	}
+	f.forget(gone...)
+	f.check(map[string]string{keys.RegNext: "2", "1": retired(now.Add(-grace))})
+}
+
+// TestSweepServerClock sweeps without Options.Now: the grace is measured
+// on the server's clock, which Read returns.
+func TestSweepServerClock(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, shape{family: true})
+	snap, err := gens.Read(redistest.Ctx(t), f.c, f.idx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(snap.Time); d < -time.Minute || d > time.Minute {
+		t.Fatalf("server time %v, %v from the test's clock", snap.Time, d)
+	}
+	f.registry(keys.RegNext, "2", "1", retired(snap.Time.Add(-time.Minute)), "2", retired(snap.Time))
+	gone := f.gen(1, 2)
+	f.gen(2, 2)
+	res, err := gens.Sweep(redistest.Ctx(t), f.c, f.idx, gens.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantResult(t, res, []int64{1}, map[int64]gens.Reason{2: gens.SkipGrace})
+	f.forget(gone...)
+	f.check(map[string]string{keys.RegNext: "2", "2": retired(snap.Time)})
+}
+
+// TestSweepRefusesCorruptRegistry writes registries and pointers no run
+// writes: the sweep fails with an error that names the key, the field and
+// the value, and deletes nothing, not even the generation it could have
+// removed.
+func TestSweepRefusesCorruptRegistry(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name         string
+		field, value string // written to the registry; field "" = the pointer
+		pointer      bool
+		// wantField is the field the error names, when not field.
+		wantField string
+	}{
+		{name: "unknown state", field: "2", value: "bogus"},
+		{name: "not a generation", field: "x2", value: keys.RegCurrent},
+		{name: "leading zero", field: "02", value: retired(time.Unix(0, 0))},
+		{name: "zero", field: "0", value: retired(time.Unix(0, 0))},
+		{name: "above next", field: "9", value: retired(time.Unix(0, 0))},
+		{name: "two current", field: "2", value: keys.RegCurrent, wantField: "3"},
+		{name: "retired when", field: "2", value: keys.RegRetired + "soon"},
+		{name: "building no token", field: "2", value: keys.RegBuilding},
+		{name: "next", field: keys.RegNext, value: "-1"},
+		{name: "pointer not current", value: "1", pointer: true},
+		{name: "pointer not a number", value: "three", pointer: true},
+	}
+	for _, sh := range []shape{{name: "standalone", family: true}, {name: "cluster", cluster: true, family: true}} {
+		for _, tc := range cases {
+			t.Run(sh.name+"/"+tc.name, func(t *testing.T) {
+				t.Parallel()
+				f := newFixture(t, sh)
+				fields := map[string]string{keys.RegNext: "3", "1": retired(time.Unix(1, 0)), "3": keys.RegCurrent}
+				f.set(f.pointerKey(), "3")
+				f.gen(1, 3)
+				f.gen(3, 3)
+				key := f.registryKey()
+				if tc.pointer {
+					f.set(f.pointerKey(), tc.value)
+					key = f.pointerKey()
+				} else {
+					fields[tc.field] = tc.value
+				}
+				for k, v := range fields {
+					f.registry(k, v)
+				}
+				_, err := gens.Sweep(redistest.Ctx(t), f.c, f.idx, gens.Options{})
+				var corrupt *gens.CorruptError
+				if !errors.As(err, &corrupt) || !errors.Is(err, gens.ErrCorrupt) {
+					t.Fatalf("err = %v, want a CorruptError", err)
+				}
+				var kerr *run.Error
+				if !errors.As(err, &kerr) || kerr.Key != f.idx.Live || kerr.Op != "sweep" {
+					t.Errorf("err = %#v, want a run.Error of sweep on %q", err, f.idx.Live)
+				}
+				field := tc.field
+				if tc.wantField != "" {
+					field = tc.wantField
+				}
+				if corrupt.Key != key || corrupt.Field != field || corrupt.Value != tc.value {
+					t.Errorf("CorruptError %+v, want key %q field %q value %q", corrupt, key, field, tc.value)
+				}
+				if !contains(err.Error(), key, strconv.Quote(tc.value)) || !tc.pointer && !contains(err.Error(), strconv.Quote(field)) {
+					t.Errorf("error %q does not name the key, the field and the value", err)
+				}
+				t.Log(err)
+				f.check(fields)
+			})
+		}
+	}
+}
+
+// TestSweepCancelledFinishesLater cancels the sweep's context after its
+// first chunk: the sweep fails, the generation keeps its registry field and
+// the keys not reached, and a second sweep removes them and the field.
+func TestSweepCancelledFinishesLater(t *testing.T) {
+	t.Parallel()
+	for _, sh := range shapes() {
+		if !sh.family {
+			continue // one key: nothing to interrupt
+		}
+		t.Run(sh.name, func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t, sh)
+			f.registry(keys.RegNext, "2", "1", retired(time.Unix(1, 0)), "2", keys.RegCurrent)
+			f.set(f.pointerKey(), "2")
+			doomed := f.gen(1, 500)
+			f.gen(2, 3)
+			ctx, cancel := context.WithCancel(redistest.Ctx(t))
+			defer cancel()
+			res, err := gens.Sweep(ctx, f.c, f.idx, gens.Options{Unlink: 100, Progress: func(gens.Progress) { cancel() }})
+			if !errors.Is(err, context.Canceled) {
+				t.Fatalf("err = %v, want context.Canceled", err)
+			}
+			if res.Keys != 100 || len(res.Removed) != 0 {
+				t.Errorf("result %+v, want 100 keys deleted and no generation removed", res)
+			}
+			left := 0
+			for _, k := range doomed {
+				if redistest.Exists(t, f.c, k) {
+					left++
+				}
+			}
+			if left != len(doomed)-100 {
+				t.Errorf("%d keys of generation 1 left, want %d", left, len(doomed)-100)
+			}
+			redistest.WantHash(t, f.c, f.registryKey(), map[string]string{keys.RegNext: "2", "1": retired(time.Unix(1, 0)), "2": keys.RegCurrent})
+
+			res, err = gens.Sweep(redistest.Ctx(t), f.c, f.idx, gens.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantResult(t, res, []int64{1}, map[int64]gens.Reason{2: gens.SkipCurrent})
+			if res.Keys != int64(len(doomed)-100) {
+				t.Errorf("second sweep deleted %d keys, want %d", res.Keys, len(doomed)-100)
+			}
+			f.forget(doomed...)
+			f.check(map[string]string{keys.RegNext: "2", "2": keys.RegCurrent})
+		})
+	}
+}
+
+// TestSweepStopsWhenStateChanges changes a generation's registry field
+// while the sweep removes it: made previous again (as a rollback would), or
+// removed (by its run's own cleanup, or another sweep). The sweep deletes
+// no further chunk, leaves the field as it found it, and says why.
+func TestSweepStopsWhenStateChanges(t *testing.T) {
+	t.Parallel()
+	for _, sh := range shapes() {
+		if !sh.family {
+			continue
+		}
+		for _, tc := range []struct {
+			name   string
+			change func(f *fixture) rueidis.Completed
+			reason gens.Reason
+			fields map[string]string
+		}{
+			{"previous", func(f *fixture) rueidis.Completed {
+				return f.c.B().Hset().Key(f.registryKey()).FieldValue().FieldValue("1", keys.RegPrevious).Build()
+			}, gens.SkipChanged, map[string]string{keys.RegNext: "1", "1": keys.RegPrevious}},
+			{"removed", func(f *fixture) rueidis.Completed {
+				return f.c.B().Hdel().Key(f.registryKey()).Field("1").Build()
+			}, gens.SkipGone, map[string]string{keys.RegNext: "1"}},
+		} {
+			t.Run(sh.name+"/"+tc.name, func(t *testing.T) {
+				t.Parallel()
+				f := newFixture(t, sh)
+				f.registry(keys.RegNext, "1", "1", retired(time.Unix(1, 0)))
+				ks := f.gen(1, 500)
+				var calls atomic.Int32
+				pace := func(ctx context.Context, n int) error {
+					if calls.Add(1) == 2 {
+						return f.c.Do(ctx, tc.change(f)).Error()
+					}
+					return nil
+				}
+				res, err := gens.Sweep(redistest.Ctx(t), f.c, f.idx, gens.Options{Unlink: 100, Pace: pace})
+				if err != nil {
+					t.Fatal(err)
+				}
+				wantResult(t, res, nil, map[int64]gens.Reason{1: tc.reason})
+				if res.Keys != 100 || res.Skipped[0].Keys != 100 {
+					t.Errorf("result %+v, want the first chunk of 100 keys deleted", res)
+				}
+				left := 0
+				for _, k := range ks {
+					if redistest.Exists(t, f.c, k) {
+						left++
+					} else {
+						f.forget(k)
+					}
+				}
+				if left != len(ks)-100 {
+					t.Errorf("%d keys left, want %d", left, len(ks)-100)
+				}
+				f.check(tc.fields)
+			})
+		}
+	}
+}
+
+// TestSweepGivesUpOnKeysStillWritten writes a key of the generation before
+// every chunk the sweep deletes, as a run that lost its lock and still
+// writes would: every pass finds keys, and after its last pass the sweep
+// keeps the registry field, so that a later sweep finds the generation.
+func TestSweepGivesUpOnKeysStillWritten(t *testing.T) {
+	t.Parallel()
+	for _, sh := range shapes() {
+		if !sh.family {
+			continue
+		}
+		t.Run(sh.name, func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t, sh)
+			f.registry(keys.RegNext, "1", "1", keys.RegBuilding+"lost")
+			ks := f.gen(1, 300)
+			var late atomic.Int32
+			pace := func(ctx context.Context, n int) error {
+				k := keys.GenBucketKey(f.idx.Live, 1, "late"+strconv.Itoa(int(late.Add(1))))
+				return f.c.Do(ctx, f.c.B().Set().Key(k).Value("x").Build()).Error()
+			}
+			res, err := gens.Sweep(redistest.Ctx(t), f.c, f.idx, gens.Options{Unlink: 100, Pace: pace})
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantResult(t, res, nil, map[int64]gens.Reason{1: gens.SkipWritten})
+			f.forget(ks...)
+			for _, k := range f.keys() {
+				if k != f.registryKey() && !strings.HasPrefix(k, keys.GenBucketKey(f.idx.Live, 1, "late")) {
+					t.Errorf("%s left, want only keys written during the sweep", k)
+				}
+			}
+			redistest.WantHash(t, f.c, f.registryKey(), map[string]string{keys.RegNext: "1", "1": keys.RegBuilding + "lost"})
+
+			// Once nothing writes any more, a sweep finishes it.
+			if res, err = gens.Sweep(redistest.Ctx(t), f.c, f.idx, gens.Options{}); err != nil {
+				t.Fatal(err)
+			}
+			wantResult(t, res, []int64{1}, nil)
+			f.check(map[string]string{keys.RegNext: "1"})
+		})
+	}
+}
+
+// TestSweepOptions checks that bad options and indexes are refused before anything is
+// read or deleted.
+func TestSweepOptions(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, shape{family: true})
+	f.registry(keys.RegNext, "1", "1", retired(time.Unix(1, 0)))
+	f.gen(1, 2)
+	for _, o := range []gens.Options{{Grace: -time.Second}, {Unlink: gens.MaxUnlink + 1}, {Unlink: -1}, {ScanCount: -1}} {
+		if _, err := gens.Sweep(redistest.Ctx(t), f.c, f.idx, o); err == nil {
+			t.Errorf("Sweep(%+v) = nil error", o)
+		} else {
+			t.Log(err)
+		}
+	}
+	for _, idx := range []gens.Index{{Family: true}, {Live: keys.LockKey(f.idx.Live, false), Family: true}, {Live: keys.GenKey(f.idx.Live, 1)}} {
+		if _, err := gens.Sweep(redistest.Ctx(t), f.c, idx, gens.Options{}); err == nil {
+			t.Errorf("Sweep(%+v) = nil error", idx)
+		} else {
+			t.Log(err)
+		}
+		if _, err := gens.DropPlain(redistest.Ctx(t), f.c, idx, gens.Options{}); err == nil {
+			t.Errorf("DropPlain(%+v) = nil error", idx)
+		}
+	}
+	f.check(map[string]string{keys.RegNext: "1", "1": retired(time.Unix(1, 0))})
+}
+
+// TestSweepAbandonedWithoutLock removes a building generation whose lock
+// is gone (it expired with its run), and keeps one whose lock holds its
+// token.
+func TestSweepAbandonedWithoutLock(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, shape{family: true})
+	f.registry(keys.RegNext, "1", "1", keys.RegBuilding+"tok")
+	gone := f.gen(1, 3)
+	f.lock("tok")
+	res, err := gens.Sweep(redistest.Ctx(t), f.c, f.idx, gens.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantResult(t, res, nil, map[int64]gens.Reason{1: gens.SkipRunning})
+	f.check(map[string]string{keys.RegNext: "1", "1": keys.RegBuilding + "tok"})
+
+	redistest.Cmd(t, f.c, "DEL", f.lockKey())
+	f.forget(f.lockKey())
+	if res, err = gens.Sweep(redistest.Ctx(t), f.c, f.idx, gens.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	wantResult(t, res, []int64{1}, nil)
+	f.forget(gone...)
+	f.check(map[string]string{keys.RegNext: "1"})
+}
+
+// TestRemoveOwn removes the generation a failed run built, while the run
+// still holds the lock (Sweep would keep it), and one of its generations
+// whose field a sweep removed; it refuses a generation in any other state:
+// the current one, or one another run builds.
+func TestRemoveOwn(t *testing.T) {
+	t.Parallel()
+	for _, sh := range shapes() {
+		t.Run(sh.name, func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t, sh)
+			ctx := redistest.Ctx(t)
+			f.registry(keys.RegNext, "4", "1", keys.RegCurrent, "2", keys.RegBuilding+"tok", "3", keys.RegBuilding+"other")
+			f.set(f.pointerKey(), "1")
+			f.lock("tok")
+			f.gen(1, 300)
+			mine := f.gen(2, 300)
+			f.gen(3, 3)
+			// Generation 4 was the run's too, and a sweep removed its field
+			// while the run, which had lost its lock, still wrote.
+			late := f.gen(4, 3)
+			for _, g := range []int64{1, 3} {
+				res, err := gens.RemoveOwn(ctx, f.c, f.idx, g, "tok", gens.Options{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				wantResult(t, res, nil, map[int64]gens.Reason{g: gens.SkipChanged})
+			}
+			res, err := gens.RemoveOwn(ctx, f.c, f.idx, 2, "tok", gens.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantResult(t, res, []int64{2}, nil)
+			if res.Keys != int64(len(mine)) {
+				t.Errorf("%d keys deleted, want %d", res.Keys, len(mine))
+			}
+			if res, err = gens.RemoveOwn(ctx, f.c, f.idx, 4, "tok", gens.Options{}); err != nil {
+				t.Fatal(err)
+			}
+			wantResult(t, res, []int64{4}, nil)
+			f.forget(mine...)
+			f.forget(late...)
+			f.check(map[string]string{keys.RegNext: "4", "1": keys.RegCurrent, "3": keys.RegBuilding + "other"})
+		})
+	}
+}
