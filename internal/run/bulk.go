@@ -503,9 +503,11 @@ func (b *Bulk) watch(dc rueidis.DedicatedClient) <-chan struct{} {
 
 // closing returns the function that gives dc's connection back closed
 // (see Bulk): release, the function that gives it back, after Close, which
-// gives it back itself. watched reports that watch set dc's hook: it is
-// removed first, so that watch does not take the connection's end for a
-// loss.
+// gives it back itself. Close waits for the replies in flight on the
+// connection and a PING's, at most a second once the server stops
+// answering. watched reports that watch set dc's hook: it is removed
+// first, so that watch does not take the connection's end for a loss (and
+// only then: on RESP2, SetPubSubHooks would open a second connection).
 func closing(dc rueidis.DedicatedClient, release func(), watched bool) func() {
 	return func() {
 		if watched {
