@@ -62,6 +62,19 @@ import (
 // node, from the client's Nodes), which only the lookup of a route's
 // connection need change.
 //
+// A connection is given back closed, never to be used again: the pool
+// counts it as given back, and dials a new one for the next that is asked
+// for (one per run). rueidis v1.0.79 sends a RESP3 connection that it has
+// read in the background (the hook's, or any command's that waited under
+// a context it could cancel) UNSUBSCRIBE, PUNSUBSCRIBE and SUNSUBSCRIBE on
+// its way back to the pool, each followed by a PING, and takes a BUSY or
+// LOADING reply to one of them for the PING's: while the server runs a
+// script past its busy-reply-threshold (a large publish, the run's own
+// included) or loads its data, the replies outnumber what it waits for,
+// and its reader panics ("protocol bug, message handled out of order"),
+// which ends the application. A connection closed first is sent none of
+// them.
+//
 // rueidis gives no way to stop waiting for its blocking pool: a standalone
 // or Sentinel client waits in Dedicate, without a context, and a cluster
 // client in a connection's first command, where a cancelled wait is
@@ -403,12 +416,14 @@ func (b *Bulk) ask(route string) *bulkConn {
 func (b *Bulk) answer(c *bulkConn, route string) {
 	var (
 		dc      rueidis.DedicatedClient
-		release func()
+		give    func() // rueidis's: back to the pool, open
+		release func() // give, closed first (see closing)
 		err     error
 		resp3   bool
 	)
 	for pause := redirectPause; ; pause = min(2*pause, redirectPauseMax) {
-		dc, release = b.client.Dedicate()
+		dc, give = b.client.Dedicate()
+		release = closing(dc, give, false)
 		res := dc.DoMulti(b.base, dc.B().Exists().Key(route).Build(), dc.B().Hello().Build())
 		err = res[0].Error()
 		if isAsk(err) {
@@ -444,7 +459,9 @@ func (b *Bulk) answer(c *bulkConn, route string) {
 	}
 	var gone <-chan struct{}
 	if err == nil && resp3 {
-		gone = b.watch(dc)
+		if gone = b.watch(dc); gone != nil {
+			release = closing(dc, give, true)
+		}
 	}
 	b.mu.Lock()
 	c.dc, c.release, c.err, c.gone = dc, release, err, gone
@@ -465,22 +482,40 @@ func (b *Bulk) answer(c *bulkConn, route string) {
 // is then seen before the next one is sent, rather than by it. It returns
 // nil when rueidis cannot tell (see checked).
 func (b *Bulk) watch(dc rueidis.DedicatedClient) <-chan struct{} {
-	closing := dc.SetPubSubHooks(rueidis.PubSubHooks{OnMessage: func(rueidis.PubSubMessage) {}})
-	if closing == nil {
+	ended := dc.SetPubSubHooks(rueidis.PubSubHooks{OnMessage: func(rueidis.PubSubMessage) {}})
+	if ended == nil {
 		return nil
 	}
 	done := make(chan struct{})
 	go func() {
 		// The channel gets the error of a connection that breaks, and is
-		// closed without one when the connection is given back: this
+		// closed without one when the hook is removed, before the
+		// connection is closed and given back (see closing): this
 		// goroutine ends with the connection.
-		err, ok := <-closing
+		err, ok := <-ended
 		close(done) // first: the next write must not take it
 		if ok && err != nil {
 			b.events.Lost(err)
 		}
 	}()
 	return done
+}
+
+// closing returns the function that gives dc's connection back closed
+// (see Bulk): release, the function that gives it back, after Close, which
+// gives it back itself. Close waits for the replies in flight on the
+// connection and a PING's, at most a second once the server stops
+// answering. watched reports that watch set dc's hook: it is removed
+// first, so that watch does not take the connection's end for a loss (and
+// only then: on RESP2, SetPubSubHooks would open a second connection).
+func closing(dc rueidis.DedicatedClient, release func(), watched bool) func() {
+	return func() {
+		if watched {
+			dc.SetPubSubHooks(rueidis.PubSubHooks{})
+		}
+		dc.Close()
+		release()
+	}
 }
 
 // isClosed reports whether Close was called.

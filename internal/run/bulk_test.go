@@ -292,3 +292,143 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// busyScript runs on the server until SCRIPT KILL, or a minute: it reads
+// the time and writes nothing, so SCRIPT KILL can end it.
+const busyScript = `local s = redis.call('TIME')
+while true do
+  local t = redis.call('TIME')
+  if t[1] - s[1] > 60 then break end
+end
+return 1`
+
+// busy makes the server of s run busyScript, past a busy-reply-threshold of
+// 100 ms, and returns once another client is answered BUSY. The returned
+// function ends the script, and waits for its reply.
+func busy(t *testing.T, s *redistest.Server) (end func()) {
+	t.Helper()
+	admin := s.Client(t)
+	redistest.Do(t, admin, admin.B().ConfigSet().ParameterValue().ParameterValue("busy-reply-threshold", "100").Build())
+	runner := s.Client(t)
+	ran := make(chan error, 1)
+	go func() {
+		ran <- runner.Do(context.Background(), runner.B().Eval().Script(busyScript).Numkeys(0).Build()).Error()
+	}()
+	waitUntil(t, "a BUSY reply", func() bool {
+		err := admin.Do(redistest.Ctx(t), admin.B().Ping().Build()).Error()
+		e, ok := rueidis.IsRedisErr(err)
+		return ok && strings.HasPrefix(e.Error(), "BUSY")
+	})
+	return func() {
+		t.Helper()
+		redistest.Do(t, admin, admin.B().ScriptKill().Build())
+		select {
+		case err := <-ran:
+			if e, ok := rueidis.IsRedisErr(err); !ok || !strings.Contains(e.Error(), "killed") {
+				t.Errorf("the busy script ended with %v, want it killed", err)
+			}
+		case <-time.After(bulkHang):
+			t.Fatal("the busy script did not end after SCRIPT KILL")
+		}
+	}
+}
+
+// wantPoolFree fails t unless a connection of c's blocking pool comes, and
+// reads key as want on it.
+func wantPoolFree(t *testing.T, c rueidis.Client, key, want string) {
+	t.Helper()
+	got := make(chan error, 1)
+	go func() {
+		dc, release := c.Dedicate()
+		defer release()
+		v, err := dc.Do(context.Background(), dc.B().Get().Key(key).Build()).ToString()
+		if err == nil && v != want {
+			err = fmt.Errorf("got %q, want %q", v, want)
+		}
+		got <- err
+	}()
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatalf("GET %s on a connection of the pool: %v", key, err)
+		}
+	case <-time.After(bulkHang):
+		t.Fatal("no connection of the pool came: the one given back was not counted")
+	}
+}
+
+func TestGiveBackWhileBusy(t *testing.T) {
+	// C81: a connection of the blocking pool, the Bulk's or one taken by
+	// TakeConnection, is given back while the server answers BUSY (a
+	// script past its busy-reply-threshold: a large publish, another
+	// run's or this one's). It is closed first: the pool counts it as
+	// given back (a pool of one hands out the next), the Bulk reports no
+	// loss, and the server holds none of them once it is given back.
+	//
+	// Before, rueidis v1.0.79 sent the connection UNSUBSCRIBE,
+	// PUNSUBSCRIBE and SUNSUBSCRIBE, each with a PING, on its way back to
+	// the pool (it had read it in the background: the Bulk's hook, or a
+	// command under a context it could cancel), took the BUSY replies to
+	// them for the PINGs', was left with three replies that nothing
+	// waited for, and its reader panicked ("protocol bug, message handled
+	// out of order"): the test binary died.
+	t.Parallel()
+	s := redistest.OwnServer(t)
+	admin := s.Client(t)
+	t.Run("bulk", func(t *testing.T) {
+		route := "{bulk-busy}:k"
+		c, w := bulkClient(t, []string{s.Addr}, false, 1, false)
+		redistest.Do(t, c, c.B().Get().Key(route).Build()) // the client's shared connections
+		before := connections(t, admin)
+		var ev bulkEvents
+		b := run.NewBulk(redistest.Ctx(t), c, time.Minute, ev.events())
+		set(t, b, c, route, route, "v")
+		if w.own.Load() != 1 {
+			t.Fatalf("%d transactions on a dedicated connection, want 1", w.own.Load())
+		}
+		end := busy(t, s)
+		b.Close()
+		end()
+		waitUntil(t, "the Bulk's connection closed on the server", func() bool { return connections(t, admin) == before })
+		wantPoolFree(t, c, route, "v")
+		if n := ev.count(&ev.lost); n != 0 {
+			t.Errorf("Lost reported %d times for a connection given back, want 0", n)
+		}
+		if d := redistest.PTTL(t, admin, route); d != -1 {
+			t.Errorf("PTTL %s: %v, want no TTL", route, d)
+		}
+	})
+	t.Run("TakeConnection", func(t *testing.T) {
+		key := "{take-busy}:k"
+		redistest.Do(t, admin, admin.B().Set().Key(key).Value("v").Build())
+		c, _ := bulkClient(t, []string{s.Addr}, false, 1, false)
+		before := connections(t, admin)
+		d := <-run.TakeConnection(redistest.Ctx(t), c, func(ctx context.Context, dc rueidis.DedicatedClient) error {
+			return dc.Do(ctx, dc.B().Get().Key(key).Build()).Error()
+		})
+		if d.Err != nil {
+			t.Fatalf("GET %s: %v", key, d.Err)
+		}
+		// A command under a context that can be cancelled and has no
+		// deadline makes rueidis read the connection in the background
+		// from then on, and the pool hands it out so to the next user: the
+		// application may have used it so, or the keep-alive PING of
+		// rueidis sent one while the durability wait's or a probe's was
+		// on it.
+		ctx, cancel := context.WithCancel(context.Background())
+		err := d.Client.Do(ctx, d.Client.B().Get().Key(key).Build()).Error()
+		cancel()
+		if err != nil {
+			t.Fatalf("GET %s: %v", key, err)
+		}
+		end := busy(t, s)
+		d.Release()
+		end()
+		waitUntil(t, "the connection closed on the server", func() bool { return connections(t, admin) == before })
+		wantPoolFree(t, c, key, "v")
+		if v, _ := redistest.Get(t, admin, key); v != "v" {
+			t.Errorf("GET %s: %q, want v", key, v)
+		}
+	})
+	redistest.WantClean(t, admin, redistest.Prefix(t))
+}

@@ -7,7 +7,8 @@ import (
 )
 
 // Dedicated is a connection of a client's blocking pool, the function that
-// gives it back, and the error of its first command.
+// gives it back, closed (as a [Bulk] gives back its own, for the same
+// reason), and the error of its first command.
 type Dedicated struct {
 	Client  rueidis.DedicatedClient
 	Release func()
@@ -38,7 +39,7 @@ func TakeConnection(ctx context.Context, c rueidis.Client, first func(ctx contex
 	got := make(chan Dedicated, 1)
 	go func() {
 		dc, release := c.Dedicate()
-		got <- Dedicated{dc, release, first(never, dc)}
+		got <- Dedicated{dc, closing(dc, release, false), first(never, dc)}
 	}()
 	return got
 }
