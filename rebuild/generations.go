@@ -72,7 +72,8 @@ var slotTags = sync.OnceValue(func() []string {
 
 // generations is the state of a run in Generations mode.
 type generations struct {
-	gens []int64 // per builder: the generation the run builds
+	gens    []int64 // per builder: the generation the run builds
+	current []int64 // per builder: the generation current (0: none, the plain shape)
 
 	mu     sync.Mutex
 	counts map[uint16]int64 // on a cluster: transactions acknowledged per slot
@@ -100,15 +101,35 @@ func (x *execution[T]) genTemp(live string) string {
 	return keys.GenKey(live, 0) // refused by targets.get: not the run's
 }
 
+// liveKey returns the key that holds live for readers now: live itself in
+// RenameInPlace mode, or for an index without a pointer; else its key in
+// the index's current generation.
+func (x *execution[T]) liveKey(live string) string {
+	if x.gen == nil {
+		return live
+	}
+	for i, o := range x.r.owners {
+		cur := x.gen.current[i]
+		switch {
+		case cur == 0:
+		case !o.family && live == o.key:
+			return keys.GenKey(live, cur)
+		case o.family && isBucket(live, o.key):
+			return keys.GenBucketKey(o.key, cur, live[len(o.key)+1:])
+		}
+	}
+	return live
+}
+
 // allocate allocates the run's generations and makes its targets write
 // them.
 func (x *execution[T]) allocate(ctx context.Context) error {
 	r := x.r
-	gens, err := r.redis.AllocateGenerations(ctx, "acquire", r.key, x.locks, r.lives)
+	gens, current, err := r.redis.AllocateGenerations(ctx, "acquire", r.key, x.locks, r.lives)
 	if err != nil {
 		return err
 	}
-	x.gen = &generations{gens: gens, counts: map[uint16]int64{}}
+	x.gen = &generations{gens: gens, current: current, counts: map[uint16]int64{}}
 	x.targets = x.newTargets()
 	return nil
 }

@@ -1,6 +1,6 @@
 package rebuild_test
 
-// Generations mode (C82-C86): runs that publish by a flip of a pointer,
+// Generations mode (C82-C87): runs that publish by a flip of a pointer,
 // against a standalone server and a 3-master cluster, where a family's keys
 // spread over the masters; the old generation removed after the grace
 // period; rollback by a flip; and every failure made to happen, after which
@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/keyswap/keyswap/builders"
+	"github.com/keyswap/keyswap/guards"
 	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/redistest"
@@ -405,4 +406,54 @@ func TestGenerationsOptions(t *testing.T) {
 	if left := redistest.Keys(t, c, p); len(left) > 0 {
 		t.Errorf("Apply wrote %v", left)
 	}
+}
+
+func TestGenerationsHeld(t *testing.T) {
+	// C87: a held run in Generations mode reviews and diffs its generation
+	// against the current one, and its publish is a flip.
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		ctx := redistest.Ctx(t)
+		prefix := genPrefix(d)
+		r := genRebuilder(t, d, prefix, rebuild.Options{})
+		first, second := genUsers(300, 30), genUsers(200, 20)
+		if _, err := r.Run(ctx, sources.Slice(first)); err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+		h, _, err := r.Build(ctx, sources.Slice(second))
+		if err != nil {
+			t.Fatalf("Build: %v", err)
+		}
+		b := h.Review().Builders[0]
+		if b.Live != 300 || b.LiveKeys != 30 || b.New != 200 || b.NewKeys != 20 {
+			t.Errorf("review: live %d entries in %d keys, new %d in %d; want 300 in 30, 200 in 20", b.Live, b.LiveKeys, b.New, b.NewKeys)
+		}
+		df, err := h.Diff(ctx, guards.DiffOptions{MaxKeys: 100})
+		if err != nil {
+			t.Fatalf("Diff: %v", err)
+		}
+		if bd := df.Builders[0]; bd.BucketsRemoved != 10 || bd.BucketsAdded != 0 || bd.Buckets != 30 {
+			t.Errorf("diff: %d buckets, %d added, %d removed; want 30, 0, 10", bd.Buckets, bd.BucketsAdded, bd.BucketsRemoved)
+		}
+		wantGeneration(t, d, prefix, 1, 2, map[string]string{"1": keys.RegCurrent, "2": keys.RegBuilding + heldToken(t, d, prefix)}, first)
+		stats, err := h.Publish(ctx)
+		if err != nil {
+			t.Fatalf("Publish: %v", err)
+		}
+		if stats.Generations[prefix] != 2 {
+			t.Errorf("Stats.Generations = %v, want %s: 2", stats.Generations, prefix)
+		}
+		wantGeneration(t, d, prefix, 2, 2, map[string]string{"2": keys.RegCurrent}, second)
+		wantNoGeneration(t, d, prefix, 1)
+		wantGenClean(t, d, prefix, 2)
+	})
+}
+
+// heldToken returns the token of the lock of prefix.
+func heldToken(t *testing.T, d deployment, prefix string) string {
+	t.Helper()
+	tok, ok := redistest.Get(t, d.Other, keys.LockKey(prefix, d.Cluster))
+	if !ok {
+		t.Fatalf("no lock held on %s", prefix)
+	}
+	return tok
 }

@@ -38,34 +38,44 @@ const UnlinkChunk = 256
 // AllocateGenerations allocates a new generation for each index of lives
 // (live keys, or families' prefixes) in its registry, marked as built by
 // the run that holds locks, in one script fenced by them. It returns the
-// generations, in the order of lives.
-func (r *Redis) AllocateGenerations(ctx context.Context, op, key string, locks []*Lock, lives []string) ([]int64, error) {
+// generations, in the order of lives, and the generation current for each
+// (0 for an index without a pointer, in the rename-in-place shape): it
+// stays current while the locks are held, as only a flip or a rollback,
+// fenced by them, moves a pointer.
+func (r *Redis) AllocateGenerations(ctx context.Context, op, key string, locks []*Lock, lives []string) (gens, current []int64, err error) {
 	lockKeys, token, err := CheckLocks(op, locks)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	ks := slices.Clone(lockKeys)
 	for _, l := range lives {
 		ks = append(ks, keys.RegistryKey(l, r.cluster))
 	}
+	for _, l := range lives {
+		ks = append(ks, keys.PointerKey(l, r.cluster))
+	}
 	if err := r.SameSlot(op, key, ks...); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	res, err := parseReply(genallocScript.Exec(ctx, r.client, ks, []string{token, strconv.Itoa(len(lockKeys))}))
 	if err != nil {
-		return nil, Fail(ctx, op, key, err)
+		return nil, nil, Fail(ctx, op, key, err)
 	}
 	code, err := res.code()
 	i, _ := res.int(1)
 	switch {
 	case err != nil:
-		return nil, &Error{Op: op, Key: key, Err: fmt.Errorf("unexpected genalloc script reply: %w", err)}
+		return nil, nil, &Error{Op: op, Key: key, Err: fmt.Errorf("unexpected genalloc script reply: %w", err)}
 	case code == codeLockLost && i >= 1 && int(i) <= len(locks):
-		return nil, &Error{Op: op, Key: locks[i-1].Live, Err: ErrLockLost}
-	case code != codeOK || len(res) != 1+len(lives):
-		return nil, &Error{Op: op, Key: key, Err: fmt.Errorf("unexpected genalloc script reply %v", res)}
+		return nil, nil, &Error{Op: op, Key: locks[i-1].Live, Err: ErrLockLost}
+	case code != codeOK || len(res) != 1+2*len(lives):
+		return nil, nil, &Error{Op: op, Key: key, Err: fmt.Errorf("unexpected genalloc script reply %v", res)}
 	}
-	return res.ints(1)
+	all, err := res.ints(1)
+	if err != nil {
+		return nil, nil, &Error{Op: op, Key: key, Err: fmt.Errorf("unexpected genalloc script reply: %w", err)}
+	}
+	return all[:len(lives)], all[len(lives):], nil
 }
 
 // FlipOptions configures [Redis.Flip].
