@@ -46,8 +46,9 @@ func (m PublishMode) String() string {
 const DefaultGrace = 10 * time.Second
 
 // ErrNotInGenerations reports an operation that Generations mode does not
-// support yet.
-var ErrNotInGenerations = errors.New("not yet supported in Generations mode")
+// support yet: Apply during a run, or on a cluster, Apply to a family
+// without a hash tag.
+var ErrNotInGenerations = run.ErrNotInGenerations
 
 // counterSuffix follows a run's base in the key of a per-slot counter of
 // its writes, on a cluster in Generations mode.

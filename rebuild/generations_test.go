@@ -1,6 +1,6 @@
 package rebuild_test
 
-// Generations mode (C82-C87): runs that publish by a flip of a pointer,
+// Generations mode (C82-C88): runs that publish by a flip of a pointer,
 // against a standalone server and a 3-master cluster, where a family's keys
 // spread over the masters; the old generation removed after the grace
 // period; rollback by a flip; and every failure made to happen, after which
@@ -388,8 +388,7 @@ func TestGenerationsFailures(t *testing.T) {
 }
 
 func TestGenerationsOptions(t *testing.T) {
-	// C82: New refuses a Publish mode it does not know, naming it; Apply
-	// refuses in Generations mode, writing nothing.
+	// C82: New refuses a Publish mode it does not know, naming it.
 	c := env.Standalone.Client(t)
 	p := redistest.Prefix(t)
 	set := builders.Set(p+"ids", func(u user) (string, bool) { return u.ID, true })
@@ -397,15 +396,72 @@ func TestGenerationsOptions(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "Publish PublishMode(7)") {
 		t.Errorf("New with Publish 7: %v", err)
 	}
-	r := redistest.Rebuilder(t, c, rebuild.Options{Publish: rebuild.Generations}, index.Builder[user](set))
-	u := user{ID: "u1"}
-	err = r.Apply(redistest.Ctx(t), index.Change[user]{New: &u})
-	if !errors.Is(err, rebuild.ErrNotInGenerations) {
-		t.Errorf("Apply in Generations mode: %v, want ErrNotInGenerations", err)
-	}
-	if left := redistest.Keys(t, c, p); len(left) > 0 {
-		t.Errorf("Apply wrote %v", left)
-	}
+}
+
+func TestGenerationsApply(t *testing.T) {
+	// C88: Apply writes the current generation, or the plain shape of an
+	// index without a pointer; it refuses during a run, and on a cluster
+	// a family without a hash tag, writing nothing.
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		ctx := redistest.Ctx(t)
+		prefix := d.Prefix + "users:by-bucket" // with the hash tag on the cluster
+		r := genRebuilder(t, d, prefix, rebuild.Options{})
+		us := genUsers(30, 3)
+		moved := us[0]
+		moved.Country = "b01"
+		change := index.Change[user]{Old: &us[0], New: &moved}
+
+		// No pointer yet: the plain shape.
+		if err := r.Apply(ctx, index.Change[user]{New: &us[0]}); err != nil {
+			t.Fatalf("Apply without a pointer: %v", err)
+		}
+		if got := redistest.SMembers(t, d.Other, prefix+":b00"); !slices.Equal(got, []string{us[0].ID}) {
+			t.Errorf("plain bucket holds %v", got)
+		}
+		redistest.Clean(t, d.Other, prefix+":b00")
+
+		if _, err := r.Run(ctx, sources.Slice(us)); err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+		if err := r.Apply(ctx, change); err != nil {
+			t.Fatalf("Apply: %v", err)
+		}
+		after := slices.Clone(us)
+		after[0] = moved
+		wantGeneration(t, d, prefix, 1, 1, map[string]string{"1": keys.RegCurrent}, after)
+		if left := redistest.Keys(t, d.Other, prefix+":b"); len(left) > 0 {
+			t.Errorf("plain keys written: %v", left)
+		}
+
+		// During a run: refused, nothing written.
+		h, _, err := r.Build(ctx, sources.Slice(us))
+		if err != nil {
+			t.Fatalf("Build: %v", err)
+		}
+		before := redistest.Snapshot(t, d.Other, keys.GenPrefix(prefix, 1))
+		back := index.Change[user]{Old: &moved, New: &us[0]}
+		err = r.Apply(ctx, back)
+		redistest.WantErr(t, err, rebuild.ErrInProgress)
+		redistest.WantErr(t, err, rebuild.ErrNotInGenerations)
+		redistest.WantUnchanged(t, d.Other, keys.GenPrefix(prefix, 1), before)
+		if err := h.Discard(ctx); err != nil {
+			t.Fatalf("Discard: %v", err)
+		}
+		wantGeneration(t, d, prefix, 1, 2, map[string]string{"1": keys.RegCurrent}, after)
+		wantGenClean(t, d, prefix, 1)
+
+		if d.Cluster {
+			spread := genPrefix(d)
+			s := genRebuilder(t, d, spread, rebuild.Options{})
+			if _, err := s.Run(ctx, sources.Slice(us)); err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+			before := redistest.Snapshot(t, d.Other, keys.GenPrefix(spread, 1))
+			err := s.Apply(ctx, change)
+			redistest.WantErr(t, err, rebuild.ErrNotInGenerations)
+			redistest.WantUnchanged(t, d.Other, keys.GenPrefix(spread, 1), before)
+		}
+	})
 }
 
 func TestGenerationsHeld(t *testing.T) {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/keyswap/keyswap/internal/keys"
@@ -23,6 +24,9 @@ var (
 	flipScript     = newScript("flip", false)
 	genbackScript  = newScript("genback", false)
 	gendropScript  = newScript("gendrop", true)
+	// genapply is not retried, as apply is not: the caller must learn that
+	// the outcome is unknown.
+	genapplyScript = newScript("genapply", false)
 )
 
 // ErrGenerationLost reports a run in Generations mode whose generation is
@@ -365,3 +369,135 @@ func (r *Redis) RemoveGeneration(ctx context.Context, live string, family bool, 
 	}
 	return nil
 }
+
+// GenApplyOptions configures [Redis.GenApply].
+type GenApplyOptions struct {
+	// Op and Key name the operation in errors.
+	Op, Key string
+	// Locks are the lock keys of the indexes the change writes, Lives
+	// their live keys or families' prefixes, as Families says, and Ops the
+	// ops on each one's keys, on their plain names.
+	Locks    []string
+	Lives    []string
+	Families []bool
+	Ops      [][]Op
+}
+
+// genApplyTries is how many times GenApply resolves the pointers again
+// when a flip moved one between its resolution and the change.
+const genApplyTries = 3
+
+// GenApply applies ops to the current generation of indexes published in
+// Generations mode (genapply.lua): it resolves each index's pointer, writes
+// the ops on that generation's keys (the plain keys for an index without a
+// pointer), and checks in the same atomic step that the pointers did not
+// move (else it resolves them again) and that no run holds a lock: while
+// one does, it fails with an error matching [ErrInProgress], having
+// written nothing. On a cluster every key of the change must share the
+// locks' slot (a family with a hash tag).
+func (r *Redis) GenApply(ctx context.Context, opts GenApplyOptions) error {
+	op, key := opts.Op, opts.Key
+	fail := func(err error) error { return &Error{Op: op, Key: key, Err: err} }
+	var locks, lives []string
+	var families []bool
+	var lists [][]Op
+	for i, l := range opts.Locks {
+		if i < len(opts.Ops) && len(opts.Ops[i]) > 0 {
+			locks, lives, lists = append(locks, l), append(lives, opts.Lives[i]), append(lists, opts.Ops[i])
+			families = append(families, i < len(opts.Families) && opts.Families[i])
+		}
+	}
+	n := len(locks)
+	if n == 0 {
+		return nil
+	}
+	for _, ops := range lists {
+		for _, o := range ops {
+			if err := o.check(); err != nil {
+				return fail(err)
+			}
+		}
+	}
+	for range genApplyTries {
+		pointers := make(rueidis.Commands, n)
+		for i, l := range lives {
+			pointers[i] = r.client.B().Get().Key(keys.PointerKey(l, r.cluster)).Build()
+		}
+		gens := make([]string, n)
+		for i, res := range r.client.DoMulti(ctx, pointers...) {
+			g, err := res.ToString()
+			if rueidis.IsRedisNil(err) {
+				g, err = "0", nil
+			}
+			if err != nil {
+				return Fail(ctx, op, key, fmt.Errorf("GET %s: %w", keys.PointerKey(lives[i], r.cluster), err))
+			}
+			gens[i] = g
+		}
+		ks := slices.Clone(locks)
+		for _, l := range lives {
+			ks = append(ks, keys.PointerKey(l, r.cluster))
+		}
+		index := map[string]int{}
+		args := append([]string{strconv.Itoa(n), ""}, gens...)
+		count := 0
+		for i, ops := range lists {
+			g, _ := strconv.ParseInt(gens[i], 10, 64)
+			for _, o := range ops {
+				k := o.Key
+				switch {
+				case g == 0:
+				case families[i]:
+					k = keys.GenBucketKey(lives[i], g, strings.TrimPrefix(o.Key, lives[i]+":"))
+				default:
+					k = keys.GenKey(o.Key, g)
+				}
+				j, ok := index[k]
+				if !ok {
+					ks = append(ks, k)
+					j = len(ks) - 2*n
+					index[k] = j
+				}
+				args = append(args, strconv.Itoa(i+1), strconv.Itoa(j), o.Cmd, strconv.Itoa(len(o.Args)))
+				args = append(args, o.Args...)
+				count++
+			}
+		}
+		args[1] = strconv.Itoa(count)
+		if err := r.SameSlot(op, key, ks...); err != nil {
+			return fail(fmt.Errorf("%w: in Generations mode on a cluster, Apply writes a change in one atomic script with the index's lock and pointer, so a family's keys need the prefix's hash tag (e.g. {%s})", ErrNotInGenerations, lives[0]))
+		}
+		res, err := parseReply(genapplyScript.Exec(ctx, r.client, ks, args))
+		if err != nil {
+			if IsServerReply(err) {
+				return Fail(ctx, op, key, err)
+			}
+			return Fail(ctx, op, key, fmt.Errorf("%w: the change may or may not be applied; apply it again before any later change to the same items: %w", ErrOutcomeUnknown, err))
+		}
+		if err := res.refusal(); err != nil {
+			return fail(err)
+		}
+		code, err := res.code()
+		if err != nil {
+			return fail(fmt.Errorf("unexpected genapply script reply: %w", err))
+		}
+		i, _ := res.int(1)
+		switch {
+		case code == codeOK:
+			return nil
+		case code == codeGenLost:
+			continue // a flip came in between: resolve again
+		case code == codeWrongType:
+			return fail(fmt.Errorf("%q holds a %s, which this change cannot write; nothing applied", res.str(1), res.str(2)))
+		case code == codeUnlogged && i >= 1 && int(i) <= n:
+			return fail(fmt.Errorf("%w: %q is locked (%s) by a run, and applying a change during a run is %w; nothing applied: apply the change again once that run ends", ErrInProgress, lives[i-1], locks[i-1], ErrNotInGenerations))
+		default:
+			return fail(fmt.Errorf("unexpected genapply script reply %v", res))
+		}
+	}
+	return fail(fmt.Errorf("%w: the indexes' pointers moved %d times while the change was applied (flips in quick succession); nothing applied: apply it again", ErrInProgress, genApplyTries))
+}
+
+// ErrNotInGenerations reports an operation that Generations mode does not
+// support yet.
+var ErrNotInGenerations = errors.New("not yet supported in Generations mode")
