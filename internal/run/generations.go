@@ -29,6 +29,11 @@ var (
 	genapplyScript = newScript("genapply", false)
 )
 
+// RegistryNames are the names the scripts of Generations mode write in a
+// registry as literal strings: its field RegNext, and the states of a
+// generation that are no prefix (keys.RegCurrent, keys.RegPrevious).
+var RegistryNames = []string{keys.RegNext, keys.RegCurrent, keys.RegPrevious}
+
 // ErrGenerationLost reports a run in Generations mode whose generation is
 // no longer marked as its own in its index's registry when it publishes:
 // the registry was overwritten or lost (evicted, or a failover to a
