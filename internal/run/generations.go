@@ -208,11 +208,7 @@ func (r *Redis) flipped(opts FlipOptions, res reply) (Flipped, error) {
 	case code == codeAborted:
 		return refuse(fmt.Errorf("%w: the operator's cancel came before the flip; every index left at its generation", ErrAborted))
 	case (code == codeLogLost || code == codeUncounted) && i >= 1 && int(i) <= len(opts.Logs):
-		n, _ := res.int(2)
-		logged, _ := res.int(3)
-		ls := NewLogs([]string{opts.Logs[i-1].Key})
-		ls.highest[0].Store(opts.Logs[i-1].Logged)
-		return refuse(ls.Check(0, LogCount{Len: n, Logged: logged}))
+		return refuse(logFailure(opts.Logs[i-1], res))
 	case code == codeBehind && i >= 1 && int(i) <= len(opts.Logs):
 		n, _ := res.int(2)
 		return refuse(&BehindError{Log: opts.Logs[i-1].Key, Tail: n})
@@ -249,13 +245,7 @@ func (r *Redis) flipped(opts FlipOptions, res reply) (Flipped, error) {
 // ErrNothingToRollBack, changing nothing. It returns the generation now
 // current of each index.
 func (r *Redis) GenRollback(ctx context.Context, opts RollbackOptions) ([]int64, error) {
-	op, key := opts.Op, opts.Key
-	families := make([]bool, len(opts.Lives))
-	for i := range families {
-		families[i] = i < len(opts.FamilyTypes) && opts.FamilyTypes[i] != ""
-	}
-	locks, err := r.Acquire(ctx, AcquireOptions{Op: op, Key: key, Lives: opts.Lives, Families: families,
-		Mode: ModeRollback, TTL: opts.TTL, Record: []string{FieldPhase, "rolling back"}})
+	locks, err := r.rollbackLocks(ctx, opts)
 	if err != nil {
 		return nil, err
 	}
