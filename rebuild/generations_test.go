@@ -513,3 +513,76 @@ func heldToken(t *testing.T, d deployment, prefix string) string {
 	}
 	return tok
 }
+
+func TestGenerationsPlainKeys(t *testing.T) {
+	// C82, C83, C86: plain keys (a Hash, a SortedSet) next to a family:
+	// each index has its pointer and registry, all flip in one step, and
+	// a plain key's old generation goes after the grace period; with a
+	// negative Grace it stays, retired.
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		ctx := redistest.Ctx(t)
+		email, score, bucket := d.Prefix+"users:by-email", d.Prefix+"users:by-score", d.Prefix+"users:by-bucket"
+		bs := func() []index.Builder[user] {
+			return []index.Builder[user]{
+				builders.Hash(email, func(u user) (string, string, bool) { return u.Email, u.ID, true }),
+				builders.SortedSet(score, func(u user) (string, float64, bool) { return u.ID, u.Score, true }),
+				builders.SetIndex(bucket, func(u user) (string, string, bool) { return u.Country, u.ID, true }),
+			}
+		}
+		r := redistest.Rebuilder(t, d.Client, rebuild.Options{Publish: rebuild.Generations, Grace: time.Millisecond}, bs()...)
+		check := func(gen int64, us []user) {
+			t.Helper()
+			emails, scores := map[string]string{}, map[string]float64{}
+			for _, u := range us {
+				emails[u.Email], scores[u.ID] = u.ID, u.Score
+			}
+			redistest.WantHash(t, d.Other, keys.GenKey(email, gen), emails)
+			if got := redistest.ZScores(t, d.Other, keys.GenKey(score, gen)); !maps.Equal(got, scores) {
+				t.Errorf("%s holds %d members, want %d", keys.GenKey(score, gen), len(got), len(scores))
+			}
+			for _, k := range []string{keys.GenKey(email, gen), keys.GenKey(score, gen)} {
+				if ttl := redistest.PTTL(t, d.Other, k); ttl != -1 {
+					t.Errorf("%s has a TTL of %v, want none", k, ttl)
+				}
+			}
+			for _, l := range []string{email, score} {
+				redistest.WantString(t, d.Other, keys.PointerKey(l, d.Cluster), strconv.FormatInt(gen, 10))
+				redistest.WantAbsent(t, d.Other, l)
+			}
+			wantGeneration(t, d, bucket, gen, gen, map[string]string{strconv.FormatInt(gen, 10): keys.RegCurrent}, us)
+		}
+		first, second := genUsers(40, 4), genUsers(25, 5)
+		stats, err := r.Run(ctx, sources.Slice(first))
+		if err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+		if want := map[string]int64{email: 1, score: 1, bucket: 1}; !maps.Equal(stats.Generations, want) {
+			t.Errorf("Stats.Generations = %v, want %v", stats.Generations, want)
+		}
+		check(1, first)
+		if _, err := r.Run(ctx, sources.Slice(second)); err != nil {
+			t.Fatalf("second Run: %v", err)
+		}
+		check(2, second)
+		for _, k := range []string{keys.GenKey(email, 1), keys.GenKey(score, 1)} {
+			redistest.WantAbsent(t, d.Other, k)
+		}
+		wantNoGeneration(t, d, bucket, 1)
+
+		// A negative Grace leaves the retired generation to a sweep.
+		keep := redistest.Rebuilder(t, d.Client, rebuild.Options{Publish: rebuild.Generations, Grace: -1}, bs()...)
+		if _, err := keep.Run(ctx, sources.Slice(first)); err != nil {
+			t.Fatalf("third Run: %v", err)
+		}
+		reg := redistest.HGetAll(t, d.Other, keys.RegistryKey(email, d.Cluster))
+		if reg["3"] != keys.RegCurrent || !strings.HasPrefix(reg["2"], keys.RegRetired) {
+			t.Errorf("registry %v: want 3 current, 2 retired", reg)
+		}
+		if !redistest.Exists(t, d.Other, keys.GenKey(email, 2)) {
+			t.Errorf("%s removed, want it left to a sweep", keys.GenKey(email, 2))
+		}
+		if n := len(redistest.Keys(t, d.Other, keys.GenPrefix(bucket, 2))); n != 5 {
+			t.Errorf("retired generation 2 of %s holds %d keys, want its 5 until a sweep", bucket, n)
+		}
+	})
+}
