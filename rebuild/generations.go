@@ -320,11 +320,17 @@ func (x *execution[T]) flip(ctx context.Context) (bool, error) {
 	if errors.Is(err, ErrLockLost) || run.PublishRefused(err) {
 		return false, err // nothing written: the generation is worthless
 	}
-	if err != nil {
-		// The script failed, or its outcome is unknown: the pointer may
-		// name the generation. It stays, marked building, for a sweep to
-		// judge.
+	if errors.Is(err, ErrOutcomeUnknown) {
+		// The reply was lost and the receipt could not be read: the
+		// pointer may name the generation. It stays, marked building, for
+		// a sweep to judge.
 		return true, err
+	}
+	if err != nil {
+		// An error reply: the script checks everything that can fail
+		// before its first write, so it flipped nothing. Or a lost reply
+		// that the receipt settled: it did not run.
+		return false, err
 	}
 	for _, t := range x.targets.all() {
 		x.stats.Outcomes[t.Live] = Swapped

@@ -586,3 +586,46 @@ func TestGenerationsPlainKeys(t *testing.T) {
 		}
 	})
 }
+
+func TestGenerationsFlipAllOrNothing(t *testing.T) {
+	// C83, C85: a flip that fails on its second index (a pointer of
+	// another type, written during the run) flips none: the first index's
+	// pointer is untouched, and the run's generation is removed.
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		ctx := redistest.Ctx(t)
+		email, bucket := d.Prefix+"users:by-email", d.Prefix+"users:by-bucket"
+		r := redistest.Rebuilder(t, d.Client, rebuild.Options{Publish: rebuild.Generations, Grace: time.Millisecond},
+			builders.Hash(email, func(u user) (string, string, bool) { return u.Email, u.ID, true }),
+			builders.SetIndex(bucket, func(u user) (string, string, bool) { return u.Country, u.ID, true }))
+		us := genUsers(30, 3)
+		if _, err := r.Run(ctx, sources.Slice(us)); err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+		ptr := keys.PointerKey(bucket, d.Cluster)
+		_, err := r.Run(ctx, genSource(genUsers(20, 2), 19, func() error {
+			redistest.Cmd(t, d.Other, "DEL", ptr)
+			redistest.Cmd(t, d.Other, "HSET", ptr, "not", "a pointer")
+			return nil
+		}))
+		if err == nil || !strings.Contains(err.Error(), "WRONGTYPE") {
+			t.Fatalf("Run with a pointer of another type: %v, want WRONGTYPE", err)
+		}
+		redistest.WantString(t, d.Other, keys.PointerKey(email, d.Cluster), "1")
+		redistest.WantHash(t, d.Other, keys.RegistryKey(email, d.Cluster), map[string]string{keys.RegNext: "2", "1": keys.RegCurrent})
+		redistest.WantAbsent(t, d.Other, keys.GenKey(email, 2))
+		wantNoGeneration(t, d, bucket, 2)
+		redistest.Cmd(t, d.Other, "DEL", ptr)
+		redistest.Cmd(t, d.Other, "SET", ptr, "1")
+		wantGeneration(t, d, bucket, 1, 2, map[string]string{"1": keys.RegCurrent}, us)
+		// The first lock's record, log, receipt and requests are named
+		// after it.
+		if left := redistest.Keys(t, d.Other, keys.LockKey(email, d.Cluster)); len(left) > 0 {
+			t.Errorf("left behind: %v", left)
+		}
+		if d.Cluster {
+			if left := counters(t, d.Other, keys.Base(email, true)); len(left) > 0 {
+				t.Errorf("per-slot counters left behind: %v", left)
+			}
+		}
+	})
+}

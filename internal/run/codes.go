@@ -19,7 +19,7 @@ const (
 	codeWritesLost = -3  // heartbeat, publish: {-3, batches}
 	codeRecreated  = -4  // publish: {-4, i}: populated temp key i has no TTL
 	codeUnknownCmd = -5  // acquire, apply, rollback, publish: {-5, cmd}
-	codeNotMeta    = -6  // publish: {-6, i}: meta i is another key
+	codeNotMeta    = -6  // publish, flip, genback: {-6, i}: meta i is another key
 	codeBehind     = -7  // publish: {-7, i, n, w}: the logs' tails hold n entries of work w, over a bound
 	codeWrongType  = -8  // apply, publish: {-8, key, type}: an op cannot write key's type
 	codeBadLog     = -9  // publish: {-9, i, e, why}: log i holds an entry that is not a change

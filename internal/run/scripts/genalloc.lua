@@ -21,13 +21,19 @@ for i = 1, L do
   end
 end
 local N = (#KEYS - L) / 2
+-- The pointers first: one of another type fails the script before any
+-- write.
+local current = {}
+for i = 1, N do
+  current[i] = tonumber(redis.call('GET', KEYS[L + N + i]) or '0') or 0
+end
 local out = {OK}
 for i = L + 1, L + N do
   local g = redis.call('HINCRBY', KEYS[i], 'next', 1)
   redis.call('HSET', KEYS[i], tostring(g), 'building:' .. token)
   out[#out + 1] = g
 end
-for i = L + N + 1, L + 2 * N do
-  out[#out + 1] = tonumber(redis.call('GET', KEYS[i]) or '0') or 0
+for i = 1, N do
+  out[#out + 1] = current[i]
 end
 return out
