@@ -275,16 +275,29 @@ func TestGenerationsRollback(t *testing.T) {
 		wantNoGeneration(t, d, prefix, 1)
 		wantGenClean(t, d, prefix, 2, 3)
 
+		// While a run holds the locks a rollback is refused.
+		h, _, err := r.Build(ctx, sources.Slice(a))
+		if err != nil {
+			t.Fatalf("Build: %v", err)
+		}
+		_, err = r.Rollback(ctx)
+		redistest.WantErr(t, err, rebuild.ErrInProgress)
+		if err := h.Discard(ctx); err != nil {
+			t.Fatalf("Discard: %v", err)
+		}
+		wantGeneration(t, d, prefix, 3, 4, map[string]string{"2": keys.RegPrevious, "3": keys.RegCurrent}, c)
+		wantNoGeneration(t, d, prefix, 4)
+
 		// Without KeepPrevious the previous generation retires.
 		plain := genRebuilder(t, d, prefix, rebuild.Options{})
 		if _, err := plain.Run(ctx, sources.Slice(a)); err != nil {
 			t.Fatalf("fourth Run: %v", err)
 		}
-		wantGeneration(t, d, prefix, 4, 4, map[string]string{"4": keys.RegCurrent}, a)
+		wantGeneration(t, d, prefix, 5, 5, map[string]string{"5": keys.RegCurrent}, a)
 		_, err = plain.Rollback(ctx)
 		redistest.WantErr(t, err, rebuild.ErrNothingToRollBack)
-		wantGeneration(t, d, prefix, 4, 4, map[string]string{"4": keys.RegCurrent}, a)
-		wantGenClean(t, d, prefix, 4)
+		wantGeneration(t, d, prefix, 5, 5, map[string]string{"5": keys.RegCurrent}, a)
+		wantGenClean(t, d, prefix, 5)
 	})
 }
 
