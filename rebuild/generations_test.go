@@ -215,19 +215,17 @@ func TestGenerationsGraceCancelled(t *testing.T) {
 			t.Fatalf("Run: %v", err)
 		}
 		ctx, cancel := context.WithCancel(redistest.Ctx(t))
-		// The source cancels ctx once it is read: the run is built and
-		// flips (the flip runs on the run's own context)... unless the
-		// cancel reaches it first, so cancel only after the flip, from
-		// the registry's point of view.
+		defer cancel()
+		// Cancel once the pointer names the second generation: the flip
+		// happened, and the run waits out its grace period of an hour.
+		ptr := keys.PointerKey(prefix, d.Cluster)
 		go func() {
-			deadline := time.Now().Add(time.Minute)
-			for time.Now().Before(deadline) {
-				if v, _ := redistest.Get(t, d.Other, keys.PointerKey(prefix, d.Cluster)); v == "2" {
-					break
+			defer cancel()
+			for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+				if v, err := d.Other.Do(ctx, d.Other.B().Get().Key(ptr).Build()).ToString(); err == nil && v == "2" {
+					return
 				}
-				time.Sleep(time.Millisecond)
 			}
-			cancel()
 		}()
 		if _, err := r.Run(ctx, sources.Slice(us)); err != nil {
 			t.Fatalf("second Run: %v", err)
