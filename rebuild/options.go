@@ -213,6 +213,19 @@ type Options struct {
 	// the publish script itself fails (OOM, a timeout, a dropped
 	// connection). Zero means DefaultPreserveFor.
 	PreserveFor time.Duration
+	// Publish is how a run publishes: RenameInPlace (the zero value), or
+	// Generations (see the package documentation, "Generations"). In
+	// Generations mode MaxKeys does not bind, and KeepPrevious, when
+	// positive, keeps the previous generation until the next flip,
+	// whatever its length.
+	Publish PublishMode
+	// Grace, in Generations mode, is how long a generation a flip retired
+	// stays readable before the run removes it: longer than the time a
+	// reader caches an index's pointer. Zero means DefaultGrace; negative
+	// leaves it, retired, to the next run's sweep or an explicit one. The
+	// run waits for it before it returns; a ctx cancelled meanwhile leaves
+	// the generation to a sweep too, and the run still succeeds.
+	Grace time.Duration
 	// Progress, if not nil, is called after each batch completes, and as
 	// the run enters each phase after building (Progress.Phase), from one
 	// goroutine at a time, with counts that never decrease. It should
@@ -254,7 +267,8 @@ type Stats struct {
 	// a family builder. The last write of a hash field or sorted-set member
 	// wins, so a key can end with fewer entries than were written.
 	Entries map[string]int64
-	// Outcomes is what the publish did to each live key: Swapped (replaced
+	// Outcomes is what the publish did to each live key (in Generations
+	// mode, Swapped for each key the run wrote): Swapped (replaced
 	// with the rebuilt value) or Emptied (deleted: the builder produced
 	// nothing for it, or it was a family bucket the run no longer
 	// produced; a change applied during the run and replayed by the
@@ -262,8 +276,9 @@ type Stats struct {
 	Outcomes map[string]Outcome
 	// Generations is each builder's new generation, keyed by its Key: a
 	// number that every publish of the key advances, in the same atomic
-	// step. It is empty when the run failed, or when its publish reply was
-	// lost and found to have run.
+	// step; in Generations mode, the generation the run built and its
+	// pointer now names. It is empty when the run failed, or when its
+	// publish reply was lost and found to have run.
 	Generations map[string]int64
 	// Skipped is the number of entries skipped per family builder because
 	// their key has the shape of a key keyswap keeps next to an index
