@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/keyswap/keyswap/internal/keys"
-	ksrun "github.com/keyswap/keyswap/internal/run"
+	ksrun "github.com/keyswap/keyswap/internal/protocol"
 	"github.com/keyswap/keyswap/rebuild"
 	"github.com/keyswap/keyswap/sources"
 	"github.com/keyswap/keyswap/store"
@@ -30,7 +30,7 @@ type publishResult struct {
 	// Threshold is the shortest command SLOWLOG logged.
 	Threshold time.Duration `json:"slowlog_threshold_ns"`
 	// RefreshChunk is the most temp keys one refresh script renews
-	// (internal/run.RefreshChunk).
+	// (internal/protocol.RefreshChunk).
 	RefreshChunk int `json:"refresh_chunk"`
 	// BusyThreshold is the server's busy-reply-threshold (lua-time-limit
 	// before Redis 7): past it, the server answers every other command
@@ -76,7 +76,7 @@ type publishRun struct {
 
 // renewal is what the lease's renewals cost once every bucket's temp key
 // exists: the refresh of every temp key, in chunks of
-// internal/run.RefreshChunk keys, one script each, then one heartbeat.
+// internal/protocol.RefreshChunk keys, one script each, then one heartbeat.
 // Each script's time is the growth of INFO commandstats' EVALSHA time
 // while it alone ran.
 type renewal struct {
@@ -366,10 +366,10 @@ func (r *runner) renew(ctx context.Context, rr *ksrun.Redis, args []string, ttl 
 
 // publishLock reads, from the arguments of a single-lock publish, its lock
 // and its temp keys. The keys come in sections whose sizes are ARGV[2..5]:
-// locks, records, receipts, temp keys (see internal/run's publish.lua).
+// locks, records, receipts, temp keys (see internal/protocol's publish.lua).
 func publishLock(args []string, ttl time.Duration) (*ksrun.Lock, []string, error) {
 	bad := func(why string) (*ksrun.Lock, []string, error) {
-		return nil, nil, fmt.Errorf("unexpected publish arguments (%s): the bench does not know this layout of internal/run's publish", why)
+		return nil, nil, fmt.Errorf("unexpected publish arguments (%s): the bench does not know this layout of internal/protocol's publish", why)
 	}
 	if len(args) < 3 {
 		return bad("no key count")

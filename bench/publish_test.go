@@ -10,7 +10,7 @@ import (
 
 	"github.com/keyswap/keyswap/builders"
 	"github.com/keyswap/keyswap/internal/keys"
-	ksrun "github.com/keyswap/keyswap/internal/run"
+	ksrun "github.com/keyswap/keyswap/internal/protocol"
 	"github.com/keyswap/keyswap/rebuild"
 	"github.com/keyswap/keyswap/sources"
 )
@@ -70,7 +70,7 @@ func TestPublishLock(t *testing.T) {
 
 // TestRenew reads a real publish's arguments, and renews its lease as the
 // publish section does before letting it run: the bench must follow
-// internal/run's layout.
+// internal/protocol's layout.
 func TestRenew(t *testing.T) {
 	ctx := t.Context()
 	srv, err := openServer(ctx, env.Standalone.Addr, -1)

@@ -12,8 +12,8 @@ import (
 	"sync"
 	"time"
 
+	ksrun "github.com/keyswap/keyswap/internal/protocol" // not run: the bench's own run function
 	"github.com/keyswap/keyswap/internal/redistest"
-	ksrun "github.com/keyswap/keyswap/internal/run" // not run: the bench's own run function
 	"github.com/redis/rueidis"
 )
 
@@ -54,7 +54,7 @@ type script struct {
 	name, sha1, head string // head: what SLOWLOG keeps of the source
 }
 
-// keyswapScripts returns the scripts keyswap sends (internal/run's), and
+// keyswapScripts returns the scripts keyswap sends (internal/protocol's), and
 // SCRIPT LOADs them unless load is false, so that they go as one EVALSHA,
 // as in steady state, not NOSCRIPT followed by EVAL.
 func keyswapScripts(ctx context.Context, c rueidis.Client, load bool) ([]script, error) {
@@ -73,7 +73,7 @@ func keyswapScripts(ctx context.Context, c rueidis.Client, load bool) ([]script,
 		}
 	}
 	if len(out) == 0 {
-		return nil, errors.New("no scripts embedded in internal/run")
+		return nil, errors.New("no scripts embedded in internal/protocol")
 	}
 	return out, nil
 }

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/keyswap/keyswap/internal/keys"
-	"github.com/keyswap/keyswap/internal/run"
+	"github.com/keyswap/keyswap/internal/protocol"
 	"github.com/redis/rueidis"
 )
 
@@ -27,7 +27,7 @@ const catchUpWork = 100_000
 // catchUpScope is what a catch-up uses of its run: it is set once, when the
 // run starts.
 type catchUpScope struct {
-	redis     *run.Redis
+	redis     *protocol.Redis
 	key       string   // the builders' keys, for errors
 	lives     []string // the builders' keys, one per lock
 	owners    []owner  // one per lock
@@ -45,18 +45,18 @@ type catchUpScope struct {
 // heard). Only run writes offsets, work and chunks.
 type catchUp struct {
 	catchUpScope
-	locks    []*run.Lock
-	offsets  []int64      // per lock, the entries of its log of changes replayed
-	work     []int64      // per lock, the work (ops and arguments) of those entries
-	chunks   []int64      // per lock, the entries the next read takes
-	logs     *run.Logs    // the counts of the logs seen
-	replayed atomic.Int64 // changes replayed
-	logged   atomic.Int64 // changes logged for the run, as the last heartbeat read
+	locks    []*protocol.Lock
+	offsets  []int64        // per lock, the entries of its log of changes replayed
+	work     []int64        // per lock, the work (ops and arguments) of those entries
+	chunks   []int64        // per lock, the entries the next read takes
+	logs     *protocol.Logs // the counts of the logs seen
+	replayed atomic.Int64   // changes replayed
+	logged   atomic.Int64   // changes logged for the run, as the last heartbeat read
 }
 
 // newCatchUp returns the catch-up of a run of scope that holds locks,
 // nothing replayed yet.
-func newCatchUp(scope catchUpScope, locks []*run.Lock) *catchUp {
+func newCatchUp(scope catchUpScope, locks []*protocol.Lock) *catchUp {
 	c := &catchUp{
 		catchUpScope: scope, locks: locks,
 		offsets: make([]int64, len(locks)),
@@ -70,7 +70,7 @@ func newCatchUp(scope catchUpScope, locks []*run.Lock) *catchUp {
 	for i, l := range locks {
 		logKeys[i] = keys.LogKey(l.Key)
 	}
-	c.logs = run.NewLogs(logKeys)
+	c.logs = protocol.NewLogs(logKeys)
 	return c
 }
 
@@ -82,7 +82,7 @@ func (c *catchUp) counts() (logged, replayed int64) {
 
 // heard checks the counts of the logs a heartbeat read, one per lock,
 // calling fail with the error of each that is wrong, and keeps their sum.
-func (c *catchUp) heard(counts []run.LogCount, fail func(error)) {
+func (c *catchUp) heard(counts []protocol.LogCount, fail func(error)) {
 	var logged int64
 	for i, n := range counts {
 		logged += n.Logged
@@ -97,12 +97,12 @@ func (c *catchUp) heard(counts []run.LogCount, fail func(error)) {
 // logged.
 type replayGroup struct {
 	t   *target
-	ops []run.Op
+	ops []protocol.Op
 }
 
 // replayRound is the ops of a round of a catch-up, grouped by the temp key
 // they write: ops on different keys commute, so each key's go together,
-// which makes fewer commands (run.ReplayCommands).
+// which makes fewer commands (protocol.ReplayCommands).
 type replayRound struct {
 	groups []replayGroup
 	index  map[*target]int
@@ -123,7 +123,7 @@ type catchUpRound struct {
 // reached its bound.
 //
 // The logs are input from other processes. Each round trip reads, per log
-// (run.ReadLogCommands), the log's length and the counts Apply keeps in the
+// (protocol.ReadLogCommands), the log's length and the counts Apply keeps in the
 // lock's record, with the record's token, in one script, then the next
 // entries, of those counted: a record gone
 // lost its counts (ErrWritesLost), one of another token is forged
@@ -134,7 +134,7 @@ type catchUpRound struct {
 // entries are written as transactions like the batches', which advance the
 // run's record, so that the publish can tell whether Redis lost any of
 // them: the ops of each transaction grouped by key, runs of one command
-// merged into one (run.ReplayCommands). The write of one round is in
+// merged into one (protocol.ReplayCommands). The write of one round is in
 // flight while the next round is read and checked; catchUp returns once
 // every write it sent has returned, so that a failure's cleanup comes after
 // them.
@@ -195,7 +195,7 @@ func (c *catchUp) read(ctx context.Context) (rd catchUpRound, behind, work int64
 	cb := c.redis.Client().B()
 	cmds := make(rueidis.Commands, 0, 2*len(c.locks))
 	for i, l := range c.locks {
-		script, lrange := run.ReadLogCommands(cb, keys.LogKey(l.Key), keys.RecordKey(l.Key), c.offsets[i], c.offsets[i]+c.chunks[i]-1)
+		script, lrange := protocol.ReadLogCommands(cb, keys.LogKey(l.Key), keys.RecordKey(l.Key), c.offsets[i], c.offsets[i]+c.chunks[i]-1)
 		cmds = append(cmds, script, lrange)
 	}
 	res := c.redis.Client().DoMulti(ctx, cmds...)
@@ -203,27 +203,27 @@ func (c *catchUp) read(ctx context.Context) (rd catchUpRound, behind, work int64
 	var roundWork int64
 	// The ops of the entry being decoded (replay copies them), and the
 	// arguments of every op of the round.
-	var ops []run.Op
+	var ops []protocol.Op
 	var args []string
 	for i, l := range c.locks {
 		log := keys.LogKey(l.Key)
-		entries, count, counted, token, err := run.ReadLogReply(res[2*i], res[2*i+1], c.offsets[i])
+		entries, count, counted, token, err := protocol.ReadLogReply(res[2*i], res[2*i+1], c.offsets[i])
 		if err != nil {
-			if perr := run.Refused(err); perr != nil {
+			if perr := protocol.Refused(err); perr != nil {
 				err = perr
 			}
-			return rd, 0, 0, run.Fail(ctx, "catch-up", c.key, fmt.Errorf("reading %s: %w", log, err))
+			return rd, 0, 0, protocol.Fail(ctx, "catch-up", c.key, fmt.Errorf("reading %s: %w", log, err))
 		}
 		// The counts are the record's: one gone (evicted) lost them,
 		// one forged is not the run's.
 		if token != l.Token {
-			return rd, 0, 0, &Error{Op: "catch-up", Key: c.lives[i], Err: run.RecordError(keys.RecordKey(l.Key), token != "")}
+			return rd, 0, 0, &Error{Op: "catch-up", Key: c.lives[i], Err: protocol.RecordError(keys.RecordKey(l.Key), token != "")}
 		}
 		if err := c.logs.Check(i, count); err != nil {
 			return rd, 0, 0, &Error{Op: "catch-up", Key: c.lives[i], Err: err}
 		}
 		o := c.owners[i]
-		checked := run.LogOffset{Key: log, Owner: o.key, Family: o.family}
+		checked := protocol.LogOffset{Key: log, Owner: o.key, Family: o.family}
 		taken := len(entries)
 		for j, e := range entries {
 			if j > 0 && roundWork >= catchUpWork {
@@ -232,12 +232,12 @@ func (c *catchUp) read(ctx context.Context) (rd catchUpRound, behind, work int64
 			}
 			index := c.offsets[i] + int64(j)
 			var err error
-			ops, args, err = run.AppendEntry(ops[:0], args, e)
+			ops, args, err = protocol.AppendEntry(ops[:0], args, e)
 			if errors.Is(err, ErrFallingBehind) {
 				return rd, 0, 0, &Error{Op: "catch-up", Key: c.lives[i], Err: fmt.Errorf("%w: %s reached its bound of changes (Options.MaxChanges of the Rebuilder that applies them), so later changes were not logged; every live key left unchanged (and holds every change)", ErrFallingBehind, log)}
 			}
 			if err != nil {
-				return rd, 0, 0, &Error{Op: "catch-up", Key: c.lives[i], Err: run.BadEntry(log, index, err)}
+				return rd, 0, 0, &Error{Op: "catch-up", Key: c.lives[i], Err: protocol.BadEntry(log, index, err)}
 			}
 			if err := c.replay(&round, i, checked, index, ops); err != nil {
 				return rd, 0, 0, err
@@ -265,8 +265,8 @@ func (c *catchUp) read(ctx context.Context) (rd catchUpRound, behind, work int64
 // the group of its key. An op on a key that is not builder i's fails the
 // run with ErrTampered, naming the log, the entry and the key: Apply logs
 // no such op.
-func (c *catchUp) replay(round *replayRound, i int, log run.LogOffset, index int64, ops []run.Op) error {
-	if err := run.CheckEntry(log, index, ops); err != nil {
+func (c *catchUp) replay(round *replayRound, i int, log protocol.LogOffset, index int64, ops []protocol.Op) error {
+	if err := protocol.CheckEntry(log, index, ops); err != nil {
 		return &Error{Op: "catch-up", Key: c.lives[i], Err: err}
 	}
 	for _, op := range ops {
@@ -307,10 +307,10 @@ func (c *catchUp) replayTxns(cb rueidis.Builder, groups []replayGroup) []*txn {
 			g.ops = g.ops[len(part):]
 			ops += len(part)
 			cur.writes = append(cur.writes, g.t)
-			if slices.ContainsFunc(part, run.Op.Removes) {
+			if slices.ContainsFunc(part, protocol.Op.Removes) {
 				cur.probes = append(cur.probes, g.t)
 			}
-			cur.cmds = run.ReplayCommands(cb, cur.cmds, g.t.Key, part)
+			cur.cmds = protocol.ReplayCommands(cb, cur.cmds, g.t.Key, part)
 		}
 	}
 	for _, t := range txns {
@@ -321,11 +321,11 @@ func (c *catchUp) replayTxns(cb rueidis.Builder, groups []replayGroup) []*txn {
 
 // logOffsets returns the logs of the run's locks with the entries replayed
 // so far, for the publish.
-func (c *catchUp) logOffsets() []run.LogOffset {
-	out := make([]run.LogOffset, len(c.locks))
+func (c *catchUp) logOffsets() []protocol.LogOffset {
+	out := make([]protocol.LogOffset, len(c.locks))
 	for i, l := range c.locks {
 		o := c.owners[i]
-		out[i] = run.LogOffset{Key: keys.LogKey(l.Key), Offset: c.offsets[i], Work: c.work[i],
+		out[i] = protocol.LogOffset{Key: keys.LogKey(l.Key), Offset: c.offsets[i], Work: c.work[i],
 			Logged: c.logs.Highest(i), Owner: o.key, Family: o.family}
 	}
 	return out

@@ -8,7 +8,7 @@ import (
 	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/internal/hook"
 	"github.com/keyswap/keyswap/internal/keys"
-	"github.com/keyswap/keyswap/internal/run"
+	"github.com/keyswap/keyswap/internal/protocol"
 )
 
 // writes collects the writes of a change, for [Rebuilder.Apply]: what an
@@ -18,7 +18,7 @@ type writes struct {
 	cluster bool
 	slot    uint16
 	builder int
-	ops     [][]run.Op // per builder, in order
+	ops     [][]protocol.Op // per builder, in order
 	skipped func(live string)
 }
 
@@ -35,7 +35,7 @@ func (w *writes) Add(cmd, key string, args ...string) error {
 		}
 		return err
 	}
-	w.ops[w.builder] = append(w.ops[w.builder], run.Op{Cmd: cmd, Key: key, Args: args})
+	w.ops[w.builder] = append(w.ops[w.builder], protocol.Op{Cmd: cmd, Key: key, Args: args})
 	return nil
 }
 
@@ -84,7 +84,7 @@ func (r *Rebuilder[T]) Apply(ctx context.Context, changes ...index.Change[T]) er
 	gen := r.opts.Publish == Generations
 	// In Generations mode the plain keys' slots do not matter: the
 	// generation's keys are checked once resolved.
-	w := &writes{owners: r.owners, cluster: r.redis.Cluster() && !gen, ops: make([][]run.Op, len(r.builders))}
+	w := &writes{owners: r.owners, cluster: r.redis.Cluster() && !gen, ops: make([][]protocol.Op, len(r.builders))}
 	if w.cluster {
 		w.slot = keys.Slot(r.owners[0].key)
 	}
@@ -108,18 +108,18 @@ func (r *Rebuilder[T]) Apply(ctx context.Context, changes ...index.Change[T]) er
 		}
 	}
 	if gen {
-		return r.redis.GenApply(ctx, run.GenApplyOptions{
+		return r.redis.GenApply(ctx, protocol.GenApplyOptions{
 			Op: "apply", Key: r.key, Locks: r.lockKeys, Lives: r.lives, Families: r.families(), Ops: w.ops,
 		})
 	}
-	applied, err := r.redis.Apply(ctx, run.ApplyOptions{
+	applied, err := r.redis.Apply(ctx, protocol.ApplyOptions{
 		Op: "apply", Key: r.key, Locks: r.lockKeys, Lives: r.lives, Ops: w.ops, MaxLog: r.opts.MaxChanges,
 	})
 	if err != nil {
 		return err
 	}
 	for i, l := range applied.Logged {
-		if l == run.LogFull {
+		if l == protocol.LogFull {
 			r.opts.Logger.Warn("keyswap: change applied, but the log of the run in progress is full: that run will fail with ErrFallingBehind",
 				"key", r.lives[i], "max_changes", r.opts.MaxChanges)
 		}

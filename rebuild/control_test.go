@@ -10,15 +10,15 @@ import (
 
 	"github.com/keyswap/keyswap/builders"
 	"github.com/keyswap/keyswap/internal/keys"
+	"github.com/keyswap/keyswap/internal/protocol"
 	"github.com/keyswap/keyswap/internal/redistest"
-	"github.com/keyswap/keyswap/internal/run"
 	"github.com/keyswap/keyswap/rebuild"
 )
 
 // TestControlRate: the status a heartbeat writes (its "rate", the items per
 // second so far) is not read back as an operator's limit, and an
 // operator's max_rate request, in the run's requests ("<lock>:ctl"), is. A run without a limit reports limit 0
-// after several heartbeats; after run.Control sets max_rate, the next
+// after several heartbeats; after protocol.Control sets max_rate, the next
 // heartbeats report that limit; then the source ends and the run publishes.
 func TestControlRate(t *testing.T) {
 	forEachDeployment(t, func(t *testing.T, d deployment) {
@@ -73,7 +73,7 @@ func TestControlRate(t *testing.T) {
 		if rec["rate"] == "" || rec["rate"] == "0.0" || rec["limit"] != "0" {
 			t.Errorf("after 3 heartbeats: rate %q, limit %q; want a rate and limit 0 (no limit)", rec["rate"], rec["limit"])
 		}
-		rr := run.New(d.Other, nil)
+		rr := protocol.New(d.Other, nil)
 		info, err := rr.FindRun(t.Context(), key)
 		if err != nil {
 			t.Fatalf("FindRun: %v", err)
@@ -111,7 +111,7 @@ func TestStatusRateNow(t *testing.T) {
 			t.Helper()
 			waitFor(t, what, func() bool {
 				rec = redistest.HGetAll(t, d.Other, record)
-				parsed, err := run.ParseRecord(rec)
+				parsed, err := protocol.ParseRecord(rec)
 				if err != nil {
 					t.Fatalf("the record %v: %v", rec, err)
 				}
@@ -129,7 +129,7 @@ func TestStatusRateNow(t *testing.T) {
 
 		wait("3000 items at more than 500 items/s", func(rateNow, _ float64) bool { return num("items") >= 3000 && rateNow > 500 })
 		for f := range rec {
-			if !slices.Contains(run.RecordFields, f) {
+			if !slices.Contains(protocol.RecordFields, f) {
 				t.Errorf("the record has the field %q, which record.go does not name", f)
 			}
 		}
@@ -137,12 +137,12 @@ func TestStatusRateNow(t *testing.T) {
 			t.Errorf("a running run with Expected: eta %q, want one", rec["eta"])
 		}
 
-		rr := run.New(d.Other, nil)
+		rr := protocol.New(d.Other, nil)
 		info, err := rr.FindRun(t.Context(), key)
 		if err != nil {
 			t.Fatalf("FindRun: %v", err)
 		}
-		if err := rr.Control(t.Context(), info, run.CtlMaxRate, "50"); err != nil {
+		if err := rr.Control(t.Context(), info, protocol.CtlMaxRate, "50"); err != nil {
 			t.Fatalf("Control: %v", err)
 		}
 		// The average cannot fall to 50 items/s: the run pulled 3000 items
@@ -152,7 +152,7 @@ func TestStatusRateNow(t *testing.T) {
 			t.Errorf("throttled to 50/s: rate %v, rate_now %v; want the current rate positive and the average well above it", rate, now)
 		}
 
-		if err := rr.Control(t.Context(), info, run.CtlPaused, "1"); err != nil {
+		if err := rr.Control(t.Context(), info, protocol.CtlPaused, "1"); err != nil {
 			t.Fatalf("Control: %v", err)
 		}
 		// The heartbeat after the one that read the pause has no ETA, while
@@ -173,7 +173,7 @@ func TestStatusRateNow(t *testing.T) {
 		if rec["rate_now"] != "0.0" || num("rate") <= 0 || rec["eta"] != "" {
 			t.Errorf("paused: rate_now %q, rate %q, eta %q; want 0.0, a positive average and no ETA", rec["rate_now"], rec["rate"], rec["eta"])
 		}
-		if err := rr.Control(t.Context(), info, run.CtlPaused, ""); err != nil {
+		if err := rr.Control(t.Context(), info, protocol.CtlPaused, ""); err != nil {
 			t.Fatalf("Control: %v", err)
 		}
 		if err := finish(); err != nil {

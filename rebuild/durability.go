@@ -3,7 +3,7 @@ package rebuild
 import (
 	"time"
 
-	"github.com/keyswap/keyswap/internal/run"
+	"github.com/keyswap/keyswap/internal/protocol"
 )
 
 // Durability is how durable a run's writes must be before they are
@@ -38,10 +38,10 @@ type Durability struct {
 // DefaultDurabilityTimeout bounds the wait of Options.Durability.
 const DefaultDurabilityTimeout = 10 * time.Second
 
-// durability returns the run's Durability for package run.
-func (r *Rebuilder[T]) durability() run.Durability {
+// durability returns the run's Durability for package protocol.
+func (r *Rebuilder[T]) durability() protocol.Durability {
 	d := r.opts.Durability
-	return run.Durability{Replicas: d.Replicas, LocalAOF: d.LocalAOF, ReplicasAOF: d.ReplicasAOF, Timeout: d.Timeout}
+	return protocol.Durability{Replicas: d.Replicas, LocalAOF: d.LocalAOF, ReplicasAOF: d.ReplicasAOF, Timeout: d.Timeout}
 }
 
 // checkDurability fills in and checks Options.Durability.
@@ -58,6 +58,6 @@ func (r *Rebuilder[T]) checkDurability(bad func(string, ...any) error) error {
 	if d.Replicas == 0 && !d.LocalAOF && d.ReplicasAOF == 0 {
 		return nil // nothing to wait for
 	}
-	d.Timeout = run.OrDefault(d.Timeout, min(DefaultDurabilityTimeout, r.opts.TTL/2))
+	d.Timeout = protocol.OrDefault(d.Timeout, min(DefaultDurabilityTimeout, r.opts.TTL/2))
 	return nil
 }

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/keyswap/keyswap/internal/keys"
-	"github.com/keyswap/keyswap/internal/run"
+	"github.com/keyswap/keyswap/internal/protocol"
 	"github.com/redis/rueidis"
 	"golang.org/x/sync/errgroup"
 )
@@ -48,7 +48,7 @@ const DefaultGrace = 10 * time.Second
 // ErrNotInGenerations reports an operation that Generations mode does not
 // support yet: Apply during a run, or on a cluster, Apply to a family
 // without a hash tag.
-var ErrNotInGenerations = run.ErrNotInGenerations
+var ErrNotInGenerations = protocol.ErrNotInGenerations
 
 // counterSuffix follows a run's base in the key of a per-slot counter of
 // its writes, on a cluster in Generations mode.
@@ -164,7 +164,7 @@ const spreadWrites = 256
 // slot into one MULTI/EXEC per slot, each with an INCR of the run's
 // counter in that slot, so that the flip can tell whether Redis still
 // holds every transaction it acknowledged. The writes go on the client's
-// shared connections: the run's own connection (run.Bulk) serves one slot.
+// shared connections: the run's own connection (protocol.Bulk) serves one slot.
 func (x *execution[T]) writeSpread(ctx context.Context, txns []*txn) error {
 	r := x.r
 	client := r.redis.Client()
@@ -263,7 +263,7 @@ func (x *execution[T]) checkCounters(ctx context.Context) error {
 			have, err = 0, nil
 		}
 		if err != nil {
-			return run.Fail(ctx, "publish", x.r.key, fmt.Errorf("GET %s: %w", ks[i], err))
+			return protocol.Fail(ctx, "publish", x.r.key, fmt.Errorf("GET %s: %w", ks[i], err))
 		}
 		if have < want[i] {
 			return &Error{Op: "publish", Key: x.r.key, Err: fmt.Errorf("%w: Redis acknowledged %d transactions of this run in the slot of %s but holds %d (a failover to a replica that was behind, or a restart from an older snapshot or AOF); every index left at its generation", ErrWritesLost, want[i], ks[i], have)}
@@ -311,13 +311,13 @@ func (x *execution[T]) flip(ctx context.Context) (bool, error) {
 		}
 	}
 	sent := time.Now()
-	f, err := r.redis.Flip(ctx, run.FlipOptions{
+	f, err := r.redis.Flip(ctx, protocol.FlipOptions{
 		Op: "publish", Key: r.key, Locks: x.locks, Lives: r.lives, Gens: x.gen.gens,
 		CountBatches: !cluster, Batches: x.acked.Load(), KeepPrevious: r.opts.KeepPrevious > 0,
 		Logs: x.catchUp.logOffsets(), Now: time.Now(),
 	})
 	x.obs.Published(time.Since(sent))
-	if errors.Is(err, ErrLockLost) || run.PublishRefused(err) {
+	if errors.Is(err, ErrLockLost) || protocol.PublishRefused(err) {
 		return false, err // nothing written: the generation is worthless
 	}
 	if errors.Is(err, ErrOutcomeUnknown) {
@@ -349,7 +349,7 @@ func (x *execution[T]) flip(ctx context.Context) (bool, error) {
 // marked as building by the run's token, for a later sweep.
 func (x *execution[T]) discardGen(ctx context.Context) {
 	r := x.r
-	ctx, cancel := run.CleanupContext(ctx)
+	ctx, cancel := protocol.CleanupContext(ctx)
 	defer cancel()
 	token := x.locks[0].Token
 	var ks []string
@@ -383,7 +383,7 @@ func (x *execution[T]) dropCounters(ctx context.Context) {
 		return
 	}
 	ks, _ := x.counterKeys()
-	ctx, cancel := run.CleanupContext(ctx)
+	ctx, cancel := protocol.CleanupContext(ctx)
 	defer cancel()
 	if err := x.r.redis.Unlink(ctx, ks); err != nil {
 		x.r.opts.Logger.Warn("keyswap: could not delete the run's counters; they expire by themselves", "key", x.r.key, "err", err)

@@ -9,7 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/keyswap/keyswap/internal/run"
+	"github.com/keyswap/keyswap/internal/protocol"
 	"github.com/redis/rueidis"
 )
 
@@ -28,7 +28,7 @@ import (
 //     returned after a heartbeat period (a large batch on a slow server: the
 //     heartbeat at its end would renew the locks too late).
 //   - The refresh, every TTL/3: the temp keys' TTL reset to 2×TTL, at most
-//     run.RefreshChunk keys per script, one script after the other, so that
+//     protocol.RefreshChunk keys per script, one script after the other, so that
 //     no renewal blocks Redis for longer than a few milliseconds, whatever
 //     the size of a family. It runs in a goroutine of its own, so that a
 //     family's many chunks never hold a heartbeat back, and it stops
@@ -57,15 +57,15 @@ import (
 //     not paused (ErrStalled): a stalled source must not hold the locks
 //     forever.
 type lease struct {
-	redis   *run.Redis
-	locks   []*run.Lock
+	redis   *protocol.Redis
+	locks   []*protocol.Lock
 	targets *targets
 	ttl     time.Duration
 	key     string // the builders' keys, for errors
 	cancel  context.CancelCauseFunc
 	acked   func() int64    // batches Redis acknowledged
 	status  func() []string // the run's status, for the record
-	control func(run.Control)
+	control func(protocol.Control)
 	stall   *stallWatch
 	renew   func(context.Context) error // see leaseOwner
 
@@ -130,15 +130,15 @@ func (l *lease) resume(x leaseOwner) *lease {
 
 // leaseOwner is what a lease needs of its run.
 type leaseOwner struct {
-	redis    *run.Redis
-	locks    []*run.Lock
+	redis    *protocol.Redis
+	locks    []*protocol.Lock
 	targets  *targets
 	ttl      time.Duration
 	key      string
 	cancel   context.CancelCauseFunc
 	acked    func() int64
 	status   func() []string
-	control  func(run.Control)
+	control  func(protocol.Control)
 	stall    *stallWatch
 	tempSecs *atomic.Int64
 	log      *slog.Logger
@@ -168,7 +168,7 @@ func (l *lease) lapseError() error {
 // claim reserves the next heartbeat if one is due and none is in flight:
 // for a batch's round trip (alone false), or to send alone when no batch
 // went out for half a heartbeat period.
-func (l *lease) claim(now time.Time, alone bool) (run.Heartbeat, bool) {
+func (l *lease) claim(now time.Time, alone bool) (protocol.Heartbeat, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	every := heartbeatEvery(l.ttl)
@@ -176,7 +176,7 @@ func (l *lease) claim(now time.Time, alone bool) (run.Heartbeat, bool) {
 		l.lastSend = now
 	}
 	if l.stopped || l.alone || now.Sub(l.lastBeat) < every || now.Sub(l.refreshed) > l.ttl {
-		return run.Heartbeat{}, false
+		return protocol.Heartbeat{}, false
 	}
 	stuck := !l.riding.IsZero() && now.Sub(l.riding) >= every
 	switch {
@@ -185,20 +185,20 @@ func (l *lease) claim(now time.Time, alone bool) (run.Heartbeat, bool) {
 	case alone && (stuck || l.riding.IsZero() && now.Sub(l.lastSend) >= every/2):
 		l.alone = true
 	default:
-		return run.Heartbeat{}, false
+		return protocol.Heartbeat{}, false
 	}
-	return run.Heartbeat{Locks: l.locks, Acked: l.acked(), Status: l.status()}, true
+	return protocol.Heartbeat{Locks: l.locks, Acked: l.acked(), Status: l.status()}, true
 }
 
 // command returns h as a command for a batch's DoMulti.
-func (l *lease) command(h run.Heartbeat) (rueidis.Completed, error) {
+func (l *lease) command(h protocol.Heartbeat) (rueidis.Completed, error) {
 	return l.redis.BeatCommand(h)
 }
 
 // settle records the reply of heartbeat h, claimed and sent at sent. reply
 // is the reply to command, or nil when h was sent alone.
-func (l *lease) settle(ctx context.Context, sent time.Time, h run.Heartbeat, reply *rueidis.RedisResult) {
-	var c run.Control
+func (l *lease) settle(ctx context.Context, sent time.Time, h protocol.Heartbeat, reply *rueidis.RedisResult) {
+	var c protocol.Control
 	var err error
 	if reply != nil {
 		c, err = l.redis.BeatReply(ctx, h, *reply)
@@ -228,10 +228,10 @@ func (l *lease) settle(ctx context.Context, sent time.Time, h run.Heartbeat, rep
 		// An earlier heartbeat's reply after a later one's: stale.
 	case errors.Is(err, ErrLockLost), errors.Is(err, ErrWritesLost):
 		l.cancel(err)
-	case run.Refused(err) != nil:
+	case protocol.Refused(err) != nil:
 		// Rights do not come back by themselves: fail now, saying which,
 		// rather than at the end of the lease as a stall.
-		l.cancel(&Error{Op: "lease", Key: l.key, Err: run.Refused(err)})
+		l.cancel(&Error{Op: "lease", Key: l.key, Err: protocol.Refused(err)})
 	}
 	// Other failures (a timeout, a dropped connection) are not fatal yet:
 	// the next heartbeat may succeed, and if none does within TTL the
@@ -249,7 +249,7 @@ func (l *lease) refresh(ctx context.Context) {
 	}
 	l.temps.Lock()
 	defer l.temps.Unlock()
-	snap := run.Snap(l.targets.temps())
+	snap := protocol.Snap(l.targets.temps())
 	ttl := l.tempTTL(len(snap.Temps))
 	started := time.Now()
 	l.progressed(started)

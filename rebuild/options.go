@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"github.com/keyswap/keyswap/guards"
-	"github.com/keyswap/keyswap/internal/run"
+	"github.com/keyswap/keyswap/internal/protocol"
 )
 
 // Defaults for [Options].
@@ -31,7 +31,7 @@ const (
 	DefaultMaxMerged = 1 << 20
 	// DefaultMaxKeys is the most keys one publish touches (see
 	// Options.MaxKeys).
-	DefaultMaxKeys = run.DefaultMaxKeys
+	DefaultMaxKeys = protocol.DefaultMaxKeys
 	// DefaultMaxChanges is the most changes Apply logs for one run in
 	// progress (see Options.MaxChanges).
 	DefaultMaxChanges = 1_000_000

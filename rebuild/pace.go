@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/keyswap/keyswap/internal/keys"
-	"github.com/keyswap/keyswap/internal/run"
+	"github.com/keyswap/keyswap/internal/protocol"
 	"github.com/redis/rueidis"
 )
 
@@ -97,7 +97,7 @@ func percentile90(rtts []time.Duration) time.Duration {
 // run's gate by the probes of the servers it writes to, and keeps the last
 // probe's percentile for the heartbeats (latency).
 type pacing struct {
-	redis     *run.Redis
+	redis     *protocol.Redis
 	key       string   // the builders' keys, for the log
 	lockKeys  []string // the run's lock keys
 	budget    time.Duration
@@ -137,8 +137,8 @@ type probe struct {
 	lock    string
 	conn    rueidis.DedicatedClient
 	release func()
-	pending <-chan run.Dedicated // the connection asked for, until it comes
-	since   time.Time            // when it was asked for
+	pending <-chan protocol.Dedicated // the connection asked for, until it comes
+	since   time.Time                 // when it was asked for
 	rtts    []time.Duration
 }
 
@@ -152,9 +152,9 @@ func (pr *probe) connect(ctx context.Context, c rueidis.Client) (ready bool, err
 	}
 	if pr.pending == nil {
 		lock := pr.lock
-		// Not under ctx: see run.TakeConnection. A connection that comes after
+		// Not under ctx: see protocol.TakeConnection. A connection that comes after
 		// the run is given back by close.
-		pr.pending = run.TakeConnection(ctx, c, func(actx context.Context, dc rueidis.DedicatedClient) error {
+		pr.pending = protocol.TakeConnection(ctx, c, func(actx context.Context, dc rueidis.DedicatedClient) error {
 			return dc.Do(actx, dc.B().Get().Key(lock).Build()).Error()
 		})
 		pr.since = time.Now()
@@ -185,7 +185,7 @@ func (pr *probe) drop() {
 func (pr *probe) close() {
 	pr.drop()
 	if pr.pending != nil {
-		run.Abandon(pr.pending)
+		protocol.Abandon(pr.pending)
 	}
 }
 

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/keyswap/keyswap/internal/keys"
-	"github.com/keyswap/keyswap/internal/run"
+	"github.com/keyswap/keyswap/internal/protocol"
 )
 
 // publish publishes every target in one script, which checks, before any
@@ -23,9 +23,9 @@ func (x *execution[T]) publish(ctx context.Context, live []map[string]bool) (boo
 	for i, b := range r.builders {
 		x.stats.Entries[b.Key()] = x.entries[i]
 	}
-	var targets []run.Target
+	var targets []protocol.Target
 	for _, t := range x.targets.temps() {
-		targets = append(targets, run.Target{Temp: t.Key, Live: t.Live, Populated: t.Populated(), HasTTL: true})
+		targets = append(targets, protocol.Target{Temp: t.Key, Live: t.Live, Populated: t.Populated(), HasTTL: true})
 	}
 	var orphans []string
 	orphan := map[string]bool{}
@@ -56,14 +56,14 @@ func (x *execution[T]) publish(ctx context.Context, live []map[string]bool) (boo
 		metas[i] = keys.MetaKey(l, r.redis.Cluster())
 	}
 	sent := time.Now()
-	p, err := r.redis.Publish(ctx, run.PublishOptions{
+	p, err := r.redis.Publish(ctx, protocol.PublishOptions{
 		Op: "publish", Key: r.key, Locks: x.locks, Records: true, Batches: x.acked.Load(),
 		Targets: targets, Orphans: orphans, Drops: drops, Metas: metas, FamilyTypes: r.familyTypes(),
 		KeepPrevious: r.opts.KeepPrevious, PreserveFor: r.opts.PreserveFor, Settle: true, Now: time.Now(),
 		Logs: x.catchUp.logOffsets(), MaxTail: PublishTail, MaxWork: PublishTailWork,
 	})
 	x.obs.Published(time.Since(sent))
-	if errors.Is(err, ErrLockLost) || run.PublishRefused(err) {
+	if errors.Is(err, ErrLockLost) || protocol.PublishRefused(err) {
 		// The script refused before writing anything: the temp keys are
 		// worthless, and deleted like those of any failed run (or, for a
 		// tail too long to replay, kept for the next catch-up). Every

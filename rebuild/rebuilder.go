@@ -7,7 +7,7 @@ import (
 
 	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/internal/keys"
-	"github.com/keyswap/keyswap/internal/run"
+	"github.com/keyswap/keyswap/internal/protocol"
 	"github.com/redis/rueidis"
 )
 
@@ -15,7 +15,7 @@ import (
 // and publishes them all at once. It is safe for concurrent use; runs of
 // the same keys exclude each other through their locks.
 type Rebuilder[T any] struct {
-	redis    *run.Redis
+	redis    *protocol.Redis
 	opts     Options
 	builders []index.Builder[T]
 	owners   []owner
@@ -58,7 +58,7 @@ func New[T any](client rueidis.Client, opts Options, builders ...index.Builder[T
 			panic(fmt.Sprintf("keyswap: rebuild.New: builder %d is nil", i))
 		}
 	}
-	r := &Rebuilder[T]{redis: run.New(client, opts.Logger), opts: opts, builders: builders}
+	r := &Rebuilder[T]{redis: protocol.New(client, opts.Logger), opts: opts, builders: builders}
 	r.opts.Logger = r.redis.Logger()
 	if err := r.configure(); err != nil {
 		return nil, err
@@ -99,16 +99,16 @@ func (r *Rebuilder[T]) configure() error {
 	case o.Publish != RenameInPlace && o.Publish != Generations:
 		return bad("Publish %v: must be RenameInPlace or Generations", o.Publish)
 	}
-	o.Grace = run.OrDefault(o.Grace, DefaultGrace)
+	o.Grace = protocol.OrDefault(o.Grace, DefaultGrace)
 	for i, b := range r.builders {
 		if o, ok := b.(index.Ordered); ok && o.Order() != index.InOrder && o.Order() != index.ByEntry && o.Order() != index.AnyOrder {
 			return bad("builder %d (%q): Order returned %v, which is none of InOrder, ByEntry and AnyOrder", i, b.Key(), o.Order())
 		}
 	}
-	o.BatchSize = run.OrDefault(o.BatchSize, DefaultBatchSize)
-	o.Writers = run.OrDefault(o.Writers, DefaultWriters)
-	o.TTL = run.OrDefault(o.TTL, DefaultTTL)
-	o.PreserveFor = run.OrDefault(o.PreserveFor, DefaultPreserveFor)
+	o.BatchSize = protocol.OrDefault(o.BatchSize, DefaultBatchSize)
+	o.Writers = protocol.OrDefault(o.Writers, DefaultWriters)
+	o.TTL = protocol.OrDefault(o.TTL, DefaultTTL)
+	o.PreserveFor = protocol.OrDefault(o.PreserveFor, DefaultPreserveFor)
 	for what, d := range map[string]time.Duration{"TTL": o.TTL, "PreserveFor": o.PreserveFor} {
 		if d < time.Second || d%time.Second != 0 {
 			return bad("%s %v: must be a whole number of seconds, at least 1s (Redis expiries here are in seconds)", what, d)
@@ -159,13 +159,13 @@ func (r *Rebuilder[T]) checkTimes(bad func(string, ...any) error) error {
 	case o.MaxHold < 0:
 		return bad("MaxHold %v: must not be negative (zero means %v)", o.MaxHold, DefaultMaxHold)
 	}
-	o.MaxHold = run.OrDefault(o.MaxHold, DefaultMaxHold)
-	o.MaxMerged = run.OrDefault(o.MaxMerged, DefaultMaxMerged)
-	o.MaxChanges = run.OrDefault(o.MaxChanges, DefaultMaxChanges)
-	o.MaxKeys = run.OrDefault(o.MaxKeys, DefaultMaxKeys)
-	o.CatchUpTimeout = run.OrDefault(o.CatchUpTimeout, DefaultCatchUpTimeout)
-	o.StallTimeout = run.OrDefault(o.StallTimeout, DefaultStallTimeout)
-	o.FlushInterval = run.OrDefault(o.FlushInterval, DefaultFlushInterval)
+	o.MaxHold = protocol.OrDefault(o.MaxHold, DefaultMaxHold)
+	o.MaxMerged = protocol.OrDefault(o.MaxMerged, DefaultMaxMerged)
+	o.MaxChanges = protocol.OrDefault(o.MaxChanges, DefaultMaxChanges)
+	o.MaxKeys = protocol.OrDefault(o.MaxKeys, DefaultMaxKeys)
+	o.CatchUpTimeout = protocol.OrDefault(o.CatchUpTimeout, DefaultCatchUpTimeout)
+	o.StallTimeout = protocol.OrDefault(o.StallTimeout, DefaultStallTimeout)
+	o.FlushInterval = protocol.OrDefault(o.FlushInterval, DefaultFlushInterval)
 	return r.checkDurability(bad)
 }
 

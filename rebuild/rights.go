@@ -2,7 +2,7 @@ package rebuild
 
 import (
 	"github.com/keyswap/keyswap/internal/keys"
-	"github.com/keyswap/keyswap/internal/run"
+	"github.com/keyswap/keyswap/internal/protocol"
 )
 
 // rightsBucket names the bucket of a family whose keys stand for every
@@ -26,11 +26,11 @@ var tailCommands = []string{"HSET", "HDEL", "HGET", "ZADD", "ZREM", "ZSCORE", "S
 // naming it, rather than after the build. The acquire script checks its
 // own commands; the publish checks every key it touches again, each family
 // bucket included.
-func (x *execution[T]) checks() []run.Check {
-	var c []run.Check
+func (x *execution[T]) checks() []protocol.Check {
+	var c []protocol.Check
 	add := func(key string, cmds ...string) {
 		for _, cmd := range cmds {
-			c = append(c, run.Check{Command: cmd, Key: key})
+			c = append(c, protocol.Check{Command: cmd, Key: key})
 		}
 	}
 	// Commands without keys: the transactions of batches and catch-ups,

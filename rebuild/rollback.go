@@ -5,13 +5,13 @@ import (
 	"time"
 
 	"github.com/keyswap/keyswap/index"
-	"github.com/keyswap/keyswap/internal/run"
+	"github.com/keyswap/keyswap/internal/protocol"
 )
 
 // ErrNothingToRollBack reports a rollback of keys that keep no previous
 // generation: they were not published with Options.KeepPrevious, or its
 // time ran out. Nothing changed.
-var ErrNothingToRollBack = run.ErrNothingToRollBack
+var ErrNothingToRollBack = protocol.ErrNothingToRollBack
 
 // Rollback swaps the previous generation of every builder's keys back in,
 // in one atomic step: the values the last publish replaced, kept for
@@ -39,7 +39,7 @@ var ErrNothingToRollBack = run.ErrNothingToRollBack
 // has no previous generation.
 func (r *Rebuilder[T]) Rollback(ctx context.Context) (map[string]int64, error) {
 	families := r.familyTypes()
-	opts := run.RollbackOptions{
+	opts := protocol.RollbackOptions{
 		Op: "rollback", Key: r.key, Lives: r.lives, FamilyTypes: families, TTL: r.opts.TTL, Now: time.Now(),
 		MaxKeys: r.opts.MaxKeys,
 	}

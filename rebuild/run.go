@@ -16,7 +16,7 @@ import (
 
 	"github.com/keyswap/keyswap/internal/hook"
 	"github.com/keyswap/keyswap/internal/keys"
-	"github.com/keyswap/keyswap/internal/run"
+	"github.com/keyswap/keyswap/internal/protocol"
 	"github.com/keyswap/keyswap/sources"
 	"golang.org/x/sync/errgroup"
 )
@@ -65,8 +65,8 @@ func (r *Rebuilder[T]) run(ctx context.Context, src sources.Source[T], held *Hel
 	}()
 	x := newExecution(r, start, &stats)
 	x.held, x.obs = held, obs
-	locks, err := r.redis.Acquire(ctx, run.AcquireOptions{
-		Op: "acquire", Key: r.key, Lives: r.lives, Families: r.families(), Mode: run.ModeRebuild, TTL: r.opts.TTL,
+	locks, err := r.redis.Acquire(ctx, protocol.AcquireOptions{
+		Op: "acquire", Key: r.key, Lives: r.lives, Families: r.families(), Mode: protocol.ModeRebuild, TTL: r.opts.TTL,
 		Checks: x.checks(), Record: x.recordFields(),
 	})
 	if err != nil {
@@ -109,13 +109,13 @@ var errAbnormal = errors.New("the run panicked, or a builder or the source calle
 type execution[T any] struct {
 	r       *Rebuilder[T]
 	start   time.Time
-	locks   []*run.Lock
+	locks   []*protocol.Lock
 	record  string // the run's record: batches written, status, requests
 	suffix  string // every temp key of the run ends with it
 	stats   *Stats
 	targets *targets
 	lease   *lease
-	bulk    *run.Bulk // the connections of the writes
+	bulk    *protocol.Bulk // the connections of the writes
 	gate    *gate
 	cancel  context.CancelCauseFunc
 
@@ -200,9 +200,9 @@ func (x *execution[T]) newTargets() *targets {
 func (x *execution[T]) recordFields() []string {
 	host, _ := os.Hostname()
 	return []string{
-		run.FieldSuffix, x.suffix, run.FieldHost, host, run.FieldPID, strconv.Itoa(os.Getpid()),
-		run.FieldStarted, run.Now(x.start), run.FieldTTL, strconv.FormatInt(x.r.ttlSecs, 10),
-		run.FieldExpected, strconv.FormatInt(x.r.opts.Expected, 10), run.FieldPhase, string(PhaseBuilding),
+		protocol.FieldSuffix, x.suffix, protocol.FieldHost, host, protocol.FieldPID, strconv.Itoa(os.Getpid()),
+		protocol.FieldStarted, protocol.Now(x.start), protocol.FieldTTL, strconv.FormatInt(x.r.ttlSecs, 10),
+		protocol.FieldExpected, strconv.FormatInt(x.r.opts.Expected, 10), protocol.FieldPhase, string(PhaseBuilding),
 	}
 }
 
@@ -282,7 +282,7 @@ func (x *execution[T]) run(ctx context.Context, src sources.Source[T]) (err erro
 			}
 			x.dropCounters(ctx)
 		case !published:
-			r.redis.Discard(ctx, r.key, run.TempKeys(x.targets.temps())...)
+			r.redis.Discard(ctx, r.key, protocol.TempKeys(x.targets.temps())...)
 		}
 		err = r.redis.ReleaseAfter(ctx, x.locks, err)
 		x.stats.Items = x.pulled.Load()
@@ -327,7 +327,7 @@ func (x *execution[T]) run(ctx context.Context, src sources.Source[T]) (err erro
 		// A run that ended meanwhile (a lost lease, a cancel) says why,
 		// rather than what its next command ran into.
 		if cause := context.Cause(runCtx); cause != nil {
-			return run.Wrap("run", r.key, cause)
+			return protocol.Wrap("run", r.key, cause)
 		}
 		if err := x.decide(runCtx, live); err != nil {
 			return err
@@ -343,15 +343,15 @@ func (x *execution[T]) run(ctx context.Context, src sources.Source[T]) (err erro
 			return err
 		}
 		if cause := context.Cause(runCtx); cause != nil {
-			return run.Wrap("run", r.key, cause)
+			return protocol.Wrap("run", r.key, cause)
 		}
 		// The lease lives on through the durability wait: the heartbeats
 		// keep the locks, show the phase, and read an operator's cancel.
-		if d := r.durability(); d != (run.Durability{}) {
+		if d := r.durability(); d != (protocol.Durability{}) {
 			x.setPhase(PhaseWaiting)
 			if err := r.redis.Wait(runCtx, "publish", r.key, x.locks[0].Key, d); err != nil {
 				if cause := context.Cause(runCtx); cause != nil {
-					return run.Wrap("run", r.key, cause)
+					return protocol.Wrap("run", r.key, cause)
 				}
 				return err
 			}
@@ -360,14 +360,14 @@ func (x *execution[T]) run(ctx context.Context, src sources.Source[T]) (err erro
 		x.lease.end()
 		leaseDone.Wait()
 		if cause := context.Cause(runCtx); cause != nil {
-			return run.Wrap("run", r.key, cause)
+			return protocol.Wrap("run", r.key, cause)
 		}
 		if x.gen != nil {
 			published, err = x.flip(runCtx)
 		} else {
 			published, err = x.publish(runCtx, live)
 		}
-		var behind *run.BehindError
+		var behind *protocol.BehindError
 		if !errors.As(err, &behind) {
 			return err
 		}
@@ -397,7 +397,7 @@ func (x *execution[T]) decide(ctx context.Context, live []map[string]bool) error
 	publish, err := x.held.hold(ctx, x, review, live)
 	switch {
 	case err != nil:
-		return run.Wrap("run", x.r.key, err)
+		return protocol.Wrap("run", x.r.key, err)
 	case !publish:
 		return &Error{Op: "publish", Key: x.r.key, Err: ErrDiscarded}
 	}
@@ -416,7 +416,7 @@ func (x *execution[T]) failure(runCtx context.Context, werr, srcErr error) error
 	case werr != nil && errors.Is(cause, ErrLockLost):
 		// A stall that outlived the lease also timed out the batch in
 		// flight: the lost lease is the cause, the write error its symptom.
-		return errors.Join(run.Wrap("lease", x.r.key, cause), werr)
+		return errors.Join(protocol.Wrap("lease", x.r.key, cause), werr)
 	case werr != nil && x.lease.lapsed(time.Now()):
 		// The same, with the watchdog not run yet (a loaded machine runs
 		// its timer late).
@@ -426,7 +426,7 @@ func (x *execution[T]) failure(runCtx context.Context, werr, srcErr error) error
 	case srcErr != nil:
 		return &Error{Op: "source", Key: x.r.key, Err: srcErr}
 	case cause != nil:
-		return run.Wrap("run", x.r.key, cause)
+		return protocol.Wrap("run", x.r.key, cause)
 	}
 	return nil
 }
@@ -466,18 +466,18 @@ func (x *execution[T]) status() []string {
 	}
 	logged, replayed := x.catchUp.counts()
 	return []string{
-		"eta", eta, "progress_at", run.Now(x.stall.lastProgress()),
+		"eta", eta, "progress_at", protocol.Now(x.stall.lastProgress()),
 		"phase", string(x.phase.Load().(Phase)), "items", strconv.FormatInt(items, 10),
 		"entries", strconv.FormatInt(x.written.Load(), 10), "acked", strconv.FormatInt(x.acked.Load(), 10),
-		"rate", strconv.FormatFloat(rate, 'f', 1, 64), run.FieldRateNow, strconv.FormatFloat(current, 'f', 1, 64),
-		"beat_at", run.Now(now), "limit", strconv.FormatFloat(x.gate.rate(), 'f', -1, 64),
+		"rate", strconv.FormatFloat(rate, 'f', 1, 64), protocol.FieldRateNow, strconv.FormatFloat(current, 'f', 1, 64),
+		"beat_at", protocol.Now(now), "limit", strconv.FormatFloat(x.gate.rate(), 'f', -1, 64),
 		"latency_us", strconv.FormatInt(x.pacing.latency()/1e3, 10),
 		"changes", strconv.FormatInt(logged, 10), "replayed", strconv.FormatInt(replayed, 10),
 	}
 }
 
 // control applies what a heartbeat read of an operator's requests.
-func (x *execution[T]) control(c run.Control) {
+func (x *execution[T]) control(c protocol.Control) {
 	if c.Cancel {
 		x.cancel(&Error{Op: "run", Key: x.r.key, Err: ErrAborted})
 	}

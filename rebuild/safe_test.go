@@ -15,8 +15,8 @@ import (
 	"github.com/keyswap/keyswap/guards"
 	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/internal/keys"
+	"github.com/keyswap/keyswap/internal/protocol"
 	"github.com/keyswap/keyswap/internal/redistest"
-	"github.com/keyswap/keyswap/internal/run"
 	"github.com/keyswap/keyswap/rebuild"
 	"github.com/keyswap/keyswap/sources"
 )
@@ -200,7 +200,7 @@ func TestHeldRunPublishes(t *testing.T) {
 		}
 		// Nothing published yet.
 		redistest.WantHash(t, d.Other, k.hash, hashOf(old))
-		if info, err := run.New(d.Other, nil).FindRun(ctx, k.hash); err != nil || info.Record["phase"] != "held" {
+		if info, err := protocol.New(d.Other, nil).FindRun(ctx, k.hash); err != nil || info.Record["phase"] != "held" {
 			t.Errorf("the run's record: phase %q, %v; want held", info.Record["phase"], err)
 		}
 		wantReview := guards.Review{Builders: []guards.BuilderReview{
@@ -282,7 +282,7 @@ func TestHeldRunDiscards(t *testing.T) {
 						t.Fatalf("Discard: %v", err)
 					}
 				case "operator":
-					c := run.New(d.Other, nil)
+					c := protocol.New(d.Other, nil)
 					info, err := c.FindRun(redistest.Ctx(t), k.family)
 					if err != nil {
 						t.Fatal(err)
@@ -315,7 +315,7 @@ func TestHeldRunPublishedByOperator(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		c := run.New(d.Other, nil)
+		c := protocol.New(d.Other, nil)
 		info, err := c.FindRun(ctx, k.hash)
 		if err != nil {
 			t.Fatal(err)
@@ -323,7 +323,7 @@ func TestHeldRunPublishedByOperator(t *testing.T) {
 		// A request fenced by another token is refused.
 		stale := info
 		stale.Token = "0123456789abcdef0123456789abcdef"
-		if err := c.Control(ctx, stale, "action", "publish"); !errors.Is(err, run.ErrNoRun) {
+		if err := c.Control(ctx, stale, "action", "publish"); !errors.Is(err, protocol.ErrNoRun) {
 			t.Errorf("Control with another token: got %v, want ErrNoRun", err)
 		}
 		if err := c.Control(ctx, info, "action", "publish"); err != nil {

@@ -9,12 +9,12 @@ import (
 
 	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/internal/keys"
-	"github.com/keyswap/keyswap/internal/run"
+	"github.com/keyswap/keyswap/internal/protocol"
 )
 
 // target is one live key of a run and its temp key.
 type target struct {
-	run.Temp
+	protocol.Temp
 	builder int
 	bucket  string // a family's bucket: Live after the prefix and colon
 
@@ -101,7 +101,7 @@ func (ts *targets) get(b int, live string) (*target, error) {
 		if ts.max > 0 && len(ts.ordered) >= ts.max {
 			return nil, tooManyKeys(ts.max, "the run writes more keys than that")
 		}
-		t = &target{Temp: run.Temp{Live: live, Key: ts.newTemp(live)}, builder: b}
+		t = &target{Temp: protocol.Temp{Live: live, Key: ts.newTemp(live)}, builder: b}
 		if o := ts.owners[b]; o.family {
 			t.bucket = live[len(o.key)+1:]
 		}
@@ -253,10 +253,10 @@ func (ts *targets) all() []*target {
 	return append([]*target(nil), ts.ordered...)
 }
 
-// temps returns the run.Temp of every target so far.
-func (ts *targets) temps() []*run.Temp {
+// temps returns the protocol.Temp of every target so far.
+func (ts *targets) temps() []*protocol.Temp {
 	all := ts.all()
-	out := make([]*run.Temp, len(all))
+	out := make([]*protocol.Temp, len(all))
 	for i, t := range all {
 		out[i] = &t.Temp
 	}

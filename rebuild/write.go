@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/keyswap/keyswap/internal/run"
+	"github.com/keyswap/keyswap/internal/protocol"
 	"github.com/redis/rueidis"
 )
 
@@ -23,9 +23,9 @@ const bulkWait = time.Second
 // at the Info level when they have one again. A connection that closes, or
 // whose server no longer serves the run's slot, is replaced, and logged at
 // the Info level.
-func (x *execution[T]) newBulk(ctx context.Context) *run.Bulk {
+func (x *execution[T]) newBulk(ctx context.Context) *protocol.Bulk {
 	r := x.r
-	b := run.NewBulk(ctx, r.redis.Client(), bulkWait, run.BulkEvents{
+	b := protocol.NewBulk(ctx, r.redis.Client(), bulkWait, protocol.BulkEvents{
 		Shared: func(waited time.Duration, err error) {
 			if err != nil {
 				r.opts.Logger.Warn("keyswap: the connection of the run's writes failed; they go on the client's shared connections, where the application's commands wait behind them, until a new one works",
@@ -102,7 +102,7 @@ func (x *execution[T]) write(ctx context.Context, txns []*txn) error {
 		for _, tg := range t.expire {
 			// NX: only a key this transaction created has no TTL yet, so a
 			// reply of 1 is the creation of the temp key, and a second one
-			// for the same key is a loss (see run.Temp.Created).
+			// for the same key is a loss (see protocol.Temp.Created).
 			cmds = append(cmds, cb.Expire().Key(tg.Key).Seconds(x.tempSecs.Load()).Nx().Build())
 		}
 		for _, tg := range t.probes {
@@ -219,7 +219,7 @@ func refused(err error) error {
 	if !errors.As(err, &rerr) {
 		return nil
 	}
-	if perr := run.Refused(rerr); perr != nil {
+	if perr := protocol.Refused(rerr); perr != nil {
 		return fmt.Errorf("%w (%w)", perr, err)
 	}
 	return nil

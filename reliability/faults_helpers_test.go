@@ -52,7 +52,7 @@ const (
 	faultMaxMerged   = faultBatch
 	faultTTL         = 4 * time.Second // lease of the faulted run: 2 s lapsed under load (3 suites at once, -race)
 	faultPreserveFor = 30 * time.Second
-	faultReceiptTTL  = 30 * time.Second                // how long a publish's receipt lives (internal/run)
+	faultReceiptTTL  = 30 * time.Second                // how long a publish's receipt lives (internal/protocol)
 	faultHold        = faultTTL + 500*time.Millisecond // stall and SIGSTOP: longer than the TTL
 	faultRunTimeout  = 60 * time.Second                // bounds every Run (the rebuild client has no keepalive)
 	faultWait        = 15 * time.Second                // bounds every poll

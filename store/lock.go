@@ -4,7 +4,7 @@ import (
 	"context"
 	"time"
 
-	"github.com/keyswap/keyswap/internal/run"
+	"github.com/keyswap/keyswap/internal/protocol"
 )
 
 // Lock is a held rebuild lock. It is a plain value, so a caller of the
@@ -21,11 +21,11 @@ type Lock struct {
 }
 
 // core returns l as the run package's lock.
-func (l *Lock) core() *run.Lock {
+func (l *Lock) core() *protocol.Lock {
 	if l == nil {
 		return nil
 	}
-	c := run.Lock(*l)
+	c := protocol.Lock(*l)
 	return &c
 }
 
@@ -49,7 +49,7 @@ func (s *Store) Acquire(ctx context.Context, live string, ttl time.Duration) (*L
 // error matching [ErrLockLost]. A blind EXPIRE would let a stalled rebuild
 // keep extending a lock that a successor already took over.
 func (s *Store) Extend(ctx context.Context, l *Lock) error {
-	_, err := s.redis.Touch(ctx, "extend", []*run.Lock{l.core()}, nil)
+	_, err := s.redis.Touch(ctx, "extend", []*protocol.Lock{l.core()}, nil)
 	return err
 }
 
@@ -59,5 +59,5 @@ func (s *Store) Extend(ctx context.Context, l *Lock) error {
 // [ErrLockLost]. A lock that is already gone (it expired, or this release
 // ran before and its reply was lost) leaves nothing to release: nil.
 func (s *Store) Release(ctx context.Context, l *Lock) error {
-	return s.redis.Release(ctx, []*run.Lock{l.core()})
+	return s.redis.Release(ctx, []*protocol.Lock{l.core()})
 }

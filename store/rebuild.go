@@ -7,7 +7,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/keyswap/keyswap/internal/run"
+	"github.com/keyswap/keyswap/internal/protocol"
 )
 
 // RebuildOptions configures [Store.WithRebuild]. The zero value uses the
@@ -63,18 +63,18 @@ type RebuildOptions struct {
 func (s *Store) WithRebuild(ctx context.Context, live string, opts RebuildOptions,
 	fn func(ctx context.Context, temp string, touch func(context.Context) error) error) (err error) {
 	const op = "rebuild"
-	if err := run.CheckKey(op, live); err != nil {
+	if err := protocol.CheckKey(op, live); err != nil {
 		return err
 	}
 	if fn == nil {
 		return &Error{Op: op, Key: live, Err: errors.New("nil callback")}
 	}
-	ttl := run.OrDefault(opts.TTL, DefaultTTL)
-	if _, err := run.Seconds(op, live, "TTL", ttl); err != nil {
+	ttl := protocol.OrDefault(opts.TTL, DefaultTTL)
+	if _, err := protocol.Seconds(op, live, "TTL", ttl); err != nil {
 		return err
 	}
-	preserveFor := run.OrDefault(opts.PreserveFor, DefaultPreserveFor)
-	if _, err := run.Seconds(op, live, "PreserveFor", preserveFor); err != nil {
+	preserveFor := protocol.OrDefault(opts.PreserveFor, DefaultPreserveFor)
+	if _, err := protocol.Seconds(op, live, "PreserveFor", preserveFor); err != nil {
 		return err
 	}
 
@@ -82,9 +82,9 @@ func (s *Store) WithRebuild(ctx context.Context, live string, opts RebuildOption
 	if err != nil {
 		return err
 	}
-	defer func() { err = s.redis.ReleaseAfter(ctx, []*run.Lock{lock.core()}, err) }()
+	defer func() { err = s.redis.ReleaseAfter(ctx, []*protocol.Lock{lock.core()}, err) }()
 
-	tr := &tracker{temp: &run.Temp{Live: live, Key: s.NewTempKey(live)}}
+	tr := &tracker{temp: &protocol.Temp{Live: live, Key: s.NewTempKey(live)}}
 	touch := func(ctx context.Context) error {
 		state, err := s.touch(ctx, lock, tr.temp.Key)
 		if err != nil {
@@ -133,7 +133,7 @@ func (s *Store) WithRebuild(ctx context.Context, live string, opts RebuildOption
 // callback may touch from several goroutines, hence the mutex; it is not
 // held across the touch itself.
 type tracker struct {
-	temp *run.Temp
+	temp *protocol.Temp
 
 	mu      sync.Mutex
 	present bool  // the last touch found the temp key
@@ -142,23 +142,23 @@ type tracker struct {
 
 // observe records what a touch found, and returns an error matching
 // ErrTempKeyLost once the temp key was found lost and re-created.
-func (tr *tracker) observe(state run.TempState) error {
+func (tr *tracker) observe(state protocol.TempState) error {
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
 	if tr.lost != nil {
 		return tr.lost
 	}
 	switch state {
-	case run.TempCreated:
+	case protocol.TempCreated:
 		if err := tr.temp.Created(); err != nil {
 			tr.lost = &Error{Op: "touch", Key: tr.temp.Live, Err: err}
 			return tr.lost
 		}
-	case run.TempAlive:
+	case protocol.TempAlive:
 		// The callback gave the key a TTL itself: it is populated all the
 		// same, and a later creation is a loss.
 		tr.temp.MarkPopulated()
 	}
-	tr.present = state != run.TempAbsent
+	tr.present = state != protocol.TempAbsent
 	return nil
 }

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/keyswap/keyswap/internal/protocol"
 	"github.com/keyswap/keyswap/internal/redistest"
-	"github.com/keyswap/keyswap/internal/run"
 	"github.com/keyswap/keyswap/store"
 	"github.com/redis/rueidis"
 )
@@ -17,7 +17,7 @@ import (
 // Every branch of every Lua script runs against a real
 // server, on the standalone server and on the cluster. The raw tests of the
 // run core's scripts (acquire, heartbeat, refresh, release, publish), which
-// run the script text directly, are in internal/run/scripts_test.go; touch's
+// run the script text directly, are in internal/protocol/scripts_test.go; touch's
 // is TestScriptLease here. The tests below also run the scripts through the
 // public API.
 
@@ -86,7 +86,7 @@ func TestScriptLease(t *testing.T) {
 			redistest.Cmd(t, tg.other, "DEL", t2)
 			redistest.SeedHash(t, tg.other, t3, redistest.Fields("c", 3)) // no TTL yet (C34.1)
 			got := scriptsRun(t, tg.client, lease, []string{l1, l2, t1, t2, t3}, []string{tok, "100", "2"})
-			scriptsWantReply(t, got, run.Code("OK"), run.Code("TEMP_ALIVE"), run.Code("TEMP_ABSENT"), run.Code("TEMP_CREATED"))
+			scriptsWantReply(t, got, protocol.Code("OK"), protocol.Code("TEMP_ALIVE"), protocol.Code("TEMP_ABSENT"), protocol.Code("TEMP_CREATED"))
 			for _, key := range []string{l1, l2, t1, t3} {
 				redistest.WantPTTL(t, tg.other, key, 10*time.Second, 100*time.Second) // reset, not left to decay
 			}
@@ -98,7 +98,7 @@ func TestScriptLease(t *testing.T) {
 		t.Run("no temps", func(t *testing.T) {
 			k := scriptsKeys(tg, "lease-lock-only")
 			redistest.Cmd(t, tg.other, "SET", k("l1"), tok, "EX", "10")
-			scriptsWantReply(t, scriptsRun(t, tg.client, lease, []string{k("l1")}, []string{tok, "100", "1"}), run.Code("OK"))
+			scriptsWantReply(t, scriptsRun(t, tg.client, lease, []string{k("l1")}, []string{tok, "100", "1"}), protocol.Code("OK"))
 			redistest.WantPTTL(t, tg.other, k("l1"), 10*time.Second, 100*time.Second)
 		})
 
@@ -130,7 +130,7 @@ func TestScriptLease(t *testing.T) {
 				redistest.SeedHash(t, tg.other, t3, redistest.Fields("c", 3))
 
 				got := scriptsRun(t, tg.client, lease, []string{locks[0], locks[1], t1, t3}, []string{tok, "100", "2"})
-				scriptsWantReply(t, got, run.Code("LOCK_LOST"), tt.lostAt)
+				scriptsWantReply(t, got, protocol.Code("LOCK_LOST"), tt.lostAt)
 				for _, l := range locks {
 					switch {
 					case l != lost:

@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"github.com/keyswap/keyswap/internal/keys"
-	"github.com/keyswap/keyswap/internal/run"
+	"github.com/keyswap/keyswap/internal/protocol"
 	"github.com/redis/rueidis"
 )
 
@@ -28,7 +28,7 @@ const (
 // rebuild lock, touch, the fenced swap, the WithRebuild lifecycle and the
 // sweep. It is safe for concurrent use by multiple goroutines.
 type Store struct {
-	redis *run.Redis
+	redis *protocol.Redis
 	now   func() time.Time
 }
 
@@ -56,7 +56,7 @@ func New(client rueidis.Client, opts Options) *Store {
 	if client == nil {
 		panic("keyswap: store.New: nil rueidis.Client")
 	}
-	s := &Store{redis: run.New(client, opts.Logger), now: opts.Now}
+	s := &Store{redis: protocol.New(client, opts.Logger), now: opts.Now}
 	if s.now == nil {
 		s.now = time.Now
 	}

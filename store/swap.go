@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/keyswap/keyswap/internal/keys"
-	"github.com/keyswap/keyswap/internal/run"
+	"github.com/keyswap/keyswap/internal/protocol"
 )
 
 // Populated says what the caller knows about a temp key before a swap.
@@ -38,14 +38,14 @@ func (p Populated) String() string {
 }
 
 // Outcome is what a successful swap did to the live key.
-type Outcome = run.Outcome
+type Outcome = protocol.Outcome
 
 // The outcomes of a swap.
 const (
 	// Swapped: the live key now holds exactly the temp key's contents.
-	Swapped = run.Swapped
+	Swapped = protocol.Swapped
 	// Emptied: the rebuild produced nothing, so the live key was deleted.
-	Emptied = run.Emptied
+	Emptied = protocol.Emptied
 )
 
 // SwapOptions configures [Store.Swap]. The zero value is an unfenced swap
@@ -94,21 +94,21 @@ func (s *Store) Swap(ctx context.Context, temp, live string, opts SwapOptions) (
 }
 
 // swap is Swap. With settle, a swap whose reply was lost is settled from
-// its receipt, which releases the lock (see run.Redis.Publish).
+// its receipt, which releases the lock (see protocol.Redis.Publish).
 func (s *Store) swap(ctx context.Context, temp, live string, opts SwapOptions, settle bool) (Outcome, error) {
 	const op = "swap"
-	if err := run.CheckKey(op, live); err != nil {
+	if err := protocol.CheckKey(op, live); err != nil {
 		return 0, err
 	}
 	if opts.Populated < PopulatedUnknown || opts.Populated > PopulatedNo {
 		// Read as "no", an unknown value would delete the live key.
 		return 0, &Error{Op: op, Key: live, Err: fmt.Errorf("invalid %v", opts.Populated)}
 	}
-	preserve := run.OrDefault(opts.PreserveFor, DefaultPreserveFor)
-	if _, err := run.Seconds(op, live, "PreserveFor", preserve); err != nil {
+	preserve := protocol.OrDefault(opts.PreserveFor, DefaultPreserveFor)
+	if _, err := protocol.Seconds(op, live, "PreserveFor", preserve); err != nil {
 		return 0, err
 	}
-	var locks []*run.Lock
+	var locks []*protocol.Lock
 	if opts.Lock != nil {
 		l := opts.Lock.core()
 		switch {
@@ -117,12 +117,12 @@ func (s *Store) swap(ctx context.Context, temp, live string, opts SwapOptions, s
 		case l.Live != live:
 			return 0, &Error{Op: op, Key: live, Err: fmt.Errorf("lock guards %q, not this key", l.Live)}
 		}
-		if err := run.CheckLock(op, l); err != nil {
+		if err := protocol.CheckLock(op, l); err != nil {
 			return 0, err
 		}
-		locks = []*run.Lock{l}
+		locks = []*protocol.Lock{l}
 	}
-	target := run.Target{Temp: temp, Live: live}
+	target := protocol.Target{Temp: temp, Live: live}
 	switch opts.Populated {
 	case PopulatedYes:
 		target.Populated = true
@@ -139,15 +139,15 @@ func (s *Store) swap(ctx context.Context, temp, live string, opts SwapOptions, s
 		}
 		n, err := s.redis.Client().Do(ctx, s.redis.Client().B().Exists().Key(temp).Build()).AsInt64()
 		if err != nil {
-			return 0, run.Fail(ctx, op, live, err)
+			return 0, protocol.Fail(ctx, op, live, err)
 		}
 		target.Populated = n > 0
 	}
 	if !target.Populated {
 		s.redis.Logger().Info("keyswap: no temp key to swap (empty result set)", "key", live, "temp_key", temp)
 	}
-	p, err := s.redis.Publish(ctx, run.PublishOptions{
-		Op: op, Key: live, Locks: locks, Targets: []run.Target{target},
+	p, err := s.redis.Publish(ctx, protocol.PublishOptions{
+		Op: op, Key: live, Locks: locks, Targets: []protocol.Target{target},
 		Metas:       []string{keys.MetaKey(live, s.redis.Cluster())},
 		PreserveFor: preserve, Settle: settle, Now: s.now(),
 	})

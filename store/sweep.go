@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/keyswap/keyswap/internal/run"
+	"github.com/keyswap/keyswap/internal/protocol"
 	"github.com/keyswap/keyswap/internal/scan"
 	"github.com/keyswap/keyswap/internal/sweep"
 )
@@ -85,7 +85,7 @@ func (s *Store) Sweep(ctx context.Context, opts SweepOptions) ([]string, error) 
 	if pattern == "" {
 		pattern = DefaultSweepPattern
 	}
-	olderThan := run.OrDefault(opts.OlderThan, DefaultSweepOlderThan)
+	olderThan := protocol.OrDefault(opts.OlderThan, DefaultSweepOlderThan)
 	if olderThan < 0 {
 		return nil, &Error{Op: op, Err: fmt.Errorf("OlderThan %v: must not be negative", olderThan)}
 	}
@@ -96,7 +96,7 @@ func (s *Store) Sweep(ctx context.Context, opts SweepOptions) ([]string, error) 
 	seen := map[string]bool{} // SCAN may return a key more than once
 	for page, err := range scan.Pages(ctx, s.redis.Client(), scan.Options{Match: pattern, Count: sweep.Chunk}) {
 		if err != nil {
-			return swept, run.Fail(ctx, op, "", err)
+			return swept, protocol.Fail(ctx, op, "", err)
 		}
 		fresh := page[:0]
 		for _, k := range page {
@@ -107,11 +107,11 @@ func (s *Store) Sweep(ctx context.Context, opts SweepOptions) ([]string, error) 
 		}
 		doomed, err := sweep.Orphans(ctx, s.redis.Client(), fresh, sweep.Rule{Cutoff: cutoff, Legacy: opts.Legacy})
 		if err != nil {
-			return swept, run.Fail(ctx, op, "", err)
+			return swept, protocol.Fail(ctx, op, "", err)
 		}
 		if !opts.DryRun {
 			if err := sweep.Unlink(ctx, s.redis.Client(), doomed); err != nil {
-				return swept, run.Fail(ctx, op, "", err)
+				return swept, protocol.Fail(ctx, op, "", err)
 			}
 		}
 		swept = append(swept, doomed...)

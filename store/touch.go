@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 
-	"github.com/keyswap/keyswap/internal/run"
+	"github.com/keyswap/keyswap/internal/protocol"
 )
 
 // Touch renews a rebuild in progress: it extends the lock first and, only if
@@ -25,21 +25,21 @@ import (
 // and returns an error matching [ErrLockLost].
 func (s *Store) Touch(ctx context.Context, l *Lock, temp string) (populated bool, err error) {
 	state, err := s.touch(ctx, l, temp)
-	return state != run.TempAbsent, err
+	return state != protocol.TempAbsent, err
 }
 
 // touch is Touch, reporting what it found of temp.
-func (s *Store) touch(ctx context.Context, l *Lock, temp string) (run.TempState, error) {
+func (s *Store) touch(ctx context.Context, l *Lock, temp string) (protocol.TempState, error) {
 	if temp == "" {
 		live := ""
 		if l != nil {
 			live = l.Live
 		}
-		return run.TempAbsent, &Error{Op: "touch", Key: live, Err: errors.New("empty temp key")}
+		return protocol.TempAbsent, &Error{Op: "touch", Key: live, Err: errors.New("empty temp key")}
 	}
-	states, err := s.redis.Touch(ctx, "touch", []*run.Lock{l.core()}, []string{temp})
+	states, err := s.redis.Touch(ctx, "touch", []*protocol.Lock{l.core()}, []string{temp})
 	if err != nil {
-		return run.TempAbsent, err
+		return protocol.TempAbsent, err
 	}
 	return states[0], nil
 }

@@ -7,7 +7,7 @@ import (
 	"math"
 	"strconv"
 
-	krun "github.com/keyswap/keyswap/internal/run"
+	krun "github.com/keyswap/keyswap/internal/protocol"
 )
 
 // controlHelp is the part of every control command's usage that they share.

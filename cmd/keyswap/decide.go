@@ -7,7 +7,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	krun "github.com/keyswap/keyswap/internal/run"
+	krun "github.com/keyswap/keyswap/internal/protocol"
 	"github.com/redis/rueidis"
 )
 

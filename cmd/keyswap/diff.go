@@ -12,7 +12,7 @@ import (
 
 	"github.com/keyswap/keyswap/internal/diff"
 	"github.com/keyswap/keyswap/internal/keys"
-	krun "github.com/keyswap/keyswap/internal/run"
+	krun "github.com/keyswap/keyswap/internal/protocol"
 	"github.com/keyswap/keyswap/internal/scan"
 	"github.com/redis/rueidis"
 )

@@ -12,7 +12,7 @@ import (
 	"syscall"
 	"time"
 
-	krun "github.com/keyswap/keyswap/internal/run"
+	krun "github.com/keyswap/keyswap/internal/protocol"
 )
 
 // Exit codes.

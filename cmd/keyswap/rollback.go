@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/keyswap/keyswap/internal/keys"
-	krun "github.com/keyswap/keyswap/internal/run"
+	krun "github.com/keyswap/keyswap/internal/protocol"
 	"github.com/redis/rueidis"
 )
 

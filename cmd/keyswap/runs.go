@@ -10,7 +10,7 @@ import (
 
 	"github.com/keyswap/keyswap/internal/keys"
 	// krun, as main has a function named run.
-	krun "github.com/keyswap/keyswap/internal/run"
+	krun "github.com/keyswap/keyswap/internal/protocol"
 	"github.com/redis/rueidis"
 )
 
@@ -19,7 +19,7 @@ import (
 // status its heartbeats write, which only the run writes. The operator's
 // requests go into a hash of their own next to it, "<lock>:ctl", which
 // every heartbeat reads: the commands here read the record, and write
-// requests with run.Control, fenced by the token they read.
+// requests with protocol.Control, fenced by the token they read.
 
 // runRecord is a run's record, parsed.
 type runRecord struct {
@@ -145,7 +145,7 @@ func (r runRecord) describe() string {
 // findRun returns the record of the rebuild in progress that holds key's
 // lock, through any of the run's keys. When there is none, or the lock is
 // held by something that takes no requests (store.WithRebuild, a
-// rollback), it returns an error matching run.ErrNoRun.
+// rollback), it returns an error matching protocol.ErrNoRun.
 func findRun(ctx context.Context, rr *krun.Redis, key string) (krun.RunInfo, runRecord, error) {
 	info, err := rr.FindRun(ctx, key)
 	if err != nil {

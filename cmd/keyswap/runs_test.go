@@ -16,8 +16,8 @@ import (
 
 	"github.com/keyswap/keyswap/builders"
 	"github.com/keyswap/keyswap/internal/keys"
+	krun "github.com/keyswap/keyswap/internal/protocol"
 	"github.com/keyswap/keyswap/internal/redistest"
-	krun "github.com/keyswap/keyswap/internal/run"
 	"github.com/keyswap/keyswap/sources"
 	// krebuild, as the tests have a type named rebuild.
 	krebuild "github.com/keyswap/keyswap/rebuild"

@@ -8,7 +8,7 @@ import (
 	"strings"
 
 	"github.com/keyswap/keyswap/internal/keys"
-	"github.com/keyswap/keyswap/internal/run"
+	"github.com/keyswap/keyswap/internal/protocol"
 	"github.com/keyswap/keyswap/internal/scan"
 	"github.com/redis/rueidis"
 )
@@ -92,17 +92,17 @@ func DropPlain(ctx context.Context, client rueidis.Client, idx Index, opts Optio
 		err = idx.check()
 	}
 	if err != nil {
-		return res, &run.Error{Op: op, Key: idx.Live, Err: err}
+		return res, &protocol.Error{Op: op, Key: idx.Live, Err: err}
 	}
 	if idx.Family && idx.Type == "" {
-		return res, &run.Error{Op: op, Key: idx.Live, Err: errors.New("a family needs its Type: it owns only the keys of its type under its prefix")}
+		return res, &protocol.Error{Op: op, Key: idx.Live, Err: errors.New("a family needs its Type: it owns only the keys of its type under its prefix")}
 	}
 	snap, err := Read(ctx, client, idx)
 	if err != nil {
-		return res, run.Fail(ctx, op, idx.Live, err)
+		return res, protocol.Fail(ctx, op, idx.Live, err)
 	}
 	if !snap.HasPointer {
-		return res, &run.Error{Op: op, Key: idx.Live, Err: fmt.Errorf("%s: %w", snap.PointerKey, ErrNoPointer)}
+		return res, &protocol.Error{Op: op, Key: idx.Live, Err: fmt.Errorf("%s: %w", snap.PointerKey, ErrNoPointer)}
 	}
 	drop := func(ks []string, typ string) error {
 		if err := pace(ctx, o, len(ks)); err != nil {
@@ -125,7 +125,7 @@ func DropPlain(ctx context.Context, client rueidis.Client, idx Index, opts Optio
 	}
 	if !idx.Family {
 		if err := drop([]string{idx.Live}, ""); err != nil {
-			return res, run.Fail(ctx, op, idx.Live, err)
+			return res, protocol.Fail(ctx, op, idx.Live, err)
 		}
 		o.Logger.Info("keyswap: plain key dropped", "index", idx.Live, "keys", res.Keys)
 		return res, nil
@@ -138,7 +138,7 @@ func DropPlain(ctx context.Context, client rueidis.Client, idx Index, opts Optio
 	sopts := scan.Options{Match: keys.GlobEscape(prefix) + "*", Type: idx.Type, Count: o.ScanCount, InSlot: true, Slot: keys.Slot(idx.Live)}
 	for page, err := range scan.Pages(ctx, client, sopts) {
 		if err != nil {
-			return res, run.Fail(ctx, op, idx.Live, fmt.Errorf("SCAN %s: %w", sopts.Match, err))
+			return res, protocol.Fail(ctx, op, idx.Live, fmt.Errorf("SCAN %s: %w", sopts.Match, err))
 		}
 		page = slices.DeleteFunc(page, func(k string) bool {
 			if !strings.HasPrefix(k, prefix) || len(k) == len(prefix) {
@@ -152,7 +152,7 @@ func DropPlain(ctx context.Context, client rueidis.Client, idx Index, opts Optio
 		})
 		for chunk := range slices.Chunk(page, o.Unlink) {
 			if err := drop(chunk, idx.Type); err != nil {
-				return res, run.Fail(ctx, op, idx.Live, err)
+				return res, protocol.Fail(ctx, op, idx.Live, err)
 			}
 		}
 	}

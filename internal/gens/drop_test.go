@@ -9,8 +9,8 @@ import (
 
 	"github.com/keyswap/keyswap/internal/gens"
 	"github.com/keyswap/keyswap/internal/keys"
+	"github.com/keyswap/keyswap/internal/protocol"
 	"github.com/keyswap/keyswap/internal/redistest"
-	"github.com/keyswap/keyswap/internal/run"
 )
 
 // plainFamily writes, next to generation 1 of f's family, the family's
@@ -48,9 +48,9 @@ func TestDropPlainFamily(t *testing.T) {
 			plain := plainFamily(f, 600)
 			_, err := gens.DropPlain(ctx, f.c, f.idx, gens.Options{})
 			redistest.WantErr(t, err, gens.ErrNoPointer)
-			var kerr *run.Error
+			var kerr *protocol.Error
 			if !errors.As(err, &kerr) || kerr.Key != f.idx.Live {
-				t.Errorf("err = %v, want a run.Error naming %q", err, f.idx.Live)
+				t.Errorf("err = %v, want a protocol.Error naming %q", err, f.idx.Live)
 			}
 			f.check(nil)
 

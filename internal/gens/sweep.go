@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/keyswap/keyswap/internal/keys"
-	"github.com/keyswap/keyswap/internal/run"
+	"github.com/keyswap/keyswap/internal/protocol"
 	"github.com/keyswap/keyswap/internal/scan"
 	"github.com/redis/rueidis"
 )
@@ -180,11 +180,11 @@ func Sweep(ctx context.Context, client rueidis.Client, idx Index, opts Options) 
 		err = idx.check()
 	}
 	if err != nil {
-		return res, &run.Error{Op: op, Key: idx.Live, Err: err}
+		return res, &protocol.Error{Op: op, Key: idx.Live, Err: err}
 	}
 	snap, err := Read(ctx, client, idx)
 	if err != nil {
-		return res, run.Fail(ctx, op, idx.Live, err)
+		return res, protocol.Fail(ctx, op, idx.Live, err)
 	}
 	if o.Now.IsZero() {
 		o.Now = snap.Time
@@ -198,7 +198,7 @@ func Sweep(ctx context.Context, client rueidis.Client, idx Index, opts Options) 
 		}
 		n, reason, err := s.remove(ctx, g, st)
 		if err != nil {
-			return res, run.Fail(ctx, op, idx.Live, fmt.Errorf("generation %d (%s): %w", g, st, err))
+			return res, protocol.Fail(ctx, op, idx.Live, fmt.Errorf("generation %d (%s): %w", g, st, err))
 		}
 		if reason != "" {
 			s.skip(g, st, reason, n)
@@ -230,7 +230,7 @@ func RemoveOwn(ctx context.Context, client rueidis.Client, idx Index, gen int64,
 		err = fmt.Errorf("generation %d, token %q: want a generation from 1 and a token", gen, token)
 	}
 	if err != nil {
-		return res, &run.Error{Op: op, Key: idx.Live, Err: err}
+		return res, &protocol.Error{Op: op, Key: idx.Live, Err: err}
 	}
 	cluster := isCluster(client)
 	st := State{Kind: Building, Token: token, Raw: keys.RegBuilding + token}
@@ -240,7 +240,7 @@ func RemoveOwn(ctx context.Context, client rueidis.Client, idx Index, gen int64,
 	}}
 	n, reason, err := s.remove(ctx, gen, st)
 	if err != nil {
-		return res, run.Fail(ctx, op, idx.Live, fmt.Errorf("generation %d (%s): %w", gen, st, err))
+		return res, protocol.Fail(ctx, op, idx.Live, fmt.Errorf("generation %d (%s): %w", gen, st, err))
 	}
 	if reason != "" {
 		s.skip(gen, st, reason, n)

@@ -13,8 +13,8 @@ import (
 
 	"github.com/keyswap/keyswap/internal/gens"
 	"github.com/keyswap/keyswap/internal/keys"
+	"github.com/keyswap/keyswap/internal/protocol"
 	"github.com/keyswap/keyswap/internal/redistest"
-	"github.com/keyswap/keyswap/internal/run"
 	"github.com/redis/rueidis"
 )
 
@@ -211,9 +211,9 @@ func TestSweepRefusesCorruptRegistry(t *testing.T) {
 				if !errors.As(err, &corrupt) || !errors.Is(err, gens.ErrCorrupt) {
 					t.Fatalf("err = %v, want a CorruptError", err)
 				}
-				var kerr *run.Error
+				var kerr *protocol.Error
 				if !errors.As(err, &kerr) || kerr.Key != f.idx.Live || kerr.Op != "sweep" {
-					t.Errorf("err = %#v, want a run.Error of sweep on %q", err, f.idx.Live)
+					t.Errorf("err = %#v, want a protocol.Error of sweep on %q", err, f.idx.Live)
 				}
 				field := tc.field
 				if tc.wantField != "" {

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/keyswap/keyswap/index"
-	"github.com/keyswap/keyswap/internal/run"
+	"github.com/keyswap/keyswap/internal/protocol"
 	"github.com/keyswap/keyswap/rebuild"
 	"github.com/redis/rueidis"
 )
@@ -129,7 +129,7 @@ type Script struct {
 // ScriptNamed returns keyswap's script name ("lease", "publish", ...), as
 // embedded in the library. It panics for an unknown name: a test bug.
 func ScriptNamed(name string) Script {
-	src := run.Source(name)
+	src := protocol.Source(name)
 	sum := sha1.Sum([]byte(src))
 	return Script{Name: name, Source: src, SHA1: hex.EncodeToString(sum[:])}
 }

@@ -17,7 +17,7 @@ import (
 
 	"github.com/keyswap/keyswap/builders"
 	"github.com/keyswap/keyswap/index"
-	"github.com/keyswap/keyswap/internal/run"
+	"github.com/keyswap/keyswap/internal/protocol"
 	"github.com/keyswap/keyswap/rebuild"
 	"github.com/keyswap/keyswap/sources"
 )
@@ -305,10 +305,10 @@ func IsCatchUpRead(multi []rueidis.Completed) bool {
 	if len(multi) == 0 {
 		return false
 	}
-	// Sent as EVAL (run.ReadLogCommands); its text, not its SHA1, which
+	// Sent as EVAL (protocol.ReadLogCommands); its text, not its SHA1, which
 	// FIPS 140-only mode does not allow.
 	args := multi[0].Commands()
-	return len(args) > 1 && args[0] == "EVAL" && args[1] == run.Source("readlog")
+	return len(args) > 1 && args[0] == "EVAL" && args[1] == protocol.Source("readlog")
 }
 
 // OnlineIndexes are the keys of the online model: the source of truth and

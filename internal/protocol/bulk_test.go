@@ -1,4 +1,4 @@
-package run_test
+package protocol_test
 
 import (
 	"context"
@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/keyswap/keyswap/internal/protocol"
 	"github.com/keyswap/keyswap/internal/redistest"
-	"github.com/keyswap/keyswap/internal/run"
 	"github.com/redis/rueidis"
 	"github.com/redis/rueidis/rueidishook"
 )
@@ -25,13 +25,13 @@ type bulkEvents struct {
 	shared, own, lost, moved []error
 }
 
-func (e *bulkEvents) events() run.BulkEvents {
+func (e *bulkEvents) events() protocol.BulkEvents {
 	add := func(to *[]error, err error) {
 		e.mu.Lock()
 		defer e.mu.Unlock()
 		*to = append(*to, err)
 	}
-	return run.BulkEvents{
+	return protocol.BulkEvents{
 		Shared: func(_ time.Duration, err error) { add(&e.shared, err) },
 		Own:    func() { add(&e.own, nil) },
 		Lost:   func(err error) { add(&e.lost, err) },
@@ -80,7 +80,7 @@ func bulkClient(t *testing.T, addrs []string, cluster bool, pool int, resp2 bool
 
 // set writes each key=value of kv through b in a transaction of its own,
 // in one DoMulti, and fails t unless every reply is a success.
-func set(t *testing.T, b *run.Bulk, c rueidis.Client, route string, kv ...string) {
+func set(t *testing.T, b *protocol.Bulk, c rueidis.Client, route string, kv ...string) {
 	t.Helper()
 	if err := trySet(redistest.Ctx(t), b, c, route, kv...); err != nil {
 		t.Fatal(err)
@@ -88,7 +88,7 @@ func set(t *testing.T, b *run.Bulk, c rueidis.Client, route string, kv ...string
 }
 
 // trySet is set, returning the first failed reply.
-func trySet(ctx context.Context, b *run.Bulk, c rueidis.Client, route string, kv ...string) error {
+func trySet(ctx context.Context, b *protocol.Bulk, c rueidis.Client, route string, kv ...string) error {
 	var cmds rueidis.Commands
 	for i := 0; i < len(kv); i += 2 {
 		cmds = append(cmds, c.B().Multi().Build(), c.B().Set().Key(kv[i]).Value(kv[i+1]).Build(), c.B().Exec().Build())
@@ -104,7 +104,7 @@ func trySet(ctx context.Context, b *run.Bulk, c rueidis.Client, route string, kv
 
 // bulkConnID returns the id of the connection that b's DoMultis of route
 // go on, failing t unless it is a dedicated one.
-func bulkConnID(t *testing.T, b *run.Bulk, c rueidis.Client, w *bulkWrites, route string) int64 {
+func bulkConnID(t *testing.T, b *protocol.Bulk, c rueidis.Client, w *bulkWrites, route string) int64 {
 	t.Helper()
 	ctx := redistest.Ctx(t)
 	own := w.own.Load()
@@ -181,7 +181,7 @@ func testBulk(t *testing.T, addrs []string, cl *redistest.Cluster, nodeFor func(
 			redistest.Do(t, c, c.B().Get().Key(route).Build()) // the client's shared connections
 			before := connections(t, admin)
 			var ev bulkEvents
-			b := run.NewBulk(redistest.Ctx(t), c, time.Minute, ev.events())
+			b := protocol.NewBulk(redistest.Ctx(t), c, time.Minute, ev.events())
 			defer b.Close()
 			id := bulkConnID(t, b, c, w, route)
 			if n := connections(t, admin) - before; n != 1 {
@@ -234,7 +234,7 @@ func testBulk(t *testing.T, addrs []string, cl *redistest.Cluster, nodeFor func(
 		route, a, b2 := "{bulk-moved}:k", "{bulk-moved}:a", "{bulk-moved}:b"
 		c, w := bulkClient(t, addrs, true, 0, false)
 		var ev bulkEvents
-		b := run.NewBulk(redistest.Ctx(t), c, time.Minute, ev.events())
+		b := protocol.NewBulk(redistest.Ctx(t), c, time.Minute, ev.events())
 		defer b.Close()
 		set(t, b, c, route, a, "1")
 		from := nodeFor(route)
@@ -381,7 +381,7 @@ func TestGiveBackWhileBusy(t *testing.T) {
 		redistest.Do(t, c, c.B().Get().Key(route).Build()) // the client's shared connections
 		before := connections(t, admin)
 		var ev bulkEvents
-		b := run.NewBulk(redistest.Ctx(t), c, time.Minute, ev.events())
+		b := protocol.NewBulk(redistest.Ctx(t), c, time.Minute, ev.events())
 		set(t, b, c, route, route, "v")
 		if w.own.Load() != 1 {
 			t.Fatalf("%d transactions on a dedicated connection, want 1", w.own.Load())
@@ -403,7 +403,7 @@ func TestGiveBackWhileBusy(t *testing.T) {
 		redistest.Do(t, admin, admin.B().Set().Key(key).Value("v").Build())
 		c, _ := bulkClient(t, []string{s.Addr}, false, 1, false)
 		before := connections(t, admin)
-		d := <-run.TakeConnection(redistest.Ctx(t), c, func(ctx context.Context, dc rueidis.DedicatedClient) error {
+		d := <-protocol.TakeConnection(redistest.Ctx(t), c, func(ctx context.Context, dc rueidis.DedicatedClient) error {
 			return dc.Do(ctx, dc.B().Get().Key(key).Build()).Error()
 		})
 		if d.Err != nil {

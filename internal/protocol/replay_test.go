@@ -1,4 +1,4 @@
-package run_test
+package protocol_test
 
 import (
 	"fmt"
@@ -8,21 +8,21 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/keyswap/keyswap/internal/protocol"
 	"github.com/keyswap/keyswap/internal/redistest"
-	"github.com/keyswap/keyswap/internal/run"
 	"github.com/redis/rueidis"
 )
 
 // randomOps returns n random ops of the type kind on key, over few entries
 // so that later ops overwrite and remove what earlier ones wrote, with
 // conditional removals when conditional is set.
-func randomOps(rng *rand.Rand, kind, key string, n int, conditional bool) []run.Op {
+func randomOps(rng *rand.Rand, kind, key string, n int, conditional bool) []protocol.Op {
 	entry := func() string { return "e" + strconv.Itoa(rng.IntN(12)) }
 	value := func() string { return strconv.Itoa(rng.IntN(3)) }
-	var ops []run.Op
+	var ops []protocol.Op
 	for range n {
 		k := 1 + rng.IntN(3)
-		var op run.Op
+		var op protocol.Op
 		switch c := rng.IntN(3); {
 		case c == 2 && conditional && kind == "hash":
 			op.Cmd = "HDELIF"
@@ -105,15 +105,15 @@ func TestReplayCommands(t *testing.T) {
 				}
 				ops := randomOps(rng, kind, "live", n, conditional)
 				for _, op := range ops {
-					redistest.Do(t, d.Client, run.ReplayCommand(d.Client.B(), []string{want}, []run.Op{op}, []int{0}))
+					redistest.Do(t, d.Client, protocol.ReplayCommand(d.Client.B(), []string{want}, []protocol.Op{op}, []int{0}))
 				}
-				cs := run.ReplayCommands(d.Client.B(), nil, got, ops)
+				cs := protocol.ReplayCommands(d.Client.B(), nil, got, ops)
 				plain := 0
 				for _, c := range cs {
 					if c.Commands()[0] == "EVAL" {
 						// Per op: its key's index, the command, the count
 						// of args, the args: at most twice its work.
-						if args := len(c.Commands()) - 4; args > 2*run.ReplayScriptWork {
+						if args := len(c.Commands()) - 4; args > 2*protocol.ReplayScriptWork {
 							t.Errorf("a replay script of %d arguments", args)
 						}
 						continue

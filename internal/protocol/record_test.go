@@ -1,4 +1,4 @@
-package run_test
+package protocol_test
 
 import (
 	"errors"
@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/keyswap/keyswap/internal/keys"
+	"github.com/keyswap/keyswap/internal/protocol"
 	"github.com/keyswap/keyswap/internal/redistest"
-	"github.com/keyswap/keyswap/internal/run"
 )
 
 func TestEncodeKeys(t *testing.T) {
@@ -23,13 +23,13 @@ func TestEncodeKeys(t *testing.T) {
 		{"a\nb", "c"},
 		{"{tag}:x\xff", "", "3:x:", "é"},
 	} {
-		got, err := run.DecodeKeys(run.EncodeKeys(ks))
+		got, err := protocol.DecodeKeys(protocol.EncodeKeys(ks))
 		if err != nil || !slices.Equal(got, ks) {
 			t.Errorf("DecodeKeys(EncodeKeys(%q)) = %q, %v", ks, got, err)
 		}
 	}
 	for _, bad := range []string{"a", "1:", "2:a", "01:a", "-1:", ":a", "1:a3:bc"} {
-		if got, err := run.DecodeKeys(bad); err == nil {
+		if got, err := protocol.DecodeKeys(bad); err == nil {
 			t.Errorf("DecodeKeys(%q) = %q, want an error", bad, got)
 		}
 	}
@@ -40,35 +40,35 @@ func TestParseRecord(t *testing.T) {
 	// older keyswap's (keys joined by newlines); one of another version is
 	// refused, with its version alone; a field that is not as keyswap
 	// writes it gives an error naming it, the other fields still parsed.
-	rec, err := run.ParseRecord(map[string]string{
-		"v": "2", "token": "t", "mode": "rebuild", "keys": run.EncodeKeys([]string{"a\nb", "c"}), "families": "10",
+	rec, err := protocol.ParseRecord(map[string]string{
+		"v": "2", "token": "t", "mode": "rebuild", "keys": protocol.EncodeKeys([]string{"a\nb", "c"}), "families": "10",
 		"suffix": ":rebuild:1:00", "pid": "42", "started": "1700000000123", "ttl": "300", "batches": "4", "logged": "3",
 		"work": "12", "phase": "held", "rate": "2.5", "rate_now": "0.5", "latency_us": "1500", "eta": "7",
 	})
 	wantETA := 7 * time.Second
-	if err != nil || rec.Version != "2" || rec.Token != "t" || rec.Mode != run.ModeRebuild || !slices.Equal(rec.Keys, []string{"a\nb", "c"}) ||
+	if err != nil || rec.Version != "2" || rec.Token != "t" || rec.Mode != protocol.ModeRebuild || !slices.Equal(rec.Keys, []string{"a\nb", "c"}) ||
 		!slices.Equal(rec.Families, []bool{true, false}) || rec.PID != 42 || !rec.Started.Equal(time.UnixMilli(1700000000123)) ||
 		rec.TTL != 300*time.Second || rec.Batches != 4 || rec.Logged != 3 || rec.Work != 12 || rec.Phase != "held" ||
 		rec.Rate != 2.5 || rec.RateNow == nil || *rec.RateNow != 0.5 || rec.Latency != 1500*time.Microsecond || rec.ETA == nil || *rec.ETA != wantETA {
 		t.Errorf("ParseRecord: got %+v, %v", rec, err)
 	}
-	rec, err = run.ParseRecord(map[string]string{"token": "t", "keys": "a\nb", "families": "01"})
+	rec, err = protocol.ParseRecord(map[string]string{"token": "t", "keys": "a\nb", "families": "01"})
 	if err != nil || rec.Version != "" || !slices.Equal(rec.Keys, []string{"a", "b"}) || !slices.Equal(rec.Families, []bool{false, true}) ||
 		rec.RateNow != nil {
 		t.Errorf("a v1 record: got %+v, %v", rec, err)
 	}
-	rec, err = run.ParseRecord(map[string]string{"v": "3", "token": "t", "keys": "whatever"})
-	if !errors.Is(err, run.ErrRecordVersion) || rec.Version != "3" || rec.Token != "" || rec.Keys != nil {
+	rec, err = protocol.ParseRecord(map[string]string{"v": "3", "token": "t", "keys": "whatever"})
+	if !errors.Is(err, protocol.ErrRecordVersion) || rec.Version != "3" || rec.Token != "" || rec.Keys != nil {
 		t.Errorf("a v3 record: got %+v, %v; want ErrRecordVersion and the version alone", rec, err)
 	}
 	for field, value := range map[string]string{"pid": "x", "started": "-1", "rate": "fast", "rate_now": "x", "keys": "9:a", "families": "2", "eta": "soon"} {
 		h := map[string]string{"v": "2", "token": "t", field: value}
-		rec, err := run.ParseRecord(h)
+		rec, err := protocol.ParseRecord(h)
 		if err == nil || !strings.Contains(err.Error(), `"`+field+`"`) || rec.Token != "t" {
 			t.Errorf("%s %q: got %+v, %v; want an error naming the field, the token still read", field, value, rec, err)
 		}
 	}
-	if _, err := run.ParseRecord(map[string]string{"v": "2", "keys": run.EncodeKeys([]string{"a", "b"}), "families": "1"}); err == nil {
+	if _, err := protocol.ParseRecord(map[string]string{"v": "2", "keys": protocol.EncodeKeys([]string{"a", "b"}), "families": "1"}); err == nil {
 		t.Errorf("1 family flag for 2 keys: got no error")
 	}
 }
@@ -76,15 +76,15 @@ func TestParseRecord(t *testing.T) {
 func TestParseRequests(t *testing.T) {
 	// Requests count only for the run whose token they carry.
 	ctl := map[string]string{"token": "t", "cancel": "1", "max_rate": "2.5", "paused": "", "action": "publish"}
-	if got, want := run.ParseRequests(ctl, "t"), (run.Requests{Cancel: true, MaxRate: 2.5, Action: "publish"}); got != want {
+	if got, want := protocol.ParseRequests(ctl, "t"), (protocol.Requests{Cancel: true, MaxRate: 2.5, Action: "publish"}); got != want {
 		t.Errorf("got %+v, want %+v", got, want)
 	}
 	for _, token := range []string{"other", ""} {
-		if got := run.ParseRequests(ctl, token); got != (run.Requests{}) {
+		if got := protocol.ParseRequests(ctl, token); got != (protocol.Requests{}) {
 			t.Errorf("token %q: got %+v, want none", token, got)
 		}
 	}
-	if got := run.ParseRequests(map[string]string{"token": "t", "max_rate": "-3"}, "t"); got.MaxRate != 0 {
+	if got := protocol.ParseRequests(map[string]string{"token": "t", "max_rate": "-3"}, "t"); got.MaxRate != 0 {
 		t.Errorf("max_rate -3: got %v, want none", got.MaxRate)
 	}
 }
@@ -99,14 +99,14 @@ func TestLuaFieldsAreGoFields(t *testing.T) {
 	// them must be one of the names of record.go (or of a registry of
 	// generations), so that a field renamed on one side only fails here
 	// rather than in production.
-	known := slices.Concat(run.RecordFields, run.CtlFields, run.MetaFields, run.RegistryNames)
+	known := slices.Concat(protocol.RecordFields, protocol.CtlFields, protocol.MetaFields, protocol.RegistryNames)
 	quoted := regexp.MustCompile(`'([a-z_]+)'`)
 	seen := 0
-	err := fs.WalkDir(run.Scripts, "scripts", func(path string, d fs.DirEntry, err error) error {
+	err := fs.WalkDir(protocol.Scripts, "scripts", func(path string, d fs.DirEntry, err error) error {
 		if err != nil || d.IsDir() {
 			return err
 		}
-		src, err := run.Scripts.ReadFile(path)
+		src, err := protocol.Scripts.ReadFile(path)
 		if err != nil {
 			return err
 		}
@@ -129,10 +129,10 @@ func TestLuaFieldsAreGoFields(t *testing.T) {
 }
 
 func TestKeyShapesAgree(t *testing.T) {
-	// lib/keys.lua and package keys (keys.Reserved, run.Owns) agree on a
+	// lib/keys.lua and package keys (keys.Reserved, protocol.Owns) agree on a
 	// table of shapes: what the publish script takes for a key of the run
 	// is what the catch-up does (C72).
-	lib, err := run.Scripts.ReadFile("scripts/lib/keys.lua")
+	lib, err := protocol.Scripts.ReadFile("scripts/lib/keys.lua")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -168,7 +168,7 @@ return out
 			t.Fatal(err)
 		}
 		for i, k := range shapes {
-			reserved, owns := keys.Reserved(k), run.Owns(k, owner.key, owner.family)
+			reserved, owns := keys.Reserved(k), protocol.Owns(k, owner.key, owner.family)
 			if (got[2*i] == 1) != reserved || (got[2*i+1] == 1) != owns {
 				t.Errorf("%q (owner %q, family %v): Lua says reserved %d, owned %d; Go %v, %v", k, owner.key, owner.family, got[2*i], got[2*i+1], reserved, owns)
 			}

@@ -1,4 +1,4 @@
-package run_test
+package protocol_test
 
 import (
 	"context"
@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/keyswap/keyswap/internal/protocol"
 	"github.com/keyswap/keyswap/internal/redistest"
-	"github.com/keyswap/keyswap/internal/run"
 	"github.com/redis/rueidis"
 )
 
@@ -1500,7 +1500,7 @@ func TestScriptReplay(t *testing.T) {
 			[]string{"HSET", h, "a", "1", "b", "2", "c", ""},
 			[]string{"ZADD", z, "1.5", "a", "+inf", "b", "-inf", "c", "1e+21", "d", "0.1", "e"},
 		)
-		ops := []run.Op{
+		ops := []protocol.Op{
 			{Cmd: "HDELIF", Key: h, Args: []string{"a", "1", "b", "9", "c", "", "missing", "x"}},
 			{Cmd: "HSET", Key: h, Args: []string{"x", "7"}},
 			{Cmd: "HDELIF", Key: h, Args: []string{"x", "7"}}, // removes what the op before it wrote
@@ -1509,15 +1509,15 @@ func TestScriptReplay(t *testing.T) {
 			{Cmd: "SREM", Key: s, Args: []string{"m"}},
 		}
 		temps, at := []string{h, z, s}, []int{0, 0, 0, 1, 2, 2}
-		n, err := redistest.Do(t, d.Client, run.ReplayCommand(d.Client.B(), temps, ops, at)).AsInt64()
+		n, err := redistest.Do(t, d.Client, protocol.ReplayCommand(d.Client.B(), temps, ops, at)).AsInt64()
 		if err != nil || n != int64(len(ops)) {
 			t.Fatalf("replay: %d, %v; want %d", n, err, len(ops))
 		}
 		wantFields(t, d.Other, h, map[string]string{"b": "2"})
 		wantScores(t, d.Other, z, map[string]float64{"c": math.Inf(-1)})
 		wantMembers(t, d.Other, s, "n")
-		ops = []run.Op{{Cmd: "ZREMIF", Key: z, Args: []string{"-Inf", "c"}}}
-		if n, err := redistest.Do(t, d.Client, run.ReplayCommand(d.Client.B(), []string{z}, ops, []int{0})).AsInt64(); err != nil || n != 1 {
+		ops = []protocol.Op{{Cmd: "ZREMIF", Key: z, Args: []string{"-Inf", "c"}}}
+		if n, err := redistest.Do(t, d.Client, protocol.ReplayCommand(d.Client.B(), []string{z}, ops, []int{0})).AsInt64(); err != nil || n != 1 {
 			t.Fatalf("replay: %d, %v; want 1", n, err)
 		}
 		redistest.WantAbsent(t, d.Other, z) // emptied
@@ -1572,18 +1572,18 @@ func TestScriptReadLog(t *testing.T) {
 		cmds(t, d.Other, []string{"RPUSH", log, "a", "b", "c"}, []string{"HSET", rec, "token", scriptTok, "logged", "3", "work", "9"})
 		before := redistest.Snapshot(t, d.Other, p)
 		read := func(log, rec string, start, stop int64) rueidis.Commands {
-			script, lrange := run.ReadLogCommands(d.Client.B(), log, rec, start, stop)
+			script, lrange := protocol.ReadLogCommands(d.Client.B(), log, rec, start, stop)
 			return rueidis.Commands{script, lrange}
 		}
 		res := d.Client.DoMulti(redistest.Ctx(t), read(log, rec, 1, 5)...)
-		entries, c, work, token, err := run.ReadLogReply(res[0], res[1], 1)
-		if err != nil || !slices.Equal(entries, []string{"b", "c"}) || c != (run.LogCount{Len: 3, Logged: 3}) || work != 9 || token != scriptTok {
+		entries, c, work, token, err := protocol.ReadLogReply(res[0], res[1], 1)
+		if err != nil || !slices.Equal(entries, []string{"b", "c"}) || c != (protocol.LogCount{Len: 3, Logged: 3}) || work != 9 || token != scriptTok {
 			t.Errorf("got %q, %+v, %d, %q, %v", entries, c, work, token, err)
 		}
 		wantUntouched(t, d.Other, p, before)
 		res = d.Client.DoMulti(redistest.Ctx(t), read(p+"none:log", p+"none:run", 0, 9)...)
-		entries, c, work, token, err = run.ReadLogReply(res[0], res[1], 0)
-		if err != nil || len(entries) != 0 || c != (run.LogCount{}) || work != 0 || token != "" {
+		entries, c, work, token, err = protocol.ReadLogReply(res[0], res[1], 0)
+		if err != nil || len(entries) != 0 || c != (protocol.LogCount{}) || work != 0 || token != "" {
 			t.Errorf("no log, no record: got %q, %+v, %d, %q, %v", entries, c, work, token, err)
 		}
 		// An entry appended after the script read the length waits for
@@ -1591,7 +1591,7 @@ func TestScriptReadLog(t *testing.T) {
 		res = d.Client.DoMulti(redistest.Ctx(t), read(log, rec, 0, 9)...)
 		cmds(t, d.Other, []string{"RPUSH", log, "d"})
 		late := d.Client.Do(redistest.Ctx(t), d.Client.B().Lrange().Key(log).Start(0).Stop(9).Build())
-		if entries, c, _, _, err = run.ReadLogReply(res[0], late, 0); err != nil || !slices.Equal(entries, []string{"a", "b", "c"}) || c.Len != 3 {
+		if entries, c, _, _, err = protocol.ReadLogReply(res[0], late, 0); err != nil || !slices.Equal(entries, []string{"a", "b", "c"}) || c.Len != 3 {
 			t.Errorf("an entry appended after the script: got %q, %+v, %v; want a, b, c of 3", entries, c, err)
 		}
 	})

@@ -1,11 +1,11 @@
-package run_test
+package protocol_test
 
 import (
 	"errors"
 	"strings"
 	"testing"
 
-	"github.com/keyswap/keyswap/internal/run"
+	"github.com/keyswap/keyswap/internal/protocol"
 )
 
 func TestLogsCheck(t *testing.T) {
@@ -13,22 +13,22 @@ func TestLogsCheck(t *testing.T) {
 	// log, or a count below the highest seen (a restart rolled both back),
 	// lost entries (ErrWritesLost); a longer one holds entries nobody
 	// counted (ErrTampered). Each error names the log and both numbers.
-	ls := run.NewLogs([]string{"a:rebuild-lock:log", "b:rebuild-lock:log"})
+	ls := protocol.NewLogs([]string{"a:rebuild-lock:log", "b:rebuild-lock:log"})
 	for i, step := range []struct {
 		log    int
-		c      run.LogCount
+		c      protocol.LogCount
 		target error
 	}{
-		{0, run.LogCount{}, nil},
-		{0, run.LogCount{Len: 3, Logged: 3}, nil},
-		{1, run.LogCount{Len: 5, Logged: 5}, nil},
-		{0, run.LogCount{Len: 4, Logged: 4}, nil},
-		{0, run.LogCount{Len: 2, Logged: 4}, run.ErrWritesLost}, // shortened
-		{0, run.LogCount{Len: 0, Logged: 0}, run.ErrWritesLost}, // deleted, and the record rolled back
-		{0, run.LogCount{Len: 3, Logged: 3}, run.ErrWritesLost}, // both rolled back
-		{0, run.LogCount{Len: 5, Logged: 4}, run.ErrTampered},   // appended, not counted
-		{1, run.LogCount{Len: 5, Logged: 5}, nil},
-		{0, run.LogCount{Len: 6, Logged: 6}, nil},
+		{0, protocol.LogCount{}, nil},
+		{0, protocol.LogCount{Len: 3, Logged: 3}, nil},
+		{1, protocol.LogCount{Len: 5, Logged: 5}, nil},
+		{0, protocol.LogCount{Len: 4, Logged: 4}, nil},
+		{0, protocol.LogCount{Len: 2, Logged: 4}, protocol.ErrWritesLost}, // shortened
+		{0, protocol.LogCount{Len: 0, Logged: 0}, protocol.ErrWritesLost}, // deleted, and the record rolled back
+		{0, protocol.LogCount{Len: 3, Logged: 3}, protocol.ErrWritesLost}, // both rolled back
+		{0, protocol.LogCount{Len: 5, Logged: 4}, protocol.ErrTampered},   // appended, not counted
+		{1, protocol.LogCount{Len: 5, Logged: 5}, nil},
+		{0, protocol.LogCount{Len: 6, Logged: 6}, nil},
 	} {
 		err := ls.Check(step.log, step.c)
 		switch {

@@ -1,8 +1,10 @@
-// Package run is the Redis side of one rebuild run, shared by package store
-// (the single-key API) and package rebuild (the pipeline): taking and
-// releasing a run's locks, renewing its lease, publishing its temp keys in
-// one fenced script, settling a publish whose reply was lost, and discarding
-// what a failed run wrote.
+// Package protocol is keyswap's protocol in Redis: the keys and the Lua
+// scripts through which runs, Apply, rollbacks and operators coordinate,
+// and the Go side of each step. Package store (the single-key API) and
+// package rebuild (the pipeline) share it: taking and releasing a run's
+// locks, renewing its lease, publishing its temp keys in one fenced script
+// (or flipping the pointers of its generations), settling a publish whose
+// reply was lost, and discarding what a failed run wrote.
 //
 // Every step is written once, here. A run of one key (store.WithRebuild) is
 // a run of several (rebuild.Rebuilder.Run) with one key.
@@ -44,4 +46,4 @@
 // (replyCodes): a script names them (return {LOCK_LOST, i}), and [Expand]
 // starts the script's text with a line that defines those it names, so
 // that the text sent, and the SHA1 that EVALSHA sends, include it.
-package run
+package protocol

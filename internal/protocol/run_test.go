@@ -1,4 +1,4 @@
-package run_test
+package protocol_test
 
 import (
 	"context"
@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/keyswap/keyswap/internal/keys"
+	"github.com/keyswap/keyswap/internal/protocol"
 	"github.com/keyswap/keyswap/internal/redistest"
-	"github.com/keyswap/keyswap/internal/run"
 	"github.com/redis/rueidis"
 	"github.com/redis/rueidis/rueidishook"
 )
@@ -30,10 +30,10 @@ func TestScriptsMultiKey(t *testing.T) {
 	// together with an orphan, released.
 	env.ForEachDeployment(t, func(t *testing.T, d redistest.Deployment) {
 		ctx := redistest.Ctx(t)
-		core := run.New(d.Client, nil)
+		core := protocol.New(d.Client, nil)
 		a, b, orphan := d.Prefix+"a", d.Prefix+"b", d.Prefix+"orphan"
 		redistest.Clean(t, d.Other, a, b, orphan, core.LockKey(a), core.LockKey(b))
-		locks, err := core.Acquire(ctx, run.AcquireOptions{Op: "acquire", Key: a, Lives: []string{a, b}, TTL: 60 * time.Second, Mode: run.ModeRebuild})
+		locks, err := core.Acquire(ctx, protocol.AcquireOptions{Op: "acquire", Key: a, Lives: []string{a, b}, TTL: 60 * time.Second, Mode: protocol.ModeRebuild})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -55,7 +55,7 @@ func TestScriptsMultiKey(t *testing.T) {
 		// lease {1, 2, 0}, then {1, 1, 0}; every lock extended.
 		shorten(locks[0].Key, locks[1].Key)
 		states, err := core.Touch(ctx, "touch", locks, []string{tempA, tempB})
-		if want := []run.TempState{run.TempCreated, run.TempAbsent}; err != nil || !slices.Equal(states, want) {
+		if want := []protocol.TempState{protocol.TempCreated, protocol.TempAbsent}; err != nil || !slices.Equal(states, want) {
 			t.Fatalf("first TouchAll = %v, %v; want %v, nil", states, err, want)
 		}
 		for _, key := range []string{locks[0].Key, locks[1].Key, tempA} {
@@ -63,7 +63,7 @@ func TestScriptsMultiKey(t *testing.T) {
 		}
 		redistest.WantAbsent(t, d.Other, tempB)
 		states, err = core.Touch(ctx, "touch", locks, []string{tempA, tempB})
-		if want := []run.TempState{run.TempAlive, run.TempAbsent}; err != nil || !slices.Equal(states, want) {
+		if want := []protocol.TempState{protocol.TempAlive, protocol.TempAbsent}; err != nil || !slices.Equal(states, want) {
 			t.Fatalf("second TouchAll = %v, %v; want %v, nil", states, err, want)
 		}
 
@@ -71,7 +71,7 @@ func TestScriptsMultiKey(t *testing.T) {
 		shorten(locks[0].Key, tempA)
 		redistest.Cmd(t, d.Other, "SET", locks[1].Key, "thief", "EX", "20")
 		_, err = core.Touch(ctx, "touch", locks, []string{tempA, tempB})
-		redistest.WantErr(t, err, run.ErrLockLost)
+		redistest.WantErr(t, err, protocol.ErrLockLost)
 		if !strings.Contains(err.Error(), b) {
 			t.Errorf("error %q does not name %s, whose lock was lost", err, b)
 		}
@@ -81,10 +81,10 @@ func TestScriptsMultiKey(t *testing.T) {
 		redistest.Cmd(t, d.Other, "SET", locks[1].Key, locks[1].Token, "EX", "10")
 
 		// publish {0, 2}: b was seen populated and is gone; nothing changed.
-		_, err = core.Publish(ctx, run.PublishOptions{Op: "publish", Key: a, PreserveFor: time.Hour, Locks: locks, Orphans: []string{orphan}, Targets: []run.Target{
+		_, err = core.Publish(ctx, protocol.PublishOptions{Op: "publish", Key: a, PreserveFor: time.Hour, Locks: locks, Orphans: []string{orphan}, Targets: []protocol.Target{
 			{Temp: tempA, Live: a, Populated: true}, {Temp: tempB, Live: b, Populated: true},
 		}})
-		redistest.WantErr(t, err, run.ErrTempKeyLost)
+		redistest.WantErr(t, err, protocol.ErrTempKeyLost)
 		if !strings.Contains(err.Error(), tempB) {
 			t.Errorf("error %q does not name the lost temp key %s", err, tempB)
 		}
@@ -94,10 +94,10 @@ func TestScriptsMultiKey(t *testing.T) {
 		redistest.WantPTTL(t, d.Other, tempA, 0, 10*time.Second)
 
 		// publish {1, 1, 2}: a renamed, b emptied, the orphan unlinked.
-		p, err := core.Publish(ctx, run.PublishOptions{Op: "publish", Key: a, PreserveFor: time.Hour, Locks: locks, Orphans: []string{orphan}, Targets: []run.Target{
+		p, err := core.Publish(ctx, protocol.PublishOptions{Op: "publish", Key: a, PreserveFor: time.Hour, Locks: locks, Orphans: []string{orphan}, Targets: []protocol.Target{
 			{Temp: tempA, Live: a, Populated: true}, {Temp: tempB, Live: b},
 		}})
-		if want := []run.Outcome{run.Swapped, run.Emptied}; err != nil || !slices.Equal(p.Outcomes, want) {
+		if want := []protocol.Outcome{protocol.Swapped, protocol.Emptied}; err != nil || !slices.Equal(p.Outcomes, want) {
 			t.Fatalf("Publish = %v, %v; want %v, nil", p.Outcomes, err, want)
 		}
 		redistest.WantHash(t, d.Other, a, redistest.Fields("newA", 3))
@@ -109,7 +109,7 @@ func TestScriptsMultiKey(t *testing.T) {
 
 		// release 1 of 2: ours goes, the thief's stays.
 		redistest.Cmd(t, d.Other, "SET", locks[1].Key, "thief", "EX", "20")
-		redistest.WantErr(t, core.Release(ctx, locks), run.ErrLockLost)
+		redistest.WantErr(t, core.Release(ctx, locks), protocol.ErrLockLost)
 		redistest.WantString(t, d.Other, locks[0].Key, "")
 		redistest.WantLock(t, d.Other, locks[1].Key, "thief", 20*time.Second)
 	})
@@ -121,7 +121,7 @@ func TestPublishAnswersAreNotSettled(t *testing.T) {
 	env.ForEachDeployment(t, func(t *testing.T, d redistest.Deployment) {
 		ctx := redistest.Ctx(t)
 		serverErr := d.Client.Do(ctx, d.Client.B().Arbitrary("EVAL").Args("return redis.error_reply('ERR injected')", "0").Build()).Error()
-		if !run.IsServerReply(serverErr) {
+		if !protocol.IsServerReply(serverErr) {
 			t.Fatalf("the injected error %v is not a server reply", serverErr)
 		}
 		publish := redistest.ScriptNamed("publish")
@@ -131,9 +131,9 @@ func TestPublishAnswersAreNotSettled(t *testing.T) {
 			}
 			return c.Do(ctx, cmd)
 		}})
-		core := run.New(hooked, nil)
+		core := protocol.New(hooked, nil)
 		live := d.Prefix + "idx"
-		locks, err := core.Acquire(ctx, run.AcquireOptions{Op: "acquire", Key: live, Lives: []string{live}, TTL: 60 * time.Second, Mode: run.ModeRebuild})
+		locks, err := core.Acquire(ctx, protocol.AcquireOptions{Op: "acquire", Key: live, Lives: []string{live}, TTL: 60 * time.Second, Mode: protocol.ModeRebuild})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -141,12 +141,12 @@ func TestPublishAnswersAreNotSettled(t *testing.T) {
 		t.Cleanup(func() { _ = core.Release(context.Background(), locks) })
 		temp := core.NewTempKey(live, time.Now())
 		redistest.Clean(t, d.Other, temp)
-		_, err = core.Publish(ctx, run.PublishOptions{Op: "publish", Key: live, Locks: locks, Settle: true, PreserveFor: time.Minute,
-			Targets: []run.Target{{Temp: temp, Live: live}}})
+		_, err = core.Publish(ctx, protocol.PublishOptions{Op: "publish", Key: live, Locks: locks, Settle: true, PreserveFor: time.Minute,
+			Targets: []protocol.Target{{Temp: temp, Live: live}}})
 		if !errors.Is(err, serverErr) {
 			t.Errorf("Publish = %v, want the server's error", err)
 		}
-		if run.PublishRefused(err) {
+		if protocol.PublishRefused(err) {
 			t.Errorf("PublishRefused(%v) = true, want false: the script failed, it did not refuse", err)
 		}
 		redistest.WantString(t, d.Other, lock.Key, lock.Token)

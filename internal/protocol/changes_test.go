@@ -1,4 +1,4 @@
-package run_test
+package protocol_test
 
 import (
 	"context"
@@ -14,8 +14,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/keyswap/keyswap/internal/keys"
+	"github.com/keyswap/keyswap/internal/protocol"
 	"github.com/keyswap/keyswap/internal/redistest"
-	"github.com/keyswap/keyswap/internal/run"
 	"github.com/redis/rueidis"
 	"github.com/redis/rueidis/rueidishook"
 )
@@ -33,15 +33,15 @@ import (
 // for.
 type lockOp struct {
 	lock int
-	op   run.Op
+	op   protocol.Op
 }
 
 // on returns op as an op of lock i.
 func on(i int, cmd, key string, args ...string) lockOp {
-	return lockOp{lock: i, op: run.Op{Cmd: cmd, Key: key, Args: args}}
+	return lockOp{lock: i, op: protocol.Op{Cmd: cmd, Key: key, Args: args}}
 }
 
-// applyCall lays out one call of apply.lua as run.Redis.Apply does: KEYS the
+// applyCall lays out one call of apply.lua as protocol.Redis.Apply does: KEYS the
 // locks, their records, their logs, then every live key in the order of its
 // first op; ARGV n, the bound, the number of ops, then per op its lock's
 // index, its key's index after the 3n, the command, the count of args and
@@ -79,8 +79,8 @@ func runApply(t *testing.T, c rueidis.Client, locks []string, bound int, ops ...
 
 // opsOf returns the ops of lock i among ops, in order: what apply.lua logs
 // for it.
-func opsOf(i int, ops []lockOp) []run.Op {
-	var out []run.Op
+func opsOf(i int, ops []lockOp) []protocol.Op {
+	var out []protocol.Op
 	for _, o := range ops {
 		if o.lock == i {
 			out = append(out, o.op)
@@ -100,8 +100,8 @@ func holdRun(t *testing.T, c rueidis.Client, lock string, ttl time.Duration) {
 	p := lock[:strings.LastIndex(lock, "lock:")]
 	cmds(t, c,
 		[]string{"SET", lock, scriptTok, "PX", ms},
-		[]string{"HSET", keys.RecordKey(lock), "v", run.RecordVersion, "token", scriptTok, "mode", run.ModeRebuild,
-			"keys", run.EncodeKeys([]string{p + "live"}), "families", "1", "batches", "0"},
+		[]string{"HSET", keys.RecordKey(lock), "v", protocol.RecordVersion, "token", scriptTok, "mode", protocol.ModeRebuild,
+			"keys", protocol.EncodeKeys([]string{p + "live"}), "families", "1", "batches", "0"},
 		[]string{"PEXPIRE", keys.RecordKey(lock), ms},
 	)
 	// A record whose keys are longer than hash-max-listpack-value is a
@@ -133,7 +133,7 @@ func wantCounts(t *testing.T, c rueidis.Client, lock string, logged, work int) {
 }
 
 // workOf returns the work of ops, as the apply script counts it.
-func workOf(ops []run.Op) int {
+func workOf(ops []protocol.Op) int {
 	w := 0
 	for _, o := range ops {
 		w += int(o.Work())
@@ -152,10 +152,10 @@ func logEntries(t *testing.T, c rueidis.Client, key string) []string {
 }
 
 // wantLog fails t unless the log key holds exactly one entry per change of
-// want, each decoding (run.DecodeEntry) to that change's ops, or
-// run.Overrun where a change is nil: the Lua encoder and the Go decoder
+// want, each decoding (protocol.DecodeEntry) to that change's ops, or
+// protocol.Overrun where a change is nil: the Lua encoder and the Go decoder
 // agree.
-func wantLog(t *testing.T, c rueidis.Client, key string, want ...[]run.Op) {
+func wantLog(t *testing.T, c rueidis.Client, key string, want ...[]protocol.Op) {
 	t.Helper()
 	got := logEntries(t, c, key)
 	if len(got) != len(want) {
@@ -163,12 +163,12 @@ func wantLog(t *testing.T, c rueidis.Client, key string, want ...[]run.Op) {
 	}
 	for i, e := range got {
 		if want[i] == nil {
-			if e != run.Overrun {
-				t.Errorf("%s entry %d: got %q, want %q", key, i, e, run.Overrun)
+			if e != protocol.Overrun {
+				t.Errorf("%s entry %d: got %q, want %q", key, i, e, protocol.Overrun)
 			}
 			continue
 		}
-		ops, err := run.DecodeEntry(e)
+		ops, err := protocol.DecodeEntry(e)
 		if err != nil {
 			t.Errorf("%s entry %d %q: DecodeEntry: %v", key, i, e, err)
 			continue
@@ -176,8 +176,8 @@ func wantLog(t *testing.T, c rueidis.Client, key string, want ...[]run.Op) {
 		if diff := cmp.Diff(want[i], ops); diff != "" {
 			t.Errorf("%s entry %d: decoded to other ops (-sent +logged):\n%s", key, i, diff)
 		}
-		if enc := run.EncodeEntry(want[i]); enc != e {
-			t.Errorf("%s entry %d: got %q, want %q (run.EncodeEntry)", key, i, e, enc)
+		if enc := protocol.EncodeEntry(want[i]); enc != e {
+			t.Errorf("%s entry %d: got %q, want %q (protocol.EncodeEntry)", key, i, e, enc)
 		}
 	}
 }
@@ -340,7 +340,7 @@ func TestScriptApply(t *testing.T) {
 				p := casePrefix(t, d.Other, d.Prefix)
 				lock := p + "lock:1"
 				holdRun(t, d.Other, lock, 50*time.Second)
-				var logged [][]run.Op
+				var logged [][]protocol.Op
 				work := 0
 				for i := range 4 {
 					ops := []lockOp{on(1, "SADD", p+"live:s", "m"+strconv.Itoa(i)), on(1, "HSET", p+"live:h", "n", strconv.Itoa(i))}
@@ -455,7 +455,7 @@ func TestScriptApplyUnlogged(t *testing.T) {
 				func(p string) []lockOp { return []lockOp{on(1, "SADD", p+"live:x:rebuild-lock:ctl", "m")} },
 				func(p string) []any { return reply(-13, 1, p+"live:x:rebuild-lock:ctl", p+"live") }},
 			{"a key that is not the builder's", func(p, lock, rec string) [][]string {
-				return [][]string{{"HSET", rec, "keys", run.EncodeKeys([]string{p + "live:h"}), "families", "0"}}
+				return [][]string{{"HSET", rec, "keys", protocol.EncodeKeys([]string{p + "live:h"}), "families", "0"}}
 			}, nil, func(p string) []any { return reply(-13, 1, p+"live:z", p+"live:h") }},
 		} {
 			t.Run(tt.name, func(t *testing.T) {
@@ -589,7 +589,7 @@ func TestScriptApplyUnknownCommand(t *testing.T) {
 }
 
 func TestApply(t *testing.T) {
-	// run.Redis.Apply lays out the script call, reads its reply into
+	// protocol.Redis.Apply lays out the script call, reads its reply into
 	// Applied (per lock: LogNone, Logged or LogFull), and maps its
 	// refusals to errors; bad input is refused before anything is sent.
 	env.ForEachDeployment(t, func(t *testing.T, d redistest.Deployment) {
@@ -605,7 +605,7 @@ func TestApply(t *testing.T) {
 				return c.DoMulti(ctx, multi...)
 			},
 		})
-		core := run.New(hooked, nil)
+		core := protocol.New(hooked, nil)
 		p := casePrefix(t, d.Other, d.Prefix)
 		locks, _, logs := runKeys(p, 3)
 		holdRun(t, d.Other, locks[0], 50*time.Second)
@@ -613,11 +613,11 @@ func TestApply(t *testing.T) {
 		seedLive(t, d.Other, p)
 
 		t.Run("applied and logged", func(t *testing.T) {
-			opts := run.ApplyOptions{Op: "apply", Key: p + "idx", Locks: locks, MaxLog: 1, Ops: [][]run.Op{
+			opts := protocol.ApplyOptions{Op: "apply", Key: p + "idx", Locks: locks, MaxLog: 1, Ops: [][]protocol.Op{
 				opsOf(1, change(p)), {{Cmd: "SADD", Key: p + "live:s2", Args: []string{"x"}}}, nil,
 			}}
 			got, err := core.Apply(ctx, opts)
-			if err != nil || !slices.Equal(got.Logged, []int{run.Logged, run.LogNone, run.LogNone}) {
+			if err != nil || !slices.Equal(got.Logged, []int{protocol.Logged, protocol.LogNone, protocol.LogNone}) {
 				t.Fatalf("Apply = %v, %v; want [Logged LogNone LogNone], nil", got.Logged, err)
 			}
 			wantChanged(t, d.Other, p)
@@ -625,9 +625,9 @@ func TestApply(t *testing.T) {
 			redistest.WantAbsent(t, d.Other, logs[1])
 			redistest.WantAbsent(t, d.Other, logs[2])
 			// The log is at its bound of 1: the next change is LogFull.
-			opts.Ops = [][]run.Op{{{Cmd: "SADD", Key: p + "live:fr", Args: []string{"u7"}}}, nil, {{Cmd: "SADD", Key: p + "live:s3", Args: []string{"y"}}}}
+			opts.Ops = [][]protocol.Op{{{Cmd: "SADD", Key: p + "live:fr", Args: []string{"u7"}}}, nil, {{Cmd: "SADD", Key: p + "live:s3", Args: []string{"y"}}}}
 			got, err = core.Apply(ctx, opts)
-			if err != nil || !slices.Equal(got.Logged, []int{run.LogFull, run.LogNone, run.Logged}) {
+			if err != nil || !slices.Equal(got.Logged, []int{protocol.LogFull, protocol.LogNone, protocol.Logged}) {
 				t.Fatalf("Apply = %v, %v; want [LogFull LogNone Logged], nil", got.Logged, err)
 			}
 			wantLog(t, d.Other, logs[0], opsOf(1, change(p)), nil)
@@ -644,14 +644,14 @@ func TestApply(t *testing.T) {
 			}{
 				{"a lock without a record", "store.WithRebuild", [][]string{{"SET", locks[1], scriptTok, "EX", "50"}}},
 				{"a rollback", "a rollback", [][]string{{"SET", locks[1], scriptTok, "EX", "50"},
-					{"HSET", keys.RecordKey(locks[1]), "v", run.RecordVersion, "token", scriptTok, "mode", run.ModeRollback}}},
+					{"HSET", keys.RecordKey(locks[1]), "v", protocol.RecordVersion, "token", scriptTok, "mode", protocol.ModeRollback}}},
 			} {
 				cmds(t, d.Other, tt.setup...)
 				before := redistest.Snapshot(t, d.Other, p)
-				_, err := core.Apply(ctx, run.ApplyOptions{Op: "apply", Key: p + "idx", Locks: locks, Lives: []string{p + "live", p + "other", p + "live"}, MaxLog: 10, Ops: [][]run.Op{
+				_, err := core.Apply(ctx, protocol.ApplyOptions{Op: "apply", Key: p + "idx", Locks: locks, Lives: []string{p + "live", p + "other", p + "live"}, MaxLog: 10, Ops: [][]protocol.Op{
 					{{Cmd: "SADD", Key: p + "live:fr", Args: []string{"u8"}}}, {{Cmd: "SADD", Key: p + "live:fr", Args: []string{"u9"}}}, nil,
 				}})
-				redistest.WantErr(t, err, run.ErrInProgress)
+				redistest.WantErr(t, err, protocol.ErrInProgress)
 				if !strings.Contains(err.Error(), tt.says) || !strings.Contains(err.Error(), "apply the change again") || !strings.Contains(err.Error(), strconv.Quote(p+"other")) {
 					t.Errorf("%s: Apply: %v, want it to name %s, say %q and to apply it again", tt.name, err, p+"other", tt.says)
 				}
@@ -663,10 +663,10 @@ func TestApply(t *testing.T) {
 		t.Run("refused for a key that is not the run's", func(t *testing.T) {
 			// C72: a key outside the family of the run holding the lock.
 			before := redistest.Snapshot(t, d.Other, p)
-			_, err := core.Apply(ctx, run.ApplyOptions{Op: "apply", Key: p + "idx", Locks: locks[:1], MaxLog: 10, Ops: [][]run.Op{
+			_, err := core.Apply(ctx, protocol.ApplyOptions{Op: "apply", Key: p + "idx", Locks: locks[:1], MaxLog: 10, Ops: [][]protocol.Op{
 				{{Cmd: "SADD", Key: p + "elsewhere", Args: []string{"u8"}}},
 			}})
-			redistest.WantErr(t, err, run.ErrInProgress)
+			redistest.WantErr(t, err, protocol.ErrInProgress)
 			if !strings.Contains(err.Error(), strconv.Quote(p+"elsewhere")) || !strings.Contains(err.Error(), strconv.Quote(p+"live")) {
 				t.Errorf("Apply: %v, want it to name the key and the run's", err)
 			}
@@ -675,7 +675,7 @@ func TestApply(t *testing.T) {
 
 		t.Run("nothing to apply", func(t *testing.T) {
 			n := sent.Load()
-			got, err := core.Apply(ctx, run.ApplyOptions{Op: "apply", Key: p + "idx", Locks: locks, Ops: make([][]run.Op, 3), MaxLog: 10})
+			got, err := core.Apply(ctx, protocol.ApplyOptions{Op: "apply", Key: p + "idx", Locks: locks, Ops: make([][]protocol.Op, 3), MaxLog: 10})
 			if err != nil || !slices.Equal(got.Logged, []int{0, 0, 0}) {
 				t.Errorf("Apply = %v, %v; want [0 0 0], nil", got.Logged, err)
 			}
@@ -686,10 +686,10 @@ func TestApply(t *testing.T) {
 
 		t.Run("wrong type", func(t *testing.T) {
 			before := redistest.Snapshot(t, d.Other, p)
-			_, err := core.Apply(ctx, run.ApplyOptions{Op: "apply", Key: p + "idx", Locks: locks[:1], MaxLog: 10, Ops: [][]run.Op{{
+			_, err := core.Apply(ctx, protocol.ApplyOptions{Op: "apply", Key: p + "idx", Locks: locks[:1], MaxLog: 10, Ops: [][]protocol.Op{{
 				{Cmd: "HSET", Key: p + "live:h", Args: []string{"z", "1"}}, {Cmd: "SADD", Key: p + "live:str", Args: []string{"m"}},
 			}}})
-			var e *run.Error
+			var e *protocol.Error
 			if !errors.As(err, &e) || e.Op != "apply" || !strings.Contains(err.Error(), `"`+p+`live:str" holds a string`) {
 				t.Errorf("Apply: got %v, want an *Error of op apply naming %s and its type", err, p+"live:str")
 			}
@@ -698,29 +698,29 @@ func TestApply(t *testing.T) {
 
 		for _, tt := range []struct {
 			name string
-			opts func() run.ApplyOptions
+			opts func() protocol.ApplyOptions
 			want string
 		}{
-			{"a command that is not a change's", func() run.ApplyOptions {
-				return run.ApplyOptions{Locks: locks[:1], MaxLog: 10, Ops: [][]run.Op{{{Cmd: "DEL", Key: p + "live:h", Args: []string{"x"}}}}}
+			{"a command that is not a change's", func() protocol.ApplyOptions {
+				return protocol.ApplyOptions{Locks: locks[:1], MaxLog: 10, Ops: [][]protocol.Op{{{Cmd: "DEL", Key: p + "live:h", Args: []string{"x"}}}}}
 			}, `cannot run "DEL"`},
-			{"an empty key", func() run.ApplyOptions {
-				return run.ApplyOptions{Locks: locks[:1], MaxLog: 10, Ops: [][]run.Op{{{Cmd: "SADD", Args: []string{"x"}}}}}
+			{"an empty key", func() protocol.ApplyOptions {
+				return protocol.ApplyOptions{Locks: locks[:1], MaxLog: 10, Ops: [][]protocol.Op{{{Cmd: "SADD", Args: []string{"x"}}}}}
 			}, "empty key"},
-			{"no args", func() run.ApplyOptions {
-				return run.ApplyOptions{Locks: locks[:1], MaxLog: 10, Ops: [][]run.Op{{{Cmd: "SREM", Key: p + "live:fr"}}}}
+			{"no args", func() protocol.ApplyOptions {
+				return protocol.ApplyOptions{Locks: locks[:1], MaxLog: 10, Ops: [][]protocol.Op{{{Cmd: "SREM", Key: p + "live:fr"}}}}
 			}, "0 arguments"},
-			{"an odd HSET", func() run.ApplyOptions {
-				return run.ApplyOptions{Locks: locks[:1], MaxLog: 10, Ops: [][]run.Op{{{Cmd: "HSET", Key: p + "live:h", Args: []string{"f"}}}}}
+			{"an odd HSET", func() protocol.ApplyOptions {
+				return protocol.ApplyOptions{Locks: locks[:1], MaxLog: 10, Ops: [][]protocol.Op{{{Cmd: "HSET", Key: p + "live:h", Args: []string{"f"}}}}}
 			}, "1 arguments"},
-			{"more locks than lists of ops", func() run.ApplyOptions {
-				return run.ApplyOptions{Locks: locks[:2], MaxLog: 10, Ops: [][]run.Op{{{Cmd: "SADD", Key: p + "live:fr", Args: []string{"x"}}}}}
+			{"more locks than lists of ops", func() protocol.ApplyOptions {
+				return protocol.ApplyOptions{Locks: locks[:2], MaxLog: 10, Ops: [][]protocol.Op{{{Cmd: "SADD", Key: p + "live:fr", Args: []string{"x"}}}}}
 			}, "2 locks for 1 lists"},
-			{"no bound", func() run.ApplyOptions {
-				return run.ApplyOptions{Locks: locks[:1], Ops: [][]run.Op{{{Cmd: "SADD", Key: p + "live:fr", Args: []string{"x"}}}}}
+			{"no bound", func() protocol.ApplyOptions {
+				return protocol.ApplyOptions{Locks: locks[:1], Ops: [][]protocol.Op{{{Cmd: "SADD", Key: p + "live:fr", Args: []string{"x"}}}}}
 			}, "log bound 0"},
-			{"a live key that is keyswap's", func() run.ApplyOptions {
-				return run.ApplyOptions{Locks: locks[:1], MaxLog: 10, Ops: [][]run.Op{{{Cmd: "SADD", Key: logs[0], Args: []string{"x"}}}}}
+			{"a live key that is keyswap's", func() protocol.ApplyOptions {
+				return protocol.ApplyOptions{Locks: locks[:1], MaxLog: 10, Ops: [][]protocol.Op{{{Cmd: "SADD", Key: logs[0], Args: []string{"x"}}}}}
 			}, "one of keyswap's own"},
 		} {
 			t.Run(tt.name, func(t *testing.T) {
@@ -729,7 +729,7 @@ func TestApply(t *testing.T) {
 				opts := tt.opts()
 				opts.Op, opts.Key = "apply", p+"idx"
 				_, err := core.Apply(ctx, opts)
-				var e *run.Error
+				var e *protocol.Error
 				if !errors.As(err, &e) || !strings.Contains(err.Error(), tt.want) {
 					t.Errorf("Apply: got %v, want an *Error saying %q", err, tt.want)
 				}
@@ -751,7 +751,7 @@ func TestApply(t *testing.T) {
 				}
 				before := redistest.Snapshot(t, d.Other, p)
 				n := sent.Load()
-				_, err := core.Apply(ctx, run.ApplyOptions{Op: "apply", Key: p + "idx", Locks: locks[:1], MaxLog: 10, Ops: [][]run.Op{{
+				_, err := core.Apply(ctx, protocol.ApplyOptions{Op: "apply", Key: p + "idx", Locks: locks[:1], MaxLog: 10, Ops: [][]protocol.Op{{
 					{Cmd: "SADD", Key: p + "live:fr", Args: []string{"x"}}, {Cmd: "SADD", Key: other, Args: []string{"x"}},
 				}}})
 				if err == nil || !strings.Contains(err.Error(), "different hash slots") {
@@ -768,7 +768,7 @@ func TestApply(t *testing.T) {
 }
 
 func TestApplyRefused(t *testing.T) {
-	// run.Redis.Apply maps {-2, cmd, key} to an error matching
+	// protocol.Redis.Apply maps {-2, cmd, key} to an error matching
 	// ErrNoPermission that names the command and the key.
 	forEachACLTarget(t, func(t *testing.T, a aclTarget) {
 		p := casePrefix(t, a.admin, a.prefix)
@@ -777,8 +777,8 @@ func TestApplyRefused(t *testing.T) {
 		lock := p + "lock:1"
 		holdRun(t, a.admin, lock, 50*time.Second)
 		before := redistest.Snapshot(t, a.admin, p)
-		_, err := run.New(c, nil).Apply(redistest.Ctx(t), run.ApplyOptions{Op: "apply", Key: p + "idx", Locks: []string{lock}, MaxLog: 10, Ops: [][]run.Op{opsOf(1, change(p))}})
-		redistest.WantErr(t, err, run.ErrNoPermission)
+		_, err := protocol.New(c, nil).Apply(redistest.Ctx(t), protocol.ApplyOptions{Op: "apply", Key: p + "idx", Locks: []string{lock}, MaxLog: 10, Ops: [][]protocol.Op{opsOf(1, change(p))}})
+		redistest.WantErr(t, err, protocol.ErrNoPermission)
 		if !strings.Contains(err.Error(), "SREM") || !strings.Contains(err.Error(), p+"live:de") {
 			t.Errorf("Apply: %v, want it to name SREM and %s", err, p+"live:de")
 		}
@@ -792,34 +792,34 @@ func TestEncodeEntry(t *testing.T) {
 	// anything else the apply script does not write is an error.
 	for _, tt := range []struct {
 		name string
-		ops  []run.Op
+		ops  []protocol.Op
 		want string
 	}{
-		{"one op", []run.Op{{Cmd: "SADD", Key: "k", Args: []string{"m"}}}, "4:SADD1:k1:11:m"},
-		{"two ops", []run.Op{{Cmd: "HSET", Key: "h", Args: []string{"f", "v"}}, {Cmd: "HDEL", Key: "h", Args: []string{"g"}}},
+		{"one op", []protocol.Op{{Cmd: "SADD", Key: "k", Args: []string{"m"}}}, "4:SADD1:k1:11:m"},
+		{"two ops", []protocol.Op{{Cmd: "HSET", Key: "h", Args: []string{"f", "v"}}, {Cmd: "HDEL", Key: "h", Args: []string{"g"}}},
 			"4:HSET1:h1:21:f1:v4:HDEL1:h1:11:g"},
-		{"netstring characters", []run.Op{{Cmd: "ZADD", Key: "1:k:", Args: []string{"-1.5e+07", "10:x"}}}, "4:ZADD4:1:k:1:28:-1.5e+074:10:x"},
-		{"empty and binary args", []run.Op{{Cmd: "HSET", Key: "\xff\x00", Args: []string{"", "é"}}}, "4:HSET2:\xff\x001:20:2:é"},
-		{"many args", []run.Op{{Cmd: "SREM", Key: "s", Args: strings.Split("a b c d e f g h i j k", " ")}},
+		{"netstring characters", []protocol.Op{{Cmd: "ZADD", Key: "1:k:", Args: []string{"-1.5e+07", "10:x"}}}, "4:ZADD4:1:k:1:28:-1.5e+074:10:x"},
+		{"empty and binary args", []protocol.Op{{Cmd: "HSET", Key: "\xff\x00", Args: []string{"", "é"}}}, "4:HSET2:\xff\x001:20:2:é"},
+		{"many args", []protocol.Op{{Cmd: "SREM", Key: "s", Args: strings.Split("a b c d e f g h i j k", " ")}},
 			"4:SREM1:s2:111:a1:b1:c1:d1:e1:f1:g1:h1:i1:j1:k"},
 		{"no ops", nil, ""},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			got := run.EncodeEntry(tt.ops)
+			got := protocol.EncodeEntry(tt.ops)
 			if got != tt.want {
 				t.Errorf("EncodeEntry: got %q, want %q", got, tt.want)
 			}
-			ops, err := run.DecodeEntry(got)
+			ops, err := protocol.DecodeEntry(got)
 			if err != nil || !reflect.DeepEqual(ops, tt.ops) {
 				t.Errorf("DecodeEntry(%q) = %#v, %v; want %#v", got, ops, err, tt.ops)
 			}
 		})
 	}
-	if _, err := run.DecodeEntry(run.Overrun); !errors.Is(err, run.ErrFallingBehind) {
-		t.Errorf("DecodeEntry(%q): got %v, want ErrFallingBehind", run.Overrun, err)
+	if _, err := protocol.DecodeEntry(protocol.Overrun); !errors.Is(err, protocol.ErrFallingBehind) {
+		t.Errorf("DecodeEntry(%q): got %v, want ErrFallingBehind", protocol.Overrun, err)
 	}
 	for _, e := range badEntries {
-		if ops, err := run.DecodeEntry(e); err == nil {
+		if ops, err := protocol.DecodeEntry(e); err == nil {
 			t.Errorf("DecodeEntry(%q) = %#v, want an error", e, ops)
 		}
 	}
@@ -864,14 +864,14 @@ var badEntries = []string{
 // it) decode from their encoding to themselves, alone and after another
 // op.
 func FuzzDecodeEntry(f *testing.F) {
-	for _, e := range append(slices.Clone(badEntries), run.Overrun, "4:SADD1:k1:11:m", "4:HSET1:h1:21:f1:v4:HDEL1:h1:11:g", "") {
+	for _, e := range append(slices.Clone(badEntries), protocol.Overrun, "4:SADD1:k1:11:m", "4:HSET1:h1:21:f1:v4:HDEL1:h1:11:g", "") {
 		f.Add(e, uint8(0), "k", "a", "b", 1.5)
 	}
 	f.Add("", uint8(2), "1:k:", "10:x", "", -1e300)
 	f.Add("", uint8(130), "\xff", "-inf", "m", math.Inf(-1))
 	f.Fuzz(func(t *testing.T, entry string, sel uint8, key, a, b string, score float64) {
-		if ops, err := run.DecodeEntry(entry); err == nil {
-			if enc := run.EncodeEntry(ops); enc != entry {
+		if ops, err := protocol.DecodeEntry(entry); err == nil {
+			if enc := protocol.EncodeEntry(ops); enc != entry {
 				t.Errorf("DecodeEntry(%q) = %#v, which encodes to %q", entry, ops, enc)
 			}
 		} else if ops != nil {
@@ -881,7 +881,7 @@ func FuzzDecodeEntry(f *testing.F) {
 			return
 		}
 		cmds := []string{"HSET", "HDEL", "ZADD", "ZREM", "SADD", "SREM", "HDELIF", "ZREMIF"}
-		op := run.Op{Cmd: cmds[int(sel)%len(cmds)], Key: key, Args: []string{a, b}}
+		op := protocol.Op{Cmd: cmds[int(sel)%len(cmds)], Key: key, Args: []string{a, b}}
 		paired := op.Cmd == "HSET" || op.Cmd == "HDELIF" || op.Cmd == "ZADD" || op.Cmd == "ZREMIF"
 		switch {
 		case (op.Cmd == "ZADD" || op.Cmd == "ZREMIF") && math.IsNaN(score):
@@ -891,9 +891,9 @@ func FuzzDecodeEntry(f *testing.F) {
 		case sel >= 128 && !paired:
 			op.Args = op.Args[:1]
 		}
-		for _, ops := range [][]run.Op{{op}, {{Cmd: "SREM", Key: b + key, Args: []string{a}}, op}} {
-			e := run.EncodeEntry(ops)
-			got, err := run.DecodeEntry(e)
+		for _, ops := range [][]protocol.Op{{op}, {{Cmd: "SREM", Key: b + key, Args: []string{a}}, op}} {
+			e := protocol.EncodeEntry(ops)
+			got, err := protocol.DecodeEntry(e)
 			if err != nil || !reflect.DeepEqual(got, ops) {
 				t.Errorf("DecodeEntry(EncodeEntry(%#v)) = %#v, %v", ops, got, err)
 			}
@@ -905,11 +905,11 @@ func FuzzDecodeEntry(f *testing.F) {
 // false for an entry it refuses, else each op flattened to the command,
 // the key, the count of args and the args.
 var luaDecode = func() string {
-	lib, err := run.Scripts.ReadFile("scripts/lib/changes.lua")
+	lib, err := protocol.Scripts.ReadFile("scripts/lib/changes.lua")
 	if err != nil {
 		panic(err)
 	}
-	return run.Expand(string(lib) + `
+	return protocol.Expand(string(lib) + `
 local ops = changes.decode(ARGV[1])
 if not ops then return false end
 local out = {}
@@ -924,7 +924,7 @@ return out
 }()
 
 func TestDecodersAgree(t *testing.T) {
-	// The publish script's decoder (lib/changes.lua) and run.DecodeEntry,
+	// The publish script's decoder (lib/changes.lua) and protocol.DecodeEntry,
 	// which the catch-up uses, accept the same entries and read the same
 	// ops from them: what the catch-up would refuse, the publish refuses
 	// too ({-9}), before any write. Every entry of the cases is tried, and
@@ -934,7 +934,7 @@ func TestDecodersAgree(t *testing.T) {
 	valid := []string{
 		"4:SADD1:k1:11:m",
 		"4:HSET1:h1:21:f1:v4:HDEL1:h1:11:g",
-		run.EncodeEntry(opsOf(1, change("ks:agree:"))),
+		protocol.EncodeEntry(opsOf(1, change("ks:agree:"))),
 		"4:ZADD1:z1:24:+Inf1:m",
 		"4:ZADD1:z1:22:-01:m",
 		"4:ZADD1:z1:25:1e-071:m",
@@ -950,13 +950,13 @@ func TestDecodersAgree(t *testing.T) {
 	// Scores ZADD refuses, which the publish would otherwise find only
 	// after its renames.
 	for _, score := range []string{"abc", "nan", "1e400", "1e-400", " 1", "1 ", "", "inf"} {
-		entries = append(entries, run.EncodeEntry([]run.Op{{Cmd: "ZADD", Key: "z", Args: []string{score, "m"}}}),
-			run.EncodeEntry([]run.Op{{Cmd: "ZREMIF", Key: "z", Args: []string{score, "m"}}}))
+		entries = append(entries, protocol.EncodeEntry([]protocol.Op{{Cmd: "ZADD", Key: "z", Args: []string{score, "m"}}}),
+			protocol.EncodeEntry([]protocol.Op{{Cmd: "ZREMIF", Key: "z", Args: []string{score, "m"}}}))
 	}
 	for _, e := range entries {
-		goOps, goErr := run.DecodeEntry(e)
+		goOps, goErr := protocol.DecodeEntry(e)
 		res := c.Do(ctx, c.B().Eval().Script(luaDecode).Numkeys(0).Arg(e).Build())
-		var luaOps []run.Op
+		var luaOps []protocol.Op
 		luaErr := res.Error()
 		if rueidis.IsRedisNil(luaErr) {
 			luaErr = errors.New("refused")
@@ -969,7 +969,7 @@ func TestDecodersAgree(t *testing.T) {
 			}
 			for len(flat) > 0 {
 				n, _ := strconv.Atoi(flat[2])
-				luaOps = append(luaOps, run.Op{Cmd: flat[0], Key: flat[1], Args: flat[3 : 3+n]})
+				luaOps = append(luaOps, protocol.Op{Cmd: flat[0], Key: flat[1], Args: flat[3 : 3+n]})
 				flat = flat[3+n:]
 			}
 		}
@@ -1013,10 +1013,12 @@ func (c tailCall) run(t *testing.T, client rueidis.Client) []any {
 }
 
 // entry returns ops as one log entry.
-func entry(ops ...run.Op) string { return run.EncodeEntry(ops) }
+func entry(ops ...protocol.Op) string { return protocol.EncodeEntry(ops) }
 
 // op returns an op.
-func op(cmd, key string, args ...string) run.Op { return run.Op{Cmd: cmd, Key: key, Args: args} }
+func op(cmd, key string, args ...string) protocol.Op {
+	return protocol.Op{Cmd: cmd, Key: key, Args: args}
+}
 
 // seedTail seeds, under p, a fenced publish of a SetIndex family, a hash and
 // a sorted set, one lock each, and their logs, each counted in its lock's
@@ -1117,7 +1119,7 @@ func seedTail(t *testing.T, c rueidis.Client, p string) tailCall {
 func (c tailCall) push(i int, entries ...string) [][]string {
 	work := 0
 	for _, e := range entries {
-		if ops, err := run.DecodeEntry(e); err == nil {
+		if ops, err := protocol.DecodeEntry(e); err == nil {
 			work += workOf(ops)
 		}
 	}
@@ -1295,10 +1297,10 @@ func TestScriptPublishTailFailsClosed(t *testing.T) {
 				return [][]string{{"DEL", c.temps[2]}, {"RPUSH", c.logs[0], "garbage"}}
 			}, func(c tailCall, p string) []any { return reply(0, 3) }},
 			{"overrun", func(c *tailCall, p string) [][]string {
-				return c.push(1, run.Overrun)
+				return c.push(1, protocol.Overrun)
 			}, func(c tailCall, p string) []any { return reply(-10, 2) }},
 			{"overrun after a bad op", func(c *tailCall, p string) [][]string {
-				return c.push(1, entry(op("SADD", p+"h", "x")), run.Overrun)
+				return c.push(1, entry(op("SADD", p+"h", "x")), protocol.Overrun)
 			}, func(c tailCall, p string) []any { return reply(-8, p+"h", "hash") }},
 			{"garbage", func(c *tailCall, p string) [][]string {
 				return c.push(1, "garbage")
@@ -1418,7 +1420,7 @@ func TestScriptPublishTailRefused(t *testing.T) {
 }
 
 func TestPublishTail(t *testing.T) {
-	// run.Redis.Publish sends the logs with their offsets, counts and
+	// protocol.Redis.Publish sends the logs with their offsets, counts and
 	// builders, and reads what the tail did: Published.Replayed, or a
 	// *BehindError, or an error matching ErrFallingBehind for an overrun,
 	// ErrWritesLost for a log that lost entries, ErrTampered for one that
@@ -1428,21 +1430,21 @@ func TestPublishTail(t *testing.T) {
 	// refusal every key is as it was.
 	env.ForEachDeployment(t, func(t *testing.T, d redistest.Deployment) {
 		ctx := redistest.Ctx(t)
-		core := run.New(d.Client, nil)
-		opts := func(c tailCall, maxTail int, maxWork int64) run.PublishOptions {
-			o := run.PublishOptions{Op: "publish", Key: c.lives[0], Records: true, Batches: 2, MaxTail: maxTail, MaxWork: maxWork,
+		core := protocol.New(d.Client, nil)
+		opts := func(c tailCall, maxTail int, maxWork int64) protocol.PublishOptions {
+			o := protocol.PublishOptions{Op: "publish", Key: c.lives[0], Records: true, Batches: 2, MaxTail: maxTail, MaxWork: maxWork,
 				Metas: c.metas, Orphans: c.orphans, PreserveFor: time.Minute, Now: time.UnixMilli(1700000000123)}
 			for _, l := range c.locks {
-				o.Locks = append(o.Locks, &run.Lock{Live: l, Key: l, Token: scriptTok, TTL: 50 * time.Second})
+				o.Locks = append(o.Locks, &protocol.Lock{Live: l, Key: l, Token: scriptTok, TTL: 50 * time.Second})
 			}
 			for i := range c.temps {
-				o.Targets = append(o.Targets, run.Target{Temp: c.temps[i], Live: c.lives[i], Populated: true, HasTTL: true})
+				o.Targets = append(o.Targets, protocol.Target{Temp: c.temps[i], Live: c.lives[i], Populated: true, HasTTL: true})
 			}
 			for i, l := range c.logs {
 				n, _ := strconv.ParseInt(c.offsets[i], 10, 64)
 				h, _ := strconv.ParseInt(c.highest[i], 10, 64)
 				w, _ := strconv.ParseInt(c.works[i], 10, 64)
-				o.Logs = append(o.Logs, run.LogOffset{Key: l, Offset: n, Logged: h, Work: w, Owner: c.owners[i], Family: c.families[i] == "1"})
+				o.Logs = append(o.Logs, protocol.LogOffset{Key: l, Offset: n, Logged: h, Work: w, Owner: c.owners[i], Family: c.families[i] == "1"})
 			}
 			return o
 		}
@@ -1465,66 +1467,66 @@ func TestPublishTail(t *testing.T) {
 			check   func(t *testing.T, c tailCall, p string, err error)
 		}{
 			{"behind", 4, 100, nil, func(t *testing.T, c tailCall, p string, err error) {
-				var behind *run.BehindError
+				var behind *protocol.BehindError
 				if !errors.As(err, &behind) || behind.Log != c.logs[0] || behind.Tail != 5 || behind.Work != 23 {
 					t.Errorf("Publish: got %v, want a *BehindError of %s with a tail of 5 of work 23", err, c.logs[0])
 				}
-				if errors.Is(err, run.ErrFallingBehind) {
+				if errors.Is(err, protocol.ErrFallingBehind) {
 					t.Errorf("Publish: %v matches ErrFallingBehind: the run catches up again first", err)
 				}
 			}},
 			{"behind in work", 10, 20, nil, func(t *testing.T, c tailCall, p string, err error) {
-				var behind *run.BehindError
+				var behind *protocol.BehindError
 				if !errors.As(err, &behind) || behind.Work != 23 {
 					t.Errorf("Publish: got %v, want a *BehindError of work 23", err)
 				}
 			}},
 			{"overrun", 10, 100, func(c tailCall, p string) [][]string {
-				return c.push(1, run.Overrun)
+				return c.push(1, protocol.Overrun)
 			}, func(t *testing.T, c tailCall, p string, err error) {
-				if !errors.Is(err, run.ErrFallingBehind) || !strings.Contains(err.Error(), c.logs[1]) {
+				if !errors.Is(err, protocol.ErrFallingBehind) || !strings.Contains(err.Error(), c.logs[1]) {
 					t.Errorf("Publish: got %v, want ErrFallingBehind naming %s", err, c.logs[1])
 				}
 			}},
 			{"a log lost", 10, 100, func(c tailCall, p string) [][]string {
 				return [][]string{{"DEL", c.logs[1]}}
 			}, func(t *testing.T, c tailCall, p string, err error) {
-				if !errors.Is(err, run.ErrWritesLost) || !strings.Contains(err.Error(), c.logs[1]+" holds 0 entries, where Apply counted 1") {
+				if !errors.Is(err, protocol.ErrWritesLost) || !strings.Contains(err.Error(), c.logs[1]+" holds 0 entries, where Apply counted 1") {
 					t.Errorf("Publish: got %v, want ErrWritesLost naming %s and its counts", err, c.logs[1])
 				}
 			}},
 			{"an entry nobody counted", 10, 100, func(c tailCall, p string) [][]string {
 				return [][]string{{"RPUSH", c.logs[2], entry(op("ZADD", p+"z", "1", "m"))}}
 			}, func(t *testing.T, c tailCall, p string, err error) {
-				if !errors.Is(err, run.ErrTampered) || !strings.Contains(err.Error(), c.logs[2]+" holds 2 entries, but Apply counted 1") {
+				if !errors.Is(err, protocol.ErrTampered) || !strings.Contains(err.Error(), c.logs[2]+" holds 2 entries, but Apply counted 1") {
 					t.Errorf("Publish: got %v, want ErrTampered naming %s and its counts", err, c.logs[2])
 				}
 			}},
 			{"garbage", 10, 100, func(c tailCall, p string) [][]string {
 				return c.push(1, "garbage")
 			}, func(t *testing.T, c tailCall, p string, err error) {
-				if !errors.Is(err, run.ErrTampered) || !strings.Contains(err.Error(), c.logs[1]+", entry 1 (LINDEX 1), is not a change") {
+				if !errors.Is(err, protocol.ErrTampered) || !strings.Contains(err.Error(), c.logs[1]+", entry 1 (LINDEX 1), is not a change") {
 					t.Errorf("Publish: got %v, want ErrTampered naming %s and its entry", err, c.logs[1])
 				}
 			}},
 			{"a foreign key", 10, 100, func(c tailCall, p string) [][]string {
 				return c.push(0, entry(op("SADD", p+"admins", "mallory")))
 			}, func(t *testing.T, c tailCall, p string, err error) {
-				if !errors.Is(err, run.ErrTampered) || !strings.Contains(err.Error(), c.logs[0]+", entry 4 (LINDEX 4), writes "+strconv.Quote(p+"admins")) {
+				if !errors.Is(err, protocol.ErrTampered) || !strings.Contains(err.Error(), c.logs[0]+", entry 4 (LINDEX 4), writes "+strconv.Quote(p+"admins")) {
 					t.Errorf("Publish: got %v, want ErrTampered naming %s, the entry and the key", err, c.logs[0])
 				}
 			}},
 			{"a forged record", 10, 100, func(c tailCall, p string) [][]string {
 				return [][]string{{"HSET", c.records[1], "token", thiefTok}}
 			}, func(t *testing.T, c tailCall, p string, err error) {
-				if !errors.Is(err, run.ErrTampered) || !strings.Contains(err.Error(), c.records[1]) {
+				if !errors.Is(err, protocol.ErrTampered) || !strings.Contains(err.Error(), c.records[1]) {
 					t.Errorf("Publish: got %v, want ErrTampered naming %s", err, c.records[1])
 				}
 			}},
 			{"a cancel", 10, 100, func(c tailCall, p string) [][]string {
 				return [][]string{{"HSET", c.ctls[0], "token", scriptTok, "cancel", "1"}}
 			}, func(t *testing.T, c tailCall, p string, err error) {
-				if !errors.Is(err, run.ErrAborted) {
+				if !errors.Is(err, protocol.ErrAborted) {
 					t.Errorf("Publish: got %v, want ErrAborted", err)
 				}
 			}},
@@ -1544,11 +1546,11 @@ func TestPublishTail(t *testing.T) {
 				}
 				before := redistest.Snapshot(t, d.Other, p)
 				_, err := core.Publish(ctx, opts(call, tt.maxTail, tt.maxWork))
-				var e *run.Error
+				var e *protocol.Error
 				if !errors.As(err, &e) || e.Op != "publish" {
 					t.Errorf("Publish: got %v, want an *Error of op publish", err)
 				}
-				if !run.PublishRefused(err) {
+				if !protocol.PublishRefused(err) {
 					t.Errorf("PublishRefused(%v) = false, want true: the script refused before any write", err)
 				}
 				tt.check(t, call, p, err)
