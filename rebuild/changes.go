@@ -71,7 +71,13 @@ func (w *writes) Add(cmd, key string, args ...string) error {
 // a key of another type, when Redis would refuse a write (nothing
 // applied); or one matching ErrOutcomeUnknown when the reply was lost (all
 // of it applied, or none: applying it again is safe).
+//
+// In Generations mode Apply is not supported yet: it returns an error
+// matching ErrNotInGenerations and writes nothing.
 func (r *Rebuilder[T]) Apply(ctx context.Context, changes ...index.Change[T]) error {
+	if r.opts.Publish == Generations {
+		return &Error{Op: "apply", Key: r.key, Err: fmt.Errorf("%w: Apply would write the index's plain keys, which readers of a published generation do not read; nothing applied", ErrNotInGenerations)}
+	}
 	w := &writes{owners: r.owners, cluster: r.redis.Cluster(), ops: make([][]run.Op, len(r.builders))}
 	if w.cluster {
 		w.slot = keys.Slot(r.owners[0].key)

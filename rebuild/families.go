@@ -24,6 +24,11 @@ func (x *execution[T]) scanFamilies(ctx context.Context, g *errgroup.Group) []ma
 		live[i] = map[string]bool{}
 		prevs := map[string]bool{}
 		x.stalePrevs[i] = prevs
+		if x.gen != nil {
+			// Generations mode deletes nothing at the flip: buckets the
+			// run does not produce do not exist in its generation.
+			continue
+		}
 		prefix := b.Key() + ":"
 		// On a cluster every bucket is in the prefix's slot (its hash tag is
 		// required): only that slot's master is scanned.

@@ -67,6 +67,7 @@ type lease struct {
 	status  func() []string // the run's status, for the record
 	control func(run.Control)
 	stall   *stallWatch
+	renew   func(context.Context) error // see leaseOwner
 
 	// tempSecs is the temp keys' TTL, in seconds: 2×TTL, or longer when a
 	// refresh takes long (see refreshed). The batches' EXPIRE NX reads it
@@ -110,7 +111,7 @@ func newLease(x leaseOwner, start time.Time) *lease {
 	l := &lease{
 		redis: x.redis, locks: x.locks, targets: x.targets, ttl: x.ttl, key: x.key, cancel: x.cancel,
 		acked: x.acked, status: x.status, control: x.control, stall: x.stall, tempSecs: x.tempSecs, log: x.log,
-		lastBeat: start, refreshed: start, stop: make(chan struct{}),
+		renew: x.renew, lastBeat: start, refreshed: start, stop: make(chan struct{}),
 	}
 	l.watchdog = time.AfterFunc(time.Until(start.Add(l.ttl)), l.lapse)
 	return l
@@ -141,6 +142,9 @@ type leaseOwner struct {
 	stall    *stallWatch
 	tempSecs *atomic.Int64
 	log      *slog.Logger
+	// renew, if not nil, replaces the refresh of the temp keys: a run in
+	// Generations mode has none.
+	renew func(context.Context) error
 }
 
 // lapsed reports whether no heartbeat has reached Redis for a whole TTL by
@@ -236,6 +240,13 @@ func (l *lease) settle(ctx context.Context, sent time.Time, h run.Heartbeat, rep
 
 // refresh renews every temp key's TTL, in chunks, and checks what it finds.
 func (l *lease) refresh(ctx context.Context) {
+	if l.renew != nil {
+		l.progressed(time.Now())
+		if err := l.renew(ctx); err != nil {
+			l.log.Debug("keyswap: could not renew the run's counters; the next refresh tries again", "key", l.key, "err", err)
+		}
+		return
+	}
 	l.temps.Lock()
 	defer l.temps.Unlock()
 	snap := run.Snap(l.targets.temps())

@@ -213,6 +213,19 @@ type Options struct {
 	// the publish script itself fails (OOM, a timeout, a dropped
 	// connection). Zero means DefaultPreserveFor.
 	PreserveFor time.Duration
+	// Publish is how a run publishes: RenameInPlace (the zero value), or
+	// Generations (see the package documentation, "Generations"). In
+	// Generations mode MaxKeys does not bind, and KeepPrevious, when
+	// positive, keeps the previous generation until the next flip,
+	// whatever its length.
+	Publish PublishMode
+	// Grace, in Generations mode, is how long a generation a flip retired
+	// stays readable before the run removes it: longer than the time a
+	// reader caches an index's pointer. Zero means DefaultGrace; negative
+	// leaves it, retired, to the next run's sweep or an explicit one. The
+	// run waits for it before it returns; a ctx cancelled meanwhile leaves
+	// the generation to a sweep too, and the run still succeeds.
+	Grace time.Duration
 	// Progress, if not nil, is called after each batch completes, and as
 	// the run enters each phase after building (Progress.Phase), from one
 	// goroutine at a time, with counts that never decrease. It should

@@ -96,7 +96,10 @@ func (r *Rebuilder[T]) configure() error {
 		return bad("PreserveFor %v: must not be negative (zero means %v)", o.PreserveFor, DefaultPreserveFor)
 	case len(r.builders) == 0:
 		return bad("no builders")
+	case o.Publish != RenameInPlace && o.Publish != Generations:
+		return bad("Publish %v: must be RenameInPlace or Generations", o.Publish)
 	}
+	o.Grace = run.OrDefault(o.Grace, DefaultGrace)
 	for i, b := range r.builders {
 		if o, ok := b.(index.Ordered); ok && o.Order() != index.InOrder && o.Order() != index.ByEntry && o.Order() != index.AnyOrder {
 			return bad("builder %d (%q): Order returned %v, which is none of InOrder, ByEntry and AnyOrder", i, b.Key(), o.Order())
@@ -190,9 +193,16 @@ func (r *Rebuilder[T]) validateKeys(bad func(string, ...any) error) error {
 }
 
 // checkSlots refuses, on a cluster, builders whose keys cannot be published
-// in one single-slot script.
+// in one single-slot script: in RenameInPlace mode, their keys; in
+// Generations mode, their locks, records, pointers and registries, all in
+// the slots of the builders' keys.
 func (r *Rebuilder[T]) checkSlots(bad func(string, ...any) error) error {
 	for _, o := range r.owners {
+		if r.opts.Publish == Generations {
+			// A family's keys may spread: the flip touches only the
+			// pointers, registries and metas, in the locks' slot.
+			break
+		}
 		if _, tagged := keys.HashTag(o.key); o.family && !tagged {
 			return bad("family prefix %q has no hash tag, so on Redis Cluster its buckets would spread over many hash slots and could not be published atomically; put the part that must stay together in braces, e.g. %q",
 				o.key, "{"+o.key+"}")

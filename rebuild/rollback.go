@@ -30,12 +30,24 @@ var ErrNothingToRollBack = run.ErrNothingToRollBack
 // ErrTooManyKeys, before any write, when it would swap more keys than
 // Options.MaxKeys: a rollback is one atomic script, as a publish is. It
 // returns each builder's generation now live, keyed by its Key.
+//
+// In Generations mode a rollback is a flip back, O(1) per index: each
+// index's pointer goes back to its previous generation (kept by a flip with
+// KeepPrevious), the generation rolled back becomes the previous one (so a
+// second Rollback rolls forward), and it returns the generation now
+// current of each builder. It fails with ErrNothingToRollBack when an index
+// has no previous generation.
 func (r *Rebuilder[T]) Rollback(ctx context.Context) (map[string]int64, error) {
 	families := r.familyTypes()
-	gens, err := r.redis.Rollback(ctx, run.RollbackOptions{
+	opts := run.RollbackOptions{
 		Op: "rollback", Key: r.key, Lives: r.lives, FamilyTypes: families, TTL: r.opts.TTL, Now: time.Now(),
 		MaxKeys: r.opts.MaxKeys,
-	})
+	}
+	rollback := r.redis.Rollback
+	if r.opts.Publish == Generations {
+		rollback = r.redis.GenRollback
+	}
+	gens, err := rollback(ctx, opts)
 	if err != nil {
 		return nil, err
 	}

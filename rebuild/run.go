@@ -74,6 +74,12 @@ func (r *Rebuilder[T]) run(ctx context.Context, src sources.Source[T], held *Hel
 		return stats, err
 	}
 	x.locks = locks
+	if r.opts.Publish == Generations {
+		if err := x.allocate(ctx); err != nil {
+			returned = true
+			return stats, r.redis.ReleaseAfter(ctx, locks, err)
+		}
+	}
 	x.catchUp = newCatchUp(catchUpScope{
 		redis: r.redis, key: r.key, lives: r.lives, owners: r.owners, targets: x.targets,
 		batchSize: r.opts.BatchSize, timeout: r.opts.CatchUpTimeout,
@@ -85,6 +91,11 @@ func (r *Rebuilder[T]) run(ctx context.Context, src sources.Source[T], held *Hel
 	}, locks)
 	obs.Phase(PhaseBuilding)
 	err = x.run(ctx, src)
+	if err == nil && x.gen != nil {
+		// The flip happened: the old generation stays readable for the
+		// grace period, then goes.
+		r.retire(ctx, x.retired)
+	}
 	returned = true
 	stats.Elapsed = time.Since(start)
 	return stats, err
@@ -131,6 +142,10 @@ type execution[T any] struct {
 	// found by the scan: written by the scans, read once they are done.
 	stalePrevs []map[string]bool
 	obs        RunObserver
+	// gen is the state of a run in Generations mode, nil in
+	// RenameInPlace mode; retired are the generations its flip retired.
+	gen     *generations
+	retired [][]int64
 }
 
 // newExecution returns the state of a run of r started at start.
@@ -154,15 +169,30 @@ func newExecution[T any](r *Rebuilder[T], start time.Time, stats *Stats) *execut
 	}
 	x.phase.Store(PhaseBuilding)
 	x.tempSecs.Store(r.tempSecs)
-	x.targets = newTargets(r.owners, r.redis.Cluster(), func(live string) string {
-		return keys.Base(live, r.redis.Cluster()) + x.suffix
-	})
-	x.targets.max = max(0, r.opts.MaxKeys)
-	x.targets.log = func(live string) {
+	x.targets = x.newTargets()
+	return x
+}
+
+// newTargets returns the run's targets: temp keys in RenameInPlace mode,
+// the keys of the run's generation in Generations mode, where a family's
+// keys may spread over every slot of a cluster and MaxKeys does not bind
+// (the flip is O(indexes)).
+func (x *execution[T]) newTargets() *targets {
+	r := x.r
+	var ts *targets
+	if r.opts.Publish == Generations {
+		ts = newTargets(r.owners, false, x.genTemp)
+	} else {
+		ts = newTargets(r.owners, r.redis.Cluster(), func(live string) string {
+			return keys.Base(live, r.redis.Cluster()) + x.suffix
+		})
+		ts.max = max(0, r.opts.MaxKeys)
+	}
+	ts.log = func(live string) {
 		r.opts.Logger.Warn("keyswap: skipped entries whose key has the shape of keyswap's own keys; the rest is rebuilt",
 			"key", r.key, "skipped_key", live)
 	}
-	return x
+	return ts
 }
 
 // recordFields returns the fields the run's record starts with, besides
@@ -206,6 +236,15 @@ func (x *execution[T]) run(ctx context.Context, src sources.Source[T]) (err erro
 		acked: x.acked.Load, status: x.status, control: x.control,
 		stall: x.stall, tempSecs: &x.tempSecs, log: r.opts.Logger,
 	}
+	if x.gen != nil {
+		// No temp key to refresh: the data keys have no TTL, and the
+		// counters of a cluster's slots are renewed instead.
+		owner.renew = x.renewCounters
+		if r.redis.Cluster() {
+			// The writes are counted per slot, not in the record.
+			owner.acked = func() int64 { return 0 }
+		}
+	}
 	x.lease = newLease(owner, x.start)
 	var leaseDone sync.WaitGroup
 	leaseDone.Go(func() { x.lease.run(runCtx) })
@@ -236,7 +275,13 @@ func (x *execution[T]) run(ctx context.Context, src sources.Source[T]) (err erro
 		x.bulk.Close() // every write has returned
 		x.lease.end()
 		leaseDone.Wait()
-		if !published {
+		switch {
+		case x.gen != nil:
+			if !published {
+				x.discardGen(ctx)
+			}
+			x.dropCounters(ctx)
+		case !published:
 			r.redis.Discard(ctx, r.key, run.TempKeys(x.targets.temps())...)
 		}
 		err = r.redis.ReleaseAfter(ctx, x.locks, err)
@@ -317,7 +362,11 @@ func (x *execution[T]) run(ctx context.Context, src sources.Source[T]) (err erro
 		if cause := context.Cause(runCtx); cause != nil {
 			return run.Wrap("run", r.key, cause)
 		}
-		published, err = x.publish(runCtx, live)
+		if x.gen != nil {
+			published, err = x.flip(runCtx)
+		} else {
+			published, err = x.publish(runCtx, live)
+		}
 		var behind *run.BehindError
 		if !errors.As(err, &behind) {
 			return err

@@ -82,6 +82,15 @@ func batchTxn[T any](b *batch[T]) *txn {
 // reply; the sender accounts for the batches.
 func (x *execution[T]) write(ctx context.Context, txns []*txn) error {
 	r := x.r
+	if x.gen != nil {
+		// Generations mode: the data keys carry no TTL.
+		for _, t := range txns {
+			t.expire = nil
+		}
+		if r.redis.Cluster() {
+			return x.writeSpread(ctx, txns)
+		}
+	}
 	cb := r.redis.Client().B()
 	var cmds rueidis.Commands
 	for _, t := range txns {

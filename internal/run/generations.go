@@ -1,0 +1,357 @@
+package run
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/keyswap/keyswap/internal/keys"
+	"github.com/keyswap/keyswap/internal/scan"
+	"github.com/redis/rueidis"
+)
+
+// The scripts of Generations mode (see the keys package for the shapes).
+// genalloc and flip are not retried: a rerun of genalloc would allocate
+// another generation, and a rerun of flip would find its generation
+// current, not building, and report a loss that did not happen. genback is
+// not retried: a rerun would flip back again. gendrop is idempotent.
+var (
+	genallocScript = newScript("genalloc", false)
+	flipScript     = newScript("flip", false)
+	genbackScript  = newScript("genback", false)
+	gendropScript  = newScript("gendrop", true)
+)
+
+// ErrGenerationLost reports a run in Generations mode whose generation is
+// no longer marked as its own in its index's registry when it publishes:
+// the registry was overwritten or lost (evicted, or a failover to a
+// replica that was behind). Nothing was published.
+var ErrGenerationLost = errors.New("the run's generation is no longer in its index's registry")
+
+// UnlinkChunk is the most keys one UNLINK of a generation's removal
+// carries, so that no single command holds the server for long.
+const UnlinkChunk = 256
+
+// AllocateGenerations allocates a new generation for each index of lives
+// (live keys, or families' prefixes) in its registry, marked as built by
+// the run that holds locks, in one script fenced by them. It returns the
+// generations, in the order of lives.
+func (r *Redis) AllocateGenerations(ctx context.Context, op, key string, locks []*Lock, lives []string) ([]int64, error) {
+	lockKeys, token, err := CheckLocks(op, locks)
+	if err != nil {
+		return nil, err
+	}
+	ks := slices.Clone(lockKeys)
+	for _, l := range lives {
+		ks = append(ks, keys.RegistryKey(l, r.cluster))
+	}
+	if err := r.SameSlot(op, key, ks...); err != nil {
+		return nil, err
+	}
+	res, err := parseReply(genallocScript.Exec(ctx, r.client, ks, []string{token, strconv.Itoa(len(lockKeys))}))
+	if err != nil {
+		return nil, Fail(ctx, op, key, err)
+	}
+	code, err := res.code()
+	i, _ := res.int(1)
+	switch {
+	case err != nil:
+		return nil, &Error{Op: op, Key: key, Err: fmt.Errorf("unexpected genalloc script reply: %w", err)}
+	case code == codeLockLost && i >= 1 && int(i) <= len(locks):
+		return nil, &Error{Op: op, Key: locks[i-1].Live, Err: ErrLockLost}
+	case code != codeOK || len(res) != 1+len(lives):
+		return nil, &Error{Op: op, Key: key, Err: fmt.Errorf("unexpected genalloc script reply %v", res)}
+	}
+	return res.ints(1)
+}
+
+// FlipOptions configures [Redis.Flip].
+type FlipOptions struct {
+	// Op and Key name the operation and the run in errors.
+	Op, Key string
+	// Locks are the run's locks, each with its record, log and the
+	// operator's requests next to the first.
+	Locks []*Lock
+	// Lives are the indexes, one per lock, and Gens the generation the run
+	// built for each.
+	Lives []string
+	Gens  []int64
+	// CountBatches checks Batches against the first record's count (on a
+	// standalone server; on a cluster the caller counts the writes per
+	// slot).
+	CountBatches bool
+	Batches      int64
+	// KeepPrevious keeps each index's old generation as its previous one,
+	// for a rollback, instead of retiring it.
+	KeepPrevious bool
+	// Logs are the logs of changes, one per lock, with what the run
+	// replayed of each: every entry must have been replayed.
+	Logs []LogOffset
+	// Now is the time of the flip, recorded in the metas and the
+	// retirements.
+	Now time.Time
+}
+
+// Flipped is what a successful flip did.
+type Flipped struct {
+	// Metas has the new meta generation of each index; none when the flip
+	// was settled after its reply was lost.
+	Metas []int64
+	// Retired has, per index, the generations the flip retired, to remove
+	// once readers no longer use them.
+	Retired [][]int64
+}
+
+// Flip publishes a run in Generations mode (flip.lua): it checks, in one
+// script and before any write, the locks, the records, the batches, the
+// operator's cancel, that every log of changes was replayed to its end and
+// that each index's new generation is still the run's; then points each
+// index's pointer at its new generation. The refusals are those of
+// [Redis.Publish], and a log with entries the run did not replay is
+// refused with a *BehindError, so that the run catches up again. A flip
+// whose reply was lost is settled from its receipt, as a publish is.
+func (r *Redis) Flip(ctx context.Context, opts FlipOptions) (Flipped, error) {
+	op, key := opts.Op, opts.Key
+	lockKeys, token, err := CheckLocks(op, opts.Locks)
+	if err != nil {
+		return Flipped{}, err
+	}
+	if len(opts.Lives) != len(opts.Gens) || len(opts.Logs) != len(lockKeys) {
+		return Flipped{}, &Error{Op: op, Key: key, Err: fmt.Errorf("%d generations and %d logs for %d indexes and %d locks", len(opts.Gens), len(opts.Logs), len(opts.Lives), len(lockKeys))}
+	}
+	ks := slices.Clone(lockKeys)
+	for _, l := range lockKeys {
+		ks = append(ks, keys.RecordKey(l))
+	}
+	ks = append(ks, keys.CtlKey(lockKeys[0]))
+	for _, l := range opts.Logs {
+		ks = append(ks, l.Key)
+	}
+	for _, l := range opts.Lives {
+		ks = append(ks, keys.PointerKey(l, r.cluster), keys.RegistryKey(l, r.cluster), keys.MetaKey(l, r.cluster))
+	}
+	ks = append(ks, keys.ReceiptKey(lockKeys[0]))
+	if err := r.SameSlot(op, key, ks...); err != nil {
+		return Flipped{}, err
+	}
+	batches, keep := "", "0"
+	if opts.CountBatches {
+		batches = strconv.FormatInt(opts.Batches, 10)
+	}
+	if opts.KeepPrevious {
+		keep = "1"
+	}
+	args := []string{token, strconv.Itoa(len(lockKeys)), strconv.Itoa(len(opts.Lives)), batches, keep, Now(opts.Now),
+		strconv.Itoa(int(receiptTTL / time.Second))}
+	for _, g := range opts.Gens {
+		args = append(args, strconv.FormatInt(g, 10))
+	}
+	for _, l := range opts.Logs {
+		args = append(args, strconv.FormatInt(l.Offset, 10), strconv.FormatInt(l.Logged, 10))
+	}
+	res, err := parseReply(flipScript.Exec(ctx, r.client, ks, args))
+	if err != nil {
+		perr := Fail(ctx, op, key, err)
+		if IsServerReply(err) {
+			return Flipped{}, perr
+		}
+		// The reply was lost: the flip may or may not have run.
+		if ran, err := r.settle(ctx, perr, opts.Locks); !ran {
+			return Flipped{}, err
+		}
+		return Flipped{}, nil
+	}
+	return r.flipped(opts, res)
+}
+
+// flipped reads the flip script's reply.
+func (r *Redis) flipped(opts FlipOptions, res reply) (Flipped, error) {
+	op, key := opts.Op, opts.Key
+	refuse := func(err error) (Flipped, error) { return Flipped{}, &Error{Op: op, Key: key, Err: refusal{err}} }
+	code, err := res.code()
+	if err != nil {
+		return Flipped{}, &Error{Op: op, Key: key, Err: fmt.Errorf("unexpected flip script reply: %w", err)}
+	}
+	i, _ := res.int(1)
+	switch {
+	case code == codeOK:
+	case code == codeLockLost && i >= 1 && int(i) <= len(opts.Locks):
+		l := opts.Locks[i-1]
+		r.log.Warn("keyswap: rebuild lock lost before the flip; nothing published", "key", l.Live, "lock_key", l.Key)
+		return Flipped{}, &Error{Op: op, Key: l.Live, Err: ErrLockLost}
+	case code == codeWritesLost:
+		return refuse(writesLost(i, opts.Batches))
+	case (code == codeNoRecord || code == codeTampered) && i >= 1 && int(i) <= len(opts.Locks):
+		return refuse(recordError(code, keys.RecordKey(opts.Locks[i-1].Key)))
+	case code == codeAborted:
+		return refuse(fmt.Errorf("%w: the operator's cancel came before the flip; every index left at its generation", ErrAborted))
+	case (code == codeLogLost || code == codeUncounted) && i >= 1 && int(i) <= len(opts.Logs):
+		n, _ := res.int(2)
+		logged, _ := res.int(3)
+		ls := NewLogs([]string{opts.Logs[i-1].Key})
+		ls.highest[0].Store(opts.Logs[i-1].Logged)
+		return refuse(ls.Check(0, LogCount{Len: n, Logged: logged}))
+	case code == codeBehind && i >= 1 && int(i) <= len(opts.Logs):
+		n, _ := res.int(2)
+		return refuse(&BehindError{Log: opts.Logs[i-1].Key, Tail: n})
+	case code == codeGenLost && i >= 1 && int(i) <= len(opts.Lives):
+		l := opts.Lives[i-1]
+		return refuse(fmt.Errorf("%w: %s no longer marks generation %d as this run's (overwritten, or lost in a failover); every index left at its generation", ErrGenerationLost, keys.RegistryKey(l, r.cluster), opts.Gens[i-1]))
+	case code == codeNotMeta && i >= 1 && int(i) <= len(opts.Lives):
+		return refuse(fmt.Errorf("%w: %s is not a hash of keyswap's; every index left at its generation", ErrTampered, keys.MetaKey(opts.Lives[i-1], r.cluster)))
+	default:
+		return Flipped{}, &Error{Op: op, Key: key, Err: fmt.Errorf("unexpected flip script reply %v", res)}
+	}
+	n := len(opts.Lives)
+	all, err := res.ints(1)
+	if err != nil || len(all) < n {
+		return Flipped{}, &Error{Op: op, Key: key, Err: fmt.Errorf("unexpected flip script reply %v", res)}
+	}
+	out := Flipped{Metas: all[:n]}
+	rest := all[n:]
+	for range n {
+		if len(rest) == 0 || rest[0] < 0 || int(rest[0]) > len(rest)-1 {
+			return Flipped{}, &Error{Op: op, Key: key, Err: fmt.Errorf("unexpected flip script reply %v", res)}
+		}
+		out.Retired = append(out.Retired, rest[1:1+rest[0]])
+		rest = rest[1+rest[0]:]
+	}
+	return out, nil
+}
+
+// GenRollback flips every index of opts back to its previous generation
+// (genback.lua), fenced by the indexes' locks, which it takes first: while
+// a run of them is in progress it fails with ErrInProgress. The generation
+// rolled back becomes the previous one, so a second GenRollback rolls
+// forward again. An index without a previous generation fails it with
+// ErrNothingToRollBack, changing nothing. It returns the generation now
+// current of each index.
+func (r *Redis) GenRollback(ctx context.Context, opts RollbackOptions) ([]int64, error) {
+	op, key := opts.Op, opts.Key
+	families := make([]bool, len(opts.Lives))
+	for i := range families {
+		families[i] = i < len(opts.FamilyTypes) && opts.FamilyTypes[i] != ""
+	}
+	locks, err := r.Acquire(ctx, AcquireOptions{Op: op, Key: key, Lives: opts.Lives, Families: families,
+		Mode: ModeRollback, TTL: opts.TTL, Record: []string{FieldPhase, "rolling back"}})
+	if err != nil {
+		return nil, err
+	}
+	gens, err := r.genRollback(ctx, opts, locks)
+	return gens, r.ReleaseAfter(ctx, locks, err)
+}
+
+func (r *Redis) genRollback(ctx context.Context, opts RollbackOptions, locks []*Lock) ([]int64, error) {
+	op, key := opts.Op, opts.Key
+	lockKeys, token, err := CheckLocks(op, locks)
+	if err != nil {
+		return nil, err
+	}
+	ks := slices.Clone(lockKeys)
+	for _, l := range opts.Lives {
+		ks = append(ks, keys.PointerKey(l, r.cluster), keys.RegistryKey(l, r.cluster), keys.MetaKey(l, r.cluster))
+	}
+	if err := r.SameSlot(op, key, ks...); err != nil {
+		return nil, err
+	}
+	args := []string{token, strconv.Itoa(len(lockKeys)), strconv.Itoa(len(opts.Lives)), Now(opts.Now)}
+	res, err := parseReply(genbackScript.Exec(ctx, r.client, ks, args))
+	if err != nil {
+		return nil, Fail(ctx, op, key, err)
+	}
+	code, err := res.code()
+	i, _ := res.int(1)
+	switch {
+	case err != nil:
+		return nil, &Error{Op: op, Key: key, Err: fmt.Errorf("unexpected genback script reply: %w", err)}
+	case code == codeLockLost && i >= 1 && int(i) <= len(locks):
+		return nil, &Error{Op: op, Key: locks[i-1].Live, Err: ErrLockLost}
+	case code == codeNoPrevious && i >= 1 && int(i) <= len(opts.Lives):
+		return nil, &Error{Op: op, Key: opts.Lives[i-1], Err: fmt.Errorf("%w: the index has no previous generation (publish in Generations mode with KeepPrevious to keep one); nothing changed", ErrNothingToRollBack)}
+	case code != codeOK || len(res) != 1+len(opts.Lives):
+		return nil, &Error{Op: op, Key: key, Err: fmt.Errorf("unexpected genback script reply %v", res)}
+	}
+	return res.ints(1)
+}
+
+// DropGeneration removes generation gen's field from the registry of the
+// index live, if it still holds state (a prefix of it, with prefix set),
+// and reports whether it did. Call it once no key of the generation is
+// left.
+func (r *Redis) DropGeneration(ctx context.Context, live string, gen int64, state string, prefix bool) (bool, error) {
+	flag := "0"
+	if prefix {
+		flag = "1"
+	}
+	res, err := parseReply(gendropScript.Exec(ctx, r.client, []string{keys.RegistryKey(live, r.cluster)},
+		[]string{strconv.FormatInt(gen, 10), state, flag}))
+	if err != nil {
+		return false, Fail(ctx, "drop generation", live, err)
+	}
+	code, err := res.code()
+	n, _ := res.int(1)
+	if err != nil || code != codeOK {
+		return false, &Error{Op: "drop generation", Key: live, Err: fmt.Errorf("unexpected gendrop script reply %v", res)}
+	}
+	return n == 1, nil
+}
+
+// Unlink deletes ks with UNLINK, at most [UnlinkChunk] keys per command,
+// grouped by hash slot on a cluster, and returns the first error.
+func (r *Redis) Unlink(ctx context.Context, ks []string) error {
+	groups := map[uint16][]string{}
+	var order []uint16
+	for _, k := range ks {
+		s := uint16(0)
+		if r.cluster {
+			s = keys.Slot(k)
+		}
+		if _, ok := groups[s]; !ok {
+			order = append(order, s)
+		}
+		groups[s] = append(groups[s], k)
+	}
+	var cmds rueidis.Commands
+	for _, s := range order {
+		for chunk := range slices.Chunk(groups[s], UnlinkChunk) {
+			// Idempotent, so rueidis may resend it on a fresh connection.
+			cmds = append(cmds, r.client.B().Unlink().Key(chunk...).Build().ToRetryable())
+		}
+	}
+	if len(cmds) == 0 {
+		return nil
+	}
+	for _, res := range r.client.DoMulti(ctx, cmds...) {
+		if err := res.Error(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// RemoveGeneration deletes the data keys of generation gen of the index
+// live: its one key for a plain index, or, for a family, every bucket key
+// of the generation, found by SCAN MATCH on every master (on the prefix's
+// master alone when the prefix has a hash tag) and removed in chunks of at
+// most [UnlinkChunk] keys. It does not touch the registry.
+func (r *Redis) RemoveGeneration(ctx context.Context, live string, family bool, gen int64) error {
+	if !family {
+		return r.Unlink(ctx, []string{keys.GenKey(live, gen)})
+	}
+	opts := scan.Options{Match: keys.GenPattern(live, gen), Count: 1000}
+	if _, tagged := keys.HashTag(live); tagged {
+		opts.InSlot, opts.Slot = true, keys.Slot(live)
+	}
+	for page, err := range scan.Pages(ctx, r.client, opts) {
+		if err != nil {
+			return fmt.Errorf("SCAN %s: %w", opts.Match, err)
+		}
+		if err := r.Unlink(ctx, page); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,140 @@
+-- flip.lua: the publish of a run in Generations mode. The run wrote its
+-- indexes' data under a new generation each; this script, fenced as
+-- publish.lua is, points each index's pointer at its new generation, in
+-- one atomic step: readers that resolve the pointer see every index old or
+-- every index new. It touches O(number of indexes) keys, whatever the size
+-- of the data: nothing is renamed, nothing deleted (the old generation is
+-- removed afterwards, in chunks, once readers no longer use it).
+--
+-- The keys come in sections, all in the locks' slot:
+--   L locks; L records (one per lock, the run's); 1 requests (the
+--   operator's, next to the first lock); L logs (the logs of changes of
+--   the locks); then N triples per index: its pointer, its registry, its
+--   meta; and 1 receipt.
+-- ARGV[1]   the token
+-- ARGV[2]   L
+-- ARGV[3]   N
+-- ARGV[4]   the batches the run wrote, checked against the first record;
+--           '' when the writes are counted elsewhere (on a cluster, per
+--           slot, checked by the caller before the flip)
+-- ARGV[5]   '1' to keep the old generation as 'previous' (for a
+--           rollback), '0' to retire it
+-- ARGV[6]   the time, in milliseconds since the epoch
+-- ARGV[7]   the receipt's TTL in seconds
+-- ARGV[8..7+N] the new generation of each index
+-- ARGV[8+N..] per log, two: the entries the run replayed onto its new
+--           generation; the highest count of logged entries it saw
+--
+-- Every change logged for the run must have been replayed: a log with a
+-- tail is refused with BEHIND, and the run catches up again.
+--
+-- Returns {OK, m1..mN, k1, r.., k2, r.., ...}: flipped; mi the new meta
+--           generation of index i; ki the number of generations retired
+--           from index i, followed by them.
+--         {LOCK_LOST, i}: lock i does not hold the token.
+--         {NO_RECORD, i}, {TAMPERED, i}: record i is gone, or carries
+--                  another token.
+--         {WRITES_LOST, batches}: the first record holds fewer batches than
+--                  the run wrote.
+--         {ABORTED}: the operator asked the run to cancel.
+--         {LOG_LOST, i, len, logged}, {UNCOUNTED, i, len, logged}: log i
+--                  lost entries, or holds entries nobody counted.
+--         {BEHIND, i, n, 0}: log i holds n entries the run did not replay.
+--         {GEN_LOST, i}: the registry of index i no longer marks its new
+--                  generation as built by this run.
+--         {NOT_META, i}: meta i is another key.
+-- On every reply but {OK, ...} nothing was written.
+local token, L, N = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local batches, keep, now, receiptTTL = ARGV[4], ARGV[5] == '1', ARGV[6], ARGV[7]
+local locks, records, ctl, logs, indexes = 0, L, 2 * L, 2 * L + 1, 3 * L + 1
+local receipt = KEYS[indexes + 3 * N + 1]
+local function gen(i) return ARGV[7 + i] end
+local function logArg(i, j) return tonumber(ARGV[7 + N + 2 * (i - 1) + j]) end
+
+for i = 1, L do
+  if redis.call('GET', KEYS[locks + i]) ~= token then
+    return {LOCK_LOST, i}
+  end
+end
+for i = 1, L do
+  local t = redis.call('HGET', KEYS[records + i], 'token')
+  if not t then
+    return {NO_RECORD, i}
+  elseif t ~= token then
+    return {TAMPERED, i}
+  end
+end
+if batches ~= '' then
+  local have = tonumber(redis.call('HGET', KEYS[records + 1], 'batches') or '0')
+  if have < tonumber(batches) then
+    return {WRITES_LOST, have}
+  end
+end
+local c = redis.call('HMGET', KEYS[ctl + 1], 'token', 'cancel')
+if c[1] == token and c[2] and c[2] ~= '' then
+  return {ABORTED}
+end
+for i = 1, L do
+  local len = redis.call('LLEN', KEYS[logs + i])
+  local logged = tonumber(redis.call('HGET', KEYS[records + i], 'logged') or '0')
+  local replayed, highest = logArg(i, 1), logArg(i, 2)
+  if len < logged or logged < highest or len < replayed then
+    return {LOG_LOST, i, len, logged}
+  elseif len > logged then
+    return {UNCOUNTED, i, len, logged}
+  elseif len > replayed then
+    return {BEHIND, i, len - replayed, 0}
+  end
+end
+for i = 1, N do
+  local reg, meta = KEYS[indexes + 3 * i - 1], KEYS[indexes + 3 * i]
+  if redis.call('HGET', reg, gen(i)) ~= 'building:' .. token then
+    return {GEN_LOST, i}
+  end
+  local kind = redis.call('TYPE', meta)['ok']
+  local seq = kind == 'hash' and redis.call('HGET', meta, 'seq')
+  local canonical = seq == '0' or (seq and string.match(seq, '^[1-9]%d*$') and #seq < 19)
+  if (kind ~= 'none' and kind ~= 'hash') or (seq and not canonical) then
+    return {NOT_META, i}
+  end
+end
+
+local out, retired = {OK}, {}
+local stamp = 'retired:' .. now
+for i = 1, N do
+  local ptr, reg, meta = KEYS[indexes + 3 * i - 2], KEYS[indexes + 3 * i - 1], KEYS[indexes + 3 * i]
+  local old = redis.call('GET', ptr)
+  redis.call('SET', ptr, gen(i))
+  redis.call('HSET', reg, gen(i), 'current')
+  -- At most one previous generation: an earlier one retires (all of
+  -- them without keep).
+  local gone = {}
+  local all = redis.call('HGETALL', reg)
+  for j = 1, #all, 2 do
+    if all[j + 1] == 'previous' and all[j] ~= old then
+      redis.call('HSET', reg, all[j], stamp)
+      gone[#gone + 1] = tonumber(all[j])
+    end
+  end
+  if old and old ~= gen(i) then
+    if keep then
+      redis.call('HSET', reg, old, 'previous')
+    else
+      redis.call('HSET', reg, old, stamp)
+      gone[#gone + 1] = tonumber(old)
+    end
+  end
+  retired[i] = gone
+  local g = redis.call('HINCRBY', meta, 'seq', 1)
+  redis.call('HSET', meta, 'gen', g, 'at', now)
+  redis.call('HDEL', meta, 'prev', 'prev_until')
+  out[#out + 1] = g
+end
+for i = 1, N do
+  out[#out + 1] = #retired[i]
+  for _, g in ipairs(retired[i]) do
+    out[#out + 1] = g
+  end
+end
+redis.call('SET', receipt, token, 'EX', receiptTTL)
+return out

@@ -1,0 +1,408 @@
+package rebuild_test
+
+// Generations mode (C82-C86): runs that publish by a flip of a pointer,
+// against a standalone server and a 3-master cluster, where a family's keys
+// spread over the masters; the old generation removed after the grace
+// period; rollback by a flip; and every failure made to happen, after which
+// the pointer, the registry and every data key are as before and nothing of
+// the failed run is left.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"iter"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/keyswap/keyswap/builders"
+	"github.com/keyswap/keyswap/index"
+	"github.com/keyswap/keyswap/internal/keys"
+	"github.com/keyswap/keyswap/internal/redistest"
+	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/sources"
+	"github.com/redis/rueidis"
+)
+
+// genPrefix is the family prefix of a Generations test: without a hash tag
+// on the cluster, so that its buckets spread over every slot.
+func genPrefix(d deployment) string {
+	return strings.Trim(d.Prefix, "{}") + "users:by-bucket"
+}
+
+// genUsers returns n users in buckets b00..b<buckets-1>.
+func genUsers(n, buckets int) []user {
+	us := users(n)
+	for i := range us {
+		us[i].Country = fmt.Sprintf("b%02d", i%buckets)
+	}
+	return us
+}
+
+// genRebuilder returns a Rebuilder in Generations mode of a SetIndex of
+// users by bucket under prefix.
+func genRebuilder(t *testing.T, d deployment, prefix string, opts rebuild.Options) *rebuild.Rebuilder[user] {
+	t.Helper()
+	opts.Publish = rebuild.Generations
+	if opts.BatchSize == 0 {
+		opts.BatchSize = 50
+	}
+	if opts.Grace == 0 {
+		opts.Grace = 50 * time.Millisecond
+	}
+	return redistest.Rebuilder(t, d.Client, opts,
+		builders.SetIndex(prefix, func(u user) (string, string, bool) { return u.Country, u.ID, true }))
+}
+
+// wantGeneration checks that prefix's pointer names gen, that its registry
+// holds exactly reg (and next), and that generation gen holds exactly the
+// buckets of us, without a TTL.
+func wantGeneration(t *testing.T, d deployment, prefix string, gen, next int64, reg map[string]string, us []user) {
+	t.Helper()
+	c := d.Other
+	redistest.WantString(t, c, keys.PointerKey(prefix, d.Cluster), strconv.FormatInt(gen, 10))
+	want := maps.Clone(reg)
+	want[keys.RegNext] = strconv.FormatInt(next, 10)
+	redistest.WantHash(t, c, keys.RegistryKey(prefix, d.Cluster), want)
+	buckets := map[string]map[string]bool{}
+	for _, u := range us {
+		k := keys.GenBucketKey(prefix, gen, u.Country)
+		if buckets[k] == nil {
+			buckets[k] = map[string]bool{}
+		}
+		buckets[k][u.ID] = true
+	}
+	got := redistest.Keys(t, c, keys.GenPrefix(prefix, gen))
+	if !slices.Equal(got, slices.Sorted(maps.Keys(buckets))) {
+		t.Errorf("generation %d holds %v, want %v", gen, got, slices.Sorted(maps.Keys(buckets)))
+	}
+	for k, members := range sortedSets(buckets) {
+		if have := redistest.SMembers(t, c, k); !slices.Equal(have, members) {
+			t.Errorf("%s holds %d members, want %d", k, len(have), len(members))
+		}
+		if ttl := redistest.PTTL(t, c, k); ttl != -1 {
+			t.Errorf("%s has a TTL of %v, want none", k, ttl)
+		}
+	}
+}
+
+// wantNoGeneration checks that no key of generation gen of prefix is left.
+func wantNoGeneration(t *testing.T, d deployment, prefix string, gen int64) {
+	t.Helper()
+	if left := redistest.Keys(t, d.Other, keys.GenPrefix(prefix, gen)); len(left) > 0 {
+		t.Errorf("generation %d left %d keys: %v", gen, len(left), left[:min(len(left), 5)])
+	}
+}
+
+// wantGenClean checks that, under prefix, nothing is left but the pointer,
+// the registry, the meta and the data keys of the generations in gens:
+// no lock, record, log, receipt, temp key, other generation; and no per-slot
+// counter anywhere.
+func wantGenClean(t *testing.T, d deployment, prefix string, gens ...int64) {
+	t.Helper()
+	allowed := func(k string) bool {
+		switch k {
+		case keys.PointerKey(prefix, d.Cluster), keys.RegistryKey(prefix, d.Cluster), keys.MetaKey(prefix, d.Cluster):
+			return true
+		}
+		for _, g := range gens {
+			if strings.HasPrefix(k, keys.GenPrefix(prefix, g)) {
+				return true
+			}
+		}
+		return false
+	}
+	var base string
+	for _, k := range redistest.Keys(t, d.Other, strings.Trim(d.Prefix, "{}")) {
+		if !allowed(k) {
+			t.Errorf("left behind: %s", k)
+		}
+	}
+	base = keys.Base(prefix, d.Cluster)
+	for _, k := range redistest.Keys(t, d.Other, keys.LockKey(prefix, d.Cluster)) {
+		t.Errorf("left behind: %s", k)
+	}
+	if d.Cluster {
+		if left := counters(t, d.Other, base); len(left) > 0 {
+			t.Errorf("per-slot counters left behind: %v", left)
+		}
+	}
+}
+
+// counters returns the per-slot counters of runs of base, on every master.
+func counters(t *testing.T, c rueidis.Client, base string) []string {
+	t.Helper()
+	var out []string
+	ctx := context.Background()
+	for _, node := range c.Nodes() {
+		var cursor uint64
+		for {
+			e, err := node.Do(ctx, node.B().Scan().Cursor(cursor).Match("{rb*}"+keys.GlobEscape(base)+":rebuild-n:*").Count(1000).Build()).AsScanEntry()
+			if err != nil {
+				// A replica or an unreachable node: the masters answer.
+				break
+			}
+			out = append(out, e.Elements...)
+			if cursor = e.Cursor; cursor == 0 {
+				break
+			}
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+func TestGenerationsRunFlips(t *testing.T) {
+	// C82, C83, C86: a run writes its generation's keys without a TTL and
+	// publishes by a flip of the pointer; a second run flips again, and the
+	// first generation is removed after the grace period; on a cluster the
+	// family's keys spread over more than one master.
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		ctx := redistest.Ctx(t)
+		prefix := genPrefix(d)
+		r := genRebuilder(t, d, prefix, rebuild.Options{})
+		first := genUsers(300, 30)
+		stats, err := r.Run(ctx, sources.Slice(first))
+		if err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+		if stats.Generations[prefix] != 1 {
+			t.Errorf("Stats.Generations = %v, want %s: 1", stats.Generations, prefix)
+		}
+		wantGeneration(t, d, prefix, 1, 1, map[string]string{"1": keys.RegCurrent}, first)
+		wantGenClean(t, d, prefix, 1)
+		if live := redistest.Keys(t, d.Other, prefix+":b"); len(live) > 0 {
+			t.Errorf("plain-shape keys written: %v", live)
+		}
+		if d.Cluster {
+			masters := map[string]bool{}
+			for _, k := range redistest.Keys(t, d.Other, keys.GenPrefix(prefix, 1)) {
+				masters[env.Cluster.NodeFor(t, k).Addr] = true
+			}
+			if len(masters) < 2 {
+				t.Errorf("the family's 30 buckets are on %d master(s), want them spread", len(masters))
+			}
+		}
+
+		second := genUsers(200, 20)
+		stats, err = r.Run(ctx, sources.Slice(second))
+		if err != nil {
+			t.Fatalf("second Run: %v", err)
+		}
+		if stats.Generations[prefix] != 2 {
+			t.Errorf("Stats.Generations = %v, want %s: 2", stats.Generations, prefix)
+		}
+		// Run returns after the grace period and the removal.
+		wantGeneration(t, d, prefix, 2, 2, map[string]string{"2": keys.RegCurrent}, second)
+		wantNoGeneration(t, d, prefix, 1)
+		wantGenClean(t, d, prefix, 2)
+	})
+}
+
+func TestGenerationsGraceCancelled(t *testing.T) {
+	// C86: a run whose ctx is cancelled during the grace period still
+	// succeeds, and leaves the old generation retired, for a sweep.
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		prefix := genPrefix(d)
+		r := genRebuilder(t, d, prefix, rebuild.Options{Grace: time.Hour})
+		us := genUsers(60, 6)
+		if _, err := r.Run(redistest.Ctx(t), sources.Slice(us)); err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+		ctx, cancel := context.WithCancel(redistest.Ctx(t))
+		// The source cancels ctx once it is read: the run is built and
+		// flips (the flip runs on the run's own context)... unless the
+		// cancel reaches it first, so cancel only after the flip, from
+		// the registry's point of view.
+		go func() {
+			deadline := time.Now().Add(time.Minute)
+			for time.Now().Before(deadline) {
+				if v, _ := redistest.Get(t, d.Other, keys.PointerKey(prefix, d.Cluster)); v == "2" {
+					break
+				}
+				time.Sleep(time.Millisecond)
+			}
+			cancel()
+		}()
+		if _, err := r.Run(ctx, sources.Slice(us)); err != nil {
+			t.Fatalf("second Run: %v", err)
+		}
+		reg := redistest.HGetAll(t, d.Other, keys.RegistryKey(prefix, d.Cluster))
+		if reg["2"] != keys.RegCurrent || !strings.HasPrefix(reg["1"], keys.RegRetired) {
+			t.Errorf("registry %v: want 2 current, 1 retired", reg)
+		}
+		if n := len(redistest.Keys(t, d.Other, keys.GenPrefix(prefix, 1))); n != 6 {
+			t.Errorf("retired generation holds %d keys, want its 6 until a sweep", n)
+		}
+		wantGeneration(t, d, prefix, 2, 2, map[string]string{"2": keys.RegCurrent, "1": reg["1"]}, us)
+	})
+}
+
+func TestGenerationsRollback(t *testing.T) {
+	// C84: with KeepPrevious the old generation stays previous; Rollback
+	// flips back, and again forward; with none it is refused.
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		ctx := redistest.Ctx(t)
+		prefix := genPrefix(d)
+		r := genRebuilder(t, d, prefix, rebuild.Options{KeepPrevious: time.Second})
+		_, err := r.Rollback(ctx)
+		redistest.WantErr(t, err, rebuild.ErrNothingToRollBack)
+		a, b, c := genUsers(30, 3), genUsers(40, 4), genUsers(50, 5)
+		for _, us := range [][]user{a, b} {
+			if _, err := r.Run(ctx, sources.Slice(us)); err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+		}
+		wantGeneration(t, d, prefix, 2, 2, map[string]string{"1": keys.RegPrevious, "2": keys.RegCurrent}, b)
+		gens, err := r.Rollback(ctx)
+		if err != nil || gens[prefix] != 1 {
+			t.Fatalf("Rollback = %v, %v; want %s: 1", gens, err, prefix)
+		}
+		wantGeneration(t, d, prefix, 1, 2, map[string]string{"1": keys.RegCurrent, "2": keys.RegPrevious}, a)
+		if gens, err = r.Rollback(ctx); err != nil || gens[prefix] != 2 {
+			t.Fatalf("second Rollback = %v, %v; want %s: 2", gens, err, prefix)
+		}
+		wantGeneration(t, d, prefix, 2, 2, map[string]string{"1": keys.RegPrevious, "2": keys.RegCurrent}, b)
+		if _, err := r.Run(ctx, sources.Slice(c)); err != nil {
+			t.Fatalf("third Run: %v", err)
+		}
+		wantGeneration(t, d, prefix, 3, 3, map[string]string{"2": keys.RegPrevious, "3": keys.RegCurrent}, c)
+		wantNoGeneration(t, d, prefix, 1)
+		wantGenClean(t, d, prefix, 2, 3)
+
+		// Without KeepPrevious the previous generation retires.
+		plain := genRebuilder(t, d, prefix, rebuild.Options{})
+		if _, err := plain.Run(ctx, sources.Slice(a)); err != nil {
+			t.Fatalf("fourth Run: %v", err)
+		}
+		wantGeneration(t, d, prefix, 4, 4, map[string]string{"4": keys.RegCurrent}, a)
+		_, err = plain.Rollback(ctx)
+		redistest.WantErr(t, err, rebuild.ErrNothingToRollBack)
+		wantGeneration(t, d, prefix, 4, 4, map[string]string{"4": keys.RegCurrent}, a)
+		wantGenClean(t, d, prefix, 4)
+	})
+}
+
+// errGenSource is the error of a failing source.
+var errGenSource = errors.New("the source failed")
+
+// genSource yields us, calling at after the item at index i (once).
+func genSource(us []user, i int, at func() error) sources.Source[user] {
+	return func(ctx context.Context) iter.Seq2[user, error] {
+		return func(yield func(user, error) bool) {
+			for j, u := range us {
+				if !yield(u, nil) {
+					return
+				}
+				if j == i {
+					if err := at(); err != nil {
+						yield(user{}, err)
+						return
+					}
+				}
+			}
+		}
+	}
+}
+
+func TestGenerationsFailures(t *testing.T) {
+	// C85: every failure leaves the pointer and the current generation as
+	// they were, removes the failed run's generation and its registry
+	// field, and leaves no lock, record or counter.
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		prefix := genPrefix(d)
+		first := genUsers(90, 9)
+		next := int64(1)
+		r := genRebuilder(t, d, prefix, rebuild.Options{})
+		if _, err := r.Run(redistest.Ctx(t), sources.Slice(first)); err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+		lock := keys.LockKey(prefix, d.Cluster)
+		cases := []struct {
+			name string
+			want error
+			run  func(t *testing.T, ctx context.Context) error
+		}{
+			{"source error", errGenSource, func(t *testing.T, ctx context.Context) error {
+				_, err := r.Run(ctx, genSource(genUsers(200, 20), 120, func() error { return errGenSource }))
+				return err
+			}},
+			{"cancelled", context.Canceled, func(t *testing.T, ctx context.Context) error {
+				ctx, cancel := context.WithCancel(ctx)
+				defer cancel()
+				_, err := r.Run(ctx, genSource(genUsers(200, 20), 120, func() error { cancel(); return nil }))
+				return err
+			}},
+			{"lock stolen", rebuild.ErrLockLost, func(t *testing.T, ctx context.Context) error {
+				defer redistest.Clean(t, d.Other, lock)
+				_, err := r.Run(ctx, genSource(genUsers(200, 20), 199, func() error {
+					redistest.Cmd(t, d.Other, "SET", lock, "thief")
+					return nil
+				}))
+				return err
+			}},
+			{"operator cancel", rebuild.ErrAborted, func(t *testing.T, ctx context.Context) error {
+				_, err := r.Run(ctx, genSource(genUsers(200, 20), 199, func() error {
+					tok, _ := redistest.Get(t, d.Other, lock)
+					redistest.Cmd(t, d.Other, "HSET", keys.CtlKey(lock), "token", tok, "cancel", "1")
+					return nil
+				}))
+				return err
+			}},
+			{"writes lost", rebuild.ErrWritesLost, func(t *testing.T, ctx context.Context) error {
+				h, _, err := r.Build(ctx, sources.Slice(genUsers(200, 20)))
+				if err != nil {
+					t.Fatalf("Build: %v", err)
+				}
+				if d.Cluster {
+					cs := counters(t, d.Other, keys.Base(prefix, true))
+					if len(cs) < 2 {
+						t.Fatalf("per-slot counters %v: want several", cs)
+					}
+					redistest.Cmd(t, d.Other, "DEL", cs[len(cs)/2])
+				} else {
+					redistest.Cmd(t, d.Other, "HSET", keys.RecordKey(lock), "batches", "0")
+				}
+				_, err = h.Publish(ctx)
+				return err
+			}},
+		}
+		for _, tc := range cases {
+			t.Run(tc.name, func(t *testing.T) {
+				before := redistest.Snapshot(t, d.Other, keys.GenPrefix(prefix, 1))
+				err := tc.run(t, redistest.Ctx(t))
+				redistest.WantErr(t, err, tc.want)
+				next++
+				wantGeneration(t, d, prefix, 1, next, map[string]string{"1": keys.RegCurrent}, first)
+				redistest.WantUnchanged(t, d.Other, keys.GenPrefix(prefix, 1), before)
+				wantNoGeneration(t, d, prefix, next)
+				wantGenClean(t, d, prefix, 1)
+			})
+		}
+	})
+}
+
+func TestGenerationsOptions(t *testing.T) {
+	// C82: New refuses a Publish mode it does not know, naming it; Apply
+	// refuses in Generations mode, writing nothing.
+	c := env.Standalone.Client(t)
+	p := redistest.Prefix(t)
+	set := builders.Set(p+"ids", func(u user) (string, bool) { return u.ID, true })
+	_, err := rebuild.New(c, rebuild.Options{Publish: 7}, index.Builder[user](set))
+	if err == nil || !strings.Contains(err.Error(), "Publish PublishMode(7)") {
+		t.Errorf("New with Publish 7: %v", err)
+	}
+	r := redistest.Rebuilder(t, c, rebuild.Options{Publish: rebuild.Generations}, index.Builder[user](set))
+	u := user{ID: "u1"}
+	err = r.Apply(redistest.Ctx(t), index.Change[user]{New: &u})
+	if !errors.Is(err, rebuild.ErrNotInGenerations) {
+		t.Errorf("Apply in Generations mode: %v, want ErrNotInGenerations", err)
+	}
+	if left := redistest.Keys(t, c, p); len(left) > 0 {
+		t.Errorf("Apply wrote %v", left)
+	}
+}
