@@ -144,19 +144,32 @@ func (r *runner) genMeasure(ctx context.Context, f genFamily, m genMode, d datas
 	if err != nil {
 		return sample{}, err
 	}
-	rb, err := rebuilder(f.client, f.w, opts)
+	var start, published time.Time
+	c, err := timePublish(f.client, &published)
+	if err != nil {
+		return sample{}, err
+	}
+	rb, err := rebuilder(c, f.w, opts)
 	if err != nil {
 		return sample{}, err
 	}
 	var stats rebuild.Stats
 	smp, err := measure(ctx, s, d.n, "", func() (*child, error) {
 		var err error
+		start = time.Now()
 		stats, err = rb.Run(ctx, sources.Seq(d.all()))
 		return nil, err
 	})
 	if err != nil {
 		return sample{}, err
 	}
+	// The rate is that of the run until its publish: in Generations mode
+	// Run then waits for the grace period, whose CPU counts but whose
+	// wall time does not.
+	if published.IsZero() {
+		return sample{}, errors.New("the run sent no publish script")
+	}
+	smp.Elapsed = published.Sub(start)
 	// The removal of the previous data is part of the run's cost: the
 	// previous generation's keys, or the frees of the replaced values.
 	before, err := s.usage(ctx)
@@ -296,7 +309,12 @@ func (r *runner) genClusterRun(ctx context.Context, cl *cluster, f genFamily, m 
 	if err != nil {
 		return clusterRun{}, err
 	}
-	rb, err := rebuilder(cl.client, f.w, opts)
+	var published time.Time
+	c, err := timePublish(cl.client, &published)
+	if err != nil {
+		return clusterRun{}, err
+	}
+	rb, err := rebuilder(c, f.w, opts)
 	if err != nil {
 		return clusterRun{}, err
 	}
@@ -307,7 +325,10 @@ func (r *runner) genClusterRun(ctx context.Context, cl *cluster, f genFamily, m 
 	ru0 := rusage()
 	start := time.Now()
 	stats, err := rb.Run(ctx, sources.Seq(d.all()))
-	elapsed := time.Since(start)
+	elapsed := published.Sub(start) // the grace period excluded
+	if err == nil && published.IsZero() {
+		err = errors.New("the run sent no publish script")
+	}
 	if err == nil {
 		err = f.waitRemoved(ctx, old, had)
 	}

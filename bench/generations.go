@@ -78,8 +78,11 @@ type genRun struct {
 	// or the flip), from SLOWLOG; PublishCall its round trip.
 	Publish     time.Duration `json:"publish_server_ns"`
 	PublishCall time.Duration `json:"publish_call_ns"`
-	// Elapsed is rebuild.Rebuilder.Run's.
-	Elapsed time.Duration `json:"elapsed_ns"`
+	// Elapsed is rebuild.Rebuilder.Run's, which in Generations mode waits
+	// for the grace period and removes the previous generation; Published
+	// is from its start to the publish's reply.
+	Elapsed   time.Duration `json:"elapsed_ns"`
+	Published time.Duration `json:"published_ns"`
 	// Cleanup is from the publish's reply until the previous data is gone:
 	// in Generations mode the previous generation's keys and its registry
 	// field, in rename mode the background frees of the replaced values.
@@ -102,6 +105,7 @@ type genSummary struct {
 	PerBucket    time.Duration `json:"publish_per_bucket_ns_median"`
 	PublishCall  time.Duration `json:"publish_call_ns_median"`
 	Elapsed      time.Duration `json:"elapsed_ns_median"`
+	Published    time.Duration `json:"published_ns_median"`
 	Cleanup      time.Duration `json:"cleanup_ns_median"`
 	AfterPublish commandTime   `json:"after_publish_longest"`
 	Longest      commandTime   `json:"longest"`
@@ -344,6 +348,19 @@ func (h *scriptHook) Do(ctx context.Context, cmd rueidis.Completed) (res rueidis
 	return h.Client.Do(ctx, cmd)
 }
 
+// timePublish returns c, through which the publish scripts' replies set
+// *at to the time they came.
+func timePublish(c rueidis.Client, at *time.Time) (rueidis.Client, error) {
+	scripts, err := keyswapScripts(context.Background(), nil, false)
+	if err != nil {
+		return nil, err
+	}
+	return &scriptHook{Client: c, scripts: publishScripts(scripts), around: func(do func()) {
+		do()
+		*at = time.Now()
+	}}, nil
+}
+
 // publishScripts returns those of scripts that publish a run.
 func publishScripts(scripts []script) []redistest.Script {
 	var out []redistest.Script
@@ -508,6 +525,7 @@ func (r *runner) genPublishRun(ctx context.Context, f genFamily, m genMode, d da
 	start := time.Now()
 	stats, err := rb.Run(ctx, sources.Seq(d.all()))
 	out.Elapsed = time.Since(start)
+	out.Published = published.Sub(start)
 	if err == nil {
 		err = f.waitRemoved(ctx, old, had)
 		out.Cleanup = time.Since(published)
@@ -555,17 +573,19 @@ func (gs *genSeries) summarize(buckets int) {
 	if len(gs.Runs) == 0 {
 		return
 	}
-	var pub, call, elapsed, cleanup []time.Duration
+	var pub, call, elapsed, published, cleanup []time.Duration
 	var after, longest []commandTime
 	for _, x := range gs.Runs {
 		pub, call = append(pub, x.Publish), append(call, x.PublishCall)
 		elapsed, cleanup = append(elapsed, x.Elapsed), append(cleanup, x.Cleanup)
+		published = append(published, x.Published)
 		after, longest = append(after, x.AfterPublish), append(longest, x.Longest)
 	}
 	s := &gs.Summary
 	s.Publish, s.PublishMin, s.PublishMax = medianDuration(pub), slices.Min(pub), slices.Max(pub)
 	s.PerBucket = s.Publish / time.Duration(buckets)
 	s.PublishCall, s.Elapsed, s.Cleanup = medianDuration(call), medianDuration(elapsed), medianDuration(cleanup)
+	s.Published = medianDuration(published)
 	s.AfterPublish, s.Longest = medianCommand(after), medianCommand(longest)
 }
 

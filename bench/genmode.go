@@ -25,8 +25,7 @@ var genModes = []genMode{modeRename, modeGenerations}
 // grace period of the generation flipped away from.
 func (m genMode) options(opts rebuild.Options, grace time.Duration) rebuild.Options {
 	if m == modeGenerations {
-		// Until rebuild.Generations exists, both modes rename in place.
-		_ = grace
+		opts.Publish, opts.Grace = rebuild.Generations, grace
 	}
 	return opts
 }

@@ -77,9 +77,9 @@ func (g *generationsResult) markdown(b *bytes.Buffer, cpus int) {
 	}
 	p("\nThe longest command of each run (median over rounds; the maximum and its command), the publish included; the longest after the publish, ")
 	p("which in Generations mode is the removal of the previous generation (SCAN, UNLINK in chunks) and the release; ")
-	p("the wall time from the publish's reply until the previous data is gone, the grace period included; and the run's wall time.\n\n")
-	p("| buckets | mode | longest command of the run | longest after the publish | previous data gone after | run wall time |\n")
-	p("|--:|---|--:|--:|--:|--:|\n")
+	p("the wall time from the publish's reply until the previous data is gone, the grace period included; the run's wall time to the publish's reply, and the whole of `Run`, which in Generations mode waits for the grace period and removes the previous generation before it returns.\n\n")
+	p("| buckets | mode | longest command of the run | longest after the publish | previous data gone after | run to the publish | whole `Run` |\n")
+	p("|--:|---|--:|--:|--:|--:|--:|\n")
 	for _, sz := range g.Sizes {
 		for _, x := range []struct {
 			m  genMode
@@ -89,8 +89,8 @@ func (g *generationsResult) markdown(b *bytes.Buffer, cpus int) {
 				continue
 			}
 			s := x.gs.Summary
-			p("| %s | %s | %s | %s | %s | %s |\n", commas(sz.Buckets), x.m, commandCell(s.Longest, g.Threshold), commandCell(s.AfterPublish, g.Threshold),
-				dur(s.Cleanup), dur(s.Elapsed))
+			p("| %s | %s | %s | %s | %s | %s | %s |\n", commas(sz.Buckets), x.m, commandCell(s.Longest, g.Threshold), commandCell(s.AfterPublish, g.Threshold),
+				dur(s.Cleanup), dur(s.Published), dur(s.Elapsed))
 		}
 	}
 	p("\n")
@@ -99,7 +99,7 @@ func (g *generationsResult) markdown(b *bytes.Buffer, cpus int) {
 		p("A family of %s buckets of %d members (%s entries), written by the limit (`redis-cli --pipe` into an empty server) and raw, and rebuilt in each mode onto a live family; %d rounds, interleaved. ",
 			commas(c.Buckets), c.Members, commas(c.Items), g.Rounds)
 		p("Server CPU is INFO's used_cpu_user + used_cpu_sys; for the modes it includes the removal of the previous data after the run, and so does their client CPU (getrusage of the bench). ")
-		p("Items/s is the run alone. Ratios are medians over rounds of the same round's ratio.\n\n")
+		p("Items/s counts a run from its start to the publish's reply (in Generations mode Run then waits for the grace period, and removes the previous generation). Ratios are medians over rounds of the same round's ratio.\n\n")
 		p("| method | items/s, median | server CPU per entry | server CPU / limit's (min–max) | client CPU per entry | client CPU / raw's (min–max) |\n")
 		p("|---|--:|--:|--:|--:|--:|\n")
 		for _, m := range c.Methods {
@@ -114,7 +114,7 @@ func (g *generationsResult) markdown(b *bytes.Buffer, cpus int) {
 		p("A family of %s buckets of %d members (%s items) on the bench's own Redis Cluster of %d masters (redis-server %s, this machine's %d CPUs shared with the client): ",
 			commas(c.Buckets), c.Members, commas(c.Items), c.Masters, c.Redis, cpus)
 		p("without a hash tag, Generations mode spreads the buckets over every slot; with one, the family is on one master, as rename mode requires. ")
-		p("%d rounds, interleaved. Items/s is the run alone; CPU times include the removal of the previous data. The speedup is over Generations mode on one master, in the same round.\n\n", len(c.Runs[0].Series.Samples))
+		p("%d rounds, interleaved. Items/s counts the run from its start to the publish's reply; CPU times include the removal of the previous data. The speedup is over Generations mode on one master, in the same round.\n\n", len(c.Runs[0].Series.Samples))
 		p("| run | items/s, median (min–max) | speedup (min–max) | server CPU per master | client CPU | server CPU per item | client CPU per item |\n")
 		p("|---|--:|--:|--:|--:|--:|--:|\n")
 		for i, gs := range c.Runs {
