@@ -239,18 +239,24 @@ func (f genFamily) allKeys(ctx context.Context) ([]string, error) {
 	return out, nil
 }
 
-// familyKeys sorts the keys found after a run of a family whose current
-// data keys start with data: its buckets, and the keys that should not be
-// there (temp keys, locks, another generation's or shape's buckets).
-// keyswap's records that outlive a run are neither: generation records,
-// the pointer, the registry, and a cluster run's per-slot write counters,
-// which expire with the run's record.
-func familyKeys(all []string, data string) (buckets, stray []string) {
+// familyKeys sorts the keys found after a run of the family prefix whose
+// current data keys start with data: its buckets, and the keys that should
+// not be there (temp keys, locks, another generation's or shape's
+// buckets). keyswap's records that outlive a run are neither: generation
+// records, the pointer, the registry, and a cluster run's per-slot write
+// counters, which expire with the run's record.
+func familyKeys(all []string, prefix, data string) (buckets, stray []string) {
+	// isBucket reports whether name, which follows data, names a bucket:
+	// the bench's bucket names have no colon, and a bucket of the plain
+	// shape is no key of keyswap's own (a lock, a temp key).
+	isBucket := func(name string) bool {
+		return name != "" && !strings.Contains(name, ":") && !keys.Reserved(prefix+":"+name)
+	}
 	for _, k := range all {
 		switch {
 		case isGeneration(k), strings.HasSuffix(k, keys.PointerSuffix), strings.HasSuffix(k, keys.RegistrySuffix),
 			strings.Contains(k, ":rebuild-n:"):
-		case strings.HasPrefix(k, data) && !strings.Contains(k[len(data):], ":"): // the bench's bucket names have no colon
+		case strings.HasPrefix(k, data) && isBucket(k[len(data):]):
 			buckets = append(buckets, k)
 		default:
 			stray = append(stray, k)
@@ -273,7 +279,7 @@ func (f genFamily) verify(ctx context.Context, d dataset) error {
 	if err != nil {
 		return err
 	}
-	buckets, stray := familyKeys(all, data)
+	buckets, stray := familyKeys(all, f.prefix(), data)
 	if len(stray) > 0 {
 		slices.Sort(stray)
 		return fmt.Errorf("%d keys left besides the family's %s*: %s", len(stray), data, firstKeys(stray))
