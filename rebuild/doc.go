@@ -197,6 +197,31 @@
 // Hash's field or a SortedSet's member is removed only while it holds the
 // old item's value.
 //
+// # Generations
+//
+// With Options.Publish set to [Generations], a run does not write temp keys
+// and rename them: it allocates a new generation of each index (a number,
+// in the index's registry "<base>:rebuild-gens") and writes the index's
+// data under it, "<key>:rebuild-g:<G>" for a plain key and
+// "<prefix>:rebuild-g:<G>:<bucket>" for a family's bucket, without a TTL.
+// The publish is a flip: one script, fenced as the rename publish is,
+// points each index's pointer ("<base>:rebuild-ptr") at its new generation.
+// It costs the same whatever the size of the index, so MaxKeys does not
+// bind, and on Redis Cluster a family's buckets need no hash tag: they
+// spread over every slot, and the run counts its transactions per slot to
+// detect lost writes before the flip. Readers resolve the pointer first,
+// then read the generation's keys; an index without a pointer is in the
+// rename-in-place shape.
+//
+// After the flip the old generation stays readable for Options.Grace, which
+// must exceed the time a reader caches a pointer, and is then removed in
+// small chunks; with KeepPrevious it stays as the previous generation
+// instead, and [Rebuilder.Rollback] flips back to it. A failed run never
+// touches a pointer and removes its own generation. [Rebuilder.Apply] is
+// not supported in this mode yet. On a cluster the writes of a run in
+// this mode go on the client's shared connections, not on a connection of
+// their own.
+//
 // # Safe publishing
 //
 // Options.Guards refuse a suspicious result before it is published

@@ -343,3 +343,44 @@ func ExampleRebuilder_Run() {
 	// publishing: 5 items in 3 batches
 	// done: 5 items, 3 batches, map[users:by-score:swapped]
 }
+
+// Generations mode: the run writes a new generation of the index and
+// publishes it by pointing the index's pointer at it. Readers resolve the
+// pointer, then read the generation's keys.
+func ExampleOptions_generations() {
+	client := exampleClient()
+	defer client.Close()
+	ctx := context.Background()
+
+	country := builders.SetIndex("users:by-country", func(u User) (string, string, bool) {
+		return u.Country, u.ID, true
+	})
+	r, err := rebuild.New(client, rebuild.Options{Publish: rebuild.Generations, Grace: time.Millisecond}, country)
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, users := range [][]User{
+		{{ID: "1", Country: "fr"}, {ID: "2", Country: "de"}},
+		{{ID: "1", Country: "fr"}, {ID: "3", Country: "fr"}},
+	} {
+		stats, err := r.Run(ctx, sources.Slice(users))
+		if err != nil {
+			log.Fatal(err)
+		}
+		fmt.Println("generation:", stats.Generations["users:by-country"])
+	}
+	ptr, _ := client.Do(ctx, client.B().Get().Key("users:by-country:rebuild-ptr").Build()).ToString()
+	fmt.Println("pointer:", ptr)
+	// The first generation was removed after the grace period.
+	ks, _ := client.Do(ctx, client.B().Keys().Pattern("users:by-country:rebuild-g:*").Build()).AsStrSlice()
+	for _, k := range ks {
+		members, _ := client.Do(ctx, client.B().Smembers().Key(k).Build()).AsStrSlice()
+		slices.Sort(members)
+		fmt.Println(k, members)
+	}
+	// Output:
+	// generation: 1
+	// generation: 2
+	// pointer: 2
+	// users:by-country:rebuild-g:2:fr [1 3]
+}
