@@ -37,8 +37,8 @@ type generationsResult struct {
 	Rounds int `json:"rounds"`
 	// Grace is the Generations runs' rebuild.Options.Grace.
 	Grace time.Duration `json:"grace_ns"`
-	// Threshold is the shortest command SLOWLOG logged (the publish script
-	// is logged whatever its time).
+	// Threshold is the shortest command SLOWLOG logged; a shorter publish
+	// is timed by INFO commandstats.
 	Threshold time.Duration `json:"slowlog_threshold_ns"`
 	// RenameMax is the largest family rebuilt in rename mode.
 	RenameMax int       `json:"rename_max_buckets"`
@@ -389,24 +389,41 @@ func isPublish(command string) bool {
 }
 
 // splitAtPublish reads a run's SLOWLOG entries, in the order the server ran
-// them: the publish script's time (EVALSHA's NOSCRIPT and then EVAL, if
-// any, added), the longest command after it, and the longest of all.
-func splitAtPublish(entries []slowEntry) (publish time.Duration, after, longest commandTime, err error) {
-	last := -1
-	for i, e := range entries {
-		if isPublish(e.Command) {
+// them, mark being the ID of the newest entry when the publish replied:
+// the publish script's time, if it was logged (EVALSHA's NOSCRIPT and then
+// EVAL, if any, added); the longest command after the mark, the publish
+// excluded; and the longest of all.
+func splitAtPublish(entries []slowEntry, mark int64) (publish time.Duration, logged bool, after, longest commandTime) {
+	var later []slowEntry
+	for _, e := range entries {
+		switch {
+		case isPublish(e.Command):
 			publish += e.Duration
-			last = i
+			logged = true
+		case e.ID > mark:
+			later = append(later, e)
 		}
 	}
-	if last < 0 {
-		return 0, commandTime{}, commandTime{}, errors.New("the publish script is not in SLOWLOG")
-	}
-	if cts := longestByCommand(entries[last+1:]); len(cts) > 0 {
+	if cts := longestByCommand(later); len(cts) > 0 {
 		after = cts[0]
 	}
-	longest = longestByCommand(entries)[0]
-	return publish, after, longest, nil
+	if cts := longestByCommand(entries); len(cts) > 0 {
+		longest = cts[0]
+	}
+	return publish, logged, after, longest
+}
+
+// newestSlowlogID returns the ID of the newest SLOWLOG entry, or -1.
+func (s *server) newestSlowlogID(ctx context.Context) (int64, error) {
+	got, err := s.admin.Do(ctx, s.admin.B().SlowlogGet().Count(1).Build()).ToArray()
+	if err != nil {
+		return 0, fmt.Errorf("SLOWLOG GET 1: %w", err)
+	}
+	if len(got) == 0 {
+		return -1, nil
+	}
+	id, _, _, _, _, err := parseSlowlogEntry(got[0])
+	return id, err
 }
 
 // generations runs the generations section: the publish of families of
@@ -507,18 +524,27 @@ func (r *runner) genPublishRun(ctx context.Context, f genFamily, m genMode, d da
 	var out genRun
 	var published time.Time
 	var herr error
+	var script commandStat // the publish's INFO commandstats
+	mark := int64(-1)
 	calls := 0
-	threshold := strconv.FormatInt(r.cfg.genSlowlog.Microseconds(), 10)
 	hooked := &scriptHook{Client: s.client, scripts: publishScripts(scripts), around: func(do func()) {
-		// The publish is logged whatever its time: the flip may take
-		// less than the threshold.
+		// SLOWLOG has the publish when it takes the threshold or more;
+		// INFO commandstats has it whatever its time, unless another
+		// script ran at the same time. Logging every command during the
+		// publish would log every command the script runs, and slow it.
 		calls++
-		herr = errors.Join(herr, s.configSet(ctx, "slowlog-log-slower-than", "0"))
+		before, err := s.commandStats(ctx)
 		t := time.Now()
 		do()
 		published = time.Now()
 		out.PublishCall += published.Sub(t)
-		herr = errors.Join(herr, s.configSet(ctx, "slowlog-log-slower-than", threshold))
+		after, aerr := s.commandStats(ctx)
+		id, ierr := s.newestSlowlogID(ctx)
+		if herr = errors.Join(herr, err, aerr, ierr); herr == nil {
+			d := statsSince(after, before)
+			script = commandStat{Calls: d["evalsha"].Calls + d["eval"].Calls, Usec: d["evalsha"].Usec + d["eval"].Usec}
+			mark = id
+		}
 	}}
 	rb, err := rebuilder(hooked, f.w, opts)
 	if err != nil {
@@ -553,8 +579,17 @@ func (r *runner) genPublishRun(ctx context.Context, f genFamily, m genMode, d da
 	if err := f.verify(ctx, d); err != nil {
 		return genRun{}, fmt.Errorf("wrong result: %w", err)
 	}
-	if out.Publish, out.AfterPublish, out.Longest, err = splitAtPublish(entries); err != nil {
-		return genRun{}, err
+	var logged bool
+	out.Publish, logged, out.AfterPublish, out.Longest = splitAtPublish(entries, mark)
+	if !logged {
+		// Shorter than the threshold: INFO commandstats timed it, alone.
+		if script.Calls != 1 {
+			return genRun{}, fmt.Errorf("the publish took less than the slowlog threshold, and INFO commandstats counts %d scripts during it, want 1: another script ran", script.Calls)
+		}
+		out.Publish = time.Duration(script.Usec) * time.Microsecond
+		if out.Publish > out.Longest.Longest {
+			out.Longest = commandTime{Command: "EVALSHA publish", Longest: out.Publish, Calls: 1}
+		}
 	}
 	return out, nil
 }

@@ -58,16 +58,15 @@ func TestFamilyKeys(t *testing.T) {
 }
 
 func TestSplitAtPublish(t *testing.T) {
+	id := int64(0)
 	e := func(cmd string, us int) slowEntry {
-		return slowEntry{Command: cmd, Duration: time.Duration(us) * time.Microsecond, Args: 3}
+		id++
+		return slowEntry{ID: id, Command: cmd, Duration: time.Duration(us) * time.Microsecond, Args: 3}
 	}
 	entries := []slowEntry{e("EXEC", 300), e("EVALSHA heartbeat", 40), e("EVALSHA flip", 0), e("EVAL flip", 60), e("UNLINK", 120), e("SCAN", 90), e("UNLINK", 200)}
-	pub, after, longest, err := splitAtPublish(entries)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if pub != 60*time.Microsecond {
-		t.Errorf("publish: got %v, want 60µs (NOSCRIPT and EVAL added)", pub)
+	pub, logged, after, longest := splitAtPublish(entries, 4)
+	if pub != 60*time.Microsecond || !logged {
+		t.Errorf("publish: got %v, %v; want 60µs (NOSCRIPT and EVAL added), logged", pub, logged)
 	}
 	if after.Command != "UNLINK" || after.Longest != 200*time.Microsecond || after.Calls != 2 {
 		t.Errorf("after the publish: got %+v, want UNLINK 200µs, 2 calls", after)
@@ -75,12 +74,17 @@ func TestSplitAtPublish(t *testing.T) {
 	if longest.Command != "EXEC" || longest.Longest != 300*time.Microsecond {
 		t.Errorf("longest: got %+v, want EXEC 300µs", longest)
 	}
-	// A publish that is the last command: nothing after it.
-	if _, after, _, err := splitAtPublish(entries[:4]); err != nil || after.Command != "" {
-		t.Errorf("nothing after the publish: got %+v, %v; want none", after, err)
+	// A publish below the threshold: the mark splits the entries.
+	unlogged := slices.Concat(entries[:2], entries[4:])
+	if pub, logged, after, _ := splitAtPublish(unlogged, 2); logged || pub != 0 || after.Command != "UNLINK" || after.Calls != 2 {
+		t.Errorf("publish not logged: got %v, %v, after %+v; want 0, not logged, UNLINK twice after", pub, logged, after)
 	}
-	if _, _, _, err := splitAtPublish(entries[:2]); err == nil {
-		t.Error("no publish: got no error")
+	// Nothing after the mark, nothing logged.
+	if _, _, after, _ := splitAtPublish(entries, 7); after.Command != "" {
+		t.Errorf("nothing after the mark: got %+v", after)
+	}
+	if _, logged, after, longest := splitAtPublish(nil, -1); logged || after.Command != "" || longest.Command != "" {
+		t.Errorf("no entries: got %v, %+v, %+v; want nothing", logged, after, longest)
 	}
 }
 

@@ -60,7 +60,7 @@ func (g *generationsResult) markdown(b *bytes.Buffer, cpus int) {
 	p("The same SetIndex families rebuilt in each publishing mode onto a live family published in that mode, a tenth of whose buckets the new data no longer has: ")
 	p("**rename** (`rebuild.RenameInPlace`, `MaxKeys` -1) renames every bucket's temp key over its live key and deletes the orphans in one script; ")
 	p("**generations** (`rebuild.Generations`, `Grace` %s) writes a new generation and flips a pointer to it, then removes the previous generation in chunks once the grace period is over. ", g.Grace)
-	p("%d rounds, the modes and sizes interleaved. Server times are SLOWLOG's: the publish script is logged whatever its time, every other command from %s. ", g.Rounds, dur(g.Threshold))
+	p("%d rounds, the modes and sizes interleaved. Server times are SLOWLOG's, which logs the commands of %s or more; a publish shorter than that is timed by INFO commandstats, alone. ", g.Rounds, dur(g.Threshold))
 	p("After every run the bench waits until the previous data is gone (the previous generation's registry field removed, no background frees left), and checks that the family holds exactly the new data and nothing else: no temp key, lock, or key of another generation.\n\n")
 
 	p("| buckets | members each | items | rename publish, median (min–max) | per bucket | flip, median (min–max) | rename / flip (min–max) |\n")

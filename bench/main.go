@@ -196,7 +196,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.IntVar(&cfg.genCPUBuckets, "gen-cpu-buckets", 100_000, "buckets of the family of the generations section's CPU per entry (limit, raw and both modes)")
 	fs.IntVar(&cfg.genClusterBuckets, "gen-cluster-buckets", 100_000, "buckets of the family of the generations section's cluster runs")
 	fs.DurationVar(&cfg.genGrace, "gen-grace", time.Second, "rebuild.Options.Grace of the generations section's runs in Generations mode: how long the previous generation stays readable before its removal")
-	fs.DurationVar(&cfg.genSlowlog, "gen-slowlog", 10*time.Microsecond, "SLOWLOG threshold of the generations section's publish runs (the publish script is logged whatever its time)")
+	fs.DurationVar(&cfg.genSlowlog, "gen-slowlog", 10*time.Microsecond, "SLOWLOG threshold of the generations section's publish runs (a shorter publish is timed by INFO commandstats)")
 	fs.IntVar(&cfg.serverCPU, "server-cpu", -1, "pin the bench's own redis-server to this CPU (Linux), e.g. with the bench itself under taskset -c 0, so that client and server do not share a core; -1 leaves it alone")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
