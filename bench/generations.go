@@ -118,6 +118,23 @@ func genMembers(buckets, members, maxItems int) int {
 	return max(1, min(members, maxItems/buckets))
 }
 
+// renameEstimate returns, for a family of buckets buckets not rebuilt in
+// rename mode, its rename publish's time extrapolated from the largest
+// family of sizes that was, at its median time per bucket, and that
+// family's size; zeros when none was.
+func renameEstimate(sizes []genSize, buckets int) (time.Duration, int) {
+	from := -1
+	for i, sz := range sizes {
+		if len(sz.Rename.Runs) > 0 && (from < 0 || sz.Buckets > sizes[from].Buckets) {
+			from = i
+		}
+	}
+	if from < 0 {
+		return 0, 0
+	}
+	return sizes[from].Rename.Summary.PerBucket * time.Duration(buckets), sizes[from].Buckets
+}
+
 // genFamily is a SetIndex family of the generations section, on the
 // bench's own server or on a cluster.
 type genFamily struct {
@@ -438,7 +455,7 @@ func (r *runner) generations(ctx context.Context) (_ *generationsResult, err err
 		d := familyDataset(n, members)
 		res.Sizes = append(res.Sizes, genSize{Buckets: n, Members: members, Items: d.n, Orphans: d.orphans()})
 		if n > cfg.genRenameMax {
-			r.note("generations: the %s-bucket family was not rebuilt in rename mode (-gen-rename-max %s): its publish, one script renaming every bucket, would block the server for seconds", commas(n), commas(cfg.genRenameMax))
+			r.note("generations: the %s-bucket family was not rebuilt in rename mode (-gen-rename-max %s): its publish, one script renaming every bucket, would block the server for seconds; the report extrapolates its time from the largest family rebuilt in rename mode", commas(n), commas(cfg.genRenameMax))
 		}
 	}
 	if err := r.genPublish(ctx, res); err != nil {

@@ -161,7 +161,7 @@ func TestGenerations(t *testing.T) {
 		"-gen-rename-max", "500", "-gen-cpu-buckets", "300", "-gen-cluster-buckets", "300", "-gen-grace", "50ms")
 	for _, want := range []string{
 		"## Summary", "- Generations mode against rename-in-place, the publish's server time: 100 buckets: flip **",
-		"## Generations", "| 100 | 3 | 300 |", "| 1,000 | 3 | 3,000 | not run (past -gen-rename-max 500) |",
+		"## Generations", "| 100 | 3 | 300 |", "| 1,000 | 3 | 3,000 | not run (past -gen-rename-max 500): ≈ ",
 		"| 100 | rename | ", "| 100 | generations | ", "| 1,000 | generations | ",
 		"### CPU per entry", "| generations | ", "| rename | ", "| raw | ",
 		"### On a cluster", "| generations, spread over 3 masters | ", "| generations, on one master | ", "| rename, on one master | ",
@@ -197,4 +197,17 @@ func TestGenerations(t *testing.T) {
 		}
 	}
 	wantRender(t, path, md)
+}
+
+func TestRenameEstimate(t *testing.T) {
+	withRename := func(buckets int, perBucket time.Duration) genSize {
+		return genSize{Buckets: buckets, Rename: genSeries{Runs: []genRun{{}}, Summary: genSummary{PerBucket: perBucket}}}
+	}
+	sizes := []genSize{withRename(1000, 5*time.Microsecond), withRename(100_000, 20*time.Microsecond), {Buckets: 1_000_000}}
+	if est, from := renameEstimate(sizes, 1_000_000); est != 20*time.Second || from != 100_000 {
+		t.Errorf("got %v from %d buckets, want 20s from the largest family rebuilt in rename mode, 100,000", est, from)
+	}
+	if est, from := renameEstimate(sizes[2:], 1_000_000); est != 0 || from != 0 {
+		t.Errorf("without rename runs: got %v from %d, want none", est, from)
+	}
 }

@@ -68,6 +68,9 @@ func (g *generationsResult) markdown(b *bytes.Buffer, cpus int) {
 	for _, sz := range g.Sizes {
 		rn, gs := sz.Rename.Summary, sz.Generations.Summary
 		renameCell, perBucket := fmt.Sprintf("not run (past -gen-rename-max %s)", commas(g.RenameMax)), "—"
+		if est, from := renameEstimate(g.Sizes, sz.Buckets); from > 0 {
+			renameCell += fmt.Sprintf(": ≈ %s, extrapolated from %s buckets", dur(est), commas(from))
+		}
 		if len(sz.Rename.Runs) > 0 {
 			renameCell = fmt.Sprintf("%s (%s–%s)", dur(rn.Publish), dur(rn.PublishMin), dur(rn.PublishMax))
 			perBucket = dur(rn.PerBucket)

@@ -192,7 +192,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	genBuckets := fs.String("gen-buckets", "1000,10000,100000,1000000", "comma-separated bucket counts of the SetIndex families whose publish the generations section measures in both modes")
 	fs.IntVar(&cfg.genMembers, "gen-members", 10, "members per bucket in the generations section, fewer where a family would hold more than -gen-max-items items")
 	fs.IntVar(&cfg.genMaxItems, "gen-max-items", 2_000_000, "the most items of one family in the generations section: larger families get fewer members per bucket (at least one)")
-	fs.IntVar(&cfg.genRenameMax, "gen-rename-max", 1_000_000, "the largest family (buckets) the generations section rebuilds in rename mode; larger ones run in Generations mode only, with a note")
+	fs.IntVar(&cfg.genRenameMax, "gen-rename-max", 100_000, "the largest family (buckets) the generations section rebuilds in rename mode; larger ones run in Generations mode only, and the report extrapolates their rename publish from the largest family's time per bucket (a rename publish of 1,000,000 buckets blocks the server for tens of seconds, past client timeouts)")
 	fs.IntVar(&cfg.genCPUBuckets, "gen-cpu-buckets", 100_000, "buckets of the family of the generations section's CPU per entry (limit, raw and both modes)")
 	fs.IntVar(&cfg.genClusterBuckets, "gen-cluster-buckets", 100_000, "buckets of the family of the generations section's cluster runs")
 	fs.DurationVar(&cfg.genGrace, "gen-grace", time.Second, "rebuild.Options.Grace of the generations section's runs in Generations mode: how long the previous generation stays readable before its removal")
