@@ -72,13 +72,19 @@ func (w *writes) Add(cmd, key string, args ...string) error {
 // applied); or one matching ErrOutcomeUnknown when the reply was lost (all
 // of it applied, or none: applying it again is safe).
 //
-// In Generations mode Apply is not supported yet: it returns an error
-// matching ErrNotInGenerations and writes nothing.
+// In Generations mode Apply writes the change to each index's current
+// generation (the one its pointer names), checking in the same atomic step
+// that no flip moved the pointer meanwhile. Applying a change while a run
+// of the keys is in progress is not supported in this mode yet: Apply
+// refuses it, writing nothing, with an error matching both ErrInProgress
+// and ErrNotInGenerations. On a cluster the keys a change writes must
+// share the locks' slot (a family's prefix with a hash tag), else Apply
+// refuses it with an error matching ErrNotInGenerations.
 func (r *Rebuilder[T]) Apply(ctx context.Context, changes ...index.Change[T]) error {
-	if r.opts.Publish == Generations {
-		return &Error{Op: "apply", Key: r.key, Err: fmt.Errorf("%w: Apply would write the index's plain keys, which readers of a published generation do not read; nothing applied", ErrNotInGenerations)}
-	}
-	w := &writes{owners: r.owners, cluster: r.redis.Cluster(), ops: make([][]run.Op, len(r.builders))}
+	gen := r.opts.Publish == Generations
+	// In Generations mode the plain keys' slots do not matter: the
+	// generation's keys are checked once resolved.
+	w := &writes{owners: r.owners, cluster: r.redis.Cluster() && !gen, ops: make([][]run.Op, len(r.builders))}
 	if w.cluster {
 		w.slot = keys.Slot(r.owners[0].key)
 	}
@@ -100,6 +106,11 @@ func (r *Rebuilder[T]) Apply(ctx context.Context, changes ...index.Change[T]) er
 				return &Error{Op: "apply", Key: builder.Key(), Err: fmt.Errorf("change %d: %w", i, err)}
 			}
 		}
+	}
+	if gen {
+		return r.redis.GenApply(ctx, run.GenApplyOptions{
+			Op: "apply", Key: r.key, Locks: r.lockKeys, Lives: r.lives, Families: r.families(), Ops: w.ops,
+		})
 	}
 	applied, err := r.redis.Apply(ctx, run.ApplyOptions{
 		Op: "apply", Key: r.key, Locks: r.lockKeys, Lives: r.lives, Ops: w.ops, MaxLog: r.opts.MaxChanges,

@@ -217,10 +217,12 @@
 // must exceed the time a reader caches a pointer, and is then removed in
 // small chunks; with KeepPrevious it stays as the previous generation
 // instead, and [Rebuilder.Rollback] flips back to it. A failed run never
-// touches a pointer and removes its own generation. [Rebuilder.Apply] is
-// not supported in this mode yet. On a cluster the writes of a run in
-// this mode go on the client's shared connections, not on a connection of
-// their own.
+// touches a pointer and removes its own generation. [Rebuilder.Apply]
+// writes a change to the current generation, and refuses it while a run is
+// in progress (not supported in this mode yet); on a cluster it needs the
+// keys of a change in the locks' slot (a family with a hash tag). On a
+// cluster the writes of a run in this mode go on the client's shared
+// connections, not on a connection of their own.
 //
 // # Safe publishing
 //

@@ -24,15 +24,23 @@ func (x *execution[T]) scanFamilies(ctx context.Context, g *errgroup.Group) []ma
 		live[i] = map[string]bool{}
 		prevs := map[string]bool{}
 		x.stalePrevs[i] = prevs
-		if x.gen != nil {
-			// Generations mode deletes nothing at the flip: buckets the
-			// run does not produce do not exist in its generation.
-			continue
-		}
 		prefix := b.Key() + ":"
 		// On a cluster every bucket is in the prefix's slot (its hash tag is
 		// required): only that slot's master is scanned.
 		opts := scan.Options{Match: scan.EscapeGlob(prefix) + "*", Type: f.KeyType(), InSlot: true, Slot: keys.Slot(b.Key())}
+		if x.gen != nil {
+			// Generations mode deletes nothing at the flip (buckets the
+			// run does not produce do not exist in its generation): the
+			// buckets live now, in the current generation, are found for
+			// the guards and a held run's review alone.
+			if cur := x.gen.current[i]; cur > 0 {
+				g.Go(func() error { return x.scanGeneration(ctx, i, f.KeyType(), cur, live[i]) })
+				continue
+			}
+			if _, tagged := keys.HashTag(b.Key()); !tagged {
+				opts.InSlot = false
+			}
+		}
 		g.Go(func() error {
 			for page, err := range scan.Pages(ctx, x.r.redis.Client(), opts) {
 				if err != nil {
@@ -53,4 +61,27 @@ func (x *execution[T]) scanFamilies(ctx context.Context, g *errgroup.Group) []ma
 		})
 	}
 	return live
+}
+
+// scanGeneration adds to live the buckets of family builder i in its
+// generation cur, under their plain names, from every master: a
+// generation's keys spread over every slot.
+func (x *execution[T]) scanGeneration(ctx context.Context, i int, kind string, cur int64, live map[string]bool) error {
+	prefix := x.r.owners[i].key
+	opts := scan.Options{Match: keys.GenPattern(prefix, cur), Type: kind}
+	if _, tagged := keys.HashTag(prefix); tagged {
+		opts.InSlot, opts.Slot = true, keys.Slot(prefix)
+	}
+	gp := keys.GenPrefix(prefix, cur)
+	for page, err := range scan.Pages(ctx, x.r.redis.Client(), opts) {
+		if err != nil {
+			return fmt.Errorf("SCAN %s: %w", opts.Match, err)
+		}
+		for _, k := range page {
+			if bucket, ok := strings.CutPrefix(k, gp); ok && bucket != "" {
+				live[prefix+":"+bucket] = true
+			}
+		}
+	}
+	return nil
 }

@@ -46,8 +46,9 @@ func (m PublishMode) String() string {
 const DefaultGrace = 10 * time.Second
 
 // ErrNotInGenerations reports an operation that Generations mode does not
-// support yet.
-var ErrNotInGenerations = errors.New("not yet supported in Generations mode")
+// support yet: Apply during a run, or on a cluster, Apply to a family
+// without a hash tag.
+var ErrNotInGenerations = run.ErrNotInGenerations
 
 // counterSuffix follows a run's base in the key of a per-slot counter of
 // its writes, on a cluster in Generations mode.
@@ -72,7 +73,8 @@ var slotTags = sync.OnceValue(func() []string {
 
 // generations is the state of a run in Generations mode.
 type generations struct {
-	gens []int64 // per builder: the generation the run builds
+	gens    []int64 // per builder: the generation the run builds
+	current []int64 // per builder: the generation current (0: none, the plain shape)
 
 	mu     sync.Mutex
 	counts map[uint16]int64 // on a cluster: transactions acknowledged per slot
@@ -100,15 +102,35 @@ func (x *execution[T]) genTemp(live string) string {
 	return keys.GenKey(live, 0) // refused by targets.get: not the run's
 }
 
+// liveKey returns the key that holds live for readers now: live itself in
+// RenameInPlace mode, or for an index without a pointer; else its key in
+// the index's current generation.
+func (x *execution[T]) liveKey(live string) string {
+	if x.gen == nil {
+		return live
+	}
+	for i, o := range x.r.owners {
+		cur := x.gen.current[i]
+		switch {
+		case cur == 0:
+		case !o.family && live == o.key:
+			return keys.GenKey(live, cur)
+		case o.family && isBucket(live, o.key):
+			return keys.GenBucketKey(o.key, cur, live[len(o.key)+1:])
+		}
+	}
+	return live
+}
+
 // allocate allocates the run's generations and makes its targets write
 // them.
 func (x *execution[T]) allocate(ctx context.Context) error {
 	r := x.r
-	gens, err := r.redis.AllocateGenerations(ctx, "acquire", r.key, x.locks, r.lives)
+	gens, current, err := r.redis.AllocateGenerations(ctx, "acquire", r.key, x.locks, r.lives)
 	if err != nil {
 		return err
 	}
-	x.gen = &generations{gens: gens, counts: map[uint16]int64{}}
+	x.gen = &generations{gens: gens, current: current, counts: map[uint16]int64{}}
 	x.targets = x.newTargets()
 	return nil
 }
@@ -298,11 +320,17 @@ func (x *execution[T]) flip(ctx context.Context) (bool, error) {
 	if errors.Is(err, ErrLockLost) || run.PublishRefused(err) {
 		return false, err // nothing written: the generation is worthless
 	}
-	if err != nil {
-		// The script failed, or its outcome is unknown: the pointer may
-		// name the generation. It stays, marked building, for a sweep to
-		// judge.
+	if errors.Is(err, ErrOutcomeUnknown) {
+		// The reply was lost and the receipt could not be read: the
+		// pointer may name the generation. It stays, marked building, for
+		// a sweep to judge.
 		return true, err
+	}
+	if err != nil {
+		// An error reply: the script checks everything that can fail
+		// before its first write, so it flipped nothing. Or a lost reply
+		// that the receipt settled: it did not run.
+		return false, err
 	}
 	for _, t := range x.targets.all() {
 		x.stats.Outcomes[t.Live] = Swapped

@@ -1,6 +1,6 @@
 package rebuild_test
 
-// Generations mode (C82-C86): runs that publish by a flip of a pointer,
+// Generations mode (C82-C88): runs that publish by a flip of a pointer,
 // against a standalone server and a 3-master cluster, where a family's keys
 // spread over the masters; the old generation removed after the grace
 // period; rollback by a flip; and every failure made to happen, after which
@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/keyswap/keyswap/builders"
+	"github.com/keyswap/keyswap/guards"
 	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/redistest"
@@ -387,8 +388,7 @@ func TestGenerationsFailures(t *testing.T) {
 }
 
 func TestGenerationsOptions(t *testing.T) {
-	// C82: New refuses a Publish mode it does not know, naming it; Apply
-	// refuses in Generations mode, writing nothing.
+	// C82: New refuses a Publish mode it does not know, naming it.
 	c := env.Standalone.Client(t)
 	p := redistest.Prefix(t)
 	set := builders.Set(p+"ids", func(u user) (string, bool) { return u.ID, true })
@@ -396,13 +396,236 @@ func TestGenerationsOptions(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "Publish PublishMode(7)") {
 		t.Errorf("New with Publish 7: %v", err)
 	}
-	r := redistest.Rebuilder(t, c, rebuild.Options{Publish: rebuild.Generations}, index.Builder[user](set))
-	u := user{ID: "u1"}
-	err = r.Apply(redistest.Ctx(t), index.Change[user]{New: &u})
-	if !errors.Is(err, rebuild.ErrNotInGenerations) {
-		t.Errorf("Apply in Generations mode: %v, want ErrNotInGenerations", err)
+}
+
+func TestGenerationsApply(t *testing.T) {
+	// C88: Apply writes the current generation, or the plain shape of an
+	// index without a pointer; it refuses during a run, and on a cluster
+	// a family without a hash tag, writing nothing.
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		ctx := redistest.Ctx(t)
+		prefix := d.Prefix + "users:by-bucket" // with the hash tag on the cluster
+		r := genRebuilder(t, d, prefix, rebuild.Options{})
+		us := genUsers(30, 3)
+		moved := us[0]
+		moved.Country = "b01"
+		change := index.Change[user]{Old: &us[0], New: &moved}
+
+		// No pointer yet: the plain shape.
+		if err := r.Apply(ctx, index.Change[user]{New: &us[0]}); err != nil {
+			t.Fatalf("Apply without a pointer: %v", err)
+		}
+		if got := redistest.SMembers(t, d.Other, prefix+":b00"); !slices.Equal(got, []string{us[0].ID}) {
+			t.Errorf("plain bucket holds %v", got)
+		}
+		redistest.Clean(t, d.Other, prefix+":b00")
+
+		if _, err := r.Run(ctx, sources.Slice(us)); err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+		if err := r.Apply(ctx, change); err != nil {
+			t.Fatalf("Apply: %v", err)
+		}
+		after := slices.Clone(us)
+		after[0] = moved
+		wantGeneration(t, d, prefix, 1, 1, map[string]string{"1": keys.RegCurrent}, after)
+		if left := redistest.Keys(t, d.Other, prefix+":b"); len(left) > 0 {
+			t.Errorf("plain keys written: %v", left)
+		}
+
+		// During a run: refused, nothing written.
+		h, _, err := r.Build(ctx, sources.Slice(us))
+		if err != nil {
+			t.Fatalf("Build: %v", err)
+		}
+		before := redistest.Snapshot(t, d.Other, keys.GenPrefix(prefix, 1))
+		back := index.Change[user]{Old: &moved, New: &us[0]}
+		err = r.Apply(ctx, back)
+		redistest.WantErr(t, err, rebuild.ErrInProgress)
+		redistest.WantErr(t, err, rebuild.ErrNotInGenerations)
+		redistest.WantUnchanged(t, d.Other, keys.GenPrefix(prefix, 1), before)
+		if err := h.Discard(ctx); err != nil {
+			t.Fatalf("Discard: %v", err)
+		}
+		wantGeneration(t, d, prefix, 1, 2, map[string]string{"1": keys.RegCurrent}, after)
+		wantGenClean(t, d, prefix, 1)
+
+		if d.Cluster {
+			spread := genPrefix(d)
+			s := genRebuilder(t, d, spread, rebuild.Options{})
+			if _, err := s.Run(ctx, sources.Slice(us)); err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+			before := redistest.Snapshot(t, d.Other, keys.GenPrefix(spread, 1))
+			err := s.Apply(ctx, change)
+			redistest.WantErr(t, err, rebuild.ErrNotInGenerations)
+			redistest.WantUnchanged(t, d.Other, keys.GenPrefix(spread, 1), before)
+		}
+	})
+}
+
+func TestGenerationsHeld(t *testing.T) {
+	// C87: a held run in Generations mode reviews and diffs its generation
+	// against the current one, and its publish is a flip.
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		ctx := redistest.Ctx(t)
+		prefix := genPrefix(d)
+		r := genRebuilder(t, d, prefix, rebuild.Options{})
+		first, second := genUsers(300, 30), genUsers(200, 20)
+		if _, err := r.Run(ctx, sources.Slice(first)); err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+		h, _, err := r.Build(ctx, sources.Slice(second))
+		if err != nil {
+			t.Fatalf("Build: %v", err)
+		}
+		b := h.Review().Builders[0]
+		if b.Live != 300 || b.LiveKeys != 30 || b.New != 200 || b.NewKeys != 20 {
+			t.Errorf("review: live %d entries in %d keys, new %d in %d; want 300 in 30, 200 in 20", b.Live, b.LiveKeys, b.New, b.NewKeys)
+		}
+		df, err := h.Diff(ctx, guards.DiffOptions{MaxKeys: 100})
+		if err != nil {
+			t.Fatalf("Diff: %v", err)
+		}
+		if bd := df.Builders[0]; bd.BucketsRemoved != 10 || bd.BucketsAdded != 0 || bd.Buckets != 30 {
+			t.Errorf("diff: %d buckets, %d added, %d removed; want 30, 0, 10", bd.Buckets, bd.BucketsAdded, bd.BucketsRemoved)
+		}
+		wantGeneration(t, d, prefix, 1, 2, map[string]string{"1": keys.RegCurrent, "2": keys.RegBuilding + heldToken(t, d, prefix)}, first)
+		stats, err := h.Publish(ctx)
+		if err != nil {
+			t.Fatalf("Publish: %v", err)
+		}
+		if stats.Generations[prefix] != 2 {
+			t.Errorf("Stats.Generations = %v, want %s: 2", stats.Generations, prefix)
+		}
+		wantGeneration(t, d, prefix, 2, 2, map[string]string{"2": keys.RegCurrent}, second)
+		wantNoGeneration(t, d, prefix, 1)
+		wantGenClean(t, d, prefix, 2)
+	})
+}
+
+// heldToken returns the token of the lock of prefix.
+func heldToken(t *testing.T, d deployment, prefix string) string {
+	t.Helper()
+	tok, ok := redistest.Get(t, d.Other, keys.LockKey(prefix, d.Cluster))
+	if !ok {
+		t.Fatalf("no lock held on %s", prefix)
 	}
-	if left := redistest.Keys(t, c, p); len(left) > 0 {
-		t.Errorf("Apply wrote %v", left)
-	}
+	return tok
+}
+
+func TestGenerationsPlainKeys(t *testing.T) {
+	// C82, C83, C86: plain keys (a Hash, a SortedSet) next to a family:
+	// each index has its pointer and registry, all flip in one step, and
+	// a plain key's old generation goes after the grace period; with a
+	// negative Grace it stays, retired.
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		ctx := redistest.Ctx(t)
+		email, score, bucket := d.Prefix+"users:by-email", d.Prefix+"users:by-score", d.Prefix+"users:by-bucket"
+		bs := func() []index.Builder[user] {
+			return []index.Builder[user]{
+				builders.Hash(email, func(u user) (string, string, bool) { return u.Email, u.ID, true }),
+				builders.SortedSet(score, func(u user) (string, float64, bool) { return u.ID, u.Score, true }),
+				builders.SetIndex(bucket, func(u user) (string, string, bool) { return u.Country, u.ID, true }),
+			}
+		}
+		r := redistest.Rebuilder(t, d.Client, rebuild.Options{Publish: rebuild.Generations, Grace: time.Millisecond}, bs()...)
+		check := func(gen int64, us []user) {
+			t.Helper()
+			emails, scores := map[string]string{}, map[string]float64{}
+			for _, u := range us {
+				emails[u.Email], scores[u.ID] = u.ID, u.Score
+			}
+			redistest.WantHash(t, d.Other, keys.GenKey(email, gen), emails)
+			if got := redistest.ZScores(t, d.Other, keys.GenKey(score, gen)); !maps.Equal(got, scores) {
+				t.Errorf("%s holds %d members, want %d", keys.GenKey(score, gen), len(got), len(scores))
+			}
+			for _, k := range []string{keys.GenKey(email, gen), keys.GenKey(score, gen)} {
+				if ttl := redistest.PTTL(t, d.Other, k); ttl != -1 {
+					t.Errorf("%s has a TTL of %v, want none", k, ttl)
+				}
+			}
+			for _, l := range []string{email, score} {
+				redistest.WantString(t, d.Other, keys.PointerKey(l, d.Cluster), strconv.FormatInt(gen, 10))
+				redistest.WantAbsent(t, d.Other, l)
+			}
+			wantGeneration(t, d, bucket, gen, gen, map[string]string{strconv.FormatInt(gen, 10): keys.RegCurrent}, us)
+		}
+		first, second := genUsers(40, 4), genUsers(25, 5)
+		stats, err := r.Run(ctx, sources.Slice(first))
+		if err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+		if want := map[string]int64{email: 1, score: 1, bucket: 1}; !maps.Equal(stats.Generations, want) {
+			t.Errorf("Stats.Generations = %v, want %v", stats.Generations, want)
+		}
+		check(1, first)
+		if _, err := r.Run(ctx, sources.Slice(second)); err != nil {
+			t.Fatalf("second Run: %v", err)
+		}
+		check(2, second)
+		for _, k := range []string{keys.GenKey(email, 1), keys.GenKey(score, 1)} {
+			redistest.WantAbsent(t, d.Other, k)
+		}
+		wantNoGeneration(t, d, bucket, 1)
+
+		// A negative Grace leaves the retired generation to a sweep.
+		keep := redistest.Rebuilder(t, d.Client, rebuild.Options{Publish: rebuild.Generations, Grace: -1}, bs()...)
+		if _, err := keep.Run(ctx, sources.Slice(first)); err != nil {
+			t.Fatalf("third Run: %v", err)
+		}
+		reg := redistest.HGetAll(t, d.Other, keys.RegistryKey(email, d.Cluster))
+		if reg["3"] != keys.RegCurrent || !strings.HasPrefix(reg["2"], keys.RegRetired) {
+			t.Errorf("registry %v: want 3 current, 2 retired", reg)
+		}
+		if !redistest.Exists(t, d.Other, keys.GenKey(email, 2)) {
+			t.Errorf("%s removed, want it left to a sweep", keys.GenKey(email, 2))
+		}
+		if n := len(redistest.Keys(t, d.Other, keys.GenPrefix(bucket, 2))); n != 5 {
+			t.Errorf("retired generation 2 of %s holds %d keys, want its 5 until a sweep", bucket, n)
+		}
+	})
+}
+
+func TestGenerationsFlipAllOrNothing(t *testing.T) {
+	// C83, C85: a flip that fails on its second index (a pointer of
+	// another type, written during the run) flips none: the first index's
+	// pointer is untouched, and the run's generation is removed.
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		ctx := redistest.Ctx(t)
+		email, bucket := d.Prefix+"users:by-email", d.Prefix+"users:by-bucket"
+		r := redistest.Rebuilder(t, d.Client, rebuild.Options{Publish: rebuild.Generations, Grace: time.Millisecond},
+			builders.Hash(email, func(u user) (string, string, bool) { return u.Email, u.ID, true }),
+			builders.SetIndex(bucket, func(u user) (string, string, bool) { return u.Country, u.ID, true }))
+		us := genUsers(30, 3)
+		if _, err := r.Run(ctx, sources.Slice(us)); err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+		ptr := keys.PointerKey(bucket, d.Cluster)
+		_, err := r.Run(ctx, genSource(genUsers(20, 2), 19, func() error {
+			redistest.Cmd(t, d.Other, "DEL", ptr)
+			redistest.Cmd(t, d.Other, "HSET", ptr, "not", "a pointer")
+			return nil
+		}))
+		if err == nil || !strings.Contains(err.Error(), "WRONGTYPE") {
+			t.Fatalf("Run with a pointer of another type: %v, want WRONGTYPE", err)
+		}
+		redistest.WantString(t, d.Other, keys.PointerKey(email, d.Cluster), "1")
+		redistest.WantHash(t, d.Other, keys.RegistryKey(email, d.Cluster), map[string]string{keys.RegNext: "2", "1": keys.RegCurrent})
+		redistest.WantAbsent(t, d.Other, keys.GenKey(email, 2))
+		wantNoGeneration(t, d, bucket, 2)
+		redistest.Cmd(t, d.Other, "DEL", ptr)
+		redistest.Cmd(t, d.Other, "SET", ptr, "1")
+		wantGeneration(t, d, bucket, 1, 2, map[string]string{"1": keys.RegCurrent}, us)
+		// The first lock's record, log, receipt and requests are named
+		// after it.
+		if left := redistest.Keys(t, d.Other, keys.LockKey(email, d.Cluster)); len(left) > 0 {
+			t.Errorf("left behind: %v", left)
+		}
+		if d.Cluster {
+			if left := counters(t, d.Other, keys.Base(email, true)); len(left) > 0 {
+				t.Errorf("per-slot counters left behind: %v", left)
+			}
+		}
+	})
 }

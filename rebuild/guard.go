@@ -42,6 +42,9 @@ func (x *execution[T]) review(ctx context.Context, live []map[string]bool) (guar
 		} else {
 			lives = []string{b.Key()}
 		}
+		for j, l := range lives {
+			lives[j] = x.liveKey(l)
+		}
 		var err error
 		if br.New, br.NewKeys, err = total(ctx, x, temps); err != nil {
 			return guards.Review{}, err

@@ -233,7 +233,7 @@ func (h *Held[T]) diff(ctx context.Context, o guards.DiffOptions) (guards.Diff, 
 			if temp == "" {
 				temp = x.targets.newTemp(l) // never written: compares as empty
 			}
-			k, err := diff.Compare(ctx, r.redis.Client(), l, temp, opts)
+			k, err := diff.Compare(ctx, r.redis.Client(), x.liveKey(l), temp, opts)
 			if err != nil {
 				return guards.Diff{}, &Error{Op: "diff", Key: l, Err: fmt.Errorf("comparing with %s: %w", temp, err)}
 			}

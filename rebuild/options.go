@@ -267,7 +267,8 @@ type Stats struct {
 	// a family builder. The last write of a hash field or sorted-set member
 	// wins, so a key can end with fewer entries than were written.
 	Entries map[string]int64
-	// Outcomes is what the publish did to each live key: Swapped (replaced
+	// Outcomes is what the publish did to each live key (in Generations
+	// mode, Swapped for each key the run wrote): Swapped (replaced
 	// with the rebuilt value) or Emptied (deleted: the builder produced
 	// nothing for it, or it was a family bucket the run no longer
 	// produced; a change applied during the run and replayed by the
@@ -275,8 +276,9 @@ type Stats struct {
 	Outcomes map[string]Outcome
 	// Generations is each builder's new generation, keyed by its Key: a
 	// number that every publish of the key advances, in the same atomic
-	// step. It is empty when the run failed, or when its publish reply was
-	// lost and found to have run.
+	// step; in Generations mode, the generation the run built and its
+	// pointer now names. It is empty when the run failed, or when its
+	// publish reply was lost and found to have run.
 	Generations map[string]int64
 	// Skipped is the number of entries skipped per family builder because
 	// their key has the shape of a key keyswap keeps next to an index

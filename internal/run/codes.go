@@ -19,13 +19,13 @@ const (
 	codeWritesLost = -3  // heartbeat, publish: {-3, batches}
 	codeRecreated  = -4  // publish: {-4, i}: populated temp key i has no TTL
 	codeUnknownCmd = -5  // acquire, apply, rollback, publish: {-5, cmd}
-	codeNotMeta    = -6  // publish: {-6, i}: meta i is another key
+	codeNotMeta    = -6  // publish, flip, genback: {-6, i}: meta i is another key
 	codeBehind     = -7  // publish: {-7, i, n, w}: the logs' tails hold n entries of work w, over a bound
 	codeWrongType  = -8  // apply, publish: {-8, key, type}: an op cannot write key's type
 	codeBadLog     = -9  // publish: {-9, i, e, why}: log i holds an entry that is not a change
 	codeOverrun    = -10 // publish: {-10, i}: log i reached its bound: changes were not logged
 	codeNoPrevious = -11 // rollback, genback: {-11, i}: index i keeps no previous generation
-	codeUnlogged   = -12 // apply: {-12, i, why, detail}: lock i is held by a run that does not log the change
+	codeUnlogged   = -12 // apply, genapply: {-12, i, why, detail}: lock i is held by a run that does not log the change
 	codeNotTheRuns = -13 // apply: {-13, i, key, owner}; publish: {-13, i, index, key}: key is not the run's
 	codeTampered   = -14 // heartbeat, publish: {-14, i}: record i carries another token
 	codeNoRecord   = -15 // heartbeat, publish: {-15, i}: record i is gone (or has no token)
@@ -33,7 +33,7 @@ const (
 	codeAborted    = -17 // publish: {-17}: the operator cancelled the run
 	codeLogLost    = -18 // publish: {-18, i, llen, logged}: log i lost entries
 	codeUncounted  = -19 // publish: {-19, i, llen, logged}: log i holds entries nobody counted
-	codeGenLost    = -20 // flip: {-20, i}: index i's registry no longer marks the run's generation as its
+	codeGenLost    = -20 // flip: {-20, i}: index i's registry no longer marks the run's generation as its; genapply: pointer i moved
 	codeRenamed    = 1   // publish, per target: renamed
 	codeEmptied    = 2   // publish, per target: live key deleted
 	tempAbsent     = 0   // touch, refresh, per temp key: it does not exist

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/keyswap/keyswap/internal/keys"
@@ -23,7 +24,15 @@ var (
 	flipScript     = newScript("flip", false)
 	genbackScript  = newScript("genback", false)
 	gendropScript  = newScript("gendrop", true)
+	// genapply is not retried, as apply is not: the caller must learn that
+	// the outcome is unknown.
+	genapplyScript = newScript("genapply", false)
 )
+
+// RegistryNames are the names the scripts of Generations mode write in a
+// registry as literal strings: its field RegNext, and the states of a
+// generation that are no prefix (keys.RegCurrent, keys.RegPrevious).
+var RegistryNames = []string{keys.RegNext, keys.RegCurrent, keys.RegPrevious}
 
 // ErrGenerationLost reports a run in Generations mode whose generation is
 // no longer marked as its own in its index's registry when it publishes:
@@ -38,34 +47,44 @@ const UnlinkChunk = 256
 // AllocateGenerations allocates a new generation for each index of lives
 // (live keys, or families' prefixes) in its registry, marked as built by
 // the run that holds locks, in one script fenced by them. It returns the
-// generations, in the order of lives.
-func (r *Redis) AllocateGenerations(ctx context.Context, op, key string, locks []*Lock, lives []string) ([]int64, error) {
+// generations, in the order of lives, and the generation current for each
+// (0 for an index without a pointer, in the rename-in-place shape): it
+// stays current while the locks are held, as only a flip or a rollback,
+// fenced by them, moves a pointer.
+func (r *Redis) AllocateGenerations(ctx context.Context, op, key string, locks []*Lock, lives []string) (gens, current []int64, err error) {
 	lockKeys, token, err := CheckLocks(op, locks)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	ks := slices.Clone(lockKeys)
 	for _, l := range lives {
 		ks = append(ks, keys.RegistryKey(l, r.cluster))
 	}
+	for _, l := range lives {
+		ks = append(ks, keys.PointerKey(l, r.cluster))
+	}
 	if err := r.SameSlot(op, key, ks...); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	res, err := parseReply(genallocScript.Exec(ctx, r.client, ks, []string{token, strconv.Itoa(len(lockKeys))}))
 	if err != nil {
-		return nil, Fail(ctx, op, key, err)
+		return nil, nil, Fail(ctx, op, key, err)
 	}
 	code, err := res.code()
 	i, _ := res.int(1)
 	switch {
 	case err != nil:
-		return nil, &Error{Op: op, Key: key, Err: fmt.Errorf("unexpected genalloc script reply: %w", err)}
+		return nil, nil, &Error{Op: op, Key: key, Err: fmt.Errorf("unexpected genalloc script reply: %w", err)}
 	case code == codeLockLost && i >= 1 && int(i) <= len(locks):
-		return nil, &Error{Op: op, Key: locks[i-1].Live, Err: ErrLockLost}
-	case code != codeOK || len(res) != 1+len(lives):
-		return nil, &Error{Op: op, Key: key, Err: fmt.Errorf("unexpected genalloc script reply %v", res)}
+		return nil, nil, &Error{Op: op, Key: locks[i-1].Live, Err: ErrLockLost}
+	case code != codeOK || len(res) != 1+2*len(lives):
+		return nil, nil, &Error{Op: op, Key: key, Err: fmt.Errorf("unexpected genalloc script reply %v", res)}
 	}
-	return res.ints(1)
+	all, err := res.ints(1)
+	if err != nil {
+		return nil, nil, &Error{Op: op, Key: key, Err: fmt.Errorf("unexpected genalloc script reply: %w", err)}
+	}
+	return all[:len(lives)], all[len(lives):], nil
 }
 
 // FlipOptions configures [Redis.Flip].
@@ -189,11 +208,7 @@ func (r *Redis) flipped(opts FlipOptions, res reply) (Flipped, error) {
 	case code == codeAborted:
 		return refuse(fmt.Errorf("%w: the operator's cancel came before the flip; every index left at its generation", ErrAborted))
 	case (code == codeLogLost || code == codeUncounted) && i >= 1 && int(i) <= len(opts.Logs):
-		n, _ := res.int(2)
-		logged, _ := res.int(3)
-		ls := NewLogs([]string{opts.Logs[i-1].Key})
-		ls.highest[0].Store(opts.Logs[i-1].Logged)
-		return refuse(ls.Check(0, LogCount{Len: n, Logged: logged}))
+		return refuse(logFailure(opts.Logs[i-1], res))
 	case code == codeBehind && i >= 1 && int(i) <= len(opts.Logs):
 		n, _ := res.int(2)
 		return refuse(&BehindError{Log: opts.Logs[i-1].Key, Tail: n})
@@ -230,13 +245,7 @@ func (r *Redis) flipped(opts FlipOptions, res reply) (Flipped, error) {
 // ErrNothingToRollBack, changing nothing. It returns the generation now
 // current of each index.
 func (r *Redis) GenRollback(ctx context.Context, opts RollbackOptions) ([]int64, error) {
-	op, key := opts.Op, opts.Key
-	families := make([]bool, len(opts.Lives))
-	for i := range families {
-		families[i] = i < len(opts.FamilyTypes) && opts.FamilyTypes[i] != ""
-	}
-	locks, err := r.Acquire(ctx, AcquireOptions{Op: op, Key: key, Lives: opts.Lives, Families: families,
-		Mode: ModeRollback, TTL: opts.TTL, Record: []string{FieldPhase, "rolling back"}})
+	locks, err := r.rollbackLocks(ctx, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -271,6 +280,8 @@ func (r *Redis) genRollback(ctx context.Context, opts RollbackOptions, locks []*
 		return nil, &Error{Op: op, Key: locks[i-1].Live, Err: ErrLockLost}
 	case code == codeNoPrevious && i >= 1 && int(i) <= len(opts.Lives):
 		return nil, &Error{Op: op, Key: opts.Lives[i-1], Err: fmt.Errorf("%w: the index has no previous generation (publish in Generations mode with KeepPrevious to keep one); nothing changed", ErrNothingToRollBack)}
+	case code == codeNotMeta && i >= 1 && int(i) <= len(opts.Lives):
+		return nil, &Error{Op: op, Key: opts.Lives[i-1], Err: fmt.Errorf("%w: %s is not a hash of keyswap's; nothing changed", ErrTampered, keys.MetaKey(opts.Lives[i-1], r.cluster))}
 	case code != codeOK || len(res) != 1+len(opts.Lives):
 		return nil, &Error{Op: op, Key: key, Err: fmt.Errorf("unexpected genback script reply %v", res)}
 	}
@@ -355,3 +366,135 @@ func (r *Redis) RemoveGeneration(ctx context.Context, live string, family bool, 
 	}
 	return nil
 }
+
+// GenApplyOptions configures [Redis.GenApply].
+type GenApplyOptions struct {
+	// Op and Key name the operation in errors.
+	Op, Key string
+	// Locks are the lock keys of the indexes the change writes, Lives
+	// their live keys or families' prefixes, as Families says, and Ops the
+	// ops on each one's keys, on their plain names.
+	Locks    []string
+	Lives    []string
+	Families []bool
+	Ops      [][]Op
+}
+
+// genApplyTries is how many times GenApply resolves the pointers again
+// when a flip moved one between its resolution and the change.
+const genApplyTries = 3
+
+// GenApply applies ops to the current generation of indexes published in
+// Generations mode (genapply.lua): it resolves each index's pointer, writes
+// the ops on that generation's keys (the plain keys for an index without a
+// pointer), and checks in the same atomic step that the pointers did not
+// move (else it resolves them again) and that no run holds a lock: while
+// one does, it fails with an error matching [ErrInProgress], having
+// written nothing. On a cluster every key of the change must share the
+// locks' slot (a family with a hash tag).
+func (r *Redis) GenApply(ctx context.Context, opts GenApplyOptions) error {
+	op, key := opts.Op, opts.Key
+	fail := func(err error) error { return &Error{Op: op, Key: key, Err: err} }
+	var locks, lives []string
+	var families []bool
+	var lists [][]Op
+	for i, l := range opts.Locks {
+		if i < len(opts.Ops) && len(opts.Ops[i]) > 0 {
+			locks, lives, lists = append(locks, l), append(lives, opts.Lives[i]), append(lists, opts.Ops[i])
+			families = append(families, i < len(opts.Families) && opts.Families[i])
+		}
+	}
+	n := len(locks)
+	if n == 0 {
+		return nil
+	}
+	for _, ops := range lists {
+		for _, o := range ops {
+			if err := o.check(); err != nil {
+				return fail(err)
+			}
+		}
+	}
+	for range genApplyTries {
+		pointers := make(rueidis.Commands, n)
+		for i, l := range lives {
+			pointers[i] = r.client.B().Get().Key(keys.PointerKey(l, r.cluster)).Build()
+		}
+		gens := make([]string, n)
+		for i, res := range r.client.DoMulti(ctx, pointers...) {
+			g, err := res.ToString()
+			if rueidis.IsRedisNil(err) {
+				g, err = "0", nil
+			}
+			if err != nil {
+				return Fail(ctx, op, key, fmt.Errorf("GET %s: %w", keys.PointerKey(lives[i], r.cluster), err))
+			}
+			gens[i] = g
+		}
+		ks := slices.Clone(locks)
+		for _, l := range lives {
+			ks = append(ks, keys.PointerKey(l, r.cluster))
+		}
+		index := map[string]int{}
+		args := append([]string{strconv.Itoa(n), ""}, gens...)
+		count := 0
+		for i, ops := range lists {
+			g, _ := strconv.ParseInt(gens[i], 10, 64)
+			for _, o := range ops {
+				k := o.Key
+				switch {
+				case g == 0:
+				case families[i]:
+					k = keys.GenBucketKey(lives[i], g, strings.TrimPrefix(o.Key, lives[i]+":"))
+				default:
+					k = keys.GenKey(o.Key, g)
+				}
+				j, ok := index[k]
+				if !ok {
+					ks = append(ks, k)
+					j = len(ks) - 2*n
+					index[k] = j
+				}
+				args = append(args, strconv.Itoa(i+1), strconv.Itoa(j), o.Cmd, strconv.Itoa(len(o.Args)))
+				args = append(args, o.Args...)
+				count++
+			}
+		}
+		args[1] = strconv.Itoa(count)
+		if err := r.SameSlot(op, key, ks...); err != nil {
+			return fail(fmt.Errorf("%w: in Generations mode on a cluster, Apply writes a change in one atomic script with the index's lock and pointer, so a family's keys need the prefix's hash tag (e.g. {%s})", ErrNotInGenerations, lives[0]))
+		}
+		res, err := parseReply(genapplyScript.Exec(ctx, r.client, ks, args))
+		if err != nil {
+			if IsServerReply(err) {
+				return Fail(ctx, op, key, err)
+			}
+			return Fail(ctx, op, key, fmt.Errorf("%w: the change may or may not be applied; apply it again before any later change to the same items: %w", ErrOutcomeUnknown, err))
+		}
+		if err := res.refusal(); err != nil {
+			return fail(err)
+		}
+		code, err := res.code()
+		if err != nil {
+			return fail(fmt.Errorf("unexpected genapply script reply: %w", err))
+		}
+		i, _ := res.int(1)
+		switch {
+		case code == codeOK:
+			return nil
+		case code == codeGenLost:
+			continue // a flip came in between: resolve again
+		case code == codeWrongType:
+			return fail(fmt.Errorf("%q holds a %s, which this change cannot write; nothing applied", res.str(1), res.str(2)))
+		case code == codeUnlogged && i >= 1 && int(i) <= n:
+			return fail(fmt.Errorf("%w: %q is locked (%s) by a run, and applying a change during a run is %w; nothing applied: apply the change again once that run ends", ErrInProgress, lives[i-1], locks[i-1], ErrNotInGenerations))
+		default:
+			return fail(fmt.Errorf("unexpected genapply script reply %v", res))
+		}
+	}
+	return fail(fmt.Errorf("%w: the indexes' pointers moved %d times while the change was applied (flips in quick succession); nothing applied: apply it again", ErrInProgress, genApplyTries))
+}
+
+// ErrNotInGenerations reports an operation that Generations mode does not
+// support yet.
+var ErrNotInGenerations = errors.New("not yet supported in Generations mode")

@@ -356,11 +356,7 @@ func (r *Redis) published(ctx context.Context, opts PublishOptions, res reply) (
 	case code == codeAborted:
 		return refuse(fmt.Errorf("%w: the operator's cancel came before the publish; every live key left unchanged", ErrAborted))
 	case (code == codeLogLost || code == codeUncounted) && i >= 1 && int(i) <= len(opts.Logs):
-		n, _ := res.int(2)
-		logged, _ := res.int(3)
-		ls := NewLogs([]string{opts.Logs[i-1].Key})
-		ls.highest[0].Store(opts.Logs[i-1].Logged)
-		return refuse(ls.Check(0, LogCount{Len: n, Logged: logged}))
+		return refuse(logFailure(opts.Logs[i-1], res))
 	case code == codeBehind && i >= 1 && int(i) <= len(opts.Logs):
 		n, _ := res.int(2)
 		w, _ := res.int(3)
@@ -397,6 +393,16 @@ func (r *Redis) published(ctx context.Context, opts PublishOptions, res reply) (
 		}
 	}
 	return p, nil
+}
+
+// logFailure is the error of a {LOG_LOST, i, len, logged} or {UNCOUNTED,
+// i, len, logged} reply about log l.
+func logFailure(l LogOffset, res reply) error {
+	n, _ := res.int(2)
+	logged, _ := res.int(3)
+	ls := NewLogs([]string{l.Key})
+	ls.highest[0].Store(l.Logged)
+	return ls.Check(0, LogCount{Len: n, Logged: logged})
 }
 
 // receiptTTL is how long the receipt of a fenced publish lives: long

@@ -56,18 +56,22 @@ type RollbackOptions struct {
 // it with ErrTooManyKeys, changing nothing. It returns the generation now
 // live of each index.
 func (r *Redis) Rollback(ctx context.Context, opts RollbackOptions) ([]int64, error) {
-	op, key := opts.Op, opts.Key
-	families := make([]bool, len(opts.Lives))
-	for i := range families {
-		families[i] = i < len(opts.FamilyTypes) && opts.FamilyTypes[i] != ""
-	}
-	locks, err := r.Acquire(ctx, AcquireOptions{Op: op, Key: key, Lives: opts.Lives, Families: families,
-		Mode: ModeRollback, TTL: opts.TTL, Record: []string{FieldPhase, "rolling back"}})
+	locks, err := r.rollbackLocks(ctx, opts)
 	if err != nil {
 		return nil, err
 	}
 	gens, err := r.rollback(ctx, opts, locks)
 	return gens, r.ReleaseAfter(ctx, locks, err)
+}
+
+// rollbackLocks takes the locks of a rollback of opts.Lives.
+func (r *Redis) rollbackLocks(ctx context.Context, opts RollbackOptions) ([]*Lock, error) {
+	families := make([]bool, len(opts.Lives))
+	for i := range families {
+		families[i] = i < len(opts.FamilyTypes) && opts.FamilyTypes[i] != ""
+	}
+	return r.Acquire(ctx, AcquireOptions{Op: opts.Op, Key: opts.Key, Lives: opts.Lives, Families: families,
+		Mode: ModeRollback, TTL: opts.TTL, Record: []string{FieldPhase, "rolling back"}})
 }
 
 func (r *Redis) rollback(ctx context.Context, opts RollbackOptions, locks []*Lock) ([]int64, error) {

@@ -87,7 +87,10 @@ for i = 1, L do
   end
 end
 for i = 1, N do
-  local reg, meta = KEYS[indexes + 3 * i - 1], KEYS[indexes + 3 * i]
+  local ptr, reg, meta = KEYS[indexes + 3 * i - 2], KEYS[indexes + 3 * i - 1], KEYS[indexes + 3 * i]
+  -- Read before any write: a pointer or a registry of another type fails
+  -- the script here, not halfway through the flips.
+  redis.call('GET', ptr)
   if redis.call('HGET', reg, gen(i)) ~= 'building:' .. token then
     return {GEN_LOST, i}
   end

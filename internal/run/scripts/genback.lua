@@ -15,6 +15,7 @@
 --         {LOCK_LOST, i}: lock i does not hold the token.
 --         {NO_PREVIOUS, i}: index i has no pointer, or no previous
 --                  generation.
+--         {NOT_META, i}: the meta of index i is another key.
 -- On every reply but {OK, ...} nothing was written.
 local token, L, N, now = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 for i = 1, L do
@@ -35,6 +36,11 @@ for i = 1, N do
   end
   if not cur or not prev or prev == cur then
     return {NO_PREVIOUS, i}
+  end
+  -- A meta of another type would fail its HINCRBY after the first flips.
+  local kind = redis.call('TYPE', KEYS[L + 3 * i])['ok']
+  if kind ~= 'none' and kind ~= 'hash' then
+    return {NOT_META, i}
   end
   flips[i] = {cur, prev}
 end
