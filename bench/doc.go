@@ -1,7 +1,7 @@
 // Command bench measures how fast keyswap rebuilds Redis keys, against the
 // fastest way Redis can take the same data, in one run on one machine.
 //
-//	go run ./bench                    # the default configuration (about 25 minutes)
+//	go run ./bench                    # the default configuration (about 25 minutes, and 11 more for the generations section)
 //	go run ./bench -n 20000 -rounds 1 # a smoke run, in seconds
 //	go run ./bench -h                 # every flag
 //
