@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"slices"
 	"time"
 
@@ -129,18 +128,8 @@ func (r *runner) genCPU(ctx context.Context) (_ *genCPU, err error) {
 func (r *runner) genMeasure(ctx context.Context, f genFamily, m genMode, d dataset, round int) (sample, error) {
 	r.bar.describe("%s %d/%d: %s, SetIndex of %s buckets", sectionGenerations, round+1, r.cfg.rounds, m, commas(d.bucketCount()))
 	s := r.srv
-	opts := m.options(r.cfg.keyswap, r.cfg.genGrace)
-	opts.MaxKeys = -1
-	if err := f.reset(ctx); err != nil {
-		return sample{}, err
-	}
-	if err := f.preload(ctx, m, opts, d); err != nil {
-		return sample{}, err
-	}
-	if err := f.settle(ctx); err != nil {
-		return sample{}, err
-	}
-	old, had, err := f.current(ctx)
+	opts := r.genOptions(m)
+	old, had, err := f.prepare(ctx, m, opts, d)
 	if err != nil {
 		return sample{}, err
 	}
@@ -234,13 +223,8 @@ func (cl *cluster) genFamilyOn(m int) string {
 
 // genCluster runs the cluster part of the generations section.
 func (r *runner) genCluster(ctx context.Context) (_ *genClusterResult, err error) {
-	r.bar.describe("%s: starting %d masters", sectionGenerations, clusterMasters)
-	cl, err := startCluster(ctx)
-	if errors.Is(err, exec.ErrNotFound) {
-		r.note("the cluster part of the generations section needs redis-server and redis-cli to start a cluster, and is left out: %v", err)
-		return nil, nil
-	}
-	if err != nil {
+	cl, err := r.startClusterFor(ctx, "the cluster part of the generations section")
+	if cl == nil {
 		return nil, err
 	}
 	defer func() {
@@ -294,18 +278,8 @@ func (r *runner) genCluster(ctx context.Context) (_ *genClusterResult, err error
 // master's CPU time and the client's include the removal of the previous
 // data.
 func (r *runner) genClusterRun(ctx context.Context, cl *cluster, f genFamily, m genMode, d dataset) (clusterRun, error) {
-	opts := m.options(r.cfg.keyswap, r.cfg.genGrace)
-	opts.MaxKeys = -1
-	if err := cl.reset(ctx); err != nil {
-		return clusterRun{}, err
-	}
-	if err := f.preload(ctx, m, opts, d); err != nil {
-		return clusterRun{}, err
-	}
-	if err := cl.settle(ctx); err != nil {
-		return clusterRun{}, err
-	}
-	old, had, err := f.current(ctx)
+	opts := r.genOptions(m)
+	old, had, err := f.prepare(ctx, m, opts, d)
 	if err != nil {
 		return clusterRun{}, err
 	}

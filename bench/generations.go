@@ -193,6 +193,22 @@ func (f genFamily) reset(ctx context.Context) error {
 	return nil
 }
 
+// prepare empties the family's servers and makes d's previous dataset the
+// live family, published in mode m with opts, and returns the generation a
+// run will flip away from; had is false in the rename-in-place shape.
+func (f genFamily) prepare(ctx context.Context, m genMode, opts rebuild.Options, d dataset) (old int64, had bool, err error) {
+	if err := f.reset(ctx); err != nil {
+		return 0, false, err
+	}
+	if err := f.preload(ctx, m, opts, d); err != nil {
+		return 0, false, err
+	}
+	if err := f.settle(ctx); err != nil {
+		return 0, false, err
+	}
+	return f.current(ctx)
+}
+
 // preload makes d's previous dataset the live family, published in mode m
 // with opts: written directly in the rename-in-place shape, or by a run in
 // Generations mode, whose generation then is the one flipped away from.
@@ -516,25 +532,23 @@ func (r *runner) genPublish(ctx context.Context, res *generationsResult) (err er
 	return nil
 }
 
+// genOptions returns the options of the section's runs in mode m: the
+// keyswap method's, with -gen-grace, and MaxKeys -1: the largest families
+// are past the default bound on one publish's keys, which binds only the
+// rename mode.
+func (r *runner) genOptions(m genMode) rebuild.Options {
+	opts := m.options(r.cfg.keyswap, r.cfg.genGrace)
+	opts.MaxKeys = -1
+	return opts
+}
+
 // genPublishRun rebuilds d in mode m onto a live family of d.previous()
 // published in the same mode, waits until the previous data is removed,
 // and measures the run's commands and the removal's from SLOWLOG.
 func (r *runner) genPublishRun(ctx context.Context, f genFamily, m genMode, d dataset, scripts []script) (genRun, error) {
 	s := r.srv
-	opts := m.options(r.cfg.keyswap, r.cfg.genGrace)
-	// The largest families are past the default bound on one publish's
-	// keys, which binds only the rename mode.
-	opts.MaxKeys = -1
-	if err := f.reset(ctx); err != nil {
-		return genRun{}, err
-	}
-	if err := f.preload(ctx, m, opts, d); err != nil {
-		return genRun{}, err
-	}
-	if err := f.settle(ctx); err != nil {
-		return genRun{}, err
-	}
-	old, had, err := f.current(ctx)
+	opts := r.genOptions(m)
+	old, had, err := f.prepare(ctx, m, opts, d)
 	if err != nil {
 		return genRun{}, err
 	}
