@@ -160,7 +160,7 @@ func TestGenerations(t *testing.T) {
 	md, rep, path := runSection(t, "-sections", "generations", "-rounds", "1", "-gen-buckets", "100,1000", "-gen-members", "3",
 		"-gen-rename-max", "500", "-gen-cpu-buckets", "300", "-gen-cluster-buckets", "300", "-gen-grace", "50ms")
 	for _, want := range []string{
-		"## Summary", "- Generations mode against rename-in-place, the publish's server time: 100 buckets: flip **",
+		"## Summary", "- Generations mode against rename-in-place, the publish's server time: 100 buckets: flip **", ", rename publish not run (≈ ",
 		"## Generations", "| 100 | 3 | 300 |", "| 1,000 | 3 | 3,000 | not run (past -gen-rename-max 500): ≈ ",
 		"| 100 | rename | ", "| 100 | generations | ", "| 1,000 | generations | ",
 		"### CPU per entry", "| generations | ", "| rename | ", "| raw | ",

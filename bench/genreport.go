@@ -32,6 +32,8 @@ func (g *generationsResult) summaryLine() string {
 		part := fmt.Sprintf("%s buckets: flip **%s**", commas(sz.Buckets), dur(sz.Generations.Summary.Publish))
 		if sz.Ratio != 0 {
 			part += fmt.Sprintf(", rename publish %s (**%.0f×**)", dur(sz.Rename.Summary.Publish), sz.Ratio)
+		} else if est, from := renameEstimate(g.Sizes, sz.Buckets); len(sz.Rename.Runs) == 0 && from > 0 {
+			part += fmt.Sprintf(", rename publish not run (≈ %s extrapolated)", dur(est))
 		}
 		parts = append(parts, part)
 	}
