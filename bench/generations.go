@@ -471,7 +471,7 @@ func (r *runner) generations(ctx context.Context) (_ *generationsResult, err err
 		d := familyDataset(n, members)
 		res.Sizes = append(res.Sizes, genSize{Buckets: n, Members: members, Items: d.n, Orphans: d.orphans()})
 		if n > cfg.genRenameMax {
-			r.note("generations: the %s-bucket family was not rebuilt in rename mode (-gen-rename-max %s): its publish, one script renaming every bucket, would block the server for seconds; the report extrapolates its time from the largest family rebuilt in rename mode", commas(n), commas(cfg.genRenameMax))
+			r.note("generations: the %s-bucket family was not rebuilt in rename mode (-gen-rename-max %s): its publish, one script renaming every bucket, would block the server for seconds, and past the client's timeout (rueidis' ConnWriteTimeout, 10 s by default) the run fails; the report extrapolates its time from the largest family rebuilt in rename mode", commas(n), commas(cfg.genRenameMax))
 		}
 	}
 	if err := r.genPublish(ctx, res); err != nil {
