@@ -157,7 +157,7 @@ func (x *execution[T]) counterKeys() ([]string, []int64) {
 
 // spreadWrites is the most per-slot transactions of a round trip in flight
 // at once.
-const spreadWrites = 64
+const spreadWrites = 256
 
 // writeSpread is write on a cluster in Generations mode, where the keys of
 // a transaction spread over many slots: each transaction is split by hash

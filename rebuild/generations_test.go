@@ -215,19 +215,17 @@ func TestGenerationsGraceCancelled(t *testing.T) {
 			t.Fatalf("Run: %v", err)
 		}
 		ctx, cancel := context.WithCancel(redistest.Ctx(t))
-		// The source cancels ctx once it is read: the run is built and
-		// flips (the flip runs on the run's own context)... unless the
-		// cancel reaches it first, so cancel only after the flip, from
-		// the registry's point of view.
+		defer cancel()
+		// Cancel once the pointer names the second generation: the flip
+		// happened, and the run waits out its grace period of an hour.
+		ptr := keys.PointerKey(prefix, d.Cluster)
 		go func() {
-			deadline := time.Now().Add(time.Minute)
-			for time.Now().Before(deadline) {
-				if v, _ := redistest.Get(t, d.Other, keys.PointerKey(prefix, d.Cluster)); v == "2" {
-					break
+			defer cancel()
+			for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+				if v, err := d.Other.Do(ctx, d.Other.B().Get().Key(ptr).Build()).ToString(); err == nil && v == "2" {
+					return
 				}
-				time.Sleep(time.Millisecond)
 			}
-			cancel()
 		}()
 		if _, err := r.Run(ctx, sources.Slice(us)); err != nil {
 			t.Fatalf("second Run: %v", err)
@@ -275,16 +273,29 @@ func TestGenerationsRollback(t *testing.T) {
 		wantNoGeneration(t, d, prefix, 1)
 		wantGenClean(t, d, prefix, 2, 3)
 
+		// While a run holds the locks a rollback is refused.
+		h, _, err := r.Build(ctx, sources.Slice(a))
+		if err != nil {
+			t.Fatalf("Build: %v", err)
+		}
+		_, err = r.Rollback(ctx)
+		redistest.WantErr(t, err, rebuild.ErrInProgress)
+		if err := h.Discard(ctx); err != nil {
+			t.Fatalf("Discard: %v", err)
+		}
+		wantGeneration(t, d, prefix, 3, 4, map[string]string{"2": keys.RegPrevious, "3": keys.RegCurrent}, c)
+		wantNoGeneration(t, d, prefix, 4)
+
 		// Without KeepPrevious the previous generation retires.
 		plain := genRebuilder(t, d, prefix, rebuild.Options{})
 		if _, err := plain.Run(ctx, sources.Slice(a)); err != nil {
 			t.Fatalf("fourth Run: %v", err)
 		}
-		wantGeneration(t, d, prefix, 4, 4, map[string]string{"4": keys.RegCurrent}, a)
+		wantGeneration(t, d, prefix, 5, 5, map[string]string{"5": keys.RegCurrent}, a)
 		_, err = plain.Rollback(ctx)
 		redistest.WantErr(t, err, rebuild.ErrNothingToRollBack)
-		wantGeneration(t, d, prefix, 4, 4, map[string]string{"4": keys.RegCurrent}, a)
-		wantGenClean(t, d, prefix, 4)
+		wantGeneration(t, d, prefix, 5, 5, map[string]string{"5": keys.RegCurrent}, a)
+		wantGenClean(t, d, prefix, 5)
 	})
 }
 
