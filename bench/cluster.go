@@ -238,16 +238,24 @@ func (cl *cluster) cpu(ctx context.Context) ([]time.Duration, error) {
 	return out, nil
 }
 
+// startClusterFor starts the bench's cluster for what, a section or a part
+// of one. Without redis-server or redis-cli it notes that what is left
+// out, and returns nil and no error.
+func (r *runner) startClusterFor(ctx context.Context, what string) (*cluster, error) {
+	r.bar.describe("%s: starting %d masters", what, clusterMasters)
+	cl, err := startCluster(ctx)
+	if errors.Is(err, exec.ErrNotFound) {
+		r.note("%s needs redis-server and redis-cli to start a cluster, and is left out: %v", what, err)
+		return nil, nil
+	}
+	return cl, err
+}
+
 // clusterSection runs the cluster section: in each round, each number of
 // concurrent Rebuilders.
 func (r *runner) clusterSection(ctx context.Context) (_ *clusterResult, err error) {
-	r.bar.describe("cluster: starting %d masters", clusterMasters)
-	cl, err := startCluster(ctx)
-	if errors.Is(err, exec.ErrNotFound) {
-		r.note("the cluster section needs redis-server and redis-cli to start a cluster, and is left out: %v", err)
-		return nil, nil
-	}
-	if err != nil {
+	cl, err := r.startClusterFor(ctx, "the cluster section")
+	if cl == nil {
 		return nil, err
 	}
 	defer func() {

@@ -1,7 +1,7 @@
 // Command bench measures how fast keyswap rebuilds Redis keys, against the
 // fastest way Redis can take the same data, in one run on one machine.
 //
-//	go run ./bench                    # the default configuration (about 25 minutes)
+//	go run ./bench                    # the default configuration (about 25 minutes, and 11 more for the generations section)
 //	go run ./bench -n 20000 -rounds 1 # a smoke run, in seconds
 //	go run ./bench -h                 # every flag
 //
@@ -61,6 +61,21 @@
 //     catch-up's rate of replayed changes, and the server's and the bench's
 //     CPU per change. After every run each entry of every key is compared
 //     with the truth, and a lost change fails the bench.
+//   - generations: rename-in-place and Generations mode
+//     (rebuild.Options.Publish) side by side on the same SetIndex families,
+//     each rebuilt onto a live family published in its mode: the publish's
+//     server time (the rename publish script against the flip) at
+//     -gen-buckets buckets (1,000 to 1,000,000; rename mode only up to
+//     -gen-rename-max); the longest command of the whole run and of what
+//     follows the publish (the removal of the previous generation after
+//     -gen-grace), from SLOWLOG with a -gen-slowlog threshold; the server
+//     and client CPU per entry at -gen-cpu-buckets buckets, both modes
+//     against the limit and raw on the same data, the removal of the
+//     previous data included; and on the bench's own 3-master cluster, a
+//     family spread over every master by Generations mode against the same
+//     family on one master: items/s and each master's CPU. After every run
+//     the bench waits until the previous data is gone and checks that the
+//     family holds exactly the new data, and nothing else.
 //
 // # Output
 //

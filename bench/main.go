@@ -39,9 +39,13 @@ const (
 	sectionCluster    = "cluster"
 	sectionOnline     = "online"
 	sectionImpact     = "impact"
+	// sectionGenerations is rename-in-place and Generations mode side by
+	// side: the publish, the removal of the previous data, CPU per entry,
+	// and a family spread over a cluster's masters.
+	sectionGenerations = "generations"
 )
 
-var allSections = []string{sectionThroughput, sectionSwap, sectionPublish, sectionScaling, sectionKnobs, sectionCluster, sectionOnline, sectionImpact}
+var allSections = []string{sectionThroughput, sectionSwap, sectionPublish, sectionScaling, sectionKnobs, sectionCluster, sectionOnline, sectionImpact, sectionGenerations}
 
 const usageHeader = `bench measures keyswap's rebuild throughput against redis-cli --pipe, the
 physical limit, with every method interleaved in rounds on the same data.
@@ -120,6 +124,22 @@ type config struct {
 	impactN         int           // items of the impact section; 0 is 2n
 	impactBudget    time.Duration // the impact section's Options.LatencyBudget
 	impactBatchSize int           // the BatchSize of its paced run; 0 is -keyswap-batch-size
+
+	// genBuckets are the family sizes of the generations section's
+	// publish; genMembers the members per bucket, fewer where a family
+	// would hold more than genMaxItems items.
+	genBuckets  []int
+	genMembers  int
+	genMaxItems int
+	// genRenameMax is the largest family the generations section
+	// rebuilds in rename mode.
+	genRenameMax int
+	// genCPUBuckets and genClusterBuckets are the family sizes of its CPU
+	// and cluster parts.
+	genCPUBuckets     int
+	genClusterBuckets int
+	genGrace          time.Duration // rebuild.Options.Grace of its Generations runs
+	genSlowlog        time.Duration // its SLOWLOG threshold
 }
 
 // impactItems returns the impact section's dataset size.
@@ -169,6 +189,14 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.IntVar(&cfg.impactN, "impact-n", 0, "items of the impact section's rebuilds, long enough for the paced run to settle; 0 means 2×-n")
 	fs.DurationVar(&cfg.impactBudget, "impact-budget", time.Millisecond, "rebuild.Options.LatencyBudget of the impact section's paced rebuild")
 	fs.IntVar(&cfg.impactBatchSize, "impact-batch-size", 500, "rebuild.Options.BatchSize of the impact section's paced rebuild (a batch's transaction runs whole: it must fit the budget); 0 means -keyswap-batch-size")
+	genBuckets := fs.String("gen-buckets", "1000,10000,100000,1000000", "comma-separated bucket counts of the SetIndex families whose publish the generations section measures in both modes")
+	fs.IntVar(&cfg.genMembers, "gen-members", 10, "members per bucket in the generations section, fewer where a family would hold more than -gen-max-items items")
+	fs.IntVar(&cfg.genMaxItems, "gen-max-items", 2_000_000, "the most items of one family in the generations section: larger families get fewer members per bucket (at least one)")
+	fs.IntVar(&cfg.genRenameMax, "gen-rename-max", 100_000, "the largest family (buckets) the generations section rebuilds in rename mode; larger ones run in Generations mode only, and the report extrapolates their rename publish from the largest family's time per bucket (a rename publish of 1,000,000 buckets blocks the server for 10 s or more, past rueidis' default ConnWriteTimeout of 10 s: its client gives up on its connections and the run fails)")
+	fs.IntVar(&cfg.genCPUBuckets, "gen-cpu-buckets", 100_000, "buckets of the family of the generations section's CPU per entry (limit, raw and both modes)")
+	fs.IntVar(&cfg.genClusterBuckets, "gen-cluster-buckets", 100_000, "buckets of the family of the generations section's cluster runs")
+	fs.DurationVar(&cfg.genGrace, "gen-grace", time.Second, "rebuild.Options.Grace of the generations section's runs in Generations mode: how long the previous generation stays readable before its removal")
+	fs.DurationVar(&cfg.genSlowlog, "gen-slowlog", 10*time.Microsecond, "SLOWLOG threshold of the generations section's publish runs (a shorter publish is timed by INFO commandstats)")
 	fs.IntVar(&cfg.serverCPU, "server-cpu", -1, "pin the bench's own redis-server to this CPU (Linux), e.g. with the bench itself under taskset -c 0, so that client and server do not share a core; -1 leaves it alone")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -185,6 +213,9 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	}
 	if cfg.keyswap.BatchSize < 0 || cfg.keyswap.Writers < 0 {
 		return bad("-keyswap-batch-size and -keyswap-writers must not be negative")
+	}
+	if cfg.genMembers < 1 || cfg.genMaxItems < 1 || cfg.genRenameMax < 0 || cfg.genCPUBuckets < 1 || cfg.genClusterBuckets < 1 || cfg.genGrace <= 0 || cfg.genSlowlog < 0 {
+		return bad("-gen-members, -gen-max-items, -gen-cpu-buckets and -gen-cluster-buckets must be at least 1, -gen-rename-max and -gen-slowlog not negative, and -gen-grace positive")
 	}
 	if cfg.impactN < 0 || cfg.impactBudget <= 0 || cfg.impactBatchSize < 0 {
 		return bad("-impact-n and -impact-batch-size must not be negative, and -impact-budget must be positive")
@@ -229,6 +260,9 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		return cfg, err
 	}
 	if cfg.clusterRebuilders, err = ints(*clusterRebuilders, "-cluster-rebuilders"); err != nil {
+		return cfg, err
+	}
+	if cfg.genBuckets, err = ints(*genBuckets, "-gen-buckets"); err != nil {
 		return cfg, err
 	}
 	return cfg, nil
@@ -351,6 +385,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 			return fmt.Errorf("impact: %w", err)
 		}
 	}
+	if cfg.has(sectionGenerations) {
+		if rep.Generations, err = r.generations(ctx); err != nil {
+			return fmt.Errorf("generations: %w", err)
+		}
+	}
 	r.bar.finish(stderr)
 	rep.finish(r)
 	return rep.write(stdout, cfg.out)
@@ -436,6 +475,16 @@ func (r *runner) plannedRuns() int {
 	}
 	if c.has(sectionImpact) {
 		n += c.rounds * 2
+	}
+	if c.has(sectionGenerations) {
+		for _, b := range c.genBuckets {
+			n += c.rounds
+			if b <= c.genRenameMax {
+				n += c.rounds
+			}
+		}
+		n += c.rounds * (len(genModes) + 1 + r.limitRuns()) // the CPU part: both modes, raw, limit
+		n += c.rounds * 3                                   // the cluster part
 	}
 	return n
 }

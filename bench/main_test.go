@@ -24,7 +24,8 @@ func TestMain(m *testing.M) { os.Exit(redistest.Main(m, &env, false)) }
 
 // smokeArgs is the CI configuration: every section, tiny.
 var smokeArgs = []string{"-n", "20000", "-rounds", "1", "-sizes", "2000,20000", "-batch-sizes", "100,1000", "-writers", "1,4",
-	"-publish-buckets", "100,1000", "-publish-members", "3", "-cluster-rebuilders", "1,3", "-cluster-fields", "5000"}
+	"-publish-buckets", "100,1000", "-publish-members", "3", "-cluster-rebuilders", "1,3", "-cluster-fields", "5000",
+	"-gen-buckets", "100", "-gen-members", "2", "-gen-cpu-buckets", "100", "-gen-cluster-buckets", "100", "-gen-grace", "20ms"}
 
 // TestRunSmoke runs every section of the bench against its own redis-server
 // and checks the report's shape, never its numbers.
@@ -46,6 +47,7 @@ func TestRunSmoke(t *testing.T) {
 		"## Knobs", "| BatchSize 100 |", "Writers 4",
 		"## Cluster", "| 1 | 1 / 0 / 0 |", "| 3 | 1 / 1 / 1 |", "one client core carries about",
 		"## Online", "**0 lost changes** in 2 runs",
+		"## Generations", "| 100 | 2 | 200 |",
 		"## Methods",
 	} {
 		if !strings.Contains(md, want) {
@@ -191,6 +193,10 @@ func TestParseFlags(t *testing.T) {
 		{"zero publish members", []string{"-publish-members", "0"}, &usageError{}},
 		{"bad cluster rebuilders", []string{"-cluster-rebuilders", "1,x"}, &usageError{}},
 		{"zero cluster fields", []string{"-cluster-fields", "0"}, &usageError{}},
+		{"bad gen buckets", []string{"-gen-buckets", "100,0"}, &usageError{}},
+		{"zero gen members", []string{"-gen-members", "0"}, &usageError{}},
+		{"zero gen grace", []string{"-gen-grace", "0"}, &usageError{}},
+		{"negative gen rename max", []string{"-gen-rename-max", "-1"}, &usageError{}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

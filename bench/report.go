@@ -40,7 +40,9 @@ type report struct {
 	Cluster    *clusterResult    `json:"cluster,omitempty"`
 	Online     *onlineResult     `json:"online,omitempty"`
 	Impact     *impactResult     `json:"impact,omitempty"`
-	Notes      []string          `json:"notes,omitempty"`
+	// Generations is rename-in-place and Generations mode side by side.
+	Generations *generationsResult `json:"generations,omitempty"`
+	Notes       []string           `json:"notes,omitempty"`
 }
 
 // machine describes where the bench ran.
@@ -249,6 +251,9 @@ func (rep *report) markdown(base string, chart bool) []byte {
 	if im := rep.Impact; im != nil {
 		im.markdown(&b, rep.Machine.CPUs)
 	}
+	if g := rep.Generations; g != nil {
+		g.markdown(&b, rep.Machine.CPUs)
+	}
 	p("## Methods\n\n")
 	for _, meth := range allMethods {
 		p("- **%s**: %s.\n", meth, meth.describe())
@@ -343,6 +348,9 @@ func (rep *report) summaryMarkdown(b *bytes.Buffer) {
 	}
 	if im := rep.Impact; im != nil {
 		lines = append(lines, im.summaryLine())
+	}
+	if g := rep.Generations; g != nil {
+		lines = append(lines, g.summaryLine())
 	}
 	if len(lines) == 0 {
 		return
