@@ -136,8 +136,12 @@ Flags:
 	if err != nil {
 		return fmt.Errorf("yesterday's run: %w", err)
 	}
-	fmt.Fprintf(stdout, "\n1. yesterday's run wrote %d users into generation %d and flipped the pointer to it (the first flip creates the pointer)\n",
-		stats.Items, stats.Generations[prefix])
+	first := ""
+	if before.gen == 0 {
+		first = " (the first flip creates the pointer)"
+	}
+	fmt.Fprintf(stdout, "\n1. yesterday's run wrote %d users into generation %d and flipped the pointer to it%s\n",
+		stats.Items, stats.Generations[prefix], first)
 	if err := w.show(stats.Generations[prefix]); err != nil {
 		return err
 	}

@@ -41,7 +41,7 @@ func TestGenerations(t *testing.T) {
 			out := strings.Join(strings.Fields(stdout.String()), " ") // column widths vary with the keys
 			wants := []string{
 				"before any run: no pointer, so the reader reads the plain keys (gens:users:by-country:fr, ...): 0 users in fr",
-				"1. yesterday's run wrote 5000 users into generation 1 and flipped the pointer to it",
+				"1. yesterday's run wrote 5000 users into generation 1 and flipped the pointer to it (the first flip creates the pointer)",
 				"GET " + tc.base + ":rebuild-ptr 1",
 				"HGETALL " + tc.base + ":rebuild-gens 1=current next=1",
 				"the reader caches the pointer client-side: " + map[bool]string{false: "false", true: "true"}[tc.cached],
