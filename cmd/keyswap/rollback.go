@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
+	"text/tabwriter"
 	"time"
 
+	"github.com/keyswap/keyswap/internal/gens"
 	"github.com/keyswap/keyswap/internal/keys"
 	krun "github.com/keyswap/keyswap/internal/protocol"
 	"github.com/redis/rueidis"
@@ -87,6 +90,13 @@ func (c *cli) rollback(ctx context.Context, args []string) error {
 	if err != nil {
 		return fmt.Errorf("rollback %s: %w", what, err)
 	}
+	pointers, err := hasPointers(ctx, client, lives)
+	if err != nil {
+		return fmt.Errorf("rollback %s: %w", what, err)
+	}
+	if slices.Contains(pointers, true) {
+		return c.genRollback(ctx, client, conn, lives, before, pointers, *asJSON)
+	}
 	families := make([]string, len(lives))
 	for i, g := range before {
 		if g == nil {
@@ -118,6 +128,92 @@ func (c *cli) rollback(ctx context.Context, args []string) error {
 	}
 	fmt.Fprintf(c.stdout, "rolled back %s; 'keyswap rollback' again rolls forward while PREV is kept\n\n", indexes(len(lives)))
 	return writeGenerations(c, idx)
+}
+
+// genRollback rolls back lives, indexes in Generations mode (each has a
+// pointer, as pointers says), whose metas are before: a flip of each
+// pointer back to the previous generation, in one script fenced by the
+// indexes' locks (krun.Redis.GenRollback).
+func (c *cli) genRollback(ctx context.Context, client rueidis.Client, conn *connFlags, lives []string, before []*generation, pointers []bool, asJSON bool) error {
+	what := strings.Join(lives, ", ")
+	var plain []string
+	for i, l := range lives {
+		if !pointers[i] {
+			plain = append(plain, displayKey(l))
+		}
+	}
+	if len(plain) > 0 {
+		return fmt.Errorf("rollback %s: %s in the rename-in-place shape (no pointer, %s) and the others in Generations mode: one rollback flips indexes of one mode; roll them back separately; nothing changed",
+			what, strings.Join(plain, ", "), displayKey(keys.PointerKey(lives[slices.Index(pointers, false)], client.Mode() == rueidis.ClientModeCluster)))
+	}
+	families := make([]string, len(lives))
+	for i, g := range before {
+		if g != nil {
+			families[i] = g.FamilyType
+		}
+	}
+	_, err := krun.New(client, nil).GenRollback(ctx, krun.RollbackOptions{
+		Op: "rollback", Key: what, Lives: lives, FamilyTypes: families, TTL: rollbackLease, Now: c.now(),
+	})
+	if errors.Is(err, krun.ErrInProgress) {
+		return fmt.Errorf("%w; nothing changed: roll back once it has ended, or end it ('keyswap cancel', 'keyswap discard')", err)
+	}
+	if err != nil {
+		return err
+	}
+	after, err := readGenerations(ctx, client, lives)
+	if err != nil {
+		return fmt.Errorf("rolled back %s, but reading the generations failed: %w", what, err)
+	}
+	idx := make([]keyGeneration, len(lives))
+	gs := make([]*genStatus, len(lives))
+	for i, l := range lives {
+		idx[i] = keyGeneration{Key: l, Family: families[i] != "", Generation: after[i]}
+		if gs[i], err = readGenStatus(ctx, client, l, gens.DefaultGrace); err != nil {
+			return fmt.Errorf("rolled back %s, but %w", what, err)
+		}
+	}
+	if asJSON {
+		out := indexesJSON(idx)
+		for i := range out {
+			out[i].Mode, out[i].Generations = gs[i].mode(), gs[i].json()
+		}
+		return writeJSON(c.stdout, rollbackJSON{Server: serverOf(client, conn.used).json(), Keys: out})
+	}
+	fmt.Fprintf(c.stdout, "rolled back %s to the previous generation; 'keyswap rollback' again rolls forward\n\n", indexes(len(lives)))
+	tw := tabwriter.NewWriter(c.stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "KEY\tCURRENT\tPREVIOUS\tLIVE SINCE")
+	for i, l := range lives {
+		cur, prev := "-", "-"
+		if g := gs[i]; g != nil && g.Current != 0 {
+			cur = fmtInt(g.Current)
+		}
+		if g := gs[i]; g != nil && g.Previous != 0 {
+			prev = fmtInt(g.Previous)
+		}
+		_, since, _, _ := after[i].columns()
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", displayKey(l), cur, prev, since)
+	}
+	return tw.Flush()
+}
+
+// hasPointers returns, for each of lives, whether it has a pointer: it is
+// in Generations mode.
+func hasPointers(ctx context.Context, client rueidis.Client, lives []string) ([]bool, error) {
+	cluster := client.Mode() == rueidis.ClientModeCluster
+	ks := make([]string, len(lives))
+	for i, l := range lives {
+		ks[i] = keys.PointerKey(l, cluster)
+	}
+	found, err := existing(ctx, client, ks)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]bool, len(lives))
+	for i, k := range ks {
+		out[i] = found[k]
+	}
+	return out, nil
 }
 
 // metaKey returns the key of live's meta on client's deployment.

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/keyswap/keyswap/internal/gens"
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/scan"
 	"github.com/keyswap/keyswap/store"
@@ -201,9 +202,12 @@ type statusReport struct {
 	ByKey            bool
 	Cluster          bool
 	OlderThanSeconds int64
-	Locks            []lockStatus
-	TempKeys         []tempStatus
-	Runs             []runStatus
+	// Grace is the time past which a retired generation is a sweep
+	// candidate.
+	Grace    time.Duration
+	Locks    []lockStatus
+	TempKeys []tempStatus
+	Runs     []runStatus
 	// Indexes are the indexes published, from their metas: those the
 	// pattern selects, or the key's.
 	Indexes []indexStatus
@@ -259,6 +263,8 @@ func (c *cli) status(ctx context.Context, args []string) error {
 	asJSON := fs.Bool("json", false, "print one JSON object (described above) instead of tables; with --watch, one per line")
 	olderThan := fs.Duration("older-than", store.DefaultSweepOlderThan,
 		"the `age` past which a TTL-less, unlocked temp key is a sweep candidate, as for 'keyswap sweep'")
+	grace := fs.Duration("grace", gens.DefaultGrace,
+		"the `time` after its retirement past which a retired generation is a sweep candidate, as for 'keyswap sweep'")
 	legacy := fs.Bool("legacy", false, "count keys of the legacy shape <key>:rebuild:<digits> as sweep candidates too, as 'keyswap sweep --legacy' would")
 	// Not --key: redis-cli's flag for the TLS client key, which is ours too.
 	key := fs.String("index", "", "show this live `key` (a family's prefix) alone, without a scan, whatever bytes it holds")
@@ -276,6 +282,9 @@ func (c *cli) status(ctx context.Context, args []string) error {
 	if *olderThan <= 0 {
 		return usagef("-older-than %v: must be positive", *olderThan)
 	}
+	if *grace <= 0 {
+		return usagef("--grace %v: must be positive", *grace)
+	}
 	if *every <= 0 {
 		return usagef("--interval %v: must be positive", *every)
 	}
@@ -289,9 +298,9 @@ func (c *cli) status(ctx context.Context, args []string) error {
 		var rep *statusReport
 		var err error
 		if q.byKey {
-			rep, err = collectKeyStatus(ctx, client, q.key, *olderThan, c.now())
+			rep, err = collectKeyStatus(ctx, client, q.key, *olderThan, *grace, c.now())
 		} else {
-			rep, err = collectStatus(ctx, client, q.pattern, *olderThan, *legacy, c.now())
+			rep, err = collectStatus(ctx, client, q.pattern, *olderThan, *grace, *legacy, c.now())
 		}
 		if err != nil {
 			return nil, fmt.Errorf("status: %w", err)
@@ -372,22 +381,23 @@ const rebuildKeysPattern = "*:rebuild[-:]*"
 
 // collectStatus takes the snapshot of locks and temp keys whose live key
 // matches pattern ("" for all), at time now. It scans the keyspace once.
-func collectStatus(ctx context.Context, client rueidis.Client, pattern string, olderThan time.Duration, legacy bool, now time.Time) (*statusReport, error) {
+func collectStatus(ctx context.Context, client rueidis.Client, pattern string, olderThan, grace time.Duration, legacy bool, now time.Time) (*statusReport, error) {
 	cluster := client.Mode() == rueidis.ClientModeCluster
 	rep := &statusReport{
 		Time:             now.UTC(),
 		Pattern:          pattern,
 		Cluster:          cluster,
 		OlderThanSeconds: int64(olderThan / time.Second),
+		Grace:            grace,
 	}
-	locks, temps, metas, err := scanRebuildKeys(ctx, client, pattern, cluster, now)
+	locks, temps, metas, genKeys, err := scanRebuildKeys(ctx, client, pattern, cluster, now)
 	if err != nil {
 		return nil, err
 	}
 	if rep.Locks, err = describeLocks(ctx, client, locks); err != nil {
 		return nil, err
 	}
-	if rep.Indexes, err = describeIndexes(ctx, client, metas, rep.held(), now); err != nil {
+	if rep.Indexes, err = describeIndexes(ctx, client, metas, genKeys, rep.held(), now, grace); err != nil {
 		return nil, err
 	}
 	if rep.TempKeys, err = describeTemps(ctx, client, temps); err != nil {
@@ -416,14 +426,14 @@ func collectStatus(ctx context.Context, client rueidis.Client, pattern string, o
 }
 
 // scanRebuildKeys scans the keyspace once for the lock keys (lock key ->
-// base), temp keys and metas (meta key -> base) whose live key matches
-// pattern.
+// base), temp keys, metas (meta key -> base), and registries and pointers
+// of Generations mode (their key -> base) whose live key matches pattern.
 func scanRebuildKeys(ctx context.Context, client rueidis.Client, pattern string, cluster bool, now time.Time) (
-	locks map[string]string, temps map[string]tempStatus, metas map[string]string, err error) {
-	locks, temps, metas = map[string]string{}, map[string]tempStatus{}, map[string]string{}
+	locks map[string]string, temps map[string]tempStatus, metas, genKeys map[string]string, err error) {
+	locks, temps, metas, genKeys = map[string]string{}, map[string]tempStatus{}, map[string]string{}, map[string]string{}
 	for page, err := range scan.Pages(ctx, client, scan.Options{Match: rebuildKeysPattern}) {
 		if err != nil {
-			return nil, nil, nil, err
+			return nil, nil, nil, nil, err
 		}
 		for _, k := range page {
 			if base, ok := strings.CutSuffix(k, keys.LockSuffix); ok {
@@ -434,12 +444,25 @@ func scanRebuildKeys(ctx context.Context, client rueidis.Client, pattern string,
 				if matchLiveKey(pattern, base, cluster) {
 					metas[k] = base
 				}
+			} else if base, ok := cutGenSuffix(k); ok {
+				if matchLiveKey(pattern, base, cluster) {
+					genKeys[k] = base
+				}
 			} else if base, unix, ok := keys.ParseTempKey(k); ok && matchLiveKey(pattern, base, cluster) {
 				temps[k] = tempStatus{Key: k, Base: base, Timestamp: unix, AgeSeconds: now.Unix() - unix}
 			}
 		}
 	}
-	return locks, temps, metas, nil
+	return locks, temps, metas, genKeys, nil
+}
+
+// cutGenSuffix returns the base of k, a registry or a pointer of
+// Generations mode, and whether it is one.
+func cutGenSuffix(k string) (string, bool) {
+	if base, ok := strings.CutSuffix(k, keys.RegistrySuffix); ok {
+		return base, true
+	}
+	return strings.CutSuffix(k, keys.PointerSuffix)
 }
 
 // held returns the lock keys of rep's locks.
@@ -451,13 +474,28 @@ func (rep *statusReport) held() map[string]bool {
 	return out
 }
 
-// candidates returns the number of sweep candidates in rep.
-func (rep *statusReport) candidates() int {
+// candidates returns the number of sweep candidates in rep: temp keys,
+// and generations that a sweep would remove.
+func (rep *statusReport) candidates() int { return rep.tempCandidates() + rep.genCandidates() }
+
+// tempCandidates returns the number of temp keys in rep that are sweep
+// candidates.
+func (rep *statusReport) tempCandidates() int {
 	n := 0
 	for _, t := range rep.TempKeys {
 		if t.SweepCandidate {
 			n++
 		}
+	}
+	return n
+}
+
+// genCandidates returns the number of generations in rep that a sweep would
+// remove: retired longer than the grace ago, or abandoned by their run.
+func (rep *statusReport) genCandidates() int {
+	n := 0
+	for _, ix := range rep.Indexes {
+		n += ix.Gens.candidates()
 	}
 	return n
 }

@@ -2,10 +2,12 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
 
+	"github.com/keyswap/keyswap/internal/gens"
 	"github.com/keyswap/keyswap/store"
 )
 
@@ -71,7 +73,13 @@ type sweepJSON struct {
 	OlderThanSeconds int64      `json:"older_than_seconds"`
 	Keys             []jsonKey  `json:"keys"`
 	Count            int        `json:"count"`
-	Error            string     `json:"error,omitempty"`
+	// GraceMillis, Generations, GenerationCount and GenerationKeys are
+	// the sweep of the indexes in Generations mode.
+	GraceMillis     int64          `json:"grace_ms"`
+	Generations     []genSweepJSON `json:"generations"`
+	GenerationCount int            `json:"generation_count"`
+	GenerationKeys  int64          `json:"generation_keys"`
+	Error           string         `json:"error,omitempty"`
 }
 
 // sweepFlags are the flags of 'keyswap sweep'.
@@ -84,6 +92,7 @@ type sweepFlags struct {
 	legacy    bool
 	asJSON    bool
 	progress  string
+	grace     time.Duration
 }
 
 // sweep is the 'keyswap sweep' command.
@@ -109,10 +118,18 @@ func (c *cli) sweep(ctx context.Context, args []string) error {
 	})
 	bar.finish()
 	slices.Sort(swept)
+	var genSwept []genSweep
+	if err == nil {
+		genSwept, err = sweepGenerations(ctx, client, f.pattern, f.grace, dryRun)
+	}
 	srv := serverOf(client, f.conn.used)
-	if jerr := c.reportSweep(f, srv, swept, err); jerr != nil && err == nil {
+	if jerr := c.reportSweep(f, srv, swept, genSwept, err); jerr != nil && err == nil {
 		return jerr
 	}
+	if err == nil {
+		err = genErrors(genSwept)
+	}
+	removable, _ := genCounts(genSwept)
 	reported := func(err error) error { // -json has printed err in its document
 		if f.asJSON {
 			return fmt.Errorf("%w (%w)", err, errReported)
@@ -126,7 +143,7 @@ func (c *cli) sweep(ctx context.Context, args []string) error {
 		return reported(fmt.Errorf("%w (deleted %s before the error)", err, plural(len(swept), "key")))
 	case err != nil:
 		return reported(err)
-	case dryRun && len(swept) > 0:
+	case dryRun && len(swept)+removable > 0:
 		return errOrphansFound
 	}
 	return nil
@@ -145,6 +162,9 @@ func (c *cli) parseSweep(args []string) (sweepFlags, error) {
 		"minimum `age` of a temp key to delete, judged by the timestamp in its name")
 	fs.BoolVar(&f.legacy, "legacy", false, "also sweep keys of the legacy shape <key>:rebuild:<digits>, without a nonce, which\n"+
 		"Familia made and keyswap does not; application keys can have that shape (ci:rebuild:12345), so only after an upgrade from Familia")
+	fs.DurationVar(&f.grace, "grace", gens.DefaultGrace,
+		"how long after its retirement a retired generation of an index in Generations mode is kept: longer than\n"+
+			"the readers' cache of the pointer, as rebuild.Options.Grace")
 	fs.BoolVar(&f.asJSON, "json", false, "print one JSON object (described above) instead of lines")
 	fs.StringVar(&f.progress, "progress", progressAuto,
 		"`mode` of the progress display on stderr: auto (when stderr is a terminal and the keyspace holds at least\n"+
@@ -161,6 +181,8 @@ func (c *cli) parseSweep(args []string) (sweepFlags, error) {
 		return f, usagef("--older-than %v: must be positive", f.olderThan)
 	case f.pattern == "":
 		return f, usagef("--pattern must not be empty")
+	case f.grace <= 0:
+		return f, usagef("--grace %v: must be positive", f.grace)
 	}
 	switch f.progress {
 	case progressAuto, progressAlways, progressNever:
@@ -170,18 +192,78 @@ func (c *cli) parseSweep(args []string) (sweepFlags, error) {
 }
 
 // reportSweep prints the result of a sweep with flags f on srv, as lines
-// or as JSON: the keys swept, and err, the sweep's error.
-func (c *cli) reportSweep(f sweepFlags, srv server, swept []string, err error) error {
+// or as JSON: the keys swept, the generations swept, and err, the sweep's
+// error.
+func (c *cli) reportSweep(f sweepFlags, srv server, swept []string, genSwept []genSweep, err error) error {
 	if !f.asJSON {
 		c.printSwept(srv, swept, !f.del, err)
+		c.printGenSwept(genSwept, !f.del)
 		return nil
 	}
-	rep := sweepJSON{Server: srv.json(), DryRun: !f.del, OlderThanSeconds: int64(f.olderThan / time.Second), Keys: jsonKeys(swept), Count: len(swept)}
+	rep := sweepJSON{Server: srv.json(), DryRun: !f.del, OlderThanSeconds: int64(f.olderThan / time.Second), Keys: jsonKeys(swept), Count: len(swept),
+		GraceMillis: f.grace.Milliseconds(), Generations: make([]genSweepJSON, 0, len(genSwept))}
 	rep.Pattern, rep.PatternBase64 = jsonName(f.pattern)
+	for _, s := range genSwept {
+		rep.Generations = append(rep.Generations, s.json())
+	}
+	rep.GenerationCount, rep.GenerationKeys = genCounts(genSwept)
+	if err == nil {
+		err = genErrors(genSwept)
+	}
 	if err != nil {
 		rep.Error = err.Error()
 	}
 	return writeJSON(c.stdout, rep)
+}
+
+// genErrors returns the errors of the indexes whose generations were not
+// swept, joined; nil when there is none.
+func genErrors(ss []genSweep) error {
+	var errs []error
+	for _, s := range ss {
+		if s.Err != nil {
+			errs = append(errs, fmt.Errorf("generations of %s: %w", displayKey(s.Key), s.Err))
+		}
+	}
+	if len(errs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("sweep: %w", errors.Join(errs...))
+}
+
+// printGenSwept prints the generations a sweep removed (or, in a dry run,
+// would remove) and those it kept, one per line, then a summary line,
+// when it found an index in Generations mode.
+func (c *cli) printGenSwept(ss []genSweep, dryRun bool) {
+	if len(ss) == 0 {
+		return
+	}
+	verb := "removed"
+	if dryRun {
+		verb = "would remove"
+	}
+	swept := 0
+	for _, s := range ss {
+		for _, r := range s.Removed {
+			keys := ""
+			if r.Keys != nil {
+				keys = ", " + plural(int(*r.Keys), "key")
+			}
+			fmt.Fprintf(c.stdout, "%s generation %d of %s (%s%s)\n", verb, r.Gen, displayKey(s.Key), displayKey(r.State), keys)
+		}
+		for _, k := range s.Kept {
+			fmt.Fprintf(c.stdout, "kept generation %d of %s (%s): %s\n", k.Gen, displayKey(s.Key), displayKey(k.State), k.Reason)
+		}
+		if s.Err == nil {
+			swept++
+		}
+	}
+	n, keys := genCounts(ss)
+	if dryRun {
+		fmt.Fprintf(c.stdout, "would remove %s of %s in Generations mode (dry run; pass --delete to remove)\n", plural(n, "generation"), indexes(swept))
+		return
+	}
+	fmt.Fprintf(c.stdout, "removed %s (%s) of %s in Generations mode\n", plural(n, "generation"), plural(int(keys), "key"), indexes(swept))
 }
 
 // printSwept prints the keys a sweep of srv deleted (or, in a dry run,
