@@ -27,6 +27,18 @@ KeepPrevious gave them: a second rollback rolls forward again. Changes
 applied to the live keys since the publish are in the generation rolled
 back, not in the one restored.
 
+An index published in Generations mode (rebuild.Options.Publish =
+rebuild.Generations: it has a pointer, "<key>:rebuild-ptr") is rolled back
+by a flip instead: its pointer goes back to the previous generation, which
+its last publish kept with KeepPrevious (until the next publish, without a
+time limit), and the generation rolled back becomes the previous one, so a
+second rollback flips forward again. No data key moves: it costs the same
+whatever the size of the index. The indexes of one rollback must all be in
+that mode, or all in rename-in-place; a rollback that mixes them is
+refused, changing nothing. It prints each index's current and previous
+generation, and -json adds to each key "mode": "generations" and its
+"generations", as 'keyswap status -json' gives them.
+
 Whether an index is a family is read from its meta ("<key>:rebuild-gen"),
 which every publish writes. The indexes of one rollback must be published
 together (one rebuild.Rebuilder), or at least share a hash slot on a
@@ -54,8 +66,9 @@ its bytes, in "key_base64".
 
 Exit status: 0 once rolled back; 5 when a rebuild of one of the indexes is
 in progress; 6 when one keeps no previous generation (none was kept, or
-its time ran out); 1 on an error; 2 on a usage error. On every error
-nothing changed.`
+its time ran out; in Generations mode, none was kept or a publish since
+retired it); 1 on an error, or for indexes of both modes at once; 2 on a
+usage error. On every error nothing changed.`
 
 // rollbackLease is the lease of the locks a rollback takes: a family's
 // SCAN runs under them.

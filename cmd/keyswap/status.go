@@ -39,6 +39,23 @@ Status lists what keyswap keeps in Redis right now, and changes nothing:
     when, and whether a rollback would roll back now (ROLLBACK: yes, or no
     and why: none kept, expired, a rebuild in progress, never published),
     as the rollback itself decides it;
+  - the indexes published in Generations mode (rebuild.Options.Publish =
+    rebuild.Generations), which have a pointer (<key>:rebuild-ptr) naming
+    their current generation and a registry of generations
+    (<key>:rebuild-gens): a GENERATIONS table gives each one's mode
+    ("generations", or "rename" for an index whose registry outlived its
+    pointer: switched back to rename-in-place), its current generation,
+    the previous one kept for 'keyswap rollback' (which flips back to it),
+    the retired ones waiting for their removal, since when, and whether a
+    sweep removes them now (retired more than --grace ago), the builds in
+    progress (the start of their run's token, as in RUNS) and those
+    abandoned by a run that is gone, and a note: "switching" for an index
+    whose plain key from rename-in-place is still there beside its pointer
+    (a family's plain buckets are not looked for: that takes a scan), or
+    "corrupt" and why, for a registry or pointer that holds what no run
+    writes. ROLLBACK in INDEXES follows the rule of Generations mode for
+    them: possible while a previous generation is kept and no rebuild
+    holds the lock;
   - temp keys (<key>:rebuild:<unix>:<16 hex>): their age, from the
     timestamp in the name; their TTL ("none" when they have none); their
     Redis type and size (entries, or bytes for a string); MEMORY USAGE;
@@ -49,7 +66,9 @@ A temp key without a TTL that no lock protects was left behind by a
 crashed process: once older than -older-than it is a sweep candidate. A
 TTL-less temp key under a held lock is normal: a rebuild has written it and
 not touched it yet. Sweep candidates are decided by the sweep's own rule,
-so status and sweep agree. When there are some, status prints the sweep
+so status and sweep agree. A generation retired more than --grace ago, or
+abandoned by its run, is a sweep candidate too, by the same rule as the
+sweep's. When there are some, status prints the sweep
 command that lists them (and, with --delete, deletes them), limited to the
 keys that the pattern selects, with the connection flags that reach the same
 server (a password given on the command line becomes --askpass: a
@@ -90,7 +109,8 @@ What status prints is a snapshot: rebuilds start and end while it runs.
 
 Exit status: 0 when there is no sweep candidate, 3 when there are some (for
 monitoring), 1 on an error, 2 on a usage error. Status of one key looks for
-no sweep candidate, and exits 0. --watch exits 0 once interrupted, 1 when
+no orphaned temp key, but reads the key's registry of generations: it
+exits 3 when a sweep would remove some of them, 0 otherwise. --watch exits 0 once interrupted, 1 when
 its first snapshot fails.
 
 JSON output (-json) is one object, whose fields are kept stable:
@@ -108,6 +128,7 @@ JSON output (-json) is one object, whose fields are kept stable:
     "scanned": true,                  false for a key: temp_keys holds its run's only
     "cluster": false,
     "older_than_seconds": 3600,
+    "grace_ms": 10000,                --grace
     "locks": [{
       "key": "users:by-email:rebuild-lock",
       "base": "users:by-email",       the key the lock guards, as named
@@ -173,6 +194,18 @@ JSON output (-json) is one object, whose fields are kept stable:
         "until": "2025-01-02T15:00:00Z",  while possible; else null
         "why_not": ""                 "none_kept", "expired",
                                       "rebuild_in_progress", "never_published"
+      },
+      "mode": "generations",          "generations": it has a pointer; else "rename"
+      "generations": {                null: no registry and no pointer
+        "current": 3,                 the pointer's; null: no pointer
+        "previous": 2,                kept for a rollback; null: none
+        "retired": [{"gen": 1, "since": "2025-01-02T15:04:05.123Z",
+                     "removable": false}],     a sweep removes it now
+        "building": [{"gen": 4, "token_prefix": "3f9a1c2e",
+                      "abandoned": false}],    its run holds the lock no more
+        "plain_keys_left": false,     the plain key is still there beside the
+                                      pointer (switching); null: not looked for
+        "error": "..."                only for a corrupt registry or pointer
       }
     }]
   }

@@ -30,8 +30,26 @@ So a sweep never deletes a lock, a key with a TTL, a recent key, or the temp
 key of a rebuild that holds its lock. It scans with SCAN, never KEYS, on
 every master of a cluster, and deletes with UNLINK in chunks.
 
+Sweep also removes the dead generations of the indexes published in
+Generations mode (rebuild.Options.Publish = rebuild.Generations) whose temp
+keys --pattern matches: those retired longer than --grace ago (10s by
+default, as rebuild.Options.Grace: it must exceed the time readers cache
+an index's pointer), and those a run built and abandoned (building:<token>
+while the index's lock does not hold <token>). It never removes the
+current or the previous generation, nor a build in progress. It finds the
+indexes by their registries (<key>:rebuild-gens), in a second SCAN of the
+keyspace, and removes each generation in small chunks (SCAN MATCH, UNLINK
+of at most 256 keys per command), its registry field last, checking before
+each chunk that the generation's state has not changed. A registry or
+pointer that holds what no run writes stops the sweep of its index, which
+keeps everything, and the sweep exits 1 after the other indexes. The
+plain keys left by an index that switched from rename-in-place are not
+deleted.
+
 It prints every key it deletes (or would delete), one per line, then a
-summary line that names the server. Keys that are not printable text are
+summary line that names the server. When it found indexes in Generations
+mode, it then prints each generation it removed (or would remove) and
+each it kept with why, then a summary line. Keys that are not printable text are
 Go-quoted. -json prints one object instead, with the names exact:
 
   {
@@ -44,6 +62,18 @@ Go-quoted. -json prints one object instead, with the names exact:
       {"key_base64": "/3g6cmVidWlsZDoxNzM1ODMwMjQ1"}
     ],
     "count": 2,
+    "grace_ms": 10000,
+    "generations": [{                 the indexes in Generations mode
+      "key": "users:by-email",        a family's prefix for a family
+      "family": false,
+      "removed": [{"gen": 1, "state": "retired:1735830245123", "keys": 1}],
+                                      in a dry run, what it would remove;
+                                      "keys": null for a family's, not counted
+      "kept": [{"gen": 3, "state": "current", "reason": "current: readers read it"}],
+      "error": "..."                  only when its sweep failed
+    }],
+    "generation_count": 1,            generations removed (or to remove)
+    "generation_keys": 1,             their keys, as counted
     "error": "..."                    only when the sweep failed
   }
 
@@ -53,7 +83,7 @@ instead as the standard base64 of its bytes, as "key_base64", and "key" is
 left out. The same goes for "pattern" and "pattern_base64".
 
 Exit status: without --delete, 0 when there is nothing to delete and 3 when
-there is (for monitoring); with --delete, 0 once every key found is
+there is, temp keys or generations (for monitoring); with --delete, 0 once every key found is
 deleted. 1 on an error (some keys may have been deleted before it: they
 are listed), 2 on a usage error.
 
