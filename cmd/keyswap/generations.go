@@ -40,8 +40,10 @@ type genStatus struct {
 	Building []buildingGen
 	// PlainLeft reports, for an index with a pointer, whether its plain
 	// key still exists too: the index is switching from rename-in-place,
-	// and a sweep of its plain keys has yet to run. Nil when not looked for
-	// (a family, whose plain buckets only a scan finds).
+	// and a sweep of its plain keys has yet to run. Nil when not looked for:
+	// a family, whose plain buckets only a scan finds, or an index whose
+	// current generation holds no plain key (a family whose meta does not
+	// say so, or an empty one).
 	PlainLeft *bool
 	// Corrupt is the error of a registry or pointer that holds what no
 	// run writes (gens.ErrCorrupt), or of a read Redis refused; the other
@@ -143,32 +145,30 @@ func readGenStatus(ctx context.Context, client rueidis.Client, live string, grac
 // the registry (with a script) only for an index that has one.
 func hasGenKeys(ctx context.Context, client rueidis.Client, lives []string) ([]bool, error) {
 	cluster := client.Mode() == rueidis.ClientModeCluster
-	cmds := make(rueidis.Commands, 0, 2*len(lives))
+	ks := make([]string, 0, 2*len(lives))
 	for _, l := range lives {
-		cmds = append(cmds, client.B().Exists().Key(keys.PointerKey(l, cluster)).Build(),
-			client.B().Exists().Key(keys.RegistryKey(l, cluster)).Build())
+		ks = append(ks, keys.PointerKey(l, cluster), keys.RegistryKey(l, cluster))
 	}
-	res := client.DoMulti(ctx, cmds...)
+	found, err := existing(ctx, client, ks)
+	if err != nil {
+		return nil, err
+	}
 	out := make([]bool, len(lives))
 	for i := range lives {
-		for j := range 2 {
-			n, err := res[2*i+j].AsInt64()
-			if err != nil {
-				return nil, fmt.Errorf("EXISTS %s: %w", displayKey(cmds[2*i+j].Commands()[1]), err)
-			}
-			out[i] = out[i] || n > 0
-		}
+		out[i] = found[ks[2*i]] || found[ks[2*i+1]]
 	}
 	return out, nil
 }
 
 // addGenerations reads the generations of the indexes of idx that have a
 // registry or a pointer (withGens) and sets their rollback verdict by the
-// rule of a rollback in Generations mode. For an index with a pointer that
-// is not a family by its meta, it looks whether its plain key still
-// exists: the index is then switching from rename-in-place.
+// rule of a rollback in Generations mode. For an index with a pointer
+// whose current generation has a plain data key (keys.GenKey: it is not a
+// family), it looks whether its plain key still exists: the index is then
+// switching from rename-in-place.
 func addGenerations(ctx context.Context, client rueidis.Client, idx []indexStatus, withGens []bool, grace time.Duration) error {
 	var plain []int
+	var ks []string
 	for i := range idx {
 		if !withGens[i] {
 			continue
@@ -184,19 +184,18 @@ func addGenerations(ctx context.Context, client rueidis.Client, idx []indexStatu
 		idx[i].Rollback = genRollbackOf(g, idx[i].LockKey)
 		if idx[i].Generation == nil || idx[i].Generation.FamilyType == "" {
 			plain = append(plain, i)
+			ks = append(ks, keys.GenKey(idx[i].Key, g.Current), idx[i].Key)
 		}
-	}
-	ks := make([]string, len(plain))
-	for j, i := range plain {
-		ks[j] = idx[i].Key
 	}
 	found, err := existing(ctx, client, ks)
 	if err != nil {
 		return err
 	}
 	for _, i := range plain {
-		left := found[idx[i].Key]
-		idx[i].Gens.PlainLeft = &left
+		if found[keys.GenKey(idx[i].Key, idx[i].Gens.Current)] {
+			left := found[idx[i].Key]
+			idx[i].Gens.PlainLeft = &left
+		}
 	}
 	return nil
 }
@@ -257,7 +256,7 @@ func (g *genStatus) json() *genStatusJSON {
 		out.Retired = append(out.Retired, retiredJSON{Gen: r.Gen, Since: r.Since.UTC(), Removable: r.Removable})
 	}
 	for _, b := range g.Building {
-		out.Building = append(out.Building, buildJSON{Gen: b.Gen, TokenPrefix: b.TokenPrefix, Abandoned: b.Abandoned})
+		out.Building = append(out.Building, buildJSON(b))
 	}
 	return out
 }

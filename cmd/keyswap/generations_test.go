@@ -11,11 +11,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/keyswap/keyswap/builders"
 	"github.com/keyswap/keyswap/internal/gens"
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/internal/scan"
 	krebuild "github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/sources"
 )
 
 // genOpts returns the Options of a run in Generations mode that leaves the
@@ -525,6 +527,74 @@ func TestSweepGenerations(t *testing.T) {
 			}
 			ix.wantNoRunLeftovers(t, d)
 			only.wantNoRunLeftovers(t, d)
+		})
+	}
+}
+
+// TestSweepGenerationsSpread: a family without a hash tag, published in
+// Generations mode, spreads its buckets over every slot of a cluster:
+// status finds it by its registry (in the slot keyswap gives the prefix),
+// and the sweep removes its retired generation's buckets on every master,
+// leaving the current one whole.
+func TestSweepGenerationsSpread(t *testing.T) {
+	t.Parallel()
+	for _, d := range deployments(t) {
+		t.Run(d.name, func(t *testing.T) {
+			t.Parallel()
+			p := testPrefix(t, d)
+			family := p + "spread"
+			var ps []person
+			for i := range 40 {
+				ps = append(ps, person{ID: strconv.Itoa(i), Country: "c" + strconv.Itoa(i)})
+			}
+			publish := func(ps []person) {
+				t.Helper()
+				r := redistest.Rebuilder(t, d.client, genOpts(false),
+					builders.SetIndex(family, func(p person) (string, string, bool) { return p.Country, p.ID, true }))
+				if _, err := r.Run(t.Context(), sources.Slice(ps)); err != nil {
+					t.Fatalf("Run: %v", err)
+				}
+			}
+			publish(ps[:30])
+			publish(ps[10:])
+			if d.cluster {
+				slots := map[uint16]bool{}
+				for _, k := range redistest.Keys(t, d.client, keys.GenPrefix(family, 1)) {
+					slots[keys.Slot(k)] = true
+				}
+				if len(slots) < 2 {
+					t.Fatalf("the buckets of generation 1 are in %d slot(s), want them spread", len(slots))
+				}
+			}
+			do(t, d.client, "HSET", keys.RegistryKey(family, d.cluster), "1", keys.RegRetired+"1000")
+
+			got := statusIndexes(t, d, exitOrphans, scan.EscapeGlob(family))
+			wantGenIndex(t, got, family, &genStatusJSON{Current: ptr[int64](2),
+				Retired: []retiredJSON{{Gen: 1, Since: time.UnixMilli(1000).UTC(), Removable: true}}, Building: []buildJSON{}},
+				rollbackStateJSON{WhyNot: rollbackNoneKept})
+
+			r := keyswap(t, d.args("sweep", "-json", "--delete", "--pattern", testSweepPattern(t))...)
+			r.wantCode(t, exitOK)
+			var doc sweepJSON
+			if err := json.Unmarshal([]byte(r.stdout), &doc); err != nil {
+				t.Fatalf("%v\n%s", err, r.stdout)
+			}
+			want := []genSweepJSON{{jsonKey: newJSONKey(family), Family: true,
+				Removed: []genRemovedJSON{{Gen: 1, State: keys.RegRetired + "1000", Keys: ptr[int64](30)}},
+				Kept:    []genKeptJSON{{Gen: 2, State: "current", Reason: string(gens.SkipCurrent)}}}}
+			if !reflect.DeepEqual(doc.Generations, want) {
+				w, _ := json.Marshal(want)
+				t.Errorf("sweep -json --delete: got\n%s\nwant generations\n%s", r.stdout, w)
+			}
+			if left := redistest.Keys(t, d.client, keys.GenPrefix(family, 1)); len(left) > 0 {
+				t.Errorf("buckets of generation 1 left: %q", left)
+			}
+			if n := len(redistest.Keys(t, d.client, keys.GenPrefix(family, 2))); n != 30 {
+				t.Errorf("generation 2 has %d buckets, want 30", n)
+			}
+			if reg := registry(t, d, family); !maps.Equal(reg, map[string]string{"next": "2", "2": "current"}) {
+				t.Errorf("registry: got %v", reg)
+			}
 		})
 	}
 }
