@@ -151,6 +151,23 @@ func (ix index) wantNoRunLeftovers(t *testing.T, d deployment) {
 	}
 }
 
+// genRunInProgress starts a run of ix in Generations mode that pulls an
+// endless source, waits until it builds, and returns a function that
+// cancels it from the CLI and waits for it to end with ErrAborted.
+func (ix index) genRunInProgress(t *testing.T, d deployment) (cancel func()) {
+	t.Helper()
+	src := newEndless()
+	run := startRun(t, ix.rebuilder(t, d, krebuild.Options{Publish: krebuild.Generations, MaxRate: 200}), src.source)
+	ix.waitRecord(t, d, "the run", func(rec map[string]string) bool { return rec["phase"] == "building" })
+	return func() {
+		t.Helper()
+		keyswap(t, d.args("cancel", ix.email)...).wantCode(t, exitOK)
+		if _, err := run.wait(t); !errors.Is(err, krebuild.ErrAborted) {
+			t.Errorf("Run: got %v, want ErrAborted", err)
+		}
+	}
+}
+
 // TestStatusGenerations: status shows an index in Generations mode with
 // its mode, current and previous generations, the retired one (since when,
 // and whether a sweep removes it, by --grace), a build abandoned by its
@@ -229,19 +246,14 @@ func TestStatusGenerations(t *testing.T) {
 
 			// A rebuild in progress builds a generation of its own: status
 			// names its run, and a rollback is not possible meanwhile.
-			src := newEndless()
-			run := startRun(t, ix.rebuilder(t, d, krebuild.Options{Publish: krebuild.Generations, MaxRate: 200}), src.source)
-			ix.waitRecord(t, d, "the run", func(rec map[string]string) bool { return rec["phase"] == "building" })
+			cancel := ix.genRunInProgress(t, d)
 			got = statusIndexes(t, d, exitOrphans, ix.email)
 			want.Building = append(want.Building, buildJSON{Gen: g + 1, TokenPrefix: ix.token(t, d)[:tokenPrefixLen]})
 			wantGenIndex(t, got, ix.email, want, rollbackStateJSON{WhyNot: rollbackLocked})
 			if !got[ix.email].Locked {
 				t.Errorf("status %s: not locked during the run", ix.email)
 			}
-			keyswap(t, d.args("cancel", ix.email)...).wantCode(t, exitOK)
-			if _, err := run.wait(t); !errors.Is(err, krebuild.ErrAborted) {
-				t.Errorf("Run: got %v, want ErrAborted", err)
-			}
+			cancel()
 			want.Building = want.Building[:1]
 			wantGenIndex(t, statusIndexes(t, d, exitOrphans, ix.email), ix.email, want, rollbackStateJSON{Possible: true})
 
@@ -352,16 +364,14 @@ func TestRollbackGenerations(t *testing.T) {
 			before = ix.liveState(t, d)
 			r = keyswap(t, d.args("rollback", ix.email, plain.email)...)
 			r.wantCode(t, exitError)
-			if !strings.Contains(r.stderr, plain.email+" in the rename-in-place shape (no pointer, "+keys.PointerKey(plain.email, d.cluster)+")") {
+			if !strings.Contains(r.stderr, plain.email+" is in the rename-in-place shape (no pointer, "+keys.PointerKey(plain.email, d.cluster)+")") {
 				t.Errorf("mixed rollback: got stderr %q", r.stderr)
 			}
 			ix.wantLiveState(t, d, before)
 			plain.wantLiveState(t, d, beforePlain)
 
 			// During a run: exit 5, nothing changed.
-			src := newEndless()
-			run := startRun(t, ix.rebuilder(t, d, krebuild.Options{Publish: krebuild.Generations, MaxRate: 200}), src.source)
-			ix.waitRecord(t, d, "the run", func(rec map[string]string) bool { return rec["phase"] == "building" })
+			cancel := ix.genRunInProgress(t, d)
 			regBefore := registry(t, d, ix.email)
 			r = keyswap(t, d.args("rollback", ix.email, ix.country)...)
 			r.wantCode(t, exitConflict)
@@ -371,10 +381,7 @@ func TestRollbackGenerations(t *testing.T) {
 			if reg := registry(t, d, ix.email); !maps.Equal(reg, regBefore) {
 				t.Errorf("registry changed by a refused rollback: got %v, want %v", reg, regBefore)
 			}
-			keyswap(t, d.args("cancel", ix.email)...).wantCode(t, exitOK)
-			if _, err := run.wait(t); !errors.Is(err, krebuild.ErrAborted) {
-				t.Errorf("Run: got %v, want ErrAborted", err)
-			}
+			cancel()
 			wantPointers("3")
 			ix.wantNoRunLeftovers(t, d)
 		})

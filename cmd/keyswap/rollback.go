@@ -107,18 +107,29 @@ func (c *cli) rollback(ctx context.Context, args []string) error {
 	if err != nil {
 		return fmt.Errorf("rollback %s: %w", what, err)
 	}
-	if slices.Contains(pointers, true) {
-		return c.genRollback(ctx, client, conn, lives, before, pointers, *asJSON)
+	gen := slices.Contains(pointers, true)
+	if i := slices.Index(pointers, false); gen && i >= 0 {
+		return fmt.Errorf("rollback %s: %s is in the rename-in-place shape (no pointer, %s) and %s in Generations mode: one rollback flips indexes of one mode; roll them back separately; nothing changed",
+			what, displayKey(lives[i]), displayKey(keys.PointerKey(lives[i], client.Mode() == rueidis.ClientModeCluster)), displayKey(lives[slices.Index(pointers, true)]))
 	}
 	families := make([]string, len(lives))
 	for i, g := range before {
-		if g == nil {
+		switch {
+		case g != nil:
+			families[i] = g.FamilyType // "" for a plain key
+		case !gen:
 			return fmt.Errorf("rollback %s: %w: keyswap never published it (it has no meta, %s); nothing changed",
 				displayKey(lives[i]), krun.ErrNothingToRollBack, displayKey(metaKey(client, lives[i])))
 		}
-		families[i] = g.FamilyType // "" for a plain key
 	}
-	_, err = krun.New(client, nil).Rollback(ctx, krun.RollbackOptions{
+	// In Generations mode a rollback is a flip back of each pointer: no
+	// data key moves, so MaxKeys does not bind.
+	rr := krun.New(client, nil)
+	rollback := rr.Rollback
+	if gen {
+		rollback = rr.GenRollback
+	}
+	_, err = rollback(ctx, krun.RollbackOptions{
 		Op: "rollback", Key: what, Lives: lives, FamilyTypes: families, TTL: rollbackLease, Now: c.now(),
 		MaxKeys: krun.DefaultMaxKeys,
 	})
@@ -136,54 +147,26 @@ func (c *cli) rollback(ctx context.Context, args []string) error {
 	for i, l := range lives {
 		idx[i] = keyGeneration{Key: l, Family: families[i] != "", Generation: after[i]}
 	}
+	srv := serverOf(client, conn.used)
+	if gen {
+		return c.reportGenRollback(ctx, client, srv, idx, *asJSON)
+	}
 	if *asJSON {
-		return writeJSON(c.stdout, rollbackJSON{Server: serverOf(client, conn.used).json(), Keys: indexesJSON(idx)})
+		return writeJSON(c.stdout, rollbackJSON{Server: srv.json(), Keys: indexesJSON(idx)})
 	}
 	fmt.Fprintf(c.stdout, "rolled back %s; 'keyswap rollback' again rolls forward while PREV is kept\n\n", indexes(len(lives)))
 	return writeGenerations(c, idx)
 }
 
-// genRollback rolls back lives, indexes in Generations mode (each has a
-// pointer, as pointers says), whose metas are before: a flip of each
-// pointer back to the previous generation, in one script fenced by the
-// indexes' locks (krun.Redis.GenRollback).
-func (c *cli) genRollback(ctx context.Context, client rueidis.Client, conn *connFlags, lives []string, before []*generation, pointers []bool, asJSON bool) error {
-	what := strings.Join(lives, ", ")
-	var plain []string
-	for i, l := range lives {
-		if !pointers[i] {
-			plain = append(plain, displayKey(l))
-		}
-	}
-	if len(plain) > 0 {
-		return fmt.Errorf("rollback %s: %s in the rename-in-place shape (no pointer, %s) and the others in Generations mode: one rollback flips indexes of one mode; roll them back separately; nothing changed",
-			what, strings.Join(plain, ", "), displayKey(keys.PointerKey(lives[slices.Index(pointers, false)], client.Mode() == rueidis.ClientModeCluster)))
-	}
-	families := make([]string, len(lives))
-	for i, g := range before {
-		if g != nil {
-			families[i] = g.FamilyType
-		}
-	}
-	_, err := krun.New(client, nil).GenRollback(ctx, krun.RollbackOptions{
-		Op: "rollback", Key: what, Lives: lives, FamilyTypes: families, TTL: rollbackLease, Now: c.now(),
-	})
-	if errors.Is(err, krun.ErrInProgress) {
-		return fmt.Errorf("%w; nothing changed: roll back once it has ended, or end it ('keyswap cancel', 'keyswap discard')", err)
-	}
-	if err != nil {
-		return err
-	}
-	after, err := readGenerations(ctx, client, lives)
-	if err != nil {
-		return fmt.Errorf("rolled back %s, but reading the generations failed: %w", what, err)
-	}
-	idx := make([]keyGeneration, len(lives))
-	gs := make([]*genStatus, len(lives))
-	for i, l := range lives {
-		idx[i] = keyGeneration{Key: l, Family: families[i] != "", Generation: after[i]}
-		if gs[i], err = readGenStatus(ctx, client, l, gens.DefaultGrace); err != nil {
-			return fmt.Errorf("rolled back %s, but %w", what, err)
+// reportGenRollback prints the indexes idx that a rollback in Generations
+// mode flipped on srv, with their generations, read again from their
+// registries, as a table or, with asJSON, as rollbackJSON.
+func (c *cli) reportGenRollback(ctx context.Context, client rueidis.Client, srv server, idx []keyGeneration, asJSON bool) error {
+	gs := make([]*genStatus, len(idx))
+	for i, ix := range idx {
+		var err error
+		if gs[i], err = readGenStatus(ctx, client, ix.Key, gens.DefaultGrace); err != nil {
+			return fmt.Errorf("rolled back %s, but %w", indexes(len(idx)), err)
 		}
 	}
 	if asJSON {
@@ -191,12 +174,12 @@ func (c *cli) genRollback(ctx context.Context, client rueidis.Client, conn *conn
 		for i := range out {
 			out[i].Mode, out[i].Generations = gs[i].mode(), gs[i].json()
 		}
-		return writeJSON(c.stdout, rollbackJSON{Server: serverOf(client, conn.used).json(), Keys: out})
+		return writeJSON(c.stdout, rollbackJSON{Server: srv.json(), Keys: out})
 	}
-	fmt.Fprintf(c.stdout, "rolled back %s to the previous generation; 'keyswap rollback' again rolls forward\n\n", indexes(len(lives)))
+	fmt.Fprintf(c.stdout, "rolled back %s to the previous generation; 'keyswap rollback' again rolls forward\n\n", indexes(len(idx)))
 	tw := tabwriter.NewWriter(c.stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "KEY\tCURRENT\tPREVIOUS\tLIVE SINCE")
-	for i, l := range lives {
+	for i, ix := range idx {
 		cur, prev := "-", "-"
 		if g := gs[i]; g != nil && g.Current != 0 {
 			cur = fmtInt(g.Current)
@@ -204,8 +187,8 @@ func (c *cli) genRollback(ctx context.Context, client rueidis.Client, conn *conn
 		if g := gs[i]; g != nil && g.Previous != 0 {
 			prev = fmtInt(g.Previous)
 		}
-		_, since, _, _ := after[i].columns()
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", displayKey(l), cur, prev, since)
+		_, since, _, _ := ix.Generation.columns()
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", displayKey(ix.Key), cur, prev, since)
 	}
 	return tw.Flush()
 }
