@@ -452,6 +452,18 @@ func TestSweepGenerations(t *testing.T) {
 				t.Errorf("a dry run changed keys")
 			}
 
+			// The same dry run as lines.
+			r = keyswap(t, d.args("sweep", "--dry-run", "--pattern", pat, "--grace", "1h")...)
+			r.wantCode(t, exitOrphans)
+			if want := "would remove generation 1 of " + ix.email + " (retired:1000, 1 key)\n" +
+				"would remove generation " + strconv.FormatInt(abandoned, 10) + " of " + ix.email + " (building:" + token + ", 1 key)\n"; !strings.Contains(r.stdout, want) ||
+				!strings.HasSuffix(r.stdout, "\nwould remove 2 generations of 4 indexes in Generations mode (dry run; pass --delete to remove)\n") {
+				t.Errorf("sweep --dry-run: got\n%s", r.stdout)
+			}
+			if after := snapshot(); !maps.Equal(after, before) {
+				t.Errorf("a dry run changed keys")
+			}
+
 			// The sweep: exactly those two generations go.
 			r = keyswap(t, d.args("sweep", "--delete", "--pattern", pat, "--grace", "1h")...)
 			r.wantCode(t, exitOK)
