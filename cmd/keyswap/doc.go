@@ -14,7 +14,7 @@
 //	keyswap publish  [connection flags] [-json] [--wait 30s] <key>
 //	keyswap discard  [connection flags] [-json] [--wait 30s] <key>
 //	keyswap rollback [connection flags] [-json] <key>...
-//	keyswap sweep    [connection flags] [--delete | --dry-run] [--pattern '*:rebuild:*'] [--older-than 1h] [--grace 10s] [-json] [-progress auto]
+//	keyswap sweep    [connection flags] [--delete | --dry-run] [--pattern '*:rebuild:*'] [--older-than 1h] [--grace 10s] [--plain] [-json] [-progress auto]
 //	keyswap version  [-json]
 //	keyswap help     [<command> | connect]
 //
@@ -167,6 +167,9 @@
 // run built and abandoned; never the current or the previous one, nor a
 // build in progress. It prints each generation it removed (or would
 // remove) and each it kept, with why; -json lists them in "generations".
+// With --plain it also deletes what indexes that switched from
+// rename-in-place left in the plain shape, while their pointer exists:
+// give it once every reader resolves the pointer.
 //
 // Do not sweep during a rolling upgrade from a version without the rebuild
 // lock. Such versions hold no lock and put no TTL on their temp keys, so

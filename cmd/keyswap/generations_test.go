@@ -532,6 +532,42 @@ func TestSweepGenerations(t *testing.T) {
 			ix.wantGenData(t, d, 2, gV3)
 			only.wantGenData(t, d, 2, gV4)
 
+			// --plain: the keys left from rename-in-place go too, those of
+			// the family's type under its prefix and none of keyswap's.
+			plainOf := func(out string) map[string]*plainDropJSON {
+				t.Helper()
+				var doc sweepJSON
+				if err := json.Unmarshal([]byte(out), &doc); err != nil {
+					t.Fatalf("%v\n%s", err, out)
+				}
+				m := map[string]*plainDropJSON{}
+				for _, s := range doc.Generations {
+					m[s.name()] = s.Plain
+				}
+				return m
+			}
+			noPlain := &plainDropJSON{Note: "no plain shape recorded in its meta: nothing of it to delete"}
+			do(t, d.client, "SET", ix.country+":not-a-set", "x") // under the prefix, of another type
+			before = snapshot()
+			r = keyswap(t, d.args("sweep", "-json", "--plain", "--pattern", pat)...)
+			r.wantCode(t, exitOrphans)
+			if got, want := plainOf(r.stdout), map[string]*plainDropJSON{ix.email: {Keys: one}, ix.country: {}, only.email: {Keys: ptr[int64](0)}, only.country: noPlain}; !reflect.DeepEqual(got, want) {
+				t.Errorf("sweep --plain, a dry run: got\n%s", r.stdout)
+			}
+			if after := snapshot(); !maps.Equal(after, before) {
+				t.Errorf("a dry run changed keys")
+			}
+			r = keyswap(t, d.args("sweep", "-json", "--delete", "--plain", "--pattern", pat)...)
+			r.wantCode(t, exitOK)
+			if got, want := plainOf(r.stdout), map[string]*plainDropJSON{ix.email: {Keys: one}, ix.country: {Keys: buckets(gV1)}, only.email: {Keys: ptr[int64](0)}, only.country: noPlain}; !reflect.DeepEqual(got, want) {
+				t.Errorf("sweep --plain --delete: got\n%s", r.stdout)
+			}
+			if left := redistest.LiveKeys(t, d.client, ix.tag); !slices.Equal(left, []string{ix.country + ":not-a-set"}) {
+				t.Errorf("plain keys left: got %q, want only %s:not-a-set", left, ix.country)
+			}
+			ix.wantGenData(t, d, 2, gV3)
+			ix.wantGenData(t, d, 3, gV4)
+
 			// A corrupt registry: its index keeps everything, exit 1.
 			abandon(t, d, only.email, token)
 			do(t, d.client, "HSET", keys.RegistryKey(only.email, d.cluster), "07", "x")

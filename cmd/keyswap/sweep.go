@@ -42,9 +42,16 @@ keyspace, and removes each generation in small chunks (SCAN MATCH, UNLINK
 of at most 256 keys per command), its registry field last, checking before
 each chunk that the generation's state has not changed. A registry or
 pointer that holds what no run writes stops the sweep of its index, which
-keeps everything, and the sweep exits 1 after the other indexes. The
-plain keys left by an index that switched from rename-in-place are not
-deleted.
+keeps everything, and the sweep exits 1 after the other indexes.
+
+With --plain, it also deletes what an index that switched from
+rename-in-place to Generations mode left in the plain shape: its live key,
+or its family's buckets (<prefix>:<bucket>) of the type its meta records,
+none of keyswap's own keys; only while the index's pointer exists, checked
+in the same step as each deletion. Give it once every reader of those
+indexes resolves the pointer (the package reader): a reader that does not
+reads exactly those keys. A dry run counts a plain key, not a family's
+buckets (that takes a scan).
 
 It prints every key it deletes (or would delete), one per line, then a
 summary line that names the server. When it found indexes in Generations
@@ -70,6 +77,9 @@ Go-quoted. -json prints one object instead, with the names exact:
                                       in a dry run, what it would remove;
                                       "keys": null for a family's, not counted
       "kept": [{"gen": 3, "state": "current", "reason": "current: readers read it"}],
+      "plain": {"keys": 1, "note": ""},   --plain: the keys left in the plain shape
+                                      (null: not counted); "note" says why none
+                                      were looked for
       "error": "..."                  only when its sweep failed
     }],
     "generation_count": 1,            generations removed (or to remove)
@@ -123,6 +133,7 @@ type sweepFlags struct {
 	asJSON    bool
 	progress  string
 	grace     time.Duration
+	plain     bool
 }
 
 // sweep is the 'keyswap sweep' command.
@@ -150,7 +161,7 @@ func (c *cli) sweep(ctx context.Context, args []string) error {
 	slices.Sort(swept)
 	var genSwept []genSweep
 	if err == nil {
-		genSwept, err = sweepGenerations(ctx, client, f.pattern, f.grace, dryRun)
+		genSwept, err = sweepGenerations(ctx, client, f.pattern, f.grace, dryRun, f.plain)
 	}
 	srv := serverOf(client, f.conn.used)
 	if jerr := c.reportSweep(f, srv, swept, genSwept, err); jerr != nil && err == nil {
@@ -160,6 +171,11 @@ func (c *cli) sweep(ctx context.Context, args []string) error {
 		err = genErrors(genSwept)
 	}
 	removable, _ := genCounts(genSwept)
+	for _, s := range genSwept {
+		if s.Plain != nil && (s.Plain.Keys == nil || *s.Plain.Keys > 0) && s.Plain.Note == "" {
+			removable++
+		}
+	}
 	reported := func(err error) error { // -json has printed err in its document
 		if f.asJSON {
 			return fmt.Errorf("%w (%w)", err, errReported)
@@ -195,6 +211,8 @@ func (c *cli) parseSweep(args []string) (sweepFlags, error) {
 	fs.DurationVar(&f.grace, "grace", gens.DefaultGrace,
 		"how long after its retirement a retired generation of an index in Generations mode is kept: longer than\n"+
 			"the readers' cache of the pointer, as rebuild.Options.Grace")
+	fs.BoolVar(&f.plain, "plain", false, "also delete the keys that indexes switched from rename-in-place to Generations mode left in\n"+
+		"the plain shape (their live key, a family's buckets), once every reader resolves the pointer")
 	fs.BoolVar(&f.asJSON, "json", false, "print one JSON object (described above) instead of lines")
 	fs.StringVar(&f.progress, "progress", progressAuto,
 		"`mode` of the progress display on stderr: auto (when stderr is a terminal and the keyspace holds at least\n"+
@@ -283,6 +301,16 @@ func (c *cli) printGenSwept(ss []genSweep, dryRun bool) {
 		}
 		for _, k := range s.Kept {
 			fmt.Fprintf(c.stdout, "kept generation %d of %s (%s): %s\n", k.Gen, displayKey(s.Key), displayKey(k.State), k.Reason)
+		}
+		if p := s.Plain; p != nil {
+			switch {
+			case p.Note != "":
+				fmt.Fprintf(c.stdout, "kept the plain keys of %s: %s\n", displayKey(s.Key), p.Note)
+			case p.Keys == nil:
+				fmt.Fprintf(c.stdout, "%s the plain buckets left of %s (not counted)\n", verb, displayKey(s.Key))
+			default:
+				fmt.Fprintf(c.stdout, "%s %s left of %s in the plain shape\n", verb, plural(int(*p.Keys), "key"), displayKey(s.Key))
+			}
 		}
 		if s.Err == nil {
 			swept++

@@ -25,9 +25,57 @@ type genSweep struct {
 	// those kept, with why.
 	Removed []genRemoved
 	Kept    []genKept
+	// Plain is what --plain did to the plain keys left from
+	// rename-in-place by an index that has a pointer; nil without --plain
+	// or a pointer.
+	Plain *plainDrop
 	// Err is why the index was not swept (a corrupt registry), or
 	// stopped.
 	Err error
+}
+
+// plainDrop is what the sweep did (or, in a dry run, would do) to the keys
+// an index left in the rename-in-place shape when it switched to
+// Generations mode.
+type plainDrop struct {
+	// Keys is the number of keys deleted; in a dry run, those that exist,
+	// or nil for a family's buckets (not counted: that takes a scan).
+	Keys *int64
+	// Note says why nothing was looked for, when nothing was.
+	Note string
+}
+
+// plainDropJSON is a plainDrop in JSON.
+type plainDropJSON struct {
+	Keys *int64 `json:"keys"`
+	Note string `json:"note,omitempty"`
+}
+
+// dropPlain deletes with gens.DropPlain what idx, an index with a pointer,
+// left in the rename-in-place shape, or, in a dry run, counts it (a plain
+// key only). A family whose meta records no type was never published in
+// the plain shape: nothing is looked for.
+func dropPlain(ctx context.Context, client rueidis.Client, idx gens.Index, dryRun bool) (*plainDrop, error) {
+	if idx.Family && idx.Type == "" {
+		return &plainDrop{Note: "no plain shape recorded in its meta: nothing of it to delete"}, nil
+	}
+	if dryRun {
+		if idx.Family {
+			return &plainDrop{}, nil
+		}
+		found, err := existing(ctx, client, []string{idx.Live})
+		if err != nil {
+			return nil, err
+		}
+		n := int64(0)
+		if found[idx.Live] {
+			n = 1
+		}
+		return &plainDrop{Keys: &n}, nil
+	}
+	res, err := gens.DropPlain(ctx, client, idx, gens.Options{})
+	n := res.Keys
+	return &plainDrop{Keys: &n, Note: res.Note}, err
 }
 
 // genRemoved is a generation removed.
@@ -52,6 +100,7 @@ type genSweepJSON struct {
 	Family  bool             `json:"family"`
 	Removed []genRemovedJSON `json:"removed"`
 	Kept    []genKeptJSON    `json:"kept"`
+	Plain   *plainDropJSON   `json:"plain,omitempty"`
 	Error   string           `json:"error,omitempty"`
 }
 
@@ -77,6 +126,9 @@ func (s genSweep) json() genSweepJSON {
 	}
 	for _, k := range s.Kept {
 		out.Kept = append(out.Kept, genKeptJSON(k))
+	}
+	if s.Plain != nil {
+		out.Plain = &plainDropJSON{Keys: s.Plain.Keys, Note: s.Plain.Note}
 	}
 	if s.Err != nil {
 		out.Error = errorMessage(s.Err)
@@ -127,19 +179,20 @@ func findGenIndexes(ctx context.Context, client rueidis.Client, pattern string) 
 	return slices.Sorted(maps.Keys(found)), nil
 }
 
-// isFamily returns whether the index live is a family: its meta says so
-// (a publish in rename-in-place recorded its type), or none of the data
+// isFamily returns whether the index live is a family, and its type when
+// its meta records one: its meta says so (a publish in rename-in-place
+// recorded its type), or none of the data
 // keys a plain index would have in the generations of snap exists (a
 // plain index has exactly one per generation, keys.GenKey). An index
 // without any data key is swept as a family: its generations' keys are
 // then looked for with a scan, which finds none of a plain index's.
-func isFamily(ctx context.Context, client rueidis.Client, live string, snap gens.Snapshot) (bool, error) {
+func isFamily(ctx context.Context, client rueidis.Client, live string, snap gens.Snapshot) (family bool, typ string, err error) {
 	metas, err := readGenerations(ctx, client, []string{live})
 	if err != nil {
-		return false, err
+		return false, "", err
 	}
 	if metas[0] != nil && metas[0].FamilyType != "" {
-		return true, nil
+		return true, metas[0].FamilyType, nil
 	}
 	ks := make([]string, 0, len(snap.Registry.Gens))
 	for _, g := range snap.Registry.Sorted() {
@@ -147,9 +200,9 @@ func isFamily(ctx context.Context, client rueidis.Client, live string, snap gens
 	}
 	found, err := existing(ctx, client, ks)
 	if err != nil {
-		return false, err
+		return false, "", err
 	}
-	return !slices.ContainsFunc(ks, func(k string) bool { return found[k] }), nil
+	return !slices.ContainsFunc(ks, func(k string) bool { return found[k] }), "", nil
 }
 
 // keepReason returns why the sweep keeps generation st of snap, as
@@ -177,7 +230,7 @@ func keepReason(st gens.State, snap gens.Snapshot, grace time.Duration) gens.Rea
 // a dry run, by reading each registry and applying gens.Sweep's rule. A
 // corrupt registry stops the sweep of its index only (its Err); any other
 // error stops the whole sweep, and is returned with what was done.
-func sweepGenerations(ctx context.Context, client rueidis.Client, pattern string, grace time.Duration, dryRun bool) ([]genSweep, error) {
+func sweepGenerations(ctx context.Context, client rueidis.Client, pattern string, grace time.Duration, dryRun, plain bool) ([]genSweep, error) {
 	lives, err := findGenIndexes(ctx, client, pattern)
 	if err != nil {
 		return nil, err
@@ -186,8 +239,9 @@ func sweepGenerations(ctx context.Context, client rueidis.Client, pattern string
 	for _, live := range lives {
 		s := genSweep{Key: live, Removed: []genRemoved{}, Kept: []genKept{}}
 		snap, err := gens.Read(ctx, client, gens.Index{Live: live})
+		var typ string
 		if err == nil {
-			s.Family, err = isFamily(ctx, client, live, snap)
+			s.Family, typ, err = isFamily(ctx, client, live, snap)
 		}
 		if err == nil && dryRun {
 			err = s.plan(ctx, client, snap, grace)
@@ -196,6 +250,9 @@ func sweepGenerations(ctx context.Context, client rueidis.Client, pattern string
 			var res gens.Result
 			res, err = gens.Sweep(ctx, client, gens.Index{Live: live, Family: s.Family}, gens.Options{Grace: grace})
 			s.record(res)
+		}
+		if err == nil && plain && snap.HasPointer {
+			s.Plain, err = dropPlain(ctx, client, gens.Index{Live: live, Family: s.Family, Type: typ}, dryRun)
 		}
 		if err != nil {
 			s.Err = err
