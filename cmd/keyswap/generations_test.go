@@ -653,3 +653,45 @@ func TestSweepGenerationsSpread(t *testing.T) {
 		})
 	}
 }
+
+func TestCutGenSuffix(t *testing.T) {
+	for _, tc := range []struct {
+		key, base string
+		ok        bool
+	}{
+		{"{users:by-email}:rebuild-gens", "{users:by-email}", true},
+		{"users:by-email:rebuild-ptr", "users:by-email", true},
+		{"users:by-email:rebuild-gen", "", false},
+		// A bucket's data key is no registry, whatever the bucket's name.
+		{"users:by-country:rebuild-g:5:x:rebuild-gens", "", false},
+		{"users:by-country:rebuild-g:5:x:rebuild-ptr", "", false},
+	} {
+		if base, ok := cutGenSuffix(tc.key); ok != tc.ok || ok && base != tc.base {
+			t.Errorf("cutGenSuffix(%q): got %q, %v; want %q, %v", tc.key, base, ok, tc.base, tc.ok)
+		}
+	}
+}
+
+func TestSelectRegistry(t *testing.T) {
+	for _, tc := range []struct {
+		pattern, base string
+		want          bool
+	}{
+		{"*:rebuild:*", "{users:by-email}", true},
+		{"users:*:rebuild:*", "users:by-email", true},
+		{"users:*:rebuild:*", "{users:by-email}", false},
+		{"{users:*}:rebuild:*", "{users:by-email}", true},
+		{"*ks:T*:rebuild:*", "{ks:T/x}:by-email", true},
+		{"orders:*:rebuild:*", "users:by-email", false},
+	} {
+		if got := selectRegistry(tc.pattern, tc.base); got != tc.want {
+			t.Errorf("selectRegistry(%q, %q): got %v, want %v", tc.pattern, tc.base, got, tc.want)
+		}
+		if want := strings.TrimSuffix(tc.pattern, ":rebuild:*") + ":rebuild-gens"; registryPattern(tc.pattern) != want {
+			t.Errorf("registryPattern(%q): got %q, want %q", tc.pattern, registryPattern(tc.pattern), want)
+		}
+	}
+	if got := registryPattern("*"); got != "*:rebuild-gens" {
+		t.Errorf(`registryPattern("*"): got %q`, got)
+	}
+}

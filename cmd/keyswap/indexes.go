@@ -150,14 +150,17 @@ func describeIndexes(ctx context.Context, client rueidis.Client, metas, genKeys 
 	}
 	// The indexes in Generations mode: their bases, and those without a
 	// meta of keyswap's, by the registry's or the pointer's name.
-	genBases := map[string]bool{}
+	genBases, listed := map[string]bool{}, map[string]bool{}
+	for _, ix := range out {
+		listed[metas[ix.MetaKey]] = true
+	}
 	for _, k := range slices.Sorted(maps.Keys(genKeys)) {
 		base := genKeys[k]
 		if genBases[base] {
 			continue
 		}
 		genBases[base] = true
-		if slices.ContainsFunc(out, func(ix indexStatus) bool { return metas[ix.MetaKey] == base }) {
+		if listed[base] {
 			continue
 		}
 		keyOf := keys.RegistryKey

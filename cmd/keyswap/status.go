@@ -490,8 +490,12 @@ func scanRebuildKeys(ctx context.Context, client rueidis.Client, pattern string,
 }
 
 // cutGenSuffix returns the base of k, a registry or a pointer of
-// Generations mode, and whether it is one.
+// Generations mode, and whether it is one. A generation's data key is
+// none, whatever its end: a bucket may be named "x:rebuild-gens".
 func cutGenSuffix(k string) (string, bool) {
+	if keys.IsGenKey(k) {
+		return "", false
+	}
 	if base, ok := strings.CutSuffix(k, keys.RegistrySuffix); ok {
 		return base, true
 	}

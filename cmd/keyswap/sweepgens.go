@@ -166,7 +166,7 @@ func findGenIndexes(ctx context.Context, client rueidis.Client, pattern string) 
 		}
 		for _, k := range page {
 			base, ok := strings.CutSuffix(k, keys.RegistrySuffix)
-			if !ok || !selectRegistry(pattern, base) {
+			if !ok || keys.IsGenKey(k) || !selectRegistry(pattern, base) {
 				continue
 			}
 			live := liveOf(k, base, cluster, keys.RegistryKey)
