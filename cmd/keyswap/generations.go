@@ -293,7 +293,7 @@ func (g *genStatus) columns(now time.Time) []string {
 	note := "-"
 	switch {
 	case g.Current == 0:
-		note = "no pointer: rename-in-place; generations left to sweep"
+		note = "no pointer: in the rename-in-place shape"
 	case g.PlainLeft != nil && *g.PlainLeft:
 		note = "switching: the plain key is left from rename-in-place"
 	}
