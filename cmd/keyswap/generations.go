@@ -266,7 +266,7 @@ func (g *genStatus) json() *genStatusJSON {
 // then a note.
 func (g *genStatus) columns(now time.Time) []string {
 	if g.Corrupt != "" {
-		return []string{"?", "?", "?", "?", "?", "corrupt: " + g.Corrupt}
+		return []string{"?", "?", "?", "?", "?", "unreadable: " + g.Corrupt}
 	}
 	cur, prev := "-", "-"
 	if g.Current != 0 {

@@ -52,8 +52,9 @@ Status lists what keyswap keeps in Redis right now, and changes nothing:
     abandoned by a run that is gone, and a note: "switching" for an index
     whose plain key from rename-in-place is still there beside its pointer
     (a family's plain buckets are not looked for: that takes a scan), or
-    "corrupt" and why, for a registry or pointer that holds what no run
-    writes. ROLLBACK in INDEXES follows the rule of Generations mode for
+    "unreadable" and why, for a registry or pointer that holds what no run
+    writes, or that Redis refused to read (an ACL without EVALSHA: the
+    registry is read with a script, in one step with the pointer). ROLLBACK in INDEXES follows the rule of Generations mode for
     them: possible while a previous generation is kept and no rebuild
     holds the lock;
   - temp keys (<key>:rebuild:<unix>:<16 hex>): their age, from the
@@ -205,7 +206,8 @@ JSON output (-json) is one object, whose fields are kept stable:
                       "abandoned": false}],    its run holds the lock no more
         "plain_keys_left": false,     the plain key is still there beside the
                                       pointer (switching); null: not looked for
-        "error": "..."                only for a corrupt registry or pointer
+        "error": "..."                only for a corrupt registry or pointer, or
+                                      a read Redis refused
       }
     }]
   }
