@@ -54,7 +54,9 @@ Status lists what keyswap keeps in Redis right now, and changes nothing:
     (a family's plain buckets are not looked for: that takes a scan), or
     "unreadable" and why, for a registry or pointer that holds what no run
     writes, or that Redis refused to read (an ACL without EVALSHA: the
-    registry is read with a script, in one step with the pointer). ROLLBACK in INDEXES follows the rule of Generations mode for
+    registry is read with a script, in one step with the pointer). Their
+    generations are the registry's, allocated one per run, while GEN in
+    INDEXES counts the publishes and rollbacks of the index. ROLLBACK in INDEXES follows the rule of Generations mode for
     them: possible while a previous generation is kept and no rebuild
     holds the lock;
   - temp keys (<key>:rebuild:<unix>:<16 hex>): their age, from the
