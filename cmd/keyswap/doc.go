@@ -1,11 +1,11 @@
 // Keyswap is the operator's command for keyswap's atomic key rebuilds: it
 // shows the rebuilds in progress, steers and decides them, rolls back what
 // they published, and sweeps the temp keys that crashed processes left
-// behind.
+// behind and the generations that no reader reads any more.
 //
 // Usage:
 //
-//	keyswap status   [connection flags] [-json] [-older-than 1h] [--watch [--interval 1s]] [pattern | key | --pattern glob | --index key]
+//	keyswap status   [connection flags] [-json] [-older-than 1h] [--grace 10s] [--watch [--interval 1s]] [pattern | key | --pattern glob | --index key]
 //	keyswap cancel   [connection flags] [-json] <key>
 //	keyswap throttle [connection flags] [-json] <key> <items/s>
 //	keyswap pause    [connection flags] [-json] <key>
@@ -14,7 +14,7 @@
 //	keyswap publish  [connection flags] [-json] [--wait 30s] <key>
 //	keyswap discard  [connection flags] [-json] [--wait 30s] <key>
 //	keyswap rollback [connection flags] [-json] <key>...
-//	keyswap sweep    [connection flags] [--delete | --dry-run] [--pattern '*:rebuild:*'] [--older-than 1h] [-json] [-progress auto]
+//	keyswap sweep    [connection flags] [--delete | --dry-run] [--pattern '*:rebuild:*'] [--older-than 1h] [--grace 10s] [--plain] [-json] [-progress auto]
 //	keyswap version  [-json]
 //	keyswap help     [<command> | connect]
 //
@@ -100,6 +100,19 @@
 // rollback and until when, and whether 'keyswap rollback' would roll it
 // back now, and if not, why.
 //
+// An index published in Generations mode (rebuild.Options.Publish =
+// rebuild.Generations) has a pointer, <key>:rebuild-ptr, naming its
+// current generation, and a registry of its generations,
+// <key>:rebuild-gens. Status lists such indexes in a GENERATIONS table
+// (and in -json, each index's "mode" and "generations"): the mode, the
+// current generation, the previous one kept for a rollback, the retired
+// ones waiting for their removal and since when, the builds in progress
+// with the start of their run's token, those abandoned by a run that is
+// gone, and whether the index is switching from rename-in-place (its
+// plain key is still there beside the pointer) or its registry is
+// corrupt. A generation retired more than --grace ago (10s), or abandoned,
+// is a sweep candidate, by the sweep's own rule.
+//
 // An argument without a glob character (or --index) is one live key:
 // status then reads that key's lock, run and index without a scan, at the
 // same cost whatever the size of the keyspace, and does not look for
@@ -134,7 +147,11 @@
 // rollback swaps back the values that the last publish with
 // Options.KeepPrevious replaced, for every key given, in one atomic step
 // fenced by their locks; a family's buckets come back or go as they were.
-// It prints the generation now live; a second rollback rolls forward.
+// It prints the generation now live; a second rollback rolls forward. An
+// index in Generations mode is rolled back by a flip of its pointer to its
+// previous generation, whatever its size; the one rolled back becomes the
+// previous one, so a second rollback flips forward. One rollback takes
+// indexes of one mode.
 //
 // # Sweep
 //
@@ -143,6 +160,16 @@
 // "would delete N keys (dry run; pass --delete to delete)". With --delete it
 // deletes them and prints "deleted N keys". On a terminal, a large sweep
 // shows a progress spinner on stderr.
+//
+// It also removes, in small chunks, the dead generations of the indexes in
+// Generations mode whose temp keys --pattern matches: those retired more
+// than --grace ago (10s by default, as rebuild.Options.Grace) and those a
+// run built and abandoned; never the current or the previous one, nor a
+// build in progress. It prints each generation it removed (or would
+// remove) and each it kept, with why; -json lists them in "generations".
+// With --plain it also deletes what indexes that switched from
+// rename-in-place left in the plain shape, while their pointer exists:
+// give it once every reader resolves the pointer.
 //
 // Do not sweep during a rolling upgrade from a version without the rebuild
 // lock. Such versions hold no lock and put no TTL on their temp keys, so
@@ -171,9 +198,11 @@
 // # Exit status
 //
 //	0  success; for status and a sweep without --delete, nothing to sweep
-//	1  an error: Redis unreachable, authentication failed, a command failed
+//	1  an error: Redis unreachable, authentication failed, a command failed,
+//	   a corrupt registry of generations (sweep)
 //	2  a usage error
-//	3  status or a sweep without --delete found sweep candidates
+//	3  status or a sweep without --delete found sweep candidates: temp
+//	   keys, or generations to remove
 //	4  no rebuild is in progress for the key given
 //	5  the run is not held (diff, publish, discard), or a run holds the
 //	   lock (rollback); nothing changed

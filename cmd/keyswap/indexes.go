@@ -31,6 +31,10 @@ type indexStatus struct {
 	// it; "" otherwise.
 	LockKey  string
 	Rollback rollbackState
+	// Gens is the index's registry and pointer of Generations mode; nil
+	// for an index that has neither (it was never published in that
+	// mode).
+	Gens *genStatus
 }
 
 // rollbackState says whether 'keyswap rollback' of an index would roll
@@ -94,20 +98,30 @@ func (r rollbackState) String() string {
 // "{users:by-email}" also stands for a live key spelled with the braces,
 // which shares the meta: the name without them is given.
 func indexKey(metaKey, base string, cluster bool) string {
+	return liveOf(metaKey, base, cluster, keys.MetaKey)
+}
+
+// liveOf returns the live key (a family's prefix) whose key of one kind,
+// as keyOf names it (keys.MetaKey, keys.RegistryKey, keys.PointerKey), is
+// key, of base, as indexKey does for metas.
+func liveOf(key, base string, cluster bool, keyOf func(live string, cluster bool) string) string {
 	names := liveNames(base, cluster)
 	for i := len(names) - 1; i >= 0; i-- {
-		if keys.MetaKey(names[i].name, cluster) == metaKey {
+		if keyOf(names[i].name, cluster) == key {
 			return names[i].name
 		}
 	}
 	return base
 }
 
-// describeIndexes returns the indexes of metas (meta key -> base), sorted
-// by key, with one pipelined HGETALL per meta. held are the lock keys held
-// (by key). A meta that is gone since the scan, or is not a hash with a
-// generation (not keyswap's), is left out.
-func describeIndexes(ctx context.Context, client rueidis.Client, metas map[string]string, held map[string]bool, now time.Time) ([]indexStatus, error) {
+// describeIndexes returns the indexes of metas (meta key -> base), and of
+// genKeys (registry or pointer key -> base), sorted by key, with one
+// pipelined HGETALL per meta and, for an index with a registry or a
+// pointer, its generations read as readGenStatus does, with grace. held
+// are the lock keys held (by key). A meta that is gone since the scan, or
+// is not a hash with a generation (not keyswap's), is left out, unless
+// the index has a registry or a pointer.
+func describeIndexes(ctx context.Context, client rueidis.Client, metas, genKeys map[string]string, held map[string]bool, now time.Time, grace time.Duration) ([]indexStatus, error) {
 	cluster := client.Mode() == rueidis.ClientModeCluster
 	ks := slices.Sorted(maps.Keys(metas))
 	cmds := make(rueidis.Commands, len(ks))
@@ -134,8 +148,45 @@ func describeIndexes(ctx context.Context, client rueidis.Client, metas map[strin
 		out = append(out, indexStatus{Key: indexKey(ks[i], metas[ks[i]], cluster), MetaKey: ks[i], Generation: &g,
 			LockKey: lock, Rollback: rollbackOf(&g, lock, now)})
 	}
+	// The indexes in Generations mode: their bases, and those without a
+	// meta of keyswap's, by the registry's or the pointer's name.
+	genBases, listed := map[string]bool{}, map[string]bool{}
+	for _, ix := range out {
+		listed[metas[ix.MetaKey]] = true
+	}
+	for _, k := range slices.Sorted(maps.Keys(genKeys)) {
+		base := genKeys[k]
+		if genBases[base] {
+			continue
+		}
+		genBases[base] = true
+		if listed[base] {
+			continue
+		}
+		keyOf := keys.RegistryKey
+		if strings.HasSuffix(k, keys.PointerSuffix) {
+			keyOf = keys.PointerKey
+		}
+		live := liveOf(k, base, cluster, keyOf)
+		lock := keys.LockKeyForBase(base)
+		if !held[lock] {
+			lock = ""
+		}
+		out = append(out, indexStatus{Key: live, MetaKey: keys.MetaKey(live, cluster), LockKey: lock, Rollback: rollbackOf(nil, lock, now)})
+	}
 	slices.SortFunc(out, func(a, b indexStatus) int {
 		return cmp.Or(strings.Compare(a.Key, b.Key), strings.Compare(a.MetaKey, b.MetaKey))
 	})
+	withGens := make([]bool, len(out))
+	for i, ix := range out {
+		base, ok := metas[ix.MetaKey]
+		if !ok {
+			base = keys.Base(ix.Key, cluster)
+		}
+		withGens[i] = genBases[base]
+	}
+	if err := addGenerations(ctx, client, out, withGens, grace); err != nil {
+		return nil, err
+	}
 	return out, nil
 }

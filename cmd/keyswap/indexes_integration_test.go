@@ -50,7 +50,7 @@ func wantIndex(t *testing.T, d deployment, got map[string]indexStatusJSON, key s
 		tm := time.UnixMilli(atoi(v)).UTC()
 		return &tm
 	}
-	want := indexStatusJSON{jsonKey: newJSONKey(key), Family: family, Locked: locked,
+	want := indexStatusJSON{jsonKey: newJSONKey(key), Family: family, Locked: locked, Mode: modeRename,
 		Generation: &generationJSON{Gen: gen, At: ms(m["at"]), RolledBack: ms(m["rolled_back"])},
 		Rollback:   rollbackStateJSON{Possible: whyNot == "", WhyNot: whyNot}}
 	want.MetaKey, want.MetaKeyBase64 = jsonName(meta)

@@ -31,7 +31,7 @@ const (
 const mainUsage = `keyswap is the operator's tool for keyswap's atomic key rebuilds in Redis:
 it shows the rebuilds in progress, steers and decides them, rolls back
 what they published, and sweeps the temp keys that crashed processes left
-behind.
+behind and the generations that no reader reads any more.
 
 Usage:
 
@@ -48,7 +48,8 @@ Commands:
 	publish   publish a held rebuild, and wait for its outcome
 	discard   discard a held rebuild, and wait for its outcome
 	rollback  swap the previous generation of indexes back in
-	sweep     delete orphaned temp keys (a dry run unless --delete is given)
+	sweep     delete orphaned temp keys and dead generations (a dry run
+	          unless --delete is given)
 	version   print keyswap's version (also: keyswap --version)
 
 Run 'keyswap help <command>' (or 'keyswap <command> --help') for a
@@ -68,8 +69,9 @@ Exit status:
 	0  success (and, for status and a dry-run sweep, nothing to sweep)
 	1  an error: Redis unreachable, authentication failed, a command failed
 	2  a usage error
-	3  status or a sweep without --delete found sweep candidates (a sweep
-	   with --delete exits 0 once it deleted them all)
+	3  status or a sweep without --delete found sweep candidates, temp keys
+	   or generations (a sweep with --delete exits 0 once it deleted them
+	   all)
 	4  no rebuild is in progress for the key given (cancel, throttle,
 	   pause, resume, diff, publish, discard)
 	5  the rebuild is not held (diff, publish, discard), or, for rollback,

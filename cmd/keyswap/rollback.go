@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
+	"text/tabwriter"
 	"time"
 
+	"github.com/keyswap/keyswap/internal/gens"
 	"github.com/keyswap/keyswap/internal/keys"
 	krun "github.com/keyswap/keyswap/internal/protocol"
 	"github.com/redis/rueidis"
@@ -23,6 +26,18 @@ and the values rolled back are kept in turn, for what is left of the time
 KeepPrevious gave them: a second rollback rolls forward again. Changes
 applied to the live keys since the publish are in the generation rolled
 back, not in the one restored.
+
+An index published in Generations mode (rebuild.Options.Publish =
+rebuild.Generations: it has a pointer, "<key>:rebuild-ptr") is rolled back
+by a flip instead: its pointer goes back to the previous generation, which
+its last publish kept with KeepPrevious (until the next publish, without a
+time limit), and the generation rolled back becomes the previous one, so a
+second rollback flips forward again. No data key moves: it costs the same
+whatever the size of the index. The indexes of one rollback must all be in
+that mode, or all in rename-in-place; a rollback that mixes them is
+refused, changing nothing. It prints each index's current and previous
+generation, and -json adds to each key "mode": "generations" and its
+"generations", as 'keyswap status -json' gives them.
 
 Whether an index is a family is read from its meta ("<key>:rebuild-gen"),
 which every publish writes. The indexes of one rollback must be published
@@ -51,8 +66,9 @@ its bytes, in "key_base64".
 
 Exit status: 0 once rolled back; 5 when a rebuild of one of the indexes is
 in progress; 6 when one keeps no previous generation (none was kept, or
-its time ran out); 1 on an error; 2 on a usage error. On every error
-nothing changed.`
+its time ran out; in Generations mode, none was kept or a publish since
+retired it); 1 on an error, or for indexes of both modes at once; 2 on a
+usage error. On every error nothing changed.`
 
 // rollbackLease is the lease of the locks a rollback takes: a family's
 // SCAN runs under them.
@@ -87,15 +103,33 @@ func (c *cli) rollback(ctx context.Context, args []string) error {
 	if err != nil {
 		return fmt.Errorf("rollback %s: %w", what, err)
 	}
+	pointers, err := hasPointers(ctx, client, lives)
+	if err != nil {
+		return fmt.Errorf("rollback %s: %w", what, err)
+	}
+	gen := slices.Contains(pointers, true)
+	if i := slices.Index(pointers, false); gen && i >= 0 {
+		return fmt.Errorf("rollback %s: %s is in the rename-in-place shape (no pointer, %s) and %s in Generations mode: one rollback flips indexes of one mode; roll them back separately; nothing changed",
+			what, displayKey(lives[i]), displayKey(keys.PointerKey(lives[i], client.Mode() == rueidis.ClientModeCluster)), displayKey(lives[slices.Index(pointers, true)]))
+	}
 	families := make([]string, len(lives))
 	for i, g := range before {
-		if g == nil {
+		switch {
+		case g != nil:
+			families[i] = g.FamilyType // "" for a plain key
+		case !gen:
 			return fmt.Errorf("rollback %s: %w: keyswap never published it (it has no meta, %s); nothing changed",
 				displayKey(lives[i]), krun.ErrNothingToRollBack, displayKey(metaKey(client, lives[i])))
 		}
-		families[i] = g.FamilyType // "" for a plain key
 	}
-	_, err = krun.New(client, nil).Rollback(ctx, krun.RollbackOptions{
+	// In Generations mode a rollback is a flip back of each pointer: no
+	// data key moves, so MaxKeys does not bind.
+	rr := krun.New(client, nil)
+	rollback := rr.Rollback
+	if gen {
+		rollback = rr.GenRollback
+	}
+	_, err = rollback(ctx, krun.RollbackOptions{
 		Op: "rollback", Key: what, Lives: lives, FamilyTypes: families, TTL: rollbackLease, Now: c.now(),
 		MaxKeys: krun.DefaultMaxKeys,
 	})
@@ -113,11 +147,69 @@ func (c *cli) rollback(ctx context.Context, args []string) error {
 	for i, l := range lives {
 		idx[i] = keyGeneration{Key: l, Family: families[i] != "", Generation: after[i]}
 	}
+	srv := serverOf(client, conn.used)
+	if gen {
+		return c.reportGenRollback(ctx, client, srv, idx, *asJSON)
+	}
 	if *asJSON {
-		return writeJSON(c.stdout, rollbackJSON{Server: serverOf(client, conn.used).json(), Keys: indexesJSON(idx)})
+		return writeJSON(c.stdout, rollbackJSON{Server: srv.json(), Keys: indexesJSON(idx)})
 	}
 	fmt.Fprintf(c.stdout, "rolled back %s; 'keyswap rollback' again rolls forward while PREV is kept\n\n", indexes(len(lives)))
 	return writeGenerations(c, idx)
+}
+
+// reportGenRollback prints the indexes idx that a rollback in Generations
+// mode flipped on srv, with their generations, read again from their
+// registries, as a table or, with asJSON, as rollbackJSON.
+func (c *cli) reportGenRollback(ctx context.Context, client rueidis.Client, srv server, idx []keyGeneration, asJSON bool) error {
+	gs := make([]*genStatus, len(idx))
+	for i, ix := range idx {
+		var err error
+		if gs[i], err = readGenStatus(ctx, client, ix.Key, gens.DefaultGrace); err != nil {
+			return fmt.Errorf("rolled back %s, but %w", indexes(len(idx)), err)
+		}
+	}
+	if asJSON {
+		out := indexesJSON(idx)
+		for i := range out {
+			out[i].Mode, out[i].Generations = gs[i].mode(), gs[i].json()
+		}
+		return writeJSON(c.stdout, rollbackJSON{Server: srv.json(), Keys: out})
+	}
+	fmt.Fprintf(c.stdout, "rolled back %s to the previous generation; 'keyswap rollback' again rolls forward\n\n", indexes(len(idx)))
+	tw := tabwriter.NewWriter(c.stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "KEY\tCURRENT\tPREVIOUS\tLIVE SINCE")
+	for i, ix := range idx {
+		cur, prev := "-", "-"
+		if g := gs[i]; g != nil && g.Current != 0 {
+			cur = fmtInt(g.Current)
+		}
+		if g := gs[i]; g != nil && g.Previous != 0 {
+			prev = fmtInt(g.Previous)
+		}
+		_, since, _, _ := ix.Generation.columns()
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", displayKey(ix.Key), cur, prev, since)
+	}
+	return tw.Flush()
+}
+
+// hasPointers returns, for each of lives, whether it has a pointer: it is
+// in Generations mode.
+func hasPointers(ctx context.Context, client rueidis.Client, lives []string) ([]bool, error) {
+	cluster := client.Mode() == rueidis.ClientModeCluster
+	ks := make([]string, len(lives))
+	for i, l := range lives {
+		ks[i] = keys.PointerKey(l, cluster)
+	}
+	found, err := existing(ctx, client, ks)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]bool, len(lives))
+	for i, k := range ks {
+		out[i] = found[k]
+	}
+	return out, nil
 }
 
 // metaKey returns the key of live's meta on client's deployment.

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/keyswap/keyswap/internal/gens"
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/scan"
 	"github.com/keyswap/keyswap/store"
@@ -38,6 +39,26 @@ Status lists what keyswap keeps in Redis right now, and changes nothing:
     when, and whether a rollback would roll back now (ROLLBACK: yes, or no
     and why: none kept, expired, a rebuild in progress, never published),
     as the rollback itself decides it;
+  - the indexes published in Generations mode (rebuild.Options.Publish =
+    rebuild.Generations), which have a pointer (<key>:rebuild-ptr) naming
+    their current generation and a registry of generations
+    (<key>:rebuild-gens): a GENERATIONS table gives each one's mode
+    ("generations", or "rename" for an index whose registry outlived its
+    pointer: switched back to rename-in-place), its current generation,
+    the previous one kept for 'keyswap rollback' (which flips back to it),
+    the retired ones waiting for their removal, since when, and whether a
+    sweep removes them now (retired more than --grace ago), the builds in
+    progress (the start of their run's token, as in RUNS) and those
+    abandoned by a run that is gone, and a note: "switching" for an index
+    whose plain key from rename-in-place is still there beside its pointer
+    (a family's plain buckets are not looked for: that takes a scan), or
+    "unreadable" and why, for a registry or pointer that holds what no run
+    writes, or that Redis refused to read (an ACL without EVALSHA: the
+    registry is read with a script, in one step with the pointer). Their
+    generations are the registry's, allocated one per run, while GEN in
+    INDEXES counts the publishes and rollbacks of the index. ROLLBACK in INDEXES follows the rule of Generations mode for
+    them: possible while a previous generation is kept and no rebuild
+    holds the lock;
   - temp keys (<key>:rebuild:<unix>:<16 hex>): their age, from the
     timestamp in the name; their TTL ("none" when they have none); their
     Redis type and size (entries, or bytes for a string); MEMORY USAGE;
@@ -48,7 +69,9 @@ A temp key without a TTL that no lock protects was left behind by a
 crashed process: once older than -older-than it is a sweep candidate. A
 TTL-less temp key under a held lock is normal: a rebuild has written it and
 not touched it yet. Sweep candidates are decided by the sweep's own rule,
-so status and sweep agree. When there are some, status prints the sweep
+so status and sweep agree. A generation retired more than --grace ago, or
+abandoned by its run, is a sweep candidate too, by the same rule as the
+sweep's. When there are some, status prints the sweep
 command that lists them (and, with --delete, deletes them), limited to the
 keys that the pattern selects, with the connection flags that reach the same
 server (a password given on the command line becomes --askpass: a
@@ -89,7 +112,8 @@ What status prints is a snapshot: rebuilds start and end while it runs.
 
 Exit status: 0 when there is no sweep candidate, 3 when there are some (for
 monitoring), 1 on an error, 2 on a usage error. Status of one key looks for
-no sweep candidate, and exits 0. --watch exits 0 once interrupted, 1 when
+no orphaned temp key, but reads the key's registry of generations: it
+exits 3 when a sweep would remove some of them, 0 otherwise. --watch exits 0 once interrupted, 1 when
 its first snapshot fails.
 
 JSON output (-json) is one object, whose fields are kept stable:
@@ -107,6 +131,7 @@ JSON output (-json) is one object, whose fields are kept stable:
     "scanned": true,                  false for a key: temp_keys holds its run's only
     "cluster": false,
     "older_than_seconds": 3600,
+    "grace_ms": 10000,                --grace
     "locks": [{
       "key": "users:by-email:rebuild-lock",
       "base": "users:by-email",       the key the lock guards, as named
@@ -172,6 +197,19 @@ JSON output (-json) is one object, whose fields are kept stable:
         "until": "2025-01-02T15:00:00Z",  while possible; else null
         "why_not": ""                 "none_kept", "expired",
                                       "rebuild_in_progress", "never_published"
+      },
+      "mode": "generations",          "generations": it has a pointer; else "rename"
+      "generations": {                null: no registry and no pointer
+        "current": 3,                 the pointer's; null: no pointer
+        "previous": 2,                kept for a rollback; null: none
+        "retired": [{"gen": 1, "since": "2025-01-02T15:04:05.123Z",
+                     "removable": false}],     a sweep removes it now
+        "building": [{"gen": 4, "token_prefix": "3f9a1c2e",
+                      "abandoned": false}],    its run holds the lock no more
+        "plain_keys_left": false,     the plain key is still there beside the
+                                      pointer (switching); null: not looked for
+        "error": "..."                only for a corrupt registry or pointer, or
+                                      a read Redis refused
       }
     }]
   }
@@ -201,9 +239,12 @@ type statusReport struct {
 	ByKey            bool
 	Cluster          bool
 	OlderThanSeconds int64
-	Locks            []lockStatus
-	TempKeys         []tempStatus
-	Runs             []runStatus
+	// Grace is the time past which a retired generation is a sweep
+	// candidate.
+	Grace    time.Duration
+	Locks    []lockStatus
+	TempKeys []tempStatus
+	Runs     []runStatus
 	// Indexes are the indexes published, from their metas: those the
 	// pattern selects, or the key's.
 	Indexes []indexStatus
@@ -259,6 +300,8 @@ func (c *cli) status(ctx context.Context, args []string) error {
 	asJSON := fs.Bool("json", false, "print one JSON object (described above) instead of tables; with --watch, one per line")
 	olderThan := fs.Duration("older-than", store.DefaultSweepOlderThan,
 		"the `age` past which a TTL-less, unlocked temp key is a sweep candidate, as for 'keyswap sweep'")
+	grace := fs.Duration("grace", gens.DefaultGrace,
+		"the `time` after its retirement past which a retired generation is a sweep candidate, as for 'keyswap sweep'")
 	legacy := fs.Bool("legacy", false, "count keys of the legacy shape <key>:rebuild:<digits> as sweep candidates too, as 'keyswap sweep --legacy' would")
 	// Not --key: redis-cli's flag for the TLS client key, which is ours too.
 	key := fs.String("index", "", "show this live `key` (a family's prefix) alone, without a scan, whatever bytes it holds")
@@ -276,6 +319,9 @@ func (c *cli) status(ctx context.Context, args []string) error {
 	if *olderThan <= 0 {
 		return usagef("-older-than %v: must be positive", *olderThan)
 	}
+	if *grace <= 0 {
+		return usagef("--grace %v: must be positive", *grace)
+	}
 	if *every <= 0 {
 		return usagef("--interval %v: must be positive", *every)
 	}
@@ -289,9 +335,9 @@ func (c *cli) status(ctx context.Context, args []string) error {
 		var rep *statusReport
 		var err error
 		if q.byKey {
-			rep, err = collectKeyStatus(ctx, client, q.key, *olderThan, c.now())
+			rep, err = collectKeyStatus(ctx, client, q.key, *olderThan, *grace, c.now())
 		} else {
-			rep, err = collectStatus(ctx, client, q.pattern, *olderThan, *legacy, c.now())
+			rep, err = collectStatus(ctx, client, q.pattern, *olderThan, *grace, *legacy, c.now())
 		}
 		if err != nil {
 			return nil, fmt.Errorf("status: %w", err)
@@ -372,22 +418,23 @@ const rebuildKeysPattern = "*:rebuild[-:]*"
 
 // collectStatus takes the snapshot of locks and temp keys whose live key
 // matches pattern ("" for all), at time now. It scans the keyspace once.
-func collectStatus(ctx context.Context, client rueidis.Client, pattern string, olderThan time.Duration, legacy bool, now time.Time) (*statusReport, error) {
+func collectStatus(ctx context.Context, client rueidis.Client, pattern string, olderThan, grace time.Duration, legacy bool, now time.Time) (*statusReport, error) {
 	cluster := client.Mode() == rueidis.ClientModeCluster
 	rep := &statusReport{
 		Time:             now.UTC(),
 		Pattern:          pattern,
 		Cluster:          cluster,
 		OlderThanSeconds: int64(olderThan / time.Second),
+		Grace:            grace,
 	}
-	locks, temps, metas, err := scanRebuildKeys(ctx, client, pattern, cluster, now)
+	locks, temps, metas, genKeys, err := scanRebuildKeys(ctx, client, pattern, cluster, now)
 	if err != nil {
 		return nil, err
 	}
 	if rep.Locks, err = describeLocks(ctx, client, locks); err != nil {
 		return nil, err
 	}
-	if rep.Indexes, err = describeIndexes(ctx, client, metas, rep.held(), now); err != nil {
+	if rep.Indexes, err = describeIndexes(ctx, client, metas, genKeys, rep.held(), now, grace); err != nil {
 		return nil, err
 	}
 	if rep.TempKeys, err = describeTemps(ctx, client, temps); err != nil {
@@ -416,14 +463,14 @@ func collectStatus(ctx context.Context, client rueidis.Client, pattern string, o
 }
 
 // scanRebuildKeys scans the keyspace once for the lock keys (lock key ->
-// base), temp keys and metas (meta key -> base) whose live key matches
-// pattern.
+// base), temp keys, metas (meta key -> base), and registries and pointers
+// of Generations mode (their key -> base) whose live key matches pattern.
 func scanRebuildKeys(ctx context.Context, client rueidis.Client, pattern string, cluster bool, now time.Time) (
-	locks map[string]string, temps map[string]tempStatus, metas map[string]string, err error) {
-	locks, temps, metas = map[string]string{}, map[string]tempStatus{}, map[string]string{}
+	locks map[string]string, temps map[string]tempStatus, metas, genKeys map[string]string, err error) {
+	locks, temps, metas, genKeys = map[string]string{}, map[string]tempStatus{}, map[string]string{}, map[string]string{}
 	for page, err := range scan.Pages(ctx, client, scan.Options{Match: rebuildKeysPattern}) {
 		if err != nil {
-			return nil, nil, nil, err
+			return nil, nil, nil, nil, err
 		}
 		for _, k := range page {
 			if base, ok := strings.CutSuffix(k, keys.LockSuffix); ok {
@@ -434,12 +481,29 @@ func scanRebuildKeys(ctx context.Context, client rueidis.Client, pattern string,
 				if matchLiveKey(pattern, base, cluster) {
 					metas[k] = base
 				}
+			} else if base, ok := cutGenSuffix(k); ok {
+				if matchLiveKey(pattern, base, cluster) {
+					genKeys[k] = base
+				}
 			} else if base, unix, ok := keys.ParseTempKey(k); ok && matchLiveKey(pattern, base, cluster) {
 				temps[k] = tempStatus{Key: k, Base: base, Timestamp: unix, AgeSeconds: now.Unix() - unix}
 			}
 		}
 	}
-	return locks, temps, metas, nil
+	return locks, temps, metas, genKeys, nil
+}
+
+// cutGenSuffix returns the base of k, a registry or a pointer of
+// Generations mode, and whether it is one. A generation's data key is
+// none, whatever its end: a bucket may be named "x:rebuild-gens".
+func cutGenSuffix(k string) (string, bool) {
+	if keys.IsGenKey(k) {
+		return "", false
+	}
+	if base, ok := strings.CutSuffix(k, keys.RegistrySuffix); ok {
+		return base, true
+	}
+	return strings.CutSuffix(k, keys.PointerSuffix)
 }
 
 // held returns the lock keys of rep's locks.
@@ -451,13 +515,28 @@ func (rep *statusReport) held() map[string]bool {
 	return out
 }
 
-// candidates returns the number of sweep candidates in rep.
-func (rep *statusReport) candidates() int {
+// candidates returns the number of sweep candidates in rep: temp keys,
+// and generations that a sweep would remove.
+func (rep *statusReport) candidates() int { return rep.tempCandidates() + rep.genCandidates() }
+
+// tempCandidates returns the number of temp keys in rep that are sweep
+// candidates.
+func (rep *statusReport) tempCandidates() int {
 	n := 0
 	for _, t := range rep.TempKeys {
 		if t.SweepCandidate {
 			n++
 		}
+	}
+	return n
+}
+
+// genCandidates returns the number of generations in rep that a sweep would
+// remove: retired longer than the grace ago, or abandoned by their run.
+func (rep *statusReport) genCandidates() int {
+	n := 0
+	for _, ix := range rep.Indexes {
+		n += ix.Gens.candidates()
 	}
 	return n
 }

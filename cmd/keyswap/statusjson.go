@@ -17,6 +17,7 @@ type statusJSON struct {
 	Scanned          bool              `json:"scanned"`
 	Cluster          bool              `json:"cluster"`
 	OlderThanSeconds int64             `json:"older_than_seconds"`
+	GraceMillis      int64             `json:"grace_ms"`
 	Locks            []lockJSON        `json:"locks"`
 	TempKeys         []tempJSON        `json:"temp_keys"`
 	Runs             []runJSON         `json:"runs"`
@@ -32,6 +33,9 @@ type indexStatusJSON struct {
 	Generation    *generationJSON   `json:"generation"`
 	Locked        bool              `json:"locked"`
 	Rollback      rollbackStateJSON `json:"rollback"`
+	// Mode is "generations" for an index with a pointer, else "rename".
+	Mode        string         `json:"mode"`
+	Generations *genStatusJSON `json:"generations"`
 }
 
 // rollbackStateJSON is a rollbackState in JSON.
@@ -74,6 +78,7 @@ func (rep *statusReport) json() statusJSON {
 		Time:             rep.Time,
 		Cluster:          rep.Cluster,
 		OlderThanSeconds: rep.OlderThanSeconds,
+		GraceMillis:      rep.Grace.Milliseconds(),
 		Locks:            make([]lockJSON, 0, len(rep.Locks)),
 		TempKeys:         make([]tempJSON, 0, len(rep.TempKeys)),
 	}
@@ -86,7 +91,8 @@ func (rep *statusReport) json() statusJSON {
 	out.Indexes = make([]indexStatusJSON, 0, len(rep.Indexes))
 	for _, ix := range rep.Indexes {
 		j := indexStatusJSON{jsonKey: newJSONKey(ix.Key), Generation: ix.Generation.json(), Locked: ix.LockKey != "",
-			Rollback: rollbackStateJSON{Possible: ix.Rollback.Possible, Until: jsonTime(ix.Rollback.Until), WhyNot: ix.Rollback.WhyNot}}
+			Rollback: rollbackStateJSON{Possible: ix.Rollback.Possible, Until: jsonTime(ix.Rollback.Until), WhyNot: ix.Rollback.WhyNot},
+			Mode:     ix.Gens.mode(), Generations: ix.Gens.json()}
 		j.MetaKey, j.MetaKeyBase64 = jsonName(ix.MetaKey)
 		j.Family = ix.Generation != nil && ix.Generation.Family
 		out.Indexes = append(out.Indexes, j)
@@ -152,6 +158,10 @@ type indexJSON struct {
 	jsonKey
 	Family     bool            `json:"family"`
 	Generation *generationJSON `json:"generation"`
+	// Mode and Generations are set by a rollback in Generations mode
+	// only: "generations", and the index's registry after it.
+	Mode        string         `json:"mode,omitempty"`
+	Generations *genStatusJSON `json:"generations,omitempty"`
 }
 
 // generationJSON is a generation in JSON.

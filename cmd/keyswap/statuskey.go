@@ -12,10 +12,11 @@ import (
 // prefix for a family) at time now, without scanning the keyspace: its
 // lock; the run that holds it, whichever of the run's keys live is, with
 // the run's other locks; the run's temp keys, but a family's, whose
-// buckets only a scan finds; and live's index. It reads a few keys, and
+// buckets only a scan finds; and live's index, with its generations when
+// it has a registry or a pointer of Generations mode. It reads a few keys, and
 // costs the same whatever the size of the keyspace. Orphaned temp keys are
 // not looked for: that takes a scan.
-func collectKeyStatus(ctx context.Context, client rueidis.Client, live string, olderThan time.Duration, now time.Time) (*statusReport, error) {
+func collectKeyStatus(ctx context.Context, client rueidis.Client, live string, olderThan, grace time.Duration, now time.Time) (*statusReport, error) {
 	cluster := client.Mode() == rueidis.ClientModeCluster
 	rep := &statusReport{
 		Time:             now.UTC(),
@@ -23,6 +24,7 @@ func collectKeyStatus(ctx context.Context, client rueidis.Client, live string, o
 		ByKey:            true,
 		Cluster:          cluster,
 		OlderThanSeconds: int64(olderThan / time.Second),
+		Grace:            grace,
 		TempKeys:         []tempStatus{},
 	}
 	lock := keys.LockKey(live, cluster)
@@ -65,5 +67,12 @@ func collectKeyStatus(ctx context.Context, client rueidis.Client, live string, o
 	}
 	rep.Indexes = []indexStatus{{Key: live, MetaKey: keys.MetaKey(live, cluster), Generation: gens[0], LockKey: held,
 		Rollback: rollbackOf(gens[0], held, now)}}
+	withGens, err := hasGenKeys(ctx, client, []string{live})
+	if err != nil {
+		return nil, err
+	}
+	if err := addGenerations(ctx, client, rep.Indexes, withGens, grace); err != nil {
+		return nil, err
+	}
 	return rep, nil
 }

@@ -10,7 +10,9 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/keyswap/keyswap/internal/gens"
 	"github.com/keyswap/keyswap/internal/keys"
+	"github.com/keyswap/keyswap/internal/scan"
 )
 
 // writeStatus prints rep as tables, then a summary line.
@@ -43,6 +45,9 @@ func writeStatus(w io.Writer, rep *statusReport) error {
 	if err := writeIndexes(w, rep.Indexes); err != nil {
 		return err
 	}
+	if err := writeGenTable(w, rep.Indexes, rep.Time); err != nil {
+		return err
+	}
 	fmt.Fprintln(tw)
 
 	unexpiring := 0
@@ -71,19 +76,28 @@ func writeStatus(w io.Writer, rep *statusReport) error {
 		}
 		fmt.Fprintf(w, "\n%s in progress for %s; %s; read without a scan, so orphaned temp keys are not looked for: %s finds them.\n",
 			plural(held, "rebuild"), displayKey(rep.Key), plural(len(rep.TempKeys), "temp key"), scanSuggestion(rep.Key, rep.SweepArgs))
+		rep.writeGenSummary(w)
+		rep.writeSweepCommands(w)
 		return nil
 	}
 	olderThan := time.Duration(rep.OlderThanSeconds) * time.Second
 	fmt.Fprintf(w, "\n%s in progress; %s, %d without a TTL; %s (no TTL, no lock, older than %s).\n",
 		plural(len(rep.Locks), "rebuild"), plural(len(rep.TempKeys), "temp key"), unexpiring,
-		plural(rep.candidates(), "sweep candidate"), olderThan)
+		plural(rep.tempCandidates(), "sweep candidate"), olderThan)
+	rep.writeGenSummary(w)
+	rep.writeSweepCommands(w)
+	return nil
+}
+
+// writeSweepCommands prints the sweep commands that list rep's sweep
+// candidates, if any.
+func (rep *statusReport) writeSweepCommands(w io.Writer) {
 	if cmds := rep.sweepCommands(); len(cmds) > 0 {
 		fmt.Fprintln(w, "List them with the following, and add --delete to delete them:")
 		for _, cmd := range cmds {
 			fmt.Fprintf(w, "  %s\n", cmd)
 		}
 	}
-	return nil
 }
 
 // sweepCommands returns the sweep commands that list rep's sweep
@@ -94,16 +108,20 @@ func writeStatus(w io.Writer, rep *statusReport) error {
 // need one each. Each ends with rep.SweepArgs, the connection flags.
 func (rep *statusReport) sweepCommands() []string {
 	olderThan := time.Duration(rep.OlderThanSeconds) * time.Second
+	pattern := rep.Pattern
+	if rep.ByKey {
+		pattern = scan.EscapeGlob(rep.Key)
+	}
 	cmds := map[string]bool{}
-	for _, t := range rep.TempKeys {
-		if !t.SweepCandidate {
-			continue
-		}
+	add := func(base string) {
 		cmd := "keyswap sweep --older-than " + olderThan.String()
-		if rep.Pattern != "" && rep.Pattern != "*" {
-			p, ok := sweepPattern(rep.Pattern, t.Base, rep.Cluster)
+		if rep.Grace != gens.DefaultGrace && rep.genCandidates() > 0 {
+			cmd += " --grace " + rep.Grace.String()
+		}
+		if pattern != "" && pattern != "*" {
+			p, ok := sweepPattern(pattern, base, rep.Cluster)
 			if !ok {
-				continue // not selected by the pattern: never listed
+				return // not selected by the pattern: never listed
 			}
 			cmd += " --pattern " + shellQuote(p)
 		}
@@ -112,7 +130,49 @@ func (rep *statusReport) sweepCommands() []string {
 		}
 		cmds[cmd] = true
 	}
+	for _, t := range rep.TempKeys {
+		if t.SweepCandidate {
+			add(t.Base)
+		}
+	}
+	for _, ix := range rep.Indexes {
+		if ix.Gens.candidates() > 0 {
+			add(keys.Base(ix.Key, rep.Cluster))
+		}
+	}
 	return slices.Sorted(maps.Keys(cmds))
+}
+
+// writeGenSummary prints, when rep has indexes in Generations mode (or
+// with a registry), how many of their generations a sweep would remove.
+func (rep *statusReport) writeGenSummary(w io.Writer) {
+	if !slices.ContainsFunc(rep.Indexes, func(ix indexStatus) bool { return ix.Gens != nil }) {
+		return
+	}
+	fmt.Fprintf(w, "%s to remove (retired more than %s ago, or abandoned by their run).\n",
+		plural(rep.genCandidates(), "generation"), rep.Grace)
+}
+
+// writeGenTable prints the indexes that have a registry or a pointer of
+// Generations mode, as seen at now: their mode, generations current and
+// previous, retired ones waiting for their removal (since when, and
+// whether a sweep removes them), the builds in progress and abandoned,
+// and a note for an index switching between modes or whose registry is
+// corrupt. It prints nothing when there is none.
+func writeGenTable(w io.Writer, idx []indexStatus, now time.Time) error {
+	if !slices.ContainsFunc(idx, func(ix indexStatus) bool { return ix.Gens != nil }) {
+		return nil
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "\nGENERATIONS")
+	fmt.Fprintln(tw, "INDEX\tMODE\tCURRENT\tPREVIOUS\tRETIRED\tBUILDING\tNOTE")
+	for _, ix := range idx {
+		if ix.Gens == nil {
+			continue
+		}
+		fmt.Fprintf(tw, "%s\t%s\n", displayKey(ix.Key), strings.Join(ix.Gens.columns(now), "\t"))
+	}
+	return tw.Flush()
 }
 
 // writeRuns prints the runs in progress, then their keys' generations, as

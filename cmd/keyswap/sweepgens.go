@@ -1,0 +1,325 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/keyswap/keyswap/internal/gens"
+	"github.com/keyswap/keyswap/internal/keys"
+	"github.com/keyswap/keyswap/internal/scan"
+	"github.com/redis/rueidis"
+)
+
+// genSweep is what the sweep did (or, in a dry run, would do) to the
+// generations of one index in Generations mode.
+type genSweep struct {
+	// Key is the index's live key, or its family's prefix.
+	Key    string
+	Family bool
+	// Removed are the generations removed (would be, in a dry run), Kept
+	// those kept, with why.
+	Removed []genRemoved
+	Kept    []genKept
+	// Plain is what --plain did to the plain keys left from
+	// rename-in-place by an index that has a pointer; nil without --plain
+	// or a pointer.
+	Plain *plainDrop
+	// Err is why the index was not swept (a corrupt registry), or
+	// stopped.
+	Err error
+}
+
+// plainDrop is what the sweep did (or, in a dry run, would do) to the keys
+// an index left in the rename-in-place shape when it switched to
+// Generations mode.
+type plainDrop struct {
+	// Keys is the number of keys deleted; in a dry run, those that exist,
+	// or nil for a family's buckets (not counted: that takes a scan).
+	Keys *int64
+	// Note says why nothing was looked for, when nothing was.
+	Note string
+}
+
+// plainDropJSON is a plainDrop in JSON.
+type plainDropJSON struct {
+	Keys *int64 `json:"keys"`
+	Note string `json:"note,omitempty"`
+}
+
+// dropPlain deletes with gens.DropPlain what idx, an index with a pointer,
+// left in the rename-in-place shape, or, in a dry run, counts it (a plain
+// key only). A family whose meta records no type was never published in
+// the plain shape: nothing is looked for.
+func dropPlain(ctx context.Context, client rueidis.Client, idx gens.Index, dryRun bool) (*plainDrop, error) {
+	if idx.Family && idx.Type == "" {
+		return &plainDrop{Note: "no plain shape recorded in its meta: nothing of it to delete"}, nil
+	}
+	if dryRun {
+		if idx.Family {
+			return &plainDrop{}, nil
+		}
+		found, err := existing(ctx, client, []string{idx.Live})
+		if err != nil {
+			return nil, err
+		}
+		n := int64(0)
+		if found[idx.Live] {
+			n = 1
+		}
+		return &plainDrop{Keys: &n}, nil
+	}
+	res, err := gens.DropPlain(ctx, client, idx, gens.Options{})
+	n := res.Keys
+	return &plainDrop{Keys: &n, Note: res.Note}, err
+}
+
+// genRemoved is a generation removed.
+type genRemoved struct {
+	Gen   int64
+	State string
+	// Keys is the number of its data keys deleted; in a dry run, those
+	// that exist, or nil for a family's (not counted: that takes a scan).
+	Keys *int64
+}
+
+// genKept is a generation kept, and why.
+type genKept struct {
+	Gen    int64
+	State  string
+	Reason string
+}
+
+// genSweepJSON is a genSweep in sweepJSON.
+type genSweepJSON struct {
+	jsonKey
+	Family  bool             `json:"family"`
+	Removed []genRemovedJSON `json:"removed"`
+	Kept    []genKeptJSON    `json:"kept"`
+	Plain   *plainDropJSON   `json:"plain,omitempty"`
+	Error   string           `json:"error,omitempty"`
+}
+
+// genRemovedJSON is a genRemoved in JSON.
+type genRemovedJSON struct {
+	Gen   int64  `json:"gen"`
+	State string `json:"state"`
+	Keys  *int64 `json:"keys"`
+}
+
+// genKeptJSON is a genKept in JSON.
+type genKeptJSON struct {
+	Gen    int64  `json:"gen"`
+	State  string `json:"state"`
+	Reason string `json:"reason"`
+}
+
+// json returns s in JSON.
+func (s genSweep) json() genSweepJSON {
+	out := genSweepJSON{jsonKey: newJSONKey(s.Key), Family: s.Family, Removed: []genRemovedJSON{}, Kept: []genKeptJSON{}}
+	for _, r := range s.Removed {
+		out.Removed = append(out.Removed, genRemovedJSON(r))
+	}
+	for _, k := range s.Kept {
+		out.Kept = append(out.Kept, genKeptJSON(k))
+	}
+	if s.Plain != nil {
+		out.Plain = &plainDropJSON{Keys: s.Plain.Keys, Note: s.Plain.Note}
+	}
+	if s.Err != nil {
+		out.Error = errorMessage(s.Err)
+	}
+	return out
+}
+
+// registryPattern returns the SCAN MATCH glob of the registries of the
+// indexes whose temp keys pattern, the sweep's --pattern, matches: the
+// pattern with ":rebuild-gens" in place of its final ":rebuild:*", or
+// every registry when it does not end so (selectRegistry then decides).
+func registryPattern(pattern string) string {
+	if stem, ok := strings.CutSuffix(pattern, keys.TempInfix+"*"); ok {
+		return stem + keys.RegistrySuffix
+	}
+	return "*" + keys.RegistrySuffix
+}
+
+// selectRegistry reports whether the sweep's --pattern selects the index
+// whose registry has base: whether it matches the temp keys of that base,
+// so that a pattern limits the sweep of generations to the indexes whose
+// temp keys it sweeps.
+func selectRegistry(pattern, base string) bool {
+	return globMatch(pattern, base+keys.TempInfix+"0:0000000000000000")
+}
+
+// findGenIndexes scans the keyspace for the registries of generations that
+// pattern selects, and returns their indexes' live keys, sorted.
+func findGenIndexes(ctx context.Context, client rueidis.Client, pattern string) ([]string, error) {
+	cluster := client.Mode() == rueidis.ClientModeCluster
+	found := map[string]bool{}
+	for page, err := range scan.Pages(ctx, client, scan.Options{Match: registryPattern(pattern)}) {
+		if err != nil {
+			return nil, fmt.Errorf("scanning for registries of generations: %w", err)
+		}
+		for _, k := range page {
+			base, ok := strings.CutSuffix(k, keys.RegistrySuffix)
+			if !ok || keys.IsGenKey(k) || !selectRegistry(pattern, base) {
+				continue
+			}
+			live := liveOf(k, base, cluster, keys.RegistryKey)
+			if live == "" || keys.Reserved(live) {
+				continue // no index of keyswap's: gens would refuse it
+			}
+			found[live] = true
+		}
+	}
+	return slices.Sorted(maps.Keys(found)), nil
+}
+
+// isFamily returns whether the index live is a family, and its type when
+// its meta records one: its meta says so (a publish in rename-in-place
+// recorded its type), or none of the data
+// keys a plain index would have in the generations of snap exists (a
+// plain index has exactly one per generation, keys.GenKey). An index
+// without any data key is swept as a family: its generations' keys are
+// then looked for with a scan, which finds none of a plain index's.
+func isFamily(ctx context.Context, client rueidis.Client, live string, snap gens.Snapshot) (family bool, typ string, err error) {
+	metas, err := readGenerations(ctx, client, []string{live})
+	if err != nil {
+		return false, "", err
+	}
+	if metas[0] != nil && metas[0].FamilyType != "" {
+		return true, metas[0].FamilyType, nil
+	}
+	ks := make([]string, 0, len(snap.Registry.Gens))
+	for _, g := range snap.Registry.Sorted() {
+		ks = append(ks, keys.GenKey(live, g))
+	}
+	found, err := existing(ctx, client, ks)
+	if err != nil {
+		return false, "", err
+	}
+	return !slices.ContainsFunc(ks, func(k string) bool { return found[k] }), "", nil
+}
+
+// keepReason returns why the sweep keeps generation st of snap, as
+// gens.Sweep decides it with grace, or "" when it removes it.
+func keepReason(st gens.State, snap gens.Snapshot, grace time.Duration) gens.Reason {
+	switch st.Kind {
+	case gens.Current:
+		return gens.SkipCurrent
+	case gens.Previous:
+		return gens.SkipPrevious
+	case gens.Retired:
+		if snap.Time.Sub(st.RetiredAt) <= grace {
+			return gens.SkipGrace
+		}
+	case gens.Building:
+		if snap.Lock == st.Token {
+			return gens.SkipRunning
+		}
+	}
+	return ""
+}
+
+// sweepGenerations sweeps the generations of the indexes in Generations
+// mode that pattern selects (see selectRegistry): with gens.Sweep, or, in
+// a dry run, by reading each registry and applying gens.Sweep's rule. A
+// corrupt registry stops the sweep of its index only (its Err); any other
+// error stops the whole sweep, and is returned with what was done.
+func sweepGenerations(ctx context.Context, client rueidis.Client, pattern string, grace time.Duration, dryRun, plain bool) ([]genSweep, error) {
+	lives, err := findGenIndexes(ctx, client, pattern)
+	if err != nil {
+		return nil, err
+	}
+	out := []genSweep{}
+	for _, live := range lives {
+		s := genSweep{Key: live, Removed: []genRemoved{}, Kept: []genKept{}}
+		snap, err := gens.Read(ctx, client, gens.Index{Live: live})
+		var typ string
+		if err == nil {
+			s.Family, typ, err = isFamily(ctx, client, live, snap)
+		}
+		if err == nil && dryRun {
+			err = s.plan(ctx, client, snap, grace)
+		}
+		if err == nil && !dryRun {
+			var res gens.Result
+			res, err = gens.Sweep(ctx, client, gens.Index{Live: live, Family: s.Family}, gens.Options{Grace: grace})
+			s.record(res)
+		}
+		if err == nil && plain && snap.HasPointer {
+			s.Plain, err = dropPlain(ctx, client, gens.Index{Live: live, Family: s.Family, Type: typ}, dryRun)
+		}
+		if err != nil {
+			s.Err = err
+			out = append(out, s)
+			if errors.Is(err, gens.ErrCorrupt) {
+				continue
+			}
+			return out, err
+		}
+		out = append(out, s)
+	}
+	return out, nil
+}
+
+// plan fills s with what gens.Sweep would do to the generations of snap.
+func (s *genSweep) plan(ctx context.Context, client rueidis.Client, snap gens.Snapshot, grace time.Duration) error {
+	var plain []string
+	for _, g := range snap.Registry.Sorted() {
+		st := snap.Registry.Gens[g]
+		if reason := keepReason(st, snap, grace); reason != "" {
+			s.Kept = append(s.Kept, genKept{Gen: g, State: st.Raw, Reason: string(reason)})
+			continue
+		}
+		s.Removed = append(s.Removed, genRemoved{Gen: g, State: st.Raw})
+		if !s.Family {
+			plain = append(plain, keys.GenKey(s.Key, g))
+		}
+	}
+	if s.Family {
+		return nil
+	}
+	found, err := existing(ctx, client, plain)
+	if err != nil {
+		return err
+	}
+	for i := range s.Removed {
+		n := int64(0)
+		if found[keys.GenKey(s.Key, s.Removed[i].Gen)] {
+			n = 1
+		}
+		s.Removed[i].Keys = &n
+	}
+	return nil
+}
+
+// record fills s with res, what gens.Sweep did.
+func (s *genSweep) record(res gens.Result) {
+	for _, r := range res.Removed {
+		n := r.Keys
+		s.Removed = append(s.Removed, genRemoved{Gen: r.Gen, State: r.State.Raw, Keys: &n})
+	}
+	for _, k := range res.Skipped {
+		s.Kept = append(s.Kept, genKept{Gen: k.Gen, State: k.State.Raw, Reason: string(k.Reason)})
+	}
+	slices.SortFunc(s.Kept, func(a, b genKept) int { return int(a.Gen - b.Gen) })
+}
+
+// genCounts returns the generations removed (or to remove) over ss, and
+// their keys counted.
+func genCounts(ss []genSweep) (gens int, keys int64) {
+	for _, s := range ss {
+		gens += len(s.Removed)
+		for _, r := range s.Removed {
+			if r.Keys != nil {
+				keys += *r.Keys
+			}
+		}
+	}
+	return gens, keys
+}
