@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
 
+	"github.com/keyswap/keyswap/internal/gens"
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/protocol"
 	"github.com/redis/rueidis"
@@ -344,36 +346,31 @@ func (x *execution[T]) flip(ctx context.Context) (bool, error) {
 	return true, nil
 }
 
-// discardGen removes a failed run's generation, best effort: its data
-// keys, in chunks, then its registry fields. What it cannot remove stays
-// marked as building by the run's token, for a later sweep.
+// discardGen removes a failed run's generation, best effort, with
+// gens.RemoveOwn: its data keys, in chunks, then its registry fields, each
+// only while the registry marks it as the run's and no pointer names it.
+// What it cannot remove stays marked as building by the run's token, for a
+// later sweep.
 func (x *execution[T]) discardGen(ctx context.Context) {
 	r := x.r
 	ctx, cancel := protocol.CleanupContext(ctx)
 	defer cancel()
 	token := x.locks[0].Token
-	var ks []string
-	for _, t := range x.targets.all() {
-		ks = append(ks, t.Key)
-	}
-	err := r.redis.Unlink(ctx, ks)
-	if err == nil {
-		for i, l := range r.lives {
-			if r.owners[i].family {
-				// Keys written by a batch in flight when the run failed
-				// may have no target yet: find them too.
-				if err = r.redis.RemoveGeneration(ctx, l, true, x.gen.gens[i]); err != nil {
-					break
-				}
-			}
-			if _, err = r.redis.DropGeneration(ctx, l, x.gen.gens[i], keys.RegBuilding+token, false); err != nil {
-				break
-			}
+	for i := range r.lives {
+		res, err := gens.RemoveOwn(ctx, r.redis.Client(), r.genIndex(i), x.gen.gens[i], token, gens.Options{Logger: r.opts.Logger})
+		if err != nil {
+			r.opts.Logger.Warn("keyswap: could not remove the generation of a failed run; a sweep removes it later", "key", r.lives[i], "generation", x.gen.gens[i], "err", err)
+			return
+		}
+		for _, sk := range res.Skipped {
+			r.opts.Logger.Warn("keyswap: kept the generation of a failed run", "key", r.lives[i], "generation", sk.Gen, "state", sk.State.Raw, "reason", string(sk.Reason))
 		}
 	}
-	if err != nil {
-		r.opts.Logger.Warn("keyswap: could not remove the generation of a failed run; a sweep removes it later", "key", r.key, "err", err)
-	}
+}
+
+// genIndex returns the gens.Index of the run's index i.
+func (r *Rebuilder[T]) genIndex(i int) gens.Index {
+	return gens.Index{Live: r.lives[i], Family: r.owners[i].family}
 }
 
 // dropCounters deletes the run's per-slot counters, best effort: they
@@ -390,37 +387,58 @@ func (x *execution[T]) dropCounters(ctx context.Context) {
 	}
 }
 
-// retire waits Options.Grace, then removes the generations a flip retired,
-// each index's in turn, and their registry fields. A cancelled ctx leaves
-// them, retired, to a later sweep; so does a negative Grace.
+// retireTries bounds the sweeps of retire that find a generation still
+// in its grace period (the server's clock behind the run's timer).
+const retireTries = 3
+
+// retire waits Options.Grace, then sweeps each index that a flip retired a
+// generation of (gens.Sweep: the grace measured on the server's clock,
+// which stamped the retirement). A cancelled ctx leaves them, retired, to
+// a later sweep; so does a negative Grace.
 func (r *Rebuilder[T]) retire(ctx context.Context, retired [][]int64) {
 	if r.opts.Grace < 0 {
 		return
 	}
-	any := false
-	for _, gs := range retired {
-		any = any || len(gs) > 0
+	wait := r.opts.Grace
+	for i, gs := range retired {
+		if len(gs) == 0 {
+			continue
+		}
+		for try := 1; ; try++ {
+			if !sleep(ctx, wait) {
+				return
+			}
+			wait = 0
+			res, err := gens.Sweep(ctx, r.redis.Client(), r.genIndex(i), gens.Options{Grace: r.opts.Grace, Logger: r.opts.Logger})
+			if err != nil {
+				r.opts.Logger.Warn("keyswap: could not remove a retired generation; a sweep removes it later", "key", r.lives[i], "err", err)
+				return
+			}
+			// A retirement the server stamped less than Grace ago by its
+			// own clock: wait for the rest.
+			for _, sk := range res.Skipped {
+				if sk.Reason == gens.SkipGrace && slices.Contains(gs, sk.Gen) {
+					wait = max(wait, sk.State.RetiredAt.Add(r.opts.Grace).Sub(res.Now)+time.Millisecond)
+				}
+			}
+			if wait == 0 || try == retireTries {
+				break
+			}
+		}
 	}
-	if !any {
-		return
+}
+
+// sleep waits d, and reports false if ctx ended first.
+func sleep(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
 	}
-	t := time.NewTimer(r.opts.Grace)
+	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
-		return
+		return false
 	case <-t.C:
-	}
-	for i, gs := range retired {
-		for _, g := range gs {
-			err := r.redis.RemoveGeneration(ctx, r.lives[i], r.owners[i].family, g)
-			if err == nil {
-				_, err = r.redis.DropGeneration(ctx, r.lives[i], g, keys.RegRetired, true)
-			}
-			if err != nil {
-				r.opts.Logger.Warn("keyswap: could not remove a retired generation; a sweep removes it later", "key", r.lives[i], "generation", g, "err", err)
-				return
-			}
-		}
+		return true
 	}
 }

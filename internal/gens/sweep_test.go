@@ -483,3 +483,49 @@ func TestRemoveOwn(t *testing.T) {
 		})
 	}
 }
+
+// TestRemoveOwnNeverRemovesWhatThePointerNames drives RemoveOwn as a run
+// whose flip reply was lost does: the flip ran, and the pointer names the
+// run's generation. Whether the registry says so (current), still says
+// building (a registry that lost the flip's write) or lost the field, the
+// generation stays, whole (C89).
+func TestRemoveOwnNeverRemovesWhatThePointerNames(t *testing.T) {
+	t.Parallel()
+	for _, sh := range shapes() {
+		for _, tc := range []struct {
+			name, state string
+			want        gens.Reason
+		}{
+			{"current", keys.RegCurrent, gens.SkipChanged},
+			{"building", keys.RegBuilding + "tok", gens.SkipPointer},
+			{"no-field", "", gens.SkipPointer},
+		} {
+			t.Run(sh.name+"/"+tc.name, func(t *testing.T) {
+				t.Parallel()
+				f := newFixture(t, sh)
+				ctx := redistest.Ctx(t)
+				old := retired(time.Now())
+				fields := map[string]string{keys.RegNext: "2", "1": old}
+				pairs := []string{keys.RegNext, "2", "1", old}
+				if tc.state != "" {
+					pairs = append(pairs, "2", tc.state)
+					fields["2"] = tc.state
+				}
+				f.registry(pairs...)
+				f.set(f.pointerKey(), "2")
+				f.lock("tok")
+				f.gen(1, 3)
+				f.gen(2, 300)
+				res, err := gens.RemoveOwn(ctx, f.c, f.idx, 2, "tok", gens.Options{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				wantResult(t, res, nil, map[int64]gens.Reason{2: tc.want})
+				if res.Keys != 0 {
+					t.Errorf("%d keys deleted, want none", res.Keys)
+				}
+				f.check(fields)
+			})
+		}
+	}
+}
