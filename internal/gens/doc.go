@@ -56,7 +56,7 @@
 // is swept by the same rules: only what its states say is dead goes.
 //
 // Removal is chunked so that Redis is never blocked for long: SCAN MATCH
-// with a COUNT of about a thousand per call, on every master of a cluster
+// with a COUNT of 100 per call (DefaultScanCount), on every master of a cluster
 // (only the registry's master when the keys share its slot), and UNLINK of
 // at most 256 keys per command, which frees large values in the
 // background.

@@ -22,8 +22,11 @@ const (
 	// generation stays readable. It must exceed the TTL of the readers'
 	// cache of the pointer.
 	DefaultGrace = 10 * time.Second
-	// DefaultScanCount is the SCAN COUNT hint of [Options].
-	DefaultScanCount = 1000
+	// DefaultScanCount is the SCAN COUNT hint of [Options]: small enough
+	// that one SCAN holds the server well under 5 ms on a database of a
+	// million keys (COUNT 1000 took 3 to 31 ms there; the work is linear in
+	// COUNT), large enough that a sweep needs few round trips.
+	DefaultScanCount = 100
 	// MaxUnlink is the most keys one command of the sweep deletes.
 	MaxUnlink = 256
 	// maxPasses bounds the SCAN passes over a generation: a pass that
