@@ -3,8 +3,6 @@ package rebuild
 import (
 	"context"
 	"fmt"
-	"strconv"
-	"sync"
 	"time"
 
 	"github.com/keyswap/keyswap/internal/keys"
@@ -13,31 +11,10 @@ import (
 	"golang.org/x/sync/errgroup"
 )
 
-// counterSuffix follows a run's base in the key of a per-slot counter of
-// its writes, on a cluster in Generations mode.
-const counterSuffix = ":rebuild-n:"
-
-// slotTags holds, for each hash slot, keys.SyntheticTag(slot): computed
-// once for every slot at once, as a run that spreads over a cluster needs
-// many of them.
-var slotTags = sync.OnceValue(func() []string {
-	tags := make([]string, keys.SlotCount)
-	left := len(tags)
-	buf := []byte("rb")
-	for n := uint64(0); left > 0; n++ {
-		buf = strconv.AppendUint(buf[:2], n, 10)
-		if s := keys.Slot(string(buf)); tags[s] == "" {
-			tags[s] = string(buf)
-			left--
-		}
-	}
-	return tags
-})
-
 // counterKey returns the key of the counter of the run's transactions in
 // slot: in slot, named after the run's base and its first generation.
 func (x *execution[T]) counterKey(slot uint16) string {
-	return "{" + slotTags()[slot] + "}" + keys.Base(x.r.lives[0], true) + counterSuffix + strconv.FormatInt(x.gen.gens[0], 10)
+	return keys.CounterKey(x.r.lives[0], slot, x.gen.gens[0])
 }
 
 // counterKeys returns the keys of the run's per-slot counters, and the
