@@ -4,6 +4,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/redistest"
@@ -44,5 +45,56 @@ func TestGenerationsRetireStampsServerClock(t *testing.T) {
 		if !strings.HasPrefix(state, keys.RegRetired) || err != nil || ms < before || ms > after {
 			t.Errorf("generation 1 is %q, want retired:<ms> between the server's %d and %d", state, before, after)
 		}
+	})
+}
+
+func TestRebuilderSweep(t *testing.T) {
+	// C91: Sweep removes the generations runs left behind: one retired
+	// past the grace (the run's Grace was negative) and one a crashed run
+	// built (building, its lock free); it keeps the current one, and
+	// leaves nothing of the others.
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		ctx := redistest.Ctx(t)
+		prefix := genPrefix(d)
+		us := genUsers(20, 4)
+		r := genRebuilder(t, d, prefix, rebuild.Options{Grace: -1})
+		for range 2 {
+			if _, err := r.Run(ctx, sources.Slice(us)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// A run that crashed while it built generation 3.
+		reg := keys.RegistryKey(prefix, d.Cluster)
+		redistest.Cmd(t, d.Other, "HSET", reg, keys.RegNext, "3", "3", keys.RegBuilding+"crashed")
+		for _, b := range []string{"b00", "b01", "b07"} {
+			redistest.Cmd(t, d.Other, "SADD", keys.GenBucketKey(prefix, 3, b), "x")
+		}
+		sweeper := genRebuilder(t, d, prefix, rebuild.Options{Grace: time.Millisecond})
+		removed := map[int64]bool{}
+		for deadline := time.Now().Add(10 * time.Second); len(removed) < 2; {
+			stats, err := sweeper.Sweep(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := stats.Indexes[prefix]
+			for _, g := range s.Removed {
+				removed[g] = true
+			}
+			for _, k := range s.Kept {
+				if k.Gen != 2 && k.Gen != 1 {
+					t.Errorf("kept %+v, want only 2 (current) and 1 (until its grace ends)", k)
+				}
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("removed %v, want 1 and 3", removed)
+			}
+		}
+		if !removed[1] || !removed[3] {
+			t.Errorf("removed %v, want 1 and 3", removed)
+		}
+		wantGeneration(t, d, prefix, 2, 3, map[string]string{"2": keys.RegCurrent}, us)
+		wantNoGeneration(t, d, prefix, 1)
+		wantNoGeneration(t, d, prefix, 3)
+		wantGenClean(t, d, prefix, 2)
 	})
 }
