@@ -1,11 +1,13 @@
 package rebuild_test
 
 import (
+	"errors"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/keyswap/keyswap/builders"
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/rebuild"
@@ -97,4 +99,56 @@ func TestRebuilderSweep(t *testing.T) {
 		wantNoGeneration(t, d, prefix, 3)
 		wantGenClean(t, d, prefix, 2)
 	})
+}
+
+func TestGenerationsACLPreCheck(t *testing.T) {
+	// C93: the rights the acquire checks include the commands Generations
+	// mode sends (the registry's, the pointer's, the sweep's SCAN and
+	// TIME), and those of a RenameInPlace publish's switch back: a user
+	// without one fails at the acquire, before writing anything, with
+	// ErrNoPermission naming it.
+	for _, tc := range []struct {
+		mode    rebuild.PublishMode
+		deny    string
+		command string
+	}{
+		{rebuild.Generations, "-hgetall", "HGETALL"},
+		{rebuild.Generations, "-hincrby", "HINCRBY"},
+		{rebuild.Generations, "-time", "TIME"},
+		{rebuild.Generations, "-scan", "SCAN"},
+		{rebuild.RenameInPlace, "-hgetall", "HGETALL"},
+	} {
+		t.Run(tc.mode.String()+tc.deny, func(t *testing.T) {
+			t.Parallel()
+			ctx := redistest.Ctx(t)
+			srv := redistest.OwnServer(t)
+			admin := srv.Client(t)
+			prefix := redistest.Prefix(t)
+			email := prefix + "users:by-email"
+			hash := func(c rueidis.Client, mode rebuild.PublishMode) *rebuild.Rebuilder[user] {
+				return redistest.Rebuilder(t, c, rebuild.Options{Publish: mode, Grace: -1},
+					builders.Hash(email, func(u user) (string, string, bool) { return u.Email, u.ID, true }))
+			}
+			// An index published in Generations mode by a user with every
+			// right: the pointer and the registry exist.
+			if _, err := hash(admin, rebuild.Generations).Run(ctx, sources.Slice(users(5))); err != nil {
+				t.Fatal(err)
+			}
+			before := redistest.Snapshot(t, admin, prefix)
+			c := srv.ClientAs(t, "ks-"+strings.ReplaceAll(t.Name(), "/", "-"), "~*", "+@all", tc.deny)
+			stats, err := hash(c, tc.mode).Run(ctx, sources.Slice(users(8)))
+			redistest.WantErr(t, err, rebuild.ErrNoPermission)
+			if !strings.Contains(err.Error(), tc.command) {
+				t.Errorf("Run: %v, want it to name %s", err, tc.command)
+			}
+			var e *rebuild.Error
+			if !errors.As(err, &e) || e.Op != "acquire" {
+				t.Errorf("Run: %v, want an *Error of op acquire", err)
+			}
+			if stats.Batches != 0 {
+				t.Errorf("Stats.Batches = %d, want 0", stats.Batches)
+			}
+			redistest.WantUnchanged(t, admin, prefix, before)
+		})
+	}
 }
