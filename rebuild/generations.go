@@ -114,8 +114,7 @@ func (x *execution[T]) allocate(ctx context.Context) error {
 }
 
 // flip publishes a run in Generations mode: it points every index at the
-// run's generation. It reports whether the generation must be kept (it
-// was published, or may have been).
+// run's generation. It reports whether the flip is known to have run.
 func (x *execution[T]) flip(ctx context.Context) (bool, error) {
 	r := x.r
 	x.stats.Batches = x.batches.Load()
@@ -138,16 +137,14 @@ func (x *execution[T]) flip(ctx context.Context) (bool, error) {
 	if errors.Is(err, ErrLockLost) || protocol.PublishRefused(err) {
 		return false, err // nothing written: the generation is worthless
 	}
-	if errors.Is(err, ErrOutcomeUnknown) {
-		// The reply was lost and the receipt could not be read: the
-		// pointer may name the generation. It stays, marked building, for
-		// a sweep to judge.
-		return true, err
-	}
 	if err != nil {
 		// An error reply: the script checks everything that can fail
 		// before its first write, so it flipped nothing. Or a lost reply
-		// that the receipt settled: it did not run.
+		// that the receipt settled: it did not run. Or a lost reply the
+		// receipt could not settle (ErrOutcomeUnknown): the flip may have
+		// run, and the generation is removed only if it did not, as
+		// gens.RemoveOwn never removes one that is current or that a
+		// pointer names.
 		return false, err
 	}
 	for _, t := range x.targets.all() {

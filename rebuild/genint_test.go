@@ -1,9 +1,12 @@
 package rebuild_test
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,6 +16,7 @@ import (
 	"github.com/keyswap/keyswap/rebuild"
 	"github.com/keyswap/keyswap/sources"
 	"github.com/redis/rueidis"
+	"github.com/redis/rueidis/rueidishook"
 )
 
 // serverMillis returns the server's clock (TIME), in milliseconds.
@@ -149,6 +153,65 @@ func TestGenerationsACLPreCheck(t *testing.T) {
 				t.Errorf("Stats.Batches = %d, want 0", stats.Batches)
 			}
 			redistest.WantUnchanged(t, admin, prefix, before)
+		})
+	}
+}
+
+func TestGenerationsFlipReplyLost(t *testing.T) {
+	// C89: the flip's reply is lost and the release that would read its
+	// receipt fails too: the run fails with ErrOutcomeUnknown and removes
+	// its generation with gens.RemoveOwn, which removes it only if the
+	// flip did not run. A flip that ran leaves the pointer on the run's
+	// generation, whole; one that did not leaves no key of it.
+	for _, ran := range []bool{true, false} {
+		t.Run(fmt.Sprintf("ran=%v", ran), func(t *testing.T) {
+			forEachDeployment(t, func(t *testing.T, d deployment) {
+				ctx := redistest.Ctx(t)
+				prefix := genPrefix(d)
+				first := genUsers(20, 4)
+				if _, err := genRebuilder(t, d, prefix, rebuild.Options{}).Run(ctx, sources.Slice(first)); err != nil {
+					t.Fatal(err)
+				}
+				flip, release := redistest.ScriptNamed("flip"), redistest.ScriptNamed("release")
+				var releases atomic.Int32
+				c := rueidishook.WithHook(d.Client, redistest.Hook{OnDo: func(c rueidis.Client, ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
+					args := cmd.Commands()
+					switch {
+					case flip.Is(args):
+						if !ran {
+							return rueidis.NewErrorResult(fmt.Errorf("write tcp: %w", context.DeadlineExceeded))
+						}
+						res := c.Do(ctx, cmd)
+						if rerr, ok := rueidis.IsRedisErr(res.Error()); ok && rerr.IsNoScript() {
+							return res // rueidis falls back to EVAL, which comes here too
+						}
+						if err := res.Error(); err != nil {
+							t.Errorf("flip: %v", err)
+						}
+						return rueidis.NewErrorResult(fmt.Errorf("read tcp: %w", context.DeadlineExceeded))
+					case release.Is(args) && releases.Add(1) == 1:
+						return rueidis.NewErrorResult(fmt.Errorf("dial tcp: %w", context.DeadlineExceeded))
+					}
+					return c.Do(ctx, cmd)
+				}})
+				second := genUsers(30, 5)
+				r := redistest.Rebuilder(t, c, rebuild.Options{Publish: rebuild.Generations, Grace: -1, BatchSize: 50},
+					builders.SetIndex(prefix, func(u user) (string, string, bool) { return u.Country, u.ID, true }))
+				_, err := r.Run(ctx, sources.Slice(second))
+				redistest.WantErr(t, err, rebuild.ErrOutcomeUnknown)
+				if ran {
+					old := redistest.HGetAll(t, d.Other, keys.RegistryKey(prefix, d.Cluster))["1"]
+					if !strings.HasPrefix(old, keys.RegRetired) {
+						t.Errorf("generation 1 is %q, want retired", old)
+					}
+					wantGeneration(t, d, prefix, 2, 2, map[string]string{"2": keys.RegCurrent, "1": old}, second)
+					wantGenClean(t, d, prefix, 1, 2)
+				} else {
+					wantGeneration(t, d, prefix, 1, 2, map[string]string{"1": keys.RegCurrent}, first)
+					wantNoGeneration(t, d, prefix, 2)
+					wantGenClean(t, d, prefix, 1)
+				}
+			})
 		})
 	}
 }
