@@ -88,6 +88,12 @@ for i = 1, L do
     return {BEHIND, i, len - replayed, 0}
   end
 end
+-- The server's clock, in milliseconds, read before any write (a TIME the
+-- user may not run fails the script here, having written nothing): the
+-- sweep reads TIME with the registry and compares, so no client's clock
+-- shortens the grace.
+local clock = redis.call('TIME')
+local stamp = 'retired:' .. clock[1] .. string.format('%03d', math.floor(tonumber(clock[2]) / 1000))
 for i = 1, N do
   local ptr, reg, meta = KEYS[indexes + 3 * i - 2], KEYS[indexes + 3 * i - 1], KEYS[indexes + 3 * i]
   -- Read before any write: a pointer or a registry of another type fails
@@ -105,10 +111,6 @@ for i = 1, N do
 end
 
 local out, retired = {OK}, {}
--- The server's clock, in milliseconds: the sweep reads TIME with the
--- registry and compares, so no client's clock shortens the grace.
-local clock = redis.call('TIME')
-local stamp = 'retired:' .. clock[1] .. string.format('%03d', math.floor(tonumber(clock[2]) / 1000))
 for i = 1, N do
   local ptr, reg, meta = KEYS[indexes + 3 * i - 2], KEYS[indexes + 3 * i - 1], KEYS[indexes + 3 * i]
   local old = redis.call('GET', ptr)

@@ -310,6 +310,36 @@ if behind > 0 then
   end
 end
 
+-- The generations the switch back from Generations mode retires, read
+-- before any write, and the server's clock, in milliseconds, as flip.lua
+-- stamps retirements (the sweep measures the grace on it): TIME only when
+-- there is one to stamp, checked first, as it is not sent otherwise.
+local retiring, stamp = {}, ''
+for i = 1, Q do
+  local reg = KEYS[pointers + 2 * i]
+  -- A registry of another type is not keyswap's: the sweep reports it.
+  if redis.call('TYPE', reg)['ok'] == 'hash' then
+    local all = redis.call('HGETALL', reg)
+    for j = 1, #all, 2 do
+      if all[j + 1] == 'current' or all[j + 1] == 'previous' then
+        retiring[#retiring + 1] = {reg, all[j]}
+      end
+    end
+  end
+end
+if #retiring > 0 then
+  if redis.acl_check_cmd then
+    local ok, allowed = pcall(redis.acl_check_cmd, 'TIME')
+    if not ok then
+      return {UNKNOWN_CMD, 'TIME'}
+    elseif not allowed then
+      return {NO_RIGHT, 'TIME', retiring[1][1]}
+    end
+  end
+  local clock = redis.call('TIME')
+  stamp = 'retired:' .. clock[1] .. string.format('%03d', math.floor(tonumber(clock[2]) / 1000))
+end
+
 local out = {OK}
 local function retire(key, prev)
   if prev then
@@ -358,24 +388,11 @@ for i = 1, G do
   end
   out[#out + 1] = gen
 end
-if Q > 0 then
-  -- The server's clock, in milliseconds, as flip.lua stamps retirements:
-  -- the sweep measures the grace on it.
-  local clock = redis.call('TIME')
-  local stamp = 'retired:' .. clock[1] .. string.format('%03d', math.floor(tonumber(clock[2]) / 1000))
-  for i = 1, Q do
-    local ptr, reg = KEYS[pointers + 2 * i - 1], KEYS[pointers + 2 * i]
-    redis.call('DEL', ptr)
-    -- A registry of another type is not keyswap's: the sweep reports it.
-    if redis.call('TYPE', reg)['ok'] == 'hash' then
-      local all = redis.call('HGETALL', reg)
-      for j = 1, #all, 2 do
-        if all[j + 1] == 'current' or all[j + 1] == 'previous' then
-          redis.call('HSET', reg, all[j], stamp)
-        end
-      end
-    end
-  end
+for _, r in ipairs(retiring) do
+  redis.call('HSET', r[1], r[2], stamp)
+end
+for i = 1, Q do
+  redis.call('DEL', KEYS[pointers + 2 * i - 1])
 end
 if C > 0 then
   redis.call('SET', KEYS[receipts + 1], token, 'EX', ARGV[15])
