@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -219,4 +220,43 @@ func TestGenerationsFlipReplyLost(t *testing.T) {
 			})
 		})
 	}
+}
+
+func TestSwitchBackRetiresPrevious(t *testing.T) {
+	// C92: the switch back to RenameInPlace retires the previous
+	// generation kept for a rollback too, stamped with the server's clock,
+	// and deletes the pointer in the same step as it publishes the plain
+	// keys.
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		ctx := redistest.Ctx(t)
+		prefix := d.Prefix + "users:by-bucket"
+		for range 2 {
+			r := genRebuilder(t, d, prefix, rebuild.Options{KeepPrevious: time.Minute})
+			if _, err := r.Run(ctx, sources.Slice(genUsers(10, 2))); err != nil {
+				t.Fatal(err)
+			}
+		}
+		before := serverMillis(t, d.Other)
+		us := genUsers(12, 3)
+		r := redistest.Rebuilder(t, d.Client, rebuild.Options{},
+			builders.SetIndex(prefix, func(u user) (string, string, bool) { return u.Country, u.ID, true }))
+		if _, err := r.Run(ctx, sources.Slice(us)); err != nil {
+			t.Fatal(err)
+		}
+		after := serverMillis(t, d.Other)
+		redistest.WantAbsent(t, d.Other, keys.PointerKey(prefix, d.Cluster))
+		reg := redistest.HGetAll(t, d.Other, keys.RegistryKey(prefix, d.Cluster))
+		if len(reg) != 3 || reg[keys.RegNext] != "2" || reg["1"] != reg["2"] {
+			t.Errorf("registry %v, want generations 1 and 2 retired at the same time", reg)
+		}
+		ms, err := strconv.ParseInt(strings.TrimPrefix(reg["1"], keys.RegRetired), 10, 64)
+		if !strings.HasPrefix(reg["1"], keys.RegRetired) || err != nil || ms < before || ms > after {
+			t.Errorf("generation 1 is %q, want retired:<ms> between the server's %d and %d", reg["1"], before, after)
+		}
+		for b, ids := range bucketsOf(us) {
+			if got := redistest.SMembers(t, d.Other, prefix+":"+b); !slices.Equal(got, ids) {
+				t.Errorf("%s:%s = %v, want %v", prefix, b, got, ids)
+			}
+		}
+	})
 }
