@@ -224,6 +224,17 @@
 // cluster the writes of a run in this mode go on the client's shared
 // connections, not on a connection of their own.
 //
+// What runs leave behind (a generation retired while the run's ctx was
+// cancelled during the grace, or with a negative Grace; the generation of
+// a run that crashed) is removed by [Rebuilder.Sweep], in small chunks,
+// on the server's clock, at any time. Switching an index between the
+// modes keeps it readable throughout: to Generations, deploy readers that
+// resolve the pointer, run in Generations mode (its flip creates the
+// pointer over the plain keys), then call [Rebuilder.DropPlain] to remove
+// the plain keys; back to RenameInPlace, run in that mode: its publish
+// deletes the pointer in the same script as it renames the plain keys into
+// place, and retires the generations, which a later Sweep removes.
+//
 // # Safe publishing
 //
 // Options.Guards refuse a suspicious result before it is published

@@ -61,6 +61,9 @@ func (x *execution[T]) publish(ctx context.Context, live []map[string]bool) (boo
 		Targets: targets, Orphans: orphans, Drops: drops, Metas: metas, FamilyTypes: r.familyTypes(),
 		KeepPrevious: r.opts.KeepPrevious, PreserveFor: r.opts.PreserveFor, Settle: true, Now: time.Now(),
 		Logs: x.catchUp.logOffsets(), MaxTail: PublishTail, MaxWork: PublishTailWork,
+		// An index published in Generations mode until now switches back:
+		// its pointer goes, in the same step.
+		Indexes: r.lives,
 	})
 	x.obs.Published(time.Since(sent))
 	if errors.Is(err, ErrLockLost) || protocol.PublishRefused(err) {

@@ -83,6 +83,28 @@ func (x *execution[T]) checks() []protocol.Check {
 			add(live, "HLEN", "ZCARD", "SCARD")
 		}
 		add(keys.MetaKey(x.r.lives[i], cluster), "TYPE", "HINCRBY", "HGET", "HSET", "HDEL")
+		ptr, reg := keys.PointerKey(x.r.lives[i], cluster), keys.RegistryKey(x.r.lives[i], cluster)
+		if x.r.opts.Publish != Generations {
+			// The publish's switch back from Generations mode: it deletes
+			// the pointer and retires the registry's generations.
+			add(ptr, "DEL")
+			add(reg, "TYPE", "HGETALL", "HSET")
+			continue
+		}
+		// The allocation, the flip, and the removal of the run's failed
+		// or retired generations (gens: reading the registry, the pointer
+		// and the lock with their types, then deleting chunks found by
+		// SCAN, each with the state checked, and the field last).
+		add(ptr, "GET", "SET", "TYPE")
+		add(reg, "HINCRBY", "HSET", "HGET", "HGETALL", "HDEL", "TYPE")
+		add(x.r.lockKeys[i], "TYPE")
+		add(temp, "UNLINK")
+		add("", "SCAN", "TIME")
+	}
+	if x.r.opts.Publish == Generations && cluster {
+		// The per-slot counters of the run's writes (the slot does not
+		// change the rights an ACL pattern grants).
+		add(keys.CounterKey(x.r.lives[0], 0, 0), "INCR", "EXPIRE", "GET", "UNLINK")
 	}
 	return c
 }

@@ -46,7 +46,8 @@
 // again. A sweep interrupted at any point (a cancelled context, a lost
 // connection) leaves the field in place, so the next sweep finds the
 // generation again and finishes it. It never removes a current or a previous
-// generation, nor any key that does not have the shape of a data key of the
+// generation, nor one the index's pointer names (checked in the same step
+// as each deletion), nor any key that does not have the shape of a data key of the
 // generation it removes (keys.GenKey, or keys.GenPattern for a family).
 //
 // The grace is measured on the server's clock (TIME, read in the same step
@@ -56,7 +57,7 @@
 // is swept by the same rules: only what its states say is dead goes.
 //
 // Removal is chunked so that Redis is never blocked for long: SCAN MATCH
-// with a COUNT of about a thousand per call, on every master of a cluster
+// with a COUNT of 100 per call (DefaultScanCount), on every master of a cluster
 // (only the registry's master when the keys share its slot), and UNLINK of
 // at most 256 keys per command, which frees large values in the
 // background.

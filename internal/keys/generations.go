@@ -3,6 +3,7 @@ package keys
 import (
 	"strconv"
 	"strings"
+	"sync"
 )
 
 // The shapes of generational publishing. In that mode an index's data lives
@@ -13,6 +14,7 @@ import (
 //	registry: <base>:rebuild-gens            a hash: the index's generations
 //	plain key of generation G:   <key>:rebuild-g:<G>
 //	bucket B of family P in G:   <P>:rebuild-g:<G>:<B>
+//	a run's writes in slot S:    {rbN}<base>:rebuild-n:<G>   (a cluster only)
 //
 // The pointer and the registry hang off the base, so on a cluster they share
 // the lock's slot; the data keys hang off the key itself, so they keep a
@@ -29,6 +31,9 @@ const (
 	// GenInfix follows a plain key or a family's prefix in a generation's
 	// data keys.
 	GenInfix = ":rebuild-g:"
+	// CounterInfix follows a run's lock base in the key of the counter of
+	// its writes in one hash slot, and precedes its first generation.
+	CounterInfix = ":rebuild-n:"
 )
 
 // The registry's fields. RegNext holds the last generation allocated; each
@@ -109,4 +114,48 @@ func IsGenKey(key string) bool {
 			return true
 		}
 	}
+}
+
+// slotTags holds SyntheticTag(slot) for every slot, computed at once: a run
+// whose writes spread over a cluster needs many of them.
+var slotTags = sync.OnceValue(func() []string {
+	tags := make([]string, SlotCount)
+	left := len(tags)
+	buf := []byte("rb")
+	for n := uint64(0); left > 0; n++ {
+		buf = strconv.AppendUint(buf[:2], n, 10)
+		if s := Slot(string(buf)); tags[s] == "" {
+			tags[s] = string(buf)
+			left--
+		}
+	}
+	return tags
+})
+
+// CounterKey returns the key of the counter of a Generations run's writes
+// in hash slot slot of a cluster: "{" + SyntheticTag(slot) + "}" +
+// Base(live, true) + CounterInfix + gen, where live is the run's first
+// index and gen the generation it builds of it. The key is in slot, and
+// names the run's lock base and generation, so that runs never share one.
+func CounterKey(live string, slot uint16, gen int64) string {
+	return "{" + slotTags()[slot%SlotCount] + "}" + Base(live, true) + CounterInfix + strconv.FormatInt(gen, 10)
+}
+
+// IsCounterKey reports whether key has the shape of a run's per-slot
+// counter: CounterInfix followed by a generation (digits) at its end.
+func IsCounterKey(key string) bool {
+	i := strings.LastIndex(key, CounterInfix)
+	if i < 0 {
+		return false
+	}
+	rest := key[i+len(CounterInfix):]
+	if rest == "" {
+		return false
+	}
+	for j := 0; j < len(rest); j++ {
+		if rest[j] < '0' || rest[j] > '9' {
+			return false
+		}
+	}
+	return true
 }

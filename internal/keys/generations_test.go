@@ -53,9 +53,33 @@ func TestGenerationKeysAreReserved(t *testing.T) {
 		"bob@example.com":              false,
 		"tags:go":                      false,
 		"x:rebuild-g:y:rebuild-g:7:go": true,
+		"{rb12}{users}:rebuild-n:3":    true,
+		"users:rebuild-n:3":            true,
+		"users:rebuild-n:":             false,
+		"users:rebuild-n:3x":           false,
+		"users:rebuild-n:3:go":         false,
 	} {
 		if got := Reserved(key); got != want {
 			t.Errorf("Reserved(%q) = %v, want %v", key, got, want)
+		}
+	}
+}
+
+func TestCounterKey(t *testing.T) {
+	// C90: a run's per-slot counter is in its slot, names the run's lock
+	// base and generation, and is one of keyswap's own keys.
+	for _, live := range []string{"users:by-bucket", "{users}:by-email", "a}b"} {
+		for _, slot := range []uint16{0, 1, 5000, SlotCount - 1} {
+			k := CounterKey(live, slot, 7)
+			if Slot(k) != slot {
+				t.Errorf("CounterKey(%q, %d, 7) = %q is in slot %d", live, slot, k, Slot(k))
+			}
+			if want := "{" + SyntheticTag(slot) + "}" + Base(live, true) + ":rebuild-n:7"; k != want {
+				t.Errorf("CounterKey(%q, %d, 7) = %q, want %q", live, slot, k, want)
+			}
+			if !Reserved(k) {
+				t.Errorf("Reserved(%q) = false, want true", k)
+			}
 		}
 	}
 }

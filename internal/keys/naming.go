@@ -72,7 +72,7 @@ func PrevKey(live string, cluster bool) string { return Base(live, cluster) + Pr
 // data key. keyswap refuses to rebuild such a key: it would take it for its
 // own.
 func Reserved(key string) bool {
-	if _, _, ok := ParseTempKey(key); ok || IsGenKey(key) {
+	if _, _, ok := ParseTempKey(key); ok || IsGenKey(key) || IsCounterKey(key) {
 		return true
 	}
 	for _, suffix := range []string{LockSuffix, MetaSuffix, PrevSuffix, PointerSuffix, RegistrySuffix,

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/keyswap/keyswap/internal/keys"
-	"github.com/keyswap/keyswap/internal/scan"
 	"github.com/redis/rueidis"
 )
 
@@ -18,12 +17,12 @@ import (
 // genalloc and flip are not retried: a rerun of genalloc would allocate
 // another generation, and a rerun of flip would find its generation
 // current, not building, and report a loss that did not happen. genback is
-// not retried: a rerun would flip back again. gendrop is idempotent.
+// not retried: a rerun would flip back again. The removal of generations
+// is the gens package's.
 var (
 	genallocScript = newScript("genalloc", false)
 	flipScript     = newScript("flip", false)
 	genbackScript  = newScript("genback", false)
-	gendropScript  = newScript("gendrop", true)
 	// genapply is not retried, as apply is not: the caller must learn that
 	// the outcome is unknown.
 	genapplyScript = newScript("genapply", false)
@@ -288,28 +287,6 @@ func (r *Redis) genRollback(ctx context.Context, opts RollbackOptions, locks []*
 	return res.ints(1)
 }
 
-// DropGeneration removes generation gen's field from the registry of the
-// index live, if it still holds state (a prefix of it, with prefix set),
-// and reports whether it did. Call it once no key of the generation is
-// left.
-func (r *Redis) DropGeneration(ctx context.Context, live string, gen int64, state string, prefix bool) (bool, error) {
-	flag := "0"
-	if prefix {
-		flag = "1"
-	}
-	res, err := parseReply(gendropScript.Exec(ctx, r.client, []string{keys.RegistryKey(live, r.cluster)},
-		[]string{strconv.FormatInt(gen, 10), state, flag}))
-	if err != nil {
-		return false, Fail(ctx, "drop generation", live, err)
-	}
-	code, err := res.code()
-	n, _ := res.int(1)
-	if err != nil || code != codeOK {
-		return false, &Error{Op: "drop generation", Key: live, Err: fmt.Errorf("unexpected gendrop script reply %v", res)}
-	}
-	return n == 1, nil
-}
-
 // Unlink deletes ks with UNLINK, at most [UnlinkChunk] keys per command,
 // grouped by hash slot on a cluster, and returns the first error.
 func (r *Redis) Unlink(ctx context.Context, ks []string) error {
@@ -337,30 +314,6 @@ func (r *Redis) Unlink(ctx context.Context, ks []string) error {
 	}
 	for _, res := range r.client.DoMulti(ctx, cmds...) {
 		if err := res.Error(); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// RemoveGeneration deletes the data keys of generation gen of the index
-// live: its one key for a plain index, or, for a family, every bucket key
-// of the generation, found by SCAN MATCH on every master (on the prefix's
-// master alone when the prefix has a hash tag) and removed in chunks of at
-// most [UnlinkChunk] keys. It does not touch the registry.
-func (r *Redis) RemoveGeneration(ctx context.Context, live string, family bool, gen int64) error {
-	if !family {
-		return r.Unlink(ctx, []string{keys.GenKey(live, gen)})
-	}
-	opts := scan.Options{Match: keys.GenPattern(live, gen), Count: 1000}
-	if _, tagged := keys.HashTag(live); tagged {
-		opts.InSlot, opts.Slot = true, keys.Slot(live)
-	}
-	for page, err := range scan.Pages(ctx, r.client, opts) {
-		if err != nil {
-			return fmt.Errorf("SCAN %s: %w", opts.Match, err)
-		}
-		if err := r.Unlink(ctx, page); err != nil {
 			return err
 		}
 	}

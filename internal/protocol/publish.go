@@ -103,6 +103,15 @@ type PublishOptions struct {
 	Logs    []LogOffset
 	MaxTail int
 	MaxWork int64
+	// Indexes are the live keys (or families' prefixes) of the indexes
+	// published, for the switch from Generations mode back: in the same
+	// step, after the renames, each one's pointer (keys.PointerKey) is
+	// deleted, so that readers read the plain keys just published, and
+	// the current and previous generations in its registry
+	// (keys.RegistryKey) become retired:<ms>, stamped with the server's
+	// clock, for a sweep to remove once readers no longer read them. An
+	// index without a pointer or a registry is left as it is.
+	Indexes []string
 }
 
 // Published is what a successful publish did.
@@ -235,7 +244,14 @@ func (r *Redis) plan(opts PublishOptions) (publishPlan, error) {
 		logs[i] = l.Key
 	}
 	var ks []string
-	for _, section := range [][]string{lockKeys, records, receipts, temps, lives, opts.Orphans, prevs, opts.Drops, opts.Metas, logs, ctls} {
+	var pointers []string
+	for _, l := range opts.Indexes {
+		if l == "" {
+			return publishPlan{}, &Error{Op: op, Key: key, Err: errors.New("empty key")}
+		}
+		pointers = append(pointers, keys.PointerKey(l, r.cluster), keys.RegistryKey(l, r.cluster))
+	}
+	for _, section := range [][]string{lockKeys, records, receipts, temps, lives, opts.Orphans, prevs, opts.Drops, opts.Metas, logs, ctls, pointers} {
 		ks = append(ks, section...)
 	}
 	if dup := FirstDuplicate(ks); dup != "" {
@@ -268,6 +284,7 @@ func (r *Redis) plan(opts PublishOptions) (publishPlan, error) {
 		}
 		args = append(args, kind)
 	}
+	args = append(args, strconv.Itoa(len(opts.Indexes)))
 	return publishPlan{keys: ks, args: args}, nil
 }
 

@@ -10,7 +10,10 @@ import (
 // arguments.
 type PublishCall struct {
 	Locks, Records, Receipts, Temps, Lives, Orphans, Prevs, Drops, Metas, Logs, Ctls []string
-	Args                                                                             []string
+	// Pointers holds the pairs of an index's pointer and registry (the
+	// switch from Generations mode back), sized by the last argument.
+	Pointers []string
+	Args     []string
 }
 
 // ParsePublish takes apart the arguments of a command that runs the
@@ -45,9 +48,10 @@ func ParsePublish(cmd []string) (PublishCall, error) {
 		cut = append(cut, ks[at:at+size[s]])
 		at += size[s]
 	}
-	if at != len(ks) {
-		return PublishCall{}, fmt.Errorf("publish has %d keys, more than its sections %v", len(ks), size)
+	q, err := strconv.Atoi(args[len(args)-1])
+	if err != nil || at+2*q != len(ks) {
+		return PublishCall{}, fmt.Errorf("publish has %d keys, not those of its sections %v and %s pointer pairs", len(ks), size, args[len(args)-1])
 	}
 	return PublishCall{Locks: cut[0], Records: cut[1], Receipts: cut[2], Temps: cut[3], Lives: cut[4],
-		Orphans: cut[5], Prevs: cut[6], Drops: cut[7], Metas: cut[8], Logs: cut[9], Ctls: cut[10], Args: args}, nil
+		Orphans: cut[5], Prevs: cut[6], Drops: cut[7], Metas: cut[8], Logs: cut[9], Ctls: cut[10], Pointers: ks[at:], Args: args}, nil
 }

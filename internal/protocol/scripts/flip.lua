@@ -19,7 +19,9 @@
 --           slot, checked by the caller before the flip)
 -- ARGV[5]   '1' to keep the old generation as 'previous' (for a
 --           rollback), '0' to retire it
--- ARGV[6]   the time, in milliseconds since the epoch
+-- ARGV[6]   the time, in milliseconds since the epoch, for the metas (the
+--           retirements are stamped with the server's clock, TIME, which
+--           the sweep measures the grace on)
 -- ARGV[7]   the receipt's TTL in seconds
 -- ARGV[8..7+N] the new generation of each index
 -- ARGV[8+N..] per log, two: the entries the run replayed onto its new
@@ -86,6 +88,12 @@ for i = 1, L do
     return {BEHIND, i, len - replayed, 0}
   end
 end
+-- The server's clock, in milliseconds, read before any write (a TIME the
+-- user may not run fails the script here, having written nothing): the
+-- sweep reads TIME with the registry and compares, so no client's clock
+-- shortens the grace.
+local clock = redis.call('TIME')
+local stamp = 'retired:' .. clock[1] .. string.format('%03d', math.floor(tonumber(clock[2]) / 1000))
 for i = 1, N do
   local ptr, reg, meta = KEYS[indexes + 3 * i - 2], KEYS[indexes + 3 * i - 1], KEYS[indexes + 3 * i]
   -- Read before any write: a pointer or a registry of another type fails
@@ -103,7 +111,6 @@ for i = 1, N do
 end
 
 local out, retired = {OK}, {}
-local stamp = 'retired:' .. now
 for i = 1, N do
   local ptr, reg, meta = KEYS[indexes + 3 * i - 2], KEYS[indexes + 3 * i - 1], KEYS[indexes + 3 * i]
   local old = redis.call('GET', ptr)

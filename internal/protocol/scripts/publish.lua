@@ -29,7 +29,12 @@
 --   well, such as prevs of an earlier publish; G metas: the generation of
 --   each builder; X logs: the logs of changes of the run's locks (0, or L:
 --   log i is lock i's, counted in record i); K requests (0 or 1: the
---   operator's, next to the first lock).
+--   operator's, next to the first lock); Q pairs of an index's pointer and
+--   registry (keys.PointerKey, keys.RegistryKey): an index published in
+--   Generations mode until now goes back to the plain shape, so its
+--   pointer is deleted and its current and previous generations retired
+--   after the renames, for a sweep to remove (readers that find no pointer
+--   read the plain keys, which this very script publishes).
 --
 -- The changes applied to the live keys while the run was in progress (see
 -- apply.lua) are in the logs. The run replayed each log onto its temp keys
@@ -64,6 +69,7 @@
 -- ARGV[18+5X] the most work a tail may have, over all logs
 -- ARGV[19+5X..18+5X+G] per meta, the key type of a family's keys, or ''
 --            for a plain key (recorded in the meta, for a rollback)
+-- ARGV[19+5X+G] Q (absent: 0)
 --
 -- Returns {OK, o1..oT, g1..gG, c}: published; oi = RENAMED, or EMPTIED: live key
 --           deleted (empty result); gi the new generation of meta i; c the
@@ -112,6 +118,8 @@ end
 local locks, records, receipts = section(L), section(R), section(C)
 local temps, lives, orphans = section(T), section(T), section(O)
 local prevs, drops, metas, logs, ctls = section(P), section(D), section(G), section(X), section(K)
+local Q = tonumber(ARGV[19 + 5 * X + G] or '0')
+local pointers = section(2 * Q)
 
 if redis.acl_check_cmd then
   local function refused(cmd, ...)
@@ -141,6 +149,11 @@ if redis.acl_check_cmd then
     r = check('EXISTS', lives, T) or check('EXISTS', orphans, O)
   end
   r = r or check('LLEN', logs, X) or check('LRANGE', logs, X, '0', '-1')
+  for i = 1, Q do
+    local ptr, reg = KEYS[pointers + 2 * i - 1], KEYS[pointers + 2 * i]
+    r = r or refused('DEL', ptr) or refused('TYPE', reg) or refused('HGETALL', reg)
+      or refused('HSET', reg, '1', 'retired:1')
+  end
   if r then return r end
   for i = 1, T do
     r = refused('RENAME', KEYS[temps + i], KEYS[lives + i])
@@ -297,6 +310,36 @@ if behind > 0 then
   end
 end
 
+-- The generations the switch back from Generations mode retires, read
+-- before any write, and the server's clock, in milliseconds, as flip.lua
+-- stamps retirements (the sweep measures the grace on it): TIME only when
+-- there is one to stamp, checked first, as it is not sent otherwise.
+local retiring, stamp = {}, ''
+for i = 1, Q do
+  local reg = KEYS[pointers + 2 * i]
+  -- A registry of another type is not keyswap's: the sweep reports it.
+  if redis.call('TYPE', reg)['ok'] == 'hash' then
+    local all = redis.call('HGETALL', reg)
+    for j = 1, #all, 2 do
+      if all[j + 1] == 'current' or all[j + 1] == 'previous' then
+        retiring[#retiring + 1] = {reg, all[j]}
+      end
+    end
+  end
+end
+if #retiring > 0 then
+  if redis.acl_check_cmd then
+    local ok, allowed = pcall(redis.acl_check_cmd, 'TIME')
+    if not ok then
+      return {UNKNOWN_CMD, 'TIME'}
+    elseif not allowed then
+      return {NO_RIGHT, 'TIME', retiring[1][1]}
+    end
+  end
+  local clock = redis.call('TIME')
+  stamp = 'retired:' .. clock[1] .. string.format('%03d', math.floor(tonumber(clock[2]) / 1000))
+end
+
 local out = {OK}
 local function retire(key, prev)
   if prev then
@@ -344,6 +387,12 @@ for i = 1, G do
     redis.call('HDEL', meta, 'prev', 'prev_until')
   end
   out[#out + 1] = gen
+end
+for _, r in ipairs(retiring) do
+  redis.call('HSET', r[1], r[2], stamp)
+end
+for i = 1, Q do
+  redis.call('DEL', KEYS[pointers + 2 * i - 1])
 end
 if C > 0 then
   redis.call('SET', KEYS[receipts + 1], token, 'EX', ARGV[15])
