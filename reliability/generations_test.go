@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/keyswap/keyswap/builders"
+	"github.com/keyswap/keyswap/internal/faultproxy"
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/internal/redistest/replication"
@@ -458,4 +459,157 @@ func TestGenerationsDurability(t *testing.T) {
 		}
 		g.failedRun(t, old)
 	})
+}
+
+// gOutcome checks a case whose run may or may not have flipped: the
+// pointer names generation 1 (the seeding run's, old) or 2 (the faulted
+// run's, updated), and must name 2 when Run returned nil; that generation
+// is current and exact; the other one is gone with its registry field, or
+// left whole for a sweep, marked building: (a run that could not clean up
+// after itself) or retired: (a flip whose grace removal did not run). It
+// waits until the run's lock, record and log are gone (a run cut off from
+// Redis leaves them to their TTL), then checks nothing else is left, and
+// returns the pointer and the stray generation's state ("" if none).
+func (g *gCase) gOutcome(t testing.TB, runErr error, old, updated []gItem) (int64, string) {
+	t.Helper()
+	if err := poll(func() error {
+		if left := g.leftovers(t); len(left) > 0 {
+			return fmt.Errorf("left behind: %v", left)
+		}
+		return nil
+	}); err != nil {
+		t.Error(err)
+	}
+	ptr, _ := redistest.Get(t, g.admin, keys.PointerKey(g.prefix, g.cluster))
+	reg := g.registry(t)
+	cur, other, items := int64(1), "2", old
+	if ptr == "2" {
+		cur, other, items = 2, "1", updated
+	} else if runErr == nil {
+		t.Errorf("Run returned nil, but the pointer names %q", ptr)
+	}
+	want := map[string]string{strconv.FormatInt(cur, 10): keys.RegCurrent}
+	stray := reg[other]
+	switch {
+	case stray == "":
+	case cur == 1 && strings.HasPrefix(stray, keys.RegBuilding), cur == 2 && strings.HasPrefix(stray, keys.RegRetired):
+		want[other] = stray
+	default:
+		t.Errorf("generation %s is %q in the registry, want it gone or marked for a sweep", other, stray)
+	}
+	g.want(t, cur, 2, want, items)
+	return cur, stray
+}
+
+// leftovers returns the case's lock, record, log, receipt and counter keys.
+func (g *gCase) leftovers(t testing.TB) []string {
+	t.Helper()
+	base := keys.Base(g.prefix, g.cluster)
+	var left []string
+	for _, k := range slices.Concat(redistest.Keys(t, g.admin, base+":rebuild-lock"), redistest.Keys(t, g.admin, "{")) {
+		if strings.HasPrefix(k, base+":rebuild-lock") || strings.Contains(k, "}"+base+":rebuild-n:") {
+			left = append(left, k)
+		}
+	}
+	return left
+}
+
+// TestGenerationsKillRestart (C82, C84): a standalone server with
+// appendfsync always is killed with SIGKILL and restarted mid-write, just
+// before the flip script is sent, and just after its reply came. The
+// pointer names a whole generation in every case: the old one unless the
+// flip ran.
+func TestGenerationsKillRestart(t *testing.T) {
+	t.Parallel()
+	for _, at := range []string{"mid-write", "before the flip", "after the flip"} {
+		t.Run(at, func(t *testing.T) {
+			t.Parallel()
+			srv := redistest.OwnServer(t, "--appendonly", "yes", "--appendfsync", "always")
+			g := &gCase{prefix: redistest.Prefix(t) + "by-bucket", client: srv.Client(t), admin: srv.Client(t)}
+			old := g.seed(t)
+			var once atomic.Bool
+			kill := func() {
+				if once.Swap(true) {
+					return
+				}
+				if err := srv.Kill(); err != nil {
+					t.Error(err)
+				}
+				if err := srv.Restart(); err != nil {
+					t.Error(err)
+				}
+			}
+			h := gHooks{}
+			switch at {
+			case "mid-write":
+				h.afterBatch = func(n int) {
+					if n == 3 {
+						kill()
+					}
+				}
+			case "before the flip":
+				h.beforeFlip = kill
+			case "after the flip":
+				h.afterFlip = func(error) { kill() }
+			}
+			updated := gItems("new", gEntries, gBuckets)
+			_, err := g.rebuilder(t, gHook(g.client, h), rebuild.Options{TTL: 2 * time.Second}).Run(redistest.Ctx(t), sources.Slice(updated))
+			if !once.Load() {
+				t.Fatalf("the fault never happened: %v", err)
+			}
+			cur, stray := g.gOutcome(t, err, old, updated)
+			t.Logf("Run: %v; current generation %d, stray %q", err, cur, stray)
+			if at == "after the flip" && cur != 2 {
+				t.Errorf("the flip's reply came, with appendfsync always: generation 2 must be current, is %d", cur)
+			}
+		})
+	}
+}
+
+// TestGenerationsConnectionCut (C82): the proxy between the run's client
+// and Redis cuts every connection and refuses new ones just before the flip
+// script is sent (healed once Run returned), or lets the script run and
+// loses its reply. On a standalone server and on the cluster.
+func TestGenerationsConnectionCut(t *testing.T) {
+	t.Parallel()
+	for _, dep := range []string{"standalone", "cluster"} {
+		for _, at := range []string{"before the flip", "reply of the flip lost"} {
+			t.Run(dep+", "+at, func(t *testing.T) {
+				t.Parallel()
+				var d *deployment
+				g := &gCase{prefix: redistest.Prefix(t) + "by-bucket"}
+				if dep == "standalone" {
+					d = standalone(t)
+					g.admin = d.srv.Client(t)
+				} else {
+					d = onCluster(t, env.Cluster, true)
+					g.cluster, g.admin = true, env.Cluster.Client(t)
+				}
+				g.client = d.client
+				old := g.seed(t)
+				fired := false
+				h := gHooks{beforeFlip: func() {
+					fired = true
+					if at == "before the flip" {
+						d.proxy.Refuse(true)
+						d.cutAll()
+						return
+					}
+					d.proxy.CutAfter(faultproxy.ToClient, 0)
+				}}
+				updated := gItems("new", gEntries, gBuckets)
+				_, err := g.rebuilder(t, gHook(g.client, h), rebuild.Options{TTL: 2 * time.Second}).Run(redistest.Ctx(t), sources.Slice(updated))
+				d.proxy.Refuse(false)
+				d.proxy.Heal()
+				if !fired {
+					t.Fatalf("the flip was never sent: %v", err)
+				}
+				cur, stray := g.gOutcome(t, err, old, updated)
+				t.Logf("Run: %v; current generation %d, stray %q", err, cur, stray)
+				if at == "before the flip" && cur != 1 {
+					t.Errorf("the flip never reached Redis, yet generation %d is current", cur)
+				}
+			})
+		}
+	}
 }
