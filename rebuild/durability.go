@@ -16,7 +16,9 @@ import (
 
 // Durability is how durable a run's writes must be before they are
 // published, for replicated or persisted deployments. The zero value waits
-// for nothing. See the README, "Durability", for what each deployment gets
+// for nothing. In Generations mode on a cluster, whose writes spread over
+// the masters, each wait runs on every master the run wrote, at once, and
+// all must succeed. See the README, "Durability", for what each deployment gets
 // with and without it.
 type Durability struct {
 	// Replicas is how many replicas must acknowledge every write of the run

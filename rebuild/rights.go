@@ -83,6 +83,13 @@ func (x *execution[T]) checks() []protocol.Check {
 			add(live, "HLEN", "ZCARD", "SCARD")
 		}
 		add(keys.MetaKey(x.r.lives[i], cluster), "TYPE", "HINCRBY", "HGET", "HSET", "HDEL")
+		if x.r.opts.Publish == Generations {
+			// The allocation, the flip, a failed run's drop: a right
+			// missing here would fail the flip after the build, and with
+			// several indexes, after the flips of those before it.
+			add(keys.PointerKey(x.r.lives[i], cluster), "GET", "SET")
+			add(keys.RegistryKey(x.r.lives[i], cluster), "HGET", "HGETALL", "HSET", "HINCRBY", "HDEL")
+		}
 	}
 	return c
 }

@@ -613,3 +613,81 @@ func TestGenerationsConnectionCut(t *testing.T) {
 		}
 	}
 }
+
+// TestGenerationsNoSetOnPointer (C82): the rebuild's user may run SET on
+// its lock and receipt, but not on the index's pointer. The run must be
+// refused at the acquire (ErrNoPermission) naming SET and the pointer, with the pointer, the registry and
+// generation 1 as the seeding run left them, and nothing of the run left.
+func TestGenerationsNoSetOnPointer(t *testing.T) {
+	t.Parallel()
+	srv := redistest.OwnServer(t)
+	g := &gCase{prefix: redistest.Prefix(t) + "by-bucket", admin: srv.Client(t)}
+	g.client = g.admin
+	old := g.seed(t)
+	restricted := srv.ClientAs(t, "ks-no-set-pointer", "~ks:*", "+@all", "-set", "(+set ~*:rebuild-lock*)")
+	updated := gItems("new", gEntries, gBuckets)
+	stats, err := g.rebuilder(t, restricted, rebuild.Options{TTL: 2 * time.Second}).Run(redistest.Ctx(t), sources.Slice(updated))
+	t.Logf("Run: %v", err)
+	redistest.WantErr(t, err, rebuild.ErrNoPermission)
+	if err != nil && (!strings.Contains(err.Error(), "SET") || !strings.Contains(err.Error(), keys.PointerKey(g.prefix, false))) {
+		t.Errorf("err = %v, want it to name SET and the pointer", err)
+	}
+	if stats.Batches != 0 {
+		t.Errorf("Stats.Batches = %d, want 0: refused at the acquire, before anything is written", stats.Batches)
+	}
+	// Refused before the allocation: no generation was ever allocated.
+	g.want(t, 1, 1, map[string]string{"1": keys.RegCurrent}, old)
+}
+
+// TestGenerationsEviction (C82): a server at its maxmemory while the run
+// writes. Generation keys have no TTL: under volatile-lru Redis evicts only
+// the run's lock, record and counters, never a generation, and the
+// seeding run's generation must stay whole; under allkeys-lru it may evict
+// anything, the current generation included (as it would evict live keys in
+// rename-in-place mode). Either way a run that returns nil must have
+// flipped to a whole generation, and a run that fails must leave the
+// pointer untouched.
+func TestGenerationsEviction(t *testing.T) {
+	t.Parallel()
+	for _, policy := range []string{"volatile-lru", "allkeys-lru"} {
+		t.Run(policy, func(t *testing.T) {
+			t.Parallel()
+			srv := redistest.OwnServer(t)
+			g := &gCase{prefix: redistest.Prefix(t) + "by-bucket", admin: srv.Client(t)}
+			g.client = srv.Client(t)
+			old := g.seed(t)
+			hooked := gHook(g.client, gHooks{afterBatch: func(n int) {
+				if n == 2 {
+					srv.LimitMemory(t, 8<<10)
+					redistest.Cmd(t, g.admin, "CONFIG", "SET", "maxmemory-policy", policy)
+				}
+			}})
+			updated := gItems("new", 4*gEntries, gBuckets)
+			_, err := g.rebuilder(t, hooked, rebuild.Options{TTL: 2 * time.Second}).Run(redistest.Ctx(t), sources.Slice(updated))
+			info, _ := redistest.Cmd(t, g.admin, "INFO", "stats").ToString()
+			evicted := "?"
+			for line := range strings.Lines(info) {
+				if v, ok := strings.CutPrefix(strings.TrimSpace(line), "evicted_keys:"); ok {
+					evicted = v
+				}
+			}
+			t.Logf("Run: %v; %s keys evicted", err, evicted)
+			ptr, _ := redistest.Get(t, g.admin, keys.PointerKey(g.prefix, false))
+			switch {
+			case err == nil && ptr != "2":
+				t.Errorf("Run returned nil, but the pointer names %q", ptr)
+			case err == nil:
+				g.wantGen(t, 2, updated)
+			case ptr == "" && policy == "allkeys-lru":
+				// The pointer has no TTL either: allkeys-lru may evict it,
+				// and readers then find the index in the plain shape.
+				t.Logf("the pointer was evicted")
+			case ptr != "1":
+				t.Errorf("Run failed, but the pointer names %q", ptr)
+			case policy == "volatile-lru":
+				// A key without a TTL is never evicted.
+				g.wantGen(t, 1, old)
+			}
+		})
+	}
+}
