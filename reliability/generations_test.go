@@ -87,9 +87,17 @@ func (g *gCase) rebuilder(t testing.TB, c rueidis.Client, opts rebuild.Options) 
 		builders.SetIndex(g.prefix, func(it gItem) (string, string, bool) { return it.bucket, it.id, true }))
 }
 
-// seed publishes data set "old" as generation 1 with a run of its own.
+// seed publishes data set "old" as generation 1 with a run of its own,
+// after deleting what an earlier run of the test (-count) left on a shared
+// deployment.
 func (g *gCase) seed(t testing.TB) []gItem {
 	t.Helper()
+	base := keys.Base(g.prefix, g.cluster)
+	for _, k := range slices.Concat(redistest.Keys(t, g.admin, g.prefix), redistest.Keys(t, g.admin, base), redistest.Keys(t, g.admin, "{")) {
+		if strings.HasPrefix(k, g.prefix) || strings.HasPrefix(k, base) || strings.Contains(k, "}"+base+":rebuild-n:") {
+			redistest.Do(t, g.admin, g.admin.B().Del().Key(k).Build())
+		}
+	}
 	old := gItems("old", gEntries, gBuckets)
 	if _, err := g.rebuilder(t, g.client, rebuild.Options{}).Run(redistest.Ctx(t), sources.Slice(old)); err != nil {
 		t.Fatalf("seeding run: %v", err)
@@ -576,31 +584,69 @@ func TestGenerationsConnectionCut(t *testing.T) {
 		for _, at := range []string{"before the flip", "reply of the flip lost"} {
 			t.Run(dep+", "+at, func(t *testing.T) {
 				t.Parallel()
-				var d *deployment
 				g := &gCase{prefix: redistest.Prefix(t) + "by-bucket"}
+				// refuse cuts every connection of the run's client and
+				// refuses new ones (false: accepts them again); loseReply
+				// loses the next reply of the lock's master.
+				var refuse func(bool)
+				var loseReply func()
 				if dep == "standalone" {
-					d = standalone(t)
-					g.admin = d.srv.Client(t)
+					d := standalone(t)
+					g.client, g.admin = d.client, d.srv.Client(t)
+					refuse = func(on bool) {
+						d.proxy.Refuse(on)
+						if on {
+							d.cutAll()
+						}
+					}
+					loseReply = func() { d.proxy.CutAfter(faultproxy.ToClient, 0) }
 				} else {
-					d = onCluster(t, env.Cluster, true)
-					g.cluster, g.admin = true, env.Cluster.Client(t)
+					// A Dialer of the case's own, whose proxies it can
+					// all refuse: the flip goes to whichever master
+					// holds the lock's slot.
+					d := &faultproxy.Dialer{}
+					t.Cleanup(func() {
+						if err := d.Close(); err != nil {
+							t.Error(err)
+						}
+					})
+					opt := rebuildClientOption()
+					opt.InitAddress = env.Cluster.Addrs
+					opt.DialCtxFn = d.Dial
+					c, err := rueidis.NewClient(opt)
+					if err != nil {
+						t.Fatal(err)
+					}
+					t.Cleanup(c.Close)
+					g.cluster, g.client, g.admin = true, c, env.Cluster.Client(t)
+					refuse = func(on bool) {
+						d.Refuse(on)
+						if on {
+							d.CutAll()
+						}
+					}
+					loseReply = func() {
+						p, err := d.Proxy(env.Cluster.NodeFor(t, keys.LockKey(g.prefix, true)).Addr)
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						p.CutAfter(faultproxy.ToClient, 0)
+					}
 				}
-				g.client = d.client
 				old := g.seed(t)
 				fired := false
 				h := gHooks{beforeFlip: func() {
 					fired = true
 					if at == "before the flip" {
-						d.proxy.Refuse(true)
-						d.cutAll()
+						refuse(true)
 						return
 					}
-					d.proxy.CutAfter(faultproxy.ToClient, 0)
+					loseReply()
 				}}
 				updated := gItems("new", gEntries, gBuckets)
 				_, err := g.rebuilder(t, gHook(g.client, h), rebuild.Options{TTL: 2 * time.Second}).Run(redistest.Ctx(t), sources.Slice(updated))
-				d.proxy.Refuse(false)
-				d.proxy.Heal()
+				refuse(false)
 				if !fired {
 					t.Fatalf("the flip was never sent: %v", err)
 				}
