@@ -255,7 +255,7 @@ func (g *gCase) failedRun(t testing.TB, old []gItem) {
 	g.want(t, 1, 2, map[string]string{"1": keys.RegCurrent}, old)
 }
 
-// TestGenerationsLockStolen (C82): mid-write, another client deletes the
+// TestGenerationsLockStolen (C83, C85): mid-write, another client deletes the
 // run's lock and takes it with a token of its own. The run fails with
 // ErrLockLost, the flip never happens, the run's generation is removed;
 // the thief's lock is left to its holder.
@@ -280,7 +280,7 @@ func TestGenerationsLockStolen(t *testing.T) {
 	})
 }
 
-// TestGenerationsCounterDeleted (C82): on a cluster, an operator deletes
+// TestGenerationsCounterDeleted (C83, C85): on a cluster, an operator deletes
 // the run's per-slot counters mid-write, as a failover to a replica that
 // missed them would lose them. The check before the flip finds fewer
 // transactions than Redis acknowledged: ErrWritesLost, the pointer
@@ -360,7 +360,7 @@ func (g *gCase) wantGen(t testing.TB, gen int64, items []gItem) {
 	}
 }
 
-// TestGenerationsFailover (C84): standalone master and replica; the
+// TestGenerationsFailover (C83, C85): standalone master and replica; the
 // replication link is paused after the 3rd write transaction, and the
 // replica promoted just before the flip script is sent. The record's batch count, checked by
 // the flip, gives the loss away: ErrWritesLost, the promoted replica's
@@ -411,7 +411,7 @@ func TestGenerationsFailover(t *testing.T) {
 	g.failedRun(t, old)
 }
 
-// TestGenerationsDurability (C84): Options.Durability in Generations mode.
+// TestGenerationsDurability (C83, C85): Options.Durability in Generations mode.
 // A master whose replica is stopped mid-write: WAIT finds 0 of 1 replicas,
 // the run fails before the flip with ErrNotDurable, the pointer untouched
 // and the run's generation removed. On a cluster, whose masters have no
@@ -522,7 +522,7 @@ func (g *gCase) leftovers(t testing.TB) []string {
 	return left
 }
 
-// TestGenerationsKillRestart (C82, C84): a standalone server with
+// TestGenerationsKillRestart (C83, C85): a standalone server with
 // appendfsync always is killed with SIGKILL and restarted mid-write, just
 // before the flip script is sent, and just after its reply came. The
 // pointer names a whole generation in every case: the old one unless the
@@ -574,7 +574,7 @@ func TestGenerationsKillRestart(t *testing.T) {
 	}
 }
 
-// TestGenerationsConnectionCut (C82): the proxy between the run's client
+// TestGenerationsConnectionCut (C83, C85): the proxy between the run's client
 // and Redis cuts every connection and refuses new ones just before the flip
 // script is sent (healed once Run returned), or lets the script run and
 // loses its reply. On a standalone server and on the cluster.
@@ -685,7 +685,7 @@ func TestGenerationsNoSetOnPointer(t *testing.T) {
 	g.want(t, 1, 1, map[string]string{"1": keys.RegCurrent}, old)
 }
 
-// TestGenerationsEviction (C82): a server at its maxmemory while the run
+// TestGenerationsEviction (C82, C85): a server at its maxmemory while the run
 // writes. Generation keys have no TTL: under volatile-lru Redis evicts only
 // the run's lock, record and counters, never a generation, and the
 // seeding run's generation must stay whole; under allkeys-lru it may evict
