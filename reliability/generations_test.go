@@ -509,6 +509,23 @@ func (g *gCase) gOutcome(t testing.TB, runErr error, old, updated []gItem) (int6
 	return cur, stray
 }
 
+// runFaulted rebuilds the case's family with data set "new" through h's
+// hooks, with a lease of 2 s, calls after once Run returned, fails t unless
+// fired reports that the fault happened, checks the outcome (gOutcome) and
+// returns the current generation.
+func (g *gCase) runFaulted(t testing.TB, h gHooks, old []gItem, fired func() bool, after func()) int64 {
+	t.Helper()
+	updated := gItems("new", gEntries, gBuckets)
+	_, err := g.rebuilder(t, gHook(g.client, h), rebuild.Options{TTL: 2 * time.Second}).Run(redistest.Ctx(t), sources.Slice(updated))
+	after()
+	if !fired() {
+		t.Fatalf("the fault never happened: %v", err)
+	}
+	cur, stray := g.gOutcome(t, err, old, updated)
+	t.Logf("Run: %v; current generation %d, stray %q", err, cur, stray)
+	return cur
+}
+
 // leftovers returns the case's lock, record, log, receipt and counter keys.
 func (g *gCase) leftovers(t testing.TB) []string {
 	t.Helper()
@@ -560,13 +577,7 @@ func TestGenerationsKillRestart(t *testing.T) {
 			case "after the flip":
 				h.afterFlip = func(error) { kill() }
 			}
-			updated := gItems("new", gEntries, gBuckets)
-			_, err := g.rebuilder(t, gHook(g.client, h), rebuild.Options{TTL: 2 * time.Second}).Run(redistest.Ctx(t), sources.Slice(updated))
-			if !once.Load() {
-				t.Fatalf("the fault never happened: %v", err)
-			}
-			cur, stray := g.gOutcome(t, err, old, updated)
-			t.Logf("Run: %v; current generation %d, stray %q", err, cur, stray)
+			cur := g.runFaulted(t, h, old, once.Load, func() {})
 			if at == "after the flip" && cur != 2 {
 				t.Errorf("the flip's reply came, with appendfsync always: generation 2 must be current, is %d", cur)
 			}
@@ -644,14 +655,7 @@ func TestGenerationsConnectionCut(t *testing.T) {
 					}
 					loseReply()
 				}}
-				updated := gItems("new", gEntries, gBuckets)
-				_, err := g.rebuilder(t, gHook(g.client, h), rebuild.Options{TTL: 2 * time.Second}).Run(redistest.Ctx(t), sources.Slice(updated))
-				refuse(false)
-				if !fired {
-					t.Fatalf("the flip was never sent: %v", err)
-				}
-				cur, stray := g.gOutcome(t, err, old, updated)
-				t.Logf("Run: %v; current generation %d, stray %q", err, cur, stray)
+				cur := g.runFaulted(t, h, old, func() bool { return fired }, func() { refuse(false) })
 				if at == "before the flip" && cur != 1 {
 					t.Errorf("the flip never reached Redis, yet generation %d is current", cur)
 				}
@@ -662,8 +666,9 @@ func TestGenerationsConnectionCut(t *testing.T) {
 
 // TestGenerationsNoSetOnPointer (C82): the rebuild's user may run SET on
 // its lock and receipt, but not on the index's pointer. The run must be
-// refused at the acquire (ErrNoPermission) naming SET and the pointer, with the pointer, the registry and
-// generation 1 as the seeding run left them, and nothing of the run left.
+// refused at the acquire (ErrNoPermission) naming SET and the pointer, with
+// the pointer, the registry and generation 1 as the seeding run left them,
+// and nothing of the run left.
 func TestGenerationsNoSetOnPointer(t *testing.T) {
 	t.Parallel()
 	srv := redistest.OwnServer(t)
