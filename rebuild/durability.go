@@ -1,14 +1,24 @@
 package rebuild
 
 import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"sync"
 	"time"
 
+	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/protocol"
+	"github.com/redis/rueidis"
 )
 
 // Durability is how durable a run's writes must be before they are
 // published, for replicated or persisted deployments. The zero value waits
-// for nothing. See the README, "Durability", for what each deployment gets
+// for nothing. In Generations mode on a cluster, whose writes spread over
+// the masters, each wait runs on every master the run wrote, at once, and
+// all must succeed. See the README, "Durability", for what each deployment gets
 // with and without it.
 type Durability struct {
 	// Replicas is how many replicas must acknowledge every write of the run
@@ -60,4 +70,97 @@ func (r *Rebuilder[T]) checkDurability(bad func(string, ...any) error) error {
 	}
 	d.Timeout = protocol.OrDefault(d.Timeout, min(DefaultDurabilityTimeout, r.opts.TTL/2))
 	return nil
+}
+
+// waitDurable makes the run's writes as durable as Options.Durability asks
+// before the publish. In RenameInPlace mode, and in Generations mode on a
+// standalone server, every write went to one master: the wait runs there,
+// on the lock's connection. In Generations mode on a cluster the writes
+// spread over the masters, and WAIT and WAITAOF count only the writes of
+// the master they run on: the wait runs on the lock's master and, at once,
+// on every other master that holds a slot the run wrote, each counted from
+// a write of the run's counter in one of its slots (see RELIABILITY.md,
+// "Generations mode", for the window this closes).
+func (x *execution[T]) waitDurable(ctx context.Context, d protocol.Durability) error {
+	r := x.r
+	lock := x.locks[0].Key
+	if x.gen == nil || !r.redis.Cluster() {
+		return r.redis.Wait(ctx, "publish", r.key, lock, d)
+	}
+	ks, _ := x.counterKeys()
+	ats, err := x.oneKeyPerMaster(ctx, lock, ks)
+	if err != nil {
+		return err
+	}
+	secs := 2 * r.ttlSecs
+	errs := make([]error, len(ats)+1)
+	var g sync.WaitGroup
+	g.Go(func() { errs[0] = r.redis.Wait(ctx, "publish", r.key, lock, d) })
+	for i, at := range ats {
+		g.Go(func() {
+			// The counter's own renewal (renewCounters): a write that
+			// Redis propagates while the counter exists. A counter gone
+			// fails the check of the counters after the wait.
+			errs[i+1] = r.redis.WaitAt(ctx, "publish", r.key, at, func(b rueidis.Builder) rueidis.Completed {
+				return b.Expire().Key(at).Seconds(secs).Build()
+			}, d)
+		})
+	}
+	g.Wait()
+	return errors.Join(errs...)
+}
+
+// oneKeyPerMaster returns, of ks (the run's per-slot counters), one key in
+// a slot of each master of the cluster that holds a slot of ks, but for
+// the master that holds lock. It reads the slots' masters with CLUSTER
+// SLOTS: a slot that moves to another master after it was read is waited
+// for on the master of the key chosen for its old master.
+func (x *execution[T]) oneKeyPerMaster(ctx context.Context, lock string, ks []string) ([]string, error) {
+	if len(ks) == 0 {
+		return nil, nil
+	}
+	client := x.r.redis.Client()
+	ranges, err := client.Do(ctx, client.B().ClusterSlots().Build()).ToArray()
+	if err != nil {
+		return nil, protocol.Fail(ctx, "publish", x.r.key, fmt.Errorf("CLUSTER SLOTS: %w", err))
+	}
+	type span struct {
+		from, to int64
+		master   string
+	}
+	var spans []span
+	for _, rg := range ranges {
+		f, err := rg.ToArray()
+		if err != nil || len(f) < 3 {
+			return nil, &Error{Op: "publish", Key: x.r.key, Err: fmt.Errorf("CLUSTER SLOTS: an entry %v, want [start end [host port ...] ...]", f)}
+		}
+		from, err1 := f[0].AsInt64()
+		to, err2 := f[1].AsInt64()
+		node, err3 := f[2].ToArray()
+		if err := errors.Join(err1, err2, err3); err != nil || len(node) < 2 {
+			return nil, &Error{Op: "publish", Key: x.r.key, Err: fmt.Errorf("CLUSTER SLOTS: an entry %v, want [start end [host port ...] ...]: %w", f, err)}
+		}
+		host, _ := node[0].ToString()
+		port, _ := node[1].AsInt64()
+		spans = append(spans, span{from, to, net.JoinHostPort(host, strconv.FormatInt(port, 10))})
+	}
+	masterOf := func(k string) string {
+		s := int64(keys.Slot(k))
+		for _, sp := range spans {
+			if sp.from <= s && s <= sp.to {
+				return sp.master
+			}
+		}
+		return "" // a slot no master serves: its key is waited for on its own
+	}
+	seen := map[string]bool{masterOf(lock): true}
+	var ats []string
+	for _, k := range ks {
+		m := masterOf(k)
+		if m == "" || !seen[m] {
+			seen[m] = m != ""
+			ats = append(ats, k)
+		}
+	}
+	return ats, nil
 }

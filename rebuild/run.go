@@ -349,7 +349,7 @@ func (x *execution[T]) run(ctx context.Context, src sources.Source[T]) (err erro
 		// keep the locks, show the phase, and read an operator's cancel.
 		if d := r.durability(); d != (protocol.Durability{}) {
 			x.setPhase(PhaseWaiting)
-			if err := r.redis.Wait(runCtx, "publish", r.key, x.locks[0].Key, d); err != nil {
+			if err := x.waitDurable(runCtx, d); err != nil {
 				if cause := context.Cause(runCtx); cause != nil {
 					return protocol.Wrap("run", r.key, cause)
 				}

@@ -50,7 +50,7 @@ func (r *Redis) CheckDurable(ctx context.Context, op, key string, lock string, d
 	// client's blocking pool: taken as the wait's is (see waitOn), and
 	// answered within the timeout, should the application keep the pool
 	// in use or the server not answer.
-	return r.waitOn(ctx, op, key, lock, d.Timeout, false, func(probe context.Context, c rueidis.DedicatedClient) error {
+	return r.waitOn(ctx, op, key, keys.RecordKey(lock), d.Timeout, nil, func(probe context.Context, c rueidis.DedicatedClient) error {
 		late := func(cmd string, err error) error {
 			if errors.Is(context.Cause(probe), errNoConnection) {
 				return &Error{Op: op, Key: key, Err: fmt.Errorf("%w: %s did not answer within %v", ErrNotDurable, cmd, d.Timeout)}
@@ -101,13 +101,30 @@ func (r *Redis) CheckDurable(ctx context.Context, op, key string, lock string, d
 // run made before, on any connection: the server counts from the offset of
 // the connection's last write, and its replication stream is in order.
 func (r *Redis) Wait(ctx context.Context, op, key, lock string, d Durability) error {
+	record := keys.RecordKey(lock)
+	return r.wait(ctx, op, key, record, func(b rueidis.Builder) rueidis.Completed {
+		return b.Hincrby().Key(record).Field("waits").Increment(1).Build()
+	}, d)
+}
+
+// WaitAt is Wait on the master that holds the key at, which the run wrote
+// there: touch, a write of at that Redis propagates to the replicas, is
+// the write the wait counts from. A run whose writes spread over the
+// masters of a cluster waits on each of them: WAIT and WAITAOF only count
+// the writes of the master they run on.
+func (r *Redis) WaitAt(ctx context.Context, op, key, at string, touch func(b rueidis.Builder) rueidis.Completed, d Durability) error {
+	return r.wait(ctx, op, key, at, touch, d)
+}
+
+// wait is Wait and WaitAt: on the master of bind, after the write touch.
+func (r *Redis) wait(ctx context.Context, op, key, bind string, touch func(b rueidis.Builder) rueidis.Completed, d Durability) error {
 	if d.none() {
 		return nil
 	}
 	ms := d.Timeout.Milliseconds()
 	// The waits have a timeout of their own, the same: under ctx, a reply
 	// that comes just after it is not cut off.
-	return r.waitOn(ctx, op, key, lock, d.Timeout, true, func(_ context.Context, c rueidis.DedicatedClient) error {
+	return r.waitOn(ctx, op, key, bind, d.Timeout, touch, func(_ context.Context, c rueidis.DedicatedClient) error {
 		if d.Replicas > 0 {
 			n, err := c.Do(ctx, c.B().Wait().Numreplicas(int64(d.Replicas)).Timeout(ms).Build()).AsInt64()
 			if err != nil {
@@ -134,24 +151,23 @@ func (r *Redis) Wait(ctx context.Context, op, key, lock string, d Durability) er
 	})
 }
 
-// waitOn runs wait on a dedicated connection to the master of lock, after a
-// write to the run's record on it when write is set, with a context that
+// waitOn runs wait on a dedicated connection to the master of bind, after
+// the write touch on it when touch is not nil, with a context that
 // ends within after waitOn started. The connection must come by then, as
 // the wait itself must end; a cancelled ctx (an operator's cancel, read by
 // the heartbeats, which go on meanwhile) ends the wait.
 //
-// The connection's first command, an EXISTS of the record, binds a
-// cluster connection to the master of lock: a cluster client takes the
+// The connection's first command, an EXISTS of bind, binds a
+// cluster connection to the master of bind: a cluster client takes the
 // connection from the pool for it. It is not cut short when the connection
 // does not come in time (see TakeConnection): the run gives up on it, and it is
 // given back once it comes. So it only reads; the write that the wait
 // counts from comes once the connection is there.
-func (r *Redis) waitOn(ctx context.Context, op, key, lock string, within time.Duration, write bool, wait func(bounded context.Context, c rueidis.DedicatedClient) error) error {
-	record := keys.RecordKey(lock)
+func (r *Redis) waitOn(ctx context.Context, op, key, bind string, within time.Duration, touch func(b rueidis.Builder) rueidis.Completed, wait func(bounded context.Context, c rueidis.DedicatedClient) error) error {
 	actx, cancel := context.WithTimeoutCause(ctx, within, errNoConnection)
 	defer cancel()
 	got := TakeConnection(ctx, r.client, func(never context.Context, c rueidis.DedicatedClient) error {
-		return c.Do(never, c.B().Exists().Key(record).Build()).Error()
+		return c.Do(never, c.B().Exists().Key(bind).Build()).Error()
 	})
 	var d Dedicated
 	select {
@@ -165,7 +181,7 @@ func (r *Redis) waitOn(ctx context.Context, op, key, lock string, within time.Du
 	}
 	defer d.Release()
 	if d.Err != nil {
-		return Fail(ctx, op, key, fmt.Errorf("EXISTS %s: %w", record, d.Err))
+		return Fail(ctx, op, key, fmt.Errorf("EXISTS %s: %w", bind, d.Err))
 	}
 	late := func(cmd string) error {
 		if errors.Is(context.Cause(actx), errNoConnection) {
@@ -173,12 +189,14 @@ func (r *Redis) waitOn(ctx context.Context, op, key, lock string, within time.Du
 		}
 		return nil
 	}
-	if write {
-		if err := d.Client.Do(actx, d.Client.B().Hincrby().Key(record).Field("waits").Increment(1).Build()).Error(); err != nil {
-			if lerr := late("HINCRBY " + record); lerr != nil {
+	if touch != nil {
+		cmd := touch(d.Client.B())
+		name := strings.Join(cmd.Commands()[:min(2, len(cmd.Commands()))], " ")
+		if err := d.Client.Do(actx, cmd).Error(); err != nil {
+			if lerr := late(name); lerr != nil {
 				return lerr
 			}
-			return Fail(ctx, op, key, fmt.Errorf("HINCRBY %s: %w", record, err))
+			return Fail(ctx, op, key, fmt.Errorf("%s: %w", name, err))
 		}
 	}
 	if err := wait(actx, d.Client); err != nil {
