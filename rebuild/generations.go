@@ -53,6 +53,9 @@ var ErrNotInGenerations = protocol.ErrNotInGenerations
 type generations struct {
 	gens    []int64 // per builder: the generation the run builds
 	current []int64 // per builder: the generation current (0: none, the plain shape)
+	// prefixes are, per builder, the prefix of its keys in the generation
+	// (a family's), or its key (a plain builder's): see genTarget.
+	prefixes []string
 
 	mu     sync.Mutex
 	counts map[uint16]int64 // on a cluster: transactions acknowledged per slot
@@ -109,6 +112,7 @@ func (x *execution[T]) allocate(ctx context.Context) error {
 		return err
 	}
 	x.gen = &generations{gens: gens, current: current, counts: map[uint16]int64{}}
+	x.gen.prefixes = x.genPrefixes()
 	x.targets = x.newTargets()
 	return nil
 }
@@ -126,6 +130,9 @@ func (x *execution[T]) flip(ctx context.Context) (bool, error) {
 		if err := x.checkCounters(ctx); err != nil {
 			return false, err
 		}
+	}
+	if err := x.checkSizes(ctx); err != nil {
+		return false, err
 	}
 	sent := time.Now()
 	f, err := r.redis.Flip(ctx, protocol.FlipOptions{

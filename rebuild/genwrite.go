@@ -107,6 +107,9 @@ func splitBySlot(t *txn) map[uint16]*txn {
 	for i, c := range t.cmds {
 		p := part(c.Slot())
 		p.cmds = append(p.cmds, c)
+		if len(t.sized) == len(t.cmds) {
+			p.sized = append(p.sized, t.sized[i])
+		}
 		if parallel {
 			p.writes = append(p.writes, t.writes[i])
 			p.members = append(p.members, t.members[i])

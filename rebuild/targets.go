@@ -25,6 +25,14 @@ type target struct {
 	ends []int32
 	name string
 	held bool // in the coalescer's list of targets with entries
+
+	// In Generations mode, what the writes did to the key (see
+	// checkSizes): the kind of the additive commands that wrote it, the
+	// entries their replies reported new, and whether another command
+	// wrote it too, which leaves it unchecked.
+	sizeKind  atomic.Uint32
+	added     atomic.Int64
+	uncounted atomic.Bool
 }
 
 // owner is what the targets registry knows of one builder.

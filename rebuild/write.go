@@ -60,6 +60,9 @@ type txn struct {
 	// commands): SADD must add every one of them to a builder's key whose
 	// members belong to one item each (see owner.unique).
 	members [][]string
+	// sized is, in Generations mode, what each of cmds does to the size
+	// of its key (see checkSizes), read before cmds are sent.
+	sized []sizedWrite
 	// probes are temp keys that cmds may leave empty (a replayed change
 	// that removes entries): EXISTS before and after the writes tells a key
 	// emptied by them from one lost before them.
@@ -83,9 +86,11 @@ func batchTxn[T any](b *batch[T]) *txn {
 func (x *execution[T]) write(ctx context.Context, txns []*txn) error {
 	r := x.r
 	if x.gen != nil {
-		// Generations mode: the data keys carry no TTL.
+		// Generations mode: the data keys carry no TTL, and their sizes
+		// are counted (see checkSizes).
 		for _, t := range txns {
 			t.expire = nil
+			t.sized = x.sizeWrites(t.cmds)
 		}
 		if r.redis.Cluster() {
 			return x.writeSpread(ctx, txns)
@@ -173,6 +178,9 @@ func (x *execution[T]) check(t *txn, res []rueidis.RedisResult) error {
 			if added, err := m.AsInt64(); err == nil && added < int64(len(t.members[i])) {
 				return fail(sharedMember(t.writes[i].Live, t.members[i], added))
 			}
+		}
+		if i < len(t.sized) {
+			countWrite(t.sized[i], m)
 		}
 	}
 	after := replies[writes+len(t.expire) : writes+len(t.expire)+probes]

@@ -1,0 +1,174 @@
+package rebuild
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/keyswap/keyswap/internal/keys"
+	"github.com/keyswap/keyswap/internal/protocol"
+	"github.com/redis/rueidis"
+)
+
+// The keys of a generation carry no TTL, so a key lost during the run
+// (deleted by another client, evicted under an allkeys-* maxmemory policy)
+// is not told by a second creation, as a temp key's is (EXPIRE NX). It is
+// told by its size instead: the run sums, per key, the entries Redis
+// reported new in the replies of the additive commands that wrote it
+// (SADD, HSET, ZADD without CH or INCR), and before the flip compares each
+// sum with the key's size (SCARD, HLEN, ZCARD). A key deleted after its
+// last write has none of them; one deleted between two writes and
+// re-created by the second holds fewer; one another client wrote into
+// holds more. Either way the run fails before the flip, every index left
+// at its generation. Nothing else writes a generation while the run builds
+// it: Apply refuses changes during a run in this mode.
+//
+// A key that any other command wrote (a custom builder's SET, HINCRBY, a
+// removal) has no count to compare: it is left unchecked.
+
+// Kinds of keys whose size the run counts: the additive command that
+// wrote them, and the command that reads their size.
+const (
+	sizeUnknown uint32 = iota
+	sizeSet
+	sizeHash
+	sizeZSet
+)
+
+// sizeCommand is the command that reads the size of a key of kind k.
+var sizeCommand = [...]string{sizeSet: "SCARD", sizeHash: "HLEN", sizeZSet: "ZCARD"}
+
+// genPrefixes returns, per builder, the prefix of its keys in the run's
+// generation (a family's) or its one key (a plain builder's).
+func (x *execution[T]) genPrefixes() []string {
+	ps := make([]string, len(x.r.owners))
+	for i, o := range x.r.owners {
+		if o.family {
+			ps[i] = keys.GenPrefix(o.key, x.gen.gens[i])
+		} else {
+			ps[i] = keys.GenKey(o.key, x.gen.gens[i])
+		}
+	}
+	return ps
+}
+
+// genTarget returns the target whose key in the run's generation is key,
+// or nil.
+func (x *execution[T]) genTarget(key string) *target {
+	for i, o := range x.r.owners {
+		p := x.gen.prefixes[i]
+		var live string
+		switch {
+		case o.family && strings.HasPrefix(key, p):
+			live = o.key + ":" + key[len(p):]
+		case !o.family && key == p:
+			live = o.key
+		default:
+			continue
+		}
+		x.targets.mu.Lock()
+		t := x.targets.byKey[live]
+		x.targets.mu.Unlock()
+		return t
+	}
+	return nil
+}
+
+// sizedWrite is what a write of a transaction does to the size of its key
+// (see above): the key's target, nil for a key of no target, and the kind
+// of its command, sizeUnknown for a command that is not additive.
+type sizedWrite struct {
+	t    *target
+	kind uint32
+}
+
+// sizeWrites returns what each of cmds does to the size of its key. It
+// reads the commands, so it must run before they are sent: rueidis
+// recycles a command once it has its reply.
+func (x *execution[T]) sizeWrites(cmds rueidis.Commands) []sizedWrite {
+	out := make([]sizedWrite, len(cmds))
+	for i, cmd := range cmds {
+		args := cmd.Commands()
+		if len(args) < 2 {
+			continue
+		}
+		out[i].t = x.genTarget(args[1])
+		switch strings.ToUpper(args[0]) {
+		case "SADD":
+			out[i].kind = sizeSet
+		case "HSET":
+			out[i].kind = sizeHash
+		case "ZADD":
+			out[i].kind = sizeZSet
+		flags:
+			for _, a := range args[2:] {
+				switch strings.ToUpper(a) {
+				case "CH", "INCR":
+					out[i].kind = sizeUnknown
+				case "NX", "XX", "GT", "LT":
+				default:
+					break flags // the first score: no more flags
+				}
+			}
+		}
+	}
+	return out
+}
+
+// countWrite counts what write w, whose reply is m, did to its key.
+func countWrite(w sizedWrite, m rueidis.RedisMessage) {
+	t := w.t
+	if t == nil {
+		return
+	}
+	n, err := m.AsInt64()
+	if w.kind == sizeUnknown || err != nil || !t.sizeKind.CompareAndSwap(sizeUnknown, w.kind) && t.sizeKind.Load() != w.kind {
+		t.uncounted.Store(true)
+		return
+	}
+	t.added.Add(n)
+}
+
+// checkSizes compares the size of every key of the run's generation that
+// additive commands wrote with the entries Redis reported new in their
+// replies (see above), in round trips of sizeChunk commands.
+func (x *execution[T]) checkSizes(ctx context.Context) error {
+	const sizeChunk = 1000
+	client := x.r.redis.Client()
+	var cmds rueidis.Commands
+	var ts []*target
+	flush := func() error {
+		for i, res := range client.DoMulti(ctx, cmds...) {
+			t := ts[i]
+			have, err := res.AsInt64()
+			if err != nil {
+				return protocol.Fail(ctx, "publish", x.r.key, fmt.Errorf("%s %s: %w", sizeCommand[t.sizeKind.Load()], t.Key, err))
+			}
+			switch want := t.added.Load(); {
+			case have < want:
+				return &Error{Op: "publish", Key: x.r.key, Err: fmt.Errorf("%w: %s holds %d entries, and this run wrote %d to it: it was deleted or evicted during the run (and perhaps re-created by a later write); every index left at its generation", ErrTempKeyLost, t.Key, have, want)}
+			case have > want:
+				return &Error{Op: "publish", Key: x.r.key, Err: fmt.Errorf("%w: %s holds %d entries, and this run wrote %d to it: another client wrote into the generation the run builds; every index left at its generation", ErrTampered, t.Key, have, want)}
+			}
+		}
+		cmds, ts = cmds[:0], ts[:0]
+		return nil
+	}
+	for _, t := range x.targets.all() {
+		kind := t.sizeKind.Load()
+		if kind == sizeUnknown || t.uncounted.Load() {
+			continue
+		}
+		cmds = append(cmds, client.B().Arbitrary(sizeCommand[kind]).Keys(t.Key).Build())
+		ts = append(ts, t)
+		if len(cmds) == sizeChunk {
+			if err := flush(); err != nil {
+				return err
+			}
+		}
+	}
+	if len(cmds) == 0 {
+		return nil
+	}
+	return flush()
+}
