@@ -191,26 +191,51 @@ func splitBySlot(txns []*txn) (map[uint16]*txn, []uint16) {
 // two. The commands are merged writes of AnyOrder builders (each on a key
 // of its own, in any order); their order within a slot is kept.
 func (x *execution[T]) sortBySlot(cmds []mergedCmd) []mergedCmd {
-	if x.gen == nil || !x.r.redis.Cluster() || len(cmds) < 2 {
+	if x.gen == nil || !x.r.redis.Cluster() {
 		return cmds
 	}
-	type slotted struct {
-		slot uint16
-		cmd  mergedCmd
+	return sortBySlot(cmds)
+}
+
+// sortBySlot sorts cmds by the hash slot of their keys (see
+// execution.sortBySlot), by the slot's bits in reverse order: still grouped
+// by slot, but consecutive groups far apart in the slot space, and so on
+// every master in turn (a master serves ranges of slots), rather than a
+// round trip's transactions all on one master. The drain of a family of
+// 100,000 buckets sorts as many commands: they are counted into place.
+func sortBySlot(cmds []mergedCmd) []mergedCmd {
+	if len(cmds) < 2 {
+		return cmds
 	}
-	s := make([]slotted, len(cmds))
+	order := make([]uint16, len(cmds))
 	for i, c := range cmds {
-		// By the slot's bits in reverse order: still grouped by slot, but
-		// consecutive groups far apart in the slot space, and so on every
-		// master in turn (a master serves ranges of slots), rather than a
-		// round trip's transactions all on one master.
-		s[i] = slotted{bits.Reverse16(keys.Slot(c.t.Key)), c}
+		order[i] = bits.Reverse16(keys.Slot(c.t.Key)) >> 2 // 14 bits
 	}
-	slices.SortStableFunc(s, func(a, b slotted) int { return int(a.slot) - int(b.slot) })
-	for i := range s {
-		cmds[i] = s[i].cmd
+	if len(cmds) < 1024 {
+		idx := make([]int, len(cmds))
+		for i := range idx {
+			idx[i] = i
+		}
+		slices.SortStableFunc(idx, func(a, b int) int { return int(order[a]) - int(order[b]) })
+		out := make([]mergedCmd, len(cmds))
+		for i, j := range idx {
+			out[i] = cmds[j]
+		}
+		return out
 	}
-	return cmds
+	start := make([]int, keys.SlotCount+1)
+	for _, o := range order {
+		start[o+1]++
+	}
+	for i := 1; i < len(start); i++ {
+		start[i] += start[i-1]
+	}
+	out := make([]mergedCmd, len(cmds))
+	for i, c := range cmds {
+		out[start[order[i]]] = c
+		start[order[i]]++
+	}
+	return out
 }
 
 // checkCounters compares the run's per-slot counters with the
