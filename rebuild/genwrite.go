@@ -74,6 +74,16 @@ const spreadWrites = 256
 // Writes to one key are in one slot, so they reach Redis in the order of
 // the transactions, as they do in write; writes to different slots never
 // had an order between them: a cluster runs each master's commands apart.
+//
+// Each slot's part keeps its MULTI/EXEC, which now costs four commands
+// (MULTI, INCR, EXPIRE, EXEC) per slot and round trip rather than per
+// bucket. Sending a master's writes bare, each slot's followed by its INCR
+// on one connection, would count on Redis replicating a prefix of that
+// connection's stream; but the cluster client redirects and retries
+// commands one by one (MOVED, ASK, TRYAGAIN), so a redirected write could
+// reach its master after the INCR that vouches for it. And the EXISTS
+// probes of a replayed change must see no other write between them and
+// the change's.
 func (x *execution[T]) writeSpread(ctx context.Context, txns []*txn) error {
 	r := x.r
 	client := r.redis.Client()
