@@ -16,6 +16,18 @@ import (
 func (x *execution[T]) scanFamilies(ctx context.Context, g *errgroup.Group) []map[string]bool {
 	live := make([]map[string]bool, len(x.r.builders))
 	x.stalePrevs = make([]map[string]bool, len(x.r.builders))
+	if x.gen != nil && len(x.r.opts.Guards) == 0 && x.held == nil {
+		// Generations mode deletes nothing at the flip: the live buckets
+		// serve the guards and a held run's review alone, and without
+		// them a SCAN would visit every key of the keyspace (of every
+		// master, for a family without a hash tag) for nothing.
+		for i, b := range x.r.builders {
+			if _, ok := b.(index.Family); ok {
+				live[i] = map[string]bool{}
+			}
+		}
+		return live
+	}
 	for i, b := range x.r.builders {
 		f, ok := b.(index.Family)
 		if !ok {
@@ -32,7 +44,8 @@ func (x *execution[T]) scanFamilies(ctx context.Context, g *errgroup.Group) []ma
 			// Generations mode deletes nothing at the flip (buckets the
 			// run does not produce do not exist in its generation): the
 			// buckets live now, in the current generation, are found for
-			// the guards and a held run's review alone.
+			// the guards and a held run's review alone (and not scanned
+			// at all without them, above).
 			if cur := x.gen.current[i]; cur > 0 {
 				g.Go(func() error { return x.scanGeneration(ctx, i, f.KeyType(), cur, live[i]) })
 				continue

@@ -3,6 +3,8 @@ package rebuild
 import (
 	"context"
 	"fmt"
+	"math/bits"
+	"slices"
 	"time"
 
 	"github.com/keyswap/keyswap/internal/keys"
@@ -36,11 +38,29 @@ func (x *execution[T]) counterKeys() ([]string, []int64) {
 const spreadWrites = 256
 
 // writeSpread is write on a cluster in Generations mode, where the keys of
-// a transaction spread over many slots: each transaction is split by hash
-// slot into one MULTI/EXEC per slot, each with an INCR of the run's
-// counter in that slot, so that the flip can tell whether Redis still
-// holds every transaction it acknowledged. The writes go on the client's
-// shared connections: the run's own connection (protocol.Bulk) serves one slot.
+// a round trip spread over many slots: its transactions are split by hash
+// slot, and the parts of every transaction of the round trip in one slot
+// go in one MULTI/EXEC, in the order of the transactions, with an INCR of
+// the run's counter in that slot, so that the flip can tell whether Redis
+// still holds every transaction it acknowledged. A round trip of merged
+// writes that the sender sorted by slot (see sortBySlot) thus carries
+// several buckets per transaction, rather than one or two. The writes go on
+// the client's shared connections: the run's own connection (protocol.Bulk)
+// serves one slot.
+//
+// Writes to one key are in one slot, so they reach Redis in the order of
+// the transactions, as they do in write; writes to different slots never
+// had an order between them: a cluster runs each master's commands apart.
+//
+// Each slot's part keeps its MULTI/EXEC, which now costs four commands
+// (MULTI, INCR, EXPIRE, EXEC) per slot and round trip rather than per
+// bucket. Sending a master's writes bare, each slot's followed by its INCR
+// on one connection, would count on Redis replicating a prefix of that
+// connection's stream; but the cluster client redirects and retries
+// commands one by one (MOVED, ASK, TRYAGAIN), so a redirected write could
+// reach its master after the INCR that vouches for it. And the EXISTS
+// probes of a replayed change must see no other write between them and
+// the change's.
 func (x *execution[T]) writeSpread(ctx context.Context, txns []*txn) error {
 	r := x.r
 	client := r.redis.Client()
@@ -58,66 +78,153 @@ func (x *execution[T]) writeSpread(ctx context.Context, txns []*txn) error {
 			x.lease.settle(wctx, sent, h, &res[0])
 		}
 	}
-	for _, t := range txns {
-		parts := splitBySlot(t)
-		g := errgroup.Group{}
-		g.SetLimit(spreadWrites)
-		for slot, p := range parts {
-			counter := x.counterKey(slot)
-			g.Go(func() error {
-				cmds := rueidis.Commands{cb.Multi().Build()}
-				for _, tg := range p.probes {
-					cmds = append(cmds, cb.Exists().Key(tg.Key).Build())
-				}
-				cmds = append(cmds, p.cmds...)
-				for _, tg := range p.probes {
-					cmds = append(cmds, cb.Exists().Key(tg.Key).Build())
-				}
-				cmds = append(cmds, cb.Incr().Key(counter).Build(),
-					cb.Expire().Key(counter).Seconds(2*r.ttlSecs).Build(), cb.Exec().Build())
-				if err := x.check(p, client.DoMulti(wctx, cmds...)); err != nil {
-					return err
-				}
-				x.gen.mu.Lock()
-				x.gen.counts[slot]++
-				x.gen.mu.Unlock()
-				return nil
-			})
-		}
-		if err := g.Wait(); err != nil {
-			return err
-		}
-		x.acked.Add(1)
+	parts, slots := splitBySlot(txns)
+	g := errgroup.Group{}
+	g.SetLimit(spreadWrites)
+	for _, slot := range slots {
+		p := parts[slot]
+		counter := x.counterKey(slot)
+		g.Go(func() error {
+			cmds := make(rueidis.Commands, 0, len(p.cmds)+2*len(p.probes)+4)
+			cmds = append(cmds, cb.Multi().Build())
+			for _, tg := range p.probes {
+				cmds = append(cmds, cb.Exists().Key(tg.Key).Build())
+			}
+			cmds = append(cmds, p.cmds...)
+			for _, tg := range p.probes {
+				cmds = append(cmds, cb.Exists().Key(tg.Key).Build())
+			}
+			cmds = append(cmds, cb.Incr().Key(counter).Build(),
+				cb.Expire().Key(counter).Seconds(2*r.ttlSecs).Build(), cb.Exec().Build())
+			if err := x.check(p, client.DoMulti(wctx, cmds...)); err != nil {
+				return err
+			}
+			x.gen.mu.Lock()
+			x.gen.counts[slot]++
+			x.gen.mu.Unlock()
+			return nil
+		})
 	}
+	if err := g.Wait(); err != nil {
+		return err
+	}
+	x.acked.Add(int64(len(txns)))
 	return nil
 }
 
-// splitBySlot splits t by the hash slot of its commands.
-func splitBySlot(t *txn) map[uint16]*txn {
+// splitBySlot splits txns by the hash slot of their commands: one
+// transaction per slot, with that slot's commands of every one of txns in
+// turn, and the slots in the order they first appear.
+func splitBySlot(txns []*txn) (map[uint16]*txn, []uint16) {
 	out := map[uint16]*txn{}
-	part := func(s uint16) *txn {
+	var slots []uint16
+	from := map[uint16]*txn{}  // the last of txns with a part in each slot
+	others := map[uint16]int{} // how many more of txns have one
+	for _, t := range txns {
+		parallel := len(t.members) == len(t.cmds) && len(t.writes) == len(t.cmds)
+		part := func(s uint16) *txn {
+			p := out[s]
+			switch {
+			case p == nil:
+				p = &txn{label: t.label}
+				out[s] = p
+				slots = append(slots, s)
+				from[s] = t
+			case from[s] != t:
+				from[s] = t
+				others[s]++
+			}
+			return p
+		}
+		for i, c := range t.cmds {
+			p := part(c.Slot())
+			if parallel {
+				// members and writes stay parallel to cmds: nil where
+				// those of a transaction before t are not (a batch's own
+				// writes).
+				for len(p.members) < len(p.cmds) {
+					p.members = append(p.members, nil)
+					p.writes = append(p.writes, nil)
+				}
+				p.writes = append(p.writes, t.writes[i])
+				p.members = append(p.members, t.members[i])
+			}
+			if len(t.sized) == len(t.cmds) {
+				// Every transaction of a Generations run has them.
+				p.sized = append(p.sized, t.sized[i])
+			}
+			p.cmds = append(p.cmds, c)
+		}
+		for _, tg := range t.probes {
+			p := part(keys.Slot(tg.Key))
+			// One pair of EXISTS per key and transaction: before the
+			// first write of any of txns, after the last.
+			if !slices.Contains(p.probes, tg) {
+				p.probes = append(p.probes, tg)
+			}
+		}
+	}
+	for _, s := range slots {
 		p := out[s]
-		if p == nil {
-			p = &txn{label: fmt.Sprintf("%s, slot %d", t.label, s)}
-			out[s] = p
-		}
-		return p
-	}
-	parallel := len(t.members) == len(t.cmds) && len(t.writes) == len(t.cmds)
-	for i, c := range t.cmds {
-		p := part(c.Slot())
-		p.cmds = append(p.cmds, c)
-		if len(t.sized) == len(t.cmds) {
-			p.sized = append(p.sized, t.sized[i])
-		}
-		if parallel {
-			p.writes = append(p.writes, t.writes[i])
-			p.members = append(p.members, t.members[i])
+		if n := others[s]; n > 0 {
+			p.label = fmt.Sprintf("%s and %d more, slot %d", p.label, n, s)
+		} else {
+			p.label = fmt.Sprintf("%s, slot %d", p.label, s)
 		}
 	}
-	for _, tg := range t.probes {
-		p := part(keys.Slot(tg.Key))
-		p.probes = append(p.probes, tg)
+	return out, slots
+}
+
+// sortBySlot sorts cmds by the hash slot of their keys, on a cluster in
+// Generations mode, so that pack fills each transaction with few slots
+// and writeSpread sends few transactions: a family spread over every slot
+// would otherwise have one transaction, and one counter INCR, per bucket or
+// two. The commands are merged writes of AnyOrder builders (each on a key
+// of its own, in any order); their order within a slot is kept.
+func (x *execution[T]) sortBySlot(cmds []mergedCmd) []mergedCmd {
+	if x.gen == nil || !x.r.redis.Cluster() {
+		return cmds
+	}
+	return sortBySlot(cmds)
+}
+
+// sortBySlot sorts cmds by the hash slot of their keys (see
+// execution.sortBySlot), by the slot's bits in reverse order: still grouped
+// by slot, but consecutive groups far apart in the slot space, and so on
+// every master in turn (a master serves ranges of slots), rather than a
+// round trip's transactions all on one master. The drain of a family of
+// 100,000 buckets sorts as many commands: they are counted into place.
+func sortBySlot(cmds []mergedCmd) []mergedCmd {
+	if len(cmds) < 2 {
+		return cmds
+	}
+	order := make([]uint16, len(cmds))
+	for i, c := range cmds {
+		order[i] = bits.Reverse16(keys.Slot(c.t.Key)) >> 2 // 14 bits
+	}
+	if len(cmds) < 1024 {
+		idx := make([]int, len(cmds))
+		for i := range idx {
+			idx[i] = i
+		}
+		slices.SortStableFunc(idx, func(a, b int) int { return int(order[a]) - int(order[b]) })
+		out := make([]mergedCmd, len(cmds))
+		for i, j := range idx {
+			out[i] = cmds[j]
+		}
+		return out
+	}
+	start := make([]int, keys.SlotCount+1)
+	for _, o := range order {
+		start[o+1]++
+	}
+	for i := 1; i < len(start); i++ {
+		start[i] += start[i-1]
+	}
+	out := make([]mergedCmd, len(cmds))
+	for i, c := range cmds {
+		out[start[order[i]]] = c
+		start[order[i]]++
 	}
 	return out
 }

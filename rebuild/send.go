@@ -112,7 +112,7 @@ func (s *sender[T]) trip(ctx context.Context, group []*batch[T], queue <-chan *b
 		if err != nil {
 			return err
 		}
-		t.txns = append(t.txns, pack(x.r.redis.Client().B(), ready, x.r.opts.BatchSize)...)
+		t.txns = append(t.txns, pack(x.r.redis.Client().B(), x.sortBySlot(ready), x.r.opts.BatchSize)...)
 	}
 	return s.launch(ctx, t)
 }
@@ -134,7 +134,7 @@ func (s *sender[T]) merge(ctx context.Context, b *batch[T]) ([]mergedCmd, error)
 
 // drain sends what the coalescer holds, once the source is exhausted.
 func (s *sender[T]) drain(ctx context.Context) error {
-	txns := pack(s.x.r.redis.Client().B(), s.co.drain(), s.x.r.opts.BatchSize)
+	txns := pack(s.x.r.redis.Client().B(), s.x.sortBySlot(s.co.drain()), s.x.r.opts.BatchSize)
 	for len(txns) > 0 && ctx.Err() == nil {
 		n := min(len(txns), s.perTrip)
 		if err := s.launch(ctx, &trip[T]{txns: txns[:n], done: make(chan error, 1)}); err != nil {
