@@ -270,3 +270,34 @@ func TestGenerationsApplyConditionalRemovals(t *testing.T) {
 		}
 	})
 }
+
+func TestGenerationsApplyLogFull(t *testing.T) {
+	// C95: past Options.MaxChanges entries in the log, Apply still writes
+	// the current generation, and the run fails with ErrFallingBehind,
+	// the pointer untouched and its generation removed.
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		ctx := redistest.Ctx(t)
+		prefix := d.Prefix + "users:by-bucket"
+		r := genRebuilder(t, d, prefix, rebuild.Options{MaxChanges: 3})
+		us := genUsers(60, 3)
+		if _, err := r.Run(ctx, sources.Slice(us)); err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+		h, _, err := r.Build(ctx, sources.Slice(us))
+		if err != nil {
+			t.Fatalf("Build: %v", err)
+		}
+		more := genUsers(65, 3)[60:]
+		for i := range more {
+			if err := r.Apply(ctx, index.Change[user]{New: &more[i]}); err != nil {
+				t.Fatalf("Apply %d: %v", i, err)
+			}
+		}
+		_, err = h.Publish(ctx)
+		redistest.WantErr(t, err, rebuild.ErrFallingBehind)
+		t.Logf("Publish: %v", err)
+		wantGeneration(t, d, prefix, 1, 2, map[string]string{"1": keys.RegCurrent}, append(slices.Clone(us), more...))
+		wantNoGeneration(t, d, prefix, 2)
+		wantGenClean(t, d, prefix, 1)
+	})
+}
