@@ -104,6 +104,9 @@ func (x *execution[T]) sizeWrites(cmds rueidis.Commands) []sizedWrite {
 			// what it does to the sizes of its keys is not told by its
 			// reply, so they are left unchecked.
 			out[i].t = nil
+			if len(args) < 3 {
+				break
+			}
 			if n, err := strconv.Atoi(args[2]); err == nil && n <= len(args)-3 {
 				for _, k := range args[3 : 3+n] {
 					if t := x.genTarget(k); t != nil {
