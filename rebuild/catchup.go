@@ -34,6 +34,10 @@ type catchUpScope struct {
 	targets   *targets
 	batchSize int           // Options.BatchSize
 	timeout   time.Duration // Options.CatchUpTimeout, for errors
+	// exact makes a catch-up replay every entry, leaving no tail: in
+	// Generations mode the flip replays none itself, and refuses while a
+	// log holds one.
+	exact bool
 	// write writes the transactions of a round as the batches' are, with
 	// the lease's lock of the temp keys held.
 	write func(context.Context, []*txn) error
@@ -118,7 +122,9 @@ type catchUpRound struct {
 // run replays the changes applied during the run (see Apply) onto the
 // temp keys, from each lock's log, until what is left is short enough for
 // the publish to replay: at most PublishTail entries, of at most
-// PublishTailWork ops and arguments. It returns an error matching
+// PublishTailWork ops and arguments; with exact (Generations mode, whose
+// temp keys are the keys of the run's generation), until nothing is left
+// that it saw logged. It returns an error matching
 // ErrFallingBehind once deadline has passed with more left, or when a log
 // reached its bound.
 //
@@ -166,6 +172,9 @@ func (c *catchUp) run(ctx context.Context, deadline time.Time) (err error) {
 			return err
 		}
 		done := behind <= PublishTail && work <= PublishTailWork
+		if c.exact {
+			done = behind == 0
+		}
 		if len(rd.txns) > 0 {
 			ch := make(chan error, 1)
 			txns := rd.txns

@@ -74,12 +74,12 @@ func (w *writes) Add(cmd, key string, args ...string) error {
 //
 // In Generations mode Apply writes the change to each index's current
 // generation (the one its pointer names), checking in the same atomic step
-// that no flip moved the pointer meanwhile. Applying a change while a run
-// of the keys is in progress is not supported in this mode yet: Apply
-// refuses it, writing nothing, with an error matching both ErrInProgress
-// and ErrNotInGenerations. On a cluster the keys a change writes must
-// share the locks' slot (a family's prefix with a hash tag), else Apply
-// refuses it with an error matching ErrNotInGenerations.
+// that no flip moved the pointer meanwhile. While a run of the keys is in
+// progress, the same step logs the change for it, as above: the run
+// replays it onto the generation it builds before its flip, which refuses
+// while a change is left to replay. On a cluster the keys a change writes
+// must share the locks' slot (a family's prefix with a hash tag), else
+// Apply refuses it with an error matching ErrNotInGenerations.
 func (r *Rebuilder[T]) Apply(ctx context.Context, changes ...index.Change[T]) error {
 	gen := r.opts.Publish == Generations
 	// In Generations mode the plain keys' slots do not matter: the
@@ -107,14 +107,18 @@ func (r *Rebuilder[T]) Apply(ctx context.Context, changes ...index.Change[T]) er
 			}
 		}
 	}
+	var applied protocol.Applied
+	var err error
 	if gen {
-		return r.redis.GenApply(ctx, protocol.GenApplyOptions{
+		applied, err = r.redis.GenApply(ctx, protocol.GenApplyOptions{
 			Op: "apply", Key: r.key, Locks: r.lockKeys, Lives: r.lives, Families: r.families(), Ops: w.ops,
+			MaxLog: r.opts.MaxChanges,
+		})
+	} else {
+		applied, err = r.redis.Apply(ctx, protocol.ApplyOptions{
+			Op: "apply", Key: r.key, Locks: r.lockKeys, Lives: r.lives, Ops: w.ops, MaxLog: r.opts.MaxChanges,
 		})
 	}
-	applied, err := r.redis.Apply(ctx, protocol.ApplyOptions{
-		Op: "apply", Key: r.key, Locks: r.lockKeys, Lives: r.lives, Ops: w.ops, MaxLog: r.opts.MaxChanges,
-	})
 	if err != nil {
 		return err
 	}

@@ -218,9 +218,10 @@
 // small chunks; with KeepPrevious it stays as the previous generation
 // instead, and [Rebuilder.Rollback] flips back to it. A failed run never
 // touches a pointer and removes its own generation. [Rebuilder.Apply]
-// writes a change to the current generation, and refuses it while a run is
-// in progress (not supported in this mode yet); on a cluster it needs the
-// keys of a change in the locks' slot (a family with a hash tag). On a
+// writes a change to the current generation and, while a run is in
+// progress, logs it for the run, which replays it onto its own generation
+// before the flip; on a cluster it needs the keys of a change in the
+// locks' slot (a family with a hash tag). On a
 // cluster the writes of a run in this mode go on the client's shared
 // connections, not on a connection of their own.
 //

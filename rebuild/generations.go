@@ -45,8 +45,7 @@ func (m PublishMode) String() string {
 const DefaultGrace = 10 * time.Second
 
 // ErrNotInGenerations reports an operation that Generations mode does not
-// support yet: Apply during a run, or on a cluster, Apply to a family
-// without a hash tag.
+// support yet: on a cluster, Apply to a family without a hash tag.
 var ErrNotInGenerations = protocol.ErrNotInGenerations
 
 // generations is the state of a run in Generations mode.

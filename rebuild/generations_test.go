@@ -410,9 +410,10 @@ func TestGenerationsOptions(t *testing.T) {
 }
 
 func TestGenerationsApply(t *testing.T) {
-	// C88: Apply writes the current generation, or the plain shape of an
-	// index without a pointer; it refuses during a run, and on a cluster
-	// a family without a hash tag, writing nothing.
+	// C88, C95: Apply writes the current generation, or the plain shape of
+	// an index without a pointer; during a run it also logs the change,
+	// which the run replays onto its generation; on a cluster it refuses a
+	// family without a hash tag, writing nothing.
 	forEachDeployment(t, func(t *testing.T, d deployment) {
 		ctx := redistest.Ctx(t)
 		prefix := d.Prefix + "users:by-bucket" // with the hash tag on the cluster
@@ -444,22 +445,23 @@ func TestGenerationsApply(t *testing.T) {
 			t.Errorf("plain keys written: %v", left)
 		}
 
-		// During a run: refused, nothing written.
-		h, _, err := r.Build(ctx, sources.Slice(us))
+		// During a run: applied to the current generation, and logged
+		// for the run, which replays it onto its own before its flip.
+		h, _, err := r.Build(ctx, sources.Slice(after))
 		if err != nil {
 			t.Fatalf("Build: %v", err)
 		}
-		before := redistest.Snapshot(t, d.Other, keys.GenPrefix(prefix, 1))
 		back := index.Change[user]{Old: &moved, New: &us[0]}
-		err = r.Apply(ctx, back)
-		redistest.WantErr(t, err, rebuild.ErrInProgress)
-		redistest.WantErr(t, err, rebuild.ErrNotInGenerations)
-		redistest.WantUnchanged(t, d.Other, keys.GenPrefix(prefix, 1), before)
-		if err := h.Discard(ctx); err != nil {
-			t.Fatalf("Discard: %v", err)
+		if err := r.Apply(ctx, back); err != nil {
+			t.Fatalf("Apply during a run: %v", err)
 		}
-		wantGeneration(t, d, prefix, 1, 2, map[string]string{"1": keys.RegCurrent}, after)
-		wantGenClean(t, d, prefix, 1)
+		wantGeneration(t, d, prefix, 1, 2, map[string]string{"1": keys.RegCurrent, "2": keys.RegBuilding + heldToken(t, d, prefix)}, us)
+		if _, err := h.Publish(ctx); err != nil {
+			t.Fatalf("Publish: %v", err)
+		}
+		wantGeneration(t, d, prefix, 2, 2, map[string]string{"2": keys.RegCurrent}, us)
+		wantNoGeneration(t, d, prefix, 1)
+		wantGenClean(t, d, prefix, 2)
 
 		if d.Cluster {
 			spread := genPrefix(d)

@@ -3,6 +3,7 @@ package rebuild
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/keyswap/keyswap/internal/keys"
@@ -21,10 +22,14 @@ import (
 // re-created by the second holds fewer; one another client wrote into
 // holds more. Either way the run fails before the flip, every index left
 // at its generation. Nothing else writes a generation while the run builds
-// it: Apply refuses changes during a run in this mode.
+// it: Apply writes the current generation during a run, and logs the
+// change for the run, which replays it onto its own.
 //
 // A key that any other command wrote (a custom builder's SET, HINCRBY, a
-// removal) has no count to compare: it is left unchecked.
+// removal, a conditional removal a catch-up replays in a script) has no
+// count to compare: it is left unchecked. A catch-up's replay of the
+// changes Apply logged during the run is written and counted like the
+// batches: additive writes count, removals leave their keys unchecked.
 
 // Kinds of keys whose size the run counts: the additive command that
 // wrote them, and the command that reads their size.
@@ -94,6 +99,21 @@ func (x *execution[T]) sizeWrites(cmds rueidis.Commands) []sizedWrite {
 		}
 		out[i].t = x.genTarget(args[1])
 		switch strings.ToUpper(args[0]) {
+		case "EVAL", "EVALSHA":
+			// A script (a catch-up's conditional removals, replay.lua):
+			// what it does to the sizes of its keys is not told by its
+			// reply, so they are left unchecked.
+			out[i].t = nil
+			if len(args) < 3 {
+				break
+			}
+			if n, err := strconv.Atoi(args[2]); err == nil && n <= len(args)-3 {
+				for _, k := range args[3 : 3+n] {
+					if t := x.genTarget(k); t != nil {
+						t.uncounted.Store(true)
+					}
+				}
+			}
 		case "SADD":
 			out[i].kind = sizeSet
 		case "HSET":

@@ -82,7 +82,7 @@ func (r *Rebuilder[T]) run(ctx context.Context, src sources.Source[T], held *Hel
 	}
 	x.catchUp = newCatchUp(catchUpScope{
 		redis: r.redis, key: r.key, lives: r.lives, owners: r.owners, targets: x.targets,
-		batchSize: r.opts.BatchSize, timeout: r.opts.CatchUpTimeout,
+		batchSize: r.opts.BatchSize, timeout: r.opts.CatchUpTimeout, exact: r.opts.Publish == Generations,
 		write: func(ctx context.Context, txns []*txn) error {
 			x.lease.temps.Lock()
 			defer x.lease.temps.Unlock()

@@ -331,6 +331,8 @@ type GenApplyOptions struct {
 	Lives    []string
 	Families []bool
 	Ops      [][]Op
+	// MaxLog bounds each log of changes, as ApplyOptions.MaxLog does.
+	MaxLog int
 }
 
 // genApplyTries is how many times GenApply resolves the pointers again
@@ -341,25 +343,33 @@ const genApplyTries = 3
 // Generations mode (genapply.lua): it resolves each index's pointer, writes
 // the ops on that generation's keys (the plain keys for an index without a
 // pointer), and checks in the same atomic step that the pointers did not
-// move (else it resolves them again) and that no run holds a lock: while
-// one does, it fails with an error matching [ErrInProgress], having
-// written nothing. On a cluster every key of the change must share the
-// locks' slot (a family with a hash tag).
-func (r *Redis) GenApply(ctx context.Context, opts GenApplyOptions) error {
+// move (else it resolves them again). While a run holds a lock, the same
+// step logs the ops, on their plain names, for that run, as [Redis.Apply]
+// does, or refuses the change as Apply does (an error matching
+// [ErrInProgress], nothing written). On a cluster every key of the change
+// must share the locks' slot (a family with a hash tag), else it fails
+// with an error matching [ErrNotInGenerations].
+func (r *Redis) GenApply(ctx context.Context, opts GenApplyOptions) (Applied, error) {
 	op, key := opts.Op, opts.Key
-	fail := func(err error) error { return &Error{Op: op, Key: key, Err: err} }
+	fail := func(err error) (Applied, error) { return Applied{}, &Error{Op: op, Key: key, Err: err} }
+	if opts.MaxLog < 1 {
+		return fail(fmt.Errorf("log bound %d", opts.MaxLog))
+	}
 	var locks, lives []string
 	var families []bool
 	var lists [][]Op
+	var at []int // per lock used, its index in opts.Locks
 	for i, l := range opts.Locks {
 		if i < len(opts.Ops) && len(opts.Ops[i]) > 0 {
 			locks, lives, lists = append(locks, l), append(lives, opts.Lives[i]), append(lists, opts.Ops[i])
 			families = append(families, i < len(opts.Families) && opts.Families[i])
+			at = append(at, i)
 		}
 	}
+	out := Applied{Logged: make([]int, len(opts.Locks))}
 	n := len(locks)
 	if n == 0 {
-		return nil
+		return out, nil
 	}
 	for _, ops := range lists {
 		for _, o := range ops {
@@ -380,16 +390,16 @@ func (r *Redis) GenApply(ctx context.Context, opts GenApplyOptions) error {
 				g, err = "0", nil
 			}
 			if err != nil {
-				return Fail(ctx, op, key, fmt.Errorf("GET %s: %w", keys.PointerKey(lives[i], r.cluster), err))
+				return Applied{}, Fail(ctx, op, key, fmt.Errorf("GET %s: %w", keys.PointerKey(lives[i], r.cluster), err))
 			}
 			gens[i] = g
 		}
-		ks := slices.Clone(locks)
-		for _, l := range lives {
-			ks = append(ks, keys.PointerKey(l, r.cluster))
+		ks := make([]string, 4*n)
+		for i, l := range locks {
+			ks[i], ks[n+i], ks[2*n+i], ks[3*n+i] = l, keys.RecordKey(l), keys.LogKey(l), keys.PointerKey(lives[i], r.cluster)
 		}
 		index := map[string]int{}
-		args := append([]string{strconv.Itoa(n), ""}, gens...)
+		args := append([]string{strconv.Itoa(n), strconv.Itoa(opts.MaxLog), ""}, gens...)
 		count := 0
 		for i, ops := range lists {
 			g, _ := strconv.ParseInt(gens[i], 10, 64)
@@ -405,24 +415,27 @@ func (r *Redis) GenApply(ctx context.Context, opts GenApplyOptions) error {
 				j, ok := index[k]
 				if !ok {
 					ks = append(ks, k)
-					j = len(ks) - 2*n
+					j = len(ks) - 4*n
 					index[k] = j
 				}
-				args = append(args, strconv.Itoa(i+1), strconv.Itoa(j), o.Cmd, strconv.Itoa(len(o.Args)))
+				args = append(args, strconv.Itoa(i+1), strconv.Itoa(j), o.Key, o.Cmd, strconv.Itoa(len(o.Args)))
 				args = append(args, o.Args...)
 				count++
 			}
 		}
-		args[1] = strconv.Itoa(count)
+		args[2] = strconv.Itoa(count)
+		if dup := FirstDuplicate(ks); dup != "" {
+			return fail(fmt.Errorf("key %q is both a live key and one of keyswap's own", dup))
+		}
 		if err := r.SameSlot(op, key, ks...); err != nil {
 			return fail(fmt.Errorf("%w: in Generations mode on a cluster, Apply writes a change in one atomic script with the index's lock and pointer, so a family's keys need the prefix's hash tag (e.g. {%s})", ErrNotInGenerations, lives[0]))
 		}
 		res, err := parseReply(genapplyScript.Exec(ctx, r.client, ks, args))
 		if err != nil {
 			if IsServerReply(err) {
-				return Fail(ctx, op, key, err)
+				return Applied{}, Fail(ctx, op, key, err)
 			}
-			return Fail(ctx, op, key, fmt.Errorf("%w: the change may or may not be applied; apply it again before any later change to the same items: %w", ErrOutcomeUnknown, err))
+			return Applied{}, Fail(ctx, op, key, fmt.Errorf("%w: the change may or may not be applied; apply it again before any later change to the same items: %w", ErrOutcomeUnknown, err))
 		}
 		if err := res.refusal(); err != nil {
 			return fail(err)
@@ -433,17 +446,30 @@ func (r *Redis) GenApply(ctx context.Context, opts GenApplyOptions) error {
 		}
 		i, _ := res.int(1)
 		switch {
-		case code == codeOK:
-			return nil
 		case code == codeGenLost:
 			continue // a flip came in between: resolve again
 		case code == codeWrongType:
 			return fail(fmt.Errorf("%q holds a %s, which this change cannot write; nothing applied", res.str(1), res.str(2)))
 		case code == codeUnlogged && i >= 1 && int(i) <= n:
-			return fail(fmt.Errorf("%w: %q is locked (%s) by a run, and applying a change during a run is %w; nothing applied: apply the change again once that run ends", ErrInProgress, lives[i-1], locks[i-1], ErrNotInGenerations))
-		default:
+			return fail(unlogged(lives[i-1], locks[i-1], res.str(2), res.str(3)))
+		case code == codeNotTheRuns && i >= 1 && int(i) <= n:
+			return fail(fmt.Errorf("%w: %q is not one of the keys of the run holding %s, which rebuilds %q (does this process apply changes with another definition of the index?); nothing applied: apply the change again once that run ends", ErrInProgress, res.str(2), locks[i-1], res.str(3)))
+		case code != codeOK || len(res) != 1+n:
 			return fail(fmt.Errorf("unexpected genapply script reply %v", res))
 		}
+		got, err := res.ints(1)
+		if err != nil {
+			return fail(err)
+		}
+		for j, l := range got {
+			switch l {
+			case LogNone, Logged, LogFull:
+				out.Logged[at[j]] = int(l)
+			default:
+				return fail(fmt.Errorf("unexpected genapply script reply %v: status %d for lock %d", res, l, at[j]+1))
+			}
+		}
+		return out, nil
 	}
 	return fail(fmt.Errorf("%w: the indexes' pointers moved %d times while the change was applied (flips in quick succession); nothing applied: apply it again", ErrInProgress, genApplyTries))
 }

@@ -63,10 +63,7 @@ for _ = 1, count do
 end
 
 for i = 1, n do
-  local record, log = KEYS[n + i], KEYS[2 * n + i]
-  local r = changes.refused('GET', KEYS[i]) or changes.refused('PTTL', KEYS[i])
-    or changes.refused('HMGET', record, 'token') or changes.refused('HINCRBY', record, 'logged', '1')
-    or changes.refused('RPUSH', log, 'x') or changes.refused('PEXPIRE', log, '1') or changes.refused('LLEN', log)
+  local r = changes.canLog(KEYS[i], KEYS[n + i], KEYS[2 * n + i])
   if r then return r end
 end
 local kinds = {}
@@ -83,60 +80,14 @@ end
 -- The runs holding the locks: logged, or refused.
 local logging = {}
 for i = 1, n do
-  local holder = perLock[i] and redis.call('GET', KEYS[i])
-  if holder then
-    local rec = redis.call('HMGET', KEYS[n + i], 'token', 'v', 'mode', 'keys', 'families')
-    if not rec[1] then
-      return {UNLOGGED, i, 'none', ''}
-    elseif rec[1] ~= holder then
-      return {UNLOGGED, i, 'token', ''}
-    elseif rec[2] ~= '2' then
-      return {UNLOGGED, i, 'version', rec[2] or ''}
-    elseif rec[3] ~= 'rebuild' then
-      return {UNLOGGED, i, 'mode', rec[3] or ''}
-    end
-    local owner = keyshapes.first(rec[4])
-    if not owner then
-      return {UNLOGGED, i, 'keys', ''}
-    end
-    local family = string.sub(rec[5] or '', 1, 1) == '1'
-    for _, op in ipairs(perLock[i]) do
-      if not keyshapes.owns(op[2], owner, family) then
-        return {NOT_THE_RUNS, i, op[2], owner}
-      end
-    end
-    logging[i] = true
+  if perLock[i] then
+    local r = changes.logging(i, KEYS[i], KEYS[n + i], perLock[i])
+    if r ~= true and r ~= false then return r end
+    logging[i] = r
   end
 end
 
 for _, op in ipairs(ops) do
   changes.run(op)
 end
-local out = {OK}
-for i = 1, n do
-  local lock, record, log = KEYS[i], KEYS[n + i], KEYS[2 * n + i]
-  local logged = LOG_NONE
-  if logging[i] then
-    local len = redis.call('LLEN', log)
-    if len < bound then
-      redis.call('RPUSH', log, changes.encode(perLock[i]))
-      redis.call('HINCRBY', record, 'logged', 1)
-      redis.call('HINCRBY', record, 'work', changes.work(perLock[i]))
-      logged = LOGGED
-    else
-      if len == bound then
-        redis.call('RPUSH', log, changes.overrun)
-        redis.call('HINCRBY', record, 'logged', 1)
-      end
-      logged = LOG_FULL
-    end
-    if len == 0 then
-      local ttl = redis.call('PTTL', lock)
-      if ttl > 0 then
-        redis.call('PEXPIRE', log, ttl)
-      end
-    end
-  end
-  out[#out + 1] = logged
-end
-return out
+return changes.logEach(n, logging, perLock, bound)

@@ -1,45 +1,57 @@
 -- genapply.lua: apply one change (its ops) to the current generation of
--- indexes published in Generations mode, while no run holds their locks.
+-- indexes published in Generations mode, and log it for the run in
+-- progress on those indexes, if any, in one atomic step.
 --
 -- The caller resolved each index's pointer and wrote the ops on the keys
 -- of that generation; the script checks, in the same atomic step as the
 -- writes, that the pointers still name those generations (a flip in
--- between would leave the change in a generation readers no longer read)
--- and that no run holds a lock (a run in progress would publish over the
--- change: logging it for a run is not supported in this mode yet).
--- Everything is checked before the first write.
+-- between would leave the change in a generation readers no longer read).
+-- While a lock is held, the change is logged for its run or refused, as
+-- apply.lua does (lib/changes.lua, changes.logging and changes.log): the
+-- log holds the ops on their live (logical) keys, which the run replays
+-- onto the keys of the generation it builds; its flip refuses while a log
+-- holds entries it did not replay. Everything is checked before the first
+-- write.
 --
 -- KEYS[1..n]        lock keys
--- KEYS[n+1..2n]     the indexes' pointers
--- KEYS[2n+1..]      the keys the ops write
+-- KEYS[n+1..2n]     their records
+-- KEYS[2n+1..3n]    their logs
+-- KEYS[3n+1..4n]    the indexes' pointers
+-- KEYS[4n+1..]      the keys the ops write
 -- ARGV[1]           n
--- ARGV[2]           the number of ops
--- ARGV[3..2+n]      the generation the caller resolved for index i ('0':
+-- ARGV[2]           the most entries a log may hold (see apply.lua)
+-- ARGV[3]           the number of ops
+-- ARGV[4..3+n]      the generation the caller resolved for index i ('0':
 --                   no pointer, the rename-in-place shape)
--- ARGV[3+n..]       per op: its lock's index (1..n), its key's index in
---                   KEYS after 2n, the command, the count of args, the args
+-- ARGV[4+n..]       per op: its lock's index (1..n), its key's index in
+--                   KEYS after 4n, its live key, the command, the count of
+--                   args, the args
 --
--- Returns {OK}: applied.
+-- Returns {OK, l1..ln}: applied; li as apply.lua returns them.
 --         {NO_RIGHT, cmd, key}, {UNKNOWN_CMD, cmd}: refused; nothing written.
 --         {WRONG_TYPE, key, type}: key holds a type the op cannot write.
---         {UNLOGGED, i, 'generations', ''}: a run holds lock i.
+--         {UNLOGGED, i, why, detail}, {NOT_THE_RUNS, i, key, owner}: lock i
+--           is held by a run that does not log this change (see
+--           apply.lua); nothing written.
 --         {GEN_LOST, i}: pointer i names another generation now: resolve
 --           it again.
 -- #include keys
 -- #include remove
 -- #include changes
-local n, count = tonumber(ARGV[1]), tonumber(ARGV[2])
-local ops, used = {}, {}
-local at = 3 + n
+local n, bound, count = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local ops, perLock = {}, {}
+local at = 4 + n
 for _ = 1, count do
-  local lock, key, cmd, nargs = tonumber(ARGV[at]), KEYS[2 * n + tonumber(ARGV[at + 1])], ARGV[at + 2], tonumber(ARGV[at + 3])
-  ops[#ops + 1] = {cmd, key, {unpack(ARGV, at + 4, at + 3 + nargs)}}
-  used[lock] = true
-  at = at + 4 + nargs
+  local lock, key, live, cmd, nargs = tonumber(ARGV[at]), KEYS[4 * n + tonumber(ARGV[at + 1])], ARGV[at + 2], ARGV[at + 3], tonumber(ARGV[at + 4])
+  local args = {unpack(ARGV, at + 5, at + 4 + nargs)}
+  ops[#ops + 1] = {cmd, key, args}
+  perLock[lock] = perLock[lock] or {}
+  table.insert(perLock[lock], {cmd, live, args})
+  at = at + 5 + nargs
 end
 
 for i = 1, n do
-  local r = changes.refused('GET', KEYS[i]) or changes.refused('GET', KEYS[n + i])
+  local r = changes.canLog(KEYS[i], KEYS[n + i], KEYS[2 * n + i]) or changes.refused('GET', KEYS[3 * n + i])
   if r then return r end
 end
 local kinds = {}
@@ -50,12 +62,13 @@ for _, op in ipairs(ops) do
   if r then return r end
   kinds[op[2]] = changes.types[op[1]]
 end
+local logging = {}
 for i = 1, n do
-  if used[i] then
-    if redis.call('GET', KEYS[i]) then
-      return {UNLOGGED, i, 'generations', ''}
-    end
-    if (redis.call('GET', KEYS[n + i]) or '0') ~= ARGV[2 + i] then
+  if perLock[i] then
+    local r = changes.logging(i, KEYS[i], KEYS[n + i], perLock[i])
+    if r ~= true and r ~= false then return r end
+    logging[i] = r
+    if (redis.call('GET', KEYS[3 * n + i]) or '0') ~= ARGV[3 + i] then
       return {GEN_LOST, i}
     end
   end
@@ -63,4 +76,4 @@ end
 for _, op in ipairs(ops) do
   changes.run(op)
 end
-return {OK}
+return changes.logEach(n, logging, perLock, bound)

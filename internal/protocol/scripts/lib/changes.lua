@@ -1,5 +1,5 @@
 -- lib/changes.lua: the changes Apply writes to live keys, shared by the
--- apply and publish scripts (each script that uses it starts with
+-- apply, genapply and publish scripts (each script that uses it starts with
 -- "-- #include changes", which the loader replaces with this file, after
 -- "-- #include remove").
 --
@@ -150,4 +150,87 @@ function changes.run(op)
   else
     redis.call(op[1], op[2], unpack(op[3]))
   end
+end
+
+-- canLog returns why this user may not log a change for the run holding
+-- lock (its record, its log), or nil: checked before the first write.
+function changes.canLog(lock, record, log)
+  return changes.refused('GET', lock) or changes.refused('PTTL', lock)
+    or changes.refused('HMGET', record, 'token') or changes.refused('HINCRBY', record, 'logged', '1')
+    or changes.refused('RPUSH', log, 'x') or changes.refused('PEXPIRE', log, '1') or changes.refused('LLEN', log)
+end
+
+-- logging returns whether a run holds lock i (KEYS of lock, record) and
+-- logs ops, whose live keys are their second fields: true when the
+-- record carries the lock's token, the mode "rebuild", the version this
+-- script knows, and names the run's keys, every op's key being one of
+-- them; false when no run holds the lock. Else it returns the refusal:
+-- {UNLOGGED, i, why, detail} or {NOT_THE_RUNS, i, key, owner} (see
+-- apply.lua).
+function changes.logging(i, lock, record, ops)
+  local holder = redis.call('GET', lock)
+  if not holder then return false end
+  local rec = redis.call('HMGET', record, 'token', 'v', 'mode', 'keys', 'families')
+  if not rec[1] then
+    return {UNLOGGED, i, 'none', ''}
+  elseif rec[1] ~= holder then
+    return {UNLOGGED, i, 'token', ''}
+  elseif rec[2] ~= '2' then
+    return {UNLOGGED, i, 'version', rec[2] or ''}
+  elseif rec[3] ~= 'rebuild' then
+    return {UNLOGGED, i, 'mode', rec[3] or ''}
+  end
+  local owner = keyshapes.first(rec[4])
+  if not owner then
+    return {UNLOGGED, i, 'keys', ''}
+  end
+  local family = string.sub(rec[5] or '', 1, 1) == '1'
+  for _, op in ipairs(ops) do
+    if not keyshapes.owns(op[2], owner, family) then
+      return {NOT_THE_RUNS, i, op[2], owner}
+    end
+  end
+  return true
+end
+
+-- log appends ops (on their live keys) to the log of the run holding lock,
+-- counted in its record in the same step, unless the log holds bound
+-- entries: it returns LOGGED, or LOG_FULL (the log gets the entry
+-- "!overrun" once, and the run fails). A log this creates gets the lock's
+-- remaining TTL.
+function changes.log(lock, record, log, ops, bound)
+  local len = redis.call('LLEN', log)
+  local logged = LOG_FULL
+  if len < bound then
+    redis.call('RPUSH', log, changes.encode(ops))
+    redis.call('HINCRBY', record, 'logged', 1)
+    redis.call('HINCRBY', record, 'work', changes.work(ops))
+    logged = LOGGED
+  elseif len == bound then
+    redis.call('RPUSH', log, changes.overrun)
+    redis.call('HINCRBY', record, 'logged', 1)
+  end
+  if len == 0 then
+    local ttl = redis.call('PTTL', lock)
+    if ttl > 0 then
+      redis.call('PEXPIRE', log, ttl)
+    end
+  end
+  return logged
+end
+
+-- logEach logs, for each lock i of n (KEYS[i], its record KEYS[n + i],
+-- its log KEYS[2n + i]) that logging marks, the ops of perLock[i], and
+-- returns {OK, l1..ln}: LOGGED, LOG_FULL, or LOG_NONE for a lock no run
+-- of which logs the change.
+function changes.logEach(n, logging, perLock, bound)
+  local out = {OK}
+  for i = 1, n do
+    local logged = LOG_NONE
+    if logging[i] then
+      logged = changes.log(KEYS[i], KEYS[n + i], KEYS[2 * n + i], perLock[i], bound)
+    end
+    out[#out + 1] = logged
+  end
+  return out
 end
