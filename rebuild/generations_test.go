@@ -642,3 +642,57 @@ func TestGenerationsFlipAllOrNothing(t *testing.T) {
 		}
 	})
 }
+
+func TestGenerationsAllocRefusesBadRegistry(t *testing.T) {
+	// C82: a registry or pointer in a state no run leaves fails the run at
+	// its allocation, before it writes anything: above all a registry
+	// lost while its pointer stayed, where `next` would start again at 1
+	// and hand the run the generation readers read.
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		ctx := redistest.Ctx(t)
+		prefix := genPrefix(d) + ":alloc"
+		us := genUsers(30, 3)
+		if _, err := genRebuilder(t, d, prefix, rebuild.Options{}).Run(ctx, sources.Slice(us)); err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+		reg, ptr := keys.RegistryKey(prefix, d.Cluster), keys.PointerKey(prefix, d.Cluster)
+		for _, tc := range []struct {
+			name  string
+			setup []string // a command that leaves the registry or pointer so
+			why   string
+		}{
+			{"registry deleted", []string{"DEL", reg}, "does not mark the pointer's generation 1 current"},
+			{"pointer not a generation", []string{"SET", ptr, "01"}, `the pointer holds "01"`},
+			{"next not a number", []string{"HSET", reg, "next", "x"}, `its field next holds "x"`},
+			{"next generation left over", []string{"HSET", reg, "next", "0", "2", "retired:1"}, "generation 2, the next one, is in the registry already"},
+			{"registry of another type", []string{"DEL", reg}, "the registry is a string"},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				state := func() string {
+					dump := func(k string) string {
+						v, _ := redistest.Cmd(t, d.Other, "DUMP", k).ToString()
+						return v
+					}
+					return fmt.Sprint(redistest.Snapshot(t, d.Other, prefix), dump(reg), dump(ptr))
+				}
+				redistest.Cmd(t, d.Other, tc.setup...)
+				if tc.name == "registry of another type" {
+					redistest.Cmd(t, d.Other, "SET", reg, "x")
+				}
+				before := state()
+				_, err := genRebuilder(t, d, prefix, rebuild.Options{}).Run(ctx, sources.Slice(genUsers(20, 2)))
+				if !errors.Is(err, rebuild.ErrTampered) || !strings.Contains(err.Error(), tc.why) {
+					t.Fatalf("Run = %v, want ErrTampered saying %q", err, tc.why)
+				}
+				if state() != before {
+					t.Errorf("the refused run changed the index's keys")
+				}
+				// Back to what the first run left.
+				redistest.Cmd(t, d.Other, "DEL", reg)
+				redistest.Cmd(t, d.Other, "HSET", reg, "next", "1", "1", keys.RegCurrent)
+				redistest.Cmd(t, d.Other, "SET", ptr, "1")
+			})
+		}
+		wantGeneration(t, d, prefix, 1, 1, map[string]string{"1": keys.RegCurrent}, us)
+	})
+}

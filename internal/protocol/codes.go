@@ -11,34 +11,35 @@ import (
 // The scripts name them as replyCodes does; Go decodes them with these
 // constants. Two codes may share a number when no script returns both.
 const (
-	codeOK         = 1   // every script: done
-	codeLockLost   = -1  // touch, heartbeat, refresh, control, rollback, publish, genalloc, flip, genback: {-1, i}: lock i is not ours
-	codeHeld       = 0   // acquire: {0, i}: lock i is held
-	codeTempLost   = 0   // publish: {0, i}: populated temp key i is gone
-	codeNoRight    = -2  // acquire, apply, rollback, publish: {-2, cmd, key}: this user may not run cmd on key
-	codeWritesLost = -3  // heartbeat, publish: {-3, batches}
-	codeRecreated  = -4  // publish: {-4, i}: populated temp key i has no TTL
-	codeUnknownCmd = -5  // acquire, apply, rollback, publish: {-5, cmd}
-	codeNotMeta    = -6  // publish, flip, genback: {-6, i}: meta i is another key
-	codeBehind     = -7  // publish: {-7, i, n, w}: the logs' tails hold n entries of work w, over a bound
-	codeWrongType  = -8  // apply, publish: {-8, key, type}: an op cannot write key's type
-	codeBadLog     = -9  // publish: {-9, i, e, why}: log i holds an entry that is not a change
-	codeOverrun    = -10 // publish: {-10, i}: log i reached its bound: changes were not logged
-	codeNoPrevious = -11 // rollback, genback: {-11, i}: index i keeps no previous generation
-	codeUnlogged   = -12 // apply, genapply: {-12, i, why, detail}: lock i is held by a run that does not log the change
-	codeNotTheRuns = -13 // apply: {-13, i, key, owner}; publish: {-13, i, index, key}: key is not the run's
-	codeTampered   = -14 // heartbeat, publish: {-14, i}: record i carries another token
-	codeNoRecord   = -15 // heartbeat, publish: {-15, i}: record i is gone (or has no token)
-	codeTooLate    = -16 // control: {-16}: the run already published
-	codeAborted    = -17 // publish: {-17}: the operator cancelled the run
-	codeLogLost    = -18 // publish: {-18, i, llen, logged}: log i lost entries
-	codeUncounted  = -19 // publish: {-19, i, llen, logged}: log i holds entries nobody counted
-	codeGenLost    = -20 // flip: {-20, i}: index i's registry no longer marks the run's generation as its; genapply: pointer i moved
-	codeRenamed    = 1   // publish, per target: renamed
-	codeEmptied    = 2   // publish, per target: live key deleted
-	tempAbsent     = 0   // touch, refresh, per temp key: it does not exist
-	tempAlive      = 1   // touch, refresh, per temp key: it had a TTL, now renewed
-	tempCreated    = 2   // touch, refresh, per temp key: it had no TTL (created since), now has one
+	codeOK          = 1   // every script: done
+	codeLockLost    = -1  // touch, heartbeat, refresh, control, rollback, publish, genalloc, flip, genback: {-1, i}: lock i is not ours
+	codeHeld        = 0   // acquire: {0, i}: lock i is held
+	codeTempLost    = 0   // publish: {0, i}: populated temp key i is gone
+	codeNoRight     = -2  // acquire, apply, rollback, publish: {-2, cmd, key}: this user may not run cmd on key
+	codeWritesLost  = -3  // heartbeat, publish: {-3, batches}
+	codeRecreated   = -4  // publish: {-4, i}: populated temp key i has no TTL
+	codeUnknownCmd  = -5  // acquire, apply, rollback, publish: {-5, cmd}
+	codeNotMeta     = -6  // publish, flip, genback: {-6, i}: meta i is another key
+	codeBehind      = -7  // publish: {-7, i, n, w}: the logs' tails hold n entries of work w, over a bound
+	codeWrongType   = -8  // apply, publish: {-8, key, type}: an op cannot write key's type
+	codeBadLog      = -9  // publish: {-9, i, e, why}: log i holds an entry that is not a change
+	codeOverrun     = -10 // publish: {-10, i}: log i reached its bound: changes were not logged
+	codeNoPrevious  = -11 // rollback, genback: {-11, i}: index i keeps no previous generation
+	codeUnlogged    = -12 // apply, genapply: {-12, i, why, detail}: lock i is held by a run that does not log the change
+	codeNotTheRuns  = -13 // apply: {-13, i, key, owner}; publish: {-13, i, index, key}: key is not the run's
+	codeTampered    = -14 // heartbeat, publish: {-14, i}: record i carries another token
+	codeNoRecord    = -15 // heartbeat, publish: {-15, i}: record i is gone (or has no token)
+	codeTooLate     = -16 // control: {-16}: the run already published
+	codeAborted     = -17 // publish: {-17}: the operator cancelled the run
+	codeLogLost     = -18 // publish: {-18, i, llen, logged}: log i lost entries
+	codeUncounted   = -19 // publish: {-19, i, llen, logged}: log i holds entries nobody counted
+	codeBadRegistry = -21 // genalloc: {-21, i, why}: index i's registry or pointer is in a state no run leaves
+	codeGenLost     = -20 // flip: {-20, i}: index i's registry no longer marks the run's generation as its; genapply: pointer i moved
+	codeRenamed     = 1   // publish, per target: renamed
+	codeEmptied     = 2   // publish, per target: live key deleted
+	tempAbsent      = 0   // touch, refresh, per temp key: it does not exist
+	tempAlive       = 1   // touch, refresh, per temp key: it had a TTL, now renewed
+	tempCreated     = 2   // touch, refresh, per temp key: it had no TTL (created since), now has one
 	// apply, per lock: LogNone, Logged and LogFull (see Applied).
 )
 
@@ -73,6 +74,7 @@ var replyCodes = []struct {
 	{"LOG_LOST", codeLogLost},
 	{"UNCOUNTED", codeUncounted},
 	{"GEN_LOST", codeGenLost},
+	{"BAD_REGISTRY", codeBadRegistry},
 	{"RENAMED", codeRenamed},
 	{"EMPTIED", codeEmptied},
 	{"TEMP_ABSENT", tempAbsent},

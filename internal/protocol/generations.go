@@ -76,6 +76,9 @@ func (r *Redis) AllocateGenerations(ctx context.Context, op, key string, locks [
 		return nil, nil, &Error{Op: op, Key: key, Err: fmt.Errorf("unexpected genalloc script reply: %w", err)}
 	case code == codeLockLost && i >= 1 && int(i) <= len(locks):
 		return nil, nil, &Error{Op: op, Key: locks[i-1].Live, Err: ErrLockLost}
+	case code == codeBadRegistry && i >= 1 && int(i) <= len(lives):
+		reg, ptr := keys.RegistryKey(lives[i-1], r.cluster), keys.PointerKey(lives[i-1], r.cluster)
+		return nil, nil, &Error{Op: op, Key: lives[i-1], Err: fmt.Errorf("%w: %s: %s, a state no run leaves (evicted, deleted or written by hand); nothing written. Readers follow %s: if it names the generation they should read, restore the registry with HSET %s next <G> <G> current, where <G> is that generation", ErrTampered, reg, res.str(2), ptr, reg)}
 	case code != codeOK || len(res) != 1+2*len(lives):
 		return nil, nil, &Error{Op: op, Key: key, Err: fmt.Errorf("unexpected genalloc script reply %v", res)}
 	}

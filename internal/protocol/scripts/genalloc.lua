@@ -5,15 +5,26 @@
 -- indexes' pointers (keys.PointerKey), in the locks' slot.
 -- ARGV[1] the run's token; ARGV[2] L.
 --
--- For each registry, HINCRBY next 1 allocates the generation G, and the
--- field G is set to 'building:<token>' (keys.RegBuilding): a generation a
+-- For each registry, the generation G is allocated (field next set to it),
+-- and the field G is set to 'building:<token>' (keys.RegBuilding): a generation a
 -- run with that token builds. A sweep removes the keys of a generation so
 -- marked whose lock no longer holds the token (the run died).
+--
+-- The registry and the pointer are input that others may write, and a
+-- generation handed out twice would have a run write into the data readers
+-- read. So before any write, per index: the registry is a hash (or absent),
+-- the pointer absent or a generation (digits, no leading zero) that the
+-- registry marks current, `next` absent or digits, and the generation to
+-- hand out, one past the larger of `next` and the pointer's, not in the
+-- registry yet. Any other state is refused: a registry evicted or deleted
+-- while its pointer stayed, a `next` set back, a field left over.
 --
 -- Returns {OK, g1..gN, c1..cN}: the generations allocated, and the
 --           current generation of each index (0: it has no pointer), which
 --           stays current while the run holds the locks.
 --         {LOCK_LOST, i}: lock i does not hold the token; nothing written.
+--         {BAD_REGISTRY, i, why}: index i's registry or pointer is in a
+--           state no run leaves; nothing written.
 local token, L = ARGV[1], tonumber(ARGV[2])
 for i = 1, L do
   if redis.call('GET', KEYS[i]) ~= token then
@@ -21,17 +32,46 @@ for i = 1, L do
   end
 end
 local N = (#KEYS - L) / 2
--- The pointers first: one of another type fails the script before any
--- write.
-local current = {}
+local function generation(s)
+  return s and string.match(s, '^[1-9]%d*$') and #s <= 15
+end
+local current, gens = {}, {}
 for i = 1, N do
-  current[i] = tonumber(redis.call('GET', KEYS[L + N + i]) or '0') or 0
+  local reg, ptrKey = KEYS[L + i], KEYS[L + N + i]
+  local kind = redis.call('TYPE', reg)['ok']
+  if kind ~= 'hash' and kind ~= 'none' then
+    return {BAD_REGISTRY, i, 'the registry is a ' .. kind}
+  end
+  -- A pointer of another type fails the script here, before any write.
+  local ptr = redis.call('GET', ptrKey)
+  local cur = 0
+  if ptr then
+    if not generation(ptr) then
+      return {BAD_REGISTRY, i, 'the pointer holds ' .. string.format('%q', string.sub(ptr, 1, 40))}
+    end
+    if redis.call('HGET', reg, ptr) ~= 'current' then
+      return {BAD_REGISTRY, i, 'the registry does not mark the pointer\'s generation ' .. ptr .. ' current'}
+    end
+    cur = tonumber(ptr)
+  end
+  local nx = redis.call('HGET', reg, 'next')
+  local n = 0
+  if nx then
+    if not (nx == '0' or generation(nx)) then
+      return {BAD_REGISTRY, i, 'its field next holds ' .. string.format('%q', string.sub(nx, 1, 40))}
+    end
+    n = tonumber(nx)
+  end
+  local g = string.format('%d', math.max(n, cur) + 1)
+  if redis.call('HEXISTS', reg, g) == 1 then
+    return {BAD_REGISTRY, i, 'generation ' .. g .. ', the next one, is in the registry already'}
+  end
+  current[i], gens[i] = cur, g
 end
 local out = {OK}
-for i = L + 1, L + N do
-  local g = redis.call('HINCRBY', KEYS[i], 'next', 1)
-  redis.call('HSET', KEYS[i], tostring(g), 'building:' .. token)
-  out[#out + 1] = g
+for i = 1, N do
+  redis.call('HSET', KEYS[L + i], 'next', gens[i], gens[i], 'building:' .. token)
+  out[#out + 1] = tonumber(gens[i])
 end
 for i = 1, N do
   out[#out + 1] = current[i]
