@@ -687,6 +687,17 @@ func TestGenerationsAllocRefusesBadRegistry(t *testing.T) {
 				if state() != before {
 					t.Errorf("the refused run changed the index's keys")
 				}
+				if tc.name == "pointer not a generation" {
+					// Apply refuses to write where such a pointer seems to
+					// point, as readers refuse to read there.
+					u := genUsers(1, 1)[0]
+					if err := genRebuilder(t, d, prefix, rebuild.Options{}).Apply(ctx, index.Change[user]{New: &u}); !errors.Is(err, rebuild.ErrTampered) || !strings.Contains(err.Error(), `"01", not a generation`) {
+						t.Errorf("Apply = %v, want ErrTampered naming the pointer's value", err)
+					}
+					if state() != before {
+						t.Errorf("the refused Apply changed the index's keys")
+					}
+				}
 				// Back to what the first run left.
 				redistest.Cmd(t, d.Other, "DEL", reg)
 				redistest.Cmd(t, d.Other, "HSET", reg, "next", "1", "1", keys.RegCurrent)

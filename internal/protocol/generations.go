@@ -395,6 +395,11 @@ func (r *Redis) GenApply(ctx context.Context, opts GenApplyOptions) (Applied, er
 			if err != nil {
 				return Applied{}, Fail(ctx, op, key, fmt.Errorf("GET %s: %w", keys.PointerKey(lives[i], r.cluster), err))
 			}
+			if g != "0" && !isGeneration(g) {
+				// Readers refuse such a pointer too: writing where it
+				// seems to point would write where nobody reads.
+				return Applied{}, &Error{Op: op, Key: lives[i], Err: fmt.Errorf("%w: %s holds %.40q, not a generation; nothing written", ErrTampered, keys.PointerKey(lives[i], r.cluster), g)}
+			}
 			gens[i] = g
 		}
 		ks := make([]string, 4*n)
@@ -480,3 +485,17 @@ func (r *Redis) GenApply(ctx context.Context, opts GenApplyOptions) (Applied, er
 // ErrNotInGenerations reports an operation that Generations mode does not
 // support yet.
 var ErrNotInGenerations = errors.New("not yet supported in Generations mode")
+
+// isGeneration reports whether s is a generation as the scripts write it:
+// a positive decimal number with no leading zero, of at most 15 digits.
+func isGeneration(s string) bool {
+	if s == "" || len(s) > 15 || s[0] == '0' {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return true
+}
