@@ -704,6 +704,14 @@ func TestGenerationsAllocRefusesBadRegistry(t *testing.T) {
 				redistest.Cmd(t, d.Other, "SET", ptr, "1")
 			})
 		}
+		// A rollback flips only between generations the registry marks
+		// as runs leave them: never to one of two "previous".
+		redistest.Cmd(t, d.Other, "HSET", reg, "5", keys.RegPrevious, "6", keys.RegPrevious)
+		if _, err := genRebuilder(t, d, prefix, rebuild.Options{}).Rollback(ctx); !errors.Is(err, rebuild.ErrTampered) || !strings.Contains(err.Error(), "2 previous generations") {
+			t.Errorf("Rollback = %v, want ErrTampered naming the 2 previous generations", err)
+		}
+		redistest.WantString(t, d.Other, ptr, "1")
+		redistest.Cmd(t, d.Other, "HDEL", reg, "5", "6")
 		wantGeneration(t, d, prefix, 1, 1, map[string]string{"1": keys.RegCurrent}, us)
 	})
 }

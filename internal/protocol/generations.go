@@ -284,6 +284,8 @@ func (r *Redis) genRollback(ctx context.Context, opts RollbackOptions, locks []*
 		return nil, &Error{Op: op, Key: opts.Lives[i-1], Err: fmt.Errorf("%w: the index has no previous generation (publish in Generations mode with KeepPrevious to keep one); nothing changed", ErrNothingToRollBack)}
 	case code == codeNotMeta && i >= 1 && int(i) <= len(opts.Lives):
 		return nil, &Error{Op: op, Key: opts.Lives[i-1], Err: fmt.Errorf("%w: %s is not a hash of keyswap's; nothing changed", ErrTampered, keys.MetaKey(opts.Lives[i-1], r.cluster))}
+	case code == codeBadRegistry && i >= 1 && int(i) <= len(opts.Lives):
+		return nil, &Error{Op: op, Key: opts.Lives[i-1], Err: fmt.Errorf("%w: %s: %s, a state no run leaves; nothing changed", ErrTampered, keys.RegistryKey(opts.Lives[i-1], r.cluster), res.str(2))}
 	case code != codeOK || len(res) != 1+len(opts.Lives):
 		return nil, &Error{Op: op, Key: key, Err: fmt.Errorf("unexpected genback script reply %v", res)}
 	}

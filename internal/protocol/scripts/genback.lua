@@ -16,6 +16,9 @@
 --         {NO_PREVIOUS, i}: index i has no pointer, or no previous
 --                  generation.
 --         {NOT_META, i}: the meta of index i is another key.
+--         {BAD_REGISTRY, i, why}: index i's registry or pointer is in a
+--           state no run leaves (two previous, a generation that is not
+--           one, a pointer the registry does not mark current).
 -- On every reply but {OK, ...} nothing was written.
 local token, L, N, now = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 for i = 1, L do
@@ -27,15 +30,25 @@ local flips = {}
 for i = 1, N do
   local ptr, reg = KEYS[L + 3 * i - 2], KEYS[L + 3 * i - 1]
   local cur = redis.call('GET', ptr)
-  local prev
+  local prev, previous = nil, 0
   local all = redis.call('HGETALL', reg)
   for j = 1, #all, 2 do
     if all[j + 1] == 'previous' then
-      prev = all[j]
+      prev, previous = all[j], previous + 1
     end
   end
   if not cur or not prev or prev == cur then
     return {NO_PREVIOUS, i}
+  end
+  -- The registry and the pointer are input others may write: flip only
+  -- between two generations (digits, no leading zero) that the registry
+  -- marks as a run leaves them, one current (the pointer's) and one
+  -- previous.
+  local function generation(s)
+    return string.match(s, '^[1-9]%d*$') and #s <= 15
+  end
+  if previous > 1 or not generation(prev) or not generation(cur) or redis.call('HGET', reg, cur) ~= 'current' then
+    return {BAD_REGISTRY, i, 'the registry holds ' .. previous .. ' previous generations, previous ' .. string.format('%q', string.sub(prev, 1, 40)) .. ', and the pointer names ' .. string.format('%q', string.sub(cur, 1, 40)) .. ', which it must mark current'}
   end
   -- A meta of another type would fail its HINCRBY after the first flips.
   local kind = redis.call('TYPE', KEYS[L + 3 * i])['ok']
