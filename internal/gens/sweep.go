@@ -171,6 +171,24 @@ if ARGV[4] == '1' then redis.call('HDEL', KEYS[1], ARGV[1]) end
 return n
 `, false)
 
+// disowned is the state RemoveOwn gives a failed run's generation before it
+// removes its keys: retired at the epoch, past any grace, so that a sweep
+// finishes what RemoveOwn could not.
+const disowned = keys.RegRetired + "0"
+
+// disownScript turns a run's own generation from building into retired,
+// in one step that checks the field and the pointer. KEYS[1] the registry,
+// KEYS[2] the pointer; ARGV[1] the generation, ARGV[2] its building state,
+// ARGV[3] the retired state. Returns 1 done; 0 the field holds another
+// state or is gone (nothing changed); -4 the pointer names the generation
+// (nothing changed).
+var disownScript = newScript(`
+if redis.pcall('GET', KEYS[2]) == ARGV[1] then return -4 end
+if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+return 1
+`, false)
+
 // The unlink script's refusals, as reasons.
 var refusals = map[int64]Reason{-1: SkipChanged, -2: SkipGone, -3: SkipRunning, -4: SkipPointer}
 
@@ -224,9 +242,12 @@ func Sweep(ctx context.Context, client rueidis.Client, idx Index, opts Options) 
 }
 
 // RemoveOwn removes generation gen of idx, which the run holding idx's lock
-// with token built and did not publish (its run failed): its keys in
-// chunks, as [Sweep] does, then its registry field, only while the field
-// holds "building:<token>". Unlike Sweep it does not wait for the lock to
+// with token built and did not publish (its run failed). First, in one step
+// that checks the field still holds "building:<token>" and the pointer does
+// not name gen, it marks gen retired at the epoch, so that a flip of the
+// run still on its way finds the generation no longer the run's and
+// refuses, and a sweep finishes what RemoveOwn cannot; then it removes its
+// keys in chunks, as [Sweep] does, and its registry field. Unlike Sweep it does not wait for the lock to
 // be released: the caller is that run. A field in any other state is left
 // alone and named in the result's Skipped (SkipChanged). An absent field
 // does not stop it: the generation was allocated to the caller, so its
@@ -257,6 +278,20 @@ func RemoveOwn(ctx context.Context, client rueidis.Client, idx Index, gen int64,
 		LockKey:    keys.LockKey(idx.Live, cluster),
 		PointerKey: keys.PointerKey(idx.Live, cluster),
 	}}
+	// First the generation stops being the run's: a flip of the run still
+	// on its way to the server (its reply lost, the locks not released)
+	// then finds it no longer building and refuses, rather than publishing
+	// a generation half removed.
+	g := strconv.FormatInt(gen, 10)
+	switch d, err := disownScript.Exec(ctx, client, []string{s.snap.Registry.Key, s.snap.PointerKey}, []string{g, st.Raw, disowned}).AsInt64(); {
+	case err != nil:
+		return res, protocol.Fail(ctx, op, idx.Live, fmt.Errorf("generation %d (%s): %w", gen, st, err))
+	case d == 1:
+		st = State{Kind: Retired, RetiredAt: time.UnixMilli(0), Raw: disowned}
+	case d == -4:
+		s.skip(gen, st, SkipPointer, 0)
+		return res, nil
+	}
 	n, reason, err := s.remove(ctx, gen, st)
 	if err != nil {
 		return res, protocol.Fail(ctx, op, idx.Live, fmt.Errorf("generation %d (%s): %w", gen, st, err))

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -477,11 +478,25 @@ func TestRemoveOwn(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				wantResult(t, res, nil, map[int64]gens.Reason{g: gens.SkipChanged})
+				// The current generation, which the pointer names; one of
+				// another run.
+				want := map[int64]gens.Reason{1: gens.SkipPointer, 3: gens.SkipChanged}[g]
+				wantResult(t, res, nil, map[int64]gens.Reason{g: want})
 			}
-			res, err := gens.RemoveOwn(ctx, f.c, f.idx, 2, "tok", gens.Options{})
+			// From its first deletion on, the generation is no longer the
+			// run's: a flip of the run still on its way would find it
+			// retired, and refuse.
+			var during []string
+			res, err := gens.RemoveOwn(ctx, f.c, f.idx, 2, "tok", gens.Options{Pace: func(ctx context.Context, n int) error {
+				v, err := f.c.Do(ctx, f.c.B().Hget().Key(f.registryKey()).Field("2").Build()).ToString()
+				during = append(during, v)
+				return err
+			}})
 			if err != nil {
 				t.Fatal(err)
+			}
+			if len(during) == 0 || slices.ContainsFunc(during, func(v string) bool { return v != keys.RegRetired+"0" }) {
+				t.Errorf("generation 2's state while its keys went: %q, want %q throughout", during, keys.RegRetired+"0")
 			}
 			wantResult(t, res, []int64{2}, nil)
 			if res.Keys != int64(len(mine)) {
@@ -510,7 +525,7 @@ func TestRemoveOwnNeverRemovesWhatThePointerNames(t *testing.T) {
 			name, state string
 			want        gens.Reason
 		}{
-			{"current", keys.RegCurrent, gens.SkipChanged},
+			{"current", keys.RegCurrent, gens.SkipPointer},
 			{"building", keys.RegBuilding + "tok", gens.SkipPointer},
 			{"no-field", "", gens.SkipPointer},
 		} {
