@@ -485,7 +485,7 @@ func TestRemoveOwn(t *testing.T) {
 			}
 			// From its first deletion on, the generation is no longer the
 			// run's: a flip of the run still on its way would find it
-			// retired, and refuse.
+			// retired, and refuse (C89).
 			var during []string
 			res, err := gens.RemoveOwn(ctx, f.c, f.idx, 2, "tok", gens.Options{Pace: func(ctx context.Context, n int) error {
 				v, err := f.c.Do(ctx, f.c.B().Hget().Key(f.registryKey()).Field("2").Build()).ToString()
