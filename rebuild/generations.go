@@ -192,15 +192,30 @@ func (r *Rebuilder[T]) genIndex(i int) gens.Index {
 	return gens.Index{Live: r.lives[i], Family: r.owners[i].family}
 }
 
+// buckets returns, per builder, the buckets of a family the run wrote, in
+// the order it first wrote them (none for a plain builder): the removal of
+// the generation the run flipped away from deletes those first, by name
+// (gens.Options.Buckets), and SCANs only for the rest.
+func (x *execution[T]) buckets() [][]string {
+	out := make([][]string, len(x.r.owners))
+	for _, t := range x.targets.all() {
+		if x.r.owners[t.builder].family {
+			out[t.builder] = append(out[t.builder], t.bucket)
+		}
+	}
+	return out
+}
+
 // retireTries bounds the sweeps of retire that find a generation still
 // in its grace period (the server's clock behind the run's timer).
 const retireTries = 3
 
 // retire waits Options.Grace, then sweeps each index that a flip retired a
 // generation of (gens.Sweep: the grace measured on the server's clock,
-// which stamped the retirement). A cancelled ctx leaves them, retired, to
+// which stamped the retirement), deleting first the buckets the run wrote
+// (buckets, per builder) by name. A cancelled ctx leaves them, retired, to
 // a later sweep; so does a negative Grace.
-func (r *Rebuilder[T]) retire(ctx context.Context, retired [][]int64) {
+func (r *Rebuilder[T]) retire(ctx context.Context, retired [][]int64, buckets [][]string) {
 	if r.opts.Grace < 0 {
 		return
 	}
@@ -214,7 +229,7 @@ func (r *Rebuilder[T]) retire(ctx context.Context, retired [][]int64) {
 				return
 			}
 			wait = 0
-			res, err := gens.Sweep(ctx, r.redis.Client(), r.genIndex(i), gens.Options{Grace: r.opts.Grace, Logger: r.opts.Logger})
+			res, err := gens.Sweep(ctx, r.redis.Client(), r.genIndex(i), gens.Options{Grace: r.opts.Grace, Logger: r.opts.Logger, Buckets: buckets[i]})
 			if err != nil {
 				r.opts.Logger.Warn("keyswap: could not remove a retired generation; a sweep removes it later", "key", r.lives[i], "err", err)
 				return

@@ -94,7 +94,7 @@ func (r *Rebuilder[T]) run(ctx context.Context, src sources.Source[T], held *Hel
 	if err == nil && x.gen != nil {
 		// The flip happened: the old generation stays readable for the
 		// grace period, then goes.
-		r.retire(ctx, x.retired)
+		r.retire(ctx, x.retired, x.buckets())
 	}
 	returned = true
 	stats.Elapsed = time.Since(start)
