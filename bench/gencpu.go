@@ -36,6 +36,11 @@ type genMethod struct {
 	ClientRatio    float64 `json:"client_cpu_ratio_to_raw_median,omitempty"`
 	ClientRatioMin float64 `json:"client_cpu_ratio_to_raw_min,omitempty"`
 	ClientRatioMax float64 `json:"client_cpu_ratio_to_raw_max,omitempty"`
+	// Phases are, per round, its server usage in the build and in the
+	// removal of the previous data (the modes and the pipe methods);
+	// Phase their summary.
+	Phases []genPhases    `json:"phases,omitempty"`
+	Phase  *phaseSummary `json:"phase_summary,omitempty"`
 }
 
 // pairedRatio returns the median, minimum and maximum over rounds of f of
@@ -101,46 +106,77 @@ func (r *runner) genCPU(ctx context.Context) (_ *genCPU, err error) {
 	for _, m := range genModes {
 		out.Methods = append(out.Methods, genMethod{Name: string(m)})
 	}
+	files := map[int64]pipeFiles{}
+	defer func() {
+		for _, p := range files {
+			p.remove()
+		}
+	}()
+	if r.hasLimit() {
+		out.Methods = append(out.Methods, genMethod{Name: methodPipeUnlink}, genMethod{Name: methodPipeDel})
+	}
 	samples := map[string][]sample{}
 	for round := range cfg.rounds {
-		for _, m := range out.Methods {
+		for i := range out.Methods {
+			m := &out.Methods[i]
 			var smp sample
+			var ph genPhases
 			switch m.Name {
 			case string(methodLimit), string(methodRaw):
 				smp, err = r.runOnce(ctx, sectionGenerations, round, fmt.Sprintf("%s, SetIndex of %s buckets", m.Name, commas(d.bucketCount())),
 					method(m.Name), f.w, d, resp, cfg.keyswap)
+			case methodPipeUnlink, methodPipeDel:
+				smp, ph, err = r.genPipe(ctx, f, m.Name, d, round, files)
 			default:
-				smp, err = r.genMeasure(ctx, f, genMode(m.Name), d, round)
+				smp, ph, err = r.genMeasure(ctx, f, genMode(m.Name), d, round)
 			}
 			if err != nil {
 				return nil, fmt.Errorf("%s: %w", m.Name, err)
 			}
 			samples[m.Name] = append(samples[m.Name], smp)
+			if ph.BuildCommands != nil {
+				m.Phases = append(m.Phases, ph)
+			}
 		}
 	}
 	out.summarize(samples)
+	out.summarizePhases()
 	return out, nil
 }
 
 // genMeasure rebuilds d in mode m onto a live family of d.previous()
 // published in the same mode, and measures the run, the removal of the
-// previous data included in the CPU times.
-func (r *runner) genMeasure(ctx context.Context, f genFamily, m genMode, d dataset, round int) (sample, error) {
+// previous data included in the CPU times; and the server's usage in the
+// build and in the removal, split at the publish's reply.
+func (r *runner) genMeasure(ctx context.Context, f genFamily, m genMode, d dataset, round int) (_ sample, ph genPhases, _ error) {
 	r.bar.describe("%s %d/%d: %s, SetIndex of %s buckets", sectionGenerations, round+1, r.cfg.rounds, m, commas(d.bucketCount()))
 	s := r.srv
 	opts := r.genOptions(m)
 	old, had, err := f.prepare(ctx, m, opts, d)
 	if err != nil {
-		return sample{}, err
+		return sample{}, ph, err
 	}
 	var start, published time.Time
-	c, err := timePublish(f.client, &published)
+	var atPublish serverUsage
+	var publishErr error
+	scripts, err := keyswapScripts(context.Background(), nil, false)
 	if err != nil {
-		return sample{}, err
+		return sample{}, ph, err
 	}
+	// The server's usage when the publish replied: in Generations mode the
+	// removal waits for the grace period after it, so nothing of it ran.
+	c := &scriptHook{Client: f.client, scripts: publishScripts(scripts), around: func(do func()) {
+		do()
+		published = time.Now()
+		atPublish, publishErr = s.usage(ctx)
+	}}
 	rb, err := rebuilder(c, f.w, opts)
 	if err != nil {
-		return sample{}, err
+		return sample{}, ph, err
+	}
+	first, err := s.usage(ctx)
+	if err != nil {
+		return sample{}, ph, err
 	}
 	var stats rebuild.Stats
 	smp, err := measure(ctx, s, d.n, "", func() (*child, error) {
@@ -150,39 +186,43 @@ func (r *runner) genMeasure(ctx context.Context, f genFamily, m genMode, d datas
 		return nil, err
 	})
 	if err != nil {
-		return sample{}, err
+		return sample{}, ph, err
 	}
 	// The rate is that of the run until its publish: in Generations mode
 	// Run then waits for the grace period, whose CPU counts but whose
 	// wall time does not.
 	if published.IsZero() {
-		return sample{}, errors.New("the run sent no publish script")
+		return sample{}, ph, errors.New("the run sent no publish script")
 	}
 	smp.Elapsed = published.Sub(start)
 	// The removal of the previous data is part of the run's cost: the
 	// previous generation's keys, or the frees of the replaced values.
 	before, err := s.usage(ctx)
 	if err != nil {
-		return sample{}, err
+		return sample{}, ph, err
 	}
 	ru := rusage()
 	if err := f.waitRemoved(ctx, old, had); err != nil {
-		return sample{}, err
+		return sample{}, ph, err
 	}
 	smp.ClientCPU += rusage() - ru
 	after, err := s.usage(ctx)
 	if err != nil {
-		return sample{}, err
+		return sample{}, ph, err
 	}
 	smp.ServerCPU += after.cpu - before.cpu
+	if publishErr != nil {
+		return sample{}, ph, publishErr
+	}
+	ph = newPhases(first, atPublish, after)
 	if err := checkGenStats(stats, f.w, d); err != nil {
-		return sample{}, err
+		return sample{}, ph, err
 	}
 	if err := f.verify(ctx, d); err != nil {
-		return sample{}, fmt.Errorf("wrong result: %w", err)
+		return sample{}, ph, fmt.Errorf("wrong result: %w", err)
 	}
 	r.bar.step()
-	return smp, nil
+	return smp, ph, nil
 }
 
 // genClusterResult is the cluster part of the generations section: one

@@ -113,6 +113,7 @@ func (g *generationsResult) markdown(b *bytes.Buffer, cpus int) {
 				ratioCell(m.ServerRatio, m.ServerRatioMin, m.ServerRatioMax), perItem(s.ClientCPU, c.Items), ratioCell(m.ClientRatio, m.ClientRatioMin, m.ClientRatioMax))
 		}
 		p("\n")
+		c.phasesMarkdown(b)
 	}
 	if c := g.Cluster; c != nil {
 		p("### On a cluster\n\n")
