@@ -39,7 +39,7 @@ type genMethod struct {
 	// Phases are, per round, its server usage in the build and in the
 	// removal of the previous data (the modes and the pipe methods);
 	// Phase their summary.
-	Phases []genPhases    `json:"phases,omitempty"`
+	Phases []genPhases   `json:"phases,omitempty"`
 	Phase  *phaseSummary `json:"phase_summary,omitempty"`
 }
 

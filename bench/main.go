@@ -484,7 +484,7 @@ func (r *runner) plannedRuns() int {
 			}
 		}
 		n += c.rounds * (len(genModes) + 1 + 3*r.limitRuns()) // the CPU part: both modes, raw, limit, the two pipe methods
-		n += c.rounds * 3                                   // the cluster part
+		n += c.rounds * 3                                     // the cluster part
 	}
 	return n
 }
