@@ -205,29 +205,10 @@ func isFamily(ctx context.Context, client rueidis.Client, live string, snap gens
 	return !slices.ContainsFunc(ks, func(k string) bool { return found[k] }), "", nil
 }
 
-// keepReason returns why the sweep keeps generation st of snap, as
-// gens.Sweep decides it with grace, or "" when it removes it.
-func keepReason(st gens.State, snap gens.Snapshot, grace time.Duration) gens.Reason {
-	switch st.Kind {
-	case gens.Current:
-		return gens.SkipCurrent
-	case gens.Previous:
-		return gens.SkipPrevious
-	case gens.Retired:
-		if snap.Time.Sub(st.RetiredAt) <= grace {
-			return gens.SkipGrace
-		}
-	case gens.Building:
-		if snap.Lock == st.Token {
-			return gens.SkipRunning
-		}
-	}
-	return ""
-}
-
 // sweepGenerations sweeps the generations of the indexes in Generations
 // mode that pattern selects (see selectRegistry): with gens.Sweep, or, in
-// a dry run, by reading each registry and applying gens.Sweep's rule. A
+// a dry run, with gens.DryRun, which applies gens.Sweep's rule and deletes
+// nothing. A
 // corrupt registry stops the sweep of its index only (its Err); any other
 // error stops the whole sweep, and is returned with what was done.
 func sweepGenerations(ctx context.Context, client rueidis.Client, pattern string, grace time.Duration, dryRun, plain bool) ([]genSweep, error) {
@@ -244,7 +225,9 @@ func sweepGenerations(ctx context.Context, client rueidis.Client, pattern string
 			s.Family, typ, err = isFamily(ctx, client, live, snap)
 		}
 		if err == nil && dryRun {
-			err = s.plan(ctx, client, snap, grace)
+			var plan gens.Plan
+			plan, err = gens.DryRun(ctx, client, gens.Index{Live: live, Family: s.Family}, gens.Options{Grace: grace})
+			s.plan(plan)
 		}
 		if err == nil && !dryRun {
 			var res gens.Result
@@ -267,35 +250,18 @@ func sweepGenerations(ctx context.Context, client rueidis.Client, pattern string
 	return out, nil
 }
 
-// plan fills s with what gens.Sweep would do to the generations of snap.
-func (s *genSweep) plan(ctx context.Context, client rueidis.Client, snap gens.Snapshot, grace time.Duration) error {
-	var plain []string
-	for _, g := range snap.Registry.Sorted() {
-		st := snap.Registry.Gens[g]
-		if reason := keepReason(st, snap, grace); reason != "" {
-			s.Kept = append(s.Kept, genKept{Gen: g, State: st.Raw, Reason: string(reason)})
-			continue
+// plan fills s with what gens.Sweep would do, as gens.DryRun planned it.
+func (s *genSweep) plan(plan gens.Plan) {
+	for _, r := range plan.Remove {
+		var n *int64
+		if r.Keys >= 0 {
+			n = &r.Keys
 		}
-		s.Removed = append(s.Removed, genRemoved{Gen: g, State: st.Raw})
-		if !s.Family {
-			plain = append(plain, keys.GenKey(s.Key, g))
-		}
+		s.Removed = append(s.Removed, genRemoved{Gen: r.Gen, State: r.State.Raw, Keys: n})
 	}
-	if s.Family {
-		return nil
+	for _, k := range plan.Keep {
+		s.Kept = append(s.Kept, genKept{Gen: k.Gen, State: k.State.Raw, Reason: string(k.Reason)})
 	}
-	found, err := existing(ctx, client, plain)
-	if err != nil {
-		return err
-	}
-	for i := range s.Removed {
-		n := int64(0)
-		if found[keys.GenKey(s.Key, s.Removed[i].Gen)] {
-			n = 1
-		}
-		s.Removed[i].Keys = &n
-	}
-	return nil
 }
 
 // record fills s with res, what gens.Sweep did.

@@ -333,18 +333,23 @@ type sweeper struct {
 
 // keep returns why the generation in state st is kept, or "" when it is
 // to be removed.
-func (s *sweeper) keep(st State) Reason {
+func (s *sweeper) keep(st State) Reason { return keep(s.opts, s.snap, st) }
+
+// keep returns why a sweep with opts (its defaults filled in, Now set)
+// keeps the generation in state st of snap, or "" when it removes it: the
+// rule of [Sweep], which [DryRun] applies too.
+func keep(opts Options, snap Snapshot, st State) Reason {
 	switch st.Kind {
 	case Current:
 		return SkipCurrent
 	case Previous:
 		return SkipPrevious
 	case Retired:
-		if s.opts.Now.Sub(st.RetiredAt) <= s.opts.Grace {
+		if opts.Now.Sub(st.RetiredAt) <= opts.Grace {
 			return SkipGrace
 		}
 	case Building:
-		if s.snap.Lock == st.Token {
+		if snap.Lock == st.Token {
 			return SkipRunning
 		}
 	}
