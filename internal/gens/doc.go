@@ -62,6 +62,23 @@
 // at most 256 keys per command, which frees large values in the
 // background.
 //
+// A caller that knows which buckets a family's generation mostly holds
+// (a run knows those it wrote, most of which the generation it flipped away
+// from holds too) names them in Options.Buckets: each generation removed
+// then loses those buckets first, by name, in the same chunks and checks,
+// and the SCAN passes follow as always. The names only change the order of
+// the deletions, never what is deleted: completeness still rests on the
+// SCAN, since keys of the generation nobody named (buckets the new data no
+// longer has, keys Apply created while the generation was current) may
+// exist, and no count of a generation's keys is kept that could prove
+// otherwise. The SCAN then returns few keys, and the named keys are freed
+// in the order they were written, which costs the server less than the
+// SCAN's order. Matches of several SCAN pages are deleted together, up to
+// Unlink keys per command.
+//
+// [DryRun] applies the sweep's rule without deleting anything: it returns
+// the generations a sweep would remove and those it would keep, and why.
+//
 // [RemoveOwn] is the same removal for the run that built a generation and
 // failed before its flip: it removes its own building generation while it
 // still holds the lock, which Sweep would wait for.
