@@ -42,6 +42,24 @@ func chunkSizes() (func(context.Context, int) error, func() []int) {
 		}
 }
 
+// bucketNames returns the names of buckets b0..b<n-1>, as fixture.gen
+// names them.
+func bucketNames(n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = "b" + strconv.Itoa(i)
+	}
+	return out
+}
+
+// oneRetired returns an index of shape sh with one generation, retired
+// long ago, of 10 buckets, and their keys.
+func oneRetired(t *testing.T, sh shape) (*fixture, []string) {
+	f := newFixture(t, sh)
+	f.registry(keys.RegNext, "1", "1", retired(time.Unix(1, 0)))
+	return f, f.gen(1, 10)
+}
+
 // TestSweepBuckets removes a retired generation whose buckets the caller
 // names, as a run names those it wrote: the named buckets go first, by
 // name, in chunks of at most Unlink keys; the buckets it does not name
@@ -69,10 +87,7 @@ func TestSweepBuckets(t *testing.T) {
 			f.sadd(applied, "written by Apply")
 			f.sadd(p+":b0", "user") // the plain shape's bucket
 			f.sadd(keys.GenBucketKey(p, 10, "b0"), "user")
-			names := []string{"b9", "absent"}
-			for i := range 9 {
-				names = append(names, "b"+strconv.Itoa(i))
-			}
+			names := append([]string{"b9", "absent"}, bucketNames(9)...)
 			pace, sizes := chunkSizes()
 			res, err := gens.Sweep(ctx, f.c, f.idx, gens.Options{Unlink: 3, Pace: pace, Buckets: names})
 			if err != nil {
@@ -102,13 +117,8 @@ func TestSweepBucketsStopsWhenStateChanges(t *testing.T) {
 	for _, sh := range familyShapes() {
 		t.Run(sh.name, func(t *testing.T) {
 			t.Parallel()
-			f := newFixture(t, sh)
-			f.registry(keys.RegNext, "1", "1", retired(time.Unix(1, 0)))
-			ks := f.gen(1, 10)
-			var names []string
-			for i := range 10 {
-				names = append(names, "b"+strconv.Itoa(i))
-			}
+			f, ks := oneRetired(t, sh)
+			names := bucketNames(10)
 			calls := 0
 			pace := func(ctx context.Context, n int) error {
 				if calls++; calls == 2 {
@@ -146,9 +156,7 @@ func TestSweepChunksAcrossPages(t *testing.T) {
 	for _, sh := range familyShapes() {
 		t.Run(sh.name, func(t *testing.T) {
 			t.Parallel()
-			f := newFixture(t, sh)
-			f.registry(keys.RegNext, "1", "1", retired(time.Unix(1, 0)))
-			ks := f.gen(1, 10)
+			f, ks := oneRetired(t, sh)
 			pace, sizes := chunkSizes()
 			res, err := gens.Sweep(redistest.Ctx(t), f.c, f.idx, gens.Options{Unlink: 4, ScanCount: 2, Pace: pace})
 			if err != nil {

@@ -42,19 +42,9 @@ type Plan struct {
 func DryRun(ctx context.Context, client rueidis.Client, idx Index, opts Options) (Plan, error) {
 	const op = "sweep dry run"
 	var plan Plan
-	o, err := opts.withDefaults()
-	if err == nil {
-		err = idx.check()
-	}
+	o, snap, err := begin(ctx, client, idx, opts, op)
 	if err != nil {
-		return plan, &protocol.Error{Op: op, Key: idx.Live, Err: err}
-	}
-	snap, err := Read(ctx, client, idx)
-	if err != nil {
-		return plan, protocol.Fail(ctx, op, idx.Live, err)
-	}
-	if o.Now.IsZero() {
-		o.Now = snap.Time
+		return plan, err
 	}
 	plan.Now = o.Now
 	var plain []string

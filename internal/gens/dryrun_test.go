@@ -24,22 +24,7 @@ func TestDryRun(t *testing.T) {
 			f := newFixture(t, sh)
 			ctx := redistest.Ctx(t)
 			now := time.Now()
-			const running, gone = "0123456789abcdef0123456789abcdef", "fedcba9876543210fedcba9876543210"
-			fields := map[string]string{
-				keys.RegNext: "7",
-				"1":          retired(now.Add(-time.Hour)),
-				"2":          retired(now.Add(-time.Second)),
-				"3":          keys.RegPrevious,
-				"4":          keys.RegCurrent,
-				"5":          keys.RegBuilding + running,
-				"6":          keys.RegBuilding + gone,
-				"7":          retired(now.Add(-time.Minute)), // no key at all
-			}
-			for k, v := range fields {
-				f.registry(k, v)
-			}
-			f.set(f.pointerKey(), "4")
-			f.lock(running)
+			fields := f.everyState(now)
 			for g := int64(1); g <= 6; g++ {
 				f.gen(g, 3)
 			}

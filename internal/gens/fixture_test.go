@@ -240,3 +240,31 @@ func contains(s string, subs ...string) bool {
 	}
 	return true
 }
+
+// The tokens of the runs of everyStates: one holds the lock, one is gone.
+const running, gone = "0123456789abcdef0123456789abcdef", "fedcba9876543210fedcba9876543210"
+
+// everyState writes a registry with a generation in every state, relative
+// to now, the pointer naming generation 4 and the lock held by running,
+// and returns the registry's fields: 1 retired an hour ago, 2 a second
+// ago, 3 previous, 4 current, 5 building by running, 6 building by gone,
+// 7 retired a minute ago. It writes no data key.
+func (f *fixture) everyState(now time.Time) map[string]string {
+	f.t.Helper()
+	fields := map[string]string{
+		keys.RegNext: "7",
+		"1":          retired(now.Add(-time.Hour)),
+		"2":          retired(now.Add(-time.Second)),
+		"3":          keys.RegPrevious,
+		"4":          keys.RegCurrent,
+		"5":          keys.RegBuilding + running,
+		"6":          keys.RegBuilding + gone,
+		"7":          retired(now.Add(-time.Minute)), // no key at all
+	}
+	for k, v := range fields {
+		f.registry(k, v)
+	}
+	f.set(f.pointerKey(), "4")
+	f.lock(running)
+	return fields
+}

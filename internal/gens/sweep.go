@@ -221,19 +221,9 @@ var refusals = map[int64]Reason{-1: SkipChanged, -2: SkipGone, -3: SkipRunning, 
 func Sweep(ctx context.Context, client rueidis.Client, idx Index, opts Options) (Result, error) {
 	const op = "sweep"
 	var res Result
-	o, err := opts.withDefaults()
-	if err == nil {
-		err = idx.check()
-	}
+	o, snap, err := begin(ctx, client, idx, opts, op)
 	if err != nil {
-		return res, &protocol.Error{Op: op, Key: idx.Live, Err: err}
-	}
-	snap, err := Read(ctx, client, idx)
-	if err != nil {
-		return res, protocol.Fail(ctx, op, idx.Live, err)
-	}
-	if o.Now.IsZero() {
-		o.Now = snap.Time
+		return res, err
 	}
 	res.Now = o.Now
 	s := &sweeper{client: client, idx: idx, opts: o, snap: snap, res: &res, cluster: isCluster(client)}
@@ -254,6 +244,27 @@ func Sweep(ctx context.Context, client rueidis.Client, idx Index, opts Options) 
 		s.removed(g, st, n)
 	}
 	return res, nil
+}
+
+// begin checks opts and idx, fills in opts' defaults, reads idx's
+// registry, pointer and lock, and sets opts.Now to the server's clock
+// unless given: the start of a Sweep or a DryRun, whose errors name op.
+func begin(ctx context.Context, client rueidis.Client, idx Index, opts Options, op string) (Options, Snapshot, error) {
+	o, err := opts.withDefaults()
+	if err == nil {
+		err = idx.check()
+	}
+	if err != nil {
+		return o, Snapshot{}, &protocol.Error{Op: op, Key: idx.Live, Err: err}
+	}
+	snap, err := Read(ctx, client, idx)
+	if err != nil {
+		return o, Snapshot{}, protocol.Fail(ctx, op, idx.Live, err)
+	}
+	if o.Now.IsZero() {
+		o.Now = snap.Time
+	}
+	return o, snap, nil
 }
 
 // RemoveOwn removes generation gen of idx, which the run holding idx's lock

@@ -33,22 +33,7 @@ func TestSweepRemovesOnlyDeadGenerations(t *testing.T) {
 			f := newFixture(t, sh)
 			ctx := redistest.Ctx(t)
 			now := time.Now()
-			const running, gone = "0123456789abcdef0123456789abcdef", "fedcba9876543210fedcba9876543210"
-			fields := map[string]string{
-				keys.RegNext: "7",
-				"1":          retired(now.Add(-time.Hour)),
-				"2":          retired(now.Add(-time.Second)),
-				"3":          keys.RegPrevious,
-				"4":          keys.RegCurrent,
-				"5":          keys.RegBuilding + running,
-				"6":          keys.RegBuilding + gone,
-				"7":          retired(now.Add(-time.Minute)), // no key at all
-			}
-			for f2, v := range fields {
-				f.registry(f2, v)
-			}
-			f.set(f.pointerKey(), "4")
-			f.lock(running)
+			fields := f.everyState(now)
 			old := f.gen(1, 600) // more than two chunks of MaxUnlink
 			recent := f.gen(2, 3)
 			for g := int64(3); g <= 5; g++ {
