@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -319,7 +320,11 @@ func (g *genCPU) phasesMarkdown(b *bytes.Buffer) {
 	p("|---|---|--:|--:|--:|\n")
 	for _, m := range with {
 		cs := m.Phase.Commands
-		names := slices.SortedFunc(maps.Keys(cs), func(a, b string) int { return int(cs[b].Usec - cs[a].Usec) })
+		// The costliest first; the same cost by name, so that -render of the
+		// JSON writes the same report.
+		names := slices.SortedFunc(maps.Keys(cs), func(a, b string) int {
+			return cmp.Or(cmp.Compare(cs[b].Usec, cs[a].Usec), cmp.Compare(a, b))
+		})
 		for _, c := range names {
 			st := cs[c]
 			if st.Calls == 0 {
