@@ -71,7 +71,11 @@
 //     -gen-grace), from SLOWLOG with a -gen-slowlog threshold; the server
 //     and client CPU per entry at -gen-cpu-buckets buckets, both modes
 //     against the limit and raw on the same data, the removal of the
-//     previous data included; and on the bench's own 3-master cluster, a
+//     previous data included, and split at the publish's reply into the
+//     build and the removal, each against its like-for-like limit (the
+//     new data piped by redis-cli into a server holding the previous
+//     generation, then UNLINK, or DEL, of exactly that generation's keys
+//     piped too), with the removal's commands from INFO commandstats; and on the bench's own 3-master cluster, a
 //     family spread over every master by Generations mode against the same
 //     family on one master: items/s and each master's CPU. After every run
 //     the bench waits until the previous data is gone and checks that the
