@@ -71,10 +71,7 @@ func TestPointerNamesGeneration(t *testing.T) {
 func TestFollowsFlip(t *testing.T) {
 	forEach(t, func(t *testing.T, tg target) {
 		ctx := redistest.Ctx(t)
-		g1, g2 := tg.gen(1, "one", 1), tg.gen(2, "two", 2)
-		g1.write(t, tg.other)
-		g2.write(t, tg.other)
-		redistest.Cmd(t, tg.other, "SET", tg.ptr(tg.live), "1")
+		tg.twoGenerations(t)
 
 		wire := &wireCounter{needle: tg.ptr(tg.live)}
 		c := tg.client(t, func(o *rueidis.ClientOption) { o.DialCtxFn = wire.dial })
@@ -239,11 +236,8 @@ func TestMissingDataRechecksPointer(t *testing.T) {
 func TestRecheckOverrideEnds(t *testing.T) {
 	forEach(t, func(t *testing.T, tg target) {
 		ctx := redistest.Ctx(t)
-		g1, g2 := tg.gen(1, "one", 1), tg.gen(2, "two", 2)
-		g1.write(t, tg.other)
-		g2.write(t, tg.other)
+		g1, g2 := tg.twoGenerations(t)
 		ptr := tg.ptr(tg.live)
-		redistest.Cmd(t, tg.other, "SET", ptr, "1")
 		lost := func(o *rueidis.ClientOption) {
 			o.ClientTrackingOptions = []string{"PREFIX", "ks-no-such-prefix:", "BCAST"}
 		}
