@@ -233,14 +233,13 @@ func (r *Reader) recheck(ctx context.Context, ptr string) (int64, error) {
 	if o, ok := r.overrides[ptr]; ok && o.seq > seq {
 		return gen, nil // a later recheck's
 	}
-	if gen == stale {
-		delete(r.overrides, ptr)
-	} else {
-		if r.overrides == nil {
-			r.overrides = map[string]override{}
-		}
-		r.overrides[ptr] = override{pxat: pxat, stale: stale, fresh: gen, seq: seq}
+	if r.overrides == nil {
+		r.overrides = map[string]override{}
 	}
+	// When the server names the cached generation (a flip back that the
+	// cache missed too), the override is kept all the same, naming that
+	// generation: an earlier recheck still on its way cannot replace it.
+	r.overrides[ptr] = override{pxat: pxat, stale: stale, fresh: gen, seq: seq}
 	r.nOverrides.Store(int32(len(r.overrides)))
 	return gen, nil
 }
