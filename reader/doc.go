@@ -28,8 +28,11 @@
 // a member not found) is checked once against the pointer read without the
 // cache, and the data is read again if the generation changed, so that a
 // cached generation removed after a flip the cache missed never reads as
-// empty. That check costs one more round trip for every such answer (and a
-// second read while a cached pointer is stale, until its TTL ends). A
+// empty. That check costs one more round trip for every such answer, and a
+// second read when it finds the cached pointer stale; the reader's later
+// resolves of that pointer then use the generation the check read, until
+// the cache drops its stale reply (an invalidation, or the end of its
+// TTL), so that a stale cache costs one second read, not one per read. A
 // program that reads the keys from [Reader.Key] and [Reader.Bucket] itself
 // applies the same rule with [Reader.Recheck].
 //

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -65,6 +66,28 @@ type Reader struct {
 	// noMulti is set once the server refused the MULTI of a cached read:
 	// resolves then send a plain GET rather than fail over on each one.
 	noMulti atomic.Bool
+
+	// overrides holds, by pointer key, the generations that rechecks read
+	// from the server where the cache holds a stale one; nOverrides is its
+	// length, read without mu on the way of every resolve, and rechecks
+	// counts the rechecks, so that an older one never replaces a newer
+	// one's override.
+	mu         sync.Mutex
+	overrides  map[string]override
+	nOverrides atomic.Int32
+	rechecks   int64
+}
+
+// override corrects one cached reply of a pointer that a recheck found
+// stale (an invalidation lost, or not yet received): while the cache
+// serves that reply, resolves use fresh instead of stale. A cache entry is
+// told from another by its expiry time (CachePXAT, set when it is filled),
+// so an override ends when the cache catches up (an invalidation, or the
+// entry's TTL) and never lasts longer than the entry it corrects.
+type override struct {
+	pxat         int64 // CachePXAT of the cached reply it corrects
+	stale, fresh int64 // the generations the reply and the server name
+	seq          int64 // the recheck that made it
 }
 
 const (
@@ -156,7 +179,7 @@ func (r *Reader) Bucket(ctx context.Context, prefix, bucket string) (string, err
 // Resolve returns the key that holds ref's data now, reading the pointer
 // through the client-side cache.
 func (r *Reader) Resolve(ctx context.Context, ref Ref) (string, error) {
-	gen, err := r.generation(ctx, ref, true)
+	gen, err := r.generation(ctx, ref)
 	if err != nil {
 		return "", err
 	}
@@ -168,9 +191,11 @@ func (r *Reader) Resolve(ctx context.Context, ref Ref) (string, error) {
 // found missing. Call it when a key from [Reader.Key], [Reader.Bucket] or
 // [Reader.Resolve] is missing, and read again when changed is true: the
 // cached generation may have been removed after a flip the cache missed.
-// It costs one round trip.
+// When the cached pointer is stale, the reader's later resolves of ref
+// return the generation Recheck read, until the cache drops its stale
+// reply (an invalidation, or the end of its TTL). It costs one round trip.
 func (r *Reader) Recheck(ctx context.Context, ref Ref, key string) (now string, changed bool, err error) {
-	gen, err := r.generation(ctx, ref, false)
+	gen, err := r.recheck(ctx, keys.PointerKey(ref.name, r.cluster))
 	if err != nil {
 		return "", false, err
 	}
@@ -178,18 +203,77 @@ func (r *Reader) Recheck(ctx context.Context, ref Ref, key string) (now string, 
 	return now, now != key, nil
 }
 
+// recheck returns the generation ptr names on the server, read without the
+// cache. When the cache serves a reply that names another generation, the
+// reply is stale, and later resolves use the server's generation instead
+// until the cache drops that reply: a read that found the stale
+// generation's data missing does not make every later read find it
+// missing too.
+func (r *Reader) recheck(ctx context.Context, ptr string) (int64, error) {
+	r.mu.Lock()
+	r.rechecks++
+	seq := r.rechecks
+	r.mu.Unlock()
+	// The cached reply first, then the server's: the cached one is then
+	// no newer than the server's. While the entry is cached (as right
+	// after the resolve of a read) this costs no round trip.
+	var pxat, stale int64 = -1, 0
+	if r.cached.Load() == cacheOn && !r.noMulti.Load() {
+		res := r.client.DoCache(ctx, r.client.B().Get().Key(ptr).Cache(), r.ttl)
+		if g, err := parse(res, "recheck", ptr); err == nil {
+			pxat, stale = res.CachePXAT(), g
+		}
+	}
+	gen, err := parse(r.client.Do(ctx, r.client.B().Get().Key(ptr).Build()), "recheck", ptr)
+	if err != nil || pxat <= 0 {
+		return gen, err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if o, ok := r.overrides[ptr]; ok && o.seq > seq {
+		return gen, nil // a later recheck's
+	}
+	if r.overrides == nil {
+		r.overrides = map[string]override{}
+	}
+	// When the server names the cached generation (a flip back that the
+	// cache missed too), the override is kept all the same, naming that
+	// generation: an earlier recheck still on its way cannot replace it.
+	r.overrides[ptr] = override{pxat: pxat, stale: stale, fresh: gen, seq: seq}
+	r.nOverrides.Store(int32(len(r.overrides)))
+	return gen, nil
+}
+
+// corrected returns gen, the generation of ptr in the cached reply that
+// expires at pxat, or the server's generation where a recheck found that
+// reply stale.
+func (r *Reader) corrected(ptr string, pxat, gen int64) int64 {
+	if r.nOverrides.Load() == 0 {
+		return gen
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	o, ok := r.overrides[ptr]
+	if !ok {
+		return gen
+	}
+	if o.pxat == pxat && o.stale == gen {
+		return o.fresh
+	}
+	// The cache caught up: the reply it corrected is gone.
+	delete(r.overrides, ptr)
+	r.nOverrides.Store(int32(len(r.overrides)))
+	return gen
+}
+
 // generation returns the generation ref's pointer names, 0 when there is
-// none, reading it through the client-side cache when cached is true.
-func (r *Reader) generation(ctx context.Context, ref Ref, cached bool) (int64, error) {
+// none, reading it through the client-side cache.
+func (r *Reader) generation(ctx context.Context, ref Ref) (int64, error) {
 	ptr := keys.PointerKey(ref.name, r.cluster)
-	op := "recheck"
 	var res rueidis.RedisResult
-	switch {
-	case cached && r.noMulti.Load():
-		op = "resolve"
+	if r.noMulti.Load() {
 		res = r.client.Do(ctx, r.client.B().Get().Key(ptr).Build())
-	case cached:
-		op = "resolve"
+	} else {
 		res = r.client.DoCache(ctx, r.client.B().Get().Key(ptr).Cache(), r.ttl)
 		if errors.Is(res.Error(), rueidis.ErrDoCacheAborted) {
 			// The server refused the MULTI that wraps a cached read (a
@@ -208,9 +292,18 @@ func (r *Reader) generation(ctx context.Context, ref Ref, cached bool) (int64, e
 				r.cached.Store(cacheOff)
 			}
 		}
-	default:
-		res = r.client.Do(ctx, r.client.B().Get().Key(ptr).Build())
 	}
+	gen, err := parse(res, "resolve", ptr)
+	if pxat := res.CachePXAT(); err == nil && pxat > 0 {
+		gen = r.corrected(ptr, pxat, gen)
+	}
+	return gen, err
+}
+
+// parse returns the generation in res, a reply to a GET of the pointer
+// ptr: 0 when there is none, an *Error of op when the GET failed or the
+// pointer holds no generation.
+func parse(res rueidis.RedisResult, op, ptr string) (int64, error) {
 	v, err := res.ToString()
 	if rueidis.IsRedisNil(err) {
 		return 0, nil

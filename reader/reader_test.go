@@ -71,10 +71,7 @@ func TestPointerNamesGeneration(t *testing.T) {
 func TestFollowsFlip(t *testing.T) {
 	forEach(t, func(t *testing.T, tg target) {
 		ctx := redistest.Ctx(t)
-		g1, g2 := tg.gen(1, "one", 1), tg.gen(2, "two", 2)
-		g1.write(t, tg.other)
-		g2.write(t, tg.other)
-		redistest.Cmd(t, tg.other, "SET", tg.ptr(tg.live), "1")
+		tg.twoGenerations(t)
 
 		wire := &wireCounter{needle: tg.ptr(tg.live)}
 		c := tg.client(t, func(o *rueidis.ClientOption) { o.DialCtxFn = wire.dial })
@@ -194,14 +191,22 @@ func TestMissingDataRechecksPointer(t *testing.T) {
 		if now, changed, err := r.Recheck(ctx, reader.Plain(tg.live), keys.GenKey(tg.live, 1)); err != nil || !changed || now != g2.hash {
 			t.Errorf("Recheck = %q, %v, %v; want %q, true", now, changed, err, g2.hash)
 		}
-		// The cache stays stale until its TTL: every such read rechecks.
+		// The cache stays stale until its TTL, but the recheck's generation
+		// wins over it: a read goes to generation 2 at once, and a missing
+		// field costs one recheck, no read of generation 1.
 		rec.take()
+		if got, err := r.Key(ctx, tg.live); err != nil || got != g2.hash {
+			t.Errorf("Key after a recheck = %q, %v; want %q", got, err, g2.hash)
+		}
+		if v, ok, err := r.HGet(ctx, reader.Plain(tg.live), "ada"); err != nil || !ok || v != "two" {
+			t.Errorf("HGet ada = %q, %v, %v; want two", v, ok, err)
+		}
 		if v, ok, err := r.HGet(ctx, reader.Plain(tg.live), "nobody"); err != nil || ok || v != "" {
 			t.Errorf("HGet nobody = %q, %v, %v; want not found", v, ok, err)
 		}
-		want = []string{"HGET " + g1.hash + " nobody", "GET " + tg.ptr(tg.live), "HGET " + g2.hash + " nobody"}
+		want = []string{"HGET " + g2.hash + " ada", "HGET " + g2.hash + " nobody", "GET " + tg.ptr(tg.live)}
 		if got := rec.take(); !slices.Equal(got, want) {
-			t.Errorf("HGet of a missing field with a stale cache sent %q; want %q", got, want)
+			t.Errorf("HGets after a recheck, the cache stale, sent %q; want %q", got, want)
 		}
 
 		// With a current cache, an answer missing in the current generation
@@ -219,6 +224,77 @@ func TestMissingDataRechecksPointer(t *testing.T) {
 			t.Errorf("HGet of a missing field sent %q; want %q", got, want)
 		}
 		tg.wantUnchanged(t, before)
+	})
+}
+
+// The generation a recheck reads wins over the stale cached one only while
+// the cache serves that stale reply: a later recheck that finds the
+// pointer back at the cached generation (a rollback the cache missed too)
+// ends it, and so does the end of the stale reply's TTL, even when the
+// reply the cache fetches then names the stale generation again. The
+// client's invalidations are lost, as in TestMissingDataRechecksPointer.
+func TestRecheckOverrideEnds(t *testing.T) {
+	forEach(t, func(t *testing.T, tg target) {
+		ctx := redistest.Ctx(t)
+		g1, g2 := tg.twoGenerations(t)
+		ptr := tg.ptr(tg.live)
+		lost := func(o *rueidis.ClientOption) {
+			o.ClientTrackingOptions = []string{"PREFIX", "ks-no-such-prefix:", "BCAST"}
+		}
+		rec := &recorder{}
+		hget := func(r *reader.Reader, field, want string, sent ...string) {
+			t.Helper()
+			if v, ok, err := r.HGet(ctx, reader.Plain(tg.live), field); err != nil || ok != (want != "") || v != want {
+				t.Errorf("HGet %s = %q, %v, %v; want %q", field, v, ok, err, want)
+			}
+			if got := rec.take(); !slices.Equal(got, sent) {
+				t.Errorf("HGet %s sent %q; want %q", field, got, sent)
+			}
+		}
+		wantKey := func(r *reader.Reader, want string) {
+			t.Helper()
+			if got, err := r.Key(ctx, tg.live); err != nil || got != want {
+				t.Errorf("Key = %q, %v; want %q", got, err, want)
+			}
+		}
+
+		// A rollback the cache misses.
+		r := newReader(t, rec.wrap(tg.client(t, lost)), reader.Options{CacheTTL: time.Minute})
+		wantKey(r, g1.hash)
+		redistest.Cmd(t, tg.other, "SET", ptr, "2")
+		rec.take()
+		hget(r, "nobody", "", "HGET "+g1.hash+" nobody", "GET "+ptr, "HGET "+g2.hash+" nobody")
+		wantKey(r, g2.hash)
+		redistest.Cmd(t, tg.other, "SET", ptr, "1")
+		hget(r, "nobody", "", "HGET "+g2.hash+" nobody", "GET "+ptr, "HGET "+g1.hash+" nobody")
+		wantKey(r, g1.hash)
+		hget(r, "ada", "one", "HGET "+g1.hash+" ada")
+
+		// The stale reply's TTL ends; the cache fetches the pointer again,
+		// back at the stale generation.
+		const ttl = 3 * time.Second
+		c := tg.client(t, lost)
+		r = newReader(t, rec.wrap(c), reader.Options{CacheTTL: ttl})
+		wantKey(r, g1.hash)
+		redistest.Cmd(t, tg.other, "SET", ptr, "2")
+		rec.take()
+		hget(r, "nobody", "", "HGET "+g1.hash+" nobody", "GET "+ptr, "HGET "+g2.hash+" nobody")
+		if v, err := c.DoCache(ctx, c.B().Get().Key(ptr).Cache(), ttl).ToString(); err != nil || v != "1" {
+			t.Fatalf("cached pointer = %q, %v; want the stale 1 (the cache must keep it for this test)", v, err)
+		}
+		wantKey(r, g2.hash)
+		redistest.Cmd(t, tg.other, "SET", ptr, "1")
+		start := time.Now()
+		poll := time.NewTicker(10 * time.Millisecond)
+		defer poll.Stop()
+		for got, _ := r.Key(ctx, tg.live); got != g1.hash; got, _ = r.Key(ctx, tg.live) {
+			if got != g2.hash || time.Since(start) > 10*ttl {
+				t.Fatalf("Key = %q %v after the flip back; want %q once the stale reply's TTL (%v) ends", got, time.Since(start), g1.hash, ttl)
+			}
+			<-poll.C
+		}
+		rec.take()
+		hget(r, "ada", "one", "HGET "+g1.hash+" ada")
 	})
 }
 

@@ -161,6 +161,17 @@ func (tg target) gen(g int64, value string, score float64) data {
 	return data{hash: at(tg.live), value: value, zset: at(tg.live + "/z"), score: score, set: bucket}
 }
 
+// twoGenerations writes generations 1 and 2 of tg's indexes, with values
+// "one" and "two", and sets the plain index's pointer to 1.
+func (tg target) twoGenerations(t *testing.T) (g1, g2 data) {
+	t.Helper()
+	g1, g2 = tg.gen(1, "one", 1), tg.gen(2, "two", 2)
+	g1.write(t, tg.other)
+	g2.write(t, tg.other)
+	redistest.Cmd(t, tg.other, "SET", tg.ptr(tg.live), "1")
+	return g1, g2
+}
+
 // wantData reads d's indexes through r and fails t unless they hold d.
 func wantData(t *testing.T, ctx context.Context, r *reader.Reader, tg target, d data) {
 	t.Helper()

@@ -109,6 +109,7 @@ func TestGenerationsApplyDuringRun(t *testing.T) {
 	// change applied after the flip lands in the new generation. On the
 	// cluster the family carries a hash tag (the locks' slot).
 	forEachDeployment(t, func(t *testing.T, d deployment) {
+		d.Clear(t)
 		ctx := redistest.Ctx(t)
 		prefix := d.Prefix + "users:by-bucket"
 		const buckets = 10
@@ -180,6 +181,7 @@ func TestGenerationsApplyForgedRecord(t *testing.T) {
 	// ErrInProgress, writing nothing, as in RenameInPlace mode; the run
 	// then fails closed with ErrTampered, the pointer untouched.
 	forEachDeployment(t, func(t *testing.T, d deployment) {
+		d.Clear(t)
 		ctx := redistest.Ctx(t)
 		prefix := d.Prefix + "users:by-bucket"
 		r := genRebuilder(t, d, prefix, rebuild.Options{})
@@ -218,6 +220,7 @@ func TestGenerationsApplyConditionalRemovals(t *testing.T) {
 	// the size check, so that a correct run does not fail it, and the
 	// published generation holds the source plus the changes.
 	forEachDeployment(t, func(t *testing.T, d deployment) {
+		d.Clear(t)
 		ctx := redistest.Ctx(t)
 		email, score := d.Prefix+"users:by-email", d.Prefix+"users:by-score"
 		r := redistest.Rebuilder(t, d.Client, rebuild.Options{Publish: rebuild.Generations, Grace: time.Millisecond, BatchSize: 50},
@@ -276,6 +279,7 @@ func TestGenerationsApplyLogFull(t *testing.T) {
 	// the current generation, and the run fails with ErrFallingBehind,
 	// the pointer untouched and its generation removed.
 	forEachDeployment(t, func(t *testing.T, d deployment) {
+		d.Clear(t)
 		ctx := redistest.Ctx(t)
 		prefix := d.Prefix + "users:by-bucket"
 		r := genRebuilder(t, d, prefix, rebuild.Options{MaxChanges: 3})

@@ -163,6 +163,7 @@ func TestGenerationsRunFlips(t *testing.T) {
 	// first generation is removed after the grace period; on a cluster the
 	// family's keys spread over more than one master.
 	forEachDeployment(t, func(t *testing.T, d deployment) {
+		d.Clear(t)
 		ctx := redistest.Ctx(t)
 		prefix := genPrefix(d)
 		r := genRebuilder(t, d, prefix, rebuild.Options{})
@@ -208,6 +209,7 @@ func TestGenerationsGraceCancelled(t *testing.T) {
 	// C86: a run whose ctx is cancelled during the grace period still
 	// succeeds, and leaves the old generation retired, for a sweep.
 	forEachDeployment(t, func(t *testing.T, d deployment) {
+		d.Clear(t)
 		prefix := genPrefix(d)
 		r := genRebuilder(t, d, prefix, rebuild.Options{Grace: time.Hour})
 		us := genUsers(60, 6)
@@ -245,6 +247,7 @@ func TestGenerationsRollback(t *testing.T) {
 	// C84: with KeepPrevious the old generation stays previous; Rollback
 	// flips back, and again forward; with none it is refused.
 	forEachDeployment(t, func(t *testing.T, d deployment) {
+		d.Clear(t)
 		ctx := redistest.Ctx(t)
 		prefix := genPrefix(d)
 		r := genRebuilder(t, d, prefix, rebuild.Options{KeepPrevious: time.Second})
@@ -326,6 +329,7 @@ func TestGenerationsFailures(t *testing.T) {
 	// they were, removes the failed run's generation and its registry
 	// field, and leaves no lock, record or counter.
 	forEachDeployment(t, func(t *testing.T, d deployment) {
+		d.Clear(t)
 		prefix := genPrefix(d)
 		first := genUsers(90, 9)
 		next := int64(1)
@@ -415,6 +419,7 @@ func TestGenerationsApply(t *testing.T) {
 	// which the run replays onto its generation; on a cluster it refuses a
 	// family without a hash tag, writing nothing.
 	forEachDeployment(t, func(t *testing.T, d deployment) {
+		d.Clear(t)
 		ctx := redistest.Ctx(t)
 		prefix := d.Prefix + "users:by-bucket" // with the hash tag on the cluster
 		r := genRebuilder(t, d, prefix, rebuild.Options{})
@@ -481,6 +486,7 @@ func TestGenerationsHeld(t *testing.T) {
 	// C87: a held run in Generations mode reviews and diffs its generation
 	// against the current one, and its publish is a flip.
 	forEachDeployment(t, func(t *testing.T, d deployment) {
+		d.Clear(t)
 		ctx := redistest.Ctx(t)
 		prefix := genPrefix(d)
 		r := genRebuilder(t, d, prefix, rebuild.Options{})
@@ -533,6 +539,7 @@ func TestGenerationsPlainKeys(t *testing.T) {
 	// a plain key's old generation goes after the grace period; with a
 	// negative Grace it stays, retired.
 	forEachDeployment(t, func(t *testing.T, d deployment) {
+		d.Clear(t)
 		ctx := redistest.Ctx(t)
 		email, score, bucket := d.Prefix+"users:by-email", d.Prefix+"users:by-score", d.Prefix+"users:by-bucket"
 		bs := func() []index.Builder[user] {
@@ -605,6 +612,7 @@ func TestGenerationsFlipAllOrNothing(t *testing.T) {
 	// another type, written during the run) flips none: the first index's
 	// pointer is untouched, and the run's generation is removed.
 	forEachDeployment(t, func(t *testing.T, d deployment) {
+		d.Clear(t)
 		ctx := redistest.Ctx(t)
 		email, bucket := d.Prefix+"users:by-email", d.Prefix+"users:by-bucket"
 		r := redistest.Rebuilder(t, d.Client, rebuild.Options{Publish: rebuild.Generations, Grace: time.Millisecond},
@@ -649,6 +657,7 @@ func TestGenerationsAllocRefusesBadRegistry(t *testing.T) {
 	// lost while its pointer stayed, where `next` would start again at 1
 	// and hand the run the generation readers read.
 	forEachDeployment(t, func(t *testing.T, d deployment) {
+		d.Clear(t)
 		ctx := redistest.Ctx(t)
 		prefix := genPrefix(d) + ":alloc"
 		us := genUsers(30, 3)

@@ -36,6 +36,7 @@ func TestGenerationsRetireStampsServerClock(t *testing.T) {
 	// C89: the flip stamps the generation it retires with the server's
 	// clock, which the sweep measures the grace on.
 	forEachDeployment(t, func(t *testing.T, d deployment) {
+		d.Clear(t)
 		ctx := redistest.Ctx(t)
 		prefix := genPrefix(d)
 		r := genRebuilder(t, d, prefix, rebuild.Options{Grace: -1})
@@ -172,6 +173,7 @@ func TestGenerationsFlipReplyLost(t *testing.T) {
 	for _, ran := range []bool{true, false} {
 		t.Run(fmt.Sprintf("ran=%v", ran), func(t *testing.T) {
 			forEachDeployment(t, func(t *testing.T, d deployment) {
+				d.Clear(t)
 				ctx := redistest.Ctx(t)
 				prefix := genPrefix(d)
 				first := genUsers(20, 4)
@@ -228,6 +230,7 @@ func TestSwitchBackRetiresPrevious(t *testing.T) {
 	// and deletes the pointer in the same step as it publishes the plain
 	// keys.
 	forEachDeployment(t, func(t *testing.T, d deployment) {
+		d.Clear(t)
 		ctx := redistest.Ctx(t)
 		prefix := d.Prefix + "users:by-bucket"
 		for range 2 {

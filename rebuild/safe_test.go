@@ -372,6 +372,7 @@ func TestBuildFailsLikeRun(t *testing.T) {
 
 func TestRollbackSwapsGenerations(t *testing.T) {
 	forEachDeployment(t, func(t *testing.T, d deployment) {
+		d.Clear(t)
 		ctx := redistest.Ctx(t)
 		k := safeNames(d)
 		v1 := safeUsers(60, 0, 4)  // buckets c0..c3

@@ -83,6 +83,7 @@ func TestSwitchModes(t *testing.T) {
 	// version holds. On the cluster the family carries a hash tag, which
 	// RenameInPlace needs.
 	forEachDeployment(t, func(t *testing.T, d deployment) {
+		d.Clear(t)
 		ctx := redistest.Ctx(t)
 		email, bucket := d.Prefix+"users:by-email", d.Prefix+"users:by-bucket"
 		const grace = 200 * time.Millisecond

@@ -43,6 +43,7 @@ func TestVersionOrder(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			x := open(t)
 			client, prefix := env.Standalone.Client(t), redistest.Prefix(t)
+			redistest.ClearContaining(t, client, prefix) // keys an earlier run left (go test -count=N)
 			ctx := redistest.Ctx(t)
 			a := user{ID: "1", Email: "a@example.com", Country: "fr"}
 			b := user{ID: "1", Email: "b@example.com", Country: "de"}
@@ -91,6 +92,7 @@ func TestAppKilledBeforeApply(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			x := open(t)
 			client, prefix := env.Standalone.Client(t), redistest.Prefix(t)
+			redistest.ClearContaining(t, client, prefix) // keys an earlier run left (go test -count=N)
 			app := startProcess(t, "app", x.processEnv(prefix))
 			app.wait(t, "committed")
 			app.kill()
@@ -113,6 +115,7 @@ func TestRelayKilled(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			x := open(t)
 			client, prefix := env.Standalone.Client(t), redistest.Prefix(t)
+			redistest.ClearContaining(t, client, prefix) // keys an earlier run left (go test -count=N)
 			w := startWriter(t, x, 7)
 			for round := range 3 {
 				relay := startProcess(t, "relay", x.processEnv(prefix))
@@ -142,6 +145,7 @@ func TestRejectedRow(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			x := open(t)
 			client, prefix := env.Standalone.Client(t), redistest.Prefix(t)
+			redistest.ClearContaining(t, client, prefix) // keys an earlier run left (go test -count=N)
 			ctx := redistest.Ctx(t)
 			if err := x.ob.Write(ctx, x.sql, "user:1", 1, index.Insert(user{ID: "1", Email: "a@example.com"})); err != nil {
 				t.Fatal(err)
@@ -172,6 +176,7 @@ func TestRejectedRow(t *testing.T) {
 func TestSecondRelayWaits(t *testing.T) {
 	x := dialects(t)["postgres"](t)
 	client, prefix := env.Standalone.Client(t), redistest.Prefix(t)
+	redistest.ClearContaining(t, client, prefix) // keys an earlier run left (go test -count=N)
 	rb := redistest.Rebuilder(t, client, rebuild.Options{}, indexes(prefix)...)
 	first := x.ob.Relay(x.sql, rb, options())
 	stop := running(t, first)
@@ -202,6 +207,7 @@ func TestItemsKeepIDOrder(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			x := open(t)
 			client, prefix := env.Standalone.Client(t), redistest.Prefix(t)
+			redistest.ClearContaining(t, client, prefix) // keys an earlier run left (go test -count=N)
 			ctx := redistest.Ctx(t)
 			u := func(id, email string) user { return user{ID: id, Email: email} }
 			for _, w := range []struct {
@@ -248,6 +254,7 @@ func TestValuesMoveBetweenItems(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			x := open(t)
 			client, prefix := env.Standalone.Client(t), redistest.Prefix(t)
+			redistest.ClearContaining(t, client, prefix) // keys an earlier run left (go test -count=N)
 			var commits atomic.Int64
 			done := make(chan struct{})
 			var wg sync.WaitGroup
@@ -365,6 +372,7 @@ func TestDroppedRowReported(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			x := open(t)
 			client, prefix := env.Standalone.Client(t), redistest.Prefix(t)
+			redistest.ClearContaining(t, client, prefix) // keys an earlier run left (go test -count=N)
 			ctx := redistest.Ctx(t)
 			a := user{ID: "1", Email: "a@example.com"}
 			b := user{ID: "1", Email: "b@example.com"}
@@ -521,6 +529,7 @@ func TestPermanentErrors(t *testing.T) {
 		t.Run(tc.dialect+"/"+tc.name, func(t *testing.T) {
 			x := dialects(t)[tc.dialect](t)
 			client, prefix := env.Standalone.Client(t), redistest.Prefix(t)
+			redistest.ClearContaining(t, client, prefix) // keys an earlier run left (go test -count=N)
 			if err := x.change(redistest.Ctx(t), "1", &user{ID: "1", Email: "a@example.com"}); err != nil {
 				t.Fatal(err)
 			}
@@ -560,6 +569,7 @@ func TestSQLiteBusy(t *testing.T) {
 	x := openDB(t, outbox.SQLite, "sqlite", "file:"+path+"?_pragma=journal_mode(WAL)", true)
 	app := openDB(t, outbox.SQLite, "sqlite", "file:"+path+"?_pragma=journal_mode(WAL)", false)
 	client, prefix := env.Standalone.Client(t), redistest.Prefix(t)
+	redistest.ClearContaining(t, client, prefix) // keys an earlier run left (go test -count=N)
 	ctx := redistest.Ctx(t)
 	if err := x.ob.Write(ctx, x.sql, "user:1", 1, index.Insert(user{ID: "1", Email: "a@example.com"})); err != nil {
 		t.Fatal(err)
@@ -598,6 +608,7 @@ func TestSQLiteBusy(t *testing.T) {
 func TestLostLockAbandonsBatch(t *testing.T) {
 	x := dialects(t)["postgres"](t)
 	client, prefix := env.Standalone.Client(t), redistest.Prefix(t)
+	redistest.ClearContaining(t, client, prefix) // keys an earlier run left (go test -count=N)
 	ctx := redistest.Ctx(t)
 	// The first relay connects as a role of its own, which the test can
 	// then forbid to log in again: the second one takes the lock for sure.

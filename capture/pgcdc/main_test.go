@@ -95,6 +95,7 @@ type fixture struct {
 func newFixture(t testing.TB, srv *pgtest.Server, client rueidis.Client) *fixture {
 	t.Helper()
 	f := &fixture{dsn: srv.Database(t), prefix: redistest.Prefix(t), client: client, slot: fmt.Sprintf("ks_%d_%d", os.Getpid(), slots.Add(1))}
+	redistest.ClearContaining(t, client, f.prefix) // keys an earlier run left (go test -count=N)
 	srv.Exec(t, f.dsn, schema...)
 	srv.Exec(t, f.dsn, fmt.Sprintf(`SELECT pg_create_logical_replication_slot('%s', 'pgoutput')`, f.slot))
 	f.rb = redistest.Rebuilder(t, client, rebuild.Options{}, indexes(f.prefix)...)

@@ -87,7 +87,11 @@ the pattern is matched with and without that tag. Without a pattern,
 everything is listed. Every '[' must be closed by a ']', and a final '\'
 must be escaped ('\\'). Status then scans the keyspace once with SCAN, on
 every master of a cluster, never with KEYS, which takes longer the larger
-the keyspace.
+the keyspace. Its MATCH leaves out the data keys of generations
+(<key>:rebuild-g:<G>, <prefix>:rebuild-g:<G>:<bucket>), which status does
+not read: however many buckets a family has, Redis sends status only
+keyswap's other keys (and no temp key whose timestamp has one digit, a
+time in 1970 that no rebuild writes).
 
 An argument without a glob character (* ? [ \), or --index, is a live
 key (a family's prefix for a family): 'keyswap status users:by-email'
@@ -411,10 +415,21 @@ func newStatusQuery(fs *flag.FlagSet, positional []string, key, pattern string) 
 // glob: '*', '?', '[' or '\'.
 func hasGlob(s string) bool { return strings.ContainsAny(s, `*?[\`) }
 
-// rebuildKeysPattern is the SCAN MATCH glob of lock keys
-// ("*:rebuild-lock"), metas ("*:rebuild-gen") and temp keys
-// ("*:rebuild:*"), so that one SCAN finds them all.
-const rebuildKeysPattern = "*:rebuild[-:]*"
+// rebuildKeysPattern is the SCAN MATCH glob of the keys status reads: lock
+// keys ("*:rebuild-lock"), metas ("*:rebuild-gen"), registries
+// ("*:rebuild-gens"), pointers ("*:rebuild-ptr") and temp keys
+// ("*:rebuild:<unix>:<nonce>"), so that one SCAN finds them all. It leaves
+// out the data keys of generations ("*:rebuild-g:<G>" and
+// "*:rebuild-g:<G>:<bucket>": a family of a million buckets has a million
+// per generation) and a run's counters ("*:rebuild-n:<G>"), which status
+// does not read, so that SCAN does not send them only to be dropped here:
+// in their names the second character after ":rebuild-" is a ':'.
+//
+// A glob has no alternation, and one that keeps ":rebuild:<digit>:" keeps
+// ":rebuild-g:" too: a temp key whose timestamp has a single digit (a time
+// in the first ten seconds of 1970, which no run writes) is left out as
+// well.
+const rebuildKeysPattern = "*:rebuild[-:]?[^:]*"
 
 // collectStatus takes the snapshot of locks and temp keys whose live key
 // matches pattern ("" for all), at time now. It scans the keyspace once.

@@ -75,8 +75,10 @@ func newFixture(t *testing.T, sh shape) *fixture {
 		live = "{" + f.root + "}idx"
 	}
 	f.idx = gens.Index{Live: live, Family: sh.family, Type: "set"}
+	// The tests' keys are few: delete whatever an earlier run of the test
+	// left (go test -count=N), and what this one leaves.
+	redistest.ClearContaining(t, f.c, f.root)
 	t.Cleanup(func() {
-		// The tests' keys are few; delete whatever is left.
 		ctx := context.Background()
 		for _, k := range f.keys() {
 			_ = f.c.Do(ctx, f.c.B().Del().Key(k).Build()).Error()
