@@ -132,7 +132,11 @@ func (ts *targets) find(b int, live string) *target {
 		}
 		return ts.buckets[b].find(live[len(o.key)+1:])
 	}
-	return ts.byKey[live]
+	// Another plain builder's key is not b's: get then refuses it.
+	if t := ts.byKey[live]; t != nil && t.builder == b {
+		return t
+	}
+	return nil
 }
 
 // lookup returns the target of live, whichever builder's it is, or nil.
