@@ -34,6 +34,22 @@ type coalescer struct {
 	bound int       // Options.MaxMerged
 }
 
+// mergeBuf is one key's merged entries waiting in the coalescer: entries
+// of command name, end to end in data, entry i ending at ends[i].
+type mergeBuf struct {
+	data strings.Builder
+	ends []int32
+	name string
+}
+
+// pending returns the number of t's entries waiting in the coalescer.
+func pending(t *target) int {
+	if t.buf == nil {
+		return 0
+	}
+	return len(t.buf.ends)
+}
+
 // mergedCmd is one command the coalescer emits.
 type mergedCmd struct {
 	t    *target
@@ -55,30 +71,33 @@ func (co *coalescer) add(ms []merged) []mergedCmd {
 	var out []mergedCmd
 	for _, m := range ms {
 		t := m.t
-		if t.name != m.name && len(t.ends) > 0 {
+		if t.buf != nil && t.buf.name != m.name {
 			// Another command on the same key: what is held goes first.
 			out = append(out, co.take(t))
 		}
-		t.name = m.name
 		args := m.args
-		for len(t.ends) == 0 && full(args) {
+		for t.buf == nil && full(args) {
 			// A full command of this batch alone, as a Set's batches
 			// give: sent as it is, with nothing to copy.
 			out = append(out, mergedCmd{t, m.name, args[:index.MaxArgs:index.MaxArgs]})
 			args = args[index.MaxArgs:]
 		}
 		for _, e := range args {
-			if t.data.Len()+len(e) > maxMergeBytes && len(t.ends) > 0 {
+			if t.buf != nil && t.buf.data.Len()+len(e) > maxMergeBytes {
 				out = append(out, co.take(t))
 			}
-			t.data.WriteString(e)
-			t.ends = append(t.ends, int32(t.data.Len()))
+			if t.buf == nil {
+				t.buf = &mergeBuf{name: m.name}
+			}
+			b := t.buf
+			b.data.WriteString(e)
+			b.ends = append(b.ends, int32(b.data.Len()))
 			co.total++
-			if len(t.ends) == index.MaxArgs {
+			if len(b.ends) == index.MaxArgs {
 				out = append(out, co.take(t))
 			}
 		}
-		if len(t.ends) > 0 && !t.held {
+		if t.buf != nil && !t.held {
 			t.held = true
 			co.held = append(co.held, t)
 		}
@@ -106,22 +125,23 @@ func full(args []string) bool {
 // the 2 GiB its offsets can count: an entry may be up to 512 MB.
 const maxMergeBytes = 64 << 20
 
-// take returns t's entries as a command, and empties its buffer. The
-// command's arguments are slices of the buffer's string, which is not
-// copied.
+// take returns t's entries as a command, and drops its buffer; t must
+// hold entries. The command's arguments are slices of the buffer's string,
+// which is not copied.
 func (co *coalescer) take(t *target) mergedCmd {
-	all := t.data.String()
-	args := make([]string, len(t.ends))
+	b := t.buf
+	all := b.data.String()
+	args := make([]string, len(b.ends))
 	start := int32(0)
-	for i, end := range t.ends {
+	for i, end := range b.ends {
 		args[i] = all[start:end]
 		start = end
 	}
-	co.total -= len(t.ends)
+	co.total -= len(b.ends)
 	// Not kept for reuse: memory then follows the entries held, not the
 	// number of keys ever written.
-	t.data, t.ends = strings.Builder{}, nil
-	return mergedCmd{t, t.name, args}
+	t.buf = nil
+	return mergedCmd{t, b.name, args}
 }
 
 // spill returns the largest buffers as commands until at most keep entries
@@ -129,13 +149,13 @@ func (co *coalescer) take(t *target) mergedCmd {
 func (co *coalescer) spill(keep int) []mergedCmd {
 	held := co.held[:0]
 	for _, t := range co.held {
-		if len(t.ends) > 0 {
+		if t.buf != nil {
 			held = append(held, t)
 		} else {
 			t.held = false
 		}
 	}
-	slices.SortStableFunc(held, func(a, b *target) int { return len(b.ends) - len(a.ends) })
+	slices.SortStableFunc(held, func(a, b *target) int { return pending(b) - pending(a) })
 	var out []mergedCmd
 	for len(held) > 0 && co.total > keep {
 		out = append(out, co.take(held[0]))

@@ -57,8 +57,8 @@ func TestCoalescerFillsCommandsAcrossBatches(t *testing.T) {
 	if !slices.Equal(byKey["a"], wantA) {
 		t.Errorf("a's entries: got %d, want the %d added, in order", len(byKey["a"]), len(wantA))
 	}
-	if co.total != 0 || len(co.held) != 0 || len(a.ends)+len(b.ends) != 0 {
-		t.Errorf("after drain: total %d, %d held, buffers %d and %d; want all empty", co.total, len(co.held), len(a.ends), len(b.ends))
+	if co.total != 0 || len(co.held) != 0 || a.buf != nil || b.buf != nil {
+		t.Errorf("after drain: total %d, %d held, buffers %d and %d entries; want all empty and dropped", co.total, len(co.held), pending(a), pending(b))
 	}
 }
 

@@ -62,19 +62,12 @@ func (x *execution[T]) genPrefixes() []string {
 func (x *execution[T]) genTarget(key string) *target {
 	for i, o := range x.r.owners {
 		p := x.gen.prefixes[i]
-		var live string
 		switch {
 		case o.family && strings.HasPrefix(key, p):
-			live = o.key + ":" + key[len(p):]
+			return x.targets.buckets[i].find(key[len(p):])
 		case !o.family && key == p:
-			live = o.key
-		default:
-			continue
+			return x.targets.byKey[o.key]
 		}
-		x.targets.mu.Lock()
-		t := x.targets.byKey[live]
-		x.targets.mu.Unlock()
-		return t
 	}
 	return nil
 }

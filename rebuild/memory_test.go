@@ -248,3 +248,54 @@ func TestMemoryItemsInFlightBounded(t *testing.T) {
 		redistest.WantClean(t, d.Other, d.Prefix)
 	})
 }
+
+// TestMemoryPerBucket (Guarantee 8; Options.Publish: in Generations mode
+// "MaxKeys does not bind", so a family may have a million buckets): what a
+// run keeps per bucket of a family until its publish is measured as the
+// difference between two Generations runs of the same 200,000 items
+// through the same SetIndex, one spread over 200,000 buckets, one in a
+// single bucket. Both hold the same items and commands in flight, and
+// MaxMerged is small in both, so that the difference is the per-bucket
+// state: its target, the bucket's names (live and generation) and its entry
+// in the family's index. It must stay within 320 bytes per bucket
+// (measured 244-249, with and without -race); a run that kept a merge
+// buffer or a second map entry per bucket until the publish exceeds it
+// (measured 382 when targets still did).
+func TestMemoryPerBucket(t *testing.T) {
+	srv := redistest.OwnServer(t)
+	c := srv.Client(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
+	defer cancel()
+	const items = 200_000
+	run := func(prefix string, buckets int) memPeak {
+		t.Helper()
+		r := redistest.Rebuilder(t, c, rebuild.Options{Publish: rebuild.Generations, Grace: time.Millisecond, MaxMerged: 10_000},
+			builders.SetIndex(prefix, func(i int) (string, string, bool) { return strconv.Itoa(i % buckets), strconv.Itoa(i), true }))
+		var stats rebuild.Stats
+		var err error
+		p := memMeasure(t, func() { stats, err = r.Run(ctx, memSource(items)) })
+		if err != nil {
+			t.Fatalf("run over %d buckets: %v", buckets, err)
+		}
+		if stats.Entries[prefix] != items {
+			t.Fatalf("run over %d buckets: %d entries, want %d", buckets, stats.Entries[prefix], items)
+		}
+		if err := c.Do(ctx, c.B().Flushall().Build()).Error(); err != nil {
+			t.Fatalf("FLUSHALL: %v", err)
+		}
+		return p
+	}
+	run("w", 100) // warm up: connections, pipelines, scripts, buffers
+	one := run("o", 1)
+	many := run("m", items)
+	const mib = 1 << 20
+	per := (float64(many.live) - float64(one.live)) / items
+	t.Logf("peak live heap: one bucket %.1f MiB (%d measurements), %d buckets %.1f MiB (%d): %.0f bytes per bucket",
+		float64(one.live)/mib, one.samples, items, float64(many.live)/mib, many.samples, per)
+	if many.samples < 10 {
+		t.Fatalf("the run over %d buckets had %d measurements, want at least 10 for a meaningful peak", items, many.samples)
+	}
+	if per > 320 {
+		t.Errorf("a run keeps %.0f bytes per bucket of a family until its publish, want at most 320", per)
+	}
+}

@@ -3,7 +3,6 @@ package rebuild
 import (
 	"fmt"
 	"maps"
-	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -18,12 +17,10 @@ type target struct {
 	builder int
 	bucket  string // a family's bucket: Live after the prefix and colon
 
-	// The coalescer's buffer of merged entries for this key: entries of
-	// command name, end to end in data, entry i ending at ends[i]. Only the
-	// sender touches them.
-	data strings.Builder
-	ends []int32
-	name string
+	// buf holds the key's merged entries while they wait in the coalescer,
+	// nil when none wait: a family of a million buckets then keeps no
+	// buffer per bucket between commands. Only the sender touches it.
+	buf  *mergeBuf
 	held bool // in the coalescer's list of targets with entries
 
 	// In Generations mode, what the writes did to the key (see
@@ -65,8 +62,11 @@ type targets struct {
 	// for Commands.MergeBucket: found without building the key.
 	buckets []bucketIndex
 
-	mu      sync.Mutex
-	byKey   map[string]*target
+	// byKey maps the keys of plain builders to their targets: written by
+	// newTargets only (see find).
+	byKey map[string]*target
+
+	mu      sync.Mutex // creations of targets; ordered; refused
 	ordered []*target
 	refused map[string]bool // reserved keys a builder asked for, logged once each
 	log     func(live string)
@@ -90,13 +90,10 @@ func newTargets(owners []owner, cluster bool, newTemp func(string) string) *targ
 }
 
 // get returns the target for live, creating it on first use, after checking
-// that builder b owns live. A key seen before is found with one map lookup:
-// a family of many buckets asks for each of them in every batch.
+// that builder b owns live. A key seen before is found without a lock: a
+// family of many buckets asks for each of them in every batch.
 func (ts *targets) get(b int, live string) (*target, error) {
-	ts.mu.Lock()
-	t := ts.byKey[live]
-	ts.mu.Unlock()
-	if t != nil && t.builder == b {
+	if t := ts.find(b, live); t != nil {
 		return t, nil
 	}
 	if err := ts.owners[b].owns(live, ts.cluster, ts.slot); err != nil {
@@ -104,34 +101,61 @@ func (ts *targets) get(b int, live string) (*target, error) {
 	}
 	ts.mu.Lock()
 	defer ts.mu.Unlock()
-	t = ts.byKey[live]
-	if t == nil {
-		if ts.max > 0 && len(ts.ordered) >= ts.max {
-			return nil, tooManyKeys(ts.max, "the run writes more keys than that")
-		}
-		t = &target{Temp: protocol.Temp{Live: live, Key: ts.newTemp(live)}, builder: b}
-		if o := ts.owners[b]; o.family {
-			t.bucket = live[len(o.key)+1:]
-		}
-		ts.byKey[live] = t
-		ts.ordered = append(ts.ordered, t)
+	// Again, under the lock that creations take: another goroutine may have
+	// created it since.
+	if t := ts.find(b, live); t != nil {
+		return t, nil
 	}
+	if ts.max > 0 && len(ts.ordered) >= ts.max {
+		return nil, tooManyKeys(ts.max, "the run writes more keys than that")
+	}
+	t := &target{Temp: protocol.Temp{Live: live, Key: ts.newTemp(live)}, builder: b}
+	if o := ts.owners[b]; o.family {
+		t.bucket = live[len(o.key)+1:]
+		ts.buckets[b].add(t)
+	} else {
+		ts.byKey[live] = t
+	}
+	ts.ordered = append(ts.ordered, t)
 	return t, nil
+}
+
+// find returns builder b's target for live, or nil if it has none yet. A
+// family's buckets are found in its bucketIndex only, and the keys of
+// plain builders in byKey, which is written only by newTargets (a plain
+// builder owns one key, registered up front) and so is read without a
+// lock: one map entry per bucket, not two, for a family of a million.
+func (ts *targets) find(b int, live string) *target {
+	if o := ts.owners[b]; o.family {
+		if !isBucket(live, o.key) {
+			return nil
+		}
+		return ts.buckets[b].find(live[len(o.key)+1:])
+	}
+	// Another plain builder's key is not b's: get then refuses it.
+	if t := ts.byKey[live]; t != nil && t.builder == b {
+		return t
+	}
+	return nil
+}
+
+// lookup returns the target of live, whichever builder's it is, or nil.
+func (ts *targets) lookup(live string) *target {
+	for b := range ts.owners {
+		if t := ts.find(b, live); t != nil {
+			return t
+		}
+	}
+	return nil
 }
 
 // bucket returns the target of family builder b's bucket, the key
 // "<prefix>:<bucket>", as get does.
 func (ts *targets) bucket(b int, bucket string) (*target, error) {
-	ix := &ts.buckets[b]
-	if t := ix.find(bucket); t != nil {
+	if t := ts.buckets[b].find(bucket); t != nil {
 		return t, nil
 	}
-	t, err := ts.get(b, ts.owners[b].key+":"+bucket)
-	if err != nil {
-		return nil, err
-	}
-	ix.add(t)
-	return t, nil
+	return ts.get(b, ts.owners[b].key+":"+bucket)
 }
 
 // bucketIndex maps a family's bucket names to their targets. Every item of
@@ -272,8 +296,4 @@ func (ts *targets) temps() []*protocol.Temp {
 }
 
 // has reports whether live is a target of the run.
-func (ts *targets) has(live string) bool {
-	ts.mu.Lock()
-	defer ts.mu.Unlock()
-	return ts.byKey[live] != nil
-}
+func (ts *targets) has(live string) bool { return ts.lookup(live) != nil }
