@@ -14,16 +14,15 @@ import (
 	"github.com/redis/rueidis"
 )
 
-// maxBlocking bounds how long any one command of the sweep may block
-// Redis, on a loaded 2-core machine: the sweep's point is that removing a
-// generation of any size never stalls readers.
-const maxBlocking = 50 * time.Millisecond
-
 // TestSweepBlocksRedisBriefly sweeps a retired generation of 200,000 small
 // keys and one set of 500,000 members on a server of the test's own that
-// logs every command in its SLOWLOG, and checks the server-side duration of
-// each command the sweep sent: none took maxBlocking or more, and none
-// deleted more than MaxUnlink keys. It logs the longest.
+// logs every command in its SLOWLOG, and checks the shape of each command
+// the sweep sent, which is what bounds how long it blocks Redis: every
+// SCAN asks for at most DefaultScanCount keys, no script call deletes more
+// than MaxUnlink keys, and no key is deleted with DEL (UNLINK frees a large
+// value, such as the 500,000-member set, in the background). It logs the
+// longest server-side durations; how long they are on a given machine is
+// measured by the bench's generations section, not asserted here.
 func TestSweepBlocksRedisBriefly(t *testing.T) {
 	t.Parallel()
 	srv := redistest.OwnServer(t, "--slowlog-log-slower-than", "0", "--slowlog-max-len", "100000")
@@ -104,14 +103,24 @@ func TestSweepBlocksRedisBriefly(t *testing.T) {
 		if d := time.Duration(us) * time.Microsecond; d > longest {
 			longest, longestCmd = d, name
 		}
-		if d := time.Duration(us) * time.Microsecond; d >= maxBlocking {
-			t.Errorf("%s took %v on the server, want less than %v", name, d, maxBlocking)
+		if name == "DEL" {
+			t.Errorf("the sweep sent DEL %v: a large value would be freed while Redis waits; want UNLINK", args[1:])
+		}
+		if name == "SCAN" {
+			if i := slices.IndexFunc(args, func(a string) bool { return strings.EqualFold(a, "COUNT") }); i < 0 || i+1 >= len(args) {
+				t.Errorf("SCAN %v without COUNT: want at most %d keys per call", args[1:], gens.DefaultScanCount)
+			} else if n, err := strconv.Atoi(args[i+1]); err != nil || n > gens.DefaultScanCount {
+				t.Errorf("SCAN %v: COUNT %s, want at most %d", args[1:], args[i+1], gens.DefaultScanCount)
+			}
 		}
 		if (name == "EVALSHA" || name == "EVAL") && len(args) > 2 {
 			if n, _ := strconv.Atoi(args[2]); n-3 > gens.MaxUnlink {
 				t.Errorf("a script call deleted up to %d keys, want at most %d", n-3, gens.MaxUnlink)
 			}
 		}
+	}
+	if counts["SCAN"] == 0 || counts["EVALSHA"]+counts["EVAL"] == 0 {
+		t.Errorf("the sweep's commands %v: want SCANs and script calls, each checked above", counts)
 	}
 	if len(entries) >= 100_000 {
 		t.Errorf("SLOWLOG is full (%d entries): some commands of the sweep were not checked", len(entries))
@@ -123,7 +132,7 @@ func TestSweepBlocksRedisBriefly(t *testing.T) {
 		}
 		return scans[(len(scans)-1)*p/100]
 	}
-	t.Logf("swept %d keys in %v with %v; the longest command took %v on the server (%s); bound %v; longest of each: %v; SCAN COUNT %d: median %v, p99 %v, max %v",
-		res.Keys, elapsed.Round(time.Millisecond), counts, longest, longestCmd, maxBlocking, longestOf,
+	t.Logf("swept %d keys in %v with %v; the longest command took %v on the server (%s); longest of each: %v; SCAN COUNT %d: median %v, p99 %v, max %v",
+		res.Keys, elapsed.Round(time.Millisecond), counts, longest, longestCmd, longestOf,
 		gens.DefaultScanCount, pct(50), pct(99), pct(100))
 }
