@@ -49,7 +49,7 @@ type Target struct {
 	HasTTL bool
 }
 
-// PublishOptions configures [Redis.Publish].
+// PublishOptions configures [Publisher.Publish].
 type PublishOptions struct {
 	// Op names the operation in errors ("publish", "swap").
 	Op string
@@ -88,7 +88,7 @@ type PublishOptions struct {
 	// publish script itself fails. It must be a whole number of seconds.
 	PreserveFor time.Duration
 	// Settle, with Locks, finds out whether a publish whose reply was lost
-	// ran (see [Redis.Publish]). Finding out releases the locks.
+	// ran (see [Publisher.Publish]). Finding out releases the locks.
 	Settle bool
 	// Now is the time recorded in the metas.
 	Now time.Time
@@ -149,13 +149,13 @@ type Published struct {
 //     temp keys are kept for PreserveFor, and the error is returned
 //     wrapped. When its reply was lost (a dropped connection, a timeout, a
 //     cancelled or closed client) and Settle is set, Publish finds out from
-//     the receipt whether it ran (see [Redis.settle]): if it did, it
+//     the receipt whether it ran (see [Publisher.settle]): if it did, it
 //     returns success with no generations.
 //
 // On a cluster every key must share one hash slot, or Publish returns an
 // error before sending anything. Publish is never retried: a retried RENAME
 // would find its own temp key gone and report a loss that did not happen.
-func (r *Redis) Publish(ctx context.Context, opts PublishOptions) (Published, error) {
+func (r Publisher) Publish(ctx context.Context, opts PublishOptions) (Published, error) {
 	p, err := r.plan(opts)
 	if err != nil {
 		return Published{}, err
@@ -192,7 +192,7 @@ type publishPlan struct {
 }
 
 // plan validates opts and lays out the publish script's keys and args.
-func (r *Redis) plan(opts PublishOptions) (publishPlan, error) {
+func (r Publisher) plan(opts PublishOptions) (publishPlan, error) {
 	op, key := opts.Op, opts.Key
 	if _, err := Seconds(op, key, "PreserveFor", opts.PreserveFor); err != nil {
 		return publishPlan{}, err
@@ -328,7 +328,7 @@ func (r refusal) Unwrap() error { return r.err }
 // PublishRefused reports whether err is the error of a publish whose
 // script ran and refused it before any write, so that the caller may
 // delete the temp keys at once: not a script that failed, nor one whose
-// reply was lost or not understood, whose temp keys [Redis.Publish] keeps
+// reply was lost or not understood, whose temp keys [Publisher.Publish] keeps
 // for PreserveFor.
 func PublishRefused(err error) bool {
 	var r refusal
@@ -336,7 +336,7 @@ func PublishRefused(err error) bool {
 }
 
 // published reads the publish script's reply.
-func (r *Redis) published(ctx context.Context, opts PublishOptions, res reply) (Published, error) {
+func (r Publisher) published(ctx context.Context, opts PublishOptions, res reply) (Published, error) {
 	op, key := opts.Op, opts.Key
 	fail := func(err error) (Published, error) { return Published{}, &Error{Op: op, Key: key, Err: err} }
 	refuse := func(err error) (Published, error) { return fail(refusal{err}) }
@@ -442,14 +442,14 @@ const receiptTTL = 30 * time.Second
 // it. When Redis cannot be reached to settle it (the client is closed, the
 // server is gone), the error matches both [ErrOutcomeUnknown] and perr.
 // settle runs on a [CleanupContext].
-func (r *Redis) settle(ctx context.Context, perr error, locks []*Lock) (published bool, err error) {
+func (r Publisher) settle(ctx context.Context, perr error, locks []*Lock) (published bool, err error) {
 	ctx, cancel := CleanupContext(ctx)
 	defer cancel()
 	// One script releases the locks and reads the receipt: from then on no
 	// publish fenced on them can happen, and the receipt says whether one
 	// did. (Another rebuild's lock found instead of ours: ours expired, and
 	// its publish, if any, is over too.)
-	receipt, err := r.release(ctx, locks, true)
+	receipt, err := r.locks.release(ctx, locks, true)
 	if err != nil && !errors.Is(err, ErrLockLost) {
 		return false, &Error{Op: "publish", Key: locks[0].Live, Err: fmt.Errorf("%w: releasing the locks: %w; publish failed: %w", ErrOutcomeUnknown, err, perr)}
 	}
@@ -462,7 +462,7 @@ func (r *Redis) settle(ctx context.Context, perr error, locks []*Lock) (publishe
 
 // preserve bounds the populated temp keys of a failed publish (Familia's
 // preserve_temp_key), best effort.
-func (r *Redis) preserve(ctx context.Context, opts PublishOptions) {
+func (r Publisher) preserve(ctx context.Context, opts PublishOptions) {
 	ctx, cancel := CleanupContext(ctx)
 	defer cancel()
 	secs := int64(opts.PreserveFor / time.Second)
