@@ -191,53 +191,72 @@ func (r Generations) Flip(ctx context.Context, opts FlipOptions) (Flipped, error
 // flipped reads the flip script's reply.
 func (r Generations) flipped(opts FlipOptions, res reply) (Flipped, error) {
 	op, key := opts.Op, opts.Key
-	refuse := func(err error) (Flipped, error) { return Flipped{}, &Error{Op: op, Key: key, Err: refusal{err}} }
+	unexpected := func() (Flipped, error) {
+		return Flipped{}, &Error{Op: op, Key: key, Err: fmt.Errorf("unexpected flip script reply %v", res)}
+	}
 	code, err := res.code()
 	if err != nil {
 		return Flipped{}, &Error{Op: op, Key: key, Err: fmt.Errorf("unexpected flip script reply: %w", err)}
 	}
-	i, _ := res.int(1)
-	switch {
-	case code == codeOK:
-	case code == codeLockLost && i >= 1 && int(i) <= len(opts.Locks):
+	if i, _ := res.int(1); code == codeLockLost && names(i, len(opts.Locks)) {
 		l := opts.Locks[i-1]
 		r.log.Warn("keyswap: rebuild lock lost before the flip; nothing published", "key", l.Live, "lock_key", l.Key)
 		return Flipped{}, &Error{Op: op, Key: l.Live, Err: ErrLockLost}
-	case code == codeWritesLost:
-		return refuse(writesLost(i, opts.Batches))
-	case (code == codeNoRecord || code == codeTampered) && i >= 1 && int(i) <= len(opts.Locks):
-		return refuse(recordError(code, keys.RecordKey(opts.Locks[i-1].Key)))
-	case code == codeAborted:
-		return refuse(fmt.Errorf("%w: the operator's cancel came before the flip; every index left at its generation", ErrAborted))
-	case (code == codeLogLost || code == codeUncounted) && i >= 1 && int(i) <= len(opts.Logs):
-		return refuse(logFailure(opts.Logs[i-1], res))
-	case code == codeBehind && i >= 1 && int(i) <= len(opts.Logs):
-		n, _ := res.int(2)
-		return refuse(&BehindError{Log: opts.Logs[i-1].Key, Tail: n})
-	case code == codeGenLost && i >= 1 && int(i) <= len(opts.Lives):
-		l := opts.Lives[i-1]
-		return refuse(fmt.Errorf("%w: %s no longer marks generation %d as this run's (overwritten, or lost in a failover); every index left at its generation", ErrGenerationLost, keys.RegistryKey(l, r.cluster), opts.Gens[i-1]))
-	case code == codeNotMeta && i >= 1 && int(i) <= len(opts.Lives):
-		return refuse(fmt.Errorf("%w: %s is not a hash of keyswap's; every index left at its generation", ErrTampered, keys.MetaKey(opts.Lives[i-1], r.cluster)))
-	default:
-		return Flipped{}, &Error{Op: op, Key: key, Err: fmt.Errorf("unexpected flip script reply %v", res)}
+	}
+	if code != codeOK {
+		if err := flipRefusals.decode(flipCall{opts, r.cluster}, code, res); err != nil {
+			return Flipped{}, &Error{Op: op, Key: key, Err: refusal{err}}
+		}
+		return unexpected()
 	}
 	n := len(opts.Lives)
 	all, err := res.ints(1)
 	if err != nil || len(all) < n {
-		return Flipped{}, &Error{Op: op, Key: key, Err: fmt.Errorf("unexpected flip script reply %v", res)}
+		return unexpected()
 	}
 	out := Flipped{Metas: all[:n]}
 	rest := all[n:]
 	for range n {
 		if len(rest) == 0 || rest[0] < 0 || int(rest[0]) > len(rest)-1 {
-			return Flipped{}, &Error{Op: op, Key: key, Err: fmt.Errorf("unexpected flip script reply %v", res)}
+			return unexpected()
 		}
 		out.Retired = append(out.Retired, rest[1:1+rest[0]])
 		rest = rest[1+rest[0]:]
 	}
 	return out, nil
 }
+
+// flipCall is what a refusal of flip.lua is decoded against: the flip's
+// options, and the key shapes that name its indexes' keys.
+type flipCall struct {
+	FlipOptions
+	cluster bool
+}
+
+// flipRefusals decodes the codes flip.lua refuses a flip with, before any
+// write: all but LOCK_LOST. Those it shares with publish.lua (see
+// withFence) are said of indexes left at their generation.
+var flipRefusals = newFlipRefusals()
+
+// newFlipRefusals returns flipRefusals.
+func newFlipRefusals() refusals[flipCall] {
+	return withFence(refusals[flipCall]{
+		codeBehind: {flipLogs, func(f flipCall, res reply, i int64) error {
+			n, _ := res.int(2)
+			return &BehindError{Log: f.Logs[i-1].Key, Tail: n}
+		}},
+		codeGenLost: {flipLives, func(f flipCall, _ reply, i int64) error {
+			return fmt.Errorf("%w: %s no longer marks generation %d as this run's (overwritten, or lost in a failover); every index left at its generation", ErrGenerationLost, keys.RegistryKey(f.Lives[i-1], f.cluster), f.Gens[i-1])
+		}},
+		codeNotMeta: {flipLives, func(f flipCall, _ reply, i int64) error {
+			return fmt.Errorf("%w: %s is not a hash of keyswap's; every index left at its generation", ErrTampered, keys.MetaKey(f.Lives[i-1], f.cluster))
+		}},
+	}, func(f flipCall) fence { return fence{f.Locks, f.Batches, f.Logs} }, "flip; every index left at its generation")
+}
+
+// What the index of a refusal of flip.lua names.
+func flipLogs(f flipCall) int  { return len(f.Logs) }
+func flipLives(f flipCall) int { return len(f.Lives) }
 
 // GenRollback flips every index of opts back to its previous generation
 // (genback.lua), fenced by the indexes' locks, which it takes first: while
