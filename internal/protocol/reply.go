@@ -72,8 +72,8 @@ func (r reply) refusal() error {
 
 // refusals decodes the codes a script refuses a call with: for each code,
 // how many things of the call (of its options O) the reply's index, its
-// second element, may name, and the error. A table is read once per
-// reply; each script keeps its own, next to the call that sends it.
+// second element, may name, and the error. Each script keeps its table
+// next to the call that sends it, built once and only read after.
 type refusals[O any] map[int64]refused[O]
 
 // refused decodes one refusing code.
