@@ -1,13 +1,14 @@
 -- lib/fence.lua: the checks that fence a run's publish, shared by
 -- publish.lua and flip.lua, which run them before any write. fence.run
 -- comes first in both (after publish.lua's check of the rights), and runs
--- its checks in this order: the locks hold the run's token, every record carries it, the first record holds every
--- batch the run wrote, the operator did not cancel the run. fence.counted
--- (a log of changes holds what its record counted) and fence.meta (a meta
--- is keyswap's) are run by each script where its own order puts them:
--- publish.lua checks its metas, then its temp keys, then its logs;
--- flip.lua its logs, then each index's registry and meta. Each check
--- returns the refusal, or nil (fence.meta a boolean).
+-- its checks in this order: the locks hold the run's token, every record
+-- carries it, the first record holds every batch the run wrote, the
+-- operator did not cancel the run. fence.counted (a log of changes holds
+-- what its record counted) and fence.meta (a meta is keyswap's) are run
+-- by each script where its own order puts them: publish.lua checks its
+-- metas, then its temp keys, then its logs; flip.lua its logs, then each
+-- index's registry and meta. Each check returns the refusal, or nil
+-- (fence.meta a boolean).
 local fence = {}
 
 -- run checks the L locks KEYS[locks + 1..L] against token, then the R
