@@ -337,7 +337,7 @@ func (r *runner) renew(ctx context.Context, rr *ksrun.Redis, args []string, ttl 
 	out := renewal{Keys: len(temps)}
 	for chunk := range slices.Chunk(temps, ksrun.RefreshChunk) {
 		t, err := timed(func() error {
-			states, err := rr.Refresh(ctx, lock, chunk, 2*ttl, nil)
+			states, err := rr.Lease.Refresh(ctx, lock, chunk, 2*ttl, nil)
 			if err != nil {
 				return err
 			}
@@ -356,7 +356,7 @@ func (r *runner) renew(ctx context.Context, rr *ksrun.Redis, args []string, ttl 
 		out.RefreshLongest = max(out.RefreshLongest, t)
 	}
 	if out.Heartbeat, err = timed(func() error {
-		_, err := rr.Beat(ctx, ksrun.Heartbeat{Locks: []*ksrun.Lock{lock}})
+		_, err := rr.Lease.Beat(ctx, ksrun.Heartbeat{Locks: []*ksrun.Lock{lock}})
 		return err
 	}); err != nil {
 		return renewal{}, nil, err

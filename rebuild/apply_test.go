@@ -576,7 +576,7 @@ func TestApplyClusterBucketsShareTheSlot(t *testing.T) {
 	// of its own stays in the slot, and Apply writes it with the rest of
 	// the change. (A write to another slot cannot be asked for: Writes
 	// refuses a key the builder does not own, and every key a builder owns
-	// is in the Rebuilder's slot; protocol.Redis.Apply checks the slots anyway,
+	// is in the Rebuilder's slot; protocol.Changes.Apply checks the slots anyway,
 	// see TestApply in internal/protocol.)
 	ctx := redistest.Ctx(t)
 	c := env.Cluster.Client(t)

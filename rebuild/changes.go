@@ -110,12 +110,12 @@ func (r *Rebuilder[T]) Apply(ctx context.Context, changes ...index.Change[T]) er
 	var applied protocol.Applied
 	var err error
 	if gen {
-		applied, err = r.redis.GenApply(ctx, protocol.GenApplyOptions{
+		applied, err = r.redis.Changes.GenApply(ctx, protocol.GenApplyOptions{
 			Op: "apply", Key: r.key, Locks: r.lockKeys, Lives: r.lives, Families: r.families(), Ops: w.ops,
 			MaxLog: r.opts.MaxChanges,
 		})
 	} else {
-		applied, err = r.redis.Apply(ctx, protocol.ApplyOptions{
+		applied, err = r.redis.Changes.Apply(ctx, protocol.ApplyOptions{
 			Op: "apply", Key: r.key, Locks: r.lockKeys, Lives: r.lives, Ops: w.ops, MaxLog: r.opts.MaxChanges,
 		})
 	}

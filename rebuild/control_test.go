@@ -74,11 +74,11 @@ func TestControlRate(t *testing.T) {
 			t.Errorf("after 3 heartbeats: rate %q, limit %q; want a rate and limit 0 (no limit)", rec["rate"], rec["limit"])
 		}
 		rr := protocol.New(d.Other, nil)
-		info, err := rr.FindRun(t.Context(), key)
+		info, err := rr.Operator.FindRun(t.Context(), key)
 		if err != nil {
 			t.Fatalf("FindRun: %v", err)
 		}
-		if err := rr.Control(t.Context(), info, "max_rate", "250"); err != nil {
+		if err := rr.Operator.Control(t.Context(), info, "max_rate", "250"); err != nil {
 			t.Fatalf("Control: %v", err)
 		}
 		rec = beats(2)
@@ -138,11 +138,11 @@ func TestStatusRateNow(t *testing.T) {
 		}
 
 		rr := protocol.New(d.Other, nil)
-		info, err := rr.FindRun(t.Context(), key)
+		info, err := rr.Operator.FindRun(t.Context(), key)
 		if err != nil {
 			t.Fatalf("FindRun: %v", err)
 		}
-		if err := rr.Control(t.Context(), info, protocol.CtlMaxRate, "50"); err != nil {
+		if err := rr.Operator.Control(t.Context(), info, protocol.CtlMaxRate, "50"); err != nil {
 			t.Fatalf("Control: %v", err)
 		}
 		// The average cannot fall to 50 items/s: the run pulled 3000 items
@@ -152,7 +152,7 @@ func TestStatusRateNow(t *testing.T) {
 			t.Errorf("throttled to 50/s: rate %v, rate_now %v; want the current rate positive and the average well above it", rate, now)
 		}
 
-		if err := rr.Control(t.Context(), info, protocol.CtlPaused, "1"); err != nil {
+		if err := rr.Operator.Control(t.Context(), info, protocol.CtlPaused, "1"); err != nil {
 			t.Fatalf("Control: %v", err)
 		}
 		// The heartbeat after the one that read the pause has no ETA, while
@@ -173,7 +173,7 @@ func TestStatusRateNow(t *testing.T) {
 		if rec["rate_now"] != "0.0" || num("rate") <= 0 || rec["eta"] != "" {
 			t.Errorf("paused: rate_now %q, rate %q, eta %q; want 0.0, a positive average and no ETA", rec["rate_now"], rec["rate"], rec["eta"])
 		}
-		if err := rr.Control(t.Context(), info, protocol.CtlPaused, ""); err != nil {
+		if err := rr.Operator.Control(t.Context(), info, protocol.CtlPaused, ""); err != nil {
 			t.Fatalf("Control: %v", err)
 		}
 		if err := finish(); err != nil {

@@ -85,7 +85,7 @@ func (x *execution[T]) waitDurable(ctx context.Context, d protocol.Durability) e
 	r := x.r
 	lock := x.locks[0].Key
 	if x.gen == nil || !r.redis.Cluster() {
-		return r.redis.Wait(ctx, "publish", r.key, lock, d)
+		return r.redis.Durable.Wait(ctx, "publish", r.key, lock, d)
 	}
 	ks, _ := x.counterKeys()
 	ats, err := x.oneKeyPerMaster(ctx, lock, ks)
@@ -95,13 +95,13 @@ func (x *execution[T]) waitDurable(ctx context.Context, d protocol.Durability) e
 	secs := 2 * r.ttlSecs
 	errs := make([]error, len(ats)+1)
 	var g sync.WaitGroup
-	g.Go(func() { errs[0] = r.redis.Wait(ctx, "publish", r.key, lock, d) })
+	g.Go(func() { errs[0] = r.redis.Durable.Wait(ctx, "publish", r.key, lock, d) })
 	for i, at := range ats {
 		g.Go(func() {
 			// The counter's own renewal (renewCounters): a write that
 			// Redis propagates while the counter exists. A counter gone
 			// fails the check of the counters after the wait.
-			errs[i+1] = r.redis.WaitAt(ctx, "publish", r.key, at, func(b rueidis.Builder) rueidis.Completed {
+			errs[i+1] = r.redis.Durable.WaitAt(ctx, "publish", r.key, at, func(b rueidis.Builder) rueidis.Completed {
 				return b.Expire().Key(at).Seconds(secs).Build()
 			}, d)
 		})

@@ -106,7 +106,7 @@ func (x *execution[T]) liveKey(live string) string {
 // them.
 func (x *execution[T]) allocate(ctx context.Context) error {
 	r := x.r
-	gens, current, err := r.redis.AllocateGenerations(ctx, "acquire", r.key, x.locks, r.lives)
+	gens, current, err := r.redis.Generations.AllocateGenerations(ctx, "acquire", r.key, x.locks, r.lives)
 	if err != nil {
 		return err
 	}
@@ -134,7 +134,7 @@ func (x *execution[T]) flip(ctx context.Context) (bool, error) {
 		return false, err
 	}
 	sent := time.Now()
-	f, err := r.redis.Flip(ctx, protocol.FlipOptions{
+	f, err := r.redis.Generations.Flip(ctx, protocol.FlipOptions{
 		Op: "publish", Key: r.key, Locks: x.locks, Lives: r.lives, Gens: x.gen.gens,
 		CountBatches: !cluster, Batches: x.acked.Load(), KeepPrevious: r.opts.KeepPrevious > 0,
 		Logs: x.catchUp.logOffsets(), Now: time.Now(),

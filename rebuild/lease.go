@@ -192,7 +192,7 @@ func (l *lease) claim(now time.Time, alone bool) (protocol.Heartbeat, bool) {
 
 // command returns h as a command for a batch's DoMulti.
 func (l *lease) command(h protocol.Heartbeat) (rueidis.Completed, error) {
-	return l.redis.BeatCommand(h)
+	return l.redis.Lease.BeatCommand(h)
 }
 
 // settle records the reply of heartbeat h, claimed and sent at sent. reply
@@ -201,9 +201,9 @@ func (l *lease) settle(ctx context.Context, sent time.Time, h protocol.Heartbeat
 	var c protocol.Control
 	var err error
 	if reply != nil {
-		c, err = l.redis.BeatReply(ctx, h, *reply)
+		c, err = l.redis.Lease.BeatReply(ctx, h, *reply)
 	} else {
-		c, err = l.redis.Beat(ctx, h)
+		c, err = l.redis.Lease.Beat(ctx, h)
 	}
 	l.mu.Lock()
 	if reply != nil {
@@ -253,7 +253,7 @@ func (l *lease) refresh(ctx context.Context) {
 	ttl := l.tempTTL(len(snap.Temps))
 	started := time.Now()
 	l.progressed(started)
-	states, err := l.redis.Refresh(ctx, l.locks[0], snap.Keys(), ttl, func() { l.progressed(time.Now()) })
+	states, err := l.redis.Lease.Refresh(ctx, l.locks[0], snap.Keys(), ttl, func() { l.progressed(time.Now()) })
 	took := time.Since(started)
 	switch {
 	case errors.Is(err, ErrLockLost):

@@ -56,7 +56,7 @@ func (x *execution[T]) publish(ctx context.Context, live []map[string]bool) (boo
 		metas[i] = keys.MetaKey(l, r.redis.Cluster())
 	}
 	sent := time.Now()
-	p, err := r.redis.Publish(ctx, protocol.PublishOptions{
+	p, err := r.redis.Publisher.Publish(ctx, protocol.PublishOptions{
 		Op: "publish", Key: r.key, Locks: x.locks, Records: true, Batches: x.acked.Load(),
 		Targets: targets, Orphans: orphans, Drops: drops, Metas: metas, FamilyTypes: r.familyTypes(),
 		KeepPrevious: r.opts.KeepPrevious, PreserveFor: r.opts.PreserveFor, Settle: true, Now: time.Now(),

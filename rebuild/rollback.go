@@ -43,9 +43,9 @@ func (r *Rebuilder[T]) Rollback(ctx context.Context) (map[string]int64, error) {
 		Op: "rollback", Key: r.key, Lives: r.lives, FamilyTypes: families, TTL: r.opts.TTL, Now: time.Now(),
 		MaxKeys: r.opts.MaxKeys,
 	}
-	rollback := r.redis.Rollback
+	rollback := r.redis.Publisher.Rollback
 	if r.opts.Publish == Generations {
-		rollback = r.redis.GenRollback
+		rollback = r.redis.Generations.GenRollback
 	}
 	gens, err := rollback(ctx, opts)
 	if err != nil {

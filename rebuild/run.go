@@ -47,7 +47,7 @@ func (r *Rebuilder[T]) run(ctx context.Context, src sources.Source[T], held *Hel
 	if src == nil {
 		return stats, &Error{Op: "config", Key: r.key, Err: errNilSource}
 	}
-	if err := r.redis.CheckDurable(ctx, "config", r.key, r.lockKeys[0], r.durability()); err != nil {
+	if err := r.redis.Durable.CheckDurable(ctx, "config", r.key, r.lockKeys[0], r.durability()); err != nil {
 		return stats, err
 	}
 	observer := r.opts.Observer
@@ -65,7 +65,7 @@ func (r *Rebuilder[T]) run(ctx context.Context, src sources.Source[T], held *Hel
 	}()
 	x := newExecution(r, start, &stats)
 	x.held, x.obs = held, obs
-	locks, err := r.redis.Acquire(ctx, protocol.AcquireOptions{
+	locks, err := r.redis.Locks.Acquire(ctx, protocol.AcquireOptions{
 		Op: "acquire", Key: r.key, Lives: r.lives, Families: r.families(), Mode: protocol.ModeRebuild, TTL: r.opts.TTL,
 		Checks: x.checks(), Record: x.recordFields(),
 	})
@@ -77,7 +77,7 @@ func (r *Rebuilder[T]) run(ctx context.Context, src sources.Source[T], held *Hel
 	if r.opts.Publish == Generations {
 		if err := x.allocate(ctx); err != nil {
 			returned = true
-			return stats, r.redis.ReleaseAfter(ctx, locks, err)
+			return stats, r.redis.Locks.ReleaseAfter(ctx, locks, err)
 		}
 	}
 	x.catchUp = newCatchUp(catchUpScope{
@@ -284,7 +284,7 @@ func (x *execution[T]) run(ctx context.Context, src sources.Source[T]) (err erro
 		case !published:
 			r.redis.Discard(ctx, r.key, protocol.TempKeys(x.targets.temps())...)
 		}
-		err = r.redis.ReleaseAfter(ctx, x.locks, err)
+		err = r.redis.Locks.ReleaseAfter(ctx, x.locks, err)
 		x.stats.Items = x.pulled.Load()
 		x.stats.Batches = x.batches.Load()
 		for i, b := range r.builders {

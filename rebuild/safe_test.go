@@ -200,7 +200,7 @@ func TestHeldRunPublishes(t *testing.T) {
 		}
 		// Nothing published yet.
 		redistest.WantHash(t, d.Other, k.hash, hashOf(old))
-		if info, err := protocol.New(d.Other, nil).FindRun(ctx, k.hash); err != nil || info.Record["phase"] != "held" {
+		if info, err := protocol.New(d.Other, nil).Operator.FindRun(ctx, k.hash); err != nil || info.Record["phase"] != "held" {
 			t.Errorf("the run's record: phase %q, %v; want held", info.Record["phase"], err)
 		}
 		wantReview := guards.Review{Builders: []guards.BuilderReview{
@@ -283,11 +283,11 @@ func TestHeldRunDiscards(t *testing.T) {
 					}
 				case "operator":
 					c := protocol.New(d.Other, nil)
-					info, err := c.FindRun(redistest.Ctx(t), k.family)
+					info, err := c.Operator.FindRun(redistest.Ctx(t), k.family)
 					if err != nil {
 						t.Fatal(err)
 					}
-					if err := c.Control(redistest.Ctx(t), info, "action", "discard"); err != nil {
+					if err := c.Operator.Control(redistest.Ctx(t), info, "action", "discard"); err != nil {
 						t.Fatal(err)
 					}
 					if _, err := h.Await(redistest.Ctx(t)); !errors.Is(err, rebuild.ErrDiscarded) {
@@ -316,17 +316,17 @@ func TestHeldRunPublishedByOperator(t *testing.T) {
 			t.Fatal(err)
 		}
 		c := protocol.New(d.Other, nil)
-		info, err := c.FindRun(ctx, k.hash)
+		info, err := c.Operator.FindRun(ctx, k.hash)
 		if err != nil {
 			t.Fatal(err)
 		}
 		// A request fenced by another token is refused.
 		stale := info
 		stale.Token = "0123456789abcdef0123456789abcdef"
-		if err := c.Control(ctx, stale, "action", "publish"); !errors.Is(err, protocol.ErrNoRun) {
+		if err := c.Operator.Control(ctx, stale, "action", "publish"); !errors.Is(err, protocol.ErrNoRun) {
 			t.Errorf("Control with another token: got %v, want ErrNoRun", err)
 		}
-		if err := c.Control(ctx, info, "action", "publish"); err != nil {
+		if err := c.Operator.Control(ctx, info, "action", "publish"); err != nil {
 			t.Fatal(err)
 		}
 		stats, err := h.Await(ctx)

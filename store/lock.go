@@ -36,7 +36,7 @@ func (l *Lock) core() *protocol.Lock {
 //
 // ttl must be a positive whole number of seconds.
 func (s *Store) Acquire(ctx context.Context, live string, ttl time.Duration) (*Lock, error) {
-	rl, err := s.redis.Lock(ctx, "acquire", live, ttl)
+	rl, err := s.redis.Locks.Lock(ctx, "acquire", live, ttl)
 	if err != nil {
 		return nil, err
 	}
@@ -49,7 +49,7 @@ func (s *Store) Acquire(ctx context.Context, live string, ttl time.Duration) (*L
 // error matching [ErrLockLost]. A blind EXPIRE would let a stalled rebuild
 // keep extending a lock that a successor already took over.
 func (s *Store) Extend(ctx context.Context, l *Lock) error {
-	_, err := s.redis.Touch(ctx, "extend", []*protocol.Lock{l.core()}, nil)
+	_, err := s.redis.Lease.Touch(ctx, "extend", []*protocol.Lock{l.core()}, nil)
 	return err
 }
 
@@ -59,5 +59,5 @@ func (s *Store) Extend(ctx context.Context, l *Lock) error {
 // [ErrLockLost]. A lock that is already gone (it expired, or this release
 // ran before and its reply was lost) leaves nothing to release: nil.
 func (s *Store) Release(ctx context.Context, l *Lock) error {
-	return s.redis.Release(ctx, []*protocol.Lock{l.core()})
+	return s.redis.Locks.Release(ctx, []*protocol.Lock{l.core()})
 }

@@ -82,7 +82,7 @@ func (s *Store) WithRebuild(ctx context.Context, live string, opts RebuildOption
 	if err != nil {
 		return err
 	}
-	defer func() { err = s.redis.ReleaseAfter(ctx, []*protocol.Lock{lock.core()}, err) }()
+	defer func() { err = s.redis.Locks.ReleaseAfter(ctx, []*protocol.Lock{lock.core()}, err) }()
 
 	tr := &tracker{temp: &protocol.Temp{Live: live, Key: s.NewTempKey(live)}}
 	touch := func(ctx context.Context) error {

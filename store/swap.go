@@ -94,7 +94,7 @@ func (s *Store) Swap(ctx context.Context, temp, live string, opts SwapOptions) (
 }
 
 // swap is Swap. With settle, a swap whose reply was lost is settled from
-// its receipt, which releases the lock (see protocol.Redis.Publish).
+// its receipt, which releases the lock (see protocol.Publisher.Publish).
 func (s *Store) swap(ctx context.Context, temp, live string, opts SwapOptions, settle bool) (Outcome, error) {
 	const op = "swap"
 	if err := protocol.CheckKey(op, live); err != nil {
@@ -146,7 +146,7 @@ func (s *Store) swap(ctx context.Context, temp, live string, opts SwapOptions, s
 	if !target.Populated {
 		s.redis.Logger().Info("keyswap: no temp key to swap (empty result set)", "key", live, "temp_key", temp)
 	}
-	p, err := s.redis.Publish(ctx, protocol.PublishOptions{
+	p, err := s.redis.Publisher.Publish(ctx, protocol.PublishOptions{
 		Op: op, Key: live, Locks: locks, Targets: []protocol.Target{target},
 		Metas:       []string{keys.MetaKey(live, s.redis.Cluster())},
 		PreserveFor: preserve, Settle: settle, Now: s.now(),

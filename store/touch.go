@@ -37,7 +37,7 @@ func (s *Store) touch(ctx context.Context, l *Lock, temp string) (protocol.TempS
 		}
 		return protocol.TempAbsent, &Error{Op: "touch", Key: live, Err: errors.New("empty temp key")}
 	}
-	states, err := s.redis.Touch(ctx, "touch", []*protocol.Lock{l.core()}, []string{temp})
+	states, err := s.redis.Lease.Touch(ctx, "touch", []*protocol.Lock{l.core()}, []string{temp})
 	if err != nil {
 		return protocol.TempAbsent, err
 	}

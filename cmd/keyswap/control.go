@@ -148,7 +148,7 @@ func (c *cli) control(ctx context.Context, name, usage string, args []string,
 	if err != nil {
 		return err
 	}
-	if err := rr.Control(ctx, info, fields...); err != nil {
+	if err := rr.Operator.Control(ctx, info, fields...); err != nil {
 		if errors.Is(err, krun.ErrTooLate) {
 			return fmt.Errorf("%s %s: %w, nothing recorded: the %s publishes what it built", name, displayKey(key), krun.ErrTooLate, rec.describe())
 		}

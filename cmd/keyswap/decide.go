@@ -148,7 +148,7 @@ func (c *cli) decide(ctx context.Context, decision, usage string, args []string)
 	if err != nil {
 		return err
 	}
-	if err := rr.Control(ctx, info, requestAction, decision); err != nil {
+	if err := rr.Operator.Control(ctx, info, requestAction, decision); err != nil {
 		if errors.Is(err, krun.ErrTooLate) {
 			return fmt.Errorf("%s %s: %w, nothing recorded", decision, displayKey(key), krun.ErrTooLate)
 		}

@@ -175,7 +175,7 @@ func (c *cli) diff(ctx context.Context, args []string) error {
 		return fmt.Errorf("diff %s: %w", displayKey(key), err)
 	}
 	// What was read is the held run's only if it is still held.
-	if after, err := rr.FindRun(ctx, key); err != nil || after.Token != info.Token || after.Record["phase"] != phaseHeld {
+	if after, err := rr.Operator.FindRun(ctx, key); err != nil || after.Token != info.Token || after.Record["phase"] != phaseHeld {
 		return fmt.Errorf("diff %s: the %s was decided, or ended, while diff read it: run diff again", displayKey(key), rec.describe())
 	}
 	if f.asJSON {

@@ -125,9 +125,9 @@ func (c *cli) rollback(ctx context.Context, args []string) error {
 	// In Generations mode a rollback is a flip back of each pointer: no
 	// data key moves, so MaxKeys does not bind.
 	rr := krun.New(client, nil)
-	rollback := rr.Rollback
+	rollback := rr.Publisher.Rollback
 	if gen {
-		rollback = rr.GenRollback
+		rollback = rr.Generations.GenRollback
 	}
 	_, err = rollback(ctx, krun.RollbackOptions{
 		Op: "rollback", Key: what, Lives: lives, FamilyTypes: families, TTL: rollbackLease, Now: c.now(),

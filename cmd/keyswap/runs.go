@@ -147,7 +147,7 @@ func (r runRecord) describe() string {
 // held by something that takes no requests (store.WithRebuild, a
 // rollback), it returns an error matching protocol.ErrNoRun.
 func findRun(ctx context.Context, rr *krun.Redis, key string) (krun.RunInfo, runRecord, error) {
-	info, err := rr.FindRun(ctx, key)
+	info, err := rr.Operator.FindRun(ctx, key)
 	if err != nil {
 		var e *krun.Error
 		if errors.Is(err, krun.ErrNoRun) && errors.As(err, &e) {

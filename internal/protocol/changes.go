@@ -400,7 +400,7 @@ func AppendEntry(ops []Op, args []string, e string) ([]Op, []string, error) {
 // errNotEncoded says why an entry is not a change.
 var errNotEncoded = errors.New("it is not a change as keyswap encodes one")
 
-// ApplyOptions configures [Redis.Apply].
+// ApplyOptions configures [Changes.Apply].
 type ApplyOptions struct {
 	// Op and Key name the operation in errors.
 	Op, Key string
@@ -415,7 +415,7 @@ type ApplyOptions struct {
 	MaxLog int
 }
 
-// Applied is what [Redis.Apply] did.
+// Applied is what [Changes.Apply] did.
 type Applied struct {
 	// Logged reports, per lock, whether the change was logged for a run in
 	// progress: LogNone, Logged or LogFull.
@@ -446,7 +446,7 @@ const (
 // [ErrOutcomeUnknown]); the script is not retried, as a rerun would log the
 // change twice. Applying the same change again is safe: ops set or remove
 // entries outright.
-func (r *Redis) Apply(ctx context.Context, opts ApplyOptions) (Applied, error) {
+func (r Changes) Apply(ctx context.Context, opts ApplyOptions) (Applied, error) {
 	op, key := opts.Op, opts.Key
 	fail := func(err error) (Applied, error) { return Applied{}, &Error{Op: op, Key: key, Err: err} }
 	if len(opts.Locks) != len(opts.Ops) || opts.MaxLog < 1 {

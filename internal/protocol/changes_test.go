@@ -41,7 +41,7 @@ func on(i int, cmd, key string, args ...string) lockOp {
 	return lockOp{lock: i, op: protocol.Op{Cmd: cmd, Key: key, Args: args}}
 }
 
-// applyCall lays out one call of apply.lua as protocol.Redis.Apply does: KEYS the
+// applyCall lays out one call of apply.lua as protocol.Changes.Apply does: KEYS the
 // locks, their records, their logs, then every live key in the order of its
 // first op; ARGV n, the bound, the number of ops, then per op its lock's
 // index, its key's index after the 3n, the command, the count of args and
@@ -589,7 +589,7 @@ func TestScriptApplyUnknownCommand(t *testing.T) {
 }
 
 func TestApply(t *testing.T) {
-	// protocol.Redis.Apply lays out the script call, reads its reply into
+	// protocol.Changes.Apply lays out the script call, reads its reply into
 	// Applied (per lock: LogNone, Logged or LogFull), and maps its
 	// refusals to errors; bad input is refused before anything is sent.
 	env.ForEachDeployment(t, func(t *testing.T, d redistest.Deployment) {
@@ -616,7 +616,7 @@ func TestApply(t *testing.T) {
 			opts := protocol.ApplyOptions{Op: "apply", Key: p + "idx", Locks: locks, MaxLog: 1, Ops: [][]protocol.Op{
 				opsOf(1, change(p)), {{Cmd: "SADD", Key: p + "live:s2", Args: []string{"x"}}}, nil,
 			}}
-			got, err := core.Apply(ctx, opts)
+			got, err := core.Changes.Apply(ctx, opts)
 			if err != nil || !slices.Equal(got.Logged, []int{protocol.Logged, protocol.LogNone, protocol.LogNone}) {
 				t.Fatalf("Apply = %v, %v; want [Logged LogNone LogNone], nil", got.Logged, err)
 			}
@@ -626,7 +626,7 @@ func TestApply(t *testing.T) {
 			redistest.WantAbsent(t, d.Other, logs[2])
 			// The log is at its bound of 1: the next change is LogFull.
 			opts.Ops = [][]protocol.Op{{{Cmd: "SADD", Key: p + "live:fr", Args: []string{"u7"}}}, nil, {{Cmd: "SADD", Key: p + "live:s3", Args: []string{"y"}}}}
-			got, err = core.Apply(ctx, opts)
+			got, err = core.Changes.Apply(ctx, opts)
 			if err != nil || !slices.Equal(got.Logged, []int{protocol.LogFull, protocol.LogNone, protocol.Logged}) {
 				t.Fatalf("Apply = %v, %v; want [LogFull LogNone Logged], nil", got.Logged, err)
 			}
@@ -648,7 +648,7 @@ func TestApply(t *testing.T) {
 			} {
 				cmds(t, d.Other, tt.setup...)
 				before := redistest.Snapshot(t, d.Other, p)
-				_, err := core.Apply(ctx, protocol.ApplyOptions{Op: "apply", Key: p + "idx", Locks: locks, Lives: []string{p + "live", p + "other", p + "live"}, MaxLog: 10, Ops: [][]protocol.Op{
+				_, err := core.Changes.Apply(ctx, protocol.ApplyOptions{Op: "apply", Key: p + "idx", Locks: locks, Lives: []string{p + "live", p + "other", p + "live"}, MaxLog: 10, Ops: [][]protocol.Op{
 					{{Cmd: "SADD", Key: p + "live:fr", Args: []string{"u8"}}}, {{Cmd: "SADD", Key: p + "live:fr", Args: []string{"u9"}}}, nil,
 				}})
 				redistest.WantErr(t, err, protocol.ErrInProgress)
@@ -663,7 +663,7 @@ func TestApply(t *testing.T) {
 		t.Run("refused for a key that is not the run's", func(t *testing.T) {
 			// C72: a key outside the family of the run holding the lock.
 			before := redistest.Snapshot(t, d.Other, p)
-			_, err := core.Apply(ctx, protocol.ApplyOptions{Op: "apply", Key: p + "idx", Locks: locks[:1], MaxLog: 10, Ops: [][]protocol.Op{
+			_, err := core.Changes.Apply(ctx, protocol.ApplyOptions{Op: "apply", Key: p + "idx", Locks: locks[:1], MaxLog: 10, Ops: [][]protocol.Op{
 				{{Cmd: "SADD", Key: p + "elsewhere", Args: []string{"u8"}}},
 			}})
 			redistest.WantErr(t, err, protocol.ErrInProgress)
@@ -675,7 +675,7 @@ func TestApply(t *testing.T) {
 
 		t.Run("nothing to apply", func(t *testing.T) {
 			n := sent.Load()
-			got, err := core.Apply(ctx, protocol.ApplyOptions{Op: "apply", Key: p + "idx", Locks: locks, Ops: make([][]protocol.Op, 3), MaxLog: 10})
+			got, err := core.Changes.Apply(ctx, protocol.ApplyOptions{Op: "apply", Key: p + "idx", Locks: locks, Ops: make([][]protocol.Op, 3), MaxLog: 10})
 			if err != nil || !slices.Equal(got.Logged, []int{0, 0, 0}) {
 				t.Errorf("Apply = %v, %v; want [0 0 0], nil", got.Logged, err)
 			}
@@ -686,7 +686,7 @@ func TestApply(t *testing.T) {
 
 		t.Run("wrong type", func(t *testing.T) {
 			before := redistest.Snapshot(t, d.Other, p)
-			_, err := core.Apply(ctx, protocol.ApplyOptions{Op: "apply", Key: p + "idx", Locks: locks[:1], MaxLog: 10, Ops: [][]protocol.Op{{
+			_, err := core.Changes.Apply(ctx, protocol.ApplyOptions{Op: "apply", Key: p + "idx", Locks: locks[:1], MaxLog: 10, Ops: [][]protocol.Op{{
 				{Cmd: "HSET", Key: p + "live:h", Args: []string{"z", "1"}}, {Cmd: "SADD", Key: p + "live:str", Args: []string{"m"}},
 			}}})
 			var e *protocol.Error
@@ -728,7 +728,7 @@ func TestApply(t *testing.T) {
 				n := sent.Load()
 				opts := tt.opts()
 				opts.Op, opts.Key = "apply", p+"idx"
-				_, err := core.Apply(ctx, opts)
+				_, err := core.Changes.Apply(ctx, opts)
 				var e *protocol.Error
 				if !errors.As(err, &e) || !strings.Contains(err.Error(), tt.want) {
 					t.Errorf("Apply: got %v, want an *Error saying %q", err, tt.want)
@@ -751,7 +751,7 @@ func TestApply(t *testing.T) {
 				}
 				before := redistest.Snapshot(t, d.Other, p)
 				n := sent.Load()
-				_, err := core.Apply(ctx, protocol.ApplyOptions{Op: "apply", Key: p + "idx", Locks: locks[:1], MaxLog: 10, Ops: [][]protocol.Op{{
+				_, err := core.Changes.Apply(ctx, protocol.ApplyOptions{Op: "apply", Key: p + "idx", Locks: locks[:1], MaxLog: 10, Ops: [][]protocol.Op{{
 					{Cmd: "SADD", Key: p + "live:fr", Args: []string{"x"}}, {Cmd: "SADD", Key: other, Args: []string{"x"}},
 				}}})
 				if err == nil || !strings.Contains(err.Error(), "different hash slots") {
@@ -768,7 +768,7 @@ func TestApply(t *testing.T) {
 }
 
 func TestApplyRefused(t *testing.T) {
-	// protocol.Redis.Apply maps {-2, cmd, key} to an error matching
+	// protocol.Changes.Apply maps {-2, cmd, key} to an error matching
 	// ErrNoPermission that names the command and the key.
 	forEachACLTarget(t, func(t *testing.T, a aclTarget) {
 		p := casePrefix(t, a.admin, a.prefix)
@@ -777,7 +777,7 @@ func TestApplyRefused(t *testing.T) {
 		lock := p + "lock:1"
 		holdRun(t, a.admin, lock, 50*time.Second)
 		before := redistest.Snapshot(t, a.admin, p)
-		_, err := protocol.New(c, nil).Apply(redistest.Ctx(t), protocol.ApplyOptions{Op: "apply", Key: p + "idx", Locks: []string{lock}, MaxLog: 10, Ops: [][]protocol.Op{opsOf(1, change(p))}})
+		_, err := protocol.New(c, nil).Changes.Apply(redistest.Ctx(t), protocol.ApplyOptions{Op: "apply", Key: p + "idx", Locks: []string{lock}, MaxLog: 10, Ops: [][]protocol.Op{opsOf(1, change(p))}})
 		redistest.WantErr(t, err, protocol.ErrNoPermission)
 		if !strings.Contains(err.Error(), "SREM") || !strings.Contains(err.Error(), p+"live:de") {
 			t.Errorf("Apply: %v, want it to name SREM and %s", err, p+"live:de")
@@ -1420,7 +1420,7 @@ func TestScriptPublishTailRefused(t *testing.T) {
 }
 
 func TestPublishTail(t *testing.T) {
-	// protocol.Redis.Publish sends the logs with their offsets, counts and
+	// protocol.Publisher.Publish sends the logs with their offsets, counts and
 	// builders, and reads what the tail did: Published.Replayed, or a
 	// *BehindError, or an error matching ErrFallingBehind for an overrun,
 	// ErrWritesLost for a log that lost entries, ErrTampered for one that
@@ -1452,7 +1452,7 @@ func TestPublishTail(t *testing.T) {
 		t.Run("replayed", func(t *testing.T) {
 			p := casePrefix(t, d.Other, d.Prefix)
 			call := seedTail(t, d.Other, p)
-			got, err := core.Publish(ctx, opts(call, 5, 23))
+			got, err := core.Publisher.Publish(ctx, opts(call, 5, 23))
 			if err != nil || got.Replayed != 5 || !slices.Equal(got.Generations, []int64{8}) {
 				t.Fatalf("Publish = %+v, %v; want 5 replayed, generation 8", got, err)
 			}
@@ -1545,7 +1545,7 @@ func TestPublishTail(t *testing.T) {
 					cmds(t, d.Other, tt.setup(call, p)...)
 				}
 				before := redistest.Snapshot(t, d.Other, p)
-				_, err := core.Publish(ctx, opts(call, tt.maxTail, tt.maxWork))
+				_, err := core.Publisher.Publish(ctx, opts(call, tt.maxTail, tt.maxWork))
 				var e *protocol.Error
 				if !errors.As(err, &e) || e.Op != "publish" {
 					t.Errorf("Publish: got %v, want an *Error of op publish", err)

@@ -31,7 +31,7 @@ type RunInfo struct {
 
 // FindRun returns the run holding live's lock, or an error matching
 // ErrNoRun. Another run's key leads to that run's own record.
-func (r *Redis) FindRun(ctx context.Context, live string) (RunInfo, error) {
+func (r Operator) FindRun(ctx context.Context, live string) (RunInfo, error) {
 	const op = "find"
 	lock := r.LockKey(live)
 	token, err := r.client.Do(ctx, r.client.B().Get().Key(lock).Build()).ToString()
@@ -66,7 +66,7 @@ func (r *Redis) FindRun(ctx context.Context, live string) (RunInfo, error) {
 // max_rate, paused, action) in run's requests ("<lock>:ctl"), fenced by its
 // token: it fails with an error matching ErrNoRun if that run no longer
 // holds its lock, and with one matching ErrTooLate if it has published.
-func (r *Redis) Control(ctx context.Context, run RunInfo, fields ...string) error {
+func (r Operator) Control(ctx context.Context, run RunInfo, fields ...string) error {
 	const op = "control"
 	if len(fields) == 0 || len(fields)%2 != 0 {
 		return &Error{Op: op, Key: run.Live, Err: fmt.Errorf("%d arguments: want field/value pairs", len(fields))}

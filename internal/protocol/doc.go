@@ -9,19 +9,28 @@
 // Every step is written once, here. A run of one key (store.WithRebuild) is
 // a run of several (rebuild.Rebuilder.Run) with one key.
 //
+// # Concerns
+//
+// [Redis] holds one small type per concern, over one shared [Core] (the
+// client, the key shapes, the logger): [Locks], [Lease], [Publisher],
+// [Generations], [Changes], [Operator] and [Durable]. Each says in its doc
+// which keys and scripts it touches.
+//
 // # Lifecycle
 //
-//  1. [Redis.Acquire] takes one lock per live key under one fresh token,
+//  1. [Locks.Acquire] takes one lock per live key under one fresh token,
 //     all or none.
-//  2. The caller writes temp keys and renews the lease with [Redis.Touch]
-//     (or [Redis.TouchCommand] inside its own DoMulti, and
-//     [Redis.TouchReply]). [Temp] tracks what the renewals and writes saw of
-//     each temp key, and reports a temp key lost or re-created.
-//  3. [Redis.Publish] checks the locks and the temp keys and publishes them
-//     in one script; [Redis.Settle] finds out whether a publish whose reply
-//     was lost ran.
-//  4. [Redis.Discard] removes the temp keys of a run that will not publish,
-//     and [Redis.ReleaseAfter] releases the locks on every path.
+//  2. The caller writes temp keys and renews the lease with [Lease.Beat]
+//     (or [Lease.BeatCommand] inside its own DoMulti, and
+//     [Lease.BeatReply]) and the temp keys' TTL with [Lease.Refresh] (a
+//     single key's with [Lease.Touch]). [Temp] tracks what the renewals
+//     and writes saw of each temp key, and reports a temp key lost or
+//     re-created.
+//  3. [Publisher.Publish] checks the locks and the temp keys and publishes
+//     them in one script, and, with Settle, finds out whether a publish
+//     whose reply was lost ran ([Generations.Flip] in Generations mode).
+//  4. [Core.Discard] removes the temp keys of a run that will not publish,
+//     and [Locks.ReleaseAfter] releases the locks on every path.
 //
 // Cleanup that must survive the caller's cancelled context runs on
 // [CleanupContext].

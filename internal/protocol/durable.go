@@ -42,7 +42,7 @@ func (d Durability) none() bool { return d.Replicas == 0 && !d.needsWaitAOF() }
 // CheckDurable finds out, before a run writes anything, whether the server
 // can give what d asks: WAITAOF exists only from Redis 7.2, and local AOF
 // fsyncs need appendonly yes. It returns an error saying what is missing.
-func (r *Redis) CheckDurable(ctx context.Context, op, key string, lock string, d Durability) error {
+func (r Durable) CheckDurable(ctx context.Context, op, key string, lock string, d Durability) error {
 	if d.none() {
 		return nil
 	}
@@ -100,7 +100,7 @@ func (r *Redis) CheckDurable(ctx context.Context, op, key string, lock string, d
 // writes to the run's record, so that WAIT and WAITAOF cover every write the
 // run made before, on any connection: the server counts from the offset of
 // the connection's last write, and its replication stream is in order.
-func (r *Redis) Wait(ctx context.Context, op, key, lock string, d Durability) error {
+func (r Durable) Wait(ctx context.Context, op, key, lock string, d Durability) error {
 	record := keys.RecordKey(lock)
 	return r.wait(ctx, op, key, record, func(b rueidis.Builder) rueidis.Completed {
 		return b.Hincrby().Key(record).Field("waits").Increment(1).Build()
@@ -112,12 +112,12 @@ func (r *Redis) Wait(ctx context.Context, op, key, lock string, d Durability) er
 // the write the wait counts from. A run whose writes spread over the
 // masters of a cluster waits on each of them: WAIT and WAITAOF only count
 // the writes of the master they run on.
-func (r *Redis) WaitAt(ctx context.Context, op, key, at string, touch func(b rueidis.Builder) rueidis.Completed, d Durability) error {
+func (r Durable) WaitAt(ctx context.Context, op, key, at string, touch func(b rueidis.Builder) rueidis.Completed, d Durability) error {
 	return r.wait(ctx, op, key, at, touch, d)
 }
 
 // wait is Wait and WaitAt: on the master of bind, after the write touch.
-func (r *Redis) wait(ctx context.Context, op, key, bind string, touch func(b rueidis.Builder) rueidis.Completed, d Durability) error {
+func (r Durable) wait(ctx context.Context, op, key, bind string, touch func(b rueidis.Builder) rueidis.Completed, d Durability) error {
 	if d.none() {
 		return nil
 	}
@@ -163,7 +163,7 @@ func (r *Redis) wait(ctx context.Context, op, key, bind string, touch func(b rue
 // does not come in time (see TakeConnection): the run gives up on it, and it is
 // given back once it comes. So it only reads; the write that the wait
 // counts from comes once the connection is there.
-func (r *Redis) waitOn(ctx context.Context, op, key, bind string, within time.Duration, touch func(b rueidis.Builder) rueidis.Completed, wait func(bounded context.Context, c rueidis.DedicatedClient) error) error {
+func (r Durable) waitOn(ctx context.Context, op, key, bind string, within time.Duration, touch func(b rueidis.Builder) rueidis.Completed, wait func(bounded context.Context, c rueidis.DedicatedClient) error) error {
 	actx, cancel := context.WithTimeoutCause(ctx, within, errNoConnection)
 	defer cancel()
 	got := TakeConnection(ctx, r.client, func(never context.Context, c rueidis.DedicatedClient) error {

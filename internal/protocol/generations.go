@@ -50,7 +50,7 @@ const UnlinkChunk = 256
 // (0 for an index without a pointer, in the rename-in-place shape): it
 // stays current while the locks are held, as only a flip or a rollback,
 // fenced by them, moves a pointer.
-func (r *Redis) AllocateGenerations(ctx context.Context, op, key string, locks []*Lock, lives []string) (gens, current []int64, err error) {
+func (r Generations) AllocateGenerations(ctx context.Context, op, key string, locks []*Lock, lives []string) (gens, current []int64, err error) {
 	lockKeys, token, err := CheckLocks(op, locks)
 	if err != nil {
 		return nil, nil, err
@@ -89,7 +89,7 @@ func (r *Redis) AllocateGenerations(ctx context.Context, op, key string, locks [
 	return all[:len(lives)], all[len(lives):], nil
 }
 
-// FlipOptions configures [Redis.Flip].
+// FlipOptions configures [Generations.Flip].
 type FlipOptions struct {
 	// Op and Key name the operation and the run in errors.
 	Op, Key string
@@ -131,10 +131,10 @@ type Flipped struct {
 // operator's cancel, that every log of changes was replayed to its end and
 // that each index's new generation is still the run's; then points each
 // index's pointer at its new generation. The refusals are those of
-// [Redis.Publish], and a log with entries the run did not replay is
+// [Publisher.Publish], and a log with entries the run did not replay is
 // refused with a *BehindError, so that the run catches up again. A flip
 // whose reply was lost is settled from its receipt, as a publish is.
-func (r *Redis) Flip(ctx context.Context, opts FlipOptions) (Flipped, error) {
+func (r Generations) Flip(ctx context.Context, opts FlipOptions) (Flipped, error) {
 	op, key := opts.Op, opts.Key
 	lockKeys, token, err := CheckLocks(op, opts.Locks)
 	if err != nil {
@@ -180,7 +180,7 @@ func (r *Redis) Flip(ctx context.Context, opts FlipOptions) (Flipped, error) {
 			return Flipped{}, perr
 		}
 		// The reply was lost: the flip may or may not have run.
-		if ran, err := r.settle(ctx, perr, opts.Locks); !ran {
+		if ran, err := r.publisher.settle(ctx, perr, opts.Locks); !ran {
 			return Flipped{}, err
 		}
 		return Flipped{}, nil
@@ -189,55 +189,74 @@ func (r *Redis) Flip(ctx context.Context, opts FlipOptions) (Flipped, error) {
 }
 
 // flipped reads the flip script's reply.
-func (r *Redis) flipped(opts FlipOptions, res reply) (Flipped, error) {
+func (r Generations) flipped(opts FlipOptions, res reply) (Flipped, error) {
 	op, key := opts.Op, opts.Key
-	refuse := func(err error) (Flipped, error) { return Flipped{}, &Error{Op: op, Key: key, Err: refusal{err}} }
+	unexpected := func() (Flipped, error) {
+		return Flipped{}, &Error{Op: op, Key: key, Err: fmt.Errorf("unexpected flip script reply %v", res)}
+	}
 	code, err := res.code()
 	if err != nil {
 		return Flipped{}, &Error{Op: op, Key: key, Err: fmt.Errorf("unexpected flip script reply: %w", err)}
 	}
-	i, _ := res.int(1)
-	switch {
-	case code == codeOK:
-	case code == codeLockLost && i >= 1 && int(i) <= len(opts.Locks):
+	if i, _ := res.int(1); code == codeLockLost && names(i, len(opts.Locks)) {
 		l := opts.Locks[i-1]
 		r.log.Warn("keyswap: rebuild lock lost before the flip; nothing published", "key", l.Live, "lock_key", l.Key)
 		return Flipped{}, &Error{Op: op, Key: l.Live, Err: ErrLockLost}
-	case code == codeWritesLost:
-		return refuse(writesLost(i, opts.Batches))
-	case (code == codeNoRecord || code == codeTampered) && i >= 1 && int(i) <= len(opts.Locks):
-		return refuse(recordError(code, keys.RecordKey(opts.Locks[i-1].Key)))
-	case code == codeAborted:
-		return refuse(fmt.Errorf("%w: the operator's cancel came before the flip; every index left at its generation", ErrAborted))
-	case (code == codeLogLost || code == codeUncounted) && i >= 1 && int(i) <= len(opts.Logs):
-		return refuse(logFailure(opts.Logs[i-1], res))
-	case code == codeBehind && i >= 1 && int(i) <= len(opts.Logs):
-		n, _ := res.int(2)
-		return refuse(&BehindError{Log: opts.Logs[i-1].Key, Tail: n})
-	case code == codeGenLost && i >= 1 && int(i) <= len(opts.Lives):
-		l := opts.Lives[i-1]
-		return refuse(fmt.Errorf("%w: %s no longer marks generation %d as this run's (overwritten, or lost in a failover); every index left at its generation", ErrGenerationLost, keys.RegistryKey(l, r.cluster), opts.Gens[i-1]))
-	case code == codeNotMeta && i >= 1 && int(i) <= len(opts.Lives):
-		return refuse(fmt.Errorf("%w: %s is not a hash of keyswap's; every index left at its generation", ErrTampered, keys.MetaKey(opts.Lives[i-1], r.cluster)))
-	default:
-		return Flipped{}, &Error{Op: op, Key: key, Err: fmt.Errorf("unexpected flip script reply %v", res)}
+	}
+	if code != codeOK {
+		if err := flipRefusals.decode(flipCall{opts, r.cluster}, code, res); err != nil {
+			return Flipped{}, &Error{Op: op, Key: key, Err: refusal{err}}
+		}
+		return unexpected()
 	}
 	n := len(opts.Lives)
 	all, err := res.ints(1)
 	if err != nil || len(all) < n {
-		return Flipped{}, &Error{Op: op, Key: key, Err: fmt.Errorf("unexpected flip script reply %v", res)}
+		return unexpected()
 	}
 	out := Flipped{Metas: all[:n]}
 	rest := all[n:]
 	for range n {
 		if len(rest) == 0 || rest[0] < 0 || int(rest[0]) > len(rest)-1 {
-			return Flipped{}, &Error{Op: op, Key: key, Err: fmt.Errorf("unexpected flip script reply %v", res)}
+			return unexpected()
 		}
 		out.Retired = append(out.Retired, rest[1:1+rest[0]])
 		rest = rest[1+rest[0]:]
 	}
 	return out, nil
 }
+
+// flipCall is what a refusal of flip.lua is decoded against: the flip's
+// options, and the key shapes that name its indexes' keys.
+type flipCall struct {
+	FlipOptions
+	cluster bool
+}
+
+// flipRefusals decodes the codes flip.lua refuses a flip with, before any
+// write: all but LOCK_LOST. Those it shares with publish.lua (see
+// withFence) are said of indexes left at their generation.
+var flipRefusals = newFlipRefusals()
+
+// newFlipRefusals returns flipRefusals.
+func newFlipRefusals() refusals[flipCall] {
+	return withFence(refusals[flipCall]{
+		codeBehind: {flipLogs, func(f flipCall, res reply, i int64) error {
+			n, _ := res.int(2)
+			return &BehindError{Log: f.Logs[i-1].Key, Tail: n}
+		}},
+		codeGenLost: {flipLives, func(f flipCall, _ reply, i int64) error {
+			return fmt.Errorf("%w: %s no longer marks generation %d as this run's (overwritten, or lost in a failover); every index left at its generation", ErrGenerationLost, keys.RegistryKey(f.Lives[i-1], f.cluster), f.Gens[i-1])
+		}},
+		codeNotMeta: {flipLives, func(f flipCall, _ reply, i int64) error {
+			return fmt.Errorf("%w: %s is not a hash of keyswap's; every index left at its generation", ErrTampered, keys.MetaKey(f.Lives[i-1], f.cluster))
+		}},
+	}, func(f flipCall) fence { return fence{f.Locks, f.Batches, f.Logs} }, "flip; every index left at its generation")
+}
+
+// What the index of a refusal of flip.lua names.
+func flipLogs(f flipCall) int  { return len(f.Logs) }
+func flipLives(f flipCall) int { return len(f.Lives) }
 
 // GenRollback flips every index of opts back to its previous generation
 // (genback.lua), fenced by the indexes' locks, which it takes first: while
@@ -246,16 +265,16 @@ func (r *Redis) flipped(opts FlipOptions, res reply) (Flipped, error) {
 // forward again. An index without a previous generation fails it with
 // ErrNothingToRollBack, changing nothing. It returns the generation now
 // current of each index.
-func (r *Redis) GenRollback(ctx context.Context, opts RollbackOptions) ([]int64, error) {
-	locks, err := r.rollbackLocks(ctx, opts)
+func (r Generations) GenRollback(ctx context.Context, opts RollbackOptions) ([]int64, error) {
+	locks, err := r.publisher.rollbackLocks(ctx, opts)
 	if err != nil {
 		return nil, err
 	}
 	gens, err := r.genRollback(ctx, opts, locks)
-	return gens, r.ReleaseAfter(ctx, locks, err)
+	return gens, r.locks.ReleaseAfter(ctx, locks, err)
 }
 
-func (r *Redis) genRollback(ctx context.Context, opts RollbackOptions, locks []*Lock) ([]int64, error) {
+func (r Generations) genRollback(ctx context.Context, opts RollbackOptions, locks []*Lock) ([]int64, error) {
 	op, key := opts.Op, opts.Key
 	lockKeys, token, err := CheckLocks(op, locks)
 	if err != nil {
@@ -294,7 +313,7 @@ func (r *Redis) genRollback(ctx context.Context, opts RollbackOptions, locks []*
 
 // Unlink deletes ks with UNLINK, at most [UnlinkChunk] keys per command,
 // grouped by hash slot on a cluster, and returns the first error.
-func (r *Redis) Unlink(ctx context.Context, ks []string) error {
+func (r Generations) Unlink(ctx context.Context, ks []string) error {
 	groups := map[uint16][]string{}
 	var order []uint16
 	for _, k := range ks {
@@ -325,7 +344,7 @@ func (r *Redis) Unlink(ctx context.Context, ks []string) error {
 	return nil
 }
 
-// GenApplyOptions configures [Redis.GenApply].
+// GenApplyOptions configures [Changes.GenApply].
 type GenApplyOptions struct {
 	// Op and Key name the operation in errors.
 	Op, Key string
@@ -349,12 +368,12 @@ const genApplyTries = 3
 // the ops on that generation's keys (the plain keys for an index without a
 // pointer), and checks in the same atomic step that the pointers did not
 // move (else it resolves them again). While a run holds a lock, the same
-// step logs the ops, on their plain names, for that run, as [Redis.Apply]
+// step logs the ops, on their plain names, for that run, as [Changes.Apply]
 // does, or refuses the change as Apply does (an error matching
 // [ErrInProgress], nothing written). On a cluster every key of the change
 // must share the locks' slot (a family with a hash tag), else it fails
 // with an error matching [ErrNotInGenerations].
-func (r *Redis) GenApply(ctx context.Context, opts GenApplyOptions) (Applied, error) {
+func (r Changes) GenApply(ctx context.Context, opts GenApplyOptions) (Applied, error) {
 	op, key := opts.Op, opts.Key
 	fail := func(err error) (Applied, error) { return Applied{}, &Error{Op: op, Key: key, Err: err} }
 	if opts.MaxLog < 1 {

@@ -38,7 +38,7 @@ type Heartbeat struct {
 }
 
 // call validates h and returns its keys and args.
-func (h Heartbeat) call(r *Redis) (ks, args []string, err error) {
+func (h Heartbeat) call(r *Core) (ks, args []string, err error) {
 	const op = "lease"
 	_, token, err := CheckLocks(op, h.Locks)
 	if err != nil {
@@ -57,8 +57,8 @@ func (h Heartbeat) call(r *Redis) (ks, args []string, err error) {
 }
 
 // Beat sends h alone.
-func (r *Redis) Beat(ctx context.Context, h Heartbeat) (Control, error) {
-	ks, args, err := h.call(r)
+func (r Lease) Beat(ctx context.Context, h Heartbeat) (Control, error) {
+	ks, args, err := h.call(r.Core)
 	if err != nil {
 		return Control{}, err
 	}
@@ -67,22 +67,22 @@ func (r *Redis) Beat(ctx context.Context, h Heartbeat) (Control, error) {
 
 // BeatCommand returns h as a command for the caller's own DoMulti, next to
 // a batch's writes, so that the heartbeat costs no extra round trip. Pass
-// its reply to [Redis.BeatReply].
-func (r *Redis) BeatCommand(h Heartbeat) (rueidis.Completed, error) {
-	ks, args, err := h.call(r)
+// its reply to [Lease.BeatReply].
+func (r Lease) BeatCommand(h Heartbeat) (rueidis.Completed, error) {
+	ks, args, err := h.call(r.Core)
 	if err != nil {
 		return rueidis.Completed{}, err
 	}
 	return heartbeatScript.command(r.client.B(), ks, args), nil
 }
 
-// BeatReply interprets the reply to a [Redis.BeatCommand] as [Redis.Beat]
+// BeatReply interprets the reply to a [Lease.BeatCommand] as [Lease.Beat]
 // does. rueidis falls back from EVALSHA to EVAL only for commands sent
 // alone, so when the server had no cached copy of the script (NOSCRIPT:
 // first use, SCRIPT FLUSH, a restarted server) BeatReply sends the
 // heartbeat again alone. The script only compares and extends, so running
 // it twice is harmless.
-func (r *Redis) BeatReply(ctx context.Context, h Heartbeat, res rueidis.RedisResult) (Control, error) {
+func (r Lease) BeatReply(ctx context.Context, h Heartbeat, res rueidis.RedisResult) (Control, error) {
 	if rerr, ok := rueidis.IsRedisErr(res.Error()); ok && rerr.IsNoScript() {
 		return r.Beat(ctx, h)
 	}
@@ -90,7 +90,7 @@ func (r *Redis) BeatReply(ctx context.Context, h Heartbeat, res rueidis.RedisRes
 }
 
 // beatReply reads the heartbeat script's reply.
-func (r *Redis) beatReply(ctx context.Context, h Heartbeat, res rueidis.RedisResult) (Control, error) {
+func (r Lease) beatReply(ctx context.Context, h Heartbeat, res rueidis.RedisResult) (Control, error) {
 	const op = "lease"
 	live := h.Locks[0].Live
 	rep, err := parseReply(res)

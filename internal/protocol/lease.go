@@ -140,7 +140,7 @@ func TempKeys(temps []*Temp) []string {
 // never earlier than its lock's, so a stall long enough to lose a temp key
 // has already lost the lock and fails with ErrLockLost instead of
 // publishing a vanished key. Both happen in one script, at one instant.
-func (r *Redis) Touch(ctx context.Context, op string, locks []*Lock, temps []string) ([]TempState, error) {
+func (r Lease) Touch(ctx context.Context, op string, locks []*Lock, temps []string) ([]TempState, error) {
 	lockKeys, token, err := CheckLocks(op, locks)
 	if err != nil {
 		return nil, err
@@ -215,7 +215,7 @@ const RefreshChunk = 500
 // an error matching [ErrLockLost]; once ctx is done it stops between two
 // chunks, and returns its error. It calls chunked, if not nil, after each
 // chunk.
-func (r *Redis) Refresh(ctx context.Context, lock *Lock, temps []string, ttl time.Duration, chunked func()) ([]TempState, error) {
+func (r Lease) Refresh(ctx context.Context, lock *Lock, temps []string, ttl time.Duration, chunked func()) ([]TempState, error) {
 	const op = "lease"
 	if err := CheckLock(op, lock); err != nil {
 		return nil, err

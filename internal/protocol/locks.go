@@ -37,7 +37,7 @@ func NewToken() string {
 // another rebuild holds the lock, it returns an error matching
 // [ErrInProgress] that names live. A SET whose reply was lost may have
 // taken the lock: it is released on a [CleanupContext].
-func (r *Redis) Lock(ctx context.Context, op, live string, ttl time.Duration) (*Lock, error) {
+func (r Locks) Lock(ctx context.Context, op, live string, ttl time.Duration) (*Lock, error) {
 	if err := CheckKey(op, live); err != nil {
 		return nil, err
 	}
@@ -65,7 +65,7 @@ type Check struct {
 	Command, Key string
 }
 
-// AcquireOptions configures [Redis.Acquire].
+// AcquireOptions configures [Locks.Acquire].
 type AcquireOptions struct {
 	// Op and Key name the operation and the rebuild in errors.
 	Op, Key string
@@ -129,7 +129,7 @@ func (opts AcquireOptions) records(locks []*Lock) [][]string {
 // [CleanupContext], so that a cancelled ctx does not leave them held for
 // their whole TTL. On a cluster every key must share one hash slot. The
 // returned locks are in the order of opts.Lives.
-func (r *Redis) Acquire(ctx context.Context, opts AcquireOptions) ([]*Lock, error) {
+func (r Locks) Acquire(ctx context.Context, opts AcquireOptions) ([]*Lock, error) {
 	op, lives := opts.Op, opts.Lives
 	if len(lives) == 0 {
 		return nil, &Error{Op: op, Key: opts.Key, Err: errors.New("no keys to lock")}
@@ -216,7 +216,7 @@ func runKeys(locks []*Lock) []string {
 // [ErrLockLost]. A lock already gone (it expired, or this release ran
 // before and its reply was lost) leaves nothing to release. The locks must
 // share one token.
-func (r *Redis) Release(ctx context.Context, locks []*Lock) error {
+func (r Locks) Release(ctx context.Context, locks []*Lock) error {
 	_, err := r.release(ctx, locks, false)
 	return err
 }
@@ -226,7 +226,7 @@ func (r *Redis) Release(ctx context.Context, locks []*Lock) error {
 // longer ours needs no release: the rebuild's own error already says so. Any
 // other release failure is joined onto err, or logged when err is nil, so
 // that it never hides the result.
-func (r *Redis) ReleaseAfter(ctx context.Context, locks []*Lock, err error) error {
+func (r Locks) ReleaseAfter(ctx context.Context, locks []*Lock, err error) error {
 	ctx, cancel := CleanupContext(ctx)
 	defer cancel()
 	rerr := r.Release(ctx, locks)
@@ -247,7 +247,7 @@ func (r *Redis) ReleaseAfter(ctx context.Context, locks []*Lock, err error) erro
 // left, in one script, and reports whether there was one. settle marks the
 // receipt as read instead of deleting it, so that a retry of this script
 // after its own reply was lost still finds it.
-func (r *Redis) release(ctx context.Context, locks []*Lock, settle bool) (receipt bool, err error) {
+func (r Locks) release(ctx context.Context, locks []*Lock, settle bool) (receipt bool, err error) {
 	const op = "release"
 	_, token, err := CheckLocks(op, locks)
 	if err != nil {

@@ -49,7 +49,7 @@ type Target struct {
 	HasTTL bool
 }
 
-// PublishOptions configures [Redis.Publish].
+// PublishOptions configures [Publisher.Publish].
 type PublishOptions struct {
 	// Op names the operation in errors ("publish", "swap").
 	Op string
@@ -88,7 +88,7 @@ type PublishOptions struct {
 	// publish script itself fails. It must be a whole number of seconds.
 	PreserveFor time.Duration
 	// Settle, with Locks, finds out whether a publish whose reply was lost
-	// ran (see [Redis.Publish]). Finding out releases the locks.
+	// ran (see [Publisher.Publish]). Finding out releases the locks.
 	Settle bool
 	// Now is the time recorded in the metas.
 	Now time.Time
@@ -149,13 +149,13 @@ type Published struct {
 //     temp keys are kept for PreserveFor, and the error is returned
 //     wrapped. When its reply was lost (a dropped connection, a timeout, a
 //     cancelled or closed client) and Settle is set, Publish finds out from
-//     the receipt whether it ran (see [Redis.settle]): if it did, it
+//     the receipt whether it ran (see [Publisher.settle]): if it did, it
 //     returns success with no generations.
 //
 // On a cluster every key must share one hash slot, or Publish returns an
 // error before sending anything. Publish is never retried: a retried RENAME
 // would find its own temp key gone and report a loss that did not happen.
-func (r *Redis) Publish(ctx context.Context, opts PublishOptions) (Published, error) {
+func (r Publisher) Publish(ctx context.Context, opts PublishOptions) (Published, error) {
 	p, err := r.plan(opts)
 	if err != nil {
 		return Published{}, err
@@ -192,7 +192,7 @@ type publishPlan struct {
 }
 
 // plan validates opts and lays out the publish script's keys and args.
-func (r *Redis) plan(opts PublishOptions) (publishPlan, error) {
+func (r Publisher) plan(opts PublishOptions) (publishPlan, error) {
 	op, key := opts.Op, opts.Key
 	if _, err := Seconds(op, key, "PreserveFor", opts.PreserveFor); err != nil {
 		return publishPlan{}, err
@@ -328,7 +328,7 @@ func (r refusal) Unwrap() error { return r.err }
 // PublishRefused reports whether err is the error of a publish whose
 // script ran and refused it before any write, so that the caller may
 // delete the temp keys at once: not a script that failed, nor one whose
-// reply was lost or not understood, whose temp keys [Redis.Publish] keeps
+// reply was lost or not understood, whose temp keys [Publisher.Publish] keeps
 // for PreserveFor.
 func PublishRefused(err error) bool {
 	var r refusal
@@ -336,7 +336,7 @@ func PublishRefused(err error) bool {
 }
 
 // published reads the publish script's reply.
-func (r *Redis) published(ctx context.Context, opts PublishOptions, res reply) (Published, error) {
+func (r Publisher) published(ctx context.Context, opts PublishOptions, res reply) (Published, error) {
 	op, key := opts.Op, opts.Key
 	fail := func(err error) (Published, error) { return Published{}, &Error{Op: op, Key: key, Err: err} }
 	refuse := func(err error) (Published, error) { return fail(refusal{err}) }
@@ -347,9 +347,7 @@ func (r *Redis) published(ctx context.Context, opts PublishOptions, res reply) (
 	if err != nil {
 		return fail(fmt.Errorf("unexpected publish script reply: %w", err))
 	}
-	i, _ := res.int(1)
-	switch {
-	case code == codeLockLost && i >= 1 && int(i) <= len(opts.Locks):
+	if i, _ := res.int(1); code == codeLockLost && names(i, len(opts.Locks)) {
 		// A successor owns the lock, so our snapshot is the stale one.
 		// Drop it rather than preserve it: there is nothing to diagnose.
 		l := opts.Locks[i-1]
@@ -357,40 +355,11 @@ func (r *Redis) published(ctx context.Context, opts PublishOptions, res reply) (
 		temps, _, _, _ := targets(op, key, opts.Targets)
 		r.Discard(ctx, key, temps...)
 		return Published{}, &Error{Op: op, Key: l.Live, Err: ErrLockLost}
-	case code == codeTempLost && i >= 1 && int(i) <= len(opts.Targets):
-		// Populated at a renewal, gone inside the script: evicted, expired
-		// or swept mid-publish. The live keys are stale but intact;
-		// reporting success would be the fail-open bug.
-		t := opts.Targets[i-1]
-		return refuse(fmt.Errorf("%w: %s vanished during the %s; %s and every other live key left unchanged", ErrTempKeyLost, t.Temp, op, t.Live))
-	case code == codeRecreated && i >= 1 && int(i) <= len(opts.Targets):
-		t := opts.Targets[i-1]
-		return refuse(fmt.Errorf("%w: %s has no TTL: it was lost and re-created by a later write, so it holds only part of the rebuild (or a write removed its TTL, as a plain SET does: use SET KEEPTTL); %s and every other live key left unchanged", ErrTempKeyLost, t.Temp, t.Live))
-	case code == codeWritesLost:
-		return refuse(writesLost(i, opts.Batches))
-	case (code == codeNoRecord || code == codeTampered) && i >= 1 && int(i) <= len(opts.Locks):
-		return refuse(recordError(code, keys.RecordKey(opts.Locks[i-1].Key)))
-	case code == codeAborted:
-		return refuse(fmt.Errorf("%w: the operator's cancel came before the publish; every live key left unchanged", ErrAborted))
-	case (code == codeLogLost || code == codeUncounted) && i >= 1 && int(i) <= len(opts.Logs):
-		return refuse(logFailure(opts.Logs[i-1], res))
-	case code == codeBehind && i >= 1 && int(i) <= len(opts.Logs):
-		n, _ := res.int(2)
-		w, _ := res.int(3)
-		return refuse(&BehindError{Log: opts.Logs[i-1].Key, Tail: n, Work: w})
-	case code == codeOverrun && i >= 1 && int(i) <= len(opts.Logs):
-		return refuse(fmt.Errorf("%w: %s reached its bound, so changes applied during the run were not logged; every live key left unchanged (and holds every change)", ErrFallingBehind, opts.Logs[i-1].Key))
-	case code == codeBadLog && i >= 1 && int(i) <= len(opts.Logs):
-		e, _ := res.int(2)
-		return refuse(badEntry(opts.Logs[i-1].Key, e, errors.New(res.str(3))))
-	case code == codeNotTheRuns && i >= 1 && int(i) <= len(opts.Logs):
-		e, _ := res.int(2)
-		return refuse(foreignEntry(opts.Logs[i-1], e, res.str(3)))
-	case code == codeWrongType:
-		return refuse(fmt.Errorf("a change applied during the run cannot be replayed: %q holds a %s; every live key left unchanged", res.str(1), res.str(2)))
-	case code == codeNotMeta && i >= 1 && int(i) <= len(opts.Metas):
-		return refuse(fmt.Errorf("%q, where keyswap keeps the generation of an index, is a key of another kind or content; rename it (keyswap keeps \"<key>:rebuild-gen\" next to every index it publishes)", opts.Metas[i-1]))
-	case code != codeOK || len(res) != 2+len(opts.Targets)+len(opts.Metas):
+	}
+	if err := publishRefusals.decode(opts, code, res); err != nil {
+		return refuse(err)
+	}
+	if code != codeOK || len(res) != 2+len(opts.Targets)+len(opts.Metas) {
 		return fail(fmt.Errorf("unexpected publish script reply %v", res))
 	}
 	nums, err := res.ints(1)
@@ -411,6 +380,54 @@ func (r *Redis) published(ctx context.Context, opts PublishOptions, res reply) (
 	}
 	return p, nil
 }
+
+// publishRefusals decodes the codes publish.lua refuses a publish with,
+// before any write: all but LOCK_LOST, whose temp keys [Publisher.Publish]
+// discards, and the rights [reply.refusal] decodes.
+var publishRefusals = newPublishRefusals()
+
+// newPublishRefusals returns publishRefusals.
+func newPublishRefusals() refusals[PublishOptions] {
+	return withFence(refusals[PublishOptions]{
+		codeTempLost: {publishTargets, func(o PublishOptions, _ reply, i int64) error {
+			// Populated at a renewal, gone inside the script: evicted, expired
+			// or swept mid-publish. The live keys are stale but intact;
+			// reporting success would be the fail-open bug.
+			t := o.Targets[i-1]
+			return fmt.Errorf("%w: %s vanished during the %s; %s and every other live key left unchanged", ErrTempKeyLost, t.Temp, o.Op, t.Live)
+		}},
+		codeRecreated: {publishTargets, func(o PublishOptions, _ reply, i int64) error {
+			t := o.Targets[i-1]
+			return fmt.Errorf("%w: %s has no TTL: it was lost and re-created by a later write, so it holds only part of the rebuild (or a write removed its TTL, as a plain SET does: use SET KEEPTTL); %s and every other live key left unchanged", ErrTempKeyLost, t.Temp, t.Live)
+		}},
+		codeBehind: {publishLogs, func(o PublishOptions, res reply, i int64) error {
+			n, _ := res.int(2)
+			w, _ := res.int(3)
+			return &BehindError{Log: o.Logs[i-1].Key, Tail: n, Work: w}
+		}},
+		codeOverrun: {publishLogs, func(o PublishOptions, _ reply, i int64) error {
+			return fmt.Errorf("%w: %s reached its bound, so changes applied during the run were not logged; every live key left unchanged (and holds every change)", ErrFallingBehind, o.Logs[i-1].Key)
+		}},
+		codeBadLog: {publishLogs, func(o PublishOptions, res reply, i int64) error {
+			e, _ := res.int(2)
+			return badEntry(o.Logs[i-1].Key, e, errors.New(res.str(3)))
+		}},
+		codeNotTheRuns: {publishLogs, func(o PublishOptions, res reply, i int64) error {
+			e, _ := res.int(2)
+			return foreignEntry(o.Logs[i-1], e, res.str(3))
+		}},
+		codeWrongType: {nil, func(_ PublishOptions, res reply, _ int64) error {
+			return fmt.Errorf("a change applied during the run cannot be replayed: %q holds a %s; every live key left unchanged", res.str(1), res.str(2))
+		}},
+		codeNotMeta: {func(o PublishOptions) int { return len(o.Metas) }, func(o PublishOptions, _ reply, i int64) error {
+			return fmt.Errorf("%q, where keyswap keeps the generation of an index, is a key of another kind or content; rename it (keyswap keeps \"<key>:rebuild-gen\" next to every index it publishes)", o.Metas[i-1])
+		}},
+	}, func(o PublishOptions) fence { return fence{o.Locks, o.Batches, o.Logs} }, "publish; every live key left unchanged")
+}
+
+// What the index of a refusal of publish.lua names.
+func publishTargets(o PublishOptions) int { return len(o.Targets) }
+func publishLogs(o PublishOptions) int    { return len(o.Logs) }
 
 // logFailure is the error of a {LOG_LOST, i, len, logged} or {UNCOUNTED,
 // i, len, logged} reply about log l.
@@ -442,14 +459,14 @@ const receiptTTL = 30 * time.Second
 // it. When Redis cannot be reached to settle it (the client is closed, the
 // server is gone), the error matches both [ErrOutcomeUnknown] and perr.
 // settle runs on a [CleanupContext].
-func (r *Redis) settle(ctx context.Context, perr error, locks []*Lock) (published bool, err error) {
+func (r Publisher) settle(ctx context.Context, perr error, locks []*Lock) (published bool, err error) {
 	ctx, cancel := CleanupContext(ctx)
 	defer cancel()
 	// One script releases the locks and reads the receipt: from then on no
 	// publish fenced on them can happen, and the receipt says whether one
 	// did. (Another rebuild's lock found instead of ours: ours expired, and
 	// its publish, if any, is over too.)
-	receipt, err := r.release(ctx, locks, true)
+	receipt, err := r.locks.release(ctx, locks, true)
 	if err != nil && !errors.Is(err, ErrLockLost) {
 		return false, &Error{Op: "publish", Key: locks[0].Live, Err: fmt.Errorf("%w: releasing the locks: %w; publish failed: %w", ErrOutcomeUnknown, err, perr)}
 	}
@@ -462,7 +479,7 @@ func (r *Redis) settle(ctx context.Context, perr error, locks []*Lock) (publishe
 
 // preserve bounds the populated temp keys of a failed publish (Familia's
 // preserve_temp_key), best effort.
-func (r *Redis) preserve(ctx context.Context, opts PublishOptions) {
+func (r Publisher) preserve(ctx context.Context, opts PublishOptions) {
 	ctx, cancel := CleanupContext(ctx)
 	defer cancel()
 	secs := int64(opts.PreserveFor / time.Second)

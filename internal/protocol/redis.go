@@ -26,13 +26,95 @@ func CleanupContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(ctx), CleanupTimeout)
 }
 
-// Redis sends a run's commands through one rueidis.Client. It is safe for
-// concurrent use.
+// Redis is keyswap's protocol in Redis, one field per concern, each a small
+// type over the one shared [Core]: [Locks] takes and releases a run's
+// locks, [Lease] renews them and the temp keys, [Publisher] publishes (and
+// rolls back) in the rename-in-place shape, [Generations] allocates and
+// flips generations, [Changes] applies a change to live keys, [Operator]
+// reads and writes an operator's requests to a run, and [Durable] waits
+// for writes to be replicated and persisted. The Core's own methods (keys,
+// slots, discarding temp keys) are Redis's too. It is safe for concurrent
+// use.
 type Redis struct {
+	*Core
+	Locks       Locks
+	Lease       Lease
+	Publisher   Publisher
+	Generations Generations
+	Changes     Changes
+	Operator    Operator
+	Durable     Durable
+}
+
+// Core is what every concern of [Redis] shares: the client its commands go
+// through, the key shapes (standalone or cluster) and the logger; and the
+// helpers they all use: lock and temp key names, the check that a
+// command's keys share a slot, and the discarding of temp keys. Each
+// concern type embeds it.
+type Core struct {
 	client  rueidis.Client
 	cluster bool
 	log     *slog.Logger
 }
+
+// Locks takes and releases a run's locks: the lock of each live key
+// ("<live>:rebuild-lock", keys.LockKey), and next to each the run's record
+// (":run"), its log of changes (":log"), the operator's requests next to
+// the first lock (":ctl") and the receipt a fenced publish leaves
+// (":done"), which the release of a settle reads (acquire.lua,
+// release.lua).
+type Locks struct{ *Core }
+
+// Lease renews a run's lease: its locks, its records' status and the
+// operator's requests read back in one heartbeat (heartbeat.lua), and the
+// TTL of its temp keys, in bounded chunks (touch.lua, refresh.lua). It
+// reads the lock keys and writes no live key.
+type Lease struct{ *Core }
+
+// Publisher publishes a run in the rename-in-place shape: in one fenced
+// script it checks the locks, records, requests, temp keys and logs of
+// changes, then renames the temp keys over the live keys, retires the
+// orphans and drops, advances the metas (":rebuild-gen") and leaves the
+// receipt (publish.lua); it settles a publish whose reply was lost from
+// that receipt, keeps the temp keys of a failed publish for a while, and
+// swaps the kept previous values (":rebuild-prev") back in a rollback
+// (rollback.lua). It uses Locks for the release that settles and for the
+// locks a rollback takes.
+type Publisher struct {
+	*Core
+	locks Locks
+}
+
+// Generations publishes a run in Generations mode: it allocates each
+// index's new generation in its registry (keys.RegistryKey, genalloc.lua),
+// flips its pointer (keys.PointerKey) to it in one fenced script that
+// also writes the meta and the receipt (flip.lua), flips it back in a
+// rollback (genback.lua), and unlinks the keys of a generation removed.
+// It uses Publisher to settle a flip whose reply was lost and to take a
+// rollback's locks, and Locks to release them.
+type Generations struct {
+	*Core
+	locks     Locks
+	publisher Publisher
+}
+
+// Changes applies a change to live keys while a run of them may be in
+// progress (apply.lua), or to the current generation of indexes published
+// in Generations mode (genapply.lua), and logs it for the run: the live
+// keys (or the generation's), and the locks, records and logs of changes
+// next to them.
+type Changes struct{ *Core }
+
+// Operator is the operator's side of a run: it finds the run holding a
+// lock (the lock, its record, its requests) and records a request in the
+// run's requests (":ctl"), fenced by its token and its receipt
+// (control.lua).
+type Operator struct{ *Core }
+
+// Durable makes a run's writes as durable as asked, with WAIT and WAITAOF
+// on a dedicated connection to the master that holds a key the run wrote
+// (its record, or a key named by the caller), after a write to that key.
+type Durable struct{ *Core }
 
 // New returns a Redis that sends every command through client and logs what
 // returned errors cannot carry to log (nil discards). Key shapes follow
@@ -41,20 +123,32 @@ func New(client rueidis.Client, log *slog.Logger) *Redis {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Redis{client: client, cluster: client.Mode() == rueidis.ClientModeCluster, log: log}
+	c := &Core{client: client, cluster: client.Mode() == rueidis.ClientModeCluster, log: log}
+	locks := Locks{c}
+	publisher := Publisher{Core: c, locks: locks}
+	return &Redis{
+		Core:        c,
+		Locks:       locks,
+		Lease:       Lease{c},
+		Publisher:   publisher,
+		Generations: Generations{Core: c, locks: locks, publisher: publisher},
+		Changes:     Changes{c},
+		Operator:    Operator{c},
+		Durable:     Durable{c},
+	}
 }
 
 // Client returns the client every command goes through.
-func (r *Redis) Client() rueidis.Client { return r.client }
+func (r *Core) Client() rueidis.Client { return r.client }
 
 // Cluster reports whether keys take Redis Cluster shapes.
-func (r *Redis) Cluster() bool { return r.cluster }
+func (r *Core) Cluster() bool { return r.cluster }
 
 // Logger returns the logger.
-func (r *Redis) Logger() *slog.Logger { return r.log }
+func (r *Core) Logger() *slog.Logger { return r.log }
 
 // LockKey returns the lock key of live.
-func (r *Redis) LockKey(live string) string { return keys.LockKey(live, r.cluster) }
+func (r *Core) LockKey(live string) string { return keys.LockKey(live, r.cluster) }
 
 // OrDefault returns v, or def when v is zero.
 func OrDefault[N int | int64 | time.Duration](v, def N) N {
@@ -88,7 +182,7 @@ func CheckKey(op, key string) error {
 // SameSlot reports an error when, on a cluster, ks span several hash slots.
 // rueidis's command builder panics on such a command, so every multi-key
 // command is checked here first. live names the rebuild in the error.
-func (r *Redis) SameSlot(op, live string, ks ...string) error {
+func (r *Core) SameSlot(op, live string, ks ...string) error {
 	if !r.cluster || len(ks) == 0 {
 		return nil
 	}
@@ -109,7 +203,7 @@ func (r *Redis) SameSlot(op, live string, ks ...string) error {
 // failure instead of returning it: the caller returns the error that made
 // the temp keys worthless, and their TTL bounds the leak. live names the
 // rebuild in the log.
-func (r *Redis) Discard(ctx context.Context, live string, temps ...string) {
+func (r *Core) Discard(ctx context.Context, live string, temps ...string) {
 	if len(temps) == 0 {
 		return
 	}
@@ -136,7 +230,7 @@ func (r *Redis) Discard(ctx context.Context, live string, temps ...string) {
 // "<live>:rebuild:<unix seconds>:<16 hex>" on a standalone server, in live's
 // slot on a cluster. The 64 random bits make every call unique, even within
 // a second and across processes.
-func (r *Redis) NewTempKey(live string, now time.Time) string {
+func (r *Core) NewTempKey(live string, now time.Time) string {
 	var b [8]byte
 	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)
 	return keys.TempKey(live, r.cluster, now.Unix(), binary.BigEndian.Uint64(b[:]))

@@ -27,7 +27,7 @@ const DefaultMaxKeys = 100_000
 // expired. Nothing changed.
 var ErrNothingToRollBack = errors.New("no previous generation is kept")
 
-// RollbackOptions configures [Redis.Rollback].
+// RollbackOptions configures [Publisher.Rollback].
 type RollbackOptions struct {
 	// Op and Key name the operation in errors.
 	Op, Key string
@@ -55,26 +55,26 @@ type RollbackOptions struct {
 // under its prefix, with the lock held; more keys than opts.MaxKeys fail
 // it with ErrTooManyKeys, changing nothing. It returns the generation now
 // live of each index.
-func (r *Redis) Rollback(ctx context.Context, opts RollbackOptions) ([]int64, error) {
+func (r Publisher) Rollback(ctx context.Context, opts RollbackOptions) ([]int64, error) {
 	locks, err := r.rollbackLocks(ctx, opts)
 	if err != nil {
 		return nil, err
 	}
 	gens, err := r.rollback(ctx, opts, locks)
-	return gens, r.ReleaseAfter(ctx, locks, err)
+	return gens, r.locks.ReleaseAfter(ctx, locks, err)
 }
 
 // rollbackLocks takes the locks of a rollback of opts.Lives.
-func (r *Redis) rollbackLocks(ctx context.Context, opts RollbackOptions) ([]*Lock, error) {
+func (r Publisher) rollbackLocks(ctx context.Context, opts RollbackOptions) ([]*Lock, error) {
 	families := make([]bool, len(opts.Lives))
 	for i := range families {
 		families[i] = i < len(opts.FamilyTypes) && opts.FamilyTypes[i] != ""
 	}
-	return r.Acquire(ctx, AcquireOptions{Op: opts.Op, Key: opts.Key, Lives: opts.Lives, Families: families,
+	return r.locks.Acquire(ctx, AcquireOptions{Op: opts.Op, Key: opts.Key, Lives: opts.Lives, Families: families,
 		Mode: ModeRollback, TTL: opts.TTL, Record: []string{FieldPhase, "rolling back"}})
 }
 
-func (r *Redis) rollback(ctx context.Context, opts RollbackOptions, locks []*Lock) ([]int64, error) {
+func (r Publisher) rollback(ctx context.Context, opts RollbackOptions, locks []*Lock) ([]int64, error) {
 	op, key := opts.Op, opts.Key
 	lockKeys, token, err := CheckLocks(op, locks)
 	if err != nil {
@@ -129,7 +129,7 @@ func (r *Redis) rollback(ctx context.Context, opts RollbackOptions, locks []*Loc
 
 // familyKeys returns the live buckets of the family prefix, of type kind,
 // and those its prev keys would restore.
-func (r *Redis) familyKeys(ctx context.Context, prefix, kind string) ([]string, error) {
+func (r Publisher) familyKeys(ctx context.Context, prefix, kind string) ([]string, error) {
 	set := map[string]bool{}
 	opts := scan.Options{Match: scan.EscapeGlob(prefix+":") + "*", Type: kind, InSlot: true, Slot: keys.Slot(prefix)}
 	for page, err := range scan.Pages(ctx, r.client, opts) {

@@ -33,7 +33,7 @@ func TestScriptsMultiKey(t *testing.T) {
 		core := protocol.New(d.Client, nil)
 		a, b, orphan := d.Prefix+"a", d.Prefix+"b", d.Prefix+"orphan"
 		redistest.Clean(t, d.Other, a, b, orphan, core.LockKey(a), core.LockKey(b))
-		locks, err := core.Acquire(ctx, protocol.AcquireOptions{Op: "acquire", Key: a, Lives: []string{a, b}, TTL: 60 * time.Second, Mode: protocol.ModeRebuild})
+		locks, err := core.Locks.Acquire(ctx, protocol.AcquireOptions{Op: "acquire", Key: a, Lives: []string{a, b}, TTL: 60 * time.Second, Mode: protocol.ModeRebuild})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -54,7 +54,7 @@ func TestScriptsMultiKey(t *testing.T) {
 
 		// lease {1, 2, 0}, then {1, 1, 0}; every lock extended.
 		shorten(locks[0].Key, locks[1].Key)
-		states, err := core.Touch(ctx, "touch", locks, []string{tempA, tempB})
+		states, err := core.Lease.Touch(ctx, "touch", locks, []string{tempA, tempB})
 		if want := []protocol.TempState{protocol.TempCreated, protocol.TempAbsent}; err != nil || !slices.Equal(states, want) {
 			t.Fatalf("first TouchAll = %v, %v; want %v, nil", states, err, want)
 		}
@@ -62,7 +62,7 @@ func TestScriptsMultiKey(t *testing.T) {
 			redistest.WantPTTL(t, d.Other, key, 10*time.Second, 60*time.Second)
 		}
 		redistest.WantAbsent(t, d.Other, tempB)
-		states, err = core.Touch(ctx, "touch", locks, []string{tempA, tempB})
+		states, err = core.Lease.Touch(ctx, "touch", locks, []string{tempA, tempB})
 		if want := []protocol.TempState{protocol.TempAlive, protocol.TempAbsent}; err != nil || !slices.Equal(states, want) {
 			t.Fatalf("second TouchAll = %v, %v; want %v, nil", states, err, want)
 		}
@@ -70,7 +70,7 @@ func TestScriptsMultiKey(t *testing.T) {
 		// lease {-1, 2}: the error names b, and nothing changed.
 		shorten(locks[0].Key, tempA)
 		redistest.Cmd(t, d.Other, "SET", locks[1].Key, "thief", "EX", "20")
-		_, err = core.Touch(ctx, "touch", locks, []string{tempA, tempB})
+		_, err = core.Lease.Touch(ctx, "touch", locks, []string{tempA, tempB})
 		redistest.WantErr(t, err, protocol.ErrLockLost)
 		if !strings.Contains(err.Error(), b) {
 			t.Errorf("error %q does not name %s, whose lock was lost", err, b)
@@ -81,7 +81,7 @@ func TestScriptsMultiKey(t *testing.T) {
 		redistest.Cmd(t, d.Other, "SET", locks[1].Key, locks[1].Token, "EX", "10")
 
 		// publish {0, 2}: b was seen populated and is gone; nothing changed.
-		_, err = core.Publish(ctx, protocol.PublishOptions{Op: "publish", Key: a, PreserveFor: time.Hour, Locks: locks, Orphans: []string{orphan}, Targets: []protocol.Target{
+		_, err = core.Publisher.Publish(ctx, protocol.PublishOptions{Op: "publish", Key: a, PreserveFor: time.Hour, Locks: locks, Orphans: []string{orphan}, Targets: []protocol.Target{
 			{Temp: tempA, Live: a, Populated: true}, {Temp: tempB, Live: b, Populated: true},
 		}})
 		redistest.WantErr(t, err, protocol.ErrTempKeyLost)
@@ -94,7 +94,7 @@ func TestScriptsMultiKey(t *testing.T) {
 		redistest.WantPTTL(t, d.Other, tempA, 0, 10*time.Second)
 
 		// publish {1, 1, 2}: a renamed, b emptied, the orphan unlinked.
-		p, err := core.Publish(ctx, protocol.PublishOptions{Op: "publish", Key: a, PreserveFor: time.Hour, Locks: locks, Orphans: []string{orphan}, Targets: []protocol.Target{
+		p, err := core.Publisher.Publish(ctx, protocol.PublishOptions{Op: "publish", Key: a, PreserveFor: time.Hour, Locks: locks, Orphans: []string{orphan}, Targets: []protocol.Target{
 			{Temp: tempA, Live: a, Populated: true}, {Temp: tempB, Live: b},
 		}})
 		if want := []protocol.Outcome{protocol.Swapped, protocol.Emptied}; err != nil || !slices.Equal(p.Outcomes, want) {
@@ -109,7 +109,7 @@ func TestScriptsMultiKey(t *testing.T) {
 
 		// release 1 of 2: ours goes, the thief's stays.
 		redistest.Cmd(t, d.Other, "SET", locks[1].Key, "thief", "EX", "20")
-		redistest.WantErr(t, core.Release(ctx, locks), protocol.ErrLockLost)
+		redistest.WantErr(t, core.Locks.Release(ctx, locks), protocol.ErrLockLost)
 		redistest.WantString(t, d.Other, locks[0].Key, "")
 		redistest.WantLock(t, d.Other, locks[1].Key, "thief", 20*time.Second)
 	})
@@ -133,15 +133,15 @@ func TestPublishAnswersAreNotSettled(t *testing.T) {
 		}})
 		core := protocol.New(hooked, nil)
 		live := d.Prefix + "idx"
-		locks, err := core.Acquire(ctx, protocol.AcquireOptions{Op: "acquire", Key: live, Lives: []string{live}, TTL: 60 * time.Second, Mode: protocol.ModeRebuild})
+		locks, err := core.Locks.Acquire(ctx, protocol.AcquireOptions{Op: "acquire", Key: live, Lives: []string{live}, TTL: 60 * time.Second, Mode: protocol.ModeRebuild})
 		if err != nil {
 			t.Fatal(err)
 		}
 		lock := locks[0]
-		t.Cleanup(func() { _ = core.Release(context.Background(), locks) })
+		t.Cleanup(func() { _ = core.Locks.Release(context.Background(), locks) })
 		temp := core.NewTempKey(live, time.Now())
 		redistest.Clean(t, d.Other, temp)
-		_, err = core.Publish(ctx, protocol.PublishOptions{Op: "publish", Key: live, Locks: locks, Settle: true, PreserveFor: time.Minute,
+		_, err = core.Publisher.Publish(ctx, protocol.PublishOptions{Op: "publish", Key: live, Locks: locks, Settle: true, PreserveFor: time.Minute,
 			Targets: []protocol.Target{{Temp: temp, Live: live}}})
 		if !errors.Is(err, serverErr) {
 			t.Errorf("Publish = %v, want the server's error", err)

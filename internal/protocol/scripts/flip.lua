@@ -46,6 +46,7 @@
 --                  generation as built by this run.
 --         {NOT_META, i}: meta i is another key.
 -- On every reply but {OK, ...} nothing was written.
+-- #include fence
 local token, L, N = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local batches, keep, now, receiptTTL = ARGV[4], ARGV[5] == '1', ARGV[6], ARGV[7]
 local locks, records, ctl, logs, indexes = 0, L, 2 * L, 2 * L + 1, 3 * L + 1
@@ -53,37 +54,16 @@ local receipt = KEYS[indexes + 3 * N + 1]
 local function gen(i) return ARGV[7 + i] end
 local function logArg(i, j) return tonumber(ARGV[7 + N + 2 * (i - 1) + j]) end
 
-for i = 1, L do
-  if redis.call('GET', KEYS[locks + i]) ~= token then
-    return {LOCK_LOST, i}
-  end
-end
-for i = 1, L do
-  local t = redis.call('HGET', KEYS[records + i], 'token')
-  if not t then
-    return {NO_RECORD, i}
-  elseif t ~= token then
-    return {TAMPERED, i}
-  end
-end
-if batches ~= '' then
-  local have = tonumber(redis.call('HGET', KEYS[records + 1], 'batches') or '0')
-  if have < tonumber(batches) then
-    return {WRITES_LOST, have}
-  end
-end
-local c = redis.call('HMGET', KEYS[ctl + 1], 'token', 'cancel')
-if c[1] == token and c[2] and c[2] ~= '' then
-  return {ABORTED}
-end
+-- The fence (lib/fence.lua), as publish.lua runs it.
+local refusal = fence.run(token, locks, L, records, L, batches ~= '' and batches or nil, KEYS[ctl + 1])
+if refusal then return refusal end
 for i = 1, L do
   local len = redis.call('LLEN', KEYS[logs + i])
   local logged = tonumber(redis.call('HGET', KEYS[records + i], 'logged') or '0')
   local replayed, highest = logArg(i, 1), logArg(i, 2)
-  if len < logged or logged < highest or len < replayed then
-    return {LOG_LOST, i, len, logged}
-  elseif len > logged then
-    return {UNCOUNTED, i, len, logged}
+  local r = fence.counted(i, len, logged, highest, replayed)
+  if r then
+    return r
   elseif len > replayed then
     return {BEHIND, i, len - replayed, 0}
   end
@@ -102,10 +82,7 @@ for i = 1, N do
   if redis.call('HGET', reg, gen(i)) ~= 'building:' .. token then
     return {GEN_LOST, i}
   end
-  local kind = redis.call('TYPE', meta)['ok']
-  local seq = kind == 'hash' and redis.call('HGET', meta, 'seq')
-  local canonical = seq == '0' or (seq and string.match(seq, '^[1-9]%d*$') and #seq < 19)
-  if (kind ~= 'none' and kind ~= 'hash') or (seq and not canonical) then
+  if not fence.meta(meta) then
     return {NOT_META, i}
   end
 end

@@ -36,24 +36,17 @@
 --                   (evicted), with the counts it kept; nothing changed.
 --         {TAMPERED, i}: record i carries another token; nothing changed.
 --         {WRITES_LOST, batches}: the record holds fewer batches than acknowledged.
+-- #include fence
 local n = tonumber(ARGV[3])
 local ctl = KEYS[3 * n + 1]
-for i = 1, n do
-  if redis.call('GET', KEYS[i]) ~= ARGV[1] then
-    return {LOCK_LOST, i}
-  end
-end
--- The records are opened with the locks and live as long as they do: a
--- missing one was lost with the writes it counted (evicted, or a restart
--- from before the run), and renewing would re-create it without a TTL.
-for i = 1, n do
-  local token = redis.call('HGET', KEYS[n + i], 'token')
-  if not token then
-    return {NO_RECORD, i}
-  elseif token ~= ARGV[1] then
-    return {TAMPERED, i}
-  end
-end
+-- The fence of a publish (lib/fence.lua), for the locks and the records;
+-- the batches, which the reply returns, are checked here, and the cancel
+-- is read below and returned. The records are opened with the locks and
+-- live as long as they do: a missing one was lost with the writes it
+-- counted (evicted, or a restart from before the run), and renewing would
+-- re-create it without a TTL.
+local refusal = fence.run(ARGV[1], 0, n, n, n, nil, nil)
+if refusal then return refusal end
 local batches = tonumber(redis.call('HGET', KEYS[n + 1], 'batches') or '0')
 if batches < tonumber(ARGV[4]) then
   return {WRITES_LOST, batches}

@@ -102,6 +102,7 @@
 -- #include keys
 -- #include remove
 -- #include changes
+-- #include fence
 local token = ARGV[1]
 local L, R, C, T = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local O, P, D, G = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
@@ -171,45 +172,15 @@ if redis.acl_check_cmd then
   end
 end
 
-if token ~= '' then
-  for i = 1, L do
-    if redis.call('GET', KEYS[locks + i]) ~= token then
-      return {LOCK_LOST, i}
-    end
-  end
-end
-for i = 1, R do
-  local t = redis.call('HGET', KEYS[records + i], 'token')
-  if not t then
-    return {NO_RECORD, i}
-  elseif t ~= token then
-    return {TAMPERED, i}
-  end
-end
-if R > 0 then
-  local batches = tonumber(redis.call('HGET', KEYS[records + 1], 'batches') or '0')
-  if batches < tonumber(ARGV[13]) then
-    return {WRITES_LOST, batches}
-  end
-end
--- An operator's cancel, for this run, read in the same step as the
--- publish: a cancel accepted before it is never followed by a publish.
-if K > 0 then
-  local c = redis.call('HMGET', KEYS[ctls + 1], 'token', 'cancel')
-  if c[1] == token and c[2] and c[2] ~= '' then
-    return {ABORTED}
-  end
-end
+-- The fence (lib/fence.lua): an unfenced publish has no token, and
+-- checks no lock.
+local refusal = fence.run(token, locks, token ~= '' and L or 0, records, R,
+  R > 0 and ARGV[13] or nil, K > 0 and KEYS[ctls + 1] or nil)
+if refusal then return refusal end
 -- A meta of another type, or with a seq that is not a number, would fail
 -- its HINCRBY after the renames: refuse it first.
 for i = 1, G do
-  local meta = KEYS[metas + i]
-  local kind = redis.call('TYPE', meta)['ok']
-  local seq = kind == 'hash' and redis.call('HGET', meta, 'seq')
-  -- seq must be an integer HINCRBY takes and can advance: canonical, and
-  -- far from the int64 limit.
-  local canonical = seq == '0' or (seq and string.match(seq, '^[1-9]%d*$') and #seq < 19)
-  if (kind ~= 'none' and kind ~= 'hash') or (seq and not canonical) then
+  if not fence.meta(KEYS[metas + i]) then
     return {NOT_META, i}
   end
 end
@@ -235,11 +206,8 @@ for i = 1, X do
   local len = redis.call('LLEN', log)
   local rec = R > 0 and redis.call('HMGET', KEYS[records + i], 'logged', 'work') or {}
   local logged, counted = tonumber(rec[1] or '0'), tonumber(rec[2] or '0')
-  if len < logged or logged < tonumber(logArg(i, 2)) then
-    return {LOG_LOST, i, len, logged}
-  elseif len > logged then
-    return {UNCOUNTED, i, len, logged}
-  end
+  local r = fence.counted(i, len, logged, tonumber(logArg(i, 2)))
+  if r then return r end
   lens[i] = len
   local n = len - tonumber(logArg(i, 1))
   if n > 0 then
