@@ -49,7 +49,7 @@ type Durability struct {
 const DefaultDurabilityTimeout = 10 * time.Second
 
 // durability returns the run's Durability for package protocol.
-func (r *Rebuilder[T]) durability() protocol.Durability {
+func (r *core) durability() protocol.Durability {
 	d := r.opts.Durability
 	return protocol.Durability{Replicas: d.Replicas, LocalAOF: d.LocalAOF, ReplicasAOF: d.ReplicasAOF, Timeout: d.Timeout}
 }

@@ -188,7 +188,7 @@ func (x *execution[T]) discardGen(ctx context.Context) {
 }
 
 // genIndex returns the gens.Index of the run's index i.
-func (r *Rebuilder[T]) genIndex(i int) gens.Index {
+func (r *core) genIndex(i int) gens.Index {
 	return gens.Index{Live: r.lives[i], Family: r.owners[i].family}
 }
 
@@ -200,7 +200,7 @@ const retireTries = 3
 // generation of (gens.Sweep: the grace measured on the server's clock,
 // which stamped the retirement). A cancelled ctx leaves them, retired, to
 // a later sweep; so does a negative Grace.
-func (r *Rebuilder[T]) retire(ctx context.Context, retired [][]int64) {
+func (r *core) retire(ctx context.Context, retired [][]int64) {
 	if r.opts.Grace < 0 {
 		return
 	}

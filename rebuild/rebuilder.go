@@ -15,9 +15,15 @@ import (
 // and publishes them all at once. It is safe for concurrent use; runs of
 // the same keys exclude each other through their locks.
 type Rebuilder[T any] struct {
+	core
+	builders []index.Builder[T]
+}
+
+// core is what a Rebuilder knows that does not depend on the items' type:
+// everything a run needs after its batches are built.
+type core struct {
 	redis    *protocol.Redis
 	opts     Options
-	builders []index.Builder[T]
 	owners   []owner
 	lives    []string // the builders' keys: the keys locked
 	lockKeys []string // their locks
@@ -58,7 +64,7 @@ func New[T any](client rueidis.Client, opts Options, builders ...index.Builder[T
 			panic(fmt.Sprintf("keyswap: rebuild.New: builder %d is nil", i))
 		}
 	}
-	r := &Rebuilder[T]{redis: protocol.New(client, opts.Logger), opts: opts, builders: builders}
+	r := &Rebuilder[T]{core: core{redis: protocol.New(client, opts.Logger), opts: opts}, builders: builders}
 	r.opts.Logger = r.redis.Logger()
 	if err := r.configure(); err != nil {
 		return nil, err
@@ -73,9 +79,13 @@ func (r *Rebuilder[T]) configure() error {
 	r.order = anyOrder
 	for _, b := range r.builders {
 		r.order = min(r.order, orderOf(b))
-		_, family := b.(index.Family)
+		f, family := b.(index.Family)
 		_, incremental := b.(index.Incremental[T])
-		r.owners = append(r.owners, owner{key: b.Key(), family: family, commutative: orderOf(b) == anyOrder, unique: orderOf(b) == anyOrder && incremental, incremental: incremental})
+		o := owner{key: b.Key(), family: family, commutative: orderOf(b) == anyOrder, unique: orderOf(b) == anyOrder && incremental, incremental: incremental}
+		if family {
+			o.keyType = f.KeyType()
+		}
+		r.owners = append(r.owners, o)
 		ks = append(ks, b.Key())
 	}
 	if o.Unordered {

@@ -207,7 +207,7 @@ func (x *execution[T]) recordFields() []string {
 }
 
 // families reports which builders are families.
-func (r *Rebuilder[T]) families() []bool {
+func (r *core) families() []bool {
 	out := make([]bool, len(r.owners))
 	for i, o := range r.owners {
 		out[i] = o.family
@@ -439,7 +439,7 @@ func isPanic(err error) bool {
 
 // owns reports whether key is one r rebuilds: a builder's key, or a bucket
 // of a family.
-func (r *Rebuilder[T]) owns(key string) bool {
+func (r *core) owns(key string) bool {
 	for _, o := range r.owners {
 		if key == o.key || o.family && strings.HasPrefix(key, o.key+":") {
 			return true
