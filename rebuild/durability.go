@@ -81,7 +81,7 @@ func (r *Rebuilder[T]) checkDurability(bad func(string, ...any) error) error {
 // on every other master that holds a slot the run wrote, each counted from
 // a write of the run's counter in one of its slots (see RELIABILITY.md,
 // "Generations mode", for the window this closes).
-func (x *execution[T]) waitDurable(ctx context.Context, d protocol.Durability) error {
+func (x *runState) waitDurable(ctx context.Context, d protocol.Durability) error {
 	r := x.r
 	lock := x.locks[0].Key
 	if x.gen == nil || !r.redis.Cluster() {
@@ -115,7 +115,7 @@ func (x *execution[T]) waitDurable(ctx context.Context, d protocol.Durability) e
 // the master that holds lock. It reads the slots' masters with CLUSTER
 // SLOTS: a slot that moves to another master after it was read is waited
 // for on the master of the key chosen for its old master.
-func (x *execution[T]) oneKeyPerMaster(ctx context.Context, lock string, ks []string) ([]string, error) {
+func (x *runState) oneKeyPerMaster(ctx context.Context, lock string, ks []string) ([]string, error) {
 	if len(ks) == 0 {
 		return nil, nil
 	}

@@ -44,7 +44,7 @@ func (noObserver) End(Stats, error)                          {}
 
 // setPhase enters phase p: in the run's status, for the observer, and for
 // Progress.
-func (x *execution[T]) setPhase(p Phase) {
+func (x *runState) setPhase(p Phase) {
 	x.phase.Store(p)
 	x.obs.Phase(p)
 	if x.r.opts.Progress != nil && p != PhaseBuilding {

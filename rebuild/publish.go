@@ -17,11 +17,11 @@ import (
 // write, the rights it needs, the locks, the run's record and the temp
 // keys. It reports whether the temp keys were handed over to the publish
 // (and so must not be discarded).
-func (x *execution[T]) publish(ctx context.Context, live []map[string]bool) (bool, error) {
+func (x *runState) publish(ctx context.Context, live []map[string]bool) (bool, error) {
 	r := x.r
 	x.stats.Batches = x.batches.Load()
-	for i, b := range r.builders {
-		x.stats.Entries[b.Key()] = x.entries[i]
+	for i, o := range r.owners {
+		x.stats.Entries[o.key] = x.entries[i]
 	}
 	var targets []protocol.Target
 	for _, t := range x.targets.temps() {

@@ -23,7 +23,7 @@ const bulkWait = time.Second
 // at the Info level when they have one again. A connection that closes, or
 // whose server no longer serves the run's slot, is replaced, and logged at
 // the Info level.
-func (x *execution[T]) newBulk(ctx context.Context) *protocol.Bulk {
+func (x *runState) newBulk(ctx context.Context) *protocol.Bulk {
 	r := x.r
 	b := protocol.NewBulk(ctx, r.redis.Client(), bulkWait, protocol.BulkEvents{
 		Shared: func(waited time.Duration, err error) {
@@ -70,8 +70,8 @@ type txn struct {
 }
 
 // batchTxn returns b's writes as a transaction.
-func batchTxn[T any](b *batch[T]) *txn {
-	return &txn{label: fmt.Sprintf("batch %d (%d items)", b.seq, len(b.items)), cmds: b.c.cmds, writes: b.c.touched}
+func batchTxn(b *batch) *txn {
+	return &txn{label: fmt.Sprintf("batch %d (%d items)", b.seq, b.items), cmds: b.c.cmds, writes: b.c.touched}
 }
 
 // write sends txns in one DoMulti. Each is one MULTI ... EXEC of its writes,
@@ -83,7 +83,7 @@ func batchTxn[T any](b *batch[T]) *txn {
 // if EXEC runs late, the TTL and the count come with the writes. At the end
 // of the DoMulti rides the heartbeat, when one is due. write checks every
 // reply; the sender accounts for the batches.
-func (x *execution[T]) write(ctx context.Context, txns []*txn) error {
+func (x *runState) write(ctx context.Context, txns []*txn) error {
 	r := x.r
 	if x.gen != nil {
 		// Generations mode: the data keys carry no TTL, and their sizes
@@ -153,7 +153,7 @@ func (x *execution[T]) write(ctx context.Context, txns []*txn) error {
 }
 
 // check checks the replies to transaction t.
-func (x *execution[T]) check(t *txn, res []rueidis.RedisResult) error {
+func (x *runState) check(t *txn, res []rueidis.RedisResult) error {
 	key := x.r.key
 	fail := func(err error) error { return &Error{Op: "write", Key: key, Err: err} }
 	n := len(res) - 2
@@ -291,7 +291,7 @@ func execReplies(res []rueidis.RedisResult, n int) ([]rueidis.RedisMessage, erro
 }
 
 // account records a written batch, recycles its buffer and reports progress.
-func (x *execution[T]) account(b *batch[T]) {
+func (x *runState) account(b *batch) {
 	var entries int64
 	for i, n := range b.c.entries {
 		x.entries[i] += n
@@ -299,14 +299,10 @@ func (x *execution[T]) account(b *batch[T]) {
 		entries += n
 	}
 	x.written.Add(entries)
-	items := x.done.Add(int64(len(b.items)))
+	items := x.done.Add(int64(b.items))
 	batches := x.batches.Add(1)
-	clear(b.items)
-	select {
-	case x.free <- b.items[:0]:
-	default:
-	}
-	x.obs.Batch(int64(len(b.items)), entries)
+	b.release()
+	x.obs.Batch(int64(b.items), entries)
 	if p := x.r.opts.Progress; p != nil {
 		elapsed := time.Since(x.start)
 		p(Progress{Phase: PhaseBuilding, Items: items, Batches: batches, Elapsed: elapsed, Rate: float64(items) / elapsed.Seconds()})
