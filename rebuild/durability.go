@@ -32,7 +32,7 @@ type Durability struct {
 	// ReplicasAOF is how many replicas must fsync every write of the run to
 	// their AOF before it is published (WAITAOF, Redis 7.2 or later).
 	ReplicasAOF int
-	// Timeout bounds the wait. Zero means DefaultDurabilityTimeout, or half
+	// Timeout bounds the wait. Zero means 10 s (see [Defaults]), or half
 	// the lease (Options.TTL) if that is shorter. The run keeps its lease
 	// while it waits (its phase is PhaseWaiting), and an operator's cancel
 	// ends the wait.
@@ -44,9 +44,6 @@ type Durability struct {
 	// ErrNotDurable that says so.
 	Timeout time.Duration
 }
-
-// DefaultDurabilityTimeout bounds the wait of Options.Durability.
-const DefaultDurabilityTimeout = 10 * time.Second
 
 // durability returns the run's Durability for package protocol.
 func (r *core) durability() protocol.Durability {
@@ -63,12 +60,12 @@ func (r *Rebuilder[T]) checkDurability(bad func(string, ...any) error) error {
 	case d.ReplicasAOF < 0:
 		return bad("Durability.ReplicasAOF %d: must not be negative", d.ReplicasAOF)
 	case d.Timeout < 0:
-		return bad("Durability.Timeout %v: must not be negative (zero means %v)", d.Timeout, DefaultDurabilityTimeout)
+		return bad("Durability.Timeout %v: must not be negative (zero means %v)", d.Timeout, defaultDurabilityTimeout)
 	}
 	if d.Replicas == 0 && !d.LocalAOF && d.ReplicasAOF == 0 {
 		return nil // nothing to wait for
 	}
-	d.Timeout = protocol.OrDefault(d.Timeout, min(DefaultDurabilityTimeout, r.opts.TTL/2))
+	d.Timeout = protocol.OrDefault(d.Timeout, min(defaultDurabilityTimeout, r.opts.TTL/2))
 	return nil
 }
 

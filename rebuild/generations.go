@@ -40,10 +40,6 @@ func (m PublishMode) String() string {
 	return "PublishMode(" + strconv.Itoa(int(m)) + ")"
 }
 
-// DefaultGrace is how long an old generation stays readable after a flip
-// (see Options.Grace).
-const DefaultGrace = 10 * time.Second
-
 // ErrNotInGenerations reports an operation that Generations mode does not
 // support yet: on a cluster, Apply to a family without a hash tag.
 var ErrNotInGenerations = protocol.ErrNotInGenerations

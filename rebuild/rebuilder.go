@@ -97,28 +97,28 @@ func (r *Rebuilder[T]) configure() error {
 	}
 	switch {
 	case o.BatchSize < 0:
-		return bad("BatchSize %d: must not be negative (zero means %d)", o.BatchSize, DefaultBatchSize)
+		return bad("BatchSize %d: must not be negative (zero means %d)", o.BatchSize, defaultBatchSize)
 	case o.Writers < 0:
-		return bad("Writers %d: must not be negative (zero means %d)", o.Writers, DefaultWriters)
+		return bad("Writers %d: must not be negative (zero means %d)", o.Writers, defaultWriters)
 	case o.TTL < 0:
-		return bad("TTL %v: must not be negative (zero means %v)", o.TTL, DefaultTTL)
+		return bad("TTL %v: must not be negative (zero means %v)", o.TTL, defaultTTL)
 	case o.PreserveFor < 0:
-		return bad("PreserveFor %v: must not be negative (zero means %v)", o.PreserveFor, DefaultPreserveFor)
+		return bad("PreserveFor %v: must not be negative (zero means %v)", o.PreserveFor, defaultPreserveFor)
 	case len(r.builders) == 0:
 		return bad("no builders")
 	case o.Publish != RenameInPlace && o.Publish != Generations:
 		return bad("Publish %v: must be RenameInPlace or Generations", o.Publish)
 	}
-	o.Grace = protocol.OrDefault(o.Grace, DefaultGrace)
+	o.Grace = protocol.OrDefault(o.Grace, defaultGrace)
 	for i, b := range r.builders {
 		if o, ok := b.(index.Ordered); ok && o.Order() != index.InOrder && o.Order() != index.ByEntry && o.Order() != index.AnyOrder {
 			return bad("builder %d (%q): Order returned %v, which is none of InOrder, ByEntry and AnyOrder", i, b.Key(), o.Order())
 		}
 	}
-	o.BatchSize = protocol.OrDefault(o.BatchSize, DefaultBatchSize)
-	o.Writers = protocol.OrDefault(o.Writers, DefaultWriters)
-	o.TTL = protocol.OrDefault(o.TTL, DefaultTTL)
-	o.PreserveFor = protocol.OrDefault(o.PreserveFor, DefaultPreserveFor)
+	o.BatchSize = protocol.OrDefault(o.BatchSize, defaultBatchSize)
+	o.Writers = protocol.OrDefault(o.Writers, defaultWriters)
+	o.TTL = protocol.OrDefault(o.TTL, defaultTTL)
+	o.PreserveFor = protocol.OrDefault(o.PreserveFor, defaultPreserveFor)
 	for what, d := range map[string]time.Duration{"TTL": o.TTL, "PreserveFor": o.PreserveFor} {
 		if d < time.Second || d%time.Second != 0 {
 			return bad("%s %v: must be a whole number of seconds, at least 1s (Redis expiries here are in seconds)", what, d)
@@ -147,9 +147,9 @@ func (r *Rebuilder[T]) checkTimes(bad func(string, ...any) error) error {
 	o := &r.opts
 	switch {
 	case o.StallTimeout < 0:
-		return bad("StallTimeout %v: must not be negative (zero means %v)", o.StallTimeout, DefaultStallTimeout)
+		return bad("StallTimeout %v: must not be negative (zero means %v)", o.StallTimeout, defaultStallTimeout)
 	case o.FlushInterval < 0:
-		return bad("FlushInterval %v: must not be negative (zero means %v)", o.FlushInterval, DefaultFlushInterval)
+		return bad("FlushInterval %v: must not be negative (zero means %v)", o.FlushInterval, defaultFlushInterval)
 	case o.MaxRate < 0 || o.MaxRate != o.MaxRate:
 		return bad("MaxRate %v: must be a positive number of items per second, or zero for no limit", o.MaxRate)
 	case o.LatencyBudget < 0:
@@ -159,23 +159,23 @@ func (r *Rebuilder[T]) checkTimes(bad func(string, ...any) error) error {
 	}
 	switch {
 	case o.MaxMerged < 0:
-		return bad("MaxMerged %d: must not be negative (zero means %d)", o.MaxMerged, DefaultMaxMerged)
+		return bad("MaxMerged %d: must not be negative (zero means %d)", o.MaxMerged, defaultMaxMerged)
 	case o.MaxChanges < 0:
-		return bad("MaxChanges %d: must not be negative (zero means %d)", o.MaxChanges, DefaultMaxChanges)
+		return bad("MaxChanges %d: must not be negative (zero means %d)", o.MaxChanges, defaultMaxChanges)
 	case o.KeepPrevious < 0 || o.KeepPrevious%time.Second != 0:
 		return bad("KeepPrevious %v: must be a whole number of seconds, or zero to keep nothing", o.KeepPrevious)
 	case o.CatchUpTimeout < 0:
-		return bad("CatchUpTimeout %v: must not be negative (zero means %v)", o.CatchUpTimeout, DefaultCatchUpTimeout)
+		return bad("CatchUpTimeout %v: must not be negative (zero means %v)", o.CatchUpTimeout, defaultCatchUpTimeout)
 	case o.MaxHold < 0:
-		return bad("MaxHold %v: must not be negative (zero means %v)", o.MaxHold, DefaultMaxHold)
+		return bad("MaxHold %v: must not be negative (zero means %v)", o.MaxHold, defaultMaxHold)
 	}
-	o.MaxHold = protocol.OrDefault(o.MaxHold, DefaultMaxHold)
-	o.MaxMerged = protocol.OrDefault(o.MaxMerged, DefaultMaxMerged)
-	o.MaxChanges = protocol.OrDefault(o.MaxChanges, DefaultMaxChanges)
-	o.MaxKeys = protocol.OrDefault(o.MaxKeys, DefaultMaxKeys)
-	o.CatchUpTimeout = protocol.OrDefault(o.CatchUpTimeout, DefaultCatchUpTimeout)
-	o.StallTimeout = protocol.OrDefault(o.StallTimeout, DefaultStallTimeout)
-	o.FlushInterval = protocol.OrDefault(o.FlushInterval, DefaultFlushInterval)
+	o.MaxHold = protocol.OrDefault(o.MaxHold, defaultMaxHold)
+	o.MaxMerged = protocol.OrDefault(o.MaxMerged, defaultMaxMerged)
+	o.MaxChanges = protocol.OrDefault(o.MaxChanges, defaultMaxChanges)
+	o.MaxKeys = protocol.OrDefault(o.MaxKeys, defaultMaxKeys)
+	o.CatchUpTimeout = protocol.OrDefault(o.CatchUpTimeout, defaultCatchUpTimeout)
+	o.StallTimeout = protocol.OrDefault(o.StallTimeout, defaultStallTimeout)
+	o.FlushInterval = protocol.OrDefault(o.FlushInterval, defaultFlushInterval)
 	return r.checkDurability(bad)
 }
 
