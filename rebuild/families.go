@@ -52,26 +52,30 @@ func (x *runState) scanFamilies(ctx context.Context, g *errgroup.Group) []map[st
 				opts.InSlot = false
 			}
 		}
-		g.Go(func() error {
-			for page, err := range scan.Pages(ctx, x.r.redis.Client(), opts) {
-				if err != nil {
-					return fmt.Errorf("SCAN %s: %w", opts.Match, err)
-				}
-				for _, k := range page {
-					// keyswap's own keys are not buckets: temp keys, locks,
-					// records, logs, and the kept previous values, which
-					// the publish drops unless it replaces them.
-					if bucket, ok := strings.CutSuffix(k, keys.PrevSuffix); ok && !keys.Reserved(bucket) {
-						prevs[k] = true
-					} else if !keys.Reserved(k) {
-						live[i][k] = true
-					}
-				}
-			}
-			return nil
-		})
+		g.Go(func() error { return x.scanFamily(ctx, opts, live[i], prevs) })
 	}
 	return live
+}
+
+// scanFamily adds to live the buckets of a family that SCAN with opts
+// finds, and to prevs their kept previous values.
+func (x *runState) scanFamily(ctx context.Context, opts scan.Options, live, prevs map[string]bool) error {
+	for page, err := range scan.Pages(ctx, x.r.redis.Client(), opts) {
+		if err != nil {
+			return fmt.Errorf("SCAN %s: %w", opts.Match, err)
+		}
+		for _, k := range page {
+			// keyswap's own keys are not buckets: temp keys, locks,
+			// records, logs, and the kept previous values, which
+			// the publish drops unless it replaces them.
+			if bucket, ok := strings.CutSuffix(k, keys.PrevSuffix); ok && !keys.Reserved(bucket) {
+				prevs[k] = true
+			} else if !keys.Reserved(k) {
+				live[k] = true
+			}
+		}
+	}
+	return nil
 }
 
 // scanGeneration adds to live the buckets of family builder i in its

@@ -215,24 +215,7 @@ func (h *held) diff(ctx context.Context, o guards.DiffOptions) (guards.Diff, err
 		bd := guards.BuilderDiff{Key: o.key, Family: o.family, Exact: true}
 		lives := []string{o.key}
 		if bd.Family {
-			all := maps.Clone(h.live[i])
-			for l := range temps[i] {
-				if !all[l] {
-					bd.BucketsAdded++
-				}
-				all[l] = true
-			}
-			for l := range h.live[i] {
-				if _, ok := temps[i][l]; !ok {
-					bd.BucketsRemoved++
-				}
-			}
-			lives = slices.Sorted(maps.Keys(all))
-			bd.Buckets = len(lives)
-			if len(lives) > maxKeys {
-				lives, bd.Exact = lives[:maxKeys], false
-			}
-			bd.Compared = len(lives)
+			lives = h.buckets(&bd, h.live[i], temps[i], maxKeys)
 		}
 		for _, l := range lives {
 			temp := temps[i][l]
@@ -255,4 +238,28 @@ func (h *held) diff(ctx context.Context, o guards.DiffOptions) (guards.Diff, err
 		out.Builders = append(out.Builders, bd)
 	}
 	return out, nil
+}
+
+// buckets returns the buckets of a family to compare, at most maxKeys of
+// those live (live) or rebuilt (temps, live -> temp), and counts them in bd.
+func (h *held) buckets(bd *guards.BuilderDiff, live map[string]bool, temps map[string]string, maxKeys int) []string {
+	all := maps.Clone(live)
+	for l := range temps {
+		if !all[l] {
+			bd.BucketsAdded++
+		}
+		all[l] = true
+	}
+	for l := range live {
+		if _, ok := temps[l]; !ok {
+			bd.BucketsRemoved++
+		}
+	}
+	lives := slices.Sorted(maps.Keys(all))
+	bd.Buckets = len(lives)
+	if len(lives) > maxKeys {
+		lives, bd.Exact = lives[:maxKeys], false
+	}
+	bd.Compared = len(lives)
+	return lives
 }

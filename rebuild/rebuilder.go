@@ -75,45 +75,16 @@ func New[T any](client rueidis.Client, opts Options, builders ...index.Builder[T
 // configure fills in defaults and validates the options and builders.
 func (r *Rebuilder[T]) configure() error {
 	o := &r.opts
-	var ks []string
-	r.order = anyOrder
-	for _, b := range r.builders {
-		r.order = min(r.order, orderOf(b))
-		f, family := b.(index.Family)
-		_, incremental := b.(index.Incremental[T])
-		o := owner{key: b.Key(), family: family, commutative: orderOf(b) == anyOrder, unique: orderOf(b) == anyOrder && incremental, incremental: incremental}
-		if family {
-			o.keyType = f.KeyType()
-		}
-		r.owners = append(r.owners, o)
-		ks = append(ks, b.Key())
-	}
-	if o.Unordered {
-		r.order = anyOrder
-	}
-	r.key = strings.Join(ks, ", ")
+	r.addOwners()
 	bad := func(format string, args ...any) error {
 		return &Error{Op: "config", Key: r.key, Err: fmt.Errorf(format, args...)}
 	}
-	switch {
-	case o.BatchSize < 0:
-		return bad("BatchSize %d: must not be negative (zero means %d)", o.BatchSize, defaultBatchSize)
-	case o.Writers < 0:
-		return bad("Writers %d: must not be negative (zero means %d)", o.Writers, defaultWriters)
-	case o.TTL < 0:
-		return bad("TTL %v: must not be negative (zero means %v)", o.TTL, defaultTTL)
-	case o.PreserveFor < 0:
-		return bad("PreserveFor %v: must not be negative (zero means %v)", o.PreserveFor, defaultPreserveFor)
-	case len(r.builders) == 0:
-		return bad("no builders")
-	case o.Publish != RenameInPlace && o.Publish != Generations:
-		return bad("Publish %v: must be RenameInPlace or Generations", o.Publish)
+	if err := r.checkCounts(bad); err != nil {
+		return err
 	}
 	o.Grace = protocol.OrDefault(o.Grace, defaultGrace)
-	for i, b := range r.builders {
-		if o, ok := b.(index.Ordered); ok && o.Order() != index.InOrder && o.Order() != index.ByEntry && o.Order() != index.AnyOrder {
-			return bad("builder %d (%q): Order returned %v, which is none of InOrder, ByEntry and AnyOrder", i, b.Key(), o.Order())
-		}
+	if err := r.checkOrders(bad); err != nil {
+		return err
 	}
 	o.BatchSize = protocol.OrDefault(o.BatchSize, defaultBatchSize)
 	o.Writers = protocol.OrDefault(o.Writers, defaultWriters)
@@ -138,6 +109,59 @@ func (r *Rebuilder[T]) configure() error {
 	}
 	if r.redis.Cluster() {
 		return r.checkSlots(bad)
+	}
+	return nil
+}
+
+// checkCounts checks the options that are counts or the lease, the
+// builders' number and the publish mode.
+func (r *Rebuilder[T]) checkCounts(bad func(string, ...any) error) error {
+	o := &r.opts
+	switch {
+	case o.BatchSize < 0:
+		return bad("BatchSize %d: must not be negative (zero means %d)", o.BatchSize, defaultBatchSize)
+	case o.Writers < 0:
+		return bad("Writers %d: must not be negative (zero means %d)", o.Writers, defaultWriters)
+	case o.TTL < 0:
+		return bad("TTL %v: must not be negative (zero means %v)", o.TTL, defaultTTL)
+	case o.PreserveFor < 0:
+		return bad("PreserveFor %v: must not be negative (zero means %v)", o.PreserveFor, defaultPreserveFor)
+	case len(r.builders) == 0:
+		return bad("no builders")
+	case o.Publish != RenameInPlace && o.Publish != Generations:
+		return bad("Publish %v: must be RenameInPlace or Generations", o.Publish)
+	}
+	return nil
+}
+
+// addOwners sets what a run knows of each builder, the run's order, and
+// the key of errors.
+func (r *Rebuilder[T]) addOwners() {
+	var ks []string
+	r.order = anyOrder
+	for _, b := range r.builders {
+		r.order = min(r.order, orderOf(b))
+		f, family := b.(index.Family)
+		_, incremental := b.(index.Incremental[T])
+		o := owner{key: b.Key(), family: family, commutative: orderOf(b) == anyOrder, unique: orderOf(b) == anyOrder && incremental, incremental: incremental}
+		if family {
+			o.keyType = f.KeyType()
+		}
+		r.owners = append(r.owners, o)
+		ks = append(ks, b.Key())
+	}
+	if r.opts.Unordered {
+		r.order = anyOrder
+	}
+	r.key = strings.Join(ks, ", ")
+}
+
+// checkOrders refuses a builder whose Order is none of index's.
+func (r *Rebuilder[T]) checkOrders(bad func(string, ...any) error) error {
+	for i, b := range r.builders {
+		if o, ok := b.(index.Ordered); ok && o.Order() != index.InOrder && o.Order() != index.ByEntry && o.Order() != index.AnyOrder {
+			return bad("builder %d (%q): Order returned %v, which is none of InOrder, ByEntry and AnyOrder", i, b.Key(), o.Order())
+		}
 	}
 	return nil
 }

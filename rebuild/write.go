@@ -167,32 +167,60 @@ func (x *runState) check(t *txn, res []rueidis.RedisResult) error {
 	probes := len(t.probes)
 	before, replies := replies[:probes], replies[probes:]
 	writes := len(t.cmds)
-	for i, m := range replies[:writes] {
+	if err := x.checkWrites(t, replies[:writes]); err != nil {
+		return fail(err)
+	}
+	after := replies[writes+len(t.expire) : writes+len(t.expire)+probes]
+	probed, err := checkProbes(t, before, after)
+	if err != nil {
+		return fail(err)
+	}
+	if err := checkExpires(t, replies, probed); err != nil {
+		return fail(err)
+	}
+	for _, m := range replies[len(replies)-2:] {
+		if err := m.Error(); err != nil {
+			return fail(fmt.Errorf("the record %s: %w", x.record, err))
+		}
+	}
+	return nil
+}
+
+// checkWrites checks the replies to t's writes, and counts the entries
+// they added.
+func (x *runState) checkWrites(t *txn, replies []rueidis.RedisMessage) error {
+	writes := len(t.cmds)
+	for i, m := range replies {
 		if err := m.Error(); err != nil {
 			if perr := refused(err); perr != nil {
 				err = perr
 			}
-			return fail(fmt.Errorf("%s, command %d of %d: %w", t.label, i+1, writes, err))
+			return fmt.Errorf("%s, command %d of %d: %w", t.label, i+1, writes, err)
 		}
 		if i < len(t.members) && t.members[i] != nil && x.r.owners[t.writes[i].builder].unique {
 			if added, err := m.AsInt64(); err == nil && added < int64(len(t.members[i])) {
-				return fail(sharedMember(t.writes[i].Live, t.members[i], added))
+				return sharedMember(t.writes[i].Live, t.members[i], added)
 			}
 		}
 		if i < len(t.sized) {
 			countWrite(t.sized[i], m)
 		}
 	}
-	after := replies[writes+len(t.expire) : writes+len(t.expire)+probes]
-	probed := make(map[*target]bool, probes)
+	return nil
+}
+
+// checkProbes checks the EXISTS of t's probes before and after its writes,
+// and returns the targets probed.
+func checkProbes(t *txn, before, after []rueidis.RedisMessage) (map[*target]bool, error) {
+	probed := make(map[*target]bool, len(t.probes))
 	for i, tg := range t.probes {
 		was, err1 := before[i].AsInt64()
 		is, err2 := after[i].AsInt64()
 		if err := errors.Join(err1, err2); err != nil {
-			return fail(fmt.Errorf("EXISTS %s: %w", tg.Key, err))
+			return nil, fmt.Errorf("EXISTS %s: %w", tg.Key, err)
 		}
 		if was == 0 && tg.Populated() {
-			return fail(tg.Lost("vanished before a replayed change reached it"))
+			return nil, tg.Lost("vanished before a replayed change reached it")
 		}
 		// Emptied by the change, or still holding entries (perhaps
 		// emptied and re-created by it): either way what is there is
@@ -200,20 +228,23 @@ func (x *runState) check(t *txn, res []rueidis.RedisResult) error {
 		tg.SetPopulated(is == 1)
 		probed[tg] = true
 	}
+	return probed, nil
+}
+
+// checkExpires checks the replies to t's EXPIRE NX, which follow those to
+// its writes in replies (the replies after its probes'), and marks the
+// targets they created.
+func checkExpires(t *txn, replies []rueidis.RedisMessage, probed map[*target]bool) error {
+	writes := len(t.cmds)
 	for i, tg := range t.expire {
 		created, err := replies[writes+i].AsInt64()
 		if err != nil {
-			return fail(fmt.Errorf("EXPIRE %s: %w", tg.Key, err))
+			return fmt.Errorf("EXPIRE %s: %w", tg.Key, err)
 		}
 		if created == 1 && !probed[tg] {
 			if err := tg.Created(); err != nil {
-				return fail(err)
+				return err
 			}
-		}
-	}
-	for _, m := range replies[len(replies)-2:] {
-		if err := m.Error(); err != nil {
-			return fail(fmt.Errorf("the record %s: %w", x.record, err))
 		}
 	}
 	return nil
