@@ -115,7 +115,6 @@ type execution[T any] struct {
 // runState is the state of one Run that its stages after build share.
 type runState struct {
 	r       *core
-	start   time.Time
 	locks   []*protocol.Lock
 	record  string // the run's record: batches written, status, requests
 	suffix  string // every temp key of the run ends with it
@@ -125,29 +124,19 @@ type runState struct {
 	bulk    *protocol.Bulk // the connections of the writes
 	gate    *gate
 	cancel  context.CancelCauseFunc
-
-	pulled  atomic.Int64 // items pulled from the source
-	done    atomic.Int64 // items in batches written and accounted
-	written atomic.Int64 // entries in batches Redis acknowledged
-	batches atomic.Int64 // batches written and accounted, in source order
-	acked   atomic.Int64 // batches whose transaction Redis acknowledged
+	progress
 	// tempSecs is the temp keys' TTL in seconds: twice the lease, or more
 	// when refreshing them takes long (see lease.refreshed).
 	tempSecs atomic.Int64
-	phase    atomic.Value  // Phase
-	entries  []int64       // entries written per builder; only the sender writes
-	skipped  []int64       // entries skipped for a reserved key, per builder; only the sender writes
 	slots    chan struct{} // one per batch in flight: built, queued or being sent
 
 	catchUp *catchUp    // the catch-up, and the counts of the logs of changes
 	pacing  *pacing     // the pacer (Options.LatencyBudget), and its last probe
 	held    *held       // Build's run, nil for Run
 	stall   *stallWatch // when the source last yielded
-	rates   *rateMeter  // the current rate, for the record
 	// stalePrevs are, per family, the kept previous values of its buckets
 	// found by the scan: written by the scans, read once they are done.
 	stalePrevs []map[string]bool
-	obs        RunObserver
 	// gen is the state of a run in Generations mode, nil in
 	// RenameInPlace mode; retired are the generations its flip retired.
 	gen     *generations
@@ -164,14 +153,15 @@ func newRunState(r *core, start time.Time, stats *Stats) *runState {
 	var nonce [8]byte
 	_, _ = rand.Read(nonce[:]) // crypto/rand.Read never fails (Go 1.24+)
 	x := &runState{
-		r: r, start: start, stats: stats,
-		record:  keys.RecordKey(r.lockKeys[0]),
-		suffix:  keys.TempSuffix(start.Unix(), binary.BigEndian.Uint64(nonce[:])),
-		entries: make([]int64, len(r.owners)),
-		skipped: make([]int64, len(r.owners)),
-		slots:   make(chan struct{}, r.opts.Writers),
-		gate:    newGate(r.opts.MaxRate),
-		rates:   newRateMeter(start),
+		r: r, stats: stats,
+		record: keys.RecordKey(r.lockKeys[0]),
+		suffix: keys.TempSuffix(start.Unix(), binary.BigEndian.Uint64(nonce[:])),
+		slots:  make(chan struct{}, r.opts.Writers),
+		gate:   newGate(r.opts.MaxRate),
+		progress: progress{
+			start: start, entries: make([]int64, len(r.owners)), skipped: make([]int64, len(r.owners)),
+			rates: newRateMeter(start), report: r.opts.Progress,
+		},
 	}
 	x.pacing = &pacing{
 		redis: r.redis, key: r.key, lockKeys: r.lockKeys, budget: r.opts.LatencyBudget,

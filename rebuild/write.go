@@ -321,22 +321,9 @@ func execReplies(res []rueidis.RedisResult, n int) ([]rueidis.RedisMessage, erro
 	return replies, nil
 }
 
-// account records a written batch, recycles its buffer and reports progress.
+// account records a written batch, recycles its buffer and reports
+// progress; then gives its slot back.
 func (x *runState) account(b *batch) {
-	var entries int64
-	for i, n := range b.c.entries {
-		x.entries[i] += n
-		x.skipped[i] += b.c.skipped[i]
-		entries += n
-	}
-	x.written.Add(entries)
-	items := x.done.Add(int64(b.items))
-	batches := x.batches.Add(1)
-	b.release()
-	x.obs.Batch(int64(b.items), entries)
-	if p := x.r.opts.Progress; p != nil {
-		elapsed := time.Since(x.start)
-		p(Progress{Phase: PhaseBuilding, Items: items, Batches: batches, Elapsed: elapsed, Rate: float64(items) / elapsed.Seconds()})
-	}
+	x.progress.account(b)
 	<-x.slots // the batch is done: the source may fill another
 }
