@@ -189,7 +189,7 @@ func (x *runState) sortBySlot(cmds []mergedCmd) []mergedCmd {
 }
 
 // sortBySlot sorts cmds by the hash slot of their keys (see
-// execution.sortBySlot), by the slot's bits in reverse order: still grouped
+// runState.sortBySlot), by the slot's bits in reverse order: still grouped
 // by slot, but consecutive groups far apart in the slot space, and so on
 // every master in turn (a master serves ranges of slots), rather than a
 // round trip's transactions all on one master. The drain of a family of
