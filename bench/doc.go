@@ -16,7 +16,7 @@
 //     per command: the documented mass-insertion path, and the physical
 //     limit. The server's single thread is the bottleneck.
 //   - raw: the same variadic commands, pipelined through rueidis with
-//     rebuild.DefaultWriters batches in flight, and no lock, lease or swap.
+//     rebuild.Defaults().Writers batches in flight, and no lock, lease or swap.
 //     The floor of keyswap's own overhead.
 //   - keyswap: a full rebuild.Rebuilder run (lock, lease, publish) onto an
 //     existing key of the same size.

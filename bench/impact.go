@@ -164,7 +164,7 @@ func (r *runner) impact(ctx context.Context) (*impactResult, error) {
 	}
 	p := &impactProbes{separate: reader, shared: s.client, app: app, key: w.targets[0].key}
 	res := &impactResult{Items: d.n, Rounds: cfg.rounds, Workload: w.title, Budget: cfg.impactBudget,
-		BatchSize: cmp.Or(popts.BatchSize, rebuild.DefaultBatchSize), FreeBatchSize: cmp.Or(cfg.keyswap.BatchSize, rebuild.DefaultBatchSize)}
+		BatchSize: cmp.Or(popts.BatchSize, rebuild.Defaults().BatchSize), FreeBatchSize: cmp.Or(cfg.keyswap.BatchSize, rebuild.Defaults().BatchSize)}
 	var us, ps []sample
 	for round := range cfg.rounds {
 		var rd impactRound
@@ -428,7 +428,7 @@ func (res *impactResult) markdown(b *bytes.Buffer, cpus int) {
 	s := res.Summary
 	p("## Impact on other clients\n\n")
 	p("A reader on a connection of its own reads two other keys, a GET and an HGET in turn, one every %v, while the bench rebuilds a %s of %s items (%d rounds). ", impactEvery, res.Workload, commas(res.Items), res.Rounds)
-	p("In each round: %v of reads with no rebuild; then reads during an unthrottled rebuild (`BatchSize` %s); then during the same rebuild with `Options.LatencyBudget` = %v and `BatchSize` %s. ", impactIdle, commas(cmp.Or(res.FreeBatchSize, rebuild.DefaultBatchSize)), res.Budget, commas(res.BatchSize))
+	p("In each round: %v of reads with no rebuild; then reads during an unthrottled rebuild (`BatchSize` %s); then during the same rebuild with `Options.LatencyBudget` = %v and `BatchSize` %s. ", impactIdle, commas(cmp.Or(res.FreeBatchSize, rebuild.Defaults().BatchSize)), res.Budget, commas(res.BatchSize))
 	p("Latencies are the reader's round trips that started and ended while the run ran; the reader, the rebuild and the server share the machine's CPUs.\n\n")
 	p("| condition | reads per round | p50 | p99 | max | rebuild items/s, median (min–max) | ratio to unthrottled (min–max) |\n|---|--:|--:|--:|--:|--:|--:|\n")
 	calls := func(f func(impactRound) latency) string {

@@ -34,19 +34,19 @@ func (m method) describe() string {
 	case methodLimit:
 		return "`redis-cli --pipe` of pre-generated RESP, 1000 entries per command: the physical limit"
 	case methodRaw:
-		return fmt.Sprintf("the same variadic commands through rueidis, %d batches in flight, no lock, lease or swap: the floor of our overhead", rebuild.DefaultWriters)
+		return fmt.Sprintf("the same variadic commands through rueidis, %d batches in flight, no lock, lease or swap: the floor of our overhead", rebuild.Defaults().Writers)
 	case methodKeyswap:
 		return "a full `rebuild.Rebuilder` run (lock, lease, fenced publish), default options unless the command says otherwise, onto an existing key of the same size"
 	case methodUnordered:
 		return "keyswap with `Options.Unordered`: a second round trip is sent while the first is in flight, whatever the two write, for sources that yield each field or member once. keyswap does this by default when every builder is `AnyOrder` (Set, SetIndex) or `ByEntry` (Hash, SortedSet) and the two round trips write no field or member in common, as in every workload here"
 	case methodNaive:
-		return fmt.Sprintf("one command per entry, pipelined in DoMulti batches of %d commands, %d in flight", rebuild.DefaultBatchSize, rebuild.DefaultWriters)
+		return fmt.Sprintf("one command per entry, pipelined in DoMulti batches of %d commands, %d in flight", rebuild.Defaults().BatchSize, rebuild.Defaults().Writers)
 	}
 	return string(m)
 }
 
 // pipeline sends the commands of w for d, at most perCmd entries per
-// command, in DoMulti batches of about rebuild.DefaultBatchSize entries,
+// command, in DoMulti batches of about rebuild.Defaults().BatchSize entries,
 // with up to writers batches in flight: raw with perCmd = 1000, naive with
 // perCmd = 1. It fails on the first error reply.
 func pipeline(ctx context.Context, c rueidis.Client, w workload, d dataset, perCmd, writers int) error {
@@ -71,7 +71,7 @@ func pipeline(ctx context.Context, c rueidis.Client, w workload, d dataset, perC
 			return gctx.Err()
 		}
 		batch = append(batch, c.B().Arbitrary(name).Keys(key).Args(args...).Build())
-		if entries += n; entries >= rebuild.DefaultBatchSize {
+		if entries += n; entries >= rebuild.Defaults().BatchSize {
 			send()
 		}
 		return nil
@@ -87,17 +87,17 @@ func pipeline(ctx context.Context, c rueidis.Client, w workload, d dataset, perC
 
 // runRaw is the raw method.
 func runRaw(ctx context.Context, c rueidis.Client, w workload, d dataset) error {
-	return pipeline(ctx, c, w, d, perCommand, rebuild.DefaultWriters)
+	return pipeline(ctx, c, w, d, perCommand, rebuild.Defaults().Writers)
 }
 
 // runNaive is the naive method.
 func runNaive(ctx context.Context, c rueidis.Client, w workload, d dataset) error {
-	return pipeline(ctx, c, w, d, 1, rebuild.DefaultWriters)
+	return pipeline(ctx, c, w, d, 1, rebuild.Defaults().Writers)
 }
 
 // preload writes the previous dataset of d, which a keyswap run replaces.
 func preload(ctx context.Context, c rueidis.Client, w workload, d dataset) error {
-	if err := pipeline(ctx, c, w, d.previous(), perCommand, rebuild.DefaultWriters); err != nil {
+	if err := pipeline(ctx, c, w, d.previous(), perCommand, rebuild.Defaults().Writers); err != nil {
 		return fmt.Errorf("preload: %w", err)
 	}
 	return nil

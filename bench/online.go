@@ -159,8 +159,8 @@ func (r *runner) online(ctx context.Context) (*onlineResult, error) {
 	res := &onlineResult{
 		Items: d.n, Rounds: cfg.rounds, Workload: w.title, Rate: cfg.onlineRate, Writers: onlineWriters,
 		PublishTail:    rebuild.PublishTail,
-		MaxChanges:     cmp.Or(opts.MaxChanges, rebuild.DefaultMaxChanges),
-		CatchUpTimeout: cmp.Or(opts.CatchUpTimeout, rebuild.DefaultCatchUpTimeout),
+		MaxChanges:     cmp.Or(opts.MaxChanges, rebuild.Defaults().MaxChanges),
+		CatchUpTimeout: cmp.Or(opts.CatchUpTimeout, rebuild.Defaults().CatchUpTimeout),
 		BacklogChanges: cfg.onlineBacklog,
 	}
 	var quiet, online []sample
@@ -189,7 +189,7 @@ func (r *runner) onlineRound(ctx context.Context, round int, w workload, d datas
 	if err := s.reset(ctx); err != nil {
 		return rd, quiet, online, err
 	}
-	if err := pipeline(ctx, s.client, w, d, perCommand, rebuild.DefaultWriters); err != nil {
+	if err := pipeline(ctx, s.client, w, d, perCommand, rebuild.Defaults().Writers); err != nil {
 		return rd, quiet, online, fmt.Errorf("load: %w", err)
 	}
 	if err := s.settle(ctx); err != nil {

@@ -140,7 +140,7 @@ func (r *runner) publishSection(ctx context.Context) (_ *publishResult, err erro
 	defer renewer.Close()
 
 	cfg := r.cfg
-	res := &publishResult{Rounds: cfg.rounds, PerBucket: cfg.publishMembers, TTL: ksrun.OrDefault(cfg.keyswap.TTL, rebuild.DefaultTTL),
+	res := &publishResult{Rounds: cfg.rounds, PerBucket: cfg.publishMembers, TTL: ksrun.OrDefault(cfg.keyswap.TTL, rebuild.Defaults().TTL),
 		Threshold: slowlogThreshold, RefreshChunk: ksrun.RefreshChunk}
 	for _, name := range []string{"busy-reply-threshold", "lua-time-limit"} {
 		if v, err := s.configGet(ctx, name); err == nil {

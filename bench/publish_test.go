@@ -89,7 +89,7 @@ func TestRenew(t *testing.T) {
 	r := &runner{srv: srv}
 	hooked := &publishHook{Client: srv.client, around: func(args []string, do func()) {
 		calls++
-		rn, _, rerr = r.renew(ctx, ksrun.New(srv.client, nil), args, rebuild.DefaultTTL)
+		rn, _, rerr = r.renew(ctx, ksrun.New(srv.client, nil), args, rebuild.Defaults().TTL)
 		do()
 	}}
 	rb, err := rebuild.New(hooked, rebuild.Options{}, builders.SetIndex(prefix, func(i int) (string, string, bool) {

@@ -587,7 +587,7 @@ func perItem(d time.Duration, items int) string {
 func (k *knobsResult) markdown(b *bytes.Buffer) {
 	p := func(format string, a ...any) { fmt.Fprintf(b, format, a...) }
 	p("## Knobs\n\n")
-	p("keyswap on a %s-field hash with each `BatchSize` × `Writers`, %d rounds; the defaults are %d × %d (marked *), the best cell is bold.", commas(k.Items), k.Rounds, rebuild.DefaultBatchSize, rebuild.DefaultWriters)
+	p("keyswap on a %s-field hash with each `BatchSize` × `Writers`, %d rounds; the defaults are %d × %d (marked *), the best cell is bold.", commas(k.Items), k.Rounds, rebuild.Defaults().BatchSize, rebuild.Defaults().Writers)
 	if k.Limit != nil {
 		p(" The limit ran %s items/s.", rate(k.Limit.Summary.Rate))
 	}
@@ -609,7 +609,7 @@ func (k *knobsResult) markdown(b *bytes.Buffer) {
 			for j, w := range k.Writers {
 				c := k.Cells[i][j]
 				text := cell(c)
-				if bs == rebuild.DefaultBatchSize && w == rebuild.DefaultWriters {
+				if bs == rebuild.Defaults().BatchSize && w == rebuild.Defaults().Writers {
 					text += " *"
 				}
 				if c.Summary.Rate == best {

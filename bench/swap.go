@@ -226,7 +226,7 @@ func (r *runner) renamePause(ctx context.Context, w workload, d dataset, live st
 	if err := preload(ctx, s.client, w, d); err != nil {
 		return pause{}, err
 	}
-	if err := pipeline(ctx, s.client, tw, d, perCommand, rebuild.DefaultWriters); err != nil {
+	if err := pipeline(ctx, s.client, tw, d, perCommand, rebuild.Defaults().Writers); err != nil {
 		return pause{}, err
 	}
 	if err := s.settle(ctx); err != nil {

@@ -115,7 +115,7 @@ func TestTruthVerify(t *testing.T) {
 				t.Fatal(err)
 			}
 			d := newDataset(50, 8)
-			if err := pipeline(ctx, srv.client, w, d, perCommand, rebuild.DefaultWriters); err != nil {
+			if err := pipeline(ctx, srv.client, w, d, perCommand, rebuild.Defaults().Writers); err != nil {
 				t.Fatal(err)
 			}
 			rb, err := rebuilder(srv.client, w, rebuild.Options{})

@@ -22,7 +22,7 @@ func TestApplicationStops(t *testing.T) {
 	}
 	w := onlineWorkload(10)
 	d := newDataset(1000, 10)
-	if err := pipeline(ctx, srv.client, w, d, perCommand, rebuild.DefaultWriters); err != nil {
+	if err := pipeline(ctx, srv.client, w, d, perCommand, rebuild.Defaults().Writers); err != nil {
 		t.Fatal(err)
 	}
 	rb, err := rebuilder(srv.client, w, rebuild.Options{})

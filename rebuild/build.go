@@ -14,7 +14,7 @@ import (
 // itself once it has cleaned up. (The double defer is singleflight's: a
 // recover in the inner one tells a panic from a Goexit, which recover does
 // not see.)
-func (x *execution[T]) build(b *batch[T]) {
+func (x *execution[T]) build(b *batch, items []T) {
 	returned := false
 	defer func() {
 		if !returned && b.err == nil {
@@ -27,19 +27,19 @@ func (x *execution[T]) build(b *batch[T]) {
 			b.err = &PanicError{Value: p, Stack: debug.Stack()}
 		}
 	}()
-	x.buildBatch(b)
+	x.buildBatch(b, items)
 	returned = true
 }
 
 // buildBatch is build without the handling of panics and Goexit.
-func (x *execution[T]) buildBatch(b *batch[T]) {
+func (x *execution[T]) buildBatch(b *batch, items []T) {
 	r := x.r
 	c := newCommands(r.redis.Client().B(), x.targets, len(r.builders))
-	c.hint = len(b.items)
+	c.hint = len(items)
 	ic := hook.NewCommands(c).(*index.Commands)
 	for i, bl := range r.builders {
 		c.builder = i
-		err := bl.Build(ic, b.items)
+		err := bl.Build(ic, items)
 		if err == nil {
 			err = c.err
 		}

@@ -32,7 +32,7 @@ type Durability struct {
 	// ReplicasAOF is how many replicas must fsync every write of the run to
 	// their AOF before it is published (WAITAOF, Redis 7.2 or later).
 	ReplicasAOF int
-	// Timeout bounds the wait. Zero means DefaultDurabilityTimeout, or half
+	// Timeout bounds the wait. Zero means 10 s (see [Defaults]), or half
 	// the lease (Options.TTL) if that is shorter. The run keeps its lease
 	// while it waits (its phase is PhaseWaiting), and an operator's cancel
 	// ends the wait.
@@ -45,11 +45,8 @@ type Durability struct {
 	Timeout time.Duration
 }
 
-// DefaultDurabilityTimeout bounds the wait of Options.Durability.
-const DefaultDurabilityTimeout = 10 * time.Second
-
 // durability returns the run's Durability for package protocol.
-func (r *Rebuilder[T]) durability() protocol.Durability {
+func (r *core) durability() protocol.Durability {
 	d := r.opts.Durability
 	return protocol.Durability{Replicas: d.Replicas, LocalAOF: d.LocalAOF, ReplicasAOF: d.ReplicasAOF, Timeout: d.Timeout}
 }
@@ -63,12 +60,12 @@ func (r *Rebuilder[T]) checkDurability(bad func(string, ...any) error) error {
 	case d.ReplicasAOF < 0:
 		return bad("Durability.ReplicasAOF %d: must not be negative", d.ReplicasAOF)
 	case d.Timeout < 0:
-		return bad("Durability.Timeout %v: must not be negative (zero means %v)", d.Timeout, DefaultDurabilityTimeout)
+		return bad("Durability.Timeout %v: must not be negative (zero means %v)", d.Timeout, defaultDurabilityTimeout)
 	}
 	if d.Replicas == 0 && !d.LocalAOF && d.ReplicasAOF == 0 {
 		return nil // nothing to wait for
 	}
-	d.Timeout = protocol.OrDefault(d.Timeout, min(DefaultDurabilityTimeout, r.opts.TTL/2))
+	d.Timeout = protocol.OrDefault(d.Timeout, min(defaultDurabilityTimeout, r.opts.TTL/2))
 	return nil
 }
 
@@ -81,7 +78,7 @@ func (r *Rebuilder[T]) checkDurability(bad func(string, ...any) error) error {
 // on every other master that holds a slot the run wrote, each counted from
 // a write of the run's counter in one of its slots (see RELIABILITY.md,
 // "Generations mode", for the window this closes).
-func (x *execution[T]) waitDurable(ctx context.Context, d protocol.Durability) error {
+func (x *runState) waitDurable(ctx context.Context, d protocol.Durability) error {
 	r := x.r
 	lock := x.locks[0].Key
 	if x.gen == nil || !r.redis.Cluster() {
@@ -115,7 +112,7 @@ func (x *execution[T]) waitDurable(ctx context.Context, d protocol.Durability) e
 // the master that holds lock. It reads the slots' masters with CLUSTER
 // SLOTS: a slot that moves to another master after it was read is waited
 // for on the master of the key chosen for its old master.
-func (x *execution[T]) oneKeyPerMaster(ctx context.Context, lock string, ks []string) ([]string, error) {
+func (x *runState) oneKeyPerMaster(ctx context.Context, lock string, ks []string) ([]string, error) {
 	if len(ks) == 0 {
 		return nil, nil
 	}

@@ -23,7 +23,7 @@ import (
 func MergePath(cb rueidis.Builder, buckets []string, bucketOf []int32, batch int) (cmds, entries int, err error) {
 	n := len(bucketOf)
 	ts := newTargets([]owner{{key: "idx", family: true, commutative: true}}, false, func(live string) string { return live + ":tmp" })
-	co := &coalescer{bound: DefaultMaxMerged}
+	co := &coalescer{bound: defaultMaxMerged}
 	next := make(chan int, n/batch+1)
 	for i := 0; i < n; i += batch {
 		next <- i

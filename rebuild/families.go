@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/scan"
 	"golang.org/x/sync/errgroup"
@@ -13,33 +12,32 @@ import (
 
 // scanFamilies starts a SCAN per family builder for its live keys, whose
 // leftovers become orphans at publish. It returns the sets the scans fill.
-func (x *execution[T]) scanFamilies(ctx context.Context, g *errgroup.Group) []map[string]bool {
-	live := make([]map[string]bool, len(x.r.builders))
-	x.stalePrevs = make([]map[string]bool, len(x.r.builders))
+func (x *runState) scanFamilies(ctx context.Context, g *errgroup.Group) []map[string]bool {
+	live := make([]map[string]bool, len(x.r.owners))
+	x.stalePrevs = make([]map[string]bool, len(x.r.owners))
 	if x.gen != nil && len(x.r.opts.Guards) == 0 && x.held == nil {
 		// Generations mode deletes nothing at the flip: the live buckets
 		// serve the guards and a held run's review alone, and without
 		// them a SCAN would visit every key of the keyspace (of every
 		// master, for a family without a hash tag) for nothing.
-		for i, b := range x.r.builders {
-			if _, ok := b.(index.Family); ok {
+		for i, o := range x.r.owners {
+			if o.family {
 				live[i] = map[string]bool{}
 			}
 		}
 		return live
 	}
-	for i, b := range x.r.builders {
-		f, ok := b.(index.Family)
-		if !ok {
+	for i, o := range x.r.owners {
+		if !o.family {
 			continue
 		}
 		live[i] = map[string]bool{}
 		prevs := map[string]bool{}
 		x.stalePrevs[i] = prevs
-		prefix := b.Key() + ":"
+		prefix := o.key + ":"
 		// On a cluster every bucket is in the prefix's slot (its hash tag is
 		// required): only that slot's master is scanned.
-		opts := scan.Options{Match: scan.EscapeGlob(prefix) + "*", Type: f.KeyType(), InSlot: true, Slot: keys.Slot(b.Key())}
+		opts := scan.Options{Match: scan.EscapeGlob(prefix) + "*", Type: o.keyType, InSlot: true, Slot: keys.Slot(o.key)}
 		if x.gen != nil {
 			// Generations mode deletes nothing at the flip (buckets the
 			// run does not produce do not exist in its generation): the
@@ -47,39 +45,43 @@ func (x *execution[T]) scanFamilies(ctx context.Context, g *errgroup.Group) []ma
 			// the guards and a held run's review alone (and not scanned
 			// at all without them, above).
 			if cur := x.gen.current[i]; cur > 0 {
-				g.Go(func() error { return x.scanGeneration(ctx, i, f.KeyType(), cur, live[i]) })
+				g.Go(func() error { return x.scanGeneration(ctx, i, o.keyType, cur, live[i]) })
 				continue
 			}
-			if _, tagged := keys.HashTag(b.Key()); !tagged {
+			if _, tagged := keys.HashTag(o.key); !tagged {
 				opts.InSlot = false
 			}
 		}
-		g.Go(func() error {
-			for page, err := range scan.Pages(ctx, x.r.redis.Client(), opts) {
-				if err != nil {
-					return fmt.Errorf("SCAN %s: %w", opts.Match, err)
-				}
-				for _, k := range page {
-					// keyswap's own keys are not buckets: temp keys, locks,
-					// records, logs, and the kept previous values, which
-					// the publish drops unless it replaces them.
-					if bucket, ok := strings.CutSuffix(k, keys.PrevSuffix); ok && !keys.Reserved(bucket) {
-						prevs[k] = true
-					} else if !keys.Reserved(k) {
-						live[i][k] = true
-					}
-				}
-			}
-			return nil
-		})
+		g.Go(func() error { return x.scanFamily(ctx, opts, live[i], prevs) })
 	}
 	return live
+}
+
+// scanFamily adds to live the buckets of a family that SCAN with opts
+// finds, and to prevs their kept previous values.
+func (x *runState) scanFamily(ctx context.Context, opts scan.Options, live, prevs map[string]bool) error {
+	for page, err := range scan.Pages(ctx, x.r.redis.Client(), opts) {
+		if err != nil {
+			return fmt.Errorf("SCAN %s: %w", opts.Match, err)
+		}
+		for _, k := range page {
+			// keyswap's own keys are not buckets: temp keys, locks,
+			// records, logs, and the kept previous values, which
+			// the publish drops unless it replaces them.
+			if bucket, ok := strings.CutSuffix(k, keys.PrevSuffix); ok && !keys.Reserved(bucket) {
+				prevs[k] = true
+			} else if !keys.Reserved(k) {
+				live[k] = true
+			}
+		}
+	}
+	return nil
 }
 
 // scanGeneration adds to live the buckets of family builder i in its
 // generation cur, under their plain names, from every master: a
 // generation's keys spread over every slot.
-func (x *execution[T]) scanGeneration(ctx context.Context, i int, kind string, cur int64, live map[string]bool) error {
+func (x *runState) scanGeneration(ctx context.Context, i int, kind string, cur int64, live map[string]bool) error {
 	prefix := x.r.owners[i].key
 	opts := scan.Options{Match: keys.GenPattern(prefix, cur), Type: kind}
 	if _, tagged := keys.HashTag(prefix); tagged {

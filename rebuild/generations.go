@@ -40,10 +40,6 @@ func (m PublishMode) String() string {
 	return "PublishMode(" + strconv.Itoa(int(m)) + ")"
 }
 
-// DefaultGrace is how long an old generation stays readable after a flip
-// (see Options.Grace).
-const DefaultGrace = 10 * time.Second
-
 // ErrNotInGenerations reports an operation that Generations mode does not
 // support yet: on a cluster, Apply to a family without a hash tag.
 var ErrNotInGenerations = protocol.ErrNotInGenerations
@@ -62,7 +58,7 @@ type generations struct {
 
 // genTemp returns the key that holds live in the run's generation: the
 // "temp key" of a target, in Generations mode.
-func (x *execution[T]) genTemp(live string) string {
+func (x *runState) genTemp(live string) string {
 	var gens []int64
 	if x.gen != nil {
 		gens = x.gen.gens
@@ -85,7 +81,7 @@ func (x *execution[T]) genTemp(live string) string {
 // liveKey returns the key that holds live for readers now: live itself in
 // RenameInPlace mode, or for an index without a pointer; else its key in
 // the index's current generation.
-func (x *execution[T]) liveKey(live string) string {
+func (x *runState) liveKey(live string) string {
 	if x.gen == nil {
 		return live
 	}
@@ -104,7 +100,7 @@ func (x *execution[T]) liveKey(live string) string {
 
 // allocate allocates the run's generations and makes its targets write
 // them.
-func (x *execution[T]) allocate(ctx context.Context) error {
+func (x *runState) allocate(ctx context.Context) error {
 	r := x.r
 	gens, current, err := r.redis.Generations.AllocateGenerations(ctx, "acquire", r.key, x.locks, r.lives)
 	if err != nil {
@@ -118,11 +114,11 @@ func (x *execution[T]) allocate(ctx context.Context) error {
 
 // flip publishes a run in Generations mode: it points every index at the
 // run's generation. It reports whether the flip is known to have run.
-func (x *execution[T]) flip(ctx context.Context) (bool, error) {
+func (x *runState) flip(ctx context.Context) (bool, error) {
 	r := x.r
 	x.stats.Batches = x.batches.Load()
-	for i, b := range r.builders {
-		x.stats.Entries[b.Key()] = x.entries[i]
+	for i, o := range r.owners {
+		x.stats.Entries[o.key] = x.entries[i]
 	}
 	cluster := r.redis.Cluster()
 	if cluster {
@@ -170,7 +166,7 @@ func (x *execution[T]) flip(ctx context.Context) (bool, error) {
 // only while the registry marks it as the run's and no pointer names it.
 // What it cannot remove stays marked as building by the run's token, for a
 // later sweep.
-func (x *execution[T]) discardGen(ctx context.Context) {
+func (x *runState) discardGen(ctx context.Context) {
 	r := x.r
 	ctx, cancel := protocol.CleanupContext(ctx)
 	defer cancel()
@@ -188,7 +184,7 @@ func (x *execution[T]) discardGen(ctx context.Context) {
 }
 
 // genIndex returns the gens.Index of the run's index i.
-func (r *Rebuilder[T]) genIndex(i int) gens.Index {
+func (r *core) genIndex(i int) gens.Index {
 	return gens.Index{Live: r.lives[i], Family: r.owners[i].family}
 }
 
@@ -215,7 +211,7 @@ const retireTries = 3
 // which stamped the retirement), deleting first the buckets the run wrote
 // (buckets, per builder) by name. A cancelled ctx leaves them, retired, to
 // a later sweep; so does a negative Grace.
-func (r *Rebuilder[T]) retire(ctx context.Context, retired [][]int64, buckets [][]string) {
+func (r *core) retire(ctx context.Context, retired [][]int64, buckets [][]string) {
 	if r.opts.Grace < 0 {
 		return
 	}

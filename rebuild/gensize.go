@@ -45,7 +45,7 @@ var sizeCommand = [...]string{sizeSet: "SCARD", sizeHash: "HLEN", sizeZSet: "ZCA
 
 // genPrefixes returns, per builder, the prefix of its keys in the run's
 // generation (a family's) or its one key (a plain builder's).
-func (x *execution[T]) genPrefixes() []string {
+func (x *runState) genPrefixes() []string {
 	ps := make([]string, len(x.r.owners))
 	for i, o := range x.r.owners {
 		if o.family {
@@ -59,7 +59,7 @@ func (x *execution[T]) genPrefixes() []string {
 
 // genTarget returns the target whose key in the run's generation is key,
 // or nil.
-func (x *execution[T]) genTarget(key string) *target {
+func (x *runState) genTarget(key string) *target {
 	for i, o := range x.r.owners {
 		p := x.gen.prefixes[i]
 		switch {
@@ -83,7 +83,7 @@ type sizedWrite struct {
 // sizeWrites returns what each of cmds does to the size of its key. It
 // reads the commands, so it must run before they are sent: rueidis
 // recycles a command once it has its reply.
-func (x *execution[T]) sizeWrites(cmds rueidis.Commands) []sizedWrite {
+func (x *runState) sizeWrites(cmds rueidis.Commands) []sizedWrite {
 	out := make([]sizedWrite, len(cmds))
 	for i, cmd := range cmds {
 		args := cmd.Commands()
@@ -145,7 +145,7 @@ func countWrite(w sizedWrite, m rueidis.RedisMessage) {
 // checkSizes compares the size of every key of the run's generation that
 // additive commands wrote with the entries Redis reported new in their
 // replies (see above), in round trips of sizeChunk commands.
-func (x *execution[T]) checkSizes(ctx context.Context) error {
+func (x *runState) checkSizes(ctx context.Context) error {
 	const sizeChunk = 1000
 	client := x.r.redis.Client()
 	var cmds rueidis.Commands

@@ -49,7 +49,7 @@ type KeptGeneration struct {
 
 // Sweep removes the generations of the Rebuilder's indexes that no reader
 // reads and no run builds (see the package documentation, "Generations"):
-// those retired more than Options.Grace ago (DefaultGrace when Grace is
+// those retired more than Options.Grace ago (the default, 10 s, when Grace is
 // negative), measured on the server's clock, which stamped the
 // retirement; and those a run built that crashed or lost its lock before
 // its flip (building, while the index's lock does not hold that run's
@@ -73,7 +73,7 @@ type KeptGeneration struct {
 func (r *Rebuilder[T]) Sweep(ctx context.Context) (SweepStats, error) {
 	grace := r.opts.Grace
 	if grace < 0 {
-		grace = DefaultGrace
+		grace = defaultGrace
 	}
 	stats := SweepStats{Indexes: map[string]IndexSweep{}}
 	var errs []error

@@ -15,13 +15,13 @@ import (
 
 // counterKey returns the key of the counter of the run's transactions in
 // slot: in slot, named after the run's base and its first generation.
-func (x *execution[T]) counterKey(slot uint16) string {
+func (x *runState) counterKey(slot uint16) string {
 	return keys.CounterKey(x.r.lives[0], slot, x.gen.gens[0])
 }
 
 // counterKeys returns the keys of the run's per-slot counters, and the
 // counts the run expects of them.
-func (x *execution[T]) counterKeys() ([]string, []int64) {
+func (x *runState) counterKeys() ([]string, []int64) {
 	x.gen.mu.Lock()
 	defer x.gen.mu.Unlock()
 	var ks []string
@@ -61,7 +61,7 @@ const spreadWrites = 256
 // reach its master after the INCR that vouches for it. And the EXISTS
 // probes of a replayed change must see no other write between them and
 // the change's.
-func (x *execution[T]) writeSpread(ctx context.Context, txns []*txn) error {
+func (x *runState) writeSpread(ctx context.Context, txns []*txn) error {
 	r := x.r
 	client := r.redis.Client()
 	cb := client.B()
@@ -181,7 +181,7 @@ func splitBySlot(txns []*txn) (map[uint16]*txn, []uint16) {
 // would otherwise have one transaction, and one counter INCR, per bucket or
 // two. The commands are merged writes of AnyOrder builders (each on a key
 // of its own, in any order); their order within a slot is kept.
-func (x *execution[T]) sortBySlot(cmds []mergedCmd) []mergedCmd {
+func (x *runState) sortBySlot(cmds []mergedCmd) []mergedCmd {
 	if x.gen == nil || !x.r.redis.Cluster() {
 		return cmds
 	}
@@ -189,7 +189,7 @@ func (x *execution[T]) sortBySlot(cmds []mergedCmd) []mergedCmd {
 }
 
 // sortBySlot sorts cmds by the hash slot of their keys (see
-// execution.sortBySlot), by the slot's bits in reverse order: still grouped
+// runState.sortBySlot), by the slot's bits in reverse order: still grouped
 // by slot, but consecutive groups far apart in the slot space, and so on
 // every master in turn (a master serves ranges of slots), rather than a
 // round trip's transactions all on one master. The drain of a family of
@@ -233,7 +233,7 @@ func sortBySlot(cmds []mergedCmd) []mergedCmd {
 // transactions the run saw acknowledged: a counter below its count lost
 // writes (a failover to a replica that was behind, a restart), and the run
 // must not publish.
-func (x *execution[T]) checkCounters(ctx context.Context) error {
+func (x *runState) checkCounters(ctx context.Context) error {
 	ks, want := x.counterKeys()
 	if len(ks) == 0 {
 		return nil
@@ -260,7 +260,7 @@ func (x *execution[T]) checkCounters(ctx context.Context) error {
 
 // renewCounters renews the TTL of the run's per-slot counters: the
 // lease's refresh in Generations mode, whose data keys have no TTL.
-func (x *execution[T]) renewCounters(ctx context.Context) error {
+func (x *runState) renewCounters(ctx context.Context) error {
 	if x.gen == nil {
 		return nil
 	}
@@ -283,7 +283,7 @@ func (x *execution[T]) renewCounters(ctx context.Context) error {
 
 // dropCounters deletes the run's per-slot counters, best effort: they
 // expire by themselves.
-func (x *execution[T]) dropCounters(ctx context.Context) {
+func (x *runState) dropCounters(ctx context.Context) {
 	if x.gen == nil {
 		return
 	}

@@ -18,15 +18,15 @@ var ErrDiscarded = errors.New("the held run was discarded")
 
 // review returns what the run built next to what is live; live are the
 // families' live buckets.
-func (x *execution[T]) review(ctx context.Context, live []map[string]bool) (guards.Review, error) {
+func (x *runState) review(ctx context.Context, live []map[string]bool) (guards.Review, error) {
 	r := x.r
-	byBuilder := make([][]*target, len(r.builders))
+	byBuilder := make([][]*target, len(r.owners))
 	for _, t := range x.targets.all() {
 		byBuilder[t.builder] = append(byBuilder[t.builder], t)
 	}
 	var out guards.Review
-	for i, b := range r.builders {
-		br := guards.BuilderReview{Key: b.Key(), Family: r.owners[i].family}
+	for i, o := range r.owners {
+		br := guards.BuilderReview{Key: o.key, Family: o.family}
 		var temps, lives []string
 		for _, t := range byBuilder[i] {
 			temps = append(temps, t.Key)
@@ -40,7 +40,7 @@ func (x *execution[T]) review(ctx context.Context, live []map[string]bool) (guar
 			}
 			lives = slices.Sorted(maps.Keys(all))
 		} else {
-			lives = []string{b.Key()}
+			lives = []string{o.key}
 		}
 		for j, l := range lives {
 			lives[j] = x.liveKey(l)
@@ -58,7 +58,7 @@ func (x *execution[T]) review(ctx context.Context, live []map[string]bool) (guar
 }
 
 // total returns the entries of ks and how many of them exist.
-func total[T any](ctx context.Context, x *execution[T], ks []string) (entries int64, present int, err error) {
+func total(ctx context.Context, x *runState, ks []string) (entries int64, present int, err error) {
 	types, sizes, err := diff.Sizes(ctx, x.r.redis.Client(), ks)
 	if err != nil {
 		return 0, 0, &Error{Op: "guard", Key: x.r.key, Err: err}
@@ -73,7 +73,7 @@ func total[T any](ctx context.Context, x *execution[T], ks []string) (entries in
 }
 
 // guard runs the guards on review.
-func (x *execution[T]) guard(review guards.Review) error {
+func (x *runState) guard(review guards.Review) error {
 	for _, g := range x.r.opts.Guards {
 		if err := g(review); err != nil {
 			return &Error{Op: "guard", Key: x.r.key, Err: fmt.Errorf("%w: %w", guards.ErrRefused, err)}

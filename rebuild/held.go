@@ -24,7 +24,13 @@ import (
 // be called more than once, and from several goroutines: the first
 // decision wins, and every call returns the run's outcome.
 type Held[T any] struct {
-	x      *execution[T]
+	*held
+}
+
+// held is the state of a Held run, which its run's later stages share: it
+// does not depend on the items' type.
+type held struct {
+	x      *runState
 	review guards.Review
 	live   []map[string]bool // the families' live buckets
 
@@ -49,7 +55,7 @@ type panicked struct{ value any }
 // method waiting then), after the cleanup, as with Run. ctx bounds the
 // whole run, held time included: cancelling it discards a held run.
 func (r *Rebuilder[T]) Build(ctx context.Context, src sources.Source[T]) (*Held[T], Stats, error) {
-	h := &Held[T]{ready: make(chan struct{}), decide: make(chan bool, 1), done: make(chan struct{})}
+	h := &Held[T]{&held{ready: make(chan struct{}), decide: make(chan bool, 1), done: make(chan struct{})}}
 	go h.run(ctx, r, src)
 	select {
 	case <-h.ready:
@@ -76,7 +82,7 @@ func (h *Held[T]) run(ctx context.Context, r *Rebuilder[T], src sources.Source[T
 }
 
 // repanic re-panics a panic of the run's goroutine.
-func (h *Held[T]) repanic() {
+func (h *held) repanic() {
 	if h.panic != nil {
 		panic(h.panic.value)
 	}
@@ -85,7 +91,7 @@ func (h *Held[T]) repanic() {
 // hold is called by the run once built: it publishes the review, and
 // waits for a decision, or for the run to end another way, for at most
 // Options.MaxHold.
-func (h *Held[T]) hold(ctx context.Context, x *execution[T], review guards.Review, live []map[string]bool) (publish bool, err error) {
+func (h *held) hold(ctx context.Context, x *runState, review guards.Review, live []map[string]bool) (publish bool, err error) {
 	h.x, h.review, h.live = x, review, live
 	close(h.ready)
 	maxHold := time.NewTimer(x.r.opts.MaxHold)
@@ -102,7 +108,7 @@ func (h *Held[T]) hold(ctx context.Context, x *execution[T], review guards.Revie
 
 // decideBy records an operator's decision, read by a heartbeat: the first
 // decision wins.
-func (h *Held[T]) decideBy(publish bool) {
+func (h *held) decideBy(publish bool) {
 	select {
 	case h.decide <- publish:
 	default:
@@ -145,7 +151,7 @@ func (h *Held[T]) Discard(ctx context.Context) error {
 func (h *Held[T]) Await(ctx context.Context) (Stats, error) { return h.wait(ctx) }
 
 // wait waits for the run to end.
-func (h *Held[T]) wait(ctx context.Context) (Stats, error) {
+func (h *held) wait(ctx context.Context) (Stats, error) {
 	select {
 	case <-h.done:
 		h.repanic()
@@ -175,7 +181,7 @@ func (h *Held[T]) Diff(ctx context.Context, o guards.DiffOptions) (guards.Diff, 
 }
 
 // ended returns an error if the held run has ended, saying how.
-func (h *Held[T]) ended() error {
+func (h *held) ended() error {
 	select {
 	case <-h.done:
 	default:
@@ -189,7 +195,7 @@ func (h *Held[T]) ended() error {
 }
 
 // diff is Diff, while the run is held.
-func (h *Held[T]) diff(ctx context.Context, o guards.DiffOptions) (guards.Diff, error) {
+func (h *held) diff(ctx context.Context, o guards.DiffOptions) (guards.Diff, error) {
 	x := h.x
 	r := x.r
 	opts := diff.Options{Limit: o.Limit, Samples: o.Samples}
@@ -197,7 +203,7 @@ func (h *Held[T]) diff(ctx context.Context, o guards.DiffOptions) (guards.Diff, 
 	if maxKeys <= 0 {
 		maxKeys = 100
 	}
-	temps := make([]map[string]string, len(r.builders)) // live -> temp, per builder
+	temps := make([]map[string]string, len(r.owners)) // live -> temp, per builder
 	for i := range temps {
 		temps[i] = map[string]string{}
 	}
@@ -205,28 +211,11 @@ func (h *Held[T]) diff(ctx context.Context, o guards.DiffOptions) (guards.Diff, 
 		temps[t.builder][t.Live] = t.Key
 	}
 	var out guards.Diff
-	for i, b := range r.builders {
-		bd := guards.BuilderDiff{Key: b.Key(), Family: r.owners[i].family, Exact: true}
-		lives := []string{b.Key()}
+	for i, o := range r.owners {
+		bd := guards.BuilderDiff{Key: o.key, Family: o.family, Exact: true}
+		lives := []string{o.key}
 		if bd.Family {
-			all := maps.Clone(h.live[i])
-			for l := range temps[i] {
-				if !all[l] {
-					bd.BucketsAdded++
-				}
-				all[l] = true
-			}
-			for l := range h.live[i] {
-				if _, ok := temps[i][l]; !ok {
-					bd.BucketsRemoved++
-				}
-			}
-			lives = slices.Sorted(maps.Keys(all))
-			bd.Buckets = len(lives)
-			if len(lives) > maxKeys {
-				lives, bd.Exact = lives[:maxKeys], false
-			}
-			bd.Compared = len(lives)
+			lives = h.buckets(&bd, h.live[i], temps[i], maxKeys)
 		}
 		for _, l := range lives {
 			temp := temps[i][l]
@@ -249,4 +238,28 @@ func (h *Held[T]) diff(ctx context.Context, o guards.DiffOptions) (guards.Diff, 
 		out.Builders = append(out.Builders, bd)
 	}
 	return out, nil
+}
+
+// buckets returns the buckets of a family to compare, at most maxKeys of
+// those live (live) or rebuilt (temps, live -> temp), and counts them in bd.
+func (h *held) buckets(bd *guards.BuilderDiff, live map[string]bool, temps map[string]string, maxKeys int) []string {
+	all := maps.Clone(live)
+	for l := range temps {
+		if !all[l] {
+			bd.BucketsAdded++
+		}
+		all[l] = true
+	}
+	for l := range live {
+		if _, ok := temps[l]; !ok {
+			bd.BucketsRemoved++
+		}
+	}
+	lives := slices.Sorted(maps.Keys(all))
+	bd.Buckets = len(lives)
+	if len(lives) > maxKeys {
+		lives, bd.Exact = lives[:maxKeys], false
+	}
+	bd.Compared = len(lives)
+	return lives
 }

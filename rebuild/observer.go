@@ -41,15 +41,3 @@ func (noObserver) Phase(Phase)                               {}
 func (noObserver) Batch(int64, int64)                        {}
 func (noObserver) Published(time.Duration)                   {}
 func (noObserver) End(Stats, error)                          {}
-
-// setPhase enters phase p: in the run's status, for the observer, and for
-// Progress.
-func (x *execution[T]) setPhase(p Phase) {
-	x.phase.Store(p)
-	x.obs.Phase(p)
-	if x.r.opts.Progress != nil && p != PhaseBuilding {
-		elapsed := time.Since(x.start)
-		items := x.done.Load()
-		x.r.opts.Progress(Progress{Phase: p, Items: items, Batches: x.batches.Load(), Elapsed: elapsed, Rate: float64(items) / elapsed.Seconds()})
-	}
-}

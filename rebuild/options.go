@@ -8,40 +8,62 @@ import (
 	"github.com/keyswap/keyswap/internal/protocol"
 )
 
-// Defaults for [Options].
+// The defaults of [Options]: what a zero field means (see [Defaults]).
 const (
-	// DefaultBatchSize is the number of items per batch.
-	DefaultBatchSize = 2000
-	// DefaultWriters is the number of batches in flight at once.
-	DefaultWriters = 8
-	// DefaultTTL is the lease: the lifetime of the locks and the temp keys
+	// defaultBatchSize is the number of items per batch.
+	defaultBatchSize = 2000
+	// defaultWriters is the number of batches in flight at once.
+	defaultWriters = 8
+	// defaultTTL is the lease: the lifetime of the locks and the temp keys
 	// without renewal.
-	DefaultTTL = 300 * time.Second
-	// DefaultPreserveFor is how long temp keys are kept after the publish
+	defaultTTL = 300 * time.Second
+	// defaultPreserveFor is how long temp keys are kept after the publish
 	// script itself fails.
-	DefaultPreserveFor = 3600 * time.Second
-	// DefaultStallTimeout is how long the source may yield nothing before
+	defaultPreserveFor = 3600 * time.Second
+	// defaultStallTimeout is how long the source may yield nothing before
 	// the run fails with ErrStalled.
-	DefaultStallTimeout = 10 * time.Minute
-	// DefaultFlushInterval is how long a partial batch waits for more items
+	defaultStallTimeout = 10 * time.Minute
+	// defaultFlushInterval is how long a partial batch waits for more items
 	// before it is written anyway.
-	DefaultFlushInterval = time.Second
-	// DefaultMaxMerged is the most entries a run holds to merge them into
+	defaultFlushInterval = time.Second
+	// defaultMaxMerged is the most entries a run holds to merge them into
 	// fuller commands (see Options.MaxMerged).
-	DefaultMaxMerged = 1 << 20
-	// DefaultMaxKeys is the most keys one publish touches (see
+	defaultMaxMerged = 1 << 20
+	// defaultMaxKeys is the most keys one publish touches (see
 	// Options.MaxKeys).
-	DefaultMaxKeys = protocol.DefaultMaxKeys
-	// DefaultMaxChanges is the most changes Apply logs for one run in
+	defaultMaxKeys = protocol.DefaultMaxKeys
+	// defaultMaxChanges is the most changes Apply logs for one run in
 	// progress (see Options.MaxChanges).
-	DefaultMaxChanges = 1_000_000
-	// DefaultCatchUpTimeout is how long a run may take to catch up with the
+	defaultMaxChanges = 1_000_000
+	// defaultCatchUpTimeout is how long a run may take to catch up with the
 	// changes applied while it ran (see Options.CatchUpTimeout).
-	DefaultCatchUpTimeout = time.Minute
-	// DefaultMaxHold is how long a held run waits for a decision (see
+	defaultCatchUpTimeout = time.Minute
+	// defaultMaxHold is how long a held run waits for a decision (see
 	// Options.MaxHold).
-	DefaultMaxHold = time.Hour
+	defaultMaxHold = time.Hour
+	// defaultGrace is how long an old generation stays readable after a
+	// flip (see Options.Grace).
+	defaultGrace = 10 * time.Second
+	// defaultDurabilityTimeout bounds the wait of Options.Durability (see
+	// Durability.Timeout).
+	defaultDurabilityTimeout = 10 * time.Second
 )
+
+// Defaults returns the options a zero [Options] stands for: each field
+// that has a default holds it, as New fills it in. Durability.Timeout holds
+// the longest default wait: a run waits for half its lease (TTL) if that is
+// shorter. The fields without a default (MaxRate, LatencyBudget, Expected,
+// KeepPrevious, Durability's counts, ...) are zero, as in Options{}.
+//
+// Each call returns a new value: changing it changes no default.
+func Defaults() Options {
+	return Options{
+		BatchSize: defaultBatchSize, Writers: defaultWriters, TTL: defaultTTL, PreserveFor: defaultPreserveFor,
+		StallTimeout: defaultStallTimeout, FlushInterval: defaultFlushInterval, MaxMerged: defaultMaxMerged,
+		MaxKeys: defaultMaxKeys, MaxChanges: defaultMaxChanges, CatchUpTimeout: defaultCatchUpTimeout,
+		MaxHold: defaultMaxHold, Grace: defaultGrace, Durability: Durability{Timeout: defaultDurabilityTimeout},
+	}
+}
 
 // PublishTail is the most changes the publish itself replays: those logged
 // after the run's last catch-up (see the package documentation, "Writes
@@ -60,13 +82,13 @@ const PublishTailWork = 10_000
 type Options struct {
 	// BatchSize is the number of source items per batch. Builders turn a
 	// batch into variadic commands of at most about 1000 entries each.
-	// Zero means DefaultBatchSize; negative is an error.
+	// Zero means the default, 2000; negative is an error.
 	BatchSize int
 	// Writers is the number of batches in flight at once: being built, or
 	// waiting for or on a round trip (see the package documentation,
 	// "Pipeline"). Together with BatchSize it bounds memory: a run holds at
 	// most (Writers+1) × BatchSize items, whatever the size of the source.
-	// Zero means DefaultWriters; negative is an error.
+	// Zero means the default, 8; negative is an error.
 	//
 	// Each batch is one MULTI/EXEC transaction, which other clients of the
 	// server wait behind while it runs: lower BatchSize if a batch's
@@ -98,18 +120,18 @@ type Options struct {
 	// package documentation, "Lease"). A run whose heartbeats cannot reach
 	// Redis for a whole TTL fails with ErrLockLost, so that a stalled
 	// process cannot hold the lock forever, and a crashed one's lock expires
-	// within TTL. Zero means DefaultTTL. It must be a whole number of
+	// within TTL. Zero means the default, 300 s. It must be a whole number of
 	// seconds, at least one.
 	TTL time.Duration
 	// StallTimeout is how long the source may yield no item before the run
 	// fails with ErrStalled, while it is not paused: a source that hangs
 	// must not hold the locks forever. A slow source that yields now and
 	// then is not stalled: its partial batches are written every
-	// FlushInterval. Zero means DefaultStallTimeout; negative is an error.
+	// FlushInterval. Zero means the default, 10 min; negative is an error.
 	StallTimeout time.Duration
 	// FlushInterval is how long a partial batch waits for more items before
 	// it is written anyway, so that a slow source still makes progress.
-	// Zero means DefaultFlushInterval; negative is an error.
+	// Zero means the default, 1 s; negative is an error.
 	FlushInterval time.Duration
 	// MaxRate is the most items per second the run pulls from the source;
 	// zero is no limit. An operator can change it while the run runs
@@ -164,7 +186,7 @@ type Options struct {
 	// command of a few members. A command goes as soon as it is full; past
 	// MaxMerged entries the fullest ones go; the rest go when the source
 	// ends. It bounds memory next to Writers and BatchSize (see the README,
-	// "Memory"). Zero means DefaultMaxMerged; negative is an error.
+	// "Memory"). Zero means the default, 1<<20 entries; negative is an error.
 	MaxMerged int
 	// MaxKeys bounds the keys one publish touches: the keys rebuilt, a
 	// family's buckets included, plus the stale buckets it deletes. The
@@ -174,7 +196,7 @@ type Options struct {
 	// 1 s, and past the server's busy-reply-threshold (5 s by default)
 	// other clients get BUSY replies until it ends. A run past the
 	// bound fails with ErrTooManyKeys, before it publishes, and as soon as
-	// it writes one key too many. Zero means DefaultMaxKeys; negative means
+	// it writes one key too many. Zero means the default, 100,000; negative means
 	// no bound.
 	MaxKeys int
 	// MaxChanges bounds the log of changes that [Rebuilder.Apply] keeps,
@@ -183,12 +205,12 @@ type Options struct {
 	// still applied to the live keys but no longer logged, and the run
 	// fails with ErrFallingBehind instead of publishing without them. It is
 	// the bound of the Rebuilder that applies, whichever process runs. Zero
-	// means DefaultMaxChanges; negative is an error.
+	// means the default, 1,000,000; negative is an error.
 	MaxChanges int
 	// CatchUpTimeout bounds the catch-up: the time from the end of the
 	// source to a publish whose tail of changes is short enough (see
 	// PublishTail). A run whose changes arrive faster than it replays them
-	// fails with ErrFallingBehind. Zero means DefaultCatchUpTimeout;
+	// fails with ErrFallingBehind. Zero means the default, 1 min;
 	// negative is an error.
 	CatchUpTimeout time.Duration
 	// MaxHold bounds how long a held run (Rebuilder.Build) waits for a
@@ -196,7 +218,7 @@ type Options struct {
 	// locks released), and it ends with an error matching ErrDiscarded
 	// that says so, so that a forgotten Held does not keep its locks, and
 	// block every other run of its keys, for ever. Zero means
-	// DefaultMaxHold; negative is an error.
+	// the default, 1 h; negative is an error.
 	MaxHold time.Duration
 	// Guards decide, before the publish, whether the result may replace
 	// the live keys (see package guards): the first that refuses fails the
@@ -211,7 +233,7 @@ type Options struct {
 	KeepPrevious time.Duration
 	// PreserveFor is how long the temp keys are kept, for diagnosis, after
 	// the publish script itself fails (OOM, a timeout, a dropped
-	// connection). Zero means DefaultPreserveFor.
+	// connection). Zero means the default, 1 h.
 	PreserveFor time.Duration
 	// Publish is how a run publishes: RenameInPlace (the zero value), or
 	// Generations (see the package documentation, "Generations"). In
@@ -221,7 +243,7 @@ type Options struct {
 	Publish PublishMode
 	// Grace, in Generations mode, is how long a generation a flip retired
 	// stays readable before the run removes it: longer than the time a
-	// reader caches an index's pointer. Zero means DefaultGrace; negative
+	// reader caches an index's pointer. Zero means the default, 10 s; negative
 	// leaves it, retired, to the next run's sweep or an explicit one. The
 	// run waits for it before it returns; a ctx cancelled meanwhile leaves
 	// the generation to a sweep too, and the run still succeeds.

@@ -221,56 +221,14 @@ func (pc *pacing) run(ctx context.Context) {
 		case <-tick.C:
 		}
 		for _, pr := range probes {
-			ready, err := pr.connect(ctx, pc.redis.Client())
-			switch {
-			case ctx.Err() != nil:
+			if !pc.measure(ctx, pr, failed, &starved) {
 				return
-			case err != nil:
-				failed(pr.lock, err)
-				continue
-			case !ready:
-				if !starved && time.Since(pr.since) >= probeTimeout {
-					starved = true
-					pc.logger.Warn("keyswap: no connection is free for the latency probes (the client's BlockingPoolSize is in use, or the server does not answer); the run keeps its limit until one is",
-						"key", pc.key, "lock", pr.lock, "waited", time.Since(pr.since))
-				}
-				continue
-			}
-			pctx, cancel := context.WithTimeout(ctx, probeTimeout)
-			start := time.Now()
-			err = pr.conn.Do(pctx, pr.conn.B().Get().Key(pr.lock).Build()).Error()
-			rtt := time.Since(start)
-			cancel()
-			switch {
-			case ctx.Err() != nil:
-				return
-			case err == nil || rueidis.IsRedisNil(err):
-				pr.rtts = append(pr.rtts, rtt)
-			case errors.Is(err, context.DeadlineExceeded):
-				// It waited at least that long, behind a slow server, on a
-				// connection that still works (rueidis drops the late
-				// reply): the next probe goes on it, and is timed too.
-				pr.rtts = append(pr.rtts, rtt)
-			default:
-				// Any other failure measures nothing. The connection goes
-				// back (rueidis closes it if it broke), and the next probe
-				// takes one anew.
-				failed(pr.lock, err)
-				pr.drop()
 			}
 		}
 		if time.Since(from) < probeWindow*probeEvery {
 			continue
 		}
-		// The slowest server decides: its own 90th percentile, not one
-		// pooled with the others'.
-		q, measured := time.Duration(0), false
-		for _, pr := range probes {
-			if len(pr.rtts) > 0 {
-				q, measured = max(q, percentile90(pr.rtts)), true
-				pr.rtts = pr.rtts[:0]
-			}
-		}
+		q, measured := slowest(probes)
 		if !measured {
 			from, items = time.Now(), pc.items()
 			continue
@@ -283,4 +241,64 @@ func (pc *pacing) run(ctx context.Context) {
 		pc.logger.Debug("keyswap: paced", "key", pc.key, "p90", q, "items_per_s", achieved, "limit", limit)
 		from, items = now, pulled
 	}
+}
+
+// measure times one probe on pr, once its connection is ready, and adds
+// its round trip to pr's; failed is told of a failure, starved is set once
+// no connection came for a whole probeTimeout. It reports false once ctx
+// is done.
+func (pc *pacing) measure(ctx context.Context, pr *probe, failed func(string, error), starved *bool) bool {
+	ready, err := pr.connect(ctx, pc.redis.Client())
+	switch {
+	case ctx.Err() != nil:
+		return false
+	case err != nil:
+		failed(pr.lock, err)
+		return true
+	case !ready:
+		if !*starved && time.Since(pr.since) >= probeTimeout {
+			*starved = true
+			pc.logger.Warn("keyswap: no connection is free for the latency probes (the client's BlockingPoolSize is in use, or the server does not answer); the run keeps its limit until one is",
+				"key", pc.key, "lock", pr.lock, "waited", time.Since(pr.since))
+		}
+		return true
+	}
+	pctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	start := time.Now()
+	err = pr.conn.Do(pctx, pr.conn.B().Get().Key(pr.lock).Build()).Error()
+	rtt := time.Since(start)
+	cancel()
+	switch {
+	case ctx.Err() != nil:
+		return false
+	case err == nil || rueidis.IsRedisNil(err):
+		pr.rtts = append(pr.rtts, rtt)
+	case errors.Is(err, context.DeadlineExceeded):
+		// It waited at least that long, behind a slow server, on a
+		// connection that still works (rueidis drops the late
+		// reply): the next probe goes on it, and is timed too.
+		pr.rtts = append(pr.rtts, rtt)
+	default:
+		// Any other failure measures nothing. The connection goes
+		// back (rueidis closes it if it broke), and the next probe
+		// takes one anew.
+		failed(pr.lock, err)
+		pr.drop()
+	}
+	return true
+}
+
+// slowest returns the 90th percentile of the round trips of the slowest
+// server that measured any, and empties every probe's; measured is false
+// when none did.
+func slowest(probes []*probe) (q time.Duration, measured bool) {
+	// The slowest server decides: its own 90th percentile, not one
+	// pooled with the others'.
+	for _, pr := range probes {
+		if len(pr.rtts) > 0 {
+			q, measured = max(q, percentile90(pr.rtts)), true
+			pr.rtts = pr.rtts[:0]
+		}
+	}
+	return q, measured
 }

@@ -17,37 +17,17 @@ import (
 // write, the rights it needs, the locks, the run's record and the temp
 // keys. It reports whether the temp keys were handed over to the publish
 // (and so must not be discarded).
-func (x *execution[T]) publish(ctx context.Context, live []map[string]bool) (bool, error) {
+func (x *runState) publish(ctx context.Context, live []map[string]bool) (bool, error) {
 	r := x.r
 	x.stats.Batches = x.batches.Load()
-	for i, b := range r.builders {
-		x.stats.Entries[b.Key()] = x.entries[i]
+	for i, o := range r.owners {
+		x.stats.Entries[o.key] = x.entries[i]
 	}
 	var targets []protocol.Target
 	for _, t := range x.targets.temps() {
 		targets = append(targets, protocol.Target{Temp: t.Key, Live: t.Live, Populated: t.Populated(), HasTTL: true})
 	}
-	var orphans []string
-	orphan := map[string]bool{}
-	for _, set := range live {
-		for _, k := range slices.Sorted(maps.Keys(set)) {
-			if !x.targets.has(k) {
-				orphans = append(orphans, k)
-				orphan[k] = true
-			}
-		}
-	}
-	// The kept previous values of buckets this publish neither replaces
-	// nor deletes belong to an older generation: a rollback must not bring
-	// them back. (The publish replaces the others, or drops them.)
-	var drops []string
-	for _, prevs := range x.stalePrevs {
-		for _, p := range slices.Sorted(maps.Keys(prevs)) {
-			if b := strings.TrimSuffix(p, keys.PrevSuffix); !x.targets.has(b) && !orphan[b] {
-				drops = append(drops, p)
-			}
-		}
-	}
+	orphans, drops := x.stale(live)
 	if m, n := r.opts.MaxKeys, len(targets)+len(orphans)+len(drops); m > 0 && n > m {
 		return false, &Error{Op: "publish", Key: r.key, Err: tooManyKeys(m, fmt.Sprintf("this one would touch %d (%d rebuilt, %d stale buckets to delete, %d old kept values to drop)", n, len(targets), len(orphans), len(drops)))}
 	}
@@ -78,6 +58,37 @@ func (x *execution[T]) publish(ctx context.Context, live []map[string]bool) (boo
 	if err != nil {
 		return true, err // kept for PreserveFor, for diagnosis
 	}
+	x.count(p, targets, orphans)
+	return true, nil
+}
+
+// stale returns the families' live buckets the run did not rebuild, which
+// the publish deletes, and the kept previous values it drops.
+func (x *runState) stale(live []map[string]bool) (orphans, drops []string) {
+	orphan := map[string]bool{}
+	for _, set := range live {
+		for _, k := range slices.Sorted(maps.Keys(set)) {
+			if !x.targets.has(k) {
+				orphans = append(orphans, k)
+				orphan[k] = true
+			}
+		}
+	}
+	// The kept previous values of buckets this publish neither replaces
+	// nor deletes belong to an older generation: a rollback must not bring
+	// them back. (The publish replaces the others, or drops them.)
+	for _, prevs := range x.stalePrevs {
+		for _, p := range slices.Sorted(maps.Keys(prevs)) {
+			if b := strings.TrimSuffix(p, keys.PrevSuffix); !x.targets.has(b) && !orphan[b] {
+				drops = append(drops, p)
+			}
+		}
+	}
+	return orphans, drops
+}
+
+// count adds what publish p did to the run's stats.
+func (x *runState) count(p protocol.Published, targets []protocol.Target, orphans []string) {
 	for i, t := range targets {
 		x.stats.Outcomes[t.Live] = p.Outcomes[i]
 	}
@@ -85,9 +96,8 @@ func (x *execution[T]) publish(ctx context.Context, live []map[string]bool) (boo
 		x.stats.Outcomes[o] = Emptied
 	}
 	for i, g := range p.Generations {
-		x.stats.Generations[r.lives[i]] = g
+		x.stats.Generations[x.r.lives[i]] = g
 	}
 	_, replayed := x.catchUp.counts()
 	x.stats.Changes = replayed + p.Replayed
-	return true, nil
 }

@@ -12,13 +12,15 @@ import (
 )
 
 // batch is one batch on its way from the source to Redis: built by its own
-// goroutine, then sent in source order by the sender.
-type batch[T any] struct {
-	seq   int64 // 1 for the source's first batch
-	items []T
-	built chan struct{} // closed when c and err are set
-	c     *commands
-	err   error
+// goroutine, then sent in source order by the sender. Its items stay with
+// the pump and the build: after build, nothing depends on their type.
+type batch struct {
+	seq     int64         // 1 for the source's first batch
+	items   int           // how many items it holds
+	built   chan struct{} // closed when c and err are set
+	c       *commands
+	err     error
+	release func() // gives the items' buffer back for reuse, once written
 }
 
 // pump pulls src into batches, starts building each, and queues it for the
@@ -29,7 +31,7 @@ type batch[T any] struct {
 // unfilled, so that a slow source still makes progress. pump closes queue
 // when done, and returns the source's error, if any. It stops early when
 // ctx is done.
-func (x *execution[T]) pump(ctx context.Context, g *errgroup.Group, queue chan<- *batch[T], src iter.Seq2[T, error]) error {
+func (x *execution[T]) pump(ctx context.Context, g *errgroup.Group, queue chan<- *batch, src iter.Seq2[T, error]) error {
 	defer close(queue)
 	c := &cutter[T]{x: x, ctx: ctx, g: g, queue: queue, items: x.buffer()}
 	stop := c.flushEvery(x.r.opts.FlushInterval)
@@ -58,7 +60,7 @@ type cutter[T any] struct {
 	x     *execution[T]
 	ctx   context.Context
 	g     *errgroup.Group
-	queue chan<- *batch[T]
+	queue chan<- *batch
 
 	handing sync.Mutex // held while a batch is handed on, so that batches go in order
 
@@ -77,9 +79,10 @@ func (c *cutter[T]) add(item T) bool {
 		c.since = time.Now()
 	}
 	c.items = append(c.items, item)
-	var b *batch[T]
+	var b *batch
+	var items []T
 	if len(c.items) == c.x.r.opts.BatchSize {
-		b = c.cut()
+		b, items = c.cut()
 		c.pending++
 	}
 	c.mu.Unlock()
@@ -87,7 +90,7 @@ func (c *cutter[T]) add(item T) bool {
 		return true
 	}
 	c.handing.Lock()
-	ok := c.hand(b)
+	ok := c.hand(b, items)
 	c.handing.Unlock()
 	c.mu.Lock()
 	c.pending--
@@ -95,12 +98,20 @@ func (c *cutter[T]) add(item T) bool {
 	return ok
 }
 
-// cut takes the batch being filled and numbers it. c.mu is held.
-func (c *cutter[T]) cut() *batch[T] {
+// cut takes the batch being filled and numbers it, and returns it with its
+// items. c.mu is held.
+func (c *cutter[T]) cut() (*batch, []T) {
 	c.seq++
-	b := &batch[T]{seq: c.seq, items: c.items, built: make(chan struct{})}
+	items, free := c.items, c.x.free
+	b := &batch{seq: c.seq, items: len(items), built: make(chan struct{}), release: func() {
+		clear(items)
+		select {
+		case free <- items[:0]:
+		default:
+		}
+	}}
 	c.items = c.x.buffer()
-	return b
+	return b, items
 }
 
 // flushOld hands on the batch being filled if its first item came
@@ -113,9 +124,9 @@ func (c *cutter[T]) flushOld(now time.Time, interval time.Duration) {
 		c.mu.Unlock()
 		return
 	}
-	b := c.cut()
+	b, items := c.cut()
 	c.mu.Unlock()
-	c.hand(b)
+	c.hand(b, items)
 }
 
 // flushEvery starts the flusher, which checks for an old partial batch
@@ -148,15 +159,15 @@ func (c *cutter[T]) rest() {
 	}
 }
 
-// hand takes a slot for b, starts building it, and queues it for the
-// sender. It reports whether the run goes on.
-func (c *cutter[T]) hand(b *batch[T]) bool {
+// hand takes a slot for b, starts building it from items, and queues it
+// for the sender. It reports whether the run goes on.
+func (c *cutter[T]) hand(b *batch, items []T) bool {
 	select {
 	case c.x.slots <- struct{}{}:
 	case <-c.ctx.Done():
 		return false
 	}
-	c.g.Go(func() error { c.x.build(b); return nil }) // its error goes to the sender, in order
+	c.g.Go(func() error { c.x.build(b, items); return nil }) // its error goes to the sender, in order
 	select {
 	case c.queue <- b:
 		return true

@@ -15,9 +15,15 @@ import (
 // and publishes them all at once. It is safe for concurrent use; runs of
 // the same keys exclude each other through their locks.
 type Rebuilder[T any] struct {
+	core
+	builders []index.Builder[T]
+}
+
+// core is what a Rebuilder knows that does not depend on the items' type:
+// everything a run needs after its batches are built.
+type core struct {
 	redis    *protocol.Redis
 	opts     Options
-	builders []index.Builder[T]
 	owners   []owner
 	lives    []string // the builders' keys: the keys locked
 	lockKeys []string // their locks
@@ -58,7 +64,7 @@ func New[T any](client rueidis.Client, opts Options, builders ...index.Builder[T
 			panic(fmt.Sprintf("keyswap: rebuild.New: builder %d is nil", i))
 		}
 	}
-	r := &Rebuilder[T]{redis: protocol.New(client, opts.Logger), opts: opts, builders: builders}
+	r := &Rebuilder[T]{core: core{redis: protocol.New(client, opts.Logger), opts: opts}, builders: builders}
 	r.opts.Logger = r.redis.Logger()
 	if err := r.configure(); err != nil {
 		return nil, err
@@ -69,46 +75,21 @@ func New[T any](client rueidis.Client, opts Options, builders ...index.Builder[T
 // configure fills in defaults and validates the options and builders.
 func (r *Rebuilder[T]) configure() error {
 	o := &r.opts
-	var ks []string
-	r.order = anyOrder
-	for _, b := range r.builders {
-		r.order = min(r.order, orderOf(b))
-		_, family := b.(index.Family)
-		_, incremental := b.(index.Incremental[T])
-		r.owners = append(r.owners, owner{key: b.Key(), family: family, commutative: orderOf(b) == anyOrder, unique: orderOf(b) == anyOrder && incremental, incremental: incremental})
-		ks = append(ks, b.Key())
-	}
-	if o.Unordered {
-		r.order = anyOrder
-	}
-	r.key = strings.Join(ks, ", ")
+	r.addOwners()
 	bad := func(format string, args ...any) error {
 		return &Error{Op: "config", Key: r.key, Err: fmt.Errorf(format, args...)}
 	}
-	switch {
-	case o.BatchSize < 0:
-		return bad("BatchSize %d: must not be negative (zero means %d)", o.BatchSize, DefaultBatchSize)
-	case o.Writers < 0:
-		return bad("Writers %d: must not be negative (zero means %d)", o.Writers, DefaultWriters)
-	case o.TTL < 0:
-		return bad("TTL %v: must not be negative (zero means %v)", o.TTL, DefaultTTL)
-	case o.PreserveFor < 0:
-		return bad("PreserveFor %v: must not be negative (zero means %v)", o.PreserveFor, DefaultPreserveFor)
-	case len(r.builders) == 0:
-		return bad("no builders")
-	case o.Publish != RenameInPlace && o.Publish != Generations:
-		return bad("Publish %v: must be RenameInPlace or Generations", o.Publish)
+	if err := r.checkCounts(bad); err != nil {
+		return err
 	}
-	o.Grace = protocol.OrDefault(o.Grace, DefaultGrace)
-	for i, b := range r.builders {
-		if o, ok := b.(index.Ordered); ok && o.Order() != index.InOrder && o.Order() != index.ByEntry && o.Order() != index.AnyOrder {
-			return bad("builder %d (%q): Order returned %v, which is none of InOrder, ByEntry and AnyOrder", i, b.Key(), o.Order())
-		}
+	o.Grace = protocol.OrDefault(o.Grace, defaultGrace)
+	if err := r.checkOrders(bad); err != nil {
+		return err
 	}
-	o.BatchSize = protocol.OrDefault(o.BatchSize, DefaultBatchSize)
-	o.Writers = protocol.OrDefault(o.Writers, DefaultWriters)
-	o.TTL = protocol.OrDefault(o.TTL, DefaultTTL)
-	o.PreserveFor = protocol.OrDefault(o.PreserveFor, DefaultPreserveFor)
+	o.BatchSize = protocol.OrDefault(o.BatchSize, defaultBatchSize)
+	o.Writers = protocol.OrDefault(o.Writers, defaultWriters)
+	o.TTL = protocol.OrDefault(o.TTL, defaultTTL)
+	o.PreserveFor = protocol.OrDefault(o.PreserveFor, defaultPreserveFor)
 	for what, d := range map[string]time.Duration{"TTL": o.TTL, "PreserveFor": o.PreserveFor} {
 		if d < time.Second || d%time.Second != 0 {
 			return bad("%s %v: must be a whole number of seconds, at least 1s (Redis expiries here are in seconds)", what, d)
@@ -132,14 +113,67 @@ func (r *Rebuilder[T]) configure() error {
 	return nil
 }
 
+// checkCounts checks the options that are counts or the lease, the
+// builders' number and the publish mode.
+func (r *Rebuilder[T]) checkCounts(bad func(string, ...any) error) error {
+	o := &r.opts
+	switch {
+	case o.BatchSize < 0:
+		return bad("BatchSize %d: must not be negative (zero means %d)", o.BatchSize, defaultBatchSize)
+	case o.Writers < 0:
+		return bad("Writers %d: must not be negative (zero means %d)", o.Writers, defaultWriters)
+	case o.TTL < 0:
+		return bad("TTL %v: must not be negative (zero means %v)", o.TTL, defaultTTL)
+	case o.PreserveFor < 0:
+		return bad("PreserveFor %v: must not be negative (zero means %v)", o.PreserveFor, defaultPreserveFor)
+	case len(r.builders) == 0:
+		return bad("no builders")
+	case o.Publish != RenameInPlace && o.Publish != Generations:
+		return bad("Publish %v: must be RenameInPlace or Generations", o.Publish)
+	}
+	return nil
+}
+
+// addOwners sets what a run knows of each builder, the run's order, and
+// the key of errors.
+func (r *Rebuilder[T]) addOwners() {
+	var ks []string
+	r.order = anyOrder
+	for _, b := range r.builders {
+		r.order = min(r.order, orderOf(b))
+		f, family := b.(index.Family)
+		_, incremental := b.(index.Incremental[T])
+		o := owner{key: b.Key(), family: family, commutative: orderOf(b) == anyOrder, unique: orderOf(b) == anyOrder && incremental, incremental: incremental}
+		if family {
+			o.keyType = f.KeyType()
+		}
+		r.owners = append(r.owners, o)
+		ks = append(ks, b.Key())
+	}
+	if r.opts.Unordered {
+		r.order = anyOrder
+	}
+	r.key = strings.Join(ks, ", ")
+}
+
+// checkOrders refuses a builder whose Order is none of index's.
+func (r *Rebuilder[T]) checkOrders(bad func(string, ...any) error) error {
+	for i, b := range r.builders {
+		if o, ok := b.(index.Ordered); ok && o.Order() != index.InOrder && o.Order() != index.ByEntry && o.Order() != index.AnyOrder {
+			return bad("builder %d (%q): Order returned %v, which is none of InOrder, ByEntry and AnyOrder", i, b.Key(), o.Order())
+		}
+	}
+	return nil
+}
+
 // checkTimes fills in and checks the options that are durations or rates.
 func (r *Rebuilder[T]) checkTimes(bad func(string, ...any) error) error {
 	o := &r.opts
 	switch {
 	case o.StallTimeout < 0:
-		return bad("StallTimeout %v: must not be negative (zero means %v)", o.StallTimeout, DefaultStallTimeout)
+		return bad("StallTimeout %v: must not be negative (zero means %v)", o.StallTimeout, defaultStallTimeout)
 	case o.FlushInterval < 0:
-		return bad("FlushInterval %v: must not be negative (zero means %v)", o.FlushInterval, DefaultFlushInterval)
+		return bad("FlushInterval %v: must not be negative (zero means %v)", o.FlushInterval, defaultFlushInterval)
 	case o.MaxRate < 0 || o.MaxRate != o.MaxRate:
 		return bad("MaxRate %v: must be a positive number of items per second, or zero for no limit", o.MaxRate)
 	case o.LatencyBudget < 0:
@@ -149,23 +183,23 @@ func (r *Rebuilder[T]) checkTimes(bad func(string, ...any) error) error {
 	}
 	switch {
 	case o.MaxMerged < 0:
-		return bad("MaxMerged %d: must not be negative (zero means %d)", o.MaxMerged, DefaultMaxMerged)
+		return bad("MaxMerged %d: must not be negative (zero means %d)", o.MaxMerged, defaultMaxMerged)
 	case o.MaxChanges < 0:
-		return bad("MaxChanges %d: must not be negative (zero means %d)", o.MaxChanges, DefaultMaxChanges)
+		return bad("MaxChanges %d: must not be negative (zero means %d)", o.MaxChanges, defaultMaxChanges)
 	case o.KeepPrevious < 0 || o.KeepPrevious%time.Second != 0:
 		return bad("KeepPrevious %v: must be a whole number of seconds, or zero to keep nothing", o.KeepPrevious)
 	case o.CatchUpTimeout < 0:
-		return bad("CatchUpTimeout %v: must not be negative (zero means %v)", o.CatchUpTimeout, DefaultCatchUpTimeout)
+		return bad("CatchUpTimeout %v: must not be negative (zero means %v)", o.CatchUpTimeout, defaultCatchUpTimeout)
 	case o.MaxHold < 0:
-		return bad("MaxHold %v: must not be negative (zero means %v)", o.MaxHold, DefaultMaxHold)
+		return bad("MaxHold %v: must not be negative (zero means %v)", o.MaxHold, defaultMaxHold)
 	}
-	o.MaxHold = protocol.OrDefault(o.MaxHold, DefaultMaxHold)
-	o.MaxMerged = protocol.OrDefault(o.MaxMerged, DefaultMaxMerged)
-	o.MaxChanges = protocol.OrDefault(o.MaxChanges, DefaultMaxChanges)
-	o.MaxKeys = protocol.OrDefault(o.MaxKeys, DefaultMaxKeys)
-	o.CatchUpTimeout = protocol.OrDefault(o.CatchUpTimeout, DefaultCatchUpTimeout)
-	o.StallTimeout = protocol.OrDefault(o.StallTimeout, DefaultStallTimeout)
-	o.FlushInterval = protocol.OrDefault(o.FlushInterval, DefaultFlushInterval)
+	o.MaxHold = protocol.OrDefault(o.MaxHold, defaultMaxHold)
+	o.MaxMerged = protocol.OrDefault(o.MaxMerged, defaultMaxMerged)
+	o.MaxChanges = protocol.OrDefault(o.MaxChanges, defaultMaxChanges)
+	o.MaxKeys = protocol.OrDefault(o.MaxKeys, defaultMaxKeys)
+	o.CatchUpTimeout = protocol.OrDefault(o.CatchUpTimeout, defaultCatchUpTimeout)
+	o.StallTimeout = protocol.OrDefault(o.StallTimeout, defaultStallTimeout)
+	o.FlushInterval = protocol.OrDefault(o.FlushInterval, defaultFlushInterval)
 	return r.checkDurability(bad)
 }
 

@@ -26,7 +26,7 @@ var tailCommands = []string{"HSET", "HDEL", "HGET", "ZADD", "ZREM", "ZSCORE", "S
 // naming it, rather than after the build. The acquire script checks its
 // own commands; the publish checks every key it touches again, each family
 // bucket included.
-func (x *execution[T]) checks() []protocol.Check {
+func (x *runState) checks() []protocol.Check {
 	var c []protocol.Check
 	add := func(key string, cmds ...string) {
 		for _, cmd := range cmds {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"time"
 
-	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/internal/protocol"
 )
 
@@ -60,12 +59,10 @@ func (r *Rebuilder[T]) Rollback(ctx context.Context) (map[string]int64, error) {
 
 // familyTypes returns each builder's family key type, or "" for a plain
 // builder.
-func (r *Rebuilder[T]) familyTypes() []string {
-	out := make([]string, len(r.builders))
-	for i, b := range r.builders {
-		if f, ok := b.(index.Family); ok {
-			out[i] = f.KeyType()
-		}
+func (r *core) familyTypes() []string {
+	out := make([]string, len(r.owners))
+	for i, o := range r.owners {
+		out[i] = o.keyType
 	}
 	return out
 }

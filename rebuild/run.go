@@ -5,12 +5,9 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"errors"
-	"fmt"
 	"os"
-	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -18,7 +15,6 @@ import (
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/protocol"
 	"github.com/keyswap/keyswap/sources"
-	"golang.org/x/sync/errgroup"
 )
 
 // Run rebuilds every builder's keys from src and publishes them in one
@@ -64,7 +60,10 @@ func (r *Rebuilder[T]) run(ctx context.Context, src sources.Source[T], held *Hel
 		obs.End(stats, err)
 	}()
 	x := newExecution(r, start, &stats)
-	x.held, x.obs = held, obs
+	x.obs = obs
+	if held != nil {
+		x.held = held.held
+	}
 	locks, err := r.redis.Locks.Acquire(ctx, protocol.AcquireOptions{
 		Op: "acquire", Key: r.key, Lives: r.lives, Families: r.families(), Mode: protocol.ModeRebuild, TTL: r.opts.TTL,
 		Checks: x.checks(), Record: x.recordFields(),
@@ -105,10 +104,17 @@ func (r *Rebuilder[T]) run(ctx context.Context, src sources.Source[T], held *Hel
 // called runtime.Goexit: the panic goes on to the caller.
 var errAbnormal = errors.New("the run panicked, or a builder or the source called runtime.Goexit")
 
-// execution is the state of one Run.
+// execution is one Run's source, pump and build: the only stages that
+// depend on the items' type. Everything after build is the runState's.
 type execution[T any] struct {
-	r       *Rebuilder[T]
-	start   time.Time
+	*runState
+	r    *Rebuilder[T]
+	free chan []T // batch buffers to reuse
+}
+
+// runState is the state of one Run that its stages after build share.
+type runState struct {
+	r       *core
 	locks   []*protocol.Lock
 	record  string // the run's record: batches written, status, requests
 	suffix  string // every temp key of the run ends with it
@@ -118,30 +124,19 @@ type execution[T any] struct {
 	bulk    *protocol.Bulk // the connections of the writes
 	gate    *gate
 	cancel  context.CancelCauseFunc
-
-	pulled  atomic.Int64 // items pulled from the source
-	done    atomic.Int64 // items in batches written and accounted
-	written atomic.Int64 // entries in batches Redis acknowledged
-	batches atomic.Int64 // batches written and accounted, in source order
-	acked   atomic.Int64 // batches whose transaction Redis acknowledged
+	progress
 	// tempSecs is the temp keys' TTL in seconds: twice the lease, or more
 	// when refreshing them takes long (see lease.refreshed).
 	tempSecs atomic.Int64
-	phase    atomic.Value  // Phase
-	entries  []int64       // entries written per builder; only the sender writes
-	skipped  []int64       // entries skipped for a reserved key, per builder; only the sender writes
-	free     chan []T      // batch buffers to reuse
 	slots    chan struct{} // one per batch in flight: built, queued or being sent
 
 	catchUp *catchUp    // the catch-up, and the counts of the logs of changes
 	pacing  *pacing     // the pacer (Options.LatencyBudget), and its last probe
-	held    *Held[T]    // Build's run, nil for Run
+	held    *held       // Build's run, nil for Run
 	stall   *stallWatch // when the source last yielded
-	rates   *rateMeter  // the current rate, for the record
 	// stalePrevs are, per family, the kept previous values of its buckets
 	// found by the scan: written by the scans, read once they are done.
 	stalePrevs []map[string]bool
-	obs        RunObserver
 	// gen is the state of a run in Generations mode, nil in
 	// RenameInPlace mode; retired are the generations its flip retired.
 	gen     *generations
@@ -150,18 +145,23 @@ type execution[T any] struct {
 
 // newExecution returns the state of a run of r started at start.
 func newExecution[T any](r *Rebuilder[T], start time.Time, stats *Stats) *execution[T] {
+	return &execution[T]{runState: newRunState(&r.core, start, stats), r: r, free: make(chan []T, r.opts.Writers+1)}
+}
+
+// newRunState returns the state of a run of r started at start.
+func newRunState(r *core, start time.Time, stats *Stats) *runState {
 	var nonce [8]byte
 	_, _ = rand.Read(nonce[:]) // crypto/rand.Read never fails (Go 1.24+)
-	x := &execution[T]{
-		r: r, start: start, stats: stats,
-		record:  keys.RecordKey(r.lockKeys[0]),
-		suffix:  keys.TempSuffix(start.Unix(), binary.BigEndian.Uint64(nonce[:])),
-		entries: make([]int64, len(r.builders)),
-		skipped: make([]int64, len(r.builders)),
-		free:    make(chan []T, r.opts.Writers+1),
-		slots:   make(chan struct{}, r.opts.Writers),
-		gate:    newGate(r.opts.MaxRate),
-		rates:   newRateMeter(start),
+	x := &runState{
+		r: r, stats: stats,
+		record: keys.RecordKey(r.lockKeys[0]),
+		suffix: keys.TempSuffix(start.Unix(), binary.BigEndian.Uint64(nonce[:])),
+		slots:  make(chan struct{}, r.opts.Writers),
+		gate:   newGate(r.opts.MaxRate),
+		progress: progress{
+			start: start, entries: make([]int64, len(r.owners)), skipped: make([]int64, len(r.owners)),
+			rates: newRateMeter(start), report: r.opts.Progress,
+		},
 	}
 	x.pacing = &pacing{
 		redis: r.redis, key: r.key, lockKeys: r.lockKeys, budget: r.opts.LatencyBudget,
@@ -177,7 +177,7 @@ func newExecution[T any](r *Rebuilder[T], start time.Time, stats *Stats) *execut
 // the keys of the run's generation in Generations mode, where a family's
 // keys may spread over every slot of a cluster and MaxKeys does not bind
 // (the flip is O(indexes)).
-func (x *execution[T]) newTargets() *targets {
+func (x *runState) newTargets() *targets {
 	r := x.r
 	var ts *targets
 	if r.opts.Publish == Generations {
@@ -197,7 +197,7 @@ func (x *execution[T]) newTargets() *targets {
 
 // recordFields returns the fields the run's record starts with, besides
 // its keys and mode.
-func (x *execution[T]) recordFields() []string {
+func (x *runState) recordFields() []string {
 	host, _ := os.Hostname()
 	return []string{
 		protocol.FieldSuffix, x.suffix, protocol.FieldHost, host, protocol.FieldPID, strconv.Itoa(os.Getpid()),
@@ -207,7 +207,7 @@ func (x *execution[T]) recordFields() []string {
 }
 
 // families reports which builders are families.
-func (r *Rebuilder[T]) families() []bool {
+func (r *core) families() []bool {
 	out := make([]bool, len(r.owners))
 	for i, o := range r.owners {
 		out[i] = o.family
@@ -220,169 +220,19 @@ func (r *Rebuilder[T]) families() []bool {
 // discards every temp key, and releases the locks. The stages are those of
 // the package documentation, "Pipeline": the caller's goroutine pulls the
 // source (pump), each batch is built in a goroutine of its own (build), and
-// one sender writes them (send, write).
+// one sender writes them (send, write); the pipeline wires the stages after
+// build together, and publishes.
 func (x *execution[T]) run(ctx context.Context, src sources.Source[T]) (err error) {
-	r := x.r
-	runCtx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	x.cancel = cancel
-	x.bulk = x.newBulk(runCtx)
-	var sourceDone atomic.Bool
-	x.stall = &stallWatch{timeout: r.opts.StallTimeout, items: &x.pulled, lastChange: x.start, idle: func() bool {
-		return sourceDone.Load() || x.gate.isPaused()
-	}}
-	owner := leaseOwner{
-		redis: r.redis, locks: x.locks, targets: x.targets, ttl: r.opts.TTL, key: r.key, cancel: cancel,
-		acked: x.acked.Load, status: x.status, control: x.control,
-		stall: x.stall, tempSecs: &x.tempSecs, log: r.opts.Logger,
-	}
-	if x.gen != nil {
-		// No temp key to refresh: the data keys have no TTL, and the
-		// counters of a cluster's slots are renewed instead.
-		owner.renew = x.renewCounters
-		if r.redis.Cluster() {
-			// The writes are counted per slot, not in the record.
-			owner.acked = func() int64 { return 0 }
-		}
-	}
-	x.lease = newLease(owner, x.start)
-	var leaseDone sync.WaitGroup
-	leaseDone.Go(func() { x.lease.run(runCtx) })
-
-	// The family scans run concurrently with the source.
-	scans, scanCtx := errgroup.WithContext(runCtx)
-	live := x.scanFamilies(scanCtx, scans)
-	g, gctx := errgroup.WithContext(runCtx)
-	queue := make(chan *batch[T], r.opts.Writers)
-	g.Go(func() error { return x.send(gctx, queue) })
-
-	// The pacer runs while the source does (Options.LatencyBudget).
-	paceCtx, stopPacing := context.WithCancel(runCtx)
-	var paced sync.WaitGroup
-	if r.opts.LatencyBudget > 0 {
-		paced.Go(func() { x.pacing.run(paceCtx) })
-	}
-
-	published := false
-	defer func() {
-		// On every path, a panic or a Goexit in the source included: stop,
-		// wait, clean up.
-		cancel(errors.New("keyswap: run ended"))
-		stopPacing()
-		paced.Wait()
-		_ = g.Wait()
-		_ = scans.Wait()
-		x.bulk.Close() // every write has returned
-		x.lease.end()
-		leaseDone.Wait()
-		switch {
-		case x.gen != nil:
-			if !published {
-				x.discardGen(ctx)
-			}
-			x.dropCounters(ctx)
-		case !published:
-			r.redis.Discard(ctx, r.key, protocol.TempKeys(x.targets.temps())...)
-		}
-		err = r.redis.Locks.ReleaseAfter(ctx, x.locks, err)
-		x.stats.Items = x.pulled.Load()
-		x.stats.Batches = x.batches.Load()
-		for i, b := range r.builders {
-			if n := x.skipped[i]; n > 0 {
-				x.stats.Skipped[b.Key()] = n
-			}
-		}
-	}()
-
-	srcErr := x.pump(gctx, g, queue, src(hook.WithOwnKeys(gctx, r.owns)))
-	sourceDone.Store(true)
-	stopPacing()
-	paced.Wait()
-	if failure := x.failure(runCtx, g.Wait(), srcErr); failure != nil {
-		cancel(failure) // stops the family scans: nothing will be published
-		_ = scans.Wait()
-		switch {
-		case isPanic(failure):
-			panic(failure) // after the deferred cleanup, in the caller's goroutine
-		case failure == errGoexit:
-			runtime.Goexit() // the same, for a builder's Goexit
-		}
-		return failure
-	}
-	if err := scans.Wait(); err != nil {
-		return &Error{Op: "scan", Key: r.key, Err: err}
-	}
-
-	// Catch up with the changes applied during the run, then publish;
-	// again while the publish finds more changes than it replays itself.
-	caughtUp := time.Now()
-	deadline := caughtUp.Add(r.opts.CatchUpTimeout)
-	defer func() { x.stats.CatchUp = time.Since(caughtUp) }()
-	if len(r.opts.Guards) > 0 || x.held != nil {
-		// The guards and the holder see the result caught up.
-		x.setPhase(PhaseCatchingUp)
-		if err := x.catchUp.run(runCtx, deadline); err != nil {
-			return err
-		}
-		// A run that ended meanwhile (a lost lease, a cancel) says why,
-		// rather than what its next command ran into.
-		if cause := context.Cause(runCtx); cause != nil {
-			return protocol.Wrap("run", r.key, cause)
-		}
-		if err := x.decide(runCtx, live); err != nil {
-			return err
-		}
-	}
-	if x.held != nil {
-		// Held for a while: catch up again, from now.
-		caughtUp, deadline = time.Now(), time.Now().Add(r.opts.CatchUpTimeout)
-	}
-	for {
-		x.setPhase(PhaseCatchingUp)
-		if err := x.catchUp.run(runCtx, deadline); err != nil {
-			return err
-		}
-		if cause := context.Cause(runCtx); cause != nil {
-			return protocol.Wrap("run", r.key, cause)
-		}
-		// The lease lives on through the durability wait: the heartbeats
-		// keep the locks, show the phase, and read an operator's cancel.
-		if d := r.durability(); d != (protocol.Durability{}) {
-			x.setPhase(PhaseWaiting)
-			if err := x.waitDurable(runCtx, d); err != nil {
-				if cause := context.Cause(runCtx); cause != nil {
-					return protocol.Wrap("run", r.key, cause)
-				}
-				return err
-			}
-		}
-		x.setPhase(PhasePublishing)
-		x.lease.end()
-		leaseDone.Wait()
-		if cause := context.Cause(runCtx); cause != nil {
-			return protocol.Wrap("run", r.key, cause)
-		}
-		if x.gen != nil {
-			published, err = x.flip(runCtx)
-		} else {
-			published, err = x.publish(runCtx, live)
-		}
-		var behind *protocol.BehindError
-		if !errors.As(err, &behind) {
-			return err
-		}
-		if time.Now().After(deadline) {
-			return &Error{Op: "catch-up", Key: r.key, Err: fmt.Errorf("%w: %d changes still to replay after catching up for %v (Options.CatchUpTimeout): they arrive faster than the run replays them; every live key left unchanged (and holds every change)", ErrFallingBehind, behind.Tail, r.opts.CatchUpTimeout)}
-		}
-		// Renew the lease again, and catch up with what came meanwhile.
-		x.lease = x.lease.resume(owner)
-		leaseDone.Go(func() { x.lease.run(runCtx) })
-	}
+	p := x.startPipeline(ctx)
+	defer p.cancel(nil)
+	defer p.stop(ctx, &err) // on every path, a panic or a Goexit in the source included
+	srcErr := x.pump(p.sendCtx, p.sends, p.queue, src(hook.WithOwnKeys(p.sendCtx, x.r.owns)))
+	return p.finish(srcErr)
 }
 
 // decide runs the guards, and holds a held run until it is decided: it
 // returns an error when the run must not be published.
-func (x *execution[T]) decide(ctx context.Context, live []map[string]bool) error {
+func (x *runState) decide(ctx context.Context, live []map[string]bool) error {
 	review, err := x.review(ctx, live)
 	if err != nil {
 		return err
@@ -409,7 +259,7 @@ func (x *execution[T]) decide(ctx context.Context, live []map[string]bool) error
 // included) or the source's error, which happen before anything cancels the
 // run; or else the caller's cancellation, a lost lease, a stalled source or
 // an operator's cancel, which stop the pipeline without an error of its own.
-func (x *execution[T]) failure(runCtx context.Context, werr, srcErr error) error {
+func (x *runState) failure(runCtx context.Context, werr, srcErr error) error {
 	switch cause := context.Cause(runCtx); {
 	case isPanic(werr), werr == errGoexit:
 		return werr
@@ -439,7 +289,7 @@ func isPanic(err error) bool {
 
 // owns reports whether key is one r rebuilds: a builder's key, or a bucket
 // of a family.
-func (r *Rebuilder[T]) owns(key string) bool {
+func (r *core) owns(key string) bool {
 	for _, o := range r.owners {
 		if key == o.key || o.family && strings.HasPrefix(key, o.key+":") {
 			return true
@@ -453,7 +303,7 @@ var errGoexit = errors.New("keyswap: a builder called runtime.Goexit")
 
 // status returns the run's status, for its record: written by every
 // heartbeat.
-func (x *execution[T]) status() []string {
+func (x *runState) status() []string {
 	now := time.Now()
 	items := x.pulled.Load()
 	rate := float64(items) / max(now.Sub(x.start).Seconds(), 1e-3)
@@ -477,7 +327,7 @@ func (x *execution[T]) status() []string {
 }
 
 // control applies what a heartbeat read of an operator's requests.
-func (x *execution[T]) control(c protocol.Control) {
+func (x *runState) control(c protocol.Control) {
 	if c.Cancel {
 		x.cancel(&Error{Op: "run", Key: x.r.key, Err: ErrAborted})
 	}

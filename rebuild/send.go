@@ -20,8 +20,8 @@ import (
 // for in source order. Either way, send returns only once every round trip
 // it sent has returned: once sent, writes run to their end, and the cleanup
 // must come after them.
-func (x *execution[T]) send(ctx context.Context, queue <-chan *batch[T]) (err error) {
-	s := &sender[T]{x: x, perTrip: max(1, x.r.opts.Writers/2),
+func (x *runState) send(ctx context.Context, queue <-chan *batch) (err error) {
+	s := &sender{x: x, perTrip: max(1, x.r.opts.Writers/2),
 		co: &coalescer{bound: x.r.opts.MaxMerged}}
 	defer func() {
 		if s.pending != nil {
@@ -47,18 +47,18 @@ func (x *execution[T]) send(ctx context.Context, queue <-chan *batch[T]) (err er
 }
 
 // sender is the state of send.
-type sender[T any] struct {
-	x       *execution[T]
+type sender struct {
+	x       *runState
 	perTrip int
 	co      *coalescer
-	pending *trip[T] // the round trip in flight, unless inOrder
-	checked string   // the last command name checkMerge accepted
+	pending *trip  // the round trip in flight, unless inOrder
+	checked string // the last command name checkMerge accepted
 }
 
 // next waits for the next batch, accounting meanwhile for the round trip in
 // flight when it returns, and gathers the batches already waiting behind
 // it. open is false once queue is closed and empty.
-func (s *sender[T]) next(ctx context.Context, queue <-chan *batch[T]) (group []*batch[T], open bool, err error) {
+func (s *sender) next(ctx context.Context, queue <-chan *batch) (group []*batch, open bool, err error) {
 	for group == nil {
 		var done <-chan error // nil, which blocks, when no trip is pending
 		if s.pending != nil {
@@ -86,12 +86,12 @@ func (s *sender[T]) next(ctx context.Context, queue <-chan *batch[T]) (group []*
 }
 
 // trip writes group, with the merged commands it fills, in one round trip.
-func (s *sender[T]) trip(ctx context.Context, group []*batch[T], queue <-chan *batch[T]) error {
+func (s *sender) trip(ctx context.Context, group []*batch, queue <-chan *batch) error {
 	x := s.x
 	if err := x.awaitBuilt(ctx, group); err != nil || ctx.Err() != nil {
 		return err
 	}
-	t := &trip[T]{group: group, done: make(chan error, 1)}
+	t := &trip{group: group, done: make(chan error, 1)}
 	if x.r.order == byEntry && s.pending != nil && s.pending.conflicts(t) {
 		// t rewrites an entry that the trip in flight writes: it goes out
 		// after that one has returned, so the later write wins. The
@@ -119,7 +119,7 @@ func (s *sender[T]) trip(ctx context.Context, group []*batch[T], queue <-chan *b
 
 // merge feeds b's merged entries to the coalescer, and returns the commands
 // it fills.
-func (s *sender[T]) merge(ctx context.Context, b *batch[T]) ([]mergedCmd, error) {
+func (s *sender) merge(ctx context.Context, b *batch) ([]mergedCmd, error) {
 	for _, m := range b.c.merged {
 		if m.name == s.checked {
 			continue
@@ -133,11 +133,11 @@ func (s *sender[T]) merge(ctx context.Context, b *batch[T]) ([]mergedCmd, error)
 }
 
 // drain sends what the coalescer holds, once the source is exhausted.
-func (s *sender[T]) drain(ctx context.Context) error {
+func (s *sender) drain(ctx context.Context) error {
 	txns := pack(s.x.r.redis.Client().B(), s.x.sortBySlot(s.co.drain()), s.x.r.opts.BatchSize)
 	for len(txns) > 0 && ctx.Err() == nil {
 		n := min(len(txns), s.perTrip)
-		if err := s.launch(ctx, &trip[T]{txns: txns[:n], done: make(chan error, 1)}); err != nil {
+		if err := s.launch(ctx, &trip{txns: txns[:n], done: make(chan error, 1)}); err != nil {
 			return err
 		}
 		txns = txns[n:]
@@ -147,7 +147,7 @@ func (s *sender[T]) drain(ctx context.Context) error {
 
 // launch sends t: at once, with the trip in flight still pending, unless the
 // run is inOrder, in which case t is written before launch returns.
-func (s *sender[T]) launch(ctx context.Context, t *trip[T]) error {
+func (s *sender) launch(ctx context.Context, t *trip) error {
 	x := s.x
 	for _, tx := range t.txns {
 		expiring(tx)
@@ -165,7 +165,7 @@ func (s *sender[T]) launch(ctx context.Context, t *trip[T]) error {
 }
 
 // settle waits for the trip in flight, if any, and accounts for it.
-func (s *sender[T]) settle() error {
+func (s *sender) settle() error {
 	if s.pending == nil {
 		return nil
 	}
@@ -176,7 +176,7 @@ func (s *sender[T]) settle() error {
 
 // gather adds to group the batches already waiting in queue, up to n in
 // all, without waiting for more.
-func gather[T any](group []*batch[T], queue <-chan *batch[T], n int) []*batch[T] {
+func gather(group []*batch, queue <-chan *batch, n int) []*batch {
 	for len(group) < n {
 		select {
 		case b, ok := <-queue:
@@ -194,7 +194,7 @@ func gather[T any](group []*batch[T], queue <-chan *batch[T], n int) []*batch[T]
 // awaitBuilt waits until every batch of group is built, and returns the
 // first one's error, or the first command that writes outside its temp
 // keys; it returns nil early when ctx is done (the run reports the cause).
-func (x *execution[T]) awaitBuilt(ctx context.Context, group []*batch[T]) error {
+func (x *runState) awaitBuilt(ctx context.Context, group []*batch) error {
 	for _, b := range group {
 		select {
 		case <-b.built:
@@ -213,28 +213,28 @@ func (x *execution[T]) awaitBuilt(ctx context.Context, group []*batch[T]) error 
 
 // checkMerge refuses a Merge of a command that could write keys other than
 // its first argument.
-func (x *execution[T]) checkMerge(ctx context.Context, m merged) error {
+func (x *runState) checkMerge(ctx context.Context, m merged) error {
 	spec, err := x.r.specs.spec(ctx, x.r.redis.Client(), strings.ToLower(m.name))
 	if err == nil && (spec.movable || spec.subs != nil || spec.first != 1 || spec.last != 1) {
 		err = fmt.Errorf("a Merge of %s, whose keys are not just its first argument", m.name)
 	}
 	if err != nil {
-		return &Error{Op: "build", Key: x.r.builders[m.t.builder].Key(), Err: err}
+		return &Error{Op: "build", Key: x.r.owners[m.t.builder].key, Err: err}
 	}
 	return nil
 }
 
 // trip is one round trip: the transactions of batches, and of merged
 // writes, sent by write in one DoMulti.
-type trip[T any] struct {
-	group []*batch[T]
+type trip struct {
+	group []*batch
 	txns  []*txn
 	done  chan error // write's result
 }
 
 // conflicts reports whether a batch of t and a batch of o write a common
 // entry of a ByEntry builder.
-func (t *trip[T]) conflicts(o *trip[T]) bool {
+func (t *trip) conflicts(o *trip) bool {
 	for _, a := range t.group {
 		for _, b := range o.group {
 			if a.c.conflicts(b.c) {
@@ -246,11 +246,11 @@ func (t *trip[T]) conflicts(o *trip[T]) bool {
 }
 
 // wait waits for t's write, and finishes t.
-func (t *trip[T]) wait(x *execution[T]) error { return t.finish(x, <-t.done) }
+func (t *trip) wait(x *runState) error { return t.finish(x, <-t.done) }
 
 // finish accounts for t's batches if its write, which returned err,
 // succeeded, and returns err.
-func (t *trip[T]) finish(x *execution[T], err error) error {
+func (t *trip) finish(x *runState, err error) error {
 	if err != nil {
 		return err
 	}

@@ -46,6 +46,9 @@ type owner struct {
 	// incremental: the builder is Incremental, so its log of changes may
 	// hold ops the catch-up and the publish replay.
 	incremental bool
+	// keyType is a family's key type (index.Family.KeyType), "" for a
+	// plain builder.
+	keyType string
 }
 
 // targets maps the live keys of a run to their temp keys. Keys of plain

@@ -23,7 +23,7 @@ const bulkWait = time.Second
 // at the Info level when they have one again. A connection that closes, or
 // whose server no longer serves the run's slot, is replaced, and logged at
 // the Info level.
-func (x *execution[T]) newBulk(ctx context.Context) *protocol.Bulk {
+func (x *runState) newBulk(ctx context.Context) *protocol.Bulk {
 	r := x.r
 	b := protocol.NewBulk(ctx, r.redis.Client(), bulkWait, protocol.BulkEvents{
 		Shared: func(waited time.Duration, err error) {
@@ -70,8 +70,8 @@ type txn struct {
 }
 
 // batchTxn returns b's writes as a transaction.
-func batchTxn[T any](b *batch[T]) *txn {
-	return &txn{label: fmt.Sprintf("batch %d (%d items)", b.seq, len(b.items)), cmds: b.c.cmds, writes: b.c.touched}
+func batchTxn(b *batch) *txn {
+	return &txn{label: fmt.Sprintf("batch %d (%d items)", b.seq, b.items), cmds: b.c.cmds, writes: b.c.touched}
 }
 
 // write sends txns in one DoMulti. Each is one MULTI ... EXEC of its writes,
@@ -83,7 +83,7 @@ func batchTxn[T any](b *batch[T]) *txn {
 // if EXEC runs late, the TTL and the count come with the writes. At the end
 // of the DoMulti rides the heartbeat, when one is due. write checks every
 // reply; the sender accounts for the batches.
-func (x *execution[T]) write(ctx context.Context, txns []*txn) error {
+func (x *runState) write(ctx context.Context, txns []*txn) error {
 	r := x.r
 	if x.gen != nil {
 		// Generations mode: the data keys carry no TTL, and their sizes
@@ -153,7 +153,7 @@ func (x *execution[T]) write(ctx context.Context, txns []*txn) error {
 }
 
 // check checks the replies to transaction t.
-func (x *execution[T]) check(t *txn, res []rueidis.RedisResult) error {
+func (x *runState) check(t *txn, res []rueidis.RedisResult) error {
 	key := x.r.key
 	fail := func(err error) error { return &Error{Op: "write", Key: key, Err: err} }
 	n := len(res) - 2
@@ -167,32 +167,60 @@ func (x *execution[T]) check(t *txn, res []rueidis.RedisResult) error {
 	probes := len(t.probes)
 	before, replies := replies[:probes], replies[probes:]
 	writes := len(t.cmds)
-	for i, m := range replies[:writes] {
+	if err := x.checkWrites(t, replies[:writes]); err != nil {
+		return fail(err)
+	}
+	after := replies[writes+len(t.expire) : writes+len(t.expire)+probes]
+	probed, err := checkProbes(t, before, after)
+	if err != nil {
+		return fail(err)
+	}
+	if err := checkExpires(t, replies, probed); err != nil {
+		return fail(err)
+	}
+	for _, m := range replies[len(replies)-2:] {
+		if err := m.Error(); err != nil {
+			return fail(fmt.Errorf("the record %s: %w", x.record, err))
+		}
+	}
+	return nil
+}
+
+// checkWrites checks the replies to t's writes, and counts the entries
+// they added.
+func (x *runState) checkWrites(t *txn, replies []rueidis.RedisMessage) error {
+	writes := len(t.cmds)
+	for i, m := range replies {
 		if err := m.Error(); err != nil {
 			if perr := refused(err); perr != nil {
 				err = perr
 			}
-			return fail(fmt.Errorf("%s, command %d of %d: %w", t.label, i+1, writes, err))
+			return fmt.Errorf("%s, command %d of %d: %w", t.label, i+1, writes, err)
 		}
 		if i < len(t.members) && t.members[i] != nil && x.r.owners[t.writes[i].builder].unique {
 			if added, err := m.AsInt64(); err == nil && added < int64(len(t.members[i])) {
-				return fail(sharedMember(t.writes[i].Live, t.members[i], added))
+				return sharedMember(t.writes[i].Live, t.members[i], added)
 			}
 		}
 		if i < len(t.sized) {
 			countWrite(t.sized[i], m)
 		}
 	}
-	after := replies[writes+len(t.expire) : writes+len(t.expire)+probes]
-	probed := make(map[*target]bool, probes)
+	return nil
+}
+
+// checkProbes checks the EXISTS of t's probes before and after its writes,
+// and returns the targets probed.
+func checkProbes(t *txn, before, after []rueidis.RedisMessage) (map[*target]bool, error) {
+	probed := make(map[*target]bool, len(t.probes))
 	for i, tg := range t.probes {
 		was, err1 := before[i].AsInt64()
 		is, err2 := after[i].AsInt64()
 		if err := errors.Join(err1, err2); err != nil {
-			return fail(fmt.Errorf("EXISTS %s: %w", tg.Key, err))
+			return nil, fmt.Errorf("EXISTS %s: %w", tg.Key, err)
 		}
 		if was == 0 && tg.Populated() {
-			return fail(tg.Lost("vanished before a replayed change reached it"))
+			return nil, tg.Lost("vanished before a replayed change reached it")
 		}
 		// Emptied by the change, or still holding entries (perhaps
 		// emptied and re-created by it): either way what is there is
@@ -200,20 +228,23 @@ func (x *execution[T]) check(t *txn, res []rueidis.RedisResult) error {
 		tg.SetPopulated(is == 1)
 		probed[tg] = true
 	}
+	return probed, nil
+}
+
+// checkExpires checks the replies to t's EXPIRE NX, which follow those to
+// its writes in replies (the replies after its probes'), and marks the
+// targets they created.
+func checkExpires(t *txn, replies []rueidis.RedisMessage, probed map[*target]bool) error {
+	writes := len(t.cmds)
 	for i, tg := range t.expire {
 		created, err := replies[writes+i].AsInt64()
 		if err != nil {
-			return fail(fmt.Errorf("EXPIRE %s: %w", tg.Key, err))
+			return fmt.Errorf("EXPIRE %s: %w", tg.Key, err)
 		}
 		if created == 1 && !probed[tg] {
 			if err := tg.Created(); err != nil {
-				return fail(err)
+				return err
 			}
-		}
-	}
-	for _, m := range replies[len(replies)-2:] {
-		if err := m.Error(); err != nil {
-			return fail(fmt.Errorf("the record %s: %w", x.record, err))
 		}
 	}
 	return nil
@@ -290,26 +321,9 @@ func execReplies(res []rueidis.RedisResult, n int) ([]rueidis.RedisMessage, erro
 	return replies, nil
 }
 
-// account records a written batch, recycles its buffer and reports progress.
-func (x *execution[T]) account(b *batch[T]) {
-	var entries int64
-	for i, n := range b.c.entries {
-		x.entries[i] += n
-		x.skipped[i] += b.c.skipped[i]
-		entries += n
-	}
-	x.written.Add(entries)
-	items := x.done.Add(int64(len(b.items)))
-	batches := x.batches.Add(1)
-	clear(b.items)
-	select {
-	case x.free <- b.items[:0]:
-	default:
-	}
-	x.obs.Batch(int64(len(b.items)), entries)
-	if p := x.r.opts.Progress; p != nil {
-		elapsed := time.Since(x.start)
-		p(Progress{Phase: PhaseBuilding, Items: items, Batches: batches, Elapsed: elapsed, Rate: float64(items) / elapsed.Seconds()})
-	}
+// account records a written batch, recycles its buffer and reports
+// progress; then gives its slot back.
+func (x *runState) account(b *batch) {
+	x.progress.account(b)
 	<-x.slots // the batch is done: the source may fill another
 }

@@ -404,7 +404,7 @@ func TestBadInputOver512MB(t *testing.T) {
 
 // TestBadInputZeroMeansDefault: zero is not bad input. A zero TTL,
 // BatchSize or Writers means the default (Options' documentation), so a
-// run with them succeeds, and its lock has DefaultTTL.
+// run with them succeeds, and its lock has the default TTL.
 func TestBadInputZeroMeansDefault(t *testing.T) {
 	t.Parallel()
 	c := env.Standalone.Client(t)
@@ -426,8 +426,8 @@ func TestBadInputZeroMeansDefault(t *testing.T) {
 	if err := badRunSource(c, rebuild.Options{TTL: 0, BatchSize: 0, Writers: 0}, src, badGood(p)...); err != nil {
 		t.Fatalf("Run with zero options: got %v, want success", err)
 	}
-	if want := int64(rebuild.DefaultTTL / time.Second); ttl != want {
-		t.Errorf("lock TTL during the run: got %d s, want DefaultTTL, %d s", ttl, want)
+	if want := int64(rebuild.Defaults().TTL / time.Second); ttl != want {
+		t.Errorf("lock TTL during the run: got %d s, want the default TTL, %d s", ttl, want)
 	}
 }
 
