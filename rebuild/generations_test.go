@@ -412,8 +412,8 @@ func TestGenerationsOptions(t *testing.T) {
 func TestGenerationsApply(t *testing.T) {
 	// C88, C95: Apply writes the current generation, or the plain shape of
 	// an index without a pointer; during a run it also logs the change,
-	// which the run replays onto its generation; on a cluster it refuses a
-	// family without a hash tag, writing nothing.
+	// which the run replays onto its generation; on a cluster a family
+	// without a hash tag takes it too (C96).
 	forEachDeployment(t, func(t *testing.T, d deployment) {
 		ctx := redistest.Ctx(t)
 		prefix := d.Prefix + "users:by-bucket" // with the hash tag on the cluster
@@ -469,10 +469,13 @@ func TestGenerationsApply(t *testing.T) {
 			if _, err := s.Run(ctx, sources.Slice(us)); err != nil {
 				t.Fatalf("Run: %v", err)
 			}
-			before := redistest.Snapshot(t, d.Other, keys.GenPrefix(spread, 1))
-			err := s.Apply(ctx, change)
-			redistest.WantErr(t, err, rebuild.ErrNotInGenerations)
-			redistest.WantUnchanged(t, d.Other, keys.GenPrefix(spread, 1), before)
+			// C96: a family without a hash tag takes the change too, in
+			// steps across its buckets' slots.
+			if err := s.Apply(ctx, change); err != nil {
+				t.Fatalf("Apply to a family without a hash tag: %v", err)
+			}
+			wantGeneration(t, d, spread, 1, 1, map[string]string{"1": keys.RegCurrent}, after)
+			wantGenClean(t, d, spread, 1)
 		}
 	})
 }
