@@ -69,6 +69,14 @@ func wantGeneration(t *testing.T, d deployment, prefix string, gen, next int64, 
 	want := maps.Clone(reg)
 	want[keys.RegNext] = strconv.FormatInt(next, 10)
 	redistest.WantHash(t, c, keys.RegistryKey(prefix, d.Cluster), want)
+	wantBuckets(t, d, prefix, gen, us)
+}
+
+// wantBuckets checks that generation gen of prefix holds exactly the
+// buckets of us, without a TTL, whatever the pointer names.
+func wantBuckets(t *testing.T, d deployment, prefix string, gen int64, us []user) {
+	t.Helper()
+	c := d.Other
 	buckets := map[string]map[string]bool{}
 	for _, u := range us {
 		k := keys.GenBucketKey(prefix, gen, u.Country)

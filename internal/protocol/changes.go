@@ -598,9 +598,15 @@ func (c change) decode(script string, res reply, extra int) (Applied, reply, err
 	return out, res[1+n:], nil
 }
 
-// applyLost returns the error of a change script that failed: a Redis
-// error as it is, else one matching ErrOutcomeUnknown.
+// applyLost returns the error of a change script that failed: a refusal
+// of the user's rights matching ErrNoPermission, another Redis error as it
+// is, else one matching ErrOutcomeUnknown.
 func applyLost(ctx context.Context, op, key string, err error) error {
+	if rerr := Refused(err); rerr != nil {
+		// The user may not run the script on one of its keys: nothing
+		// written.
+		return Fail(ctx, op, key, rerr)
+	}
 	if IsServerReply(err) {
 		return Fail(ctx, op, key, err)
 	}

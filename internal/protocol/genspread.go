@@ -294,7 +294,10 @@ func spreadError(ctx context.Context, op, key string, writes []*slotWrite, lost 
 	}
 	var b strings.Builder
 	if first != nil {
-		fmt.Fprintf(&b, "the change was %s; written to %s", logged, list(done))
+		fmt.Fprintf(&b, "the change was %s", logged)
+		if len(done) > 0 {
+			fmt.Fprintf(&b, "; written to %s", list(done))
+		}
 		if len(refusedKeys) > 0 {
 			fmt.Fprintf(&b, "; not written to %s", list(refusedKeys))
 		}
