@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -479,5 +480,111 @@ func TestGenerationsSpreadApplyNoRight(t *testing.T) {
 		wantGeneration(t, d, prefix, 2, 2, map[string]string{"2": keys.RegCurrent}, after)
 		wantNoGeneration(t, d, prefix, 1)
 		wantGenClean(t, d, prefix, 2)
+	})
+}
+
+func TestGenerationsSpreadApplyFailures(t *testing.T) {
+	// C96: on the cluster, each step of a change across slots fails on its
+	// own, and the error says what was logged, what was written and what
+	// is left: the first step's reply lost (written nowhere: the data
+	// unchanged, and applying it again works); a slot that refuses its
+	// writes (a bucket of the generation of another type: the other
+	// slots written, that one not, ErrTampered); the last step not run
+	// (the caller's ctx cancelled: the writes done, their keys named).
+	d := deployment{Name: "cluster", Cluster: true, Client: env.Cluster.Client(t), Other: env.Cluster.Client(t)}
+	setup := func(t *testing.T) (context.Context, deployment, string, []user) {
+		ctx := redistest.Ctx(t)
+		d := ownPrefix(t, d)
+		prefix := genPrefix(d)
+		us := genUsers(30, 3)
+		if _, err := genRebuilder(t, d, prefix, rebuild.Options{}).Run(ctx, sources.Slice(us)); err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+		return ctx, d, prefix, us
+	}
+	t.Run("first step's reply lost", func(t *testing.T) {
+		ctx, d, prefix, us := setup(t)
+		proxy, c := proxied(t, d, keys.LockKey(prefix, true))
+		applier := spreadRebuilder(t, c, prefix, rebuild.Options{})
+		added := genUsers(32, 3)[30:]
+		// A first change caches the scripts and opens the connections.
+		if err := applier.Apply(ctx, index.Change[user]{New: &added[0]}); err != nil {
+			t.Fatalf("Apply: %v", err)
+		}
+		after := append(slices.Clone(us), added[0])
+		before := redistest.Snapshot(t, d.Other, keys.GenPrefix(prefix, 1))
+		proxy.CutAfter(faultproxy.ToClient, 0)
+		change := index.Change[user]{New: &added[1]}
+		err := applier.Apply(ctx, change)
+		redistest.WantErr(t, err, rebuild.ErrOutcomeUnknown)
+		if !strings.Contains(err.Error(), "written nowhere") {
+			t.Errorf("Apply: %v; want it to say that nothing was written", err)
+		}
+		t.Logf("Apply: %v", err)
+		redistest.WantUnchanged(t, d.Other, keys.GenPrefix(prefix, 1), before)
+		for try := 1; ; try++ {
+			err := applier.Apply(ctx, change)
+			if err == nil {
+				break
+			}
+			if !errors.Is(err, rebuild.ErrOutcomeUnknown) || try == 10 {
+				t.Fatalf("Apply again (try %d): %v", try, err)
+			}
+		}
+		wantGeneration(t, d, prefix, 1, 1, map[string]string{"1": keys.RegCurrent}, append(after, added[1]))
+		wantGenClean(t, d, prefix, 1)
+	})
+	t.Run("a slot refuses", func(t *testing.T) {
+		ctx, d, prefix, us := setup(t)
+		from, to := keys.GenBucketKey(prefix, 1, "b00"), keys.GenBucketKey(prefix, 1, "b01")
+		if keys.Slot(from) == keys.Slot(to) {
+			t.Fatalf("%s and %s share a slot", from, to)
+		}
+		redistest.Cmd(t, d.Other, "DEL", to)
+		redistest.Cmd(t, d.Other, "SET", to, "not a set")
+		moved := us[0]
+		moved.Country = "b01"
+		err := spreadRebuilder(t, d.Client, prefix, rebuild.Options{}).Apply(ctx, index.Change[user]{Old: &us[0], New: &moved})
+		redistest.WantErr(t, err, rebuild.ErrTampered)
+		if errors.Is(err, rebuild.ErrOutcomeUnknown) || !strings.Contains(err.Error(), "written to "+strconv.Quote(from)) ||
+			!strings.Contains(err.Error(), "not written to "+strconv.Quote(to)) {
+			t.Errorf("Apply: %v; want it to name %s written and %s not", err, from, to)
+		}
+		t.Logf("Apply: %v", err)
+		var rest []user
+		for _, u := range us[1:] {
+			if u.Country != "b01" {
+				rest = append(rest, u)
+			}
+		}
+		redistest.Cmd(t, d.Other, "DEL", to)
+		wantGeneration(t, d, prefix, 1, 1, map[string]string{"1": keys.RegCurrent}, rest)
+		wantGenClean(t, d, prefix, 1)
+	})
+	t.Run("last step not run", func(t *testing.T) {
+		ctx, d, prefix, us := setup(t)
+		actx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		c := rueidishook.WithHook(d.Client, redistest.Hook{OnDo: func(c rueidis.Client, ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
+			if isScript(cmd, "genkept") {
+				cancel()
+			}
+			return c.Do(ctx, cmd)
+		}})
+		moved := us[0]
+		moved.Country = "b01"
+		err := spreadRebuilder(t, c, prefix, rebuild.Options{}).Apply(actx, index.Change[user]{Old: &us[0], New: &moved})
+		redistest.WantErr(t, err, rebuild.ErrOutcomeUnknown)
+		redistest.WantErr(t, err, context.Canceled)
+		for _, b := range []string{"b00", "b01"} {
+			if k := keys.GenBucketKey(prefix, 1, b); !strings.Contains(err.Error(), strconv.Quote(k)) {
+				t.Errorf("Apply: %v; want %s named", err, k)
+			}
+		}
+		t.Logf("Apply: %v", err)
+		after := slices.Clone(us)
+		after[0] = moved
+		wantGeneration(t, d, prefix, 1, 1, map[string]string{"1": keys.RegCurrent}, after)
+		wantGenClean(t, d, prefix, 1)
 	})
 }

@@ -186,7 +186,7 @@ func (r *Redis) writeSpread(ctx context.Context, c change, gens []string) ([]*sl
 			case err != nil:
 				w.err = fmt.Errorf("unexpected genwrite script reply: %w", err)
 			case code == codeWrongType:
-				w.refusal = fmt.Errorf("%q holds a %s, which this change cannot write", res.str(1), res.str(2))
+				w.refusal = fmt.Errorf("%w: %q holds a %s, which this change cannot write (another client wrote into the generation)", ErrTampered, res.str(1), res.str(2))
 			case code != codeOK:
 				w.err = fmt.Errorf("unexpected genwrite script reply %v", res)
 			}
@@ -316,17 +316,37 @@ func spreadError(ctx context.Context, op, key string, writes []*slotWrite, lost 
 			fmt.Fprintf(&b, "whether the generation it was written to is still kept could not be checked (%v): if a flip retired it meanwhile, UNLINK %s once the registry no longer marks it current or previous", lost.err, list(lost.keys))
 		}
 	}
-	var err error
-	switch {
-	case first != nil && (len(unknown) > 0 || lost != nil):
-		err = fmt.Errorf("%w: %s (%w)", ErrOutcomeUnknown, b.String(), first)
-	case first != nil:
-		err = fmt.Errorf("%s: %w", b.String(), first)
-	default:
-		err = fmt.Errorf("%w: %s", ErrOutcomeUnknown, b.String())
+	var causes []error
+	if first != nil {
+		b.WriteString(": ")
+		b.WriteString(first.Error())
+		causes = append(causes, first)
 	}
-	return Fail(ctx, op, key, err)
+	if len(unknown) > 0 || lost != nil {
+		causes = append(causes, ErrOutcomeUnknown)
+	}
+	if lost != nil {
+		causes = append(causes, lost.err)
+	}
+	return Fail(ctx, op, key, &partError{msg: b.String(), causes: causes})
 }
+
+// partError is the error of a change applied across slots that failed
+// partway: its message says what was done and what is left, and it
+// matches each of its causes.
+type partError struct {
+	msg    string
+	causes []error
+}
+
+func (e *partError) Error() string {
+	if slices.Contains(e.causes, ErrOutcomeUnknown) {
+		return ErrOutcomeUnknown.Error() + ": " + e.msg
+	}
+	return e.msg
+}
+
+func (e *partError) Unwrap() []error { return e.causes }
 
 // list names ks in an error: the first few, quoted, and how many more.
 func list(ks []string) string {

@@ -20,14 +20,16 @@
 local n = #ARGV
 local out = {OK}
 for i = 1, n do
-  -- pcall: a pointer or a registry of another type names no generation.
-  local raw = redis.pcall('GET', KEYS[i])
-  local ptr = type(raw) == 'string' and raw or nil
+  -- A pointer or a registry of another type names no generation. A
+  -- command this user may not run fails the script: nothing is then
+  -- taken for not kept.
+  local kind = redis.call('TYPE', KEYS[i])['ok']
+  local ptr = kind == 'string' and redis.call('GET', KEYS[i]) or nil
   local kept
   if ARGV[i] == '0' then
-    kept = raw == false
+    kept = kind == 'none'
   else
-    local st = redis.pcall('HGET', KEYS[n + i], ARGV[i])
+    local st = redis.call('TYPE', KEYS[n + i])['ok'] == 'hash' and redis.call('HGET', KEYS[n + i], ARGV[i])
     kept = ptr == ARGV[i] or st == 'current' or st == 'previous'
   end
   out[#out + 1] = kept and 1 or 0
