@@ -350,9 +350,9 @@ const genApplyTries = 3
 // move (else it resolves them again). While a run holds a lock, the same
 // step logs the ops, on their plain names, for that run, as [Redis.Apply]
 // does, or refuses the change as Apply does (an error matching
-// [ErrInProgress], nothing written). On a cluster every key of the change
-// must share the locks' slot (a family with a hash tag), else it fails
-// with an error matching [ErrNotInGenerations].
+// [ErrInProgress], nothing written). On a cluster, when an index has no
+// hash tag (its generation's keys may leave the locks' slot), the change
+// goes in three steps across slots instead: see genApplySpread.
 func (r *Redis) GenApply(ctx context.Context, opts GenApplyOptions) (Applied, error) {
 	op, key := opts.Op, opts.Key
 	fail := func(err error) (Applied, error) { return Applied{}, &Error{Op: op, Key: key, Err: err} }
@@ -438,7 +438,7 @@ func (r *Redis) GenApply(ctx context.Context, opts GenApplyOptions) (Applied, er
 }
 
 // ErrNotInGenerations reports an operation that Generations mode does not
-// support yet.
+// support yet. Nothing returns it now (see rebuild.ErrNotInGenerations).
 var ErrNotInGenerations = errors.New("not yet supported in Generations mode")
 
 // isGeneration reports whether s is a generation as the scripts write it:
