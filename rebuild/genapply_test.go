@@ -6,6 +6,7 @@ package rebuild_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"iter"
 	"maps"
@@ -224,23 +225,7 @@ func TestGenerationsApplyConditionalRemovals(t *testing.T) {
 			builders.Hash(email, func(u user) (string, string, bool) { return u.Email, u.ID, true }),
 			builders.SortedSet(score, func(u user) (string, float64, bool) { return u.ID, u.Score, true }))
 		us := users(200)
-		var changes []index.Change[user]
-		after := map[string]user{}
-		for _, u := range us {
-			after[u.ID] = u
-		}
-		for i := range 20 {
-			old, moved := us[i], us[i]
-			moved.Email = "moved." + old.Email
-			moved.Score = old.Score + 1000
-			changes = append(changes, index.Change[user]{Old: &old, New: &moved})
-			after[moved.ID] = moved
-		}
-		for i := 20; i < 40; i++ {
-			old := us[i]
-			changes = append(changes, index.Change[user]{Old: &old})
-			delete(after, old.ID)
-		}
+		changes, after := movesAndDeletes(us)
 		a := &applying{r: r, changes: changes}
 		stats, err := r.Run(ctx, pausedSource(us, 10, 150, func() { a.start(ctx) }, a.wg.Wait))
 		if err != nil {
@@ -253,14 +238,7 @@ func TestGenerationsApplyConditionalRemovals(t *testing.T) {
 		if stats.Changes != int64(2*len(changes)) {
 			t.Errorf("Stats.Changes = %d, want %d", stats.Changes, 2*len(changes))
 		}
-		emails, scores := map[string]string{}, map[string]float64{}
-		for _, u := range after {
-			emails[u.Email], scores[u.ID] = u.ID, u.Score
-		}
-		redistest.WantHash(t, d.Other, keys.GenKey(email, 1), emails)
-		if got := redistest.ZScores(t, d.Other, keys.GenKey(score, 1)); !maps.Equal(got, scores) {
-			t.Errorf("%s holds %d members, want %d", keys.GenKey(score, 1), len(got), len(scores))
-		}
+		wantEmailScore(t, d, email, score, 1, slices.Collect(maps.Values(after)))
 		redistest.WantString(t, d.Other, keys.PointerKey(email, d.Cluster), "1")
 		redistest.WantString(t, d.Other, keys.PointerKey(score, d.Cluster), "1")
 		for _, l := range []string{email, score} {
@@ -300,4 +278,58 @@ func TestGenerationsApplyLogFull(t *testing.T) {
 		wantNoGeneration(t, d, prefix, 2)
 		wantGenClean(t, d, prefix, 1)
 	})
+}
+
+// movesAndDeletes returns the changes of the tests of a Hash by email and a
+// SortedSet by score: us[:20] change email and score, us[20:40] are
+// deleted; and us with them applied, by ID.
+func movesAndDeletes(us []user) ([]index.Change[user], map[string]user) {
+	var changes []index.Change[user]
+	after := map[string]user{}
+	for _, u := range us {
+		after[u.ID] = u
+	}
+	for i := range 20 {
+		old, moved := us[i], us[i]
+		moved.Email = "moved." + old.Email
+		moved.Score = old.Score + 1000
+		changes = append(changes, index.Change[user]{Old: &old, New: &moved})
+		after[moved.ID] = moved
+	}
+	for i := 20; i < 40; i++ {
+		old := us[i]
+		changes = append(changes, index.Change[user]{Old: &old})
+		delete(after, old.ID)
+	}
+	return changes, after
+}
+
+// wantEmailScore checks that generation gen of the Hash email and the
+// SortedSet score holds exactly the entries of us.
+func wantEmailScore(t *testing.T, d deployment, email, score string, gen int64, us []user) {
+	t.Helper()
+	emails, scores := map[string]string{}, map[string]float64{}
+	for _, u := range us {
+		emails[u.Email], scores[u.ID] = u.ID, u.Score
+	}
+	redistest.WantHash(t, d.Other, keys.GenKey(email, gen), emails)
+	if got := redistest.ZScores(t, d.Other, keys.GenKey(score, gen)); !maps.Equal(got, scores) {
+		t.Errorf("%s holds %d members, want %d", keys.GenKey(score, gen), len(got), len(scores))
+	}
+}
+
+// applyUntilDone applies change with r until Apply returns nil, as after a
+// cut connection, where the first tries may go out on the broken one:
+// each failed try must match ErrOutcomeUnknown.
+func applyUntilDone(ctx context.Context, t *testing.T, r *rebuild.Rebuilder[user], change index.Change[user]) {
+	t.Helper()
+	for try := 1; ; try++ {
+		err := r.Apply(ctx, change)
+		if err == nil {
+			return
+		}
+		if !errors.Is(err, rebuild.ErrOutcomeUnknown) || try == 10 {
+			t.Fatalf("Apply again (try %d): %v", try, err)
+		}
+	}
 }

@@ -556,14 +556,7 @@ func TestGenerationsPlainKeys(t *testing.T) {
 		r := redistest.Rebuilder(t, d.Client, rebuild.Options{Publish: rebuild.Generations, Grace: time.Millisecond}, bs()...)
 		check := func(gen int64, us []user) {
 			t.Helper()
-			emails, scores := map[string]string{}, map[string]float64{}
-			for _, u := range us {
-				emails[u.Email], scores[u.ID] = u.ID, u.Score
-			}
-			redistest.WantHash(t, d.Other, keys.GenKey(email, gen), emails)
-			if got := redistest.ZScores(t, d.Other, keys.GenKey(score, gen)); !maps.Equal(got, scores) {
-				t.Errorf("%s holds %d members, want %d", keys.GenKey(score, gen), len(got), len(scores))
-			}
+			wantEmailScore(t, d, email, score, gen, us)
 			for _, k := range []string{keys.GenKey(email, gen), keys.GenKey(score, gen)} {
 				if ttl := redistest.PTTL(t, d.Other, k); ttl != -1 {
 					t.Errorf("%s has a TTL of %v, want none", k, ttl)

@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -163,23 +164,7 @@ func TestGenerationsSpreadApplySeveralIndexes(t *testing.T) {
 		if _, err := r.Run(ctx, sources.Slice(us)); err != nil {
 			t.Fatalf("first Run: %v", err)
 		}
-		var changes []index.Change[user]
-		after := map[string]user{}
-		for _, u := range us {
-			after[u.ID] = u
-		}
-		for i := range 20 {
-			old, moved := us[i], us[i]
-			moved.Email = "moved." + old.Email
-			moved.Score = old.Score + 1000
-			changes = append(changes, index.Change[user]{Old: &old, New: &moved})
-			after[moved.ID] = moved
-		}
-		for i := 20; i < 40; i++ {
-			old := us[i]
-			changes = append(changes, index.Change[user]{Old: &old})
-			delete(after, old.ID)
-		}
+		changes, after := movesAndDeletes(us)
 		a := &applying{r: r, changes: changes}
 		stats, err := r.Run(ctx, pausedSource(us, 10, 150, func() { a.start(ctx) }, a.wg.Wait))
 		if err != nil {
@@ -191,20 +176,7 @@ func TestGenerationsSpreadApplySeveralIndexes(t *testing.T) {
 		if stats.Changes != int64(2*len(changes)) {
 			t.Errorf("Stats.Changes = %d, want %d", stats.Changes, 2*len(changes))
 		}
-		emails, scores := map[string]string{}, map[string]float64{}
-		for _, u := range after {
-			emails[u.Email], scores[u.ID] = u.ID, u.Score
-		}
-		redistest.WantHash(t, d.Other, keys.GenKey(email, 2), emails)
-		if got := redistest.ZScores(t, d.Other, keys.GenKey(score, 2)); len(got) != len(scores) {
-			t.Errorf("%s holds %d members, want %d", keys.GenKey(score, 2), len(got), len(scores))
-		} else {
-			for id, s := range scores {
-				if got[id] != s {
-					t.Errorf("%s: %s has score %v, want %v", keys.GenKey(score, 2), id, got[id], s)
-				}
-			}
-		}
+		wantEmailScore(t, d, email, score, 2, slices.Collect(maps.Values(after)))
 		for _, l := range []string{email, score} {
 			redistest.WantString(t, d.Other, keys.PointerKey(l, d.Cluster), "2")
 			redistest.WantHash(t, d.Other, keys.RegistryKey(l, d.Cluster), map[string]string{keys.RegNext: "2", "2": keys.RegCurrent})
@@ -373,16 +345,9 @@ func TestGenerationsSpreadApplyConnectionCut(t *testing.T) {
 				for i := range more {
 					more[i].Country = bucket
 				}
-				// A first change caches the scripts and opens the
-				// connections, so that the cut hits the write itself.
-				if err := applier.Apply(ctx, index.Change[user]{New: &more[0]}); err != nil {
-					t.Fatalf("Apply: %v", err)
-				}
-				after := append(slices.Clone(us), more[0])
-				before := redistest.Snapshot(t, d.Other, keys.GenPrefix(prefix, 1))
-				proxy.CutAfter(tt.dir, 0)
 				change := index.Change[user]{New: &more[1]}
-				err := applier.Apply(ctx, change)
+				before, err := cutApply(ctx, t, d, applier, proxy, tt.dir, prefix, more[0], change)
+				after := append(slices.Clone(us), more[0])
 				redistest.WantErr(t, err, rebuild.ErrOutcomeUnknown)
 				if !strings.Contains(err.Error(), keys.GenBucketKey(prefix, 1, bucket)) {
 					t.Errorf("Apply: %v; want the key it may not have written named", err)
@@ -397,15 +362,7 @@ func TestGenerationsSpreadApplyConnectionCut(t *testing.T) {
 				} else {
 					redistest.WantUnchanged(t, d.Other, keys.GenPrefix(prefix, 1), before)
 				}
-				for try := 1; ; try++ {
-					err := applier.Apply(ctx, change)
-					if err == nil {
-						break
-					}
-					if !errors.Is(err, rebuild.ErrOutcomeUnknown) || try == 10 {
-						t.Fatalf("Apply again (try %d): %v", try, err)
-					}
-				}
+				applyUntilDone(ctx, t, applier, change)
 				wantGeneration(t, d, prefix, 1, 1, map[string]string{"1": keys.RegCurrent}, after)
 				wantGenClean(t, d, prefix, 1)
 			})
@@ -507,30 +464,16 @@ func TestGenerationsSpreadApplyFailures(t *testing.T) {
 		proxy, c := proxied(t, d, keys.LockKey(prefix, true))
 		applier := spreadRebuilder(t, c, prefix, rebuild.Options{})
 		added := genUsers(32, 3)[30:]
-		// A first change caches the scripts and opens the connections.
-		if err := applier.Apply(ctx, index.Change[user]{New: &added[0]}); err != nil {
-			t.Fatalf("Apply: %v", err)
-		}
-		after := append(slices.Clone(us), added[0])
-		before := redistest.Snapshot(t, d.Other, keys.GenPrefix(prefix, 1))
-		proxy.CutAfter(faultproxy.ToClient, 0)
 		change := index.Change[user]{New: &added[1]}
-		err := applier.Apply(ctx, change)
+		before, err := cutApply(ctx, t, d, applier, proxy, faultproxy.ToClient, prefix, added[0], change)
+		after := append(slices.Clone(us), added[0])
 		redistest.WantErr(t, err, rebuild.ErrOutcomeUnknown)
 		if !strings.Contains(err.Error(), "written nowhere") {
 			t.Errorf("Apply: %v; want it to say that nothing was written", err)
 		}
 		t.Logf("Apply: %v", err)
 		redistest.WantUnchanged(t, d.Other, keys.GenPrefix(prefix, 1), before)
-		for try := 1; ; try++ {
-			err := applier.Apply(ctx, change)
-			if err == nil {
-				break
-			}
-			if !errors.Is(err, rebuild.ErrOutcomeUnknown) || try == 10 {
-				t.Fatalf("Apply again (try %d): %v", try, err)
-			}
-		}
+		applyUntilDone(ctx, t, applier, change)
 		wantGeneration(t, d, prefix, 1, 1, map[string]string{"1": keys.RegCurrent}, append(after, added[1]))
 		wantGenClean(t, d, prefix, 1)
 	})
@@ -587,4 +530,19 @@ func TestGenerationsSpreadApplyFailures(t *testing.T) {
 		wantGeneration(t, d, prefix, 1, 1, map[string]string{"1": keys.RegCurrent}, after)
 		wantGenClean(t, d, prefix, 1)
 	})
+}
+
+// cutApply inserts first with r, which caches the scripts and opens the
+// connections, so that a cut hits a script itself; then arms proxy to cut
+// at the next byte in direction dir and applies change. It returns
+// change's error and generation 1 of prefix as it was before change.
+func cutApply(ctx context.Context, t *testing.T, d deployment, r *rebuild.Rebuilder[user], proxy *faultproxy.Proxy, dir faultproxy.Direction,
+	prefix string, first user, change index.Change[user]) (map[string]redistest.KeyState, error) {
+	t.Helper()
+	if err := r.Apply(ctx, index.Change[user]{New: &first}); err != nil {
+		t.Fatalf("Apply: %v", err)
+	}
+	before := redistest.Snapshot(t, d.Other, keys.GenPrefix(prefix, 1))
+	proxy.CutAfter(dir, 0)
+	return before, r.Apply(ctx, change)
 }
