@@ -546,3 +546,52 @@ func cutApply(ctx context.Context, t *testing.T, d deployment, r *rebuild.Rebuil
 	proxy.CutAfter(dir, 0)
 	return before, r.Apply(ctx, change)
 }
+
+func TestGenerationsApplyTamperedPointer(t *testing.T) {
+	// C96, C88: a pointer that is not a generation, or that names one the
+	// registry does not mark current (the registry written by hand, or
+	// lost while the pointer stayed), is a state no run leaves: Apply
+	// refuses the change with ErrTampered naming the index, writing and
+	// logging nothing, in the one script (tagged, standalone) as in the
+	// first step across slots (the cluster's family without a hash tag).
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		ctx := redistest.Ctx(t)
+		prefix := genPrefix(d)
+		us := genUsers(30, 3)
+		r := genRebuilder(t, d, prefix, rebuild.Options{})
+		if _, err := r.Run(ctx, sources.Slice(us)); err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+		ptr, reg := keys.PointerKey(prefix, d.Cluster), keys.RegistryKey(prefix, d.Cluster)
+		added := genUsers(31, 3)[30]
+		for _, tc := range []struct {
+			name         string
+			tamper, heal [][]string
+			want         string
+		}{
+			{"pointer not a generation", [][]string{{"SET", ptr, "01"}}, [][]string{{"SET", ptr, "1"}}, "not a generation"},
+			{"generation retired", [][]string{{"HSET", reg, "1", "retired:5"}}, [][]string{{"HSET", reg, "1", keys.RegCurrent}}, `marks "retired:5", not current`},
+			{"registry lost", [][]string{{"DEL", reg}}, [][]string{{"HSET", reg, keys.RegNext, "1", "1", keys.RegCurrent}}, "does not hold"},
+		} {
+			for _, c := range tc.tamper {
+				redistest.Cmd(t, d.Other, c...)
+			}
+			before := redistest.Snapshot(t, d.Other, keys.GenPrefix(prefix, 1))
+			err := r.Apply(ctx, index.Change[user]{New: &added})
+			redistest.WantErr(t, err, rebuild.ErrTampered)
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("%s: Apply: %v; want %q in it", tc.name, err, tc.want)
+			}
+			t.Logf("%s: Apply: %v", tc.name, err)
+			redistest.WantUnchanged(t, d.Other, keys.GenPrefix(prefix, 1), before)
+			for _, c := range tc.heal {
+				redistest.Cmd(t, d.Other, c...)
+			}
+		}
+		if err := r.Apply(ctx, index.Change[user]{New: &added}); err != nil {
+			t.Fatalf("Apply once healed: %v", err)
+		}
+		wantGeneration(t, d, prefix, 1, 1, map[string]string{"1": keys.RegCurrent}, append(us, added))
+		wantGenClean(t, d, prefix, 1)
+	})
+}

@@ -578,7 +578,7 @@ func (c change) decode(script string, res reply, extra int) (Applied, reply, err
 	case code == codeNotTheRuns && i >= 1 && int(i) <= n:
 		return Applied{}, nil, fmt.Errorf("%w: %q is not one of the keys of the run holding %s, which rebuilds %q (does this process apply changes with another definition of the index?); nothing applied: apply the change again once that run ends", ErrInProgress, res.str(2), c.locks[i-1], res.str(3))
 	case code == codeBadRegistry && i >= 1 && int(i) <= n:
-		return Applied{}, nil, fmt.Errorf("%w: %s: %s, a state no run leaves; nothing written, nothing logged", ErrTampered, c.lives[i-1], res.str(2))
+		return Applied{}, nil, fmt.Errorf("%w: index %q: %s, a state no run leaves; nothing written, nothing logged", ErrTampered, c.lives[i-1], res.str(2))
 	case code != codeOK || len(res) != 1+n+extra:
 		return Applied{}, nil, fmt.Errorf("unexpected %s script reply %v", script, res)
 	}

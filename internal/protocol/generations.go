@@ -344,7 +344,8 @@ type GenApplyOptions struct {
 const genApplyTries = 3
 
 // GenApply applies ops to the current generation of indexes published in
-// Generations mode (genapply.lua): it resolves each index's pointer, writes
+// Generations mode (genapply.lua): it resolves each index's pointer (a
+// generation its registry marks current, else ErrTampered), writes
 // the ops on that generation's keys (the plain keys for an index without a
 // pointer), and checks in the same atomic step that the pointers did not
 // move (else it resolves them again). While a run holds a lock, the same
@@ -391,9 +392,10 @@ func (r *Redis) GenApply(ctx context.Context, opts GenApplyOptions) (Applied, er
 			}
 			gens[i] = g
 		}
-		ks := make([]string, 4*n)
+		ks := make([]string, 5*n)
 		for i, l := range c.locks {
-			ks[i], ks[n+i], ks[2*n+i], ks[3*n+i] = l, keys.RecordKey(l), keys.LogKey(l), keys.PointerKey(c.lives[i], r.cluster)
+			ks[i], ks[n+i], ks[2*n+i] = l, keys.RecordKey(l), keys.LogKey(l)
+			ks[3*n+i], ks[4*n+i] = keys.PointerKey(c.lives[i], r.cluster), keys.RegistryKey(c.lives[i], r.cluster)
 		}
 		index := map[string]int{}
 		args := append([]string{strconv.Itoa(n), strconv.Itoa(opts.MaxLog), strconv.Itoa(c.count())}, gens...)
@@ -408,7 +410,7 @@ func (r *Redis) GenApply(ctx context.Context, opts GenApplyOptions) (Applied, er
 				j, ok := index[k]
 				if !ok {
 					ks = append(ks, k)
-					j = len(ks) - 4*n
+					j = len(ks) - 5*n
 					index[k] = j
 				}
 				args = append(args, strconv.Itoa(i+1), strconv.Itoa(j), o.Key, o.Cmd, strconv.Itoa(len(o.Args)))

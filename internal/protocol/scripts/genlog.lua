@@ -55,10 +55,9 @@ for i = 1, n do
   elseif not string.match(g, '^[1-9]%d*$') or #g > 15 then
     return {BAD_REGISTRY, i, 'the pointer holds ' .. string.format('%q', string.sub(g, 1, 40)) .. ', not a generation'}
   else
-    local st = redis.call('HGET', KEYS[4 * n + i], g)
-    if st ~= 'current' then
-      return {BAD_REGISTRY, i, 'the pointer names generation ' .. g .. ', which the registry marks ' ..
-        (st and string.format('%q', st) or 'not at all') .. ', not current'}
+    local why = changes.notCurrent(KEYS[4 * n + i], g)
+    if why then
+      return {BAD_REGISTRY, i, why}
     end
     gens[i] = g
   end

@@ -221,6 +221,20 @@ function changes.loggingEach(n, perLock)
   return logging
 end
 
+-- notCurrent returns why the registry reg does not mark generation g, the
+-- one its index's pointer names, current (a state no run leaves: the
+-- registry lost or written by hand), or nil when it does. genapply and
+-- genlog refuse a change then, writing nothing.
+function changes.notCurrent(reg, g)
+  local st = redis.call('HGET', reg, g)
+  if not st then
+    return 'the pointer names generation ' .. g .. ', which the registry ' .. reg .. ' does not hold'
+  elseif st ~= 'current' then
+    return 'the pointer names generation ' .. g .. ', which the registry ' .. reg .. ' marks ' ..
+      string.format('%q', st) .. ', not current'
+  end
+end
+
 -- canLog returns why this user may not log a change for the run holding
 -- lock (its record, its log), or nil: checked before the first write.
 function changes.canLog(lock, record, log)
