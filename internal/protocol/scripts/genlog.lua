@@ -8,7 +8,8 @@
 -- any, exactly as apply.lua and genapply.lua do (lib/changes.lua). The
 -- caller then writes the ops on the generation's keys, one script
 -- (genwrite.lua) per slot, and checks with genkept.lua that the
--- generation is still one the registry keeps.
+-- generation is still one the registry keeps, else removes what it wrote
+-- there with UNLINK: this script checks the rights of those too.
 --
 -- A pointer must be a generation (canonical decimal) that the registry
 -- marks current: anything else is a state no run leaves, and the change is
@@ -45,6 +46,7 @@ local n, bound, count = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 for i = 1, n do
   local r = changes.canLog(KEYS[i], KEYS[n + i], KEYS[2 * n + i])
     or changes.refused('GET', KEYS[3 * n + i]) or changes.refused('HGET', KEYS[4 * n + i], 'current')
+    or changes.refused('TYPE', KEYS[3 * n + i]) or changes.refused('TYPE', KEYS[4 * n + i])
   if r then return r end
 end
 local gens = {}
@@ -63,19 +65,27 @@ for i = 1, n do
   end
 end
 
+local inGen = {} -- the keys of a generation (not plain keys)
 local ops, perLock = changes.parse(count, 4, function(at)
   local lock, live = tonumber(ARGV[at]), ARGV[at + 1]
   local key = live
   if gens[lock] ~= '0' then
     key = ARGV[at + 2] .. gens[lock] .. ARGV[at + 3]
+    inGen[key] = true
   end
   return lock, key, live, at + 4
 end)
 -- The rights on the keys of the generation, wherever their slots: the
 -- writes that follow in other slots are refused here, before anything is
--- logged.
+-- logged; and UNLINK, with which the last step removes them from a
+-- generation a flip retired meanwhile (genkept.lua checks with TYPE, GET
+-- and HGET, checked above).
 local r = changes.refusedAny(ops)
 if r then return r end
+for key in pairs(inGen) do
+  r = changes.refused('UNLINK', key)
+  if r then return r end
+end
 local logging
 logging, r = changes.loggingEach(n, perLock)
 if r then return r end
