@@ -176,13 +176,13 @@ func TestGenerationsApplyDuringRun(t *testing.T) {
 }
 
 func TestGenerationsApplyForgedRecord(t *testing.T) {
-	// C95, C74: while a Generations run holds the lock, a record that does
-	// not carry the lock's token makes Apply refuse the whole change with
-	// ErrInProgress, writing nothing, as in RenameInPlace mode; the run
-	// then fails closed with ErrTampered, the pointer untouched.
-	forEachDeployment(t, func(t *testing.T, d deployment) {
+	// C95, C74, C96: while a Generations run holds the lock, a record that
+	// does not carry the lock's token makes Apply refuse the whole change
+	// with ErrInProgress, writing nothing, as in RenameInPlace mode (and
+	// across slots, at the first step); the run then fails closed with
+	// ErrTampered, the pointer untouched.
+	forEachShape(t, func(t *testing.T, d deployment, prefix string) {
 		ctx := redistest.Ctx(t)
-		prefix := d.Prefix + "users:by-bucket"
 		r := genRebuilder(t, d, prefix, rebuild.Options{})
 		us := genUsers(60, 3)
 		if _, err := r.Run(ctx, sources.Slice(us)); err != nil {
@@ -250,12 +250,12 @@ func TestGenerationsApplyConditionalRemovals(t *testing.T) {
 }
 
 func TestGenerationsApplyLogFull(t *testing.T) {
-	// C95: past Options.MaxChanges entries in the log, Apply still writes
-	// the current generation, and the run fails with ErrFallingBehind,
-	// the pointer untouched and its generation removed.
-	forEachDeployment(t, func(t *testing.T, d deployment) {
+	// C95, C96: past Options.MaxChanges entries in the log, Apply still
+	// writes the current generation (with a hash tag or across slots),
+	// and the run fails with ErrFallingBehind, the pointer untouched and
+	// its generation removed.
+	forEachShape(t, func(t *testing.T, d deployment, prefix string) {
 		ctx := redistest.Ctx(t)
-		prefix := d.Prefix + "users:by-bucket"
 		r := genRebuilder(t, d, prefix, rebuild.Options{MaxChanges: 3})
 		us := genUsers(60, 3)
 		if _, err := r.Run(ctx, sources.Slice(us)); err != nil {
@@ -332,4 +332,23 @@ func applyUntilDone(ctx context.Context, t *testing.T, r *rebuild.Rebuilder[user
 			t.Fatalf("Apply again (try %d): %v", try, err)
 		}
 	}
+}
+
+// forEachShape runs f per deployment for a family with a hash tag on the
+// cluster ("tagged": every key in the locks' slot, one script per change)
+// and one without ("spread": its buckets over every slot, a change in
+// steps across slots, C96; on the standalone server the same one script),
+// each with a prefix of its own.
+func forEachShape(t *testing.T, f func(t *testing.T, d deployment, prefix string)) {
+	t.Helper()
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		t.Run("tagged", func(t *testing.T) {
+			d := ownPrefix(t, d)
+			f(t, d, d.Prefix+"users:by-bucket")
+		})
+		t.Run("spread", func(t *testing.T) {
+			d := ownPrefix(t, d)
+			f(t, d, genPrefix(d))
+		})
+	})
 }
