@@ -109,7 +109,7 @@ func (r *Redis) genApplySpread(ctx context.Context, opts GenApplyOptions, c chan
 	res, err := parseReply(genlogScript.Exec(ctx, r.client, ks, args))
 	if err != nil {
 		if IsServerReply(err) {
-			return Applied{}, Fail(ctx, op, key, err)
+			return Applied{}, applyLost(ctx, op, key, err) // a refusal, or another Redis error
 		}
 		return Applied{}, Fail(ctx, op, key, fmt.Errorf("%w: the change may or may not be logged for a run in progress, and is written nowhere: apply it again before any later change to the same items: %w", ErrOutcomeUnknown, err))
 	}
