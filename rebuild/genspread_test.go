@@ -9,8 +9,6 @@ package rebuild_test
 
 import (
 	"context"
-	"crypto/sha1"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -26,7 +24,6 @@ import (
 	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/internal/faultproxy"
 	"github.com/keyswap/keyswap/internal/keys"
-	"github.com/keyswap/keyswap/internal/protocol"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/rebuild"
 	"github.com/keyswap/keyswap/sources"
@@ -44,23 +41,6 @@ func ownPrefix(t *testing.T, d deployment) deployment {
 	return d
 }
 
-// isScript reports whether cmd runs the protocol script name: EVALSHA of
-// its SHA1, or EVAL of its source.
-func isScript(cmd rueidis.Completed, name string) bool {
-	c := cmd.Commands()
-	src := protocol.Source(name)
-	sum := sha1.Sum([]byte(src))
-	switch {
-	case len(c) < 2:
-		return false
-	case strings.EqualFold(c[0], "EVALSHA"):
-		return c[1] == hex.EncodeToString(sum[:])
-	case strings.EqualFold(c[0], "EVAL"):
-		return c[1] == src
-	}
-	return false
-}
-
 // beforeWrite returns a client of d that calls f once, before the first
 // command that writes a change's data: genwrite.lua across slots on the
 // cluster (after genlog.lua resolved the pointer and logged the change),
@@ -71,9 +51,10 @@ func beforeWrite(d deployment, f func()) rueidis.Client {
 	if d.Cluster {
 		name = "genwrite"
 	}
+	script := redistest.ScriptNamed(name)
 	var once sync.Once
 	return rueidishook.WithHook(d.Client, redistest.Hook{OnDo: func(c rueidis.Client, ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
-		if isScript(cmd, name) {
+		if script.Is(cmd.Commands()) {
 			once.Do(f)
 		}
 		return c.Do(ctx, cmd)
@@ -523,8 +504,9 @@ func TestGenerationsSpreadApplyFailures(t *testing.T) {
 		ctx, d, prefix, us := setup(t)
 		actx, cancel := context.WithCancel(ctx)
 		defer cancel()
+		genkept := redistest.ScriptNamed("genkept")
 		c := rueidishook.WithHook(d.Client, redistest.Hook{OnDo: func(c rueidis.Client, ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
-			if isScript(cmd, "genkept") {
+			if genkept.Is(cmd.Commands()) {
 				cancel()
 			}
 			return c.Do(ctx, cmd)
