@@ -77,9 +77,27 @@ func (w *writes) Add(cmd, key string, args ...string) error {
 // that no flip moved the pointer meanwhile. While a run of the keys is in
 // progress, the same step logs the change for it, as above: the run
 // replays it onto the generation it builds before its flip, which refuses
-// while a change is left to replay. On a cluster the keys a change writes
-// must share the locks' slot (a family's prefix with a hash tag), else
-// Apply refuses it with an error matching ErrNotInGenerations.
+// while a change is left to replay.
+//
+// On Redis Cluster, an index without a hash tag (a family whose buckets
+// spread over every slot, or a key whose generation key leaves its lock's
+// slot) cannot be written in the step that checks its pointer and logs the
+// change, so Apply goes in three steps: one script in the locks' slot
+// resolves and checks the pointers, checks the user's rights on every key
+// the change writes and logs the change for a run in progress (or refuses
+// it, writing nothing); one script per slot then writes that slot's ops,
+// all or none; and a last script in the locks' slot checks that the
+// generation written is still current or previous, removing the keys it
+// wrote there when a flip retired it meanwhile (the new generation has the
+// change, replayed from the log or read from the source). Each slot is
+// written atomically, the change as a whole is not: a reader may see a
+// move between two buckets in different slots half done (the item in both
+// buckets, or in neither) for the time between two scripts, and a
+// conditional removal (a Hash's or SortedSet's old entry) keeps its
+// condition on its own key only. An error then says whether the change
+// was logged and which keys were written, not written, or perhaps written
+// (ErrOutcomeUnknown when a reply was lost; ErrTampered when a key of the
+// generation has another type): apply the change again.
 func (r *Rebuilder[T]) Apply(ctx context.Context, changes ...index.Change[T]) error {
 	gen := r.opts.Publish == Generations
 	// In Generations mode the plain keys' slots do not matter: the

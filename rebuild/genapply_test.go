@@ -6,6 +6,7 @@ package rebuild_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"iter"
 	"maps"
@@ -176,14 +177,13 @@ func TestGenerationsApplyDuringRun(t *testing.T) {
 }
 
 func TestGenerationsApplyForgedRecord(t *testing.T) {
-	// C95, C74: while a Generations run holds the lock, a record that does
-	// not carry the lock's token makes Apply refuse the whole change with
-	// ErrInProgress, writing nothing, as in RenameInPlace mode; the run
-	// then fails closed with ErrTampered, the pointer untouched.
-	forEachDeployment(t, func(t *testing.T, d deployment) {
-		d.Clear(t)
+	// C95, C74, C96: while a Generations run holds the lock, a record that
+	// does not carry the lock's token makes Apply refuse the whole change
+	// with ErrInProgress, writing nothing, as in RenameInPlace mode (and
+	// across slots, at the first step); the run then fails closed with
+	// ErrTampered, the pointer untouched.
+	forEachShape(t, func(t *testing.T, d deployment, prefix string) {
 		ctx := redistest.Ctx(t)
-		prefix := d.Prefix + "users:by-bucket"
 		r := genRebuilder(t, d, prefix, rebuild.Options{})
 		us := genUsers(60, 3)
 		if _, err := r.Run(ctx, sources.Slice(us)); err != nil {
@@ -227,23 +227,7 @@ func TestGenerationsApplyConditionalRemovals(t *testing.T) {
 			builders.Hash(email, func(u user) (string, string, bool) { return u.Email, u.ID, true }),
 			builders.SortedSet(score, func(u user) (string, float64, bool) { return u.ID, u.Score, true }))
 		us := users(200)
-		var changes []index.Change[user]
-		after := map[string]user{}
-		for _, u := range us {
-			after[u.ID] = u
-		}
-		for i := range 20 {
-			old, moved := us[i], us[i]
-			moved.Email = "moved." + old.Email
-			moved.Score = old.Score + 1000
-			changes = append(changes, index.Change[user]{Old: &old, New: &moved})
-			after[moved.ID] = moved
-		}
-		for i := 20; i < 40; i++ {
-			old := us[i]
-			changes = append(changes, index.Change[user]{Old: &old})
-			delete(after, old.ID)
-		}
+		changes, after := movesAndDeletes(us)
 		a := &applying{r: r, changes: changes}
 		stats, err := r.Run(ctx, pausedSource(us, 10, 150, func() { a.start(ctx) }, a.wg.Wait))
 		if err != nil {
@@ -256,14 +240,7 @@ func TestGenerationsApplyConditionalRemovals(t *testing.T) {
 		if stats.Changes != int64(2*len(changes)) {
 			t.Errorf("Stats.Changes = %d, want %d", stats.Changes, 2*len(changes))
 		}
-		emails, scores := map[string]string{}, map[string]float64{}
-		for _, u := range after {
-			emails[u.Email], scores[u.ID] = u.ID, u.Score
-		}
-		redistest.WantHash(t, d.Other, keys.GenKey(email, 1), emails)
-		if got := redistest.ZScores(t, d.Other, keys.GenKey(score, 1)); !maps.Equal(got, scores) {
-			t.Errorf("%s holds %d members, want %d", keys.GenKey(score, 1), len(got), len(scores))
-		}
+		wantEmailScore(t, d, email, score, 1, slices.Collect(maps.Values(after)))
 		redistest.WantString(t, d.Other, keys.PointerKey(email, d.Cluster), "1")
 		redistest.WantString(t, d.Other, keys.PointerKey(score, d.Cluster), "1")
 		for _, l := range []string{email, score} {
@@ -275,13 +252,12 @@ func TestGenerationsApplyConditionalRemovals(t *testing.T) {
 }
 
 func TestGenerationsApplyLogFull(t *testing.T) {
-	// C95: past Options.MaxChanges entries in the log, Apply still writes
-	// the current generation, and the run fails with ErrFallingBehind,
-	// the pointer untouched and its generation removed.
-	forEachDeployment(t, func(t *testing.T, d deployment) {
-		d.Clear(t)
+	// C95, C96: past Options.MaxChanges entries in the log, Apply still
+	// writes the current generation (with a hash tag or across slots),
+	// and the run fails with ErrFallingBehind, the pointer untouched and
+	// its generation removed.
+	forEachShape(t, func(t *testing.T, d deployment, prefix string) {
 		ctx := redistest.Ctx(t)
-		prefix := d.Prefix + "users:by-bucket"
 		r := genRebuilder(t, d, prefix, rebuild.Options{MaxChanges: 3})
 		us := genUsers(60, 3)
 		if _, err := r.Run(ctx, sources.Slice(us)); err != nil {
@@ -303,5 +279,80 @@ func TestGenerationsApplyLogFull(t *testing.T) {
 		wantGeneration(t, d, prefix, 1, 2, map[string]string{"1": keys.RegCurrent}, append(slices.Clone(us), more...))
 		wantNoGeneration(t, d, prefix, 2)
 		wantGenClean(t, d, prefix, 1)
+	})
+}
+
+// movesAndDeletes returns the changes of the tests of a Hash by email and a
+// SortedSet by score: us[:20] change email and score, us[20:40] are
+// deleted; and us with them applied, by ID.
+func movesAndDeletes(us []user) ([]index.Change[user], map[string]user) {
+	var changes []index.Change[user]
+	after := map[string]user{}
+	for _, u := range us {
+		after[u.ID] = u
+	}
+	for i := range 20 {
+		old, moved := us[i], us[i]
+		moved.Email = "moved." + old.Email
+		moved.Score = old.Score + 1000
+		changes = append(changes, index.Change[user]{Old: &old, New: &moved})
+		after[moved.ID] = moved
+	}
+	for i := 20; i < 40; i++ {
+		old := us[i]
+		changes = append(changes, index.Change[user]{Old: &old})
+		delete(after, old.ID)
+	}
+	return changes, after
+}
+
+// wantEmailScore checks that generation gen of the Hash email and the
+// SortedSet score holds exactly the entries of us.
+func wantEmailScore(t *testing.T, d deployment, email, score string, gen int64, us []user) {
+	t.Helper()
+	emails, scores := map[string]string{}, map[string]float64{}
+	for _, u := range us {
+		emails[u.Email], scores[u.ID] = u.ID, u.Score
+	}
+	redistest.WantHash(t, d.Other, keys.GenKey(email, gen), emails)
+	if got := redistest.ZScores(t, d.Other, keys.GenKey(score, gen)); !maps.Equal(got, scores) {
+		t.Errorf("%s holds %d members, want %d", keys.GenKey(score, gen), len(got), len(scores))
+	}
+}
+
+// applyUntilDone applies change with r until Apply returns nil, as after a
+// cut connection, where the first tries may go out on the broken one:
+// each failed try must match ErrOutcomeUnknown.
+func applyUntilDone(ctx context.Context, t *testing.T, r *rebuild.Rebuilder[user], change index.Change[user]) {
+	t.Helper()
+	for try := 1; ; try++ {
+		err := r.Apply(ctx, change)
+		if err == nil {
+			return
+		}
+		if !errors.Is(err, rebuild.ErrOutcomeUnknown) || try == 10 {
+			t.Fatalf("Apply again (try %d): %v", try, err)
+		}
+	}
+}
+
+// forEachShape runs f per deployment for a family with a hash tag on the
+// cluster ("tagged": every key in the locks' slot, one script per change)
+// and one without ("spread": its buckets over every slot, a change in
+// steps across slots, C96; on the standalone server the same one script),
+// each with a prefix of its own.
+func forEachShape(t *testing.T, f func(t *testing.T, d deployment, prefix string)) {
+	t.Helper()
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		t.Run("tagged", func(t *testing.T) {
+			d := ownPrefix(t, d)
+			d.Clear(t) // an earlier go test -count=N left keys under the same names
+			f(t, d, d.Prefix+"users:by-bucket")
+		})
+		t.Run("spread", func(t *testing.T) {
+			d := ownPrefix(t, d)
+			d.Clear(t)
+			f(t, d, genPrefix(d))
+		})
 	})
 }

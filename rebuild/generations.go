@@ -41,7 +41,8 @@ func (m PublishMode) String() string {
 }
 
 // ErrNotInGenerations reports an operation that Generations mode does not
-// support yet: on a cluster, Apply to a family without a hash tag.
+// support yet. No operation returns it now: Apply to a family without a
+// hash tag on a cluster, which it reported, works (in steps across slots).
 var ErrNotInGenerations = protocol.ErrNotInGenerations
 
 // generations is the state of a run in Generations mode.

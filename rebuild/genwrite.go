@@ -290,7 +290,7 @@ func (x *runState) dropCounters(ctx context.Context) {
 	ks, _ := x.counterKeys()
 	ctx, cancel := protocol.CleanupContext(ctx)
 	defer cancel()
-	if err := x.r.redis.Generations.Unlink(ctx, ks); err != nil {
+	if err := x.r.redis.Unlink(ctx, ks); err != nil {
 		x.r.opts.Logger.Warn("keyswap: could not delete the run's counters; they expire by themselves", "key", x.r.key, "err", err)
 	}
 }

@@ -452,33 +452,22 @@ func (r Changes) Apply(ctx context.Context, opts ApplyOptions) (Applied, error) 
 	if len(opts.Locks) != len(opts.Ops) || opts.MaxLog < 1 {
 		return fail(fmt.Errorf("%d locks for %d lists of ops, log bound %d", len(opts.Locks), len(opts.Ops), opts.MaxLog))
 	}
-	var locks, lives []string
-	var lists [][]Op
-	for i, l := range opts.Locks {
-		if len(opts.Ops[i]) > 0 {
-			live := l
-			if i < len(opts.Lives) {
-				live = opts.Lives[i]
-			}
-			locks, lives, lists = append(locks, l), append(lives, live), append(lists, opts.Ops[i])
-		}
+	c := pickChange(opts.Locks, opts.Lives, nil, opts.Ops)
+	if len(c.locks) == 0 {
+		return c.none(), nil
 	}
-	if len(locks) == 0 {
-		return Applied{Logged: make([]int, len(opts.Locks))}, nil
+	if err := c.check(); err != nil {
+		return fail(err)
 	}
-	n := len(locks)
-	ks := make([]string, 3*n, 3*n+len(lists))
-	for i, l := range locks {
+	n := len(c.locks)
+	ks := make([]string, 3*n, 3*n+len(c.lists))
+	for i, l := range c.locks {
 		ks[i], ks[n+i], ks[2*n+i] = l, keys.RecordKey(l), keys.LogKey(l)
 	}
 	index := map[string]int{}
-	args := []string{strconv.Itoa(n), strconv.Itoa(opts.MaxLog), ""}
-	count := 0
-	for i, ops := range lists {
+	args := []string{strconv.Itoa(n), strconv.Itoa(opts.MaxLog), strconv.Itoa(c.count())}
+	for i, ops := range c.lists {
 		for _, o := range ops {
-			if err := o.check(); err != nil {
-				return fail(err)
-			}
 			k, ok := index[o.Key]
 			if !ok {
 				ks = append(ks, o.Key)
@@ -487,10 +476,8 @@ func (r Changes) Apply(ctx context.Context, opts ApplyOptions) (Applied, error) 
 			}
 			args = append(args, strconv.Itoa(i+1), strconv.Itoa(k), o.Cmd, strconv.Itoa(len(o.Args)))
 			args = append(args, o.Args...)
-			count++
 		}
 	}
-	args[2] = strconv.Itoa(count)
 	if dup := FirstDuplicate(ks); dup != "" {
 		return fail(fmt.Errorf("key %q is both a live key and one of keyswap's own", dup))
 	}
@@ -499,50 +486,131 @@ func (r Changes) Apply(ctx context.Context, opts ApplyOptions) (Applied, error) 
 	}
 	res, err := parseReply(applyScript.Exec(ctx, r.client, ks, args))
 	if err != nil {
-		if IsServerReply(err) {
-			return Applied{}, Fail(ctx, op, key, err)
-		}
-		return Applied{}, Fail(ctx, op, key, fmt.Errorf("%w: the change may or may not be applied; apply it again before any later change to the same items: %w", ErrOutcomeUnknown, err))
+		return Applied{}, applyLost(ctx, op, key, err)
 	}
-	if err := res.refusal(); err != nil {
+	out, _, err := c.decode("apply", res, 0)
+	if err != nil {
 		return fail(err)
+	}
+	return out, nil
+}
+
+// change is the part of a change that writes something: the locks whose
+// ops are not empty, with their live keys (families' prefixes, as families
+// says) and ops, and each one's index among all the locks of the change.
+type change struct {
+	locks, lives []string
+	families     []bool
+	lists        [][]Op
+	at           []int
+	all          int // the number of locks of the whole change
+}
+
+// pickChange returns the part of a change that writes something: lock i
+// has live key lives[i] (locks[i] when lives is short), is a family's when
+// families[i] is set, and writes ops[i].
+func pickChange(locks, lives []string, families []bool, ops [][]Op) change {
+	c := change{all: len(locks)}
+	for i, l := range locks {
+		if i >= len(ops) || len(ops[i]) == 0 {
+			continue
+		}
+		live := l
+		if i < len(lives) {
+			live = lives[i]
+		}
+		c.locks, c.lives, c.lists = append(c.locks, l), append(c.lives, live), append(c.lists, ops[i])
+		c.families = append(c.families, i < len(families) && families[i])
+		c.at = append(c.at, i)
+	}
+	return c
+}
+
+// check validates the shape of every op.
+func (c change) check() error {
+	for _, ops := range c.lists {
+		for _, o := range ops {
+			if err := o.check(); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// count returns the number of ops.
+func (c change) count() int {
+	n := 0
+	for _, ops := range c.lists {
+		n += len(ops)
+	}
+	return n
+}
+
+// none is what a change that writes nothing did: nothing logged.
+func (c change) none() Applied { return Applied{Logged: make([]int, c.all)} }
+
+// errMoved is decode's error for the GEN_LOST reply of genapply: a pointer
+// moved since the caller resolved it.
+var errMoved = errors.New("a pointer moved")
+
+// decode reads the reply of script (apply, genapply or genlog) to c:
+// {OK, l1..ln} followed by extra more elements, which it returns. A
+// refusal is returned as the error that names it (errMoved for GEN_LOST);
+// nothing was written then.
+func (c change) decode(script string, res reply, extra int) (Applied, reply, error) {
+	if err := res.refusal(); err != nil {
+		return Applied{}, nil, err
 	}
 	code, err := res.code()
 	if err != nil {
-		return fail(fmt.Errorf("unexpected apply script reply: %w", err))
+		return Applied{}, nil, fmt.Errorf("unexpected %s script reply: %w", script, err)
 	}
+	n := len(c.locks)
 	i, _ := res.int(1)
 	switch {
+	case code == codeGenLost:
+		return Applied{}, nil, errMoved
 	case code == codeWrongType:
-		return fail(fmt.Errorf("%q holds a %s, which this change cannot write; nothing applied", res.str(1), res.str(2)))
+		return Applied{}, nil, fmt.Errorf("%q holds a %s, which this change cannot write; nothing applied", res.str(1), res.str(2))
 	case code == codeUnlogged && i >= 1 && int(i) <= n:
-		return fail(unlogged(lives[i-1], locks[i-1], res.str(2), res.str(3)))
+		return Applied{}, nil, unlogged(c.lives[i-1], c.locks[i-1], res.str(2), res.str(3))
 	case code == codeNotTheRuns && i >= 1 && int(i) <= n:
-		return fail(fmt.Errorf("%w: %q is not one of the keys of the run holding %s, which rebuilds %q (does this process apply changes with another definition of the index?); nothing applied: apply the change again once that run ends", ErrInProgress, res.str(2), locks[i-1], res.str(3)))
-	case code != codeOK || len(res) != 1+n:
-		return fail(fmt.Errorf("unexpected apply script reply %v", res))
+		return Applied{}, nil, fmt.Errorf("%w: %q is not one of the keys of the run holding %s, which rebuilds %q (does this process apply changes with another definition of the index?); nothing applied: apply the change again once that run ends", ErrInProgress, res.str(2), c.locks[i-1], res.str(3))
+	case code == codeBadRegistry && i >= 1 && int(i) <= n:
+		return Applied{}, nil, fmt.Errorf("%w: index %q: %s, a state no run leaves; nothing written, nothing logged", ErrTampered, c.lives[i-1], res.str(2))
+	case code != codeOK || len(res) != 1+n+extra:
+		return Applied{}, nil, fmt.Errorf("unexpected %s script reply %v", script, res)
 	}
-	got, err := res.ints(1)
+	got, err := res[:1+n].ints(1)
 	if err != nil {
-		return fail(err)
+		return Applied{}, nil, fmt.Errorf("unexpected %s script reply: %w", script, err)
 	}
-	out := Applied{Logged: make([]int, len(opts.Locks))}
-	j := 0
-	for i := range opts.Locks {
-		if len(opts.Ops[i]) > 0 {
-			if j >= len(got) {
-				return fail(fmt.Errorf("unexpected apply script reply %v: no status for lock %d", res, i+1))
-			}
-			switch got[j] {
-			case LogNone, Logged, LogFull:
-				out.Logged[i] = int(got[j])
-			default:
-				return fail(fmt.Errorf("unexpected apply script reply %v: status %d for lock %d", res, got[j], i+1))
-			}
-			j++
+	out := c.none()
+	for j, l := range got {
+		switch l {
+		case LogNone, Logged, LogFull:
+			out.Logged[c.at[j]] = int(l)
+		default:
+			return Applied{}, nil, fmt.Errorf("unexpected %s script reply %v: status %d for lock %d", script, res, l, c.at[j]+1)
 		}
 	}
-	return out, nil
+	return out, res[1+n:], nil
+}
+
+// applyLost returns the error of a change script that failed: a refusal
+// of the user's rights matching ErrNoPermission, another Redis error as it
+// is, else one matching ErrOutcomeUnknown.
+func applyLost(ctx context.Context, op, key string, err error) error {
+	if rerr := Refused(err); rerr != nil {
+		// The user may not run the script on one of its keys: nothing
+		// written.
+		return Fail(ctx, op, key, rerr)
+	}
+	if IsServerReply(err) {
+		return Fail(ctx, op, key, err)
+	}
+	return Fail(ctx, op, key, fmt.Errorf("%w: the change may or may not be applied; apply it again before any later change to the same items: %w", ErrOutcomeUnknown, err))
 }
 
 // unlogged describes a change refused because the lock of live is held by

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/keyswap/keyswap/internal/keys"
@@ -313,7 +312,7 @@ func (r Generations) genRollback(ctx context.Context, opts RollbackOptions, lock
 
 // Unlink deletes ks with UNLINK, at most [UnlinkChunk] keys per command,
 // grouped by hash slot on a cluster, and returns the first error.
-func (r Generations) Unlink(ctx context.Context, ks []string) error {
+func (r *Core) Unlink(ctx context.Context, ks []string) error {
 	groups := map[uint16][]string{}
 	var order []uint16
 	for _, k := range ks {
@@ -364,47 +363,36 @@ type GenApplyOptions struct {
 const genApplyTries = 3
 
 // GenApply applies ops to the current generation of indexes published in
-// Generations mode (genapply.lua): it resolves each index's pointer, writes
+// Generations mode (genapply.lua): it resolves each index's pointer (a
+// generation its registry marks current, else ErrTampered), writes
 // the ops on that generation's keys (the plain keys for an index without a
 // pointer), and checks in the same atomic step that the pointers did not
 // move (else it resolves them again). While a run holds a lock, the same
 // step logs the ops, on their plain names, for that run, as [Changes.Apply]
 // does, or refuses the change as Apply does (an error matching
-// [ErrInProgress], nothing written). On a cluster every key of the change
-// must share the locks' slot (a family with a hash tag), else it fails
-// with an error matching [ErrNotInGenerations].
+// [ErrInProgress], nothing written). On a cluster, when an index has no
+// hash tag (its generation's keys may leave the locks' slot), the change
+// goes in three steps across slots instead: see genApplySpread.
 func (r Changes) GenApply(ctx context.Context, opts GenApplyOptions) (Applied, error) {
 	op, key := opts.Op, opts.Key
 	fail := func(err error) (Applied, error) { return Applied{}, &Error{Op: op, Key: key, Err: err} }
 	if opts.MaxLog < 1 {
 		return fail(fmt.Errorf("log bound %d", opts.MaxLog))
 	}
-	var locks, lives []string
-	var families []bool
-	var lists [][]Op
-	var at []int // per lock used, its index in opts.Locks
-	for i, l := range opts.Locks {
-		if i < len(opts.Ops) && len(opts.Ops[i]) > 0 {
-			locks, lives, lists = append(locks, l), append(lives, opts.Lives[i]), append(lists, opts.Ops[i])
-			families = append(families, i < len(opts.Families) && opts.Families[i])
-			at = append(at, i)
-		}
-	}
-	out := Applied{Logged: make([]int, len(opts.Locks))}
-	n := len(locks)
+	c := pickChange(opts.Locks, opts.Lives, opts.Families, opts.Ops)
+	n := len(c.locks)
 	if n == 0 {
-		return out, nil
+		return c.none(), nil
 	}
-	for _, ops := range lists {
-		for _, o := range ops {
-			if err := o.check(); err != nil {
-				return fail(err)
-			}
-		}
+	if err := c.check(); err != nil {
+		return fail(err)
+	}
+	if r.spreads(c.lives) {
+		return r.genApplySpread(ctx, opts, c)
 	}
 	for range genApplyTries {
 		pointers := make(rueidis.Commands, n)
-		for i, l := range lives {
+		for i, l := range c.lives {
 			pointers[i] = r.client.B().Get().Key(keys.PointerKey(l, r.cluster)).Build()
 		}
 		gens := make([]string, n)
@@ -414,89 +402,56 @@ func (r Changes) GenApply(ctx context.Context, opts GenApplyOptions) (Applied, e
 				g, err = "0", nil
 			}
 			if err != nil {
-				return Applied{}, Fail(ctx, op, key, fmt.Errorf("GET %s: %w", keys.PointerKey(lives[i], r.cluster), err))
+				return Applied{}, Fail(ctx, op, key, fmt.Errorf("GET %s: %w", keys.PointerKey(c.lives[i], r.cluster), err))
 			}
 			if g != "0" && !isGeneration(g) {
 				// Readers refuse such a pointer too: writing where it
 				// seems to point would write where nobody reads.
-				return Applied{}, &Error{Op: op, Key: lives[i], Err: fmt.Errorf("%w: %s holds %.40q, not a generation; nothing written", ErrTampered, keys.PointerKey(lives[i], r.cluster), g)}
+				return Applied{}, &Error{Op: op, Key: c.lives[i], Err: fmt.Errorf("%w: %s holds %.40q, not a generation; nothing written", ErrTampered, keys.PointerKey(c.lives[i], r.cluster), g)}
 			}
 			gens[i] = g
 		}
-		ks := make([]string, 4*n)
-		for i, l := range locks {
-			ks[i], ks[n+i], ks[2*n+i], ks[3*n+i] = l, keys.RecordKey(l), keys.LogKey(l), keys.PointerKey(lives[i], r.cluster)
+		ks := make([]string, 5*n)
+		for i, l := range c.locks {
+			ks[i], ks[n+i], ks[2*n+i] = l, keys.RecordKey(l), keys.LogKey(l)
+			ks[3*n+i], ks[4*n+i] = keys.PointerKey(c.lives[i], r.cluster), keys.RegistryKey(c.lives[i], r.cluster)
 		}
 		index := map[string]int{}
-		args := append([]string{strconv.Itoa(n), strconv.Itoa(opts.MaxLog), ""}, gens...)
-		count := 0
-		for i, ops := range lists {
+		args := append([]string{strconv.Itoa(n), strconv.Itoa(opts.MaxLog), strconv.Itoa(c.count())}, gens...)
+		for i, ops := range c.lists {
 			g, _ := strconv.ParseInt(gens[i], 10, 64)
 			for _, o := range ops {
 				k := o.Key
-				switch {
-				case g == 0:
-				case families[i]:
-					k = keys.GenBucketKey(lives[i], g, strings.TrimPrefix(o.Key, lives[i]+":"))
-				default:
-					k = keys.GenKey(o.Key, g)
+				if g != 0 {
+					head, tail := genShape(c.lives[i], c.families[i], o.Key)
+					k = head + gens[i] + tail
 				}
 				j, ok := index[k]
 				if !ok {
 					ks = append(ks, k)
-					j = len(ks) - 4*n
+					j = len(ks) - 5*n
 					index[k] = j
 				}
 				args = append(args, strconv.Itoa(i+1), strconv.Itoa(j), o.Key, o.Cmd, strconv.Itoa(len(o.Args)))
 				args = append(args, o.Args...)
-				count++
 			}
 		}
-		args[2] = strconv.Itoa(count)
 		if dup := FirstDuplicate(ks); dup != "" {
 			return fail(fmt.Errorf("key %q is both a live key and one of keyswap's own", dup))
 		}
 		if err := r.SameSlot(op, key, ks...); err != nil {
-			return fail(fmt.Errorf("%w: in Generations mode on a cluster, Apply writes a change in one atomic script with the index's lock and pointer, so a family's keys need the prefix's hash tag (e.g. {%s})", ErrNotInGenerations, lives[0]))
+			return Applied{}, err
 		}
 		res, err := parseReply(genapplyScript.Exec(ctx, r.client, ks, args))
 		if err != nil {
-			if IsServerReply(err) {
-				return Applied{}, Fail(ctx, op, key, err)
-			}
-			return Applied{}, Fail(ctx, op, key, fmt.Errorf("%w: the change may or may not be applied; apply it again before any later change to the same items: %w", ErrOutcomeUnknown, err))
+			return Applied{}, applyLost(ctx, op, key, err)
 		}
-		if err := res.refusal(); err != nil {
-			return fail(err)
-		}
-		code, err := res.code()
-		if err != nil {
-			return fail(fmt.Errorf("unexpected genapply script reply: %w", err))
-		}
-		i, _ := res.int(1)
-		switch {
-		case code == codeGenLost:
+		out, _, err := c.decode("genapply", res, 0)
+		if errors.Is(err, errMoved) {
 			continue // a flip came in between: resolve again
-		case code == codeWrongType:
-			return fail(fmt.Errorf("%q holds a %s, which this change cannot write; nothing applied", res.str(1), res.str(2)))
-		case code == codeUnlogged && i >= 1 && int(i) <= n:
-			return fail(unlogged(lives[i-1], locks[i-1], res.str(2), res.str(3)))
-		case code == codeNotTheRuns && i >= 1 && int(i) <= n:
-			return fail(fmt.Errorf("%w: %q is not one of the keys of the run holding %s, which rebuilds %q (does this process apply changes with another definition of the index?); nothing applied: apply the change again once that run ends", ErrInProgress, res.str(2), locks[i-1], res.str(3)))
-		case code != codeOK || len(res) != 1+n:
-			return fail(fmt.Errorf("unexpected genapply script reply %v", res))
 		}
-		got, err := res.ints(1)
 		if err != nil {
 			return fail(err)
-		}
-		for j, l := range got {
-			switch l {
-			case LogNone, Logged, LogFull:
-				out.Logged[at[j]] = int(l)
-			default:
-				return fail(fmt.Errorf("unexpected genapply script reply %v: status %d for lock %d", res, l, at[j]+1))
-			}
 		}
 		return out, nil
 	}
@@ -504,7 +459,7 @@ func (r Changes) GenApply(ctx context.Context, opts GenApplyOptions) (Applied, e
 }
 
 // ErrNotInGenerations reports an operation that Generations mode does not
-// support yet.
+// support yet. Nothing returns it now (see rebuild.ErrNotInGenerations).
 var ErrNotInGenerations = errors.New("not yet supported in Generations mode")
 
 // isGeneration reports whether s is a generation as the scripts write it:

@@ -49,8 +49,8 @@ type Redis struct {
 // Core is what every concern of [Redis] shares: the client its commands go
 // through, the key shapes (standalone or cluster) and the logger; and the
 // helpers they all use: lock and temp key names, the check that a
-// command's keys share a slot, and the discarding of temp keys. Each
-// concern type embeds it.
+// command's keys share a slot, the discarding of temp keys and the
+// unlinking of a removed generation's keys. Each concern type embeds it.
 type Core struct {
 	client  rueidis.Client
 	cluster bool
@@ -89,7 +89,7 @@ type Publisher struct {
 // index's new generation in its registry (keys.RegistryKey, genalloc.lua),
 // flips its pointer (keys.PointerKey) to it in one fenced script that
 // also writes the meta and the receipt (flip.lua), flips it back in a
-// rollback (genback.lua), and unlinks the keys of a generation removed.
+// rollback (genback.lua).
 // It uses Publisher to settle a flip whose reply was lost and to take a
 // rollback's locks, and Locks to release them.
 type Generations struct {
@@ -100,9 +100,10 @@ type Generations struct {
 
 // Changes applies a change to live keys while a run of them may be in
 // progress (apply.lua), or to the current generation of indexes published
-// in Generations mode (genapply.lua), and logs it for the run: the live
-// keys (or the generation's), and the locks, records and logs of changes
-// next to them.
+// in Generations mode (genapply.lua; on a cluster, for an index without a
+// hash tag, in three steps across slots: genlog.lua, genwrite.lua per slot,
+// genkept.lua), and logs it for the run: the live keys (or the
+// generation's), and the locks, records and logs of changes next to them.
 type Changes struct{ *Core }
 
 // Operator is the operator's side of a run: it finds the run holding a

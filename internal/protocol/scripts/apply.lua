@@ -51,43 +51,20 @@
 -- #include remove
 -- #include changes
 local n, bound, count = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local ops, perLock = {}, {}
-local at = 4
-for _ = 1, count do
-  local lock, key, cmd, nargs = tonumber(ARGV[at]), KEYS[3 * n + tonumber(ARGV[at + 1])], ARGV[at + 2], tonumber(ARGV[at + 3])
-  local op = {cmd, key, {unpack(ARGV, at + 4, at + 3 + nargs)}}
-  at = at + 4 + nargs
-  ops[#ops + 1] = op
-  perLock[lock] = perLock[lock] or {}
-  table.insert(perLock[lock], op)
-end
+local ops, perLock = changes.parse(count, 4, function(at)
+  local key = KEYS[3 * n + tonumber(ARGV[at + 1])]
+  return tonumber(ARGV[at]), key, key, at + 2
+end)
 
 for i = 1, n do
   local r = changes.canLog(KEYS[i], KEYS[n + i], KEYS[2 * n + i])
   if r then return r end
 end
-local kinds = {}
-for _, op in ipairs(ops) do
-  local r = changes.check(op) or changes.refused('TYPE', op[2])
-  if r then return r end
-  r = changes.mistyped(op, kinds[op[2]] or redis.call('TYPE', op[2])['ok'])
-  if r then return r end
-  -- The first op on a key decides its type for the ops after it: HSET then
-  -- SADD on a missing key would write the hash, then fail on the SADD.
-  kinds[op[2]] = changes.types[op[1]]
-end
-
+local r = changes.unfit(ops)
+if r then return r end
 -- The runs holding the locks: logged, or refused.
-local logging = {}
-for i = 1, n do
-  if perLock[i] then
-    local r = changes.logging(i, KEYS[i], KEYS[n + i], perLock[i])
-    if r ~= true and r ~= false then return r end
-    logging[i] = r
-  end
-end
-
-for _, op in ipairs(ops) do
-  changes.run(op)
-end
+local logging
+logging, r = changes.loggingEach(n, perLock)
+if r then return r end
+changes.runAll(ops)
 return changes.logEach(n, logging, perLock, bound)

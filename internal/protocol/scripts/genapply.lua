@@ -17,14 +17,15 @@
 -- KEYS[n+1..2n]     their records
 -- KEYS[2n+1..3n]    their logs
 -- KEYS[3n+1..4n]    the indexes' pointers
--- KEYS[4n+1..]      the keys the ops write
+-- KEYS[4n+1..5n]    their registries
+-- KEYS[5n+1..]      the keys the ops write
 -- ARGV[1]           n
 -- ARGV[2]           the most entries a log may hold (see apply.lua)
 -- ARGV[3]           the number of ops
 -- ARGV[4..3+n]      the generation the caller resolved for index i ('0':
 --                   no pointer, the rename-in-place shape)
 -- ARGV[4+n..]       per op: its lock's index (1..n), its key's index in
---                   KEYS after 4n, its live key, the command, the count of
+--                   KEYS after 5n, its live key, the command, the count of
 --                   args, the args
 --
 -- Returns {OK, l1..ln}: applied; li as apply.lua returns them.
@@ -35,45 +36,35 @@
 --           apply.lua); nothing written.
 --         {GEN_LOST, i}: pointer i names another generation now: resolve
 --           it again.
+--         {BAD_REGISTRY, i, why}: registry i does not mark the generation
+--           pointer i names current, a state no run leaves; nothing
+--           written (genlog.lua checks the same).
 -- #include keys
 -- #include remove
 -- #include changes
 local n, bound, count = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local ops, perLock = {}, {}
-local at = 4 + n
-for _ = 1, count do
-  local lock, key, live, cmd, nargs = tonumber(ARGV[at]), KEYS[4 * n + tonumber(ARGV[at + 1])], ARGV[at + 2], ARGV[at + 3], tonumber(ARGV[at + 4])
-  local args = {unpack(ARGV, at + 5, at + 4 + nargs)}
-  ops[#ops + 1] = {cmd, key, args}
-  perLock[lock] = perLock[lock] or {}
-  table.insert(perLock[lock], {cmd, live, args})
-  at = at + 5 + nargs
-end
+local ops, perLock = changes.parse(count, 4 + n, function(at)
+  return tonumber(ARGV[at]), KEYS[5 * n + tonumber(ARGV[at + 1])], ARGV[at + 2], at + 3
+end)
 
 for i = 1, n do
   local r = changes.canLog(KEYS[i], KEYS[n + i], KEYS[2 * n + i]) or changes.refused('GET', KEYS[3 * n + i])
+    or changes.refused('HGET', KEYS[4 * n + i], 'current')
   if r then return r end
 end
-local kinds = {}
-for _, op in ipairs(ops) do
-  local r = changes.check(op) or changes.refused('TYPE', op[2])
-  if r then return r end
-  r = changes.mistyped(op, kinds[op[2]] or redis.call('TYPE', op[2])['ok'])
-  if r then return r end
-  kinds[op[2]] = changes.types[op[1]]
-end
-local logging = {}
+local r = changes.unfit(ops)
+if r then return r end
+local logging
+logging, r = changes.loggingEach(n, perLock)
+if r then return r end
 for i = 1, n do
-  if perLock[i] then
-    local r = changes.logging(i, KEYS[i], KEYS[n + i], perLock[i])
-    if r ~= true and r ~= false then return r end
-    logging[i] = r
-    if (redis.call('GET', KEYS[3 * n + i]) or '0') ~= ARGV[3 + i] then
-      return {GEN_LOST, i}
-    end
+  if perLock[i] and (redis.call('GET', KEYS[3 * n + i]) or '0') ~= ARGV[3 + i] then
+    return {GEN_LOST, i}
+  end
+  local why = ARGV[3 + i] ~= '0' and changes.notCurrent(KEYS[4 * n + i], ARGV[3 + i])
+  if why then
+    return {BAD_REGISTRY, i, why}
   end
 end
-for _, op in ipairs(ops) do
-  changes.run(op)
-end
+changes.runAll(ops)
 return changes.logEach(n, logging, perLock, bound)

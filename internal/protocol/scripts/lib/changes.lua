@@ -1,7 +1,7 @@
 -- lib/changes.lua: the changes Apply writes to live keys, shared by the
--- apply, genapply and publish scripts (each script that uses it starts with
--- "-- #include changes", which the loader replaces with this file, after
--- "-- #include remove").
+-- apply, genapply, genlog, genwrite, publish and replay scripts (each
+-- script that uses it starts with "-- #include changes", which the loader
+-- replaces with this file, after "-- #include remove").
 --
 -- A change is a list of ops, each one command on one key: HSET, HDEL, ZADD,
 -- ZREM, SADD or SREM, or a conditional removal, HDELIF or ZREMIF (see
@@ -149,6 +149,89 @@ function changes.run(op)
     remove.run(op[1], op[2], op[3])
   else
     redis.call(op[1], op[2], unpack(op[3]))
+  end
+end
+
+-- parse reads count ops from ARGV, from position at: each op is what head
+-- reads at its position (head(at) returns the op's lock index, the key it
+-- writes, its live key, and the position after them), then the command,
+-- the count of args and the args. It returns the ops, in order, each
+-- {cmd, key, args}, and per lock index the same ops on their live keys,
+-- which are what a log holds. apply, genapply, genlog and genwrite read
+-- their ops with it, each with its own head.
+function changes.parse(count, at, head)
+  local ops, perLock = {}, {}
+  for _ = 1, count do
+    local lock, key, live, nxt = head(at)
+    local cmd, nargs = ARGV[nxt], tonumber(ARGV[nxt + 1])
+    local args = {unpack(ARGV, nxt + 2, nxt + 1 + nargs)}
+    ops[#ops + 1] = {cmd, key, args}
+    perLock[lock] = perLock[lock] or {}
+    table.insert(perLock[lock], {cmd, live, args})
+    at = nxt + 2 + nargs
+  end
+  return ops, perLock
+end
+
+-- refusedAny returns why this user may not run one of ops (see check), or
+-- nil.
+function changes.refusedAny(ops)
+  for _, op in ipairs(ops) do
+    local r = changes.check(op)
+    if r then return r end
+  end
+end
+
+-- unfit returns why ops cannot all run, checked before any of them does:
+-- the user's rights on each (and TYPE on its key), then each key's type,
+-- the first op on a key deciding its type for the ops after it (HSET then
+-- SADD on a missing key would write the hash, then fail on the SADD). It
+-- returns {NO_RIGHT, ...}, {UNKNOWN_CMD, ...}, {WRONG_TYPE, key, type}, or
+-- nil. Every key must be in the script's slot.
+function changes.unfit(ops)
+  local kinds = {}
+  for _, op in ipairs(ops) do
+    local r = changes.check(op) or changes.refused('TYPE', op[2])
+    if r then return r end
+    r = changes.mistyped(op, kinds[op[2]] or redis.call('TYPE', op[2])['ok'])
+    if r then return r end
+    kinds[op[2]] = changes.types[op[1]]
+  end
+end
+
+-- runAll applies ops, in order.
+function changes.runAll(ops)
+  for _, op in ipairs(ops) do
+    changes.run(op)
+  end
+end
+
+-- loggingEach returns, per lock i of n (KEYS[i], its record KEYS[n + i])
+-- with ops in perLock, whether its run logs them (changes.logging), or the
+-- refusal of the first that refuses them.
+function changes.loggingEach(n, perLock)
+  local logging = {}
+  for i = 1, n do
+    if perLock[i] then
+      local r = changes.logging(i, KEYS[i], KEYS[n + i], perLock[i])
+      if r ~= true and r ~= false then return nil, r end
+      logging[i] = r
+    end
+  end
+  return logging
+end
+
+-- notCurrent returns why the registry reg does not mark generation g, the
+-- one its index's pointer names, current (a state no run leaves: the
+-- registry lost or written by hand), or nil when it does. genapply and
+-- genlog refuse a change then, writing nothing.
+function changes.notCurrent(reg, g)
+  local st = redis.call('HGET', reg, g)
+  if not st then
+    return 'the pointer names generation ' .. g .. ', which the registry ' .. reg .. ' does not hold'
+  elseif st ~= 'current' then
+    return 'the pointer names generation ' .. g .. ', which the registry ' .. reg .. ' marks ' ..
+      string.format('%q', st) .. ', not current'
   end
 end
 
