@@ -40,10 +40,6 @@ func (m PublishMode) String() string {
 	return "PublishMode(" + strconv.Itoa(int(m)) + ")"
 }
 
-// ErrNotInGenerations reports an operation that Generations mode does not
-// support yet. No operation returns it now: Apply to a family without a
-// hash tag on a cluster, which it reported, works (in steps across slots).
-var ErrNotInGenerations = protocol.ErrNotInGenerations
 
 // generations is the state of a run in Generations mode.
 type generations struct {

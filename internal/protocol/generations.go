@@ -458,9 +458,6 @@ func (r Changes) GenApply(ctx context.Context, opts GenApplyOptions) (Applied, e
 	return fail(fmt.Errorf("%w: the indexes' pointers moved %d times while the change was applied (flips in quick succession); nothing applied: apply it again", ErrInProgress, genApplyTries))
 }
 
-// ErrNotInGenerations reports an operation that Generations mode does not
-// support yet. Nothing returns it now (see rebuild.ErrNotInGenerations).
-var ErrNotInGenerations = errors.New("not yet supported in Generations mode")
 
 // isGeneration reports whether s is a generation as the scripts write it:
 // a positive decimal number with no leading zero, of at most 15 digits.
