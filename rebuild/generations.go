@@ -40,7 +40,6 @@ func (m PublishMode) String() string {
 	return "PublishMode(" + strconv.Itoa(int(m)) + ")"
 }
 
-
 // generations is the state of a run in Generations mode.
 type generations struct {
 	gens    []int64 // per builder: the generation the run builds

@@ -458,7 +458,6 @@ func (r Changes) GenApply(ctx context.Context, opts GenApplyOptions) (Applied, e
 	return fail(fmt.Errorf("%w: the indexes' pointers moved %d times while the change was applied (flips in quick succession); nothing applied: apply it again", ErrInProgress, genApplyTries))
 }
 
-
 // isGeneration reports whether s is a generation as the scripts write it:
 // a positive decimal number with no leading zero, of at most 15 digits.
 func isGeneration(s string) bool {
