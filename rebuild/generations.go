@@ -46,11 +46,9 @@ var ErrNotInGenerations = protocol.ErrNotInGenerations
 
 // generations is the state of a run in Generations mode.
 type generations struct {
-	gens    []int64 // per builder: the generation the run builds
-	current []int64 // per builder: the generation current (0: none, the plain shape)
-	// prefixes are, per builder, the prefix of its keys in the generation
-	// (a family's), or its key (a plain builder's): see genTarget.
-	prefixes []string
+	gens    []int64    // per builder: the generation the run builds
+	current []int64    // per builder: the generation current (0: none, the plain shape)
+	sizes   *sizeCheck // counts the writes' additions, and compares them with the sizes
 
 	mu     sync.Mutex
 	counts map[uint16]int64 // on a cluster: transactions acknowledged per slot
@@ -107,8 +105,8 @@ func (x *runState) allocate(ctx context.Context) error {
 		return err
 	}
 	x.gen = &generations{gens: gens, current: current, counts: map[uint16]int64{}}
-	x.gen.prefixes = x.genPrefixes()
 	x.targets = x.newTargets()
+	x.gen.sizes = newSizeCheck(r, gens, x.targets)
 	return nil
 }
 
@@ -126,7 +124,7 @@ func (x *runState) flip(ctx context.Context) (bool, error) {
 			return false, err
 		}
 	}
-	if err := x.checkSizes(ctx); err != nil {
+	if err := x.gen.sizes.check(ctx); err != nil {
 		return false, err
 	}
 	sent := time.Now()

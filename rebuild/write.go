@@ -61,7 +61,7 @@ type txn struct {
 	// members belong to one item each (see owner.unique).
 	members [][]string
 	// sized is, in Generations mode, what each of cmds does to the size
-	// of its key (see checkSizes), read before cmds are sent.
+	// of its key (see sizeCheck), read before cmds are sent.
 	sized []sizedWrite
 	// probes are temp keys that cmds may leave empty (a replayed change
 	// that removes entries): EXISTS before and after the writes tells a key
@@ -87,10 +87,10 @@ func (x *runState) write(ctx context.Context, txns []*txn) error {
 	r := x.r
 	if x.gen != nil {
 		// Generations mode: the data keys carry no TTL, and their sizes
-		// are counted (see checkSizes).
+		// are counted (see sizeCheck).
 		for _, t := range txns {
 			t.expire = nil
-			t.sized = x.sizeWrites(t.cmds)
+			t.sized = x.gen.sizes.sizeWrites(t.cmds)
 		}
 		if r.redis.Cluster() {
 			return x.writeSpread(ctx, txns)
