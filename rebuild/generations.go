@@ -5,7 +5,6 @@ import (
 	"errors"
 	"slices"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/keyswap/keyswap/internal/gens"
@@ -46,12 +45,10 @@ var ErrNotInGenerations = protocol.ErrNotInGenerations
 
 // generations is the state of a run in Generations mode.
 type generations struct {
-	gens    []int64    // per builder: the generation the run builds
-	current []int64    // per builder: the generation current (0: none, the plain shape)
-	sizes   *sizeCheck // counts the writes' additions, and compares them with the sizes
-
-	mu     sync.Mutex
-	counts map[uint16]int64 // on a cluster: transactions acknowledged per slot
+	gens     []int64       // per builder: the generation the run builds
+	current  []int64       // per builder: the generation current (0: none, the plain shape)
+	sizes    *sizeCheck    // counts the writes' additions, and compares them with the sizes
+	counters *slotCounters // on a cluster: the transactions acknowledged per slot
 }
 
 // genTemp returns the key that holds live in the run's generation: the
@@ -104,7 +101,7 @@ func (x *runState) allocate(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	x.gen = &generations{gens: gens, current: current, counts: map[uint16]int64{}}
+	x.gen = &generations{gens: gens, current: current, counters: newSlotCounters(r, gens)}
 	x.targets = x.newTargets()
 	x.gen.sizes = newSizeCheck(r, gens, x.targets)
 	return nil
@@ -120,7 +117,7 @@ func (x *runState) flip(ctx context.Context) (bool, error) {
 	}
 	cluster := r.redis.Cluster()
 	if cluster {
-		if err := x.checkCounters(ctx); err != nil {
+		if err := x.gen.counters.check(ctx); err != nil {
 			return false, err
 		}
 	}

@@ -80,7 +80,7 @@ func (x *runState) leaseOwner(cancel context.CancelCauseFunc) leaseOwner {
 	if x.gen != nil {
 		// No temp key to refresh: the data keys have no TTL, and the
 		// counters of a cluster's slots are renewed instead.
-		owner.renew = x.renewCounters
+		owner.renew = x.gen.counters.renew
 		if r.redis.Cluster() {
 			// The writes are counted per slot, not in the record.
 			owner.acked = func() int64 { return 0 }
@@ -107,7 +107,7 @@ func (p *pipeline) stop(ctx context.Context, err *error) {
 		if !p.published {
 			x.discardGen(ctx)
 		}
-		x.dropCounters(ctx)
+		x.gen.counters.drop(ctx)
 	case !p.published:
 		r.redis.Discard(ctx, r.key, protocol.TempKeys(x.targets.temps())...)
 	}
