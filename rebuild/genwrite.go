@@ -40,21 +40,22 @@ const spreadWrites = 256
 // reach its master after the INCR that vouches for it. And the EXISTS
 // probes of a replayed change must see no other write between them and
 // the change's.
-func (x *runState) writeSpread(ctx context.Context, txns []*txn) error {
+func (x *writer) writeSpread(ctx context.Context, txns []*txn) error {
 	r := x.r
 	client := r.redis.Client()
 	cb := client.B()
 	sent := time.Now()
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.opts.TTL)
 	defer cancel()
-	if h, beat := x.lease.claim(sent, false); beat {
+	l := x.lease()
+	if h, beat := l.claim(sent, false); beat {
 		// The heartbeat is in the locks' slot: a round trip of its own.
-		cmd, err := x.lease.command(h)
+		cmd, err := l.command(h)
 		if err != nil {
-			x.lease.settle(ctx, sent, h, nil) // reports the same error
+			l.settle(ctx, sent, h, nil) // reports the same error
 		} else {
 			res := client.DoMulti(wctx, cmd)
-			x.lease.settle(wctx, sent, h, &res[0])
+			l.settle(wctx, sent, h, &res[0])
 		}
 	}
 	parts, slots := splitBySlot(txns)
@@ -158,7 +159,7 @@ func splitBySlot(txns []*txn) (map[uint16]*txn, []uint16) {
 // would otherwise have one transaction, and one counter INCR, per bucket or
 // two. The commands are merged writes of AnyOrder builders (each on a key
 // of its own, in any order); their order within a slot is kept.
-func (x *runState) sortBySlot(cmds []mergedCmd) []mergedCmd {
+func (x *writer) sortBySlot(cmds []mergedCmd) []mergedCmd {
 	if x.gen == nil || !x.r.redis.Cluster() {
 		return cmds
 	}
@@ -166,7 +167,7 @@ func (x *runState) sortBySlot(cmds []mergedCmd) []mergedCmd {
 }
 
 // sortBySlot sorts cmds by the hash slot of their keys (see
-// runState.sortBySlot), by the slot's bits in reverse order: still grouped
+// writer.sortBySlot), by the slot's bits in reverse order: still grouped
 // by slot, but consecutive groups far apart in the slot space, and so on
 // every master in turn (a master serves ranges of slots), rather than a
 // round trip's transactions all on one master. The drain of a family of
