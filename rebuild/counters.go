@@ -72,16 +72,8 @@ func (c *slotCounters) keys() ([]string, []int64) {
 // writes (a failover to a replica that was behind, a restart), and the run
 // must not publish.
 func (c *slotCounters) check(ctx context.Context) error {
-	ks, want := c.keys()
-	if len(ks) == 0 {
-		return nil
-	}
-	client := c.redis.Client()
-	cmds := make(rueidis.Commands, len(ks))
-	for i, k := range ks {
-		cmds[i] = client.B().Get().Key(k).Build()
-	}
-	for i, res := range client.DoMulti(ctx, cmds...) {
+	ks, want, replies := c.do(ctx, func(b rueidis.Builder, k string) rueidis.Completed { return b.Get().Key(k).Build() })
+	for i, res := range replies {
 		have, err := res.AsInt64()
 		if rueidis.IsRedisNil(err) {
 			have, err = 0, nil
@@ -99,21 +91,31 @@ func (c *slotCounters) check(ctx context.Context) error {
 // renew renews the TTL of the run's per-slot counters: the lease's
 // refresh in Generations mode, whose data keys have no TTL.
 func (c *slotCounters) renew(ctx context.Context) error {
-	ks, _ := c.keys()
-	if len(ks) == 0 {
-		return nil
-	}
-	client := c.redis.Client()
-	cmds := make(rueidis.Commands, len(ks))
-	for i, k := range ks {
-		cmds[i] = client.B().Expire().Key(k).Seconds(2 * c.ttlSecs).Build()
-	}
-	for _, res := range client.DoMulti(ctx, cmds...) {
+	_, _, replies := c.do(ctx, func(b rueidis.Builder, k string) rueidis.Completed {
+		return b.Expire().Key(k).Seconds(2 * c.ttlSecs).Build()
+	})
+	for _, res := range replies {
 		if err := res.Error(); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// do sends cmd of each of the run's per-slot counters in one round trip,
+// and returns their keys, the counts the run expects of them, and the
+// replies: none when the run counted no transaction.
+func (c *slotCounters) do(ctx context.Context, cmd func(b rueidis.Builder, key string) rueidis.Completed) ([]string, []int64, []rueidis.RedisResult) {
+	ks, want := c.keys()
+	if len(ks) == 0 {
+		return nil, nil, nil
+	}
+	client := c.redis.Client()
+	cmds := make(rueidis.Commands, len(ks))
+	for i, k := range ks {
+		cmds[i] = cmd(client.B(), k)
+	}
+	return ks, want, client.DoMulti(ctx, cmds...)
 }
 
 // drop deletes the run's per-slot counters, best effort: they expire by
