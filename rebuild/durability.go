@@ -84,7 +84,7 @@ func (x *runState) waitDurable(ctx context.Context, d protocol.Durability) error
 	if x.gen == nil || !r.redis.Cluster() {
 		return r.redis.Durable.Wait(ctx, "publish", r.key, lock, d)
 	}
-	ks, _ := x.counterKeys()
+	ks, _ := x.gen.counters.keys()
 	ats, err := x.oneKeyPerMaster(ctx, lock, ks)
 	if err != nil {
 		return err
@@ -95,7 +95,7 @@ func (x *runState) waitDurable(ctx context.Context, d protocol.Durability) error
 	g.Go(func() { errs[0] = r.redis.Durable.Wait(ctx, "publish", r.key, lock, d) })
 	for i, at := range ats {
 		g.Go(func() {
-			// The counter's own renewal (renewCounters): a write that
+			// The counter's own renewal (slotCounters.renew): a write that
 			// Redis propagates while the counter exists. A counter gone
 			// fails the check of the counters after the wait.
 			errs[i+1] = r.redis.Durable.WaitAt(ctx, "publish", r.key, at, func(b rueidis.Builder) rueidis.Completed {

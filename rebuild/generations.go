@@ -5,7 +5,6 @@ import (
 	"errors"
 	"slices"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/keyswap/keyswap/internal/gens"
@@ -42,14 +41,10 @@ func (m PublishMode) String() string {
 
 // generations is the state of a run in Generations mode.
 type generations struct {
-	gens    []int64 // per builder: the generation the run builds
-	current []int64 // per builder: the generation current (0: none, the plain shape)
-	// prefixes are, per builder, the prefix of its keys in the generation
-	// (a family's), or its key (a plain builder's): see genTarget.
-	prefixes []string
-
-	mu     sync.Mutex
-	counts map[uint16]int64 // on a cluster: transactions acknowledged per slot
+	gens     []int64       // per builder: the generation the run builds
+	current  []int64       // per builder: the generation current (0: none, the plain shape)
+	sizes    *sizeCheck    // counts the writes' additions, and compares them with the sizes
+	counters *slotCounters // on a cluster: the transactions acknowledged per slot
 }
 
 // genTemp returns the key that holds live in the run's generation: the
@@ -102,9 +97,9 @@ func (x *runState) allocate(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	x.gen = &generations{gens: gens, current: current, counts: map[uint16]int64{}}
-	x.gen.prefixes = x.genPrefixes()
+	x.gen = &generations{gens: gens, current: current, counters: newSlotCounters(r, gens)}
 	x.targets = x.newTargets()
+	x.gen.sizes = newSizeCheck(r, gens, x.targets)
 	return nil
 }
 
@@ -118,11 +113,11 @@ func (x *runState) flip(ctx context.Context) (bool, error) {
 	}
 	cluster := r.redis.Cluster()
 	if cluster {
-		if err := x.checkCounters(ctx); err != nil {
+		if err := x.gen.counters.check(ctx); err != nil {
 			return false, err
 		}
 	}
-	if err := x.checkSizes(ctx); err != nil {
+	if err := x.gen.sizes.check(ctx); err != nil {
 		return false, err
 	}
 	sent := time.Now()

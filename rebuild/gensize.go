@@ -43,30 +43,54 @@ const (
 // sizeCommand is the command that reads the size of a key of kind k.
 var sizeCommand = [...]string{sizeSet: "SCARD", sizeHash: "HLEN", sizeZSet: "ZCARD"}
 
-// genPrefixes returns, per builder, the prefix of its keys in the run's
-// generation (a family's) or its one key (a plain builder's).
-func (x *runState) genPrefixes() []string {
-	ps := make([]string, len(x.r.owners))
-	for i, o := range x.r.owners {
+// sizeCheck is the size check of a run in Generations mode (see above).
+// It owns what the check needs: the run's builders, the prefix of each
+// one's keys in the run's generation, the run's targets, whose counters it
+// keeps, and the client that reads the sizes. allocate makes it, once the
+// run's generations and targets are known; the writer asks it what each
+// command does to the size of its key (sizeWrites) before it sends a
+// transaction and counts the replies (countWrite); the flip compares the
+// sums with the sizes (check) before it flips.
+type sizeCheck struct {
+	key    string  // the run's, for errors
+	owners []owner // the run's builders
+	// prefixes are, per builder, the prefix of its keys in the generation
+	// (a family's), or its key (a plain builder's): see target.
+	prefixes []string
+	targets  *targets
+	client   rueidis.Client
+}
+
+// newSizeCheck returns the size check of a run of r that builds
+// generations gens (one per builder) into targets.
+func newSizeCheck(r *core, gens []int64, targets *targets) *sizeCheck {
+	return &sizeCheck{key: r.key, owners: r.owners, prefixes: genPrefixes(r.owners, gens), targets: targets, client: r.redis.Client()}
+}
+
+// genPrefixes returns, per builder, the prefix of its keys in generation
+// gens[i] (a family's) or its one key (a plain builder's).
+func genPrefixes(owners []owner, gens []int64) []string {
+	ps := make([]string, len(owners))
+	for i, o := range owners {
 		if o.family {
-			ps[i] = keys.GenPrefix(o.key, x.gen.gens[i])
+			ps[i] = keys.GenPrefix(o.key, gens[i])
 		} else {
-			ps[i] = keys.GenKey(o.key, x.gen.gens[i])
+			ps[i] = keys.GenKey(o.key, gens[i])
 		}
 	}
 	return ps
 }
 
-// genTarget returns the target whose key in the run's generation is key,
-// or nil.
-func (x *runState) genTarget(key string) *target {
-	for i, o := range x.r.owners {
-		p := x.gen.prefixes[i]
+// target returns the target whose key in the run's generation is key, or
+// nil.
+func (c *sizeCheck) target(key string) *target {
+	for i, o := range c.owners {
+		p := c.prefixes[i]
 		switch {
 		case o.family && strings.HasPrefix(key, p):
-			return x.targets.buckets[i].find(key[len(p):])
+			return c.targets.buckets[i].find(key[len(p):])
 		case !o.family && key == p:
-			return x.targets.byKey[o.key]
+			return c.targets.byKey[o.key]
 		}
 	}
 	return nil
@@ -83,14 +107,14 @@ type sizedWrite struct {
 // sizeWrites returns what each of cmds does to the size of its key. It
 // reads the commands, so it must run before they are sent: rueidis
 // recycles a command once it has its reply.
-func (x *runState) sizeWrites(cmds rueidis.Commands) []sizedWrite {
+func (c *sizeCheck) sizeWrites(cmds rueidis.Commands) []sizedWrite {
 	out := make([]sizedWrite, len(cmds))
 	for i, cmd := range cmds {
 		args := cmd.Commands()
 		if len(args) < 2 {
 			continue
 		}
-		out[i].t = x.genTarget(args[1])
+		out[i].t = c.target(args[1])
 		switch strings.ToUpper(args[0]) {
 		case "EVAL", "EVALSHA":
 			// A script (a catch-up's conditional removals, replay.lua):
@@ -102,7 +126,7 @@ func (x *runState) sizeWrites(cmds rueidis.Commands) []sizedWrite {
 			}
 			if n, err := strconv.Atoi(args[2]); err == nil && n <= len(args)-3 {
 				for _, k := range args[3 : 3+n] {
-					if t := x.genTarget(k); t != nil {
+					if t := c.target(k); t != nil {
 						t.uncounted.Store(true)
 					}
 				}
@@ -142,12 +166,12 @@ func countWrite(w sizedWrite, m rueidis.RedisMessage) {
 	t.added.Add(n)
 }
 
-// checkSizes compares the size of every key of the run's generation that
+// check compares the size of every key of the run's generation that
 // additive commands wrote with the entries Redis reported new in their
 // replies (see above), in round trips of sizeChunk commands.
-func (x *runState) checkSizes(ctx context.Context) error {
+func (c *sizeCheck) check(ctx context.Context) error {
 	const sizeChunk = 1000
-	client := x.r.redis.Client()
+	client := c.client
 	var cmds rueidis.Commands
 	var ts []*target
 	flush := func() error {
@@ -155,19 +179,19 @@ func (x *runState) checkSizes(ctx context.Context) error {
 			t := ts[i]
 			have, err := res.AsInt64()
 			if err != nil {
-				return protocol.Fail(ctx, "publish", x.r.key, fmt.Errorf("%s %s: %w", sizeCommand[t.sizeKind.Load()], t.Key, err))
+				return protocol.Fail(ctx, "publish", c.key, fmt.Errorf("%s %s: %w", sizeCommand[t.sizeKind.Load()], t.Key, err))
 			}
 			switch want := t.added.Load(); {
 			case have < want:
-				return &Error{Op: "publish", Key: x.r.key, Err: fmt.Errorf("%w: %s holds %d entries, and this run wrote %d to it: it was deleted or evicted during the run (and perhaps re-created by a later write); every index left at its generation", ErrTempKeyLost, t.Key, have, want)}
+				return &Error{Op: "publish", Key: c.key, Err: fmt.Errorf("%w: %s holds %d entries, and this run wrote %d to it: it was deleted or evicted during the run (and perhaps re-created by a later write); every index left at its generation", ErrTempKeyLost, t.Key, have, want)}
 			case have > want:
-				return &Error{Op: "publish", Key: x.r.key, Err: fmt.Errorf("%w: %s holds %d entries, and this run wrote %d to it: another client wrote into the generation the run builds; every index left at its generation", ErrTampered, t.Key, have, want)}
+				return &Error{Op: "publish", Key: c.key, Err: fmt.Errorf("%w: %s holds %d entries, and this run wrote %d to it: another client wrote into the generation the run builds; every index left at its generation", ErrTampered, t.Key, have, want)}
 			}
 		}
 		cmds, ts = cmds[:0], ts[:0]
 		return nil
 	}
-	for _, t := range x.targets.all() {
+	for _, t := range c.targets.all() {
 		kind := t.sizeKind.Load()
 		if kind == sizeUnknown || t.uncounted.Load() {
 			continue

@@ -8,30 +8,9 @@ import (
 	"time"
 
 	"github.com/keyswap/keyswap/internal/keys"
-	"github.com/keyswap/keyswap/internal/protocol"
 	"github.com/redis/rueidis"
 	"golang.org/x/sync/errgroup"
 )
-
-// counterKey returns the key of the counter of the run's transactions in
-// slot: in slot, named after the run's base and its first generation.
-func (x *runState) counterKey(slot uint16) string {
-	return keys.CounterKey(x.r.lives[0], slot, x.gen.gens[0])
-}
-
-// counterKeys returns the keys of the run's per-slot counters, and the
-// counts the run expects of them.
-func (x *runState) counterKeys() ([]string, []int64) {
-	x.gen.mu.Lock()
-	defer x.gen.mu.Unlock()
-	var ks []string
-	var want []int64
-	for s, n := range x.gen.counts {
-		ks = append(ks, x.counterKey(s))
-		want = append(want, n)
-	}
-	return ks, want
-}
 
 // spreadWrites is the most per-slot transactions of a round trip in flight
 // at once.
@@ -61,21 +40,22 @@ const spreadWrites = 256
 // reach its master after the INCR that vouches for it. And the EXISTS
 // probes of a replayed change must see no other write between them and
 // the change's.
-func (x *runState) writeSpread(ctx context.Context, txns []*txn) error {
+func (x *writer) writeSpread(ctx context.Context, txns []*txn) error {
 	r := x.r
 	client := r.redis.Client()
 	cb := client.B()
 	sent := time.Now()
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.opts.TTL)
 	defer cancel()
-	if h, beat := x.lease.claim(sent, false); beat {
+	l := x.lease()
+	if h, beat := l.claim(sent, false); beat {
 		// The heartbeat is in the locks' slot: a round trip of its own.
-		cmd, err := x.lease.command(h)
+		cmd, err := l.command(h)
 		if err != nil {
-			x.lease.settle(ctx, sent, h, nil) // reports the same error
+			l.settle(ctx, sent, h, nil) // reports the same error
 		} else {
 			res := client.DoMulti(wctx, cmd)
-			x.lease.settle(wctx, sent, h, &res[0])
+			l.settle(wctx, sent, h, &res[0])
 		}
 	}
 	parts, slots := splitBySlot(txns)
@@ -83,7 +63,7 @@ func (x *runState) writeSpread(ctx context.Context, txns []*txn) error {
 	g.SetLimit(spreadWrites)
 	for _, slot := range slots {
 		p := parts[slot]
-		counter := x.counterKey(slot)
+		counter := x.gen.counters.key(slot)
 		g.Go(func() error {
 			cmds := make(rueidis.Commands, 0, len(p.cmds)+2*len(p.probes)+4)
 			cmds = append(cmds, cb.Multi().Build())
@@ -99,9 +79,7 @@ func (x *runState) writeSpread(ctx context.Context, txns []*txn) error {
 			if err := x.check(p, client.DoMulti(wctx, cmds...)); err != nil {
 				return err
 			}
-			x.gen.mu.Lock()
-			x.gen.counts[slot]++
-			x.gen.mu.Unlock()
+			x.gen.counters.add(slot)
 			return nil
 		})
 	}
@@ -181,7 +159,7 @@ func splitBySlot(txns []*txn) (map[uint16]*txn, []uint16) {
 // would otherwise have one transaction, and one counter INCR, per bucket or
 // two. The commands are merged writes of AnyOrder builders (each on a key
 // of its own, in any order); their order within a slot is kept.
-func (x *runState) sortBySlot(cmds []mergedCmd) []mergedCmd {
+func (x *writer) sortBySlot(cmds []mergedCmd) []mergedCmd {
 	if x.gen == nil || !x.r.redis.Cluster() {
 		return cmds
 	}
@@ -189,7 +167,7 @@ func (x *runState) sortBySlot(cmds []mergedCmd) []mergedCmd {
 }
 
 // sortBySlot sorts cmds by the hash slot of their keys (see
-// runState.sortBySlot), by the slot's bits in reverse order: still grouped
+// writer.sortBySlot), by the slot's bits in reverse order: still grouped
 // by slot, but consecutive groups far apart in the slot space, and so on
 // every master in turn (a master serves ranges of slots), rather than a
 // round trip's transactions all on one master. The drain of a family of
@@ -227,70 +205,4 @@ func sortBySlot(cmds []mergedCmd) []mergedCmd {
 		start[order[i]]++
 	}
 	return out
-}
-
-// checkCounters compares the run's per-slot counters with the
-// transactions the run saw acknowledged: a counter below its count lost
-// writes (a failover to a replica that was behind, a restart), and the run
-// must not publish.
-func (x *runState) checkCounters(ctx context.Context) error {
-	ks, want := x.counterKeys()
-	if len(ks) == 0 {
-		return nil
-	}
-	client := x.r.redis.Client()
-	cmds := make(rueidis.Commands, len(ks))
-	for i, k := range ks {
-		cmds[i] = client.B().Get().Key(k).Build()
-	}
-	for i, res := range client.DoMulti(ctx, cmds...) {
-		have, err := res.AsInt64()
-		if rueidis.IsRedisNil(err) {
-			have, err = 0, nil
-		}
-		if err != nil {
-			return protocol.Fail(ctx, "publish", x.r.key, fmt.Errorf("GET %s: %w", ks[i], err))
-		}
-		if have < want[i] {
-			return &Error{Op: "publish", Key: x.r.key, Err: fmt.Errorf("%w: Redis acknowledged %d transactions of this run in the slot of %s but holds %d (a failover to a replica that was behind, or a restart from an older snapshot or AOF); every index left at its generation", ErrWritesLost, want[i], ks[i], have)}
-		}
-	}
-	return nil
-}
-
-// renewCounters renews the TTL of the run's per-slot counters: the
-// lease's refresh in Generations mode, whose data keys have no TTL.
-func (x *runState) renewCounters(ctx context.Context) error {
-	if x.gen == nil {
-		return nil
-	}
-	ks, _ := x.counterKeys()
-	if len(ks) == 0 {
-		return nil
-	}
-	client := x.r.redis.Client()
-	cmds := make(rueidis.Commands, len(ks))
-	for i, k := range ks {
-		cmds[i] = client.B().Expire().Key(k).Seconds(2 * x.r.ttlSecs).Build()
-	}
-	for _, res := range client.DoMulti(ctx, cmds...) {
-		if err := res.Error(); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// dropCounters deletes the run's per-slot counters, best effort: they
-// expire by themselves.
-func (x *runState) dropCounters(ctx context.Context) {
-	if x.gen == nil {
-		return
-	}
-	ks, _ := x.counterKeys()
-	ctx, cancel := protocol.CleanupContext(ctx)
-	defer cancel()
-	if err := x.r.redis.Unlink(ctx, ks); err != nil {
-		x.r.opts.Logger.Warn("keyswap: could not delete the run's counters; they expire by themselves", "key", x.r.key, "err", err)
-	}
 }

@@ -45,7 +45,7 @@ func (x *runState) startPipeline(ctx context.Context) *pipeline {
 	p := &pipeline{x: x}
 	p.ctx, p.cancel = context.WithCancelCause(ctx)
 	x.cancel = p.cancel
-	x.bulk = x.newBulk(p.ctx)
+	x.writer = newWriter(p.ctx, r, x.gen, &x.acked, func() *lease { return x.lease })
 	x.stall = &stallWatch{timeout: r.opts.StallTimeout, items: &x.pulled, lastChange: x.start, idle: func() bool {
 		return p.sourceDone.Load() || x.gate.isPaused()
 	}}
@@ -75,12 +75,12 @@ func (x *runState) leaseOwner(cancel context.CancelCauseFunc) leaseOwner {
 	owner := leaseOwner{
 		redis: r.redis, locks: x.locks, targets: x.targets, ttl: r.opts.TTL, key: r.key, cancel: cancel,
 		acked: x.acked.Load, status: x.status, control: x.control,
-		stall: x.stall, tempSecs: &x.tempSecs, log: r.opts.Logger,
+		stall: x.stall, tempSecs: &x.writer.tempSecs, log: r.opts.Logger,
 	}
 	if x.gen != nil {
 		// No temp key to refresh: the data keys have no TTL, and the
 		// counters of a cluster's slots are renewed instead.
-		owner.renew = x.renewCounters
+		owner.renew = x.gen.counters.renew
 		if r.redis.Cluster() {
 			// The writes are counted per slot, not in the record.
 			owner.acked = func() int64 { return 0 }
@@ -99,7 +99,7 @@ func (p *pipeline) stop(ctx context.Context, err *error) {
 	p.paced.Wait()
 	_ = p.sends.Wait()
 	_ = p.scans.Wait()
-	x.bulk.Close() // every write has returned
+	x.writer.bulk.Close() // every write has returned
 	x.lease.end()
 	p.leaseDone.Wait()
 	switch {
@@ -107,7 +107,7 @@ func (p *pipeline) stop(ctx context.Context, err *error) {
 		if !p.published {
 			x.discardGen(ctx)
 		}
-		x.dropCounters(ctx)
+		x.gen.counters.drop(ctx)
 	case !p.published:
 		r.redis.Discard(ctx, r.key, protocol.TempKeys(x.targets.temps())...)
 	}

@@ -8,7 +8,6 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/keyswap/keyswap/internal/hook"
@@ -85,7 +84,7 @@ func (r *Rebuilder[T]) run(ctx context.Context, src sources.Source[T], held *Hel
 		write: func(ctx context.Context, txns []*txn) error {
 			x.lease.temps.Lock()
 			defer x.lease.temps.Unlock()
-			return x.write(ctx, txns)
+			return x.writer.write(ctx, txns)
 		},
 	}, locks)
 	obs.Phase(PhaseBuilding)
@@ -116,19 +115,15 @@ type execution[T any] struct {
 type runState struct {
 	r       *core
 	locks   []*protocol.Lock
-	record  string // the run's record: batches written, status, requests
 	suffix  string // every temp key of the run ends with it
 	stats   *Stats
 	targets *targets
 	lease   *lease
-	bulk    *protocol.Bulk // the connections of the writes
+	writer  *writer // the write stage: made by startPipeline
 	gate    *gate
 	cancel  context.CancelCauseFunc
 	progress
-	// tempSecs is the temp keys' TTL in seconds: twice the lease, or more
-	// when refreshing them takes long (see lease.refreshed).
-	tempSecs atomic.Int64
-	slots    chan struct{} // one per batch in flight: built, queued or being sent
+	slots chan struct{} // one per batch in flight: built, queued or being sent
 
 	catchUp *catchUp    // the catch-up, and the counts of the logs of changes
 	pacing  *pacing     // the pacer (Options.LatencyBudget), and its last probe
@@ -154,7 +149,6 @@ func newRunState(r *core, start time.Time, stats *Stats) *runState {
 	_, _ = rand.Read(nonce[:]) // crypto/rand.Read never fails (Go 1.24+)
 	x := &runState{
 		r: r, stats: stats,
-		record: keys.RecordKey(r.lockKeys[0]),
 		suffix: keys.TempSuffix(start.Unix(), binary.BigEndian.Uint64(nonce[:])),
 		slots:  make(chan struct{}, r.opts.Writers),
 		gate:   newGate(r.opts.MaxRate),
@@ -168,7 +162,6 @@ func newRunState(r *core, start time.Time, stats *Stats) *runState {
 		batchSize: r.opts.BatchSize, logger: r.opts.Logger, gate: x.gate, items: x.pulled.Load,
 	}
 	x.phase.Store(PhaseBuilding)
-	x.tempSecs.Store(r.tempSecs)
 	x.targets = x.newTargets()
 	return x
 }

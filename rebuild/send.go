@@ -112,7 +112,7 @@ func (s *sender) trip(ctx context.Context, group []*batch, queue <-chan *batch) 
 		if err != nil {
 			return err
 		}
-		t.txns = append(t.txns, pack(x.r.redis.Client().B(), x.sortBySlot(ready), x.r.opts.BatchSize)...)
+		t.txns = append(t.txns, pack(x.r.redis.Client().B(), x.writer.sortBySlot(ready), x.r.opts.BatchSize)...)
 	}
 	return s.launch(ctx, t)
 }
@@ -134,7 +134,7 @@ func (s *sender) merge(ctx context.Context, b *batch) ([]mergedCmd, error) {
 
 // drain sends what the coalescer holds, once the source is exhausted.
 func (s *sender) drain(ctx context.Context) error {
-	txns := pack(s.x.r.redis.Client().B(), s.x.sortBySlot(s.co.drain()), s.x.r.opts.BatchSize)
+	txns := pack(s.x.r.redis.Client().B(), s.x.writer.sortBySlot(s.co.drain()), s.x.r.opts.BatchSize)
 	for len(txns) > 0 && ctx.Err() == nil {
 		n := min(len(txns), s.perTrip)
 		if err := s.launch(ctx, &trip{txns: txns[:n], done: make(chan error, 1)}); err != nil {
@@ -153,9 +153,9 @@ func (s *sender) launch(ctx context.Context, t *trip) error {
 		expiring(tx)
 	}
 	if x.r.order == inOrder {
-		return t.finish(x, x.write(ctx, t.txns))
+		return t.finish(x, x.writer.write(ctx, t.txns))
 	}
-	go func() { t.done <- x.write(ctx, t.txns) }()
+	go func() { t.done <- x.writer.write(ctx, t.txns) }()
 	prev := s.pending
 	s.pending = t
 	if prev != nil {

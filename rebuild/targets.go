@@ -24,7 +24,7 @@ type target struct {
 	held bool // in the coalescer's list of targets with entries
 
 	// In Generations mode, what the writes did to the key (see
-	// checkSizes): the kind of the additive commands that wrote it, the
+	// sizeCheck): the kind of the additive commands that wrote it, the
 	// entries their replies reported new, and whether another command
 	// wrote it too, which leaves it unchecked.
 	sizeKind  atomic.Uint32

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
+	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/protocol"
 	"github.com/redis/rueidis"
 )
@@ -13,6 +15,39 @@ import (
 // bulkWait is how long a run's first write waits for the run's own
 // connection (see newBulk) before it goes on the client's shared ones.
 const bulkWait = time.Second
+
+// writer is a run's write stage: it sends round trips of transactions in
+// one DoMulti each (write; writeSpread on a cluster in Generations mode),
+// with the heartbeat of the run's lease when one is due, and checks every
+// reply. It owns the connections of the writes (bulk), the run's record,
+// which counts the transactions Redis acknowledged, the temp keys' TTL,
+// which the lease raises, and in Generations mode the run's generations,
+// whose size check and per-slot counters it feeds. startPipeline makes it
+// once the run's generations are allocated; the sender and the catch-up
+// call write, and the publish reads the count of acknowledged transactions
+// from acked, the run's progress.
+type writer struct {
+	r      *core
+	record string         // the run's record: batches written, status, requests
+	bulk   *protocol.Bulk // the connections of the writes
+	// tempSecs is the temp keys' TTL in seconds: twice the lease, or more
+	// when refreshing them takes long (see lease.refreshed).
+	tempSecs atomic.Int64
+	gen      *generations  // nil in RenameInPlace mode
+	acked    *atomic.Int64 // the run's: transactions Redis acknowledged
+	lease    func() *lease // the run's lease now: a resumed lease replaces it
+}
+
+// newWriter returns the writer of a run of r whose writes end with ctx
+// (see newBulk): gen is the run's generations (nil in RenameInPlace mode),
+// acked its count of acknowledged transactions, and lease returns its
+// lease.
+func newWriter(ctx context.Context, r *core, gen *generations, acked *atomic.Int64, lease func() *lease) *writer {
+	w := &writer{r: r, record: keys.RecordKey(r.lockKeys[0]), gen: gen, acked: acked, lease: lease}
+	w.bulk = newBulk(ctx, r)
+	w.tempSecs.Store(r.tempSecs)
+	return w
+}
 
 // newBulk returns the connections of the run's writes, apart from the
 // pipelined connections the application shares with the run through its
@@ -23,8 +58,7 @@ const bulkWait = time.Second
 // at the Info level when they have one again. A connection that closes, or
 // whose server no longer serves the run's slot, is replaced, and logged at
 // the Info level.
-func (x *runState) newBulk(ctx context.Context) *protocol.Bulk {
-	r := x.r
+func newBulk(ctx context.Context, r *core) *protocol.Bulk {
 	b := protocol.NewBulk(ctx, r.redis.Client(), bulkWait, protocol.BulkEvents{
 		Shared: func(waited time.Duration, err error) {
 			if err != nil {
@@ -61,7 +95,7 @@ type txn struct {
 	// members belong to one item each (see owner.unique).
 	members [][]string
 	// sized is, in Generations mode, what each of cmds does to the size
-	// of its key (see checkSizes), read before cmds are sent.
+	// of its key (see sizeCheck), read before cmds are sent.
 	sized []sizedWrite
 	// probes are temp keys that cmds may leave empty (a replayed change
 	// that removes entries): EXISTS before and after the writes tells a key
@@ -83,14 +117,14 @@ func batchTxn(b *batch) *txn {
 // if EXEC runs late, the TTL and the count come with the writes. At the end
 // of the DoMulti rides the heartbeat, when one is due. write checks every
 // reply; the sender accounts for the batches.
-func (x *runState) write(ctx context.Context, txns []*txn) error {
+func (x *writer) write(ctx context.Context, txns []*txn) error {
 	r := x.r
 	if x.gen != nil {
 		// Generations mode: the data keys carry no TTL, and their sizes
-		// are counted (see checkSizes).
+		// are counted (see sizeCheck).
 		for _, t := range txns {
 			t.expire = nil
-			t.sized = x.sizeWrites(t.cmds)
+			t.sized = x.gen.sizes.sizeWrites(t.cmds)
 		}
 		if r.redis.Cluster() {
 			return x.writeSpread(ctx, txns)
@@ -120,11 +154,12 @@ func (x *runState) write(ctx context.Context, txns []*txn) error {
 			cb.Expire().Key(x.record).Seconds(r.ttlSecs).Nx().Build(), cb.Exec().Build())
 	}
 	sent := time.Now()
-	h, beat := x.lease.claim(sent, false)
+	l := x.lease()
+	h, beat := l.claim(sent, false)
 	if beat {
-		cmd, err := x.lease.command(h)
+		cmd, err := l.command(h)
 		if err != nil {
-			x.lease.settle(ctx, sent, h, nil) // reports the same error
+			l.settle(ctx, sent, h, nil) // reports the same error
 			beat = false
 		} else {
 			cmds = append(cmds, cmd)
@@ -139,7 +174,7 @@ func (x *runState) write(ctx context.Context, txns []*txn) error {
 	defer cancel()
 	res := x.bulk.DoMulti(ctx, wctx, x.record, cmds...)
 	if beat {
-		x.lease.settle(wctx, sent, h, &res[len(res)-1])
+		l.settle(wctx, sent, h, &res[len(res)-1])
 	}
 	for _, t := range txns {
 		n := len(t.cmds) + len(t.expire) + 2*len(t.probes) + 2
@@ -153,7 +188,7 @@ func (x *runState) write(ctx context.Context, txns []*txn) error {
 }
 
 // check checks the replies to transaction t.
-func (x *runState) check(t *txn, res []rueidis.RedisResult) error {
+func (x *writer) check(t *txn, res []rueidis.RedisResult) error {
 	key := x.r.key
 	fail := func(err error) error { return &Error{Op: "write", Key: key, Err: err} }
 	n := len(res) - 2
@@ -188,7 +223,7 @@ func (x *runState) check(t *txn, res []rueidis.RedisResult) error {
 
 // checkWrites checks the replies to t's writes, and counts the entries
 // they added.
-func (x *runState) checkWrites(t *txn, replies []rueidis.RedisMessage) error {
+func (x *writer) checkWrites(t *txn, replies []rueidis.RedisMessage) error {
 	writes := len(t.cmds)
 	for i, m := range replies {
 		if err := m.Error(); err != nil {
