@@ -286,6 +286,59 @@ func TestGenerationsSpreadApplyFlipBetweenSteps(t *testing.T) {
 	}
 }
 
+func TestGenerationsSpreadApplyRollbackBetweenSteps(t *testing.T) {
+	// C96: a rollback comes after Apply resolved the pointer to
+	// generation 2 and before its writes, making generation 1 current
+	// again: built before the change, it has it from nowhere else (no log,
+	// no run reading the source). On the cluster step 3 finds the pointer
+	// moved, and the steps run again on generation 1; on the standalone
+	// server the one script sees the pointer moved and writes generation 1.
+	// Either way the current generation holds the change, and the call
+	// succeeds.
+	const buckets = 6
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		ctx := redistest.Ctx(t)
+		d = ownPrefix(t, d)
+		d.Clear(t)
+		prefix := genPrefix(d)
+		us := genUsers(30, buckets)
+		roller := spreadRebuilder(t, d.Client, prefix, rebuild.Options{KeepPrevious: time.Hour})
+		for i := range 2 {
+			if _, err := roller.Run(ctx, sources.Slice(us)); err != nil {
+				t.Fatalf("Run %d: %v", i+1, err)
+			}
+		}
+		moved, added := us[0], genUsers(31, buckets)[30]
+		moved.Country = "b01" // from b00
+		added.Country = "b02"
+		change := []index.Change[user]{{Old: &us[0], New: &moved}, {New: &added}}
+		after := append(slices.Clone(us), added)
+		after[0] = moved
+
+		var rollErr error
+		rolled := false
+		c := beforeWrite(d, func() {
+			rolled = true
+			_, rollErr = roller.Rollback(ctx)
+		})
+		applier := spreadRebuilder(t, c, prefix, rebuild.Options{})
+		if err := applier.Apply(ctx, change...); err != nil {
+			t.Fatalf("Apply: %v", err)
+		}
+		if !rolled || rollErr != nil {
+			t.Fatalf("the rollback between the steps: ran %v, %v", rolled, rollErr)
+		}
+		wantGeneration(t, d, prefix, 1, 2, map[string]string{"1": keys.RegCurrent, "2": keys.RegPrevious}, after)
+		if d.Cluster {
+			// Written before the steps ran again; a roll forward finds it.
+			wantBuckets(t, d, prefix, 2, after)
+		} else {
+			wantBuckets(t, d, prefix, 2, us)
+		}
+		wantGenClean(t, d, prefix, 1, 2)
+	})
+}
+
 func TestGenerationsSpreadApplyConnectionCut(t *testing.T) {
 	// C96: on the cluster, the connection to the master of a bucket the
 	// change writes (not the locks' master) breaks as the write goes out
@@ -442,8 +495,9 @@ func TestGenerationsSpreadApplyFailures(t *testing.T) {
 	// is left: the first step's reply lost (written nowhere: the data
 	// unchanged, and applying it again works); a slot that refuses its
 	// writes (a bucket of the generation of another type: the other
-	// slots written, that one not, ErrTampered); the last step not run
-	// (the caller's ctx cancelled: the writes done, their keys named).
+	// slots written, that one not, ErrTampered); the last step failing
+	// (the writes done, their keys named); the caller's ctx ending before
+	// the last step (which runs all the same).
 	d := deployment{Name: "cluster", Cluster: true, Client: env.Cluster.Client(t), Other: env.Cluster.Client(t)}
 	setup := func(t *testing.T) (context.Context, deployment, string, []user) {
 		ctx := redistest.Ctx(t)
@@ -500,20 +554,50 @@ func TestGenerationsSpreadApplyFailures(t *testing.T) {
 		wantGeneration(t, d, prefix, 1, 1, map[string]string{"1": keys.RegCurrent}, rest)
 		wantGenClean(t, d, prefix, 1)
 	})
-	t.Run("last step not run", func(t *testing.T) {
+	t.Run("caller's ctx ends before the last step", func(t *testing.T) {
+		// The last step runs all the same: what the writes left in a
+		// generation a flip retired would otherwise stay.
 		ctx, d, prefix, us := setup(t)
 		actx, cancel := context.WithCancel(ctx)
 		defer cancel()
 		genkept := redistest.ScriptNamed("genkept")
+		ran := false
 		c := rueidishook.WithHook(d.Client, redistest.Hook{OnDo: func(c rueidis.Client, ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
 			if genkept.Is(cmd.Commands()) {
 				cancel()
+				ran = ctx.Err() == nil
 			}
 			return c.Do(ctx, cmd)
 		}})
 		moved := us[0]
 		moved.Country = "b01"
-		err := spreadRebuilder(t, c, prefix, rebuild.Options{}).Apply(actx, index.Change[user]{Old: &us[0], New: &moved})
+		if err := spreadRebuilder(t, c, prefix, rebuild.Options{}).Apply(actx, index.Change[user]{Old: &us[0], New: &moved}); err != nil {
+			t.Fatalf("Apply: %v", err)
+		}
+		if !ran {
+			t.Errorf("the last step ran on the caller's ended ctx; want a cleanup context of its own")
+		}
+		after := slices.Clone(us)
+		after[0] = moved
+		wantGeneration(t, d, prefix, 1, 1, map[string]string{"1": keys.RegCurrent}, after)
+		wantGenClean(t, d, prefix, 1)
+	})
+	t.Run("last step fails", func(t *testing.T) {
+		ctx, d, prefix, us := setup(t)
+		genkept := redistest.ScriptNamed("genkept")
+		c := rueidishook.WithHook(d.Client, redistest.Hook{OnDo: func(c rueidis.Client, ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
+			if genkept.Is(cmd.Commands()) {
+				// Its command fails before it is sent, as on a connection
+				// that broke.
+				failed, cancel := context.WithCancel(ctx)
+				cancel()
+				return c.Do(failed, cmd)
+			}
+			return c.Do(ctx, cmd)
+		}})
+		moved := us[0]
+		moved.Country = "b01"
+		err := spreadRebuilder(t, c, prefix, rebuild.Options{}).Apply(ctx, index.Change[user]{Old: &us[0], New: &moved})
 		redistest.WantErr(t, err, rebuild.ErrOutcomeUnknown)
 		redistest.WantErr(t, err, context.Canceled)
 		for _, b := range []string{"b00", "b01"} {

@@ -83,6 +83,13 @@ type slotWrite struct {
 //     step 2 wrote are removed here. A retired or removed generation never
 //     becomes current again, and the keys have its shape.
 //
+// Whenever step 3 finds that a pointer no longer names G, the three steps
+// run again, against the generation it names now (at most genApplyTries
+// times, then ErrInProgress): a rollback between steps 1 and 2 makes an
+// older generation current, which was built before the change and has it
+// from nowhere else. Applying the change again is harmless where it was
+// already (a flip's new generation): its ops set the items' entries.
+//
 // A failure at a step returns an error that says what was logged, what
 // was written and what is left.
 func (r Changes) genApplySpread(ctx context.Context, opts GenApplyOptions, c change) (Applied, error) {
@@ -105,32 +112,62 @@ func (r Changes) genApplySpread(ctx context.Context, opts GenApplyOptions, c cha
 		}
 	}
 
+	// The steps again while the pointer moved meanwhile (see keptSpread),
+	// a bounded number of times, as GenApply resolves again.
+	for try := 1; ; try++ {
+		out, writes, lost, moved, err := r.spreadOnce(ctx, opts, c, ks, args)
+		if err != nil || !moved || try == genApplyTries {
+			if err == nil && moved {
+				err = &Error{Op: op, Key: key, Err: fmt.Errorf("%w: the indexes' pointers moved %d times while the change was applied across slots (flips or rollbacks in quick succession); it is in the generations it was written to, perhaps not in the current one: apply it again", ErrInProgress, genApplyTries)}
+			}
+			if err != nil {
+				return Applied{}, err
+			}
+			return out, spreadError(ctx, op, key, writes, lost, out)
+		}
+		if err := spreadError(ctx, op, key, writes, lost, out); err != nil {
+			return Applied{}, err
+		}
+	}
+}
+
+// spreadOnce runs the three steps of a change applied across slots once.
+// moved reports that a pointer no longer names the generation the change
+// was written to (or that an index without a pointer has one now): the
+// caller applies it again to the generation the pointer names now.
+func (r Changes) spreadOnce(ctx context.Context, opts GenApplyOptions, c change, ks, args []string) (out Applied, writes []*slotWrite, lost *leftover, moved bool, err error) {
+	op, key := opts.Op, opts.Key
+	n := len(c.locks)
 	// Step 1: resolve, check and log.
 	res, err := parseReply(genlogScript.Exec(ctx, r.client, ks, args))
 	if err != nil {
 		if IsServerReply(err) {
-			return Applied{}, applyLost(ctx, op, key, err) // a refusal, or another Redis error
+			return Applied{}, nil, nil, false, applyLost(ctx, op, key, err) // a refusal, or another Redis error
 		}
-		return Applied{}, Fail(ctx, op, key, fmt.Errorf("%w: the change may or may not be logged for a run in progress, and is written nowhere: apply it again before any later change to the same items: %w", ErrOutcomeUnknown, err))
+		return Applied{}, nil, nil, false, Fail(ctx, op, key, fmt.Errorf("%w: the change may or may not be logged for a run in progress, and is written nowhere: apply it again before any later change to the same items: %w", ErrOutcomeUnknown, err))
 	}
 	out, rest, err := c.decode("genlog", res, n)
 	if err != nil {
-		return Applied{}, &Error{Op: op, Key: key, Err: err}
+		return Applied{}, nil, nil, false, &Error{Op: op, Key: key, Err: err}
 	}
 	gens := make([]string, n)
 	for i := range gens {
 		gens[i], _ = rest[i].ToString()
 		if gens[i] != "0" && !isGeneration(gens[i]) {
-			return Applied{}, &Error{Op: op, Key: key, Err: fmt.Errorf("unexpected genlog script reply %v", res)}
+			return Applied{}, nil, nil, false, &Error{Op: op, Key: key, Err: fmt.Errorf("unexpected genlog script reply %v", res)}
 		}
 	}
 
 	// Step 2: the writes, one script per slot.
 	writes, written := r.writeSpread(ctx, c, gens)
 
-	// Step 3: keep them, or remove them from a generation left behind.
-	lost := r.keptSpread(ctx, c, gens, written)
-	return out, spreadError(ctx, op, key, writes, lost, out)
+	// Step 3: keep them, or remove them from a generation left behind. It
+	// runs even when the caller's ctx ended after the writes: what they
+	// left in a retired generation would otherwise stay.
+	kctx, cancel := CleanupContext(ctx)
+	defer cancel()
+	lost, moved = r.keptSpread(kctx, c, gens, written)
+	return out, writes, lost, moved, nil
 }
 
 // writeSpread writes the ops of c on the keys of generations gens (the
@@ -209,8 +246,9 @@ func (r Changes) writeSpread(ctx context.Context, c change, gens []string) ([]*s
 // change wrote is still kept (genkept.lua), and removes the keys written
 // (per index) from those that are not: retired, or removed by a sweep. It
 // returns the keys it could not remove, or whose generation it could not
-// check, with why.
-func (r Changes) keptSpread(ctx context.Context, c change, gens []string, written [][]string) *leftover {
+// check, with why; and whether a pointer no longer names the generation
+// written (moved), so that the change must be applied again.
+func (r Changes) keptSpread(ctx context.Context, c change, gens []string, written [][]string) (lost *leftover, moved bool) {
 	n := len(c.locks)
 	ks := make([]string, 2*n)
 	for i, l := range c.lives {
@@ -230,19 +268,23 @@ func (r Changes) keptSpread(ctx context.Context, c change, gens []string, writte
 	}
 	res, err := parseReply(genkeptScript.Exec(ctx, r.client, ks, gens))
 	if err != nil {
-		return left(err)
+		return left(err), false
 	}
 	kept, err := res.ints(1)
 	if code, cerr := res.code(); cerr != nil || code != codeOK || err != nil || len(kept) != n {
-		return left(fmt.Errorf("unexpected genkept script reply %v", res))
+		return left(fmt.Errorf("unexpected genkept script reply %v", res)), false
 	}
 	var dead []string
 	for i, k := range kept {
+		moved = moved || k != keptNamed
 		switch {
-		case k == 1 || len(written[i]) == 0:
+		case k == keptNamed || k == keptMoved || len(written[i]) == 0:
 		case gens[i] == "0":
-			r.log.Info("keyswap: a change was written to an index's plain keys as its first flip came: Rebuilder.DropPlain removes them",
-				"key", c.lives[i], "keys", len(written[i]))
+			// Not removed here: the pointer's existence is checked in
+			// another step than the delete, and a switch back to the
+			// rename shape in between would make these keys live again.
+			r.log.Warn("keyswap: a change was written to an index's plain keys as its first flip came; readers no longer read them: run Rebuilder.DropPlain (keyswap sweep --plain) again to remove them",
+				"key", c.lives[i], "keys", written[i])
 		default:
 			r.log.Info("keyswap: a flip retired the generation a change was written to meanwhile: its writes there are removed (the new generation has the change)",
 				"key", c.lives[i], "generation", gens[i], "keys", written[i])
@@ -250,10 +292,17 @@ func (r Changes) keptSpread(ctx context.Context, c change, gens []string, writte
 		}
 	}
 	if err := r.Unlink(ctx, dead); err != nil {
-		return &leftover{keys: dead, err: err, retired: true}
+		return &leftover{keys: dead, err: err, retired: true}, moved
 	}
-	return nil
+	return nil, moved
 }
+
+// What genkept.lua reports of a generation a change was written to.
+const (
+	keptGone  = 0 // retired or removed: nothing reads it
+	keptMoved = 1 // kept (current or previous), but the pointer names another
+	keptNamed = 2 // the pointer names it (for "0": the index has no pointer)
+)
 
 // leftover is the keys of a change applied across slots that may be left
 // in a generation no reader reads and no sweep will find.
@@ -289,8 +338,11 @@ func spreadError(ctx context.Context, op, key string, writes []*slotWrite, lost 
 		return nil
 	}
 	logged := "not logged for a run"
-	if slices.Contains(out.Logged, Logged) || slices.Contains(out.Logged, LogFull) {
+	switch {
+	case slices.Contains(out.Logged, Logged):
 		logged = "logged for the run in progress, which replays it"
+	case slices.Contains(out.Logged, LogFull):
+		logged = "not logged: the log of the run in progress is full, and that run fails (ErrFallingBehind)"
 	}
 	var b strings.Builder
 	if first != nil {

@@ -12,11 +12,19 @@
 -- does not remove them when it has one (Rebuilder.DropPlain does, however
 -- late they were written).
 --
+-- Whether the pointer still names G is told apart: when it does not (a
+-- flip, or a rollback that made an older generation current again), the
+-- caller applies the change again to the generation the pointer names now.
+-- A flip's new generation already has the change (replayed from the log,
+-- or read from the source by a run that took the lock after the first
+-- step); a rollback's does not: it was built before the change.
+--
 -- KEYS[1..n]      the indexes' pointers
 -- KEYS[n+1..2n]   their registries
 -- ARGV[1..n]      the generation the change was written to, per index
 --
--- Returns {OK, k1..kn}: ki = 1 kept, 0 not kept.
+-- Returns {OK, k1..kn}: ki = 2 the pointer names G (for '0': there is no
+-- pointer), 1 kept but the pointer names another generation, 0 not kept.
 local n = #ARGV
 local out = {OK}
 for i = 1, n do
@@ -25,13 +33,15 @@ for i = 1, n do
   -- taken for not kept.
   local kind = redis.call('TYPE', KEYS[i])['ok']
   local ptr = kind == 'string' and redis.call('GET', KEYS[i]) or nil
-  local kept
+  local k = 0
   if ARGV[i] == '0' then
-    kept = kind == 'none'
+    if kind == 'none' then k = 2 end
+  elseif ptr == ARGV[i] then
+    k = 2
   else
     local st = redis.call('TYPE', KEYS[n + i])['ok'] == 'hash' and redis.call('HGET', KEYS[n + i], ARGV[i])
-    kept = ptr == ARGV[i] or st == 'current' or st == 'previous'
+    if st == 'current' or st == 'previous' then k = 1 end
   end
-  out[#out + 1] = kept and 1 or 0
+  out[#out + 1] = k
 end
 return out
