@@ -348,59 +348,57 @@ func TestGenerationsSpreadApplyConnectionCut(t *testing.T) {
 	// exact, and nothing else is left. (On a standalone server the change
 	// is one script: TestApplyReplyLost.)
 	d := deployment{Name: "cluster", Cluster: true, Client: env.Cluster.Client(t), Other: env.Cluster.Client(t)}
-	{
-		for _, tt := range []struct {
-			name string
-			dir  faultproxy.Direction
-			ran  bool
-		}{
-			{"reply lost", faultproxy.ToClient, true},
-			{"write lost", faultproxy.ToServer, false},
-		} {
-			t.Run(tt.name, func(t *testing.T) {
-				ctx := redistest.Ctx(t)
-				d := ownPrefix(t, d)
-				prefix := genPrefix(d)
-				// A bucket whose master is not the locks', so that the
-				// cut hits the write alone.
-				lock := keys.LockKey(prefix, d.Cluster)
-				bucket := "b00"
-				for n := 0; env.Cluster.NodeFor(t, keys.GenBucketKey(prefix, 1, bucket)) == env.Cluster.NodeFor(t, lock); n++ {
-					bucket = fmt.Sprintf("c%02d", n)
-				}
-				us := genUsers(20, 2)
-				r := genRebuilder(t, d, prefix, rebuild.Options{})
-				if _, err := r.Run(ctx, sources.Slice(us)); err != nil {
-					t.Fatalf("Run: %v", err)
-				}
-				proxy, c := proxied(t, d, keys.GenBucketKey(prefix, 1, bucket))
-				applier := spreadRebuilder(t, c, prefix, rebuild.Options{})
-				more := genUsers(22, 2)[20:]
-				for i := range more {
-					more[i].Country = bucket
-				}
-				change := index.Change[user]{New: &more[1]}
-				before, err := cutApply(ctx, t, d, applier, proxy, tt.dir, prefix, more[0], change)
-				after := append(slices.Clone(us), more[0])
-				redistest.WantErr(t, err, rebuild.ErrOutcomeUnknown)
-				if !strings.Contains(err.Error(), keys.GenBucketKey(prefix, 1, bucket)) {
-					t.Errorf("Apply: %v; want the key it may not have written named", err)
-				}
-				t.Logf("Apply: %v", err)
-				after = append(after, more[1])
-				if tt.ran {
-					waitFor(t, "the write to reach the server", func() bool {
-						return slices.Contains(redistest.SMembers(t, d.Other, keys.GenBucketKey(prefix, 1, bucket)), more[1].ID)
-					})
-					wantGeneration(t, d, prefix, 1, 1, map[string]string{"1": keys.RegCurrent}, after)
-				} else {
-					redistest.WantUnchanged(t, d.Other, keys.GenPrefix(prefix, 1), before)
-				}
-				applyUntilDone(ctx, t, applier, change)
+	for _, tt := range []struct {
+		name string
+		dir  faultproxy.Direction
+		ran  bool
+	}{
+		{"reply lost", faultproxy.ToClient, true},
+		{"write lost", faultproxy.ToServer, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx := redistest.Ctx(t)
+			d := ownPrefix(t, d)
+			prefix := genPrefix(d)
+			// A bucket whose master is not the locks', so that the
+			// cut hits the write alone.
+			lock := keys.LockKey(prefix, d.Cluster)
+			bucket := "b00"
+			for n := 0; env.Cluster.NodeFor(t, keys.GenBucketKey(prefix, 1, bucket)) == env.Cluster.NodeFor(t, lock); n++ {
+				bucket = fmt.Sprintf("c%02d", n)
+			}
+			us := genUsers(20, 2)
+			r := genRebuilder(t, d, prefix, rebuild.Options{})
+			if _, err := r.Run(ctx, sources.Slice(us)); err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+			proxy, c := proxied(t, d, keys.GenBucketKey(prefix, 1, bucket))
+			applier := spreadRebuilder(t, c, prefix, rebuild.Options{})
+			more := genUsers(22, 2)[20:]
+			for i := range more {
+				more[i].Country = bucket
+			}
+			change := index.Change[user]{New: &more[1]}
+			before, err := cutApply(ctx, t, d, applier, proxy, tt.dir, prefix, more[0], change)
+			after := append(slices.Clone(us), more[0])
+			redistest.WantErr(t, err, rebuild.ErrOutcomeUnknown)
+			if !strings.Contains(err.Error(), keys.GenBucketKey(prefix, 1, bucket)) {
+				t.Errorf("Apply: %v; want the key it may not have written named", err)
+			}
+			t.Logf("Apply: %v", err)
+			after = append(after, more[1])
+			if tt.ran {
+				waitFor(t, "the write to reach the server", func() bool {
+					return slices.Contains(redistest.SMembers(t, d.Other, keys.GenBucketKey(prefix, 1, bucket)), more[1].ID)
+				})
 				wantGeneration(t, d, prefix, 1, 1, map[string]string{"1": keys.RegCurrent}, after)
-				wantGenClean(t, d, prefix, 1)
-			})
-		}
+			} else {
+				redistest.WantUnchanged(t, d.Other, keys.GenPrefix(prefix, 1), before)
+			}
+			applyUntilDone(ctx, t, applier, change)
+			wantGeneration(t, d, prefix, 1, 1, map[string]string{"1": keys.RegCurrent}, after)
+			wantGenClean(t, d, prefix, 1)
+		})
 	}
 }
 
