@@ -24,7 +24,7 @@ type pipeline struct {
 
 	sends   *errgroup.Group // the sender and the builds
 	sendCtx context.Context
-	queue   chan *batch // built batches, in source order, to the sender
+	send    *sender
 
 	scans *errgroup.Group   // the family scans, concurrent with the source
 	live  []map[string]bool // what they found: the families' live buckets
@@ -57,8 +57,8 @@ func (x *runState) startPipeline(ctx context.Context) *pipeline {
 	scans, scanCtx := errgroup.WithContext(p.ctx)
 	p.scans, p.live = scans, x.scanFamilies(scanCtx, scans)
 	p.sends, p.sendCtx = errgroup.WithContext(p.ctx)
-	p.queue = make(chan *batch, r.opts.Writers)
-	p.sends.Go(func() error { return x.send(p.sendCtx, p.queue) })
+	p.send = newSender(r, x.writer, &x.progress)
+	p.sends.Go(func() error { return p.send.run(p.sendCtx) })
 
 	// The pacer runs while the source does (Options.LatencyBudget).
 	paceCtx, stopPacing := context.WithCancel(p.ctx)

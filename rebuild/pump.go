@@ -23,17 +23,17 @@ type batch struct {
 	release func() // gives the items' buffer back for reuse, once written
 }
 
-// pump pulls src into batches, starts building each, and queues it for the
-// sender in source order. A batch takes one of Writers slots before it is
-// handed on and gives it back once written: that is the backpressure that
+// pump pulls src into batches, starts building each in g, and hands it on
+// to s in source order. A batch takes one of Writers slots of s before it
+// is built and gives it back once written: that is the backpressure that
 // bounds memory to the batch being filled plus Writers in flight. A batch
 // that has waited for FlushInterval since its first item is handed on
-// unfilled, so that a slow source still makes progress. pump closes queue
-// when done, and returns the source's error, if any. It stops early when
-// ctx is done.
-func (x *execution[T]) pump(ctx context.Context, g *errgroup.Group, queue chan<- *batch, src iter.Seq2[T, error]) error {
-	defer close(queue)
-	c := &cutter[T]{x: x, ctx: ctx, g: g, queue: queue, items: x.buffer()}
+// unfilled, so that a slow source still makes progress. pump tells s when
+// done, and returns the source's error, if any. It stops early when ctx is
+// done.
+func (x *execution[T]) pump(ctx context.Context, g *errgroup.Group, s *sender, src iter.Seq2[T, error]) error {
+	defer s.done()
+	c := &cutter[T]{x: x, ctx: ctx, g: g, send: s, items: x.buffer()}
 	stop := c.flushEvery(x.r.opts.FlushInterval)
 	defer stop() // before the last hand, and on every other way out
 	for item, err := range src {
@@ -57,10 +57,10 @@ func (x *execution[T]) pump(ctx context.Context, g *errgroup.Group, queue chan<-
 // from the pump when a batch is full, from its flusher when a partial batch
 // has waited too long.
 type cutter[T any] struct {
-	x     *execution[T]
-	ctx   context.Context
-	g     *errgroup.Group
-	queue chan<- *batch
+	x    *execution[T]
+	ctx  context.Context
+	g    *errgroup.Group
+	send *sender
 
 	handing sync.Mutex // held while a batch is handed on, so that batches go in order
 
@@ -159,21 +159,14 @@ func (c *cutter[T]) rest() {
 	}
 }
 
-// hand takes a slot for b, starts building it from items, and queues it
-// for the sender. It reports whether the run goes on.
+// hand takes a slot for b, starts building it from items, and hands it
+// on to the sender. It reports whether the run goes on.
 func (c *cutter[T]) hand(b *batch, items []T) bool {
-	select {
-	case c.x.slots <- struct{}{}:
-	case <-c.ctx.Done():
+	if !c.send.take(c.ctx) {
 		return false
 	}
 	c.g.Go(func() error { c.x.build(b, items); return nil }) // its error goes to the sender, in order
-	select {
-	case c.queue <- b:
-		return true
-	case <-c.ctx.Done():
-		return false
-	}
+	return c.send.hand(c.ctx, b)
 }
 
 // buffer returns an empty batch buffer, reusing a sent one if possible.

@@ -123,7 +123,6 @@ type runState struct {
 	gate    *gate
 	cancel  context.CancelCauseFunc
 	progress
-	slots chan struct{} // one per batch in flight: built, queued or being sent
 
 	catchUp *catchUp    // the catch-up, and the counts of the logs of changes
 	pacing  *pacing     // the pacer (Options.LatencyBudget), and its last probe
@@ -150,7 +149,6 @@ func newRunState(r *core, start time.Time, stats *Stats) *runState {
 	x := &runState{
 		r: r, stats: stats,
 		suffix: keys.TempSuffix(start.Unix(), binary.BigEndian.Uint64(nonce[:])),
-		slots:  make(chan struct{}, r.opts.Writers),
 		gate:   newGate(r.opts.MaxRate),
 		progress: progress{
 			start: start, entries: make([]int64, len(r.owners)), skipped: make([]int64, len(r.owners)),
@@ -219,7 +217,7 @@ func (x *execution[T]) run(ctx context.Context, src sources.Source[T]) (err erro
 	p := x.startPipeline(ctx)
 	defer p.cancel(nil)
 	defer p.stop(ctx, &err) // on every path, a panic or a Goexit in the source included
-	srcErr := x.pump(p.sendCtx, p.sends, p.queue, src(hook.WithOwnKeys(p.sendCtx, x.r.owns)))
+	srcErr := x.pump(p.sendCtx, p.sends, p.send, src(hook.WithOwnKeys(p.sendCtx, x.r.owns)))
 	return p.finish(srcErr)
 }
 

@@ -355,10 +355,3 @@ func execReplies(res []rueidis.RedisResult, n int) ([]rueidis.RedisMessage, erro
 	}
 	return replies, nil
 }
-
-// account records a written batch, recycles its buffer and reports
-// progress; then gives its slot back.
-func (x *runState) account(b *batch) {
-	x.progress.account(b)
-	<-x.slots // the batch is done: the source may fill another
-}
