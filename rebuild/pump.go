@@ -2,10 +2,8 @@ package rebuild
 
 import (
 	"context"
-	"fmt"
 	"iter"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -23,15 +21,15 @@ type batch struct {
 	release func() // gives the items' buffer back for reuse, once written
 }
 
-// pump pulls src into batches, starts building each in g, and hands it on
-// to s in source order. A batch takes one of Writers slots of s before it
+// pump pulls src into batches, at the pace th allows, starts building each
+// in g, and hands it on to s in source order. A batch takes one of Writers slots of s before it
 // is built and gives it back once written: that is the backpressure that
 // bounds memory to the batch being filled plus Writers in flight. A batch
 // that has waited for FlushInterval since its first item is handed on
 // unfilled, so that a slow source still makes progress. pump tells s when
 // done, and returns the source's error, if any. It stops early when ctx is
 // done.
-func (x *execution[T]) pump(ctx context.Context, g *errgroup.Group, s *sender, src iter.Seq2[T, error]) error {
+func (x *execution[T]) pump(ctx context.Context, g *errgroup.Group, s *sender, th *throttle, src iter.Seq2[T, error]) error {
 	defer s.done()
 	c := &cutter[T]{x: x, ctx: ctx, g: g, send: s, items: x.buffer()}
 	stop := c.flushEvery(x.r.opts.FlushInterval)
@@ -40,7 +38,7 @@ func (x *execution[T]) pump(ctx context.Context, g *errgroup.Group, s *sender, s
 		if err != nil {
 			return err
 		}
-		if ctx.Err() != nil || !x.gate.wait(ctx) {
+		if ctx.Err() != nil || !th.wait(ctx) {
 			return nil
 		}
 		x.pulled.Add(1)
@@ -177,38 +175,4 @@ func (x *execution[T]) buffer() []T {
 	default:
 		return make([]T, 0, x.r.opts.BatchSize)
 	}
-}
-
-// stallWatch notices a source that yields nothing for a whole timeout.
-type stallWatch struct {
-	timeout time.Duration
-	items   *atomic.Int64 // items pulled so far
-	idle    func() bool   // the source is not expected to yield: paused, or done
-
-	mu         sync.Mutex
-	last       int64
-	lastChange time.Time
-}
-
-// check returns an error matching ErrStalled when no item has come for
-// the timeout, and nil otherwise.
-func (s *stallWatch) check(now time.Time) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if n := s.items.Load(); n != s.last || s.idle() || s.lastChange.IsZero() {
-		s.last, s.lastChange = n, now
-		return nil
-	}
-	if now.Sub(s.lastChange) >= s.timeout {
-		return fmt.Errorf("%w: it yielded no item for %v (Options.StallTimeout)", ErrStalled, s.timeout)
-	}
-	return nil
-}
-
-// lastProgress returns when the source was last seen yielding an item (or
-// the run started).
-func (s *stallWatch) lastProgress() time.Time {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.lastChange
 }
