@@ -13,17 +13,18 @@ import (
 func (p *pipeline) leaseOwner(cancel context.CancelCauseFunc) leaseOwner {
 	x, r := p.x, p.x.r
 	owner := leaseOwner{
-		redis: r.redis, locks: x.locks, targets: x.targets, ttl: r.opts.TTL, key: r.key, cancel: cancel,
-		acked: x.acked.Load, status: p.status, control: p.control,
-		stall: p.throttle.stall, tempSecs: &p.writer.tempSecs, log: r.opts.Logger,
+		redis: r.redis, locks: x.locks, ttl: r.opts.TTL, key: r.key, cancel: cancel, log: r.opts.Logger,
+		stall:    p.throttle.stall,
+		fence:    beatFence{acked: x.acked.Load, status: p.status, control: p.control},
+		tempKeys: tempRenewal{targets: x.targets, secs: &p.writer.tempSecs},
 	}
 	if x.gen != nil {
 		// No temp key to refresh: the data keys have no TTL, and the
 		// counters of a cluster's slots are renewed instead.
-		owner.renew = x.gen.counters.renew
+		owner.tempKeys.renew = x.gen.counters.renew
 		if r.redis.Cluster() {
 			// The writes are counted per slot, not in the record.
-			owner.acked = func() int64 { return 0 }
+			owner.fence.acked = func() int64 { return 0 }
 		}
 	}
 	return owner

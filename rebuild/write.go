@@ -31,7 +31,7 @@ type writer struct {
 	record string         // the run's record: batches written, status, requests
 	bulk   *protocol.Bulk // the connections of the writes
 	// tempSecs is the temp keys' TTL in seconds: twice the lease, or more
-	// when refreshing them takes long (see lease.refreshed).
+	// when refreshing them takes long (see lease.tempTTL).
 	tempSecs atomic.Int64
 	gen      *generations  // nil in RenameInPlace mode
 	acked    *atomic.Int64 // the run's: transactions Redis acknowledged
