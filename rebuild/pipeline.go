@@ -30,21 +30,20 @@ type pipeline struct {
 	writer   *writer   // the writes, with the heartbeats riding them
 	throttle *throttle // holds the pump back, and watches it for a stall
 	lease    *lease    // replaced by a resumed one after a publish that did not happen
+	reviewer *reviewer // the family scans, the guards, and a held run's decision
 
 	sends   *errgroup.Group // the sender and the builds
 	sendCtx context.Context
-
-	scans *errgroup.Group   // the family scans, concurrent with the source
-	live  []map[string]bool // what they found: the families' live buckets
 
 	owner     leaseOwner // what the lease heartbeats see of the run
 	leaseDone sync.WaitGroup
 	published bool
 }
 
-// startPipeline starts the stages of x after build: the lease, the family
-// scans, the sender and the pacer.
-func (x *runState) startPipeline(ctx context.Context) *pipeline {
+// startPipeline starts the stages of x after build: the writer, the
+// throttle, the catch-up, the lease, the family scans, the sender and the
+// pacer.
+func startPipeline(ctx context.Context, x *runState) *pipeline {
 	r := x.r
 	p := &pipeline{x: x}
 	p.ctx, p.cancel = context.WithCancelCause(ctx)
@@ -59,13 +58,12 @@ func (x *runState) startPipeline(ctx context.Context) *pipeline {
 			return p.writer.write(ctx, txns)
 		},
 	}, x.locks)
-	p.owner = p.leaseOwner(p.cancel)
+	p.owner = p.leaseOwner()
 	p.lease = newLease(p.owner, x.start)
 	p.leaseDone.Go(func() { p.lease.run(p.ctx) })
 
 	// The family scans run concurrently with the source.
-	scans, scanCtx := errgroup.WithContext(p.ctx)
-	p.scans, p.live = scans, x.scanFamilies(scanCtx, scans)
+	p.reviewer = newReviewer(p.ctx, x)
 	p.sends, p.sendCtx = errgroup.WithContext(p.ctx)
 	p.send = newSender(r, p.writer, &x.progress)
 	p.sends.Go(func() error { return p.send.run(p.sendCtx) })
@@ -83,7 +81,7 @@ func (p *pipeline) stop(ctx context.Context, err *error) {
 	p.cancel(errors.New("keyswap: run ended"))
 	p.throttle.stop()
 	_ = p.sends.Wait()
-	_ = p.scans.Wait()
+	_ = p.reviewer.wait()
 	p.writer.bulk.Close() // every write has returned
 	p.lease.end()
 	p.leaseDone.Wait()
@@ -113,7 +111,7 @@ func (p *pipeline) finish(srcErr error) error {
 	p.throttle.sourceEnded()
 	if failure := p.failure(p.sends.Wait(), srcErr); failure != nil {
 		p.cancel(failure) // stops the family scans: nothing will be published
-		_ = p.scans.Wait()
+		_ = p.reviewer.wait()
 		switch {
 		case isPanic(failure):
 			panic(failure) // after the deferred cleanup, in the caller's goroutine
@@ -122,7 +120,7 @@ func (p *pipeline) finish(srcErr error) error {
 		}
 		return failure
 	}
-	if err := p.scans.Wait(); err != nil {
+	if err := p.reviewer.wait(); err != nil {
 		return &Error{Op: "scan", Key: x.r.key, Err: err}
 	}
 	return p.publish()
@@ -200,7 +198,7 @@ func (p *pipeline) review(deadline time.Time) error {
 	if cause := context.Cause(p.ctx); cause != nil {
 		return protocol.Wrap("run", x.r.key, cause)
 	}
-	return x.decide(p.ctx, p.live)
+	return p.reviewer.decide(p.ctx)
 }
 
 // publishOnce catches up, waits for the durability asked for, ends the
@@ -236,7 +234,7 @@ func (p *pipeline) publishOnce(deadline time.Time) (behind *protocol.BehindError
 	if x.gen != nil {
 		p.published, err = x.flip(p.ctx)
 	} else {
-		p.published, err = x.publish(p.ctx, p.live)
+		p.published, err = x.publish(p.ctx, p.reviewer.live)
 	}
 	if !errors.As(err, &behind) {
 		return nil, err

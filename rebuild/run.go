@@ -65,7 +65,7 @@ func (r *Rebuilder[T]) run(ctx context.Context, src sources.Source[T], held *Hel
 	}
 	locks, err := r.redis.Locks.Acquire(ctx, protocol.AcquireOptions{
 		Op: "acquire", Key: r.key, Lives: r.lives, Families: r.families(), Mode: protocol.ModeRebuild, TTL: r.opts.TTL,
-		Checks: x.checks(), Record: x.recordFields(),
+		Checks: r.checks(x.targets, x.held != nil), Record: x.recordFields(),
 	})
 	if err != nil {
 		returned = true
@@ -95,7 +95,8 @@ func (r *Rebuilder[T]) run(ctx context.Context, src sources.Source[T], held *Hel
 var errAbnormal = errors.New("the run panicked, or a builder or the source called runtime.Goexit")
 
 // execution is one Run's source, pump and build: the only stages that
-// depend on the items' type. Everything after build is the runState's.
+// depend on the items' type. The stages after build are the pipeline's,
+// and share the runState.
 type execution[T any] struct {
 	*runState
 	r    *Rebuilder[T]
@@ -196,35 +197,11 @@ func (r *core) families() []bool {
 // one sender writes them (send, write); the pipeline wires the stages after
 // build together, and publishes.
 func (x *execution[T]) run(ctx context.Context, src sources.Source[T]) (err error) {
-	p := x.startPipeline(ctx)
+	p := startPipeline(ctx, x.runState)
 	defer p.cancel(nil)
 	defer p.stop(ctx, &err) // on every path, a panic or a Goexit in the source included
 	srcErr := x.pump(p.sendCtx, p.sends, p.send, p.throttle, src(hook.WithOwnKeys(p.sendCtx, x.r.owns)))
 	return p.finish(srcErr)
-}
-
-// decide runs the guards, and holds a held run until it is decided: it
-// returns an error when the run must not be published.
-func (x *runState) decide(ctx context.Context, live []map[string]bool) error {
-	review, err := x.review(ctx, live)
-	if err != nil {
-		return err
-	}
-	if err := x.guard(review); err != nil {
-		return err
-	}
-	if x.held == nil {
-		return nil
-	}
-	x.setPhase(PhaseHeld)
-	publish, err := x.held.hold(ctx, x, review, live)
-	switch {
-	case err != nil:
-		return protocol.Wrap("run", x.r.key, err)
-	case !publish:
-		return &Error{Op: "publish", Key: x.r.key, Err: ErrDiscarded}
-	}
-	return nil
 }
 
 // isPanic reports whether err is a builder's panic, which Run re-panics.

@@ -1,7 +1,6 @@
 package rebuild
 
 import (
-	"context"
 	"strconv"
 	"time"
 
@@ -10,10 +9,10 @@ import (
 
 // leaseOwner returns what the lease of p's run sees of it: the heartbeats
 // carry its status, and bring back an operator's requests (control).
-func (p *pipeline) leaseOwner(cancel context.CancelCauseFunc) leaseOwner {
+func (p *pipeline) leaseOwner() leaseOwner {
 	x, r := p.x, p.x.r
 	owner := leaseOwner{
-		redis: r.redis, locks: x.locks, ttl: r.opts.TTL, key: r.key, cancel: cancel, log: r.opts.Logger,
+		redis: r.redis, locks: x.locks, ttl: r.opts.TTL, key: r.key, cancel: p.cancel, log: r.opts.Logger,
 		stall:    p.throttle.stall,
 		fence:    beatFence{acked: x.acked.Load, status: p.status, control: p.control},
 		tempKeys: tempRenewal{targets: x.targets, secs: &p.writer.tempSecs},
