@@ -117,7 +117,8 @@ type runState struct {
 	catchUp *catchUp // the catch-up, and the counts of the logs of changes: made by startPipeline
 	held    *held    // Build's run, nil for Run
 	// stalePrevs are, per family, the kept previous values of its buckets
-	// found by the scan: written by the scans, read once they are done.
+	// found by the reviewer's scans: written by them, read by the publish
+	// once they are done.
 	stalePrevs []map[string]bool
 	// gen is the state of a run in Generations mode, nil in
 	// RenameInPlace mode; retired are the generations its flip retired.
@@ -194,7 +195,7 @@ func (r *core) families() []bool {
 // discards every temp key, and releases the locks. The stages are those of
 // the package documentation, "Pipeline": the caller's goroutine pulls the
 // source (pump), each batch is built in a goroutine of its own (build), and
-// one sender writes them (send, write); the pipeline wires the stages after
+// one sender hands them to the writer; the pipeline wires the stages after
 // build together, and publishes.
 func (x *execution[T]) run(ctx context.Context, src sources.Source[T]) (err error) {
 	p := startPipeline(ctx, x.runState)
