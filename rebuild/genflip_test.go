@@ -51,7 +51,7 @@ type steady struct {
 
 // startSteady starts n goroutines applying changes with r, and returns
 // once each has applied one.
-func startSteady(ctx context.Context, t *testing.T, r *rebuild.Rebuilder[user], n, buckets int) *steady {
+func startSteady(ctx context.Context, t testing.TB, r *rebuild.Rebuilder[user], n, buckets int) *steady {
 	t.Helper()
 	s := &steady{r: r, buckets: buckets, stopped: make(chan struct{}), users: map[string]user{}}
 	for g := range n {
