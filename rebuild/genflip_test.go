@@ -388,3 +388,138 @@ func TestGenerationsCutOverMarkOutlivesRun(t *testing.T) {
 		wantGenClean(t, d, prefix, 1)
 	})
 }
+
+// scriptsReply is scriptReply for the change scripts of Generations mode:
+// genapply (one script) and genlog (the first step across slots, C96).
+func scriptsReply(c rueidis.Client, on func(res rueidis.RedisResult)) rueidis.Client {
+	return scriptReply(scriptReply(c, "genapply", on), "genlog", on)
+}
+
+func TestGenerationsApplyWaitsForCutOver(t *testing.T) {
+	// C98: Apply answers a lock's cut-over mark that holds the lock's
+	// token with a wait (with a hash tag and across slots): an Apply whose
+	// ctx ends as it waits returns the cause, having written and logged
+	// nothing; one that outlasts the mark applies the change. A mark of a
+	// token the lock does not hold is ignored. The flip deletes the mark
+	// that holds its token.
+	forEachShape(t, func(t *testing.T, d deployment, prefix string) {
+		ctx := redistest.Ctx(t)
+		var waits atomic.Int64
+		cctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		var cancelOnWait atomic.Bool
+		client := scriptsReply(d.Client, func(res rueidis.RedisResult) {
+			if isWait(res) {
+				waits.Add(1)
+				if cancelOnWait.Load() {
+					cancel()
+				}
+			}
+		})
+		r := redistest.Rebuilder(t, client, rebuild.Options{Publish: rebuild.Generations, BatchSize: 50, Grace: time.Millisecond},
+			genSetIndex(prefix))
+		us := genUsers(60, 3)
+		if _, err := r.Run(ctx, sources.Slice(us)); err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+		h, _, err := r.Build(ctx, sources.Slice(us))
+		if err != nil {
+			t.Fatalf("Build: %v", err)
+		}
+		lock := keys.LockKey(prefix, d.Cluster)
+		mark := keys.CutOverKey(lock)
+		token, _ := redistest.Get(t, d.Other, lock)
+		extra := genUsers(63, 3)[60:]
+
+		redistest.Cmd(t, d.Other, "SET", mark, "another run's", "PX", "60000")
+		if err := r.Apply(ctx, index.Change[user]{New: &extra[0]}); err != nil || waits.Load() != 0 {
+			t.Fatalf("Apply with a mark of another token: %v after %d waits, want nil and none", err, waits.Load())
+		}
+
+		redistest.Cmd(t, d.Other, "SET", mark, token, "PX", "60000")
+		cancelOnWait.Store(true)
+		err = r.Apply(cctx, index.Change[user]{New: &extra[1]})
+		redistest.WantErr(t, err, context.Canceled)
+		t.Logf("Apply cancelled as it waits: %v", err)
+		cancelOnWait.Store(false)
+		if n, err := redistest.Cmd(t, d.Other, "LLEN", keys.LogKey(lock)).AsInt64(); err != nil || n != 1 {
+			t.Errorf("LLEN %s = %d, %v; want 1 (the first change only)", keys.LogKey(lock), n, err)
+		}
+		wantBuckets(t, d, prefix, 1, append(slices.Clone(us), extra[0]))
+
+		waits.Store(0)
+		redistest.Cmd(t, d.Other, "SET", mark, token, "PX", "300")
+		if err := r.Apply(ctx, index.Change[user]{New: &extra[2]}); err != nil {
+			t.Fatalf("Apply that outlasts the mark: %v", err)
+		}
+		t.Logf("the Apply that outlasted the mark met it %d times", waits.Load())
+		if waits.Load() == 0 {
+			t.Errorf("the Apply met no mark: the test did not test")
+		}
+
+		redistest.Cmd(t, d.Other, "SET", mark, token, "PX", "60000")
+		stats, err := h.Publish(ctx)
+		if err != nil {
+			t.Fatalf("Publish: %v", err)
+		}
+		if stats.Changes != 2 {
+			t.Errorf("Stats.Changes = %d, want 2", stats.Changes)
+		}
+		want := append(slices.Clone(us), extra[0], extra[2])
+		wantGeneration(t, d, prefix, 2, 2, map[string]string{"2": keys.RegCurrent}, want)
+		wantGenClean(t, d, prefix, 2) // the mark too
+	})
+}
+
+func TestGenerationsFlipTailRefusals(t *testing.T) {
+	// C97: the flip checks the tail it replays before any write, as the
+	// rename publish does: an entry that is not a change (counted in the
+	// record, so that the counts hold) or one that writes a key of
+	// another builder fails the run with ErrTampered, naming the log and
+	// the entry; the pointer is untouched and the run's generation
+	// removed. With the keys in the locks' slot only: across slots the
+	// catch-up reads every entry first, and fails the same way.
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		for _, tc := range []struct {
+			name, entry, want string
+		}{
+			{"not a change", "4:SADD", "is not a change"},
+			{"another builder's key", "4:SADD9:elsewhere1:11:x", "not one of the keys of its builder"},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				d := ownPrefix(t, d)
+				d.Clear(t)
+				prefix := d.Prefix + "users:by-bucket"
+				ctx := redistest.Ctx(t)
+				lock := keys.LockKey(prefix, d.Cluster)
+				var forge atomic.Bool
+				r := genRebuilder(t, d, prefix, rebuild.Options{Progress: func(p rebuild.Progress) {
+					if p.Phase == rebuild.PhasePublishing && forge.Load() {
+						// Logged and counted as Apply logs, after the last
+						// catch-up: the flip reads it.
+						redistest.Cmd(t, d.Other, "RPUSH", keys.LogKey(lock), tc.entry)
+						redistest.Cmd(t, d.Other, "HINCRBY", keys.RecordKey(lock), "logged", "1")
+					}
+				}})
+				us := genUsers(60, 3)
+				if _, err := r.Run(ctx, sources.Slice(us)); err != nil {
+					t.Fatalf("Run: %v", err)
+				}
+				h, _, err := r.Build(ctx, sources.Slice(us))
+				if err != nil {
+					t.Fatalf("Build: %v", err)
+				}
+				forge.Store(true)
+				_, err = h.Publish(ctx)
+				redistest.WantErr(t, err, rebuild.ErrTampered)
+				if err != nil && !strings.Contains(err.Error(), tc.want) {
+					t.Errorf("Publish: %v, want it to say %q", err, tc.want)
+				}
+				t.Logf("Publish: %v", err)
+				wantGeneration(t, d, prefix, 1, 2, map[string]string{"1": keys.RegCurrent}, us)
+				wantNoGeneration(t, d, prefix, 2)
+				wantGenClean(t, d, prefix, 1)
+			})
+		}
+	})
+}
