@@ -186,18 +186,12 @@ func TestGenerationsApplyForgedRecord(t *testing.T) {
 		ctx := redistest.Ctx(t)
 		r := genRebuilder(t, d, prefix, rebuild.Options{})
 		us := genUsers(60, 3)
-		if _, err := r.Run(ctx, sources.Slice(us)); err != nil {
-			t.Fatalf("Run: %v", err)
-		}
-		h, _, err := r.Build(ctx, sources.Slice(us))
-		if err != nil {
-			t.Fatalf("Build: %v", err)
-		}
+		h := runThenBuild(ctx, t, r, us)
 		lock := keys.LockKey(prefix, d.Cluster)
 		redistest.Cmd(t, d.Other, "HSET", keys.RecordKey(lock), "token", "forged")
 		before := redistest.Snapshot(t, d.Other, keys.GenPrefix(prefix, 1))
 		extra := genUsers(61, 3)[60]
-		err = r.Apply(ctx, index.Change[user]{New: &extra})
+		err := r.Apply(ctx, index.Change[user]{New: &extra})
 		redistest.WantErr(t, err, rebuild.ErrInProgress)
 		t.Logf("Apply: %v", err)
 		redistest.WantUnchanged(t, d.Other, keys.GenPrefix(prefix, 1), before)
@@ -260,20 +254,14 @@ func TestGenerationsApplyLogFull(t *testing.T) {
 		ctx := redistest.Ctx(t)
 		r := genRebuilder(t, d, prefix, rebuild.Options{MaxChanges: 3})
 		us := genUsers(60, 3)
-		if _, err := r.Run(ctx, sources.Slice(us)); err != nil {
-			t.Fatalf("Run: %v", err)
-		}
-		h, _, err := r.Build(ctx, sources.Slice(us))
-		if err != nil {
-			t.Fatalf("Build: %v", err)
-		}
+		h := runThenBuild(ctx, t, r, us)
 		more := genUsers(65, 3)[60:]
 		for i := range more {
 			if err := r.Apply(ctx, index.Change[user]{New: &more[i]}); err != nil {
 				t.Fatalf("Apply %d: %v", i, err)
 			}
 		}
-		_, err = h.Publish(ctx)
+		_, err := h.Publish(ctx)
 		redistest.WantErr(t, err, rebuild.ErrFallingBehind)
 		t.Logf("Publish: %v", err)
 		wantGeneration(t, d, prefix, 1, 2, map[string]string{"1": keys.RegCurrent}, append(slices.Clone(us), more...))

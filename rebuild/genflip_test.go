@@ -419,13 +419,7 @@ func TestGenerationsApplyWaitsForCutOver(t *testing.T) {
 		r := redistest.Rebuilder(t, client, rebuild.Options{Publish: rebuild.Generations, BatchSize: 50, Grace: time.Millisecond},
 			genSetIndex(prefix))
 		us := genUsers(60, 3)
-		if _, err := r.Run(ctx, sources.Slice(us)); err != nil {
-			t.Fatalf("Run: %v", err)
-		}
-		h, _, err := r.Build(ctx, sources.Slice(us))
-		if err != nil {
-			t.Fatalf("Build: %v", err)
-		}
+		h := runThenBuild(ctx, t, r, us)
 		lock := keys.LockKey(prefix, d.Cluster)
 		mark := keys.CutOverKey(lock)
 		token, _ := redistest.Get(t, d.Other, lock)
@@ -438,7 +432,7 @@ func TestGenerationsApplyWaitsForCutOver(t *testing.T) {
 
 		redistest.Cmd(t, d.Other, "SET", mark, token, "PX", "60000")
 		cancelOnWait.Store(true)
-		err = r.Apply(cctx, index.Change[user]{New: &extra[1]})
+		err := r.Apply(cctx, index.Change[user]{New: &extra[1]})
 		redistest.WantErr(t, err, context.Canceled)
 		t.Logf("Apply cancelled as it waits: %v", err)
 		cancelOnWait.Store(false)
@@ -502,15 +496,9 @@ func TestGenerationsFlipTailRefusals(t *testing.T) {
 					}
 				}})
 				us := genUsers(60, 3)
-				if _, err := r.Run(ctx, sources.Slice(us)); err != nil {
-					t.Fatalf("Run: %v", err)
-				}
-				h, _, err := r.Build(ctx, sources.Slice(us))
-				if err != nil {
-					t.Fatalf("Build: %v", err)
-				}
+				h := runThenBuild(ctx, t, r, us)
 				forge.Store(true)
-				_, err = h.Publish(ctx)
+				_, err := h.Publish(ctx)
 				redistest.WantErr(t, err, rebuild.ErrTampered)
 				if err != nil && !strings.Contains(err.Error(), tc.want) {
 					t.Errorf("Publish: %v, want it to say %q", err, tc.want)
@@ -522,4 +510,18 @@ func TestGenerationsFlipTailRefusals(t *testing.T) {
 			})
 		}
 	})
+}
+
+// runThenBuild publishes us with r, then builds them again and holds the
+// run before its flip: its locks held, its log of changes open.
+func runThenBuild(ctx context.Context, t *testing.T, r *rebuild.Rebuilder[user], us []user) *rebuild.Held[user] {
+	t.Helper()
+	if _, err := r.Run(ctx, sources.Slice(us)); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	h, _, err := r.Build(ctx, sources.Slice(us))
+	if err != nil {
+		t.Fatalf("Build: %v", err)
+	}
+	return h
 }
