@@ -57,6 +57,7 @@ func BenchmarkGenerationsFlipUnderApply(b *testing.B) {
 				rec.mu.Unlock()
 				b.ReportMetric(float64(attempts)/float64(b.N), "attempts/op")
 				b.ReportMetric(float64(catchUp)/float64(time.Millisecond)/float64(b.N), "catchup-ms/op")
+				b.ReportMetric(float64(s.slowest.Load())/float64(time.Millisecond), "apply-max-ms")
 			})
 		}
 	}

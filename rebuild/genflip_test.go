@@ -46,7 +46,8 @@ type steady struct {
 	users   map[string]user
 	order   []string
 	applied atomic.Int64
-	err     error // the first Apply's error
+	slowest atomic.Int64 // the longest Apply, in nanoseconds
+	err     error        // the first Apply's error
 }
 
 // startSteady starts n goroutines applying changes with r, and returns
@@ -87,7 +88,11 @@ func (s *steady) apply(ctx context.Context, g int) {
 			c.New = &u
 		}
 		s.txn.RLock()
+		began := time.Now()
 		err := s.r.Apply(ctx, c)
+		took := int64(time.Since(began))
+		for old := s.slowest.Load(); took > old && !s.slowest.CompareAndSwap(old, took); old = s.slowest.Load() {
+		}
 		s.mu.Lock()
 		if err != nil && s.err == nil {
 			s.err = fmt.Errorf("goroutine %d, change %d: %w", g, k, err)
