@@ -16,7 +16,7 @@ import (
 // item goes one way through them: the pump (execution) hands each built
 // batch to the sender, which hands round trips to the writer; the catch-up
 // writes through the writer too, then the family scans and the guards
-// review the result, and the publish ends the run. Beside that path, the
+// review the result, and the publisher ends the run. Beside that path, the
 // throttle holds the pump back, and the lease renews the locks with
 // heartbeats that carry the run's status and bring back an operator's
 // requests (status, control). startPipeline starts the stages; finish waits
@@ -41,8 +41,8 @@ type pipeline struct {
 }
 
 // startPipeline starts the stages of x after build: the writer, the
-// throttle, the catch-up, the lease, the family scans, the sender and the
-// pacer.
+// throttle, the catch-up and the publisher, the lease, the family scans,
+// the sender and the pacer.
 func startPipeline(ctx context.Context, x *runState) *pipeline {
 	r := x.r
 	p := &pipeline{x: x}
@@ -51,13 +51,14 @@ func startPipeline(ctx context.Context, x *runState) *pipeline {
 	p.throttle = newThrottle(r, x.start, &x.pulled)
 	x.catchUp = newCatchUp(catchUpScope{
 		redis: r.redis, key: r.key, lives: r.lives, owners: r.owners, targets: x.targets,
-		batchSize: r.opts.BatchSize, timeout: r.opts.CatchUpTimeout, exact: r.opts.Publish == Generations,
+		batchSize: r.opts.BatchSize, timeout: r.opts.CatchUpTimeout, exact: r.opts.Publish == Generations && r.spreads(),
 		write: func(ctx context.Context, txns []*txn) error {
 			p.lease.temps.Lock()
 			defer p.lease.temps.Unlock()
 			return p.writer.write(ctx, txns)
 		},
 	}, x.locks)
+	x.publisher = x.newPublisher()
 	p.owner = p.leaseOwner()
 	p.lease = newLease(p.owner, x.start)
 	p.leaseDone.Go(func() { p.lease.run(p.ctx) })
@@ -208,6 +209,9 @@ func (p *pipeline) review(deadline time.Time) error {
 func (p *pipeline) publishOnce(deadline time.Time) (behind *protocol.BehindError, err error) {
 	x, r := p.x, p.x.r
 	x.setPhase(PhaseCatchingUp)
+	if err := x.publisher.cutOver(p.ctx); err != nil {
+		return nil, err
+	}
 	if err := x.catchUp.run(p.ctx, deadline); err != nil {
 		return nil, err
 	}
@@ -218,7 +222,7 @@ func (p *pipeline) publishOnce(deadline time.Time) (behind *protocol.BehindError
 	// keep the locks, show the phase, and read an operator's cancel.
 	if d := r.durability(); d != (protocol.Durability{}) {
 		x.setPhase(PhaseWaiting)
-		if err := x.waitDurable(p.ctx, d); err != nil {
+		if err := x.publisher.waitDurable(p.ctx, d); err != nil {
 			if cause := context.Cause(p.ctx); cause != nil {
 				return nil, protocol.Wrap("run", r.key, cause)
 			}
@@ -232,9 +236,9 @@ func (p *pipeline) publishOnce(deadline time.Time) (behind *protocol.BehindError
 		return nil, protocol.Wrap("run", r.key, cause)
 	}
 	if x.gen != nil {
-		p.published, err = x.flip(p.ctx)
+		p.published, err = x.publisher.flip(p.ctx)
 	} else {
-		p.published, err = x.publish(p.ctx, p.reviewer.live)
+		p.published, err = x.publisher.publish(p.ctx, p.reviewer.live, x.stalePrevs)
 	}
 	if !errors.As(err, &behind) {
 		return nil, err

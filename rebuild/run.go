@@ -83,7 +83,7 @@ func (r *Rebuilder[T]) run(ctx context.Context, src sources.Source[T], held *Hel
 	if err == nil && x.gen != nil {
 		// The flip happened: the old generation stays readable for the
 		// grace period, then goes.
-		r.retire(ctx, x.retired, x.buckets())
+		r.retire(ctx, x.publisher.retired, x.buckets())
 	}
 	returned = true
 	stats.Elapsed = time.Since(start)
@@ -121,9 +121,9 @@ type runState struct {
 	// once they are done.
 	stalePrevs []map[string]bool
 	// gen is the state of a run in Generations mode, nil in
-	// RenameInPlace mode; retired are the generations its flip retired.
-	gen     *generations
-	retired [][]int64
+	// RenameInPlace mode.
+	gen       *generations
+	publisher *publisher // the publish stage: made by startPipeline, with the catch-up
 }
 
 // newExecution returns the state of a run of r started at start.
