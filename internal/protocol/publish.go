@@ -487,9 +487,7 @@ func publishLogs(o PublishOptions) int    { return len(o.Logs) }
 func logFailure(l LogOffset, res reply) error {
 	n, _ := res.int(2)
 	logged, _ := res.int(3)
-	ls := NewLogs([]string{l.Key})
-	ls.highest[0].Store(l.Logged)
-	return ls.Check(0, LogCount{Len: n, Logged: logged})
+	return NewLogs([]string{l.Key}).Check(0, LogCount{Len: n, Logged: logged, Seen: l.Logged})
 }
 
 // receiptTTL is how long the receipt of a fenced publish lives: long
