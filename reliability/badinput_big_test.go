@@ -3,7 +3,6 @@
 package reliability
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -20,7 +19,6 @@ import (
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/rebuild"
 	"github.com/redis/rueidis"
-	"github.com/redis/rueidis/rueidishook"
 )
 
 // bigString returns a string of n zero bytes that costs no memory until
@@ -96,16 +94,7 @@ func TestBadInputOver512MB(t *testing.T) {
 					}
 				}
 			}
-			c := rueidishook.WithHook(redistest.OwnServer(t).Client(t), redistest.Hook{
-				OnDo: func(c rueidis.Client, ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
-					see(cmd)
-					return c.Do(ctx, cmd)
-				},
-				OnDoMulti: func(c rueidis.Client, ctx context.Context, multi ...rueidis.Completed) []rueidis.RedisResult {
-					see(multi...)
-					return c.DoMulti(ctx, multi...)
-				},
-			})
+			c := redistest.Watch(redistest.OwnServer(t).Client(t), see)
 			p := redistest.Prefix(t)
 			bs := []index.Builder[badItem]{
 				builders.Hash(p+"h", func(it badItem) (string, string, bool) { return "f" + strconv.Itoa(it.I), tc.value(it), true }),
