@@ -234,7 +234,7 @@ func (r Publisher) plan(opts PublishOptions) (publishPlan, error) {
 	if err := noEmptyKey(op, key, k.orphans, k.drops, k.metas); err != nil {
 		return publishPlan{}, err
 	}
-	if err := r.runKeys(&k, opts, keep); err != nil {
+	if err := r.derivedKeys(&k, opts, keep); err != nil {
 		return publishPlan{}, err
 	}
 	ks := k.all()
@@ -289,11 +289,11 @@ func noEmptyKey(op, key string, sections ...[]string) error {
 	return nil
 }
 
-// runKeys fills in the keys k derives from the run and the options: the
+// derivedKeys fills in the keys k derives from the run and the options: the
 // locks' records, receipt, control and logs, the prev keys that
 // KeepPrevious (keep seconds) fills, and the indexes' pointers and
 // registries. k.locks, k.lives and k.orphans must be set.
-func (r Publisher) runKeys(k *publishKeys, opts PublishOptions, keep int64) error {
+func (r Publisher) derivedKeys(k *publishKeys, opts PublishOptions, keep int64) error {
 	op, key := opts.Op, opts.Key
 	if len(k.locks) > 0 {
 		k.receipts = []string{keys.ReceiptKey(k.locks[0])}
