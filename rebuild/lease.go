@@ -92,6 +92,7 @@ type beatFence struct {
 	acked   func() int64           // batches Redis acknowledged: the record must hold as many
 	status  func() []string        // the run's status, for the record
 	control func(protocol.Control) // an operator's requests, as the heartbeat read them
+	seen    func() []int64         // the log counts seen (protocol.Logs.Seen)
 }
 
 // tempRenewal is what the refresh renews: the temp keys of targets.
@@ -190,7 +191,7 @@ func (l *lease) claim(now time.Time, alone bool) (protocol.Heartbeat, bool) {
 	default:
 		return protocol.Heartbeat{}, false
 	}
-	return protocol.Heartbeat{Locks: l.locks, Acked: l.fence.acked(), Status: l.fence.status()}, true
+	return protocol.Heartbeat{Locks: l.locks, Acked: l.fence.acked(), Status: l.fence.status(), Seen: l.fence.seen()}, true
 }
 
 // command returns h as a command for a batch's DoMulti.

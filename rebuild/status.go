@@ -14,7 +14,7 @@ func (p *pipeline) leaseOwner() leaseOwner {
 	owner := leaseOwner{
 		redis: r.redis, locks: x.locks, ttl: r.opts.TTL, key: r.key, cancel: p.cancel, log: r.opts.Logger,
 		stall:    p.throttle.stall,
-		fence:    beatFence{acked: x.acked.Load, status: p.status, control: p.control},
+		fence:    beatFence{acked: x.acked.Load, status: p.status, control: p.control, seen: x.catchUp.logs.Seen},
 		tempKeys: tempRenewal{targets: x.targets, secs: &p.writer.tempSecs},
 	}
 	if x.gen != nil {
