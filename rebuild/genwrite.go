@@ -3,6 +3,7 @@ package rebuild
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math/bits"
 	"slices"
 	"time"
@@ -59,13 +60,20 @@ func (x *writer) writeSpread(ctx context.Context, txns []*txn) error {
 		}
 	}
 	parts, slots := splitBySlot(txns)
+	written := map[uint16][]*target{}
+	for _, t := range txns {
+		for _, tg := range t.writes {
+			written[keys.Slot(tg.Key)] = append(written[keys.Slot(tg.Key)], tg)
+		}
+	}
 	g := errgroup.Group{}
 	g.SetLimit(spreadWrites)
 	for _, slot := range slots {
 		p := parts[slot]
 		counter := x.gen.counters.key(slot)
+		listed := x.listing(cb, written[slot], int(slot))
 		g.Go(func() error {
-			cmds := make(rueidis.Commands, 0, len(p.cmds)+2*len(p.probes)+4)
+			cmds := make(rueidis.Commands, 0, len(p.cmds)+2*len(p.probes)+len(listed)+4)
 			cmds = append(cmds, cb.Multi().Build())
 			for _, tg := range p.probes {
 				cmds = append(cmds, cb.Exists().Key(tg.Key).Build())
@@ -74,6 +82,7 @@ func (x *writer) writeSpread(ctx context.Context, txns []*txn) error {
 			for _, tg := range p.probes {
 				cmds = append(cmds, cb.Exists().Key(tg.Key).Build())
 			}
+			cmds = append(cmds, listed...)
 			cmds = append(cmds, cb.Incr().Key(counter).Build(),
 				cb.Expire().Key(counter).Seconds(2*r.ttlSecs).Build(), cb.Exec().Build())
 			if err := x.check(p, client.DoMulti(wctx, cmds...)); err != nil {
@@ -88,6 +97,39 @@ func (x *writer) writeSpread(ctx context.Context, txns []*txn) error {
 	}
 	x.acked.Add(int64(len(txns)))
 	return nil
+}
+
+// listing returns the SADD of each family's manifest (keys.ManifestKey)
+// that ws, keys written by one transaction, need: for each family of the
+// run whose manifest is in slot (any slot when slot < 0, a standalone
+// server), its keys of ws and keys.ManifestListed. They go in the
+// transaction of the writes, so that the manifest lists every key the run
+// writes whenever the write lands, even after the run lost its lock: the
+// removal of the generation trusts a manifest that holds
+// keys.ManifestListed (see gens.Sweep). A family whose keys spread over a
+// cluster's slots has no manifest.
+func (x *writer) listing(cb rueidis.Builder, ws []*target, slot int) rueidis.Commands {
+	r := x.r
+	var byBuilder map[int][]string
+	for _, tg := range ws {
+		o := r.owners[tg.builder]
+		if !o.family {
+			continue
+		}
+		if byBuilder == nil {
+			byBuilder = map[int][]string{}
+		}
+		byBuilder[tg.builder] = append(byBuilder[tg.builder], tg.Key)
+	}
+	var cmds rueidis.Commands
+	for _, b := range slices.Sorted(maps.Keys(byBuilder)) {
+		m := keys.ManifestKey(r.owners[b].key, r.redis.Cluster(), x.gen.gens[b])
+		if slot >= 0 && int(keys.Slot(m)) != slot {
+			continue
+		}
+		cmds = append(cmds, cb.Sadd().Key(m).Member(keys.ManifestListed).Member(byBuilder[b]...).Build())
+	}
+	return cmds
 }
 
 // splitBySlot splits txns by the hash slot of their commands: one

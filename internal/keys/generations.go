@@ -15,6 +15,7 @@ import (
 //	plain key of generation G:   <key>:rebuild-g:<G>
 //	bucket B of family P in G:   <P>:rebuild-g:<G>:<B>
 //	a run's writes in slot S:    {rbN}<base>:rebuild-n:<G>   (a cluster only)
+//	manifest of G:               <base>:rebuild-m:<G>        a set: G's keys
 //
 // The pointer and the registry hang off the base, so on a cluster they share
 // the lock's slot; the data keys hang off the key itself, so they keep a
@@ -34,6 +35,15 @@ const (
 	// CounterInfix follows a run's lock base in the key of the counter of
 	// its writes in one hash slot, and precedes its first generation.
 	CounterInfix = ":rebuild-n:"
+	// ManifestInfix follows a base in the key of a generation's manifest,
+	// and precedes the generation.
+	ManifestInfix = ":rebuild-m:"
+	// ManifestListed is the member a run adds to the manifest of the
+	// generation it builds with every write: the manifest of a generation
+	// holding it was written by runs that list every key they write. It is
+	// no key of any generation (those start with their index's prefix and
+	// GenInfix).
+	ManifestListed = "rebuild-listed"
 )
 
 // The registry's fields. RegNext holds the last generation allocated; each
@@ -116,6 +126,41 @@ func IsGenKey(key string) bool {
 	}
 }
 
+// ManifestKey returns the key of the manifest of generation gen of the
+// index whose live key (or family prefix) is live: a set of the keys of
+// the generation that its writers wrote, in the registry's slot. A
+// family's run adds every key it writes to it, with ManifestListed, in the
+// transaction of the writes; Apply adds the keys it writes in the same
+// step. Only a family whose keys share the registry's slot (a standalone
+// server, or a prefix with a hash tag) has one.
+func ManifestKey(live string, cluster bool, gen int64) string {
+	return Base(live, cluster) + ManifestInfix + strconv.FormatInt(gen, 10)
+}
+
+// IsManifestKey reports whether key has the shape of a generation's
+// manifest: ManifestInfix followed by a generation (digits) at its end.
+func IsManifestKey(key string) bool {
+	return endsInGen(key, ManifestInfix)
+}
+
+// endsInGen reports whether key ends with infix followed by digits.
+func endsInGen(key, infix string) bool {
+	i := strings.LastIndex(key, infix)
+	if i < 0 {
+		return false
+	}
+	rest := key[i+len(infix):]
+	if rest == "" {
+		return false
+	}
+	for j := 0; j < len(rest); j++ {
+		if rest[j] < '0' || rest[j] > '9' {
+			return false
+		}
+	}
+	return true
+}
+
 // slotTags holds SyntheticTag(slot) for every slot, computed at once: a run
 // whose writes spread over a cluster needs many of them.
 var slotTags = sync.OnceValue(func() []string {
@@ -144,18 +189,5 @@ func CounterKey(live string, slot uint16, gen int64) string {
 // IsCounterKey reports whether key has the shape of a run's per-slot
 // counter: CounterInfix followed by a generation (digits) at its end.
 func IsCounterKey(key string) bool {
-	i := strings.LastIndex(key, CounterInfix)
-	if i < 0 {
-		return false
-	}
-	rest := key[i+len(CounterInfix):]
-	if rest == "" {
-		return false
-	}
-	for j := 0; j < len(rest); j++ {
-		if rest[j] < '0' || rest[j] > '9' {
-			return false
-		}
-	}
-	return true
+	return endsInGen(key, CounterInfix)
 }

@@ -58,9 +58,32 @@ func TestGenerationKeysAreReserved(t *testing.T) {
 		"users:rebuild-n:":             false,
 		"users:rebuild-n:3x":           false,
 		"users:rebuild-n:3:go":         false,
+		"{users}:rebuild-m:3":          true,
+		"users:rebuild-m:12":           true,
+		"users:rebuild-m:":             false,
+		"users:rebuild-m:3x":           false,
 	} {
 		if got := Reserved(key); got != want {
 			t.Errorf("Reserved(%q) = %v, want %v", key, got, want)
+		}
+	}
+}
+
+func TestManifestKey(t *testing.T) {
+	// C97: a generation's manifest is in its registry's slot on a cluster,
+	// and is one of keyswap's own keys.
+	for _, live := range []string{"users:by-bucket", "{users}:by-email", "a}b"} {
+		for _, cluster := range []bool{false, true} {
+			k := ManifestKey(live, cluster, 7)
+			if want := Base(live, cluster) + ":rebuild-m:7"; k != want {
+				t.Errorf("ManifestKey(%q, %v, 7) = %q, want %q", live, cluster, k, want)
+			}
+			if cluster && Slot(k) != Slot(RegistryKey(live, cluster)) {
+				t.Errorf("ManifestKey(%q, %v, 7) = %q is not in the registry's slot", live, cluster, k)
+			}
+			if !Reserved(k) {
+				t.Errorf("Reserved(%q) = false, want true", k)
+			}
 		}
 	}
 }
