@@ -105,10 +105,14 @@ func wantNoGeneration(t *testing.T, d deployment, prefix string, gen int64) {
 	if left := redistest.Keys(t, d.Other, keys.GenPrefix(prefix, gen)); len(left) > 0 {
 		t.Errorf("generation %d left %d keys: %v", gen, len(left), left[:min(len(left), 5)])
 	}
+	if left := redistest.Keys(t, d.Other, keys.ManifestKey(prefix, d.Cluster, gen)); len(left) > 0 {
+		t.Errorf("generation %d left its manifest %v", gen, left)
+	}
 }
 
 // wantGenClean checks that, under prefix, nothing is left but the pointer,
-// the registry, the meta and the data keys of the generations in gens:
+// the registry, the meta and the data keys and manifests of the
+// generations in gens:
 // no lock, record, log, receipt, temp key, other generation; and no per-slot
 // counter anywhere.
 func wantGenClean(t *testing.T, d deployment, prefix string, gens ...int64) {
@@ -119,7 +123,7 @@ func wantGenClean(t *testing.T, d deployment, prefix string, gens ...int64) {
 			return true
 		}
 		for _, g := range gens {
-			if strings.HasPrefix(k, keys.GenPrefix(prefix, g)) {
+			if strings.HasPrefix(k, keys.GenPrefix(prefix, g)) || k == keys.ManifestKey(prefix, d.Cluster, g) {
 				return true
 			}
 		}

@@ -557,6 +557,9 @@ func (s *sweeper) byName(ctx context.Context, g int64, st State, sameSlot bool) 
 func (s *sweeper) byManifest(ctx context.Context, g int64, st State, done map[string]bool) (int64, Reason, error) {
 	m := keys.ManifestKey(s.idx.Live, s.cluster, g)
 	prefix := keys.GenPrefix(s.idx.Live, g)
+	if done == nil {
+		done = map[string]bool{}
+	}
 	var total int64
 	var pending []string
 	flush := func(all bool) (Reason, error) {
