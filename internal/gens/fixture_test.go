@@ -270,3 +270,44 @@ func (f *fixture) everyState(now time.Time) map[string]string {
 	f.lock(running)
 	return fields
 }
+
+// forShapes runs test in parallel on a fresh fixture of each shape.
+func forShapes(t *testing.T, test func(t *testing.T, f *fixture)) {
+	t.Parallel()
+	for _, sh := range shapes() {
+		t.Run(sh.name, func(t *testing.T) {
+			t.Parallel()
+			test(t, newFixture(t, sh))
+		})
+	}
+}
+
+// everyGeneration writes everyState's registry relative to now and the
+// data keys of its generations 1 to 6, sizes[g-1] buckets each for a
+// family (3 where sizes has none), and returns the registry's fields and
+// the keys of each generation.
+func (f *fixture) everyGeneration(now time.Time, sizes ...int) (map[string]string, map[int64][]string) {
+	f.t.Helper()
+	fields := f.everyState(now)
+	data := map[int64][]string{}
+	for g := int64(1); g <= 6; g++ {
+		n := 3
+		if int(g) <= len(sizes) {
+			n = sizes[g-1]
+		}
+		data[g] = f.gen(g, n)
+	}
+	return fields, data
+}
+
+// manifest lists ks in generation g's manifest, with keys.ManifestListed
+// when listed, as the writers of a run would have, and expects it.
+func (f *fixture) manifest(g int64, listed bool, ks ...string) string {
+	f.t.Helper()
+	m := keys.ManifestKey(f.idx.Live, f.cluster, g)
+	if listed {
+		ks = append(ks, keys.ManifestListed)
+	}
+	f.sadd(m, ks...)
+	return m
+}
