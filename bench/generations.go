@@ -282,7 +282,12 @@ func (f genFamily) allKeys(ctx context.Context) ([]string, error) {
 func familyKeys(all []string, prefix, data string) (buckets, stray []string) {
 	gen := strings.TrimSuffix(strings.TrimPrefix(data, prefix+keys.GenInfix), ":")
 	manifest := func(k string) bool {
-		return strings.HasSuffix(k, keys.ManifestInfix+gen) && (k == keys.Base(prefix, false)+keys.ManifestInfix+gen || k == keys.Base(prefix, true)+keys.ManifestInfix+gen)
+		for _, cluster := range []bool{false, true} {
+			if k == keys.Base(prefix, cluster)+keys.ManifestInfix+gen || k == keys.Base(prefix, cluster)+keys.ManifestListInfix+gen {
+				return true
+			}
+		}
+		return false
 	}
 	// isBucket reports whether name, which follows data, names a bucket:
 	// the bench's bucket names have no colon, and a bucket of the plain

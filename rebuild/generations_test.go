@@ -105,8 +105,10 @@ func wantNoGeneration(t *testing.T, d deployment, prefix string, gen int64) {
 	if left := redistest.Keys(t, d.Other, keys.GenPrefix(prefix, gen)); len(left) > 0 {
 		t.Errorf("generation %d left %d keys: %v", gen, len(left), left[:min(len(left), 5)])
 	}
-	if left := redistest.Keys(t, d.Other, keys.ManifestKey(prefix, d.Cluster, gen)); len(left) > 0 {
-		t.Errorf("generation %d left its manifest %v", gen, left)
+	for _, m := range []string{keys.ManifestKey(prefix, d.Cluster, gen), keys.ManifestListKey(prefix, d.Cluster, gen)} {
+		if left := redistest.Keys(t, d.Other, m); len(left) > 0 {
+			t.Errorf("generation %d left its manifest %v", gen, left)
+		}
 	}
 }
 
@@ -123,7 +125,7 @@ func wantGenClean(t *testing.T, d deployment, prefix string, gens ...int64) {
 			return true
 		}
 		for _, g := range gens {
-			if strings.HasPrefix(k, keys.GenPrefix(prefix, g)) || k == keys.ManifestKey(prefix, d.Cluster, g) {
+			if strings.HasPrefix(k, keys.GenPrefix(prefix, g)) || k == keys.ManifestKey(prefix, d.Cluster, g) || k == keys.ManifestListKey(prefix, d.Cluster, g) {
 				return true
 			}
 		}

@@ -93,5 +93,6 @@ func ExampleRebuilder_DropPlain() {
 	// users:by-country:rebuild-gen
 	// users:by-country:rebuild-gens
 	// users:by-country:rebuild-m:1
+	// users:by-country:rebuild-ml:1
 	// users:by-country:rebuild-ptr
 }

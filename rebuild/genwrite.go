@@ -99,15 +99,18 @@ func (x *writer) writeSpread(ctx context.Context, txns []*txn) error {
 	return nil
 }
 
-// listing returns the SADD of each family's manifest (keys.ManifestKey)
-// that ws, keys written by one transaction, need: for each family of the
-// run whose manifest is in slot (any slot when slot < 0, a standalone
-// server), its keys of ws and keys.ManifestListed. They go in the
-// transaction of the writes, so that the manifest lists every key the run
-// writes whenever the write lands, even after the run lost its lock: the
-// removal of the generation trusts a manifest that holds
-// keys.ManifestListed (see gens.Sweep). A family whose keys spread over a
-// cluster's slots has no manifest.
+// listing returns the commands that list ws, keys written by one
+// transaction, in their generations' manifests: for each family of the run
+// whose manifest is in slot (any slot when slot < 0, a standalone server),
+// an SADD of keys.ManifestListed to its set (keys.ManifestKey) and an
+// RPUSH to its list (keys.ManifestListKey) of its keys of ws that no
+// transaction carried yet. They go in the transaction of the writes, so
+// that whenever a write lands, even after the run lost its lock, its key
+// is listed: the removal of a retired generation whose set holds
+// keys.ManifestListed reads the manifest rather than SCANning (see
+// gens.Sweep). A transaction that fails fails the run, whose generation is
+// then never trusted (building, or disowned by RemoveOwn, which scans). A
+// family whose keys spread over a cluster's slots has no manifest.
 func (x *writer) listing(cb rueidis.Builder, ws []*target, slot int) rueidis.Commands {
 	r := x.r
 	var byBuilder map[int][]string
@@ -116,18 +119,27 @@ func (x *writer) listing(cb rueidis.Builder, ws []*target, slot int) rueidis.Com
 		if !o.family {
 			continue
 		}
-		if byBuilder == nil {
-			byBuilder = map[int][]string{}
-		}
-		byBuilder[tg.builder] = append(byBuilder[tg.builder], tg.Key)
-	}
-	var cmds rueidis.Commands
-	for _, b := range slices.Sorted(maps.Keys(byBuilder)) {
-		m := keys.ManifestKey(r.owners[b].key, r.redis.Cluster(), x.gen.gens[b])
+		m := keys.ManifestKey(o.key, r.redis.Cluster(), x.gen.gens[tg.builder])
 		if slot >= 0 && int(keys.Slot(m)) != slot {
 			continue
 		}
-		cmds = append(cmds, cb.Sadd().Key(m).Member(keys.ManifestListed).Member(byBuilder[b]...).Build())
+		if byBuilder == nil {
+			byBuilder = map[int][]string{}
+		}
+		if _, ok := byBuilder[tg.builder]; !ok {
+			byBuilder[tg.builder] = nil
+		}
+		if tg.listed.CompareAndSwap(false, true) {
+			byBuilder[tg.builder] = append(byBuilder[tg.builder], tg.Key)
+		}
+	}
+	var cmds rueidis.Commands
+	for _, b := range slices.Sorted(maps.Keys(byBuilder)) {
+		live, g := r.owners[b].key, x.gen.gens[b]
+		cmds = append(cmds, cb.Sadd().Key(keys.ManifestKey(live, r.redis.Cluster(), g)).Member(keys.ManifestListed).Build())
+		if ks := byBuilder[b]; len(ks) > 0 {
+			cmds = append(cmds, cb.Rpush().Key(keys.ManifestListKey(live, r.redis.Cluster(), g)).Element(ks...).Build())
+		}
 	}
 	return cmds
 }

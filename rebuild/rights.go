@@ -104,6 +104,7 @@ func (x *runState) checks() []protocol.Check {
 			// The generation's manifest: the writes add to it, the removal
 			// reads it, and deletes its chunks in WATCH ... EXEC.
 			add(keys.ManifestKey(x.r.lives[i], cluster, 0), "SADD", "SISMEMBER", "SSCAN", "UNLINK")
+			add(keys.ManifestListKey(x.r.lives[i], cluster, 0), "RPUSH", "LRANGE", "UNLINK")
 			add(reg, "WATCH")
 			add("", "MULTI", "EXEC", "UNWATCH")
 		}

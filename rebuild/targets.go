@@ -22,6 +22,9 @@ type target struct {
 	// buffer per bucket between commands. Only the sender touches it.
 	buf  *mergeBuf
 	held bool // in the coalescer's list of targets with entries
+	// listed is set, in Generations mode, once a transaction carries the
+	// key to its generation's manifest list (see writer.listing).
+	listed atomic.Bool
 
 	// In Generations mode, what the writes did to the key (see
 	// sizeCheck): the kind of the additive commands that wrote it, the

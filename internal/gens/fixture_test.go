@@ -184,6 +184,9 @@ func (f *fixture) check(fields map[string]string) {
 		switch typ {
 		case "set":
 			have = redistest.SMembers(f.t, f.c, k)
+		case "list":
+			have, _ = redistest.Cmd(f.t, f.c, "LRANGE", k, "0", "-1").AsStrSlice()
+			slices.Sort(have)
 		case "string":
 			v, _ := redistest.Get(f.t, f.c, k)
 			have = []string{v}
@@ -300,14 +303,22 @@ func (f *fixture) everyGeneration(now time.Time, sizes ...int) (map[string]strin
 	return fields, data
 }
 
-// manifest lists ks in generation g's manifest, with keys.ManifestListed
-// when listed, as the writers of a run would have, and expects it.
-func (f *fixture) manifest(g int64, listed bool, ks ...string) string {
+// manifest lists ks in generation g's manifest list, and
+// keys.ManifestListed in its set when listed, as the writes of a run would
+// have, and expects them.
+func (f *fixture) manifest(g int64, listed bool, ks ...string) {
 	f.t.Helper()
-	m := keys.ManifestKey(f.idx.Live, f.cluster, g)
-	if listed {
-		ks = append(ks, keys.ManifestListed)
+	if len(ks) > 0 {
+		l := keys.ManifestListKey(f.idx.Live, f.cluster, g)
+		redistest.Cmd(f.t, f.c, append([]string{"RPUSH", l}, ks...)...)
+		f.want[l] = slices.Sorted(slices.Values(append(f.want[l], ks...)))
 	}
-	f.sadd(m, ks...)
-	return m
+	if listed {
+		f.sadd(keys.ManifestKey(f.idx.Live, f.cluster, g), keys.ManifestListed)
+	}
+}
+
+// forgetManifest stops expecting generation g's manifest.
+func (f *fixture) forgetManifest(g int64) {
+	f.forget(keys.ManifestKey(f.idx.Live, f.cluster, g), keys.ManifestListKey(f.idx.Live, f.cluster, g))
 }

@@ -53,7 +53,12 @@ func TestSweepReadsListedManifest(t *testing.T) {
 		old := f.gen(1, 600) // more than two chunks of MaxUnlink
 		f.gen(2, 3)
 		unlisted := old[len(old)-1]
-		f.manifest(1, true, append(slices.Clone(old[:len(old)-1]), f.strangers()...)...)
+		// The run's writes in the list, Apply's in the set (some in
+		// both), and members that are no key of generation 1 in each.
+		strangers := f.strangers()
+		cut := len(old) * 5 / 6
+		f.manifest(1, true, append(slices.Clone(old[:cut]), strangers[:2]...)...)
+		f.sadd(keys.ManifestKey(f.idx.Live, f.cluster, 1), append(slices.Clone(old[max(0, cut-10):len(old)-1]), strangers[2:]...)...)
 		var scans atomic.Int32
 		c := rueidishook.WithHook(f.c, redistest.Hook{OnDo: func(c rueidis.Client, ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
 			if strings.EqualFold(cmd.Commands()[0], "SCAN") {
@@ -85,7 +90,7 @@ func TestSweepReadsListedManifest(t *testing.T) {
 			t.Errorf("Keys = %d, want %d", res.Keys, len(deleted))
 		}
 		f.forget(deleted...)
-		f.forget(keys.ManifestKey(f.idx.Live, f.cluster, 1))
+		f.forgetManifest(1)
 		f.check(map[string]string{keys.RegNext: "2", "2": keys.RegCurrent})
 	})
 }
@@ -94,7 +99,8 @@ func TestSweepReadsListedManifest(t *testing.T) {
 // not prove it lists every key (C97): one not marked listed (made by a run
 // that did not list, or only Apply's writes), one of a run that crashed
 // before its flip (building, its lock gone: the crash may have come
-// between writes and marking anything), and a manifest that is not a set.
+// between writes and marking anything), a manifest that is not a set, and
+// a list that is not a list.
 // Each misses a key, which the SCAN finds; members naming other keys stay
 // untouched.
 func TestSweepScansUnprovenManifest(t *testing.T) {
@@ -107,6 +113,10 @@ func TestSweepScansUnprovenManifest(t *testing.T) {
 		{"crashed run", keys.RegBuilding + gone, func(f *fixture, ks []string) { f.manifest(1, true, ks...) }},
 		{"not a set", retired(time.Unix(1, 0)), func(f *fixture, ks []string) {
 			f.set(keys.ManifestKey(f.idx.Live, f.cluster, 1), keys.ManifestListed)
+		}},
+		{"list not a list", retired(time.Unix(1, 0)), func(f *fixture, ks []string) {
+			f.sadd(keys.ManifestListKey(f.idx.Live, f.cluster, 1), ks...)
+			f.sadd(keys.ManifestKey(f.idx.Live, f.cluster, 1), keys.ManifestListed)
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -125,7 +135,7 @@ func TestSweepScansUnprovenManifest(t *testing.T) {
 					t.Errorf("Keys = %d, want %d", res.Keys, len(old))
 				}
 				f.forget(old...)
-				f.forget(keys.ManifestKey(f.idx.Live, f.cluster, 1))
+				f.forgetManifest(1)
 				f.check(map[string]string{keys.RegNext: "2", "2": keys.RegCurrent})
 			})
 		})
@@ -174,7 +184,7 @@ func TestSweepWatchedChunkRaced(t *testing.T) {
 			t.Errorf("%d EXEC aborted, want 2", got)
 		}
 		f.forget(old...)
-		f.forget(keys.ManifestKey(f.idx.Live, f.cluster, 1))
+		f.forgetManifest(1)
 		f.check(map[string]string{keys.RegNext: "2", "2": keys.RegCurrent})
 	})
 }

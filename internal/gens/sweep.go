@@ -159,9 +159,9 @@ func (opts Options) withDefaults() (Options, error) {
 // building generation, while the lock does not hold its run's token. Every
 // key must be in the registry's slot.
 //
-// KEYS[1] registry, KEYS[2] lock, KEYS[3] pointer, KEYS[4] the
-// generation's manifest (keys.ManifestKey), KEYS[5..] keys of the
-// generation (maybe none)
+// KEYS[1] registry, KEYS[2] lock, KEYS[3] pointer, KEYS[4] and KEYS[5]
+// the generation's manifest (keys.ManifestKey) and its list
+// (keys.ManifestListKey), KEYS[6..] keys of the generation (maybe none)
 // ARGV[1] generation, ARGV[2] its state as read, ARGV[3] its run's token
 // (empty unless building), ARGV[4] '1' to remove the field and the
 // manifest after the keys, ARGV[5] '1' when the caller built the
@@ -182,10 +182,10 @@ if ARGV[3] ~= '' and redis.call('GET', KEYS[2]) == ARGV[3] then return -3 end
 -- pcall: a pointer of another type names no generation.
 if redis.pcall('GET', KEYS[3]) == ARGV[1] then return -4 end
 local n = 0
-if #KEYS > 4 then n = redis.call('UNLINK', unpack(KEYS, 5)) end
+if #KEYS > 5 then n = redis.call('UNLINK', unpack(KEYS, 6)) end
 if ARGV[4] == '1' then
   redis.call('HDEL', KEYS[1], ARGV[1])
-  redis.call('UNLINK', KEYS[4])
+  redis.call('UNLINK', KEYS[4], KEYS[5])
 end
 return n
 `, false)
@@ -390,7 +390,8 @@ func (s *sweeper) skip(g int64, st State, reason Reason, n int64) {
 // registry's slot), removing g's field and manifest after them when last.
 // It returns the keys deleted, or why nothing was.
 func (s *sweeper) script(ctx context.Context, g int64, st State, data []string, last bool) (int64, Reason, error) {
-	ks := append([]string{s.snap.Registry.Key, s.snap.LockKey, s.snap.PointerKey, keys.ManifestKey(s.idx.Live, s.cluster, g)}, data...)
+	ks := append([]string{s.snap.Registry.Key, s.snap.LockKey, s.snap.PointerKey,
+		keys.ManifestKey(s.idx.Live, s.cluster, g), keys.ManifestListKey(s.idx.Live, s.cluster, g)}, data...)
 	flag := "0"
 	if last {
 		flag = "1"

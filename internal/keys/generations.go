@@ -15,7 +15,8 @@ import (
 //	plain key of generation G:   <key>:rebuild-g:<G>
 //	bucket B of family P in G:   <P>:rebuild-g:<G>:<B>
 //	a run's writes in slot S:    {rbN}<base>:rebuild-n:<G>   (a cluster only)
-//	manifest of G:               <base>:rebuild-m:<G>        a set: G's keys
+//	manifest of G:               <base>:rebuild-m:<G>        a set: keys Apply wrote
+//	                             <base>:rebuild-ml:<G>       a list: keys the run wrote
 //
 // The pointer and the registry hang off the base, so on a cluster they share
 // the lock's slot; the data keys hang off the key itself, so they keep a
@@ -35,9 +36,11 @@ const (
 	// CounterInfix follows a run's lock base in the key of the counter of
 	// its writes in one hash slot, and precedes its first generation.
 	CounterInfix = ":rebuild-n:"
-	// ManifestInfix follows a base in the key of a generation's manifest,
-	// and precedes the generation.
-	ManifestInfix = ":rebuild-m:"
+	// ManifestInfix follows a base in the key of a generation's manifest
+	// (a set), and precedes the generation; ManifestListInfix in the key of
+	// the list of its manifest.
+	ManifestInfix     = ":rebuild-m:"
+	ManifestListInfix = ":rebuild-ml:"
 	// ManifestListed is the member a run adds to the manifest of the
 	// generation it builds with every write: the manifest of a generation
 	// holding it was written by runs that list every key they write. It is
@@ -127,20 +130,30 @@ func IsGenKey(key string) bool {
 }
 
 // ManifestKey returns the key of the manifest of generation gen of the
-// index whose live key (or family prefix) is live: a set of the keys of
-// the generation that its writers wrote, in the registry's slot. A
-// family's run adds every key it writes to it, with ManifestListed, in the
-// transaction of the writes; Apply adds the keys it writes in the same
-// step. Only a family whose keys share the registry's slot (a standalone
-// server, or a prefix with a hash tag) has one.
+// index whose live key (or family prefix) is live: a set, in the
+// registry's slot, of keys of the generation that Apply wrote (in the step
+// of the writes), and ManifestListed, which a family's run adds with every
+// write. The run lists the keys it writes in ManifestListKey. Only a
+// family whose keys share the registry's slot (a standalone server, or a
+// prefix with a hash tag) has one.
 func ManifestKey(live string, cluster bool, gen int64) string {
 	return Base(live, cluster) + ManifestInfix + strconv.FormatInt(gen, 10)
 }
 
+// ManifestListKey returns the key of the list of the manifest of
+// generation gen of live (see ManifestKey): a family's run appends each key
+// it writes, in the transaction of its first write of the key. A list
+// reads far cheaper than a set (LRANGE against SSCAN), and the run writes
+// each key once; Apply, which may write a key many times, adds to the set.
+func ManifestListKey(live string, cluster bool, gen int64) string {
+	return Base(live, cluster) + ManifestListInfix + strconv.FormatInt(gen, 10)
+}
+
 // IsManifestKey reports whether key has the shape of a generation's
-// manifest: ManifestInfix followed by a generation (digits) at its end.
+// manifest or its list: ManifestInfix or ManifestListInfix followed by a
+// generation (digits) at its end.
 func IsManifestKey(key string) bool {
-	return endsInGen(key, ManifestInfix)
+	return endsInGen(key, ManifestInfix) || endsInGen(key, ManifestListInfix)
 }
 
 // endsInGen reports whether key ends with infix followed by digits.

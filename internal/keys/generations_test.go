@@ -62,6 +62,8 @@ func TestGenerationKeysAreReserved(t *testing.T) {
 		"users:rebuild-m:12":           true,
 		"users:rebuild-m:":             false,
 		"users:rebuild-m:3x":           false,
+		"{users}:rebuild-ml:3":         true,
+		"users:rebuild-ml:x":           false,
 	} {
 		if got := Reserved(key); got != want {
 			t.Errorf("Reserved(%q) = %v, want %v", key, got, want)
@@ -74,15 +76,19 @@ func TestManifestKey(t *testing.T) {
 	// and is one of keyswap's own keys.
 	for _, live := range []string{"users:by-bucket", "{users}:by-email", "a}b"} {
 		for _, cluster := range []bool{false, true} {
-			k := ManifestKey(live, cluster, 7)
-			if want := Base(live, cluster) + ":rebuild-m:7"; k != want {
-				t.Errorf("ManifestKey(%q, %v, 7) = %q, want %q", live, cluster, k, want)
-			}
-			if cluster && Slot(k) != Slot(RegistryKey(live, cluster)) {
-				t.Errorf("ManifestKey(%q, %v, 7) = %q is not in the registry's slot", live, cluster, k)
-			}
-			if !Reserved(k) {
-				t.Errorf("Reserved(%q) = false, want true", k)
+			for k, want := range map[string]string{
+				ManifestKey(live, cluster, 7):     Base(live, cluster) + ":rebuild-m:7",
+				ManifestListKey(live, cluster, 7): Base(live, cluster) + ":rebuild-ml:7",
+			} {
+				if k != want {
+					t.Errorf("got %q, want %q", k, want)
+				}
+				if cluster && Slot(k) != Slot(RegistryKey(live, cluster)) {
+					t.Errorf("%q is not in the registry's slot", k)
+				}
+				if !Reserved(k) {
+					t.Errorf("Reserved(%q) = false, want true", k)
+				}
 			}
 		}
 	}
