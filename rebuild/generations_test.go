@@ -734,3 +734,56 @@ func TestGenerationsAllocRefusesBadRegistry(t *testing.T) {
 		wantGeneration(t, d, prefix, 1, 1, map[string]string{"1": keys.RegCurrent}, us)
 	})
 }
+
+func TestGenerationsManifest(t *testing.T) {
+	// C97: a family whose keys share the registry's slot has a manifest per
+	// generation: the run lists the keys it writes (the list) and marks it
+	// listed (the set), Apply adds the keys it writes to the set. The
+	// removal of the retired generation reads it: the bucket only Apply
+	// created and the buckets the new data no longer has go with the rest,
+	// and the manifest with the registry field. A family spread over a
+	// cluster has none, and is scanned.
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		ctx := redistest.Ctx(t)
+		for _, prefix := range []string{d.Prefix + "users:by-bucket", strings.Trim(d.Prefix, "{}") + "spread:by-bucket"} {
+			d.Clear(t)
+			_, tagged := keys.HashTag(prefix)
+			listed := !d.Cluster || tagged
+			r := genRebuilder(t, d, prefix, rebuild.Options{})
+			us := genUsers(30, 3)
+			if _, err := r.Run(ctx, sources.Slice(us)); err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+			moved := us[0]
+			moved.Country = "b07"
+			if err := r.Apply(ctx, index.Change[user]{Old: &us[0], New: &moved}); err != nil {
+				t.Fatalf("Apply: %v", err)
+			}
+			set, list := keys.ManifestKey(prefix, d.Cluster, 1), keys.ManifestListKey(prefix, d.Cluster, 1)
+			if listed {
+				// The move removed the user from b00 and added it to b07.
+				want := []string{keys.GenBucketKey(prefix, 1, "b00"), keys.GenBucketKey(prefix, 1, "b07"), keys.ManifestListed}
+				slices.Sort(want)
+				if got := redistest.SMembers(t, d.Other, set); !slices.Equal(got, want) {
+					t.Errorf("%s = %q, want %q", set, got, want)
+				}
+				got, err := redistest.Cmd(t, d.Other, "LRANGE", list, "0", "-1").AsStrSlice()
+				slices.Sort(got)
+				if want := []string{keys.GenBucketKey(prefix, 1, "b00"), keys.GenBucketKey(prefix, 1, "b01"), keys.GenBucketKey(prefix, 1, "b02")}; err != nil || !slices.Equal(got, want) {
+					t.Errorf("%s = %q, %v; want %q", list, got, err, want)
+				}
+			} else {
+				redistest.WantAbsent(t, d.Other, set)
+				redistest.WantAbsent(t, d.Other, list)
+			}
+			// The new data has no b02 (nor b07).
+			next := genUsers(20, 2)
+			if _, err := r.Run(ctx, sources.Slice(next)); err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+			wantNoGeneration(t, d, prefix, 1)
+			wantGeneration(t, d, prefix, 2, 2, map[string]string{"2": keys.RegCurrent}, next)
+			wantGenClean(t, d, prefix, 2)
+		}
+	})
+}
