@@ -784,6 +784,19 @@ func TestGenerationsManifest(t *testing.T) {
 			wantNoGeneration(t, d, prefix, 1)
 			wantGeneration(t, d, prefix, 2, 2, map[string]string{"2": keys.RegCurrent}, next)
 			wantGenClean(t, d, prefix, 2)
+			if listed {
+				// A manifest that is not a set: Apply refuses, writing
+				// nothing.
+				m := keys.ManifestKey(prefix, d.Cluster, 2)
+				redistest.Cmd(t, d.Other, "DEL", m)
+				redistest.Cmd(t, d.Other, "SET", m, "x")
+				before := redistest.Snapshot(t, d.Other, keys.GenPrefix(prefix, 2))
+				moved := next[0]
+				moved.Country = "b07"
+				redistest.WantErr(t, r.Apply(ctx, index.Change[user]{Old: &next[0], New: &moved}), rebuild.ErrTampered)
+				redistest.WantUnchanged(t, d.Other, keys.GenPrefix(prefix, 2), before)
+				redistest.WantString(t, d.Other, m, "x")
+			}
 		}
 	})
 }

@@ -56,7 +56,7 @@ type Options struct {
 	// Progress, if not nil, is called after each deleting command.
 	Progress func(Progress)
 	// Logger receives a line per generation removed or skipped (Info) and
-	// per SCAN pass (Debug). Nil discards them.
+	// per SCAN pass or manifest read (Debug). Nil discards them.
 	Logger *slog.Logger
 	// Buckets, for a family, names buckets (the part of a bucket's key
 	// after "<prefix>:") that the generations removed probably hold, in
@@ -65,13 +65,15 @@ type Options struct {
 	// which mostly holds the same buckets. Each generation removed loses
 	// those buckets first, by name, in chunks of at most Unlink keys
 	// (grouped by hash slot on a cluster), each checked against the
-	// generation's state as a SCAN's chunk is; then the SCAN passes run as
-	// without Buckets and delete the rest. A name costs a lookup whether
-	// or not the generation holds it. It deletes only the generation's keys of
-	// those names, so it never widens what the sweep deletes; it saves the
-	// SCAN the work of returning most keys, and deletes them in the order
-	// they were written, which frees memory faster than the SCAN's order.
-	// Ignored for a plain index.
+	// generation's state as a SCAN's chunk is; then the generation's
+	// manifest (its members not named) or the SCAN passes delete the rest
+	// (see the package documentation, "The manifest"). A name costs a
+	// lookup whether or not the generation holds it. It deletes only the
+	// generation's keys of those names, so it never widens what the sweep
+	// deletes; it saves the SCAN the work of returning most keys, and
+	// deletes them in the order they were written, which frees memory
+	// faster than the SCAN's or the manifest's order. Ignored for a plain
+	// index.
 	Buckets []string
 }
 
