@@ -37,6 +37,32 @@ func (f *fixture) strangers() []string {
 	return out
 }
 
+// retiredOne writes generation 1 in state (n keys for a family) and
+// generation 2 current, as the pointer names it, and returns generation
+// 1's keys.
+func (f *fixture) retiredOne(state string, n int) []string {
+	f.t.Helper()
+	f.registry(keys.RegNext, "2", "1", state, "2", keys.RegCurrent)
+	f.set(f.pointerKey(), "2")
+	old := f.gen(1, n)
+	f.gen(2, 3)
+	return old
+}
+
+// wantOneRemoved fails the test unless res removed generation 1 with
+// exactly the keys deleted, and the keys left are those expected but
+// deleted and generation 1's manifest.
+func (f *fixture) wantOneRemoved(res gens.Result, deleted []string) {
+	f.t.Helper()
+	wantResult(f.t, res, []int64{1}, map[int64]gens.Reason{2: gens.SkipCurrent})
+	if res.Keys != int64(len(deleted)) {
+		f.t.Errorf("Keys = %d, want %d", res.Keys, len(deleted))
+	}
+	f.forget(deleted...)
+	f.forgetManifest(1)
+	f.check(map[string]string{keys.RegNext: "2", "2": keys.RegCurrent})
+}
+
 // TestSweepReadsListedManifest removes a retired generation whose manifest
 // its run listed (keys.ManifestListed). Where the keys share the
 // registry's slot the sweep reads the manifest and makes no SCAN: it
@@ -48,11 +74,8 @@ func (f *fixture) strangers() []string {
 // unlisted key goes too. The manifest goes with the registry field.
 func TestSweepReadsListedManifest(t *testing.T) {
 	forShapes(t, func(t *testing.T, f *fixture) {
-		f.registry(keys.RegNext, "2", "1", retired(time.Unix(1, 0)), "2", keys.RegCurrent)
-		f.set(f.pointerKey(), "2")
-		old := f.gen(1, 600) // more than two chunks of MaxUnlink
-		f.gen(2, 3)
-		unlisted := old[len(old)-1]
+		old := f.retiredOne(retired(time.Unix(1, 0)), 600) // more than two chunks of MaxUnlink
+		// The last key of generation 1 is listed nowhere.
 		// The run's writes in the list, Apply's in the set (some in
 		// both), and members that are no key of generation 1 in each.
 		strangers := f.strangers()
@@ -76,22 +99,14 @@ func TestSweepReadsListedManifest(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		wantResult(t, res, []int64{1}, map[int64]gens.Reason{2: gens.SkipCurrent})
 		deleted := old
 		if f.trusts() {
 			deleted = old[:len(old)-1]
 			if n := scans.Load(); n != 0 {
 				t.Errorf("%d SCAN calls, want none", n)
 			}
-		} else {
-			f.forget(unlisted)
 		}
-		if res.Keys != int64(len(deleted)) {
-			t.Errorf("Keys = %d, want %d", res.Keys, len(deleted))
-		}
-		f.forget(deleted...)
-		f.forgetManifest(1)
-		f.check(map[string]string{keys.RegNext: "2", "2": keys.RegCurrent})
+		f.wantOneRemoved(res, deleted)
 	})
 }
 
@@ -121,22 +136,13 @@ func TestSweepScansUnprovenManifest(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			forShapes(t, func(t *testing.T, f *fixture) {
-				f.registry(keys.RegNext, "2", "1", tc.state, "2", keys.RegCurrent)
-				f.set(f.pointerKey(), "2")
-				old := f.gen(1, 300)
-				f.gen(2, 3)
+				old := f.retiredOne(tc.state, 300)
 				tc.write(f, append(slices.Clone(old[:len(old)/2]), f.strangers()...))
 				res, err := gens.Sweep(redistest.Ctx(t), f.c, f.idx, gens.Options{})
 				if err != nil {
 					t.Fatal(err)
 				}
-				wantResult(t, res, []int64{1}, map[int64]gens.Reason{2: gens.SkipCurrent})
-				if res.Keys != int64(len(old)) {
-					t.Errorf("Keys = %d, want %d", res.Keys, len(old))
-				}
-				f.forget(old...)
-				f.forgetManifest(1)
-				f.check(map[string]string{keys.RegNext: "2", "2": keys.RegCurrent})
+				f.wantOneRemoved(res, old)
 			})
 		})
 	}
@@ -149,10 +155,7 @@ func TestSweepScansUnprovenManifest(t *testing.T) {
 // deleted twice or left.
 func TestSweepWatchedChunkRaced(t *testing.T) {
 	forShapes(t, func(t *testing.T, f *fixture) {
-		f.registry(keys.RegNext, "2", "1", retired(time.Unix(1, 0)), "2", keys.RegCurrent)
-		f.set(f.pointerKey(), "2")
-		old := f.gen(1, 300)
-		f.gen(2, 3)
+		old := f.retiredOne(retired(time.Unix(1, 0)), 300)
 		f.manifest(1, true, old...)
 		var raced, aborted atomic.Int32
 		c := rueidishook.WithHook(f.c, redistest.Hook{OnDoMulti: func(c rueidis.Client, ctx context.Context, multi ...rueidis.Completed) []rueidis.RedisResult {
@@ -174,17 +177,11 @@ func TestSweepWatchedChunkRaced(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		wantResult(t, res, []int64{1}, map[int64]gens.Reason{2: gens.SkipCurrent})
-		if res.Keys != int64(len(old)) {
-			t.Errorf("Keys = %d, want %d", res.Keys, len(old))
-		}
 		// Only a family's chunks in the registry's slot go in WATCH ...
 		// EXEC.
 		if got := aborted.Load(); f.trusts() && got != 2 {
 			t.Errorf("%d EXEC aborted, want 2", got)
 		}
-		f.forget(old...)
-		f.forgetManifest(1)
-		f.check(map[string]string{keys.RegNext: "2", "2": keys.RegCurrent})
+		f.wantOneRemoved(res, old)
 	})
 }
