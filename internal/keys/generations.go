@@ -16,7 +16,7 @@ import (
 //	bucket B of family P in G:   <P>:rebuild-g:<G>:<B>
 //	a run's writes in slot S:    {rbN}<base>:rebuild-n:<G>   (a cluster only)
 //	manifest of G:               <base>:rebuild-m:<G>        a set: keys Apply wrote
-//	                             <base>:rebuild-ml:<G>       a list: keys the run wrote
+//	                             <base>:rebuild-l:<G>       a list: keys the run wrote
 //
 // The pointer and the registry hang off the base, so on a cluster they share
 // the lock's slot; the data keys hang off the key itself, so they keep a
@@ -40,7 +40,7 @@ const (
 	// (a set), and precedes the generation; ManifestListInfix in the key of
 	// the list of its manifest.
 	ManifestInfix     = ":rebuild-m:"
-	ManifestListInfix = ":rebuild-ml:"
+	ManifestListInfix = ":rebuild-l:"
 	// ManifestListed is the member a run adds to the manifest of the
 	// generation it builds with every write: the manifest of a generation
 	// holding it was written by runs that list every key they write. It is

@@ -62,8 +62,8 @@ func TestGenerationKeysAreReserved(t *testing.T) {
 		"users:rebuild-m:12":           true,
 		"users:rebuild-m:":             false,
 		"users:rebuild-m:3x":           false,
-		"{users}:rebuild-ml:3":         true,
-		"users:rebuild-ml:x":           false,
+		"{users}:rebuild-l:3":          true,
+		"users:rebuild-l:x":            false,
 	} {
 		if got := Reserved(key); got != want {
 			t.Errorf("Reserved(%q) = %v, want %v", key, got, want)
@@ -78,7 +78,7 @@ func TestManifestKey(t *testing.T) {
 		for _, cluster := range []bool{false, true} {
 			for k, want := range map[string]string{
 				ManifestKey(live, cluster, 7):     Base(live, cluster) + ":rebuild-m:7",
-				ManifestListKey(live, cluster, 7): Base(live, cluster) + ":rebuild-ml:7",
+				ManifestListKey(live, cluster, 7): Base(live, cluster) + ":rebuild-l:7",
 			} {
 				if k != want {
 					t.Errorf("got %q, want %q", k, want)
