@@ -736,7 +736,7 @@ func TestGenerationsAllocRefusesBadRegistry(t *testing.T) {
 }
 
 func TestGenerationsManifest(t *testing.T) {
-	// C97: a family whose keys share the registry's slot has a manifest per
+	// C99: a family whose keys share the registry's slot has a manifest per
 	// generation: the run lists the keys it writes (the list) and marks it
 	// listed (the set), Apply adds the keys it writes to the set. The
 	// removal of the retired generation reads it: the bucket only Apply

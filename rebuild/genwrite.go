@@ -102,46 +102,75 @@ func (x *writer) writeSpread(ctx context.Context, txns []*txn) error {
 // listing returns the commands that list ws, keys written by one
 // transaction, in their generations' manifests: for each family of the run
 // whose manifest is in slot (any slot when slot < 0, a standalone server),
-// an SADD of keys.ManifestListed to its set (keys.ManifestKey) and an
-// RPUSH to its list (keys.ManifestListKey) of its keys of ws that no
+// an RPUSH to its list (keys.ManifestListKey) of its keys of ws that no
 // transaction carried yet. They go in the transaction of the writes, so
 // that whenever a write lands, even after the run lost its lock, its key
-// is listed: the removal of a retired generation whose set holds
-// keys.ManifestListed reads the manifest rather than SCANning (see
-// gens.Sweep). A transaction that fails fails the run, whose generation is
-// then never trusted (building, or disowned by RemoveOwn, which scans). A
+// is listed. The run vouches for the list after its flip (vouch). A
 // family whose keys spread over a cluster's slots has no manifest.
 func (x *writer) listing(cb rueidis.Builder, ws []*target, slot int) rueidis.Commands {
 	r := x.r
 	var byBuilder map[int][]string
 	for _, tg := range ws {
 		o := r.owners[tg.builder]
-		if !o.family {
+		if !o.family || !x.gen.listed(r, tg.builder, slot) {
 			continue
-		}
-		m := keys.ManifestKey(o.key, r.redis.Cluster(), x.gen.gens[tg.builder])
-		if slot >= 0 && int(keys.Slot(m)) != slot {
-			continue
-		}
-		if byBuilder == nil {
-			byBuilder = map[int][]string{}
-		}
-		if _, ok := byBuilder[tg.builder]; !ok {
-			byBuilder[tg.builder] = nil
 		}
 		if tg.listed.CompareAndSwap(false, true) {
+			if byBuilder == nil {
+				byBuilder = map[int][]string{}
+			}
 			byBuilder[tg.builder] = append(byBuilder[tg.builder], tg.Key)
 		}
 	}
 	var cmds rueidis.Commands
 	for _, b := range slices.Sorted(maps.Keys(byBuilder)) {
-		live, g := r.owners[b].key, x.gen.gens[b]
-		cmds = append(cmds, cb.Sadd().Key(keys.ManifestKey(live, r.redis.Cluster(), g)).Member(keys.ManifestListed).Build())
-		if ks := byBuilder[b]; len(ks) > 0 {
-			cmds = append(cmds, cb.Rpush().Key(keys.ManifestListKey(live, r.redis.Cluster(), g)).Element(ks...).Build())
-		}
+		l := keys.ManifestListKey(r.owners[b].key, r.redis.Cluster(), x.gen.gens[b])
+		cmds = append(cmds, cb.Rpush().Key(l).Element(byBuilder[b]...).Build())
 	}
 	return cmds
+}
+
+// listed reports whether builder b of the run has a manifest in slot (any
+// slot when slot < 0): a family whose keys share its registry's slot.
+func (g *generations) listed(r *core, b, slot int) bool {
+	m := keys.ManifestKey(r.owners[b].key, r.redis.Cluster(), g.gens[b])
+	if _, tagged := keys.HashTag(r.owners[b].key); r.redis.Cluster() && !tagged {
+		return false
+	}
+	return slot < 0 || int(keys.Slot(m)) == slot
+}
+
+// vouch marks the manifests of the run's families listed
+// (keys.ManifestListed in each set), after a flip to the run's generations
+// that replayed no tail: every key the run wrote in them is in their lists
+// (written in the transaction of the writes, all acknowledged before the
+// flip), and from the flip on Apply adds the keys it writes to the sets in
+// the step of its writes. The removal of such a generation, once retired,
+// then reads its manifest rather than SCANning (see gens.Sweep). A flip
+// that replayed a tail wrote keys that no list holds: those generations
+// stay unmarked, and are scanned. An error leaves them unmarked too, which
+// costs a SCAN and nothing else: it is logged at the Debug level.
+func (g *generations) vouch(ctx context.Context, r *core) {
+	cb := r.redis.Client().B()
+	var cmds rueidis.Commands
+	var sets []string
+	for b, o := range r.owners {
+		if o.family && g.listed(r, b, -1) {
+			m := keys.ManifestKey(o.key, r.redis.Cluster(), g.gens[b])
+			sets = append(sets, m)
+			cmds = append(cmds, cb.Sadd().Key(m).Member(keys.ManifestListed).Build())
+		}
+	}
+	if len(cmds) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.opts.TTL)
+	defer cancel()
+	for i, res := range r.redis.Client().DoMulti(ctx, cmds...) {
+		if err := res.Error(); err != nil {
+			r.opts.Logger.Debug("keyswap: could not mark a generation's manifest listed; its removal will SCAN", "key", r.key, "manifest", sets[i], "error", err)
+		}
+	}
 }
 
 // splitBySlot splits txns by the hash slot of their commands: one

@@ -69,7 +69,7 @@ func (f *fixture) wantOneRemoved(res gens.Result, deleted []string) {
 // deletes the listed keys of the generation, and none of the members that
 // name another key (outside the index, of another generation, of another
 // index), and a key of the generation the manifest does not list stays,
-// as no keyswap writer made it (C97). Elsewhere (a family spread over a
+// as no keyswap writer made it (C99). Elsewhere (a family spread over a
 // cluster, a plain key) the sweep SCANs or names the key, and the
 // unlisted key goes too. The manifest goes with the registry field.
 func TestSweepReadsListedManifest(t *testing.T) {
@@ -111,7 +111,7 @@ func TestSweepReadsListedManifest(t *testing.T) {
 }
 
 // TestSweepScansUnprovenManifest removes generations whose manifest does
-// not prove it lists every key (C97): one not marked listed (made by a run
+// not prove it lists every key (C99): one not marked listed (made by a run
 // that did not list, or only Apply's writes), one of a run that crashed
 // before its flip (building, its lock gone: the crash may have come
 // between writes and marking anything), a manifest that is not a set, and

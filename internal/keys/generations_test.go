@@ -72,7 +72,7 @@ func TestGenerationKeysAreReserved(t *testing.T) {
 }
 
 func TestManifestKey(t *testing.T) {
-	// C97: a generation's manifest is in its registry's slot on a cluster,
+	// C99: a generation's manifest is in its registry's slot on a cluster,
 	// and is one of keyswap's own keys.
 	for _, live := range []string{"users:by-bucket", "{users}:by-email", "a}b"} {
 		for _, cluster := range []bool{false, true} {

@@ -18,9 +18,10 @@
 -- KEYS[2n+1..3n]    their logs
 -- KEYS[3n+1..4n]    the indexes' pointers
 -- KEYS[4n+1..5n]    their registries
--- KEYS[5n+1..6n]    the manifests of the generations of ARGV[4..3+n]
+-- KEYS[5n+1..6n]    the locks' cut-over marks (keys.CutOverKey)
+-- KEYS[6n+1..7n]    the manifests of the generations of ARGV[4..3+n]
 --                   (keys.ManifestKey)
--- KEYS[6n+1..]      the keys the ops write
+-- KEYS[7n+1..]      the keys the ops write
 -- ARGV[1]           n
 -- ARGV[2]           the most entries a log may hold (see apply.lua)
 -- ARGV[3]           the number of ops
@@ -30,7 +31,7 @@
 --                   manifest lists the keys the change writes in it (in
 --                   the same step as the writes), else '0'
 -- ARGV[4+2n..]      per op: its lock's index (1..n), its key's index in
---                   KEYS after 6n, its live key, the command, the count of
+--                   KEYS after 7n, its live key, the command, the count of
 --                   args, the args
 --
 -- Returns {OK, l1..ln}: applied; li as apply.lua returns them.
@@ -41,6 +42,9 @@
 --           apply.lua); nothing written.
 --         {GEN_LOST, i}: pointer i names another generation now: resolve
 --           it again.
+--         {WAIT, i, pttl}: the run holding lock i is cutting over to its
+--           flip (its mark, for pttl more ms at most): nothing written;
+--           apply the change again once the mark is gone.
 --         {BAD_REGISTRY, i, why}: registry i does not mark the generation
 --           pointer i names current, a state no run leaves, or manifest i
 --           is not a set; nothing written (genlog.lua checks the same).
@@ -50,7 +54,7 @@
 local n, bound, count = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local listed = {}
 local ops, perLock = changes.parse(count, 4 + 2 * n, function(at)
-  local i, key = tonumber(ARGV[at]), KEYS[6 * n + tonumber(ARGV[at + 1])]
+  local i, key = tonumber(ARGV[at]), KEYS[7 * n + tonumber(ARGV[at + 1])]
   if ARGV[3 + n + i] == '1' and ARGV[3 + i] ~= '0' then
     listed[i] = listed[i] or {}
     table.insert(listed[i], key)
@@ -59,14 +63,14 @@ local ops, perLock = changes.parse(count, 4 + 2 * n, function(at)
 end)
 
 for i = 1, n do
-  local r = changes.canLog(KEYS[i], KEYS[n + i], KEYS[2 * n + i]) or changes.refused('GET', KEYS[3 * n + i])
+  local r = changes.canLog(KEYS[i], KEYS[n + i], KEYS[2 * n + i], KEYS[5 * n + i]) or changes.refused('GET', KEYS[3 * n + i])
     or changes.refused('HGET', KEYS[4 * n + i], 'current')
   if r then return r end
 end
 local r = changes.unfit(ops)
 if r then return r end
 local logging
-logging, r = changes.loggingEach(n, perLock)
+logging, r = changes.loggingEach(n, perLock, 5 * n)
 if r then return r end
 for i = 1, n do
   if perLock[i] and (redis.call('GET', KEYS[3 * n + i]) or '0') ~= ARGV[3 + i] then
@@ -76,15 +80,15 @@ for i = 1, n do
   if why then
     return {BAD_REGISTRY, i, why}
   end
-  local kind = listed[i] and redis.call('TYPE', KEYS[5 * n + i])['ok']
+  local kind = listed[i] and redis.call('TYPE', KEYS[6 * n + i])['ok']
   if kind and kind ~= 'set' and kind ~= 'none' then
-    return {BAD_REGISTRY, i, 'its generation\'s manifest ' .. KEYS[5 * n + i] .. ' is a ' .. kind}
+    return {BAD_REGISTRY, i, 'its generation\'s manifest ' .. KEYS[6 * n + i] .. ' is a ' .. kind}
   end
 end
 changes.runAll(ops)
 -- The removal of a generation whose manifest its run marked listed reads
 -- the manifest rather than SCANning: every key written in it is listed.
 for i = 1, n do
-  if listed[i] then redis.call('SADD', KEYS[5 * n + i], unpack(listed[i])) end
+  if listed[i] then redis.call('SADD', KEYS[6 * n + i], unpack(listed[i])) end
 end
 return changes.logEach(n, logging, perLock, bound)
