@@ -16,6 +16,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -27,6 +28,7 @@ import (
 	"github.com/keyswap/keyswap/rebuild"
 	"github.com/keyswap/keyswap/sources"
 	"github.com/redis/rueidis"
+	"github.com/redis/rueidis/rueidishook"
 )
 
 // genPrefix is the family prefix of a Generations test: without a hash tag
@@ -796,6 +798,42 @@ func TestGenerationsManifest(t *testing.T) {
 				redistest.WantErr(t, r.Apply(ctx, index.Change[user]{Old: &next[0], New: &moved}), rebuild.ErrTampered)
 				redistest.WantUnchanged(t, d.Other, keys.GenPrefix(prefix, 2), before)
 				redistest.WantString(t, d.Other, m, "x")
+				redistest.Cmd(t, d.Other, "DEL", m)
+
+				// A flip that replays a tail writes keys no list holds
+				// (here a bucket only the tail's change creates): the
+				// run leaves its manifest unmarked, and the generation's
+				// removal SCANs for them.
+				flip := redistest.ScriptNamed("flip")
+				var once sync.Once
+				hooked := rueidishook.WithHook(d.Client, redistest.Hook{OnDo: func(c rueidis.Client, hctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
+					if flip.Is(cmd.Commands()) {
+						once.Do(func() {
+							late := user{ID: "late", Country: "b09"}
+							if err := r.Apply(ctx, index.Change[user]{New: &late}); err != nil {
+								t.Errorf("Apply before the flip: %v", err)
+							}
+						})
+					}
+					return c.Do(hctx, cmd)
+				}})
+				tailed := redistest.Rebuilder(t, hooked, rebuild.Options{Publish: rebuild.Generations, BatchSize: 50, Grace: 50 * time.Millisecond},
+					builders.SetIndex(prefix, func(u user) (string, string, bool) { return u.Country, u.ID, true }))
+				stats, err := tailed.Run(ctx, sources.Slice(next))
+				if err != nil {
+					t.Fatalf("Run with a tail: %v", err)
+				}
+				if stats.Changes != 1 {
+					t.Errorf("Stats.Changes = %d, want the tail's 1", stats.Changes)
+				}
+				redistest.WantAbsent(t, d.Other, keys.ManifestKey(prefix, d.Cluster, 3))
+				if got := redistest.SMembers(t, d.Other, keys.GenBucketKey(prefix, 3, "b09")); !slices.Equal(got, []string{"late"}) {
+					t.Errorf("the tail's bucket holds %q, want [late]", got)
+				}
+				if _, err := r.Run(ctx, sources.Slice(next)); err != nil {
+					t.Fatalf("Run after the tail: %v", err)
+				}
+				wantNoGeneration(t, d, prefix, 3)
 			}
 		}
 	})
