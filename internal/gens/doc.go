@@ -75,11 +75,11 @@
 // appended in the transaction of the run's first write of it, and a set
 // (keys.ManifestKey) of the keys Apply wrote while the generation was
 // current, added in the script of the writes, with keys.ManifestListed,
-// which the run adds in the transaction of every write. A generation is
-// written only by its run and, while current, by Apply; so once the
-// generation was published (it is retired: its run flipped to it, having
-// written everything) and its set holds keys.ManifestListed, the manifest
-// names every key of the generation that keyswap wrote. The sweep of such
+// which the run adds once its flip to the generation returned having
+// replayed no tail of changes (a flip's tail writes keys no list holds). A
+// generation is written only by its run, its flip and, while current, by
+// Apply; so once it is retired and its set holds keys.ManifestListed, the
+// manifest names every key of the generation that keyswap wrote. The sweep of such
 // a generation reads the manifest (LRANGE, then SSCAN with the SCAN's
 // COUNT) rather than SCANning the keyspace, and deletes its members in
 // the same chunks and checks. Everything in it is untrusted: a member that
@@ -87,10 +87,11 @@
 // another generation, any other key) is never deleted, and a manifest or
 // list of another type makes the sweep SCAN. So does every generation the
 // manifest cannot vouch for: one building (its run crashed, or lost its
-// lock and may still write), one of a run that did not list its keys
-// (built before manifests existed), one [RemoveOwn] removes, and a family
-// spread over a cluster's slots, which has no manifest. The manifest goes
-// with the registry field, in the same step. Its cost: an SADD and an
+// lock and may still write), one whose flip replayed a tail, or whose run
+// stopped between its flip and the mark, one of a run that did not list
+// its keys (built before manifests existed), one [RemoveOwn] removes, and
+// a family spread over a cluster's slots, which has no manifest. The
+// manifest goes with the registry field, in the same step. Its cost: an
 // RPUSH per transaction of the run, and the memory of one key name per
 // key until the generation is removed.
 //
