@@ -22,9 +22,6 @@ type target struct {
 	// buffer per bucket between commands. Only the sender touches it.
 	buf  *mergeBuf
 	held bool // in the coalescer's list of targets with entries
-	// listed is set, in Generations mode, once a transaction carries the
-	// key to its generation's manifest list (see writer.listing).
-	listed atomic.Bool
 
 	// In Generations mode, what the writes did to the key (see
 	// sizeCheck): the kind of the additive commands that wrote it, the
@@ -33,6 +30,10 @@ type target struct {
 	sizeKind  atomic.Uint32
 	added     atomic.Int64
 	uncounted atomic.Bool
+	// listed is set, in Generations mode, once a transaction carries the
+	// key to its generation's manifest list (see writer.listing). Beside
+	// uncounted, it takes no room of its own.
+	listed atomic.Bool
 }
 
 // owner is what the targets registry knows of one builder.
