@@ -66,6 +66,7 @@ type lease struct {
 	acked   func() int64    // batches Redis acknowledged
 	status  func() []string // the run's status, for the record
 	control func(protocol.Control)
+	seen    func() []int64 // the log counts seen, for a heartbeat (protocol.Logs.Seen)
 	stall   *stallWatch
 	renew   func(context.Context) error // see leaseOwner
 
@@ -110,7 +111,7 @@ func heartbeatEvery(ttl time.Duration) time.Duration { return min(time.Second, t
 func newLease(x leaseOwner, start time.Time) *lease {
 	l := &lease{
 		redis: x.redis, locks: x.locks, targets: x.targets, ttl: x.ttl, key: x.key, cancel: x.cancel,
-		acked: x.acked, status: x.status, control: x.control, stall: x.stall, tempSecs: x.tempSecs, log: x.log,
+		acked: x.acked, status: x.status, control: x.control, seen: x.seen, stall: x.stall, tempSecs: x.tempSecs, log: x.log,
 		renew: x.renew, lastBeat: start, refreshed: start, stop: make(chan struct{}),
 	}
 	l.watchdog = time.AfterFunc(time.Until(start.Add(l.ttl)), l.lapse)
@@ -139,6 +140,7 @@ type leaseOwner struct {
 	acked    func() int64
 	status   func() []string
 	control  func(protocol.Control)
+	seen     func() []int64
 	stall    *stallWatch
 	tempSecs *atomic.Int64
 	log      *slog.Logger
@@ -187,7 +189,7 @@ func (l *lease) claim(now time.Time, alone bool) (protocol.Heartbeat, bool) {
 	default:
 		return protocol.Heartbeat{}, false
 	}
-	return protocol.Heartbeat{Locks: l.locks, Acked: l.acked(), Status: l.status()}, true
+	return protocol.Heartbeat{Locks: l.locks, Acked: l.acked(), Status: l.status(), Seen: l.seen()}, true
 }
 
 // command returns h as a command for a batch's DoMulti.

@@ -74,7 +74,7 @@ func (x *runState) leaseOwner(cancel context.CancelCauseFunc) leaseOwner {
 	r := x.r
 	owner := leaseOwner{
 		redis: r.redis, locks: x.locks, targets: x.targets, ttl: r.opts.TTL, key: r.key, cancel: cancel,
-		acked: x.acked.Load, status: x.status, control: x.control,
+		acked: x.acked.Load, status: x.status, control: x.control, seen: x.catchUp.logs.Seen,
 		stall: x.stall, tempSecs: &x.writer.tempSecs, log: r.opts.Logger,
 	}
 	if x.gen != nil {
