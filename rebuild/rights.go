@@ -100,6 +100,14 @@ func (x *runState) checks() []protocol.Check {
 		add(x.r.lockKeys[i], "TYPE")
 		add(temp, "UNLINK")
 		add("", "SCAN", "TIME")
+		if x.r.owners[i].family {
+			// The generation's manifest: the writes add to it, the removal
+			// reads it, and deletes its chunks in WATCH ... EXEC.
+			add(keys.ManifestKey(x.r.lives[i], cluster, 0), "SADD", "SISMEMBER", "SSCAN", "UNLINK")
+			add(keys.ManifestListKey(x.r.lives[i], cluster, 0), "RPUSH", "LRANGE", "UNLINK")
+			add(reg, "WATCH")
+			add("", "MULTI", "EXEC", "UNWATCH")
+		}
 	}
 	if x.r.opts.Publish == Generations && cluster {
 		// The per-slot counters of the run's writes (the slot does not
