@@ -100,6 +100,14 @@ func (r *core) checks(ts *targets, held bool) []protocol.Check {
 		add(r.lockKeys[i], "TYPE")
 		add(temp, "UNLINK")
 		add("", "SCAN", "TIME")
+		if r.owners[i].family {
+			// The generation's manifest: the writes add to it, the removal
+			// reads it, and deletes its chunks in WATCH ... EXEC.
+			add(keys.ManifestKey(r.lives[i], cluster, 0), "SADD", "SISMEMBER", "SSCAN", "UNLINK")
+			add(keys.ManifestListKey(r.lives[i], cluster, 0), "RPUSH", "LRANGE", "UNLINK")
+			add(reg, "WATCH")
+			add("", "MULTI", "EXEC", "UNWATCH")
+		}
 	}
 	if r.opts.Publish == Generations && cluster {
 		// The per-slot counters of the run's writes (the slot does not

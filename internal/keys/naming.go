@@ -80,10 +80,10 @@ func PrevKey(live string, cluster bool) string { return Base(live, cluster) + Pr
 // cut-over mark, a live
 // key's metadata or kept previous value, a temp key (current or legacy
 // shape), or an index's pointer, registry of generations or generation's
-// data key. keyswap refuses to rebuild such a key: it would take it for its
+// data key or manifest. keyswap refuses to rebuild such a key: it would take it for its
 // own.
 func Reserved(key string) bool {
-	if _, _, ok := ParseTempKey(key); ok || IsGenKey(key) || IsCounterKey(key) {
+	if _, _, ok := ParseTempKey(key); ok || IsGenKey(key) || IsCounterKey(key) || IsManifestKey(key) {
 		return true
 	}
 	for _, suffix := range []string{LockSuffix, MetaSuffix, PrevSuffix, PointerSuffix, RegistrySuffix,
