@@ -31,7 +31,7 @@ type writer struct {
 	record string         // the run's record: batches written, status, requests
 	bulk   *protocol.Bulk // the connections of the writes
 	// tempSecs is the temp keys' TTL in seconds: twice the lease, or more
-	// when refreshing them takes long (see lease.refreshed).
+	// when refreshing them takes long (see lease.tempTTL).
 	tempSecs atomic.Int64
 	gen      *generations  // nil in RenameInPlace mode
 	acked    *atomic.Int64 // the run's: transactions Redis acknowledged
@@ -369,11 +369,4 @@ func execReplies(res []rueidis.RedisResult, n int) ([]rueidis.RedisMessage, erro
 		return nil, fmt.Errorf("EXEC returned %d replies for %d commands", len(replies), n)
 	}
 	return replies, nil
-}
-
-// account records a written batch, recycles its buffer and reports
-// progress; then gives its slot back.
-func (x *runState) account(b *batch) {
-	x.progress.account(b)
-	<-x.slots // the batch is done: the source may fill another
 }
