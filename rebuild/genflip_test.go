@@ -477,13 +477,18 @@ func TestGenerationsFlipTailRefusals(t *testing.T) {
 	// another builder fails the run with ErrTampered, naming the log and
 	// the entry; the pointer is untouched and the run's generation
 	// removed. With the keys in the locks' slot only: across slots the
-	// catch-up reads every entry first, and fails the same way.
+	// catch-up reads every entry first, and fails the same way. C99: a
+	// valid change whose bucket the flip would list in a manifest that is
+	// not a set fails it the same way. The error says what the flip left:
+	// every index at its generation (no live key is written in this mode).
 	forEachDeployment(t, func(t *testing.T, d deployment) {
 		for _, tc := range []struct {
 			name, entry, want string
+			manifest          bool // the new generation's manifest is a string
 		}{
-			{"not a change", "4:SADD", "is not a change"},
-			{"another builder's key", "4:SADD9:elsewhere1:11:x", "not one of the keys of its builder"},
+			{"not a change", "4:SADD", "is not a change", false},
+			{"another builder's key", "4:SADD9:elsewhere1:11:x", "not one of the keys of its builder", false},
+			{"manifest not a set", "", "is a string", true},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				d := ownPrefix(t, d)
@@ -491,13 +496,20 @@ func TestGenerationsFlipTailRefusals(t *testing.T) {
 				prefix := d.Prefix + "users:by-bucket"
 				ctx := redistest.Ctx(t)
 				lock := keys.LockKey(prefix, d.Cluster)
+				entry := tc.entry
+				if entry == "" {
+					entry = protocol.EncodeEntry([]protocol.Op{{Cmd: "SADD", Key: prefix + ":b09", Args: []string{"late"}}})
+				}
 				var forge atomic.Bool
 				r := genRebuilder(t, d, prefix, rebuild.Options{Progress: func(p rebuild.Progress) {
 					if p.Phase == rebuild.PhasePublishing && forge.Load() {
 						// Logged and counted as Apply logs, after the last
 						// catch-up: the flip reads it.
-						redistest.Cmd(t, d.Other, "RPUSH", keys.LogKey(lock), tc.entry)
+						redistest.Cmd(t, d.Other, "RPUSH", keys.LogKey(lock), entry)
 						redistest.Cmd(t, d.Other, "HINCRBY", keys.RecordKey(lock), "logged", "1")
+						if tc.manifest {
+							redistest.Cmd(t, d.Other, "SET", keys.ManifestKey(prefix, d.Cluster, 2), "x")
+						}
 					}
 				}})
 				us := genUsers(60, 3)
@@ -507,6 +519,9 @@ func TestGenerationsFlipTailRefusals(t *testing.T) {
 				redistest.WantErr(t, err, rebuild.ErrTampered)
 				if err != nil && !strings.Contains(err.Error(), tc.want) {
 					t.Errorf("Publish: %v, want it to say %q", err, tc.want)
+				}
+				if err != nil && !strings.HasSuffix(err.Error(), "; every index left at its generation") {
+					t.Errorf("Publish: %v, want it to end with %q", err, "; every index left at its generation")
 				}
 				t.Logf("Publish: %v", err)
 				wantGeneration(t, d, prefix, 1, 2, map[string]string{"1": keys.RegCurrent}, us)
