@@ -178,24 +178,11 @@ func TestGenerationsACLCutOverMark(t *testing.T) {
 		}
 		for _, cmd := range cmds {
 			t.Run(cmd, func(t *testing.T) {
-				ctx := redistest.Ctx(t)
-				d := ownPrefix(t, d)
-				prefix := genPrefix(d)
-				us := genUsers(20, 3)
-				if _, err := genRebuilder(t, d, prefix, rebuild.Options{}).Run(ctx, sources.Slice(us)); err != nil {
-					t.Fatalf("Run: %v", err)
-				}
+				ctx, d, prefix, us := published(t, d)
 				mark := keys.CutOverKey(keys.LockKey(prefix, d.Cluster))
 				// The command on every key that does not end in "t": of
 				// the run's keys, only the mark ("<lock>:cut") does.
-				rules := []string{"~*", "+@all", "-" + cmd, "(~*[^t] +" + cmd + ")"}
-				name := "ks-" + strings.ReplaceAll(t.Name(), "/", "-")
-				var c rueidis.Client
-				if d.Cluster {
-					c = env.Cluster.ClientAs(t, name, rules...)
-				} else {
-					c = env.Standalone.ClientAs(t, name, rules...)
-				}
+				c := clientAs(t, d, "~*", "+@all", "-"+cmd, "(~*[^t] +"+cmd+")")
 				// The index's keys, and on the cluster those keyswap keeps
 				// next to them, under "{<prefix>}".
 				under := []string{prefix, "{" + prefix}
