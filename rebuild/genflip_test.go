@@ -545,3 +545,44 @@ func runThenBuild(ctx context.Context, t *testing.T, r *rebuild.Rebuilder[user],
 	}
 	return h
 }
+
+func TestGenerationsFlipManifestNoRight(t *testing.T) {
+	// C99, C93: the flip checks its SADD to a family's manifest before any
+	// write, as it checks every op of its tail: a user who lost the right
+	// (the acquire checked it) after the last catch-up fails the flip with
+	// ErrNoPermission naming SADD and the manifest; the pointer is
+	// untouched, the tail's bucket unwritten and the run's generation
+	// removed.
+	d := deployment{Name: "standalone", Client: env.Standalone.Client(t), Other: env.Standalone.Client(t)}
+	ctx, d, prefix, us := published(t, d)
+	c := clientAs(t, d, "~*", "+@all")
+	name := "ks-" + strings.ReplaceAll(t.Name(), "/", "-")
+	lock := keys.LockKey(prefix, d.Cluster)
+	var forge atomic.Bool
+	r := spreadRebuilder(t, c, prefix, rebuild.Options{Grace: 50 * time.Millisecond, Progress: func(p rebuild.Progress) {
+		if p.Phase == rebuild.PhasePublishing && forge.CompareAndSwap(true, false) {
+			// A change logged and counted as Apply logs it, after the
+			// last catch-up; SADD left on the generations' keys alone.
+			entry := protocol.EncodeEntry([]protocol.Op{{Cmd: "SADD", Key: prefix + ":b09", Args: []string{"late"}}})
+			redistest.Cmd(t, d.Other, "RPUSH", keys.LogKey(lock), entry)
+			redistest.Cmd(t, d.Other, "HINCRBY", keys.RecordKey(lock), "logged", "1")
+			redistest.Cmd(t, d.Other, "ACL", "SETUSER", name, "-sadd", "(~*"+keys.GenInfix+"* +sadd)")
+		}
+	}})
+	h, _, err := r.Build(ctx, sources.Slice(us))
+	if err != nil {
+		t.Fatalf("Build: %v", err)
+	}
+	forge.Store(true)
+	_, err = h.Publish(ctx)
+	redistest.WantErr(t, err, rebuild.ErrNoPermission)
+	m := keys.ManifestKey(prefix, d.Cluster, 2)
+	if err != nil && (!strings.Contains(err.Error(), "SADD") || !strings.Contains(err.Error(), m)) {
+		t.Errorf("Publish: %v, want it to name SADD and %s", err, m)
+	}
+	t.Logf("Publish: %v", err)
+	wantGeneration(t, d, prefix, 1, 2, map[string]string{"1": keys.RegCurrent}, us)
+	wantNoGeneration(t, d, prefix, 2)
+	wantGenClean(t, d, prefix, 1)
+	redistest.WantAbsent(t, d.Other, m)
+}
