@@ -36,7 +36,7 @@ func (x *runState) checks() []protocol.Check {
 	// Commands without keys: the transactions of batches and catch-ups,
 	// and the SCAN of a family's live buckets.
 	add("", "MULTI", "EXEC")
-	cluster := x.r.redis.Cluster()
+	cluster := x.r.redis.Names()
 	first := x.r.lockKeys[0]
 	for i, l := range x.r.lockKeys {
 		rec, log := keys.RecordKey(l), keys.LogKey(l)
@@ -101,7 +101,7 @@ func (x *runState) checks() []protocol.Check {
 		add(temp, "UNLINK")
 		add("", "SCAN", "TIME")
 	}
-	if x.r.opts.Publish == Generations && cluster {
+	if x.r.opts.Publish == Generations && cluster.Cluster {
 		// The per-slot counters of the run's writes (the slot does not
 		// change the rights an ACL pattern grants).
 		add(keys.CounterKey(x.r.lives[0], 0, 0), "INCR", "EXPIRE", "GET", "UNLINK")

@@ -297,9 +297,9 @@ func RemoveOwn(ctx context.Context, client rueidis.Client, idx Index, gen int64,
 	if err != nil {
 		return res, &protocol.Error{Op: op, Key: idx.Live, Err: err}
 	}
-	cluster := isCluster(client)
+	cluster := idx.names(client)
 	st := State{Kind: Building, Token: token, Raw: keys.RegBuilding + token}
-	s := &sweeper{client: client, idx: idx, opts: o, res: &res, cluster: cluster, own: true, snap: Snapshot{
+	s := &sweeper{client: client, idx: idx, opts: o, res: &res, cluster: cluster.Cluster, own: true, snap: Snapshot{
 		Registry:   Registry{Key: keys.RegistryKey(idx.Live, cluster)},
 		LockKey:    keys.LockKey(idx.Live, cluster),
 		PointerKey: keys.PointerKey(idx.Live, cluster),
@@ -413,9 +413,10 @@ func (s *sweeper) remove(ctx context.Context, g int64, st State) (int64, Reason,
 	// carries a hash tag (its own base). Each chunk is then deleted by the
 	// script, which checks the state in the same step. Otherwise they are
 	// in other slots (a family's over every slot), and the state is checked
-	// just before each chunk.
+	// just before each chunk. In a group the registry hangs off the
+	// group's tag, and the data keys may be anywhere.
 	_, tagged := keys.HashTag(s.idx.Live)
-	sameSlot := !s.cluster || tagged
+	sameSlot := !s.cluster || tagged && s.idx.Group == ""
 	if !s.idx.Family {
 		key := keys.GenKey(s.idx.Live, g)
 		if sameSlot {

@@ -51,11 +51,11 @@ const (
 
 // PointerKey returns the key of the pointer of the index whose live key (or
 // family prefix) is live.
-func PointerKey(live string, cluster bool) string { return Base(live, cluster) + PointerSuffix }
+func PointerKey[S Space](live string, s S) string { return Base(live, s) + PointerSuffix }
 
 // RegistryKey returns the key of the registry of generations of the index
 // whose live key (or family prefix) is live.
-func RegistryKey(live string, cluster bool) string { return Base(live, cluster) + RegistrySuffix }
+func RegistryKey[S Space](live string, s S) string { return Base(live, s) + RegistrySuffix }
 
 // GenKey returns the key that holds plain key live in generation gen.
 func GenKey(live string, gen int64) string {

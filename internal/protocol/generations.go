@@ -229,7 +229,7 @@ func (r Generations) flipped(opts FlipOptions, res reply) (Flipped, error) {
 // options, and the key shapes that name its indexes' keys.
 type flipCall struct {
 	FlipOptions
-	cluster bool
+	cluster keys.Names
 }
 
 // flipRefusals decodes the codes flip.lua refuses a flip with, before any
@@ -317,7 +317,7 @@ func (r *Core) Unlink(ctx context.Context, ks []string) error {
 	var order []uint16
 	for _, k := range ks {
 		s := uint16(0)
-		if r.cluster {
+		if r.cluster.Cluster {
 			s = keys.Slot(k)
 		}
 		if _, ok := groups[s]; !ok {

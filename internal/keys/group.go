@@ -1,0 +1,63 @@
+package keys
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// Names is how the control keys of an index are named: whether keys take
+// Redis Cluster shapes, and the group of the indexes, if any.
+//
+// In a group every control key of an index (its lock and what hangs off
+// it, its meta, pointer and registry) hangs off "{" + Group + "}" + live,
+// on a standalone server as on a cluster: the keys of every index of the
+// group share the group's hash slot, whatever their names, so that one
+// script can check and flip them together, while the index's data keys in
+// a generation keep their own names and spread over the slots.
+type Names struct {
+	Cluster bool
+	Group   string
+}
+
+// Space is what the functions that name control keys take: a bool, true
+// on a cluster, for an index whose control keys hang off its own name, or
+// a Names, which may also name a group.
+//
+// Both are accepted so that the many callers that name the keys of an
+// index of its own keep passing a bool, and a caller that may be in a
+// group passes its Names the same way.
+type Space interface{ bool | Names }
+
+// namesOf returns s as a Names.
+func namesOf[S Space](s S) Names {
+	switch v := any(s).(type) {
+	case Names:
+		return v
+	case bool:
+		return Names{Cluster: v}
+	}
+	panic("keyswap: keys: a Space neither bool nor Names") // unreachable: Space has two types
+}
+
+// ErrBadGroup is what CheckGroup returns for a group that cannot name a
+// hash tag.
+var ErrBadGroup = errors.New("bad group")
+
+// CheckGroup returns an error matching ErrBadGroup when group cannot be a
+// group of indexes: empty, or holding '{' or '}' (the hash tag of the
+// control keys would not be the group).
+func CheckGroup(group string) error {
+	if group == "" {
+		return fmt.Errorf("%w: empty", ErrBadGroup)
+	}
+	if strings.ContainsAny(group, "{}") {
+		return fmt.Errorf("%w: %q holds a brace, and the group is the hash tag of its control keys: \"{\" + group + \"}\"", ErrBadGroup, group)
+	}
+	return nil
+}
+
+// GroupBase returns the base of the control keys of live in group:
+// "{" + group + "}" + live. Its hash tag is group, live having no say: the
+// first '{' is ours, and group holds no '}'.
+func GroupBase(group, live string) string { return "{" + group + "}" + live }

@@ -1,0 +1,295 @@
+package rebuild_test
+
+// Groups (C97, C98): the control keys of a Rebuilder's indexes hang off
+// the group's hash tag, and their data keys spread.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/keyswap/keyswap/builders"
+	"github.com/keyswap/keyswap/index"
+	"github.com/keyswap/keyswap/internal/keys"
+	"github.com/keyswap/keyswap/internal/redistest"
+	"github.com/keyswap/keyswap/reader"
+	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/sources"
+	"github.com/redis/rueidis"
+)
+
+// groupNames returns a group and the keys of three indexes of one test in
+// d, none with a hash tag: a family by the last two digits of the id, a family by bucket and a
+// hash of emails.
+func groupNames(d deployment) (group, byDigits, byBucket, emails string) {
+	p := strings.Trim(d.Prefix, "{}")
+	return p, p + "users:by-digits", p + "users:by-bucket", p + "users:emails"
+}
+
+// groupRebuilder returns a Rebuilder in Generations mode, in group, of the
+// three indexes of groupNames.
+func groupRebuilder(t *testing.T, c rueidis.Client, d deployment, opts rebuild.Options) *rebuild.Rebuilder[user] {
+	t.Helper()
+	group, byDigits, byBucket, emails := groupNames(d)
+	opts.Publish, opts.Group, opts.BatchSize, opts.KeepPrevious = rebuild.Generations, group, 50, time.Minute
+	if opts.Grace == 0 {
+		opts.Grace = 50 * time.Millisecond
+	}
+	return redistest.Rebuilder(t, c, opts,
+		builders.SetIndex(byDigits, func(u user) (string, string, bool) { return u.ID[len(u.ID)-2:], u.ID, true }),
+		builders.SetIndex(byBucket, func(u user) (string, string, bool) { return u.Country, u.ID, true }),
+		builders.Hash(emails, func(u user) (string, string, bool) { return u.Email, u.ID, true }))
+}
+
+// pointersAtOnce reads the pointers ptrs in one script, so that it sees
+// them all at one moment; a pointer absent reads "".
+func pointersAtOnce(ctx context.Context, c rueidis.Client, ptrs []string) ([]string, error) {
+	const script = `local out = {} for i, k in ipairs(KEYS) do out[i] = redis.call('GET', k) or '' end return out`
+	return c.Do(ctx, c.B().Eval().Script(script).Numkeys(int64(len(ptrs))).Key(ptrs...).Build()).AsStrSlice()
+}
+
+// mastersHolding returns the masters of c's deployment that hold a key
+// starting with prefix.
+func mastersHolding(t *testing.T, c rueidis.Client, prefix string) []string {
+	t.Helper()
+	ctx := redistest.Ctx(t)
+	var out []string
+	for addr, node := range c.Nodes() {
+		role, err := node.Do(ctx, node.B().Role().Build()).ToArray()
+		if err != nil {
+			t.Fatalf("ROLE on %s: %v", addr, err)
+		}
+		if r, _ := role[0].ToString(); r != "master" {
+			continue
+		}
+		e, err := node.Do(ctx, node.B().Scan().Cursor(0).Match(keys.GlobEscape(prefix)+"*").Count(100000).Build()).AsScanEntry()
+		if err != nil {
+			t.Fatalf("SCAN on %s: %v", addr, err)
+		}
+		if len(e.Elements) > 0 {
+			out = append(out, addr)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+func TestGenerationsGroupSpreads(t *testing.T) {
+	// C97: three indexes without a common hash tag in one Rebuilder with a
+	// group: on the cluster their control keys share the group's slot, and
+	// the data keys of their generations spread over every master; each
+	// flip (a run, a rollback, a roll forward) moves every pointer at once,
+	// as one script reading them all sees; Apply writes the current
+	// generation; a reader with the group reads it, one without reads the
+	// plain shape; nothing else is left.
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		ctx := redistest.Ctx(t)
+		group, byDigits, byBucket, emails := groupNames(d)
+		lives := []string{byDigits, byBucket, emails}
+		names := keys.Names{Cluster: d.Cluster, Group: group}
+		ptrs := make([]string, len(lives))
+		for i, l := range lives {
+			ptrs[i] = keys.PointerKey(l, names)
+			if want := "{" + group + "}" + l + keys.PointerSuffix; ptrs[i] != want {
+				t.Fatalf("pointer of %s = %q, want %q", l, ptrs[i], want)
+			}
+		}
+		us := genUsers(300, 10)
+		r := groupRebuilder(t, d.Client, d, rebuild.Options{})
+		if _, err := r.Run(ctx, sources.Slice(us)); err != nil {
+			t.Fatalf("first Run: %v", err)
+		}
+		wantPointers(t, d, ptrs, "1")
+		if d.Cluster {
+			all := mastersHolding(t, d.Other, strings.Trim(d.Prefix, "{}")+"users:")
+			if len(all) != 3 {
+				t.Errorf("the data keys are on masters %v, want all 3", all)
+			}
+			for _, l := range lives {
+				if k := keys.GenKey(l, 1); keys.Slot(k) == keys.Slot(ptrs[0]) {
+					t.Errorf("%s is in the group's slot %d", k, keys.Slot(k))
+				}
+			}
+		}
+		for _, l := range lives {
+			// No pointer outside the group.
+			redistest.WantAbsent(t, d.Other, keys.PointerKey(l, d.Cluster))
+		}
+
+		// A second run, while a reader of the pointers at one moment
+		// watches: it sees 1, 1, 1 then 2, 2, 2, never a mix.
+		var stop atomic.Bool
+		var wg sync.WaitGroup
+		var seen sync.Map
+		var readErr error
+		wg.Go(func() {
+			for !stop.Load() {
+				got, err := pointersAtOnce(ctx, d.Other, ptrs)
+				if err != nil {
+					readErr = err
+					return
+				}
+				seen.Store(strings.Join(got, ","), true)
+			}
+		})
+		us2 := genUsers(301, 10)
+		_, err := r.Run(ctx, sources.Slice(us2))
+		stop.Store(true)
+		wg.Wait()
+		if err != nil || readErr != nil {
+			t.Fatalf("second Run: %v; reading the pointers: %v", err, readErr)
+		}
+		seen.Range(func(k, _ any) bool {
+			if s := k.(string); s != "1,1,1" && s != "2,2,2" {
+				t.Errorf("the pointers read at one moment were %s: not one flip", s)
+			}
+			return true
+		})
+		wantPointers(t, d, ptrs, "2")
+		redistest.WantHash(t, d.Other, keys.RegistryKey(byBucket, names), map[string]string{keys.RegNext: "2", "1": keys.RegPrevious, "2": keys.RegCurrent})
+
+		// Apply writes the current generation; the readers.
+		extra := genUsers(302, 10)[301]
+		if err := r.Apply(ctx, index.Insert(extra)); err != nil {
+			t.Fatalf("Apply: %v", err)
+		}
+		if !slices.Contains(redistest.SMembers(t, d.Other, keys.GenBucketKey(byBucket, 2, extra.Country)), extra.ID) {
+			t.Errorf("Apply: %s not in generation 2's bucket %s", extra.ID, extra.Country)
+		}
+		grouped, err := reader.New(d.Other, reader.Options{Group: group})
+		if err != nil {
+			t.Fatalf("reader.New: %v", err)
+		}
+		if got, err := grouped.Bucket(ctx, byBucket, extra.Country); err != nil || got != keys.GenBucketKey(byBucket, 2, extra.Country) {
+			t.Errorf("grouped reader: Bucket = %q, %v; want generation 2's", got, err)
+		}
+		if got, err := grouped.Key(ctx, emails); err != nil || got != keys.GenKey(emails, 2) {
+			t.Errorf("grouped reader: Key = %q, %v; want generation 2's", got, err)
+		}
+		plain, err := reader.New(d.Other, reader.Options{})
+		if err != nil {
+			t.Fatalf("reader.New: %v", err)
+		}
+		if got, err := plain.Key(ctx, emails); err != nil || got != emails {
+			t.Errorf("reader without the group: Key = %q, %v; want the plain key %q", got, err, emails)
+		}
+
+		// Rollback and roll forward: one flip each.
+		gens, err := r.Rollback(ctx)
+		if err != nil {
+			t.Fatalf("Rollback: %v", err)
+		}
+		for _, l := range lives {
+			if gens[l] != 1 {
+				t.Errorf("Rollback: %s at generation %d, want 1", l, gens[l])
+			}
+		}
+		wantPointers(t, d, ptrs, "1")
+		if _, err := r.Rollback(ctx); err != nil {
+			t.Fatalf("roll forward: %v", err)
+		}
+		wantPointers(t, d, ptrs, "2")
+
+		// A third run retires generation 1, removed after Grace through
+		// the group's registry.
+		if _, err := r.Run(ctx, sources.Slice(us)); err != nil {
+			t.Fatalf("third Run: %v", err)
+		}
+		wantPointers(t, d, ptrs, "3")
+		for _, l := range lives {
+			if left := redistest.Keys(t, d.Other, l+keys.GenInfix+"1"); len(left) > 0 {
+				t.Errorf("retired generation 1 of %s left %v", l, left)
+			}
+		}
+
+		// Nothing left but each index's pointer, registry and meta, in the
+		// group's slot, and its generations 2 (kept) and 3.
+		for _, k := range redistest.Keys(t, d.Other, "{"+group+"}") {
+			ok := false
+			for _, l := range lives {
+				ok = ok || k == keys.PointerKey(l, names) || k == keys.RegistryKey(l, names) || k == keys.MetaKey(l, names)
+			}
+			if !ok {
+				t.Errorf("left behind: %s", k)
+			}
+			if d.Cluster && keys.Slot(k) != keys.Slot(ptrs[0]) {
+				t.Errorf("%s is not in the group's slot", k)
+			}
+		}
+		for _, l := range lives {
+			for _, k := range redistest.Keys(t, d.Other, l) {
+				if !strings.HasPrefix(k, l+keys.GenInfix+"2") && !strings.HasPrefix(k, l+keys.GenInfix+"3") {
+					t.Errorf("left behind: %s", k)
+				}
+			}
+		}
+	})
+}
+
+// wantPointers checks that every pointer of ptrs names gen.
+func wantPointers(t *testing.T, d deployment, ptrs []string, gen string) {
+	t.Helper()
+	for _, p := range ptrs {
+		redistest.WantString(t, d.Other, p, gen)
+	}
+}
+
+func TestGenerationsGroupRefused(t *testing.T) {
+	// C97: a group with a brace, or a group in RenameInPlace mode, is
+	// refused by New with ErrBadGroup, naming the problem; so is a bad
+	// group by reader.New.
+	d := env.Deployments(t)[0]
+	b := builders.Hash("k", func(u user) (string, string, bool) { return u.ID, u.Email, true })
+	for _, tc := range []struct {
+		name string
+		opts rebuild.Options
+		want string
+	}{
+		{"open brace", rebuild.Options{Publish: rebuild.Generations, Group: "a{b"}, "holds a brace"},
+		{"close brace", rebuild.Options{Publish: rebuild.Generations, Group: "a}"}, "holds a brace"},
+		{"rename in place", rebuild.Options{Group: "g"}, "RenameInPlace mode"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := rebuild.New(d.Client, tc.opts, b)
+			if !errors.Is(err, rebuild.ErrBadGroup) || !strings.Contains(fmt.Sprint(err), tc.want) {
+				t.Errorf("New: got %v, want ErrBadGroup saying %q", err, tc.want)
+			}
+			if tc.opts.Publish == rebuild.Generations {
+				if _, err := reader.New(d.Client, reader.Options{Group: tc.opts.Group}); !errors.Is(err, reader.ErrBadGroup) {
+					t.Errorf("reader.New: got %v, want ErrBadGroup", err)
+				}
+			}
+		})
+	}
+}
+
+func TestGenerationsGroupConflict(t *testing.T) {
+	// C98: an index with a pointer outside the group (from runs without
+	// it) makes a run with the group fail with ErrGroupConflict, naming
+	// the pointer, before it writes anything.
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		ctx := redistest.Ctx(t)
+		group, _, byBucket, _ := groupNames(d)
+		us := genUsers(50, 5)
+		own := genRebuilder(t, d, byBucket, rebuild.Options{})
+		if _, err := own.Run(ctx, sources.Slice(us)); err != nil {
+			t.Fatalf("Run without a group: %v", err)
+		}
+		before := redistest.Snapshot(t, d.Other, strings.Trim(d.Prefix, "{}"))
+		grouped := genRebuilder(t, d, byBucket, rebuild.Options{Group: group})
+		_, err := grouped.Run(ctx, sources.Slice(us))
+		if !errors.Is(err, rebuild.ErrGroupConflict) || !strings.Contains(err.Error(), keys.PointerKey(byBucket, d.Cluster)) {
+			t.Fatalf("Run with a group: got %v, want ErrGroupConflict naming %s", err, keys.PointerKey(byBucket, d.Cluster))
+		}
+		redistest.WantUnchanged(t, d.Other, strings.Trim(d.Prefix, "{}"), before)
+		if left := redistest.Keys(t, d.Other, "{"+group+"}"); len(left) > 0 {
+			t.Errorf("the refused run left %v", left)
+		}
+	})
+}
