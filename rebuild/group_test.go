@@ -96,7 +96,7 @@ func TestGenerationsGroupSpreads(t *testing.T) {
 		ptrs := make([]string, len(lives))
 		for i, l := range lives {
 			ptrs[i] = keys.PointerKey(l, names)
-			if want := "{" + group + "}" + l + keys.PointerSuffix; ptrs[i] != want {
+			if want := "{" + group + "}" + keys.GroupInfix + l + keys.PointerSuffix; ptrs[i] != want {
 				t.Fatalf("pointer of %s = %q, want %q", l, ptrs[i], want)
 			}
 		}

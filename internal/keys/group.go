@@ -57,7 +57,29 @@ func CheckGroup(group string) error {
 	return nil
 }
 
+// GroupInfix follows the group's hash tag in the base of the control keys
+// of an index in a group: "{" + group + "}" + GroupInfix + live. No base of
+// an index of its own has it after its first '}' (keys.Reserved refuses a
+// key of that shape), so the control keys of an index in a group never
+// meet those of an index of its own, and a scan finds the group and the
+// index in the name of each (ParseGroupBase).
+const GroupInfix = ":rebuild-group:"
+
 // GroupBase returns the base of the control keys of live in group:
-// "{" + group + "}" + live. Its hash tag is group, live having no say: the
-// first '{' is ours, and group holds no '}'.
-func GroupBase(group, live string) string { return "{" + group + "}" + live }
+// "{" + group + "}" + GroupInfix + live. Its hash tag is group, live
+// having no say: the first '{' is ours, and group holds no '}'.
+func GroupBase(group, live string) string { return "{" + group + "}" + GroupInfix + live }
+
+// ParseGroupBase returns the group and the index of base when base has
+// the shape of GroupBase: a '{' first, a non-empty group without '{',
+// then "}" + GroupInfix.
+func ParseGroupBase(base string) (group, live string, ok bool) {
+	if !strings.HasPrefix(base, "{") {
+		return "", "", false
+	}
+	end := strings.IndexByte(base, '}')
+	if end < 2 || strings.IndexByte(base[1:end], '{') >= 0 || !strings.HasPrefix(base[end+1:], GroupInfix) {
+		return "", "", false
+	}
+	return base[1:end], base[end+1+len(GroupInfix):], true
+}

@@ -68,11 +68,15 @@ func PrevKey[S Space](live string, s S) string { return Base(live, s) + PrevSuff
 // Reserved reports whether key has the shape of a key keyswap makes next
 // to a live key: a lock, a lock's receipt, record, log or requests, a live
 // key's metadata or kept previous value, a temp key (current or legacy
-// shape), or an index's pointer, registry of generations or generation's
-// data key. keyswap refuses to rebuild such a key: it would take it for its
+// shape), an index's pointer, registry of generations or generation's
+// data key, or anything that starts like the base of an index in a group
+// (ParseGroupBase). keyswap refuses to rebuild such a key: it would take it for its
 // own.
 func Reserved(key string) bool {
 	if _, _, ok := ParseTempKey(key); ok || IsGenKey(key) || IsCounterKey(key) {
+		return true
+	}
+	if _, _, ok := ParseGroupBase(key); ok {
 		return true
 	}
 	for _, suffix := range []string{LockSuffix, MetaSuffix, PrevSuffix, PointerSuffix, RegistrySuffix,
