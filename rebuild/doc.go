@@ -221,7 +221,8 @@
 // writes a change to the current generation and, while a run is in
 // progress, logs it for the run, which replays it onto its own generation
 // before the flip; on a cluster it needs the keys of a change in the
-// locks' slot (a family with a hash tag). On a
+// locks' slot (a family with a hash tag), or goes in three steps across
+// slots (a family without one, or an index of a group). On a
 // cluster the writes of a run in this mode go on the client's shared
 // connections, not on a connection of their own.
 //
@@ -235,6 +236,23 @@
 // the plain keys; back to RenameInPlace, run in that mode: its publish
 // deletes the pointer in the same script as it renames the plain keys into
 // place, and retires the generations, which a later Sweep removes.
+//
+// # Groups
+//
+// On Redis Cluster a run flips the pointers of all its indexes in one
+// script, so without more they share a hash slot: their keys' own, which a
+// common hash tag then pins their data to as well. Options.Group (in
+// Generations mode) puts the Rebuilder's indexes in a group instead: every
+// control key of each index (its lock, run record, log of changes,
+// requests, meta, pointer and registry) hangs off
+// "{<group>}:rebuild-group:<key>", in the group's slot, while the data keys
+// keep the index's name and spread over every master. Readers give the same
+// group (reader.Options.Group), and so does the CLI (keyswap rollback
+// --group, keyswap status --group --index); a reader without it finds no
+// pointer and reads the plain shape. A run with a group refuses an index
+// that still has a pointer of its own, from runs without the group
+// ([ErrGroupConflict]): move such an index through the rename-in-place
+// shape, or build it under a new key. See docs/generations.md, "Groups".
 //
 // # Safe publishing
 //
