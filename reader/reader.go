@@ -56,7 +56,7 @@ type Options struct {
 	CacheTTL time.Duration
 	// Group is the group of the indexes the reader reads, as the writer
 	// names it (rebuild.Options.Group): their pointers hang off
-	// "{" + Group + "}" + the index's key. A reader reads the indexes of
+	// "{" + Group + "}:rebuild-group:" + the index's key. A reader reads the indexes of
 	// one group, or those of no group when Group is empty. A reader with
 	// the wrong group, or none, finds no pointer and reads the keys in the
 	// rename-in-place shape: give every reader the group before the first

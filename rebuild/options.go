@@ -244,7 +244,7 @@ type Options struct {
 	// Group, in Generations mode, puts the Rebuilder's indexes in a group
 	// of that name: the control keys of every index (its lock, run record,
 	// log of changes, requests, meta, pointer and registry) hang off
-	// "{" + Group + "}" + its key, so that they share the group's hash
+	// "{" + Group + "}:rebuild-group:" + its key, so that they share the group's hash
 	// slot whatever the keys' names, while the data keys of its
 	// generations keep the key's own name and, on a cluster, spread over
 	// every master. Several indexes of one run then need no common hash

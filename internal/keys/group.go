@@ -10,7 +10,7 @@ import (
 // Redis Cluster shapes, and the group of the indexes, if any.
 //
 // In a group every control key of an index (its lock and what hangs off
-// it, its meta, pointer and registry) hangs off "{" + Group + "}" + live,
+// it, its meta, pointer and registry) hangs off GroupBase(Group, live),
 // on a standalone server as on a cluster: the keys of every index of the
 // group share the group's hash slot, whatever their names, so that one
 // script can check and flip them together, while the index's data keys in
@@ -52,7 +52,7 @@ func CheckGroup(group string) error {
 		return fmt.Errorf("%w: empty", ErrBadGroup)
 	}
 	if strings.ContainsAny(group, "{}") {
-		return fmt.Errorf("%w: %q holds a brace, and the group is the hash tag of its control keys: \"{\" + group + \"}\"", ErrBadGroup, group)
+		return fmt.Errorf("%w: %q holds a brace: the group must be the whole hash tag, {group}, of its indexes' control keys", ErrBadGroup, group)
 	}
 	return nil
 }
