@@ -121,17 +121,13 @@ func newGenStatus(snap gens.Snapshot, grace time.Duration) *genStatus {
 	return g
 }
 
-// readGenStatus reads the registry and pointer of the index live with
+// readGenStatus reads the registry and pointer of the index idx (in its
+// group, if any) with
 // gens.Read, one script in the index's slot. It returns nil for an index
 // that has neither, and a genStatus with Corrupt set for one whose
 // registry or pointer is corrupt, or whose read Redis refused (an ACL
 // without EVALSHA, say), so that status goes on with the other indexes.
-func readGenStatus(ctx context.Context, client rueidis.Client, live string, grace time.Duration) (*genStatus, error) {
-	return readGroupGenStatus(ctx, client, gens.Index{Live: live}, grace)
-}
-
-// readGroupGenStatus is readGenStatus for idx, which may be in a group.
-func readGroupGenStatus(ctx context.Context, client rueidis.Client, idx gens.Index, grace time.Duration) (*genStatus, error) {
+func readGenStatus(ctx context.Context, client rueidis.Client, idx gens.Index, grace time.Duration) (*genStatus, error) {
 	live := idx.Live
 	snap, err := gens.Read(ctx, client, idx)
 	if err != nil {
@@ -146,15 +142,11 @@ func readGroupGenStatus(ctx context.Context, client rueidis.Client, idx gens.Ind
 	return newGenStatus(snap, grace), nil
 }
 
-// hasGenKeys returns, for each of lives, whether its pointer or its
+// hasGenKeys returns, for each of lives (indexes of group, none when
+// empty), whether its pointer or its
 // registry exists, with one pipelined EXISTS each: status of one key reads
 // the registry (with a script) only for an index that has one.
-func hasGenKeys(ctx context.Context, client rueidis.Client, lives []string) ([]bool, error) {
-	return hasGroupGenKeys(ctx, client, "", lives)
-}
-
-// hasGroupGenKeys is hasGenKeys for indexes in group (none when empty).
-func hasGroupGenKeys(ctx context.Context, client rueidis.Client, group string, lives []string) ([]bool, error) {
+func hasGenKeys(ctx context.Context, client rueidis.Client, group string, lives []string) ([]bool, error) {
 	cluster := namesOf(client, group)
 	ks := make([]string, 0, 2*len(lives))
 	for _, l := range lives {
@@ -184,7 +176,7 @@ func addGenerations(ctx context.Context, client rueidis.Client, idx []indexStatu
 		if !withGens[i] {
 			continue
 		}
-		g, err := readGroupGenStatus(ctx, client, gens.Index{Live: idx[i].Key, Group: idx[i].Group}, grace)
+		g, err := readGenStatus(ctx, client, gens.Index{Live: idx[i].Key, Group: idx[i].Group}, grace)
 		if err != nil {
 			return err
 		}

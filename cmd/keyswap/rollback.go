@@ -177,7 +177,7 @@ func (c *cli) reportGenRollback(ctx context.Context, client rueidis.Client, grou
 	gs := make([]*genStatus, len(idx))
 	for i, ix := range idx {
 		var err error
-		if gs[i], err = readGroupGenStatus(ctx, client, gens.Index{Live: ix.Key, Group: group}, gens.DefaultGrace); err != nil {
+		if gs[i], err = readGenStatus(ctx, client, gens.Index{Live: ix.Key, Group: group}, gens.DefaultGrace); err != nil {
 			return fmt.Errorf("rolled back %s, but %w", indexes(len(idx)), err)
 		}
 	}

@@ -69,7 +69,7 @@ func collectKeyStatus(ctx context.Context, client rueidis.Client, live, group st
 	}
 	rep.Indexes = []indexStatus{{Key: live, Group: group, MetaKey: keys.MetaKey(live, names), Generation: gens[0], LockKey: held,
 		Rollback: rollbackOf(gens[0], held, now)}}
-	withGens, err := hasGroupGenKeys(ctx, client, group, []string{live})
+	withGens, err := hasGenKeys(ctx, client, group, []string{live})
 	if err != nil {
 		return nil, err
 	}
