@@ -122,8 +122,8 @@ func newGenStatus(snap gens.Snapshot, grace time.Duration) *genStatus {
 }
 
 // readGenStatus reads the registry and pointer of the index idx (in its
-// group, if any) with
-// gens.Read, one script in the index's slot. It returns nil for an index
+// group, if any) with gens.Read, one script in the index's slot. It
+// returns nil for an index
 // that has neither, and a genStatus with Corrupt set for one whose
 // registry or pointer is corrupt, or whose read Redis refused (an ACL
 // without EVALSHA, say), so that status goes on with the other indexes.
@@ -143,9 +143,9 @@ func readGenStatus(ctx context.Context, client rueidis.Client, idx gens.Index, g
 }
 
 // hasGenKeys returns, for each of lives (indexes of group, none when
-// empty), whether its pointer or its
-// registry exists, with one pipelined EXISTS each: status of one key reads
-// the registry (with a script) only for an index that has one.
+// empty), whether its pointer or its registry exists, with one pipelined
+// EXISTS each: status of one key reads the registry (with a script) only
+// for an index that has one.
 func hasGenKeys(ctx context.Context, client rueidis.Client, group string, lives []string) ([]bool, error) {
 	cluster := namesOf(client, group)
 	ks := make([]string, 0, 2*len(lives))
