@@ -151,7 +151,7 @@ func describeIndexes(ctx context.Context, client rueidis.Client, metas, genKeys 
 		}
 		ix := indexStatus{Key: indexKey(ks[i], metas[ks[i]], cluster), MetaKey: ks[i], Generation: &g,
 			LockKey: lock, Rollback: rollbackOf(&g, lock, now)}
-		if group, live, ok := keys.ParseGroupBase(metas[ks[i]]); ok {
+		if group, live, ok := groupOf(metas[ks[i]]); ok {
 			ix.Key, ix.Group = live, group
 		}
 		out = append(out, ix)
@@ -177,7 +177,7 @@ func describeIndexes(ctx context.Context, client rueidis.Client, metas, genKeys 
 		}
 		live := liveOf(k, base, cluster, keyOf)
 		var group string
-		if g, l, ok := keys.ParseGroupBase(base); ok {
+		if g, l, ok := groupOf(base); ok {
 			live, group = l, g
 		}
 		lock := keys.LockKeyForBase(base)
@@ -209,4 +209,16 @@ func (ix indexStatus) name() string {
 		return displayKey(ix.Key)
 	}
 	return displayKey(ix.Key) + " (group " + displayKey(ix.Group) + ")"
+}
+
+// groupOf returns the group and the index of base when base is that of an
+// index in a group (keys.ParseGroupBase) naming a key keyswap rebuilds: a
+// name read from the keyspace is checked before it is trusted, and one
+// that fails is shown as it is.
+func groupOf(base string) (group, live string, ok bool) {
+	group, live, ok = keys.ParseGroupBase(base)
+	if !ok || keys.CheckGroup(group) != nil || live == "" || keys.Reserved(live) {
+		return "", "", false
+	}
+	return group, live, true
 }

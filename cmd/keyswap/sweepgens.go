@@ -175,11 +175,12 @@ func findGenIndexes(ctx context.Context, client rueidis.Client, pattern string) 
 			if !ok || keys.IsGenKey(k) || !selectRegistry(pattern, base) {
 				continue
 			}
-			if group, live, ok := keys.ParseGroupBase(base); ok {
-				if keys.CheckGroup(group) == nil && live != "" && !keys.Reserved(live) {
-					found[gens.Index{Live: live, Group: group}] = true
-				}
+			if group, live, ok := groupOf(base); ok {
+				found[gens.Index{Live: live, Group: group}] = true
 				continue
+			}
+			if _, _, ok := keys.ParseGroupBase(base); ok {
+				continue // a group's shape around a key keyswap never rebuilds
 			}
 			live := liveOf(k, base, cluster, keys.RegistryKey)
 			if live == "" || keys.Reserved(live) {
