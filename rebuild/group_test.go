@@ -101,11 +101,26 @@ func TestGenerationsGroupSpreads(t *testing.T) {
 			}
 		}
 		us := genUsers(300, 10)
-		r := groupRebuilder(t, d.Client, d, rebuild.Options{})
+		// On the cluster, the run's per-slot counters are named after the
+		// group's base of its first index, as its other control keys are.
+		var counted sync.Once
+		var named []string
+		progress := func(rebuild.Progress) {
+			if d.Cluster {
+				counted.Do(func() { named = counters(t, d.Other, keys.Base(byDigits, names)) })
+			}
+		}
+		r := groupRebuilder(t, d.Client, d, rebuild.Options{Progress: progress})
 		if _, err := r.Run(ctx, sources.Slice(us)); err != nil {
 			t.Fatalf("first Run: %v", err)
 		}
 		wantPointers(t, d, ptrs, "1")
+		if d.Cluster && len(named) == 0 {
+			t.Error("no per-slot counter named after the group's base during the run")
+		}
+		if left := counters(t, d.Other, keys.Base(byDigits, names)); len(left) > 0 {
+			t.Errorf("counters left: %v", left)
+		}
 		if d.Cluster {
 			all := mastersHolding(t, d.Other, strings.Trim(d.Prefix, "{}")+"users:")
 			if len(all) != 3 {

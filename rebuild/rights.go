@@ -104,7 +104,7 @@ func (x *runState) checks() []protocol.Check {
 	if x.r.opts.Publish == Generations && cluster.Cluster {
 		// The per-slot counters of the run's writes (the slot does not
 		// change the rights an ACL pattern grants).
-		add(keys.CounterKey(x.r.lives[0], 0, 0), "INCR", "EXPIRE", "GET", "UNLINK")
+		add(keys.CounterKey(keys.Base(x.r.lives[0], cluster), 0, 0), "INCR", "EXPIRE", "GET", "UNLINK")
 	}
 	return c
 }
