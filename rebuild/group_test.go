@@ -308,3 +308,41 @@ func TestGenerationsGroupConflict(t *testing.T) {
 		}
 	})
 }
+
+func TestGenerationsGroupDropPlain(t *testing.T) {
+	// C97: an index moved from rename-in-place into a group. Its plain
+	// key stays beside the group's pointer: DropPlain deletes it on the
+	// standalone server; on the cluster, where it is outside the group's
+	// slot, it refuses, naming both slots, and deletes nothing.
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		ctx := redistest.Ctx(t)
+		group, _, _, emails := groupNames(d)
+		hash := func(opts rebuild.Options) *rebuild.Rebuilder[user] {
+			return redistest.Rebuilder(t, d.Client, opts,
+				builders.Hash(emails, func(u user) (string, string, bool) { return u.Email, u.ID, true }))
+		}
+		us := users(20)
+		if _, err := hash(rebuild.Options{}).Run(ctx, sources.Slice(us)); err != nil {
+			t.Fatalf("Run in place: %v", err)
+		}
+		r := hash(rebuild.Options{Publish: rebuild.Generations, Group: group, Grace: time.Millisecond})
+		if _, err := r.Run(ctx, sources.Slice(us)); err != nil {
+			t.Fatalf("Run in the group: %v", err)
+		}
+		_, err := r.DropPlain(ctx)
+		if d.Cluster {
+			if err == nil || !strings.Contains(err.Error(), "cannot be deleted in one step") {
+				t.Errorf("DropPlain: got %v, want a refusal naming the slots", err)
+			}
+			if !redistest.Exists(t, d.Other, emails) {
+				t.Error("DropPlain deleted the plain key on the cluster")
+			}
+			return
+		}
+		if err != nil {
+			t.Fatalf("DropPlain: %v", err)
+		}
+		redistest.WantAbsent(t, d.Other, emails)
+		redistest.WantString(t, d.Other, keys.PointerKey(emails, keys.Names{Group: group}), "1")
+	})
+}

@@ -99,6 +99,14 @@ func TestGroup(t *testing.T) {
 				t.Errorf("sweep left %v", left)
 			}
 			ix.wantGenData(t, d, 3, gV4)
+
+			// --plain: on the cluster the plain key of the hash is outside
+			// the group's slot, and the sweep says so rather than fail.
+			r = keyswap(t, d.args("sweep", "--delete", "--plain")...)
+			r.wantCode(t, exitOK)
+			if note := "kept the plain keys of " + ix.email + " (group " + group + "): its plain keys are outside its group's slot"; d.cluster && !strings.Contains(r.stdout, note) {
+				t.Errorf("sweep --plain: got stdout %q, want %q", r.stdout, note)
+			}
 		})
 	}
 }

@@ -62,6 +62,11 @@ func dropPlain(ctx context.Context, client rueidis.Client, idx gens.Index, dryRu
 	if idx.Family && idx.Type == "" {
 		return &plainDrop{Note: "no plain shape recorded in its meta: nothing of it to delete"}, nil
 	}
+	_, tagged := keys.HashTag(idx.Live)
+	if ptr := keys.PointerKey(idx.Live, namesOf(client, idx.Group)); idx.Group != "" && client.Mode() == rueidis.ClientModeCluster &&
+		(!idx.Family || tagged) && keys.Slot(idx.Live) != keys.Slot(ptr) {
+		return &plainDrop{Note: "its plain keys are outside its group's slot, so they cannot be deleted in one step with the check of the pointer: once every reader has the group, UNLINK them"}, nil
+	}
 	if dryRun {
 		if idx.Family {
 			return &plainDrop{}, nil
