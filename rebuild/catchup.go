@@ -35,8 +35,8 @@ type catchUpScope struct {
 	batchSize int           // Options.BatchSize
 	timeout   time.Duration // Options.CatchUpTimeout, for errors
 	// exact makes a catch-up replay every entry, leaving no tail: in
-	// Generations mode the flip replays none itself, and refuses while a
-	// log holds one.
+	// Generations mode across slots the flip cannot replay one, and
+	// refuses while a log holds one (the run cuts over: publisher.cutOver).
 	exact bool
 	// write writes the transactions of a round as the batches' are, with
 	// the lease's lock of the temp keys held.

@@ -76,8 +76,20 @@ func (w *writes) Add(cmd, key string, args ...string) error {
 // generation (the one its pointer names), checking in the same atomic step
 // that no flip moved the pointer meanwhile. While a run of the keys is in
 // progress, the same step logs the change for it, as above: the run
-// replays it onto the generation it builds before its flip, which refuses
-// while a change is left to replay.
+// replays it onto the generation it builds, and its flip replays the last
+// changes (a bounded tail) itself, in the same atomic step as the pointer's
+// move, where the run's keys share its locks' slot.
+//
+// Where they do not (on Redis Cluster, an index without a hash tag), the
+// flip cannot write the other slots, and the run cuts over instead: it
+// sets a mark next to its locks, for at most 5 s (twice its last attempt
+// to flip, from 250 ms), and drains its log while Apply waits; the flip
+// removes the mark. Apply then waits, pausing up to 20 ms between tries
+// and never past the mark's deadline, and applies the change once the mark
+// is gone: it returns the cause of ctx if ctx ends first, and an error
+// matching ErrInProgress after 10 s of waiting in all, nothing applied
+// either way. A run that dies with its mark set holds Apply back until the
+// mark's deadline at most, or until its lock goes.
 //
 // On Redis Cluster, an index without a hash tag (a family whose buckets
 // spread over every slot, or a key whose generation key leaves its lock's

@@ -219,10 +219,11 @@
 // instead, and [Rebuilder.Rollback] flips back to it. A failed run never
 // touches a pointer and removes its own generation. [Rebuilder.Apply]
 // writes a change to the current generation and, while a run is in
-// progress, logs it for the run, which replays it onto its own generation
-// before the flip; on a cluster it needs the keys of a change in the
-// locks' slot (a family with a hash tag), or goes in three steps across
-// slots (a family without one, or an index of a group). On a
+// progress, logs it for the run, which replays it onto its own generation;
+// the flip replays the last changes itself where the run's keys share its
+// locks' slot, and elsewhere (on a cluster, a family without a hash tag,
+// or the indexes of a group) the run cuts over, holding Apply back for a few milliseconds while it
+// drains its log and flips (see Apply). On a
 // cluster the writes of a run in this mode go on the client's shared
 // connections, not on a connection of their own.
 //

@@ -78,14 +78,14 @@ func (r *Rebuilder[T]) checkDurability(bad func(string, ...any) error) error {
 // on every other master that holds a slot the run wrote, each counted from
 // a write of the run's counter in one of its slots (see RELIABILITY.md,
 // "Generations mode", for the window this closes).
-func (x *runState) waitDurable(ctx context.Context, d protocol.Durability) error {
-	r := x.r
-	lock := x.locks[0].Key
-	if x.gen == nil || !r.redis.Cluster() {
+func (p *publisher) waitDurable(ctx context.Context, d protocol.Durability) error {
+	r := p.r
+	lock := p.locks[0].Key
+	if p.gen == nil || !r.redis.Cluster() {
 		return r.redis.Durable.Wait(ctx, "publish", r.key, lock, d)
 	}
-	ks, _ := x.gen.counters.keys()
-	ats, err := x.oneKeyPerMaster(ctx, lock, ks)
+	ks, _ := p.gen.counters.keys()
+	ats, err := p.oneKeyPerMaster(ctx, lock, ks)
 	if err != nil {
 		return err
 	}
@@ -112,14 +112,14 @@ func (x *runState) waitDurable(ctx context.Context, d protocol.Durability) error
 // the master that holds lock. It reads the slots' masters with CLUSTER
 // SLOTS: a slot that moves to another master after it was read is waited
 // for on the master of the key chosen for its old master.
-func (x *runState) oneKeyPerMaster(ctx context.Context, lock string, ks []string) ([]string, error) {
+func (p *publisher) oneKeyPerMaster(ctx context.Context, lock string, ks []string) ([]string, error) {
 	if len(ks) == 0 {
 		return nil, nil
 	}
-	client := x.r.redis.Client()
+	client := p.r.redis.Client()
 	ranges, err := client.Do(ctx, client.B().ClusterSlots().Build()).ToArray()
 	if err != nil {
-		return nil, protocol.Fail(ctx, "publish", x.r.key, fmt.Errorf("CLUSTER SLOTS: %w", err))
+		return nil, protocol.Fail(ctx, "publish", p.r.key, fmt.Errorf("CLUSTER SLOTS: %w", err))
 	}
 	type span struct {
 		from, to int64
@@ -129,13 +129,13 @@ func (x *runState) oneKeyPerMaster(ctx context.Context, lock string, ks []string
 	for _, rg := range ranges {
 		f, err := rg.ToArray()
 		if err != nil || len(f) < 3 {
-			return nil, &Error{Op: "publish", Key: x.r.key, Err: fmt.Errorf("CLUSTER SLOTS: an entry %v, want [start end [host port ...] ...]", f)}
+			return nil, &Error{Op: "publish", Key: p.r.key, Err: fmt.Errorf("CLUSTER SLOTS: an entry %v, want [start end [host port ...] ...]", f)}
 		}
 		from, err1 := f[0].AsInt64()
 		to, err2 := f[1].AsInt64()
 		node, err3 := f[2].ToArray()
 		if err := errors.Join(err1, err2, err3); err != nil || len(node) < 2 {
-			return nil, &Error{Op: "publish", Key: x.r.key, Err: fmt.Errorf("CLUSTER SLOTS: an entry %v, want [start end [host port ...] ...]: %w", f, err)}
+			return nil, &Error{Op: "publish", Key: p.r.key, Err: fmt.Errorf("CLUSTER SLOTS: an entry %v, want [start end [host port ...] ...]: %w", f, err)}
 		}
 		host, _ := node[0].ToString()
 		port, _ := node[1].AsInt64()

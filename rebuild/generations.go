@@ -104,29 +104,38 @@ func (x *runState) allocate(ctx context.Context) error {
 }
 
 // flip publishes a run in Generations mode: it points every index at the
-// run's generation. It reports whether the flip is known to have run.
-func (x *runState) flip(ctx context.Context) (bool, error) {
-	r := x.r
-	x.stats.Batches = x.batches.Load()
-	for i, o := range r.owners {
-		x.stats.Entries[o.key] = x.entries[i]
-	}
+// run's generation, replaying the tail of the logs of changes onto it in
+// the same step where the run's keys share the locks' slot. It reports
+// whether the flip is known to have run. A flip refused for a tail makes
+// the next attempt cut over (see cutOver).
+func (p *publisher) flip(ctx context.Context) (bool, error) {
+	r := p.r
+	p.counts()
+	defer func() { p.last = time.Since(p.began) }()
 	cluster := r.redis.Cluster()
 	if cluster {
-		if err := x.gen.counters.check(ctx); err != nil {
+		if err := p.gen.counters.check(ctx); err != nil {
 			return false, err
 		}
 	}
-	if err := x.gen.sizes.check(ctx); err != nil {
+	if err := p.gen.sizes.check(ctx); err != nil {
 		return false, err
+	}
+	maxTail, maxWork := PublishTail, int64(PublishTailWork)
+	if p.spread {
+		// The flip cannot write the other slots: the run replays every
+		// change itself, under the cut-over's mark.
+		maxTail, maxWork = 0, 0
 	}
 	sent := time.Now()
 	f, err := r.redis.Generations.Flip(ctx, protocol.FlipOptions{
-		Op: "publish", Key: r.key, Locks: x.locks, Lives: r.lives, Gens: x.gen.gens,
-		CountBatches: !cluster, Batches: x.acked.Load(), KeepPrevious: r.opts.KeepPrevious > 0,
-		Logs: x.catchUp.logOffsets(), Now: time.Now(),
+		Op: "publish", Key: r.key, Locks: p.locks, Lives: r.lives, Gens: p.gen.gens,
+		CountBatches: !cluster, Batches: p.progress.acked.Load(), KeepPrevious: r.opts.KeepPrevious > 0,
+		Logs: p.catchUp.logOffsets(), MaxTail: maxTail, MaxWork: maxWork, Now: time.Now(),
 	})
-	x.obs.Published(time.Since(sent))
+	p.progress.obs.Published(time.Since(sent))
+	var behind *protocol.BehindError
+	p.behind = errors.As(err, &behind)
 	if errors.Is(err, ErrLockLost) || protocol.PublishRefused(err) {
 		return false, err // nothing written: the generation is worthless
 	}
@@ -140,16 +149,41 @@ func (x *runState) flip(ctx context.Context) (bool, error) {
 		// pointer names.
 		return false, err
 	}
-	for _, t := range x.targets.all() {
-		x.stats.Outcomes[t.Live] = Swapped
+	for _, t := range p.targets.all() {
+		p.stats.Outcomes[t.Live] = Swapped
 	}
 	for i, l := range r.lives {
-		x.stats.Generations[l] = x.gen.gens[i]
+		p.stats.Generations[l] = p.gen.gens[i]
 	}
-	x.retired = f.Retired
-	_, replayed := x.catchUp.counts()
-	x.stats.Changes = replayed
+	p.retired = f.Retired
+	_, replayed := p.catchUp.counts()
+	p.stats.Changes = replayed + f.Replayed
 	return true, nil
+}
+
+// The cut-over's mark lasts twice the last attempt to flip, within these
+// bounds: long enough for the run to drain its log and flip, short enough
+// that a run that dies with its mark set holds Apply back for little
+// (protocol.CutOverWait bounds one Apply's wait in all).
+const (
+	cutOverMin = 250 * time.Millisecond
+	cutOverMax = 5 * time.Second
+)
+
+// cutOver begins an attempt to publish. After a flip refused for a tail,
+// in a run whose keys are not all in its locks' slot (on a cluster, a
+// family without a hash tag: the flip cannot replay the tail), it sets the
+// run's cut-over marks (protocol.Generations.SetCutOver), which Apply
+// waits on: the log stops growing while the run catches up with it and
+// flips, and the flip deletes the marks. A mark the run leaves (it failed,
+// or took longer) goes at its PX.
+func (p *publisher) cutOver(ctx context.Context) error {
+	p.began = time.Now()
+	if !p.spread || !p.behind {
+		return nil
+	}
+	px := min(max(2*p.last, cutOverMin), cutOverMax)
+	return p.r.redis.Generations.SetCutOver(ctx, "publish", p.r.key, p.locks, px)
 }
 
 // discardGen removes a failed run's generation, best effort, with

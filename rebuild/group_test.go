@@ -1,6 +1,6 @@
 package rebuild_test
 
-// Groups (C97, C98): the control keys of a Rebuilder's indexes hang off
+// Groups (C99, C100): the control keys of a Rebuilder's indexes hang off
 // the group's hash tag, and their data keys spread.
 
 import (
@@ -81,7 +81,7 @@ func mastersHolding(t *testing.T, c rueidis.Client, prefix string) []string {
 }
 
 func TestGenerationsGroupSpreads(t *testing.T) {
-	// C97: three indexes without a common hash tag in one Rebuilder with a
+	// C99: three indexes without a common hash tag in one Rebuilder with a
 	// group: on the cluster their control keys share the group's slot, and
 	// the data keys of their generations spread over every master; each
 	// flip (a run, a rollback, a roll forward) moves every pointer at once,
@@ -256,7 +256,7 @@ func wantPointers(t *testing.T, d deployment, ptrs []string, gen string) {
 }
 
 func TestGenerationsGroupRefused(t *testing.T) {
-	// C97: a group with a brace, or a group in RenameInPlace mode, is
+	// C99: a group with a brace, or a group in RenameInPlace mode, is
 	// refused by New with ErrBadGroup, naming the problem; so is a bad
 	// group by reader.New.
 	d := env.Deployments(t)[0]
@@ -285,7 +285,7 @@ func TestGenerationsGroupRefused(t *testing.T) {
 }
 
 func TestGenerationsGroupConflict(t *testing.T) {
-	// C98: an index with a pointer outside the group (from runs without
+	// C100: an index with a pointer outside the group (from runs without
 	// it) makes a run with the group fail with ErrGroupConflict, naming
 	// the pointer, before it writes anything.
 	forEachDeployment(t, func(t *testing.T, d deployment) {
@@ -310,7 +310,7 @@ func TestGenerationsGroupConflict(t *testing.T) {
 }
 
 func TestGenerationsGroupDropPlain(t *testing.T) {
-	// C97: an index moved from rename-in-place into a group. Its plain
+	// C99: an index moved from rename-in-place into a group. Its plain
 	// key stays beside the group's pointer: DropPlain deletes it on the
 	// standalone server; on the cluster, where it is outside the group's
 	// slot, it refuses, naming both slots, and deletes nothing.
@@ -344,5 +344,37 @@ func TestGenerationsGroupDropPlain(t *testing.T) {
 		}
 		redistest.WantAbsent(t, d.Other, emails)
 		redistest.WantString(t, d.Other, keys.PointerKey(emails, keys.Names{Group: group}), "1")
+	})
+}
+
+func TestGenerationsGroupTagged(t *testing.T) {
+	// C99, C96: a family with a hash tag of its own in a group. Its
+	// buckets stay in the tag's slot, apart from its lock and pointer in
+	// the group's: changes applied while the run builds go across slots,
+	// and the generation the run flips to has them all.
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		ctx := redistest.Ctx(t)
+		group := strings.Trim(d.Prefix, "{}") + "g"
+		prefix := "{" + strings.Trim(d.Prefix, "{}") + "}users:by-bucket"
+		const buckets = 10
+		us := genUsers(300, buckets)
+		changes, after := genChanges(us, buckets)
+		r := genRebuilder(t, d, prefix, rebuild.Options{Group: group})
+		if _, err := r.Run(ctx, sources.Slice(us)); err != nil {
+			t.Fatalf("first Run: %v", err)
+		}
+		a := &applying{r: r, changes: changes}
+		if _, err := r.Run(ctx, pausedSource(us, 50, 250, func() { a.start(ctx) }, a.wg.Wait)); err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+		if a.err != nil {
+			t.Fatalf("Apply during the run: %v", a.err)
+		}
+		names := keys.Names{Cluster: d.Cluster, Group: group}
+		redistest.WantString(t, d.Other, keys.PointerKey(prefix, names), "2")
+		wantBuckets(t, d, prefix, 2, after)
+		if d.Cluster && keys.Slot(keys.GenBucketKey(prefix, 2, "b00")) == keys.Slot(keys.PointerKey(prefix, names)) {
+			t.Fatal("the test needs the buckets outside the group's slot")
+		}
 	})
 }

@@ -199,6 +199,9 @@ func (p *pipeline) review(deadline time.Time) error {
 func (p *pipeline) publishOnce(deadline time.Time) (behind *protocol.BehindError, err error) {
 	x, r := p.x, p.x.r
 	x.setPhase(PhaseCatchingUp)
+	if err := x.publisher.cutOver(p.ctx); err != nil {
+		return nil, err
+	}
 	if err := x.catchUp.run(p.ctx, deadline); err != nil {
 		return nil, err
 	}
@@ -209,7 +212,7 @@ func (p *pipeline) publishOnce(deadline time.Time) (behind *protocol.BehindError
 	// keep the locks, show the phase, and read an operator's cancel.
 	if d := r.durability(); d != (protocol.Durability{}) {
 		x.setPhase(PhaseWaiting)
-		if err := x.waitDurable(p.ctx, d); err != nil {
+		if err := x.publisher.waitDurable(p.ctx, d); err != nil {
 			if cause := context.Cause(p.ctx); cause != nil {
 				return nil, protocol.Wrap("run", r.key, cause)
 			}
@@ -223,9 +226,9 @@ func (p *pipeline) publishOnce(deadline time.Time) (behind *protocol.BehindError
 		return nil, protocol.Wrap("run", r.key, cause)
 	}
 	if x.gen != nil {
-		p.published, err = x.flip(p.ctx)
+		p.published, err = x.publisher.flip(p.ctx)
 	} else {
-		p.published, err = x.publish(p.ctx, p.live)
+		p.published, err = x.publisher.publish(p.ctx, p.live, x.stalePrevs)
 	}
 	if !errors.As(err, &behind) {
 		return nil, err

@@ -83,19 +83,20 @@ func (r *Rebuilder[T]) run(ctx context.Context, src sources.Source[T], held *Hel
 	}
 	x.catchUp = newCatchUp(catchUpScope{
 		redis: r.redis, key: r.key, lives: r.lives, owners: r.owners, targets: x.targets,
-		batchSize: r.opts.BatchSize, timeout: r.opts.CatchUpTimeout, exact: r.opts.Publish == Generations,
+		batchSize: r.opts.BatchSize, timeout: r.opts.CatchUpTimeout, exact: r.opts.Publish == Generations && r.spreads(),
 		write: func(ctx context.Context, txns []*txn) error {
 			x.lease.temps.Lock()
 			defer x.lease.temps.Unlock()
 			return x.writer.write(ctx, txns)
 		},
 	}, locks)
+	x.publisher = x.newPublisher()
 	obs.Phase(PhaseBuilding)
 	err = x.run(ctx, src)
 	if err == nil && x.gen != nil {
 		// The flip happened: the old generation stays readable for the
 		// grace period, then goes.
-		r.retire(ctx, x.retired, x.buckets())
+		r.retire(ctx, x.publisher.retired, x.buckets())
 	}
 	returned = true
 	stats.Elapsed = time.Since(start)
@@ -136,9 +137,9 @@ type runState struct {
 	// found by the scan: written by the scans, read once they are done.
 	stalePrevs []map[string]bool
 	// gen is the state of a run in Generations mode, nil in
-	// RenameInPlace mode; retired are the generations its flip retired.
-	gen     *generations
-	retired [][]int64
+	// RenameInPlace mode.
+	gen       *generations
+	publisher *publisher // the publish stage: made once the run holds its locks
 }
 
 // newExecution returns the state of a run of r started at start.

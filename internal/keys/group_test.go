@@ -6,7 +6,7 @@ import (
 )
 
 func TestGroupShapes(t *testing.T) {
-	// C97: in a group every control key hangs off "{group}:rebuild-group:"
+	// C99: in a group every control key hangs off "{group}:rebuild-group:"
 	// + the index's key, in the group's slot on a cluster as on a
 	// standalone server, whatever the key's own tag.
 	in := Names{Cluster: true, Group: "g1"}
@@ -46,7 +46,7 @@ func TestGroupShapes(t *testing.T) {
 }
 
 func TestCheckGroup(t *testing.T) {
-	// C97: a group is non-empty, without braces.
+	// C99: a group is non-empty, without braces.
 	for _, tc := range []struct {
 		group string
 		ok    bool

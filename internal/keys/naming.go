@@ -35,6 +35,12 @@ const (
 	// It is the only key of a run that operators write, and it lives no
 	// longer than the lock.
 	CtlSuffix = ":ctl"
+	// CutOverSuffix follows a lock key to name the cut-over mark of the
+	// run that holds the lock: "<lock key>:cut", a string holding the
+	// run's token with a PX deadline, set while the run drains its log of
+	// changes to flip (Generations mode across slots). Apply waits while
+	// it is set; the flip deletes it.
+	CutOverSuffix = ":cut"
 	// MetaSuffix follows a base to name the metadata of a live key or a
 	// family: "<base>:rebuild-gen", a hash with its generation. It has no
 	// TTL: it lives as long as the index.
@@ -59,6 +65,10 @@ func LogKey(lockKey string) string { return lockKey + LogSuffix }
 // lockKey.
 func CtlKey(lockKey string) string { return lockKey + CtlSuffix }
 
+// CutOverKey returns the key of the cut-over mark of the run holding
+// lockKey.
+func CutOverKey(lockKey string) string { return lockKey + CutOverSuffix }
+
 // MetaKey returns the key of live's metadata: its generation.
 func MetaKey[S Space](live string, s S) string { return Base(live, s) + MetaSuffix }
 
@@ -66,7 +76,8 @@ func MetaKey[S Space](live string, s S) string { return Base(live, s) + MetaSuff
 func PrevKey[S Space](live string, s S) string { return Base(live, s) + PrevSuffix }
 
 // Reserved reports whether key has the shape of a key keyswap makes next
-// to a live key: a lock, a lock's receipt, record, log or requests, a live
+// to a live key: a lock, a lock's receipt, record, log, requests or
+// cut-over mark, a live
 // key's metadata or kept previous value, a temp key (current or legacy
 // shape), an index's pointer, registry of generations or generation's
 // data key, or anything that starts like the base of an index in a group
@@ -80,7 +91,7 @@ func Reserved(key string) bool {
 		return true
 	}
 	for _, suffix := range []string{LockSuffix, MetaSuffix, PrevSuffix, PointerSuffix, RegistrySuffix,
-		LockSuffix + ReceiptSuffix, LockSuffix + RecordSuffix, LockSuffix + LogSuffix, LockSuffix + CtlSuffix} {
+		LockSuffix + ReceiptSuffix, LockSuffix + RecordSuffix, LockSuffix + LogSuffix, LockSuffix + CtlSuffix, LockSuffix + CutOverSuffix} {
 		if strings.HasSuffix(key, suffix) {
 			return true
 		}

@@ -7,6 +7,7 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/redis/rueidis"
@@ -571,6 +572,9 @@ func (c change) decode(script string, res reply, extra int) (Applied, reply, err
 	switch {
 	case code == codeGenLost:
 		return Applied{}, nil, errMoved
+	case code == codeWait && i >= 1 && int(i) <= n:
+		ms, _ := res.int(2)
+		return Applied{}, nil, &cutOverError{lock: c.locks[i-1], left: time.Duration(max(ms, 0)) * time.Millisecond}
 	case code == codeWrongType:
 		return Applied{}, nil, fmt.Errorf("%q holds a %s, which this change cannot write; nothing applied", res.str(1), res.str(2))
 	case code == codeUnlogged && i >= 1 && int(i) <= n:

@@ -20,7 +20,7 @@ const (
 	codeRecreated   = -4  // publish: {-4, i}: populated temp key i has no TTL
 	codeUnknownCmd  = -5  // acquire, apply, genapply, genlog, genwrite, rollback, publish: {-5, cmd}
 	codeNotMeta     = -6  // publish, flip, genback: {-6, i}: meta i is another key
-	codeBehind      = -7  // publish: {-7, i, n, w}: the logs' tails hold n entries of work w, over a bound
+	codeBehind      = -7  // publish, flip: {-7, i, n, w}: the logs' tails hold n entries of work w, over a bound
 	codeWrongType   = -8  // apply, genapply, genwrite, publish: {-8, key, type}: an op cannot write key's type
 	codeBadLog      = -9  // publish: {-9, i, e, why}: log i holds an entry that is not a change
 	codeOverrun     = -10 // publish: {-10, i}: log i reached its bound: changes were not logged
@@ -35,6 +35,7 @@ const (
 	codeUncounted   = -19 // publish: {-19, i, llen, logged}: log i holds entries nobody counted
 	codeBadRegistry = -21 // genalloc, genback, genapply, genlog: {-21, i, why}: index i's registry or pointer is in a state no run leaves
 	codeGenLost     = -20 // flip: {-20, i}: index i's registry no longer marks the run's generation as its; genapply: pointer i moved
+	codeWait        = -22 // genapply, genlog: {-22, i, pttl}: the run holding lock i is cutting over (its mark lasts pttl ms more)
 	codeRenamed     = 1   // publish, per target: renamed
 	codeEmptied     = 2   // publish, per target: live key deleted
 	tempAbsent      = 0   // touch, refresh, per temp key: it does not exist
@@ -75,6 +76,7 @@ var replyCodes = []struct {
 	{"UNCOUNTED", codeUncounted},
 	{"GEN_LOST", codeGenLost},
 	{"BAD_REGISTRY", codeBadRegistry},
+	{"WAIT", codeWait},
 	{"RENAMED", codeRenamed},
 	{"EMPTIED", codeEmptied},
 	{"TEMP_ABSENT", tempAbsent},

@@ -107,9 +107,16 @@ type FlipOptions struct {
 	// KeepPrevious keeps each index's old generation as its previous one,
 	// for a rollback, instead of retiring it.
 	KeepPrevious bool
-	// Logs are the logs of changes, one per lock, with what the run
-	// replayed of each: every entry must have been replayed.
-	Logs []LogOffset
+	// Logs are the logs of changes, one per lock (log i of index i), with
+	// what the run replayed of each. The flip replays the rest, the tail,
+	// onto each index's new generation, when it holds at most MaxTail
+	// entries of at most MaxWork ops and arguments over every log; a
+	// longer one is refused with a *BehindError. MaxTail 0 (the run's keys
+	// are not all in the locks' slot, which the flip cannot write) refuses
+	// any tail.
+	Logs    []LogOffset
+	MaxTail int
+	MaxWork int64
 	// Now is the time of the flip, recorded in the metas and the
 	// retirements.
 	Now time.Time
@@ -123,23 +130,28 @@ type Flipped struct {
 	// Retired has, per index, the generations the flip retired, to remove
 	// once readers no longer use them.
 	Retired [][]int64
+	// Replayed is the number of changes (log entries) of the tail the
+	// flip replayed.
+	Replayed int64
 }
 
 // Flip publishes a run in Generations mode (flip.lua): it checks, in one
 // script and before any write, the locks, the records, the batches, the
 // operator's cancel, that every log of changes was replayed to its end and
-// that each index's new generation is still the run's; then points each
-// index's pointer at its new generation. The refusals are those of
-// [Publisher.Publish], and a log with entries the run did not replay is
-// refused with a *BehindError, so that the run catches up again. A flip
-// whose reply was lost is settled from its receipt, as a publish is.
+// that each index's new generation is still the run's; then replays the
+// tail of the logs onto the new generations (see FlipOptions.Logs),
+// deletes the run's cut-over marks and points each index's pointer at its
+// new generation. The refusals are those of [Publisher.Publish], and a tail
+// over the bounds is refused with a *BehindError, so that the run catches
+// up again. A flip whose reply was lost is settled from its receipt, as a
+// publish is.
 func (r Generations) Flip(ctx context.Context, opts FlipOptions) (Flipped, error) {
 	op, key := opts.Op, opts.Key
 	lockKeys, token, err := CheckLocks(op, opts.Locks)
 	if err != nil {
 		return Flipped{}, err
 	}
-	if len(opts.Lives) != len(opts.Gens) || len(opts.Logs) != len(lockKeys) {
+	if len(opts.Lives) != len(opts.Gens) || len(opts.Logs) != len(lockKeys) || len(opts.Lives) != len(lockKeys) {
 		return Flipped{}, &Error{Op: op, Key: key, Err: fmt.Errorf("%d generations and %d logs for %d indexes and %d locks", len(opts.Gens), len(opts.Logs), len(opts.Lives), len(lockKeys))}
 	}
 	ks := slices.Clone(lockKeys)
@@ -154,6 +166,9 @@ func (r Generations) Flip(ctx context.Context, opts FlipOptions) (Flipped, error
 		ks = append(ks, keys.PointerKey(l, r.cluster), keys.RegistryKey(l, r.cluster), keys.MetaKey(l, r.cluster))
 	}
 	ks = append(ks, keys.ReceiptKey(lockKeys[0]))
+	for _, l := range lockKeys {
+		ks = append(ks, keys.CutOverKey(l))
+	}
 	if err := r.SameSlot(op, key, ks...); err != nil {
 		return Flipped{}, err
 	}
@@ -169,8 +184,9 @@ func (r Generations) Flip(ctx context.Context, opts FlipOptions) (Flipped, error
 	for _, g := range opts.Gens {
 		args = append(args, strconv.FormatInt(g, 10))
 	}
-	for _, l := range opts.Logs {
-		args = append(args, strconv.FormatInt(l.Offset, 10), strconv.FormatInt(l.Logged, 10))
+	args, err = tailArgs(args, opts.Logs, opts.MaxTail, opts.MaxWork)
+	if err != nil {
+		return Flipped{}, &Error{Op: op, Key: key, Err: err}
 	}
 	res, err := parseReply(flipScript.Exec(ctx, r.client, ks, args))
 	if err != nil {
@@ -202,6 +218,9 @@ func (r Generations) flipped(opts FlipOptions, res reply) (Flipped, error) {
 		r.log.Warn("keyswap: rebuild lock lost before the flip; nothing published", "key", l.Live, "lock_key", l.Key)
 		return Flipped{}, &Error{Op: op, Key: l.Live, Err: ErrLockLost}
 	}
+	if err := res.refusal(); err != nil {
+		return Flipped{}, &Error{Op: op, Key: key, Err: refusal{err}}
+	}
 	if code != codeOK {
 		if err := flipRefusals.decode(flipCall{opts, r.cluster}, code, res); err != nil {
 			return Flipped{}, &Error{Op: op, Key: key, Err: refusal{err}}
@@ -222,6 +241,10 @@ func (r Generations) flipped(opts FlipOptions, res reply) (Flipped, error) {
 		out.Retired = append(out.Retired, rest[1:1+rest[0]])
 		rest = rest[1+rest[0]:]
 	}
+	if len(rest) != 1 || rest[0] < 0 {
+		return unexpected()
+	}
+	out.Replayed = rest[0]
 	return out, nil
 }
 
@@ -239,22 +262,18 @@ var flipRefusals = newFlipRefusals()
 
 // newFlipRefusals returns flipRefusals.
 func newFlipRefusals() refusals[flipCall] {
-	return withFence(refusals[flipCall]{
-		codeBehind: {flipLogs, func(f flipCall, res reply, i int64) error {
-			n, _ := res.int(2)
-			return &BehindError{Log: f.Logs[i-1].Key, Tail: n}
-		}},
+	return withTail(withFence(refusals[flipCall]{
 		codeGenLost: {flipLives, func(f flipCall, _ reply, i int64) error {
 			return fmt.Errorf("%w: %s no longer marks generation %d as this run's (overwritten, or lost in a failover); every index left at its generation", ErrGenerationLost, keys.RegistryKey(f.Lives[i-1], f.cluster), f.Gens[i-1])
 		}},
 		codeNotMeta: {flipLives, func(f flipCall, _ reply, i int64) error {
 			return fmt.Errorf("%w: %s is not a hash of keyswap's; every index left at its generation", ErrTampered, keys.MetaKey(f.Lives[i-1], f.cluster))
 		}},
-	}, func(f flipCall) fence { return fence{f.Locks, f.Batches, f.Logs} }, "flip; every index left at its generation")
+	}, func(f flipCall) fence { return fence{f.Locks, f.Batches, f.Logs} }, "flip; every index left at its generation"),
+		func(f flipCall) []LogOffset { return f.Logs }, "every index left at its generation")
 }
 
 // What the index of a refusal of flip.lua names.
-func flipLogs(f flipCall) int  { return len(f.Logs) }
 func flipLives(f flipCall) int { return len(f.Lives) }
 
 // GenRollback flips every index of opts back to its previous generation
@@ -390,7 +409,8 @@ func (r Changes) GenApply(ctx context.Context, opts GenApplyOptions) (Applied, e
 	if r.spreads(c.lives) {
 		return r.genApplySpread(ctx, opts, c)
 	}
-	for range genApplyTries {
+	var waiter cutOverWaiter
+	for try := 0; try < genApplyTries; {
 		pointers := make(rueidis.Commands, n)
 		for i, l := range c.lives {
 			pointers[i] = r.client.B().Get().Key(keys.PointerKey(l, r.cluster)).Build()
@@ -411,10 +431,11 @@ func (r Changes) GenApply(ctx context.Context, opts GenApplyOptions) (Applied, e
 			}
 			gens[i] = g
 		}
-		ks := make([]string, 5*n)
+		ks := make([]string, 6*n)
 		for i, l := range c.locks {
 			ks[i], ks[n+i], ks[2*n+i] = l, keys.RecordKey(l), keys.LogKey(l)
 			ks[3*n+i], ks[4*n+i] = keys.PointerKey(c.lives[i], r.cluster), keys.RegistryKey(c.lives[i], r.cluster)
+			ks[5*n+i] = keys.CutOverKey(l)
 		}
 		index := map[string]int{}
 		args := append([]string{strconv.Itoa(n), strconv.Itoa(opts.MaxLog), strconv.Itoa(c.count())}, gens...)
@@ -429,7 +450,7 @@ func (r Changes) GenApply(ctx context.Context, opts GenApplyOptions) (Applied, e
 				j, ok := index[k]
 				if !ok {
 					ks = append(ks, k)
-					j = len(ks) - 5*n
+					j = len(ks) - 6*n
 					index[k] = j
 				}
 				args = append(args, strconv.Itoa(i+1), strconv.Itoa(j), o.Key, o.Cmd, strconv.Itoa(len(o.Args)))
@@ -447,10 +468,19 @@ func (r Changes) GenApply(ctx context.Context, opts GenApplyOptions) (Applied, e
 			return Applied{}, applyLost(ctx, op, key, err)
 		}
 		out, _, err := c.decode("genapply", res, 0)
-		if errors.Is(err, errMoved) {
-			continue // a flip came in between: resolve again
-		}
-		if err != nil {
+		var co *cutOverError
+		switch {
+		case errors.Is(err, errMoved):
+			try++ // a flip came in between: resolve again
+			continue
+		case errors.As(err, &co):
+			// A run drains its log to flip: apply the change once it
+			// is done (it does not count as a try).
+			if err := waiter.wait(ctx, op, key, co); err != nil {
+				return Applied{}, err
+			}
+			continue
+		case err != nil:
 			return fail(err)
 		}
 		return out, nil

@@ -2,6 +2,7 @@ package protocol
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -99,10 +100,11 @@ type slotWrite struct {
 func (r Changes) genApplySpread(ctx context.Context, opts GenApplyOptions, c change) (Applied, error) {
 	op, key := opts.Op, opts.Key
 	n := len(c.locks)
-	ks := make([]string, 5*n)
+	ks := make([]string, 6*n)
 	for i, l := range c.locks {
 		ks[i], ks[n+i], ks[2*n+i] = l, keys.RecordKey(l), keys.LogKey(l)
 		ks[3*n+i], ks[4*n+i] = keys.PointerKey(c.lives[i], r.cluster), keys.RegistryKey(c.lives[i], r.cluster)
+		ks[5*n+i] = keys.CutOverKey(l)
 	}
 	if err := r.SameSlot(op, key, ks...); err != nil {
 		return Applied{}, err
@@ -118,8 +120,19 @@ func (r Changes) genApplySpread(ctx context.Context, opts GenApplyOptions, c cha
 
 	// The steps again while the pointer moved meanwhile (see keptSpread),
 	// a bounded number of times, as GenApply resolves again.
+	var waiter cutOverWaiter
 	for try := 1; ; try++ {
 		out, writes, lost, moved, err := r.spreadOnce(ctx, opts, c, ks, args)
+		if co := (*cutOverError)(nil); errors.As(err, &co) {
+			// Step 1 found a run draining its log to flip: nothing
+			// logged or written. Apply the change once it is done (it
+			// does not count as a try).
+			if err := waiter.wait(ctx, op, key, co); err != nil {
+				return Applied{}, err
+			}
+			try--
+			continue
+		}
 		if err != nil || !moved || try == genApplyTries {
 			if err == nil && moved {
 				err = &Error{Op: op, Key: key, Err: fmt.Errorf("%w: the indexes' pointers moved %d times while the change was applied across slots (flips or rollbacks in quick succession); it is in the generations it was written to, perhaps not in the current one: apply it again", ErrInProgress, genApplyTries)}

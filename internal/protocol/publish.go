@@ -266,17 +266,10 @@ func (r Publisher) plan(opts PublishOptions) (publishPlan, error) {
 	}
 	args = append(args, flags, strconv.FormatInt(opts.Batches, 10), strconv.FormatInt(keep, 10),
 		strconv.Itoa(int(receiptTTL/time.Second)), Now(opts.Now))
-	for _, l := range opts.Logs {
-		if l.Offset < 0 || l.Logged < l.Offset || l.Work < 0 || l.Owner == "" {
-			return publishPlan{}, &Error{Op: op, Key: key, Err: fmt.Errorf("log %q: offset %d, %d logged, work %d, builder %q", l.Key, l.Offset, l.Logged, l.Work, l.Owner)}
-		}
-		family := "0"
-		if l.Family {
-			family = "1"
-		}
-		args = append(args, strconv.FormatInt(l.Offset, 10), strconv.FormatInt(l.Logged, 10), strconv.FormatInt(l.Work, 10), l.Owner, family)
+	args, err = tailArgs(args, opts.Logs, opts.MaxTail, opts.MaxWork)
+	if err != nil {
+		return publishPlan{}, &Error{Op: op, Key: key, Err: err}
 	}
-	args = append(args, strconv.Itoa(max(opts.MaxTail, 0)), strconv.FormatInt(max(opts.MaxWork, 0), 10))
 	for i := range opts.Metas {
 		kind := ""
 		if i < len(opts.FamilyTypes) {
@@ -388,7 +381,7 @@ var publishRefusals = newPublishRefusals()
 
 // newPublishRefusals returns publishRefusals.
 func newPublishRefusals() refusals[PublishOptions] {
-	return withFence(refusals[PublishOptions]{
+	return withTail(withFence(refusals[PublishOptions]{
 		codeTempLost: {publishTargets, func(o PublishOptions, _ reply, i int64) error {
 			// Populated at a renewal, gone inside the script: evicted, expired
 			// or swept mid-publish. The live keys are stale but intact;
@@ -400,34 +393,60 @@ func newPublishRefusals() refusals[PublishOptions] {
 			t := o.Targets[i-1]
 			return fmt.Errorf("%w: %s has no TTL: it was lost and re-created by a later write, so it holds only part of the rebuild (or a write removed its TTL, as a plain SET does: use SET KEEPTTL); %s and every other live key left unchanged", ErrTempKeyLost, t.Temp, t.Live)
 		}},
-		codeBehind: {publishLogs, func(o PublishOptions, res reply, i int64) error {
-			n, _ := res.int(2)
-			w, _ := res.int(3)
-			return &BehindError{Log: o.Logs[i-1].Key, Tail: n, Work: w}
-		}},
-		codeOverrun: {publishLogs, func(o PublishOptions, _ reply, i int64) error {
-			return fmt.Errorf("%w: %s reached its bound, so changes applied during the run were not logged; every live key left unchanged (and holds every change)", ErrFallingBehind, o.Logs[i-1].Key)
-		}},
-		codeBadLog: {publishLogs, func(o PublishOptions, res reply, i int64) error {
-			e, _ := res.int(2)
-			return badEntry(o.Logs[i-1].Key, e, errors.New(res.str(3)))
-		}},
-		codeNotTheRuns: {publishLogs, func(o PublishOptions, res reply, i int64) error {
-			e, _ := res.int(2)
-			return foreignEntry(o.Logs[i-1], e, res.str(3))
-		}},
-		codeWrongType: {nil, func(_ PublishOptions, res reply, _ int64) error {
-			return fmt.Errorf("a change applied during the run cannot be replayed: %q holds a %s; every live key left unchanged", res.str(1), res.str(2))
-		}},
 		codeNotMeta: {func(o PublishOptions) int { return len(o.Metas) }, func(o PublishOptions, _ reply, i int64) error {
 			return fmt.Errorf("%q, where keyswap keeps the generation of an index, is a key of another kind or content; rename it (keyswap keeps \"<key>:rebuild-gen\" next to every index it publishes)", o.Metas[i-1])
 		}},
-	}, func(o PublishOptions) fence { return fence{o.Locks, o.Batches, o.Logs} }, "publish; every live key left unchanged")
+	}, func(o PublishOptions) fence { return fence{o.Locks, o.Batches, o.Logs} }, "publish; every live key left unchanged"),
+		func(o PublishOptions) []LogOffset { return o.Logs }, "every live key left unchanged")
+}
+
+// tailArgs appends to args what lib/tail.lua reads of logs, five per log
+// (the entries the run replayed, the highest count it saw, their work, the
+// builder's key, '1' for a family), then the bounds of the tail.
+func tailArgs(args []string, logs []LogOffset, maxTail int, maxWork int64) ([]string, error) {
+	for _, l := range logs {
+		if l.Offset < 0 || l.Logged < l.Offset || l.Work < 0 || l.Owner == "" {
+			return nil, fmt.Errorf("log %q: offset %d, %d logged, work %d, builder %q", l.Key, l.Offset, l.Logged, l.Work, l.Owner)
+		}
+		family := "0"
+		if l.Family {
+			family = "1"
+		}
+		args = append(args, strconv.FormatInt(l.Offset, 10), strconv.FormatInt(l.Logged, 10), strconv.FormatInt(l.Work, 10), l.Owner, family)
+	}
+	return append(args, strconv.Itoa(max(maxTail, 0)), strconv.FormatInt(max(maxWork, 0), 10)), nil
+}
+
+// withTail adds to t the codes of lib/tail.lua, the tail of the logs of
+// changes that publish.lua and flip.lua replay: BEHIND (a *BehindError),
+// OVERRUN, BAD_LOG, NOT_THE_RUNS and WRONG_TYPE, decoded against the logs
+// of(o). left says what a refusal left unchanged.
+func withTail[O any](t refusals[O], of func(o O) []LogOffset, left string) refusals[O] {
+	logs := func(o O) int { return len(of(o)) }
+	t[codeBehind] = refused[O]{logs, func(o O, res reply, i int64) error {
+		n, _ := res.int(2)
+		w, _ := res.int(3)
+		return &BehindError{Log: of(o)[i-1].Key, Tail: n, Work: w}
+	}}
+	t[codeOverrun] = refused[O]{logs, func(o O, _ reply, i int64) error {
+		return fmt.Errorf("%w: %s reached its bound, so changes applied during the run were not logged; %s (and holds every change)", ErrFallingBehind, of(o)[i-1].Key, left)
+	}}
+	t[codeBadLog] = refused[O]{logs, func(o O, res reply, i int64) error {
+		e, _ := res.int(2)
+		return badEntry(of(o)[i-1].Key, e, errors.New(res.str(3)))
+	}}
+	t[codeNotTheRuns] = refused[O]{logs, func(o O, res reply, i int64) error {
+		e, _ := res.int(2)
+		return foreignEntry(of(o)[i-1], e, res.str(3))
+	}}
+	t[codeWrongType] = refused[O]{nil, func(_ O, res reply, _ int64) error {
+		return fmt.Errorf("a change applied during the run cannot be replayed: %q holds a %s; %s", res.str(1), res.str(2), left)
+	}}
+	return t
 }
 
 // What the index of a refusal of publish.lua names.
 func publishTargets(o PublishOptions) int { return len(o.Targets) }
-func publishLogs(o PublishOptions) int    { return len(o.Logs) }
 
 // logFailure is the error of a {LOG_LOST, i, len, logged} or {UNCOUNTED,
 // i, len, logged} reply about log l.

@@ -5,6 +5,7 @@ import (
 	"io/fs"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -148,7 +149,7 @@ return out
 	ctx := redistest.Ctx(t)
 	shapes := []string{
 		"p", "p:", "p:a", "p:a:b", "p:\n", "p:\xff", "q:a", "pp:a", "p:a:rebuild-lock", "p:rebuild-lock",
-		"p:a:rebuild-lock:run", "p:a:rebuild-lock:log", "p:a:rebuild-lock:ctl", "p:a:rebuild-lock:done",
+		"p:a:rebuild-lock:run", "p:a:rebuild-lock:log", "p:a:rebuild-lock:ctl", "p:a:rebuild-lock:done", "p:a:rebuild-lock:cut",
 		"p:a:rebuild-gen", "p:a:rebuild-prev", "p:a:rebuild:1700000000:0123456789abcdef",
 		"p:a:rebuild:1700000000:0123456789ABCDEF", "p:a:rebuild:1700000000", "p:a:rebuild:", "p:a:rebuild:12x",
 		"p:a:rebuild:123:abc", "p:a:rebuild:1:rebuild:2", "p:rebuild:99999999999999999999999",
@@ -172,6 +173,43 @@ return out
 			if (got[2*i] == 1) != reserved || (got[2*i+1] == 1) != owns {
 				t.Errorf("%q (owner %q, family %v): Lua says reserved %d, owned %d; Go %v, %v", k, owner.key, owner.family, got[2*i], got[2*i+1], reserved, owns)
 			}
+		}
+	}
+}
+
+func TestGenKeyShapesAgree(t *testing.T) {
+	// C97: lib/keys.lua's keyshapes.gen, with which flip.lua maps the live
+	// keys of a tail to the new generation, names the keys that
+	// keys.GenKey and keys.GenBucketKey name, which the run writes and
+	// Apply maps its ops to.
+	lib, err := protocol.Scripts.ReadFile("scripts/lib/keys.lua")
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := string(lib) + `
+return keyshapes.gen(ARGV[1], ARGV[2], ARGV[3] == '1', ARGV[4])
+`
+	c := env.Standalone.Client(t)
+	ctx := redistest.Ctx(t)
+	for _, tc := range []struct {
+		live, owner string
+		family      bool
+		gen         int64
+		want        string
+	}{
+		{"p", "p", false, 7, keys.GenKey("p", 7)},
+		{"{t}:k", "{t}:k", false, 12, keys.GenKey("{t}:k", 12)},
+		{"p:b", "p", true, 3, keys.GenBucketKey("p", 3, "b")},
+		{"{t}:p:a:b", "{t}:p", true, 100000000000001, keys.GenBucketKey("{t}:p", 100000000000001, "a:b")},
+		{"p::", "p", true, 1, keys.GenBucketKey("p", 1, ":")},
+	} {
+		flag := "0"
+		if tc.family {
+			flag = "1"
+		}
+		got, err := c.Do(ctx, c.B().Eval().Script(src).Numkeys(0).Arg(tc.live, tc.owner, flag, strconv.FormatInt(tc.gen, 10)).Build()).ToString()
+		if err != nil || got != tc.want {
+			t.Errorf("keyshapes.gen(%q, %q, %v, %d) = %q, %v; want %q", tc.live, tc.owner, tc.family, tc.gen, got, err, tc.want)
 		}
 	}
 }

@@ -10,7 +10,8 @@
 --   L locks; L records (one per lock, the run's); 1 requests (the
 --   operator's, next to the first lock); L logs (the logs of changes of
 --   the locks); then N triples per index: its pointer, its registry, its
---   meta; and 1 receipt.
+--   meta; 1 receipt; and L cut-over marks (keys.CutOverKey of each lock),
+--   which the flip deletes when they hold the token.
 -- ARGV[1]   the token
 -- ARGV[2]   L
 -- ARGV[3]   N
@@ -24,15 +25,26 @@
 --           the sweep measures the grace on)
 -- ARGV[7]   the receipt's TTL in seconds
 -- ARGV[8..7+N] the new generation of each index
--- ARGV[8+N..] per log, two: the entries the run replayed onto its new
---           generation; the highest count of logged entries it saw
+-- ARGV[8+N..7+N+5L] per log, five: the entries the run replayed onto its
+--           new generation; the highest count of logged entries it saw;
+--           the work of the entries it replayed; the key of the log's
+--           builder (a family's prefix); '1' for a family, else '0'
+-- ARGV[8+N+5L] the most entries a tail may have, over all logs: 0 when the
+--           run's keys are not all in this slot (a cluster's family
+--           without a hash tag)
+-- ARGV[9+N+5L] the most work a tail may have, over all logs
 --
--- Every change logged for the run must have been replayed: a log with a
--- tail is refused with BEHIND, and the run catches up again.
+-- The changes logged for the run after those it replayed, the tail, are
+-- replayed here onto the keys of the new generations (log i's onto index
+-- i's), before the pointers move, with the code publish.lua replays its
+-- tail with (lib/tail.lua): so that a steady stream of Apply never starves
+-- the flip. A tail over the bounds is refused with BEHIND, and the run
+-- catches up again.
 --
--- Returns {OK, m1..mN, k1, r.., k2, r.., ...}: flipped; mi the new meta
---           generation of index i; ki the number of generations retired
---           from index i, followed by them.
+-- Returns {OK, m1..mN, k1, r.., k2, r.., ..., c}: flipped; mi the new
+--           meta generation of index i; ki the number of generations
+--           retired from index i, followed by them; c the number of
+--           changes (log entries) of the tail replayed.
 --         {LOCK_LOST, i}: lock i does not hold the token.
 --         {NO_RECORD, i}, {TAMPERED, i}: record i is gone, or carries
 --                  another token.
@@ -41,33 +53,40 @@
 --         {ABORTED}: the operator asked the run to cancel.
 --         {LOG_LOST, i, len, logged}, {UNCOUNTED, i, len, logged}: log i
 --                  lost entries, or holds entries nobody counted.
---         {BEHIND, i, n, 0}: log i holds n entries the run did not replay.
+--         {BEHIND, i, n, w}: the tails hold n entries of work w, over a
+--                  bound; log i is the first with a tail.
+--         {OVERRUN, i}, {BAD_LOG, i, e, why}, {NOT_THE_RUNS, i, e, key},
+--                  {WRONG_TYPE, key, type}, {NO_RIGHT, cmd, key},
+--                  {UNKNOWN_CMD, cmd}: as publish.lua, of the tail.
 --         {GEN_LOST, i}: the registry of index i no longer marks its new
 --                  generation as built by this run.
 --         {NOT_META, i}: meta i is another key.
 -- On every reply but {OK, ...} nothing was written.
+-- #include keys
+-- #include remove
+-- #include changes
 -- #include fence
+-- #include tail
 local token, L, N = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local batches, keep, now, receiptTTL = ARGV[4], ARGV[5] == '1', ARGV[6], ARGV[7]
 local locks, records, ctl, logs, indexes = 0, L, 2 * L, 2 * L + 1, 3 * L + 1
 local receipt = KEYS[indexes + 3 * N + 1]
+local marks = indexes + 3 * N + 1
 local function gen(i) return ARGV[7 + i] end
-local function logArg(i, j) return tonumber(ARGV[7 + N + 2 * (i - 1) + j]) end
+local function logArg(i, j) return ARGV[7 + N + 5 * (i - 1) + j] end
+local maxEntries, maxWork = tonumber(ARGV[8 + N + 5 * L]), tonumber(ARGV[9 + N + 5 * L])
 
 -- The fence (lib/fence.lua), as publish.lua runs it.
 local refusal = fence.run(token, locks, L, records, L, batches ~= '' and batches or nil, KEYS[ctl + 1])
 if refusal then return refusal end
-for i = 1, L do
-  local len = redis.call('LLEN', KEYS[logs + i])
-  local logged = tonumber(redis.call('HGET', KEYS[records + i], 'logged') or '0')
-  local replayed, highest = logArg(i, 1), logArg(i, 2)
-  local r = fence.counted(i, len, logged, highest, replayed)
-  if r then
-    return r
-  elseif len > replayed then
-    return {BEHIND, i, len - replayed, 0}
-  end
-end
+-- The tails (lib/tail.lua), log i's onto index i's new generation.
+local tailOps, replayed = tail.read(L, function(i)
+  return KEYS[logs + i], KEYS[records + i], tonumber(logArg(i, 1)), tonumber(logArg(i, 2)),
+    tonumber(logArg(i, 3)), logArg(i, 4), logArg(i, 5) == '1'
+end, maxEntries, maxWork, function(i, key)
+  return keyshapes.gen(key, logArg(i, 4), logArg(i, 5) == '1', gen(i))
+end, function() return {} end)
+if not tailOps then return replayed end
 -- The server's clock, in milliseconds, read before any write (a TIME the
 -- user may not run fails the script here, having written nothing): the
 -- sweep reads TIME with the registry and compares, so no client's clock
@@ -87,6 +106,15 @@ for i = 1, N do
   end
 end
 
+-- The run's cut-over marks (Apply waits while one is set) go first: a DEL
+-- this user may not run fails the script before any other write.
+for i = 1, L do
+  local mark = KEYS[marks + i]
+  if redis.call('GET', mark) == token then
+    redis.call('DEL', mark)
+  end
+end
+changes.runAll(tailOps)
 local out, retired = {OK}, {}
 for i = 1, N do
   local ptr, reg, meta = KEYS[indexes + 3 * i - 2], KEYS[indexes + 3 * i - 1], KEYS[indexes + 3 * i]
@@ -124,4 +152,5 @@ for i = 1, N do
   end
 end
 redis.call('SET', receipt, token, 'EX', receiptTTL)
+out[#out + 1] = replayed
 return out

@@ -18,14 +18,15 @@
 -- KEYS[2n+1..3n]    their logs
 -- KEYS[3n+1..4n]    the indexes' pointers
 -- KEYS[4n+1..5n]    their registries
--- KEYS[5n+1..]      the keys the ops write
+-- KEYS[5n+1..6n]    the locks' cut-over marks (keys.CutOverKey)
+-- KEYS[6n+1..]      the keys the ops write
 -- ARGV[1]           n
 -- ARGV[2]           the most entries a log may hold (see apply.lua)
 -- ARGV[3]           the number of ops
 -- ARGV[4..3+n]      the generation the caller resolved for index i ('0':
 --                   no pointer, the rename-in-place shape)
 -- ARGV[4+n..]       per op: its lock's index (1..n), its key's index in
---                   KEYS after 5n, its live key, the command, the count of
+--                   KEYS after 6n, its live key, the command, the count of
 --                   args, the args
 --
 -- Returns {OK, l1..ln}: applied; li as apply.lua returns them.
@@ -36,6 +37,9 @@
 --           apply.lua); nothing written.
 --         {GEN_LOST, i}: pointer i names another generation now: resolve
 --           it again.
+--         {WAIT, i, pttl}: the run holding lock i is cutting over to its
+--           flip (its mark, for pttl more ms at most): nothing written;
+--           apply the change again once the mark is gone.
 --         {BAD_REGISTRY, i, why}: registry i does not mark the generation
 --           pointer i names current, a state no run leaves; nothing
 --           written (genlog.lua checks the same).
@@ -44,18 +48,18 @@
 -- #include changes
 local n, bound, count = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local ops, perLock = changes.parse(count, 4 + n, function(at)
-  return tonumber(ARGV[at]), KEYS[5 * n + tonumber(ARGV[at + 1])], ARGV[at + 2], at + 3
+  return tonumber(ARGV[at]), KEYS[6 * n + tonumber(ARGV[at + 1])], ARGV[at + 2], at + 3
 end)
 
 for i = 1, n do
-  local r = changes.canLog(KEYS[i], KEYS[n + i], KEYS[2 * n + i]) or changes.refused('GET', KEYS[3 * n + i])
+  local r = changes.canLog(KEYS[i], KEYS[n + i], KEYS[2 * n + i], KEYS[5 * n + i]) or changes.refused('GET', KEYS[3 * n + i])
     or changes.refused('HGET', KEYS[4 * n + i], 'current')
   if r then return r end
 end
 local r = changes.unfit(ops)
 if r then return r end
 local logging
-logging, r = changes.loggingEach(n, perLock)
+logging, r = changes.loggingEach(n, perLock, 5 * n)
 if r then return r end
 for i = 1, n do
   if perLock[i] and (redis.call('GET', KEYS[3 * n + i]) or '0') ~= ARGV[3 + i] then

@@ -21,6 +21,7 @@
 -- KEYS[2n+1..3n]    their logs
 -- KEYS[3n+1..4n]    the indexes' pointers
 -- KEYS[4n+1..5n]    the indexes' registries
+-- KEYS[5n+1..6n]    the locks' cut-over marks (keys.CutOverKey)
 -- ARGV[1]           n
 -- ARGV[2]           the most entries a log may hold (see apply.lua)
 -- ARGV[3]           the number of ops
@@ -36,6 +37,7 @@
 --           written.
 --         {UNLOGGED, i, why, detail}, {NOT_THE_RUNS, i, key, owner}: as
 --           apply.lua; nothing written.
+--         {WAIT, i, pttl}: as genapply.lua; nothing written or logged.
 --         {BAD_REGISTRY, i, why}: pointer i is not a generation, or its
 --           registry does not mark it current; nothing written.
 -- #include keys
@@ -44,7 +46,7 @@
 local n, bound, count = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 
 for i = 1, n do
-  local r = changes.canLog(KEYS[i], KEYS[n + i], KEYS[2 * n + i])
+  local r = changes.canLog(KEYS[i], KEYS[n + i], KEYS[2 * n + i], KEYS[5 * n + i])
     or changes.refused('GET', KEYS[3 * n + i]) or changes.refused('HGET', KEYS[4 * n + i], 'current')
     or changes.refused('TYPE', KEYS[3 * n + i]) or changes.refused('TYPE', KEYS[4 * n + i])
   if r then return r end
@@ -87,7 +89,7 @@ for key in pairs(inGen) do
   if r then return r end
 end
 local logging
-logging, r = changes.loggingEach(n, perLock)
+logging, r = changes.loggingEach(n, perLock, 5 * n)
 if r then return r end
 local out = changes.logEach(n, logging, perLock, bound)
 for i = 1, n do

@@ -103,6 +103,7 @@
 -- #include remove
 -- #include changes
 -- #include fence
+-- #include tail
 local token = ARGV[1]
 local L, R, C, T = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local O, P, D, G = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
@@ -198,31 +199,12 @@ for i = 1, T do
   end
 end
 
--- The tails: counted, read, decoded and checked before any write.
-local tail, behind, work, first, replayed = {}, 0, 0, 0, 0
-local lens = {}
-for i = 1, X do
-  local log = KEYS[logs + i]
-  local len = redis.call('LLEN', log)
-  local rec = R > 0 and redis.call('HMGET', KEYS[records + i], 'logged', 'work') or {}
-  local logged, counted = tonumber(rec[1] or '0'), tonumber(rec[2] or '0')
-  local r = fence.counted(i, len, logged, tonumber(logArg(i, 2)))
-  if r then return r end
-  lens[i] = len
-  local n = len - tonumber(logArg(i, 1))
-  if n > 0 then
-    behind = behind + n
-    work = work + math.max(0, counted - tonumber(logArg(i, 3)))
-    if first == 0 then first = i end
-  end
-end
--- The counters first: a tail longer than the bounds is refused without
--- reading it. A counter forged low cannot make the script do more: the
--- work is counted again below, as the entries are decoded.
-if behind > maxEntries or work > maxWork then
-  return {BEHIND, first, behind, work}
-end
-if behind > 0 then
+-- The tails (lib/tail.lua): counted, read, decoded and checked before any
+-- write.
+local tailOps, replayed = tail.read(X, function(i)
+  return KEYS[logs + i], R > 0 and KEYS[records + i] or nil, tonumber(logArg(i, 1)), tonumber(logArg(i, 2)),
+    tonumber(logArg(i, 3)), logArg(i, 4), logArg(i, 5) == '1'
+end, maxEntries, maxWork, function(_, key) return key end, function()
   -- After the renames, a live key in T has its temp key's type (or none:
   -- an empty result), an orphan none; any other key keeps its own.
   local after = {}
@@ -230,53 +212,16 @@ if behind > 0 then
     after[KEYS[lives + i]] = 'none'
     if present[i] then
       local r = changes.refused('TYPE', KEYS[temps + i])
-      if r then return r end
+      if r then return nil, r end
       after[KEYS[lives + i]] = redis.call('TYPE', KEYS[temps + i])['ok']
     end
   end
   for i = 1, O do
     after[KEYS[orphans + i]] = 'none'
   end
-  work = 0
-  for i = 1, X do
-    local offset = tonumber(logArg(i, 1))
-    local owner, family = logArg(i, 4), logArg(i, 5) == '1'
-    local entries = redis.call('LRANGE', KEYS[logs + i], offset, lens[i] - 1)
-    for j, e in ipairs(entries) do
-      local index = offset + j - 1
-      replayed = replayed + 1
-      if e == changes.overrun then
-        return {OVERRUN, i}
-      end
-      local ops, why = changes.decode(e)
-      if not ops then
-        return {BAD_LOG, i, index, why}
-      end
-      work = work + changes.work(ops)
-      if work > maxWork then
-        return {BEHIND, i, behind, work}
-      end
-      for _, op in ipairs(ops) do
-        if not keyshapes.owns(op[2], owner, family) then
-          return {NOT_THE_RUNS, i, index, op[2]}
-        end
-        local r = changes.check(op)
-        if r then return r end
-        local kind = after[op[2]]
-        if not kind then
-          r = changes.refused('TYPE', op[2])
-          if r then return r end
-          kind = redis.call('TYPE', op[2])['ok']
-        end
-        r = changes.mistyped(op, kind)
-        if r then return r end
-        -- The first op on a key decides its type for the ops after it.
-        after[op[2]] = changes.types[op[1]]
-        tail[#tail + 1] = op
-      end
-    end
-  end
-end
+  return after
+end)
+if not tailOps then return replayed end
 
 -- The generations the switch back from Generations mode retires, read
 -- before any write, and the server's clock, in milliseconds, as flip.lua
@@ -337,9 +282,7 @@ end
 for i = 1, D do
   redis.call('UNLINK', KEYS[drops + i])
 end
-for _, op in ipairs(tail) do
-  changes.run(op)
-end
+changes.runAll(tailOps)
 for i = 1, G do
   local meta = KEYS[metas + i]
   local gen = redis.call('HINCRBY', meta, 'seq', 1)

@@ -206,14 +206,15 @@ function changes.runAll(ops)
   end
 end
 
--- loggingEach returns, per lock i of n (KEYS[i], its record KEYS[n + i])
--- with ops in perLock, whether its run logs them (changes.logging), or the
--- refusal of the first that refuses them.
-function changes.loggingEach(n, perLock)
+-- loggingEach returns, per lock i of n (KEYS[i], its record KEYS[n + i],
+-- its cut-over mark KEYS[marks + i] when marks is not nil) with ops in
+-- perLock, whether its run logs them (changes.logging), or the refusal of
+-- the first that refuses them.
+function changes.loggingEach(n, perLock, marks)
   local logging = {}
   for i = 1, n do
     if perLock[i] then
-      local r = changes.logging(i, KEYS[i], KEYS[n + i], perLock[i])
+      local r = changes.logging(i, KEYS[i], KEYS[n + i], perLock[i], marks and KEYS[marks + i])
       if r ~= true and r ~= false then return nil, r end
       logging[i] = r
     end
@@ -237,8 +238,9 @@ end
 
 -- canLog returns why this user may not log a change for the run holding
 -- lock (its record, its log), or nil: checked before the first write.
-function changes.canLog(lock, record, log)
-  return changes.refused('GET', lock) or changes.refused('PTTL', lock)
+function changes.canLog(lock, record, log, mark)
+  return (mark and (changes.refused('GET', mark) or changes.refused('PTTL', mark)))
+    or changes.refused('GET', lock) or changes.refused('PTTL', lock)
     or changes.refused('HMGET', record, 'token') or changes.refused('HINCRBY', record, 'logged', '1')
     or changes.refused('RPUSH', log, 'x') or changes.refused('PEXPIRE', log, '1') or changes.refused('LLEN', log)
 end
@@ -249,10 +251,16 @@ end
 -- script knows, and names the run's keys, every op's key being one of
 -- them; false when no run holds the lock. Else it returns the refusal:
 -- {UNLOGGED, i, why, detail} or {NOT_THE_RUNS, i, key, owner} (see
--- apply.lua).
-function changes.logging(i, lock, record, ops)
+-- apply.lua), or {WAIT, i, pttl} when mark, the lock's cut-over mark (nil:
+-- none), holds the lock's token: the run that holds it is draining its log
+-- to flip, for at most pttl more milliseconds, and the caller applies the
+-- change again once it is gone.
+function changes.logging(i, lock, record, ops, mark)
   local holder = redis.call('GET', lock)
   if not holder then return false end
+  if mark and redis.call('GET', mark) == holder then
+    return {WAIT, i, redis.call('PTTL', mark)}
+  end
   local rec = redis.call('HMGET', record, 'token', 'v', 'mode', 'keys', 'families')
   if not rec[1] then
     return {UNLOGGED, i, 'none', ''}

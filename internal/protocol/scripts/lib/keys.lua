@@ -5,9 +5,9 @@
 local keyshapes = {}
 
 -- The suffixes of the keys keyswap keeps next to a live key: a lock, its
--- receipt, record, log and requests, a meta and a kept previous value.
+-- receipt, record, log, requests and cut-over mark, a meta and a kept previous value.
 keyshapes.suffixes = {':rebuild-lock', ':rebuild-gen', ':rebuild-prev', ':rebuild-lock:done',
-  ':rebuild-lock:run', ':rebuild-lock:log', ':rebuild-lock:ctl'}
+  ':rebuild-lock:run', ':rebuild-lock:log', ':rebuild-lock:ctl', ':rebuild-lock:cut'}
 
 -- stamp reports whether s ends with ":rebuild:" and one or more digits.
 local function stamp(s)
@@ -60,4 +60,14 @@ function keyshapes.first(list)
   local n = tonumber(len)
   if colon + n > #list then return nil end
   return string.sub(list, colon + 1, colon + n)
+end
+
+-- gen returns the key that holds key, one of the keys of the builder owner
+-- (a family's prefix when family), in generation g: keys.GenKey,
+-- keys.GenBucketKey.
+function keyshapes.gen(key, owner, family, g)
+  if family then
+    return owner .. ':rebuild-g:' .. g .. string.sub(key, #owner + 1)
+  end
+  return key .. ':rebuild-g:' .. g
 end
