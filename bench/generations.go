@@ -276,9 +276,19 @@ func (f genFamily) allKeys(ctx context.Context) ([]string, error) {
 // current data keys start with data: its buckets, and the keys that should
 // not be there (temp keys, locks, another generation's or shape's
 // buckets). keyswap's records that outlive a run are neither: generation
-// records, the pointer, the registry, and a cluster run's per-slot write
-// counters, which expire with the run's record.
+// records, the pointer, the registry, the current generation's manifest,
+// and a cluster run's per-slot write counters, which expire with the run's
+// record.
 func familyKeys(all []string, prefix, data string) (buckets, stray []string) {
+	gen := strings.TrimSuffix(strings.TrimPrefix(data, prefix+keys.GenInfix), ":")
+	manifest := func(k string) bool {
+		for _, cluster := range []bool{false, true} {
+			if k == keys.Base(prefix, cluster)+keys.ManifestInfix+gen || k == keys.Base(prefix, cluster)+keys.ManifestListInfix+gen {
+				return true
+			}
+		}
+		return false
+	}
 	// isBucket reports whether name, which follows data, names a bucket:
 	// the bench's bucket names have no colon, and a bucket of the plain
 	// shape is no key of keyswap's own (a lock, a temp key).
@@ -288,7 +298,7 @@ func familyKeys(all []string, prefix, data string) (buckets, stray []string) {
 	for _, k := range all {
 		switch {
 		case isGeneration(k), strings.HasSuffix(k, keys.PointerSuffix), strings.HasSuffix(k, keys.RegistrySuffix),
-			strings.Contains(k, ":rebuild-n:"):
+			strings.Contains(k, ":rebuild-n:"), manifest(k):
 		case strings.HasPrefix(k, data) && isBucket(k[len(data):]):
 			buckets = append(buckets, k)
 		default:

@@ -81,7 +81,7 @@ func (g *generationsResult) markdown(b *bytes.Buffer, cpus int) {
 			dur(gs.Publish), dur(gs.PublishMin), dur(gs.PublishMax), ratioCell(sz.Ratio, sz.RatioMin, sz.RatioMax))
 	}
 	p("\nThe longest command of each run (median over rounds; the maximum and its command), the publish included; the longest after the publish, ")
-	p("which in Generations mode is the removal of the previous generation (SCAN, UNLINK in chunks) and the release; ")
+	p("which in Generations mode is the removal of the previous generation (its manifest read, or SCAN, and UNLINK in chunks) and the release; ")
 	p("the wall time from the publish's reply until the previous data is gone, the grace period included; the run's wall time to the publish's reply, and the whole of `Run`, which in Generations mode waits for the grace period and removes the previous generation before it returns.\n\n")
 	p("| buckets | mode | longest command of the run | longest after the publish | previous data gone after | run to the publish | whole `Run` |\n")
 	p("|--:|---|--:|--:|--:|--:|--:|\n")

@@ -145,8 +145,10 @@ func (c *Commands) Entry(entry string) { c.c.Entry(entry) }
 // Only an [AnyOrder] builder may call Merge, for a command whose writes
 // give the same result in any order and any grouping (SADD, PFADD), whose
 // only key is its first argument; the run fails otherwise. Its errors are
-// Temp's. Each entry counts in the run's Stats.Entries; a Merge of no
-// entries writes nothing, not even the key.
+// Temp's. An entry over Redis's 512 MB limit (proto-max-bulk-len) fails
+// the rebuild before anything of the batch is sent, as [Commands.Add]'s
+// arguments do. Each entry counts in the run's Stats.Entries; a Merge of
+// no entries writes nothing, not even the key.
 func (c *Commands) Merge(live, name string, entries ...string) error {
 	c.args = append(c.args[:0], entries...)
 	return c.c.Merge(live, name, c.args...)

@@ -12,7 +12,7 @@ import (
 // TestGroup: a reader with Options.Group follows the pointers in the
 // group's shape ("{group}:rebuild-group:<key>:rebuild-ptr"), also after a
 // flip; one without the group, or with another, finds no pointer and reads
-// the plain shape (C99). A group with a brace is refused (ErrBadGroup).
+// the plain shape (C100). A group with a brace is refused (ErrBadGroup).
 func TestGroup(t *testing.T) {
 	forEach(t, func(t *testing.T, tg target) {
 		ctx := redistest.Ctx(t)

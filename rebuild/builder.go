@@ -131,8 +131,9 @@ func (c *commands) Temp(live string) (string, error) {
 // Only a [index.AnyOrder] builder may call Merge, for a command whose writes
 // give the same result in any order and any grouping (SADD, PFADD), whose
 // only key is its first argument; the run fails otherwise. Its errors are
-// Temp's. Each entry counts in Stats.Entries; a Merge of no entries writes
-// nothing, not even the key.
+// Temp's. An entry over Redis's 512 MB limit fails the run before anything
+// of the batch is sent, as Add's arguments do. Each entry counts in
+// Stats.Entries; a Merge of no entries writes nothing, not even the key.
 func (c *commands) Merge(live, name string, entries ...string) error {
 	if n := len(c.merged); n > 0 && c.merged[n-1].t.Live == live && c.merged[n-1].t.builder == c.builder {
 		// The same key as the last call, as a builder that merges item by
@@ -200,6 +201,7 @@ func (c *commands) merge(t *target, name string, entries []string) {
 	if len(entries) == 0 {
 		return
 	}
+	c.checkBulk(name, t.Live, entries)
 	if c.margs == nil {
 		c.margs = make([]string, 0, max(c.hint, len(entries)))
 	}
@@ -231,11 +233,8 @@ func (c *commands) merge(t *target, name string, entries []string) {
 // COMMAND INFO, once per command name, or COMMAND GETKEYS for a command
 // whose keys move with its arguments.)
 func (c *commands) Add(cmd rueidis.Completed, entries int) {
-	for _, a := range cmd.Commands() {
-		if len(a) > maxBulk && c.err == nil {
-			args := cmd.Commands()
-			c.err = fmt.Errorf("%s on %q has an argument of %d bytes, over the 512 MB Redis accepts (proto-max-bulk-len)", args[0], args[min(1, len(args)-1)], len(a))
-		}
+	if args := cmd.Commands(); len(args) > 0 {
+		c.checkBulk(args[0], args[min(1, len(args)-1)], args[1:])
 	}
 	c.cmds = append(c.cmds, cmd)
 	c.owners = append(c.owners, c.builder)
@@ -245,3 +244,19 @@ func (c *commands) Add(cmd rueidis.Completed, entries int) {
 // maxBulk is Redis's default proto-max-bulk-len: the largest argument a
 // command may carry.
 const maxBulk = 512 << 20
+
+// checkBulk fails the batch, unless it already failed, if an argument of
+// the command name on key is over maxBulk: Redis would refuse it, and
+// reset the connection in the middle of the batch (SPEC C52). Add checks
+// every argument, merge every entry, before anything of the batch is sent.
+func (c *commands) checkBulk(name, key string, args []string) {
+	if c.err != nil {
+		return
+	}
+	for _, a := range args {
+		if len(a) > maxBulk {
+			c.err = fmt.Errorf("%s on %q has an argument of %d bytes, over the 512 MB Redis accepts (proto-max-bulk-len)", name, key, len(a))
+			return
+		}
+	}
+}

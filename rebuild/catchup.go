@@ -207,6 +207,7 @@ func (c *catchUp) read(ctx context.Context) (rd catchUpRound, behind, work int64
 		script, lrange := protocol.ReadLogCommands(cb, keys.LogKey(l.Key), keys.RecordKey(l.Key), c.offsets[i], c.offsets[i]+c.chunks[i]-1)
 		cmds = append(cmds, script, lrange)
 	}
+	seen := c.logs.Seen() // before the read: see protocol.Logs.Seen
 	res := c.redis.Client().DoMulti(ctx, cmds...)
 	round := replayRound{index: map[*target]int{}}
 	var roundWork int64
@@ -228,6 +229,7 @@ func (c *catchUp) read(ctx context.Context) (rd catchUpRound, behind, work int64
 		if token != l.Token {
 			return rd, 0, 0, &Error{Op: "catch-up", Key: c.lives[i], Err: protocol.RecordError(keys.RecordKey(l.Key), token != "")}
 		}
+		count.Seen = seen[i]
 		if err := c.logs.Check(i, count); err != nil {
 			return rd, 0, 0, &Error{Op: "catch-up", Key: c.lives[i], Err: err}
 		}

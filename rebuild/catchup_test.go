@@ -119,3 +119,71 @@ func TestCatchUpFailsWhileWriting(t *testing.T) {
 		}
 	})
 }
+
+func TestCatchUpReadCheckedAfterALaterHeartbeat(t *testing.T) {
+	// C73: the heartbeats and the catch-up read the logs' counts
+	// concurrently, so a read that Redis ran first may be checked after a
+	// later one. A hook holds the catch-up's first read, once Redis has
+	// run it, while another process applies a change (logged for the run)
+	// and a heartbeat reads the higher count and is checked (the lease
+	// sends its heartbeats one after the other: a second one is sent once
+	// the first was checked); then it lets the read's reply go. Its count
+	// is older, not lost: the run replays the change and publishes, and the
+	// indexes hold every change. (A count was compared with the highest
+	// one checked so far, whenever its read was sent: the run failed with
+	// ErrWritesLost, as TestOnlineRebuildKeepsChangesFromAnotherProcess did
+	// under load, "holds 7933 entries, where Apply counted 7933 (and the
+	// run saw 8594 counted)".)
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		ctx := redistest.Ctx(t)
+		k := onlineNames(d.Prefix)
+		onlineSeed(t, d, k, 50, 5)
+		a := applier{c: d.Other, r: onlineRebuilder(t, d.Other, k, rebuild.Options{}), db: k.DB}
+		heartbeat := redistest.ScriptNamed("heartbeat")
+		var first, holding atomic.Bool
+		var beats atomic.Int64 // heartbeats sent and answered while the read is held
+		checked := make(chan struct{})
+		hooked := rueidishook.WithHook(d.Client, redistest.Hook{
+			OnDo: func(c rueidis.Client, hctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
+				sent := holding.Load() && heartbeat.Is(cmd.Commands())
+				res := c.Do(hctx, cmd)
+				// An EVALSHA answered NOSCRIPT is sent again as EVAL: one
+				// heartbeat.
+				if rerr, ok := rueidis.IsRedisErr(res.Error()); sent && !(ok && rerr.IsNoScript()) && beats.Add(1) == 2 {
+					close(checked)
+				}
+				return res
+			},
+			OnDoMulti: func(c rueidis.Client, hctx context.Context, multi ...rueidis.Completed) []rueidis.RedisResult {
+				if !redistest.IsCatchUpRead(multi) || !first.CompareAndSwap(false, true) {
+					return c.DoMulti(hctx, multi...)
+				}
+				res := c.DoMulti(hctx, multi...)
+				if err := a.apply(ctx, inserts(0, 1)...); err != nil {
+					t.Errorf("apply: %v", err)
+					return res
+				}
+				holding.Store(true)
+				select {
+				case <-checked:
+				case <-ctx.Done():
+					t.Errorf("no heartbeat was checked while the catch-up's read was held: %v", ctx.Err())
+				}
+				return res
+			},
+		})
+		h := startHeld(t, ctx, onlineRebuilder(t, hooked, k, rebuild.Options{}), d.Client, k.DB)
+		stats, err := h.wait()
+		if err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+		if !first.Load() || beats.Load() < 2 {
+			t.Fatalf("catch-up read held: %v, heartbeats while held: %d; want the read held until two heartbeats", first.Load(), beats.Load())
+		}
+		if stats.Changes == 0 {
+			t.Errorf("Stats.Changes = 0, want the change applied while the read was held")
+		}
+		wantOnline(t, d.Other, k)
+		redistest.WantClean(t, d.Other, d.Prefix)
+	})
+}

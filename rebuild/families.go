@@ -7,12 +7,12 @@ import (
 
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/scan"
-	"golang.org/x/sync/errgroup"
 )
 
-// scanFamilies starts a SCAN per family builder for its live keys, whose
-// leftovers become orphans at publish. It returns the sets the scans fill.
-func (x *runState) scanFamilies(ctx context.Context, g *errgroup.Group) []map[string]bool {
+// scanFamilies starts the family scans in rv.scans. It returns the sets
+// they fill.
+func (rv *reviewer) scanFamilies(ctx context.Context) []map[string]bool {
+	x, g := rv.x, rv.scans
 	live := make([]map[string]bool, len(x.r.owners))
 	x.stalePrevs = make([]map[string]bool, len(x.r.owners))
 	if x.gen != nil && len(x.r.opts.Guards) == 0 && x.held == nil {
@@ -45,22 +45,22 @@ func (x *runState) scanFamilies(ctx context.Context, g *errgroup.Group) []map[st
 			// the guards and a held run's review alone (and not scanned
 			// at all without them, above).
 			if cur := x.gen.current[i]; cur > 0 {
-				g.Go(func() error { return x.scanGeneration(ctx, i, o.keyType, cur, live[i]) })
+				g.Go(func() error { return rv.scanGeneration(ctx, i, o.keyType, cur, live[i]) })
 				continue
 			}
 			if _, tagged := keys.HashTag(o.key); !tagged {
 				opts.InSlot = false
 			}
 		}
-		g.Go(func() error { return x.scanFamily(ctx, opts, live[i], prevs) })
+		g.Go(func() error { return rv.scanFamily(ctx, opts, live[i], prevs) })
 	}
 	return live
 }
 
 // scanFamily adds to live the buckets of a family that SCAN with opts
 // finds, and to prevs their kept previous values.
-func (x *runState) scanFamily(ctx context.Context, opts scan.Options, live, prevs map[string]bool) error {
-	for page, err := range scan.Pages(ctx, x.r.redis.Client(), opts) {
+func (rv *reviewer) scanFamily(ctx context.Context, opts scan.Options, live, prevs map[string]bool) error {
+	for page, err := range scan.Pages(ctx, rv.x.r.redis.Client(), opts) {
 		if err != nil {
 			return fmt.Errorf("SCAN %s: %w", opts.Match, err)
 		}
@@ -81,14 +81,14 @@ func (x *runState) scanFamily(ctx context.Context, opts scan.Options, live, prev
 // scanGeneration adds to live the buckets of family builder i in its
 // generation cur, under their plain names, from every master: a
 // generation's keys spread over every slot.
-func (x *runState) scanGeneration(ctx context.Context, i int, kind string, cur int64, live map[string]bool) error {
-	prefix := x.r.owners[i].key
+func (rv *reviewer) scanGeneration(ctx context.Context, i int, kind string, cur int64, live map[string]bool) error {
+	prefix := rv.x.r.owners[i].key
 	opts := scan.Options{Match: keys.GenPattern(prefix, cur), Type: kind}
 	if _, tagged := keys.HashTag(prefix); tagged {
 		opts.InSlot, opts.Slot = true, keys.Slot(prefix)
 	}
 	gp := keys.GenPrefix(prefix, cur)
-	for page, err := range scan.Pages(ctx, x.r.redis.Client(), opts) {
+	for page, err := range scan.Pages(ctx, rv.x.r.redis.Client(), opts) {
 		if err != nil {
 			return fmt.Errorf("SCAN %s: %w", opts.Match, err)
 		}

@@ -16,6 +16,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -27,6 +28,7 @@ import (
 	"github.com/keyswap/keyswap/rebuild"
 	"github.com/keyswap/keyswap/sources"
 	"github.com/redis/rueidis"
+	"github.com/redis/rueidis/rueidishook"
 )
 
 // genPrefix is the family prefix of a Generations test: without a hash tag
@@ -105,10 +107,16 @@ func wantNoGeneration(t *testing.T, d deployment, prefix string, gen int64) {
 	if left := redistest.Keys(t, d.Other, keys.GenPrefix(prefix, gen)); len(left) > 0 {
 		t.Errorf("generation %d left %d keys: %v", gen, len(left), left[:min(len(left), 5)])
 	}
+	for _, m := range []string{keys.ManifestKey(prefix, d.Cluster, gen), keys.ManifestListKey(prefix, d.Cluster, gen)} {
+		if left := redistest.Keys(t, d.Other, m); len(left) > 0 {
+			t.Errorf("generation %d left its manifest %v", gen, left)
+		}
+	}
 }
 
 // wantGenClean checks that, under prefix, nothing is left but the pointer,
-// the registry, the meta and the data keys of the generations in gens:
+// the registry, the meta and the data keys and manifests of the
+// generations in gens:
 // no lock, record, log, receipt, temp key, other generation; and no per-slot
 // counter anywhere.
 func wantGenClean(t *testing.T, d deployment, prefix string, gens ...int64) {
@@ -119,7 +127,7 @@ func wantGenClean(t *testing.T, d deployment, prefix string, gens ...int64) {
 			return true
 		}
 		for _, g := range gens {
-			if strings.HasPrefix(k, keys.GenPrefix(prefix, g)) {
+			if strings.HasPrefix(k, keys.GenPrefix(prefix, g)) || k == keys.ManifestKey(prefix, d.Cluster, g) || k == keys.ManifestListKey(prefix, d.Cluster, g) {
 				return true
 			}
 		}
@@ -726,5 +734,107 @@ func TestGenerationsAllocRefusesBadRegistry(t *testing.T) {
 		redistest.WantString(t, d.Other, ptr, "1")
 		redistest.Cmd(t, d.Other, "HDEL", reg, "5", "6")
 		wantGeneration(t, d, prefix, 1, 1, map[string]string{"1": keys.RegCurrent}, us)
+	})
+}
+
+func TestGenerationsManifest(t *testing.T) {
+	// C99: a family whose keys share the registry's slot has a manifest per
+	// generation: the run lists the keys it writes (the list) and marks it
+	// listed (the set), Apply adds the keys it writes to the set. The
+	// removal of the retired generation reads it: the bucket only Apply
+	// created and the buckets the new data no longer has go with the rest,
+	// and the manifest with the registry field. A family spread over a
+	// cluster has none, and is scanned.
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		ctx := redistest.Ctx(t)
+		for _, prefix := range []string{d.Prefix + "users:by-bucket", strings.Trim(d.Prefix, "{}") + "spread:by-bucket"} {
+			d.Clear(t)
+			_, tagged := keys.HashTag(prefix)
+			listed := !d.Cluster || tagged
+			r := genRebuilder(t, d, prefix, rebuild.Options{})
+			us := genUsers(30, 3)
+			if _, err := r.Run(ctx, sources.Slice(us)); err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+			moved := us[0]
+			moved.Country = "b07"
+			if err := r.Apply(ctx, index.Change[user]{Old: &us[0], New: &moved}); err != nil {
+				t.Fatalf("Apply: %v", err)
+			}
+			set, list := keys.ManifestKey(prefix, d.Cluster, 1), keys.ManifestListKey(prefix, d.Cluster, 1)
+			if listed {
+				// The move removed the user from b00 and added it to b07.
+				want := []string{keys.GenBucketKey(prefix, 1, "b00"), keys.GenBucketKey(prefix, 1, "b07"), keys.ManifestListed}
+				slices.Sort(want)
+				if got := redistest.SMembers(t, d.Other, set); !slices.Equal(got, want) {
+					t.Errorf("%s = %q, want %q", set, got, want)
+				}
+				got, err := redistest.Cmd(t, d.Other, "LRANGE", list, "0", "-1").AsStrSlice()
+				slices.Sort(got)
+				if want := []string{keys.GenBucketKey(prefix, 1, "b00"), keys.GenBucketKey(prefix, 1, "b01"), keys.GenBucketKey(prefix, 1, "b02")}; err != nil || !slices.Equal(got, want) {
+					t.Errorf("%s = %q, %v; want %q", list, got, err, want)
+				}
+			} else {
+				redistest.WantAbsent(t, d.Other, set)
+				redistest.WantAbsent(t, d.Other, list)
+			}
+			// The new data has no b02 (nor b07).
+			next := genUsers(20, 2)
+			if _, err := r.Run(ctx, sources.Slice(next)); err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+			wantNoGeneration(t, d, prefix, 1)
+			wantGeneration(t, d, prefix, 2, 2, map[string]string{"2": keys.RegCurrent}, next)
+			wantGenClean(t, d, prefix, 2)
+			if listed {
+				// A manifest that is not a set: Apply refuses, writing
+				// nothing.
+				m := keys.ManifestKey(prefix, d.Cluster, 2)
+				redistest.Cmd(t, d.Other, "DEL", m)
+				redistest.Cmd(t, d.Other, "SET", m, "x")
+				before := redistest.Snapshot(t, d.Other, keys.GenPrefix(prefix, 2))
+				moved := next[0]
+				moved.Country = "b07"
+				redistest.WantErr(t, r.Apply(ctx, index.Change[user]{Old: &next[0], New: &moved}), rebuild.ErrTampered)
+				redistest.WantUnchanged(t, d.Other, keys.GenPrefix(prefix, 2), before)
+				redistest.WantString(t, d.Other, m, "x")
+				redistest.Cmd(t, d.Other, "DEL", m)
+
+				// A flip that replays a tail writes keys no list holds
+				// (here a bucket only the tail's change creates): the
+				// run leaves its manifest unmarked, and the generation's
+				// removal SCANs for them.
+				flip := redistest.ScriptNamed("flip")
+				var once sync.Once
+				hooked := rueidishook.WithHook(d.Client, redistest.Hook{OnDo: func(c rueidis.Client, hctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
+					if flip.Is(cmd.Commands()) {
+						once.Do(func() {
+							late := user{ID: "late", Country: "b09"}
+							if err := r.Apply(ctx, index.Change[user]{New: &late}); err != nil {
+								t.Errorf("Apply before the flip: %v", err)
+							}
+						})
+					}
+					return c.Do(hctx, cmd)
+				}})
+				tailed := redistest.Rebuilder(t, hooked, rebuild.Options{Publish: rebuild.Generations, BatchSize: 50, Grace: 50 * time.Millisecond},
+					builders.SetIndex(prefix, func(u user) (string, string, bool) { return u.Country, u.ID, true }))
+				stats, err := tailed.Run(ctx, sources.Slice(next))
+				if err != nil {
+					t.Fatalf("Run with a tail: %v", err)
+				}
+				if stats.Changes != 1 {
+					t.Errorf("Stats.Changes = %d, want the tail's 1", stats.Changes)
+				}
+				redistest.WantAbsent(t, d.Other, keys.ManifestKey(prefix, d.Cluster, 3))
+				if got := redistest.SMembers(t, d.Other, keys.GenBucketKey(prefix, 3, "b09")); !slices.Equal(got, []string{"late"}) {
+					t.Errorf("the tail's bucket holds %q, want [late]", got)
+				}
+				if _, err := r.Run(ctx, sources.Slice(next)); err != nil {
+					t.Fatalf("Run after the tail: %v", err)
+				}
+				wantNoGeneration(t, d, prefix, 3)
+			}
+		}
 	})
 }

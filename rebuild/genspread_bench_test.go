@@ -54,7 +54,7 @@ func BenchmarkGenerationsApplyCluster(b *testing.B) {
 // of 50,000 fields and a SetIndex of 50,000 members in 1,000 buckets):
 // "one-slot" (a common hash tag, so every key of both indexes is on one
 // master) against "group" (Options.Group: the control keys share the
-// group's slot, and the data keys spread over the 3 masters; C99). Run:
+// group's slot, and the data keys spread over the 3 masters; C100). Run:
 //
 //	go test -run '^$' -bench BenchmarkGenerationsGroupCluster -benchtime 3x ./rebuild/
 func BenchmarkGenerationsGroupCluster(b *testing.B) {

@@ -418,7 +418,8 @@ func TestGenerationsSpreadApplyNoRight(t *testing.T) {
 			t.Fatalf("Run: %v", err)
 		}
 		lock := keys.LockKey(prefix, d.Cluster)
-		rules := []string{"~" + lock + "*", "~" + keys.PointerKey(prefix, d.Cluster), "~" + keys.RegistryKey(prefix, d.Cluster)}
+		rules := []string{"~" + lock + "*", "~" + keys.PointerKey(prefix, d.Cluster), "~" + keys.RegistryKey(prefix, d.Cluster),
+			"~" + keys.ManifestKey(prefix, d.Cluster, 1), "~" + keys.ManifestListKey(prefix, d.Cluster, 1)}
 		for _, b := range []string{"b00", "b01"} {
 			rules = append(rules, "~"+prefix+keys.GenInfix+"*:"+b)
 		}

@@ -92,5 +92,7 @@ func ExampleRebuilder_DropPlain() {
 	// users:by-country:rebuild-g:1:fr
 	// users:by-country:rebuild-gen
 	// users:by-country:rebuild-gens
+	// users:by-country:rebuild-l:1
+	// users:by-country:rebuild-m:1
 	// users:by-country:rebuild-ptr
 }

@@ -3,6 +3,7 @@ package rebuild
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math/bits"
 	"slices"
 	"time"
@@ -59,13 +60,20 @@ func (x *writer) writeSpread(ctx context.Context, txns []*txn) error {
 		}
 	}
 	parts, slots := splitBySlot(txns)
+	written := map[uint16][]*target{}
+	for _, t := range txns {
+		for _, tg := range t.writes {
+			written[keys.Slot(tg.Key)] = append(written[keys.Slot(tg.Key)], tg)
+		}
+	}
 	g := errgroup.Group{}
 	g.SetLimit(spreadWrites)
 	for _, slot := range slots {
 		p := parts[slot]
 		counter := x.gen.counters.key(slot)
+		listed := x.listing(cb, written[slot], int(slot))
 		g.Go(func() error {
-			cmds := make(rueidis.Commands, 0, len(p.cmds)+2*len(p.probes)+4)
+			cmds := make(rueidis.Commands, 0, len(p.cmds)+2*len(p.probes)+len(listed)+4)
 			cmds = append(cmds, cb.Multi().Build())
 			for _, tg := range p.probes {
 				cmds = append(cmds, cb.Exists().Key(tg.Key).Build())
@@ -74,6 +82,7 @@ func (x *writer) writeSpread(ctx context.Context, txns []*txn) error {
 			for _, tg := range p.probes {
 				cmds = append(cmds, cb.Exists().Key(tg.Key).Build())
 			}
+			cmds = append(cmds, listed...)
 			cmds = append(cmds, cb.Incr().Key(counter).Build(),
 				cb.Expire().Key(counter).Seconds(2*r.ttlSecs).Build(), cb.Exec().Build())
 			if err := x.check(p, client.DoMulti(wctx, cmds...)); err != nil {
@@ -88,6 +97,81 @@ func (x *writer) writeSpread(ctx context.Context, txns []*txn) error {
 	}
 	x.acked.Add(int64(len(txns)))
 	return nil
+}
+
+// listing returns the commands that list ws, keys written by one
+// transaction, in their generations' manifests: for each family of the run
+// whose manifest is in slot (any slot when slot < 0, a standalone server),
+// an RPUSH to its list (keys.ManifestListKey) of its keys of ws that no
+// transaction carried yet. They go in the transaction of the writes, so
+// that whenever a write lands, even after the run lost its lock, its key
+// is listed. The run vouches for the list after its flip (vouch). A
+// family whose keys spread over a cluster's slots has no manifest.
+func (x *writer) listing(cb rueidis.Builder, ws []*target, slot int) rueidis.Commands {
+	r := x.r
+	var byBuilder map[int][]string
+	for _, tg := range ws {
+		o := r.owners[tg.builder]
+		if !o.family || !x.gen.listed(r, tg.builder, slot) {
+			continue
+		}
+		if tg.listed.CompareAndSwap(false, true) {
+			if byBuilder == nil {
+				byBuilder = map[int][]string{}
+			}
+			byBuilder[tg.builder] = append(byBuilder[tg.builder], tg.Key)
+		}
+	}
+	var cmds rueidis.Commands
+	for _, b := range slices.Sorted(maps.Keys(byBuilder)) {
+		l := keys.ManifestListKey(r.owners[b].key, r.redis.Names(), x.gen.gens[b])
+		cmds = append(cmds, cb.Rpush().Key(l).Element(byBuilder[b]...).Build())
+	}
+	return cmds
+}
+
+// listed reports whether builder b of the run has a manifest in slot (any
+// slot when slot < 0): a family whose keys share its registry's slot
+// (keys.SameSlot).
+func (g *generations) listed(r *core, b, slot int) bool {
+	if !keys.SameSlot(r.owners[b].key, r.redis.Names()) {
+		return false // spread over a cluster's slots, or in a group
+	}
+	m := keys.ManifestKey(r.owners[b].key, r.redis.Names(), g.gens[b])
+	return slot < 0 || int(keys.Slot(m)) == slot
+}
+
+// vouch marks the manifests of the run's families listed
+// (keys.ManifestListed in each set), after a flip to the run's generations
+// that replayed no tail: every key the run wrote in them is in their lists
+// (written in the transaction of the writes, all acknowledged before the
+// flip), and from the flip on Apply adds the keys it writes to the sets in
+// the step of its writes. The removal of such a generation, once retired,
+// then reads its manifest rather than SCANning (see gens.Sweep). A flip
+// that replayed a tail wrote keys that no list holds: those generations
+// stay unmarked, and are scanned. An error leaves them unmarked too, which
+// costs a SCAN and nothing else: it is logged at the Debug level.
+func (g *generations) vouch(ctx context.Context, r *core) {
+	cb := r.redis.Client().B()
+	var cmds rueidis.Commands
+	var sets []string
+	for b, o := range r.owners {
+		if o.family && g.listed(r, b, -1) {
+			m := keys.ManifestKey(o.key, r.redis.Names(), g.gens[b])
+			sets = append(sets, m)
+			cmds = append(cmds, cb.Sadd().Key(m).Member(keys.ManifestListed).Build())
+		}
+	}
+	if len(cmds) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.opts.TTL)
+	defer cancel()
+	for i, res := range r.redis.Client().DoMulti(ctx, cmds...) {
+		if err := res.Error(); err != nil {
+			r.opts.Logger.Debug("keyswap: could not mark a generation's manifest listed; its removal will SCAN", "key", r.key, "manifest", sets[i], "error", err)
+		}
+	}
 }
 
 // splitBySlot splits txns by the hash slot of their commands: one

@@ -1,6 +1,6 @@
 package rebuild_test
 
-// Groups (C99, C100): the control keys of a Rebuilder's indexes hang off
+// Groups (C100, C101): the control keys of a Rebuilder's indexes hang off
 // the group's hash tag, and their data keys spread.
 
 import (
@@ -17,11 +17,13 @@ import (
 	"github.com/keyswap/keyswap/builders"
 	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/internal/keys"
+	"github.com/keyswap/keyswap/internal/protocol"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/reader"
 	"github.com/keyswap/keyswap/rebuild"
 	"github.com/keyswap/keyswap/sources"
 	"github.com/redis/rueidis"
+	"github.com/redis/rueidis/rueidishook"
 )
 
 // groupNames returns a group and the keys of three indexes of one test in
@@ -81,7 +83,7 @@ func mastersHolding(t *testing.T, c rueidis.Client, prefix string) []string {
 }
 
 func TestGenerationsGroupSpreads(t *testing.T) {
-	// C99: three indexes without a common hash tag in one Rebuilder with a
+	// C100: three indexes without a common hash tag in one Rebuilder with a
 	// group: on the cluster their control keys share the group's slot, and
 	// the data keys of their generations spread over every master; each
 	// flip (a run, a rollback, a roll forward) moves every pointer at once,
@@ -224,11 +226,18 @@ func TestGenerationsGroupSpreads(t *testing.T) {
 		}
 
 		// Nothing left but each index's pointer, registry and meta, in the
-		// group's slot, and its generations 2 (kept) and 3.
+		// group's slot, and its generations 2 (kept) and 3, with, on a
+		// standalone server, the manifests of the families' (C99; on the
+		// cluster their keys leave the group's slot: no manifest).
 		for _, k := range redistest.Keys(t, d.Other, "{"+group+"}") {
 			ok := false
 			for _, l := range lives {
 				ok = ok || k == keys.PointerKey(l, names) || k == keys.RegistryKey(l, names) || k == keys.MetaKey(l, names)
+				if l != emails && !d.Cluster {
+					for _, g := range []int64{2, 3} {
+						ok = ok || k == keys.ManifestKey(l, names, g) || k == keys.ManifestListKey(l, names, g)
+					}
+				}
 			}
 			if !ok {
 				t.Errorf("left behind: %s", k)
@@ -256,7 +265,7 @@ func wantPointers(t *testing.T, d deployment, ptrs []string, gen string) {
 }
 
 func TestGenerationsGroupRefused(t *testing.T) {
-	// C99: a group with a brace, or a group in RenameInPlace mode, is
+	// C100: a group with a brace, or a group in RenameInPlace mode, is
 	// refused by New with ErrBadGroup, naming the problem; so is a bad
 	// group by reader.New.
 	d := env.Deployments(t)[0]
@@ -285,7 +294,7 @@ func TestGenerationsGroupRefused(t *testing.T) {
 }
 
 func TestGenerationsGroupConflict(t *testing.T) {
-	// C100: an index with a pointer outside the group (from runs without
+	// C101: an index with a pointer outside the group (from runs without
 	// it) makes a run with the group fail with ErrGroupConflict, naming
 	// the pointer, before it writes anything.
 	forEachDeployment(t, func(t *testing.T, d deployment) {
@@ -310,7 +319,7 @@ func TestGenerationsGroupConflict(t *testing.T) {
 }
 
 func TestGenerationsGroupDropPlain(t *testing.T) {
-	// C99: an index moved from rename-in-place into a group. Its plain
+	// C100: an index moved from rename-in-place into a group. Its plain
 	// key stays beside the group's pointer: DropPlain deletes it on the
 	// standalone server; on the cluster, where it is outside the group's
 	// slot, it refuses, naming both slots, and deletes nothing.
@@ -348,33 +357,120 @@ func TestGenerationsGroupDropPlain(t *testing.T) {
 }
 
 func TestGenerationsGroupTagged(t *testing.T) {
-	// C99, C96: a family with a hash tag of its own in a group. Its
-	// buckets stay in the tag's slot, apart from its lock and pointer in
-	// the group's: changes applied while the run builds go across slots,
-	// and the generation the run flips to has them all.
+	// C100, C96, C97, C98, C99: a family with a hash tag of its own in a
+	// group. Its buckets stay in the tag's slot, apart from its lock and
+	// pointer in the group's: changes applied while the run builds go
+	// across slots, and the generation the run flips to has them all. A
+	// change applied just before the first flip is a tail: on a standalone
+	// server the flip replays it (one attempt); on the cluster the run
+	// spreads, so its flip refuses the tail (BEHIND) and the run cuts over
+	// and flips again (a flip replaying it would write keys outside its
+	// slot). On the cluster the family has no manifest (its keys and its
+	// registry are in different slots): the run and Apply create none,
+	// and the removal of a retired generation, with a key Apply wrote in
+	// it, finds its keys by SCAN.
 	forEachDeployment(t, func(t *testing.T, d deployment) {
 		ctx := redistest.Ctx(t)
 		group := strings.Trim(d.Prefix, "{}") + "g"
 		prefix := "{" + strings.Trim(d.Prefix, "{}") + "}users:by-bucket"
+		names := keys.Names{Cluster: d.Cluster, Group: group}
 		const buckets = 10
 		us := genUsers(300, buckets)
 		changes, after := genChanges(us, buckets)
-		r := genRebuilder(t, d, prefix, rebuild.Options{Group: group})
+		extra := genUsers(len(us)+22, buckets)[len(us)+20:]
+		tail, late := extra[0], extra[1]
+		opts := rebuild.Options{Publish: rebuild.Generations, Group: group, BatchSize: 50, Grace: 50 * time.Millisecond}
+		applier := redistest.Rebuilder(t, d.Other, opts, genSetIndex(prefix))
+		flip := redistest.ScriptNamed("flip")
+		var mu sync.Mutex
+		var codes []int64
+		var armed atomic.Bool // the second run's first flip applies tail
+		runner := rueidishook.WithHook(d.Client, redistest.Hook{
+			OnDo: func(c rueidis.Client, hctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
+				if !flip.Is(cmd.Commands()) {
+					return c.Do(hctx, cmd)
+				}
+				if armed.CompareAndSwap(true, false) {
+					if err := applier.Apply(ctx, index.Change[user]{New: &tail}); err != nil {
+						t.Errorf("Apply before the flip: %v", err)
+					}
+				}
+				res := c.Do(hctx, cmd)
+				if code, ok := publishCode(res); ok {
+					mu.Lock()
+					codes = append(codes, code)
+					mu.Unlock()
+				}
+				return res
+			},
+		})
+		r := redistest.Rebuilder(t, runner, opts, genSetIndex(prefix))
 		if _, err := r.Run(ctx, sources.Slice(us)); err != nil {
 			t.Fatalf("first Run: %v", err)
 		}
-		a := &applying{r: r, changes: changes}
-		if _, err := r.Run(ctx, pausedSource(us, 50, 250, func() { a.start(ctx) }, a.wg.Wait)); err != nil {
+		mu.Lock()
+		codes = nil
+		mu.Unlock()
+		a := &applying{r: applier, changes: changes}
+		armed.Store(true)
+		stats, err := r.Run(ctx, pausedSource(us, 50, 250, func() { a.start(ctx) }, a.wg.Wait))
+		if err != nil {
 			t.Fatalf("Run: %v", err)
 		}
 		if a.err != nil {
 			t.Fatalf("Apply during the run: %v", a.err)
 		}
-		names := keys.Names{Cluster: d.Cluster, Group: group}
+		after = append(after, tail)
 		redistest.WantString(t, d.Other, keys.PointerKey(prefix, names), "2")
 		wantBuckets(t, d, prefix, 2, after)
-		if d.Cluster && keys.Slot(keys.GenBucketKey(prefix, 2, "b00")) == keys.Slot(keys.PointerKey(prefix, names)) {
-			t.Fatal("the test needs the buckets outside the group's slot")
+		wantNoGeneration(t, d, prefix, 1)
+		if stats.Changes != int64(len(changes)+1) {
+			t.Errorf("Stats.Changes = %d, want %d", stats.Changes, len(changes)+1)
+		}
+		mu.Lock()
+		got := slices.Clone(codes)
+		mu.Unlock()
+		behind := protocol.Code("BEHIND")
+		if d.Cluster {
+			if keys.Slot(keys.GenBucketKey(prefix, 2, "b00")) == keys.Slot(keys.PointerKey(prefix, names)) {
+				t.Fatal("the test needs the buckets outside the group's slot")
+			}
+			if len(got) != 2 || got[0] != behind || got[1] == behind {
+				t.Errorf("flip replies: got codes %v, want [%d, published]: the tail refused, then a flip after the cut-over", got, behind)
+			}
+		} else if len(got) != 1 || got[0] == behind {
+			t.Errorf("flip replies: got codes %v, want one that published, replaying the tail", got)
+		}
+		// A change after the flip lands in generation 2, then a third run
+		// retires it and removes it.
+		if err := applier.Apply(ctx, index.Change[user]{New: &late}); err != nil {
+			t.Fatalf("Apply after the flip: %v", err)
+		}
+		manifests := func(g int64) []string {
+			var out []string
+			for _, m := range []string{keys.ManifestKey(prefix, names, g), keys.ManifestListKey(prefix, names, g),
+				keys.ManifestKey(prefix, d.Cluster, g), keys.ManifestListKey(prefix, d.Cluster, g)} {
+				out = append(out, redistest.Keys(t, d.Other, m)...)
+			}
+			return out
+		}
+		if m := manifests(2); d.Cluster && len(m) > 0 {
+			t.Errorf("generation 2 of a grouped family on the cluster has a manifest: %v", m)
+		} else if !d.Cluster && !slices.Contains(m, keys.ManifestListKey(prefix, names, 2)) {
+			t.Errorf("generation 2 on a standalone server: manifest keys %v, want its list %s", m, keys.ManifestListKey(prefix, names, 2))
+		}
+		wantBuckets(t, d, prefix, 2, append(slices.Clone(after), late))
+		if _, err := r.Run(ctx, sources.Slice(us)); err != nil {
+			t.Fatalf("third Run: %v", err)
+		}
+		redistest.WantString(t, d.Other, keys.PointerKey(prefix, names), "3")
+		wantBuckets(t, d, prefix, 3, us)
+		wantNoGeneration(t, d, prefix, 2)
+		if m := manifests(2); len(m) > 0 {
+			t.Errorf("generation 2 removed, its manifest left: %v", m)
+		}
+		if m := manifests(3); d.Cluster && len(m) > 0 {
+			t.Errorf("generation 3 of a grouped family on the cluster has a manifest: %v", m)
 		}
 	})
 }

@@ -142,8 +142,8 @@ func parseSpec(e rueidis.RedisMessage) (string, keySpec, bool) {
 // checkKeys refuses a batch with a command that writes a key other than
 // the temp keys its builder got from Commands.Temp, before anything of the
 // batch is sent.
-func (x *runState) checkKeys(ctx context.Context, b *batch) error {
-	own := make([]map[string]bool, len(x.r.owners))
+func (s *sender) checkKeys(ctx context.Context, b *batch) error {
+	own := make([]map[string]bool, len(s.r.owners))
 	for _, t := range b.c.touched {
 		if own[t.builder] == nil {
 			own[t.builder] = map[string]bool{}
@@ -152,13 +152,13 @@ func (x *runState) checkKeys(ctx context.Context, b *batch) error {
 	}
 	for i, cmd := range b.c.cmds {
 		args := cmd.Commands()
-		ks, err := x.r.specs.keysOf(ctx, x.r.redis.Client(), args)
+		ks, err := s.r.specs.keysOf(ctx, s.r.redis.Client(), args)
 		if err != nil {
-			return &Error{Op: "build", Key: x.r.owners[b.c.owners[i]].key, Err: err}
+			return &Error{Op: "build", Key: s.r.owners[b.c.owners[i]].key, Err: err}
 		}
 		for _, k := range ks {
 			if !own[b.c.owners[i]][k] {
-				return &Error{Op: "build", Key: x.r.owners[b.c.owners[i]].key, Err: fmt.Errorf(
+				return &Error{Op: "build", Key: s.r.owners[b.c.owners[i]].key, Err: fmt.Errorf(
 					"a command %s writes key %q, which is not one of this run's temp keys for the builder; builders must write only to keys from Commands.Temp", args[0], k)}
 			}
 		}

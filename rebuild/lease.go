@@ -57,23 +57,7 @@ import (
 //     not paused (ErrStalled): a stalled source must not hold the locks
 //     forever.
 type lease struct {
-	redis   *protocol.Redis
-	locks   []*protocol.Lock
-	targets *targets
-	ttl     time.Duration
-	key     string // the builders' keys, for errors
-	cancel  context.CancelCauseFunc
-	acked   func() int64    // batches Redis acknowledged
-	status  func() []string // the run's status, for the record
-	control func(protocol.Control)
-	stall   *stallWatch
-	renew   func(context.Context) error // see leaseOwner
-
-	// tempSecs is the temp keys' TTL, in seconds: 2×TTL, or longer when a
-	// refresh takes long (see refreshed). The batches' EXPIRE NX reads it
-	// too.
-	tempSecs *atomic.Int64
-	log      *slog.Logger
+	leaseOwner // what it needs of its run: set once
 
 	// temps is held by a refresh, from its snapshot of the temp keys to its
 	// check of what it found, and by a catch-up's write, which may empty
@@ -81,25 +65,67 @@ type lease struct {
 	// for a lost one.
 	temps sync.Mutex
 
-	mu       sync.Mutex
+	mu       sync.Mutex    // guards the fields below
+	renewed  renewals      // when it last renewed: a resumed lease goes on from there
+	inFlight beatsInFlight // the heartbeats on their way
+	watchdog *time.Timer
+	stopped  bool
+	stop     chan struct{} // closed by end
+}
+
+// leaseOwner is what a lease needs of its run.
+type leaseOwner struct {
+	redis    *protocol.Redis
+	locks    []*protocol.Lock
+	ttl      time.Duration
+	key      string // the builders' keys, for errors
+	cancel   context.CancelCauseFunc
+	log      *slog.Logger
+	stall    *stallWatch // checked at every tick of the heartbeats
+	fence    beatFence
+	tempKeys tempRenewal
+}
+
+// beatFence is what a heartbeat fences the run with, besides its locks, and
+// where what it reads goes.
+type beatFence struct {
+	acked   func() int64           // batches Redis acknowledged: the record must hold as many
+	status  func() []string        // the run's status, for the record
+	control func(protocol.Control) // an operator's requests, as the heartbeat read them
+	seen    func() []int64         // the log counts seen (protocol.Logs.Seen)
+}
+
+// tempRenewal is what the refresh renews: the temp keys of targets.
+type tempRenewal struct {
+	targets *targets
+	// secs is the temp keys' TTL, in seconds: 2×TTL, or longer when a
+	// refresh takes long (see lease.tempTTL). The batches' EXPIRE NX
+	// reads it too.
+	secs *atomic.Int64
+	// renew, if not nil, replaces the refresh of the temp keys: a run in
+	// Generations mode has none.
+	renew func(context.Context) error
+}
+
+// renewals are when a lease last renewed the run's locks and temp keys,
+// and how long a refresh takes.
+type renewals struct {
 	lastBeat time.Time // when the last successful heartbeat was sent
 	// refreshed is when the refresh last made progress: started, or
 	// renewed a chunk.
 	refreshed time.Time
 	// perKey is the time the last complete refresh took per temp key.
-	perKey   time.Duration
+	perKey time.Duration
+}
+
+// beatsInFlight are the heartbeats on their way. A heartbeat riding behind
+// a round trip that takes longer than a heartbeat period (a large batch on
+// a slow server) does not hold the next one back: that one goes alone, so
+// that the lock is renewed whatever the batches' round trips take.
+type beatsInFlight struct {
 	lastSend time.Time // when a batch last went out
-	// riding is when the heartbeat in flight in a batch's round trip was
-	// claimed (zero: none), and alone whether one sent alone is in flight.
-	// A heartbeat riding behind a round trip that takes longer than a
-	// heartbeat period (a large batch on a slow server) does not hold the
-	// next one back: that one goes alone, so that the lock is renewed
-	// whatever the batches' round trips take.
-	riding   time.Time
-	alone    bool
-	watchdog *time.Timer
-	stopped  bool
-	stop     chan struct{}
+	riding   time.Time // when the heartbeat riding in a batch's round trip was claimed (zero: none)
+	alone    bool      // whether one sent alone is in flight
 }
 
 // heartbeatEvery is how often the heartbeat renews a run of lease ttl.
@@ -108,11 +134,7 @@ func heartbeatEvery(ttl time.Duration) time.Duration { return min(time.Second, t
 // newLease starts the lease of locks acquired at (or after) start: the
 // temp keys, written since, live until start plus their TTL at least.
 func newLease(x leaseOwner, start time.Time) *lease {
-	l := &lease{
-		redis: x.redis, locks: x.locks, targets: x.targets, ttl: x.ttl, key: x.key, cancel: x.cancel,
-		acked: x.acked, status: x.status, control: x.control, stall: x.stall, tempSecs: x.tempSecs, log: x.log,
-		renew: x.renew, lastBeat: start, refreshed: start, stop: make(chan struct{}),
-	}
+	l := &lease{leaseOwner: x, renewed: renewals{lastBeat: start, refreshed: start}, stop: make(chan struct{})}
 	l.watchdog = time.AfterFunc(time.Until(start.Add(l.ttl)), l.lapse)
 	return l
 }
@@ -121,30 +143,11 @@ func newLease(x leaseOwner, start time.Time) *lease {
 // did not happen: it goes on from l's last heartbeat and refresh.
 func (l *lease) resume(x leaseOwner) *lease {
 	l.mu.Lock()
-	beat, refreshed, perKey := l.lastBeat, l.refreshed, l.perKey
+	renewed := l.renewed
 	l.mu.Unlock()
-	n := newLease(x, beat)
-	n.refreshed, n.perKey = refreshed, perKey
+	n := newLease(x, renewed.lastBeat)
+	n.renewed = renewed
 	return n
-}
-
-// leaseOwner is what a lease needs of its run.
-type leaseOwner struct {
-	redis    *protocol.Redis
-	locks    []*protocol.Lock
-	targets  *targets
-	ttl      time.Duration
-	key      string
-	cancel   context.CancelCauseFunc
-	acked    func() int64
-	status   func() []string
-	control  func(protocol.Control)
-	stall    *stallWatch
-	tempSecs *atomic.Int64
-	log      *slog.Logger
-	// renew, if not nil, replaces the refresh of the temp keys: a run in
-	// Generations mode has none.
-	renew func(context.Context) error
 }
 
 // lapsed reports whether no heartbeat has reached Redis for a whole TTL by
@@ -153,7 +156,7 @@ type leaseOwner struct {
 func (l *lease) lapsed(now time.Time) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return now.Sub(l.lastBeat) >= l.ttl
+	return now.Sub(l.renewed.lastBeat) >= l.ttl
 }
 
 // lapse cancels the run: no heartbeat reached Redis within TTL, so the
@@ -173,21 +176,22 @@ func (l *lease) claim(now time.Time, alone bool) (protocol.Heartbeat, bool) {
 	defer l.mu.Unlock()
 	every := heartbeatEvery(l.ttl)
 	if !alone {
-		l.lastSend = now
+		l.inFlight.lastSend = now
 	}
-	if l.stopped || l.alone || now.Sub(l.lastBeat) < every || now.Sub(l.refreshed) > l.ttl {
+	f := &l.inFlight
+	if l.stopped || f.alone || now.Sub(l.renewed.lastBeat) < every || now.Sub(l.renewed.refreshed) > l.ttl {
 		return protocol.Heartbeat{}, false
 	}
-	stuck := !l.riding.IsZero() && now.Sub(l.riding) >= every
+	stuck := !f.riding.IsZero() && now.Sub(f.riding) >= every
 	switch {
-	case !alone && l.riding.IsZero():
-		l.riding = now
-	case alone && (stuck || l.riding.IsZero() && now.Sub(l.lastSend) >= every/2):
-		l.alone = true
+	case !alone && f.riding.IsZero():
+		f.riding = now
+	case alone && (stuck || f.riding.IsZero() && now.Sub(f.lastSend) >= every/2):
+		f.alone = true
 	default:
 		return protocol.Heartbeat{}, false
 	}
-	return protocol.Heartbeat{Locks: l.locks, Acked: l.acked(), Status: l.status()}, true
+	return protocol.Heartbeat{Locks: l.locks, Acked: l.fence.acked(), Status: l.fence.status(), Seen: l.fence.seen()}, true
 }
 
 // command returns h as a command for a batch's DoMulti.
@@ -207,15 +211,15 @@ func (l *lease) settle(ctx context.Context, sent time.Time, h protocol.Heartbeat
 	}
 	l.mu.Lock()
 	if reply != nil {
-		l.riding = time.Time{}
+		l.inFlight.riding = time.Time{}
 	} else {
-		l.alone = false
+		l.inFlight.alone = false
 	}
 	// Two heartbeats may be in flight (see riding): the later one sent
 	// decides; an earlier one's reply, if it comes last, changes nothing.
-	latest := err == nil && sent.After(l.lastBeat)
+	latest := err == nil && sent.After(l.renewed.lastBeat)
 	if latest {
-		l.lastBeat = sent
+		l.renewed.lastBeat = sent
 		if !l.stopped {
 			l.watchdog.Reset(time.Until(sent.Add(l.ttl)))
 		}
@@ -223,7 +227,7 @@ func (l *lease) settle(ctx context.Context, sent time.Time, h protocol.Heartbeat
 	l.mu.Unlock()
 	switch {
 	case latest:
-		l.control(c)
+		l.fence.control(c)
 	case err == nil:
 		// An earlier heartbeat's reply after a later one's: stale.
 	case errors.Is(err, ErrLockLost), errors.Is(err, ErrWritesLost):
@@ -240,16 +244,16 @@ func (l *lease) settle(ctx context.Context, sent time.Time, h protocol.Heartbeat
 
 // refresh renews every temp key's TTL, in chunks, and checks what it finds.
 func (l *lease) refresh(ctx context.Context) {
-	if l.renew != nil {
+	if l.tempKeys.renew != nil {
 		l.progressed(time.Now())
-		if err := l.renew(ctx); err != nil {
+		if err := l.tempKeys.renew(ctx); err != nil {
 			l.log.Debug("keyswap: could not renew the run's counters; the next refresh tries again", "key", l.key, "err", err)
 		}
 		return
 	}
 	l.temps.Lock()
 	defer l.temps.Unlock()
-	snap := protocol.Snap(l.targets.temps())
+	snap := protocol.Snap(l.tempKeys.targets.temps())
 	ttl := l.tempTTL(len(snap.Temps))
 	started := time.Now()
 	l.progressed(started)
@@ -265,7 +269,7 @@ func (l *lease) refresh(ctx context.Context) {
 	default:
 		if n := len(snap.Temps); n > 0 {
 			l.mu.Lock()
-			l.perKey = took / time.Duration(n)
+			l.renewed.perKey = took / time.Duration(n)
 			l.mu.Unlock()
 		}
 		if err := snap.Check(states, "during the run"); err != nil {
@@ -277,7 +281,7 @@ func (l *lease) refresh(ctx context.Context) {
 // progressed records that the refresh made progress at t.
 func (l *lease) progressed(t time.Time) {
 	l.mu.Lock()
-	l.refreshed = t
+	l.renewed.refreshed = t
 	l.mu.Unlock()
 }
 
@@ -287,16 +291,16 @@ func (l *lease) progressed(t time.Time) {
 // only grows, and the batches' EXPIRE NX gives it to the keys they create.
 func (l *lease) tempTTL(n int) time.Duration {
 	l.mu.Lock()
-	perKey := l.perKey
+	perKey := l.renewed.perKey
 	l.mu.Unlock()
 	need := l.ttl + l.ttl/3 + 2*perKey*time.Duration(n) + time.Second
 	secs := int64((need + time.Second - 1) / time.Second)
 	for {
-		old := l.tempSecs.Load()
+		old := l.tempKeys.secs.Load()
 		if secs <= old {
 			return time.Duration(old) * time.Second
 		}
-		if l.tempSecs.CompareAndSwap(old, secs) {
+		if l.tempKeys.secs.CompareAndSwap(old, secs) {
 			l.log.Warn("keyswap: refreshing the temp keys takes long for the lease (Options.TTL); their TTL grows to cover it",
 				"key", l.key, "temp_keys", n, "refresh", (perKey * time.Duration(n)).Round(time.Millisecond), "ttl", l.ttl, "temp_ttl", time.Duration(secs)*time.Second)
 			return time.Duration(secs) * time.Second

@@ -6,87 +6,72 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/keyswap/keyswap/internal/protocol"
 	"golang.org/x/sync/errgroup"
 )
 
-// pipeline wires a run's stages after build together, in one place: the
-// lease and its heartbeats, the family scans, the sender, the pacer and the
-// stall watch start with it; finish waits for them, catches up, and
-// publishes; stop ends them all and cleans up.
+// pipeline wires a run's stages after build together, in one place. An
+// item goes one way through them: the pump (execution) hands each built
+// batch to the sender, which hands round trips to the writer; the catch-up
+// writes through the writer too, then the family scans and the guards
+// review the result, and the publisher ends the run. Beside that path, the
+// throttle holds the pump back, and the lease renews the locks with
+// heartbeats that carry the run's status and bring back an operator's
+// requests (status, control). startPipeline starts the stages; finish waits
+// for them, catches up, and publishes; stop ends them all and cleans up.
 type pipeline struct {
 	x      *runState
 	ctx    context.Context // the run's: cancelled, with a cause, when it fails
 	cancel context.CancelCauseFunc
 
+	send     *sender   // build to writer
+	writer   *writer   // the writes, with the heartbeats riding them
+	throttle *throttle // holds the pump back, and watches it for a stall
+	lease    *lease    // replaced by a resumed one after a publish that did not happen
+	reviewer *reviewer // the family scans, the guards, and a held run's decision
+
 	sends   *errgroup.Group // the sender and the builds
 	sendCtx context.Context
-	queue   chan *batch // built batches, in source order, to the sender
 
-	scans *errgroup.Group   // the family scans, concurrent with the source
-	live  []map[string]bool // what they found: the families' live buckets
-
-	stopPacing context.CancelFunc
-	paced      sync.WaitGroup
-
-	owner      leaseOwner // what the lease heartbeats see of the run
-	leaseDone  sync.WaitGroup
-	sourceDone atomic.Bool
-	published  bool
+	owner     leaseOwner // what the lease heartbeats see of the run
+	leaseDone sync.WaitGroup
+	published bool
 }
 
-// startPipeline starts the stages of x after build: the lease, the family
-// scans, the sender and the pacer.
-func (x *runState) startPipeline(ctx context.Context) *pipeline {
+// startPipeline starts the stages of x after build: the writer, the
+// throttle, the catch-up and the publisher, the lease, the family scans,
+// the sender and the pacer.
+func startPipeline(ctx context.Context, x *runState) *pipeline {
 	r := x.r
 	p := &pipeline{x: x}
 	p.ctx, p.cancel = context.WithCancelCause(ctx)
-	x.cancel = p.cancel
-	x.writer = newWriter(p.ctx, r, x.gen, &x.acked, func() *lease { return x.lease })
-	x.stall = &stallWatch{timeout: r.opts.StallTimeout, items: &x.pulled, lastChange: x.start, idle: func() bool {
-		return p.sourceDone.Load() || x.gate.isPaused()
-	}}
-	p.owner = x.leaseOwner(p.cancel)
-	x.lease = newLease(p.owner, x.start)
-	p.leaseDone.Go(func() { x.lease.run(p.ctx) })
+	p.writer = newWriter(p.ctx, r, x.gen, &x.acked, func() *lease { return p.lease })
+	p.throttle = newThrottle(r, x.start, &x.pulled)
+	x.catchUp = newCatchUp(catchUpScope{
+		redis: r.redis, key: r.key, lives: r.lives, owners: r.owners, targets: x.targets,
+		batchSize: r.opts.BatchSize, timeout: r.opts.CatchUpTimeout, exact: r.opts.Publish == Generations && r.spreads(),
+		write: func(ctx context.Context, txns []*txn) error {
+			p.lease.temps.Lock()
+			defer p.lease.temps.Unlock()
+			return p.writer.write(ctx, txns)
+		},
+	}, x.locks)
+	x.publisher = x.newPublisher()
+	p.owner = p.leaseOwner()
+	p.lease = newLease(p.owner, x.start)
+	p.leaseDone.Go(func() { p.lease.run(p.ctx) })
 
 	// The family scans run concurrently with the source.
-	scans, scanCtx := errgroup.WithContext(p.ctx)
-	p.scans, p.live = scans, x.scanFamilies(scanCtx, scans)
+	p.reviewer = newReviewer(p.ctx, x)
 	p.sends, p.sendCtx = errgroup.WithContext(p.ctx)
-	p.queue = make(chan *batch, r.opts.Writers)
-	p.sends.Go(func() error { return x.send(p.sendCtx, p.queue) })
+	p.send = newSender(r, p.writer, &x.progress)
+	p.sends.Go(func() error { return p.send.run(p.sendCtx) })
 
 	// The pacer runs while the source does (Options.LatencyBudget).
-	paceCtx, stopPacing := context.WithCancel(p.ctx)
-	p.stopPacing = stopPacing
-	if r.opts.LatencyBudget > 0 {
-		p.paced.Go(func() { x.pacing.run(paceCtx) })
-	}
+	p.throttle.start(p.ctx)
 	return p
-}
-
-// leaseOwner returns what the lease of x sees of it.
-func (x *runState) leaseOwner(cancel context.CancelCauseFunc) leaseOwner {
-	r := x.r
-	owner := leaseOwner{
-		redis: r.redis, locks: x.locks, targets: x.targets, ttl: r.opts.TTL, key: r.key, cancel: cancel,
-		acked: x.acked.Load, status: x.status, control: x.control,
-		stall: x.stall, tempSecs: &x.writer.tempSecs, log: r.opts.Logger,
-	}
-	if x.gen != nil {
-		// No temp key to refresh: the data keys have no TTL, and the
-		// counters of a cluster's slots are renewed instead.
-		owner.renew = x.gen.counters.renew
-		if r.redis.Cluster() {
-			// The writes are counted per slot, not in the record.
-			owner.acked = func() int64 { return 0 }
-		}
-	}
-	return owner
 }
 
 // stop ends every stage, then publishes or discards, releases the locks,
@@ -95,12 +80,11 @@ func (x *runState) leaseOwner(cancel context.CancelCauseFunc) leaseOwner {
 func (p *pipeline) stop(ctx context.Context, err *error) {
 	x, r := p.x, p.x.r
 	p.cancel(errors.New("keyswap: run ended"))
-	p.stopPacing()
-	p.paced.Wait()
+	p.throttle.stop()
 	_ = p.sends.Wait()
-	_ = p.scans.Wait()
-	x.writer.bulk.Close() // every write has returned
-	x.lease.end()
+	_ = p.reviewer.wait()
+	p.writer.bulk.Close() // every write has returned
+	p.lease.end()
 	p.leaseDone.Wait()
 	switch {
 	case x.gen != nil:
@@ -125,12 +109,10 @@ func (p *pipeline) stop(ctx context.Context, err *error) {
 // srcErr, is done; then, unless the run failed, catches up and publishes.
 func (p *pipeline) finish(srcErr error) error {
 	x := p.x
-	p.sourceDone.Store(true)
-	p.stopPacing()
-	p.paced.Wait()
-	if failure := x.failure(p.ctx, p.sends.Wait(), srcErr); failure != nil {
+	p.throttle.sourceEnded()
+	if failure := p.failure(p.sends.Wait(), srcErr); failure != nil {
 		p.cancel(failure) // stops the family scans: nothing will be published
-		_ = p.scans.Wait()
+		_ = p.reviewer.wait()
 		switch {
 		case isPanic(failure):
 			panic(failure) // after the deferred cleanup, in the caller's goroutine
@@ -139,10 +121,38 @@ func (p *pipeline) finish(srcErr error) error {
 		}
 		return failure
 	}
-	if err := p.scans.Wait(); err != nil {
+	if err := p.reviewer.wait(); err != nil {
 		return &Error{Op: "scan", Key: x.r.key, Err: err}
 	}
 	return p.publish()
+}
+
+// failure returns the first failure of the run whose writers returned werr
+// and whose source returned srcErr, or nil: a write or build error (a panic
+// included) or the source's error, which happen before anything cancels the
+// run; or else the caller's cancellation, a lost lease, a stalled source or
+// an operator's cancel, which stop the pipeline without an error of its own.
+func (p *pipeline) failure(werr, srcErr error) error {
+	x := p.x
+	switch cause := context.Cause(p.ctx); {
+	case isPanic(werr), werr == errGoexit:
+		return werr
+	case werr != nil && errors.Is(cause, ErrLockLost):
+		// A stall that outlived the lease also timed out the batch in
+		// flight: the lost lease is the cause, the write error its symptom.
+		return errors.Join(protocol.Wrap("lease", x.r.key, cause), werr)
+	case werr != nil && p.lease.lapsed(time.Now()):
+		// The same, with the watchdog not run yet (a loaded machine runs
+		// its timer late).
+		return errors.Join(p.lease.lapseError(), werr)
+	case werr != nil:
+		return werr
+	case srcErr != nil:
+		return &Error{Op: "source", Key: x.r.key, Err: srcErr}
+	case cause != nil:
+		return protocol.Wrap("run", x.r.key, cause)
+	}
+	return nil
 }
 
 // publish catches up with the changes applied during the run, then
@@ -172,8 +182,8 @@ func (p *pipeline) publish() error {
 			return &Error{Op: "catch-up", Key: r.key, Err: fmt.Errorf("%w: %d changes still to replay after catching up for %v (Options.CatchUpTimeout): they arrive faster than the run replays them; every live key left unchanged (and holds every change)", ErrFallingBehind, behind.Tail, r.opts.CatchUpTimeout)}
 		}
 		// Renew the lease again, and catch up with what came meanwhile.
-		x.lease = x.lease.resume(p.owner)
-		p.leaseDone.Go(func() { x.lease.run(p.ctx) })
+		p.lease = p.lease.resume(p.owner)
+		p.leaseDone.Go(func() { p.lease.run(p.ctx) })
 	}
 }
 
@@ -189,7 +199,7 @@ func (p *pipeline) review(deadline time.Time) error {
 	if cause := context.Cause(p.ctx); cause != nil {
 		return protocol.Wrap("run", x.r.key, cause)
 	}
-	return x.decide(p.ctx, p.live)
+	return p.reviewer.decide(p.ctx)
 }
 
 // publishOnce catches up, waits for the durability asked for, ends the
@@ -220,7 +230,7 @@ func (p *pipeline) publishOnce(deadline time.Time) (behind *protocol.BehindError
 		}
 	}
 	x.setPhase(PhasePublishing)
-	x.lease.end()
+	p.lease.end()
 	p.leaseDone.Wait()
 	if cause := context.Cause(p.ctx); cause != nil {
 		return nil, protocol.Wrap("run", r.key, cause)
@@ -228,7 +238,7 @@ func (p *pipeline) publishOnce(deadline time.Time) (behind *protocol.BehindError
 	if x.gen != nil {
 		p.published, err = x.publisher.flip(p.ctx)
 	} else {
-		p.published, err = x.publisher.publish(p.ctx, p.live, x.stalePrevs)
+		p.published, err = x.publisher.publish(p.ctx, p.reviewer.live, x.stalePrevs)
 	}
 	if !errors.As(err, &behind) {
 		return nil, err

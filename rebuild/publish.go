@@ -58,14 +58,8 @@ func (x *runState) newPublisher() *publisher {
 // leave their locks' slot: on a cluster, when one of them has no hash tag,
 // or in a group, whose locks hang off the group's tag.
 func (r *core) spreads() bool {
-	if !r.redis.Cluster() {
-		return false
-	}
-	if r.opts.Group != "" {
-		return true
-	}
 	for _, l := range r.lives {
-		if _, tagged := keys.HashTag(l); !tagged {
+		if !keys.SameSlot(l, r.redis.Names()) {
 			return true
 		}
 	}

@@ -2,10 +2,8 @@ package rebuild
 
 import (
 	"context"
-	"fmt"
 	"iter"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -23,24 +21,24 @@ type batch struct {
 	release func() // gives the items' buffer back for reuse, once written
 }
 
-// pump pulls src into batches, starts building each, and queues it for the
-// sender in source order. A batch takes one of Writers slots before it is
-// handed on and gives it back once written: that is the backpressure that
+// pump pulls src into batches, at the pace th allows, starts building each
+// in g, and hands it on to s in source order. A batch takes one of Writers slots of s before it
+// is built and gives it back once written: that is the backpressure that
 // bounds memory to the batch being filled plus Writers in flight. A batch
 // that has waited for FlushInterval since its first item is handed on
-// unfilled, so that a slow source still makes progress. pump closes queue
-// when done, and returns the source's error, if any. It stops early when
-// ctx is done.
-func (x *execution[T]) pump(ctx context.Context, g *errgroup.Group, queue chan<- *batch, src iter.Seq2[T, error]) error {
-	defer close(queue)
-	c := &cutter[T]{x: x, ctx: ctx, g: g, queue: queue, items: x.buffer()}
+// unfilled, so that a slow source still makes progress. pump tells s when
+// done, and returns the source's error, if any. It stops early when ctx is
+// done.
+func (x *execution[T]) pump(ctx context.Context, g *errgroup.Group, s *sender, th *throttle, src iter.Seq2[T, error]) error {
+	defer s.done()
+	c := &cutter[T]{x: x, ctx: ctx, g: g, send: s, items: x.buffer()}
 	stop := c.flushEvery(x.r.opts.FlushInterval)
 	defer stop() // before the last hand, and on every other way out
 	for item, err := range src {
 		if err != nil {
 			return err
 		}
-		if ctx.Err() != nil || !x.gate.wait(ctx) {
+		if ctx.Err() != nil || !th.wait(ctx) {
 			return nil
 		}
 		x.pulled.Add(1)
@@ -57,10 +55,10 @@ func (x *execution[T]) pump(ctx context.Context, g *errgroup.Group, queue chan<-
 // from the pump when a batch is full, from its flusher when a partial batch
 // has waited too long.
 type cutter[T any] struct {
-	x     *execution[T]
-	ctx   context.Context
-	g     *errgroup.Group
-	queue chan<- *batch
+	x    *execution[T]
+	ctx  context.Context
+	g    *errgroup.Group
+	send *sender
 
 	handing sync.Mutex // held while a batch is handed on, so that batches go in order
 
@@ -159,21 +157,14 @@ func (c *cutter[T]) rest() {
 	}
 }
 
-// hand takes a slot for b, starts building it from items, and queues it
-// for the sender. It reports whether the run goes on.
+// hand takes a slot for b, starts building it from items, and hands it
+// on to the sender. It reports whether the run goes on.
 func (c *cutter[T]) hand(b *batch, items []T) bool {
-	select {
-	case c.x.slots <- struct{}{}:
-	case <-c.ctx.Done():
+	if !c.send.take(c.ctx) {
 		return false
 	}
 	c.g.Go(func() error { c.x.build(b, items); return nil }) // its error goes to the sender, in order
-	select {
-	case c.queue <- b:
-		return true
-	case <-c.ctx.Done():
-		return false
-	}
+	return c.send.hand(c.ctx, b)
 }
 
 // buffer returns an empty batch buffer, reusing a sent one if possible.
@@ -184,38 +175,4 @@ func (x *execution[T]) buffer() []T {
 	default:
 		return make([]T, 0, x.r.opts.BatchSize)
 	}
-}
-
-// stallWatch notices a source that yields nothing for a whole timeout.
-type stallWatch struct {
-	timeout time.Duration
-	items   *atomic.Int64 // items pulled so far
-	idle    func() bool   // the source is not expected to yield: paused, or done
-
-	mu         sync.Mutex
-	last       int64
-	lastChange time.Time
-}
-
-// check returns an error matching ErrStalled when no item has come for
-// the timeout, and nil otherwise.
-func (s *stallWatch) check(now time.Time) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if n := s.items.Load(); n != s.last || s.idle() || s.lastChange.IsZero() {
-		s.last, s.lastChange = n, now
-		return nil
-	}
-	if now.Sub(s.lastChange) >= s.timeout {
-		return fmt.Errorf("%w: it yielded no item for %v (Options.StallTimeout)", ErrStalled, s.timeout)
-	}
-	return nil
-}
-
-// lastProgress returns when the source was last seen yielding an item (or
-// the run started).
-func (s *stallWatch) lastProgress() time.Time {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.lastChange
 }

@@ -21,12 +21,12 @@ var catchUpCommands = []string{"HSET", "HDEL", "HGET", "ZADD", "ZREM", "ZSCORE",
 // replays the changes logged after the last catch-up.
 var tailCommands = []string{"HSET", "HDEL", "HGET", "ZADD", "ZREM", "ZSCORE", "SADD", "SREM", "TYPE"}
 
-// checks returns every right the run may need, for the acquire script to
-// check before anything is written: a missing one fails the run at once,
-// naming it, rather than after the build. The acquire script checks its
-// own commands; the publish checks every key it touches again, each family
-// bucket included.
-func (x *runState) checks() []protocol.Check {
+// checks returns every right a run of r that writes to ts may need (held:
+// it is Build's), for the acquire script to check before anything is
+// written: a missing one fails the run at once, naming it, rather than
+// after the build. The acquire script checks its own commands; the publish
+// checks every key it touches again, each family bucket included.
+func (r *core) checks(ts *targets, held bool) []protocol.Check {
 	var c []protocol.Check
 	add := func(key string, cmds ...string) {
 		for _, cmd := range cmds {
@@ -36,9 +36,9 @@ func (x *runState) checks() []protocol.Check {
 	// Commands without keys: the transactions of batches and catch-ups,
 	// and the SCAN of a family's live buckets.
 	add("", "MULTI", "EXEC")
-	cluster := x.r.redis.Names()
-	first := x.r.lockKeys[0]
-	for i, l := range x.r.lockKeys {
+	cluster := r.redis.Names()
+	first := r.lockKeys[0]
+	for i, l := range r.lockKeys {
 		rec, log := keys.RecordKey(l), keys.LogKey(l)
 		// The heartbeat, the refresh, the release and the publish's fence.
 		add(l, "GET", "EXPIRE", "DEL")
@@ -52,14 +52,14 @@ func (x *runState) checks() []protocol.Check {
 	ctl, receipt := keys.CtlKey(first), keys.ReceiptKey(first)
 	add(ctl, "EXISTS", "EXPIRE", "HMGET", "DEL")
 	add(receipt, "GET", "SET", "DEL")
-	held := x.held != nil || len(x.r.opts.Guards) > 0
-	for i, o := range x.r.owners {
+	reviewed := held || len(r.opts.Guards) > 0
+	for i, o := range r.owners {
 		live := o.key
 		if o.family {
 			live = o.key + ":" + rightsBucket
 			add("", "SCAN")
 		}
-		temp := x.targets.newTemp(live)
+		temp := ts.newTemp(live)
 		// Batches, refreshes and the publish on the temp key, and the
 		// publish on the live key.
 		add(temp, "EXPIRE", "PTTL", "UNLINK", "RENAME")
@@ -72,19 +72,19 @@ func (x *runState) checks() []protocol.Check {
 			add("", "EVAL")
 			add(live, tailCommands...)
 		}
-		if x.r.opts.KeepPrevious > 0 {
+		if r.opts.KeepPrevious > 0 {
 			prev := keys.PrevKey(live, cluster)
 			add(live, "EXISTS")
 			add(prev, "UNLINK", "PEXPIRE")
 		}
-		if held {
+		if reviewed {
 			// The guards' and a held run's review: each key's type and size.
 			add(temp, "HLEN", "ZCARD", "SCARD")
 			add(live, "HLEN", "ZCARD", "SCARD")
 		}
-		add(keys.MetaKey(x.r.lives[i], cluster), "TYPE", "HINCRBY", "HGET", "HSET", "HDEL")
-		ptr, reg := keys.PointerKey(x.r.lives[i], cluster), keys.RegistryKey(x.r.lives[i], cluster)
-		if x.r.opts.Publish != Generations {
+		add(keys.MetaKey(r.lives[i], cluster), "TYPE", "HINCRBY", "HGET", "HSET", "HDEL")
+		ptr, reg := keys.PointerKey(r.lives[i], cluster), keys.RegistryKey(r.lives[i], cluster)
+		if r.opts.Publish != Generations {
 			// The publish's switch back from Generations mode: it deletes
 			// the pointer and retires the registry's generations.
 			add(ptr, "DEL")
@@ -97,14 +97,22 @@ func (x *runState) checks() []protocol.Check {
 		// SCAN, each with the state checked, and the field last).
 		add(ptr, "GET", "SET", "TYPE")
 		add(reg, "HINCRBY", "HSET", "HGET", "HGETALL", "HDEL", "TYPE")
-		add(x.r.lockKeys[i], "TYPE")
+		add(r.lockKeys[i], "TYPE")
 		add(temp, "UNLINK")
 		add("", "SCAN", "TIME")
+		if r.owners[i].family && keys.SameSlot(r.lives[i], cluster) {
+			// The generation's manifest: the writes add to it, the removal
+			// reads it, and deletes its chunks in WATCH ... EXEC.
+			add(keys.ManifestKey(r.lives[i], cluster, 0), "SADD", "SISMEMBER", "SSCAN", "UNLINK")
+			add(keys.ManifestListKey(r.lives[i], cluster, 0), "RPUSH", "LRANGE", "UNLINK")
+			add(reg, "WATCH")
+			add("", "MULTI", "EXEC", "UNWATCH")
+		}
 	}
-	if x.r.opts.Publish == Generations && cluster.Cluster {
+	if r.opts.Publish == Generations && cluster.Cluster {
 		// The per-slot counters of the run's writes (the slot does not
 		// change the rights an ACL pattern grants).
-		add(keys.CounterKey(keys.Base(x.r.lives[0], cluster), 0, 0), "INCR", "EXPIRE", "GET", "UNLINK")
+		add(keys.CounterKey(keys.Base(r.lives[0], cluster), 0, 0), "INCR", "EXPIRE", "GET", "UNLINK")
 	}
 	return c
 }

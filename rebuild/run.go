@@ -68,7 +68,7 @@ func (r *Rebuilder[T]) run(ctx context.Context, src sources.Source[T], held *Hel
 	}
 	locks, err := r.redis.Locks.Acquire(ctx, protocol.AcquireOptions{
 		Op: "acquire", Key: r.key, Lives: r.lives, Families: r.families(), Mode: protocol.ModeRebuild, TTL: r.opts.TTL,
-		Checks: x.checks(), Record: x.recordFields(),
+		Checks: r.checks(x.targets, x.held != nil), Record: x.recordFields(),
 	})
 	if err != nil {
 		returned = true
@@ -81,16 +81,6 @@ func (r *Rebuilder[T]) run(ctx context.Context, src sources.Source[T], held *Hel
 			return stats, r.redis.Locks.ReleaseAfter(ctx, locks, err)
 		}
 	}
-	x.catchUp = newCatchUp(catchUpScope{
-		redis: r.redis, key: r.key, lives: r.lives, owners: r.owners, targets: x.targets,
-		batchSize: r.opts.BatchSize, timeout: r.opts.CatchUpTimeout, exact: r.opts.Publish == Generations && r.spreads(),
-		write: func(ctx context.Context, txns []*txn) error {
-			x.lease.temps.Lock()
-			defer x.lease.temps.Unlock()
-			return x.writer.write(ctx, txns)
-		},
-	}, locks)
-	x.publisher = x.newPublisher()
 	obs.Phase(PhaseBuilding)
 	err = x.run(ctx, src)
 	if err == nil && x.gen != nil {
@@ -108,38 +98,35 @@ func (r *Rebuilder[T]) run(ctx context.Context, src sources.Source[T], held *Hel
 var errAbnormal = errors.New("the run panicked, or a builder or the source called runtime.Goexit")
 
 // execution is one Run's source, pump and build: the only stages that
-// depend on the items' type. Everything after build is the runState's.
+// depend on the items' type. The stages after build are the pipeline's,
+// and share the runState.
 type execution[T any] struct {
 	*runState
 	r    *Rebuilder[T]
 	free chan []T // batch buffers to reuse
 }
 
-// runState is the state of one Run that its stages after build share.
+// runState is what the stages after build share of one Run: its locks,
+// targets, progress and stats, and what the publish needs. The stages
+// themselves are the pipeline's.
 type runState struct {
 	r       *core
 	locks   []*protocol.Lock
 	suffix  string // every temp key of the run ends with it
 	stats   *Stats
 	targets *targets
-	lease   *lease
-	writer  *writer // the write stage: made by startPipeline
-	gate    *gate
-	cancel  context.CancelCauseFunc
 	progress
-	slots chan struct{} // one per batch in flight: built, queued or being sent
 
-	catchUp *catchUp    // the catch-up, and the counts of the logs of changes
-	pacing  *pacing     // the pacer (Options.LatencyBudget), and its last probe
-	held    *held       // Build's run, nil for Run
-	stall   *stallWatch // when the source last yielded
+	catchUp *catchUp // the catch-up, and the counts of the logs of changes: made by startPipeline
+	held    *held    // Build's run, nil for Run
 	// stalePrevs are, per family, the kept previous values of its buckets
-	// found by the scan: written by the scans, read once they are done.
+	// found by the reviewer's scans: written by them, read by the publish
+	// once they are done.
 	stalePrevs []map[string]bool
 	// gen is the state of a run in Generations mode, nil in
 	// RenameInPlace mode.
 	gen       *generations
-	publisher *publisher // the publish stage: made once the run holds its locks
+	publisher *publisher // the publish stage: made by startPipeline, with the catch-up
 }
 
 // newExecution returns the state of a run of r started at start.
@@ -154,16 +141,10 @@ func newRunState(r *core, start time.Time, stats *Stats) *runState {
 	x := &runState{
 		r: r, stats: stats,
 		suffix: keys.TempSuffix(start.Unix(), binary.BigEndian.Uint64(nonce[:])),
-		slots:  make(chan struct{}, r.opts.Writers),
-		gate:   newGate(r.opts.MaxRate),
 		progress: progress{
 			start: start, entries: make([]int64, len(r.owners)), skipped: make([]int64, len(r.owners)),
 			rates: newRateMeter(start), report: r.opts.Progress,
 		},
-	}
-	x.pacing = &pacing{
-		redis: r.redis, key: r.key, lockKeys: r.lockKeys, budget: r.opts.LatencyBudget,
-		batchSize: r.opts.BatchSize, logger: r.opts.Logger, gate: x.gate, items: x.pulled.Load,
 	}
 	x.phase.Store(PhaseBuilding)
 	x.targets = x.newTargets()
@@ -217,65 +198,14 @@ func (r *core) families() []bool {
 // discards every temp key, and releases the locks. The stages are those of
 // the package documentation, "Pipeline": the caller's goroutine pulls the
 // source (pump), each batch is built in a goroutine of its own (build), and
-// one sender writes them (send, write); the pipeline wires the stages after
+// one sender hands them to the writer; the pipeline wires the stages after
 // build together, and publishes.
 func (x *execution[T]) run(ctx context.Context, src sources.Source[T]) (err error) {
-	p := x.startPipeline(ctx)
+	p := startPipeline(ctx, x.runState)
 	defer p.cancel(nil)
 	defer p.stop(ctx, &err) // on every path, a panic or a Goexit in the source included
-	srcErr := x.pump(p.sendCtx, p.sends, p.queue, src(hook.WithOwnKeys(p.sendCtx, x.r.owns)))
+	srcErr := x.pump(p.sendCtx, p.sends, p.send, p.throttle, src(hook.WithOwnKeys(p.sendCtx, x.r.owns)))
 	return p.finish(srcErr)
-}
-
-// decide runs the guards, and holds a held run until it is decided: it
-// returns an error when the run must not be published.
-func (x *runState) decide(ctx context.Context, live []map[string]bool) error {
-	review, err := x.review(ctx, live)
-	if err != nil {
-		return err
-	}
-	if err := x.guard(review); err != nil {
-		return err
-	}
-	if x.held == nil {
-		return nil
-	}
-	x.setPhase(PhaseHeld)
-	publish, err := x.held.hold(ctx, x, review, live)
-	switch {
-	case err != nil:
-		return protocol.Wrap("run", x.r.key, err)
-	case !publish:
-		return &Error{Op: "publish", Key: x.r.key, Err: ErrDiscarded}
-	}
-	return nil
-}
-
-// failure returns the first failure of a run whose writers returned werr
-// and whose source returned srcErr, or nil: a write or build error (a panic
-// included) or the source's error, which happen before anything cancels the
-// run; or else the caller's cancellation, a lost lease, a stalled source or
-// an operator's cancel, which stop the pipeline without an error of its own.
-func (x *runState) failure(runCtx context.Context, werr, srcErr error) error {
-	switch cause := context.Cause(runCtx); {
-	case isPanic(werr), werr == errGoexit:
-		return werr
-	case werr != nil && errors.Is(cause, ErrLockLost):
-		// A stall that outlived the lease also timed out the batch in
-		// flight: the lost lease is the cause, the write error its symptom.
-		return errors.Join(protocol.Wrap("lease", x.r.key, cause), werr)
-	case werr != nil && x.lease.lapsed(time.Now()):
-		// The same, with the watchdog not run yet (a loaded machine runs
-		// its timer late).
-		return errors.Join(x.lease.lapseError(), werr)
-	case werr != nil:
-		return werr
-	case srcErr != nil:
-		return &Error{Op: "source", Key: x.r.key, Err: srcErr}
-	case cause != nil:
-		return protocol.Wrap("run", x.r.key, cause)
-	}
-	return nil
 }
 
 // isPanic reports whether err is a builder's panic, which Run re-panics.
@@ -297,52 +227,3 @@ func (r *core) owns(key string) bool {
 
 // errGoexit marks a batch whose builder called runtime.Goexit.
 var errGoexit = errors.New("keyswap: a builder called runtime.Goexit")
-
-// status returns the run's status, for its record: written by every
-// heartbeat.
-func (x *runState) status() []string {
-	now := time.Now()
-	items := x.pulled.Load()
-	rate := float64(items) / max(now.Sub(x.start).Seconds(), 1e-3)
-	// The ETA is at the current rate, so that it follows a throttle; a
-	// paused or stalled run has none.
-	current := x.rates.observe(now, items)
-	eta := ""
-	if e := x.r.opts.Expected; e > 0 && current > 0 && !x.gate.isPaused() && x.phase.Load() == PhaseBuilding {
-		eta = strconv.FormatInt(int64(float64(max(0, e-items))/current), 10)
-	}
-	logged, replayed := x.catchUp.counts()
-	return []string{
-		"eta", eta, "progress_at", protocol.Now(x.stall.lastProgress()),
-		"phase", string(x.phase.Load().(Phase)), "items", strconv.FormatInt(items, 10),
-		"entries", strconv.FormatInt(x.written.Load(), 10), "acked", strconv.FormatInt(x.acked.Load(), 10),
-		"rate", strconv.FormatFloat(rate, 'f', 1, 64), protocol.FieldRateNow, strconv.FormatFloat(current, 'f', 1, 64),
-		"beat_at", protocol.Now(now), "limit", strconv.FormatFloat(x.gate.rate(), 'f', -1, 64),
-		"latency_us", strconv.FormatInt(x.pacing.latency()/1e3, 10),
-		"changes", strconv.FormatInt(logged, 10), "replayed", strconv.FormatInt(replayed, 10),
-	}
-}
-
-// control applies what a heartbeat read of an operator's requests.
-func (x *runState) control(c protocol.Control) {
-	if c.Cancel {
-		x.cancel(&Error{Op: "run", Key: x.r.key, Err: ErrAborted})
-	}
-	if c.Rate > 0 {
-		x.gate.setRate(c.Rate)
-	} else {
-		x.gate.setRate(x.r.opts.MaxRate)
-	}
-	x.gate.setPaused(c.Paused)
-	if x.held != nil && x.phase.Load() == PhaseHeld {
-		switch c.Action {
-		case "publish":
-			x.held.decideBy(true)
-		case "discard":
-			x.held.decideBy(false)
-		}
-	}
-	x.catchUp.heard(c.Logs, func(err error) {
-		x.cancel(&Error{Op: "lease", Key: x.r.key, Err: err})
-	})
-}

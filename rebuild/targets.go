@@ -30,6 +30,10 @@ type target struct {
 	sizeKind  atomic.Uint32
 	added     atomic.Int64
 	uncounted atomic.Bool
+	// listed is set, in Generations mode, once a transaction carries the
+	// key to its generation's manifest list (see writer.listing). Beside
+	// uncounted, it takes no room of its own.
+	listed atomic.Bool
 }
 
 // owner is what the targets registry knows of one builder.

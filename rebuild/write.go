@@ -31,7 +31,7 @@ type writer struct {
 	record string         // the run's record: batches written, status, requests
 	bulk   *protocol.Bulk // the connections of the writes
 	// tempSecs is the temp keys' TTL in seconds: twice the lease, or more
-	// when refreshing them takes long (see lease.refreshed).
+	// when refreshing them takes long (see lease.tempTTL).
 	tempSecs atomic.Int64
 	gen      *generations  // nil in RenameInPlace mode
 	acked    *atomic.Int64 // the run's: transactions Redis acknowledged
@@ -132,7 +132,8 @@ func (x *writer) write(ctx context.Context, txns []*txn) error {
 	}
 	cb := r.redis.Client().B()
 	var cmds rueidis.Commands
-	for _, t := range txns {
+	listed := make([]int, len(txns))
+	for i, t := range txns {
 		cmds = append(cmds, cb.Multi().Build())
 		for _, tg := range t.probes {
 			cmds = append(cmds, cb.Exists().Key(tg.Key).Build())
@@ -146,6 +147,12 @@ func (x *writer) write(ctx context.Context, txns []*txn) error {
 		}
 		for _, tg := range t.probes {
 			cmds = append(cmds, cb.Exists().Key(tg.Key).Build())
+		}
+		if x.gen != nil {
+			// The families' manifests, in the transaction of the writes.
+			l := x.listing(cb, t.writes, -1)
+			listed[i] = len(l)
+			cmds = append(cmds, l...)
 		}
 		// The record lives as long as the lock; should the lease lapse with
 		// this transaction in flight, EXPIRE NX bounds the record it
@@ -176,8 +183,8 @@ func (x *writer) write(ctx context.Context, txns []*txn) error {
 	if beat {
 		l.settle(wctx, sent, h, &res[len(res)-1])
 	}
-	for _, t := range txns {
-		n := len(t.cmds) + len(t.expire) + 2*len(t.probes) + 2
+	for i, t := range txns {
+		n := len(t.cmds) + len(t.expire) + 2*len(t.probes) + listed[i] + 2
 		if err := x.check(t, res[:n+2]); err != nil {
 			return err
 		}
@@ -212,6 +219,14 @@ func (x *writer) check(t *txn, res []rueidis.RedisResult) error {
 	}
 	if err := checkExpires(t, replies, probed); err != nil {
 		return fail(err)
+	}
+	// The manifests' SADD (Generations mode) come between the probes and
+	// the record: a manifest that missed a key would let the removal of
+	// the generation leave it behind.
+	for _, m := range replies[writes+len(t.expire)+probes : len(replies)-2] {
+		if err := m.Error(); err != nil {
+			return fail(fmt.Errorf("%s, the manifest of its generation: %w", t.label, err))
+		}
 	}
 	for _, m := range replies[len(replies)-2:] {
 		if err := m.Error(); err != nil {
@@ -354,11 +369,4 @@ func execReplies(res []rueidis.RedisResult, n int) ([]rueidis.RedisMessage, erro
 		return nil, fmt.Errorf("EXEC returned %d replies for %d commands", len(replies), n)
 	}
 	return replies, nil
-}
-
-// account records a written batch, recycles its buffer and reports
-// progress; then gives its slot back.
-func (x *runState) account(b *batch) {
-	x.progress.account(b)
-	<-x.slots // the batch is done: the source may fill another
 }

@@ -157,8 +157,9 @@ func (g *gCase) want(t testing.TB, gen, next int64, reg map[string]string, items
 }
 
 // wantNothingElse checks that the case's keys are only its pointer,
-// registry and meta, and the data of the generations that reg lists, and
-// that no per-slot counter of the case is left on any master.
+// registry and meta, and the data and manifests of the generations that
+// reg lists, and that no per-slot counter of the case is left on any
+// master.
 func (g *gCase) wantNothingElse(t testing.TB, reg map[string]string) {
 	t.Helper()
 	allowed := []string{keys.PointerKey(g.prefix, g.cluster), keys.RegistryKey(g.prefix, g.cluster), keys.MetaKey(g.prefix, g.cluster)}
@@ -166,6 +167,7 @@ func (g *gCase) wantNothingElse(t testing.TB, reg map[string]string) {
 	for f := range reg {
 		if gen, err := strconv.ParseInt(f, 10, 64); err == nil {
 			gens = append(gens, keys.GenPrefix(g.prefix, gen))
+			allowed = append(allowed, keys.ManifestKey(g.prefix, g.cluster, gen), keys.ManifestListKey(g.prefix, g.cluster, gen))
 		}
 	}
 	base := keys.Base(g.prefix, g.cluster)

@@ -465,16 +465,7 @@ func TestProductionDurability(t *testing.T) {
 				sent = append(sent, strings.Join(cmd.Commands(), " "))
 			}
 		}
-		hooked := rueidishook.WithHook(srv.Client(t), redistest.Hook{
-			OnDo: func(c rueidis.Client, ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
-				record(cmd)
-				return c.Do(ctx, cmd)
-			},
-			OnDoMulti: func(c rueidis.Client, ctx context.Context, multi ...rueidis.Completed) []rueidis.RedisResult {
-				record(multi...)
-				return c.DoMulti(ctx, multi...)
-			},
-		})
+		hooked := redistest.Watch(srv.Client(t), record)
 		o := prodOptions()
 		o.Durability = rebuild.Durability{LocalAOF: true}
 		r := redistest.Rebuilder(t, hooked, o, prodHash(live))

@@ -16,7 +16,6 @@ import (
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/store"
 	"github.com/redis/rueidis"
-	"github.com/redis/rueidis/rueidishook"
 )
 
 // TestNewTakesAClient: C10. A rebuild inside MULTI or a pipeline is
@@ -50,16 +49,7 @@ func TestEveryCommandThroughTheClient(t *testing.T) {
 			hooked[strings.ToUpper(c.Commands()[0])]++
 		}
 	}
-	c := rueidishook.WithHook(srv.Client(t), redistest.Hook{
-		OnDo: func(c rueidis.Client, ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
-			see(cmd)
-			return c.Do(ctx, cmd)
-		},
-		OnDoMulti: func(c rueidis.Client, ctx context.Context, multi ...rueidis.Completed) []rueidis.RedisResult {
-			see(multi...)
-			return c.DoMulti(ctx, multi...)
-		},
-	})
+	c := redistest.Watch(srv.Client(t), see)
 	s := store.New(c, store.Options{})
 	live := redistest.Prefix(t) + "users:by-email"
 	err := s.WithRebuild(ctx, live, store.RebuildOptions{}, func(ctx context.Context, temp string, touch func(context.Context) error) error {

@@ -93,12 +93,7 @@ func TestAcquireBadInput(t *testing.T) {
 func TestExtend(t *testing.T) {
 	forEachTarget(t, func(t *testing.T, tg target) {
 		ctx := redistest.Ctx(t)
-		s := tg.store(store.Options{})
-		lock, err := s.Acquire(ctx, tg.live, 60*time.Second)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { redistest.Cmd(t, tg.other, "DEL", lock.Key) })
+		s, lock, _ := acquired(t, tg, 60*time.Second, false)
 		redistest.Cmd(t, tg.other, "EXPIRE", lock.Key, "5")
 		// C9: only a matching token resets the TTL.
 		if err := s.Extend(ctx, lock); err != nil {
@@ -109,7 +104,7 @@ func TestExtend(t *testing.T) {
 		}
 		// Steal the lock: extend changes nothing and reports ErrLockLost.
 		redistest.Cmd(t, tg.other, "SET", lock.Key, "thief", "EX", "40")
-		err = s.Extend(ctx, lock)
+		err := s.Extend(ctx, lock)
 		redistest.WantErr(t, err, store.ErrLockLost)
 		redistest.WantErr(t, err, store.ErrInProgress) // C42: ErrLockLost matches ErrInProgress
 		redistest.WantString(t, tg.other, lock.Key, "thief")
@@ -124,12 +119,7 @@ func TestExtend(t *testing.T) {
 func TestRelease(t *testing.T) {
 	forEachTarget(t, func(t *testing.T, tg target) {
 		ctx := redistest.Ctx(t)
-		s := tg.store(store.Options{})
-		lock, err := s.Acquire(ctx, tg.live, 60*time.Second)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { redistest.Cmd(t, tg.other, "DEL", lock.Key) })
+		s, lock, _ := acquired(t, tg, 60*time.Second, false)
 		// C8: never deletes a lock someone else holds.
 		redistest.Cmd(t, tg.other, "SET", lock.Key, "successor", "EX", "60")
 		redistest.WantErr(t, s.Release(ctx, lock), store.ErrLockLost)

@@ -44,6 +44,15 @@ func rbNode(t *testing.T, tg target) rueidis.Client {
 	return tg.other
 }
 
+// rbSeed seeds live with n old fields (redistest.Fields("old", n)), and
+// returns live's node (rbNode) and those fields.
+func rbSeed(t *testing.T, tg target, n int) (rueidis.Client, map[string]string) {
+	t.Helper()
+	old := redistest.Fields("old", n)
+	redistest.SeedHash(t, tg.other, tg.live, old)
+	return rbNode(t, tg), old
+}
+
 // rbTempKeys returns every temp key of live that exists (SCAN
 // "<base>:rebuild:*" on live's node).
 func rbTempKeys(t *testing.T, tg target, node rueidis.Client, s *store.Store) []string {
@@ -240,9 +249,7 @@ func TestWithRebuildCallbackArgs(t *testing.T) {
 		rbFresh(t, tg)
 		ctx := context.WithValue(redistest.Ctx(t), ctxKey{}, "caller's")
 		s := tg.store(store.Options{})
-		node := rbNode(t, tg)
-		old := redistest.Fields("old", 3)
-		redistest.SeedHash(t, tg.other, tg.live, old)
+		node, old := rbSeed(t, tg, 3)
 		mine := fmt.Errorf("building %s: %w", tg.live, errRbBoom)
 
 		before := time.Now().Unix()
@@ -366,9 +373,7 @@ func TestWithRebuildFencedSwap(t *testing.T) {
 					}
 					return c.Do(ctx, cmd)
 				}}), store.Options{})
-				node := rbNode(t, tg)
-				old := redistest.Fields("old", 4)
-				redistest.SeedHash(t, tg.other, tg.live, old)
+				node, old := rbSeed(t, tg, 4)
 
 				err := s.WithRebuild(ctx, tg.live, store.RebuildOptions{TTL: 60 * time.Second}, func(ctx context.Context, tmp string, touch rbTouch) error {
 					temp = tmp
@@ -489,9 +494,7 @@ func TestWithRebuildFailureCleanup(t *testing.T) {
 				rbFresh(t, tg)
 				ctx := redistest.Ctx(t)
 				s := tg.store(store.Options{})
-				node := rbNode(t, tg)
-				old := redistest.Fields("old", 5)
-				redistest.SeedHash(t, tg.other, tg.live, old)
+				node, old := rbSeed(t, tg, 5)
 				lockKey := s.LockKey(tg.live)
 				steal := func() { redistest.Cmd(t, tg.other, "SET", lockKey, "thief", "EX", "60") }
 				ttl := tt.ttl
@@ -582,9 +585,7 @@ func TestWithRebuildTempVanishedBetweenTouches(t *testing.T) {
 				rbFresh(t, tg)
 				ctx := redistest.Ctx(t)
 				s := tg.store(store.Options{})
-				node := rbNode(t, tg)
-				old := redistest.Fields("old", 4)
-				redistest.SeedHash(t, tg.other, tg.live, old)
+				node, old := rbSeed(t, tg, 4)
 				var temp string
 				var touchErr error
 				err := s.WithRebuild(ctx, tg.live, store.RebuildOptions{TTL: 60 * time.Second}, func(ctx context.Context, tmp string, touch rbTouch) error {
@@ -659,9 +660,7 @@ func TestWithRebuildInProgress(t *testing.T) {
 		ctx := redistest.Ctx(t)
 		rec := &rbRecorder{t: t}
 		s := store.New(rec.client(tg.client), store.Options{})
-		node := rbNode(t, tg)
-		old := redistest.Fields("old", 3)
-		redistest.SeedHash(t, tg.other, tg.live, old)
+		node, old := rbSeed(t, tg, 3)
 		lockKey := s.LockKey(tg.live)
 		redistest.Cmd(t, tg.other, "SET", lockKey, "holder", "EX", "50")
 
@@ -765,9 +764,7 @@ func TestWithRebuildContextCancelled(t *testing.T) {
 		ctx, cancel := context.WithCancel(redistest.Ctx(t))
 		defer cancel()
 		s := tg.store(store.Options{})
-		node := rbNode(t, tg)
-		old := redistest.Fields("old", 3)
-		redistest.SeedHash(t, tg.other, tg.live, old)
+		node, old := rbSeed(t, tg, 3)
 		var temp string
 		err := s.WithRebuild(ctx, tg.live, store.RebuildOptions{TTL: 60 * time.Second}, func(ctx context.Context, tmp string, touch rbTouch) error {
 			temp = tmp
@@ -790,9 +787,7 @@ func TestWithRebuildBadInput(t *testing.T) {
 	forEachTarget(t, func(t *testing.T, tg target) {
 		rbFresh(t, tg)
 		s := tg.store(store.Options{})
-		node := rbNode(t, tg)
-		old := redistest.Fields("old", 3)
-		redistest.SeedHash(t, tg.other, tg.live, old)
+		node, old := rbSeed(t, tg, 3)
 		ran := false
 		fn := func(context.Context, string, rbTouch) error { ran = true; return nil }
 		for _, tt := range []struct {

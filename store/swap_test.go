@@ -152,39 +152,57 @@ func (f swapFixture) wantLiveUntouched(t *testing.T, c rueidis.Client) {
 	redistest.WantHash(t, c, f.live, f.old)
 }
 
-func TestSwapPublishes(t *testing.T) {
-	// C23: the live key ends with exactly the temp key's contents, replaced
-	// not merged, with no TTL; the temp key is gone. C25: unknown + present
-	// swaps. C32: Outcome Swapped.
+func TestSwapOutcomes(t *testing.T) {
+	// C23: a populated temp key publishes: the live key ends with exactly
+	// the temp key's contents, replaced not merged, with no TTL; the temp
+	// key is gone; Swapped (C32). C24: an absent, never-populated temp key
+	// deletes the live key, and that is idempotent; Emptied (C32). C25:
+	// unknown + present swaps, unknown + absent empties. C31: our lock is
+	// never touched.
 	forEachTarget(t, func(t *testing.T, tg target) {
 		for _, tt := range []struct {
 			name      string
 			fenced    bool
 			populated store.Populated
+			temp      bool          // the temp key exists
+			want      store.Outcome // Swapped, or Emptied (twice: the second Swap finds neither key)
 		}{
-			{"fenced/yes", true, store.PopulatedYes},
-			{"fenced/unknown", true, store.PopulatedUnknown},
-			{"unfenced/yes", false, store.PopulatedYes},
-			{"unfenced/unknown", false, store.PopulatedUnknown},
+			{"fenced/yes", true, store.PopulatedYes, true, store.Swapped},
+			{"fenced/unknown", true, store.PopulatedUnknown, true, store.Swapped},
+			{"unfenced/yes", false, store.PopulatedYes, true, store.Swapped},
+			{"unfenced/unknown", false, store.PopulatedUnknown, true, store.Swapped},
 			// A '0' flag with an existing temp key still publishes it.
-			{"fenced/no-but-present", true, store.PopulatedNo},
+			{"fenced/no-but-present", true, store.PopulatedNo, true, store.Swapped},
+			{"fenced/no", true, store.PopulatedNo, false, store.Emptied},
+			{"fenced/unknown-absent", true, store.PopulatedUnknown, false, store.Emptied},
+			{"unfenced/no", false, store.PopulatedNo, false, store.Emptied},
+			{"unfenced/unknown-absent", false, store.PopulatedUnknown, false, store.Emptied},
 		} {
 			t.Run(tt.name, func(t *testing.T) {
 				ctx := redistest.Ctx(t)
 				s := tg.store(store.Options{})
-				f := swapSetup(t, ctx, s, tg, tg.live+":"+strings.ReplaceAll(tt.name, "/", "-"), tt.fenced, true)
+				f := swapSetup(t, ctx, s, tg, tg.live+":"+strings.ReplaceAll(tt.name, "/", "-"), tt.fenced, tt.temp)
 				redistest.Cmd(t, tg.other, "EXPIRE", f.live, "1000") // the old TTL must not survive either
-
-				got, err := s.Swap(ctx, f.temp, f.live, store.SwapOptions{Lock: f.lock, Populated: tt.populated})
-				if err != nil {
-					t.Fatalf("Swap: %v", err)
+				runs := 1
+				if tt.want == store.Emptied {
+					runs = 2
 				}
-				if got != store.Swapped {
-					t.Errorf("outcome = %v, want %v", got, store.Swapped)
+				for i := range runs {
+					got, err := s.Swap(ctx, f.temp, f.live, store.SwapOptions{Lock: f.lock, Populated: tt.populated})
+					if err != nil {
+						t.Fatalf("Swap #%d: %v", i+1, err)
+					}
+					if got != tt.want {
+						t.Errorf("Swap #%d outcome = %v, want %v", i+1, got, tt.want)
+					}
+					if tt.want == store.Swapped {
+						redistest.WantHash(t, tg.other, f.live, f.new) // exact contents, PTTL -1
+					} else {
+						redistest.WantAbsent(t, tg.other, f.live)
+					}
+					redistest.WantAbsent(t, tg.other, f.temp)
+					f.wantLockUnchanged(t, tg.other)
 				}
-				redistest.WantHash(t, tg.other, f.live, f.new) // exact contents, PTTL -1
-				redistest.WantAbsent(t, tg.other, f.temp)
-				f.wantLockUnchanged(t, tg.other) // C31
 			})
 		}
 	})
@@ -255,42 +273,6 @@ func TestSwapReadersNeverSeeAbsent(t *testing.T) {
 			t.Errorf("%d of %d reads saw HLEN != 200 (absent or partial), want 0", m, reads.Load())
 		}
 		redistest.WantHash(t, tg.other, tg.live, redistest.Fields("gen40", 200))
-	})
-}
-
-func TestSwapEmpties(t *testing.T) {
-	// C24: an absent, never-populated temp key deletes the live key, and
-	// that is idempotent. C25: unknown + absent empties. C32: Emptied.
-	forEachTarget(t, func(t *testing.T, tg target) {
-		for _, tt := range []struct {
-			name      string
-			fenced    bool
-			populated store.Populated
-		}{
-			{"fenced/no", true, store.PopulatedNo},
-			{"fenced/unknown", true, store.PopulatedUnknown},
-			{"unfenced/no", false, store.PopulatedNo},
-			{"unfenced/unknown", false, store.PopulatedUnknown},
-		} {
-			t.Run(tt.name, func(t *testing.T) {
-				ctx := redistest.Ctx(t)
-				s := tg.store(store.Options{})
-				f := swapSetup(t, ctx, s, tg, tg.live+":"+strings.ReplaceAll(tt.name, "/", "-"), tt.fenced, false)
-				opts := store.SwapOptions{Lock: f.lock, Populated: tt.populated}
-				for i := range 2 { // the second run finds neither key
-					got, err := s.Swap(ctx, f.temp, f.live, opts)
-					if err != nil {
-						t.Fatalf("Swap #%d: %v", i+1, err)
-					}
-					if got != store.Emptied {
-						t.Errorf("Swap #%d outcome = %v, want %v", i+1, got, store.Emptied)
-					}
-					redistest.WantAbsent(t, tg.other, f.live)
-					redistest.WantAbsent(t, tg.other, f.temp)
-					f.wantLockUnchanged(t, tg.other)
-				}
-			})
-		}
 	})
 }
 

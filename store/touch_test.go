@@ -13,15 +13,22 @@ import (
 	"github.com/redis/rueidis"
 )
 
-// touchSetup acquires live's lock with ttl and returns it with a fresh
-// temp key that does not exist yet.
-func touchSetup(t *testing.T, tg target, s *store.Store, ttl time.Duration) (*store.Lock, string) {
+// acquired cleans live (rbFresh), acquires its lock with ttl, and returns
+// a Store, the lock and a fresh temp key: holding {"a": "1"} without a TTL
+// when filled, else not existing yet.
+func acquired(t *testing.T, tg target, ttl time.Duration, filled bool) (*store.Store, *store.Lock, string) {
 	t.Helper()
+	rbFresh(t, tg)
+	s := tg.store(store.Options{})
 	lock, err := s.Acquire(redistest.Ctx(t), tg.live, ttl)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return lock, s.NewTempKey(tg.live)
+	temp := s.NewTempKey(tg.live)
+	if filled {
+		redistest.Cmd(t, tg.other, "HSET", temp, "a", "1")
+	}
+	return s, lock, temp
 }
 
 // touchPTTLs returns the PTTLs of a and b, read in one script so that both
@@ -55,10 +62,8 @@ func touchPoll(t *testing.T, within time.Duration, what string, cond func() bool
 // reports populated and resets both TTLs to ttl.
 func TestTouchPopulated(t *testing.T) {
 	forEachTarget(t, func(t *testing.T, tg target) {
-		rbFresh(t, tg)
 		ctx := redistest.Ctx(t)
-		s := tg.store(store.Options{})
-		lock, temp := touchSetup(t, tg, s, 60*time.Second)
+		s, lock, temp := acquired(t, tg, 60*time.Second, false)
 
 		redistest.Cmd(t, tg.other, "HSET", temp, "a", "1", "b", "2")
 		// C34.1: no TTL until the first touch after the first write.
@@ -123,10 +128,8 @@ func wantHashTTL(t *testing.T, c rueidis.Client, key string, want map[string]str
 // temp key stays absent, and the lock is still extended.
 func TestTouchBeforeTempExists(t *testing.T) {
 	forEachTarget(t, func(t *testing.T, tg target) {
-		rbFresh(t, tg)
 		ctx := redistest.Ctx(t)
-		s := tg.store(store.Options{})
-		lock, temp := touchSetup(t, tg, s, 60*time.Second)
+		s, lock, temp := acquired(t, tg, 60*time.Second, false)
 		redistest.Cmd(t, tg.other, "EXPIRE", lock.Key, "5")
 
 		populated, err := s.Touch(ctx, lock, temp)
@@ -160,12 +163,9 @@ func TestTouchLockLost(t *testing.T) {
 		} {
 			t.Run(tt.name, func(t *testing.T) {
 				ctx := redistest.Ctx(t)
-				s := tg.store(store.Options{})
 				tg := tg
 				tg.live += "-" + tt.name // a lock of its own
-				rbFresh(t, tg)
-				lock, temp := touchSetup(t, tg, s, 60*time.Second)
-				redistest.Cmd(t, tg.other, "HSET", temp, "a", "1")
+				s, lock, temp := acquired(t, tg, 60*time.Second, true)
 				if _, err := s.Touch(ctx, lock, temp); err != nil {
 					t.Fatal(err)
 				}
@@ -204,11 +204,8 @@ func TestTouchLockLost(t *testing.T) {
 // both are measured in one script, so the only slack is rounding.
 func TestTouchTempDeadlineNotBeforeLock(t *testing.T) {
 	forEachTarget(t, func(t *testing.T, tg target) {
-		rbFresh(t, tg)
 		ctx := redistest.Ctx(t)
-		s := tg.store(store.Options{})
-		lock, temp := touchSetup(t, tg, s, 60*time.Second)
-		redistest.Cmd(t, tg.other, "HSET", temp, "a", "1")
+		s, lock, temp := acquired(t, tg, 60*time.Second, true)
 		const tolerance = 2 * time.Millisecond
 		for _, before := range []struct{ temp, lock string }{
 			{"", ""},       // temp without TTL, lock fresh
@@ -236,11 +233,8 @@ func TestTouchTempDeadlineNotBeforeLock(t *testing.T) {
 // well, never before the lock.
 func TestTouchOverrun(t *testing.T) {
 	forEachTarget(t, func(t *testing.T, tg target) {
-		rbFresh(t, tg)
 		ctx := redistest.Ctx(t)
-		s := tg.store(store.Options{})
-		lock, temp := touchSetup(t, tg, s, time.Second)
-		redistest.Cmd(t, tg.other, "HSET", temp, "a", "1")
+		s, lock, temp := acquired(t, tg, time.Second, true)
 		if populated, err := s.Touch(ctx, lock, temp); err != nil || !populated {
 			t.Fatalf("touch = %v, %v; want true, nil", populated, err)
 		}
@@ -267,11 +261,8 @@ func TestTouchOverrun(t *testing.T) {
 // expired, the next touch fails with ErrLockLost and does not resurrect it.
 func TestTouchOverrunLockFirst(t *testing.T) {
 	forEachTarget(t, func(t *testing.T, tg target) {
-		rbFresh(t, tg)
 		ctx := redistest.Ctx(t)
-		s := tg.store(store.Options{})
-		lock, temp := touchSetup(t, tg, s, time.Second)
-		redistest.Cmd(t, tg.other, "HSET", temp, "a", "1")
+		s, lock, temp := acquired(t, tg, time.Second, true)
 		if _, err := s.Touch(ctx, lock, temp); err != nil {
 			t.Fatal(err)
 		}
@@ -290,11 +281,8 @@ func TestTouchOverrunLockFirst(t *testing.T) {
 // anything changes (C11's preconditions, C30's blank token).
 func TestTouchBadInput(t *testing.T) {
 	forEachTarget(t, func(t *testing.T, tg target) {
-		rbFresh(t, tg)
 		ctx := redistest.Ctx(t)
-		s := tg.store(store.Options{})
-		lock, temp := touchSetup(t, tg, s, 60*time.Second)
-		redistest.Cmd(t, tg.other, "HSET", temp, "a", "1")
+		s, lock, temp := acquired(t, tg, 60*time.Second, true)
 		redistest.Cmd(t, tg.other, "EXPIRE", temp, "30")
 		redistest.Cmd(t, tg.other, "EXPIRE", lock.Key, "30")
 

@@ -272,111 +272,162 @@ func (r *Relay[T]) sendStatus(repl *pgconn.PgConn, reply bool) error {
 // updates, while p holds more than a few batches. It signals checkNow when
 // a captured table comes under another name (renamed).
 func (r *Relay[T]) stream(ctx context.Context, repl *pgconn.PgConn, p *pipe[T], checkNow chan struct{}) error {
-	types := pgtype.NewMap()
-	rels := map[uint32]*relation{}
-	inTx := false
-	var commitTime time.Time
-	next := time.Now()
+	s := &streamState[T]{
+		r: r, repl: repl, p: p, checkNow: checkNow,
+		types: pgtype.NewMap(), rels: map[uint32]*relation{}, next: time.Now(),
+	}
 	limit := 4 * r.opts.BatchSize
 	for {
-		if !time.Now().Before(next) {
-			if err := r.sendStatus(repl, false); err != nil {
-				return fmt.Errorf("pgcdc: send a standby status update: %w", err)
-			}
-			next = time.Now().Add(r.opts.StatusInterval)
-		}
-		for p.full(limit) {
-			select {
-			case <-ctx.Done():
-				return context.Cause(ctx)
-			case <-p.space:
-			case <-time.After(time.Until(next)):
-				if err := r.sendStatus(repl, false); err != nil {
-					return fmt.Errorf("pgcdc: send a standby status update: %w", err)
-				}
-				next = time.Now().Add(r.opts.StatusInterval)
+		if !time.Now().Before(s.next) {
+			if err := s.status(); err != nil {
+				return err
 			}
 		}
-		rctx, cancel := context.WithDeadline(ctx, next)
-		msg, err := repl.ReceiveMessage(rctx)
-		cancel()
+		if err := s.waitSpace(ctx, limit); err != nil {
+			return err
+		}
+		data, err := s.receive(ctx)
 		if err != nil {
-			if ctx.Err() != nil {
-				return context.Cause(ctx)
-			}
-			if pgconn.Timeout(err) {
-				continue
-			}
-			return fmt.Errorf("pgcdc: read the replication stream: %w", err)
-		}
-		var data []byte
-		switch msg := msg.(type) {
-		case *pgproto3.CopyData:
-			data = msg.Data
-		case *pgproto3.ErrorResponse:
-			return r.startError(pgconn.ErrorResponseToPgError(msg))
-		case *pgproto3.CopyDone:
-			return errors.New("pgcdc: the server ended the replication stream")
-		default:
-			continue
+			return err
 		}
 		if len(data) == 0 {
 			continue
 		}
-		switch data[0] {
-		case pglogrepl.PrimaryKeepaliveMessageByteID:
-			ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(data[1:])
-			if err != nil {
-				return fmt.Errorf("pgcdc: %w", err)
-			}
-			// Between transactions, everything up to the server's position
-			// was sent: once applied, that position may be acknowledged,
-			// so that the slot does not hold the WAL of other tables.
-			if !inTx {
-				p.push(entry[T]{ack: uint64(ka.ServerWALEnd)})
-			}
-			if ka.ReplyRequested {
-				next = time.Now()
-			}
-		case pglogrepl.XLogDataByteID:
-			xld, err := pglogrepl.ParseXLogData(data[1:])
-			if err != nil {
-				return fmt.Errorf("pgcdc: %w", err)
-			}
-			m, err := pglogrepl.Parse(xld.WALData)
-			if err != nil {
-				return fmt.Errorf("pgcdc: decode a message at %s: %w", xld.WALStart, err)
-			}
-			switch m := m.(type) {
-			case *pglogrepl.RelationMessage:
-				err = r.relation(rels, m, xld.WALStart, checkNow)
-			case *pglogrepl.BeginMessage:
-				inTx, commitTime = true, m.CommitTime
-			case *pglogrepl.CommitMessage:
-				inTx = false
-				p.push(entry[T]{ack: uint64(m.TransactionEndLSN), commit: commitTime})
-			case *pglogrepl.InsertMessage:
-				err = r.change(p, types, rels, m.RelationID, "INSERT", xld.WALStart, commitTime, nil, 0, m.Tuple)
-			case *pglogrepl.UpdateMessage:
-				err = r.change(p, types, rels, m.RelationID, "UPDATE", xld.WALStart, commitTime, m.OldTuple, m.OldTupleType, m.NewTuple)
-			case *pglogrepl.DeleteMessage:
-				err = r.change(p, types, rels, m.RelationID, "DELETE", xld.WALStart, commitTime, m.OldTuple, m.OldTupleType, nil)
-			case *pglogrepl.TruncateMessage:
-				var names []string
-				for _, id := range m.RelationIDs {
-					if rel, ok := rels[id]; ok && rel.table != "" {
-						names = append(names, rel.table)
-					}
-				}
-				if names != nil {
-					p.push(entry[T]{truncate: names})
-				}
-			}
-			if err != nil {
+		if err := s.message(data); err != nil {
+			return err
+		}
+	}
+}
+
+// streamState is what [Relay.stream] keeps between two messages.
+type streamState[T any] struct {
+	r        *Relay[T]
+	repl     *pgconn.PgConn
+	p        *pipe[T]
+	checkNow chan struct{}
+	types    *pgtype.Map
+	rels     map[uint32]*relation
+	// inTx is set between a BEGIN and its COMMIT, whose time is commitTime.
+	inTx       bool
+	commitTime time.Time
+	// next is when the next standby status update is due.
+	next time.Time
+}
+
+// status sends a standby status update, and sets when the next one is due.
+func (s *streamState[T]) status() error {
+	if err := s.r.sendStatus(s.repl, false); err != nil {
+		return fmt.Errorf("pgcdc: send a standby status update: %w", err)
+	}
+	s.next = time.Now().Add(s.r.opts.StatusInterval)
+	return nil
+}
+
+// waitSpace waits while the pipe holds more than limit entries, sending
+// the standby status updates as they fall due.
+func (s *streamState[T]) waitSpace(ctx context.Context, limit int) error {
+	for s.p.full(limit) {
+		select {
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		case <-s.p.space:
+		case <-time.After(time.Until(s.next)):
+			if err := s.status(); err != nil {
 				return err
 			}
 		}
 	}
+	return nil
+}
+
+// receive reads one message until the next status update is due, and
+// returns its CopyData, or nil for none (a timeout, another message).
+func (s *streamState[T]) receive(ctx context.Context) ([]byte, error) {
+	rctx, cancel := context.WithDeadline(ctx, s.next)
+	msg, err := s.repl.ReceiveMessage(rctx)
+	cancel()
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, context.Cause(ctx)
+		}
+		if pgconn.Timeout(err) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("pgcdc: read the replication stream: %w", err)
+	}
+	switch msg := msg.(type) {
+	case *pgproto3.CopyData:
+		return msg.Data, nil
+	case *pgproto3.ErrorResponse:
+		return nil, s.r.startError(pgconn.ErrorResponseToPgError(msg))
+	case *pgproto3.CopyDone:
+		return nil, errors.New("pgcdc: the server ended the replication stream")
+	}
+	return nil, nil
+}
+
+// message handles one CopyData of the stream: a keepalive or a WAL
+// message.
+func (s *streamState[T]) message(data []byte) error {
+	switch data[0] {
+	case pglogrepl.PrimaryKeepaliveMessageByteID:
+		ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(data[1:])
+		if err != nil {
+			return fmt.Errorf("pgcdc: %w", err)
+		}
+		// Between transactions, everything up to the server's position
+		// was sent: once applied, that position may be acknowledged,
+		// so that the slot does not hold the WAL of other tables.
+		if !s.inTx {
+			s.p.push(entry[T]{ack: uint64(ka.ServerWALEnd)})
+		}
+		if ka.ReplyRequested {
+			s.next = time.Now()
+		}
+	case pglogrepl.XLogDataByteID:
+		xld, err := pglogrepl.ParseXLogData(data[1:])
+		if err != nil {
+			return fmt.Errorf("pgcdc: %w", err)
+		}
+		m, err := pglogrepl.Parse(xld.WALData)
+		if err != nil {
+			return fmt.Errorf("pgcdc: decode a message at %s: %w", xld.WALStart, err)
+		}
+		return s.logical(m, xld.WALStart)
+	}
+	return nil
+}
+
+// logical handles one decoded WAL message, at: a relation, a transaction's
+// bounds, a row change or a truncate.
+func (s *streamState[T]) logical(m pglogrepl.Message, at pglogrepl.LSN) error {
+	r, p := s.r, s.p
+	switch m := m.(type) {
+	case *pglogrepl.RelationMessage:
+		return r.relation(s.rels, m, at, s.checkNow)
+	case *pglogrepl.BeginMessage:
+		s.inTx, s.commitTime = true, m.CommitTime
+	case *pglogrepl.CommitMessage:
+		s.inTx = false
+		p.push(entry[T]{ack: uint64(m.TransactionEndLSN), commit: s.commitTime})
+	case *pglogrepl.InsertMessage:
+		return r.change(p, s.types, s.rels, m.RelationID, "INSERT", at, s.commitTime, nil, 0, m.Tuple)
+	case *pglogrepl.UpdateMessage:
+		return r.change(p, s.types, s.rels, m.RelationID, "UPDATE", at, s.commitTime, m.OldTuple, m.OldTupleType, m.NewTuple)
+	case *pglogrepl.DeleteMessage:
+		return r.change(p, s.types, s.rels, m.RelationID, "DELETE", at, s.commitTime, m.OldTuple, m.OldTupleType, nil)
+	case *pglogrepl.TruncateMessage:
+		var names []string
+		for _, id := range m.RelationIDs {
+			if rel, ok := s.rels[id]; ok && rel.table != "" {
+				names = append(names, rel.table)
+			}
+		}
+		if names != nil {
+			p.push(entry[T]{truncate: names})
+		}
+	}
+	return nil
 }
 
 // relation records the table that m describes. A table is captured by

@@ -137,12 +137,12 @@ func (ix index) wantGenGone(t *testing.T, d deployment, gen int64) {
 
 // wantNoRunLeftovers fails if a lock, record, log or temp key of ix's is
 // left: keyswap's own keys but its metas, kept values, registries,
-// pointers and generations' data.
+// pointers and generations' data and manifests.
 func (ix index) wantNoRunLeftovers(t *testing.T, d deployment) {
 	t.Helper()
 	var left []string
 	for _, k := range redistest.Leftovers(t, d.client, ix.tag) {
-		if !keys.IsGenKey(k) && !strings.HasSuffix(k, keys.RegistrySuffix) && !strings.HasSuffix(k, keys.PointerSuffix) {
+		if !keys.IsGenKey(k) && !keys.IsManifestKey(k) && !strings.HasSuffix(k, keys.RegistrySuffix) && !strings.HasSuffix(k, keys.PointerSuffix) {
 			left = append(left, k)
 		}
 	}

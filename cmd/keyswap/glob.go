@@ -19,68 +19,17 @@ func globMatchImpl(p, s string, skipLonger *bool) bool {
 	for len(p) > 0 && len(s) > 0 {
 		switch p[0] {
 		case '*':
-			for len(p) > 1 && p[1] == '*' {
-				p = p[1:]
-			}
-			if len(p) == 1 {
-				return true
-			}
-			for len(s) > 0 {
-				if globMatchImpl(p[1:], s, skipLonger) {
-					return true
-				}
-				if *skipLonger {
-					return false
-				}
-				s = s[1:]
-			}
-			*skipLonger = true
-			return false
+			return globStar(p, s, skipLonger)
 		case '?':
 			s = s[1:]
 		case '[':
-			p = p[1:]
-			not := len(p) > 0 && p[0] == '^'
-			if not {
-				p = p[1:]
-			}
-			match := false
-			for {
-				if len(p) >= 2 && p[0] == '\\' {
-					p = p[1:]
-					if p[0] == s[0] {
-						match = true
-					}
-				} else if len(p) == 0 {
-					// An unclosed class ends with the pattern. Redis steps
-					// back one byte here so that its p++ below lands on the
-					// end; leaving p empty and skipping that step is the same.
-					break
-				} else if p[0] == ']' {
-					break
-				} else if len(p) >= 3 && p[1] == '-' {
-					lo, hi := p[0], p[2]
-					if lo > hi {
-						lo, hi = hi, lo
-					}
-					p = p[2:]
-					if s[0] >= lo && s[0] <= hi {
-						match = true
-					}
-				} else if p[0] == s[0] {
-					match = true
-				}
-				p = p[1:]
-			}
-			if not {
-				match = !match
-			}
-			if !match {
+			var match bool
+			if p, match = globClass(p[1:], s[0]); !match {
 				return false
 			}
 			s = s[1:]
 			if len(p) == 0 {
-				// The unclosed class consumed the pattern (see above).
+				// The unclosed class consumed the pattern (see globClass).
 				return len(s) == 0
 			}
 		case '\\':
@@ -103,4 +52,64 @@ func globMatchImpl(p, s string, skipLonger *bool) bool {
 		}
 	}
 	return len(p) == 0 && len(s) == 0
+}
+
+// globStar matches s against p, which starts with a '*': against the rest
+// of p at every suffix of s, longest first.
+func globStar(p, s string, skipLonger *bool) bool {
+	for len(p) > 1 && p[1] == '*' {
+		p = p[1:]
+	}
+	if len(p) == 1 {
+		return true
+	}
+	for len(s) > 0 {
+		if globMatchImpl(p[1:], s, skipLonger) {
+			return true
+		}
+		if *skipLonger {
+			return false
+		}
+		s = s[1:]
+	}
+	*skipLonger = true
+	return false
+}
+
+// globClass matches c against the class that p starts with, just after its
+// '[', and returns p from the class's ']' on, or empty for a class that is
+// not closed.
+func globClass(p string, c byte) (rest string, match bool) {
+	not := len(p) > 0 && p[0] == '^'
+	if not {
+		p = p[1:]
+	}
+	for {
+		if len(p) >= 2 && p[0] == '\\' {
+			p = p[1:]
+			if p[0] == c {
+				match = true
+			}
+		} else if len(p) == 0 {
+			// An unclosed class ends with the pattern. Redis steps
+			// back one byte here so that its p++ below lands on the
+			// end; leaving p empty and skipping that step is the same.
+			break
+		} else if p[0] == ']' {
+			break
+		} else if len(p) >= 3 && p[1] == '-' {
+			lo, hi := p[0], p[2]
+			if lo > hi {
+				lo, hi = hi, lo
+			}
+			p = p[2:]
+			if c >= lo && c <= hi {
+				match = true
+			}
+		} else if p[0] == c {
+			match = true
+		}
+		p = p[1:]
+	}
+	return p, match != not
 }

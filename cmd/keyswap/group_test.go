@@ -9,7 +9,7 @@ import (
 	"github.com/keyswap/keyswap/internal/redistest"
 )
 
-// TestGroup: indexes of a group (C99), without a hash tag: 'rollback
+// TestGroup: indexes of a group (C100), without a hash tag: 'rollback
 // --group' flips them back and forth; without --group it finds no pointer
 // and changes nothing; 'status --index --group' and a status scan show
 // their generations; a sweep finds the group in the registry's name and

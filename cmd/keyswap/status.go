@@ -434,7 +434,8 @@ func hasGlob(s string) bool { return strings.ContainsAny(s, `*?[\`) }
 // ("*:rebuild:<unix>:<nonce>"), so that one SCAN finds them all. It leaves
 // out the data keys of generations ("*:rebuild-g:<G>" and
 // "*:rebuild-g:<G>:<bucket>": a family of a million buckets has a million
-// per generation) and a run's counters ("*:rebuild-n:<G>"), which status
+// per generation), a run's counters ("*:rebuild-n:<G>") and a
+// generation's manifest ("*:rebuild-m:<G>", "*:rebuild-l:<G>"), which status
 // does not read, so that SCAN does not send them only to be dropped here:
 // in their names the second character after ":rebuild-" is a ':'.
 //

@@ -43,6 +43,8 @@ func TestRebuildKeysPattern(t *testing.T) {
 		{keys.GenBucketKey("users:by-country", 3, "fr"), false},
 		{keys.GenBucketKey("users:by-country", 3, "x:rebuild-gens"), true}, // a bucket's name; cutGenSuffix drops it
 		{keys.CounterKey("users:by-email", 7, 3), false},
+		{keys.ManifestKey("users:by-email", false, 3), false},
+		{keys.ManifestListKey("users:by-email", true, 3), false},
 		// What a glob cannot keep apart from ":rebuild-g:": a timestamp
 		// of one digit, which no run writes.
 		{keys.TempKey("users:by-email", false, 9, 1), false},
@@ -141,7 +143,7 @@ func TestStatusSkipsGenerationData(t *testing.T) {
 			}
 
 			// What SCAN sent: every key whose name holds ":rebuild" but
-			// the data keys, each once at least.
+			// the data keys and the manifests, each once at least.
 			var all, genData int
 			var want []string
 			for page, err := range scan.Pages(ctx, d.client, scan.Options{}) {
@@ -150,7 +152,7 @@ func TestStatusSkipsGenerationData(t *testing.T) {
 				}
 				for _, k := range page {
 					all++
-					if keys.IsGenKey(k) {
+					if keys.IsGenKey(k) || keys.IsManifestKey(k) {
 						genData++
 					} else if strings.Contains(k, ":rebuild") {
 						want = append(want, k)

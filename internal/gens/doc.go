@@ -60,21 +60,60 @@
 // with a COUNT of 100 per call (DefaultScanCount), on every master of a cluster
 // (only the registry's master when the keys share its slot), and UNLINK of
 // at most 256 keys per command, which frees large values in the
-// background.
+// background. Where a family's keys share the registry's slot, each chunk
+// goes on a connection of its own as WATCH of the registry, the lock and
+// the pointer, their checks read by the sweep, then MULTI, UNLINK, EXEC:
+// EXEC deletes nothing if any of them changed since the WATCH (the chunk
+// then goes by a script that checks and deletes in one step), so the
+// checks hold when the keys go, and the keys do not pass through Lua,
+// which cost the server about as much again as the UNLINK.
+//
+// # The manifest
+//
+// A family whose keys share the registry's slot has, per generation, a
+// manifest: a list (keys.ManifestListKey) of the keys its run wrote, each
+// appended in the transaction of the run's first write of it, and a set
+// (keys.ManifestKey) of the keys Apply wrote while the generation was
+// current, added in the script of the writes, with keys.ManifestListed,
+// which the run adds once its flip to the generation returned having
+// replayed no tail of changes (a flip's tail writes keys no list holds). A
+// generation is written only by its run, its flip and, while current, by
+// Apply; so once it is retired and its set holds keys.ManifestListed, the
+// manifest names every key of the generation that keyswap wrote. The sweep of such
+// a generation reads the manifest (LRANGE, then SSCAN with the SCAN's
+// COUNT) rather than SCANning the keyspace, and deletes its members in
+// the same chunks and checks. Everything in it is untrusted: a member that
+// is not a key of the generation's shape (keys.GenPrefix: another index,
+// another generation, any other key) is never deleted, and a manifest or
+// list of another type makes the sweep SCAN. So does every generation the
+// manifest cannot vouch for: one building (its run crashed, or lost its
+// lock and may still write), one whose flip replayed a tail, or whose run
+// stopped between its flip and the mark, one of a run that did not list
+// its keys (built before manifests existed), one [RemoveOwn] removes, and
+// a family spread over a cluster's slots, which has no manifest. The
+// manifest goes with the registry field, in the same step. Its cost: an
+// RPUSH per transaction of the run, and the memory of one key name per
+// key until the generation is removed.
+//
+// A key of the generation's shape that no writer listed (written by hand,
+// or by a keyswap process that predates manifests while the generation was
+// current) is not found by a manifest's removal: every process that
+// applies changes must list, as this version's do, before a run's
+// generation is removed by its manifest.
 //
 // A caller that knows which buckets a family's generation mostly holds
 // (a run knows those it wrote, most of which the generation it flipped away
 // from holds too) names them in Options.Buckets: each generation removed
-// then loses those buckets first, by name, in the same chunks and checks,
-// and the SCAN passes follow as always. The names only change the order of
-// the deletions, never what is deleted: completeness still rests on the
-// SCAN, since keys of the generation nobody named (buckets the new data no
-// longer has, keys Apply created while the generation was current) may
-// exist, and no count of a generation's keys is kept that could prove
-// otherwise. The SCAN then returns few keys, and the named keys are freed
-// in the order they were written, which costs the server less than the
-// SCAN's order. Matches of several SCAN pages are deleted together, up to
-// Unlink keys per command.
+// then loses those buckets first, by name, in the same chunks and checks;
+// then its manifest, or the SCAN passes, find the rest. The names only
+// change the order of the deletions, never what is deleted: the named keys
+// are freed in the order they were written, which costs the server less
+// than a SCAN's order, and the manifest's members deleted by name are not
+// sent again. Without a manifest, completeness rests on the SCAN, since
+// keys of the generation nobody named (buckets the new data no longer has,
+// keys Apply created while the generation was current) may exist. Matches
+// of several SCAN pages are deleted together, up to Unlink keys per
+// command.
 //
 // [DryRun] applies the sweep's rule without deleting anything: it returns
 // the generations a sweep would remove and those it would keep, and why.

@@ -89,86 +89,118 @@ return redis.call('UNLINK', unpack(doomed))
 // command, paced by opts.Pace. Grace and Now are not used.
 func DropPlain(ctx context.Context, client rueidis.Client, idx Index, opts Options) (DropResult, error) {
 	const op = "drop plain keys"
-	var res DropResult
-	o, err := opts.withDefaults()
-	if err == nil {
-		err = idx.check()
-	}
+	d := &dropper{client: client, idx: idx}
+	o, snap, err := d.begin(ctx, opts, op)
 	if err != nil {
-		return res, &protocol.Error{Op: op, Key: idx.Live, Err: err}
-	}
-	if idx.Family && idx.Type == "" {
-		return res, &protocol.Error{Op: op, Key: idx.Live, Err: errors.New("a family needs its Type: it owns only the keys of its type under its prefix")}
-	}
-	snap, err := Read(ctx, client, idx)
-	if err != nil {
-		return res, protocol.Fail(ctx, op, idx.Live, err)
-	}
-	if !snap.HasPointer {
-		return res, &protocol.Error{Op: op, Key: idx.Live, Err: fmt.Errorf("%s: %w", snap.PointerKey, ErrNoPointer)}
+		return d.res, err
 	}
 	_, tagged := keys.HashTag(idx.Live)
 	if idx.Group != "" && isCluster(client) && (!idx.Family || tagged) && keys.Slot(idx.Live) != keys.Slot(snap.PointerKey) {
 		// The drop script deletes a plain key only while the pointer
 		// exists, in one step: it cannot when the two are in different
 		// slots.
-		return res, &protocol.Error{Op: op, Key: idx.Live, Err: fmt.Errorf("the plain keys of %s are in slot %d and the pointer of its group in slot %d, so they cannot be deleted in one step with the check of the pointer; nothing deleted: once every reader has the group, UNLINK them",
+		return d.res, &protocol.Error{Op: op, Key: idx.Live, Err: fmt.Errorf("the plain keys of %s are in slot %d and the pointer of its group in slot %d, so they cannot be deleted in one step with the check of the pointer; nothing deleted: once every reader has the group, UNLINK them",
 			idx.Live, keys.Slot(idx.Live), keys.Slot(snap.PointerKey))}
 	}
-	drop := func(ks []string, typ string) error {
-		if err := pace(ctx, o, len(ks)); err != nil {
-			return err
-		}
-		n, err := dropScript.Exec(ctx, client, append([]string{snap.PointerKey}, ks...), []string{typ}).AsInt64()
-		switch {
-		case err != nil:
-			return err
-		case n == -1:
-			return fmt.Errorf("%s disappeared: %w", snap.PointerKey, ErrNoPointer)
-		case n < 0:
-			return fmt.Errorf("unexpected drop script reply %d", n)
-		}
-		res.Keys += n
-		if o.Progress != nil {
-			o.Progress(Progress{Keys: res.Keys, Total: res.Keys})
-		}
-		return nil
-	}
+	d.opts, d.pointer = o, snap.PointerKey
 	if !idx.Family {
-		if err := drop([]string{idx.Live}, ""); err != nil {
-			return res, protocol.Fail(ctx, op, idx.Live, err)
+		if err := d.drop(ctx, []string{idx.Live}, ""); err != nil {
+			return d.res, protocol.Fail(ctx, op, idx.Live, err)
 		}
-		o.Logger.Info("keyswap: plain key dropped", "index", idx.Live, "keys", res.Keys)
-		return res, nil
+		o.Logger.Info("keyswap: plain key dropped", "index", idx.Live, "keys", d.res.Keys)
+		return d.res, nil
 	}
 	if isCluster(client) && !tagged {
-		res.Note = "the prefix has no hash tag, so on a cluster keyswap never published this family in the plain shape: nothing of it to delete"
-		return res, nil
+		d.res.Note = "the prefix has no hash tag, so on a cluster keyswap never published this family in the plain shape: nothing of it to delete"
+		return d.res, nil
 	}
-	prefix := idx.Live + ":"
-	sopts := scan.Options{Match: keys.GlobEscape(prefix) + "*", Type: idx.Type, Count: o.ScanCount, InSlot: true, Slot: keys.Slot(idx.Live)}
-	for page, err := range scan.Pages(ctx, client, sopts) {
+	if err := d.family(ctx); err != nil {
+		return d.res, protocol.Fail(ctx, op, idx.Live, err)
+	}
+	o.Logger.Info("keyswap: plain keys dropped", "index", idx.Live, "keys", d.res.Keys, "kept", d.res.Kept)
+	return d.res, nil
+}
+
+// dropper is one call of DropPlain.
+type dropper struct {
+	client  rueidis.Client
+	idx     Index
+	opts    Options
+	pointer string // the index's pointer key
+	res     DropResult
+}
+
+// begin checks opts and the index, and reads its registry and pointer: a
+// corrupt one, or no pointer, is an error naming op.
+func (d *dropper) begin(ctx context.Context, opts Options, op string) (Options, Snapshot, error) {
+	o, err := opts.withDefaults()
+	if err == nil {
+		err = d.idx.check()
+	}
+	if err == nil && d.idx.Family && d.idx.Type == "" {
+		err = errors.New("a family needs its Type: it owns only the keys of its type under its prefix")
+	}
+	if err != nil {
+		return o, Snapshot{}, &protocol.Error{Op: op, Key: d.idx.Live, Err: err}
+	}
+	snap, err := Read(ctx, d.client, d.idx)
+	if err != nil {
+		return o, snap, protocol.Fail(ctx, op, d.idx.Live, err)
+	}
+	if !snap.HasPointer {
+		return o, snap, &protocol.Error{Op: op, Key: d.idx.Live, Err: fmt.Errorf("%s: %w", snap.PointerKey, ErrNoPointer)}
+	}
+	return o, snap, nil
+}
+
+// drop deletes ks, plain keys of the index of type typ (any when empty),
+// by the drop script, after the pacer.
+func (d *dropper) drop(ctx context.Context, ks []string, typ string) error {
+	if err := pace(ctx, d.opts, len(ks)); err != nil {
+		return err
+	}
+	n, err := dropScript.Exec(ctx, d.client, append([]string{d.pointer}, ks...), []string{typ}).AsInt64()
+	switch {
+	case err != nil:
+		return err
+	case n == -1:
+		return fmt.Errorf("%s disappeared: %w", d.pointer, ErrNoPointer)
+	case n < 0:
+		return fmt.Errorf("unexpected drop script reply %d", n)
+	}
+	d.res.Keys += n
+	if d.opts.Progress != nil {
+		d.opts.Progress(Progress{Keys: d.res.Keys, Total: d.res.Keys})
+	}
+	return nil
+}
+
+// family deletes the family's plain buckets, found by SCAN on the prefix's
+// master, but for keyswap's own shapes, which it counts in Kept.
+func (d *dropper) family(ctx context.Context) error {
+	prefix := d.idx.Live + ":"
+	sopts := scan.Options{Match: keys.GlobEscape(prefix) + "*", Type: d.idx.Type, Count: d.opts.ScanCount, InSlot: true, Slot: keys.Slot(d.idx.Live)}
+	for page, err := range scan.Pages(ctx, d.client, sopts) {
 		if err != nil {
-			return res, protocol.Fail(ctx, op, idx.Live, fmt.Errorf("SCAN %s: %w", sopts.Match, err))
+			return fmt.Errorf("SCAN %s: %w", sopts.Match, err)
 		}
 		page = slices.DeleteFunc(page, func(k string) bool {
 			if !strings.HasPrefix(k, prefix) || len(k) == len(prefix) {
 				return true
 			}
 			if keys.Reserved(k) {
-				res.Kept++
+				d.res.Kept++
 				return true
 			}
 			return false
 		})
-		for chunk := range slices.Chunk(page, o.Unlink) {
-			if err := drop(chunk, idx.Type); err != nil {
-				return res, protocol.Fail(ctx, op, idx.Live, err)
+		for chunk := range slices.Chunk(page, d.opts.Unlink) {
+			if err := d.drop(ctx, chunk, d.idx.Type); err != nil {
+				return err
 			}
 		}
 	}
-	o.Logger.Info("keyswap: plain keys dropped", "index", idx.Live, "keys", res.Keys, "kept", res.Kept)
-	return res, nil
+	return nil
 }
 
 // pace waits for opts.Pace, if any.

@@ -184,6 +184,9 @@ func (f *fixture) check(fields map[string]string) {
 		switch typ {
 		case "set":
 			have = redistest.SMembers(f.t, f.c, k)
+		case "list":
+			have, _ = redistest.Cmd(f.t, f.c, "LRANGE", k, "0", "-1").AsStrSlice()
+			slices.Sort(have)
 		case "string":
 			v, _ := redistest.Get(f.t, f.c, k)
 			have = []string{v}
@@ -269,4 +272,53 @@ func (f *fixture) everyState(now time.Time) map[string]string {
 	f.set(f.pointerKey(), "4")
 	f.lock(running)
 	return fields
+}
+
+// forShapes runs test in parallel on a fresh fixture of each shape.
+func forShapes(t *testing.T, test func(t *testing.T, f *fixture)) {
+	t.Parallel()
+	for _, sh := range shapes() {
+		t.Run(sh.name, func(t *testing.T) {
+			t.Parallel()
+			test(t, newFixture(t, sh))
+		})
+	}
+}
+
+// everyGeneration writes everyState's registry relative to now and the
+// data keys of its generations 1 to 6, sizes[g-1] buckets each for a
+// family (3 where sizes has none), and returns the registry's fields and
+// the keys of each generation.
+func (f *fixture) everyGeneration(now time.Time, sizes ...int) (map[string]string, map[int64][]string) {
+	f.t.Helper()
+	fields := f.everyState(now)
+	data := map[int64][]string{}
+	for g := int64(1); g <= 6; g++ {
+		n := 3
+		if int(g) <= len(sizes) {
+			n = sizes[g-1]
+		}
+		data[g] = f.gen(g, n)
+	}
+	return fields, data
+}
+
+// manifest lists ks in generation g's manifest list, and
+// keys.ManifestListed in its set when listed, as the writes of a run would
+// have, and expects them.
+func (f *fixture) manifest(g int64, listed bool, ks ...string) {
+	f.t.Helper()
+	if len(ks) > 0 {
+		l := keys.ManifestListKey(f.idx.Live, f.cluster, g)
+		redistest.Cmd(f.t, f.c, append([]string{"RPUSH", l}, ks...)...)
+		f.want[l] = slices.Sorted(slices.Values(append(f.want[l], ks...)))
+	}
+	if listed {
+		f.sadd(keys.ManifestKey(f.idx.Live, f.cluster, g), keys.ManifestListed)
+	}
+}
+
+// forgetManifest stops expecting generation g's manifest.
+func (f *fixture) forgetManifest(g int64) {
+	f.forget(keys.ManifestKey(f.idx.Live, f.cluster, g), keys.ManifestListKey(f.idx.Live, f.cluster, g))
 }

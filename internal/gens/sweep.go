@@ -56,7 +56,7 @@ type Options struct {
 	// Progress, if not nil, is called after each deleting command.
 	Progress func(Progress)
 	// Logger receives a line per generation removed or skipped (Info) and
-	// per SCAN pass (Debug). Nil discards them.
+	// per SCAN pass or manifest read (Debug). Nil discards them.
 	Logger *slog.Logger
 	// Buckets, for a family, names buckets (the part of a bucket's key
 	// after "<prefix>:") that the generations removed probably hold, in
@@ -65,13 +65,15 @@ type Options struct {
 	// which mostly holds the same buckets. Each generation removed loses
 	// those buckets first, by name, in chunks of at most Unlink keys
 	// (grouped by hash slot on a cluster), each checked against the
-	// generation's state as a SCAN's chunk is; then the SCAN passes run as
-	// without Buckets and delete the rest. A name costs a lookup whether
-	// or not the generation holds it. It deletes only the generation's keys of
-	// those names, so it never widens what the sweep deletes; it saves the
-	// SCAN the work of returning most keys, and deletes them in the order
-	// they were written, which frees memory faster than the SCAN's order.
-	// Ignored for a plain index.
+	// generation's state as a SCAN's chunk is; then the generation's
+	// manifest (its members not named) or the SCAN passes delete the rest
+	// (see the package documentation, "The manifest"). A name costs a
+	// lookup whether or not the generation holds it. It deletes only the
+	// generation's keys of those names, so it never widens what the sweep
+	// deletes; it saves the SCAN the work of returning most keys, and
+	// deletes them in the order they were written, which frees memory
+	// faster than the SCAN's or the manifest's order. Ignored for a plain
+	// index.
 	Buckets []string
 }
 
@@ -154,18 +156,19 @@ func (opts Options) withDefaults() (Options, error) {
 }
 
 // unlinkScript deletes keys of a generation, and then its registry field
-// when asked, only while the generation is in the state the sweep read,
-// while the index's pointer does not name it and, for a building
-// generation, while the lock does not hold its run's token. Every key must
-// be in the registry's slot.
+// and its manifest when asked, only while the generation is in the state
+// the sweep read, while the index's pointer does not name it and, for a
+// building generation, while the lock does not hold its run's token. Every
+// key must be in the registry's slot.
 //
-// KEYS[1] registry, KEYS[2] lock, KEYS[3] pointer, KEYS[4..] keys of the
-// generation (maybe none)
+// KEYS[1] registry, KEYS[2] lock, KEYS[3] pointer, KEYS[4] and KEYS[5]
+// the generation's manifest (keys.ManifestKey) and its list
+// (keys.ManifestListKey), KEYS[6..] keys of the generation (maybe none)
 // ARGV[1] generation, ARGV[2] its state as read, ARGV[3] its run's token
-// (empty unless building), ARGV[4] '1' to remove the field after the keys,
-// ARGV[5] '1' when the caller built the generation (RemoveOwn): an absent
-// field then means that a sweep removed it, and the keys are still the
-// caller's to delete
+// (empty unless building), ARGV[4] '1' to remove the field and the
+// manifest after the keys, ARGV[5] '1' when the caller built the
+// generation (RemoveOwn): an absent field then means that a sweep removed
+// it, and the keys are still the caller's to delete
 // Returns the number of keys deleted; -1 the state changed, -2 the field is
 // gone, -3 the lock holds the token, -4 the pointer names the generation (a
 // flip ran whose reply its run lost, or a registry that lost its state):
@@ -181,8 +184,11 @@ if ARGV[3] ~= '' and redis.call('GET', KEYS[2]) == ARGV[3] then return -3 end
 -- pcall: a pointer of another type names no generation.
 if redis.pcall('GET', KEYS[3]) == ARGV[1] then return -4 end
 local n = 0
-if #KEYS > 3 then n = redis.call('UNLINK', unpack(KEYS, 4)) end
-if ARGV[4] == '1' then redis.call('HDEL', KEYS[1], ARGV[1]) end
+if #KEYS > 5 then n = redis.call('UNLINK', unpack(KEYS, 6)) end
+if ARGV[4] == '1' then
+  redis.call('HDEL', KEYS[1], ARGV[1])
+  redis.call('UNLINK', KEYS[4], KEYS[5])
+end
 return n
 `, false)
 
@@ -340,7 +346,13 @@ type sweeper struct {
 	cluster bool
 	// own is set for RemoveOwn: the lock holds the generation's token.
 	own bool
+	// dc is the connection of the removal of a family's generation whose
+	// keys share the registry's slot (see watchedUnlink), nil otherwise.
+	dc rueidis.DedicatedClient
 }
+
+// names returns how the index's control keys are named.
+func (s *sweeper) names() keys.Names { return keys.Names{Cluster: s.cluster, Group: s.idx.Group} }
 
 // keep returns why the generation in state st is kept, or "" when it is
 // to be removed.
@@ -380,18 +392,16 @@ func (s *sweeper) skip(g int64, st State, reason Reason, n int64) {
 }
 
 // script runs the unlink script on data (keys of generation g, all in the
-// registry's slot), removing g's field after them when last. It returns
-// the keys deleted, or why nothing was.
+// registry's slot), removing g's field and manifest after them when last.
+// It returns the keys deleted, or why nothing was.
 func (s *sweeper) script(ctx context.Context, g int64, st State, data []string, last bool) (int64, Reason, error) {
-	ks := append([]string{s.snap.Registry.Key, s.snap.LockKey, s.snap.PointerKey}, data...)
+	ks := append([]string{s.snap.Registry.Key, s.snap.LockKey, s.snap.PointerKey,
+		keys.ManifestKey(s.idx.Live, s.names(), g), keys.ManifestListKey(s.idx.Live, s.names(), g)}, data...)
 	flag := "0"
 	if last {
 		flag = "1"
 	}
-	fence, own := st.Token, "0"
-	if s.own {
-		fence, own = "", "1" // the run removes its own generation, under its lock
-	}
+	fence, own := s.fence(st)
 	n, err := unlinkScript.Exec(ctx, s.client, ks, []string{strconv.FormatInt(g, 10), st.Raw, fence, flag, own}).AsInt64()
 	if err != nil {
 		return 0, "", err
@@ -405,45 +415,129 @@ func (s *sweeper) script(ctx context.Context, g int64, st State, data []string, 
 	return n, "", nil
 }
 
-// remove deletes generation g's keys in chunks, then its registry field.
-// It returns the keys deleted and, when it stopped before the field, why.
-func (s *sweeper) remove(ctx context.Context, g int64, st State) (int64, Reason, error) {
-	// The data keys hang off the live key or prefix, the registry off its
-	// base: they share a slot on a standalone server, or when the live key
-	// carries a hash tag (its own base). Each chunk is then deleted by the
-	// script, which checks the state in the same step. Otherwise they are
-	// in other slots (a family's over every slot), and the state is checked
-	// just before each chunk. In a group the registry hangs off the
-	// group's tag, and the data keys may be anywhere.
-	_, tagged := keys.HashTag(s.idx.Live)
-	sameSlot := !s.cluster || tagged && s.idx.Group == ""
-	if !s.idx.Family {
-		key := keys.GenKey(s.idx.Live, g)
-		if sameSlot {
-			// One step deletes the key and the field.
-			if err := s.pace(ctx, 1); err != nil {
-				return 0, "", err
-			}
-			n, reason, err := s.script(ctx, g, st, []string{key}, true)
-			if err == nil && reason == "" {
-				s.progress(g, n, n)
-			}
-			return n, reason, err
-		}
-		n, reason, err := s.chunk(ctx, g, st, []string{key}, false)
-		if err != nil || reason != "" {
-			return n, reason, err
-		}
-		s.progress(g, n, n)
-		_, reason, err = s.script(ctx, g, st, nil, true)
-		return n, reason, err
+// fence returns the token of st's run that the lock must not hold for its
+// keys to go ("" for none), and "1" when the sweeper removes its own
+// generation (RemoveOwn), else "0".
+func (s *sweeper) fence(st State) (token, own string) {
+	if s.own {
+		return "", "1" // the run removes its own generation, under its lock
 	}
-	total, reason, err := s.byName(ctx, g, st, sameSlot)
+	return st.Token, "0"
+}
+
+// sameSlot reports whether the index's data keys share the registry's
+// slot. They hang off the live key or prefix, the registry off its base:
+// they share a slot on a standalone server, or when the live key carries a
+// hash tag (its own base). Each chunk is then deleted in a step that
+// checks the state. Otherwise they are in other slots (a family's over
+// every slot), and the state is checked just before each chunk. In a
+// group the registry hangs off the group's tag, and the data keys may be
+// anywhere.
+func (s *sweeper) sameSlot() bool { return keys.SameSlot(s.idx.Live, s.names()) }
+
+// remove deletes generation g's keys in chunks, then its registry field
+// and its manifest. It returns the keys deleted and, when it stopped
+// before the field, why.
+func (s *sweeper) remove(ctx context.Context, g int64, st State) (int64, Reason, error) {
+	if !s.idx.Family {
+		return s.removePlain(ctx, g, st)
+	}
+	sameSlot := s.sameSlot()
+	if sameSlot {
+		// The chunks go on one connection, in WATCH ... EXEC (see
+		// watchedUnlink).
+		dc, release := s.client.Dedicate()
+		defer release()
+		s.dc = dc
+		defer func() { s.dc = nil }()
+	}
+	listed, err := s.listed(ctx, g, st, sameSlot)
+	if err != nil {
+		return 0, "", err
+	}
+	total, named, reason, err := s.byName(ctx, g, st, sameSlot)
 	if err != nil || reason != "" {
 		return total, reason, err
 	}
+	if listed {
+		n, reason, err := s.byManifest(ctx, g, st, named)
+		total += n
+		if err != nil || reason != "" {
+			return total, reason, err
+		}
+		_, reason, err = s.script(ctx, g, st, nil, true)
+		return total, reason, err
+	}
+	n, reason, err := s.byScan(ctx, g, st, sameSlot, total)
+	return total + n, reason, err
+}
+
+// removePlain removes generation g of a plain index: its one key, then its
+// field.
+func (s *sweeper) removePlain(ctx context.Context, g int64, st State) (int64, Reason, error) {
+	key := keys.GenKey(s.idx.Live, g)
+	if s.sameSlot() {
+		// One step deletes the key and the field.
+		if err := s.pace(ctx, 1); err != nil {
+			return 0, "", err
+		}
+		n, reason, err := s.script(ctx, g, st, []string{key}, true)
+		if err == nil && reason == "" {
+			s.progress(g, n, n)
+		}
+		return n, reason, err
+	}
+	n, reason, err := s.chunk(ctx, g, st, []string{key}, false)
+	if err != nil || reason != "" {
+		return n, reason, err
+	}
+	s.progress(g, n, n)
+	_, reason, err = s.script(ctx, g, st, nil, true)
+	return n, reason, err
+}
+
+// byName deletes the keys of generation g named by opts.Buckets, in
+// chunks, each checked against the state st as a SCAN's chunk is. On a
+// cluster, where one command deletes keys of one slot, the keys are first
+// grouped by slot (in the order given within a slot), so that a chunk
+// needs few commands. It returns the keys deleted, the names it deleted,
+// and why it stopped.
+func (s *sweeper) byName(ctx context.Context, g int64, st State, sameSlot bool) (int64, map[string]bool, Reason, error) {
+	if len(s.opts.Buckets) == 0 {
+		return 0, nil, "", nil
+	}
+	named := make([]string, len(s.opts.Buckets))
+	for i, b := range s.opts.Buckets {
+		named[i] = keys.GenBucketKey(s.idx.Live, g, b)
+	}
+	if !sameSlot {
+		slices.SortStableFunc(named, func(a, b string) int { return int(keys.Slot(a)) - int(keys.Slot(b)) })
+	}
+	var total int64
+	for chunk := range slices.Chunk(named, s.opts.Unlink) {
+		n, reason, err := s.chunk(ctx, g, st, chunk, sameSlot)
+		total += n
+		if err != nil || reason != "" {
+			return total, nil, reason, err
+		}
+		s.progress(g, total, n)
+	}
+	s.opts.Logger.Debug("keyswap: generation's buckets deleted by name", "index", s.idx.Live, "generation", g, "named", len(named), "deleted", total)
+	done := make(map[string]bool, len(named))
+	for _, k := range named {
+		done[k] = true
+	}
+	return total, done, "", nil
+}
+
+// byScan deletes the keys of generation g that SCAN MATCH finds, in
+// chunks: a pass that deleted keys is followed by one that checks that
+// none remains, at most maxPasses; then g's field goes. deleted is what
+// went before it (for the progress).
+func (s *sweeper) byScan(ctx context.Context, g int64, st State, sameSlot bool, deleted int64) (int64, Reason, error) {
 	prefix := keys.GenPrefix(s.idx.Live, g)
 	opts := scan.Options{Match: keys.GenPattern(s.idx.Live, g), Count: s.opts.ScanCount, InSlot: sameSlot, Slot: keys.Slot(s.snap.Registry.Key)}
+	var total int64
 	// del deletes the keys found so far, in chunks of Unlink: the matches
 	// of several SCAN pages make one chunk, so that a generation whose
 	// keys are sparse among the keyspace's costs few commands.
@@ -456,7 +550,7 @@ func (s *sweeper) remove(ctx context.Context, g int64, st State) (int64, Reason,
 			if err != nil || reason != "" {
 				return reason, err
 			}
-			s.progress(g, total, n)
+			s.progress(g, deleted+total, n)
 			pending = pending[len(chunk):]
 		}
 		return "", nil
@@ -488,43 +582,17 @@ func (s *sweeper) remove(ctx context.Context, g int64, st State) (int64, Reason,
 	return total, SkipWritten, nil
 }
 
-// byName deletes the keys of generation g named by opts.Buckets, in
-// chunks, each checked against the state st as a SCAN's chunk is. On a
-// cluster, where one command deletes keys of one slot, the keys are first
-// grouped by slot (in the order given within a slot), so that a chunk
-// needs few commands. It returns the keys deleted, and why it stopped.
-func (s *sweeper) byName(ctx context.Context, g int64, st State, sameSlot bool) (int64, Reason, error) {
-	if len(s.opts.Buckets) == 0 {
-		return 0, "", nil
-	}
-	named := make([]string, len(s.opts.Buckets))
-	for i, b := range s.opts.Buckets {
-		named[i] = keys.GenBucketKey(s.idx.Live, g, b)
-	}
-	if !sameSlot {
-		slices.SortStableFunc(named, func(a, b string) int { return int(keys.Slot(a)) - int(keys.Slot(b)) })
-	}
-	var total int64
-	for chunk := range slices.Chunk(named, s.opts.Unlink) {
-		n, reason, err := s.chunk(ctx, g, st, chunk, sameSlot)
-		total += n
-		if err != nil || reason != "" {
-			return total, reason, err
-		}
-		s.progress(g, total, n)
-	}
-	s.opts.Logger.Debug("keyswap: generation's buckets deleted by name", "index", s.idx.Live, "generation", g, "named", len(named), "deleted", total)
-	return total, "", nil
-}
-
-// chunk deletes ks, keys of generation g, after the pacer: by the script
-// when they share the registry's slot, else by UNLINK after the script
-// checked the state.
+// chunk deletes ks, keys of generation g, after the pacer: when they share
+// the registry's slot, in a step that checks the state (watchedUnlink, or
+// the script); else by UNLINK after the script checked the state.
 func (s *sweeper) chunk(ctx context.Context, g int64, st State, ks []string, sameSlot bool) (int64, Reason, error) {
 	if err := s.pace(ctx, len(ks)); err != nil {
 		return 0, "", err
 	}
 	if sameSlot {
+		if s.dc != nil {
+			return s.watchedUnlink(ctx, g, st, ks)
+		}
 		return s.script(ctx, g, st, ks, false)
 	}
 	if _, reason, err := s.script(ctx, g, st, nil, false); err != nil || reason != "" {
@@ -532,6 +600,89 @@ func (s *sweeper) chunk(ctx context.Context, g int64, st State, ks []string, sam
 	}
 	n, err := unlinkBySlot(ctx, s.client, ks)
 	return n, "", err
+}
+
+// watchedUnlink deletes ks, keys of generation g in the registry's slot,
+// on the sweeper's own connection: WATCH of the registry, the lock and the
+// pointer, the checks of the unlink script read by the client, then
+// MULTI, UNLINK, EXEC. EXEC runs the UNLINK only if none of the watched
+// keys changed since the WATCH, so the checks hold when the keys go, as
+// they do in the script; and the server does none of the script's work of
+// turning every key into a Lua string and back. A write to the registry
+// between the WATCH and the EXEC (another index's run allocating, a flip
+// of another generation) makes the EXEC run nothing: the chunk then goes
+// by the script, which a registry that keeps changing cannot delay.
+func (s *sweeper) watchedUnlink(ctx context.Context, g int64, st State, ks []string) (int64, Reason, error) {
+	cb := s.dc.B()
+	field := strconv.FormatInt(g, 10)
+	res := s.dc.DoMulti(ctx,
+		cb.Watch().Key(s.snap.Registry.Key, s.snap.LockKey, s.snap.PointerKey).Build(),
+		cb.Hget().Key(s.snap.Registry.Key).Field(field).Build(),
+		cb.Get().Key(s.snap.LockKey).Build(),
+		cb.Get().Key(s.snap.PointerKey).Build())
+	if err := res[0].Error(); err != nil {
+		return 0, "", fmt.Errorf("WATCH: %w", err)
+	}
+	reason, err := s.refusal(g, st, res[1], res[2], res[3])
+	if err != nil || reason != "" {
+		if uerr := s.dc.Do(ctx, cb.Unwatch().Build()).Error(); err == nil && uerr != nil {
+			err = fmt.Errorf("UNWATCH: %w", uerr)
+		}
+		return 0, reason, err
+	}
+	res = s.dc.DoMulti(ctx, cb.Multi().Build(), cb.Unlink().Key(ks...).Build(), cb.Exec().Build())
+	for _, r := range res[:2] {
+		if err := r.Error(); err != nil {
+			return 0, "", fmt.Errorf("MULTI UNLINK: %w", err)
+		}
+	}
+	replies, err := res[2].ToArray()
+	if rueidis.IsRedisNil(err) {
+		return s.script(ctx, g, st, ks, false) // a watched key changed
+	}
+	if err != nil || len(replies) != 1 {
+		return 0, "", fmt.Errorf("EXEC of UNLINK: %v, %w", replies, err)
+	}
+	n, err := replies[0].AsInt64()
+	if err != nil {
+		return 0, "", fmt.Errorf("UNLINK: %w", err)
+	}
+	return n, "", nil
+}
+
+// refusal applies the unlink script's checks to the replies of HGET of
+// generation g's field, GET of the lock and GET of the pointer: why g's
+// keys in state st may not go now, or "".
+func (s *sweeper) refusal(g int64, st State, field, lock, ptr rueidis.RedisResult) (Reason, error) {
+	state, err := field.ToString()
+	switch {
+	case rueidis.IsRedisNil(err):
+		if !s.own {
+			return SkipGone, nil
+		}
+	case err != nil:
+		return "", fmt.Errorf("HGET %s: %w", s.snap.Registry.Key, err)
+	case state != st.Raw:
+		return SkipChanged, nil
+	}
+	if token, _ := s.fence(st); token != "" {
+		holder, err := lock.ToString()
+		if err != nil && !rueidis.IsRedisNil(err) {
+			return "", fmt.Errorf("GET %s: %w", s.snap.LockKey, err)
+		}
+		if holder == token {
+			return SkipRunning, nil
+		}
+	}
+	// A pointer of another type names no generation.
+	p, err := ptr.ToString()
+	if err != nil && !isRedisErr(err) {
+		return "", fmt.Errorf("GET %s: %w", s.snap.PointerKey, err)
+	}
+	if err == nil && p == strconv.FormatInt(g, 10) {
+		return SkipPointer, nil
+	}
+	return "", nil
 }
 
 // pace waits for the pacer, if any.
@@ -543,6 +694,13 @@ func (s *sweeper) progress(g, keys, n int64) {
 	if s.opts.Progress != nil {
 		s.opts.Progress(Progress{Gen: g, Keys: keys, Total: s.res.Keys})
 	}
+}
+
+// isRedisErr reports whether err is a reply of Redis (an error reply, or a
+// nil), not a failure to get one.
+func isRedisErr(err error) bool {
+	var rerr *rueidis.RedisError
+	return errors.As(err, &rerr)
 }
 
 // unlinkBySlot deletes ks, one UNLINK per hash slot (a command may not

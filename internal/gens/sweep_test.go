@@ -26,79 +26,70 @@ import (
 // every other key is left with its contents. A second sweep past the grace
 // removes the recently retired one too.
 func TestSweepRemovesOnlyDeadGenerations(t *testing.T) {
-	t.Parallel()
-	for _, sh := range shapes() {
-		t.Run(sh.name, func(t *testing.T) {
-			t.Parallel()
-			f := newFixture(t, sh)
-			ctx := redistest.Ctx(t)
-			now := time.Now()
-			fields := f.everyState(now)
-			old := f.gen(1, 600) // more than two chunks of MaxUnlink
-			recent := f.gen(2, 3)
-			for g := int64(3); g <= 5; g++ {
-				f.gen(g, 3)
-			}
-			abandoned := f.gen(6, 300)
-			// Keys that look like a generation's and are not: a user's key
-			// under the prefix, "7x" (not a generation), generation 10
-			// (whose pattern "1:" must not catch), the other shape (a
-			// family's under a plain key, a plain key's under a prefix).
-			p := f.idx.Live
-			f.sadd(p+":b0", "user")
-			f.sadd(p+keys.GenInfix+"7x", "user")
-			f.sadd(p+keys.GenInfix+"7x:b0", "user")
-			f.sadd(keys.GenBucketKey(p, 10, "b0"), "user")
-			f.sadd(keys.GenKey(p, 10), "user")
-			if f.idx.Family {
-				f.sadd(keys.GenKey(p, 1), "user")
-			} else {
-				f.sadd(keys.GenBucketKey(p, 1, "b0"), "user")
-			}
-			f.sadd(p, "the live key of the plain shape")
-			if f.idx.Family {
-				// A bucket with an empty name is a key of the generation.
-				f.sadd(keys.GenBucketKey(p, 1, ""), "empty bucket")
-				old = append(old, keys.GenBucketKey(p, 1, ""))
-			}
+	forShapes(t, func(t *testing.T, f *fixture) {
+		ctx := redistest.Ctx(t)
+		now := time.Now()
+		// Generation 1 holds more than two chunks of MaxUnlink.
+		fields, data := f.everyGeneration(now, 600, 3, 3, 3, 3, 300)
+		old, recent, abandoned := data[1], data[2], data[6]
+		// Keys that look like a generation's and are not: a user's key
+		// under the prefix, "7x" (not a generation), generation 10
+		// (whose pattern "1:" must not catch), the other shape (a
+		// family's under a plain key, a plain key's under a prefix).
+		p := f.idx.Live
+		f.sadd(p+":b0", "user")
+		f.sadd(p+keys.GenInfix+"7x", "user")
+		f.sadd(p+keys.GenInfix+"7x:b0", "user")
+		f.sadd(keys.GenBucketKey(p, 10, "b0"), "user")
+		f.sadd(keys.GenKey(p, 10), "user")
+		if f.idx.Family {
+			f.sadd(keys.GenKey(p, 1), "user")
+		} else {
+			f.sadd(keys.GenBucketKey(p, 1, "b0"), "user")
+		}
+		f.sadd(p, "the live key of the plain shape")
+		if f.idx.Family {
+			// A bucket with an empty name is a key of the generation.
+			f.sadd(keys.GenBucketKey(p, 1, ""), "empty bucket")
+			old = append(old, keys.GenBucketKey(p, 1, ""))
+		}
 
-			var progress []gens.Progress
-			res, err := gens.Sweep(ctx, f.c, f.idx, gens.Options{Now: now, Progress: func(p gens.Progress) { progress = append(progress, p) }})
-			if err != nil {
-				t.Fatal(err)
-			}
-			wantResult(t, res, []int64{1, 6, 7}, map[int64]gens.Reason{
-				2: gens.SkipGrace, 3: gens.SkipPrevious, 4: gens.SkipCurrent, 5: gens.SkipRunning,
-			})
-			if want := int64(len(old) + len(abandoned)); res.Keys != want {
-				t.Errorf("Keys = %d, want %d", res.Keys, want)
-			}
-			for _, r := range res.Removed {
-				if want := map[int64]int64{1: int64(len(old)), 6: int64(len(abandoned)), 7: 0}[r.Gen]; r.Keys != want {
-					t.Errorf("generation %d: %d keys removed, want %d", r.Gen, r.Keys, want)
-				}
-			}
-			if len(progress) == 0 || progress[len(progress)-1].Total != res.Keys {
-				t.Errorf("progress %v: want it to end at %d keys", progress, res.Keys)
-			}
-			f.forget(old...)
-			f.forget(abandoned...)
-			delete(fields, "1")
-			delete(fields, "6")
-			delete(fields, "7")
-			f.check(fields)
-
-			// Past the grace, generation 2 goes too; the rest stays.
-			res, err = gens.Sweep(ctx, f.c, f.idx, gens.Options{Now: now.Add(time.Minute)})
-			if err != nil {
-				t.Fatal(err)
-			}
-			wantResult(t, res, []int64{2}, map[int64]gens.Reason{3: gens.SkipPrevious, 4: gens.SkipCurrent, 5: gens.SkipRunning})
-			f.forget(recent...)
-			delete(fields, "2")
-			f.check(fields)
+		var progress []gens.Progress
+		res, err := gens.Sweep(ctx, f.c, f.idx, gens.Options{Now: now, Progress: func(p gens.Progress) { progress = append(progress, p) }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantResult(t, res, []int64{1, 6, 7}, map[int64]gens.Reason{
+			2: gens.SkipGrace, 3: gens.SkipPrevious, 4: gens.SkipCurrent, 5: gens.SkipRunning,
 		})
-	}
+		if want := int64(len(old) + len(abandoned)); res.Keys != want {
+			t.Errorf("Keys = %d, want %d", res.Keys, want)
+		}
+		for _, r := range res.Removed {
+			if want := map[int64]int64{1: int64(len(old)), 6: int64(len(abandoned)), 7: 0}[r.Gen]; r.Keys != want {
+				t.Errorf("generation %d: %d keys removed, want %d", r.Gen, r.Keys, want)
+			}
+		}
+		if len(progress) == 0 || progress[len(progress)-1].Total != res.Keys {
+			t.Errorf("progress %v: want it to end at %d keys", progress, res.Keys)
+		}
+		f.forget(old...)
+		f.forget(abandoned...)
+		delete(fields, "1")
+		delete(fields, "6")
+		delete(fields, "7")
+		f.check(fields)
+
+		// Past the grace, generation 2 goes too; the rest stays.
+		res, err = gens.Sweep(ctx, f.c, f.idx, gens.Options{Now: now.Add(time.Minute)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantResult(t, res, []int64{2}, map[int64]gens.Reason{3: gens.SkipPrevious, 4: gens.SkipCurrent, 5: gens.SkipRunning})
+		f.forget(recent...)
+		delete(fields, "2")
+		f.check(fields)
+	})
 }
 
 // TestSweepGrace checks the edge of the grace period: a generation retired
@@ -299,45 +290,56 @@ func TestSweepStopsWhenStateChanges(t *testing.T) {
 				return f.c.B().Hdel().Key(f.registryKey()).Field("1").Build()
 			}, gens.SkipGone, map[string]string{keys.RegNext: "1"}},
 		} {
-			t.Run(sh.name+"/"+tc.name, func(t *testing.T) {
-				t.Parallel()
-				f := newFixture(t, sh)
-				f.registry(keys.RegNext, "1", "1", retired(time.Unix(1, 0)))
-				ks := f.gen(1, 500)
-				var calls atomic.Int32
-				// The first chunk holds at most 100 keys: fewer when a SCAN
-				// page (COUNT 100, a hint) returned fewer.
-				var first int
-				pace := func(ctx context.Context, n int) error {
-					switch calls.Add(1) {
-					case 1:
-						first = n
-					case 2:
-						return f.c.Do(ctx, tc.change(f)).Error()
+			for _, listed := range []bool{false, true} {
+				name := sh.name + "/" + tc.name
+				if listed {
+					name += "/listed"
+				}
+				t.Run(name, func(t *testing.T) {
+					t.Parallel()
+					f := newFixture(t, sh)
+					f.registry(keys.RegNext, "1", "1", retired(time.Unix(1, 0)))
+					ks := f.gen(1, 500)
+					if listed {
+						// The sweep reads the manifest, and stops as it stops
+						// a SCAN; the manifest stays with the field.
+						f.manifest(1, true, ks...)
 					}
-					return nil
-				}
-				res, err := gens.Sweep(redistest.Ctx(t), f.c, f.idx, gens.Options{Unlink: 100, Pace: pace})
-				if err != nil {
-					t.Fatal(err)
-				}
-				wantResult(t, res, nil, map[int64]gens.Reason{1: tc.reason})
-				if first < 1 || first > 100 || res.Keys != int64(first) || res.Skipped[0].Keys != int64(first) {
-					t.Errorf("result %+v, want the first chunk of %d keys (1 to 100) deleted", res, first)
-				}
-				left := 0
-				for _, k := range ks {
-					if redistest.Exists(t, f.c, k) {
-						left++
-					} else {
-						f.forget(k)
+					var calls atomic.Int32
+					// The first chunk holds at most 100 keys: fewer when a SCAN
+					// page (COUNT 100, a hint) returned fewer.
+					var first int
+					pace := func(ctx context.Context, n int) error {
+						switch calls.Add(1) {
+						case 1:
+							first = n
+						case 2:
+							return f.c.Do(ctx, tc.change(f)).Error()
+						}
+						return nil
 					}
-				}
-				if left != len(ks)-first {
-					t.Errorf("%d keys left, want %d", left, len(ks)-first)
-				}
-				f.check(tc.fields)
-			})
+					res, err := gens.Sweep(redistest.Ctx(t), f.c, f.idx, gens.Options{Unlink: 100, Pace: pace})
+					if err != nil {
+						t.Fatal(err)
+					}
+					wantResult(t, res, nil, map[int64]gens.Reason{1: tc.reason})
+					if first < 1 || first > 100 || res.Keys != int64(first) || res.Skipped[0].Keys != int64(first) {
+						t.Errorf("result %+v, want the first chunk of %d keys (1 to 100) deleted", res, first)
+					}
+					left := 0
+					for _, k := range ks {
+						if redistest.Exists(t, f.c, k) {
+							left++
+						} else {
+							f.forget(k)
+						}
+					}
+					if left != len(ks)-first {
+						t.Errorf("%d keys left, want %d", left, len(ks)-first)
+					}
+					f.check(tc.fields)
+				})
+			}
 		}
 	}
 }

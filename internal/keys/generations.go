@@ -15,6 +15,8 @@ import (
 //	plain key of generation G:   <key>:rebuild-g:<G>
 //	bucket B of family P in G:   <P>:rebuild-g:<G>:<B>
 //	a run's writes in slot S:    {rbN}<base>:rebuild-n:<G>   (a cluster only)
+//	manifest of G:               <base>:rebuild-m:<G>        a set: keys Apply wrote
+//	                             <base>:rebuild-l:<G>       a list: keys the run wrote
 //
 // The pointer and the registry hang off the base, so on a cluster they share
 // the lock's slot; the data keys hang off the key itself, so they keep a
@@ -34,6 +36,17 @@ const (
 	// CounterInfix follows a run's lock base in the key of the counter of
 	// its writes in one hash slot, and precedes its first generation.
 	CounterInfix = ":rebuild-n:"
+	// ManifestInfix follows a base in the key of a generation's manifest
+	// (a set), and precedes the generation; ManifestListInfix in the key of
+	// the list of its manifest.
+	ManifestInfix     = ":rebuild-m:"
+	ManifestListInfix = ":rebuild-l:"
+	// ManifestListed is the member a run adds to the manifest of the
+	// generation it built once its flip to it replayed no tail: the
+	// manifest of a generation holding it lists every key keyswap wrote in
+	// it. It is no key of any generation (those start with their index's
+	// prefix and GenInfix).
+	ManifestListed = "rebuild-listed"
 )
 
 // The registry's fields. RegNext holds the last generation allocated; each
@@ -116,6 +129,51 @@ func IsGenKey(key string) bool {
 	}
 }
 
+// ManifestKey returns the key of the manifest of generation gen of the
+// index whose live key (or family prefix) is live: a set, in the
+// registry's slot, of keys of the generation that Apply wrote (in the step
+// of the writes), and ManifestListed, which a family's run adds after its
+// flip to the generation. The run lists the keys it writes in ManifestListKey. Only a
+// family whose keys share the registry's slot (a standalone server, or a
+// prefix with a hash tag) has one.
+func ManifestKey[S Space](live string, s S, gen int64) string {
+	return Base(live, s) + ManifestInfix + strconv.FormatInt(gen, 10)
+}
+
+// ManifestListKey returns the key of the list of the manifest of
+// generation gen of live (see ManifestKey): a family's run appends each key
+// it writes, in the transaction of its first write of the key. A list
+// reads far cheaper than a set (LRANGE against SSCAN), and the run writes
+// each key once; Apply, which may write a key many times, adds to the set.
+func ManifestListKey[S Space](live string, s S, gen int64) string {
+	return Base(live, s) + ManifestListInfix + strconv.FormatInt(gen, 10)
+}
+
+// IsManifestKey reports whether key has the shape of a generation's
+// manifest or its list: ManifestInfix or ManifestListInfix followed by a
+// generation (digits) at its end.
+func IsManifestKey(key string) bool {
+	return endsInGen(key, ManifestInfix) || endsInGen(key, ManifestListInfix)
+}
+
+// endsInGen reports whether key ends with infix followed by digits.
+func endsInGen(key, infix string) bool {
+	i := strings.LastIndex(key, infix)
+	if i < 0 {
+		return false
+	}
+	rest := key[i+len(infix):]
+	if rest == "" {
+		return false
+	}
+	for j := 0; j < len(rest); j++ {
+		if rest[j] < '0' || rest[j] > '9' {
+			return false
+		}
+	}
+	return true
+}
+
 // slotTags holds SyntheticTag(slot) for every slot, computed at once: a run
 // whose writes spread over a cluster needs many of them.
 var slotTags = sync.OnceValue(func() []string {
@@ -144,18 +202,5 @@ func CounterKey(live string, slot uint16, gen int64) string {
 // IsCounterKey reports whether key has the shape of a run's per-slot
 // counter: CounterInfix followed by a generation (digits) at its end.
 func IsCounterKey(key string) bool {
-	i := strings.LastIndex(key, CounterInfix)
-	if i < 0 {
-		return false
-	}
-	rest := key[i+len(CounterInfix):]
-	if rest == "" {
-		return false
-	}
-	for j := 0; j < len(rest); j++ {
-		if rest[j] < '0' || rest[j] > '9' {
-			return false
-		}
-	}
-	return true
+	return endsInGen(key, CounterInfix)
 }

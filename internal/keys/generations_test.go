@@ -58,9 +58,38 @@ func TestGenerationKeysAreReserved(t *testing.T) {
 		"users:rebuild-n:":             false,
 		"users:rebuild-n:3x":           false,
 		"users:rebuild-n:3:go":         false,
+		"{users}:rebuild-m:3":          true,
+		"users:rebuild-m:12":           true,
+		"users:rebuild-m:":             false,
+		"users:rebuild-m:3x":           false,
+		"{users}:rebuild-l:3":          true,
+		"users:rebuild-l:x":            false,
 	} {
 		if got := Reserved(key); got != want {
 			t.Errorf("Reserved(%q) = %v, want %v", key, got, want)
+		}
+	}
+}
+
+func TestManifestKey(t *testing.T) {
+	// C99: a generation's manifest is in its registry's slot on a cluster,
+	// and is one of keyswap's own keys.
+	for _, live := range []string{"users:by-bucket", "{users}:by-email", "a}b"} {
+		for _, cluster := range []bool{false, true} {
+			for k, want := range map[string]string{
+				ManifestKey(live, cluster, 7):     Base(live, cluster) + ":rebuild-m:7",
+				ManifestListKey(live, cluster, 7): Base(live, cluster) + ":rebuild-l:7",
+			} {
+				if k != want {
+					t.Errorf("got %q, want %q", k, want)
+				}
+				if cluster && Slot(k) != Slot(RegistryKey(live, cluster)) {
+					t.Errorf("%q is not in the registry's slot", k)
+				}
+				if !Reserved(k) {
+					t.Errorf("Reserved(%q) = false, want true", k)
+				}
+			}
 		}
 	}
 }

@@ -83,3 +83,18 @@ func ParseGroupBase(base string) (group, live string, ok bool) {
 	}
 	return base[1:end], base[end+1+len(GroupInfix):], true
 }
+
+// SameSlot reports whether the keys of the index live (a live key or a
+// family's prefix) in a generation share the hash slot of its control
+// keys named by s: on a standalone server, or on a cluster when live has a
+// hash tag and the index is in no group (a group's control keys hang off
+// the group's tag, its data keys off their own names). Only such a family
+// has a manifest per generation (ManifestKey).
+func SameSlot[S Space](live string, s S) bool {
+	n := namesOf(s)
+	if !n.Cluster {
+		return true
+	}
+	_, tagged := HashTag(live)
+	return tagged && n.Group == ""
+}

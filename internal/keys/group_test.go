@@ -6,7 +6,7 @@ import (
 )
 
 func TestGroupShapes(t *testing.T) {
-	// C99: in a group every control key hangs off "{group}:rebuild-group:"
+	// C100: in a group every control key hangs off "{group}:rebuild-group:"
 	// + the index's key, in the group's slot on a cluster as on a
 	// standalone server, whatever the key's own tag.
 	in := Names{Cluster: true, Group: "g1"}
@@ -46,7 +46,7 @@ func TestGroupShapes(t *testing.T) {
 }
 
 func TestCheckGroup(t *testing.T) {
-	// C99: a group is non-empty, without braces.
+	// C100: a group is non-empty, without braces.
 	for _, tc := range []struct {
 		group string
 		ok    bool
@@ -54,6 +54,33 @@ func TestCheckGroup(t *testing.T) {
 		err := CheckGroup(tc.group)
 		if (err == nil) != tc.ok || err != nil && !errors.Is(err, ErrBadGroup) {
 			t.Errorf("CheckGroup(%q) = %v, want ok %v (else ErrBadGroup)", tc.group, err, tc.ok)
+		}
+	}
+}
+
+func TestSameSlot(t *testing.T) {
+	// C99, C100: a generation's keys share its control keys' slot on a
+	// standalone server, or on a cluster for a key with a hash tag in no
+	// group; a grouped index's control keys hang off the group's tag, so
+	// on a cluster it has no manifest, even with a tag of its own.
+	for _, tc := range []struct {
+		live string
+		s    Names
+		want bool
+	}{
+		{"tags", Names{}, true},
+		{"tags", Names{Group: "g"}, true},
+		{"{t}tags", Names{Cluster: true}, true},
+		{"tags", Names{Cluster: true}, false},
+		{"{t}tags", Names{Cluster: true, Group: "g"}, false},
+		{"{g}tags", Names{Cluster: true, Group: "g"}, false},
+		{"tags", Names{Cluster: true, Group: "g"}, false},
+	} {
+		if got := SameSlot(tc.live, tc.s); got != tc.want {
+			t.Errorf("SameSlot(%q, %+v) = %v, want %v", tc.live, tc.s, got, tc.want)
+		}
+		if tc.s.Group == "" && SameSlot(tc.live, tc.s.Cluster) != tc.want {
+			t.Errorf("SameSlot(%q, %v) differs from its Names", tc.live, tc.s.Cluster)
 		}
 	}
 }

@@ -79,12 +79,12 @@ func PrevKey[S Space](live string, s S) string { return Base(live, s) + PrevSuff
 // to a live key: a lock, a lock's receipt, record, log, requests or
 // cut-over mark, a live
 // key's metadata or kept previous value, a temp key (current or legacy
-// shape), an index's pointer, registry of generations or generation's
-// data key, or anything that starts like the base of an index in a group
-// (ParseGroupBase). keyswap refuses to rebuild such a key: it would take it for its
+// shape), an index's pointer, registry of generations, generation's data
+// key or manifest, or anything that starts like the base of an index in a
+// group (ParseGroupBase). keyswap refuses to rebuild such a key: it would take it for its
 // own.
 func Reserved(key string) bool {
-	if _, _, ok := ParseTempKey(key); ok || IsGenKey(key) || IsCounterKey(key) {
+	if _, _, ok := ParseTempKey(key); ok || IsGenKey(key) || IsCounterKey(key) || IsManifestKey(key) {
 		return true
 	}
 	if _, _, ok := ParseGroupBase(key); ok {

@@ -265,14 +265,26 @@ func (b *Bulk) checked(ctx context.Context, c *bulkConn) error {
 // connection that closed, or was answered MOVED, is given back, and a
 // failed ask is tried again once per wait.
 func (b *Bulk) connection(ctx context.Context, route string) *bulkConn {
+	c := b.current(route)
+	if c == nil {
+		return nil
+	}
+	b.await(ctx, c)
+	return b.claim(ctx, c)
+}
+
+// current returns route's connection, asked for or answered, not held: the
+// one there is, unless it is done for (see done), else a new ask. It
+// returns nil once the Bulk is closed.
+func (b *Bulk) current(route string) *bulkConn {
 	slot := b.slot(route)
 	b.mu.Lock()
+	defer b.mu.Unlock()
 	if b.closed {
-		b.mu.Unlock()
 		return nil
 	}
 	c := b.conns[slot]
-	if c != nil && c.answered() && (c.closed() || c.broken != nil || c.err != nil && time.Since(c.asked) >= b.wait) {
+	if c != nil && b.done(c) {
 		release := b.retire(slot, c)
 		b.mu.Unlock()
 		// Before the next ask: a pool at its limit counts the connection
@@ -280,7 +292,6 @@ func (b *Bulk) connection(ctx context.Context, route string) *bulkConn {
 		release()
 		b.mu.Lock()
 		if b.closed {
-			b.mu.Unlock()
 			return nil
 		}
 		c = b.conns[slot] // perhaps asked for by another write meanwhile
@@ -289,32 +300,48 @@ func (b *Bulk) connection(ctx context.Context, route string) *bulkConn {
 		c = b.ask(route)
 		b.conns[slot] = c
 	}
-	b.mu.Unlock()
+	return c
+}
 
-	if left := b.wait - time.Since(c.asked); left > 0 && !c.answered() {
-		t := time.NewTimer(left)
-		select {
-		case <-c.ready:
-		case <-t.C:
-		case <-ctx.Done():
-		}
-		t.Stop()
+// done reports whether c must be replaced: it closed, broke, or its ask
+// failed at least one wait ago. b.mu is held.
+func (b *Bulk) done(c *bulkConn) bool {
+	if !c.answered() {
+		return false
 	}
+	return c.closed() || c.broken != nil || c.err != nil && time.Since(c.asked) >= b.wait
+}
 
+// await waits until c is answered, ctx is done, or the wait given to
+// NewBulk has passed since c was asked for.
+func (b *Bulk) await(ctx context.Context, c *bulkConn) {
+	left := b.wait - time.Since(c.asked)
+	if left <= 0 || c.answered() {
+		return
+	}
+	t := time.NewTimer(left)
+	defer t.Stop()
+	select {
+	case <-c.ready:
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
+
+// claim holds c if it is ready, and tells events that writes go back to
+// their own connections; else it returns nil and tells events, once, that
+// they go on the shared connections, unless ctx is done.
+func (b *Bulk) claim(ctx context.Context, c *bulkConn) *bulkConn {
 	b.mu.Lock()
 	var event func()
+	held := c.answered() && c.err == nil && c.broken == nil && !c.retired && !c.closed()
 	switch {
-	case c.answered() && c.err == nil && c.broken == nil && !c.retired && !c.closed():
+	case held:
 		c.users++
 		if b.warned {
 			b.warned = false
 			event = b.events.Own
 		}
-		b.mu.Unlock()
-		if event != nil {
-			event()
-		}
-		return c
 	case ctx.Err() != nil:
 		// The run is ending: no warning for a wait it cut short.
 	case !b.warned:
@@ -330,7 +357,10 @@ func (b *Bulk) connection(ctx context.Context, route string) *bulkConn {
 	if event != nil {
 		event()
 	}
-	return nil
+	if !held {
+		return nil
+	}
+	return c
 }
 
 // unhold ends a write's hold of c. redirect is the redirection its write

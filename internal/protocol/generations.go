@@ -431,14 +431,23 @@ func (r Changes) GenApply(ctx context.Context, opts GenApplyOptions) (Applied, e
 			}
 			gens[i] = g
 		}
-		ks := make([]string, 6*n)
+		ks := make([]string, 7*n)
+		listed := make([]string, n)
 		for i, l := range c.locks {
 			ks[i], ks[n+i], ks[2*n+i] = l, keys.RecordKey(l), keys.LogKey(l)
 			ks[3*n+i], ks[4*n+i] = keys.PointerKey(c.lives[i], r.cluster), keys.RegistryKey(c.lives[i], r.cluster)
 			ks[5*n+i] = keys.CutOverKey(l)
+			g, _ := strconv.ParseInt(gens[i], 10, 64)
+			ks[6*n+i], listed[i] = keys.ManifestKey(c.lives[i], r.cluster, g), "0"
+			if c.families[i] && keys.SameSlot(c.lives[i], r.cluster) {
+				// A family whose keys share its registry's slot has a
+				// manifest (not one in a group on a cluster).
+				listed[i] = "1"
+			}
 		}
 		index := map[string]int{}
 		args := append([]string{strconv.Itoa(n), strconv.Itoa(opts.MaxLog), strconv.Itoa(c.count())}, gens...)
+		args = append(args, listed...)
 		for i, ops := range c.lists {
 			g, _ := strconv.ParseInt(gens[i], 10, 64)
 			for _, o := range ops {
@@ -450,7 +459,7 @@ func (r Changes) GenApply(ctx context.Context, opts GenApplyOptions) (Applied, e
 				j, ok := index[k]
 				if !ok {
 					ks = append(ks, k)
-					j = len(ks) - 6*n
+					j = len(ks) - 7*n
 					index[k] = j
 				}
 				args = append(args, strconv.Itoa(i+1), strconv.Itoa(j), o.Key, o.Cmd, strconv.Itoa(len(o.Args)))

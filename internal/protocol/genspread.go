@@ -30,14 +30,8 @@ var (
 // anywhere, while the lock hangs off "{L}"; in a group, the locks hang off
 // the group's tag, and every key may leave their slot.
 func (r Changes) spreads(lives []string) bool {
-	if !r.cluster.Cluster {
-		return false
-	}
-	if r.cluster.Group != "" {
-		return true
-	}
 	for _, l := range lives {
-		if _, tagged := keys.HashTag(l); !tagged {
+		if !keys.SameSlot(l, r.cluster) {
 			return true
 		}
 	}

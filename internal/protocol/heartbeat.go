@@ -35,6 +35,9 @@ type Heartbeat struct {
 	Acked int64
 	// Status is field/value pairs for the run's record.
 	Status []string
+	// Seen is the highest count of each lock's log the run had seen when
+	// the heartbeat was sent ([Logs.Seen]), for Control.Logs; nil is none.
+	Seen []int64
 }
 
 // call validates h and returns its keys and args.
@@ -128,6 +131,9 @@ func (r Lease) beatReply(ctx context.Context, h Heartbeat, res rueidis.RedisResu
 		logs := make([]LogCount, len(h.Locks))
 		for i := range logs {
 			logs[i] = LogCount{Logged: counts[2*i], Len: counts[2*i+1]}
+			if i < len(h.Seen) {
+				logs[i].Seen = h.Seen[i]
+			}
 		}
 		return Control{Cancel: rep.str(2) != "", Rate: rate, Paused: rep.str(4) != "", Action: rep.str(5), Logs: logs}, nil
 	}

@@ -30,6 +30,8 @@ func TestLogsCheck(t *testing.T) {
 		{1, protocol.LogCount{Len: 5, Logged: 5}, nil},
 		{0, protocol.LogCount{Len: 6, Logged: 6}, nil},
 	} {
+		// Each read is sent after the last one was checked.
+		step.c.Seen = ls.Seen()[step.log]
 		err := ls.Check(step.log, step.c)
 		switch {
 		case step.target == nil && err != nil:
@@ -45,5 +47,32 @@ func TestLogsCheck(t *testing.T) {
 	}
 	if got := ls.Highest(1); got != 5 {
 		t.Errorf("Highest(1) = %d, want 5", got)
+	}
+}
+
+// TestLogsCheckConcurrentReads: a count is compared only with the counts
+// seen before its read was sent (C73). Reads go out concurrently (the
+// heartbeats and the catch-up's): one that Redis ran first may be checked
+// after a later one, and its lower count is older, not lost. A read sent
+// after the higher count was seen, that finds a lower one, lost entries.
+func TestLogsCheckConcurrentReads(t *testing.T) {
+	ls := protocol.NewLogs([]string{"a:rebuild-lock:log"})
+	if err := ls.Check(0, protocol.LogCount{Len: 10, Logged: 10, Seen: ls.Seen()[0]}); err != nil {
+		t.Fatalf("first read: got %v, want nil", err)
+	}
+	early := ls.Seen()[0] // a read sent now, which Redis runs at count 12
+	late := ls.Seen()[0]  // a read sent next, which Redis runs at count 15
+	if err := ls.Check(0, protocol.LogCount{Len: 15, Logged: 15, Seen: late}); err != nil {
+		t.Fatalf("later read, checked first: got %v, want nil", err)
+	}
+	if err := ls.Check(0, protocol.LogCount{Len: 12, Logged: 12, Seen: early}); err != nil {
+		t.Errorf("earlier read, checked last: got %v, want nil (its count is older, not lost)", err)
+	}
+	if got := ls.Highest(0); got != 15 {
+		t.Errorf("Highest(0) = %d, want 15 (an older count does not lower it)", got)
+	}
+	err := ls.Check(0, protocol.LogCount{Len: 12, Logged: 12, Seen: ls.Seen()[0]})
+	if !errors.Is(err, protocol.ErrWritesLost) || !strings.Contains(err.Error(), "where Apply counted 12 (and the run saw 15 counted") {
+		t.Errorf("read sent after 15 was seen, finding 12: got %v, want ErrWritesLost naming 12 and 15", err)
 	}
 }

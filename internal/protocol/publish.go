@@ -191,69 +191,53 @@ type publishPlan struct {
 	keys, args []string
 }
 
+// publishKeys are the publish script's KEYS, section by section, in the
+// order the script reads them.
+type publishKeys struct {
+	locks, records, receipts, temps, lives, orphans, prevs, drops, metas, logs, ctls, pointers []string
+}
+
+// all returns every key, section after section.
+func (k publishKeys) all() []string {
+	var ks []string
+	for _, section := range [][]string{k.locks, k.records, k.receipts, k.temps, k.lives, k.orphans, k.prevs, k.drops, k.metas, k.logs, k.ctls, k.pointers} {
+		ks = append(ks, section...)
+	}
+	return ks
+}
+
+// counts returns the length of each section the script is told about: all
+// but lives, which has as many keys as temps, and pointers, which the
+// script counts by index.
+func (k publishKeys) counts() []int {
+	return []int{len(k.locks), len(k.records), len(k.receipts), len(k.temps), len(k.orphans), len(k.prevs), len(k.drops), len(k.metas), len(k.logs), len(k.ctls)}
+}
+
 // plan validates opts and lays out the publish script's keys and args.
 func (r Publisher) plan(opts PublishOptions) (publishPlan, error) {
 	op, key := opts.Op, opts.Key
-	if _, err := Seconds(op, key, "PreserveFor", opts.PreserveFor); err != nil {
-		return publishPlan{}, err
-	}
-	keep := int64(0)
-	if opts.KeepPrevious > 0 {
-		var err error
-		if keep, err = Seconds(op, key, "KeepPrevious", opts.KeepPrevious); err != nil {
-			return publishPlan{}, err
-		}
-	}
-	var token string
-	var lockKeys []string
-	if len(opts.Locks) > 0 {
-		var err error
-		if lockKeys, token, err = CheckLocks(op, opts.Locks); err != nil {
-			return publishPlan{}, err
-		}
-	}
-	temps, lives, flags, err := targets(op, key, opts.Targets)
+	keep, err := keepSeconds(opts)
 	if err != nil {
 		return publishPlan{}, err
 	}
-	for _, k := range append(append(slicesOf(opts.Orphans), opts.Drops...), opts.Metas...) {
-		if k == "" {
-			return publishPlan{}, &Error{Op: op, Key: key, Err: errors.New("empty key")}
+	var k publishKeys
+	var token, flags string
+	if len(opts.Locks) > 0 {
+		if k.locks, token, err = CheckLocks(op, opts.Locks); err != nil {
+			return publishPlan{}, err
 		}
 	}
-	var records, receipts, prevs, ctls []string
-	if len(lockKeys) > 0 {
-		receipts = []string{keys.ReceiptKey(lockKeys[0])}
-		if opts.Records {
-			for _, l := range lockKeys {
-				records = append(records, keys.RecordKey(l))
-			}
-			ctls = []string{keys.CtlKey(lockKeys[0])}
-		}
+	if k.temps, k.lives, flags, err = targets(op, key, opts.Targets); err != nil {
+		return publishPlan{}, err
 	}
-	if len(opts.Logs) > 0 && len(opts.Logs) != len(records) {
-		return publishPlan{}, &Error{Op: op, Key: key, Err: fmt.Errorf("%d logs for %d locks with records", len(opts.Logs), len(records))}
+	k.orphans, k.drops, k.metas = opts.Orphans, opts.Drops, opts.Metas
+	if err := noEmptyKey(op, key, k.orphans, k.drops, k.metas); err != nil {
+		return publishPlan{}, err
 	}
-	if keep > 0 {
-		for _, k := range append(slicesOf(lives), opts.Orphans...) {
-			prevs = append(prevs, keys.PrevKey(k, r.cluster))
-		}
+	if err := r.derivedKeys(&k, opts, keep); err != nil {
+		return publishPlan{}, err
 	}
-	logs := make([]string, len(opts.Logs))
-	for i, l := range opts.Logs {
-		logs[i] = l.Key
-	}
-	var ks []string
-	var pointers []string
-	for _, l := range opts.Indexes {
-		if l == "" {
-			return publishPlan{}, &Error{Op: op, Key: key, Err: errors.New("empty key")}
-		}
-		pointers = append(pointers, keys.PointerKey(l, r.cluster), keys.RegistryKey(l, r.cluster))
-	}
-	for _, section := range [][]string{lockKeys, records, receipts, temps, lives, opts.Orphans, prevs, opts.Drops, opts.Metas, logs, ctls, pointers} {
-		ks = append(ks, section...)
-	}
+	ks := k.all()
 	if dup := FirstDuplicate(ks); dup != "" {
 		return publishPlan{}, &Error{Op: op, Key: key, Err: fmt.Errorf("key %q appears twice in the publish", dup)}
 	}
@@ -261,13 +245,12 @@ func (r Publisher) plan(opts PublishOptions) (publishPlan, error) {
 		return publishPlan{}, err
 	}
 	args := []string{token}
-	for _, n := range []int{len(lockKeys), len(records), len(receipts), len(temps), len(opts.Orphans), len(prevs), len(opts.Drops), len(opts.Metas), len(logs), len(ctls)} {
+	for _, n := range k.counts() {
 		args = append(args, strconv.Itoa(n))
 	}
 	args = append(args, flags, strconv.FormatInt(opts.Batches, 10), strconv.FormatInt(keep, 10),
 		strconv.Itoa(int(receiptTTL/time.Second)), Now(opts.Now))
-	args, err = tailArgs(args, opts.Logs, opts.MaxTail, opts.MaxWork)
-	if err != nil {
+	if args, err = tailArgs(args, opts.Logs, opts.MaxTail, opts.MaxWork); err != nil {
 		return publishPlan{}, &Error{Op: op, Key: key, Err: err}
 	}
 	for i := range opts.Metas {
@@ -279,6 +262,66 @@ func (r Publisher) plan(opts PublishOptions) (publishPlan, error) {
 	}
 	args = append(args, strconv.Itoa(len(opts.Indexes)))
 	return publishPlan{keys: ks, args: args}, nil
+}
+
+// keepSeconds validates opts' durations and returns KeepPrevious in
+// seconds, 0 for none.
+func keepSeconds(opts PublishOptions) (int64, error) {
+	if _, err := Seconds(opts.Op, opts.Key, "PreserveFor", opts.PreserveFor); err != nil {
+		return 0, err
+	}
+	if opts.KeepPrevious <= 0 {
+		return 0, nil
+	}
+	return Seconds(opts.Op, opts.Key, "KeepPrevious", opts.KeepPrevious)
+}
+
+// noEmptyKey returns an error if any key of sections is "".
+func noEmptyKey(op, key string, sections ...[]string) error {
+	for _, section := range sections {
+		for _, k := range section {
+			if k == "" {
+				return &Error{Op: op, Key: key, Err: errors.New("empty key")}
+			}
+		}
+	}
+	return nil
+}
+
+// derivedKeys fills in the keys k derives from the run and the options: the
+// locks' records, receipt, control and logs, the prev keys that
+// KeepPrevious (keep seconds) fills, and the indexes' pointers and
+// registries. k.locks, k.lives and k.orphans must be set.
+func (r Publisher) derivedKeys(k *publishKeys, opts PublishOptions, keep int64) error {
+	op, key := opts.Op, opts.Key
+	if len(k.locks) > 0 {
+		k.receipts = []string{keys.ReceiptKey(k.locks[0])}
+		if opts.Records {
+			for _, l := range k.locks {
+				k.records = append(k.records, keys.RecordKey(l))
+			}
+			k.ctls = []string{keys.CtlKey(k.locks[0])}
+		}
+	}
+	if len(opts.Logs) > 0 && len(opts.Logs) != len(k.records) {
+		return &Error{Op: op, Key: key, Err: fmt.Errorf("%d logs for %d locks with records", len(opts.Logs), len(k.records))}
+	}
+	if keep > 0 {
+		for _, l := range append(slicesOf(k.lives), k.orphans...) {
+			k.prevs = append(k.prevs, keys.PrevKey(l, r.cluster))
+		}
+	}
+	k.logs = make([]string, len(opts.Logs))
+	for i, l := range opts.Logs {
+		k.logs[i] = l.Key
+	}
+	if err := noEmptyKey(op, key, opts.Indexes); err != nil {
+		return err
+	}
+	for _, l := range opts.Indexes {
+		k.pointers = append(k.pointers, keys.PointerKey(l, r.cluster), keys.RegistryKey(l, r.cluster))
+	}
+	return nil
 }
 
 // slicesOf returns a copy of ss, so that appending to it cannot write into
@@ -453,9 +496,7 @@ func publishTargets(o PublishOptions) int { return len(o.Targets) }
 func logFailure(l LogOffset, res reply) error {
 	n, _ := res.int(2)
 	logged, _ := res.int(3)
-	ls := NewLogs([]string{l.Key})
-	ls.highest[0].Store(l.Logged)
-	return ls.Check(0, LogCount{Len: n, Logged: logged})
+	return NewLogs([]string{l.Key}).Check(0, LogCount{Len: n, Logged: logged, Seen: l.Logged})
 }
 
 // receiptTTL is how long the receipt of a fenced publish lives: long

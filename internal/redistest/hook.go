@@ -65,3 +65,20 @@ func (Hook) DoStream(c rueidis.Client, ctx context.Context, cmd rueidis.Complete
 func (Hook) DoMultiStream(c rueidis.Client, ctx context.Context, multi ...rueidis.Completed) rueidis.MultiRedisResultStream {
 	return c.DoMultiStream(ctx, multi...)
 }
+
+// Watch returns c with a hook that passes every command of Do and DoMulti
+// to see before sending it on, from the caller's goroutine: see must be
+// safe for concurrent use, and must copy what it keeps of a command (see
+// Hook).
+func Watch(c rueidis.Client, see func(cmds ...rueidis.Completed)) rueidis.Client {
+	return rueidishook.WithHook(c, Hook{
+		OnDo: func(c rueidis.Client, ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
+			see(cmd)
+			return c.Do(ctx, cmd)
+		},
+		OnDoMulti: func(c rueidis.Client, ctx context.Context, multi ...rueidis.Completed) []rueidis.RedisResult {
+			see(multi...)
+			return c.DoMulti(ctx, multi...)
+		},
+	})
+}

@@ -19,14 +19,19 @@
 -- KEYS[3n+1..4n]    the indexes' pointers
 -- KEYS[4n+1..5n]    their registries
 -- KEYS[5n+1..6n]    the locks' cut-over marks (keys.CutOverKey)
--- KEYS[6n+1..]      the keys the ops write
+-- KEYS[6n+1..7n]    the manifests of the generations of ARGV[4..3+n]
+--                   (keys.ManifestKey)
+-- KEYS[7n+1..]      the keys the ops write
 -- ARGV[1]           n
 -- ARGV[2]           the most entries a log may hold (see apply.lua)
 -- ARGV[3]           the number of ops
 -- ARGV[4..3+n]      the generation the caller resolved for index i ('0':
 --                   no pointer, the rename-in-place shape)
--- ARGV[4+n..]       per op: its lock's index (1..n), its key's index in
---                   KEYS after 6n, its live key, the command, the count of
+-- ARGV[4+n..3+2n]   '1' when index i is a family, whose generation's
+--                   manifest lists the keys the change writes in it (in
+--                   the same step as the writes), else '0'
+-- ARGV[4+2n..]      per op: its lock's index (1..n), its key's index in
+--                   KEYS after 7n, its live key, the command, the count of
 --                   args, the args
 --
 -- Returns {OK, l1..ln}: applied; li as apply.lua returns them.
@@ -41,14 +46,20 @@
 --           flip (its mark, for pttl more ms at most): nothing written;
 --           apply the change again once the mark is gone.
 --         {BAD_REGISTRY, i, why}: registry i does not mark the generation
---           pointer i names current, a state no run leaves; nothing
---           written (genlog.lua checks the same).
+--           pointer i names current, a state no run leaves, or manifest i
+--           is not a set; nothing written (genlog.lua checks the same).
 -- #include keys
 -- #include remove
 -- #include changes
 local n, bound, count = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local ops, perLock = changes.parse(count, 4 + n, function(at)
-  return tonumber(ARGV[at]), KEYS[6 * n + tonumber(ARGV[at + 1])], ARGV[at + 2], at + 3
+local listed = {}
+local ops, perLock = changes.parse(count, 4 + 2 * n, function(at)
+  local i, key = tonumber(ARGV[at]), KEYS[7 * n + tonumber(ARGV[at + 1])]
+  if ARGV[3 + n + i] == '1' and ARGV[3 + i] ~= '0' then
+    listed[i] = listed[i] or {}
+    table.insert(listed[i], key)
+  end
+  return i, key, ARGV[at + 2], at + 3
 end)
 
 for i = 1, n do
@@ -69,6 +80,15 @@ for i = 1, n do
   if why then
     return {BAD_REGISTRY, i, why}
   end
+  local kind = listed[i] and redis.call('TYPE', KEYS[6 * n + i])['ok']
+  if kind and kind ~= 'set' and kind ~= 'none' then
+    return {BAD_REGISTRY, i, 'its generation\'s manifest ' .. KEYS[6 * n + i] .. ' is a ' .. kind}
+  end
 end
 changes.runAll(ops)
+-- The removal of a generation whose manifest its run marked listed reads
+-- the manifest rather than SCANning: every key written in it is listed.
+for i = 1, n do
+  if listed[i] then redis.call('SADD', KEYS[6 * n + i], unpack(listed[i])) end
+end
 return changes.logEach(n, logging, perLock, bound)

@@ -1,0 +1,187 @@
+package gens_test
+
+import (
+	"context"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/keyswap/keyswap/internal/gens"
+	"github.com/keyswap/keyswap/internal/keys"
+	"github.com/keyswap/keyswap/internal/redistest"
+	"github.com/redis/rueidis"
+	"github.com/redis/rueidis/rueidishook"
+)
+
+// trusts reports whether the sweep reads the manifest of f's index rather
+// than SCANning: a family whose keys share the registry's slot.
+func (f *fixture) trusts() bool {
+	_, tagged := keys.HashTag(f.idx.Live)
+	return f.idx.Family && (!f.cluster || tagged)
+}
+
+// strangers writes keys a manifest of generation 1 may name that are not
+// generation 1's, and returns them: a key outside the index, a key of
+// generation 2, one of generation 10 and one of another index's
+// generation 1.
+func (f *fixture) strangers() []string {
+	f.t.Helper()
+	p := f.idx.Live
+	out := []string{f.root + "foreign", keys.GenBucketKey(p, 2, "b0"), keys.GenBucketKey(p, 10, "b0"), keys.GenBucketKey(p+"x", 1, "b0")}
+	for _, k := range out {
+		f.sadd(k, "not generation 1's")
+	}
+	return out
+}
+
+// retiredOne writes generation 1 in state (n keys for a family) and
+// generation 2 current, as the pointer names it, and returns generation
+// 1's keys.
+func (f *fixture) retiredOne(state string, n int) []string {
+	f.t.Helper()
+	f.registry(keys.RegNext, "2", "1", state, "2", keys.RegCurrent)
+	f.set(f.pointerKey(), "2")
+	old := f.gen(1, n)
+	f.gen(2, 3)
+	return old
+}
+
+// wantOneRemoved fails the test unless res removed generation 1 with
+// exactly the keys deleted, and the keys left are those expected but
+// deleted and generation 1's manifest.
+func (f *fixture) wantOneRemoved(res gens.Result, deleted []string) {
+	f.t.Helper()
+	wantResult(f.t, res, []int64{1}, map[int64]gens.Reason{2: gens.SkipCurrent})
+	if res.Keys != int64(len(deleted)) {
+		f.t.Errorf("Keys = %d, want %d", res.Keys, len(deleted))
+	}
+	f.forget(deleted...)
+	f.forgetManifest(1)
+	f.check(map[string]string{keys.RegNext: "2", "2": keys.RegCurrent})
+}
+
+// TestSweepReadsListedManifest removes a retired generation whose manifest
+// its run listed (keys.ManifestListed). Where the keys share the
+// registry's slot the sweep reads the manifest and makes no SCAN: it
+// deletes the listed keys of the generation, and none of the members that
+// name another key (outside the index, of another generation, of another
+// index), and a key of the generation the manifest does not list stays,
+// as no keyswap writer made it (C99). Elsewhere (a family spread over a
+// cluster, a plain key) the sweep SCANs or names the key, and the
+// unlisted key goes too. The manifest goes with the registry field.
+func TestSweepReadsListedManifest(t *testing.T) {
+	forShapes(t, func(t *testing.T, f *fixture) {
+		old := f.retiredOne(retired(time.Unix(1, 0)), 600) // more than two chunks of MaxUnlink
+		// The last key of generation 1 is listed nowhere.
+		// The run's writes in the list, Apply's in the set (some in
+		// both), and members that are no key of generation 1 in each.
+		strangers := f.strangers()
+		cut := len(old) * 5 / 6
+		f.manifest(1, true, append(slices.Clone(old[:cut]), strangers[:2]...)...)
+		f.sadd(keys.ManifestKey(f.idx.Live, f.cluster, 1), append(slices.Clone(old[max(0, cut-10):len(old)-1]), strangers[2:]...)...)
+		var scans atomic.Int32
+		c := rueidishook.WithHook(f.c, redistest.Hook{OnDo: func(c rueidis.Client, ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
+			if strings.EqualFold(cmd.Commands()[0], "SCAN") {
+				scans.Add(1)
+			}
+			return c.Do(ctx, cmd)
+		}})
+		// Buckets names a tenth of the keys first: the manifest's
+		// members deleted by name are not sent again.
+		var named []string
+		for i := range 60 {
+			named = append(named, "b"+strconv.Itoa(i))
+		}
+		res, err := gens.Sweep(redistest.Ctx(t), c, f.idx, gens.Options{Buckets: named})
+		if err != nil {
+			t.Fatal(err)
+		}
+		deleted := old
+		if f.trusts() {
+			deleted = old[:len(old)-1]
+			if n := scans.Load(); n != 0 {
+				t.Errorf("%d SCAN calls, want none", n)
+			}
+		}
+		f.wantOneRemoved(res, deleted)
+	})
+}
+
+// TestSweepScansUnprovenManifest removes generations whose manifest does
+// not prove it lists every key (C99): one not marked listed (made by a run
+// that did not list, or only Apply's writes), one of a run that crashed
+// before its flip (building, its lock gone: the crash may have come
+// between writes and marking anything), a manifest that is not a set, and
+// a list that is not a list.
+// Each misses a key, which the SCAN finds; members naming other keys stay
+// untouched.
+func TestSweepScansUnprovenManifest(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		state string
+		write func(f *fixture, ks []string)
+	}{
+		{"unlisted", retired(time.Unix(1, 0)), func(f *fixture, ks []string) { f.manifest(1, false, ks...) }},
+		{"crashed run", keys.RegBuilding + gone, func(f *fixture, ks []string) { f.manifest(1, true, ks...) }},
+		{"not a set", retired(time.Unix(1, 0)), func(f *fixture, ks []string) {
+			f.set(keys.ManifestKey(f.idx.Live, f.cluster, 1), keys.ManifestListed)
+		}},
+		{"list not a list", retired(time.Unix(1, 0)), func(f *fixture, ks []string) {
+			f.sadd(keys.ManifestListKey(f.idx.Live, f.cluster, 1), ks...)
+			f.sadd(keys.ManifestKey(f.idx.Live, f.cluster, 1), keys.ManifestListed)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			forShapes(t, func(t *testing.T, f *fixture) {
+				old := f.retiredOne(tc.state, 300)
+				tc.write(f, append(slices.Clone(old[:len(old)/2]), f.strangers()...))
+				res, err := gens.Sweep(redistest.Ctx(t), f.c, f.idx, gens.Options{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				f.wantOneRemoved(res, old)
+			})
+		})
+	}
+}
+
+// TestSweepWatchedChunkRaced writes the registry between the WATCH of a
+// chunk and its EXEC, as another run's allocation would: the EXEC runs
+// nothing, and the chunk goes by the unlink script instead, which checks
+// the state in the same step. Every key of the generation goes; none is
+// deleted twice or left.
+func TestSweepWatchedChunkRaced(t *testing.T) {
+	forShapes(t, func(t *testing.T, f *fixture) {
+		old := f.retiredOne(retired(time.Unix(1, 0)), 300)
+		f.manifest(1, true, old...)
+		var raced, aborted atomic.Int32
+		c := rueidishook.WithHook(f.c, redistest.Hook{OnDoMulti: func(c rueidis.Client, ctx context.Context, multi ...rueidis.Completed) []rueidis.RedisResult {
+			if !strings.EqualFold(multi[0].Commands()[0], "MULTI") || raced.Add(1) > 2 {
+				return c.DoMulti(ctx, multi...)
+			}
+			// The first two chunks: a write to the registry that changes
+			// nothing the sweep checks.
+			if err := f.c.Do(ctx, f.c.B().Hset().Key(f.registryKey()).FieldValue().FieldValue(keys.RegNext, "2").Build()).Error(); err != nil {
+				t.Error(err)
+			}
+			res := c.DoMulti(ctx, multi...)
+			if rueidis.IsRedisNil(res[len(res)-1].Error()) {
+				aborted.Add(1)
+			}
+			return res
+		}})
+		res, err := gens.Sweep(redistest.Ctx(t), c, f.idx, gens.Options{Unlink: 100})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Only a family's chunks in the registry's slot go in WATCH ...
+		// EXEC.
+		if got := aborted.Load(); f.trusts() && got != 2 {
+			t.Errorf("%d EXEC aborted, want 2", got)
+		}
+		f.wantOneRemoved(res, old)
+	})
+}
