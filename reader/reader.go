@@ -66,7 +66,8 @@ type Options struct {
 }
 
 // ErrBadGroup reports an Options.Group that cannot be a group: one holding
-// a '{' or '}'. It is the value of rebuild.ErrBadGroup too.
+// a '{' or '}'. rebuild.New's error for such an Options.Group, or for a
+// Group in RenameInPlace mode, matches it too.
 var ErrBadGroup = keys.ErrBadGroup
 
 // Reader finds and reads the current data keys of indexes. It is safe for

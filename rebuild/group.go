@@ -10,11 +10,6 @@ import (
 	"github.com/redis/rueidis"
 )
 
-// ErrBadGroup reports an Options.Group that cannot be used: one holding
-// '{' or '}', or a Group in RenameInPlace mode. It is the value of
-// reader.ErrBadGroup too.
-var ErrBadGroup = keys.ErrBadGroup
-
 // ErrGroupConflict reports that an index of a Rebuilder with a Group still
 // has a pointer outside the group, from runs without one: readers without
 // the group follow that pointer, and would never see the group's
@@ -28,7 +23,7 @@ func checkGroup(o *Options, bad func(string, ...any) error) error {
 		return nil
 	}
 	if o.Publish != Generations {
-		return bad("%w: Group %q in RenameInPlace mode: a rename needs the lock and the data in one hash slot, and a group takes the lock to the group's; use Generations, or no Group", ErrBadGroup, o.Group)
+		return bad("%w: Group %q in RenameInPlace mode: a rename needs the lock and the data in one hash slot, and a group takes the lock to the group's; use Generations, or no Group", keys.ErrBadGroup, o.Group)
 	}
 	if err := keys.CheckGroup(o.Group); err != nil {
 		return bad("Group: %w", err)

@@ -266,7 +266,7 @@ func wantPointers(t *testing.T, d deployment, ptrs []string, gen string) {
 
 func TestGenerationsGroupRefused(t *testing.T) {
 	// C100: a group with a brace, or a group in RenameInPlace mode, is
-	// refused by New with ErrBadGroup, naming the problem; so is a bad
+	// refused by New with an error matching reader.ErrBadGroup, naming the problem; so is a bad
 	// group by reader.New.
 	d := env.Deployments(t)[0]
 	b := builders.Hash("k", func(u user) (string, string, bool) { return u.ID, u.Email, true })
@@ -281,8 +281,8 @@ func TestGenerationsGroupRefused(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := rebuild.New(d.Client, tc.opts, b)
-			if !errors.Is(err, rebuild.ErrBadGroup) || !strings.Contains(fmt.Sprint(err), tc.want) {
-				t.Errorf("New: got %v, want ErrBadGroup saying %q", err, tc.want)
+			if !errors.Is(err, reader.ErrBadGroup) || !strings.Contains(fmt.Sprint(err), tc.want) {
+				t.Errorf("New: got %v, want reader.ErrBadGroup saying %q", err, tc.want)
 			}
 			if tc.opts.Publish == rebuild.Generations {
 				if _, err := reader.New(d.Client, reader.Options{Group: tc.opts.Group}); !errors.Is(err, reader.ErrBadGroup) {

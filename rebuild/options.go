@@ -253,7 +253,8 @@ type Options struct {
 	// keys hang off its own key, and on a cluster the keys of a run must
 	// share a hash slot. A group with a '{' or '}', or a Group in
 	// RenameInPlace mode (a rename needs the lock and the data in one
-	// slot), is an error matching ErrBadGroup.
+	// slot), is an error of New that names the problem and matches
+	// reader.ErrBadGroup.
 	Group string
 	// Grace, in Generations mode, is how long a generation a flip retired
 	// stays readable before the run removes it: longer than the time a
