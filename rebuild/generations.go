@@ -158,9 +158,7 @@ func (p *publisher) flip(ctx context.Context) (bool, error) {
 	p.retired = f.Retired
 	_, replayed := p.catchUp.counts()
 	p.stats.Changes = replayed + f.Replayed
-	if f.Replayed == 0 {
-		p.gen.vouch(ctx, r)
-	}
+	p.gen.vouch(ctx, r)
 	return true, nil
 }
 

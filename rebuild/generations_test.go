@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -800,10 +801,10 @@ func TestGenerationsManifest(t *testing.T) {
 				redistest.WantString(t, d.Other, m, "x")
 				redistest.Cmd(t, d.Other, "DEL", m)
 
-				// A flip that replays a tail writes keys no list holds
-				// (here a bucket only the tail's change creates): the
-				// run leaves its manifest unmarked, and the generation's
-				// removal SCANs for them.
+				// A flip that replays a tail lists the keys it writes in
+				// the set (here a bucket only the tail's change
+				// creates): the run marks the manifest listed, and the
+				// generation's removal deletes that bucket without SCAN.
 				flip := redistest.ScriptNamed("flip")
 				var once sync.Once
 				hooked := rueidishook.WithHook(d.Client, redistest.Hook{OnDo: func(c rueidis.Client, hctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
@@ -826,14 +827,30 @@ func TestGenerationsManifest(t *testing.T) {
 				if stats.Changes != 1 {
 					t.Errorf("Stats.Changes = %d, want the tail's 1", stats.Changes)
 				}
-				redistest.WantAbsent(t, d.Other, keys.ManifestKey(prefix, d.Cluster, 3))
+				want := []string{keys.GenBucketKey(prefix, 3, "b09"), keys.ManifestListed}
+				slices.Sort(want)
+				if got := redistest.SMembers(t, d.Other, keys.ManifestKey(prefix, d.Cluster, 3)); !slices.Equal(got, want) {
+					t.Errorf("%s = %q, want %q", keys.ManifestKey(prefix, d.Cluster, 3), got, want)
+				}
 				if got := redistest.SMembers(t, d.Other, keys.GenBucketKey(prefix, 3, "b09")); !slices.Equal(got, []string{"late"}) {
 					t.Errorf("the tail's bucket holds %q, want [late]", got)
 				}
-				if _, err := r.Run(ctx, sources.Slice(next)); err != nil {
+				var scans atomic.Int32
+				counted := rueidishook.WithHook(d.Client, redistest.Hook{OnDo: func(c rueidis.Client, hctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
+					if strings.EqualFold(cmd.Commands()[0], "SCAN") {
+						scans.Add(1)
+					}
+					return c.Do(hctx, cmd)
+				}})
+				after := redistest.Rebuilder(t, counted, rebuild.Options{Publish: rebuild.Generations, BatchSize: 50, Grace: 50 * time.Millisecond},
+					builders.SetIndex(prefix, func(u user) (string, string, bool) { return u.Country, u.ID, true }))
+				if _, err := after.Run(ctx, sources.Slice(next)); err != nil {
 					t.Fatalf("Run after the tail: %v", err)
 				}
 				wantNoGeneration(t, d, prefix, 3)
+				if n := scans.Load(); n != 0 {
+					t.Errorf("%d SCAN calls removing generation 3, want none (its manifest lists the tail's bucket)", n)
+				}
 			}
 		}
 	})

@@ -477,13 +477,18 @@ func TestGenerationsFlipTailRefusals(t *testing.T) {
 	// another builder fails the run with ErrTampered, naming the log and
 	// the entry; the pointer is untouched and the run's generation
 	// removed. With the keys in the locks' slot only: across slots the
-	// catch-up reads every entry first, and fails the same way.
+	// catch-up reads every entry first, and fails the same way. C99: a
+	// valid change whose bucket the flip would list in a manifest that is
+	// not a set fails it the same way. The error says what the flip left:
+	// every index at its generation (no live key is written in this mode).
 	forEachDeployment(t, func(t *testing.T, d deployment) {
 		for _, tc := range []struct {
 			name, entry, want string
+			manifest          bool // the new generation's manifest is a string
 		}{
-			{"not a change", "4:SADD", "is not a change"},
-			{"another builder's key", "4:SADD9:elsewhere1:11:x", "not one of the keys of its builder"},
+			{"not a change", "4:SADD", "is not a change", false},
+			{"another builder's key", "4:SADD9:elsewhere1:11:x", "not one of the keys of its builder", false},
+			{"manifest not a set", "", "is a string", true},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				d := ownPrefix(t, d)
@@ -491,13 +496,20 @@ func TestGenerationsFlipTailRefusals(t *testing.T) {
 				prefix := d.Prefix + "users:by-bucket"
 				ctx := redistest.Ctx(t)
 				lock := keys.LockKey(prefix, d.Cluster)
+				entry := tc.entry
+				if entry == "" {
+					entry = protocol.EncodeEntry([]protocol.Op{{Cmd: "SADD", Key: prefix + ":b09", Args: []string{"late"}}})
+				}
 				var forge atomic.Bool
 				r := genRebuilder(t, d, prefix, rebuild.Options{Progress: func(p rebuild.Progress) {
 					if p.Phase == rebuild.PhasePublishing && forge.Load() {
 						// Logged and counted as Apply logs, after the last
 						// catch-up: the flip reads it.
-						redistest.Cmd(t, d.Other, "RPUSH", keys.LogKey(lock), tc.entry)
+						redistest.Cmd(t, d.Other, "RPUSH", keys.LogKey(lock), entry)
 						redistest.Cmd(t, d.Other, "HINCRBY", keys.RecordKey(lock), "logged", "1")
+						if tc.manifest {
+							redistest.Cmd(t, d.Other, "SET", keys.ManifestKey(prefix, d.Cluster, 2), "x")
+						}
 					}
 				}})
 				us := genUsers(60, 3)
@@ -507,6 +519,9 @@ func TestGenerationsFlipTailRefusals(t *testing.T) {
 				redistest.WantErr(t, err, rebuild.ErrTampered)
 				if err != nil && !strings.Contains(err.Error(), tc.want) {
 					t.Errorf("Publish: %v, want it to say %q", err, tc.want)
+				}
+				if err != nil && !strings.HasSuffix(err.Error(), "; every index left at its generation") {
+					t.Errorf("Publish: %v, want it to end with %q", err, "; every index left at its generation")
 				}
 				t.Logf("Publish: %v", err)
 				wantGeneration(t, d, prefix, 1, 2, map[string]string{"1": keys.RegCurrent}, us)
@@ -529,4 +544,45 @@ func runThenBuild(ctx context.Context, t *testing.T, r *rebuild.Rebuilder[user],
 		t.Fatalf("Build: %v", err)
 	}
 	return h
+}
+
+func TestGenerationsFlipManifestNoRight(t *testing.T) {
+	// C99, C93: the flip checks its SADD to a family's manifest before any
+	// write, as it checks every op of its tail: a user who lost the right
+	// (the acquire checked it) after the last catch-up fails the flip with
+	// ErrNoPermission naming SADD and the manifest; the pointer is
+	// untouched, the tail's bucket unwritten and the run's generation
+	// removed.
+	d := deployment{Name: "standalone", Client: env.Standalone.Client(t), Other: env.Standalone.Client(t)}
+	ctx, d, prefix, us := published(t, d)
+	c := clientAs(t, d, "~*", "+@all")
+	name := "ks-" + strings.ReplaceAll(t.Name(), "/", "-")
+	lock := keys.LockKey(prefix, d.Cluster)
+	var forge atomic.Bool
+	r := spreadRebuilder(t, c, prefix, rebuild.Options{Grace: 50 * time.Millisecond, Progress: func(p rebuild.Progress) {
+		if p.Phase == rebuild.PhasePublishing && forge.CompareAndSwap(true, false) {
+			// A change logged and counted as Apply logs it, after the
+			// last catch-up; SADD left on the generations' keys alone.
+			entry := protocol.EncodeEntry([]protocol.Op{{Cmd: "SADD", Key: prefix + ":b09", Args: []string{"late"}}})
+			redistest.Cmd(t, d.Other, "RPUSH", keys.LogKey(lock), entry)
+			redistest.Cmd(t, d.Other, "HINCRBY", keys.RecordKey(lock), "logged", "1")
+			redistest.Cmd(t, d.Other, "ACL", "SETUSER", name, "-sadd", "(~*"+keys.GenInfix+"* +sadd)")
+		}
+	}})
+	h, _, err := r.Build(ctx, sources.Slice(us))
+	if err != nil {
+		t.Fatalf("Build: %v", err)
+	}
+	forge.Store(true)
+	_, err = h.Publish(ctx)
+	redistest.WantErr(t, err, rebuild.ErrNoPermission)
+	m := keys.ManifestKey(prefix, d.Cluster, 2)
+	if err != nil && (!strings.Contains(err.Error(), "SADD") || !strings.Contains(err.Error(), m)) {
+		t.Errorf("Publish: %v, want it to name SADD and %s", err, m)
+	}
+	t.Logf("Publish: %v", err)
+	wantGeneration(t, d, prefix, 1, 2, map[string]string{"1": keys.RegCurrent}, us)
+	wantNoGeneration(t, d, prefix, 2)
+	wantGenClean(t, d, prefix, 1)
+	redistest.WantAbsent(t, d.Other, m)
 }

@@ -164,6 +164,53 @@ func TestGenerationsACLPreCheck(t *testing.T) {
 	}
 }
 
+func TestGenerationsACLCutOverMark(t *testing.T) {
+	// C93, C98: the rights the acquire checks cover the cut-over mark
+	// (<lock>:cut): GET, which every flip sends, and, for a run that may
+	// cut over (a family without a hash tag on a cluster), SET and DEL. A
+	// user who may run the command on every key but the mark fails at the
+	// acquire with ErrNoPermission naming the command and the mark,
+	// writing nothing.
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		cmds := []string{"GET"}
+		if d.Cluster {
+			cmds = append(cmds, "SET", "DEL")
+		}
+		for _, cmd := range cmds {
+			t.Run(cmd, func(t *testing.T) {
+				ctx, d, prefix, us := published(t, d)
+				mark := keys.CutOverKey(keys.LockKey(prefix, d.Cluster))
+				// The command on every key that does not end in "t": of
+				// the run's keys, only the mark ("<lock>:cut") does.
+				c := clientAs(t, d, "~*", "+@all", "-"+cmd, "(~*[^t] +"+cmd+")")
+				// The index's keys, and on the cluster those keyswap keeps
+				// next to them, under "{<prefix>}".
+				under := []string{prefix, "{" + prefix}
+				var before []map[string]redistest.KeyState
+				for _, p := range under {
+					before = append(before, redistest.Snapshot(t, d.Other, p))
+				}
+				stats, err := spreadRebuilder(t, c, prefix, rebuild.Options{}).Run(ctx, sources.Slice(genUsers(30, 3)))
+				redistest.WantErr(t, err, rebuild.ErrNoPermission)
+				if err != nil && (!strings.Contains(err.Error(), cmd) || !strings.Contains(err.Error(), mark)) {
+					t.Errorf("Run: %v, want it to name %s and %s", err, cmd, mark)
+				}
+				var e *rebuild.Error
+				if !errors.As(err, &e) || e.Op != "acquire" {
+					t.Errorf("Run: %v, want an *Error of op acquire", err)
+				}
+				if stats.Batches != 0 {
+					t.Errorf("Stats.Batches = %d, want 0", stats.Batches)
+				}
+				for i, p := range under {
+					redistest.WantUnchanged(t, d.Other, p, before[i])
+				}
+				wantGeneration(t, d, prefix, 1, 1, map[string]string{"1": keys.RegCurrent}, us)
+			})
+		}
+	})
+}
+
 func TestGenerationsFlipReplyLost(t *testing.T) {
 	// C89: the flip's reply is lost and the release that would read its
 	// receipt fails too: the run fails with ErrOutcomeUnknown and removes

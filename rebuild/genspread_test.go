@@ -61,6 +61,32 @@ func beforeWrite(d deployment, f func()) rueidis.Client {
 	}})
 }
 
+// published publishes genUsers(30, 3) under a prefix of t's own in d
+// (genPrefix: without a hash tag), and returns a ctx, d with that prefix,
+// the index's prefix and the users.
+func published(t *testing.T, d deployment) (context.Context, deployment, string, []user) {
+	t.Helper()
+	ctx := redistest.Ctx(t)
+	d = ownPrefix(t, d)
+	prefix := genPrefix(d)
+	us := genUsers(30, 3)
+	if _, err := genRebuilder(t, d, prefix, rebuild.Options{}).Run(ctx, sources.Slice(us)); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	return ctx, d, prefix, us
+}
+
+// clientAs returns a client of d's server (or cluster) as an ACL user of
+// t's own with rules (redistest.Server.ClientAs).
+func clientAs(t *testing.T, d deployment, rules ...string) rueidis.Client {
+	t.Helper()
+	name := "ks-" + strings.ReplaceAll(t.Name(), "/", "-")
+	if d.Cluster {
+		return env.Cluster.ClientAs(t, name, rules...)
+	}
+	return env.Standalone.ClientAs(t, name, rules...)
+}
+
 // spreadRebuilder returns a Rebuilder in Generations mode, on client c, of
 // the SetIndex of genRebuilder under prefix.
 func spreadRebuilder(t *testing.T, c rueidis.Client, prefix string, opts rebuild.Options) *rebuild.Rebuilder[user] {
@@ -441,13 +467,7 @@ func TestGenerationsSpreadApplyNoRight(t *testing.T) {
 			wantGeneration(t, d, prefix, 1, 1, map[string]string{"1": keys.RegCurrent}, us)
 			rules = append(rules, "+unlink")
 		}
-		name := "ks-" + strings.ReplaceAll(t.Name(), "/", "-")
-		var c rueidis.Client
-		if d.Cluster {
-			c = env.Cluster.ClientAs(t, name, rules...)
-		} else {
-			c = env.Standalone.ClientAs(t, name, rules...)
-		}
+		c := clientAs(t, d, rules...)
 		applier := spreadRebuilder(t, c, prefix, rebuild.Options{})
 
 		h, _, err := r.Build(ctx, sources.Slice(us))
@@ -498,16 +518,7 @@ func TestGenerationsSpreadApplyFailures(t *testing.T) {
 	// (the writes done, their keys named); the caller's ctx ending before
 	// the last step (which runs all the same).
 	d := deployment{Name: "cluster", Cluster: true, Client: env.Cluster.Client(t), Other: env.Cluster.Client(t)}
-	setup := func(t *testing.T) (context.Context, deployment, string, []user) {
-		ctx := redistest.Ctx(t)
-		d := ownPrefix(t, d)
-		prefix := genPrefix(d)
-		us := genUsers(30, 3)
-		if _, err := genRebuilder(t, d, prefix, rebuild.Options{}).Run(ctx, sources.Slice(us)); err != nil {
-			t.Fatalf("Run: %v", err)
-		}
-		return ctx, d, prefix, us
-	}
+	setup := func(t *testing.T) (context.Context, deployment, string, []user) { return published(t, d) }
 	t.Run("first step's reply lost", func(t *testing.T) {
 		ctx, d, prefix, us := setup(t)
 		proxy, c := proxied(t, d, keys.LockKey(prefix, true))

@@ -142,15 +142,15 @@ func (g *generations) listed(r *core, b, slot int) bool {
 }
 
 // vouch marks the manifests of the run's families listed
-// (keys.ManifestListed in each set), after a flip to the run's generations
-// that replayed no tail: every key the run wrote in them is in their lists
-// (written in the transaction of the writes, all acknowledged before the
-// flip), and from the flip on Apply adds the keys it writes to the sets in
-// the step of its writes. The removal of such a generation, once retired,
-// then reads its manifest rather than SCANning (see gens.Sweep). A flip
-// that replayed a tail wrote keys that no list holds: those generations
-// stay unmarked, and are scanned. An error leaves them unmarked too, which
-// costs a SCAN and nothing else: it is logged at the Debug level.
+// (keys.ManifestListed in each set), after a flip to the run's
+// generations: every key the run wrote in them is in their lists (written
+// in the transaction of the writes, all acknowledged before the flip),
+// every key the flip's tail wrote is in their sets (listed by the flip, in
+// its step), and from the flip on Apply adds the keys it writes to the
+// sets in the step of its writes. The removal of such a generation, once
+// retired, then reads its manifest rather than SCANning (see gens.Sweep).
+// An error leaves them unmarked, which costs a SCAN and nothing else: it
+// is logged at the Debug level.
 func (g *generations) vouch(ctx context.Context, r *core) {
 	cb := r.redis.Client().B()
 	var cmds rueidis.Commands

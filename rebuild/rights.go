@@ -109,6 +109,19 @@ func (r *core) checks(ts *targets, held bool) []protocol.Check {
 			add("", "MULTI", "EXEC", "UNWATCH")
 		}
 	}
+	if r.opts.Publish == Generations {
+		for _, l := range r.lockKeys {
+			// The cut-over marks: the flip reads each, and deletes those
+			// the run set; a run whose keys spread over a cluster's
+			// slots sets them (SET with PX) after a flip refused for a
+			// tail.
+			mark := keys.CutOverKey(l)
+			add(mark, "GET")
+			if r.spreads() {
+				add(mark, "SET", "DEL")
+			}
+		}
+	}
 	if r.opts.Publish == Generations && cluster.Cluster {
 		// The per-slot counters of the run's writes (the slot does not
 		// change the rights an ACL pattern grants).

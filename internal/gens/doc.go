@@ -75,8 +75,8 @@
 // appended in the transaction of the run's first write of it, and a set
 // (keys.ManifestKey) of the keys Apply wrote while the generation was
 // current, added in the script of the writes, with keys.ManifestListed,
-// which the run adds once its flip to the generation returned having
-// replayed no tail of changes (a flip's tail writes keys no list holds). A
+// which the run adds once its flip to the generation returned (the flip
+// adds the keys its tail of changes writes to the set, in its step). A
 // generation is written only by its run, its flip and, while current, by
 // Apply; so once it is retired and its set holds keys.ManifestListed, the
 // manifest names every key of the generation that keyswap wrote. The sweep of such
@@ -87,8 +87,8 @@
 // another generation, any other key) is never deleted, and a manifest or
 // list of another type makes the sweep SCAN. So does every generation the
 // manifest cannot vouch for: one building (its run crashed, or lost its
-// lock and may still write), one whose flip replayed a tail, or whose run
-// stopped between its flip and the mark, one of a run that did not list
+// lock and may still write), one whose run stopped between its flip and
+// the mark, one of a run that did not list
 // its keys (built before manifests existed), one [RemoveOwn] removes, and
 // a family spread over a cluster's slots, which has no manifest. The
 // manifest goes with the registry field, in the same step. Its cost: an

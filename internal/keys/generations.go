@@ -42,7 +42,7 @@ const (
 	ManifestInfix     = ":rebuild-m:"
 	ManifestListInfix = ":rebuild-l:"
 	// ManifestListed is the member a run adds to the manifest of the
-	// generation it built once its flip to it replayed no tail: the
+	// generation it built once its flip to it returned: the
 	// manifest of a generation holding it lists every key keyswap wrote in
 	// it. It is no key of any generation (those start with their index's
 	// prefix and GenInfix).
@@ -131,8 +131,8 @@ func IsGenKey(key string) bool {
 
 // ManifestKey returns the key of the manifest of generation gen of the
 // index whose live key (or family prefix) is live: a set, in the
-// registry's slot, of keys of the generation that Apply wrote (in the step
-// of the writes), and ManifestListed, which a family's run adds after its
+// registry's slot, of keys of the generation that Apply and the flip's
+// tail wrote (in the step of the writes), and ManifestListed, which a family's run adds after its
 // flip to the generation. The run lists the keys it writes in ManifestListKey. Only a
 // family whose keys share the registry's slot (a standalone server, or a
 // prefix with a hash tag) has one.

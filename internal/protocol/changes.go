@@ -676,19 +676,20 @@ func Owns(key, owner string, family bool) bool {
 	return len(key) > len(owner)+1 && key[:len(owner)] == owner && key[len(owner)] == ':' && !keys.Reserved(key)
 }
 
-// badEntry describes entry e of log, which is not a change: why.
-func badEntry(log string, e int64, why error) error {
-	return fmt.Errorf("%w: %s, entry %d (LINDEX %d), is not a change keyswap logged: %w; every live key left unchanged", ErrTampered, log, e, e, why)
+// badEntry describes entry e of log, which is not a change: why; left
+// says what the refusal left unchanged.
+func badEntry(log string, e int64, why error, left string) error {
+	return fmt.Errorf("%w: %s, entry %d (LINDEX %d), is not a change keyswap logged: %w; %s", ErrTampered, log, e, e, why, left)
 }
 
 // foreignEntry describes entry e of l, which writes key, not one of its
-// builder's.
-func foreignEntry(l LogOffset, e int64, key string) error {
+// builder's; left says what the refusal left unchanged.
+func foreignEntry(l LogOffset, e int64, key, left string) error {
 	what := fmt.Sprintf("the key %q", l.Owner)
 	if l.Family {
 		what = fmt.Sprintf("the buckets of %q", l.Owner+":")
 	}
-	return fmt.Errorf("%w: %s, entry %d (LINDEX %d), writes %q, which is not one of the keys of its builder (%s); every live key left unchanged", ErrTampered, l.Key, e, e, key, what)
+	return fmt.Errorf("%w: %s, entry %d (LINDEX %d), writes %q, which is not one of the keys of its builder (%s); %s", ErrTampered, l.Key, e, e, key, what, left)
 }
 
 // CheckEntry checks ops, entry e of l, as the publish script does: every
@@ -697,7 +698,7 @@ func foreignEntry(l LogOffset, e int64, key string) error {
 func CheckEntry(l LogOffset, e int64, ops []Op) error {
 	for _, op := range ops {
 		if !Owns(op.Key, l.Owner, l.Family) {
-			return foreignEntry(l, e, op.Key)
+			return foreignEntry(l, e, op.Key, liveUnchanged)
 		}
 	}
 	return nil
@@ -705,4 +706,8 @@ func CheckEntry(l LogOffset, e int64, ops []Op) error {
 
 // BadEntry returns the error of entry e of log, which DecodeEntry refused
 // with err (not ErrFallingBehind): one matching [ErrTampered].
-func BadEntry(log string, e int64, err error) error { return badEntry(log, e, err) }
+func BadEntry(log string, e int64, err error) error { return badEntry(log, e, err, liveUnchanged) }
+
+// liveUnchanged is what a refusal of the catch-up or of the rename
+// publish leaves.
+const liveUnchanged = "every live key left unchanged"

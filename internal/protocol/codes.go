@@ -33,7 +33,7 @@ const (
 	codeAborted     = -17 // publish: {-17}: the operator cancelled the run
 	codeLogLost     = -18 // publish: {-18, i, llen, logged}: log i lost entries
 	codeUncounted   = -19 // publish: {-19, i, llen, logged}: log i holds entries nobody counted
-	codeBadRegistry = -21 // genalloc, genback, genapply, genlog: {-21, i, why}: index i's registry or pointer is in a state no run leaves
+	codeBadRegistry = -21 // genalloc, genback, genapply, genlog, flip: {-21, i, why}: index i's registry or pointer is in a state no run leaves
 	codeGenLost     = -20 // flip: {-20, i}: index i's registry no longer marks the run's generation as its; genapply: pointer i moved
 	codeWait        = -22 // genapply, genlog: {-22, i, pttl}: the run holding lock i is cutting over (its mark lasts pttl ms more)
 	codeRenamed     = 1   // publish, per target: renamed

@@ -141,7 +141,9 @@ type Flipped struct {
 // that each index's new generation is still the run's; then replays the
 // tail of the logs onto the new generations (see FlipOptions.Logs),
 // deletes the run's cut-over marks and points each index's pointer at its
-// new generation. The refusals are those of [Publisher.Publish], and a tail
+// new generation. The keys the tail writes in a family's new generation are
+// listed in its manifest (keys.ManifestKey), in the same step. The
+// refusals are those of [Publisher.Publish], and a tail
 // over the bounds is refused with a *BehindError, so that the run catches
 // up again. A flip whose reply was lost is settled from its receipt, as a
 // publish is.
@@ -168,6 +170,9 @@ func (r Generations) Flip(ctx context.Context, opts FlipOptions) (Flipped, error
 	ks = append(ks, keys.ReceiptKey(lockKeys[0]))
 	for _, l := range lockKeys {
 		ks = append(ks, keys.CutOverKey(l))
+	}
+	for i, l := range opts.Lives {
+		ks = append(ks, keys.ManifestKey(l, r.cluster, opts.Gens[i]))
 	}
 	if err := r.SameSlot(op, key, ks...); err != nil {
 		return Flipped{}, err
@@ -268,6 +273,9 @@ func newFlipRefusals() refusals[flipCall] {
 		}},
 		codeNotMeta: {flipLives, func(f flipCall, _ reply, i int64) error {
 			return fmt.Errorf("%w: %s is not a hash of keyswap's; every index left at its generation", ErrTampered, keys.MetaKey(f.Lives[i-1], f.cluster))
+		}},
+		codeBadRegistry: {flipLives, func(f flipCall, res reply, i int64) error {
+			return fmt.Errorf("%w: index %q: %s, a state no run leaves (written by hand?); every index left at its generation", ErrTampered, f.Lives[i-1], res.str(2))
 		}},
 	}, func(f flipCall) fence { return fence{f.Locks, f.Batches, f.Logs} }, "flip; every index left at its generation"),
 		func(f flipCall) []LogOffset { return f.Logs }, "every index left at its generation")

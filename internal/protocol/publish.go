@@ -439,8 +439,8 @@ func newPublishRefusals() refusals[PublishOptions] {
 		codeNotMeta: {func(o PublishOptions) int { return len(o.Metas) }, func(o PublishOptions, _ reply, i int64) error {
 			return fmt.Errorf("%q, where keyswap keeps the generation of an index, is a key of another kind or content; rename it (keyswap keeps \"<key>:rebuild-gen\" next to every index it publishes)", o.Metas[i-1])
 		}},
-	}, func(o PublishOptions) fence { return fence{o.Locks, o.Batches, o.Logs} }, "publish; every live key left unchanged"),
-		func(o PublishOptions) []LogOffset { return o.Logs }, "every live key left unchanged")
+	}, func(o PublishOptions) fence { return fence{o.Locks, o.Batches, o.Logs} }, "publish; "+liveUnchanged),
+		func(o PublishOptions) []LogOffset { return o.Logs }, liveUnchanged)
 }
 
 // tailArgs appends to args what lib/tail.lua reads of logs, five per log
@@ -476,11 +476,11 @@ func withTail[O any](t refusals[O], of func(o O) []LogOffset, left string) refus
 	}}
 	t[codeBadLog] = refused[O]{logs, func(o O, res reply, i int64) error {
 		e, _ := res.int(2)
-		return badEntry(of(o)[i-1].Key, e, errors.New(res.str(3)))
+		return badEntry(of(o)[i-1].Key, e, errors.New(res.str(3)), left)
 	}}
 	t[codeNotTheRuns] = refused[O]{logs, func(o O, res reply, i int64) error {
 		e, _ := res.int(2)
-		return foreignEntry(of(o)[i-1], e, res.str(3))
+		return foreignEntry(of(o)[i-1], e, res.str(3), left)
 	}}
 	t[codeWrongType] = refused[O]{nil, func(_ O, res reply, _ int64) error {
 		return fmt.Errorf("a change applied during the run cannot be replayed: %q holds a %s; %s", res.str(1), res.str(2), left)

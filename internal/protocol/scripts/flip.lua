@@ -10,8 +10,10 @@
 --   L locks; L records (one per lock, the run's); 1 requests (the
 --   operator's, next to the first lock); L logs (the logs of changes of
 --   the locks); then N triples per index: its pointer, its registry, its
---   meta; 1 receipt; and L cut-over marks (keys.CutOverKey of each lock),
---   which the flip deletes when they hold the token.
+--   meta; 1 receipt; L cut-over marks (keys.CutOverKey of each lock),
+--   which the flip deletes when they hold the token; and N manifests
+--   (keys.ManifestKey of each index's new generation), in which the flip
+--   lists the keys of a family its tail writes.
 -- ARGV[1]   the token
 -- ARGV[2]   L
 -- ARGV[3]   N
@@ -39,7 +41,11 @@
 -- i's), before the pointers move, with the code publish.lua replays its
 -- tail with (lib/tail.lua): so that a steady stream of Apply never starves
 -- the flip. A tail over the bounds is refused with BEHIND, and the run
--- catches up again.
+-- catches up again. The keys the tail writes in a family's new generation
+-- are added to its manifest's set in the same step, as genapply.lua adds
+-- those it writes (changes.manifests): with the run's list, the manifest
+-- then holds every key of the generation, whether the flip replayed a tail
+-- or not.
 --
 -- Returns {OK, m1..mN, k1, r.., k2, r.., ..., c}: flipped; mi the new
 --           meta generation of index i; ki the number of generations
@@ -61,6 +67,8 @@
 --         {GEN_LOST, i}: the registry of index i no longer marks its new
 --                  generation as built by this run.
 --         {NOT_META, i}: meta i is another key.
+--         {BAD_REGISTRY, i, why}: manifest i, in which the tail's keys of
+--                  index i are to be listed, is not a set.
 -- On every reply but {OK, ...} nothing was written.
 -- #include keys
 -- #include remove
@@ -72,6 +80,7 @@ local batches, keep, now, receiptTTL = ARGV[4], ARGV[5] == '1', ARGV[6], ARGV[7]
 local locks, records, ctl, logs, indexes = 0, L, 2 * L, 2 * L + 1, 3 * L + 1
 local receipt = KEYS[indexes + 3 * N + 1]
 local marks = indexes + 3 * N + 1
+local manifests = marks + L
 local function gen(i) return ARGV[7 + i] end
 local function logArg(i, j) return ARGV[7 + N + 5 * (i - 1) + j] end
 local maxEntries, maxWork = tonumber(ARGV[8 + N + 5 * L]), tonumber(ARGV[9 + N + 5 * L])
@@ -79,12 +88,17 @@ local maxEntries, maxWork = tonumber(ARGV[8 + N + 5 * L]), tonumber(ARGV[9 + N +
 -- The fence (lib/fence.lua), as publish.lua runs it.
 local refusal = fence.run(token, locks, L, records, L, batches ~= '' and batches or nil, KEYS[ctl + 1])
 if refusal then return refusal end
--- The tails (lib/tail.lua), log i's onto index i's new generation.
+-- The tails (lib/tail.lua), log i's onto index i's new generation; a
+-- family's keys are noted for its manifest.
+local listed = changes.manifests()
 local tailOps, replayed = tail.read(L, function(i)
   return KEYS[logs + i], KEYS[records + i], tonumber(logArg(i, 1)), tonumber(logArg(i, 2)),
     tonumber(logArg(i, 3)), logArg(i, 4), logArg(i, 5) == '1'
 end, maxEntries, maxWork, function(i, key)
-  return keyshapes.gen(key, logArg(i, 4), logArg(i, 5) == '1', gen(i))
+  local family = logArg(i, 5) == '1'
+  local k = keyshapes.gen(key, logArg(i, 4), family, gen(i))
+  if family then listed.add(i, k) end
+  return k
 end, function() return {} end)
 if not tailOps then return replayed end
 -- The server's clock, in milliseconds, read before any write (a TIME the
@@ -104,6 +118,11 @@ for i = 1, N do
   if not fence.meta(meta) then
     return {NOT_META, i}
   end
+  local why, r = listed.unfit(i, KEYS[manifests + i])
+  if r then return r end
+  if why then
+    return {BAD_REGISTRY, i, why}
+  end
 end
 
 -- The run's cut-over marks (Apply waits while one is set) go first: a DEL
@@ -115,6 +134,9 @@ for i = 1, L do
   end
 end
 changes.runAll(tailOps)
+for i = 1, N do
+  listed.list(i, KEYS[manifests + i])
+end
 local out, retired = {OK}, {}
 for i = 1, N do
   local ptr, reg, meta = KEYS[indexes + 3 * i - 2], KEYS[indexes + 3 * i - 1], KEYS[indexes + 3 * i]

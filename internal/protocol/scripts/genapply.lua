@@ -35,7 +35,8 @@
 --                   args, the args
 --
 -- Returns {OK, l1..ln}: applied; li as apply.lua returns them.
---         {NO_RIGHT, cmd, key}, {UNKNOWN_CMD, cmd}: refused; nothing written.
+--         {NO_RIGHT, cmd, key}, {UNKNOWN_CMD, cmd}: refused (an op, or the
+--           SADD to a manifest); nothing written.
 --         {WRONG_TYPE, key, type}: key holds a type the op cannot write.
 --         {UNLOGGED, i, why, detail}, {NOT_THE_RUNS, i, key, owner}: lock i
 --           is held by a run that does not log this change (see
@@ -52,12 +53,11 @@
 -- #include remove
 -- #include changes
 local n, bound, count = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local listed = {}
+local listed = changes.manifests()
 local ops, perLock = changes.parse(count, 4 + 2 * n, function(at)
   local i, key = tonumber(ARGV[at]), KEYS[7 * n + tonumber(ARGV[at + 1])]
   if ARGV[3 + n + i] == '1' and ARGV[3 + i] ~= '0' then
-    listed[i] = listed[i] or {}
-    table.insert(listed[i], key)
+    listed.add(i, key)
   end
   return i, key, ARGV[at + 2], at + 3
 end)
@@ -80,15 +80,16 @@ for i = 1, n do
   if why then
     return {BAD_REGISTRY, i, why}
   end
-  local kind = listed[i] and redis.call('TYPE', KEYS[6 * n + i])['ok']
-  if kind and kind ~= 'set' and kind ~= 'none' then
-    return {BAD_REGISTRY, i, 'its generation\'s manifest ' .. KEYS[6 * n + i] .. ' is a ' .. kind}
+  why, r = listed.unfit(i, KEYS[6 * n + i])
+  if r then return r end
+  if why then
+    return {BAD_REGISTRY, i, why}
   end
 end
 changes.runAll(ops)
 -- The removal of a generation whose manifest its run marked listed reads
 -- the manifest rather than SCANning: every key written in it is listed.
 for i = 1, n do
-  if listed[i] then redis.call('SADD', KEYS[6 * n + i], unpack(listed[i])) end
+  listed.list(i, KEYS[6 * n + i])
 end
 return changes.logEach(n, logging, perLock, bound)

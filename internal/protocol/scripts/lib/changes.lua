@@ -236,6 +236,44 @@ function changes.notCurrent(reg, g)
   end
 end
 
+-- manifests lists keys in the manifests of generations (genapply.lua,
+-- which writes a change on the current generation's keys, and flip.lua,
+-- which replays the tail onto the new generation's): the removal of a
+-- generation whose run marked its manifest listed reads the manifest
+-- rather than SCANning, so every key written in it must be listed, in the
+-- step of the write. add(i, key) notes key, written in the generation of
+-- index i; unfit(i, manifest) returns why manifest, index i's, cannot list
+-- the keys noted for it (not a set, or a SADD this user may not run), or
+-- nil, checked before the first write; list(i, manifest) adds them.
+function changes.manifests()
+  local noted, seen = {}, {}
+  local m = {}
+  function m.add(i, key)
+    noted[i], seen[i] = noted[i] or {}, seen[i] or {}
+    if not seen[i][key] then
+      seen[i][key] = true
+      table.insert(noted[i], key)
+    end
+  end
+  function m.unfit(i, manifest)
+    if not noted[i] then return nil end
+    local r = changes.refused('SADD', manifest, 'x')
+    if r then return nil, r end
+    local kind = redis.call('TYPE', manifest)['ok']
+    if kind ~= 'set' and kind ~= 'none' then
+      return 'its generation\'s manifest ' .. manifest .. ' is a ' .. kind
+    end
+  end
+  function m.list(i, manifest)
+    local ks = noted[i] or {}
+    -- In chunks: unpack is bounded by Lua's stack.
+    for at = 1, #ks, 1000 do
+      redis.call('SADD', manifest, unpack(ks, at, math.min(at + 999, #ks)))
+    end
+  end
+  return m
+end
+
 -- canLog returns why this user may not log a change for the run holding
 -- lock (its record, its log), or nil: checked before the first write.
 function changes.canLog(lock, record, log, mark)
