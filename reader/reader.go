@@ -54,13 +54,27 @@ type Options struct {
 	// generation it still uses removed (the typed reads then recheck the
 	// pointer, at one more round trip). Negative is an error.
 	CacheTTL time.Duration
+	// Group is the group of the indexes the reader reads, as the writer
+	// names it (rebuild.Options.Group): their pointers hang off
+	// "{" + Group + "}:rebuild-group:" + the index's key. A reader reads the indexes of
+	// one group, or those of no group when Group is empty. A reader with
+	// the wrong group, or none, finds no pointer and reads the keys in the
+	// rename-in-place shape: give every reader the group before the first
+	// run with it. A group with a '{' or '}' is an error matching
+	// ErrBadGroup.
+	Group string
 }
+
+// ErrBadGroup reports an Options.Group that cannot be a group: one holding
+// a '{' or '}'. rebuild.New's error for such an Options.Group, or for a
+// Group in RenameInPlace mode, matches it too.
+var ErrBadGroup = keys.ErrBadGroup
 
 // Reader finds and reads the current data keys of indexes. It is safe for
 // concurrent use. Create it with [New].
 type Reader struct {
 	client  rueidis.Client
-	cluster bool
+	cluster keys.Names // the shapes of the pointers, and their group
 	ttl     time.Duration
 	cached  atomic.Int32 // cacheUnknown, cacheOn or cacheOff
 	// noMulti is set once the server refused the MULTI of a cached read:
@@ -99,8 +113,9 @@ const (
 // New returns a Reader that reads through client. Key shapes follow
 // client.Mode(), as the writer's do: the pointer hangs off the index's key
 // on a standalone server (and through a sentinel), and off a key in the
-// index's slot on a cluster. New sends nothing; it fails on a nil client or
-// a negative CacheTTL.
+// index's slot on a cluster, or off the group's tag (Options.Group). New
+// sends nothing; it fails on a nil client, a negative CacheTTL or a bad
+// Group.
 func New(client rueidis.Client, opts Options) (*Reader, error) {
 	if client == nil {
 		return nil, &Error{Op: "new", Err: errors.New("nil rueidis.Client")}
@@ -108,11 +123,16 @@ func New(client rueidis.Client, opts Options) (*Reader, error) {
 	if opts.CacheTTL < 0 {
 		return nil, &Error{Op: "new", Err: fmt.Errorf("negative Options.CacheTTL %v", opts.CacheTTL)}
 	}
+	if opts.Group != "" {
+		if err := keys.CheckGroup(opts.Group); err != nil {
+			return nil, &Error{Op: "new", Err: err}
+		}
+	}
 	ttl := opts.CacheTTL
 	if ttl == 0 {
 		ttl = DefaultCacheTTL
 	}
-	return &Reader{client: client, cluster: client.Mode() == rueidis.ClientModeCluster, ttl: ttl}, nil
+	return &Reader{client: client, cluster: keys.Names{Cluster: client.Mode() == rueidis.ClientModeCluster, Group: opts.Group}, ttl: ttl}, nil
 }
 
 // Cached reports whether the reader's last resolve of a pointer went

@@ -22,7 +22,7 @@ import (
 type slotCounters struct {
 	redis   *protocol.Redis
 	runKey  string // the run's, for errors
-	base    string // the run's first index: the counters are named after it
+	base    string // the lock base of the run's first index: the counters are named after it
 	gen     int64  // the generation the run builds of it
 	ttlSecs int64  // the lease, in seconds: the counters live twice as long
 	logger  *slog.Logger
@@ -35,7 +35,7 @@ type slotCounters struct {
 // generations gens (one per builder).
 func newSlotCounters(r *core, gens []int64) *slotCounters {
 	return &slotCounters{
-		redis: r.redis, runKey: r.key, base: r.lives[0], gen: gens[0], ttlSecs: r.ttlSecs, logger: r.opts.Logger,
+		redis: r.redis, runKey: r.key, base: keys.Base(r.lives[0], r.redis.Names()), gen: gens[0], ttlSecs: r.ttlSecs, logger: r.opts.Logger,
 		counts: map[uint16]int64{},
 	}
 }

@@ -221,8 +221,8 @@
 // writes a change to the current generation and, while a run is in
 // progress, logs it for the run, which replays it onto its own generation;
 // the flip replays the last changes itself where the run's keys share its
-// locks' slot, and elsewhere (on a cluster, a family without a hash tag)
-// the run cuts over, holding Apply back for a few milliseconds while it
+// locks' slot, and elsewhere (on a cluster, a family without a hash tag,
+// or the indexes of a group) the run cuts over, holding Apply back for a few milliseconds while it
 // drains its log and flips (see Apply). On a
 // cluster the writes of a run in this mode go on the client's shared
 // connections, not on a connection of their own.
@@ -237,6 +237,23 @@
 // the plain keys; back to RenameInPlace, run in that mode: its publish
 // deletes the pointer in the same script as it renames the plain keys into
 // place, and retires the generations, which a later Sweep removes.
+//
+// # Groups
+//
+// On Redis Cluster a run flips the pointers of all its indexes in one
+// script, so without more they share a hash slot: their keys' own, which a
+// common hash tag then pins their data to as well. Options.Group (in
+// Generations mode) puts the Rebuilder's indexes in a group instead: every
+// control key of each index (its lock, run record, log of changes,
+// requests, meta, pointer and registry) hangs off
+// "{<group>}:rebuild-group:<key>", in the group's slot, while the data keys
+// keep the index's name and spread over every master. Readers give the same
+// group (reader.Options.Group), and so does the CLI (keyswap rollback
+// --group, keyswap status --group --index); a reader without it finds no
+// pointer and reads the plain shape. A run with a group refuses an index
+// that still has a pointer of its own, from runs without the group
+// ([ErrGroupConflict]): move such an index through the rename-in-place
+// shape, or build it under a new key. See docs/generations.md, "Groups".
 //
 // # Safe publishing
 //

@@ -213,7 +213,7 @@ func (x *runState) discardGen(ctx context.Context) {
 
 // genIndex returns the gens.Index of the run's index i.
 func (r *core) genIndex(i int) gens.Index {
-	return gens.Index{Live: r.lives[i], Family: r.owners[i].family}
+	return gens.Index{Live: r.lives[i], Family: r.owners[i].family, Group: r.opts.Group}
 }
 
 // buckets returns, per builder, the buckets of a family the run wrote, in

@@ -48,3 +48,44 @@ func BenchmarkGenerationsApplyCluster(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkGenerationsGroupCluster measures one run of two indexes of one
+// Rebuilder in Generations mode on the package's 3-master cluster (a hash
+// of 50,000 fields and a SetIndex of 50,000 members in 1,000 buckets):
+// "one-slot" (a common hash tag, so every key of both indexes is on one
+// master) against "group" (Options.Group: the control keys share the
+// group's slot, and the data keys spread over the 3 masters; C100). Run:
+//
+//	go test -run '^$' -bench BenchmarkGenerationsGroupCluster -benchtime 3x ./rebuild/
+func BenchmarkGenerationsGroupCluster(b *testing.B) {
+	const n = 50000
+	us := genUsers(n, 1000)
+	for _, shape := range []string{"one-slot", "group"} {
+		b.Run(shape, func(b *testing.B) {
+			ctx := b.Context()
+			c := env.Cluster.Client(b)
+			p := redistest.Prefix(b)
+			opts := rebuild.Options{Publish: rebuild.Generations, Grace: -1}
+			if shape == "group" {
+				opts.Group = p
+			} else {
+				p = "{" + p + "}"
+			}
+			r, err := rebuild.New(c, opts,
+				builders.Hash(p+"users:by-email", func(u user) (string, string, bool) { return u.Email, u.ID, true }),
+				builders.SetIndex(p+"users:by-bucket", func(u user) (string, string, bool) { return u.Country, u.ID, true }))
+			if err != nil {
+				b.Fatal(err)
+			}
+			for b.Loop() {
+				if _, err := r.Run(ctx, sources.Slice(us)); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(n*b.N)/b.Elapsed().Seconds(), "items/s")
+			if _, err := r.Sweep(ctx); err != nil {
+				b.Fatal(err)
+			}
+		})
+	}
+}

@@ -113,7 +113,9 @@ func (r *Rebuilder[T]) Sweep(ctx context.Context) (SweepStats, error) {
 // runs (the switch back): the chunks after it are refused. The other
 // indexes are dropped still, and the errors joined. On a cluster a family
 // without a hash tag never had plain keys (RenameInPlace needs the tag),
-// and nothing is looked for.
+// and nothing is looked for; the plain keys of an index of a group
+// (Options.Group) outside the group's slot fail it, nothing of them
+// deleted, since no step can check the pointer and delete them together.
 func (r *Rebuilder[T]) DropPlain(ctx context.Context) (SweepStats, error) {
 	stats := SweepStats{Indexes: map[string]IndexSweep{}}
 	var errs []error

@@ -124,19 +124,20 @@ func (x *writer) listing(cb rueidis.Builder, ws []*target, slot int) rueidis.Com
 	}
 	var cmds rueidis.Commands
 	for _, b := range slices.Sorted(maps.Keys(byBuilder)) {
-		l := keys.ManifestListKey(r.owners[b].key, r.redis.Cluster(), x.gen.gens[b])
+		l := keys.ManifestListKey(r.owners[b].key, r.redis.Names(), x.gen.gens[b])
 		cmds = append(cmds, cb.Rpush().Key(l).Element(byBuilder[b]...).Build())
 	}
 	return cmds
 }
 
 // listed reports whether builder b of the run has a manifest in slot (any
-// slot when slot < 0): a family whose keys share its registry's slot.
+// slot when slot < 0): a family whose keys share its registry's slot
+// (keys.SameSlot).
 func (g *generations) listed(r *core, b, slot int) bool {
-	m := keys.ManifestKey(r.owners[b].key, r.redis.Cluster(), g.gens[b])
-	if _, tagged := keys.HashTag(r.owners[b].key); r.redis.Cluster() && !tagged {
-		return false
+	if !keys.SameSlot(r.owners[b].key, r.redis.Names()) {
+		return false // spread over a cluster's slots, or in a group
 	}
+	m := keys.ManifestKey(r.owners[b].key, r.redis.Names(), g.gens[b])
 	return slot < 0 || int(keys.Slot(m)) == slot
 }
 
@@ -156,7 +157,7 @@ func (g *generations) vouch(ctx context.Context, r *core) {
 	var sets []string
 	for b, o := range r.owners {
 		if o.family && g.listed(r, b, -1) {
-			m := keys.ManifestKey(o.key, r.redis.Cluster(), g.gens[b])
+			m := keys.ManifestKey(o.key, r.redis.Names(), g.gens[b])
 			sets = append(sets, m)
 			cmds = append(cmds, cb.Sadd().Key(m).Member(keys.ManifestListed).Build())
 		}

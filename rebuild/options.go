@@ -241,6 +241,21 @@ type Options struct {
 	// positive, keeps the previous generation until the next flip,
 	// whatever its length.
 	Publish PublishMode
+	// Group, in Generations mode, puts the Rebuilder's indexes in a group
+	// of that name: the control keys of every index (its lock, run record,
+	// log of changes, requests, meta, pointer and registry) hang off
+	// "{" + Group + "}:rebuild-group:" + its key, so that they share the group's hash
+	// slot whatever the keys' names, while the data keys of its
+	// generations keep the key's own name and, on a cluster, spread over
+	// every master. Several indexes of one run then need no common hash
+	// tag. Readers must name the same group (reader.Options.Group), and so
+	// must the CLI (--group). Empty means no group: each index's control
+	// keys hang off its own key, and on a cluster the keys of a run must
+	// share a hash slot. A group with a '{' or '}', or a Group in
+	// RenameInPlace mode (a rename needs the lock and the data in one
+	// slot), is an error of New that names the problem and matches
+	// reader.ErrBadGroup.
+	Group string
 	// Grace, in Generations mode, is how long a generation a flip retired
 	// stays readable before the run removes it: longer than the time a
 	// reader caches an index's pointer. Zero means the default, 10 s; negative

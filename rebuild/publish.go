@@ -55,13 +55,11 @@ func (x *runState) newPublisher() *publisher {
 }
 
 // spreads reports whether the keys of r's indexes in a generation may
-// leave their locks' slot: on a cluster, when one of them has no hash tag.
+// leave their locks' slot: on a cluster, when one of them has no hash tag,
+// or in a group, whose locks hang off the group's tag.
 func (r *core) spreads() bool {
-	if !r.redis.Cluster() {
-		return false
-	}
 	for _, l := range r.lives {
-		if _, tagged := keys.HashTag(l); !tagged {
+		if !keys.SameSlot(l, r.redis.Names()) {
 			return true
 		}
 	}

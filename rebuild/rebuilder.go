@@ -64,7 +64,7 @@ func New[T any](client rueidis.Client, opts Options, builders ...index.Builder[T
 			panic(fmt.Sprintf("keyswap: rebuild.New: builder %d is nil", i))
 		}
 	}
-	r := &Rebuilder[T]{core: core{redis: protocol.New(client, opts.Logger), opts: opts}, builders: builders}
+	r := &Rebuilder[T]{core: core{redis: protocol.NewInGroup(client, opts.Group, opts.Logger), opts: opts}, builders: builders}
 	r.opts.Logger = r.redis.Logger()
 	if err := r.configure(); err != nil {
 		return nil, err
@@ -131,7 +131,7 @@ func (r *Rebuilder[T]) checkCounts(bad func(string, ...any) error) error {
 	case o.Publish != RenameInPlace && o.Publish != Generations:
 		return bad("Publish %v: must be RenameInPlace or Generations", o.Publish)
 	}
-	return nil
+	return checkGroup(o, bad)
 }
 
 // addOwners sets what a run knows of each builder, the run's order, and
@@ -241,6 +241,10 @@ func (r *Rebuilder[T]) checkSlots(bad func(string, ...any) error) error {
 			return bad("family prefix %q has no hash tag, so on Redis Cluster its buckets would spread over many hash slots and could not be published atomically; put the part that must stay together in braces, e.g. %q",
 				o.key, "{"+o.key+"}")
 		}
+	}
+	if r.opts.Group != "" {
+		// Every control key hangs off the group's tag.
+		return nil
 	}
 	first := r.owners[0].key
 	for _, o := range r.owners[1:] {

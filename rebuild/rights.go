@@ -36,7 +36,7 @@ func (r *core) checks(ts *targets, held bool) []protocol.Check {
 	// Commands without keys: the transactions of batches and catch-ups,
 	// and the SCAN of a family's live buckets.
 	add("", "MULTI", "EXEC")
-	cluster := r.redis.Cluster()
+	cluster := r.redis.Names()
 	first := r.lockKeys[0]
 	for i, l := range r.lockKeys {
 		rec, log := keys.RecordKey(l), keys.LogKey(l)
@@ -100,7 +100,7 @@ func (r *core) checks(ts *targets, held bool) []protocol.Check {
 		add(r.lockKeys[i], "TYPE")
 		add(temp, "UNLINK")
 		add("", "SCAN", "TIME")
-		if r.owners[i].family {
+		if r.owners[i].family && keys.SameSlot(r.lives[i], cluster) {
 			// The generation's manifest: the writes add to it, the removal
 			// reads it, and deletes its chunks in WATCH ... EXEC.
 			add(keys.ManifestKey(r.lives[i], cluster, 0), "SADD", "SISMEMBER", "SSCAN", "UNLINK")
@@ -109,10 +109,10 @@ func (r *core) checks(ts *targets, held bool) []protocol.Check {
 			add("", "MULTI", "EXEC", "UNWATCH")
 		}
 	}
-	if r.opts.Publish == Generations && cluster {
+	if r.opts.Publish == Generations && cluster.Cluster {
 		// The per-slot counters of the run's writes (the slot does not
 		// change the rights an ACL pattern grants).
-		add(keys.CounterKey(r.lives[0], 0, 0), "INCR", "EXPIRE", "GET", "UNLINK")
+		add(keys.CounterKey(keys.Base(r.lives[0], cluster), 0, 0), "INCR", "EXPIRE", "GET", "UNLINK")
 	}
 	return c
 }

@@ -121,13 +121,15 @@ func newGenStatus(snap gens.Snapshot, grace time.Duration) *genStatus {
 	return g
 }
 
-// readGenStatus reads the registry and pointer of the index live with
-// gens.Read, one script in the index's slot. It returns nil for an index
+// readGenStatus reads the registry and pointer of the index idx (in its
+// group, if any) with gens.Read, one script in the index's slot. It
+// returns nil for an index
 // that has neither, and a genStatus with Corrupt set for one whose
 // registry or pointer is corrupt, or whose read Redis refused (an ACL
 // without EVALSHA, say), so that status goes on with the other indexes.
-func readGenStatus(ctx context.Context, client rueidis.Client, live string, grace time.Duration) (*genStatus, error) {
-	snap, err := gens.Read(ctx, client, gens.Index{Live: live})
+func readGenStatus(ctx context.Context, client rueidis.Client, idx gens.Index, grace time.Duration) (*genStatus, error) {
+	live := idx.Live
+	snap, err := gens.Read(ctx, client, idx)
 	if err != nil {
 		if _, redisErr := rueidis.IsRedisErr(err); redisErr || errors.Is(err, gens.ErrCorrupt) {
 			return &genStatus{Corrupt: err.Error(), Retired: []retiredGen{}, Building: []buildingGen{}}, nil
@@ -140,11 +142,12 @@ func readGenStatus(ctx context.Context, client rueidis.Client, live string, grac
 	return newGenStatus(snap, grace), nil
 }
 
-// hasGenKeys returns, for each of lives, whether its pointer or its
-// registry exists, with one pipelined EXISTS each: status of one key reads
-// the registry (with a script) only for an index that has one.
-func hasGenKeys(ctx context.Context, client rueidis.Client, lives []string) ([]bool, error) {
-	cluster := client.Mode() == rueidis.ClientModeCluster
+// hasGenKeys returns, for each of lives (indexes of group, none when
+// empty), whether its pointer or its registry exists, with one pipelined
+// EXISTS each: status of one key reads the registry (with a script) only
+// for an index that has one.
+func hasGenKeys(ctx context.Context, client rueidis.Client, group string, lives []string) ([]bool, error) {
+	cluster := namesOf(client, group)
 	ks := make([]string, 0, 2*len(lives))
 	for _, l := range lives {
 		ks = append(ks, keys.PointerKey(l, cluster), keys.RegistryKey(l, cluster))
@@ -173,7 +176,7 @@ func addGenerations(ctx context.Context, client rueidis.Client, idx []indexStatu
 		if !withGens[i] {
 			continue
 		}
-		g, err := readGenStatus(ctx, client, idx[i].Key, grace)
+		g, err := readGenStatus(ctx, client, gens.Index{Live: idx[i].Key, Group: idx[i].Group}, grace)
 		if err != nil {
 			return err
 		}
@@ -306,4 +309,10 @@ func joinOr(ss []string, none string) string {
 		return none
 	}
 	return strings.Join(ss, ", ")
+}
+
+// namesOf returns how the control keys of indexes in group (none when
+// empty) are named on client's deployment.
+func namesOf(client rueidis.Client, group string) keys.Names {
+	return keys.Names{Cluster: client.Mode() == rueidis.ClientModeCluster, Group: group}
 }

@@ -24,6 +24,10 @@ type indexStatus struct {
 	// Key is the live key, or a family's prefix: what 'keyswap rollback'
 	// takes. MetaKey is its meta.
 	Key, MetaKey string
+	// Group is the index's group (rebuild.Options.Group), found in the
+	// name of its meta, registry or pointer (keys.ParseGroupBase); empty
+	// for an index of its own.
+	Group string
 	// Generation is nil when the index was never published (it has no
 	// meta): only 'status <key>' shows such an index.
 	Generation *generation
@@ -145,8 +149,12 @@ func describeIndexes(ctx context.Context, client rueidis.Client, metas, genKeys 
 		if !held[lock] {
 			lock = ""
 		}
-		out = append(out, indexStatus{Key: indexKey(ks[i], metas[ks[i]], cluster), MetaKey: ks[i], Generation: &g,
-			LockKey: lock, Rollback: rollbackOf(&g, lock, now)})
+		ix := indexStatus{Key: indexKey(ks[i], metas[ks[i]], cluster), MetaKey: ks[i], Generation: &g,
+			LockKey: lock, Rollback: rollbackOf(&g, lock, now)}
+		if group, live, ok := groupOf(metas[ks[i]]); ok {
+			ix.Key, ix.Group = live, group
+		}
+		out = append(out, ix)
 	}
 	// The indexes in Generations mode: their bases, and those without a
 	// meta of keyswap's, by the registry's or the pointer's name.
@@ -163,16 +171,20 @@ func describeIndexes(ctx context.Context, client rueidis.Client, metas, genKeys 
 		if listed[base] {
 			continue
 		}
-		keyOf := keys.RegistryKey
+		keyOf := keys.RegistryKey[bool]
 		if strings.HasSuffix(k, keys.PointerSuffix) {
 			keyOf = keys.PointerKey
 		}
 		live := liveOf(k, base, cluster, keyOf)
+		var group string
+		if g, l, ok := groupOf(base); ok {
+			live, group = l, g
+		}
 		lock := keys.LockKeyForBase(base)
 		if !held[lock] {
 			lock = ""
 		}
-		out = append(out, indexStatus{Key: live, MetaKey: keys.MetaKey(live, cluster), LockKey: lock, Rollback: rollbackOf(nil, lock, now)})
+		out = append(out, indexStatus{Key: live, Group: group, MetaKey: keys.MetaKey(live, namesOf(client, group)), LockKey: lock, Rollback: rollbackOf(nil, lock, now)})
 	}
 	slices.SortFunc(out, func(a, b indexStatus) int {
 		return cmp.Or(strings.Compare(a.Key, b.Key), strings.Compare(a.MetaKey, b.MetaKey))
@@ -181,7 +193,7 @@ func describeIndexes(ctx context.Context, client rueidis.Client, metas, genKeys 
 	for i, ix := range out {
 		base, ok := metas[ix.MetaKey]
 		if !ok {
-			base = keys.Base(ix.Key, cluster)
+			base = keys.Base(ix.Key, namesOf(client, ix.Group))
 		}
 		withGens[i] = genBases[base]
 	}
@@ -189,4 +201,24 @@ func describeIndexes(ctx context.Context, client rueidis.Client, metas, genKeys 
 		return nil, err
 	}
 	return out, nil
+}
+
+// name returns the index's key for the output, with its group if any.
+func (ix indexStatus) name() string {
+	if ix.Group == "" {
+		return displayKey(ix.Key)
+	}
+	return displayKey(ix.Key) + " (group " + displayKey(ix.Group) + ")"
+}
+
+// groupOf returns the group and the index of base when base is that of an
+// index in a group (keys.ParseGroupBase) naming a key keyswap rebuilds: a
+// name read from the keyspace is checked before it is trusted, and one
+// that fails is shown as it is.
+func groupOf(base string) (group, live string, ok bool) {
+	group, live, ok = keys.ParseGroupBase(base)
+	if !ok || keys.CheckGroup(group) != nil || live == "" || keys.Reserved(live) {
+		return "", "", false
+	}
+	return group, live, true
 }

@@ -39,6 +39,12 @@ refused, changing nothing. It prints each index's current and previous
 generation, and -json adds to each key "mode": "generations" and its
 "generations", as 'keyswap status -json' gives them.
 
+Indexes of a group (rebuild.Options.Group) are named by their keys and
+the group, given with --group: their pointers, registries, metas and
+locks hang off "{<group>}:rebuild-group:<key>". Without --group, such an
+index has no pointer of its own and is taken for one in the
+rename-in-place shape.
+
 Whether an index is a family is read from its meta ("<key>:rebuild-gen"),
 which every publish writes. The indexes of one rollback must be published
 together (one rebuild.Rebuilder), or at least share a hash slot on a
@@ -85,12 +91,18 @@ func (c *cli) rollback(ctx context.Context, args []string) error {
 	fs := newFlagSet("rollback")
 	conn := addConnFlags(fs)
 	asJSON := fs.Bool("json", false, "print one JSON object (described above) instead of a table")
+	group := fs.String("group", "", "the `group` of the indexes, as rebuild.Options.Group names it (Generations mode)")
 	lives, err := c.parse(fs, args, rollbackUsage)
 	if err != nil {
 		return err
 	}
 	if len(lives) == 0 {
 		return usagef("want at least one key")
+	}
+	if *group != "" {
+		if err := keys.CheckGroup(*group); err != nil {
+			return usagef("--group: %v", err)
+		}
 	}
 	client, err := c.connect(ctx, conn)
 	if err != nil {
@@ -99,18 +111,18 @@ func (c *cli) rollback(ctx context.Context, args []string) error {
 	defer client.Close()
 
 	what := strings.Join(lives, ", ")
-	before, err := readGenerations(ctx, client, lives)
+	before, err := readGroupGenerations(ctx, client, *group, lives)
 	if err != nil {
 		return fmt.Errorf("rollback %s: %w", what, err)
 	}
-	pointers, err := hasPointers(ctx, client, lives)
+	pointers, err := hasPointers(ctx, client, *group, lives)
 	if err != nil {
 		return fmt.Errorf("rollback %s: %w", what, err)
 	}
 	gen := slices.Contains(pointers, true)
 	if i := slices.Index(pointers, false); gen && i >= 0 {
 		return fmt.Errorf("rollback %s: %s is in the rename-in-place shape (no pointer, %s) and %s in Generations mode: one rollback flips indexes of one mode; roll them back separately; nothing changed",
-			what, displayKey(lives[i]), displayKey(keys.PointerKey(lives[i], client.Mode() == rueidis.ClientModeCluster)), displayKey(lives[slices.Index(pointers, true)]))
+			what, displayKey(lives[i]), displayKey(keys.PointerKey(lives[i], namesOf(client, *group))), displayKey(lives[slices.Index(pointers, true)]))
 	}
 	families := make([]string, len(lives))
 	for i, g := range before {
@@ -119,12 +131,12 @@ func (c *cli) rollback(ctx context.Context, args []string) error {
 			families[i] = g.FamilyType // "" for a plain key
 		case !gen:
 			return fmt.Errorf("rollback %s: %w: keyswap never published it (it has no meta, %s); nothing changed",
-				displayKey(lives[i]), krun.ErrNothingToRollBack, displayKey(metaKey(client, lives[i])))
+				displayKey(lives[i]), krun.ErrNothingToRollBack, displayKey(keys.MetaKey(lives[i], namesOf(client, *group))))
 		}
 	}
 	// In Generations mode a rollback is a flip back of each pointer: no
 	// data key moves, so MaxKeys does not bind.
-	rr := krun.New(client, nil)
+	rr := krun.NewInGroup(client, *group, nil)
 	rollback := rr.Publisher.Rollback
 	if gen {
 		rollback = rr.Generations.GenRollback
@@ -139,7 +151,7 @@ func (c *cli) rollback(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	after, err := readGenerations(ctx, client, lives)
+	after, err := readGroupGenerations(ctx, client, *group, lives)
 	if err != nil {
 		return fmt.Errorf("rolled back %s, but reading the generations failed: %w", what, err)
 	}
@@ -149,7 +161,7 @@ func (c *cli) rollback(ctx context.Context, args []string) error {
 	}
 	srv := serverOf(client, conn.used)
 	if gen {
-		return c.reportGenRollback(ctx, client, srv, idx, *asJSON)
+		return c.reportGenRollback(ctx, client, *group, srv, idx, *asJSON)
 	}
 	if *asJSON {
 		return writeJSON(c.stdout, rollbackJSON{Server: srv.json(), Keys: indexesJSON(idx)})
@@ -161,11 +173,11 @@ func (c *cli) rollback(ctx context.Context, args []string) error {
 // reportGenRollback prints the indexes idx that a rollback in Generations
 // mode flipped on srv, with their generations, read again from their
 // registries, as a table or, with asJSON, as rollbackJSON.
-func (c *cli) reportGenRollback(ctx context.Context, client rueidis.Client, srv server, idx []keyGeneration, asJSON bool) error {
+func (c *cli) reportGenRollback(ctx context.Context, client rueidis.Client, group string, srv server, idx []keyGeneration, asJSON bool) error {
 	gs := make([]*genStatus, len(idx))
 	for i, ix := range idx {
 		var err error
-		if gs[i], err = readGenStatus(ctx, client, ix.Key, gens.DefaultGrace); err != nil {
+		if gs[i], err = readGenStatus(ctx, client, gens.Index{Live: ix.Key, Group: group}, gens.DefaultGrace); err != nil {
 			return fmt.Errorf("rolled back %s, but %w", indexes(len(idx)), err)
 		}
 	}
@@ -194,9 +206,9 @@ func (c *cli) reportGenRollback(ctx context.Context, client rueidis.Client, srv 
 }
 
 // hasPointers returns, for each of lives, whether it has a pointer: it is
-// in Generations mode.
-func hasPointers(ctx context.Context, client rueidis.Client, lives []string) ([]bool, error) {
-	cluster := client.Mode() == rueidis.ClientModeCluster
+// in Generations mode. The indexes are in group (none when empty).
+func hasPointers(ctx context.Context, client rueidis.Client, group string, lives []string) ([]bool, error) {
+	cluster := namesOf(client, group)
 	ks := make([]string, len(lives))
 	for i, l := range lives {
 		ks[i] = keys.PointerKey(l, cluster)
@@ -210,11 +222,6 @@ func hasPointers(ctx context.Context, client rueidis.Client, lives []string) ([]
 		out[i] = found[k]
 	}
 	return out, nil
-}
-
-// metaKey returns the key of live's meta on client's deployment.
-func metaKey(client rueidis.Client, live string) string {
-	return keys.MetaKey(live, client.Mode() == rueidis.ClientModeCluster)
 }
 
 // indexes returns "1 index" or "n indexes".

@@ -224,7 +224,13 @@ func parseMeta(m map[string]string) (g generation, ok bool) {
 // readGenerations returns the generation of each of lives (nil where none
 // was recorded), with one pipelined HGETALL per meta.
 func readGenerations(ctx context.Context, client rueidis.Client, lives []string) ([]*generation, error) {
-	cluster := client.Mode() == rueidis.ClientModeCluster
+	return readGroupGenerations(ctx, client, "", lives)
+}
+
+// readGroupGenerations is readGenerations for indexes in group (none when
+// empty).
+func readGroupGenerations(ctx context.Context, client rueidis.Client, group string, lives []string) ([]*generation, error) {
+	cluster := namesOf(client, group)
 	cmds := make(rueidis.Commands, len(lives))
 	for i, l := range lives {
 		cmds[i] = client.B().Hgetall().Key(keys.MetaKey(l, cluster)).Build()

@@ -59,6 +59,10 @@ Status lists what keyswap keeps in Redis right now, and changes nothing:
     INDEXES counts the publishes and rollbacks of the index. ROLLBACK in INDEXES follows the rule of Generations mode for
     them: possible while a previous generation is kept and no rebuild
     holds the lock;
+  - the indexes of a group (rebuild.Options.Group), whose meta, pointer,
+    registry and lock are named "{<group>}:rebuild-group:<key>:...": a
+    scan shows each under its key, followed by "(group <group>)"; with
+    --index, give its group with --group;
   - temp keys (<key>:rebuild:<unix>:<16 hex>): their age, from the
     timestamp in the name; their TTL ("none" when they have none); their
     Redis type and size (entries, or bytes for a string); MEMORY USAGE;
@@ -309,6 +313,7 @@ func (c *cli) status(ctx context.Context, args []string) error {
 	legacy := fs.Bool("legacy", false, "count keys of the legacy shape <key>:rebuild:<digits> as sweep candidates too, as 'keyswap sweep --legacy' would")
 	// Not --key: redis-cli's flag for the TLS client key, which is ours too.
 	key := fs.String("index", "", "show this live `key` (a family's prefix) alone, without a scan, whatever bytes it holds")
+	group := fs.String("group", "", "with --index (or a key), the `group` of the index, as rebuild.Options.Group names it (Generations mode)")
 	glob := fs.String("pattern", "", "scan for the live keys this `glob` matches, even one without glob characters")
 	watch := fs.Bool("watch", false, "show the status again every --interval until interrupted")
 	every := fs.Duration("interval", time.Second, "the `time` between two snapshots of --watch")
@@ -329,6 +334,14 @@ func (c *cli) status(ctx context.Context, args []string) error {
 	if *every <= 0 {
 		return usagef("--interval %v: must be positive", *every)
 	}
+	if *group != "" {
+		if !q.byKey {
+			return usagef("--group names the group of one index: give the index's key (--index); a scan finds the indexes of every group")
+		}
+		if err := keys.CheckGroup(*group); err != nil {
+			return usagef("--group: %v", err)
+		}
+	}
 
 	client, err := c.connect(ctx, conn)
 	if err != nil {
@@ -339,7 +352,7 @@ func (c *cli) status(ctx context.Context, args []string) error {
 		var rep *statusReport
 		var err error
 		if q.byKey {
-			rep, err = collectKeyStatus(ctx, client, q.key, *olderThan, *grace, c.now())
+			rep, err = collectKeyStatus(ctx, client, q.key, *group, *olderThan, *grace, c.now())
 		} else {
 			rep, err = collectStatus(ctx, client, q.pattern, *olderThan, *grace, *legacy, c.now())
 		}

@@ -27,6 +27,7 @@ type statusJSON struct {
 // indexStatusJSON is an indexStatus in statusJSON.
 type indexStatusJSON struct {
 	jsonKey
+	Group         string            `json:"group,omitempty"`
 	MetaKey       *string           `json:"meta_key,omitempty"`
 	MetaKeyBase64 []byte            `json:"meta_key_base64,omitempty"`
 	Family        bool              `json:"family"`
@@ -90,7 +91,7 @@ func (rep *statusReport) json() statusJSON {
 	out.Scanned = !rep.ByKey
 	out.Indexes = make([]indexStatusJSON, 0, len(rep.Indexes))
 	for _, ix := range rep.Indexes {
-		j := indexStatusJSON{jsonKey: newJSONKey(ix.Key), Generation: ix.Generation.json(), Locked: ix.LockKey != "",
+		j := indexStatusJSON{jsonKey: newJSONKey(ix.Key), Group: ix.Group, Generation: ix.Generation.json(), Locked: ix.LockKey != "",
 			Rollback: rollbackStateJSON{Possible: ix.Rollback.Possible, Until: jsonTime(ix.Rollback.Until), WhyNot: ix.Rollback.WhyNot},
 			Mode:     ix.Gens.mode(), Generations: ix.Gens.json()}
 		j.MetaKey, j.MetaKeyBase64 = jsonName(ix.MetaKey)

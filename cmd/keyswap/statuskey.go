@@ -15,9 +15,11 @@ import (
 // buckets only a scan finds; and live's index, with its generations when
 // it has a registry or a pointer of Generations mode. It reads a few keys, and
 // costs the same whatever the size of the keyspace. Orphaned temp keys are
-// not looked for: that takes a scan.
-func collectKeyStatus(ctx context.Context, client rueidis.Client, live string, olderThan, grace time.Duration, now time.Time) (*statusReport, error) {
+// not looked for: that takes a scan. An index in a group (group not
+// empty) has its lock, meta, pointer and registry in the group's shape.
+func collectKeyStatus(ctx context.Context, client rueidis.Client, live, group string, olderThan, grace time.Duration, now time.Time) (*statusReport, error) {
 	cluster := client.Mode() == rueidis.ClientModeCluster
+	names := namesOf(client, group)
 	rep := &statusReport{
 		Time:             now.UTC(),
 		Key:              live,
@@ -27,8 +29,8 @@ func collectKeyStatus(ctx context.Context, client rueidis.Client, live string, o
 		Grace:            grace,
 		TempKeys:         []tempStatus{},
 	}
-	lock := keys.LockKey(live, cluster)
-	locks := map[string]string{lock: keys.Base(live, cluster)}
+	lock := keys.LockKey(live, names)
+	locks := map[string]string{lock: keys.Base(live, names)}
 	var err error
 	if rep.Locks, err = describeLocks(ctx, client, locks); err != nil {
 		return nil, err
@@ -39,7 +41,7 @@ func collectKeyStatus(ctx context.Context, client rueidis.Client, live string, o
 	temps := map[string]tempStatus{}
 	for _, r := range rep.Runs {
 		for i, k := range r.Keys {
-			locks[keys.LockKey(k, cluster)] = keys.Base(k, cluster)
+			locks[keys.LockKey(k, names)] = keys.Base(k, names)
 			if r.Suffix == "" || r.Families[i] {
 				continue
 			}
@@ -57,7 +59,7 @@ func collectKeyStatus(ctx context.Context, client rueidis.Client, live string, o
 	if rep.TempKeys, err = describeTemps(ctx, client, temps); err != nil {
 		return nil, err
 	}
-	gens, err := readGenerations(ctx, client, []string{live})
+	gens, err := readGroupGenerations(ctx, client, group, []string{live})
 	if err != nil {
 		return nil, err
 	}
@@ -65,9 +67,9 @@ func collectKeyStatus(ctx context.Context, client rueidis.Client, live string, o
 	if rep.held()[lock] {
 		held = lock
 	}
-	rep.Indexes = []indexStatus{{Key: live, MetaKey: keys.MetaKey(live, cluster), Generation: gens[0], LockKey: held,
+	rep.Indexes = []indexStatus{{Key: live, Group: group, MetaKey: keys.MetaKey(live, names), Generation: gens[0], LockKey: held,
 		Rollback: rollbackOf(gens[0], held, now)}}
-	withGens, err := hasGenKeys(ctx, client, []string{live})
+	withGens, err := hasGenKeys(ctx, client, group, []string{live})
 	if err != nil {
 		return nil, err
 	}

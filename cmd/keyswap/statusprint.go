@@ -137,7 +137,7 @@ func (rep *statusReport) sweepCommands() []string {
 	}
 	for _, ix := range rep.Indexes {
 		if ix.Gens.candidates() > 0 {
-			add(keys.Base(ix.Key, rep.Cluster))
+			add(keys.Base(ix.Key, keys.Names{Cluster: rep.Cluster, Group: ix.Group}))
 		}
 	}
 	return slices.Sorted(maps.Keys(cmds))
@@ -170,7 +170,7 @@ func writeGenTable(w io.Writer, idx []indexStatus, now time.Time) error {
 		if ix.Gens == nil {
 			continue
 		}
-		fmt.Fprintf(tw, "%s\t%s\n", displayKey(ix.Key), strings.Join(ix.Gens.columns(now), "\t"))
+		fmt.Fprintf(tw, "%s\t%s\n", ix.name(), strings.Join(ix.Gens.columns(now), "\t"))
 	}
 	return tw.Flush()
 }
@@ -222,7 +222,7 @@ func writeIndexes(w io.Writer, idx []indexStatus) error {
 			family = yesNo(ix.Generation.Family)
 		}
 		gen, since, prev, until := ix.Generation.columns()
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", displayKey(ix.Key), family, gen, since, prev, until, ix.Rollback)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", ix.name(), family, gen, since, prev, until, ix.Rollback)
 	}
 	return tw.Flush()
 }

@@ -270,7 +270,7 @@ func genErrors(ss []genSweep) error {
 	var errs []error
 	for _, s := range ss {
 		if s.Err != nil {
-			errs = append(errs, fmt.Errorf("generations of %s: %w", displayKey(s.Key), s.Err))
+			errs = append(errs, fmt.Errorf("generations of %s: %w", s.name(), s.Err))
 		}
 	}
 	if len(errs) == 0 {
@@ -297,19 +297,19 @@ func (c *cli) printGenSwept(ss []genSweep, dryRun bool) {
 			if r.Keys != nil {
 				keys = ", " + plural(int(*r.Keys), "key")
 			}
-			fmt.Fprintf(c.stdout, "%s generation %d of %s (%s%s)\n", verb, r.Gen, displayKey(s.Key), displayKey(r.State), keys)
+			fmt.Fprintf(c.stdout, "%s generation %d of %s (%s%s)\n", verb, r.Gen, s.name(), displayKey(r.State), keys)
 		}
 		for _, k := range s.Kept {
-			fmt.Fprintf(c.stdout, "kept generation %d of %s (%s): %s\n", k.Gen, displayKey(s.Key), displayKey(k.State), k.Reason)
+			fmt.Fprintf(c.stdout, "kept generation %d of %s (%s): %s\n", k.Gen, s.name(), displayKey(k.State), k.Reason)
 		}
 		if p := s.Plain; p != nil {
 			switch {
 			case p.Note != "":
-				fmt.Fprintf(c.stdout, "kept the plain keys of %s: %s\n", displayKey(s.Key), p.Note)
+				fmt.Fprintf(c.stdout, "kept the plain keys of %s: %s\n", s.name(), p.Note)
 			case p.Keys == nil:
-				fmt.Fprintf(c.stdout, "%s the plain buckets left of %s (not counted)\n", verb, displayKey(s.Key))
+				fmt.Fprintf(c.stdout, "%s the plain buckets left of %s (not counted)\n", verb, s.name())
 			default:
-				fmt.Fprintf(c.stdout, "%s %s left of %s in the plain shape\n", verb, plural(int(*p.Keys), "key"), displayKey(s.Key))
+				fmt.Fprintf(c.stdout, "%s %s left of %s in the plain shape\n", verb, plural(int(*p.Keys), "key"), s.name())
 			}
 		}
 		if s.Err == nil {

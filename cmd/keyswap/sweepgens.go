@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -18,8 +19,10 @@ import (
 // genSweep is what the sweep did (or, in a dry run, would do) to the
 // generations of one index in Generations mode.
 type genSweep struct {
-	// Key is the index's live key, or its family's prefix.
+	// Key is the index's live key, or its family's prefix, and Group its
+	// group (rebuild.Options.Group), empty for an index of its own.
 	Key    string
+	Group  string
 	Family bool
 	// Removed are the generations removed (would be, in a dry run), Kept
 	// those kept, with why.
@@ -59,6 +62,11 @@ func dropPlain(ctx context.Context, client rueidis.Client, idx gens.Index, dryRu
 	if idx.Family && idx.Type == "" {
 		return &plainDrop{Note: "no plain shape recorded in its meta: nothing of it to delete"}, nil
 	}
+	_, tagged := keys.HashTag(idx.Live)
+	if ptr := keys.PointerKey(idx.Live, namesOf(client, idx.Group)); idx.Group != "" && client.Mode() == rueidis.ClientModeCluster &&
+		(!idx.Family || tagged) && keys.Slot(idx.Live) != keys.Slot(ptr) {
+		return &plainDrop{Note: "its plain keys are outside its group's slot, so they cannot be deleted in one step with the check of the pointer: once every reader has the group, UNLINK them"}, nil
+	}
 	if dryRun {
 		if idx.Family {
 			return &plainDrop{}, nil
@@ -97,6 +105,7 @@ type genKept struct {
 // genSweepJSON is a genSweep in sweepJSON.
 type genSweepJSON struct {
 	jsonKey
+	Group   string           `json:"group,omitempty"`
 	Family  bool             `json:"family"`
 	Removed []genRemovedJSON `json:"removed"`
 	Kept    []genKeptJSON    `json:"kept"`
@@ -120,7 +129,7 @@ type genKeptJSON struct {
 
 // json returns s in JSON.
 func (s genSweep) json() genSweepJSON {
-	out := genSweepJSON{jsonKey: newJSONKey(s.Key), Family: s.Family, Removed: []genRemovedJSON{}, Kept: []genKeptJSON{}}
+	out := genSweepJSON{jsonKey: newJSONKey(s.Key), Group: s.Group, Family: s.Family, Removed: []genRemovedJSON{}, Kept: []genKeptJSON{}}
 	for _, r := range s.Removed {
 		out.Removed = append(out.Removed, genRemovedJSON(r))
 	}
@@ -156,10 +165,12 @@ func selectRegistry(pattern, base string) bool {
 }
 
 // findGenIndexes scans the keyspace for the registries of generations that
-// pattern selects, and returns their indexes' live keys, sorted.
-func findGenIndexes(ctx context.Context, client rueidis.Client, pattern string) ([]string, error) {
+// pattern selects, and returns their indexes, sorted by group and key. A
+// registry whose base has a group's shape (keys.ParseGroupBase) is of the
+// index named after it, in that group.
+func findGenIndexes(ctx context.Context, client rueidis.Client, pattern string) ([]gens.Index, error) {
 	cluster := client.Mode() == rueidis.ClientModeCluster
-	found := map[string]bool{}
+	found := map[gens.Index]bool{}
 	for page, err := range scan.Pages(ctx, client, scan.Options{Match: registryPattern(pattern)}) {
 		if err != nil {
 			return nil, fmt.Errorf("scanning for registries of generations: %w", err)
@@ -169,14 +180,23 @@ func findGenIndexes(ctx context.Context, client rueidis.Client, pattern string) 
 			if !ok || keys.IsGenKey(k) || !selectRegistry(pattern, base) {
 				continue
 			}
+			if group, live, ok := groupOf(base); ok {
+				found[gens.Index{Live: live, Group: group}] = true
+				continue
+			}
+			if _, _, ok := keys.ParseGroupBase(base); ok {
+				continue // a group's shape around a key keyswap never rebuilds
+			}
 			live := liveOf(k, base, cluster, keys.RegistryKey)
 			if live == "" || keys.Reserved(live) {
 				continue // no index of keyswap's: gens would refuse it
 			}
-			found[live] = true
+			found[gens.Index{Live: live}] = true
 		}
 	}
-	return slices.Sorted(maps.Keys(found)), nil
+	return slices.SortedFunc(maps.Keys(found), func(a, b gens.Index) int {
+		return cmp.Or(strings.Compare(a.Group, b.Group), strings.Compare(a.Live, b.Live))
+	}), nil
 }
 
 // isFamily returns whether the index live is a family, and its type when
@@ -186,8 +206,9 @@ func findGenIndexes(ctx context.Context, client rueidis.Client, pattern string) 
 // plain index has exactly one per generation, keys.GenKey). An index
 // without any data key is swept as a family: its generations' keys are
 // then looked for with a scan, which finds none of a plain index's.
-func isFamily(ctx context.Context, client rueidis.Client, live string, snap gens.Snapshot) (family bool, typ string, err error) {
-	metas, err := readGenerations(ctx, client, []string{live})
+func isFamily(ctx context.Context, client rueidis.Client, idx gens.Index, snap gens.Snapshot) (family bool, typ string, err error) {
+	live := idx.Live
+	metas, err := readGroupGenerations(ctx, client, idx.Group, []string{live})
 	if err != nil {
 		return false, "", err
 	}
@@ -212,30 +233,32 @@ func isFamily(ctx context.Context, client rueidis.Client, live string, snap gens
 // corrupt registry stops the sweep of its index only (its Err); any other
 // error stops the whole sweep, and is returned with what was done.
 func sweepGenerations(ctx context.Context, client rueidis.Client, pattern string, grace time.Duration, dryRun, plain bool) ([]genSweep, error) {
-	lives, err := findGenIndexes(ctx, client, pattern)
+	found, err := findGenIndexes(ctx, client, pattern)
 	if err != nil {
 		return nil, err
 	}
 	out := []genSweep{}
-	for _, live := range lives {
-		s := genSweep{Key: live, Removed: []genRemoved{}, Kept: []genKept{}}
-		snap, err := gens.Read(ctx, client, gens.Index{Live: live})
+	for _, idx := range found {
+		s := genSweep{Key: idx.Live, Group: idx.Group, Removed: []genRemoved{}, Kept: []genKept{}}
+		snap, err := gens.Read(ctx, client, idx)
 		var typ string
 		if err == nil {
-			s.Family, typ, err = isFamily(ctx, client, live, snap)
+			s.Family, typ, err = isFamily(ctx, client, idx, snap)
 		}
+		idx.Family = s.Family
 		if err == nil && dryRun {
 			var plan gens.Plan
-			plan, err = gens.DryRun(ctx, client, gens.Index{Live: live, Family: s.Family}, gens.Options{Grace: grace})
+			plan, err = gens.DryRun(ctx, client, idx, gens.Options{Grace: grace})
 			s.plan(plan)
 		}
 		if err == nil && !dryRun {
 			var res gens.Result
-			res, err = gens.Sweep(ctx, client, gens.Index{Live: live, Family: s.Family}, gens.Options{Grace: grace})
+			res, err = gens.Sweep(ctx, client, idx, gens.Options{Grace: grace})
 			s.record(res)
 		}
 		if err == nil && plain && snap.HasPointer {
-			s.Plain, err = dropPlain(ctx, client, gens.Index{Live: live, Family: s.Family, Type: typ}, dryRun)
+			idx.Type = typ
+			s.Plain, err = dropPlain(ctx, client, idx, dryRun)
 		}
 		if err != nil {
 			s.Err = err
@@ -288,4 +311,12 @@ func genCounts(ss []genSweep) (gens int, keys int64) {
 		}
 	}
 	return gens, keys
+}
+
+// name returns the index's key for the output, with its group if any.
+func (s genSweep) name() string {
+	if s.Group == "" {
+		return displayKey(s.Key)
+	}
+	return displayKey(s.Key) + " (group " + displayKey(s.Group) + ")"
 }

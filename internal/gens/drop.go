@@ -80,7 +80,10 @@ return redis.call('UNLINK', unpack(doomed))
 // On a cluster a family in the plain shape always had a hash tag (the
 // rename-in-place mode requires one): for an untagged prefix DropPlain
 // deletes nothing and says so in Note, because keyswap never wrote such
-// keys. A corrupt registry or pointer fails it before anything is deleted
+// keys. On a cluster, the plain keys of an index of a group (Index.Group)
+// outside the group's slot are refused, nothing deleted: the drop checks
+// the pointer in the same step. A corrupt registry or pointer fails it
+// before anything is deleted
 // ([*CorruptError]). Deletion is chunked like the sweep's: SCAN COUNT
 // opts.ScanCount on the prefix's master, at most opts.Unlink keys per
 // command, paced by opts.Pace. Grace and Now are not used.
@@ -91,6 +94,14 @@ func DropPlain(ctx context.Context, client rueidis.Client, idx Index, opts Optio
 	if err != nil {
 		return d.res, err
 	}
+	_, tagged := keys.HashTag(idx.Live)
+	if idx.Group != "" && isCluster(client) && (!idx.Family || tagged) && keys.Slot(idx.Live) != keys.Slot(snap.PointerKey) {
+		// The drop script deletes a plain key only while the pointer
+		// exists, in one step: it cannot when the two are in different
+		// slots.
+		return d.res, &protocol.Error{Op: op, Key: idx.Live, Err: fmt.Errorf("the plain keys of %s are in slot %d and the pointer of its group in slot %d, so they cannot be deleted in one step with the check of the pointer; nothing deleted: once every reader has the group, UNLINK them",
+			idx.Live, keys.Slot(idx.Live), keys.Slot(snap.PointerKey))}
+	}
 	d.opts, d.pointer = o, snap.PointerKey
 	if !idx.Family {
 		if err := d.drop(ctx, []string{idx.Live}, ""); err != nil {
@@ -99,7 +110,7 @@ func DropPlain(ctx context.Context, client rueidis.Client, idx Index, opts Optio
 		o.Logger.Info("keyswap: plain key dropped", "index", idx.Live, "keys", d.res.Keys)
 		return d.res, nil
 	}
-	if _, tagged := keys.HashTag(idx.Live); isCluster(client) && !tagged {
+	if isCluster(client) && !tagged {
 		d.res.Note = "the prefix has no hash tag, so on a cluster keyswap never published this family in the plain shape: nothing of it to delete"
 		return d.res, nil
 	}

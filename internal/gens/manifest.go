@@ -21,7 +21,7 @@ func (s *sweeper) listed(ctx context.Context, g int64, st State, sameSlot bool) 
 	if !sameSlot || s.own || st.Kind != Retired {
 		return false, nil
 	}
-	m, list := keys.ManifestKey(s.idx.Live, s.cluster, g), keys.ManifestListKey(s.idx.Live, s.cluster, g)
+	m, list := keys.ManifestKey(s.idx.Live, s.names(), g), keys.ManifestListKey(s.idx.Live, s.names(), g)
 	res := s.client.DoMulti(ctx, s.client.B().Sismember().Key(m).Member(keys.ManifestListed).Build(), s.client.B().Type().Key(list).Build())
 	ok, err := res[0].AsBool()
 	if isRedisErr(err) {
@@ -51,7 +51,7 @@ func (s *sweeper) byManifest(ctx context.Context, g int64, st State, done map[st
 	if m.done == nil {
 		m.done = map[string]bool{}
 	}
-	list, set := keys.ManifestListKey(s.idx.Live, s.cluster, g), keys.ManifestKey(s.idx.Live, s.cluster, g)
+	list, set := keys.ManifestListKey(s.idx.Live, s.names(), g), keys.ManifestKey(s.idx.Live, s.names(), g)
 	step := int64(s.opts.Unlink)
 	for at := int64(0); ; at += step {
 		page, err := s.client.Do(ctx, s.client.B().Lrange().Key(list).Start(at).Stop(at+step-1).Build()).AsStrSlice()

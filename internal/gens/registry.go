@@ -209,6 +209,14 @@ type Index struct {
 	// for a SetIndex). [DropPlain] needs it: a family owns only the keys of
 	// its type under its prefix. The sweep ignores it.
 	Type string
+	// Group is the group of the index (keys.Names), whose control keys
+	// hang off the group's hash tag; empty for an index of its own.
+	Group string
+}
+
+// names returns how the control keys of idx are named on client.
+func (idx Index) names(client rueidis.Client) keys.Names {
+	return keys.Names{Cluster: isCluster(client), Group: idx.Group}
 }
 
 // check returns an error when idx cannot name an index: an empty key, or
@@ -281,7 +289,7 @@ func isCluster(client rueidis.Client) bool { return client.Mode() == rueidis.Cli
 // decimal. An index that never used generations has an empty registry
 // and no pointer.
 func Read(ctx context.Context, client rueidis.Client, idx Index) (Snapshot, error) {
-	cluster := isCluster(client)
+	cluster := idx.names(client)
 	s := Snapshot{
 		PointerKey: keys.PointerKey(idx.Live, cluster),
 		LockKey:    keys.LockKey(idx.Live, cluster),

@@ -303,9 +303,9 @@ func RemoveOwn(ctx context.Context, client rueidis.Client, idx Index, gen int64,
 	if err != nil {
 		return res, &protocol.Error{Op: op, Key: idx.Live, Err: err}
 	}
-	cluster := isCluster(client)
+	cluster := idx.names(client)
 	st := State{Kind: Building, Token: token, Raw: keys.RegBuilding + token}
-	s := &sweeper{client: client, idx: idx, opts: o, res: &res, cluster: cluster, own: true, snap: Snapshot{
+	s := &sweeper{client: client, idx: idx, opts: o, res: &res, cluster: cluster.Cluster, own: true, snap: Snapshot{
 		Registry:   Registry{Key: keys.RegistryKey(idx.Live, cluster)},
 		LockKey:    keys.LockKey(idx.Live, cluster),
 		PointerKey: keys.PointerKey(idx.Live, cluster),
@@ -351,6 +351,9 @@ type sweeper struct {
 	dc rueidis.DedicatedClient
 }
 
+// names returns how the index's control keys are named.
+func (s *sweeper) names() keys.Names { return keys.Names{Cluster: s.cluster, Group: s.idx.Group} }
+
 // keep returns why the generation in state st is kept, or "" when it is
 // to be removed.
 func (s *sweeper) keep(st State) Reason { return keep(s.opts, s.snap, st) }
@@ -393,7 +396,7 @@ func (s *sweeper) skip(g int64, st State, reason Reason, n int64) {
 // It returns the keys deleted, or why nothing was.
 func (s *sweeper) script(ctx context.Context, g int64, st State, data []string, last bool) (int64, Reason, error) {
 	ks := append([]string{s.snap.Registry.Key, s.snap.LockKey, s.snap.PointerKey,
-		keys.ManifestKey(s.idx.Live, s.cluster, g), keys.ManifestListKey(s.idx.Live, s.cluster, g)}, data...)
+		keys.ManifestKey(s.idx.Live, s.names(), g), keys.ManifestListKey(s.idx.Live, s.names(), g)}, data...)
 	flag := "0"
 	if last {
 		flag = "1"
@@ -427,11 +430,10 @@ func (s *sweeper) fence(st State) (token, own string) {
 // they share a slot on a standalone server, or when the live key carries a
 // hash tag (its own base). Each chunk is then deleted in a step that
 // checks the state. Otherwise they are in other slots (a family's over
-// every slot), and the state is checked just before each chunk.
-func (s *sweeper) sameSlot() bool {
-	_, tagged := keys.HashTag(s.idx.Live)
-	return !s.cluster || tagged
-}
+// every slot), and the state is checked just before each chunk. In a
+// group the registry hangs off the group's tag, and the data keys may be
+// anywhere.
+func (s *sweeper) sameSlot() bool { return keys.SameSlot(s.idx.Live, s.names()) }
 
 // remove deletes generation g's keys in chunks, then its registry field
 // and its manifest. It returns the keys deleted and, when it stopped

@@ -25,4 +25,11 @@
 // In every mode the lock key is Base + ":rebuild-lock", and a temp key is
 // Base + ":rebuild:<T>:<N>", so [LockKeyForBase] recovers a temp key's lock
 // without knowing the mode.
+//
+// # Groups
+//
+// The control keys of an index in a group (Names with a Group) hang off
+// GroupBase: "{<group>}:rebuild-group:<final>", on a standalone server as on
+// a cluster, so that the indexes of a group share its slot whatever their
+// names. Their data keys in a generation keep the index's name.
 package keys

@@ -64,11 +64,11 @@ const (
 
 // PointerKey returns the key of the pointer of the index whose live key (or
 // family prefix) is live.
-func PointerKey(live string, cluster bool) string { return Base(live, cluster) + PointerSuffix }
+func PointerKey[S Space](live string, s S) string { return Base(live, s) + PointerSuffix }
 
 // RegistryKey returns the key of the registry of generations of the index
 // whose live key (or family prefix) is live.
-func RegistryKey(live string, cluster bool) string { return Base(live, cluster) + RegistrySuffix }
+func RegistryKey[S Space](live string, s S) string { return Base(live, s) + RegistrySuffix }
 
 // GenKey returns the key that holds plain key live in generation gen.
 func GenKey(live string, gen int64) string {
@@ -136,8 +136,8 @@ func IsGenKey(key string) bool {
 // flip to the generation. The run lists the keys it writes in ManifestListKey. Only a
 // family whose keys share the registry's slot (a standalone server, or a
 // prefix with a hash tag) has one.
-func ManifestKey(live string, cluster bool, gen int64) string {
-	return Base(live, cluster) + ManifestInfix + strconv.FormatInt(gen, 10)
+func ManifestKey[S Space](live string, s S, gen int64) string {
+	return Base(live, s) + ManifestInfix + strconv.FormatInt(gen, 10)
 }
 
 // ManifestListKey returns the key of the list of the manifest of
@@ -145,8 +145,8 @@ func ManifestKey(live string, cluster bool, gen int64) string {
 // it writes, in the transaction of its first write of the key. A list
 // reads far cheaper than a set (LRANGE against SSCAN), and the run writes
 // each key once; Apply, which may write a key many times, adds to the set.
-func ManifestListKey(live string, cluster bool, gen int64) string {
-	return Base(live, cluster) + ManifestListInfix + strconv.FormatInt(gen, 10)
+func ManifestListKey[S Space](live string, s S, gen int64) string {
+	return Base(live, s) + ManifestListInfix + strconv.FormatInt(gen, 10)
 }
 
 // IsManifestKey reports whether key has the shape of a generation's

@@ -70,20 +70,24 @@ func CtlKey(lockKey string) string { return lockKey + CtlSuffix }
 func CutOverKey(lockKey string) string { return lockKey + CutOverSuffix }
 
 // MetaKey returns the key of live's metadata: its generation.
-func MetaKey(live string, cluster bool) string { return Base(live, cluster) + MetaSuffix }
+func MetaKey[S Space](live string, s S) string { return Base(live, s) + MetaSuffix }
 
 // PrevKey returns the key that keeps live's previous value for a rollback.
-func PrevKey(live string, cluster bool) string { return Base(live, cluster) + PrevSuffix }
+func PrevKey[S Space](live string, s S) string { return Base(live, s) + PrevSuffix }
 
 // Reserved reports whether key has the shape of a key keyswap makes next
 // to a live key: a lock, a lock's receipt, record, log, requests or
 // cut-over mark, a live
 // key's metadata or kept previous value, a temp key (current or legacy
-// shape), or an index's pointer, registry of generations or generation's
-// data key or manifest. keyswap refuses to rebuild such a key: it would take it for its
+// shape), an index's pointer, registry of generations, generation's data
+// key or manifest, or anything that starts like the base of an index in a
+// group (ParseGroupBase). keyswap refuses to rebuild such a key: it would take it for its
 // own.
 func Reserved(key string) bool {
 	if _, _, ok := ParseTempKey(key); ok || IsGenKey(key) || IsCounterKey(key) || IsManifestKey(key) {
+		return true
+	}
+	if _, _, ok := ParseGroupBase(key); ok {
 		return true
 	}
 	for _, suffix := range []string{LockSuffix, MetaSuffix, PrevSuffix, PointerSuffix, RegistrySuffix,
@@ -98,9 +102,14 @@ func Reserved(key string) bool {
 // Base returns the key that the lock and temp keys of live are derived
 // from. On a standalone server it is live itself (Familia's shapes). On a
 // cluster it is a key in live's slot whose derived keys stay in that slot;
-// see the package documentation for the three cases.
-func Base(live string, cluster bool) string {
-	if !cluster {
+// see the package documentation for the three cases. In a group (a Names
+// with a Group) it is GroupBase(group, live), on a standalone server too.
+func Base[S Space](live string, s S) string {
+	n := namesOf(s)
+	if n.Group != "" {
+		return GroupBase(n.Group, live)
+	}
+	if !n.Cluster {
 		return live
 	}
 	if _, ok := HashTag(live); ok {
@@ -133,8 +142,8 @@ func SyntheticTag(slot uint16) string {
 }
 
 // LockKey returns the rebuild lock key of live: Base(live) + ":rebuild-lock".
-func LockKey(live string, cluster bool) string {
-	return LockKeyForBase(Base(live, cluster))
+func LockKey[S Space](live string, s S) string {
+	return LockKeyForBase(Base(live, s))
 }
 
 // LockKeyForBase returns the lock key that guards the temp keys derived from
@@ -158,8 +167,8 @@ func VetoLocks(base string) []string {
 }
 
 // TempKey returns Base(live) + TempSuffix(unix, n).
-func TempKey(live string, cluster bool, unix int64, n uint64) string {
-	return Base(live, cluster) + TempSuffix(unix, n)
+func TempKey[S Space](live string, s S, unix int64, n uint64) string {
+	return Base(live, s) + TempSuffix(unix, n)
 }
 
 // TempSuffix returns ":rebuild:<unix>:<nonce>", where nonce is the 16-digit

@@ -252,7 +252,7 @@ func (r Generations) flipped(opts FlipOptions, res reply) (Flipped, error) {
 // options, and the key shapes that name its indexes' keys.
 type flipCall struct {
 	FlipOptions
-	cluster bool
+	cluster keys.Names
 }
 
 // flipRefusals decodes the codes flip.lua refuses a flip with, before any
@@ -336,7 +336,7 @@ func (r *Core) Unlink(ctx context.Context, ks []string) error {
 	var order []uint16
 	for _, k := range ks {
 		s := uint16(0)
-		if r.cluster {
+		if r.cluster.Cluster {
 			s = keys.Slot(k)
 		}
 		if _, ok := groups[s]; !ok {
@@ -439,7 +439,9 @@ func (r Changes) GenApply(ctx context.Context, opts GenApplyOptions) (Applied, e
 			ks[5*n+i] = keys.CutOverKey(l)
 			g, _ := strconv.ParseInt(gens[i], 10, 64)
 			ks[6*n+i], listed[i] = keys.ManifestKey(c.lives[i], r.cluster, g), "0"
-			if c.families[i] {
+			if c.families[i] && keys.SameSlot(c.lives[i], r.cluster) {
+				// A family whose keys share its registry's slot has a
+				// manifest (not one in a group on a cluster).
 				listed[i] = "1"
 			}
 		}

@@ -27,13 +27,11 @@ var (
 // families' prefixes) in a generation may leave their locks' slot: on a
 // cluster, when one of them has no hash tag. A key keeps its own tag in a
 // generation; without one, "L:rebuild-g:G" and a family's buckets hash
-// anywhere, while the lock hangs off "{L}".
+// anywhere, while the lock hangs off "{L}"; in a group, the locks hang off
+// the group's tag, and every key may leave their slot.
 func (r Changes) spreads(lives []string) bool {
-	if !r.cluster {
-		return false
-	}
 	for _, l := range lives {
-		if _, tagged := keys.HashTag(l); !tagged {
+		if !keys.SameSlot(l, r.cluster) {
 			return true
 		}
 	}

@@ -52,8 +52,11 @@ type Redis struct {
 // command's keys share a slot, the discarding of temp keys and the
 // unlinking of a removed generation's keys. Each concern type embeds it.
 type Core struct {
-	client  rueidis.Client
-	cluster bool
+	client rueidis.Client
+	// cluster names the control keys: the deployment's shapes, and the
+	// group of the indexes, if any (keys.Names; the functions of keys take
+	// it where they take a bool).
+	cluster keys.Names
 	log     *slog.Logger
 }
 
@@ -120,11 +123,15 @@ type Durable struct{ *Core }
 // New returns a Redis that sends every command through client and logs what
 // returned errors cannot carry to log (nil discards). Key shapes follow
 // client.Mode().
-func New(client rueidis.Client, log *slog.Logger) *Redis {
+func New(client rueidis.Client, log *slog.Logger) *Redis { return NewInGroup(client, "", log) }
+
+// NewInGroup is New for indexes in group (none when empty): their control
+// keys hang off keys.GroupBase (see keys.Names).
+func NewInGroup(client rueidis.Client, group string, log *slog.Logger) *Redis {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	c := &Core{client: client, cluster: client.Mode() == rueidis.ClientModeCluster, log: log}
+	c := &Core{client: client, cluster: keys.Names{Cluster: client.Mode() == rueidis.ClientModeCluster, Group: group}, log: log}
 	locks := Locks{c}
 	publisher := Publisher{Core: c, locks: locks}
 	return &Redis{
@@ -143,7 +150,10 @@ func New(client rueidis.Client, log *slog.Logger) *Redis {
 func (r *Core) Client() rueidis.Client { return r.client }
 
 // Cluster reports whether keys take Redis Cluster shapes.
-func (r *Core) Cluster() bool { return r.cluster }
+func (r *Core) Cluster() bool { return r.cluster.Cluster }
+
+// Names returns how the control keys are named.
+func (r *Core) Names() keys.Names { return r.cluster }
 
 // Logger returns the logger.
 func (r *Core) Logger() *slog.Logger { return r.log }
@@ -184,7 +194,7 @@ func CheckKey(op, key string) error {
 // rueidis's command builder panics on such a command, so every multi-key
 // command is checked here first. live names the rebuild in the error.
 func (r *Core) SameSlot(op, live string, ks ...string) error {
-	if !r.cluster || len(ks) == 0 {
+	if !r.cluster.Cluster || len(ks) == 0 {
 		return nil
 	}
 	want := keys.Slot(ks[0])

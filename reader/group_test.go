@@ -1,0 +1,63 @@
+package reader_test
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/keyswap/keyswap/internal/keys"
+	"github.com/keyswap/keyswap/internal/redistest"
+	"github.com/keyswap/keyswap/reader"
+)
+
+// TestGroup: a reader with Options.Group follows the pointers in the
+// group's shape ("{group}:rebuild-group:<key>:rebuild-ptr"), also after a
+// flip; one without the group, or with another, finds no pointer and reads
+// the plain shape (C100). A group with a brace is refused (ErrBadGroup).
+func TestGroup(t *testing.T) {
+	forEach(t, func(t *testing.T, tg target) {
+		ctx := redistest.Ctx(t)
+		group := "g:" + tg.prefix
+		tg.gen(0, "plain", 1).write(t, tg.other)
+		g1, g2 := tg.gen(1, "one", 10), tg.gen(2, "two", 20)
+		g1.write(t, tg.other)
+		g2.write(t, tg.other)
+		names := keys.Names{Cluster: tg.cluster, Group: group}
+		for _, live := range []string{tg.live, tg.live + "/z", tg.family} {
+			redistest.Cmd(t, tg.other, "SET", keys.PointerKey(live, names), "1")
+		}
+
+		grouped := newReader(t, tg.client(t, nil), reader.Options{Group: group})
+		if got, err := grouped.Key(ctx, tg.live); err != nil || got != keys.GenKey(tg.live, 1) {
+			t.Errorf("grouped Key = %q, %v; want %q", got, err, keys.GenKey(tg.live, 1))
+		}
+		wantData(t, ctx, grouped, tg, g1)
+		for _, opts := range []reader.Options{{}, {Group: group + "x"}} {
+			other := newReader(t, tg.client(t, nil), opts)
+			if got, err := other.Bucket(ctx, tg.family, "uk"); err != nil || got != tg.family+":uk" {
+				t.Errorf("reader of group %q: Bucket = %q, %v; want the plain key", opts.Group, got, err)
+			}
+		}
+
+		// A flip in the group reaches the grouped reader.
+		for _, live := range []string{tg.live, tg.live + "/z", tg.family} {
+			redistest.Cmd(t, tg.other, "SET", keys.PointerKey(live, names), "2")
+		}
+		deadline := redistest.Ctx(t)
+		for {
+			got, err := grouped.Key(deadline, tg.live)
+			if err != nil {
+				t.Fatalf("Key after the flip: %v", err)
+			}
+			if got == keys.GenKey(tg.live, 2) {
+				break
+			}
+		}
+		wantData(t, ctx, grouped, tg, g2)
+
+		for _, bad := range []string{"{g", "g}"} {
+			if _, err := reader.New(tg.other, reader.Options{Group: bad}); !errors.Is(err, reader.ErrBadGroup) {
+				t.Errorf("New with Group %q: got %v, want ErrBadGroup", bad, err)
+			}
+		}
+	})
+}
