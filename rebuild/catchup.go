@@ -22,7 +22,14 @@ const catchUpChunk = 4000
 // round trip, over every log, so that entries of many ops each do not make
 // one round trip of hundreds of megabytes: past it, a log's next read takes
 // fewer entries. Every log replays at least one entry per round trip.
-const catchUpWork = 100_000
+//
+// It also keeps a round trip about the size of a batch's (a few thousand
+// commands): rueidis takes a connection whose round trip in flight has not
+// returned within its ConnWriteTimeout (10 s by default) for a dead one,
+// and closes it under the write ("use of closed network connection"),
+// which fails the run. 100,000 made round trips of 33,000 commands, which
+// took over 10 s under -race on a loaded 2-core machine.
+const catchUpWork = 10_000
 
 // catchUpScope is what a catch-up uses of its run: it is set once, when the
 // run starts.

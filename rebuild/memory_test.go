@@ -2,9 +2,12 @@ package rebuild_test
 
 import (
 	"context"
+	"os"
+	"os/exec"
 	"runtime"
 	"runtime/metrics"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -258,10 +261,58 @@ func TestMemoryItemsInFlightBounded(t *testing.T) {
 // MaxMerged is small in both, so that the difference is the per-bucket
 // state: its target, the bucket's names (live and generation) and its entry
 // in the family's index. It must stay within 320 bytes per bucket
-// (measured 244-249, with and without -race); a run that kept a merge
-// buffer or a second map entry per bucket until the publish exceeds it
-// (measured 382 when targets still did).
+// (measured 281-289 quiet, 276-301 under -race on a loaded 2-core
+// machine); a run that kept a merge buffer or a second map entry per
+// bucket until the publish exceeds it (measured 382 when targets still
+// did).
+//
+// The runs are measured in a child process of this test binary
+// (memPerBucketChild), which runs nothing else: the heap is process-wide,
+// and in this one it also holds what the package's earlier tests left
+// (goroutines that end after them, the buffers of their clients), which
+// comes and goes while the runs are measured, by up to 80 bytes per
+// bucket on a loaded machine.
 func TestMemoryPerBucket(t *testing.T) {
+	if os.Getenv(memChildEnv) != "" {
+		memPerBucketChild(t)
+		return
+	}
+	cmd := exec.CommandContext(t.Context(), os.Args[0], "-test.run=^TestMemoryPerBucket$", "-test.v", "-test.count=1")
+	cmd.Env = append(os.Environ(), memChildEnv+"=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("the child process that measures the runs failed: %v\n%s", err, out)
+	}
+	t.Logf("child process:\n%s", out)
+	var per float64
+	found := false
+	for line := range strings.Lines(string(out)) {
+		var v string
+		if _, v, found = strings.Cut(line, memPerBucketLine); found {
+			if per, err = strconv.ParseFloat(strings.TrimSpace(v), 64); err != nil {
+				t.Fatalf("the child's result %q: %v", line, err)
+			}
+			break
+		}
+	}
+	if !found {
+		t.Fatalf("the child process printed no %q line", memPerBucketLine)
+	}
+	if per > 320 {
+		t.Errorf("a run keeps %.0f bytes per bucket of a family until its publish, want at most 320", per)
+	}
+}
+
+// memChildEnv, set in its environment, makes TestMemoryPerBucket the
+// child process that measures the runs.
+const memChildEnv = "KEYSWAP_MEMORY_CHILD"
+
+// memPerBucketLine precedes the bytes per bucket in the child's output.
+const memPerBucketLine = "bytes per bucket: "
+
+// memPerBucketChild measures TestMemoryPerBucket's runs, and logs the
+// bytes per bucket after memPerBucketLine.
+func memPerBucketChild(t *testing.T) {
 	srv := redistest.OwnServer(t)
 	c := srv.Client(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
@@ -289,13 +340,10 @@ func TestMemoryPerBucket(t *testing.T) {
 	one := run("o", 1)
 	many := run("m", items)
 	const mib = 1 << 20
-	per := (float64(many.live) - float64(one.live)) / items
-	t.Logf("peak live heap: one bucket %.1f MiB (%d measurements), %d buckets %.1f MiB (%d): %.0f bytes per bucket",
-		float64(one.live)/mib, one.samples, items, float64(many.live)/mib, many.samples, per)
+	t.Logf("peak live heap: one bucket %.1f MiB (%d measurements), %d buckets %.1f MiB (%d)",
+		float64(one.live)/mib, one.samples, items, float64(many.live)/mib, many.samples)
 	if many.samples < 10 {
 		t.Fatalf("the run over %d buckets had %d measurements, want at least 10 for a meaningful peak", items, many.samples)
 	}
-	if per > 320 {
-		t.Errorf("a run keeps %.0f bytes per bucket of a family until its publish, want at most 320", per)
-	}
+	t.Logf("%s%.1f", memPerBucketLine, (float64(many.live)-float64(one.live))/items)
 }
