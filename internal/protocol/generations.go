@@ -419,61 +419,11 @@ func (r Changes) GenApply(ctx context.Context, opts GenApplyOptions) (Applied, e
 	}
 	var waiter cutOverWaiter
 	for try := 0; try < genApplyTries; {
-		pointers := make(rueidis.Commands, n)
-		for i, l := range c.lives {
-			pointers[i] = r.client.B().Get().Key(keys.PointerKey(l, r.cluster)).Build()
+		gens, err := r.resolvePointers(ctx, op, key, c.lives)
+		if err != nil {
+			return Applied{}, err
 		}
-		gens := make([]string, n)
-		for i, res := range r.client.DoMulti(ctx, pointers...) {
-			g, err := res.ToString()
-			if rueidis.IsRedisNil(err) {
-				g, err = "0", nil
-			}
-			if err != nil {
-				return Applied{}, Fail(ctx, op, key, fmt.Errorf("GET %s: %w", keys.PointerKey(c.lives[i], r.cluster), err))
-			}
-			if g != "0" && !isGeneration(g) {
-				// Readers refuse such a pointer too: writing where it
-				// seems to point would write where nobody reads.
-				return Applied{}, &Error{Op: op, Key: c.lives[i], Err: fmt.Errorf("%w: %s holds %.40q, not a generation; nothing written", ErrTampered, keys.PointerKey(c.lives[i], r.cluster), g)}
-			}
-			gens[i] = g
-		}
-		ks := make([]string, 7*n)
-		listed := make([]string, n)
-		for i, l := range c.locks {
-			ks[i], ks[n+i], ks[2*n+i] = l, keys.RecordKey(l), keys.LogKey(l)
-			ks[3*n+i], ks[4*n+i] = keys.PointerKey(c.lives[i], r.cluster), keys.RegistryKey(c.lives[i], r.cluster)
-			ks[5*n+i] = keys.CutOverKey(l)
-			g, _ := strconv.ParseInt(gens[i], 10, 64)
-			ks[6*n+i], listed[i] = keys.ManifestKey(c.lives[i], r.cluster, g), "0"
-			if c.families[i] && keys.SameSlot(c.lives[i], r.cluster) {
-				// A family whose keys share its registry's slot has a
-				// manifest (not one in a group on a cluster).
-				listed[i] = "1"
-			}
-		}
-		index := map[string]int{}
-		args := append([]string{strconv.Itoa(n), strconv.Itoa(opts.MaxLog), strconv.Itoa(c.count())}, gens...)
-		args = append(args, listed...)
-		for i, ops := range c.lists {
-			g, _ := strconv.ParseInt(gens[i], 10, 64)
-			for _, o := range ops {
-				k := o.Key
-				if g != 0 {
-					head, tail := genShape(c.lives[i], c.families[i], o.Key)
-					k = head + gens[i] + tail
-				}
-				j, ok := index[k]
-				if !ok {
-					ks = append(ks, k)
-					j = len(ks) - 7*n
-					index[k] = j
-				}
-				args = append(args, strconv.Itoa(i+1), strconv.Itoa(j), o.Key, o.Cmd, strconv.Itoa(len(o.Args)))
-				args = append(args, o.Args...)
-			}
-		}
+		ks, args := r.genApplyCall(c, gens, opts.MaxLog)
 		if dup := FirstDuplicate(ks); dup != "" {
 			return fail(fmt.Errorf("key %q is both a live key and one of keyswap's own", dup))
 		}
@@ -503,6 +453,76 @@ func (r Changes) GenApply(ctx context.Context, opts GenApplyOptions) (Applied, e
 		return out, nil
 	}
 	return fail(fmt.Errorf("%w: the indexes' pointers moved %d times while the change was applied (flips in quick succession); nothing applied: apply it again", ErrInProgress, genApplyTries))
+}
+
+// resolvePointers reads the pointer of each index whose live key (or
+// family prefix) is in lives: its generation, or "0" for an index without
+// a pointer. A pointer that is not a generation is ErrTampered: readers
+// refuse it too, and writing where it seems to point would write where
+// nobody reads.
+func (r Changes) resolvePointers(ctx context.Context, op, key string, lives []string) ([]string, error) {
+	pointers := make(rueidis.Commands, len(lives))
+	for i, l := range lives {
+		pointers[i] = r.client.B().Get().Key(keys.PointerKey(l, r.cluster)).Build()
+	}
+	gens := make([]string, len(lives))
+	for i, res := range r.client.DoMulti(ctx, pointers...) {
+		g, err := res.ToString()
+		if rueidis.IsRedisNil(err) {
+			g, err = "0", nil
+		}
+		if err != nil {
+			return nil, Fail(ctx, op, key, fmt.Errorf("GET %s: %w", keys.PointerKey(lives[i], r.cluster), err))
+		}
+		if g != "0" && !isGeneration(g) {
+			return nil, &Error{Op: op, Key: lives[i], Err: fmt.Errorf("%w: %s holds %.40q, not a generation; nothing written", ErrTampered, keys.PointerKey(lives[i], r.cluster), g)}
+		}
+		gens[i] = g
+	}
+	return gens, nil
+}
+
+// genApplyCall returns genapply.lua's keys and arguments for change c on
+// the generations gens (as resolvePointers returns them): for each index
+// its lock, record, log, pointer, registry, cut-over mark and manifest,
+// then every key the ops write, once, in the generation's shape.
+func (r Changes) genApplyCall(c change, gens []string, maxLog int) (ks, args []string) {
+	n := len(c.locks)
+	ks = make([]string, 7*n)
+	listed := make([]string, n)
+	for i, l := range c.locks {
+		ks[i], ks[n+i], ks[2*n+i] = l, keys.RecordKey(l), keys.LogKey(l)
+		ks[3*n+i], ks[4*n+i] = keys.PointerKey(c.lives[i], r.cluster), keys.RegistryKey(c.lives[i], r.cluster)
+		ks[5*n+i] = keys.CutOverKey(l)
+		g, _ := strconv.ParseInt(gens[i], 10, 64)
+		ks[6*n+i], listed[i] = keys.ManifestKey(c.lives[i], r.cluster, g), "0"
+		if c.families[i] && keys.SameSlot(c.lives[i], r.cluster) {
+			// A family whose keys share its registry's slot has a
+			// manifest (not one in a group on a cluster).
+			listed[i] = "1"
+		}
+	}
+	index := map[string]int{}
+	args = append([]string{strconv.Itoa(n), strconv.Itoa(maxLog), strconv.Itoa(c.count())}, gens...)
+	args = append(args, listed...)
+	for i, ops := range c.lists {
+		for _, o := range ops {
+			k := o.Key
+			if gens[i] != "0" {
+				head, tail := genShape(c.lives[i], c.families[i], o.Key)
+				k = head + gens[i] + tail
+			}
+			j, ok := index[k]
+			if !ok {
+				ks = append(ks, k)
+				j = len(ks) - 7*n
+				index[k] = j
+			}
+			args = append(args, strconv.Itoa(i+1), strconv.Itoa(j), o.Key, o.Cmd, strconv.Itoa(len(o.Args)))
+			args = append(args, o.Args...)
+		}
+	}
+	return ks, args
 }
 
 // isGeneration reports whether s is a generation as the scripts write it:
