@@ -91,41 +91,57 @@ func (r *core) checks(ts *targets, held bool) []protocol.Check {
 			add(reg, "TYPE", "HGETALL", "HSET")
 			continue
 		}
-		// The allocation, the flip, and the removal of the run's failed
-		// or retired generations (gens: reading the registry, the pointer
-		// and the lock with their types, then deleting chunks found by
-		// SCAN, each with the state checked, and the field last).
-		add(ptr, "GET", "SET", "TYPE")
-		add(reg, "HINCRBY", "HSET", "HGET", "HGETALL", "HDEL", "TYPE")
-		add(r.lockKeys[i], "TYPE")
-		add(temp, "UNLINK")
-		add("", "SCAN", "TIME")
-		if r.owners[i].family && keys.SameSlot(r.lives[i], cluster) {
-			// The generation's manifest: the writes add to it, the removal
-			// reads it, and deletes its chunks in WATCH ... EXEC.
-			add(keys.ManifestKey(r.lives[i], cluster, 0), "SADD", "SISMEMBER", "SSCAN", "UNLINK")
-			add(keys.ManifestListKey(r.lives[i], cluster, 0), "RPUSH", "LRANGE", "UNLINK")
-			add(reg, "WATCH")
-			add("", "MULTI", "EXEC", "UNWATCH")
-		}
+		r.genChecks(i, temp, add)
 	}
 	if r.opts.Publish == Generations {
-		for _, l := range r.lockKeys {
-			// The cut-over marks: the flip reads each, and deletes those
-			// the run set; a run whose keys spread over a cluster's
-			// slots sets them (SET with PX) after a flip refused for a
-			// tail.
-			mark := keys.CutOverKey(l)
-			add(mark, "GET")
-			if r.spreads() {
-				add(mark, "SET", "DEL")
-			}
+		r.runGenChecks(add)
+	}
+	return c
+}
+
+// genChecks adds, for index i of a run in Generations mode whose temp key
+// (in the run's naming) is temp, the rights of its allocation, flip and
+// removals.
+func (r *core) genChecks(i int, temp string, add func(key string, cmds ...string)) {
+	cluster := r.redis.Names()
+	ptr, reg := keys.PointerKey(r.lives[i], cluster), keys.RegistryKey(r.lives[i], cluster)
+	// The allocation, the flip, and the removal of the run's failed
+	// or retired generations (gens: reading the registry, the pointer
+	// and the lock with their types, then deleting chunks found by
+	// SCAN, each with the state checked, and the field last).
+	add(ptr, "GET", "SET", "TYPE")
+	add(reg, "HINCRBY", "HSET", "HGET", "HGETALL", "HDEL", "TYPE")
+	add(r.lockKeys[i], "TYPE")
+	add(temp, "UNLINK")
+	add("", "SCAN", "TIME")
+	if r.owners[i].family && keys.SameSlot(r.lives[i], cluster) {
+		// The generation's manifest: the writes add to it, the removal
+		// reads it, and deletes its chunks in WATCH ... EXEC.
+		add(keys.ManifestKey(r.lives[i], cluster, 0), "SADD", "SISMEMBER", "SSCAN", "UNLINK")
+		add(keys.ManifestListKey(r.lives[i], cluster, 0), "RPUSH", "LRANGE", "UNLINK")
+		add(reg, "WATCH")
+		add("", "MULTI", "EXEC", "UNWATCH")
+	}
+}
+
+// runGenChecks adds the rights a run in Generations mode needs once, not
+// per index: its cut-over marks and, on a cluster, its per-slot counters.
+func (r *core) runGenChecks(add func(key string, cmds ...string)) {
+	cluster := r.redis.Names()
+	for _, l := range r.lockKeys {
+		// The cut-over marks: the flip reads each, and deletes those
+		// the run set; a run whose keys spread over a cluster's
+		// slots sets them (SET with PX) after a flip refused for a
+		// tail.
+		mark := keys.CutOverKey(l)
+		add(mark, "GET")
+		if r.spreads() {
+			add(mark, "SET", "DEL")
 		}
 	}
-	if r.opts.Publish == Generations && cluster.Cluster {
+	if cluster.Cluster {
 		// The per-slot counters of the run's writes (the slot does not
 		// change the rights an ACL pattern grants).
 		add(keys.CounterKey(keys.Base(r.lives[0], cluster), 0, 0), "INCR", "EXPIRE", "GET", "UNLINK")
 	}
-	return c
 }
