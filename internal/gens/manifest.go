@@ -15,10 +15,11 @@ import (
 // (its run listed every key it wrote, in the transaction of each write,
 // and so did Apply while g was current). A generation made by a run that
 // did not list its keys, one of a run that crashed or failed before its
-// flip, and a manifest or a list of another type (not keyswap's) are
-// scanned.
+// flip (building, or retired:0 by its own discard), a manifest or a list of
+// another type (not keyswap's), and a list that is gone (evicted, or
+// deleted: its keys would be found by nothing else) are scanned.
 func (s *sweeper) listed(ctx context.Context, g int64, st State, sameSlot bool) (bool, error) {
-	if !sameSlot || s.own || st.Kind != Retired {
+	if !sameSlot || s.own || st.Kind != Retired || st.RetiredAt.UnixMilli() == 0 {
 		return false, nil
 	}
 	m, list := keys.ManifestKey(s.idx.Live, s.names(), g), keys.ManifestListKey(s.idx.Live, s.names(), g)
@@ -34,7 +35,7 @@ func (s *sweeper) listed(ctx context.Context, g int64, st State, sameSlot bool) 
 	if err != nil {
 		return false, fmt.Errorf("TYPE %s: %w", list, err)
 	}
-	return ok && (typ == "list" || typ == "none"), nil
+	return ok && typ == "list", nil
 }
 
 // byManifest deletes the keys of generation g that its manifest lists:

@@ -115,7 +115,10 @@ func TestSweepReadsListedManifest(t *testing.T) {
 // that did not list, or only Apply's writes), one of a run that crashed
 // before its flip (building, its lock gone: the crash may have come
 // between writes and marking anything), a manifest that is not a set, and
-// a list that is not a list.
+// a list that is not a list, a list that is gone while the set keeps its
+// mark (evicted, or deleted: the run's keys would be found by nothing
+// else), and the generation of a run that failed and disowned it
+// (retired:0) whose set holds the mark (only another process writes that).
 // Each misses a key, which the SCAN finds; members naming other keys stay
 // untouched.
 func TestSweepScansUnprovenManifest(t *testing.T) {
@@ -133,6 +136,10 @@ func TestSweepScansUnprovenManifest(t *testing.T) {
 			f.sadd(keys.ManifestListKey(f.idx.Live, f.cluster, 1), ks...)
 			f.sadd(keys.ManifestKey(f.idx.Live, f.cluster, 1), keys.ManifestListed)
 		}},
+		{"list gone", retired(time.Unix(1, 0)), func(f *fixture, ks []string) {
+			f.sadd(keys.ManifestKey(f.idx.Live, f.cluster, 1), append(ks, keys.ManifestListed)...)
+		}},
+		{"disowned", retired(time.UnixMilli(0)), func(f *fixture, ks []string) { f.manifest(1, true, ks...) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			forShapes(t, func(t *testing.T, f *fixture) {
