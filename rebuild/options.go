@@ -254,7 +254,11 @@ type Options struct {
 	// share a hash slot. A group with a '{' or '}', or a Group in
 	// RenameInPlace mode (a rename needs the lock and the data in one
 	// slot), is an error of New that names the problem and matches
-	// reader.ErrBadGroup.
+	// reader.ErrBadGroup. Never run one index under two groups, or with
+	// and without one: the data keys of a generation do not name the
+	// group, so a run of the other would write into, and on failure
+	// remove, generations the first still reads (only an index's pointer
+	// outside the group is detected, as ErrGroupConflict).
 	Group string
 	// Grace, in Generations mode, is how long a generation a flip retired
 	// stays readable before the run removes it: longer than the time a
