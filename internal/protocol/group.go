@@ -64,8 +64,8 @@ func (r Generations) claimed(ctx context.Context, op, live string, res rueidis.R
 	case code == codeInGroup:
 		return &Error{Op: op, Key: live, Err: fmt.Errorf("%w; nothing written", keys.GroupConflict(live, ptr, rep.str(2), r.cluster.Group))}
 	case code == codeUngrouped:
-		return &Error{Op: op, Key: live, Err: fmt.Errorf("%w: index %s has generations of runs without a group (%s: %s), whose data keys share names with group %q's; nothing written. Go on without the group, or move the index out of Generations mode without a group first (a RenameInPlace run, then a sweep of its generations)",
-			keys.ErrGroupConflict, live, keys.Base(live, own), rep.str(1), r.cluster.Group)}
+		return &Error{Op: op, Key: live, Err: fmt.Errorf("%w: index %s has generations of runs without a group (%s %s), whose data keys have the names group %q's would; nothing written. Go on without the group, or move the index out of Generations mode first (a run without the group in RenameInPlace mode, then a sweep of its generations once their grace is over)",
+			keys.ErrGroupConflict, live, rep.str(1), rep.str(2), r.cluster.Group)}
 	}
 	return &Error{Op: op, Key: live, Err: fmt.Errorf("unexpected claim script reply %v", rep)}
 }

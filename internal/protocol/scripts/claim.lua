@@ -18,13 +18,14 @@
 --
 -- Returns {OK}: the pointer holds the marker (set now, or before).
 --         {IN_GROUP, 1, group}: the pointer names another group; nothing written.
---         {UNGROUPED, why}: generations of runs without a group exist (a
---           pointer, or a field of the registry other than next), or the
---           keys hold what no run writes; nothing written.
+--         {UNGROUPED, key, what}: generations of runs without a group
+--           exist (a pointer, or a field of the registry other than next),
+--           or the keys hold what no run writes: key (the pointer or the
+--           registry) is or holds what; nothing written.
 local ptrKey, reg, marker = KEYS[1], KEYS[2], ARGV[1]
 local kind = redis.call('TYPE', ptrKey)['ok']
 if kind ~= 'string' and kind ~= 'none' then
-  return {UNGROUPED, 'the pointer is a ' .. kind}
+  return {UNGROUPED, ptrKey, 'is a ' .. kind}
 end
 local ptr = redis.call('GET', ptrKey)
 if ptr == marker then
@@ -34,16 +35,16 @@ if ptr then
   if string.sub(ptr, 1, 6) == 'group:' then
     return {IN_GROUP, 1, string.sub(ptr, 7)}
   end
-  return {UNGROUPED, 'the pointer holds ' .. string.format('%q', string.sub(ptr, 1, 40))}
+  return {UNGROUPED, ptrKey, 'holds ' .. string.format('%q', string.sub(ptr, 1, 40))}
 end
 kind = redis.call('TYPE', reg)['ok']
 if kind ~= 'hash' and kind ~= 'none' then
-  return {UNGROUPED, 'the registry is a ' .. kind}
+  return {UNGROUPED, reg, 'is a ' .. kind}
 end
 if kind == 'hash' then
   for _, f in ipairs(redis.call('HKEYS', reg)) do
     if f ~= 'next' then
-      return {UNGROUPED, 'the registry holds generation ' .. string.format('%q', string.sub(f, 1, 40)) .. ' (' .. string.format('%q', string.sub(redis.call('HGET', reg, f) or '', 1, 40)) .. ')'}
+      return {UNGROUPED, reg, 'holds generation ' .. string.format('%q', string.sub(f, 1, 40)) .. ' (' .. string.format('%q', string.sub(redis.call('HGET', reg, f) or '', 1, 40)) .. ')'}
     end
   end
 end
