@@ -24,6 +24,7 @@ import (
 const (
 	modeRename      = "rename"      // no pointer: the data is the plain keys
 	modeGenerations = "generations" // a pointer names the current generation
+	modeGroup       = "group"       // the pointer without a group holds a group's claim (SPEC C102)
 )
 
 // genStatus is an index's registry and pointer, as status shows them.
@@ -78,6 +79,9 @@ type buildingGen struct {
 
 // mode returns the index's mode.
 func (g *genStatus) mode() string {
+	if g != nil && g.InGroup != "" {
+		return modeGroup
+	}
 	if g == nil || g.Current == 0 {
 		return modeRename
 	}
@@ -281,7 +285,7 @@ func (g *genStatus) columns(now time.Time) []string {
 		return []string{"?", "?", "?", "?", "?", "unreadable: " + g.Corrupt}
 	}
 	if g.InGroup != "" {
-		return []string{"group", "-", "-", "-", "-", "in group " + displayKey(g.InGroup) + ": pass --group " + displayKey(g.InGroup)}
+		return []string{modeGroup, "-", "-", "-", "-", "in group " + displayKey(g.InGroup) + ": pass --group " + displayKey(g.InGroup)}
 	}
 	cur, prev := "-", "-"
 	if g.Current != 0 {
