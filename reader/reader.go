@@ -26,8 +26,8 @@ var ErrBadPointer = errors.New("pointer holds no generation")
 // Error is the error type of a [Reader]'s methods. Op names the step that
 // failed ("new", "resolve", "recheck", or the read, such as "hget"), Key
 // the key it was working on (the pointer when resolving, the data key when
-// reading), and Err the cause: [ErrBadPointer], a Redis or transport error,
-// or a description of bad options.
+// reading), and Err the cause: [ErrBadPointer], [ErrGroupConflict], a Redis
+// or transport error, or a description of bad options.
 type Error struct {
 	Op  string
 	Key string
