@@ -315,3 +315,35 @@ func TestGroupClaimRenameInPlace(t *testing.T) {
 		wantBuckets(t, d, prefix, 1, us)
 	})
 }
+
+func TestGroupClaimBeforeFlip(t *testing.T) {
+	// C102: a claim that reaches the pointer of a run without a group
+	// between its allocation and its flip (a SET by hand: a run in a group
+	// is refused while the run's generation is building) refuses the flip
+	// (flip.lua): ErrGroupConflict naming the group, the claim kept, the
+	// run's generation removed, its lock released.
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		ctx := redistest.Ctx(t)
+		ga, _, prefix := fenceNames(d)
+		ptr := keys.PointerKey(prefix, d.Cluster)
+		flip := redistest.ScriptNamed("flip")
+		var set atomic.Bool
+		hooked := rueidishook.WithHook(d.Client, redistest.Hook{
+			OnDo: func(c rueidis.Client, hctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
+				if flip.Is(cmd.Commands()) && set.CompareAndSwap(false, true) {
+					redistest.Cmd(t, d.Other, "SET", ptr, keys.GroupMarker(ga))
+				}
+				return c.Do(hctx, cmd)
+			},
+		})
+		own := redistest.Rebuilder(t, hooked, rebuild.Options{Publish: rebuild.Generations, BatchSize: 50, Grace: 50 * time.Millisecond}, genSetIndex(prefix))
+		_, err := own.Run(ctx, sources.Slice(genUsers(50, 5)))
+		if !set.Load() {
+			t.Fatal("the run never flipped")
+		}
+		wantGroupConflict(t, "Run", err, fmt.Sprintf("in group %q", ga))
+		redistest.WantString(t, d.Other, ptr, keys.GroupMarker(ga))
+		wantNoGeneration(t, d, prefix, 1)
+		redistest.WantAbsent(t, d.Other, keys.LockKey(prefix, d.Cluster))
+	})
+}

@@ -113,8 +113,10 @@ func GroupMarker(group string) string { return GroupMarkerPrefix + group }
 // ParseGroupMarker returns the group a pointer's value v names, when v is
 // a GroupMarker.
 func ParseGroupMarker(v string) (group string, ok bool) {
-	group, ok = strings.CutPrefix(v, GroupMarkerPrefix)
-	return group, ok
+	if group, ok = strings.CutPrefix(v, GroupMarkerPrefix); !ok {
+		return "", false
+	}
+	return group, true
 }
 
 // ErrGroupConflict reports that an index belongs to a group other than

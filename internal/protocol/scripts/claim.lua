@@ -15,8 +15,12 @@
 -- KEYS[1] the index's pointer without a group (keys.PointerKey)
 -- KEYS[2] its registry without a group (keys.RegistryKey)
 -- ARGV[1] the marker: 'group:' .. the group
+-- ARGV[2] '1' to check only: the checks, then {OK, 0} where the claim
+--         would set the marker, without setting it
 --
--- Returns {OK}: the pointer holds the marker (set now, or before).
+-- Returns {OK, 1}: the pointer holds the marker (set before).
+--         {OK, 0}: the pointer did not, and holds it now (or, checking
+--           only, would).
 --         {IN_GROUP, 1, group}: the pointer names another group; nothing written.
 --         {UNGROUPED, key, what}: generations of runs without a group
 --           exist (a pointer, or a field of the registry other than next),
@@ -29,7 +33,7 @@ if kind ~= 'string' and kind ~= 'none' then
 end
 local ptr = redis.call('GET', ptrKey)
 if ptr == marker then
-  return {OK}
+  return {OK, 1}
 end
 if ptr then
   if string.sub(ptr, 1, 6) == 'group:' then
@@ -48,5 +52,7 @@ if kind == 'hash' then
     end
   end
 end
-redis.call('SET', ptrKey, marker)
-return {OK}
+if ARGV[2] ~= '1' then
+  redis.call('SET', ptrKey, marker)
+end
+return {OK, 0}
