@@ -97,10 +97,11 @@ func (x *runState) allocate(ctx context.Context) error {
 	// while the index has generations of runs without it, or is another
 	// group's. It comes after the locks, whose acquire checked its rights
 	// with the run's, so that a user lacking one writes nothing.
-	if err := r.redis.Generations.ClaimGroup(ctx, "acquire", r.lives); err != nil {
+	floors, err := r.redis.Generations.ClaimGroup(ctx, "acquire", r.lives)
+	if err != nil {
 		return err
 	}
-	gens, current, err := r.redis.Generations.AllocateGenerations(ctx, "acquire", r.key, x.locks, r.lives)
+	gens, current, err := r.redis.Generations.AllocateGenerations(ctx, "acquire", r.key, x.locks, r.lives, floors)
 	if err != nil {
 		return err
 	}

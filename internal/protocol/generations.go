@@ -49,7 +49,7 @@ const UnlinkChunk = 256
 // (0 for an index without a pointer, in the rename-in-place shape): it
 // stays current while the locks are held, as only a flip or a rollback,
 // fenced by them, moves a pointer.
-func (r Generations) AllocateGenerations(ctx context.Context, op, key string, locks []*Lock, lives []string) (gens, current []int64, err error) {
+func (r Generations) AllocateGenerations(ctx context.Context, op, key string, locks []*Lock, lives []string, floors []int64) (gens, current []int64, err error) {
 	lockKeys, token, err := CheckLocks(op, locks)
 	if err != nil {
 		return nil, nil, err
@@ -64,7 +64,15 @@ func (r Generations) AllocateGenerations(ctx context.Context, op, key string, lo
 	if err := r.SameSlot(op, key, ks...); err != nil {
 		return nil, nil, err
 	}
-	res, err := parseReply(genallocScript.Exec(ctx, r.client, ks, []string{token, strconv.Itoa(len(lockKeys))}))
+	args := []string{token, strconv.Itoa(len(lockKeys))}
+	for i := range lives {
+		f := int64(0)
+		if i < len(floors) {
+			f = floors[i]
+		}
+		args = append(args, strconv.FormatInt(f, 10))
+	}
+	res, err := parseReply(genallocScript.Exec(ctx, r.client, ks, args))
 	if err != nil {
 		return nil, nil, Fail(ctx, op, key, err)
 	}

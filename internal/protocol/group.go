@@ -3,6 +3,7 @@ package protocol
 import (
 	"context"
 	"fmt"
+	"strconv"
 
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/redis/rueidis"
@@ -27,13 +28,13 @@ var claimScript = newScript("claim", true)
 // claims those not yet claimed (a second round trip, none when all were):
 // each claim checks again in its own step, so a change in between is
 // refused there, never overwritten.
-func (r Generations) ClaimGroup(ctx context.Context, op string, lives []string) error {
+func (r Generations) ClaimGroup(ctx context.Context, op string, lives []string) ([]int64, error) {
 	if r.cluster.Group == "" {
-		return nil
+		return nil, nil
 	}
-	claimed, err := r.claim(ctx, op, lives, true)
+	claimed, floors, err := r.claim(ctx, op, lives, true)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	var rest []string
 	for i, l := range lives {
@@ -42,15 +43,15 @@ func (r Generations) ClaimGroup(ctx context.Context, op string, lives []string) 
 		}
 	}
 	if len(rest) == 0 {
-		return nil
+		return floors, nil
 	}
-	_, err = r.claim(ctx, op, rest, false)
-	return err
+	_, _, err = r.claim(ctx, op, rest, false)
+	return floors, err
 }
 
 // claim runs claim.lua for each index of lives, checking only when check
 // is set, and returns whether each was claimed already.
-func (r Generations) claim(ctx context.Context, op string, lives []string, check bool) ([]bool, error) {
+func (r Generations) claim(ctx context.Context, op string, lives []string, check bool) ([]bool, []int64, error) {
 	own := keys.Names{Cluster: r.cluster.Cluster}
 	args := []string{keys.GroupMarker(r.cluster.Group), "0"}
 	if check {
@@ -69,38 +70,40 @@ func (r Generations) claim(ctx context.Context, op string, lives []string, check
 		}
 	}
 	claimed := make([]bool, len(lives))
+	floors := make([]int64, len(lives))
 	for i, res := range results {
-		was, err := r.claimed(ctx, op, lives[i], res)
+		was, floor, err := r.claimed(ctx, op, lives[i], res)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		claimed[i] = was
+		claimed[i], floors[i] = was, floor
 	}
-	return claimed, nil
+	return claimed, floors, nil
 }
 
 // claimed returns whether the claim of live whose reply is res found it
 // claimed already, or its error.
-func (r Generations) claimed(ctx context.Context, op, live string, res rueidis.RedisResult) (bool, error) {
+func (r Generations) claimed(ctx context.Context, op, live string, res rueidis.RedisResult) (bool, int64, error) {
 	own := keys.Names{Cluster: r.cluster.Cluster}
 	ptr := keys.PointerKey(live, own)
 	rep, err := parseReply(res)
 	if err != nil {
-		return false, Fail(ctx, op, live, fmt.Errorf("the claim of %s for group %q: %w", ptr, r.cluster.Group, err))
+		return false, 0, Fail(ctx, op, live, fmt.Errorf("the claim of %s for group %q: %w", ptr, r.cluster.Group, err))
 	}
 	switch code, err := rep.code(); {
 	case err != nil:
-		return false, &Error{Op: op, Key: live, Err: fmt.Errorf("unexpected claim script reply: %w", err)}
-	case code == codeOK && len(rep) == 2:
+		return false, 0, &Error{Op: op, Key: live, Err: fmt.Errorf("unexpected claim script reply: %w", err)}
+	case code == codeOK && len(rep) == 3:
 		was, _ := rep.int(1)
-		return was == 1, nil
+		floor, _ := strconv.ParseInt(rep.str(2), 10, 64)
+		return was == 1, floor, nil
 	case code == codeInGroup:
-		return false, &Error{Op: op, Key: live, Err: fmt.Errorf("%w; nothing written", keys.GroupConflict(live, ptr, rep.str(2), r.cluster.Group))}
+		return false, 0, &Error{Op: op, Key: live, Err: fmt.Errorf("%w; nothing written", keys.GroupConflict(live, ptr, rep.str(2), r.cluster.Group))}
 	case code == codeUngrouped:
-		return false, &Error{Op: op, Key: live, Err: fmt.Errorf("%w: index %s has generations of runs without a group (%s %s), whose data keys have the names group %q's would; nothing written. Go on without the group, or move the index out of Generations mode first (a run without the group in RenameInPlace mode, then a sweep of its generations once their grace is over)",
+		return false, 0, &Error{Op: op, Key: live, Err: fmt.Errorf("%w: index %s has generations of runs without a group (%s %s), whose data keys have the names group %q's would; nothing written. Go on without the group, or move the index out of Generations mode first (a run without the group in RenameInPlace mode, then a sweep of its generations once their grace is over)",
 			keys.ErrGroupConflict, live, rep.str(1), rep.str(2), r.cluster.Group)}
 	}
-	return false, &Error{Op: op, Key: live, Err: fmt.Errorf("unexpected claim script reply %v", rep)}
+	return false, 0, &Error{Op: op, Key: live, Err: fmt.Errorf("unexpected claim script reply %v", rep)}
 }
 
 // inGroup returns the error of a script that found the pointer of live

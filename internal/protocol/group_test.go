@@ -50,7 +50,7 @@ func TestClaimGroup(t *testing.T) {
 				for _, l := range lives {
 					before[l] = redistest.Snapshot(t, d.Other, keys.Base(l, d.Cluster)+":rebuild-")
 				}
-				err := protocol.NewInGroup(d.Client, group, nil).Generations.ClaimGroup(ctx, "acquire", lives)
+				_, err := protocol.NewInGroup(d.Client, group, nil).Generations.ClaimGroup(ctx, "acquire", lives)
 				if tc.says == "" {
 					if err != nil {
 						t.Fatalf("ClaimGroup: %v", err)
@@ -72,7 +72,7 @@ func TestClaimGroup(t *testing.T) {
 			})
 		}
 		// Without a group there is nothing to claim.
-		if err := protocol.New(d.Client, nil).Generations.ClaimGroup(ctx, "acquire", []string{d.Prefix + "none"}); err != nil {
+		if _, err := protocol.New(d.Client, nil).Generations.ClaimGroup(ctx, "acquire", []string{d.Prefix + "none"}); err != nil {
 			t.Errorf("ClaimGroup without a group: %v", err)
 		}
 		redistest.WantAbsent(t, d.Other, keys.PointerKey(d.Prefix+"none", d.Cluster))

@@ -32,8 +32,12 @@ if kind ~= 'string' and kind ~= 'none' then
   return {UNGROUPED, ptrKey, 'is a ' .. kind}
 end
 local ptr = redis.call('GET', ptrKey)
+local floor = '0'
+if redis.call('TYPE', reg)['ok'] == 'hash' then
+  floor = redis.call('HGET', reg, 'next') or '0'
+end
 if ptr == marker then
-  return {OK, 1}
+  return {OK, 1, floor}
 end
 if ptr then
   if string.sub(ptr, 1, 6) == 'group:' then
@@ -55,4 +59,4 @@ end
 if ARGV[2] ~= '1' then
   redis.call('SET', ptrKey, marker)
 end
-return {OK, 0}
+return {OK, 0, floor}

@@ -68,7 +68,7 @@ for i = 1, N do
     end
     n = tonumber(nx)
   end
-  local g = string.format('%d', math.max(n, cur) + 1)
+  local g = string.format('%d', math.max(n, cur, tonumber(ARGV[2 + i]) or 0) + 1)
   if redis.call('HEXISTS', reg, g) == 1 then
     return {BAD_REGISTRY, i, 'generation ' .. g .. ', the next one, is in the registry already'}
   end
