@@ -177,6 +177,8 @@ var unlinkScript = newScript(`
 local state = redis.call('HGET', KEYS[1], ARGV[1])
 if not state then
   if ARGV[5] ~= '1' then return -2 end
+  local p = redis.pcall('GET', KEYS[3])
+  if type(p) == 'string' and string.sub(p, 1, 6) == 'group:' then return -4 end
 elseif state ~= ARGV[2] then
   return -1
 end
@@ -680,6 +682,9 @@ func (s *sweeper) refusal(g int64, st State, field, lock, ptr rueidis.RedisResul
 		return "", fmt.Errorf("GET %s: %w", s.snap.PointerKey, err)
 	}
 	if err == nil && p == strconv.FormatInt(g, 10) {
+		return SkipPointer, nil
+	}
+	if _, claimed := keys.ParseGroupMarker(p); err == nil && claimed && s.own && rueidis.IsRedisNil(field.Error()) {
 		return SkipPointer, nil
 	}
 	return "", nil
