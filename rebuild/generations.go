@@ -96,7 +96,9 @@ func (x *runState) allocate(ctx context.Context) error {
 	// The claim first (SPEC C102): a run in a group allocates nothing
 	// while the index has generations of runs without it, or is another
 	// group's. It comes after the locks, whose acquire checked its rights
-	// with the run's, so that a user lacking one writes nothing.
+	// with the run's, so that a user lacking one writes nothing. Its
+	// floors put the group's generations above any a run without the
+	// group allocated, which may still write after losing its lock.
 	floors, err := r.redis.Generations.ClaimGroup(ctx, "acquire", r.lives)
 	if err != nil {
 		return err

@@ -99,6 +99,10 @@ const (
 	SkipGone     Reason = "its registry field was removed during the sweep, by another sweep or its run"
 	SkipWritten  Reason = "keys of it kept appearing"
 	SkipPointer  Reason = "the pointer names it: readers read it"
+	// SkipClaimed keeps the keys of RemoveOwn's generation whose field is
+	// gone while the pointer holds a group's claim (SPEC C102): the group
+	// may have allocated the same number, and the keys may be its own.
+	SkipClaimed Reason = "its field is gone and the pointer holds a group's claim: the keys may be the group's"
 )
 
 // Removed is a generation the sweep removed: its keys and its field.
@@ -168,17 +172,20 @@ func (opts Options) withDefaults() (Options, error) {
 // (empty unless building), ARGV[4] '1' to remove the field and the
 // manifest after the keys, ARGV[5] '1' when the caller built the
 // generation (RemoveOwn): an absent field then means that a sweep removed
-// it, and the keys are still the caller's to delete
+// it, and the keys are still the caller's to delete, unless the pointer
+// holds a group's claim (SPEC C102)
 // Returns the number of keys deleted; -1 the state changed, -2 the field is
 // gone, -3 the lock holds the token, -4 the pointer names the generation (a
-// flip ran whose reply its run lost, or a registry that lost its state):
-// then nothing changed.
+// flip ran whose reply its run lost, or a registry that lost its state),
+// -5 the caller's field is gone and the pointer holds a group's claim (a
+// group may have allocated the generation's number since): then nothing
+// changed.
 var unlinkScript = newScript(`
 local state = redis.call('HGET', KEYS[1], ARGV[1])
 if not state then
   if ARGV[5] ~= '1' then return -2 end
   local p = redis.pcall('GET', KEYS[3])
-  if type(p) == 'string' and string.sub(p, 1, 6) == 'group:' then return -4 end
+  if type(p) == 'string' and string.sub(p, 1, 6) == 'group:' then return -5 end
 elseif state ~= ARGV[2] then
   return -1
 end
@@ -213,7 +220,7 @@ return 1
 `, false)
 
 // The unlink script's refusals, as reasons.
-var refusals = map[int64]Reason{-1: SkipChanged, -2: SkipGone, -3: SkipRunning, -4: SkipPointer}
+var refusals = map[int64]Reason{-1: SkipChanged, -2: SkipGone, -3: SkipRunning, -4: SkipPointer, -5: SkipClaimed}
 
 // Sweep removes idx's generations that no reader reads and no run builds:
 // those retired more than opts.Grace before opts.Now, and those building
@@ -286,8 +293,11 @@ func begin(ctx context.Context, client rueidis.Client, idx Index, opts Options, 
 // alone and named in the result's Skipped (SkipChanged). An absent field
 // does not stop it: the generation was allocated to the caller, so its
 // keys are the caller's, and a sweep that removed the field while the run
-// had lost its lock and still wrote may have left some. An error leaves the
-// field, for a later sweep once the lock is gone.
+// had lost its lock and still wrote may have left some; unless the pointer
+// holds a group's claim (SPEC C102), set since the field went: a group's
+// generation with the same number may then be there, and the keys stay
+// (SkipClaimed). An error leaves the field, for a later sweep once the lock
+// is gone.
 //
 // It never removes a generation the index's pointer names, checked in the
 // same step as each deletion (SkipPointer): a run whose flip reply was lost
@@ -685,7 +695,7 @@ func (s *sweeper) refusal(g int64, st State, field, lock, ptr rueidis.RedisResul
 		return SkipPointer, nil
 	}
 	if _, claimed := keys.ParseGroupMarker(p); err == nil && claimed && s.own && rueidis.IsRedisNil(field.Error()) {
-		return SkipPointer, nil
+		return SkipClaimed, nil
 	}
 	return "", nil
 }

@@ -545,3 +545,34 @@ func TestRemoveOwnNeverRemovesWhatThePointerNames(t *testing.T) {
 		}
 	}
 }
+
+// TestRemoveOwnKeepsAClaimedIndex drives RemoveOwn as a run without a
+// group that allocated generation 2, lost its lock and had its field
+// removed by a sweep, after which a group claimed the index (C102): the
+// group may have allocated generation 2 itself (its registry lost the
+// floor), so the keys stay, whole, whatever their number.
+func TestRemoveOwnKeepsAClaimedIndex(t *testing.T) {
+	t.Parallel()
+	for _, sh := range shapes() {
+		for _, n := range []int{3, 300} {
+			t.Run(sh.name+"/"+strconv.Itoa(n)+"-keys", func(t *testing.T) {
+				t.Parallel()
+				f := newFixture(t, sh)
+				ctx := redistest.Ctx(t)
+				f.registry(keys.RegNext, "2")
+				f.set(f.pointerKey(), keys.GroupMarker("a"))
+				f.lock("tok")
+				f.gen(2, n)
+				res, err := gens.RemoveOwn(ctx, f.c, f.idx, 2, "tok", gens.Options{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				wantResult(t, res, nil, map[int64]gens.Reason{2: gens.SkipClaimed})
+				if res.Keys != 0 {
+					t.Errorf("%d keys deleted, want none", res.Keys)
+				}
+				f.check(map[string]string{keys.RegNext: "2"})
+			})
+		}
+	}
+}

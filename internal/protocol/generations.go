@@ -48,7 +48,9 @@ const UnlinkChunk = 256
 // generations, in the order of lives, and the generation current for each
 // (0 for an index without a pointer, in the rename-in-place shape): it
 // stays current while the locks are held, as only a flip or a rollback,
-// fenced by them, moves a pointer.
+// fenced by them, moves a pointer. Each generation is above floors[i], if
+// given: the floors ClaimGroup returns (SPEC C102); nil allocates above the
+// registry's own next and pointer only.
 func (r Generations) AllocateGenerations(ctx context.Context, op, key string, locks []*Lock, lives []string, floors []int64) (gens, current []int64, err error) {
 	lockKeys, token, err := CheckLocks(op, locks)
 	if err != nil {

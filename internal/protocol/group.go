@@ -19,8 +19,17 @@ var claimScript = newScript("claim", true)
 // keys.GroupMarker(group), and a run or a reader without the group, or in
 // another, refuses the index. It returns an error matching
 // keys.ErrGroupConflict, naming the index and what it found, when an index
-// is in another group or has generations of runs without a group. With
-// no group it does nothing.
+// is in another group or has generations of runs without a group, and
+// one matching ErrTampered, naming the registry, when the field next of
+// the index's registry without a group is not digits. With no group it
+// does nothing and returns no floors.
+//
+// It returns each index's floor: the field next of its registry without a
+// group (0 when absent), the last generation a run without the group
+// allocated. The run passes them to AllocateGenerations, which allocates
+// above them: a run without the group that allocated before the claim and
+// then lost its lock (its registry field removed by a sweep) writes, or
+// removes, data keys no generation of the group shares.
 //
 // It checks every index first (one claim.lua per index, checking only, in
 // one round trip: on a cluster the indexes' own bases are in different
@@ -45,12 +54,23 @@ func (r Generations) ClaimGroup(ctx context.Context, op string, lives []string) 
 	if len(rest) == 0 {
 		return floors, nil
 	}
-	_, _, err = r.claim(ctx, op, rest, false)
-	return floors, err
+	// The floor of an index claimed now is the one read in the claim's
+	// step: after it, no run without the group allocates.
+	_, after, err := r.claim(ctx, op, rest, false)
+	if err != nil {
+		return nil, err
+	}
+	j := 0
+	for i := range lives {
+		if !claimed[i] {
+			floors[i], j = after[j], j+1
+		}
+	}
+	return floors, nil
 }
 
 // claim runs claim.lua for each index of lives, checking only when check
-// is set, and returns whether each was claimed already.
+// is set, and returns whether each was claimed already and its floor.
 func (r Generations) claim(ctx context.Context, op string, lives []string, check bool) ([]bool, []int64, error) {
 	own := keys.Names{Cluster: r.cluster.Cluster}
 	args := []string{keys.GroupMarker(r.cluster.Group), "0"}
@@ -82,7 +102,7 @@ func (r Generations) claim(ctx context.Context, op string, lives []string, check
 }
 
 // claimed returns whether the claim of live whose reply is res found it
-// claimed already, or its error.
+// claimed already and the floor it read, or its error.
 func (r Generations) claimed(ctx context.Context, op, live string, res rueidis.RedisResult) (bool, int64, error) {
 	own := keys.Names{Cluster: r.cluster.Cluster}
 	ptr := keys.PointerKey(live, own)
@@ -95,8 +115,15 @@ func (r Generations) claimed(ctx context.Context, op, live string, res rueidis.R
 		return false, 0, &Error{Op: op, Key: live, Err: fmt.Errorf("unexpected claim script reply: %w", err)}
 	case code == codeOK && len(rep) == 3:
 		was, _ := rep.int(1)
-		floor, _ := strconv.ParseInt(rep.str(2), 10, 64)
+		// claim.lua checked the floor; a reply not digits is no floor.
+		floor, err := strconv.ParseInt(rep.str(2), 10, 64)
+		if err != nil || floor < 0 {
+			return false, 0, &Error{Op: op, Key: live, Err: fmt.Errorf("unexpected claim script reply %v: the floor is not a generation", rep)}
+		}
 		return was == 1, floor, nil
+	case code == codeBadRegistry:
+		return false, 0, &Error{Op: op, Key: live, Err: fmt.Errorf("%w: %s: %s, a state no run leaves (written by hand); nothing written. It holds the last generation a run without a group allocated, which group %q's generations start above: set it to that generation (HSET %s next <G>), or delete it if no run without a group ever ran on index %s",
+			ErrTampered, rep.str(1), rep.str(2), r.cluster.Group, rep.str(1), live)}
 	case code == codeInGroup:
 		return false, 0, &Error{Op: op, Key: live, Err: fmt.Errorf("%w; nothing written", keys.GroupConflict(live, ptr, rep.str(2), r.cluster.Group))}
 	case code == codeUngrouped:

@@ -2,6 +2,7 @@ package protocol_test
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 
@@ -17,9 +18,11 @@ func TestClaimGroup(t *testing.T) {
 	// no TTL), holding the marker (unchanged), another group's marker, a
 	// generation, a value no run writes, another type; the registry
 	// outside the group holding only next (claimed), a generation, another
-	// type. A refusal names what it found and writes nothing, for the
-	// other index either: the claim checks every index before it claims
-	// any.
+	// type, a next not digits (ErrTampered naming the registry: the floor
+	// is unknown). A claim returns each index's floor, the next of its
+	// registry outside the group. A refusal names what it found and writes
+	// nothing, for the other index either: the claim checks every index
+	// before it claims any.
 	env.ForEachDeployment(t, func(t *testing.T, d redistest.Deployment) {
 		ctx := redistest.Ctx(t)
 		const group = "g"
@@ -27,16 +30,22 @@ func TestClaimGroup(t *testing.T) {
 			name  string
 			setup []string // a command on the first index's keys: {cmd, "ptr"|"reg", args...}
 			says  string   // "" for a claim
+			floor int64    // the first index's floor, for a claim
+			err   error    // the refusal's sentinel: nil for ErrGroupConflict
 		}{
-			{"absent", nil, ""},
-			{"claimed", []string{"SET", "ptr", keys.GroupMarker(group)}, ""},
-			{"next only", []string{"HSET", "reg", keys.RegNext, "4"}, ""},
-			{"other group", []string{"SET", "ptr", keys.GroupMarker("h")}, `in group "h"`},
-			{"generation", []string{"SET", "ptr", "3"}, `holds "3"`},
-			{"junk", []string{"SET", "ptr", "x y"}, `holds "x y"`},
-			{"pointer type", []string{"HSET", "ptr", "a", "b"}, "is a hash"},
-			{"retired", []string{"HSET", "reg", keys.RegNext, "2", "2", "retired:1"}, `holds generation "2" ("retired:1")`},
-			{"registry type", []string{"SET", "reg", "x"}, "is a string"},
+			{"absent", nil, "", 0, nil},
+			{"claimed", []string{"SET", "ptr", keys.GroupMarker(group)}, "", 0, nil},
+			{"next only", []string{"HSET", "reg", keys.RegNext, "4"}, "", 4, nil},
+			{"next zero", []string{"HSET", "reg", keys.RegNext, "0"}, "", 0, nil},
+			{"next junk", []string{"HSET", "reg", keys.RegNext, "x"}, `its field next holds "x"`, 0, protocol.ErrTampered},
+			{"next leading zero", []string{"HSET", "reg", keys.RegNext, "04"}, `its field next holds "04"`, 0, protocol.ErrTampered},
+			{"next negative", []string{"HSET", "reg", keys.RegNext, "-1"}, `its field next holds "-1"`, 0, protocol.ErrTampered},
+			{"other group", []string{"SET", "ptr", keys.GroupMarker("h")}, `in group "h"`, 0, nil},
+			{"generation", []string{"SET", "ptr", "3"}, `holds "3"`, 0, nil},
+			{"junk", []string{"SET", "ptr", "x y"}, `holds "x y"`, 0, nil},
+			{"pointer type", []string{"HSET", "ptr", "a", "b"}, "is a hash", 0, nil},
+			{"retired", []string{"HSET", "reg", keys.RegNext, "2", "2", "retired:1"}, `holds generation "2" ("retired:1")`, 0, nil},
+			{"registry type", []string{"SET", "reg", "x"}, "is a string", 0, nil},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				lives := []string{d.Prefix + tc.name + ":a", d.Prefix + tc.name + ":b"}
@@ -50,10 +59,13 @@ func TestClaimGroup(t *testing.T) {
 				for _, l := range lives {
 					before[l] = redistest.Snapshot(t, d.Other, keys.Base(l, d.Cluster)+":rebuild-")
 				}
-				_, err := protocol.NewInGroup(d.Client, group, nil).Generations.ClaimGroup(ctx, "acquire", lives)
+				floors, err := protocol.NewInGroup(d.Client, group, nil).Generations.ClaimGroup(ctx, "acquire", lives)
 				if tc.says == "" {
 					if err != nil {
 						t.Fatalf("ClaimGroup: %v", err)
+					}
+					if want := []int64{tc.floor, 0}; !slices.Equal(floors, want) {
+						t.Errorf("floors: got %v, want %v", floors, want)
 					}
 					for _, l := range lives {
 						redistest.WantString(t, d.Other, keys.PointerKey(l, d.Cluster), keys.GroupMarker(group))
@@ -63,8 +75,15 @@ func TestClaimGroup(t *testing.T) {
 					}
 					return
 				}
-				if !errors.Is(err, keys.ErrGroupConflict) || !strings.Contains(err.Error(), tc.says) || !strings.Contains(err.Error(), "nothing written") {
-					t.Fatalf("ClaimGroup: got %v, want ErrGroupConflict saying %q", err, tc.says)
+				want := tc.err
+				if want == nil {
+					want = keys.ErrGroupConflict
+				}
+				if !errors.Is(err, want) || !strings.Contains(err.Error(), tc.says) || !strings.Contains(err.Error(), "nothing written") {
+					t.Fatalf("ClaimGroup: got %v, want %v saying %q", err, want, tc.says)
+				}
+				if tc.err != nil && !strings.Contains(err.Error(), reg) {
+					t.Errorf("ClaimGroup: got %v, want it to name %s", err, reg)
 				}
 				for _, l := range lives {
 					redistest.WantUnchanged(t, d.Other, keys.Base(l, d.Cluster)+":rebuild-", before[l])

@@ -15,12 +15,22 @@
 -- KEYS[1] the index's pointer without a group (keys.PointerKey)
 -- KEYS[2] its registry without a group (keys.RegistryKey)
 -- ARGV[1] the marker: 'group:' .. the group
--- ARGV[2] '1' to check only: the checks, then {OK, 0} where the claim
---         would set the marker, without setting it
+-- ARGV[2] '1' to check only: the checks, then {OK, 0, floor} where the
+--         claim would set the marker, without setting it
 --
--- Returns {OK, 1}: the pointer holds the marker (set before).
---         {OK, 0}: the pointer did not, and holds it now (or, checking
---           only, would).
+-- The floor is the field next of the registry without a group ('0' when
+-- absent): the last generation a run without the group allocated. The
+-- group's generations start above it (genalloc.lua), so that a run
+-- without the group that allocated before the claim, lost its lock, and
+-- had its field removed by a sweep (the registry keeps only next), never
+-- shares the names of the group's data keys.
+--
+-- Returns {OK, 1, floor}: the pointer holds the marker (set before).
+--         {OK, 0, floor}: the pointer did not, and holds it now (or,
+--           checking only, would).
+--         {BAD_REGISTRY, key, why}: the field next of the registry (key)
+--           holds what no run writes (not digits): the floor is unknown;
+--           nothing written.
 --         {IN_GROUP, 1, group}: the pointer names another group; nothing written.
 --         {UNGROUPED, key, what}: generations of runs without a group
 --           exist (a pointer, or a field of the registry other than next),
@@ -32,9 +42,13 @@ if kind ~= 'string' and kind ~= 'none' then
   return {UNGROUPED, ptrKey, 'is a ' .. kind}
 end
 local ptr = redis.call('GET', ptrKey)
+local regKind = redis.call('TYPE', reg)['ok']
 local floor = '0'
-if redis.call('TYPE', reg)['ok'] == 'hash' then
+if regKind == 'hash' then
   floor = redis.call('HGET', reg, 'next') or '0'
+  if not (floor == '0' or (string.match(floor, '^[1-9]%d*$') and #floor <= 15)) then
+    return {BAD_REGISTRY, reg, 'its field next holds ' .. string.format('%q', string.sub(floor, 1, 40))}
+  end
 end
 if ptr == marker then
   return {OK, 1, floor}
@@ -45,7 +59,7 @@ if ptr then
   end
   return {UNGROUPED, ptrKey, 'holds ' .. string.format('%q', string.sub(ptr, 1, 40))}
 end
-kind = redis.call('TYPE', reg)['ok']
+kind = regKind
 if kind ~= 'hash' and kind ~= 'none' then
   return {UNGROUPED, reg, 'is a ' .. kind}
 end

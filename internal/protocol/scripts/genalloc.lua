@@ -3,7 +3,9 @@
 --
 -- KEYS: L locks, then N registries (keys.RegistryKey), then the N
 -- indexes' pointers (keys.PointerKey), in the locks' slot.
--- ARGV[1] the run's token; ARGV[2] L.
+-- ARGV[1] the run's token; ARGV[2] L; ARGV[2 + i] the floor of index i
+-- (digits): for a run in a group, the field next of the index's registry
+-- without a group, read by its claim (claim.lua, SPEC C102).
 --
 -- For each registry, the generation G is allocated (field next set to it),
 -- and the field G is set to 'building:<token>' (keys.RegBuilding): a generation a
@@ -15,8 +17,8 @@
 -- read. So before any write, per index: the registry is a hash (or absent),
 -- the pointer absent or a generation (digits, no leading zero) that the
 -- registry marks current, `next` absent or digits, and the generation to
--- hand out, one past the larger of `next` and the pointer's, not in the
--- registry yet. Any other state is refused: a registry evicted or deleted
+-- hand out, one past the largest of `next`, the pointer's and the floor,
+-- not in the registry yet. Any other state is refused: a registry evicted or deleted
 -- while its pointer stayed, a `next` set back, a field left over.
 --
 -- Returns {OK, g1..gN, c1..cN}: the generations allocated, and the
@@ -68,7 +70,7 @@ for i = 1, N do
     end
     n = tonumber(nx)
   end
-  local g = string.format('%d', math.max(n, cur, tonumber(ARGV[2 + i]) or 0) + 1)
+  local g = string.format('%d', math.max(n, cur, tonumber(ARGV[2 + i] or '0')) + 1)
   if redis.call('HEXISTS', reg, g) == 1 then
     return {BAD_REGISTRY, i, 'generation ' .. g .. ', the next one, is in the registry already'}
   end
