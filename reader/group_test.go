@@ -13,8 +13,10 @@ import (
 
 // TestGroup: a reader with Options.Group follows the pointers in the
 // group's shape ("{group}:rebuild-group:<key>:rebuild-ptr"), also after a
-// flip; one with another group finds no pointer and reads the plain shape
-// (C100); one without a group finds the group's claim in the pointer
+// flip; one with another group finds no pointer of its group, then the
+// claim in the pointer without a group, and refuses the index naming the
+// group, and reads the plain shape of an index nobody claimed (C100,
+// C102); one without a group finds the group's claim in the pointer
 // without a group ("group:<name>") and refuses the index, through the
 // cache and without, naming the group (C102). A group with a brace is
 // refused (ErrBadGroup).
@@ -38,8 +40,13 @@ func TestGroup(t *testing.T) {
 		}
 		wantData(t, ctx, grouped, tg, g1)
 		other := newReader(t, tg.client(t, nil), reader.Options{Group: group + "x"})
-		if got, err := other.Bucket(ctx, tg.family, "uk"); err != nil || got != tg.family+":uk" {
-			t.Errorf("reader of group %q: Bucket = %q, %v; want the plain key", group+"x", got, err)
+		for range 2 { // the second through the cache, where there is one
+			if got, err := other.Bucket(ctx, tg.family, "uk"); !errors.Is(err, reader.ErrGroupConflict) || !strings.Contains(err.Error(), fmt.Sprintf("not %q", group+"x")) {
+				t.Errorf("reader of group %q: Bucket = %q, %v; want ErrGroupConflict naming group %q", group+"x", got, err, group)
+			}
+		}
+		if got, err := other.Bucket(ctx, tg.family+"/free", "uk"); err != nil || got != tg.family+"/free:uk" {
+			t.Errorf("reader of group %q, an index nobody claimed: Bucket = %q, %v; want the plain key", group+"x", got, err)
 		}
 		ungrouped := newReader(t, tg.client(t, nil), reader.Options{})
 		says := fmt.Sprintf("Options.Group %q", group)

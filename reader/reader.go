@@ -61,9 +61,11 @@ type Options struct {
 	// without the group reads the index's pointer without a group, which
 	// the group's first run set to "group:" + Group: it fails with an
 	// error matching ErrGroupConflict naming the group, never reading the
-	// keys in the rename-in-place shape. (A reader in another group finds
-	// no pointer, and reads those keys: give every reader its group.) A
-	// group with a '{' or '}' is an error matching ErrBadGroup.
+	// keys in the rename-in-place shape. A reader in another group finds
+	// no pointer of its group; it then reads the pointer without a group
+	// too (through the cache, as the first) and fails on the claim of
+	// another group the same way; with no claim there, it reads those
+	// keys. A group with a '{' or '}' is an error matching ErrBadGroup.
 	Group string
 }
 
@@ -226,6 +228,10 @@ func (r *Reader) Resolve(ctx context.Context, ref Ref) (string, error) {
 // reply (an invalidation, or the end of its TTL). It costs one round trip.
 func (r *Reader) Recheck(ctx context.Context, ref Ref, key string) (now string, changed bool, err error) {
 	gen, err := r.recheck(ctx, keys.PointerKey(ref.name, r.cluster))
+	if err == nil && gen == 0 && r.cluster.Group != "" {
+		own := keys.PointerKey(ref.name, keys.Names{Cluster: r.cluster.Cluster})
+		err = r.otherGroup("recheck", own, r.client.Do(ctx, r.client.B().Get().Key(own).Build()))
+	}
 	if err != nil {
 		return "", false, err
 	}
@@ -297,9 +303,28 @@ func (r *Reader) corrected(ptr string, pxat, gen int64) int64 {
 }
 
 // generation returns the generation ref's pointer names, 0 when there is
-// none, reading it through the client-side cache.
+// none, reading it through the client-side cache. A reader in a group that
+// finds no pointer of the group reads the pointer without a group too (a
+// cache hit after the first read): another group's claim there fails it
+// with ErrGroupConflict naming that group (SPEC C102), since the plain
+// keys it would read are nobody's.
 func (r *Reader) generation(ctx context.Context, ref Ref) (int64, error) {
 	ptr := keys.PointerKey(ref.name, r.cluster)
+	res := r.get(ctx, ptr)
+	gen, err := parse(res, "resolve", ptr)
+	if pxat := res.CachePXAT(); err == nil && pxat > 0 {
+		gen = r.corrected(ptr, pxat, gen)
+	}
+	if err == nil && gen == 0 && r.cluster.Group != "" {
+		own := keys.PointerKey(ref.name, keys.Names{Cluster: r.cluster.Cluster})
+		err = r.otherGroup("resolve", own, r.get(ctx, own))
+	}
+	return gen, err
+}
+
+// get reads ptr through the client-side cache, or without it when the
+// server refuses the MULTI of a cached read.
+func (r *Reader) get(ctx context.Context, ptr string) rueidis.RedisResult {
 	var res rueidis.RedisResult
 	if r.noMulti.Load() {
 		res = r.client.Do(ctx, r.client.B().Get().Key(ptr).Build())
@@ -323,11 +348,24 @@ func (r *Reader) generation(ctx context.Context, ref Ref) (int64, error) {
 			}
 		}
 	}
-	gen, err := parse(res, "resolve", ptr)
-	if pxat := res.CachePXAT(); err == nil && pxat > 0 {
-		gen = r.corrected(ptr, pxat, gen)
+	return res
+}
+
+// otherGroup returns an error matching ErrGroupConflict when res, the
+// reply to a GET of ptr, the pointer without a group of an index whose
+// pointer in r's group is absent, holds the claim of another group.
+func (r *Reader) otherGroup(op, ptr string, res rueidis.RedisResult) error {
+	v, err := res.ToString()
+	if rueidis.IsRedisNil(err) {
+		return nil
 	}
-	return gen, err
+	if err != nil {
+		return &Error{Op: op, Key: ptr, Err: err}
+	}
+	if group, ok := keys.ParseGroupMarker(v); ok && group != r.cluster.Group {
+		return &Error{Op: op, Key: ptr, Err: fmt.Errorf("%w: the index is in group %s (%s holds %s), not %s: read it with Options.Group %s", ErrGroupConflict, quote(group), ptr, quote(v), quote(r.cluster.Group), quote(group))}
+	}
+	return nil
 }
 
 // parse returns the generation in res, a reply to a GET of the pointer

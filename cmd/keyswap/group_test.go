@@ -12,8 +12,9 @@ import (
 
 // TestGroup: indexes of a group (C100), without a hash tag: 'rollback
 // --group' flips them back and forth; without --group it finds the
-// group's claim and fails naming the group, changing nothing, and so does
-// 'status --index' without --group (C102); 'status --index --group' and a
+// group's claim and fails naming the group, changing nothing, and so do
+// 'status --index' without --group and 'rollback --group' of another group
+// (C102); 'status --index --group' and a
 // status scan show their generations, the scan the claims in mode
 // "group"; a sweep finds the group in the registry's name and removes
 // their retired generation, and passes over the claims.
@@ -56,6 +57,15 @@ func TestGroup(t *testing.T) {
 			if r.code == exitOK || !strings.Contains(r.stderr, "in group "+group+"; pass --group "+group) {
 				t.Errorf("status --index without --group: exit %d, stderr %q; want a failure naming the group", r.code, r.stderr)
 			}
+			// In another group: no pointer of that group, and the claim
+			// names this one; nothing changed (the plain keys are nobody's).
+			before := redistest.Snapshot(t, d.client, p)
+			r = keyswap(t, d.args("rollback", "--group", group+"x", ix.email, ix.country)...)
+			if r.code == exitOK || !strings.Contains(r.stderr, "in group "+group+", not "+group+"x; pass --group "+group) {
+				t.Errorf("rollback --group %sx: exit %d, stderr %q; want a failure naming the group", group, r.code, r.stderr)
+			}
+			redistest.WantUnchanged(t, d.client, p, before)
+			wantPointers("3")
 
 			r = keyswap(t, d.args("rollback", "--group", group, ix.email, ix.country)...)
 			r.wantCode(t, exitOK)

@@ -112,7 +112,7 @@ func (c *cli) rollback(ctx context.Context, args []string) error {
 
 	what := strings.Join(lives, ", ")
 	if *group == "" {
-		if err := notClaimed(ctx, client, lives); err != nil {
+		if err := notClaimed(ctx, client, "", lives); err != nil {
 			return fmt.Errorf("rollback %s: %w; nothing changed", what, err)
 		}
 	}
@@ -123,6 +123,18 @@ func (c *cli) rollback(ctx context.Context, args []string) error {
 	pointers, err := hasPointers(ctx, client, *group, lives)
 	if err != nil {
 		return fmt.Errorf("rollback %s: %w", what, err)
+	}
+	if *group != "" {
+		// An index without the group's pointer may be another group's.
+		var absent []string
+		for i, p := range pointers {
+			if !p {
+				absent = append(absent, lives[i])
+			}
+		}
+		if err := notClaimed(ctx, client, *group, absent); err != nil {
+			return fmt.Errorf("rollback %s: %w; nothing changed", what, err)
+		}
 	}
 	gen := slices.Contains(pointers, true)
 	if i := slices.Index(pointers, false); gen && i >= 0 {
@@ -211,10 +223,16 @@ func (c *cli) reportGenRollback(ctx context.Context, client rueidis.Client, grou
 }
 
 // notClaimed returns an error matching keys.ErrGroupConflict, naming the
-// group to pass, when the pointer of one of lives, indexes without a
-// group, holds a group's claim (SPEC C102): one GET each, pipelined,
-// before anything takes a lock.
-func notClaimed(ctx context.Context, client rueidis.Client, lives []string) error {
+// group to pass, when the pointer without a group of one of lives holds
+// the claim of a group other than group (any group's when group is empty)
+// (SPEC C102): one GET each, pipelined, before anything takes a lock. In
+// a group, lives are the indexes without the group's pointer: their keys
+// in the rename-in-place shape are nobody's when another group claimed
+// them.
+func notClaimed(ctx context.Context, client rueidis.Client, group string, lives []string) error {
+	if len(lives) == 0 {
+		return nil
+	}
 	cluster := namesOf(client, "")
 	cmds := make(rueidis.Commands, len(lives))
 	for i, l := range lives {
@@ -231,7 +249,10 @@ func notClaimed(ctx context.Context, client rueidis.Client, lives []string) erro
 		if err != nil {
 			return fmt.Errorf("GET %s: %w", displayKey(keys.PointerKey(lives[i], cluster)), err)
 		}
-		if g, ok := keys.ParseGroupMarker(v); ok {
+		if g, ok := keys.ParseGroupMarker(v); ok && g != group {
+			if group != "" {
+				return fmt.Errorf("%w: index %s is in group %s, not %s; pass --group %s", keys.ErrGroupConflict, displayKey(lives[i]), displayKey(g), displayKey(group), displayKey(g))
+			}
 			return fmt.Errorf("%w: index %s is in group %s; pass --group %s", keys.ErrGroupConflict, displayKey(lives[i]), displayKey(g), displayKey(g))
 		}
 	}

@@ -441,7 +441,10 @@ const (
 // (store.WithRebuild, a Familia rebuild, a rollback, a run of a record
 // version this keyswap does not know, or one whose record is gone or
 // carries another token), or by a run that does not rebuild a key the
-// change writes. The change must be applied again once that run ends.
+// change writes. The change must be applied again once that run ends. An
+// index whose pointer holds a group's claim fails it with an error
+// matching keys.ErrGroupConflict naming the group, nothing written (SPEC
+// C102).
 //
 // A lost reply leaves the outcome unknown (an error matching
 // [ErrOutcomeUnknown]); the script is not retried, as a rerun would log the
@@ -481,6 +484,11 @@ func (r Changes) Apply(ctx context.Context, opts ApplyOptions) (Applied, error) 
 	}
 	if dup := FirstDuplicate(ks); dup != "" {
 		return fail(fmt.Errorf("key %q is both a live key and one of keyswap's own", dup))
+	}
+	// The pointers last: a group's claim there refuses the change (SPEC
+	// C102).
+	for _, l := range c.lives {
+		ks = append(ks, keys.PointerKey(l, r.cluster))
 	}
 	if err := r.SameSlot(op, key, ks...); err != nil {
 		return Applied{}, err

@@ -304,8 +304,10 @@ func flipLives(f flipCall) int { return len(f.Lives) }
 // a run of them is in progress it fails with ErrInProgress. The generation
 // rolled back becomes the previous one, so a second GenRollback rolls
 // forward again. An index without a previous generation fails it with
-// ErrNothingToRollBack, changing nothing. It returns the generation now
-// current of each index.
+// ErrNothingToRollBack, changing nothing, unless, in a group, it has no
+// pointer of the group and another group claimed it: then it fails with
+// keys.ErrGroupConflict naming that group (SPEC C102). It returns the
+// generation now current of each index.
 func (r Generations) GenRollback(ctx context.Context, opts RollbackOptions) ([]int64, error) {
 	locks, err := r.publisher.rollbackLocks(ctx, opts)
 	if err != nil {
@@ -341,6 +343,12 @@ func (r Generations) genRollback(ctx context.Context, opts RollbackOptions, lock
 	case code == codeLockLost && i >= 1 && int(i) <= len(locks):
 		return nil, &Error{Op: op, Key: locks[i-1].Live, Err: ErrLockLost}
 	case code == codeNoPrevious && i >= 1 && int(i) <= len(opts.Lives):
+		// In a group, an index without the group's pointer may be another
+		// group's (SPEC C102): say so, rather than that it has nothing to
+		// roll back.
+		if err := r.otherClaims(ctx, op, opts.Lives[i-1:i], []string{"0"}); err != nil {
+			return nil, err
+		}
 		return nil, &Error{Op: op, Key: opts.Lives[i-1], Err: fmt.Errorf("%w: the index has no previous generation (publish in Generations mode with KeepPrevious to keep one); nothing changed", ErrNothingToRollBack)}
 	case code == codeNotMeta && i >= 1 && int(i) <= len(opts.Lives):
 		return nil, &Error{Op: op, Key: opts.Lives[i-1], Err: fmt.Errorf("%w: %s is not a hash of keyswap's; nothing changed", ErrTampered, keys.MetaKey(opts.Lives[i-1], r.cluster))}
@@ -477,7 +485,9 @@ func (r Changes) GenApply(ctx context.Context, opts GenApplyOptions) (Applied, e
 // a pointer. A pointer that is not a generation is ErrTampered: readers
 // refuse it too, and writing where it seems to point would write where
 // nobody reads; one that holds a group's claim is keys.ErrGroupConflict
-// (SPEC C102), naming the group to pass.
+// (SPEC C102), naming the group to pass. In a group, an index without the
+// group's pointer whose pointer without a group holds another group's
+// claim is keys.ErrGroupConflict too (a second round trip, only then).
 func (r Changes) resolvePointers(ctx context.Context, op, key string, lives []string) ([]string, error) {
 	pointers := make(rueidis.Commands, len(lives))
 	for i, l := range lives {
@@ -499,6 +509,9 @@ func (r Changes) resolvePointers(ctx context.Context, op, key string, lives []st
 			return nil, &Error{Op: op, Key: lives[i], Err: fmt.Errorf("%w: %s holds %.40q, not a generation; nothing written", ErrTampered, keys.PointerKey(lives[i], r.cluster), g)}
 		}
 		gens[i] = g
+	}
+	if err := r.otherClaims(ctx, op, lives, gens); err != nil {
+		return nil, err
 	}
 	return gens, nil
 }

@@ -168,6 +168,13 @@ func (r Changes) spreadOnce(ctx context.Context, opts GenApplyOptions, c change,
 			return Applied{}, nil, nil, false, &Error{Op: op, Key: key, Err: fmt.Errorf("unexpected genlog script reply %v", res)}
 		}
 	}
+	// An index without the group's pointer may be another group's (SPEC
+	// C102): its keys in the plain shape are nobody's. Checked before any
+	// write, only then (a run of this group it was logged for is refused
+	// by the same claim).
+	if err := r.otherClaims(ctx, op, c.lives, gens); err != nil {
+		return Applied{}, nil, nil, false, err
+	}
 
 	// Step 2: the writes, one script per slot.
 	writes, written := r.writeSpread(ctx, c, gens)

@@ -138,3 +138,41 @@ func (r Generations) claimed(ctx context.Context, op, live string, res rueidis.R
 func (r *Core) inGroup(op, live, group string) error {
 	return &Error{Op: op, Key: live, Err: fmt.Errorf("%w; nothing written", keys.GroupConflict(live, keys.PointerKey(live, r.cluster), group, r.cluster.Group))}
 }
+
+// otherClaims returns an error matching keys.ErrGroupConflict, naming the
+// group, when r has a group and the pointer without a group of an index of
+// lives that has no pointer in the group (gens[i] is "0") holds the claim
+// of another group (SPEC C102): the keys in the rename-in-place shape that
+// r's caller would use are nobody's, the index being the other group's. It
+// reads those pointers in one round trip, none when there are none.
+func (r *Core) otherClaims(ctx context.Context, op string, lives, gens []string) error {
+	if r.cluster.Group == "" {
+		return nil
+	}
+	own := keys.Names{Cluster: r.cluster.Cluster}
+	var absent []string
+	var cmds rueidis.Commands
+	for i, l := range lives {
+		if gens[i] == "0" {
+			absent = append(absent, l)
+			cmds = append(cmds, r.client.B().Get().Key(keys.PointerKey(l, own)).Build())
+		}
+	}
+	if len(cmds) == 0 {
+		return nil
+	}
+	for i, res := range r.client.DoMulti(ctx, cmds...) {
+		ptr := keys.PointerKey(absent[i], own)
+		v, err := res.ToString()
+		if rueidis.IsRedisNil(err) {
+			continue
+		}
+		if err != nil {
+			return Fail(ctx, op, absent[i], fmt.Errorf("GET %s: %w", ptr, err))
+		}
+		if g, ok := keys.ParseGroupMarker(v); ok && g != r.cluster.Group {
+			return &Error{Op: op, Key: absent[i], Err: fmt.Errorf("%w; nothing written", keys.GroupConflict(absent[i], ptr, g, r.cluster.Group))}
+		}
+	}
+	return nil
+}

@@ -26,7 +26,8 @@
 -- KEYS[1..n]        lock keys
 -- KEYS[n+1..2n]     their records
 -- KEYS[2n+1..3n]    their logs
--- KEYS[3n+1..]      the live keys the ops write
+-- KEYS[3n+1..]      the live keys the ops write, then the n indexes'
+--                   pointers (keys.PointerKey), last
 -- ARGV[1]           n
 -- ARGV[2]           the most entries a log may hold; a log that reaches it
 --                   gets the entry "!overrun", and nothing more
@@ -47,10 +48,21 @@
 --           'keys' (the record names no key); nothing written.
 --         {NOT_THE_RUNS, i, key, owner}: key is not one of the keys of the run
 --           holding lock i, which rebuilds owner; nothing written.
+--         {IN_GROUP, i, group}: index i's pointer holds 'group:<group>', a
+--           group's claim (claim.lua, SPEC C102): the index's data is the
+--           group's generations, and the live keys nobody reads; nothing
+--           written.
 -- #include keys
 -- #include remove
 -- #include changes
 local n, bound, count = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+-- pcall: a pointer of another type holds no claim.
+for i = 1, n do
+  local p = redis.pcall('GET', KEYS[#KEYS - n + i])
+  if type(p) == 'string' and string.sub(p, 1, 6) == 'group:' then
+    return {IN_GROUP, i, string.sub(p, 7)}
+  end
+end
 local ops, perLock = changes.parse(count, 4, function(at)
   local key = KEYS[3 * n + tonumber(ARGV[at + 1])]
   return tonumber(ARGV[at]), key, key, at + 2
