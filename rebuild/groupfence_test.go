@@ -162,7 +162,7 @@ func TestGroupClaimRefusedByUngroupedGenerations(t *testing.T) {
 				}
 				before := dumps(t, d)
 				_, err := genRebuilder(t, d, prefix, rebuild.Options{Group: ga}).Run(ctx, sources.Slice(genUsers(80, 7)))
-				wantGroupConflict(t, "Run in a group", err, "generations of runs without a group", says)
+				wantGroupConflict(t, "Run in a group", err, "generations of runs without a group", says, "under a new key", "once their grace is over")
 				wantDumps(t, d, before)
 				if held != nil {
 					if _, err := held.Publish(ctx); err != nil {

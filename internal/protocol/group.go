@@ -127,8 +127,8 @@ func (r Generations) claimed(ctx context.Context, op, live string, res rueidis.R
 	case code == codeInGroup:
 		return false, 0, &Error{Op: op, Key: live, Err: fmt.Errorf("%w; nothing written", keys.GroupConflict(live, ptr, rep.str(2), r.cluster.Group))}
 	case code == codeUngrouped:
-		return false, 0, &Error{Op: op, Key: live, Err: fmt.Errorf("%w: index %s has generations of runs without a group (%s %s), whose data keys have the names group %q's would; nothing written. Go on without the group, or move the index out of Generations mode first (a run without the group in RenameInPlace mode, then a sweep of its generations once their grace is over)",
-			keys.ErrGroupConflict, live, rep.str(1), rep.str(2), r.cluster.Group)}
+		return false, 0, &Error{Op: op, Key: live, Err: fmt.Errorf("%w: index %s has generations of runs without a group (%s %s), whose data keys have the names group %q's would; nothing written. Go on without the group, or build the index in group %q under a new key and move readers to it. Retired generations of runs without the group go with a sweep (keyswap sweep) once their grace is over and the group can claim the index then, but a current or previous one stays while the index is in Generations mode: only a run without the group in RenameInPlace mode moves it out, possible on a standalone server or for an index with a hash tag of its own",
+			keys.ErrGroupConflict, live, rep.str(1), rep.str(2), r.cluster.Group, r.cluster.Group)}
 	}
 	return false, 0, &Error{Op: op, Key: live, Err: fmt.Errorf("unexpected claim script reply %v", rep)}
 }
