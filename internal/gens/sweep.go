@@ -65,15 +65,15 @@ type Options struct {
 	// which mostly holds the same buckets. Each generation removed loses
 	// those buckets first, by name, in chunks of at most Unlink keys
 	// (grouped by hash slot on a cluster), each checked against the
-	// generation's state as a SCAN's chunk is; then the generation's
-	// manifest (its members not named) or the SCAN passes delete the rest
-	// (see the package documentation, "The manifest"). A name costs a
-	// lookup whether or not the generation holds it. It deletes only the
-	// generation's keys of those names, so it never widens what the sweep
-	// deletes; it saves the SCAN the work of returning most keys, and
-	// deletes them in the order they were written, which frees memory
-	// faster than the SCAN's or the manifest's order. Ignored for a plain
-	// index.
+	// generation's state as a SCAN's chunk is; then the SCAN passes
+	// delete the rest. A name costs a lookup whether or not the
+	// generation holds it. It deletes only the generation's keys of those
+	// names, so it never widens what the sweep deletes; it saves the SCAN
+	// the work of returning most keys, and deletes them in the order they
+	// were written, which frees memory faster than the SCAN's order.
+	// Ignored for a plain index, and for a generation whose manifest the
+	// sweep reads (see the package documentation, "The manifest"), which
+	// names exactly its keys in the order its run wrote them.
 	Buckets []string
 }
 
@@ -455,17 +455,19 @@ func (s *sweeper) remove(ctx context.Context, g int64, st State) (int64, Reason,
 	if err != nil {
 		return 0, "", err
 	}
-	total, named, reason, err := s.byName(ctx, g, st, sameSlot)
-	if err != nil || reason != "" {
-		return total, reason, err
-	}
 	if listed {
-		n, reason, err := s.byManifest(ctx, g, st, named)
-		total += n
+		// The manifest names exactly the generation's keys, in the order
+		// its run wrote them: opts.Buckets would only add names the
+		// generation may not hold, and the memory to remember them.
+		total, reason, err := s.byManifest(ctx, g, st)
 		if err != nil || reason != "" {
 			return total, reason, err
 		}
 		_, reason, err = s.script(ctx, g, st, nil, true)
+		return total, reason, err
+	}
+	total, reason, err := s.byName(ctx, g, st, sameSlot)
+	if err != nil || reason != "" {
 		return total, reason, err
 	}
 	n, reason, err := s.byScan(ctx, g, st, sameSlot, total)
@@ -500,11 +502,10 @@ func (s *sweeper) removePlain(ctx context.Context, g int64, st State) (int64, Re
 // chunks, each checked against the state st as a SCAN's chunk is. On a
 // cluster, where one command deletes keys of one slot, the keys are first
 // grouped by slot (in the order given within a slot), so that a chunk
-// needs few commands. It returns the keys deleted, the names it deleted,
-// and why it stopped.
-func (s *sweeper) byName(ctx context.Context, g int64, st State, sameSlot bool) (int64, map[string]bool, Reason, error) {
+// needs few commands. It returns the keys deleted and why it stopped.
+func (s *sweeper) byName(ctx context.Context, g int64, st State, sameSlot bool) (int64, Reason, error) {
 	if len(s.opts.Buckets) == 0 {
-		return 0, nil, "", nil
+		return 0, "", nil
 	}
 	named := make([]string, len(s.opts.Buckets))
 	for i, b := range s.opts.Buckets {
@@ -518,16 +519,12 @@ func (s *sweeper) byName(ctx context.Context, g int64, st State, sameSlot bool) 
 		n, reason, err := s.chunk(ctx, g, st, chunk, sameSlot)
 		total += n
 		if err != nil || reason != "" {
-			return total, nil, reason, err
+			return total, reason, err
 		}
 		s.progress(g, total, n)
 	}
 	s.opts.Logger.Debug("keyswap: generation's buckets deleted by name", "index", s.idx.Live, "generation", g, "named", len(named), "deleted", total)
-	done := make(map[string]bool, len(named))
-	for _, k := range named {
-		done[k] = true
-	}
-	return total, done, "", nil
+	return total, "", nil
 }
 
 // byScan deletes the keys of generation g that SCAN MATCH finds, in
