@@ -27,7 +27,13 @@ const (
 	// million keys (COUNT 1000 took 3 to 31 ms there; the work is linear in
 	// COUNT), large enough that a sweep needs few round trips.
 	DefaultScanCount = 100
-	// MaxUnlink is the most keys one command of the sweep deletes.
+	// MaxUnlink is the most keys one command of the sweep deletes. UNLINK
+	// frees in the foreground a value of at most 64 elements (lazyfree's
+	// threshold), so a chunk costs up to 64 frees a key: 1,000 sets of 64
+	// members of 75 bytes took one UNLINK 13.6 ms on Redis 7.0, 256 keys
+	// stay near 3.5 ms. Larger chunks save little: the commands around a
+	// chunk (WATCH, its checks, MULTI, EXEC) cost the server about 20 µs,
+	// against 1.2 to 1.5 µs a key of 10 members.
 	MaxUnlink = 256
 	// maxPasses bounds the SCAN passes over a generation: a pass that
 	// deleted keys is followed by one that checks that none remains.
