@@ -66,9 +66,13 @@
 //     each rebuilt onto a live family published in its mode: the publish's
 //     server time (the rename publish script against the flip) at
 //     -gen-buckets buckets (1,000 to 1,000,000; rename mode only up to
-//     -gen-rename-max); the longest command of the whole run and of what
-//     follows the publish (the removal of the previous generation after
-//     -gen-grace), from SLOWLOG with a -gen-slowlog threshold; the server
+//     -gen-rename-max); the longest command of the whole run, of
+//     keyswap's own commands (all but its writes of the index's data) and
+//     of what follows the publish (the removal of the previous generation
+//     after -gen-grace), from SLOWLOG with a -gen-slowlog threshold, beside
+//     the longest command of the raw method writing the same data in the
+//     same round (what SLOWLOG counts that is not keyswap's: a set's
+//     growth, the hash table resizing, the server preempted); the server
 //     and client CPU per entry at -gen-cpu-buckets buckets, both modes
 //     against the limit and raw on the same data, the removal of the
 //     previous data included, and split at the publish's reply into the

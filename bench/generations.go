@@ -58,6 +58,11 @@ type genSize struct {
 	Orphans     int       `json:"orphans"`
 	Rename      genSeries `json:"rename"` // no runs past RenameMax
 	Generations genSeries `json:"generations"`
+	// Raw is the baseline of the longest command: the same data written
+	// by the raw method (no keyswap) into a server that holds the live
+	// family, as the modes' runs do. Its runs have Longest and Published
+	// (the write's wall time) only.
+	Raw genSeries `json:"raw"`
 	// Ratio is the median over rounds of the rename publish's server time
 	// over the flip's in the same round; zero without rename runs.
 	Ratio    float64 `json:"publish_ratio_median,omitempty"`
@@ -93,6 +98,11 @@ type genRun struct {
 	// commands shorter than the threshold are not there.
 	AfterPublish commandTime `json:"after_publish_longest"`
 	Longest      commandTime `json:"longest"`
+	// Own is the longest of the run's commands other than its writes of
+	// the index's data (slowEntry.Data): keyswap's scripts, transactions'
+	// control writes, size reads, the removal's. A raw writer of the same
+	// data has none of them.
+	Own commandTime `json:"longest_own"`
 }
 
 // genSummary holds medians and ranges over rounds. For a command, Longest
@@ -109,6 +119,7 @@ type genSummary struct {
 	Cleanup      time.Duration `json:"cleanup_ns_median"`
 	AfterPublish commandTime   `json:"after_publish_longest"`
 	Longest      commandTime   `json:"longest"`
+	Own          commandTime   `json:"longest_own"`
 }
 
 // genMembers returns the members per bucket of a family of buckets
@@ -435,10 +446,14 @@ func isPublish(command string) bool {
 // them, mark being the ID of the newest entry when the publish replied:
 // the publish script's time, if it was logged (EVALSHA's NOSCRIPT and then
 // EVAL, if any, added); the longest command after the mark, the publish
-// excluded; and the longest of all.
-func splitAtPublish(entries []slowEntry, mark int64) (publish time.Duration, logged bool, after, longest commandTime) {
-	var later []slowEntry
+// excluded; the longest of all; and the longest of those that are not
+// writes of the index's data (slowEntry.Data).
+func splitAtPublish(entries []slowEntry, mark int64) (publish time.Duration, logged bool, after, longest, own commandTime) {
+	var later, owns []slowEntry
 	for _, e := range entries {
+		if !e.Data {
+			owns = append(owns, e)
+		}
 		switch {
 		case isPublish(e.Command):
 			publish += e.Duration
@@ -453,7 +468,10 @@ func splitAtPublish(entries []slowEntry, mark int64) (publish time.Duration, log
 	if cts := longestByCommand(entries); len(cts) > 0 {
 		longest = cts[0]
 	}
-	return publish, logged, after, longest
+	if cts := longestByCommand(owns); len(cts) > 0 {
+		own = cts[0]
+	}
+	return publish, logged, after, longest, own
 }
 
 // newestSlowlogID returns the ID of the newest SLOWLOG entry, or -1.
@@ -518,6 +536,13 @@ func (r *runner) genPublish(ctx context.Context, res *generationsResult) (err er
 		for i := range res.Sizes {
 			sz := &res.Sizes[i]
 			d := familyDataset(sz.Buckets, sz.Members)
+			r.bar.describe("generations %d/%d: raw, SetIndex of %s buckets", round+1, r.cfg.rounds, commas(sz.Buckets))
+			run, err := r.genRawRun(ctx, f, d, scripts)
+			if err != nil {
+				return fmt.Errorf("raw, %s buckets: %w", commas(sz.Buckets), err)
+			}
+			sz.Raw.Runs = append(sz.Raw.Runs, run)
+			r.bar.step()
 			for _, m := range genModes {
 				if m == modeRename && sz.Buckets > res.RenameMax {
 					continue
@@ -540,6 +565,39 @@ func (r *runner) genPublish(ctx context.Context, res *generationsResult) (err er
 		res.Sizes[i].summarize()
 	}
 	return nil
+}
+
+// rawFamilyKey is the family the raw baseline writes: beside the live
+// family, so that the server holds what it holds during a mode's run.
+const rawFamilyKey = keyPrefix + "rawfamily"
+
+// genRawRun is the baseline of the longest command for d: onto a server
+// holding f's live family of d.previous() (in rename shape), the raw
+// method writes d into another family, and SLOWLOG records its longest
+// command, at the threshold of the modes' runs. What a raw writer's
+// commands take there (a set's growth, the server's hash table resizing,
+// the machine's other processes preempting the server) is not keyswap's.
+func (r *runner) genRawRun(ctx context.Context, f genFamily, d dataset, scripts []script) (genRun, error) {
+	if _, _, err := f.prepare(ctx, modeRename, r.genOptions(modeRename), d); err != nil {
+		return genRun{}, err
+	}
+	w := workload{name: "rawfamily", title: "SetIndex family", targets: []target{{kindIndex, rawFamilyKey}}}
+	watch, err := r.watchSlowlogOver(ctx, r.cfg.genSlowlog, scripts, benchClientName)
+	if err != nil {
+		return genRun{}, err
+	}
+	start := time.Now()
+	err = runRaw(ctx, f.client, w, d)
+	elapsed := time.Since(start)
+	entries, werr := watch.stop(ctx)
+	if err = errors.Join(err, werr); err != nil {
+		return genRun{}, err
+	}
+	out := genRun{Elapsed: elapsed, Published: elapsed}
+	if cts := longestByCommand(entries); len(cts) > 0 {
+		out.Longest = cts[0]
+	}
+	return out, nil
 }
 
 // genOptions returns the options of the section's runs in mode m: the
@@ -621,7 +679,7 @@ func (r *runner) genPublishRun(ctx context.Context, f genFamily, m genMode, d da
 		return genRun{}, fmt.Errorf("wrong result: %w", err)
 	}
 	var logged bool
-	out.Publish, logged, out.AfterPublish, out.Longest = splitAtPublish(entries, mark)
+	out.Publish, logged, out.AfterPublish, out.Longest, out.Own = splitAtPublish(entries, mark)
 	if !logged {
 		// Shorter than the threshold: INFO commandstats timed it, alone.
 		if script.Calls != 1 {
@@ -631,6 +689,9 @@ func (r *runner) genPublishRun(ctx context.Context, f genFamily, m genMode, d da
 		if out.Publish > out.Longest.Longest {
 			out.Longest = commandTime{Command: "EVALSHA publish", Longest: out.Publish, Calls: 1}
 		}
+		if out.Publish > out.Own.Longest {
+			out.Own = commandTime{Command: "EVALSHA publish", Longest: out.Publish, Calls: 1}
+		}
 	}
 	return out, nil
 }
@@ -639,6 +700,7 @@ func (r *runner) genPublishRun(ctx context.Context, f genFamily, m genMode, d da
 func (sz *genSize) summarize() {
 	sz.Rename.summarize(sz.Buckets)
 	sz.Generations.summarize(sz.Buckets)
+	sz.Raw.summarize(sz.Buckets)
 	var ratios []float64
 	for i, rn := range sz.Rename.Runs {
 		if i < len(sz.Generations.Runs) && sz.Generations.Runs[i].Publish > 0 {
@@ -656,19 +718,20 @@ func (gs *genSeries) summarize(buckets int) {
 		return
 	}
 	var pub, call, elapsed, published, cleanup []time.Duration
-	var after, longest []commandTime
+	var after, longest, own []commandTime
 	for _, x := range gs.Runs {
 		pub, call = append(pub, x.Publish), append(call, x.PublishCall)
 		elapsed, cleanup = append(elapsed, x.Elapsed), append(cleanup, x.Cleanup)
 		published = append(published, x.Published)
 		after, longest = append(after, x.AfterPublish), append(longest, x.Longest)
+		own = append(own, x.Own)
 	}
 	s := &gs.Summary
 	s.Publish, s.PublishMin, s.PublishMax = medianDuration(pub), slices.Min(pub), slices.Max(pub)
 	s.PerBucket = s.Publish / time.Duration(buckets)
 	s.PublishCall, s.Elapsed, s.Cleanup = medianDuration(call), medianDuration(elapsed), medianDuration(cleanup)
 	s.Published = medianDuration(published)
-	s.AfterPublish, s.Longest = medianCommand(after), medianCommand(longest)
+	s.AfterPublish, s.Longest, s.Own = medianCommand(after), medianCommand(longest), medianCommand(own)
 }
 
 // medianCommand summarizes the rounds' longest calls cts: the median of

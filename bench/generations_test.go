@@ -64,27 +64,53 @@ func TestSplitAtPublish(t *testing.T) {
 		return slowEntry{ID: id, Command: cmd, Duration: time.Duration(us) * time.Microsecond, Args: 3}
 	}
 	entries := []slowEntry{e("EXEC", 300), e("EVALSHA heartbeat", 40), e("EVALSHA flip", 0), e("EVAL flip", 60), e("UNLINK", 120), e("SCAN", 90), e("UNLINK", 200)}
-	pub, logged, after, longest := splitAtPublish(entries, 4)
+	pub, logged, after, longest, own := splitAtPublish(entries, 4)
 	if pub != 60*time.Microsecond || !logged {
 		t.Errorf("publish: got %v, %v; want 60µs (NOSCRIPT and EVAL added), logged", pub, logged)
 	}
 	if after.Command != "UNLINK" || after.Longest != 200*time.Microsecond || after.Calls != 2 {
 		t.Errorf("after the publish: got %+v, want UNLINK 200µs, 2 calls", after)
 	}
-	if longest.Command != "EXEC" || longest.Longest != 300*time.Microsecond {
-		t.Errorf("longest: got %+v, want EXEC 300µs", longest)
+	if longest.Command != "EXEC" || longest.Longest != 300*time.Microsecond || own != longest {
+		t.Errorf("longest: got %+v, and of keyswap's own %+v; want EXEC 300µs for both", longest, own)
+	}
+	// A write of the index's data: the longest of all, not keyswap's own.
+	data := e("SADD", 900)
+	data.Data = true
+	if _, _, _, longest, own := splitAtPublish(append(slices.Clone(entries), data), 4); longest.Command != "SADD" || own.Command != "EXEC" || own.Longest != 300*time.Microsecond {
+		t.Errorf("with a data write of 900µs: longest %+v, keyswap's own %+v; want SADD, and EXEC 300µs", longest, own)
 	}
 	// A publish below the threshold: the mark splits the entries.
 	unlogged := slices.Concat(entries[:2], entries[4:])
-	if pub, logged, after, _ := splitAtPublish(unlogged, 2); logged || pub != 0 || after.Command != "UNLINK" || after.Calls != 2 {
+	if pub, logged, after, _, _ := splitAtPublish(unlogged, 2); logged || pub != 0 || after.Command != "UNLINK" || after.Calls != 2 {
 		t.Errorf("publish not logged: got %v, %v, after %+v; want 0, not logged, UNLINK twice after", pub, logged, after)
 	}
 	// Nothing after the mark, nothing logged.
-	if _, _, after, _ := splitAtPublish(entries, 7); after.Command != "" {
+	if _, _, after, _, _ := splitAtPublish(entries, 7); after.Command != "" {
 		t.Errorf("nothing after the mark: got %+v", after)
 	}
-	if _, logged, after, longest := splitAtPublish(nil, -1); logged || after.Command != "" || longest.Command != "" {
+	if _, logged, after, longest, own := splitAtPublish(nil, -1); logged || after.Command != "" || longest.Command != "" || own.Command != "" {
 		t.Errorf("no entries: got %v, %+v, %+v; want nothing", logged, after, longest)
+	}
+}
+
+func TestIsDataWrite(t *testing.T) {
+	const p = "ks:family"
+	for _, c := range []struct {
+		args []string
+		want bool
+	}{
+		{[]string{"SADD", keys.GenBucketKey(p, 7, "b1"), "m"}, true},
+		{[]string{"SADD", keys.TempKey(p+":b1", false, 1700000000, 1), "m"}, true},
+		{[]string{"HSET", "users", "f", "v"}, true},
+		{[]string{"SADD", keys.ManifestKey(p, false, 7), "rebuild-listed"}, false},
+		{[]string{"RPUSH", keys.GenBucketKey(p, 7, "b1"), "x"}, false},
+		{[]string{"UNLINK", keys.GenBucketKey(p, 7, "b1")}, false},
+		{[]string{"SADD"}, false},
+	} {
+		if got := isDataWrite(c.args[0], c.args); got != c.want {
+			t.Errorf("isDataWrite(%q) = %v, want %v", c.args, got, c.want)
+		}
 	}
 }
 

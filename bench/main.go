@@ -478,7 +478,7 @@ func (r *runner) plannedRuns() int {
 	}
 	if c.has(sectionGenerations) {
 		for _, b := range c.genBuckets {
-			n += c.rounds
+			n += 2 * c.rounds // the raw baseline and Generations mode
 			if b <= c.genRenameMax {
 				n += c.rounds
 			}

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/keyswap/keyswap/internal/keys"
 	ksrun "github.com/keyswap/keyswap/internal/protocol" // not run: the bench's own run function
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/redis/rueidis"
@@ -47,6 +48,31 @@ type slowEntry struct {
 	Command  string        // "SADD", or "EVALSHA publish" for one of keyswap's scripts
 	Args     int           // arguments of the command, its name included
 	Client   string        // the client's name
+	// Data is true for a write of an index's data: SADD, HSET or ZADD to
+	// a key that is not one of keyswap's control keys (a generation's data
+	// key, a temp key, or the user's own). A raw writer of the same data
+	// sends the same commands.
+	Data bool
+}
+
+// dataWrites are the commands that write an index's data.
+var dataWrites = []string{"SADD", "HSET", "ZADD"}
+
+// isDataWrite reports whether a command named name (upper case) with
+// arguments args writes an index's data: one of dataWrites to a key that
+// is not a control key of keyswap's (a manifest, a counter, a registry, a
+// pointer: ":rebuild-" in its name, other than a generation's data key or
+// a temp key).
+func isDataWrite(name string, args []string) bool {
+	if !slices.Contains(dataWrites, name) || len(args) < 2 {
+		return false
+	}
+	key := args[1]
+	if !strings.Contains(key, ":rebuild-") || keys.IsGenKey(key) {
+		return true
+	}
+	_, _, temp := keys.ParseTempKey(key)
+	return temp
 }
 
 // script is one of keyswap's Lua scripts, as SLOWLOG shows it.
@@ -272,8 +298,9 @@ func (w *slowlogWatch) add(e rueidis.RedisMessage) error {
 	}
 	w.last = id
 	if slices.Contains(w.clients, client) {
-		w.entries = append(w.entries, slowEntry{ID: id, Duration: d, Command: w.intern(commandName(args, w.scripts)),
-			Args: argCount(args), Client: w.intern(client)})
+		name := commandName(args, w.scripts)
+		w.entries = append(w.entries, slowEntry{ID: id, Duration: d, Command: w.intern(name),
+			Args: argCount(args), Client: w.intern(client), Data: isDataWrite(name, args)})
 	}
 	return nil
 }
