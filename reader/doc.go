@@ -11,7 +11,11 @@
 // pointer to a new generation: a flip, one SET, whatever the index's size.
 // An index without a pointer is in the rename-in-place shape, so a reader
 // that resolves works before, during and after a switch between the two
-// modes.
+// modes. The indexes of a group (rebuild.Options.Group) have their
+// pointers in the group's shape, read with [Options.Group]; the pointer
+// without a group of such an index holds "group:" + the group, which a
+// reader without a group refuses with an error matching
+// [ErrGroupConflict], naming the group.
 //
 // A [Reader] resolves the pointer with rueidis's client-side caching
 // (DoCache): once the pointer is cached, finding a key costs no round trip,

@@ -2,6 +2,8 @@ package reader_test
 
 import (
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/keyswap/keyswap/internal/keys"
@@ -11,8 +13,11 @@ import (
 
 // TestGroup: a reader with Options.Group follows the pointers in the
 // group's shape ("{group}:rebuild-group:<key>:rebuild-ptr"), also after a
-// flip; one without the group, or with another, finds no pointer and reads
-// the plain shape (C100). A group with a brace is refused (ErrBadGroup).
+// flip; one with another group finds no pointer and reads the plain shape
+// (C100); one without a group finds the group's claim in the pointer
+// without a group ("group:<name>") and refuses the index, through the
+// cache and without, naming the group (C102). A group with a brace is
+// refused (ErrBadGroup).
 func TestGroup(t *testing.T) {
 	forEach(t, func(t *testing.T, tg target) {
 		ctx := redistest.Ctx(t)
@@ -24,6 +29,7 @@ func TestGroup(t *testing.T) {
 		names := keys.Names{Cluster: tg.cluster, Group: group}
 		for _, live := range []string{tg.live, tg.live + "/z", tg.family} {
 			redistest.Cmd(t, tg.other, "SET", keys.PointerKey(live, names), "1")
+			redistest.Cmd(t, tg.other, "SET", keys.PointerKey(live, tg.cluster), keys.GroupMarker(group))
 		}
 
 		grouped := newReader(t, tg.client(t, nil), reader.Options{Group: group})
@@ -31,10 +37,19 @@ func TestGroup(t *testing.T) {
 			t.Errorf("grouped Key = %q, %v; want %q", got, err, keys.GenKey(tg.live, 1))
 		}
 		wantData(t, ctx, grouped, tg, g1)
-		for _, opts := range []reader.Options{{}, {Group: group + "x"}} {
-			other := newReader(t, tg.client(t, nil), opts)
-			if got, err := other.Bucket(ctx, tg.family, "uk"); err != nil || got != tg.family+":uk" {
-				t.Errorf("reader of group %q: Bucket = %q, %v; want the plain key", opts.Group, got, err)
+		other := newReader(t, tg.client(t, nil), reader.Options{Group: group + "x"})
+		if got, err := other.Bucket(ctx, tg.family, "uk"); err != nil || got != tg.family+":uk" {
+			t.Errorf("reader of group %q: Bucket = %q, %v; want the plain key", group+"x", got, err)
+		}
+		ungrouped := newReader(t, tg.client(t, nil), reader.Options{})
+		says := fmt.Sprintf("Options.Group %q", group)
+		for name, read := range map[string]func() error{
+			"Bucket":  func() error { _, err := ungrouped.Bucket(ctx, tg.family, "uk"); return err },
+			"Key":     func() error { _, err := ungrouped.Key(ctx, tg.live); return err },
+			"Recheck": func() error { _, _, err := ungrouped.Recheck(ctx, reader.Plain(tg.live), tg.live); return err },
+		} {
+			if err := read(); !errors.Is(err, reader.ErrGroupConflict) || errors.Is(err, reader.ErrBadPointer) || !strings.Contains(err.Error(), says) {
+				t.Errorf("reader without a group: %s: got %v, want ErrGroupConflict saying %s", name, err, says)
 			}
 		}
 

@@ -26,8 +26,8 @@ var ErrBadPointer = errors.New("pointer holds no generation")
 // Error is the error type of a [Reader]'s methods. Op names the step that
 // failed ("new", "resolve", "recheck", or the read, such as "hget"), Key
 // the key it was working on (the pointer when resolving, the data key when
-// reading), and Err the cause: [ErrBadPointer], a Redis or transport error,
-// or a description of bad options.
+// reading), and Err the cause: [ErrBadPointer], [ErrGroupConflict], a Redis
+// or transport error, or a description of bad options.
 type Error struct {
 	Op  string
 	Key string
@@ -57,13 +57,23 @@ type Options struct {
 	// Group is the group of the indexes the reader reads, as the writer
 	// names it (rebuild.Options.Group): their pointers hang off
 	// "{" + Group + "}:rebuild-group:" + the index's key. A reader reads the indexes of
-	// one group, or those of no group when Group is empty. A reader with
-	// the wrong group, or none, finds no pointer and reads the keys in the
-	// rename-in-place shape: give every reader the group before the first
-	// run with it. A group with a '{' or '}' is an error matching
-	// ErrBadGroup.
+	// one group, or those of no group when Group is empty. A reader
+	// without the group reads the index's pointer without a group, which
+	// the group's first run set to "group:" + Group: it fails with an
+	// error matching ErrGroupConflict naming the group, never reading the
+	// keys in the rename-in-place shape. (A reader in another group finds
+	// no pointer, and reads those keys: give every reader its group.) A
+	// group with a '{' or '}' is an error matching ErrBadGroup.
 	Group string
 }
+
+// ErrGroupConflict reports that an index is in a group the reader does not
+// read: the pointer the reader reads (that of the index without a group)
+// holds "group:" + the group, left by the first run of the index in that
+// group. The index's data is behind the group's pointer: read it with
+// Options.Group set to the group the error names. rebuild.ErrGroupConflict
+// is the same error.
+var ErrGroupConflict = keys.ErrGroupConflict
 
 // ErrBadGroup reports an Options.Group that cannot be a group: one holding
 // a '{' or '}'. rebuild.New's error for such an Options.Group, or for a
@@ -330,6 +340,11 @@ func parse(res rueidis.RedisResult, op, ptr string) (int64, error) {
 	}
 	if err != nil {
 		return 0, &Error{Op: op, Key: ptr, Err: err}
+	}
+	if group, ok := keys.ParseGroupMarker(v); ok {
+		// A group's claim (SPEC C102): the index's generations are the
+		// group's, behind another pointer.
+		return 0, &Error{Op: op, Key: ptr, Err: fmt.Errorf("%w: the index is in group %s (%s holds %s): read it with Options.Group %s", ErrGroupConflict, quote(group), ptr, quote(v), quote(group))}
 	}
 	gen, ok := parseGeneration(v)
 	if !ok {

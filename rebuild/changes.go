@@ -74,7 +74,10 @@ func (w *writes) Add(cmd, key string, args ...string) error {
 //
 // In Generations mode Apply writes the change to each index's current
 // generation (the one its pointer names), checking in the same atomic step
-// that no flip moved the pointer meanwhile. While a run of the keys is in
+// that no flip moved the pointer meanwhile. An index whose pointer holds a
+// group's claim (a Rebuilder without a group, of an index a group's run
+// claimed) fails it with ErrGroupConflict naming the group, nothing
+// applied. While a run of the keys is in
 // progress, the same step logs the change for it, as above: the run
 // replays it onto the generation it builds, and its flip replays the last
 // changes (a bounded tail) itself, in the same atomic step as the pointer's

@@ -249,11 +249,24 @@
 // "{<group>}:rebuild-group:<key>", in the group's slot, while the data keys
 // keep the index's name and spread over every master. Readers give the same
 // group (reader.Options.Group), and so does the CLI (keyswap rollback
-// --group, keyswap status --group --index); a reader without it finds no
-// pointer and reads the plain shape. A run with a group refuses an index
-// that still has a pointer of its own, from runs without the group
-// ([ErrGroupConflict]): move such an index through the rename-in-place
-// shape, or build it under a new key. See docs/generations.md, "Groups".
+// --group, keyswap status --group --index).
+//
+// The data keys of a generation do not name the group, and each registry
+// numbers its generations from 1, so one index is written in one group
+// only, or in none. A run with a group claims each index before it
+// allocates a generation: one script per index, in the slot of the
+// index's own control keys, sets its pointer outside the group to
+// "group:<group>", unless that pointer names a generation or another
+// group, or the index's registry outside the group holds a generation
+// (building, kept or retired), which fail the run with [ErrGroupConflict]
+// before it writes anything. A claimed index is then refused, naming the
+// group, by a run without a group or in another one (its allocation, in
+// the same slot as the claim, reads the claim: whichever comes first
+// wins), by Apply, Rollback and a reader without a group, and by a
+// RenameInPlace publish, which keeps the claim rather than delete it. To
+// move an index with generations of its own into a group, switch it back
+// to rename-in-place and sweep its generations first, or build it under a
+// new key. See docs/generations.md, "Groups".
 //
 // # Safe publishing
 //

@@ -93,6 +93,13 @@ func (x *runState) liveKey(live string) string {
 // them.
 func (x *runState) allocate(ctx context.Context) error {
 	r := x.r
+	// The claim first (SPEC C102): a run in a group allocates nothing
+	// while the index has generations of runs without it, or is another
+	// group's. It comes after the locks, whose acquire checked its rights
+	// with the run's, so that a user lacking one writes nothing.
+	if err := r.redis.Generations.ClaimGroup(ctx, "acquire", r.lives); err != nil {
+		return err
+	}
 	gens, current, err := r.redis.Generations.AllocateGenerations(ctx, "acquire", r.key, x.locks, r.lives)
 	if err != nil {
 		return err

@@ -2,6 +2,7 @@ package rebuild_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log"
 	"time"
@@ -15,7 +16,9 @@ import (
 // A group: two indexes of one Rebuilder, with no common hash tag. Their
 // pointers hang off the group's tag, "{users}", so that one script flips
 // both; their data keys keep their own names and, on a cluster, spread
-// over every master. Readers give the same group.
+// over every master. Readers give the same group: the group's run claimed
+// each index, so a reader without it refuses the index, naming the group,
+// and so does a run without it.
 func ExampleOptions_group() {
 	client := exampleClient()
 	defer client.Close()
@@ -45,11 +48,16 @@ func ExampleOptions_group() {
 	key, _ := rd.Bucket(ctx, "users:by-country", "fr")
 	fmt.Println("bob:", id, "; fr is in", key)
 
-	// Without the group a reader finds no pointer: it reads the plain
-	// keys, which this index never had.
+	// Without the group: the index's own pointer holds the group's claim.
 	plain, _ := reader.New(client, reader.Options{})
-	key, _ = plain.Key(ctx, "users:by-email")
-	fmt.Println("without the group:", key)
+	_, err = plain.Key(ctx, "users:by-email")
+	fmt.Println(errors.Is(err, reader.ErrGroupConflict), err)
+	own, err := rebuild.New(client, rebuild.Options{Publish: rebuild.Generations}, byEmail)
+	if err != nil {
+		log.Fatal(err)
+	}
+	_, err = own.Run(ctx, sources.Slice(users))
+	fmt.Println(errors.Is(err, rebuild.ErrGroupConflict))
 
 	// A group with a brace would not be the hash tag.
 	_, err = rebuild.New(client, rebuild.Options{Publish: rebuild.Generations, Group: "{users}"}, byEmail)
@@ -58,6 +66,7 @@ func ExampleOptions_group() {
 	// {users}:rebuild-group:users:by-email:rebuild-ptr = 1
 	// {users}:rebuild-group:users:by-country:rebuild-ptr = 1
 	// bob: 2 ; fr is in users:by-country:rebuild-g:1:fr
-	// without the group: users:by-email
+	// true keyswap: reader: resolve users:by-email:rebuild-ptr: the index belongs to another group, or to none: the index is in group "users" (users:by-email:rebuild-ptr holds "group:users"): read it with Options.Group "users"
+	// true
 	// keyswap: config users:by-email: Group: bad group: "{users}" holds a brace: the group must be the whole hash tag, {group}, of its indexes' control keys
 }

@@ -88,8 +88,9 @@ func TestGenerationsGroupSpreads(t *testing.T) {
 	// the data keys of their generations spread over every master; each
 	// flip (a run, a rollback, a roll forward) moves every pointer at once,
 	// as one script reading them all sees; Apply writes the current
-	// generation; a reader with the group reads it, one without reads the
-	// plain shape; nothing else is left.
+	// generation; a reader with the group reads it, one without is refused
+	// naming the group (C102: the pointer without a group holds the
+	// group's claim); nothing else is left.
 	forEachDeployment(t, func(t *testing.T, d deployment) {
 		ctx := redistest.Ctx(t)
 		group, byDigits, byBucket, emails := groupNames(d)
@@ -135,8 +136,9 @@ func TestGenerationsGroupSpreads(t *testing.T) {
 			}
 		}
 		for _, l := range lives {
-			// No pointer outside the group.
-			redistest.WantAbsent(t, d.Other, keys.PointerKey(l, d.Cluster))
+			// C102: outside the group, the group's claim alone.
+			redistest.WantString(t, d.Other, keys.PointerKey(l, d.Cluster), keys.GroupMarker(group))
+			redistest.WantAbsent(t, d.Other, keys.RegistryKey(l, d.Cluster))
 		}
 
 		// A second run, while a reader of the pointers at one moment
@@ -193,8 +195,8 @@ func TestGenerationsGroupSpreads(t *testing.T) {
 		if err != nil {
 			t.Fatalf("reader.New: %v", err)
 		}
-		if got, err := plain.Key(ctx, emails); err != nil || got != emails {
-			t.Errorf("reader without the group: Key = %q, %v; want the plain key %q", got, err, emails)
+		if got, err := plain.Key(ctx, emails); !errors.Is(err, reader.ErrGroupConflict) || !strings.Contains(err.Error(), fmt.Sprintf("Options.Group %q", group)) {
+			t.Errorf("reader without the group: Key = %q, %v; want ErrGroupConflict naming group %q", got, err, group)
 		}
 
 		// Rollback and roll forward: one flip each.
@@ -248,6 +250,9 @@ func TestGenerationsGroupSpreads(t *testing.T) {
 		}
 		for _, l := range lives {
 			for _, k := range redistest.Keys(t, d.Other, l) {
+				if k == keys.PointerKey(l, d.Cluster) {
+					continue // the group's claim (C102)
+				}
 				if !strings.HasPrefix(k, l+keys.GenInfix+"2") && !strings.HasPrefix(k, l+keys.GenInfix+"3") {
 					t.Errorf("left behind: %s", k)
 				}
@@ -294,9 +299,9 @@ func TestGenerationsGroupRefused(t *testing.T) {
 }
 
 func TestGenerationsGroupConflict(t *testing.T) {
-	// C101: an index with a pointer outside the group (from runs without
-	// it) makes a run with the group fail with ErrGroupConflict, naming
-	// the pointer, before it writes anything.
+	// C101, C102: an index with a pointer outside the group (from runs
+	// without it) makes a run with the group fail with ErrGroupConflict,
+	// naming the pointer, before it writes anything.
 	forEachDeployment(t, func(t *testing.T, d deployment) {
 		ctx := redistest.Ctx(t)
 		group, _, byBucket, _ := groupNames(d)

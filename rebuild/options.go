@@ -254,11 +254,15 @@ type Options struct {
 	// share a hash slot. A group with a '{' or '}', or a Group in
 	// RenameInPlace mode (a rename needs the lock and the data in one
 	// slot), is an error of New that names the problem and matches
-	// reader.ErrBadGroup. Never run one index under two groups, or with
-	// and without one: the data keys of a generation do not name the
-	// group, so a run of the other would write into, and on failure
-	// remove, generations the first still reads (only an index's pointer
-	// outside the group is detected, as ErrGroupConflict).
+	// reader.ErrBadGroup. The data keys of a generation do not name the
+	// group, so one index is written in one group only: a run in a group
+	// first claims each index, leaving "group:" + Group in the index's
+	// pointer outside the group, and from then on a run of it without a
+	// group or in another group, and a reader without a group, fail with
+	// an error matching ErrGroupConflict that names the group, writing
+	// nothing; a run in a group fails the same way, writing nothing, while
+	// the index has generations of runs without a group (a pointer, or
+	// one in its registry: building, kept or retired).
 	Group string
 	// Grace, in Generations mode, is how long a generation a flip retired
 	// stays readable before the run removes it: longer than the time a

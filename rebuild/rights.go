@@ -87,7 +87,7 @@ func (r *core) checks(ts *targets, held bool) []protocol.Check {
 		if r.opts.Publish != Generations {
 			// The publish's switch back from Generations mode: it deletes
 			// the pointer and retires the registry's generations.
-			add(ptr, "DEL")
+			add(ptr, "GET", "DEL")
 			add(reg, "TYPE", "HGETALL", "HSET")
 			continue
 		}
@@ -112,6 +112,13 @@ func (r *core) genChecks(i int, temp string, add func(key string, cmds ...string
 	add(ptr, "GET", "SET", "TYPE")
 	add(reg, "HINCRBY", "HSET", "HGET", "HGETALL", "HDEL", "TYPE")
 	add(r.lockKeys[i], "TYPE")
+	if r.opts.Group != "" {
+		// The claim (SPEC C102): the pointer and the registry of the index
+		// without a group, read, and the pointer set to the group's marker.
+		own := keys.Names{Cluster: cluster.Cluster}
+		add(keys.PointerKey(r.lives[i], own), "TYPE", "GET", "SET")
+		add(keys.RegistryKey(r.lives[i], own), "TYPE", "HKEYS", "HGET")
+	}
 	add(temp, "UNLINK")
 	add("", "SCAN", "TIME")
 	if r.owners[i].family && keys.SameSlot(r.lives[i], cluster) {

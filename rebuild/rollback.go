@@ -35,7 +35,8 @@ var ErrNothingToRollBack = protocol.ErrNothingToRollBack
 // KeepPrevious), the generation rolled back becomes the previous one (so a
 // second Rollback rolls forward), and it returns the generation now
 // current of each builder. It fails with ErrNothingToRollBack when an index
-// has no previous generation.
+// has no previous generation, and with ErrGroupConflict, naming the group,
+// when a Rebuilder without a group meets the claim of a group's run.
 func (r *Rebuilder[T]) Rollback(ctx context.Context) (map[string]int64, error) {
 	families := r.familyTypes()
 	opts := protocol.RollbackOptions{

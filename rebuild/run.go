@@ -45,9 +45,6 @@ func (r *Rebuilder[T]) run(ctx context.Context, src sources.Source[T], held *Hel
 	if err := r.redis.Durable.CheckDurable(ctx, "config", r.key, r.lockKeys[0], r.durability()); err != nil {
 		return stats, err
 	}
-	if err := r.checkUngrouped(ctx, "acquire"); err != nil {
-		return stats, err
-	}
 	observer := r.opts.Observer
 	if observer == nil {
 		observer = noObserver{}

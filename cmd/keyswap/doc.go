@@ -110,7 +110,10 @@
 // with the start of their run's token, those abandoned by a run that is
 // gone, and whether the index is switching from rename-in-place (its
 // plain key is still there beside the pointer) or its registry is
-// corrupt. A generation retired more than --grace ago (10s), or abandoned,
+// corrupt. An index in a group leaves "group:<name>" in its pointer
+// outside the group: a scan lists that pointer in mode "group", noting
+// the group; status or rollback of the index without --group fails,
+// naming the group to pass. A generation retired more than --grace ago (10s), or abandoned,
 // is a sweep candidate, by the sweep's own rule.
 //
 // An argument without a glob character (or --index) is one live key:

@@ -24,6 +24,7 @@ import (
 const (
 	modeRename      = "rename"      // no pointer: the data is the plain keys
 	modeGenerations = "generations" // a pointer names the current generation
+	modeGroup       = "group"       // the pointer without a group holds a group's claim (SPEC C102)
 )
 
 // genStatus is an index's registry and pointer, as status shows them.
@@ -49,6 +50,11 @@ type genStatus struct {
 	// run writes (gens.ErrCorrupt), or of a read Redis refused; the other
 	// fields are then zero.
 	Corrupt string
+	// InGroup is the group whose claim the pointer of an index read
+	// without a group holds ("group:<name>", SPEC C102): the index is that
+	// group's, and its generations are read with --group; the other
+	// fields are then zero.
+	InGroup string
 }
 
 // retiredGen is a retired generation.
@@ -73,6 +79,9 @@ type buildingGen struct {
 
 // mode returns the index's mode.
 func (g *genStatus) mode() string {
+	if g != nil && g.InGroup != "" {
+		return modeGroup
+	}
 	if g == nil || g.Current == 0 {
 		return modeRename
 	}
@@ -130,6 +139,9 @@ func newGenStatus(snap gens.Snapshot, grace time.Duration) *genStatus {
 func readGenStatus(ctx context.Context, client rueidis.Client, idx gens.Index, grace time.Duration) (*genStatus, error) {
 	live := idx.Live
 	snap, err := gens.Read(ctx, client, idx)
+	if err != nil && snap.InGroup != "" && errors.Is(err, keys.ErrGroupConflict) {
+		return &genStatus{InGroup: snap.InGroup, Retired: []retiredGen{}, Building: []buildingGen{}}, nil
+	}
 	if err != nil {
 		if _, redisErr := rueidis.IsRedisErr(err); redisErr || errors.Is(err, gens.ErrCorrupt) {
 			return &genStatus{Corrupt: err.Error(), Retired: []retiredGen{}, Building: []buildingGen{}}, nil
@@ -226,6 +238,7 @@ type genStatusJSON struct {
 	Building  []buildJSON   `json:"building"`
 	PlainLeft *bool         `json:"plain_keys_left"`
 	Error     string        `json:"error,omitempty"`
+	InGroup   string        `json:"in_group,omitempty"`
 }
 
 // retiredJSON is a retiredGen in JSON.
@@ -253,7 +266,7 @@ func (g *genStatus) json() *genStatusJSON {
 		}
 		return &n
 	}
-	out := &genStatusJSON{Current: nonZero(g.Current), Previous: nonZero(g.Previous), PlainLeft: g.PlainLeft, Error: g.Corrupt,
+	out := &genStatusJSON{Current: nonZero(g.Current), Previous: nonZero(g.Previous), PlainLeft: g.PlainLeft, Error: g.Corrupt, InGroup: g.InGroup,
 		Retired: make([]retiredJSON, 0, len(g.Retired)), Building: make([]buildJSON, 0, len(g.Building))}
 	for _, r := range g.Retired {
 		out.Retired = append(out.Retired, retiredJSON{Gen: r.Gen, Since: r.Since.UTC(), Removable: r.Removable})
@@ -270,6 +283,9 @@ func (g *genStatus) json() *genStatusJSON {
 func (g *genStatus) columns(now time.Time) []string {
 	if g.Corrupt != "" {
 		return []string{"?", "?", "?", "?", "?", "unreadable: " + g.Corrupt}
+	}
+	if g.InGroup != "" {
+		return []string{modeGroup, "-", "-", "-", "-", "in group " + displayKey(g.InGroup) + ": pass --group " + displayKey(g.InGroup)}
 	}
 	cur, prev := "-", "-"
 	if g.Current != 0 {

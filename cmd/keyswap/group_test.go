@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"maps"
 	"strings"
 	"testing"
 
@@ -10,10 +11,12 @@ import (
 )
 
 // TestGroup: indexes of a group (C100), without a hash tag: 'rollback
-// --group' flips them back and forth; without --group it finds no pointer
-// and changes nothing; 'status --index --group' and a status scan show
-// their generations; a sweep finds the group in the registry's name and
-// removes their retired generation.
+// --group' flips them back and forth; without --group it finds the
+// group's claim and fails naming the group, changing nothing, and so does
+// 'status --index' without --group (C102); 'status --index --group' and a
+// status scan show their generations, the scan the claims in mode
+// "group"; a sweep finds the group in the registry's name and removes
+// their retired generation, and passes over the claims.
 func TestGroup(t *testing.T) {
 	t.Parallel()
 	for _, d := range deployments(t) {
@@ -38,12 +41,21 @@ func TestGroup(t *testing.T) {
 			}
 			wantPointers("3")
 
-			// Without the group: no pointer, no meta; nothing changed.
+			// Without the group: the group's claim (C102); nothing changed.
 			r := keyswap(t, d.args("rollback", ix.email, ix.country)...)
-			if r.code == exitOK || !strings.Contains(r.stderr, "keyswap never published it") {
-				t.Errorf("rollback without --group: exit %d, stderr %q; want a failure saying it was never published", r.code, r.stderr)
+			if r.code == exitOK || !strings.Contains(r.stderr, "in group "+group+"; pass --group "+group) {
+				t.Errorf("rollback without --group: exit %d, stderr %q; want a failure naming the group", r.code, r.stderr)
 			}
 			wantPointers("3")
+			for _, k := range []string{ix.email, ix.country} {
+				if v, _ := redistest.Get(t, d.client, keys.PointerKey(k, d.cluster)); v != keys.GroupMarker(group) {
+					t.Errorf("pointer of %s without the group: got %q, want the claim %q", k, v, keys.GroupMarker(group))
+				}
+			}
+			r = keyswap(t, d.args("status", "--index", ix.country)...)
+			if r.code == exitOK || !strings.Contains(r.stderr, "in group "+group+"; pass --group "+group) {
+				t.Errorf("status --index without --group: exit %d, stderr %q; want a failure naming the group", r.code, r.stderr)
+			}
 
 			r = keyswap(t, d.args("rollback", "--group", group, ix.email, ix.country)...)
 			r.wantCode(t, exitOK)
@@ -68,11 +80,17 @@ func TestGroup(t *testing.T) {
 			if err := json.Unmarshal([]byte(r.stdout), &scanned); err != nil {
 				t.Fatalf("status: %v\n%s%s", err, r.stdout, r.stderr)
 			}
-			found := map[string]string{}
+			found, claimed := map[string]string{}, map[string]string{}
 			for _, x := range scanned.Indexes {
 				if x.Generations != nil && x.Generations.Current != nil {
 					found[*x.Key+" "+x.Group] = *x.MetaKey
 				}
+				if x.Generations != nil && x.Mode == "group" && x.Group == "" {
+					claimed[*x.Key] = x.Generations.InGroup
+				}
+			}
+			if want := map[string]string{ix.email: group, ix.country: group}; !maps.Equal(claimed, want) {
+				t.Errorf("status scan: claims %v, want %v", claimed, want)
 			}
 			for _, k := range []string{ix.email, ix.country} {
 				if found[k+" "+group] != keys.MetaKey(k, names) {

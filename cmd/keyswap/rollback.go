@@ -111,6 +111,11 @@ func (c *cli) rollback(ctx context.Context, args []string) error {
 	defer client.Close()
 
 	what := strings.Join(lives, ", ")
+	if *group == "" {
+		if err := notClaimed(ctx, client, lives); err != nil {
+			return fmt.Errorf("rollback %s: %w; nothing changed", what, err)
+		}
+	}
 	before, err := readGroupGenerations(ctx, client, *group, lives)
 	if err != nil {
 		return fmt.Errorf("rollback %s: %w", what, err)
@@ -203,6 +208,34 @@ func (c *cli) reportGenRollback(ctx context.Context, client rueidis.Client, grou
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", displayKey(ix.Key), cur, prev, since)
 	}
 	return tw.Flush()
+}
+
+// notClaimed returns an error matching keys.ErrGroupConflict, naming the
+// group to pass, when the pointer of one of lives, indexes without a
+// group, holds a group's claim (SPEC C102): one GET each, pipelined,
+// before anything takes a lock.
+func notClaimed(ctx context.Context, client rueidis.Client, lives []string) error {
+	cluster := namesOf(client, "")
+	cmds := make(rueidis.Commands, len(lives))
+	for i, l := range lives {
+		cmds[i] = client.B().Get().Key(keys.PointerKey(l, cluster)).Build()
+	}
+	for i, res := range client.DoMulti(ctx, cmds...) {
+		v, err := res.ToString()
+		if rueidis.IsRedisNil(err) {
+			continue
+		}
+		if rerr, ok := rueidis.IsRedisErr(err); ok && strings.HasPrefix(rerr.Error(), "WRONGTYPE") {
+			continue // not a claim: the rollback reports the pointer
+		}
+		if err != nil {
+			return fmt.Errorf("GET %s: %w", displayKey(keys.PointerKey(lives[i], cluster)), err)
+		}
+		if g, ok := keys.ParseGroupMarker(v); ok {
+			return fmt.Errorf("%w: index %s is in group %s; pass --group %s", keys.ErrGroupConflict, displayKey(lives[i]), displayKey(g), displayKey(g))
+		}
+	}
+	return nil
 }
 
 // hasPointers returns, for each of lives, whether it has a pointer: it is

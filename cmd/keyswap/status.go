@@ -43,8 +43,11 @@ Status lists what keyswap keeps in Redis right now, and changes nothing:
     rebuild.Generations), which have a pointer (<key>:rebuild-ptr) naming
     their current generation and a registry of generations
     (<key>:rebuild-gens): a GENERATIONS table gives each one's mode
-    ("generations", or "rename" for an index whose registry outlived its
-    pointer: switched back to rename-in-place), its current generation,
+    ("generations", "rename" for an index whose registry outlived its
+    pointer: switched back to rename-in-place, or "group" for an index
+    whose pointer outside any group holds "group:<name>": the index is in
+    that group, shown with its group beside it, and read with --group),
+    its current generation,
     the previous one kept for 'keyswap rollback' (which flips back to it),
     the retired ones waiting for their removal, since when, and whether a
     sweep removes them now (retired more than --grace ago), the builds in
@@ -206,7 +209,9 @@ JSON output (-json) is one object, whose fields are kept stable:
         "why_not": ""                 "none_kept", "expired",
                                       "rebuild_in_progress", "never_published"
       },
-      "mode": "generations",          "generations": it has a pointer; else "rename"
+      "mode": "generations",          "generations": it has a pointer; "group":
+                                      its pointer holds a group's claim;
+                                      else "rename"
       "generations": {                null: no registry and no pointer
         "current": 3,                 the pointer's; null: no pointer
         "previous": 2,                kept for a rollback; null: none
@@ -216,8 +221,10 @@ JSON output (-json) is one object, whose fields are kept stable:
                       "abandoned": false}],    its run holds the lock no more
         "plain_keys_left": false,     the plain key is still there beside the
                                       pointer (switching); null: not looked for
-        "error": "..."                only for a corrupt registry or pointer, or
+        "error": "...",               only for a corrupt registry or pointer, or
                                       a read Redis refused
+        "in_group": "g"               only for mode "group": the group whose
+                                      claim the pointer holds; pass --group g
       }
     }]
   }

@@ -34,7 +34,9 @@ type indexStatusJSON struct {
 	Generation    *generationJSON   `json:"generation"`
 	Locked        bool              `json:"locked"`
 	Rollback      rollbackStateJSON `json:"rollback"`
-	// Mode is "generations" for an index with a pointer, else "rename".
+	// Mode is "generations" for an index with a pointer, "group" for one
+	// whose pointer without a group holds a group's claim (its
+	// generations' in_group names the group), else "rename".
 	Mode        string         `json:"mode"`
 	Generations *genStatusJSON `json:"generations"`
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/keyswap/keyswap/internal/keys"
@@ -75,6 +76,10 @@ func collectKeyStatus(ctx context.Context, client rueidis.Client, live, group st
 	}
 	if err := addGenerations(ctx, client, rep.Indexes, withGens, grace); err != nil {
 		return nil, err
+	}
+	if g := rep.Indexes[0].Gens; g != nil && g.InGroup != "" {
+		// SPEC C102: the index's keys are behind the group's names.
+		return nil, fmt.Errorf("%w: index %s is in group %s; pass --group %s", keys.ErrGroupConflict, displayKey(live), displayKey(g.InGroup), displayKey(g.InGroup))
 	}
 	return rep, nil
 }

@@ -241,6 +241,12 @@ func sweepGenerations(ctx context.Context, client rueidis.Client, pattern string
 	for _, idx := range found {
 		s := genSweep{Key: idx.Live, Group: idx.Group, Removed: []genRemoved{}, Kept: []genKept{}}
 		snap, err := gens.Read(ctx, client, idx)
+		if snap.InGroup != "" && errors.Is(err, keys.ErrGroupConflict) {
+			// The pointer without a group holds a group's claim (SPEC
+			// C102): the index's generations are the group's, found
+			// under the group's names.
+			continue
+		}
 		var typ string
 		if err == nil {
 			s.Family, typ, err = isFamily(ctx, client, idx, snap)

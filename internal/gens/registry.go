@@ -240,6 +240,10 @@ type Snapshot struct {
 	PointerKey string
 	Pointer    int64
 	HasPointer bool
+	// InGroup is the group whose claim the pointer of an index read
+	// without a group holds (keys.GroupMarker, SPEC C102); Read then
+	// returns an error matching keys.ErrGroupConflict with the rest.
+	InGroup string
 	// LockKey is the lock's key; Lock its value, the token of the run
 	// that holds it ("" when free).
 	LockKey string
@@ -286,7 +290,9 @@ func isCluster(client rueidis.Client) bool { return client.Mode() == rueidis.Cli
 
 // Read reads idx's registry, pointer and lock in one step and checks them
 // (see [Parse]); a pointer must name the current generation, in canonical
-// decimal. An index that never used generations has an empty registry
+// decimal. The pointer of an index without a group that a group claimed
+// (SPEC C102) returns the snapshot, with InGroup set, and an error
+// matching keys.ErrGroupConflict naming the group. An index that never used generations has an empty registry
 // and no pointer.
 func Read(ctx context.Context, client rueidis.Client, idx Index) (Snapshot, error) {
 	cluster := idx.names(client)
@@ -324,6 +330,10 @@ func Read(ctx context.Context, client rueidis.Client, idx Index) (Snapshot, erro
 	switch {
 	case err != nil:
 		return Snapshot{}, fmt.Errorf("GET %s: %w", s.PointerKey, err)
+	case types[1] == "string" && idx.Group == "" && strings.HasPrefix(ptr, keys.GroupMarkerPrefix):
+		// A group's claim: the index's generations are behind the group's
+		// pointer. Not corrupt: read it with the group.
+		s.InGroup, _ = keys.ParseGroupMarker(ptr)
 	case types[1] == "string":
 		g, ok := canonical(ptr, 1)
 		if !ok {
@@ -347,5 +357,8 @@ func Read(ctx context.Context, client rueidis.Client, idx Index) (Snapshot, erro
 		return Snapshot{}, fmt.Errorf("unexpected TIME reply %q: %w", clock, err)
 	}
 	s.Time = time.Unix(sec, usec*1000)
+	if s.InGroup != "" {
+		return s, keys.GroupConflict(idx.Live, s.PointerKey, s.InGroup, "")
+	}
 	return s, nil
 }

@@ -98,3 +98,40 @@ func SameSlot[S Space](live string, s S) bool {
 	_, tagged := HashTag(live)
 	return tagged && n.Group == ""
 }
+
+// GroupMarkerPrefix starts the value of the pointer of an index of its own
+// (PointerKey with no group) that a run in a group claimed (SPEC C102):
+// GroupMarkerPrefix + group. No generation starts with it, so a reader of
+// that pointer tells the claim from a generation, and refuses to read the
+// index without the group.
+const GroupMarkerPrefix = "group:"
+
+// GroupMarker returns the value a run in group leaves in the pointer of
+// an index of its own when it claims the index (SPEC C102).
+func GroupMarker(group string) string { return GroupMarkerPrefix + group }
+
+// ParseGroupMarker returns the group a pointer's value v names, when v is
+// a GroupMarker.
+func ParseGroupMarker(v string) (group string, ok bool) {
+	if group, ok = strings.CutPrefix(v, GroupMarkerPrefix); !ok {
+		return "", false
+	}
+	return group, true
+}
+
+// ErrGroupConflict reports that an index belongs to a group other than
+// the one it is written or read with, or that a run in a group met
+// generations of the index written without it (SPEC C102). The generation
+// data keys of an index keep its name whatever its group, so the two
+// would write into the same keys: nothing is written or read.
+var ErrGroupConflict = errors.New("the index belongs to another group, or to none")
+
+// GroupConflict returns an error matching ErrGroupConflict for the index
+// live, whose pointer without a group, ptr, names group, met by a caller
+// whose own group is mine ("" for none): it names the group to pass.
+func GroupConflict(live, ptr, group, mine string) error {
+	if mine == "" {
+		return fmt.Errorf("%w: index %s is in group %q (%s holds %q): pass the group %q (rebuild.Options.Group, reader.Options.Group, --group)", ErrGroupConflict, live, group, ptr, GroupMarker(group), group)
+	}
+	return fmt.Errorf("%w: index %s is in group %q (%s holds %q), not %q: pass the group %q", ErrGroupConflict, live, group, ptr, GroupMarker(group), mine, group)
+}

@@ -2,6 +2,7 @@ package keys
 
 import (
 	"errors"
+	"strings"
 	"testing"
 )
 
@@ -101,4 +102,28 @@ func FuzzGroupBase(f *testing.F) {
 			t.Fatalf("ParseGroupBase(%q) = %q, %q, %v", base, g, l, ok)
 		}
 	})
+}
+
+func TestGroupMarker(t *testing.T) {
+	// C102: the claim's marker names its group, and no generation (a
+	// positive decimal number) parses as one.
+	for _, tc := range []struct {
+		v     string
+		group string
+		ok    bool
+	}{
+		{GroupMarker("users"), "users", true},
+		{GroupMarker("a:b"), "a:b", true},
+		{"group:", "", true},
+		{"1", "", false},
+		{"groups:x", "", false},
+		{"", "", false},
+	} {
+		if g, ok := ParseGroupMarker(tc.v); g != tc.group || ok != tc.ok {
+			t.Errorf("ParseGroupMarker(%q) = %q, %v; want %q, %v", tc.v, g, ok, tc.group, tc.ok)
+		}
+	}
+	if err := GroupConflict("L", "L:rebuild-ptr", "g", ""); !errors.Is(err, ErrGroupConflict) || !strings.Contains(err.Error(), `pass the group "g"`) {
+		t.Errorf("GroupConflict = %v, want ErrGroupConflict naming the group to pass", err)
+	}
 }

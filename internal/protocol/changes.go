@@ -581,6 +581,9 @@ func (c change) decode(script string, res reply, extra int) (Applied, reply, err
 		return Applied{}, nil, unlogged(c.lives[i-1], c.locks[i-1], res.str(2), res.str(3))
 	case code == codeNotTheRuns && i >= 1 && int(i) <= n:
 		return Applied{}, nil, fmt.Errorf("%w: %q is not one of the keys of the run holding %s, which rebuilds %q (does this process apply changes with another definition of the index?); nothing applied: apply the change again once that run ends", ErrInProgress, res.str(2), c.locks[i-1], res.str(3))
+	case code == codeInGroup && i >= 1 && int(i) <= n:
+		g := res.str(2)
+		return Applied{}, nil, fmt.Errorf("%w: index %s is in group %q (its pointer without a group holds %q): pass the group %q; nothing written, nothing logged", keys.ErrGroupConflict, c.lives[i-1], g, keys.GroupMarker(g), g)
 	case code == codeBadRegistry && i >= 1 && int(i) <= n:
 		return Applied{}, nil, fmt.Errorf("%w: index %q: %s, a state no run leaves; nothing written, nothing logged", ErrTampered, c.lives[i-1], res.str(2))
 	case code != codeOK || len(res) != 1+n+extra:

@@ -36,6 +36,8 @@ const (
 	codeBadRegistry = -21 // genalloc, genback, genapply, genlog, flip: {-21, i, why}: index i's registry or pointer is in a state no run leaves
 	codeGenLost     = -20 // flip: {-20, i}: index i's registry no longer marks the run's generation as its; genapply: pointer i moved
 	codeWait        = -22 // genapply, genlog: {-22, i, pttl}: the run holding lock i is cutting over (its mark lasts pttl ms more)
+	codeInGroup     = -23 // claim, genalloc, genback, flip, publish, genlog: {-23, i, group}: index i's pointer without a group names group (SPEC C102)
+	codeUngrouped   = -24 // claim: {-24, key, what}: the index has generations of runs without a group, or keys no run writes
 	codeRenamed     = 1   // publish, per target: renamed
 	codeEmptied     = 2   // publish, per target: live key deleted
 	tempAbsent      = 0   // touch, refresh, per temp key: it does not exist
@@ -77,6 +79,8 @@ var replyCodes = []struct {
 	{"GEN_LOST", codeGenLost},
 	{"BAD_REGISTRY", codeBadRegistry},
 	{"WAIT", codeWait},
+	{"IN_GROUP", codeInGroup},
+	{"UNGROUPED", codeUngrouped},
 	{"RENAMED", codeRenamed},
 	{"EMPTIED", codeEmptied},
 	{"TEMP_ABSENT", tempAbsent},

@@ -75,6 +75,8 @@ func (r Generations) AllocateGenerations(ctx context.Context, op, key string, lo
 		return nil, nil, &Error{Op: op, Key: key, Err: fmt.Errorf("unexpected genalloc script reply: %w", err)}
 	case code == codeLockLost && i >= 1 && int(i) <= len(locks):
 		return nil, nil, &Error{Op: op, Key: locks[i-1].Live, Err: ErrLockLost}
+	case code == codeInGroup && i >= 1 && int(i) <= len(lives):
+		return nil, nil, r.inGroup(op, lives[i-1], res.str(2))
 	case code == codeBadRegistry && i >= 1 && int(i) <= len(lives):
 		reg, ptr := keys.RegistryKey(lives[i-1], r.cluster), keys.PointerKey(lives[i-1], r.cluster)
 		return nil, nil, &Error{Op: op, Key: lives[i-1], Err: fmt.Errorf("%w: %s: %s, a state no run leaves (evicted, deleted or written by hand); nothing written. Readers follow %s: if it names the generation they should read, restore the registry with HSET %s next <G> <G> current, where <G> is that generation", ErrTampered, reg, res.str(2), ptr, reg)}
@@ -274,6 +276,9 @@ func newFlipRefusals() refusals[flipCall] {
 		codeNotMeta: {flipLives, func(f flipCall, _ reply, i int64) error {
 			return fmt.Errorf("%w: %s is not a hash of keyswap's; every index left at its generation", ErrTampered, keys.MetaKey(f.Lives[i-1], f.cluster))
 		}},
+		codeInGroup: {flipLives, func(f flipCall, res reply, i int64) error {
+			return fmt.Errorf("%w; every index left at its generation", keys.GroupConflict(f.Lives[i-1], keys.PointerKey(f.Lives[i-1], f.cluster), res.str(2), f.cluster.Group))
+		}},
 		codeBadRegistry: {flipLives, func(f flipCall, res reply, i int64) error {
 			return fmt.Errorf("%w: index %q: %s, a state no run leaves (written by hand?); every index left at its generation", ErrTampered, f.Lives[i-1], res.str(2))
 		}},
@@ -329,6 +334,8 @@ func (r Generations) genRollback(ctx context.Context, opts RollbackOptions, lock
 		return nil, &Error{Op: op, Key: opts.Lives[i-1], Err: fmt.Errorf("%w: the index has no previous generation (publish in Generations mode with KeepPrevious to keep one); nothing changed", ErrNothingToRollBack)}
 	case code == codeNotMeta && i >= 1 && int(i) <= len(opts.Lives):
 		return nil, &Error{Op: op, Key: opts.Lives[i-1], Err: fmt.Errorf("%w: %s is not a hash of keyswap's; nothing changed", ErrTampered, keys.MetaKey(opts.Lives[i-1], r.cluster))}
+	case code == codeInGroup && i >= 1 && int(i) <= len(opts.Lives):
+		return nil, r.inGroup(op, opts.Lives[i-1], res.str(2))
 	case code == codeBadRegistry && i >= 1 && int(i) <= len(opts.Lives):
 		return nil, &Error{Op: op, Key: opts.Lives[i-1], Err: fmt.Errorf("%w: %s: %s, a state no run leaves; nothing changed", ErrTampered, keys.RegistryKey(opts.Lives[i-1], r.cluster), res.str(2))}
 	case code != codeOK || len(res) != 1+len(opts.Lives):
@@ -459,7 +466,8 @@ func (r Changes) GenApply(ctx context.Context, opts GenApplyOptions) (Applied, e
 // family prefix) is in lives: its generation, or "0" for an index without
 // a pointer. A pointer that is not a generation is ErrTampered: readers
 // refuse it too, and writing where it seems to point would write where
-// nobody reads.
+// nobody reads; one that holds a group's claim is keys.ErrGroupConflict
+// (SPEC C102), naming the group to pass.
 func (r Changes) resolvePointers(ctx context.Context, op, key string, lives []string) ([]string, error) {
 	pointers := make(rueidis.Commands, len(lives))
 	for i, l := range lives {
@@ -473,6 +481,9 @@ func (r Changes) resolvePointers(ctx context.Context, op, key string, lives []st
 		}
 		if err != nil {
 			return nil, Fail(ctx, op, key, fmt.Errorf("GET %s: %w", keys.PointerKey(lives[i], r.cluster), err))
+		}
+		if group, ok := keys.ParseGroupMarker(g); ok {
+			return nil, r.inGroup(op, lives[i], group)
 		}
 		if g != "0" && !isGeneration(g) {
 			return nil, &Error{Op: op, Key: lives[i], Err: fmt.Errorf("%w: %s holds %.40q, not a generation; nothing written", ErrTampered, keys.PointerKey(lives[i], r.cluster), g)}

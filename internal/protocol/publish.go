@@ -436,6 +436,11 @@ func newPublishRefusals() refusals[PublishOptions] {
 			t := o.Targets[i-1]
 			return fmt.Errorf("%w: %s has no TTL: it was lost and re-created by a later write, so it holds only part of the rebuild (or a write removed its TTL, as a plain SET does: use SET KEEPTTL); %s and every other live key left unchanged", ErrTempKeyLost, t.Temp, t.Live)
 		}},
+		codeInGroup: {func(o PublishOptions) int { return len(o.Indexes) }, func(o PublishOptions, res reply, i int64) error {
+			g := res.str(2)
+			return fmt.Errorf("%w: index %s is in group %q (its pointer without a group holds %q): a run without the group may not publish it in the rename-in-place shape, as deleting the claim would let a later run without the group allocate generations named like the group's, and remove them; publish it in Generations mode with Group %q, or remove the group's generations and the claim first; %s",
+				keys.ErrGroupConflict, o.Indexes[i-1], g, keys.GroupMarker(g), g, liveUnchanged)
+		}},
 		codeNotMeta: {func(o PublishOptions) int { return len(o.Metas) }, func(o PublishOptions, _ reply, i int64) error {
 			return fmt.Errorf("%q, where keyswap keeps the generation of an index, is a key of another kind or content; rename it (keyswap keeps \"<key>:rebuild-gen\" next to every index it publishes)", o.Metas[i-1])
 		}},

@@ -110,8 +110,12 @@ local stamp = 'retired:' .. clock[1] .. string.format('%03d', math.floor(tonumbe
 for i = 1, N do
   local ptr, reg, meta = KEYS[indexes + 3 * i - 2], KEYS[indexes + 3 * i - 1], KEYS[indexes + 3 * i]
   -- Read before any write: a pointer or a registry of another type fails
-  -- the script here, not halfway through the flips.
-  redis.call('GET', ptr)
+  -- the script here, not halfway through the flips. A group's claim
+  -- (claim.lua, SPEC C102) refuses the flip.
+  local claimed = redis.call('GET', ptr)
+  if claimed and string.sub(claimed, 1, 6) == 'group:' then
+    return {IN_GROUP, i, string.sub(claimed, 7)}
+  end
   if redis.call('HGET', reg, gen(i)) ~= 'building:' .. token then
     return {GEN_LOST, i}
   end

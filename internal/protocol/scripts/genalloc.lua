@@ -25,6 +25,9 @@
 --         {LOCK_LOST, i}: lock i does not hold the token; nothing written.
 --         {BAD_REGISTRY, i, why}: index i's registry or pointer is in a
 --           state no run leaves; nothing written.
+--         {IN_GROUP, i, group}: index i's pointer holds 'group:<group>', a
+--           run in that group's claim (claim.lua, SPEC C102): the group's
+--           generations have the names this run's would; nothing written.
 local token, L = ARGV[1], tonumber(ARGV[2])
 for i = 1, L do
   if redis.call('GET', KEYS[i]) ~= token then
@@ -46,6 +49,9 @@ for i = 1, N do
   local ptr = redis.call('GET', ptrKey)
   local cur = 0
   if ptr then
+    if string.sub(ptr, 1, 6) == 'group:' then
+      return {IN_GROUP, i, string.sub(ptr, 7)}
+    end
     if not generation(ptr) then
       return {BAD_REGISTRY, i, 'the pointer holds ' .. string.format('%q', string.sub(ptr, 1, 40))}
     end

@@ -19,6 +19,8 @@
 --         {BAD_REGISTRY, i, why}: index i's registry or pointer is in a
 --           state no run leaves (two previous, a generation that is not
 --           one, a pointer the registry does not mark current).
+--         {IN_GROUP, i, group}: index i's pointer holds a group's claim
+--           (claim.lua, SPEC C102): its generations are the group's.
 -- On every reply but {OK, ...} nothing was written.
 local token, L, N, now = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 for i = 1, L do
@@ -30,6 +32,9 @@ local flips = {}
 for i = 1, N do
   local ptr, reg = KEYS[L + 3 * i - 2], KEYS[L + 3 * i - 1]
   local cur = redis.call('GET', ptr)
+  if cur and string.sub(cur, 1, 6) == 'group:' then
+    return {IN_GROUP, i, string.sub(cur, 7)}
+  end
   local prev, previous = nil, 0
   local all = redis.call('HGETALL', reg)
   for j = 1, #all, 2 do

@@ -40,6 +40,8 @@
 --         {WAIT, i, pttl}: as genapply.lua; nothing written or logged.
 --         {BAD_REGISTRY, i, why}: pointer i is not a generation, or its
 --           registry does not mark it current; nothing written.
+--         {IN_GROUP, i, group}: pointer i holds a group's claim (SPEC
+--           C102); nothing written.
 -- #include keys
 -- #include remove
 -- #include changes
@@ -56,6 +58,8 @@ for i = 1, n do
   local g = redis.call('GET', KEYS[3 * n + i])
   if not g then
     gens[i] = '0'
+  elseif string.sub(g, 1, 6) == 'group:' then
+    return {IN_GROUP, i, string.sub(g, 7)}
   elseif not string.match(g, '^[1-9]%d*$') or #g > 15 then
     return {BAD_REGISTRY, i, 'the pointer holds ' .. string.format('%q', string.sub(g, 1, 40)) .. ', not a generation'}
   else

@@ -34,7 +34,9 @@
 --   Generations mode until now goes back to the plain shape, so its
 --   pointer is deleted and its current and previous generations retired
 --   after the renames, for a sweep to remove (readers that find no pointer
---   read the plain keys, which this very script publishes).
+--   read the plain keys, which this very script publishes). A pointer
+--   that holds a group's claim ('group:<name>', SPEC C102) refuses the
+--   publish: {IN_GROUP, i, name}, nothing written.
 --
 -- The changes applied to the live keys while the run was in progress (see
 -- apply.lua) are in the logs. The run replayed each log onto its temp keys
@@ -153,7 +155,7 @@ if redis.acl_check_cmd then
   r = r or check('LLEN', logs, X) or check('LRANGE', logs, X, '0', '-1')
   for i = 1, Q do
     local ptr, reg = KEYS[pointers + 2 * i - 1], KEYS[pointers + 2 * i]
-    r = r or refused('DEL', ptr) or refused('TYPE', reg) or refused('HGETALL', reg)
+    r = r or refused('GET', ptr) or refused('DEL', ptr) or refused('TYPE', reg) or refused('HGETALL', reg)
       or refused('HSET', reg, '1', 'retired:1')
   end
   if r then return r end
@@ -229,6 +231,15 @@ if not tailOps then return replayed end
 -- there is one to stamp, checked first, as it is not sent otherwise.
 local retiring, stamp = {}, ''
 for i = 1, Q do
+  -- A pointer that holds a group's claim (claim.lua, SPEC C102) is not
+  -- deleted: the group's generations have the names a later run without
+  -- the group would allocate, and the claim is what refuses that run.
+  if redis.call('TYPE', KEYS[pointers + 2 * i - 1])['ok'] == 'string' then
+    local p = redis.call('GET', KEYS[pointers + 2 * i - 1])
+    if string.sub(p, 1, 6) == 'group:' then
+      return {IN_GROUP, i, string.sub(p, 7)}
+    end
+  end
   local reg = KEYS[pointers + 2 * i]
   -- A registry of another type is not keyswap's: the sweep reports it.
   if redis.call('TYPE', reg)['ok'] == 'hash' then
