@@ -227,7 +227,8 @@ func (r *core) genIndex(i int) gens.Index {
 // buckets returns, per builder, the buckets of a family the run wrote, in
 // the order it first wrote them (none for a plain builder): the removal of
 // the generation the run flipped away from deletes those first, by name
-// (gens.Options.Buckets), and SCANs only for the rest.
+// (gens.Options.Buckets), and SCANs only for the rest, unless it reads
+// that generation's manifest, which names exactly its keys.
 func (x *execution[T]) buckets() [][]string {
 	out := make([][]string, len(x.r.owners))
 	for _, t := range x.targets.all() {

@@ -169,6 +169,14 @@ func countWrite(w sizedWrite, m rueidis.RedisMessage) {
 // check compares the size of every key of the run's generation that
 // additive commands wrote with the entries Redis reported new in their
 // replies (see above), in round trips of sizeChunk commands.
+//
+// It sends one plain command per key, even where the keys share a slot,
+// rather than a script per chunk that reads the sizes and compares them
+// itself: each redis.call in a script costs the server more than a
+// pipelined command. Redis 7.0, 100,000 sets of 10 members: 100,000 SCARD
+// through redis-cli --pipe took 102 to 132 ms of server CPU, 100 EVALSHA of
+// a script comparing 1,000 keys' SCARD with ARGV took 152 to 209 ms, and
+// the same script without the comparison 133 to 139 ms.
 func (c *sizeCheck) check(ctx context.Context) error {
 	const sizeChunk = 1000
 	client := c.client

@@ -336,9 +336,23 @@ func memPerBucketChild(t *testing.T) {
 		}
 		return p
 	}
+	// The least peak of three runs: what a run holds beyond the memory
+	// its buckets need (batches built or in flight when a measurement
+	// falls, which a slow server makes more of) only ever adds, and a
+	// machine under load made one run's peak vary by a tenth.
+	least := func(prefix string, buckets int) memPeak {
+		t.Helper()
+		best := run(prefix, buckets)
+		for range 2 {
+			if p := run(prefix, buckets); p.live < best.live {
+				best = p
+			}
+		}
+		return best
+	}
 	run("w", 100) // warm up: connections, pipelines, scripts, buffers
-	one := run("o", 1)
-	many := run("m", items)
+	one := least("o", 1)
+	many := least("m", items)
 	const mib = 1 << 20
 	t.Logf("peak live heap: one bucket %.1f MiB (%d measurements), %d buckets %.1f MiB (%d)",
 		float64(one.live)/mib, one.samples, items, float64(many.live)/mib, many.samples)

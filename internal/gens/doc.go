@@ -82,7 +82,10 @@
 // manifest names every key of the generation that keyswap wrote. The sweep of such
 // a generation reads the manifest (LRANGE, then SSCAN with the SCAN's
 // COUNT) rather than SCANning the keyspace, and deletes its members in
-// the same chunks and checks. Everything in it is untrusted: a member that
+// the same chunks and checks, a page and a chunk at a time: the client's
+// memory does not grow with the generation. A key listed twice (in the
+// list and the set) is sent twice, and counted once, by UNLINK's replies.
+// Everything in it is untrusted: a member that
 // is not a key of the generation's shape (keys.GenPrefix: another index,
 // another generation, any other key) is never deleted, and a manifest or
 // list of another type makes the sweep SCAN. So does every generation the
@@ -104,16 +107,18 @@
 // A caller that knows which buckets a family's generation mostly holds
 // (a run knows those it wrote, most of which the generation it flipped away
 // from holds too) names them in Options.Buckets: each generation removed
-// then loses those buckets first, by name, in the same chunks and checks;
-// then its manifest, or the SCAN passes, find the rest. The names only
-// change the order of the deletions, never what is deleted: the named keys
-// are freed in the order they were written, which costs the server less
-// than a SCAN's order, and the manifest's members deleted by name are not
-// sent again. Without a manifest, completeness rests on the SCAN, since
-// keys of the generation nobody named (buckets the new data no longer has,
-// keys Apply created while the generation was current) may exist. Matches
-// of several SCAN pages are deleted together, up to Unlink keys per
-// command.
+// by SCAN then loses those buckets first, by name, in the same chunks and
+// checks; then the SCAN passes find the rest. The names only change the
+// order of the deletions, never what is deleted: the named keys are freed
+// in the order they were written, which costs the server less than a
+// SCAN's order. Completeness rests on the SCAN, since keys of the
+// generation nobody named (buckets the new data no longer has, keys Apply
+// created while the generation was current) may exist. Matches of several
+// SCAN pages are deleted together, up to Unlink keys per command. A
+// generation removed by its manifest ignores the names: the manifest
+// already lists exactly its keys, in the order its run wrote them, and a
+// name would cost a lookup of a bucket the generation may not hold (the
+// new data's buckets the old lacks) and the memory to remember it.
 //
 // [DryRun] applies the sweep's rule without deleting anything: it returns
 // the generations a sweep would remove and those it would keep, and why.

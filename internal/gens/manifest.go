@@ -39,19 +39,22 @@ func (s *sweeper) listed(ctx context.Context, g int64, st State, sameSlot bool) 
 }
 
 // byManifest deletes the keys of generation g that its manifest lists:
-// its list (keys.ManifestListKey, the run's writes) read with LRANGE, then
-// its set (keys.ManifestKey, Apply's writes) read with SSCAN COUNT
-// opts.ScanCount, in chunks of opts.Unlink, but for those in done (deleted
-// by name already: nothing writes a retired generation) and those listed
-// twice. A member is deleted only if it has the shape of a key of g
+// its list (keys.ManifestListKey, the run's writes) read with LRANGE,
+// opts.Unlink members a call, then its set (keys.ManifestKey, Apply's
+// writes) read with SSCAN COUNT opts.ScanCount, in chunks of opts.Unlink.
+// A member is deleted only if it has the shape of a key of g
 // (keys.GenPrefix): the manifest is a list and a set that anyone may
 // write, and a member naming another key, or a key of another generation,
 // is skipped.
-func (s *sweeper) byManifest(ctx context.Context, g int64, st State, done map[string]bool) (int64, Reason, error) {
-	m := &manifestRead{s: s, g: g, st: st, done: done, prefix: keys.GenPrefix(s.idx.Live, g)}
-	if m.done == nil {
-		m.done = map[string]bool{}
-	}
+//
+// It streams: it holds a page of members and a chunk of keys at a time,
+// whatever the size of the generation, and remembers no key it deleted. A
+// key listed twice (in the list and the set, or twice in one) is sent
+// twice; the second UNLINK finds it gone and replies 0, so the keys
+// deleted are counted once, from UNLINK's replies. Nothing else writes a
+// retired generation, so a key once deleted stays gone.
+func (s *sweeper) byManifest(ctx context.Context, g int64, st State) (int64, Reason, error) {
+	m := &manifestRead{s: s, g: g, st: st, prefix: keys.GenPrefix(s.idx.Live, g)}
 	list, set := keys.ManifestListKey(s.idx.Live, s.names(), g), keys.ManifestKey(s.idx.Live, s.names(), g)
 	step := int64(s.opts.Unlink)
 	for at := int64(0); ; at += step {
@@ -79,7 +82,7 @@ func (s *sweeper) byManifest(ctx context.Context, g int64, st State, done map[st
 		}
 	}
 	reason, err := m.add(ctx, nil, true)
-	s.opts.Logger.Debug("keyswap: generation's manifest read", "index", s.idx.Live, "generation", g, "listed", m.listed, "deleted", m.total)
+	s.opts.Logger.Debug("keyswap: generation's manifest read", "index", s.idx.Live, "generation", g, "members", m.members, "deleted", m.total)
 	return m.total, reason, err
 }
 
@@ -88,21 +91,19 @@ type manifestRead struct {
 	s       *sweeper
 	g       int64
 	st      State
-	prefix  string          // of the generation's keys
-	done    map[string]bool // keys deleted or pending
-	pending []string
-	total   int64 // keys deleted
-	listed  int   // members of the generation's shape
+	prefix  string   // of the generation's keys
+	pending []string // keys to delete: less than a chunk between pages
+	total   int64    // keys deleted
+	members int      // members of the generation's shape, repeats included
 }
 
 // add takes the members of a page of the manifest, and deletes the pending
 // keys in chunks of opts.Unlink; all deletes them all.
 func (m *manifestRead) add(ctx context.Context, members []string, all bool) (Reason, error) {
 	for _, k := range members {
-		if strings.HasPrefix(k, m.prefix) && len(k) > len(m.prefix) && !m.done[k] {
-			m.done[k] = true
+		if strings.HasPrefix(k, m.prefix) && len(k) > len(m.prefix) {
 			m.pending = append(m.pending, k)
-			m.listed++
+			m.members++
 		}
 	}
 	s := m.s
@@ -114,7 +115,9 @@ func (m *manifestRead) add(ctx context.Context, members []string, all bool) (Rea
 			return reason, err
 		}
 		s.progress(m.g, m.total, n)
-		m.pending = m.pending[len(chunk):]
+		// Keep what is left at the front, so that the slice holds less
+		// than two pages at a time.
+		m.pending = m.pending[:copy(m.pending, m.pending[len(chunk):])]
 	}
 	return "", nil
 }

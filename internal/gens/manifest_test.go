@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -72,6 +73,12 @@ func (f *fixture) wantOneRemoved(res gens.Result, deleted []string) {
 // as no keyswap writer made it (C99). Elsewhere (a family spread over a
 // cluster, a plain key) the sweep SCANs or names the key, and the
 // unlisted key goes too. The manifest goes with the registry field.
+//
+// The caller names buckets (Options.Buckets), one of them a bucket
+// generation 1 does not hold. A sweep that reads the manifest ignores the
+// names: it sends no key to delete that the manifest does not list, the
+// absent bucket's included, and a key both in the list and in the set is
+// counted once.
 func TestSweepReadsListedManifest(t *testing.T) {
 	forShapes(t, func(t *testing.T, f *fixture) {
 		old := f.retiredOne(retired(time.Unix(1, 0)), 600) // more than two chunks of MaxUnlink
@@ -83,18 +90,39 @@ func TestSweepReadsListedManifest(t *testing.T) {
 		f.manifest(1, true, append(slices.Clone(old[:cut]), strangers[:2]...)...)
 		f.sadd(keys.ManifestKey(f.idx.Live, f.cluster, 1), append(slices.Clone(old[max(0, cut-10):len(old)-1]), strangers[2:]...)...)
 		var scans atomic.Int32
-		c := rueidishook.WithHook(f.c, redistest.Hook{OnDo: func(c rueidis.Client, ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
-			if strings.EqualFold(cmd.Commands()[0], "SCAN") {
-				scans.Add(1)
+		var mu sync.Mutex
+		sent := map[string]bool{} // keys sent to be deleted
+		c := redistest.Watch(f.c, func(cmds ...rueidis.Completed) {
+			mu.Lock()
+			defer mu.Unlock()
+			for _, cmd := range cmds {
+				args := cmd.Commands()
+				switch strings.ToUpper(args[0]) {
+				case "SCAN":
+					scans.Add(1)
+				case "UNLINK":
+					for _, k := range args[1:] {
+						sent[k] = true
+					}
+				case "EVALSHA", "EVAL":
+					// The unlink script: the generation's keys after
+					// five control keys.
+					if n, err := strconv.Atoi(args[2]); err == nil && n > 5 {
+						for _, k := range args[3+5 : 3+n] {
+							sent[k] = true
+						}
+					}
+				}
 			}
-			return c.Do(ctx, cmd)
-		}})
-		// Buckets names a tenth of the keys first: the manifest's
-		// members deleted by name are not sent again.
+		})
+		// Buckets names a tenth of the keys, and a bucket generation 1
+		// does not hold.
 		var named []string
 		for i := range 60 {
 			named = append(named, "b"+strconv.Itoa(i))
 		}
+		absent := keys.GenBucketKey(f.idx.Live, 1, "absent")
+		named = append(named, "absent")
 		res, err := gens.Sweep(redistest.Ctx(t), c, f.idx, gens.Options{Buckets: named})
 		if err != nil {
 			t.Fatal(err)
@@ -105,6 +133,17 @@ func TestSweepReadsListedManifest(t *testing.T) {
 			if n := scans.Load(); n != 0 {
 				t.Errorf("%d SCAN calls, want none", n)
 			}
+			listed := map[string]bool{}
+			for _, k := range deleted {
+				listed[k] = true
+			}
+			mu.Lock()
+			for k := range sent {
+				if !listed[k] {
+					t.Errorf("sent %s to be deleted, which the manifest does not list (absent bucket %s)", k, absent)
+				}
+			}
+			mu.Unlock()
 		}
 		f.wantOneRemoved(res, deleted)
 	})

@@ -27,7 +27,13 @@ const (
 	// million keys (COUNT 1000 took 3 to 31 ms there; the work is linear in
 	// COUNT), large enough that a sweep needs few round trips.
 	DefaultScanCount = 100
-	// MaxUnlink is the most keys one command of the sweep deletes.
+	// MaxUnlink is the most keys one command of the sweep deletes. UNLINK
+	// frees in the foreground a value of at most 64 elements (lazyfree's
+	// threshold), so a chunk costs up to 64 frees a key: 1,000 sets of 64
+	// members of 75 bytes took one UNLINK 13.6 ms on Redis 7.0, 256 keys
+	// stay near 3.5 ms. Larger chunks save little: the commands around a
+	// chunk (WATCH, its checks, MULTI, EXEC) cost the server about 20 µs,
+	// against 1.2 to 1.5 µs a key of 10 members.
 	MaxUnlink = 256
 	// maxPasses bounds the SCAN passes over a generation: a pass that
 	// deleted keys is followed by one that checks that none remains.
@@ -65,15 +71,15 @@ type Options struct {
 	// which mostly holds the same buckets. Each generation removed loses
 	// those buckets first, by name, in chunks of at most Unlink keys
 	// (grouped by hash slot on a cluster), each checked against the
-	// generation's state as a SCAN's chunk is; then the generation's
-	// manifest (its members not named) or the SCAN passes delete the rest
-	// (see the package documentation, "The manifest"). A name costs a
-	// lookup whether or not the generation holds it. It deletes only the
-	// generation's keys of those names, so it never widens what the sweep
-	// deletes; it saves the SCAN the work of returning most keys, and
-	// deletes them in the order they were written, which frees memory
-	// faster than the SCAN's or the manifest's order. Ignored for a plain
-	// index.
+	// generation's state as a SCAN's chunk is; then the SCAN passes
+	// delete the rest. A name costs a lookup whether or not the
+	// generation holds it. It deletes only the generation's keys of those
+	// names, so it never widens what the sweep deletes; it saves the SCAN
+	// the work of returning most keys, and deletes them in the order they
+	// were written, which frees memory faster than the SCAN's order.
+	// Ignored for a plain index, and for a generation whose manifest the
+	// sweep reads (see the package documentation, "The manifest"), which
+	// names exactly its keys in the order its run wrote them.
 	Buckets []string
 }
 
@@ -467,17 +473,19 @@ func (s *sweeper) remove(ctx context.Context, g int64, st State) (int64, Reason,
 	if err != nil {
 		return 0, "", err
 	}
-	total, named, reason, err := s.byName(ctx, g, st, sameSlot)
-	if err != nil || reason != "" {
-		return total, reason, err
-	}
 	if listed {
-		n, reason, err := s.byManifest(ctx, g, st, named)
-		total += n
+		// The manifest names exactly the generation's keys, in the order
+		// its run wrote them: opts.Buckets would only add names the
+		// generation may not hold, and the memory to remember them.
+		total, reason, err := s.byManifest(ctx, g, st)
 		if err != nil || reason != "" {
 			return total, reason, err
 		}
 		_, reason, err = s.script(ctx, g, st, nil, true)
+		return total, reason, err
+	}
+	total, reason, err := s.byName(ctx, g, st, sameSlot)
+	if err != nil || reason != "" {
 		return total, reason, err
 	}
 	n, reason, err := s.byScan(ctx, g, st, sameSlot, total)
@@ -512,11 +520,10 @@ func (s *sweeper) removePlain(ctx context.Context, g int64, st State) (int64, Re
 // chunks, each checked against the state st as a SCAN's chunk is. On a
 // cluster, where one command deletes keys of one slot, the keys are first
 // grouped by slot (in the order given within a slot), so that a chunk
-// needs few commands. It returns the keys deleted, the names it deleted,
-// and why it stopped.
-func (s *sweeper) byName(ctx context.Context, g int64, st State, sameSlot bool) (int64, map[string]bool, Reason, error) {
+// needs few commands. It returns the keys deleted and why it stopped.
+func (s *sweeper) byName(ctx context.Context, g int64, st State, sameSlot bool) (int64, Reason, error) {
 	if len(s.opts.Buckets) == 0 {
-		return 0, nil, "", nil
+		return 0, "", nil
 	}
 	named := make([]string, len(s.opts.Buckets))
 	for i, b := range s.opts.Buckets {
@@ -530,16 +537,12 @@ func (s *sweeper) byName(ctx context.Context, g int64, st State, sameSlot bool) 
 		n, reason, err := s.chunk(ctx, g, st, chunk, sameSlot)
 		total += n
 		if err != nil || reason != "" {
-			return total, nil, reason, err
+			return total, reason, err
 		}
 		s.progress(g, total, n)
 	}
 	s.opts.Logger.Debug("keyswap: generation's buckets deleted by name", "index", s.idx.Live, "generation", g, "named", len(named), "deleted", total)
-	done := make(map[string]bool, len(named))
-	for _, k := range named {
-		done[k] = true
-	}
-	return total, done, "", nil
+	return total, "", nil
 }
 
 // byScan deletes the keys of generation g that SCAN MATCH finds, in
