@@ -174,11 +174,14 @@ func (opts Options) withDefaults() (Options, error) {
 // (empty unless building), ARGV[4] '1' to remove the field and the
 // manifest after the keys, ARGV[5] '1' when the caller built the
 // generation (RemoveOwn): an absent field then means that a sweep removed
-// it, and the keys are still the caller's to delete
+// it, and the keys are still the caller's to delete; ARGV[6], with ARGV[4]
+// '1' after a removal by the manifest, the length of its list when the
+// removal began (empty otherwise)
 // Returns the number of keys deleted; -1 the state changed, -2 the field is
 // gone, -3 the lock holds the token, -4 the pointer names the generation (a
-// flip ran whose reply its run lost, or a registry that lost its state):
-// then nothing changed.
+// flip ran whose reply its run lost, or a registry that lost its state),
+// -5 the manifest changed while the removal read it (its list's length, or
+// its set lost the mark: evicted, deleted, popped): then nothing changed.
 var unlinkScript = newScript(`
 local state = redis.call('HGET', KEYS[1], ARGV[1])
 if not state then
@@ -365,6 +368,10 @@ type sweeper struct {
 	listLen int64
 }
 
+// manifestMoved is what script reports when the manifest the removal read
+// changed before its last step (-5): the removal then SCANs the
+// generation, so that no key the manifest no longer names outlives the
+// registry field that finds it.
 const manifestMoved Reason = "manifest changed while read"
 
 // names returns how the index's control keys are named.
