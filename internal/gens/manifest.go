@@ -57,6 +57,11 @@ func (s *sweeper) byManifest(ctx context.Context, g int64, st State) (int64, Rea
 	m := &manifestRead{s: s, g: g, st: st, prefix: keys.GenPrefix(s.idx.Live, g)}
 	list, set := keys.ManifestListKey(s.idx.Live, s.names(), g), keys.ManifestKey(s.idx.Live, s.names(), g)
 	step := int64(s.opts.Unlink)
+	n, err := s.client.Do(ctx, s.client.B().Llen().Key(list).Build()).AsInt64()
+	if err != nil {
+		return 0, "", fmt.Errorf("LLEN %s: %w", list, err)
+	}
+	s.listLen = n
 	for at := int64(0); ; at += step {
 		page, err := s.client.Do(ctx, s.client.B().Lrange().Key(list).Start(at).Stop(at+step-1).Build()).AsStrSlice()
 		if err != nil {

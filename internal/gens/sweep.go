@@ -179,19 +179,22 @@ func (opts Options) withDefaults() (Options, error) {
 // manifest after the keys, ARGV[5] '1' when the caller built the
 // generation (RemoveOwn): an absent field then means that a sweep removed
 // it, and the keys are still the caller's to delete, unless the pointer
-// holds a group's claim (SPEC C102)
+// holds a group's claim (SPEC C102); ARGV[6], with ARGV[4] '1' after a
+// removal by the manifest, the length of its list when the removal began
+// (empty otherwise)
 // Returns the number of keys deleted; -1 the state changed, -2 the field is
 // gone, -3 the lock holds the token, -4 the pointer names the generation (a
 // flip ran whose reply its run lost, or a registry that lost its state),
-// -5 the caller's field is gone and the pointer holds a group's claim (a
-// group may have allocated the generation's number since): then nothing
-// changed.
+// -5 the manifest changed while the removal read it (its list's length, or
+// its set lost the mark: evicted, deleted, popped), -6 the caller's field
+// is gone and the pointer holds a group's claim (a group may have
+// allocated the generation's number since): then nothing changed.
 var unlinkScript = newScript(`
 local state = redis.call('HGET', KEYS[1], ARGV[1])
 if not state then
   if ARGV[5] ~= '1' then return -2 end
   local p = redis.pcall('GET', KEYS[3])
-  if type(p) == 'string' and string.sub(p, 1, 6) == 'group:' then return -5 end
+  if type(p) == 'string' and string.sub(p, 1, 6) == 'group:' then return -6 end
 elseif state ~= ARGV[2] then
   return -1
 end
@@ -199,6 +202,11 @@ if ARGV[3] ~= '' and redis.call('GET', KEYS[2]) == ARGV[3] then return -3 end
 -- pcall: a pointer of another type names no generation.
 if redis.pcall('GET', KEYS[3]) == ARGV[1] then return -4 end
 local n = 0
+if ARGV[4] == '1' and ARGV[6] and ARGV[6] ~= '' then
+  local ok, len = pcall(redis.call, 'LLEN', KEYS[5])
+  local ok2, mark = pcall(redis.call, 'SISMEMBER', KEYS[4], 'rebuild-listed')
+  if not ok or not ok2 or len ~= tonumber(ARGV[6]) or mark ~= 1 then return -5 end
+end
 if #KEYS > 5 then n = redis.call('UNLINK', unpack(KEYS, 6)) end
 if ARGV[4] == '1' then
   redis.call('HDEL', KEYS[1], ARGV[1])
@@ -226,7 +234,7 @@ return 1
 `, false)
 
 // The unlink script's refusals, as reasons.
-var refusals = map[int64]Reason{-1: SkipChanged, -2: SkipGone, -3: SkipRunning, -4: SkipPointer, -5: SkipClaimed}
+var refusals = map[int64]Reason{-1: SkipChanged, -2: SkipGone, -3: SkipRunning, -4: SkipPointer, -6: SkipClaimed}
 
 // Sweep removes idx's generations that no reader reads and no run builds:
 // those retired more than opts.Grace before opts.Now, and those building
@@ -247,7 +255,7 @@ func Sweep(ctx context.Context, client rueidis.Client, idx Index, opts Options) 
 		return res, err
 	}
 	res.Now = o.Now
-	s := &sweeper{client: client, idx: idx, opts: o, snap: snap, res: &res, cluster: isCluster(client)}
+	s := &sweeper{client: client, idx: idx, opts: o, snap: snap, res: &res, cluster: isCluster(client), listLen: -1}
 	for _, g := range snap.Registry.Sorted() {
 		st := snap.Registry.Gens[g]
 		if reason := s.keep(st); reason != "" {
@@ -323,7 +331,7 @@ func RemoveOwn(ctx context.Context, client rueidis.Client, idx Index, gen int64,
 	}
 	cluster := idx.names(client)
 	st := State{Kind: Building, Token: token, Raw: keys.RegBuilding + token}
-	s := &sweeper{client: client, idx: idx, opts: o, res: &res, cluster: cluster.Cluster, own: true, snap: Snapshot{
+	s := &sweeper{client: client, idx: idx, opts: o, res: &res, cluster: cluster.Cluster, own: true, listLen: -1, snap: Snapshot{
 		Registry:   Registry{Key: keys.RegistryKey(idx.Live, cluster)},
 		LockKey:    keys.LockKey(idx.Live, cluster),
 		PointerKey: keys.PointerKey(idx.Live, cluster),
@@ -367,7 +375,16 @@ type sweeper struct {
 	// dc is the connection of the removal of a family's generation whose
 	// keys share the registry's slot (see watchedUnlink), nil otherwise.
 	dc rueidis.DedicatedClient
+	// listLen is the length of the manifest's list byManifest read, which
+	// the last step checks; -1 when not reading a manifest.
+	listLen int64
 }
+
+// manifestMoved is what script reports when the manifest the removal read
+// changed before its last step (-5): the removal then SCANs the
+// generation, so that no key the manifest no longer names outlives the
+// registry field that finds it.
+const manifestMoved Reason = "manifest changed while read"
 
 // names returns how the index's control keys are named.
 func (s *sweeper) names() keys.Names { return keys.Names{Cluster: s.cluster, Group: s.idx.Group} }
@@ -420,9 +437,16 @@ func (s *sweeper) script(ctx context.Context, g int64, st State, data []string, 
 		flag = "1"
 	}
 	fence, own := s.fence(st)
-	n, err := unlinkScript.Exec(ctx, s.client, ks, []string{strconv.FormatInt(g, 10), st.Raw, fence, flag, own}).AsInt64()
+	read := ""
+	if last && s.listLen >= 0 {
+		read = strconv.FormatInt(s.listLen, 10)
+	}
+	n, err := unlinkScript.Exec(ctx, s.client, ks, []string{strconv.FormatInt(g, 10), st.Raw, fence, flag, own, read}).AsInt64()
 	if err != nil {
 		return 0, "", err
+	}
+	if n == -5 {
+		return 0, manifestMoved, nil
 	}
 	if n < 0 {
 		if reason, ok := refusals[n]; ok {
@@ -479,10 +503,16 @@ func (s *sweeper) remove(ctx context.Context, g int64, st State) (int64, Reason,
 		// generation may not hold, and the memory to remember them.
 		total, reason, err := s.byManifest(ctx, g, st)
 		if err != nil || reason != "" {
+			s.listLen = -1
 			return total, reason, err
 		}
 		_, reason, err = s.script(ctx, g, st, nil, true)
-		return total, reason, err
+		s.listLen = -1
+		if reason != manifestMoved {
+			return total, reason, err
+		}
+		n, reason, err := s.byScan(ctx, g, st, sameSlot, total)
+		return total + n, reason, err
 	}
 	total, reason, err := s.byName(ctx, g, st, sameSlot)
 	if err != nil || reason != "" {
