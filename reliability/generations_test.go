@@ -431,7 +431,11 @@ func TestGenerationsDurability(t *testing.T) {
 			t.Fatal(err)
 		}
 		old := gItems("old", gEntries, gBuckets)
-		if _, err := g.rebuilder(t, g.client, rebuild.Options{Durability: durable}).Run(ctx, sources.Slice(old)); err != nil {
+		// The seeding run waits as long as a loaded machine needs for its
+		// replica's acknowledgement (500 ms was too short under load): only
+		// the run whose replica stops must fail, whatever the timeout.
+		seed := rebuild.Durability{Replicas: 1, Timeout: 30 * time.Second}
+		if _, err := g.rebuilder(t, g.client, rebuild.Options{Durability: seed}).Run(ctx, sources.Slice(old)); err != nil {
 			t.Fatalf("seeding run with its replica: %v", err)
 		}
 		hooked := gHook(g.client, gHooks{afterBatch: func(n int) {
