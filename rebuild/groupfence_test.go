@@ -34,6 +34,22 @@ func fenceNames(d deployment) (ga, gb, prefix string) {
 	return p + "a", p + "b", p + "users:by-bucket"
 }
 
+// taggedFencePrefix is fenceNames' prefix with a hash tag of its own, so
+// that a run or an Apply in RenameInPlace mode finds its keys in one slot
+// on a cluster too.
+func taggedFencePrefix(d deployment) string {
+	return "{" + strings.Trim(d.Prefix, "{}") + "}users:by-bucket"
+}
+
+// publishInGroup publishes us as the family prefix in group g (which
+// claims it), failing the test when the run fails.
+func publishInGroup(t *testing.T, d deployment, prefix, g string, us []user) {
+	t.Helper()
+	if _, err := genRebuilder(t, d, prefix, rebuild.Options{Group: g}).Run(redistest.Ctx(t), sources.Slice(us)); err != nil {
+		t.Fatalf("Run in group %s: %v", g, err)
+	}
+}
+
 // fencePrefixes returns the prefixes of every key of a test in d: its
 // data keys and its control keys without a group start with the first,
 // on a cluster its control keys without a group and the groups' keys with
@@ -99,9 +115,7 @@ func TestGroupClaimRefusesOtherRuns(t *testing.T) {
 		ctx := redistest.Ctx(t)
 		ga, gb, prefix := fenceNames(d)
 		us := genUsers(50, 5)
-		if _, err := genRebuilder(t, d, prefix, rebuild.Options{Group: ga}).Run(ctx, sources.Slice(us)); err != nil {
-			t.Fatalf("Run in group a: %v", err)
-		}
+		publishInGroup(t, d, prefix, ga, us)
 		redistest.WantString(t, d.Other, keys.PointerKey(prefix, d.Cluster), keys.GroupMarker(ga))
 		for _, tc := range []struct{ name, group string }{{"no group", ""}, {"group b", gb}} {
 			before := dumps(t, d)
@@ -302,11 +316,9 @@ func TestGroupClaimRenameInPlace(t *testing.T) {
 	forEachDeployment(t, func(t *testing.T, d deployment) {
 		ctx := redistest.Ctx(t)
 		ga, _, _ := fenceNames(d)
-		prefix := "{" + strings.Trim(d.Prefix, "{}") + "}users:by-bucket"
+		prefix := taggedFencePrefix(d)
 		us := genUsers(50, 5)
-		if _, err := genRebuilder(t, d, prefix, rebuild.Options{Group: ga}).Run(ctx, sources.Slice(us)); err != nil {
-			t.Fatalf("Run in group a: %v", err)
-		}
+		publishInGroup(t, d, prefix, ga, us)
 		before := dumps(t, d)
 		inPlace := redistest.Rebuilder(t, d.Client, rebuild.Options{BatchSize: 50}, genSetIndex(prefix))
 		_, err := inPlace.Run(ctx, sources.Slice(genUsers(80, 7)))

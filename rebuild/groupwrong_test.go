@@ -10,7 +10,6 @@ import (
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/reader"
 	"github.com/keyswap/keyswap/rebuild"
-	"github.com/keyswap/keyswap/sources"
 )
 
 // TestGroupClaimWrongGroupRefused (C102): on an index group a claimed,
@@ -26,13 +25,9 @@ func TestGroupClaimWrongGroupRefused(t *testing.T) {
 	forEachDeployment(t, func(t *testing.T, d deployment) {
 		ctx := redistest.Ctx(t)
 		ga, gb, _ := fenceNames(d)
-		// A hash tag of its own, so that the RenameInPlace Apply's keys
-		// share a slot on a cluster too.
-		prefix := "{" + strings.Trim(d.Prefix, "{}") + "}users:by-bucket"
+		prefix := taggedFencePrefix(d) // the RenameInPlace Apply's keys in one slot
 		us := genUsers(50, 5)
-		if _, err := genRebuilder(t, d, prefix, rebuild.Options{Group: ga}).Run(ctx, sources.Slice(us)); err != nil {
-			t.Fatalf("Run in group a: %v", err)
-		}
+		publishInGroup(t, d, prefix, ga, us)
 		before := dumps(t, d)
 		says := []string{fmt.Sprintf("in group %q", ga), fmt.Sprintf("not %q", gb)}
 		b := genRebuilder(t, d, prefix, rebuild.Options{Group: gb})
