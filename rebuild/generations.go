@@ -43,7 +43,8 @@ func (m PublishMode) String() string {
 type generations struct {
 	gens     []int64       // per builder: the generation the run builds
 	current  []int64       // per builder: the generation current (0: none, the plain shape)
-	sizes    *sizeCheck    // counts the writes' additions, and compares them with the sizes
+	sizes    *sizeCheck    // counts the writes' additions, and compares them with the sizes; nil with SkipSizeCheck
+	evicted  *evictionWatch // with SkipSizeCheck: the masters' evicted_keys at the run's start
 	counters *slotCounters // on a cluster: the transactions acknowledged per slot
 }
 
@@ -93,6 +94,16 @@ func (x *runState) liveKey(live string) string {
 // them.
 func (x *runState) allocate(ctx context.Context) error {
 	r := x.r
+	var watch *evictionWatch
+	if r.opts.SkipSizeCheck {
+		// Before anything is allocated: a master that refuses INFO fails
+		// the run with nothing to remove, and an eviction between this
+		// read and the allocation refuses the flip too.
+		var err error
+		if watch, err = watchEvictions(ctx, "acquire", r); err != nil {
+			return err
+		}
+	}
 	// The claim first (SPEC C102): a run in a group allocates nothing
 	// while the index has generations of runs without it, or is another
 	// group's. It comes after the locks, whose acquire checked its rights
@@ -107,9 +118,11 @@ func (x *runState) allocate(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	x.gen = &generations{gens: gens, current: current, counters: newSlotCounters(r, gens)}
+	x.gen = &generations{gens: gens, current: current, counters: newSlotCounters(r, gens), evicted: watch}
 	x.targets = x.newTargets()
-	x.gen.sizes = newSizeCheck(r, gens, x.targets)
+	if watch == nil {
+		x.gen.sizes = newSizeCheck(r, gens, x.targets)
+	}
 	return nil
 }
 
@@ -128,7 +141,11 @@ func (p *publisher) flip(ctx context.Context) (bool, error) {
 			return false, err
 		}
 	}
-	if err := p.gen.sizes.check(ctx); err != nil {
+	if p.gen.sizes != nil {
+		if err := p.gen.sizes.check(ctx); err != nil {
+			return false, err
+		}
+	} else if err := p.gen.evicted.check(ctx); err != nil {
 		return false, err
 	}
 	maxTail, maxWork := PublishTail, int64(PublishTailWork)

@@ -264,6 +264,52 @@ type Options struct {
 	// the index has generations of runs without a group (a pointer, or
 	// one in its registry: building, kept or retired).
 	Group string
+	// SkipSizeCheck, in Generations mode, skips the size check before the
+	// flip. The check catches a key of the run's generation lost during
+	// the run (deleted, or evicted under an allkeys-* maxmemory-policy:
+	// the keys of a generation carry no TTL), which fails the run with
+	// ErrTempKeyLost, and one another client wrote into, which fails it
+	// with ErrTampered, naming the key; the run counts, per key, the
+	// entries Redis reported new in its writes' replies, and sends one
+	// SCARD, HLEN or ZCARD per key before the flip.
+	//
+	// What it costs: Redis 7.0, 100,000 sets of 10 members (go run ./bench
+	// -sections generations -rounds 3, bench/results
+	// 2026-12-02-generations-6.json), the build's server CPU is 1.35× that
+	// of a redis-cli --pipe write of the same data, of which the 100,000
+	// SCARD take 48 to 54 ms in commandstats, beside 254 to 290 ms of SADD,
+	// plus the server's work per command outside commandstats: 100,000
+	// SCARD through redis-cli --pipe alone took 0.077 s of server CPU
+	// against 0.37 s for the whole write, about 20% of the write at 10
+	// entries per key, less with more. Without it the build is about 1.12×
+	// the pipe's. The client saves its counting too.
+	//
+	// What is lost: a key of the generation deleted by another client
+	// (a DEL, a pattern delete of the index's prefix) is published
+	// missing, or with only the entries written after the delete, and one
+	// another client wrote into is published with what it wrote. What
+	// still holds: writes Redis acknowledged and then lost (a failover to
+	// a replica that was behind, a restart) fail the run with
+	// ErrWritesLost (the run's batch count, the per-slot counters on a
+	// cluster); Durability waits for replicas as before. Evictions are
+	// still caught, coarsely: the run reads evicted_keys (INFO stats) and
+	// run_id (INFO server) of every master before it allocates its
+	// generations and again before the flip, and fails with
+	// ErrTempKeyLost, every index left at its generation, if any master
+	// evicted keys meanwhile, whosever they were, if a count went down
+	// (CONFIG RESETSTAT), or if a master is not the same (a restart, a
+	// failover). So the run needs INFO: a user without it fails at the
+	// acquire with ErrNoPermission naming it.
+	//
+	// It is safe when Redis cannot evict the generation's keys (a
+	// maxmemory-policy of noeviction, or volatile-*: keys without a TTL
+	// are never evicted; under volatile-*, evictions of other keys still
+	// fail the run) and nothing else deletes or writes them: no client
+	// deletes by a pattern that matches the index's prefix, or writes
+	// under it. In RenameInPlace mode, where there is no size check (a
+	// publish RENAMEs each temp key, which fails for a lost one), it is an
+	// error of New that names it.
+	SkipSizeCheck bool
 	// Grace, in Generations mode, is how long a generation a flip retired
 	// stays readable before the run removes it: longer than the time a
 	// reader caches an index's pointer. Zero means the default, 10 s; negative

@@ -130,6 +130,8 @@ func (r *Rebuilder[T]) checkCounts(bad func(string, ...any) error) error {
 		return bad("no builders")
 	case o.Publish != RenameInPlace && o.Publish != Generations:
 		return bad("Publish %v: must be RenameInPlace or Generations", o.Publish)
+	case o.SkipSizeCheck && o.Publish != Generations:
+		return bad("SkipSizeCheck in %v mode: only Generations mode checks sizes (a RenameInPlace publish RENAMEs each temp key, which fails for a lost one); drop SkipSizeCheck, or use Generations", o.Publish)
 	}
 	return checkGroup(o, bad)
 }

@@ -135,6 +135,11 @@ func (r *core) genChecks(i int, temp string, add func(key string, cmds ...string
 // per index: its cut-over marks and, on a cluster, its per-slot counters.
 func (r *core) runGenChecks(add func(key string, cmds ...string)) {
 	cluster := r.redis.Names()
+	if r.opts.SkipSizeCheck {
+		// The masters' evicted_keys and run_id, read at the start and
+		// before the flip (see evictionWatch).
+		add("", "INFO")
+	}
 	for _, l := range r.lockKeys {
 		// The cut-over marks: the flip reads each, and deletes those
 		// the run set; a run whose keys spread over a cluster's

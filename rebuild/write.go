@@ -121,10 +121,12 @@ func (x *writer) write(ctx context.Context, txns []*txn) error {
 	r := x.r
 	if x.gen != nil {
 		// Generations mode: the data keys carry no TTL, and their sizes
-		// are counted (see sizeCheck).
+		// are counted (see sizeCheck), unless SkipSizeCheck.
 		for _, t := range txns {
 			t.expire = nil
-			t.sized = x.gen.sizes.sizeWrites(t.cmds)
+			if x.gen.sizes != nil {
+				t.sized = x.gen.sizes.sizeWrites(t.cmds)
+			}
 		}
 		if r.redis.Cluster() {
 			return x.writeSpread(ctx, txns)

@@ -33,8 +33,28 @@ type Options struct {
 // is not "master" are skipped; a node that cannot answer ROLE (miniredis)
 // counts as a master.
 func Masters(ctx context.Context, client rueidis.Client) ([]rueidis.Client, error) {
+	nodes, err := MasterNodes(ctx, client)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]rueidis.Client, len(nodes))
+	for i, n := range nodes {
+		out[i] = n.Client
+	}
+	return out, nil
+}
+
+// Node is a master node: its address, as client.Nodes() names it, and its
+// client.
+type Node struct {
+	Addr   string
+	Client rueidis.Client
+}
+
+// MasterNodes is Masters with each master's address.
+func MasterNodes(ctx context.Context, client rueidis.Client) ([]Node, error) {
 	nodes := client.Nodes()
-	var out []rueidis.Client
+	var out []Node
 	for _, addr := range slices.Sorted(maps.Keys(nodes)) {
 		node := nodes[addr]
 		role, err := node.Do(ctx, node.B().Role().Build()).ToArray()
@@ -45,7 +65,7 @@ func Masters(ctx context.Context, client rueidis.Client) ([]rueidis.Client, erro
 		} else if err != nil && ctx.Err() != nil {
 			return nil, context.Cause(ctx)
 		}
-		out = append(out, node)
+		out = append(out, Node{Addr: addr, Client: node})
 	}
 	if len(out) == 0 {
 		return nil, errors.New("no master node to scan")
