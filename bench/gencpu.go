@@ -24,7 +24,8 @@ type genCPU struct {
 
 // genMethod is one way of writing the family.
 type genMethod struct {
-	// Name is limit, raw, rename or generations.
+	// Name is limit, raw, rename, generations, "generations, no size
+	// check", or a pipe method.
 	Name   string `json:"name"`
 	Series series `json:"series"`
 	// ServerRatio is the median over rounds of its server CPU over the
@@ -103,7 +104,7 @@ func (r *runner) genCPU(ctx context.Context) (_ *genCPU, err error) {
 		defer os.Remove(resp.path)
 	}
 	out.Methods = append(out.Methods, genMethod{Name: string(methodRaw)})
-	for _, m := range genModes {
+	for _, m := range genCPUModes {
 		out.Methods = append(out.Methods, genMethod{Name: string(m)})
 	}
 	files := map[int64]pipeFiles{}

@@ -189,7 +189,7 @@ func TestGenerations(t *testing.T) {
 		"## Summary", "- Generations mode against rename-in-place, the publish's server time: 100 buckets: flip **", ", rename publish not run (≈ ",
 		"## Generations", "| 100 | 3 | 300 |", "| 1,000 | 3 | 3,000 | not run (past -gen-rename-max 500): ≈ ",
 		"| 100 | rename | ", "| 100 | generations | ", "| 1,000 | generations | ",
-		"### CPU per entry", "| generations | ", "| rename | ", "| raw | ",
+		"### CPU per entry", "| generations | ", "| rename | ", "| raw | ", "| generations, no size check | ",
 		"#### Build and removal", "| " + methodPipeUnlink + " | ", "| " + methodPipeDel + " | ", "| generations | LRANGE | ", "| " + methodPipeDel + " | DEL | ",
 		"### On a cluster", "| generations, spread over 3 masters | ", "| generations, on one master | ", "| rename, on one master | ",
 		"was not rebuilt in rename mode",
@@ -221,7 +221,7 @@ func TestGenerations(t *testing.T) {
 	// The removal of each mode and pipe method is measured apart from the
 	// build, and each pipe method deleted with its own command; Generations
 	// mode reads the previous generation's manifest (its run's list).
-	for name, del := range map[string]string{"generations": "lrange", methodPipeUnlink: "unlink", methodPipeDel: "del"} {
+	for name, del := range map[string]string{"generations": "lrange", string(modeGenNoSize): "lrange", methodPipeUnlink: "unlink", methodPipeDel: "del"} {
 		m := g.CPU.method(name)
 		if m == nil || len(m.Phases) != 1 || m.Phases[0].Build <= 0 || m.Phases[0].Removal <= 0 || m.Phases[0].RemovalCommands[del].Calls == 0 || m.Phase == nil {
 			t.Errorf("CPU, %s: phases %+v, want one round with a build, a removal that called %s, and a summary", name, m, del)

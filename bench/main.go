@@ -483,8 +483,8 @@ func (r *runner) plannedRuns() int {
 				n += c.rounds
 			}
 		}
-		n += c.rounds * (len(genModes) + 1 + 3*r.limitRuns()) // the CPU part: both modes, raw, limit, the two pipe methods
-		n += c.rounds * 3                                     // the cluster part
+		n += c.rounds * (len(genCPUModes) + 1 + 3*r.limitRuns()) // the CPU part: both modes, one without the size check, raw, limit, the two pipe methods
+		n += c.rounds * 3                                        // the cluster part
 	}
 	return n
 }
