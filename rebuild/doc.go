@@ -209,7 +209,10 @@
 // It costs the same whatever the size of the index, so MaxKeys does not
 // bind, and on Redis Cluster a family's buckets need no hash tag: they
 // spread over every slot, and the run counts its transactions per slot to
-// detect lost writes before the flip. Readers resolve the pointer first,
+// detect lost writes before the flip; it also compares each key's size
+// with the entries its writes added, to tell a key deleted or evicted
+// during the run (Options.SkipSizeCheck skips that, and watches the
+// masters' evicted_keys instead). Readers resolve the pointer first,
 // then read the generation's keys; an index without a pointer is in the
 // rename-in-place shape.
 //

@@ -41,11 +41,11 @@ func (m PublishMode) String() string {
 
 // generations is the state of a run in Generations mode.
 type generations struct {
-	gens     []int64       // per builder: the generation the run builds
-	current  []int64       // per builder: the generation current (0: none, the plain shape)
-	sizes    *sizeCheck    // counts the writes' additions, and compares them with the sizes; nil with SkipSizeCheck
+	gens     []int64        // per builder: the generation the run builds
+	current  []int64        // per builder: the generation current (0: none, the plain shape)
+	sizes    *sizeCheck     // counts the writes' additions, and compares them with the sizes; nil with SkipSizeCheck
 	evicted  *evictionWatch // with SkipSizeCheck: the masters' evicted_keys at the run's start
-	counters *slotCounters // on a cluster: the transactions acknowledged per slot
+	counters *slotCounters  // on a cluster: the transactions acknowledged per slot
 }
 
 // genTemp returns the key that holds live in the run's generation: the

@@ -25,6 +25,10 @@ import (
 // it: Apply writes the current generation during a run, and logs the
 // change for the run, which replays it onto its own.
 //
+// Options.SkipSizeCheck skips it: allocate makes no sizeCheck, the writer
+// counts nothing, and the flip reads the masters' evicted_keys instead
+// (see evictionWatch).
+//
 // A key that any other command wrote (a custom builder's SET, HINCRBY, a
 // removal, a conditional removal a catch-up replays in a script) has no
 // count to compare: it is left unchecked. A catch-up's replay of the

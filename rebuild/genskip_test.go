@@ -2,7 +2,7 @@ package rebuild_test
 
 // Options.SkipSizeCheck: a Generations run that sends no SCARD, HLEN or
 // ZCARD before its flip, and tells evictions by the masters' evicted_keys
-// instead (C104).
+// instead (C103).
 
 import (
 	"errors"
@@ -38,7 +38,7 @@ func sizeReads(d deployment) (deployment, *atomic.Int64) {
 }
 
 func TestGenerationsSkipSizeCheckPublishes(t *testing.T) {
-	// C104: with SkipSizeCheck a run publishes exactly its source, and
+	// C103: with SkipSizeCheck a run publishes exactly its source, and
 	// sends no SCARD; the same run without it sends one per key.
 	forEachDeployment(t, func(t *testing.T, d deployment) {
 		ctx := redistest.Ctx(t)
@@ -70,7 +70,7 @@ func TestGenerationsSkipSizeCheckPublishes(t *testing.T) {
 }
 
 func TestSkipSizeCheckRefusedInRenameInPlace(t *testing.T) {
-	// C104: SkipSizeCheck in RenameInPlace mode is an error of New that
+	// C103: SkipSizeCheck in RenameInPlace mode is an error of New that
 	// names it.
 	c := env.Standalone.Client(t)
 	set := builders.Set(redistest.Prefix(t)+"ids", func(u user) (string, bool) { return u.ID, true })
@@ -82,7 +82,7 @@ func TestSkipSizeCheckRefusedInRenameInPlace(t *testing.T) {
 }
 
 func TestGenerationsSkipSizeCheckNoInfo(t *testing.T) {
-	// C104: with SkipSizeCheck the run reads INFO; a user without it fails
+	// C103: with SkipSizeCheck the run reads INFO; a user without it fails
 	// at the acquire with ErrNoPermission naming INFO, writing nothing.
 	forEachDeployment(t, func(t *testing.T, d deployment) {
 		ctx, d, prefix, us := published(t, d)
@@ -104,7 +104,7 @@ func TestGenerationsSkipSizeCheckNoInfo(t *testing.T) {
 }
 
 func TestGenerationsSkipSizeCheckPublishesDeletedKeyMissing(t *testing.T) {
-	// C104, the documented trade: a generation key another client deletes
+	// C103, the documented trade: a generation key another client deletes
 	// mid-run is published missing what was written before the delete
 	// with SkipSizeCheck; without it the run fails with ErrTempKeyLost
 	// naming the key, the pointer untouched.
@@ -242,7 +242,7 @@ func evict(t *testing.T, s *redistest.Server, key string) {
 }
 
 func TestGenerationsSkipSizeCheckEviction(t *testing.T) {
-	// C104, C94: a key of the run's generation evicted mid-run. With
+	// C103, C94: a key of the run's generation evicted mid-run. With
 	// SkipSizeCheck the master's evicted_keys grew: the flip is refused
 	// with ErrTempKeyLost naming the master; without it the size check
 	// refuses it, naming the key. Either way the current generation is
