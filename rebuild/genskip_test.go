@@ -43,6 +43,7 @@ func TestGenerationsSkipSizeCheckPublishes(t *testing.T) {
 	forEachDeployment(t, func(t *testing.T, d deployment) {
 		ctx := redistest.Ctx(t)
 		d = ownPrefix(t, d)
+		d.Clear(t)
 		d, reads := sizeReads(d)
 		prefix := genPrefix(d)
 		first := genUsers(90, 9)
@@ -85,6 +86,7 @@ func TestGenerationsSkipSizeCheckNoInfo(t *testing.T) {
 	// C103: with SkipSizeCheck the run reads INFO; a user without it fails
 	// at the acquire with ErrNoPermission naming INFO, writing nothing.
 	forEachDeployment(t, func(t *testing.T, d deployment) {
+		ownPrefix(t, d).Clear(t)
 		ctx, d, prefix, us := published(t, d)
 		c := clientAs(t, d, "~*", "+@all", "-info")
 		before := redistest.Snapshot(t, d.Other, keys.GenPrefix(prefix, 1))
@@ -111,6 +113,7 @@ func TestGenerationsSkipSizeCheckPublishesDeletedKeyMissing(t *testing.T) {
 	for _, skip := range []bool{true, false} {
 		t.Run(fmt.Sprintf("skip=%v", skip), func(t *testing.T) {
 			forEachDeployment(t, func(t *testing.T, d deployment) {
+				ownPrefix(t, d).Clear(t)
 				ctx, d, prefix, us := published(t, d)
 				next := genUsers(200, 20)
 				deleted := keys.GenBucketKey(prefix, 2, "b00")
