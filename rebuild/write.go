@@ -95,7 +95,8 @@ type txn struct {
 	// members belong to one item each (see owner.unique).
 	members [][]string
 	// sized is, in Generations mode, what each of cmds does to the size
-	// of its key (see sizeCheck), read before cmds are sent.
+	// of its key (see sizeCheck), read before cmds are sent; nil with
+	// SkipSizeCheck.
 	sized []sizedWrite
 	// probes are temp keys that cmds may leave empty (a replayed change
 	// that removes entries): EXISTS before and after the writes tells a key
