@@ -121,8 +121,8 @@ func (r Generations) claimed(ctx context.Context, op, live string, res rueidis.R
 		}
 		return floor, nil
 	case code == codeBadRegistry:
-		return 0, &Error{Op: op, Key: live, Err: fmt.Errorf("%w: %s: %s, a state no run leaves (written by hand); nothing written. It holds the last generation a run without a group allocated, which group %q's generations start above: set it to that generation (HSET %s next <G>), or delete it if no run without a group ever ran on index %s",
-			ErrTampered, rep.str(1), rep.str(2), r.cluster.Group, rep.str(1), live)}
+		return 0, &Error{Op: op, Key: live, Err: fmt.Errorf("%w: %s: %s, a state no run leaves (written by hand); nothing written. It holds the last generation a run without a group allocated, or a run in a group reserved, of index %s, which group %q's generations start above: set it to the largest of those, at least the group's latest generation (HSET %s next <G>)",
+			ErrTampered, rep.str(1), rep.str(2), live, r.cluster.Group, rep.str(1))}
 	case code == codeInGroup:
 		return 0, &Error{Op: op, Key: live, Err: fmt.Errorf("%w; nothing written", keys.GroupConflict(live, ptr, rep.str(2), r.cluster.Group))}
 	case code == codeUngrouped:
