@@ -107,10 +107,12 @@ func (x *runState) allocate(ctx context.Context) error {
 	// The claim first (SPEC C102): a run in a group allocates nothing
 	// while the index has generations of runs without it, or is another
 	// group's. It comes after the locks, whose acquire checked its rights
-	// with the run's, so that a user lacking one writes nothing. Its
-	// floors put the group's generations above any a run without the
-	// group allocated, which may still write after losing its lock.
-	floors, err := r.redis.Generations.ClaimGroup(ctx, "acquire", r.lives)
+	// with the run's, so that a user lacking one writes nothing. It
+	// reserves each generation the run allocates in the index's registry
+	// without a group, and its floors put the group's generations above
+	// any a run without the group allocated, which may still write after
+	// losing its lock, or may allocate once the claim is gone.
+	floors, err := r.redis.Generations.ClaimGroup(ctx, "acquire", r.key, x.locks, r.lives)
 	if err != nil {
 		return err
 	}

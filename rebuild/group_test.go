@@ -136,9 +136,10 @@ func TestGenerationsGroupSpreads(t *testing.T) {
 			}
 		}
 		for _, l := range lives {
-			// C102: outside the group, the group's claim alone.
+			// C102: outside the group, the group's claim, and its
+			// reservation of generation 1, alone.
 			redistest.WantString(t, d.Other, keys.PointerKey(l, d.Cluster), keys.GroupMarker(group))
-			redistest.WantAbsent(t, d.Other, keys.RegistryKey(l, d.Cluster))
+			redistest.WantHash(t, d.Other, keys.RegistryKey(l, d.Cluster), map[string]string{keys.RegNext: "1"})
 		}
 
 		// A second run, while a reader of the pointers at one moment
@@ -250,8 +251,8 @@ func TestGenerationsGroupSpreads(t *testing.T) {
 		}
 		for _, l := range lives {
 			for _, k := range redistest.Keys(t, d.Other, l) {
-				if k == keys.PointerKey(l, d.Cluster) {
-					continue // the group's claim (C102)
+				if k == keys.PointerKey(l, d.Cluster) || k == keys.RegistryKey(l, d.Cluster) {
+					continue // the group's claim and reservation (C102)
 				}
 				if !strings.HasPrefix(k, l+keys.GenInfix+"2") && !strings.HasPrefix(k, l+keys.GenInfix+"3") {
 					t.Errorf("left behind: %s", k)

@@ -195,7 +195,8 @@ func TestGroupClaimBeforeAllocation(t *testing.T) {
 	// run in a group claims the index and publishes. The allocation is
 	// refused (genalloc reads the claim in the same slot): ErrGroupConflict
 	// naming the group, the group's generation intact, the run's lock
-	// released, no registry without the group.
+	// released, the registry without the group holding only the group's
+	// reservation of its generation 1.
 	forEachDeployment(t, func(t *testing.T, d deployment) {
 		ctx := redistest.Ctx(t)
 		ga, _, prefix := fenceNames(d)
@@ -223,7 +224,7 @@ func TestGroupClaimBeforeAllocation(t *testing.T) {
 		redistest.WantString(t, d.Other, keys.PointerKey(prefix, keys.Names{Cluster: d.Cluster, Group: ga}), "1")
 		redistest.WantString(t, d.Other, keys.PointerKey(prefix, d.Cluster), keys.GroupMarker(ga))
 		redistest.WantAbsent(t, d.Other, keys.LockKey(prefix, d.Cluster))
-		redistest.WantAbsent(t, d.Other, keys.RegistryKey(prefix, d.Cluster))
+		redistest.WantHash(t, d.Other, keys.RegistryKey(prefix, d.Cluster), map[string]string{keys.RegNext: "1"})
 	})
 }
 
@@ -286,21 +287,26 @@ func TestGroupClaimACL(t *testing.T) {
 	// in a group at the acquire with ErrNoPermission naming it, before the
 	// claim or any other write: the server holds no key.
 	t.Parallel()
-	ctx := redistest.Ctx(t)
+	email := redistest.Prefix(t) + "users:by-email"
+	wantClaimRefused(t, email, builders.Hash(email, func(u user) (string, string, bool) { return u.Email, u.ID, true }), "HKEYS", "~*", "+@all", "-hkeys")
+}
+
+// wantClaimRefused runs b, whose index is live, in a group on a server of
+// its own as a user with rules, and checks that the acquire refuses it
+// with ErrNoPermission naming cmd on the registry without the group, and
+// that the server holds no key.
+func wantClaimRefused(t *testing.T, live string, b index.Builder[user], cmd string, rules ...string) {
+	t.Helper()
 	srv := redistest.OwnServer(t)
-	admin := srv.Client(t)
-	prefix := redistest.Prefix(t)
-	email := prefix + "users:by-email"
-	c := srv.ClientAs(t, "ks-"+strings.ReplaceAll(t.Name(), "/", "-"), "~*", "+@all", "-hkeys")
-	r := redistest.Rebuilder(t, c, rebuild.Options{Publish: rebuild.Generations, Group: prefix + "g", Grace: -1},
-		builders.Hash(email, func(u user) (string, string, bool) { return u.Email, u.ID, true }))
-	_, err := r.Run(ctx, sources.Slice(users(8)))
+	c := srv.ClientAs(t, "ks-"+strings.ReplaceAll(t.Name(), "/", "-"), rules...)
+	r := redistest.Rebuilder(t, c, rebuild.Options{Publish: rebuild.Generations, Group: redistest.Prefix(t) + "g", Grace: -1}, b)
+	_, err := r.Run(redistest.Ctx(t), sources.Slice(users(8)))
 	redistest.WantErr(t, err, rebuild.ErrNoPermission)
 	var e *rebuild.Error
-	if !errors.As(err, &e) || e.Op != "acquire" || !strings.Contains(err.Error(), "HKEYS") || !strings.Contains(err.Error(), keys.RegistryKey(email, false)) {
-		t.Errorf("Run: %v, want an *Error of op acquire naming HKEYS and %s", err, keys.RegistryKey(email, false))
+	if !errors.As(err, &e) || e.Op != "acquire" || !strings.Contains(err.Error(), cmd) || !strings.Contains(err.Error(), keys.RegistryKey(live, false)) {
+		t.Errorf("Run: %v, want an *Error of op acquire naming %s and %s", err, cmd, keys.RegistryKey(live, false))
 	}
-	if left := redistest.Keys(t, admin, ""); len(left) > 0 {
+	if left := redistest.Keys(t, srv.Client(t), ""); len(left) > 0 {
 		t.Errorf("the refused run left %v", left)
 	}
 }

@@ -114,10 +114,11 @@ func (r *core) genChecks(i int, temp string, add func(key string, cmds ...string
 	add(r.lockKeys[i], "TYPE")
 	if r.opts.Group != "" {
 		// The claim (SPEC C102): the pointer and the registry of the index
-		// without a group, read, and the pointer set to the group's marker.
+		// without a group, read, the pointer set to the group's marker,
+		// and the registry's next raised to the generation reserved.
 		own := keys.Names{Cluster: cluster.Cluster}
 		add(keys.PointerKey(r.lives[i], own), "TYPE", "GET", "SET")
-		add(keys.RegistryKey(r.lives[i], own), "TYPE", "HKEYS", "HGET")
+		add(keys.RegistryKey(r.lives[i], own), "TYPE", "HKEYS", "HGET", "HSET")
 	}
 	add(temp, "UNLINK")
 	add("", "SCAN", "TIME")

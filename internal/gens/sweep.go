@@ -107,7 +107,9 @@ const (
 	SkipPointer  Reason = "the pointer names it: readers read it"
 	// SkipClaimed keeps the keys of RemoveOwn's generation whose field is
 	// gone while the pointer holds a group's claim (SPEC C102): the group
-	// may have allocated the same number, and the keys may be its own.
+	// allocates above the registry's next, but if the registry was lost
+	// too it may have allocated the same number, and the keys may be its
+	// own.
 	SkipClaimed Reason = "its field is gone and the pointer holds a group's claim: the keys may be the group's"
 )
 
@@ -309,8 +311,9 @@ func begin(ctx context.Context, client rueidis.Client, idx Index, opts Options, 
 // keys are the caller's, and a sweep that removed the field while the run
 // had lost its lock and still wrote may have left some; unless the pointer
 // holds a group's claim (SPEC C102), set since the field went: a group's
-// generation with the same number may then be there, and the keys stay
-// (SkipClaimed). An error leaves the field, for a later sweep once the lock
+// generation with the same number may then be there (the group allocates
+// above the registry's next, which its runs raise, but not if the
+// registry was lost in between), and the keys stay (SkipClaimed). An error leaves the field, for a later sweep once the lock
 // is gone.
 //
 // It never removes a generation the index's pointer names, checked in the

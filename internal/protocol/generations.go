@@ -49,9 +49,23 @@ const UnlinkChunk = 256
 // (0 for an index without a pointer, in the rename-in-place shape): it
 // stays current while the locks are held, as only a flip or a rollback,
 // fenced by them, moves a pointer. Each generation is above floors[i], if
-// given: the floors ClaimGroup returns (SPEC C102); nil allocates above the
-// registry's own next and pointer only.
+// given: with a group, the floors ClaimGroup returns (SPEC C102), and then
+// each generation is exactly floors[i]+1, the one the claim reserved (a
+// registry that moved past it is refused, an error matching ErrTampered,
+// nothing written); nil allocates above the registry's own next and
+// pointer only.
 func (r Generations) AllocateGenerations(ctx context.Context, op, key string, locks []*Lock, lives []string, floors []int64) (gens, current []int64, err error) {
+	mode := ""
+	if r.cluster.Group != "" && floors != nil {
+		mode = "exact"
+	}
+	return r.genalloc(ctx, op, key, locks, lives, floors, mode)
+}
+
+// genalloc runs genalloc.lua for the indexes of lives above floors in mode
+// (see the script), and returns the generations it allocated (in mode
+// peek, would allocate) and the current ones.
+func (r Generations) genalloc(ctx context.Context, op, key string, locks []*Lock, lives []string, floors []int64, mode string) (gens, current []int64, err error) {
 	lockKeys, token, err := CheckLocks(op, locks)
 	if err != nil {
 		return nil, nil, err
@@ -74,6 +88,7 @@ func (r Generations) AllocateGenerations(ctx context.Context, op, key string, lo
 		}
 		args = append(args, strconv.FormatInt(f, 10))
 	}
+	args = append(args, mode)
 	res, err := parseReply(genallocScript.Exec(ctx, r.client, ks, args))
 	if err != nil {
 		return nil, nil, Fail(ctx, op, key, err)

@@ -4,8 +4,13 @@
 -- KEYS: L locks, then N registries (keys.RegistryKey), then the N
 -- indexes' pointers (keys.PointerKey), in the locks' slot.
 -- ARGV[1] the run's token; ARGV[2] L; ARGV[2 + i] the floor of index i
--- (digits): for a run in a group, the field next of the index's registry
--- without a group, read by its claim (claim.lua, SPEC C102).
+-- (digits): for a run in a group, the floor its claim returned (claim.lua,
+-- SPEC C102): the generation it reserved in the index's registry without
+-- a group, less one. ARGV[3 + N] the mode: 'peek' checks and returns the
+-- generations it would allocate, writing nothing (a run in a group reads
+-- them before its claim reserves them); 'exact' refuses, before any
+-- write, a generation other than one past its floor (the one reserved);
+-- absent or '' allocates above the floors.
 --
 -- For each registry, the generation G is allocated (field next set to it),
 -- and the field G is set to 'building:<token>' (keys.RegBuilding): a generation a
@@ -26,7 +31,8 @@
 --           stays current while the run holds the locks.
 --         {LOCK_LOST, i}: lock i does not hold the token; nothing written.
 --         {BAD_REGISTRY, i, why}: index i's registry or pointer is in a
---           state no run leaves; nothing written.
+--           state no run leaves (in mode 'exact', one that moved past the
+--           generation reserved); nothing written.
 --         {IN_GROUP, i, group}: index i's pointer holds 'group:<group>', a
 --           run in that group's claim (claim.lua, SPEC C102): the group's
 --           generations have the names this run's would; nothing written.
@@ -37,6 +43,7 @@ for i = 1, L do
   end
 end
 local N = (#KEYS - L) / 2
+local mode = ARGV[3 + N] or ''
 local function generation(s)
   return s and string.match(s, '^[1-9]%d*$') and #s <= 15
 end
@@ -70,7 +77,11 @@ for i = 1, N do
     end
     n = tonumber(nx)
   end
-  local g = string.format('%d', math.max(n, cur, tonumber(ARGV[2 + i] or '0')) + 1)
+  local floor = tonumber(ARGV[2 + i] or '0')
+  local g = string.format('%d', math.max(n, cur, floor) + 1)
+  if mode == 'exact' and tonumber(g) ~= floor + 1 then
+    return {BAD_REGISTRY, i, 'its next or pointer moved to ' .. string.format('%d', tonumber(g) - 1) .. ', past generation ' .. string.format('%d', floor + 1) .. ' the run reserved, while the run held the lock'}
+  end
   if redis.call('HEXISTS', reg, g) == 1 then
     return {BAD_REGISTRY, i, 'generation ' .. g .. ', the next one, is in the registry already'}
   end
@@ -78,7 +89,9 @@ for i = 1, N do
 end
 local out = {OK}
 for i = 1, N do
-  redis.call('HSET', KEYS[L + i], 'next', gens[i], gens[i], 'building:' .. token)
+  if mode ~= 'peek' then
+    redis.call('HSET', KEYS[L + i], 'next', gens[i], gens[i], 'building:' .. token)
+  end
   out[#out + 1] = tonumber(gens[i])
 end
 for i = 1, N do
