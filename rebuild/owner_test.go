@@ -16,38 +16,6 @@ import (
 	"github.com/keyswap/keyswap/sources"
 )
 
-// ownerDumps returns the exact contents (DUMP) of every key of a test in
-// d whose names start with one of prefixes, or with fencePrefixes(d).
-func ownerDumps(t *testing.T, d deployment, prefixes ...string) map[string]string {
-	t.Helper()
-	out := dumps(t, d)
-	for _, p := range prefixes {
-		for k, s := range redistest.Snapshot(t, d.Other, p) {
-			out[k] = s.Dump
-		}
-	}
-	return out
-}
-
-// wantOwnerDumps checks that the keys ownerDumps returns are exactly
-// before.
-func wantOwnerDumps(t *testing.T, d deployment, before map[string]string, prefixes ...string) {
-	t.Helper()
-	after := ownerDumps(t, d, prefixes...)
-	for k, v := range before {
-		if w, ok := after[k]; !ok {
-			t.Errorf("%s is gone", k)
-		} else if w != v {
-			t.Errorf("%s changed", k)
-		}
-	}
-	for k := range after {
-		if _, ok := before[k]; !ok {
-			t.Errorf("%s was written", k)
-		}
-	}
-}
-
 // wantOwned checks that err is the acquire's refusal of index live whose
 // base another index, owner, owns: ErrGroupConflict naming both, the base
 // and the stamp.
@@ -93,7 +61,7 @@ func TestOwnerStampRefusesAlias(t *testing.T) {
 			t.Fatal(err)
 		}
 		redistest.WantString(t, d.Other, keys.OwnerKey(x, d.Cluster), x)
-		before := ownerDumps(t, d)
+		before := dumps(t, d)
 		_, err := genRebuilder(t, d, y, rebuild.Options{}).Run(ctx, sources.Slice(genUsers(20, 2)))
 		if !d.Cluster {
 			if err != nil {
@@ -104,7 +72,7 @@ func TestOwnerStampRefusesAlias(t *testing.T) {
 			return
 		}
 		wantOwned(t, "run of "+y, err, y, x, d.Cluster)
-		wantOwnerDumps(t, d, before)
+		wantDumps(t, d, before)
 		wantGeneration(t, d, x, 1, 1, map[string]string{"1": keys.RegCurrent}, usX)
 		var want []string
 		for _, u := range usX {
@@ -134,7 +102,7 @@ func TestOwnerStampSyntheticTag(t *testing.T) {
 			t.Fatal(err)
 		}
 		redistest.WantString(t, d.Other, keys.OwnerKey(x, d.Cluster), x)
-		before := ownerDumps(t, d, syn)
+		before := dumps(t, d, syn)
 		_, err := genRebuilder(t, d, y, rebuild.Options{}).Run(ctx, sources.Slice(genUsers(20, 2)))
 		if !d.Cluster {
 			if err != nil {
@@ -143,7 +111,7 @@ func TestOwnerStampSyntheticTag(t *testing.T) {
 			return
 		}
 		wantOwned(t, "run of "+y, err, y, x, d.Cluster)
-		wantOwnerDumps(t, d, before, syn)
+		wantDumps(t, d, before, syn)
 		wantGeneration(t, d, x, 1, 1, map[string]string{"1": keys.RegCurrent}, us)
 	})
 }
