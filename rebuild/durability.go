@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -85,7 +86,17 @@ func (p *publisher) waitDurable(ctx context.Context, d protocol.Durability) erro
 		return r.redis.Durable.Wait(ctx, "publish", r.key, lock, d)
 	}
 	ks, _ := p.gen.counters.keys()
-	ats, err := p.oneKeyPerMaster(ctx, lock, ks)
+	// A run in a group claimed each index and reserved its generation
+	// (claim.lua) in the slot of the index's own base, whose master may
+	// be none of those above: the claim and the reservation are writes of
+	// the run too, and a failover that lost them would leave the group's
+	// current generation unfenced (docs/generations.md, "What the claim
+	// does not cover"). They are waited for here, before the flip, with
+	// the run's other writes: they were written at the allocation, before
+	// the first write of data, so a wait now covers them, and the flip is
+	// the step that makes the generation they fence current.
+	claims := p.gen.counters.claimKeys(r.opts.Group, r.lives, ks)
+	ats, err := p.oneKeyPerMaster(ctx, lock, slices.Concat(ks, claims))
 	if err != nil {
 		return err
 	}
@@ -94,14 +105,25 @@ func (p *publisher) waitDurable(ctx context.Context, d protocol.Durability) erro
 	var g sync.WaitGroup
 	g.Go(func() { errs[0] = r.redis.Durable.Wait(ctx, "publish", r.key, lock, d) })
 	for i, at := range ats {
-		g.Go(func() {
-			// The counter's own renewal (slotCounters.renew): a write that
-			// Redis propagates while the counter exists. A counter gone
-			// fails the check of the counters after the wait.
-			errs[i+1] = r.redis.Durable.WaitAt(ctx, "publish", r.key, at, func(b rueidis.Builder) rueidis.Completed {
-				return b.Expire().Key(at).Seconds(secs).Build()
-			}, d)
-		})
+		// The counter's own renewal (slotCounters.renew): a write that
+		// Redis propagates while the counter exists. A counter gone
+		// fails the check of the counters after the wait.
+		touch := func(b rueidis.Builder) rueidis.Completed {
+			return b.Expire().Key(at).Seconds(secs).Build()
+		}
+		if slices.Contains(claims, at) {
+			// No counter of the run is on the claim's master: the write
+			// the wait counts from is a counter of the claim's slot, made
+			// for it (WAIT counts from the connection's last write, which
+			// must come after the claim: EXPIRE of a missing key writes
+			// nothing). It lives as long as the counters, and goes with
+			// them (slotCounters.drop).
+			p.gen.counters.claimed(at)
+			touch = func(b rueidis.Builder) rueidis.Completed {
+				return b.Set().Key(at).Value("0").ExSeconds(secs).Build()
+			}
+		}
+		g.Go(func() { errs[i+1] = r.redis.Durable.WaitAt(ctx, "publish", r.key, at, touch, d) })
 	}
 	g.Wait()
 	return errors.Join(errs...)
