@@ -38,6 +38,7 @@ const (
 	codeWait        = -22 // genapply, genlog: {-22, i, pttl}: the run holding lock i is cutting over (its mark lasts pttl ms more)
 	codeInGroup     = -23 // claim, genalloc, genback, flip, publish, genlog: {-23, i, group}: index i's pointer without a group names group (SPEC C102)
 	codeUngrouped   = -24 // claim: {-24, key, what}: the index has generations of runs without a group, or keys no run writes
+	codeMovedPast   = -25 // genalloc (mode exact): {-25, i, why}: index i's registry moved past the generation the claim reserved
 	codeRenamed     = 1   // publish, per target: renamed
 	codeEmptied     = 2   // publish, per target: live key deleted
 	tempAbsent      = 0   // touch, refresh, per temp key: it does not exist
@@ -81,6 +82,7 @@ var replyCodes = []struct {
 	{"WAIT", codeWait},
 	{"IN_GROUP", codeInGroup},
 	{"UNGROUPED", codeUngrouped},
+	{"MOVED_PAST", codeMovedPast},
 	{"RENAMED", codeRenamed},
 	{"EMPTIED", codeEmptied},
 	{"TEMP_ABSENT", tempAbsent},
