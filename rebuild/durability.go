@@ -19,8 +19,10 @@ import (
 // published, for replicated or persisted deployments. The zero value waits
 // for nothing. In Generations mode on a cluster, whose writes spread over
 // the masters, each wait runs on every master the run wrote, at once, and
-// all must succeed. See the README, "Durability", for what each deployment gets
-// with and without it.
+// all must succeed: with Options.Group, those of the claims and
+// reservations too (each index's pointer and registry without a group,
+// written before the build, in the slot of the index's own base). See the
+// README, "Durability", for what each deployment gets with and without it.
 type Durability struct {
 	// Replicas is how many replicas must acknowledge every write of the run
 	// before it is published (WAIT). Zero waits for none.
@@ -77,8 +79,9 @@ func (r *Rebuilder[T]) checkDurability(bad func(string, ...any) error) error {
 // spread over the masters, and WAIT and WAITAOF count only the writes of
 // the master they run on: the wait runs on the lock's master and, at once,
 // on every other master that holds a slot the run wrote, each counted from
-// a write of the run's counter in one of its slots (see RELIABILITY.md,
-// "Generations mode", for the window this closes).
+// a write of the run's counter in one of its slots, the claims' slots
+// included (see RELIABILITY.md, "Generations mode", for the window this
+// closes).
 func (p *publisher) waitDurable(ctx context.Context, d protocol.Durability) error {
 	r := p.r
 	lock := p.locks[0].Key

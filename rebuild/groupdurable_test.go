@@ -1,6 +1,6 @@
 package rebuild_test
 
-// The claim's durability (C102, C83): a run in a group with
+// The claim's durability (C58, C102): a run in a group with
 // Options.Durability waits, before its flip, on the master of each
 // index's own base too, where it claimed the index and reserved its
 // generation, not only on the masters of its lock and its data.
@@ -52,7 +52,7 @@ func (w *waitLog) hook(c rueidis.Client, lock string) rueidis.Client {
 	})
 }
 
-// TestGroupClaimDurable (C102, C83): on a cluster, a run in a group
+// TestGroupClaimDurable (C58, C102): on a cluster, a run in a group
 // claims its index (the pointer L:rebuild-ptr set to group:<name>) and
 // reserves its generation (the field next of L:rebuild-gens) on the
 // master of the index's own base. The test picks an index whose own
@@ -114,7 +114,7 @@ func TestGroupClaimDurable(t *testing.T) {
 	}
 }
 
-// TestGroupClaimDurableStandalone (C102, C83): on a standalone server
+// TestGroupClaimDurableStandalone (C58, C102): on a standalone server
 // with a replica, every write of a run in a group, its claim too, is on
 // one master: the run checks what the server can give at its start, and
 // waits once, each bound to its lock's record, writes no counter, and
