@@ -114,6 +114,67 @@ func TestGroupClaimDurable(t *testing.T) {
 	}
 }
 
+// TestGroupClaimDurableReplicas (C58, C102): a cluster whose masters each
+// have a replica, and an index whose own base (its claim and reservation)
+// is on a master that holds neither its group's lock nor its data. With
+// every replica acknowledging, a run in the group with Durability
+// publishes generation 1. With the replica of the claim's master stopped
+// (SIGSTOP), the next run fails with ErrNotDurable, one wait of three
+// short, before its flip: the group's pointer still names generation 1,
+// current in its registry, and generation 2 is gone. Without the wait on
+// the claim's master it published generation 2, its claim and
+// reservation on one master only.
+func TestGroupClaimDurableReplicas(t *testing.T) {
+	ctx := redistest.Ctx(t)
+	cl := redistest.OwnClusterWithReplicas(t, 3)
+	client, other := cl.Client(t), cl.Client(t)
+	group := redistest.Prefix(t) + "g"
+	in := keys.Names{Cluster: true, Group: group}
+	var live string
+	for i := 0; ; i++ {
+		live = fmt.Sprintf("%sdur%d:email", redistest.Prefix(t), i)
+		own, lock := cl.NodeFor(t, keys.PointerKey(live, true)), cl.NodeFor(t, keys.LockKey(live, in))
+		if own != lock && own != cl.NodeFor(t, keys.GenKey(live, 1)) && own != cl.NodeFor(t, keys.GenKey(live, 2)) {
+			break
+		}
+	}
+	replica := cl.Replicas[slices.Index(cl.Nodes, cl.NodeFor(t, keys.PointerKey(live, true)))]
+	run := func(timeout time.Duration) error {
+		r := redistest.Rebuilder(t, client, rebuild.Options{Publish: rebuild.Generations, Group: group, Grace: -1,
+			Durability: rebuild.Durability{Replicas: 1, Timeout: timeout}},
+			builders.Hash(live, func(u user) (string, string, bool) { return u.Email, u.ID, true }))
+		_, err := r.Run(ctx, sources.Slice(users(20)))
+		return err
+	}
+	// Long enough for a loaded machine's replicas: only the run whose
+	// replica stopped must fail.
+	if err := run(30 * time.Second); err != nil {
+		t.Fatalf("Run with every replica: %v", err)
+	}
+	redistest.WantString(t, other, keys.PointerKey(live, in), "1")
+	if err := replica.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := replica.Resume(); err != nil {
+			t.Error(err)
+		}
+	})
+	err := run(500 * time.Millisecond)
+	redistest.WantErr(t, err, rebuild.ErrNotDurable)
+	if err != nil {
+		if n := strings.Count(err.Error(), "0 of 1 replicas"); n != 1 {
+			t.Errorf("%d waits failed, want 1 (the claim's master's): %v", n, err)
+		}
+	}
+	redistest.WantString(t, other, keys.PointerKey(live, true), keys.GroupMarker(group))
+	redistest.WantString(t, other, keys.PointerKey(live, in), "1")
+	redistest.WantHash(t, other, keys.RegistryKey(live, in), map[string]string{keys.RegNext: "2", "1": keys.RegCurrent})
+	if n, _ := redistest.Do(t, other, other.B().Exists().Key(keys.GenKey(live, 2)).Build()).AsInt64(); n != 0 {
+		t.Errorf("%s exists, want it removed with the failed run", keys.GenKey(live, 2))
+	}
+}
+
 // TestGroupClaimDurableStandalone (C58, C102): on a standalone server
 // with a replica, every write of a run in a group, its claim too, is on
 // one master: the run checks what the server can give at its start, and
