@@ -64,16 +64,7 @@ func StartCluster(masters int) (*Cluster, error) {
 // keeping one busy.
 func OwnCluster(tb testing.TB, masters int) *Cluster {
 	tb.Helper()
-	cl, err := StartCluster(masters)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() {
-		if err := cl.Stop(); err != nil {
-			tb.Error(err)
-		}
-	})
-	return cl
+	return ownCluster(tb, masters, false)
 }
 
 // OwnClusterWithReplicas is OwnCluster with one replica per master
@@ -81,7 +72,13 @@ func OwnCluster(tb testing.TB, masters int) *Cluster {
 // tests of WAIT on a cluster, whose masters in OwnCluster have none.
 func OwnClusterWithReplicas(tb testing.TB, masters int) *Cluster {
 	tb.Helper()
-	cl, err := startClusterOf("redis-server", "redis-cli", masters, true)
+	return ownCluster(tb, masters, true)
+}
+
+// ownCluster is OwnCluster, with one replica per master if replicas.
+func ownCluster(tb testing.TB, masters int, replicas bool) *Cluster {
+	tb.Helper()
+	cl, err := startClusterOf("redis-server", "redis-cli", masters, replicas)
 	if err != nil {
 		tb.Fatal(err)
 	}
