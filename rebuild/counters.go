@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 
 	"github.com/keyswap/keyswap/internal/keys"
@@ -29,6 +30,7 @@ type slotCounters struct {
 
 	mu     sync.Mutex
 	counts map[uint16]int64 // transactions acknowledged per slot
+	waits  []string         // keys a durability wait wrote for the claims (claimed)
 }
 
 // newSlotCounters returns the counters of a run of r that builds
@@ -65,6 +67,35 @@ func (c *slotCounters) keys() ([]string, []int64) {
 		want = append(want, n)
 	}
 	return ks, want
+}
+
+// claimKeys returns, for a run in group (none without one) of the
+// indexes lives, the key of a counter in the slot of each index's own
+// base, where the run claimed it (claim.lua), but for those among ks (the
+// run's counters) and repeats: the keys a durability wait may bind to, to
+// wait on the claims' masters.
+func (c *slotCounters) claimKeys(group string, lives []string, ks []string) []string {
+	if group == "" {
+		return nil
+	}
+	var claims []string
+	for _, live := range lives {
+		k := c.key(keys.Slot(keys.PointerKey(live, true)))
+		if !slices.Contains(ks, k) && !slices.Contains(claims, k) {
+			claims = append(claims, k)
+		}
+	}
+	return claims
+}
+
+// claimed records k, a key of claimKeys that a durability wait wrote, for
+// drop.
+func (c *slotCounters) claimed(k string) {
+	c.mu.Lock()
+	if !slices.Contains(c.waits, k) {
+		c.waits = append(c.waits, k)
+	}
+	c.mu.Unlock()
 }
 
 // check compares the run's per-slot counters with the
@@ -122,6 +153,9 @@ func (c *slotCounters) do(ctx context.Context, cmd func(b rueidis.Builder, key s
 // themselves.
 func (c *slotCounters) drop(ctx context.Context) {
 	ks, _ := c.keys()
+	c.mu.Lock()
+	ks = append(ks, c.waits...)
+	c.mu.Unlock()
 	ctx, cancel := protocol.CleanupContext(ctx)
 	defer cancel()
 	if err := c.redis.Unlink(ctx, ks); err != nil {

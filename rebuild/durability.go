@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -18,8 +19,10 @@ import (
 // published, for replicated or persisted deployments. The zero value waits
 // for nothing. In Generations mode on a cluster, whose writes spread over
 // the masters, each wait runs on every master the run wrote, at once, and
-// all must succeed. See the README, "Durability", for what each deployment gets
-// with and without it.
+// all must succeed: with Options.Group, those of the claims and
+// reservations too (each index's pointer and registry without a group,
+// written before the build, in the slot of the index's own base). See the
+// README, "Durability", for what each deployment gets with and without it.
 type Durability struct {
 	// Replicas is how many replicas must acknowledge every write of the run
 	// before it is published (WAIT). Zero waits for none.
@@ -76,8 +79,9 @@ func (r *Rebuilder[T]) checkDurability(bad func(string, ...any) error) error {
 // spread over the masters, and WAIT and WAITAOF count only the writes of
 // the master they run on: the wait runs on the lock's master and, at once,
 // on every other master that holds a slot the run wrote, each counted from
-// a write of the run's counter in one of its slots (see RELIABILITY.md,
-// "Generations mode", for the window this closes).
+// a write of the run's counter in one of its slots, the claims' slots
+// included (see RELIABILITY.md, "Generations mode", for the window this
+// closes).
 func (p *publisher) waitDurable(ctx context.Context, d protocol.Durability) error {
 	r := p.r
 	lock := p.locks[0].Key
@@ -85,7 +89,17 @@ func (p *publisher) waitDurable(ctx context.Context, d protocol.Durability) erro
 		return r.redis.Durable.Wait(ctx, "publish", r.key, lock, d)
 	}
 	ks, _ := p.gen.counters.keys()
-	ats, err := p.oneKeyPerMaster(ctx, lock, ks)
+	// A run in a group claimed each index and reserved its generation
+	// (claim.lua) in the slot of the index's own base, whose master may
+	// be none of those above: the claim and the reservation are writes of
+	// the run too, and a failover that lost them would leave the group's
+	// current generation unfenced (docs/generations.md, "What the claim
+	// does not cover"). They are waited for here, before the flip, with
+	// the run's other writes: they were written at the allocation, before
+	// the first write of data, so a wait now covers them, and the flip is
+	// the step that makes the generation they fence current.
+	claims := p.gen.counters.claimKeys(r.opts.Group, r.lives, ks)
+	ats, err := p.oneKeyPerMaster(ctx, lock, slices.Concat(ks, claims))
 	if err != nil {
 		return err
 	}
@@ -94,14 +108,25 @@ func (p *publisher) waitDurable(ctx context.Context, d protocol.Durability) erro
 	var g sync.WaitGroup
 	g.Go(func() { errs[0] = r.redis.Durable.Wait(ctx, "publish", r.key, lock, d) })
 	for i, at := range ats {
-		g.Go(func() {
-			// The counter's own renewal (slotCounters.renew): a write that
-			// Redis propagates while the counter exists. A counter gone
-			// fails the check of the counters after the wait.
-			errs[i+1] = r.redis.Durable.WaitAt(ctx, "publish", r.key, at, func(b rueidis.Builder) rueidis.Completed {
-				return b.Expire().Key(at).Seconds(secs).Build()
-			}, d)
-		})
+		// The counter's own renewal (slotCounters.renew): a write that
+		// Redis propagates while the counter exists. A counter gone
+		// fails the check of the counters after the wait.
+		touch := func(b rueidis.Builder) rueidis.Completed {
+			return b.Expire().Key(at).Seconds(secs).Build()
+		}
+		if slices.Contains(claims, at) {
+			// No counter of the run is on the claim's master: the write
+			// the wait counts from is a counter of the claim's slot, made
+			// for it (WAIT counts from the connection's last write, which
+			// must come after the claim: EXPIRE of a missing key writes
+			// nothing). It lives as long as the counters, and goes with
+			// them (slotCounters.drop).
+			p.gen.counters.claimed(at)
+			touch = func(b rueidis.Builder) rueidis.Completed {
+				return b.Set().Key(at).Value("0").ExSeconds(secs).Build()
+			}
+		}
+		g.Go(func() { errs[i+1] = r.redis.Durable.WaitAt(ctx, "publish", r.key, at, touch, d) })
 	}
 	g.Wait()
 	return errors.Join(errs...)

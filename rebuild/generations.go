@@ -138,6 +138,12 @@ func (p *publisher) flip(ctx context.Context) (bool, error) {
 	p.counts()
 	defer func() { p.last = time.Since(p.began) }()
 	cluster := r.redis.Cluster()
+	// In a group, the claims and reservations the run wrote at its
+	// allocation must still be there (after the durability wait, which
+	// may have counted on a replica that then took over without them).
+	if err := r.redis.Generations.CheckClaims(ctx, "publish", r.lives, p.gen.gens); err != nil {
+		return false, err
+	}
 	if cluster {
 		if err := p.gen.counters.check(ctx); err != nil {
 			return false, err

@@ -8,8 +8,10 @@ package rebuild_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -193,4 +195,62 @@ func TestGroupReserveACL(t *testing.T) {
 	// HSET on every key but the registry without the group: the group's
 	// keys ({group}:rebuild-group:...) and the family's live and data keys.
 	wantClaimRefused(t, family, genSetIndex(family), "HSET", "~*", "+@all", "-hset", "(~{* ~*:rebuild-g:* ~*:keyswap-rights +hset)")
+}
+
+// TestGroupClaimGoneBeforeFlip (C102): a run in a group checks, before its
+// flip, that the claim and the reservation it wrote at its allocation are
+// still there. Deleted by hand during the run, or the reservation set
+// back below the run's generation (as a failover of the master of the
+// index's own base could leave them, after the durability wait counted on
+// its replica), the flip is refused with ErrTampered naming the key: the
+// group's pointer stays at its generation, whose data keep their exact
+// contents, the run's generation is removed and its lock released.
+func TestGroupClaimGoneBeforeFlip(t *testing.T) {
+	for _, what := range []string{"claim deleted", "reservation set back"} {
+		t.Run(what, func(t *testing.T) {
+			forEachDeployment(t, func(t *testing.T, d deployment) {
+				ctx := redistest.Ctx(t)
+				ga, _, prefix := fenceNames(d)
+				us := genUsers(50, 5)
+				publishInGroup(t, d, prefix, ga, us)
+				own := keys.PointerKey(prefix, d.Cluster)
+				ownReg := keys.RegistryKey(prefix, d.Cluster)
+				ptrA := keys.PointerKey(prefix, keys.Names{Cluster: d.Cluster, Group: ga})
+				names := []string{own, keys.GroupMarker(ga)}
+				if what != "claim deleted" {
+					names = []string{ownReg, "below generation 2"}
+				}
+				// The source loses the claim, or sets the reservation
+				// back, once the run has allocated and written a batch.
+				next := genUsers(60, 5)
+				src := func(yield func(user) bool) {
+					for i, u := range next {
+						if i == 55 {
+							if what == "claim deleted" {
+								redistest.Do(t, d.Other, d.Other.B().Del().Key(own).Build())
+							} else {
+								redistest.Do(t, d.Other, d.Other.B().Hset().Key(ownReg).FieldValue().FieldValue(keys.RegNext, "1").Build())
+							}
+						}
+						if !yield(u) {
+							return
+						}
+					}
+				}
+				_, err := genRebuilder(t, d, prefix, rebuild.Options{Group: ga}).Run(ctx, sources.Seq(src))
+				if !errors.Is(err, rebuild.ErrTampered) {
+					t.Fatalf("Run after the %s: got %v, want ErrTampered", what, err)
+				}
+				for _, s := range names {
+					if !strings.Contains(err.Error(), s) {
+						t.Errorf("the error does not name %q: %v", s, err)
+					}
+				}
+				redistest.WantString(t, d.Other, ptrA, "1")
+				wantBuckets(t, d, prefix, 1, us)
+				wantNoGeneration(t, d, prefix, 2)
+				redistest.WantAbsent(t, d.Other, keys.LockKey(prefix, keys.Names{Cluster: d.Cluster, Group: ga}))
+			})
+		})
+	}
 }

@@ -177,7 +177,8 @@ type Options struct {
 	// gives the run's status an ETA ("keyswap status"). Zero is unknown.
 	Expected int64
 	// Durability is how durable the run's writes must be before they are
-	// published. The zero value waits for nothing.
+	// published. The zero value waits for nothing. With Group, the claim
+	// and the reservation of each index are among the writes waited for.
 	Durability Durability
 	// MaxMerged is the most entries of AnyOrder builders (a SetIndex's
 	// members, a Set's) the run holds back to merge them across batches

@@ -156,7 +156,12 @@ func (r *core) runGenChecks(add func(key string, cmds ...string)) {
 	}
 	if cluster.Cluster {
 		// The per-slot counters of the run's writes (the slot does not
-		// change the rights an ACL pattern grants).
-		add(keys.CounterKey(keys.Base(r.lives[0], cluster), 0, 0), "INCR", "EXPIRE", "GET", "UNLINK")
+		// change the rights an ACL pattern grants), and the SET of one
+		// that a durability wait on a claim's master writes.
+		cmds := []string{"INCR", "EXPIRE", "GET", "UNLINK"}
+		if r.opts.Group != "" && r.durability() != (protocol.Durability{}) {
+			cmds = append(cmds, "SET")
+		}
+		add(keys.CounterKey(keys.Base(r.lives[0], cluster), 0, 0), cmds...)
 	}
 }

@@ -51,8 +51,8 @@ const UnlinkChunk = 256
 // fenced by them, moves a pointer. Each generation is above floors[i], if
 // given: with a group, the floors ClaimGroup returns (SPEC C102), and then
 // each generation is exactly floors[i]+1, the one the claim reserved (a
-// registry that moved past it is refused, an error matching ErrTampered,
-// nothing written); nil allocates above the registry's own next and
+// registry that moved past it is refused, an error matching ErrTampered
+// that says to run again, nothing written); nil allocates above the registry's own next and
 // pointer only.
 func (r Generations) AllocateGenerations(ctx context.Context, op, key string, locks []*Lock, lives []string, floors []int64) (gens, current []int64, err error) {
 	mode := ""
@@ -105,6 +105,11 @@ func (r Generations) genalloc(ctx context.Context, op, key string, locks []*Lock
 	case code == codeBadRegistry && i >= 1 && int(i) <= len(lives):
 		reg, ptr := keys.RegistryKey(lives[i-1], r.cluster), keys.PointerKey(lives[i-1], r.cluster)
 		return nil, nil, &Error{Op: op, Key: lives[i-1], Err: fmt.Errorf("%w: %s: %s, a state no run leaves (evicted, deleted or written by hand); nothing written. Readers follow %s: if it names the generation they should read, restore the registry with HSET %s next <G> <G> current, where <G> is that generation", ErrTampered, reg, res.str(2), ptr, reg)}
+	case code == codeMovedPast && i >= 1 && int(i) <= len(lives):
+		// Not the advice of a lost registry above: this one is whole, and
+		// ahead of the reservation.
+		reg := keys.RegistryKey(lives[i-1], r.cluster)
+		return nil, nil, &Error{Op: op, Key: lives[i-1], Err: fmt.Errorf("%w: %s: %s: a generation was allocated there meanwhile, which no run does while this one holds its locks: the registry was written by hand, or this run lost its lock; nothing written. Run again: the next run reserves a generation past it", ErrTampered, reg, res.str(2))}
 	case code != codeOK || len(res) != 1+2*len(lives):
 		return nil, nil, &Error{Op: op, Key: key, Err: fmt.Errorf("unexpected genalloc script reply %v", res)}
 	}

@@ -72,10 +72,63 @@ func (r Generations) ClaimGroup(ctx context.Context, op, key string, locks []*Lo
 	return r.claim(ctx, op, lives, group)
 }
 
+// CheckClaims checks, before a flip of the run in the group of r's names
+// that allocated gens (one per index of lives), that each index's claim
+// and reservation are still there (claim.lua, checking only; nothing
+// written): the pointer without a group holds the group's marker, and the
+// field next of the registry without a group is at or above the
+// generation the run built. A claim or reservation gone since the
+// allocation (deleted or set back by hand, or lost in a failover of the
+// master of the index's own base, whose writes the run's durability wait
+// may have counted on the replica that took over) fails the run with an
+// error matching ErrTampered that names the index and the key, before the
+// flip makes that generation current unfenced: a run without the group
+// could then allocate its number. The next run in the group claims and
+// reserves again. With no group it does nothing.
+func (r Generations) CheckClaims(ctx context.Context, op string, lives []string, gens []int64) error {
+	if r.cluster.Group == "" {
+		return nil
+	}
+	own := keys.Names{Cluster: r.cluster.Cluster}
+	results := r.claimResults(ctx, lives, nil)
+	for i, res := range results {
+		if _, err := r.claimed(ctx, op, lives[i], res); err != nil {
+			return err
+		}
+		rep, _ := parseReply(res)
+		was, _ := rep.int(1)
+		next, _ := strconv.ParseInt(rep.str(2), 10, 64)
+		switch {
+		case was != 1:
+			return &Error{Op: op, Key: lives[i], Err: fmt.Errorf("%w: the claim of index %s for group %q (%s holding %q) is gone since the run wrote it (deleted by hand, or lost in a failover); the flip would make generation %d current with nothing to keep a run without the group from allocating its number; every index left at its generation. Run again: the run claims it again",
+				ErrTampered, lives[i], r.cluster.Group, keys.PointerKey(lives[i], own), keys.GroupMarker(r.cluster.Group), gens[i])}
+		case i < len(gens) && next < gens[i]:
+			return &Error{Op: op, Key: lives[i], Err: fmt.Errorf("%w: the field next of %s holds %d, below generation %d the run reserved there for group %q (set back by hand, or lost in a failover); the flip would leave that number to a run without the group; every index left at its generation. Run again: the run reserves it again",
+				ErrTampered, keys.RegistryKey(lives[i], own), next, gens[i], r.cluster.Group)}
+		}
+	}
+	return nil
+}
+
 // claim runs claim.lua for each index of lives, checking only when group
 // is nil, else claiming and reserving above group[i], the group's floor of
 // index i, and returns the floor of each.
 func (r Generations) claim(ctx context.Context, op string, lives []string, group []int64) ([]int64, error) {
+	results := r.claimResults(ctx, lives, group)
+	floors := make([]int64, len(lives))
+	for i, res := range results {
+		floor, err := r.claimed(ctx, op, lives[i], res)
+		if err != nil {
+			return nil, err
+		}
+		floors[i] = floor
+	}
+	return floors, nil
+}
+
+// claimResults runs claim.lua for each index of lives, as claim says, in
+// one round trip, and returns its replies.
+func (r Generations) claimResults(ctx context.Context, lives []string, group []int64) []rueidis.RedisResult {
 	own := keys.Names{Cluster: r.cluster.Cluster}
 	ks := func(l string) []string {
 		return []string{keys.PointerKey(l, own), keys.RegistryKey(l, own), keys.OwnerKey(l, own)}
@@ -97,15 +150,7 @@ func (r Generations) claim(ctx context.Context, op string, lives []string, group
 			results[i] = claimScript.Exec(ctx, r.client, ks(lives[i]), args(i))
 		}
 	}
-	floors := make([]int64, len(lives))
-	for i, res := range results {
-		floor, err := r.claimed(ctx, op, lives[i], res)
-		if err != nil {
-			return nil, err
-		}
-		floors[i] = floor
-	}
-	return floors, nil
+	return results
 }
 
 // claimed returns the floor the claim of live whose reply is res

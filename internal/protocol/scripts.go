@@ -61,8 +61,11 @@ type script struct {
 	sha1 string // "" in FIPS mode: the script then goes as EVAL
 }
 
-// newScript returns the script name. retryable scripts are idempotent, so
-// rueidis may resend them on a fresh connection after a lost reply.
+// newScript returns the script name. retryable scripts are safe to rerun,
+// so rueidis may resend them on a fresh connection after a lost reply: a
+// rerun leaves a state the run accepts, though not always the same one
+// (claim.lua raises the registry's next again, skipping a number, and
+// shares none).
 //
 // In FIPS 140 mode SHA-1 is not an approved algorithm (with
 // GODEBUG=fips140=only, calling it panics), so the SHA1 is not computed

@@ -29,13 +29,17 @@ const (
 	callTimeout = 10 * time.Second
 )
 
-// Cluster is a Redis Cluster of masters, without replicas, started for tests.
+// Cluster is a Redis Cluster of masters, without replicas unless started
+// by [OwnClusterWithReplicas], started for tests.
 type Cluster struct {
 	// Nodes are the cluster's masters, in the order given to redis-cli, which
 	// assigns them ascending slot ranges.
 	Nodes []*Server
 	// Addrs are the addresses of Nodes, in the same order.
 	Addrs []string
+	// Replicas are the replicas of Nodes, in the same order (Replicas[i]
+	// replicates Nodes[i]); nil without replicas.
+	Replicas []*Server
 
 	mu    sync.Mutex
 	admin rueidis.Client // cluster client for KeySlot and NodeFor; nil once stopped
@@ -60,7 +64,21 @@ func StartCluster(masters int) (*Cluster, error) {
 // keeping one busy.
 func OwnCluster(tb testing.TB, masters int) *Cluster {
 	tb.Helper()
-	cl, err := StartCluster(masters)
+	return ownCluster(tb, masters, false)
+}
+
+// OwnClusterWithReplicas is OwnCluster with one replica per master
+// (Cluster.Replicas), each in sync with its master when it returns: for
+// tests of WAIT on a cluster, whose masters in OwnCluster have none.
+func OwnClusterWithReplicas(tb testing.TB, masters int) *Cluster {
+	tb.Helper()
+	return ownCluster(tb, masters, true)
+}
+
+// ownCluster is OwnCluster, with one replica per master if replicas.
+func ownCluster(tb testing.TB, masters int, replicas bool) *Cluster {
+	tb.Helper()
+	cl, err := startClusterOf("redis-server", "redis-cli", masters, replicas)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -74,6 +92,11 @@ func OwnCluster(tb testing.TB, masters int) *Cluster {
 
 // startCluster is StartCluster with the names of the binaries to look up.
 func startCluster(serverName, cliName string, masters int) (_ *Cluster, err error) {
+	return startClusterOf(serverName, cliName, masters, false)
+}
+
+// startClusterOf is startCluster, with one replica per master if replicas.
+func startClusterOf(serverName, cliName string, masters int, replicas bool) (_ *Cluster, err error) {
 	if masters < 3 {
 		return nil, fmt.Errorf("redistest: a Redis Cluster needs at least 3 masters, got %d", masters)
 	}
@@ -86,8 +109,12 @@ func startCluster(serverName, cliName string, masters int) (_ *Cluster, err erro
 		return nil, err
 	}
 
-	nodes := make([]*Server, masters)
-	errs := make([]error, masters)
+	n := masters
+	if replicas {
+		n *= 2
+	}
+	nodes := make([]*Server, n)
+	errs := make([]error, n)
 	var wg sync.WaitGroup
 	for i := range nodes {
 		wg.Go(func() { nodes[i], errs[i] = startServer(serverName, true, nil) })
@@ -112,12 +139,17 @@ func startCluster(serverName, cliName string, masters int) (_ *Cluster, err erro
 	ctx, cancel := context.WithTimeout(context.Background(), createTimeout)
 	defer cancel()
 	args := append([]string{"--cluster", "create"}, c.Addrs...)
-	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	args = append(args, "--cluster-replicas", strconv.Itoa(n/masters-1), "--cluster-yes")
 	if out, err := exec.CommandContext(ctx, cli, args...).CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("redistest: redis-cli --cluster create: %w\n%s", err, out)
 	}
 	if err := c.waitReady(); err != nil {
 		return nil, err
+	}
+	if replicas {
+		if err := c.pairReplicas(ctx); err != nil {
+			return nil, err
+		}
 	}
 	c.admin, err = rueidis.NewClient(rueidis.ClientOption{InitAddress: c.Addrs, DisableCache: true})
 	if err != nil {
@@ -151,6 +183,83 @@ func (c *Cluster) waitReady() error {
 		case <-time.After(clusterPollInterval):
 		}
 	}
+}
+
+// pairReplicas splits c.Nodes, every node started, into the masters
+// (Nodes, Addrs) and their replicas (Replicas, in the masters' order), and
+// waits until each replica is in sync (master_link_status:up, and its
+// offset at its master's), or ctx ends.
+func (c *Cluster) pairReplicas(ctx context.Context) error {
+	var masters []*Server
+	masterOf := map[*Server]string{}
+	for _, n := range c.Nodes {
+		info, err := n.info(ctx, "replication")
+		if err != nil {
+			return err
+		}
+		if info["role"] == "master" {
+			masters = append(masters, n)
+			continue
+		}
+		masterOf[n] = info["master_port"]
+	}
+	replicas := make([]*Server, len(masters))
+	for r, port := range masterOf {
+		for i, m := range masters {
+			if strconv.Itoa(m.Port) == port {
+				replicas[i] = r
+			}
+		}
+	}
+	for i, m := range masters {
+		if replicas[i] == nil {
+			return fmt.Errorf("redistest: master %s has no replica", m.Addr)
+		}
+	}
+	// Every node is in Nodes or Replicas now, for Stop.
+	c.Nodes, c.Addrs, c.Replicas = masters, nil, replicas
+	for _, m := range masters {
+		c.Addrs = append(c.Addrs, m.Addr)
+	}
+	for i, m := range c.Nodes {
+		r := c.Replicas[i]
+		for {
+			mi, err1 := m.info(ctx, "replication")
+			ri, err2 := r.info(ctx, "replication")
+			if err := errors.Join(err1, err2); err != nil {
+				return err
+			}
+			if ri["master_link_status"] == "up" && ri["slave_repl_offset"] == mi["master_repl_offset"] {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("redistest: replica %s of %s not in sync: %w", r.Addr, m.Addr, ctx.Err())
+			case <-time.After(clusterPollInterval):
+			}
+		}
+	}
+	return nil
+}
+
+// info returns the fields of section of INFO on s.
+func (s *Server) info(ctx context.Context, section string) (map[string]string, error) {
+	cl, err := s.newClient()
+	if err != nil {
+		return nil, fmt.Errorf("redistest: connect to %s: %w", s.Addr, err)
+	}
+	defer cl.Close()
+	text, err := cl.Do(ctx, cl.B().Info().Section(section).Build()).ToString()
+	if err != nil {
+		return nil, fmt.Errorf("redistest: INFO %s on %s: %w", section, s.Addr, err)
+	}
+	fields := map[string]string{}
+	for line := range strings.SplitSeq(text, "\r\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok {
+			fields[k] = v
+		}
+	}
+	return fields, nil
 }
 
 // notReady returns why the cluster is not ready yet, or nil when it is.
@@ -233,9 +342,10 @@ func (c *Cluster) Stop() error {
 		c.admin = nil
 	}
 	c.mu.Unlock()
-	errs := make([]error, len(c.Nodes))
+	nodes := slices.Concat(c.Nodes, c.Replicas)
+	errs := make([]error, len(nodes))
 	var wg sync.WaitGroup
-	for i, n := range c.Nodes {
+	for i, n := range nodes {
 		wg.Go(func() { errs[i] = n.Stop() })
 	}
 	wg.Wait()

@@ -53,6 +53,9 @@
 // replication link through a faultproxy.Proxy that a test can stall, and a
 // second proxy for clients that failover re-points to the promoted replica.
 // It is a package of its own because faultproxy's tests import redistest.
+// [OwnClusterWithReplicas] starts a cluster whose masters each have one
+// replica ([Cluster].Replicas), linked directly: a test stops one with
+// [Server.Pause] to make WAIT on its master fall short.
 //
 // # Sentinel
 //

@@ -484,3 +484,30 @@ func TestSentinel(t *testing.T) {
 		t.Errorf("Dir after Stop: got %v, want it removed", err)
 	}
 }
+
+func TestClusterWithReplicas(t *testing.T) {
+	// Each master has one replica, in Replicas at its index, whose
+	// acknowledgement WAIT on the master counts; Stop stops both.
+	cl := OwnClusterWithReplicas(t, 3)
+	if len(cl.Nodes) != 3 || len(cl.Addrs) != 3 || len(cl.Replicas) != 3 {
+		t.Fatalf("got %d nodes, %d addrs and %d replicas, want 3 each", len(cl.Nodes), len(cl.Addrs), len(cl.Replicas))
+	}
+	for i, m := range cl.Nodes {
+		info, err := cl.Replicas[i].info(t.Context(), "replication")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info["role"] != "slave" || info["master_port"] != fmt.Sprint(m.Port) {
+			t.Errorf("Replicas[%d]: role %q of master port %q, want slave of %d", i, info["role"], info["master_port"], m.Port)
+		}
+		c := m.Client(t)
+		key := "k0"
+		for j := 1; cl.NodeFor(t, key) != m; j++ {
+			key = fmt.Sprintf("k%d", j)
+		}
+		got, err := c.DoMulti(t.Context(), c.B().Set().Key(key).Value("v").Build(), c.B().Wait().Numreplicas(1).Timeout(5000).Build())[1].AsInt64()
+		if err != nil || got != 1 {
+			t.Errorf("%s: WAIT 1 after a write: %d, %v; want 1", m.Addr, got, err)
+		}
+	}
+}

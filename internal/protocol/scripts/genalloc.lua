@@ -31,8 +31,10 @@
 --           stays current while the run holds the locks.
 --         {LOCK_LOST, i}: lock i does not hold the token; nothing written.
 --         {BAD_REGISTRY, i, why}: index i's registry or pointer is in a
---           state no run leaves (in mode 'exact', one that moved past the
---           generation reserved); nothing written.
+--           state no run leaves; nothing written.
+--         {MOVED_PAST, i, why}: in mode 'exact', index i's next or pointer
+--           moved past the generation reserved, which no run does while
+--           this one holds the locks; nothing written.
 --         {IN_GROUP, i, group}: index i's pointer holds 'group:<group>', a
 --           run in that group's claim (claim.lua, SPEC C102): the group's
 --           generations have the names this run's would; nothing written.
@@ -80,7 +82,7 @@ for i = 1, N do
   local floor = tonumber(ARGV[2 + i] or '0')
   local g = string.format('%d', math.max(n, cur, floor) + 1)
   if mode == 'exact' and tonumber(g) ~= floor + 1 then
-    return {BAD_REGISTRY, i, 'its next or pointer moved to ' .. string.format('%d', tonumber(g) - 1) .. ', past generation ' .. string.format('%d', floor + 1) .. ' the run reserved, while the run held the lock'}
+    return {MOVED_PAST, i, 'its next or pointer moved to ' .. string.format('%d', tonumber(g) - 1) .. ', past generation ' .. string.format('%d', floor + 1) .. ' the run reserved, while the run held the lock'}
   end
   if redis.call('HEXISTS', reg, g) == 1 then
     return {BAD_REGISTRY, i, 'generation ' .. g .. ', the next one, is in the registry already'}
