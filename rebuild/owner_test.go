@@ -22,6 +22,7 @@ import (
 func wantOwned(t *testing.T, what string, err error, live, owner string, cluster bool) {
 	t.Helper()
 	stamp := keys.OwnerKey(owner, cluster)
+	t.Logf("%s: %v", what, err)
 	wantGroupConflict(t, what, err, "index "+live+" and index "+owner, "same base "+strings.TrimSuffix(stamp, keys.OwnerSuffix),
 		fmt.Sprintf("(%s holds %q)", stamp, owner), "hash tag of its own", "nothing written")
 	var e *rebuild.Error
