@@ -681,7 +681,7 @@ func TestGenerationsNoSetOnPointer(t *testing.T) {
 	g := &gCase{prefix: redistest.Prefix(t) + "by-bucket", admin: srv.Client(t)}
 	g.client = g.admin
 	old := g.seed(t)
-	restricted := srv.ClientAs(t, "ks-no-set-pointer", "~ks:*", "+@all", "-set", "(+set ~*:rebuild-lock*)")
+	restricted := srv.ClientAs(t, "ks-no-set-pointer", "~ks:*", "+@all", "-set", "(+set ~*:rebuild-lock* ~*:rebuild-owner)")
 	updated := gItems("new", gEntries, gBuckets)
 	stats, err := g.rebuilder(t, restricted, rebuild.Options{TTL: 2 * time.Second}).Run(redistest.Ctx(t), sources.Slice(updated))
 	t.Logf("Run: %v", err)
