@@ -148,12 +148,6 @@
 // "{users}:by-email" and "{users}:by-country". New refuses keys in different
 // slots.
 //
-// The keys keyswap keeps next to an untagged key X hang off "{X}", which
-// is also the tagged key "{X}" itself: the two would share every one. The
-// first run of either stamps that base with its key ("<base>:rebuild-owner",
-// no TTL); a run of the other fails with [ErrGroupConflict], naming both,
-// before it writes anything.
-//
 // # Lease
 //
 // A run's locks live for Options.TTL, its temp keys for twice that at

@@ -124,7 +124,7 @@ func wantGenClean(t *testing.T, d deployment, prefix string, gens ...int64) {
 	t.Helper()
 	allowed := func(k string) bool {
 		switch k {
-		case keys.PointerKey(prefix, d.Cluster), keys.RegistryKey(prefix, d.Cluster), keys.MetaKey(prefix, d.Cluster), keys.OwnerKey(prefix, d.Cluster):
+		case keys.PointerKey(prefix, d.Cluster), keys.RegistryKey(prefix, d.Cluster), keys.MetaKey(prefix, d.Cluster):
 			return true
 		}
 		for _, g := range gens {

@@ -94,6 +94,5 @@ func ExampleRebuilder_DropPlain() {
 	// users:by-country:rebuild-gens
 	// users:by-country:rebuild-l:1
 	// users:by-country:rebuild-m:1
-	// users:by-country:rebuild-owner
 	// users:by-country:rebuild-ptr
 }

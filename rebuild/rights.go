@@ -119,8 +119,6 @@ func (r *core) genChecks(i int, temp string, add func(key string, cmds ...string
 		own := keys.Names{Cluster: cluster.Cluster}
 		add(keys.PointerKey(r.lives[i], own), "TYPE", "GET", "SET")
 		add(keys.RegistryKey(r.lives[i], own), "TYPE", "HKEYS", "HGET", "HSET")
-		// The owner stamp of the index's own base (SPEC C104).
-		add(keys.OwnerKey(r.lives[i], own), "TYPE", "GET", "SET")
 	}
 	add(temp, "UNLINK")
 	add("", "SCAN", "TIME")

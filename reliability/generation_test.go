@@ -23,10 +23,6 @@ import (
 // metaKey is keys.MetaKey, for files whose own names shadow package keys.
 func metaKey(live string, cluster bool) string { return keys.MetaKey(live, cluster) }
 
-// ownerKey returns the owner stamp of live's base (C104), for code where
-// a local named keys hides the package.
-func ownerKey(live string, cluster bool) string { return keys.OwnerKey(live, cluster) }
-
 // genWindow is when a publish may have run: from just before the Run that
 // made it to just after it returned.
 type genWindow struct{ from, to time.Time }

@@ -162,7 +162,7 @@ func (g *gCase) want(t testing.TB, gen, next int64, reg map[string]string, items
 // master.
 func (g *gCase) wantNothingElse(t testing.TB, reg map[string]string) {
 	t.Helper()
-	allowed := []string{keys.PointerKey(g.prefix, g.cluster), keys.RegistryKey(g.prefix, g.cluster), keys.MetaKey(g.prefix, g.cluster), keys.OwnerKey(g.prefix, g.cluster)}
+	allowed := []string{keys.PointerKey(g.prefix, g.cluster), keys.RegistryKey(g.prefix, g.cluster), keys.MetaKey(g.prefix, g.cluster)}
 	var gens []string
 	for f := range reg {
 		if gen, err := strconv.ParseInt(f, 10, 64); err == nil {
@@ -681,7 +681,7 @@ func TestGenerationsNoSetOnPointer(t *testing.T) {
 	g := &gCase{prefix: redistest.Prefix(t) + "by-bucket", admin: srv.Client(t)}
 	g.client = g.admin
 	old := g.seed(t)
-	restricted := srv.ClientAs(t, "ks-no-set-pointer", "~ks:*", "+@all", "-set", "(+set ~*:rebuild-lock* ~*:rebuild-owner)")
+	restricted := srv.ClientAs(t, "ks-no-set-pointer", "~ks:*", "+@all", "-set", "(+set ~*:rebuild-lock*)")
 	updated := gItems("new", gEntries, gBuckets)
 	stats, err := g.rebuilder(t, restricted, rebuild.Options{TTL: 2 * time.Second}).Run(redistest.Ctx(t), sources.Slice(updated))
 	t.Logf("Run: %v", err)

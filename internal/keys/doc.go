@@ -26,22 +26,6 @@
 // Base + ":rebuild:<T>:<N>", so [LockKeyForBase] recovers a temp key's lock
 // without knowing the mode.
 //
-// # Owner stamp
-//
-// Two live keys may share a base on a cluster: the untagged "X" and the
-// tagged "{X}" both have the base "{X}" (and "a}b" shares the base
-// "{rbN}a}b" with that key itself), so they would share the lock, the
-// pointer and every other key derived from it. The base remembers the
-// live key it belongs to:
-//
-//	owner: <base>:rebuild-owner   a string: the live key (or family prefix)
-//
-// set, without a TTL, by the first run that takes the base's lock (or,
-// in a group, claims the index in its own base), in the same step; a run
-// of another live key whose base it is is refused before it writes.
-// On a standalone server the base is the live key itself and the stamp
-// only ever holds that key.
-//
 // # Groups
 //
 // The control keys of an index in a group (Names with a Group) hang off

@@ -184,26 +184,3 @@ func TestVetoLocks(t *testing.T) {
 		}
 	}
 }
-
-// TestOwnerKeySharedBase: on a cluster "X" and "{X}", and "a}b" and its
-// own base, have one owner stamp; the stamp is reserved.
-func TestOwnerKeySharedBase(t *testing.T) {
-	syn := "{" + SyntheticTag(Slot("a}b")) + "}a}b"
-	for _, c := range []struct{ live, alias, want string }{
-		{"users:by-email", "{users:by-email}", "{users:by-email}:rebuild-owner"},
-		{"a}b", syn, syn + ":rebuild-owner"},
-	} {
-		if got := OwnerKey(c.live, true); got != c.want {
-			t.Errorf("OwnerKey(%q) = %q, want %q", c.live, got, c.want)
-		}
-		if got := OwnerKey(c.alias, true); got != c.want {
-			t.Errorf("OwnerKey(%q) = %q, want %q", c.alias, got, c.want)
-		}
-		if !Reserved(c.want) {
-			t.Errorf("Reserved(%q) = false, want true", c.want)
-		}
-	}
-	if got, want := OwnerKey("users", false), "users:rebuild-owner"; got != want {
-		t.Errorf("OwnerKey(%q) standalone = %q, want %q", "users", got, want)
-	}
-}

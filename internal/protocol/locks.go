@@ -123,14 +123,7 @@ func (opts AcquireOptions) records(locks []*Lock) [][]string {
 // takes all of the locks or none: if another rebuild holds any of them, it
 // returns an error matching [ErrInProgress] that names the first such live
 // key. If the user may not run one of opts.Checks, it returns an error
-// matching [ErrNoPermission] that names it.
-//
-// Without a group it stamps each lock's base with its live key
-// (keys.OwnerKey, SPEC C104) in the same step, where no stamp is yet, and
-// refuses a base stamped with another live key (on a cluster "X" and
-// "{X}" share a base) with an error matching keys.ErrGroupConflict that
-// names both and the base, or a stamp of another type with one matching
-// [ErrTampered] that names it. Either way nothing changed.
+// matching [ErrNoPermission] that names it. Either way nothing changed.
 //
 // A script whose reply was lost may have run: its locks are released on a
 // [CleanupContext], so that a cancelled ctx does not leave them held for
@@ -166,17 +159,6 @@ func (r Locks) Acquire(ctx context.Context, opts AcquireOptions) ([]*Lock, error
 		return nil, err
 	}
 	args := []string{token, strconv.FormatInt(secs, 10), strconv.Itoa(len(locks)), strconv.Itoa(len(opts.Checks))}
-	var stamps []string
-	if r.cluster.Group == "" {
-		// The owner stamps (SPEC C104). In a group the lock's base is the
-		// group's, one per live key; the claim stamps the index's own.
-		stamps = make([]string, len(locks))
-		for i, l := range locks {
-			stamps[i] = keys.OwnerKey(l.Live, r.cluster)
-		}
-		ks = append(ks, stamps...)
-		args = append(args, lives...)
-	}
 	for _, c := range opts.Checks {
 		args = append(args, c.Command, c.Key)
 	}
@@ -205,24 +187,8 @@ func (r Locks) Acquire(ctx context.Context, opts AcquireOptions) ([]*Lock, error
 		if i >= 1 && int(i) <= len(locks) {
 			return nil, &Error{Op: op, Key: locks[i-1].Live, Err: ErrInProgress}
 		}
-	case code == codeOwned:
-		i, _ := res.int(1)
-		if names(i, len(stamps)) {
-			return nil, &Error{Op: op, Key: locks[i-1].Live, Err: ownerError(locks[i-1].Live, stamps[i-1], res)}
-		}
 	}
 	return nil, &Error{Op: op, Key: opts.Key, Err: fmt.Errorf("unexpected acquire script reply %v", res)}
-}
-
-// ownerError returns the error of an OWNED reply res (acquire.lua,
-// claim.lua) for live, whose base's owner stamp is stamp: one matching
-// keys.ErrGroupConflict when another live key owns the base, or
-// ErrTampered when the stamp is of another type.
-func ownerError(live, stamp string, res reply) error {
-	if kind := res.str(2); kind != "string" {
-		return fmt.Errorf("%w: %s", ErrTampered, keys.OwnerTampered(stamp, kind, live))
-	}
-	return keys.OwnerConflict(live, res.str(3), stamp)
 }
 
 // runKeys returns the keys of a run's locks, then their records, then their

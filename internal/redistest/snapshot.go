@@ -99,24 +99,9 @@ func Leftovers(tb testing.TB, c rueidis.Client, prefix string) []string {
 	tb.Helper()
 	var out []string
 	for _, k := range Keys(tb, c, prefix) {
-		if keys.Reserved(k) && !strings.HasSuffix(k, keys.MetaSuffix) && !strings.HasSuffix(k, keys.PrevSuffix) && !IsOwnerStamp(tb, c, k) {
+		if keys.Reserved(k) && !strings.HasSuffix(k, keys.MetaSuffix) && !strings.HasSuffix(k, keys.PrevSuffix) {
 			out = append(out, k)
 		}
 	}
 	return out
-}
-
-// IsOwnerStamp reports whether k is the owner stamp of a base (SPEC
-// C104), which every run leaves and none removes: a string naming a live
-// key whose owner key, on a standalone server or a cluster, is k.
-func IsOwnerStamp(tb testing.TB, c rueidis.Client, k string) bool {
-	tb.Helper()
-	if !strings.HasSuffix(k, keys.OwnerSuffix) {
-		return false
-	}
-	v, err := c.Do(context.Background(), c.B().Get().Key(k).Build()).ToString()
-	if err != nil {
-		return false
-	}
-	return keys.OwnerKey(v, false) == k || keys.OwnerKey(v, true) == k
 }
