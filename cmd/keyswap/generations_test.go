@@ -159,6 +159,16 @@ func (ix index) genRunInProgress(t *testing.T, d deployment) (cancel func()) {
 	src := newEndless()
 	run := startRun(t, ix.rebuilder(t, d, krebuild.Options{Publish: krebuild.Generations, MaxRate: 200}), src.source)
 	ix.waitRecord(t, d, "the run", func(rec map[string]string) bool { return rec["phase"] == "building" })
+	// The record shows the phase from the acquire on; the run allocates
+	// its generations just after (one script for every index): wait for
+	// it, so that what a caller reads of the registry is the run's.
+	deadline := time.Now().Add(30 * time.Second)
+	for !slices.ContainsFunc(slices.Collect(maps.Values(registry(t, d, ix.email))), func(v string) bool { return strings.HasPrefix(v, "building:") }) {
+		if time.Now().After(deadline) {
+			t.Fatalf("waiting 30s for the run to allocate a generation of %s: the registry is %v", ix.email, registry(t, d, ix.email))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	return func() {
 		t.Helper()
 		keyswap(t, d.args("cancel", ix.email)...).wantCode(t, exitOK)
