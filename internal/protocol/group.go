@@ -87,14 +87,12 @@ func (r Generations) CheckClaims(ctx context.Context, op string, lives []string,
 	own := keys.Names{Cluster: r.cluster.Cluster}
 	results := r.claimResults(ctx, lives, nil)
 	for i, res := range results {
-		if _, err := r.claimed(ctx, op, lives[i], res); err != nil {
+		was, next, err := r.claimed(ctx, op, lives[i], res)
+		if err != nil {
 			return err
 		}
-		rep, _ := parseReply(res)
-		was, _ := rep.int(1)
-		next, _ := strconv.ParseInt(rep.str(2), 10, 64)
 		switch {
-		case was != 1:
+		case !was:
 			return &Error{Op: op, Key: lives[i], Err: fmt.Errorf("%w: the claim of index %s for group %q (%s holding %q) is gone since the run wrote it (deleted by hand, or lost in a failover); the flip would make generation %d current with nothing to keep a run without the group from allocating its number; every index left at its generation. Run again: the run claims it again",
 				ErrTampered, lives[i], r.cluster.Group, keys.PointerKey(lives[i], own), keys.GroupMarker(r.cluster.Group), gens[i])}
 		case i < len(gens) && next < gens[i]:
@@ -112,7 +110,7 @@ func (r Generations) claim(ctx context.Context, op string, lives []string, group
 	results := r.claimResults(ctx, lives, group)
 	floors := make([]int64, len(lives))
 	for i, res := range results {
-		floor, err := r.claimed(ctx, op, lives[i], res)
+		_, floor, err := r.claimed(ctx, op, lives[i], res)
 		if err != nil {
 			return nil, err
 		}
@@ -146,35 +144,38 @@ func (r Generations) claimResults(ctx context.Context, lives []string, group []i
 	return results
 }
 
-// claimed returns the floor the claim of live whose reply is res
-// returned, or its error.
-func (r Generations) claimed(ctx context.Context, op, live string, res rueidis.RedisResult) (int64, error) {
+// claimed returns, from the reply res of the claim of live, whether the
+// pointer held the group's marker already and the number the script
+// returned (claiming, the floor; checking only, the field next of the
+// registry without a group), or its error.
+func (r Generations) claimed(ctx context.Context, op, live string, res rueidis.RedisResult) (bool, int64, error) {
 	own := keys.Names{Cluster: r.cluster.Cluster}
 	ptr := keys.PointerKey(live, own)
 	rep, err := parseReply(res)
 	if err != nil {
-		return 0, Fail(ctx, op, live, fmt.Errorf("the claim of %s for group %q: %w", ptr, r.cluster.Group, err))
+		return false, 0, Fail(ctx, op, live, fmt.Errorf("the claim of %s for group %q: %w", ptr, r.cluster.Group, err))
 	}
 	switch code, err := rep.code(); {
 	case err != nil:
-		return 0, &Error{Op: op, Key: live, Err: fmt.Errorf("unexpected claim script reply: %w", err)}
+		return false, 0, &Error{Op: op, Key: live, Err: fmt.Errorf("unexpected claim script reply: %w", err)}
 	case code == codeOK && len(rep) == 3:
 		// claim.lua checked the floor; a reply not digits is no floor.
 		floor, err := strconv.ParseInt(rep.str(2), 10, 64)
 		if err != nil || floor < 0 {
-			return 0, &Error{Op: op, Key: live, Err: fmt.Errorf("unexpected claim script reply %v: the floor is not a generation", rep)}
+			return false, 0, &Error{Op: op, Key: live, Err: fmt.Errorf("unexpected claim script reply %v: the floor is not a generation", rep)}
 		}
-		return floor, nil
+		was, _ := rep.int(1)
+		return was == 1, floor, nil
 	case code == codeBadRegistry:
-		return 0, &Error{Op: op, Key: live, Err: fmt.Errorf("%w: %s: %s, a state no run leaves (written by hand); nothing written. It holds the last generation a run without a group allocated, or a run in a group reserved, of index %s, which group %q's generations start above: set it to the largest of those, at least the group's latest generation (HSET %s next <G>)",
+		return false, 0, &Error{Op: op, Key: live, Err: fmt.Errorf("%w: %s: %s, a state no run leaves (written by hand); nothing written. It holds the last generation a run without a group allocated, or a run in a group reserved, of index %s, which group %q's generations start above: set it to the largest of those, at least the group's latest generation (HSET %s next <G>)",
 			ErrTampered, rep.str(1), rep.str(2), live, r.cluster.Group, rep.str(1))}
 	case code == codeInGroup:
-		return 0, &Error{Op: op, Key: live, Err: fmt.Errorf("%w; nothing written", keys.GroupConflict(live, ptr, rep.str(2), r.cluster.Group))}
+		return false, 0, &Error{Op: op, Key: live, Err: fmt.Errorf("%w; nothing written", keys.GroupConflict(live, ptr, rep.str(2), r.cluster.Group))}
 	case code == codeUngrouped:
-		return 0, &Error{Op: op, Key: live, Err: fmt.Errorf("%w: index %s has generations of runs without a group (%s %s), whose data keys have the names group %q's would; nothing written. Go on without the group, or build the index in group %q under a new key and move readers to it. Retired generations of runs without the group go with a sweep (keyswap sweep) once their grace is over and the group can claim the index then, but a current or previous one stays while the index is in Generations mode: only a run without the group in RenameInPlace mode moves it out, possible on a standalone server or for an index with a hash tag of its own",
+		return false, 0, &Error{Op: op, Key: live, Err: fmt.Errorf("%w: index %s has generations of runs without a group (%s %s), whose data keys have the names group %q's would; nothing written. Go on without the group, or build the index in group %q under a new key and move readers to it. Retired generations of runs without the group go with a sweep (keyswap sweep) once their grace is over and the group can claim the index then, but a current or previous one stays while the index is in Generations mode: only a run without the group in RenameInPlace mode moves it out, possible on a standalone server or for an index with a hash tag of its own",
 			keys.ErrGroupConflict, live, rep.str(1), rep.str(2), r.cluster.Group, r.cluster.Group)}
 	}
-	return 0, &Error{Op: op, Key: live, Err: fmt.Errorf("unexpected claim script reply %v", rep)}
+	return false, 0, &Error{Op: op, Key: live, Err: fmt.Errorf("unexpected claim script reply %v", rep)}
 }
 
 // inGroup returns the error of a script that found the pointer of live
