@@ -249,13 +249,22 @@ func (s *Server) info(ctx context.Context, section string) (map[string]string, e
 		return nil, fmt.Errorf("redistest: connect to %s: %w", s.Addr, err)
 	}
 	defer cl.Close()
-	text, err := cl.Do(ctx, cl.B().Info().Section(section).Build()).ToString()
+	fields, err := Info(ctx, cl, section)
 	if err != nil {
-		return nil, fmt.Errorf("redistest: INFO %s on %s: %w", section, s.Addr, err)
+		return nil, fmt.Errorf("redistest: on %s: %w", s.Addr, err)
+	}
+	return fields, nil
+}
+
+// Info returns the fields of section of INFO on c, by name.
+func Info(ctx context.Context, c rueidis.Client, section string) (map[string]string, error) {
+	text, err := c.Do(ctx, c.B().Info().Section(section).Build()).ToString()
+	if err != nil {
+		return nil, fmt.Errorf("INFO %s: %w", section, err)
 	}
 	fields := map[string]string{}
-	for line := range strings.SplitSeq(text, "\r\n") {
-		if k, v, ok := strings.Cut(line, ":"); ok {
+	for line := range strings.Lines(text) {
+		if k, v, ok := strings.Cut(strings.TrimSpace(line), ":"); ok {
 			fields[k] = v
 		}
 	}

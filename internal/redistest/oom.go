@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 
@@ -83,20 +82,19 @@ func (s *Server) LimitMemory(tb testing.TB, headroom int64) (restore func()) {
 
 // usedMemory returns used_memory from INFO memory.
 func usedMemory(ctx context.Context, c rueidis.Client) (int64, error) {
-	info, err := c.Do(ctx, c.B().Info().Section("memory").Build()).ToString()
+	info, err := Info(ctx, c, "memory")
 	if err != nil {
-		return 0, fmt.Errorf("INFO memory: %w", err)
+		return 0, err
 	}
-	for line := range strings.Lines(info) {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "used_memory:"); ok {
-			n, err := strconv.ParseInt(v, 10, 64)
-			if err != nil {
-				return 0, fmt.Errorf("INFO memory: used_memory %q: %w", v, err)
-			}
-			return n, nil
-		}
+	v, ok := info["used_memory"]
+	if !ok {
+		return 0, fmt.Errorf("INFO memory: no used_memory")
 	}
-	return 0, fmt.Errorf("INFO memory: no used_memory")
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("INFO memory: used_memory %q: %w", v, err)
+	}
+	return n, nil
 }
 
 // configSet sets maxmemory and maxmemory-policy in one CONFIG SET.

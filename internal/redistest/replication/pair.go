@@ -233,17 +233,7 @@ func (p *Pair) inSync(ctx context.Context) error {
 func replicationInfo(ctx context.Context, c rueidis.Client) (map[string]string, error) {
 	ctx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()
-	info, err := c.Do(ctx, c.B().Info().Section("replication").Build()).ToString()
-	if err != nil {
-		return nil, fmt.Errorf("INFO replication: %w", err)
-	}
-	fields := map[string]string{}
-	for line := range strings.Lines(info) {
-		if k, v, ok := strings.Cut(strings.TrimSpace(line), ":"); ok {
-			fields[k] = v
-		}
-	}
-	return fields, nil
+	return redistest.Info(ctx, c, "replication")
 }
 
 // isFailedOver reports whether Failover has been called.
