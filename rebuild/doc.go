@@ -148,6 +148,16 @@
 // "{users}:by-email" and "{users}:by-country". New refuses keys in different
 // slots.
 //
+// The keys keyswap keeps next to an untagged key X hang off "{X}", which
+// is also the tagged key "{X}" itself: the two would share every one. The
+// first run of either in Generations mode stamps that base with its key
+// ("<base>:rebuild-owner", no TTL); a run or a rollback of the other, in
+// either mode, fails with [ErrGroupConflict], naming both, before it
+// writes anything. Runs in RenameInPlace mode only check the stamp: two
+// indexes X and "{X}" that both rebuild in place still share their base,
+// so do not name two indexes so. A key with a tag of its own,
+// "{users}:by-email", has a base of its own, and no stamp.
+//
 // # Lease
 //
 // A run's locks live for Options.TTL, its temp keys for twice that at

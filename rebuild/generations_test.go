@@ -127,6 +127,9 @@ func wantGenClean(t *testing.T, d deployment, prefix string, gens ...int64) {
 		case keys.PointerKey(prefix, d.Cluster), keys.RegistryKey(prefix, d.Cluster), keys.MetaKey(prefix, d.Cluster):
 			return true
 		}
+		if slices.Contains(redistest.OwnerStamps(d.Cluster, prefix), k) {
+			return true // the base's owner stamp (C104)
+		}
 		for _, g := range gens {
 			if strings.HasPrefix(k, keys.GenPrefix(prefix, g)) || k == keys.ManifestKey(prefix, d.Cluster, g) || k == keys.ManifestListKey(prefix, d.Cluster, g) {
 				return true

@@ -12,6 +12,13 @@ import (
 // a group. The data keys of a generation keep the index's name whatever
 // its group, so the two would write into the same keys. The run wrote
 // nothing; the error names the group to pass.
+//
+// It also reports, at the acquire, an index whose base another index owns
+// (SPEC C104): on Redis Cluster the untagged key X and the tagged key
+// "{X}" have one base, and so one lock, pointer and registry. The first to
+// run in Generations mode stamps the base (<base>:rebuild-owner); a run or
+// a rollback of the other, in either mode, writes nothing, and the error
+// names both, the base, and how to part them.
 var ErrGroupConflict = keys.ErrGroupConflict
 
 // checkGroup validates Options.Group.

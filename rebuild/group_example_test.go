@@ -66,7 +66,7 @@ func ExampleOptions_group() {
 	// {users}:rebuild-group:users:by-email:rebuild-ptr = 1
 	// {users}:rebuild-group:users:by-country:rebuild-ptr = 1
 	// bob: 2 ; fr is in users:by-country:rebuild-g:1:fr
-	// true keyswap: reader: resolve users:by-email:rebuild-ptr: the index belongs to another group, or to none: the index is in group "users" (users:by-email:rebuild-ptr holds "group:users"): read it with Options.Group "users"
+	// true keyswap: reader: resolve users:by-email:rebuild-ptr: the index belongs to another group, or to none, or its base to another index: the index is in group "users" (users:by-email:rebuild-ptr holds "group:users"): read it with Options.Group "users"
 	// true
 	// keyswap: config users:by-email: Group: bad group: "{users}" holds a brace: the group must be the whole hash tag, {group}, of its indexes' control keys
 }

@@ -60,12 +60,12 @@ func fencePrefixes(d deployment) []string {
 }
 
 // dumps returns the exact contents (DUMP) of every key of a test in d,
-// without TTLs: a held run's lease renews its own keys' while a test
-// compares.
-func dumps(t *testing.T, d deployment) map[string]string {
+// and of every key that starts with one of more, without TTLs: a held
+// run's lease renews its own keys' while a test compares.
+func dumps(t *testing.T, d deployment, more ...string) map[string]string {
 	t.Helper()
 	out := map[string]string{}
-	for _, p := range fencePrefixes(d) {
+	for _, p := range append(fencePrefixes(d), more...) {
 		for k, s := range redistest.Snapshot(t, d.Other, p) {
 			out[k] = s.Dump
 		}
@@ -73,11 +73,11 @@ func dumps(t *testing.T, d deployment) map[string]string {
 	return out
 }
 
-// wantDumps checks that every key of a test in d holds what before says,
-// and that no key came or went.
-func wantDumps(t *testing.T, d deployment, before map[string]string) {
+// wantDumps checks that every key of a test in d (and of more, as dumps
+// reads them) holds what before says, and that no key came or went.
+func wantDumps(t *testing.T, d deployment, before map[string]string, more ...string) {
 	t.Helper()
-	after := dumps(t, d)
+	after := dumps(t, d, more...)
 	for k := range before {
 		if _, ok := after[k]; !ok {
 			t.Errorf("%s is gone", k)

@@ -119,6 +119,11 @@ func (r *core) genChecks(i int, temp string, add func(key string, cmds ...string
 		own := keys.Names{Cluster: cluster.Cluster}
 		add(keys.PointerKey(r.lives[i], own), "TYPE", "GET", "SET")
 		add(keys.RegistryKey(r.lives[i], own), "TYPE", "HKEYS", "HGET", "HSET")
+		if keys.Aliasable(r.lives[i], own.Cluster) {
+			// The owner stamp of the index's own base, where another
+			// index can have it (SPEC C104).
+			add(keys.OwnerKey(r.lives[i], own), "TYPE", "GET", "SET")
+		}
 	}
 	add(temp, "UNLINK")
 	add("", "SCAN", "TIME")

@@ -65,7 +65,7 @@ func (r *Rebuilder[T]) run(ctx context.Context, src sources.Source[T], held *Hel
 	}
 	locks, err := r.redis.Locks.Acquire(ctx, protocol.AcquireOptions{
 		Op: "acquire", Key: r.key, Lives: r.lives, Families: r.families(), Mode: protocol.ModeRebuild, TTL: r.opts.TTL,
-		Checks: r.checks(x.targets, x.held != nil), Record: x.recordFields(),
+		Checks: r.checks(x.targets, x.held != nil), Record: x.recordFields(), Stamp: r.stamp(),
 	})
 	if err != nil {
 		returned = true
@@ -224,3 +224,17 @@ func (r *core) owns(key string) bool {
 
 // errGoexit marks a batch whose builder called runtime.Goexit.
 var errGoexit = errors.New("keyswap: a builder called runtime.Goexit")
+
+// stamp returns what the run's acquire does with the owner stamps of its
+// indexes' bases (SPEC C104): a run in Generations mode, whose base keeps
+// a pointer and a registry without a TTL, stamps it; a run in
+// RenameInPlace mode only checks, so that it never deletes the pointer of
+// another index sharing its base, and leaves no key of its own there. The
+// acquire reads stamps on a cluster, outside a group, for the keys whose
+// base another key can have (keys.Aliasable) only.
+func (r *core) stamp() protocol.Stamp {
+	if r.opts.Publish == Generations {
+		return protocol.StampSet
+	}
+	return protocol.StampCheck
+}

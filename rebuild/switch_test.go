@@ -192,8 +192,10 @@ func TestSwitchModes(t *testing.T) {
 		for _, b := range slices.Sorted(maps.Keys(buckets)) {
 			want = append(want, bucket+":"+b)
 		}
+		// The owner stamps stay too (C104): switching modes keeps the base's.
 		want = append(want, email, keys.MetaKey(email, d.Cluster), keys.MetaKey(bucket, d.Cluster),
 			keys.RegistryKey(email, d.Cluster), keys.RegistryKey(bucket, d.Cluster))
+		want = append(want, redistest.OwnerStamps(d.Cluster, email, bucket)...)
 		slices.Sort(want)
 		if got := redistest.Keys(t, d.Other, d.Prefix); !slices.Equal(got, want) {
 			t.Errorf("keys %v, want %v", got, want)

@@ -34,6 +34,7 @@ func TestRebuildKeysPattern(t *testing.T) {
 		{keys.PrevKey("users:by-email", false), true},
 		{keys.RegistryKey("users:by-email", true), true},
 		{keys.PointerKey("users:by-email", false), true},
+		{keys.OwnerKey("users:by-email", true), true}, // the owner stamp (SPEC C104); dropped here
 		{keys.TempKey("users:by-email", false, stamp, 0xfeed), true},
 		{keys.TempKey("users:by-email", true, 10, 1), true},
 		{"users:by-email:rebuild:1735830245", true}, // legacy shape
@@ -165,6 +166,26 @@ func TestStatusSkipsGenerationData(t *testing.T) {
 			}
 			t.Logf("%d keys in the keyspace, %d of them generations' data; status's SCAN returned %d", all, genData, len(got))
 		})
+	}
+}
+
+// TestStatusIgnoresOwnerStamp: the owner stamps of bases (SPEC C104),
+// which every run leaves, are neither indexes, locks nor temp keys to
+// status: a server holding only stamps reports nothing.
+func TestStatusIgnoresOwnerStamp(t *testing.T) {
+	t.Parallel()
+	srv := redistest.OwnServer(t)
+	c := srv.Client(t)
+	for _, live := range []string{"users:by-email", "{users}:by-country", "a}b"} {
+		do(t, c, "SET", keys.OwnerKey(live, false), live)
+		do(t, c, "SET", keys.OwnerKey(live, true), live)
+	}
+	rep, err := collectStatus(t.Context(), c, "", time.Hour, time.Hour, false, time.Now())
+	if err != nil {
+		t.Fatalf("status: %v", err)
+	}
+	if len(rep.Locks)+len(rep.Indexes)+len(rep.TempKeys)+len(rep.Runs) > 0 {
+		t.Errorf("status of a server holding only owner stamps: got %+v, want nothing", rep)
 	}
 }
 

@@ -26,6 +26,27 @@
 // Base + ":rebuild:<T>:<N>", so [LockKeyForBase] recovers a temp key's lock
 // without knowing the mode.
 //
+// # Owner stamp
+//
+// Two live keys may share a base on a cluster: the untagged "X" and the
+// tagged "{X}" both have the base "{X}" (and "a}b" shares the base
+// "{rbN}a}b" with that key itself), so they would share the lock, the
+// pointer and every other key derived from it. The base remembers the
+// live key it belongs to:
+//
+//	owner: <base>:rebuild-owner   a string: the live key (or family prefix)
+//
+// set, without a TTL, by the first run in Generations mode that takes the
+// base's lock (or, in a group, claims the index in its own base), in the
+// same step; a run (in either mode) or a rollback of another live key
+// whose base it is is refused before it writes. There is one only where
+// another key can have the base (Aliasable): on a cluster, for an
+// untagged key, a key "{T}" and a key "{rbN}rest". A tagged "{T}rest" has
+// a base of its own, and on a standalone server the base is the live key
+// itself: no stamp. Runs in RenameInPlace mode check a stamp and never
+// write one, so two indexes X and "{X}" both in RenameInPlace mode still
+// share their base.
+//
 // # Groups
 //
 // The control keys of an index in a group (Names with a Group) hang off

@@ -123,8 +123,10 @@ func ParseGroupMarker(v string) (group string, ok bool) {
 // the one it is written or read with, or that a run in a group met
 // generations of the index written without it (SPEC C102). The generation
 // data keys of an index keep its name whatever its group, so the two
-// would write into the same keys: nothing is written or read.
-var ErrGroupConflict = errors.New("the index belongs to another group, or to none")
+// would write into the same keys: nothing is written or read. It also
+// reports an index whose base (its lock, pointer, registry) belongs to
+// another index (SPEC C104): on a cluster "X" and "{X}" share one.
+var ErrGroupConflict = errors.New("the index belongs to another group, or to none, or its base to another index")
 
 // GroupConflict returns an error matching ErrGroupConflict for the index
 // live, whose pointer without a group, ptr, names group, met by a caller

@@ -48,6 +48,16 @@ const (
 	// PrevSuffix follows a base to name the previous value of a live key
 	// kept for a rollback: "<base>:rebuild-prev", with a TTL.
 	PrevSuffix = ":rebuild-prev"
+	// OwnerSuffix follows a base to name its owner stamp:
+	// "<base>:rebuild-owner", a string holding the live key (or family
+	// prefix) whose base it is, set by the first run in Generations mode
+	// to take the base's lock, or to claim the index for a group, without
+	// a TTL, on a cluster and where another key can have the base
+	// (Aliasable; SPEC C104). On a cluster an untagged key X and the
+	// tagged key "{X}" share the base "{X}", and so every key derived from
+	// it: the stamp lets a run of one refuse the base once the other owns
+	// it.
+	OwnerSuffix = ":rebuild-owner"
 )
 
 // ReceiptKey returns the key of the receipt a publish fenced on lockKey
@@ -77,8 +87,8 @@ func PrevKey[S Space](live string, s S) string { return Base(live, s) + PrevSuff
 
 // Reserved reports whether key has the shape of a key keyswap makes next
 // to a live key: a lock, a lock's receipt, record, log, requests or
-// cut-over mark, a live
-// key's metadata or kept previous value, a temp key (current or legacy
+// cut-over mark, a live key's metadata, kept previous value or base's
+// owner stamp, a temp key (current or legacy
 // shape), an index's pointer, registry of generations, generation's data
 // key or manifest, or anything that starts like the base of an index in a
 // group (ParseGroupBase). keyswap refuses to rebuild such a key: it would take it for its
@@ -90,7 +100,7 @@ func Reserved(key string) bool {
 	if _, _, ok := ParseGroupBase(key); ok {
 		return true
 	}
-	for _, suffix := range []string{LockSuffix, MetaSuffix, PrevSuffix, PointerSuffix, RegistrySuffix,
+	for _, suffix := range []string{LockSuffix, MetaSuffix, PrevSuffix, OwnerSuffix, PointerSuffix, RegistrySuffix,
 		LockSuffix + ReceiptSuffix, LockSuffix + RecordSuffix, LockSuffix + LogSuffix, LockSuffix + CtlSuffix, LockSuffix + CutOverSuffix} {
 		if strings.HasSuffix(key, suffix) {
 			return true

@@ -39,6 +39,7 @@ const (
 	codeInGroup     = -23 // claim, genalloc, genback, flip, publish, genlog: {-23, i, group}: index i's pointer without a group names group (SPEC C102)
 	codeUngrouped   = -24 // claim: {-24, key, what}: the index has generations of runs without a group, or keys no run writes
 	codeMovedPast   = -25 // genalloc (mode exact): {-25, i, why}: index i's registry moved past the generation the claim reserved
+	codeOwned       = -26 // acquire, claim: {-26, i, kind, value}: the owner stamp of base i is another live key's (kind 'string', value its name) or of type kind (SPEC C104)
 	codeRenamed     = 1   // publish, per target: renamed
 	codeEmptied     = 2   // publish, per target: live key deleted
 	tempAbsent      = 0   // touch, refresh, per temp key: it does not exist
@@ -83,6 +84,7 @@ var replyCodes = []struct {
 	{"IN_GROUP", codeInGroup},
 	{"UNGROUPED", codeUngrouped},
 	{"MOVED_PAST", codeMovedPast},
+	{"OWNED", codeOwned},
 	{"RENAMED", codeRenamed},
 	{"EMPTIED", codeEmptied},
 	{"TEMP_ABSENT", tempAbsent},

@@ -25,6 +25,12 @@ var claimScript = newScript("claim", true)
 // one matching ErrTampered, naming the registry, when the field next of
 // the index's registry without a group is not digits, or when the group's
 // registry or pointer is in a state no run leaves (genalloc.lua's checks).
+// On a cluster, where another live key can have the index's own base
+// (keys.Aliasable), the claim also stamps that base with its live key
+// (keys.OwnerKey, SPEC C104) where no stamp is yet, and refuses a base
+// another live key owns ("X" and "{X}" share one) with an error matching
+// keys.ErrGroupConflict that names both, or a stamp of another type with
+// one matching ErrTampered, nothing written.
 // With no group it does nothing and returns no floors.
 //
 // It returns each index's floor, which the run passes to
@@ -123,12 +129,17 @@ func (r Generations) claim(ctx context.Context, op string, lives []string, group
 // one round trip, and returns its replies.
 func (r Generations) claimResults(ctx context.Context, lives []string, group []int64) []rueidis.RedisResult {
 	own := keys.Names{Cluster: r.cluster.Cluster}
-	ks := func(l string) []string { return []string{keys.PointerKey(l, own), keys.RegistryKey(l, own)} }
+	ks := func(l string) []string {
+		if !keys.Aliasable(l, own.Cluster) {
+			return []string{keys.PointerKey(l, own), keys.RegistryKey(l, own)}
+		}
+		return []string{keys.PointerKey(l, own), keys.RegistryKey(l, own), keys.OwnerKey(l, own)}
+	}
 	args := func(i int) []string {
 		if group == nil {
-			return []string{keys.GroupMarker(r.cluster.Group), "1", "0"}
+			return []string{keys.GroupMarker(r.cluster.Group), "1", "0", lives[i]}
 		}
-		return []string{keys.GroupMarker(r.cluster.Group), "0", strconv.FormatInt(group[i], 10)}
+		return []string{keys.GroupMarker(r.cluster.Group), "0", strconv.FormatInt(group[i], 10), lives[i]}
 	}
 	cb := r.client.B()
 	cmds := make(rueidis.Commands, len(lives))
@@ -171,6 +182,8 @@ func (r Generations) claimed(ctx context.Context, op, live string, res rueidis.R
 			ErrTampered, rep.str(1), rep.str(2), live, r.cluster.Group, rep.str(1))}
 	case code == codeInGroup:
 		return false, 0, &Error{Op: op, Key: live, Err: fmt.Errorf("%w; nothing written", keys.GroupConflict(live, ptr, rep.str(2), r.cluster.Group))}
+	case code == codeOwned:
+		return false, 0, &Error{Op: op, Key: live, Err: ownerError(live, keys.OwnerKey(live, own), rep)}
 	case code == codeUngrouped:
 		return false, 0, &Error{Op: op, Key: live, Err: fmt.Errorf("%w: index %s has generations of runs without a group (%s %s), whose data keys have the names group %q's would; nothing written. Go on without the group, or build the index in group %q under a new key and move readers to it. Retired generations of runs without the group go with a sweep (keyswap sweep) once their grace is over and the group can claim the index then, but a current or previous one stays while the index is in Generations mode: only a run without the group in RenameInPlace mode moves it out, possible on a standalone server or for an index with a hash tag of its own",
 			keys.ErrGroupConflict, live, rep.str(1), rep.str(2), r.cluster.Group, r.cluster.Group)}

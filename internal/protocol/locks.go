@@ -85,6 +85,46 @@ type AcquireOptions struct {
 	// Record is more field/value pairs for the record of the first lock:
 	// the run's owner, options and status.
 	Record []string
+	// Stamp is what the acquire does with the owner stamps of the locks'
+	// bases (SPEC C104); StampNone, the zero value: nothing.
+	Stamp Stamp
+}
+
+// Stamp is what an acquire does with the owner stamp (keys.OwnerKey, SPEC
+// C104) of each lock's base. It acts only outside a group, on a cluster,
+// and for a live key whose base another live key can have
+// (keys.Aliasable): elsewhere the base is the key's alone, and no stamp
+// is read or written.
+type Stamp int
+
+const (
+	// StampNone reads and writes no stamp.
+	StampNone Stamp = iota
+	// StampCheck refuses a base whose stamp names another live key, or
+	// is of another type, and writes none: a run in RenameInPlace mode,
+	// a rollback.
+	StampCheck
+	// StampSet checks as StampCheck does, and sets an absent stamp to the
+	// lock's live key, without a TTL, in the same step: a run in
+	// Generations mode, whose base keeps a pointer and a registry.
+	StampSet
+)
+
+// stamps returns the owner stamps the acquire of locks reads, as opts.Stamp
+// says, and the index in locks of each.
+func (r Locks) stamps(opts AcquireOptions, locks []*Lock) (stamps []string, of []int) {
+	if opts.Stamp == StampNone || r.cluster.Group != "" {
+		// In a group the lock's base is the group's, one per live key;
+		// the claim stamps the index's own.
+		return nil, nil
+	}
+	for i, l := range locks {
+		if keys.Aliasable(l.Live, r.cluster.Cluster) {
+			stamps = append(stamps, keys.OwnerKey(l.Live, r.cluster))
+			of = append(of, i)
+		}
+	}
+	return stamps, of
 }
 
 // records returns the field/value pairs of each lock's record, for the
@@ -123,7 +163,16 @@ func (opts AcquireOptions) records(locks []*Lock) [][]string {
 // takes all of the locks or none: if another rebuild holds any of them, it
 // returns an error matching [ErrInProgress] that names the first such live
 // key. If the user may not run one of opts.Checks, it returns an error
-// matching [ErrNoPermission] that names it. Either way nothing changed.
+// matching [ErrNoPermission] that names it.
+//
+// On a cluster, without a group, it reads the owner stamp of the base of
+// each live key that another live key can share (keys.Aliasable, SPEC
+// C104) before it takes any lock, as opts.Stamp says, and with StampSet
+// sets an absent one to the lock's live key in the same step. A base
+// stamped with another live key (on a cluster "X" and "{X}" share a base)
+// fails it with an error matching keys.ErrGroupConflict that names both
+// and the base, a stamp of another type with one matching [ErrTampered]
+// that names it. Either way nothing changed.
 //
 // A script whose reply was lost may have run: its locks are released on a
 // [CleanupContext], so that a cancelled ctx does not leave them held for
@@ -159,6 +208,12 @@ func (r Locks) Acquire(ctx context.Context, opts AcquireOptions) ([]*Lock, error
 		return nil, err
 	}
 	args := []string{token, strconv.FormatInt(secs, 10), strconv.Itoa(len(locks)), strconv.Itoa(len(opts.Checks))}
+	stamps, of := r.stamps(opts, locks)
+	ks = append(ks, stamps...)
+	args = append(args, strconv.FormatBool(opts.Stamp == StampSet))
+	for _, i := range of {
+		args = append(args, lives[i])
+	}
 	for _, c := range opts.Checks {
 		args = append(args, c.Command, c.Key)
 	}
@@ -187,8 +242,25 @@ func (r Locks) Acquire(ctx context.Context, opts AcquireOptions) ([]*Lock, error
 		if i >= 1 && int(i) <= len(locks) {
 			return nil, &Error{Op: op, Key: locks[i-1].Live, Err: ErrInProgress}
 		}
+	case code == codeOwned:
+		i, _ := res.int(1)
+		if names(i, len(stamps)) {
+			l := locks[of[i-1]].Live
+			return nil, &Error{Op: op, Key: l, Err: ownerError(l, stamps[i-1], res)}
+		}
 	}
 	return nil, &Error{Op: op, Key: opts.Key, Err: fmt.Errorf("unexpected acquire script reply %v", res)}
+}
+
+// ownerError returns the error of an OWNED reply res (acquire.lua,
+// claim.lua) for live, whose base's owner stamp is stamp: one matching
+// keys.ErrGroupConflict when another live key owns the base, or
+// ErrTampered when the stamp is of another type.
+func ownerError(live, stamp string, res reply) error {
+	if kind := res.str(2); kind != "string" {
+		return fmt.Errorf("%w: %s", ErrTampered, keys.OwnerTampered(stamp, kind, live))
+	}
+	return keys.OwnerConflict(live, res.str(3), stamp)
 }
 
 // runKeys returns the keys of a run's locks, then their records, then their

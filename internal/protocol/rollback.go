@@ -71,7 +71,10 @@ func (r Publisher) rollbackLocks(ctx context.Context, opts RollbackOptions) ([]*
 		families[i] = i < len(opts.FamilyTypes) && opts.FamilyTypes[i] != ""
 	}
 	return r.locks.Acquire(ctx, AcquireOptions{Op: opts.Op, Key: opts.Key, Lives: opts.Lives, Families: families,
-		Mode: ModeRollback, TTL: opts.TTL, Record: []string{FieldPhase, "rolling back"}})
+		Mode: ModeRollback, TTL: opts.TTL, Record: []string{FieldPhase, "rolling back"},
+		// A rollback of "{X}" would flip the pointer, or swap the kept
+		// values, of "X" (SPEC C104); it writes no stamp.
+		Stamp: StampCheck})
 }
 
 func (r Publisher) rollback(ctx context.Context, opts RollbackOptions, locks []*Lock) ([]int64, error) {

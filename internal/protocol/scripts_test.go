@@ -261,7 +261,7 @@ func TestScriptAcquire(t *testing.T) {
 				[]string{"RPUSH", logs[1], "c"},
 				[]string{"HSET", ctlOf(locks), "token", thiefTok, "cancel", "1"},
 			)
-			args := append([]string{scriptTok, "100", "2", "2", "HINCRBY", records[0], "MULTI", ""}, recordArgs(locks, "owner", "me", "phase", "building")...)
+			args := append([]string{scriptTok, "100", "2", "2", "false", "HINCRBY", records[0], "MULTI", ""}, recordArgs(locks, "owner", "me", "phase", "building")...)
 			got := evalScript(t, d.Client, "acquire", runKS(locks, records, logs), args)
 			wantReply(t, got, 1)
 			for _, l := range locks {
@@ -284,7 +284,7 @@ func TestScriptAcquire(t *testing.T) {
 		t.Run("one lock, its token alone", func(t *testing.T) {
 			p := casePrefix(t, d.Other, d.Prefix)
 			locks, records, logs := runKeys(p, 1)
-			got := evalScript(t, d.Client, "acquire", runKS(locks, records, logs), append([]string{scriptTok, "100", "1", "0"}, recordArgs(locks)...))
+			got := evalScript(t, d.Client, "acquire", runKS(locks, records, logs), append([]string{scriptTok, "100", "1", "0", "false"}, recordArgs(locks)...))
 			wantReply(t, got, 1)
 			redistest.WantLock(t, d.Other, locks[0], scriptTok, 100*time.Second)
 			wantFields(t, d.Other, records[0], map[string]string{"token": scriptTok})
@@ -323,7 +323,7 @@ func TestScriptAcquire(t *testing.T) {
 					cmds(t, d.Other, []string{"SET", locks[tt.held-1], tt.holder, "EX", "40"})
 				}
 				before := redistest.Snapshot(t, d.Other, p)
-				args := []string{scriptTok, "100", "3", strconv.Itoa(len(tt.checks) / 2)}
+				args := []string{scriptTok, "100", "3", strconv.Itoa(len(tt.checks) / 2), "false"}
 				args = append(append(args, tt.checks...), recordArgs(locks, "owner", "me")...)
 				got := evalScript(t, d.Client, "acquire", runKS(locks, records, logs), args)
 				wantReply(t, got, tt.want...)
@@ -499,7 +499,7 @@ func TestScriptAcquireRefused(t *testing.T) {
 					cmds(t, a.admin, []string{"SET", locks[0], thiefTok, "EX", "40"})
 				}
 				before := redistest.Snapshot(t, a.admin, p)
-				args := append([]string{scriptTok, "100", "2", "4",
+				args := append([]string{scriptTok, "100", "2", "4", "false",
 					"HINCRBY", records[0], "EXPIRE", p + "temp:1", "RENAME", p + "temp:1", "UNLINK", p + "live:1"},
 					recordArgs(locks, "owner", "me")...)
 				got := evalScript(t, c, "acquire", runKS(locks, records, logs), args)
@@ -1388,7 +1388,7 @@ func TestScriptUnknownCommand(t *testing.T) {
 			wantUntouched(t, c, p, before)
 
 			locks, records, logs := runKeys(p+"acquire:", 1)
-			args := append([]string{scriptTok, "100", "1", "2", "HINCRBY", records[0], tt.command, p + "temp:1"}, recordArgs(locks)...)
+			args := append([]string{scriptTok, "100", "1", "2", "false", "HINCRBY", records[0], tt.command, p + "temp:1"}, recordArgs(locks)...)
 			wantReply(t, evalScript(t, c, "acquire", runKS(locks, records, logs), args), -5, tt.command)
 			wantUntouched(t, c, p, before)
 
@@ -1418,7 +1418,7 @@ func TestScriptsWithoutACLCheck(t *testing.T) {
 		wantPublished(t, d.Other, call)
 
 		locks, records, logs := runKeys(p+"acquire:", 1)
-		args := append([]string{scriptTok, "100", "1", "1", "NOSUCHCOMMAND", "key"}, recordArgs(locks, "owner", "me")...)
+		args := append([]string{scriptTok, "100", "1", "1", "false", "NOSUCHCOMMAND", "key"}, recordArgs(locks, "owner", "me")...)
 		got = evalSource(t, d.Client, withoutACLCheck+redistest.ScriptNamed("acquire").Source, runKS(locks, records, logs), args)
 		wantReply(t, got, 1)
 		redistest.WantLock(t, d.Other, locks[0], scriptTok, 100*time.Second)
@@ -1551,7 +1551,7 @@ func TestScriptAcquireChecksEval(t *testing.T) {
 				p := casePrefix(t, a.admin, a.prefix)
 				c := a.srv.ClientAs(t, "ks-"+t.Name(), tt.rules(p)...)
 				locks, records, logs := runKeys(p, 1)
-				args := append([]string{scriptTok, "100", "1", "1", "EVAL", tt.key(p)}, recordArgs(locks)...)
+				args := append([]string{scriptTok, "100", "1", "1", "false", "EVAL", tt.key(p)}, recordArgs(locks)...)
 				wantReply(t, evalScript(t, c, "acquire", runKS(locks, records, logs), args), tt.want(p)...)
 				if err := a.admin.Do(redistest.Ctx(t), a.admin.B().Ping().Build()).Error(); err != nil {
 					t.Fatalf("PING after the acquire: %v", err)

@@ -99,8 +99,38 @@ func Leftovers(tb testing.TB, c rueidis.Client, prefix string) []string {
 	tb.Helper()
 	var out []string
 	for _, k := range Keys(tb, c, prefix) {
-		if keys.Reserved(k) && !strings.HasSuffix(k, keys.MetaSuffix) && !strings.HasSuffix(k, keys.PrevSuffix) {
+		if keys.Reserved(k) && !strings.HasSuffix(k, keys.MetaSuffix) && !strings.HasSuffix(k, keys.PrevSuffix) && !IsOwnerStamp(tb, c, k) {
 			out = append(out, k)
+		}
+	}
+	return out
+}
+
+// IsOwnerStamp reports whether k is the owner stamp of a base (SPEC
+// C104), which a run in Generations mode leaves on a cluster, and none
+// removes: a string naming a live key whose base another key can have
+// (keys.Aliasable) and whose owner key on a cluster is k.
+func IsOwnerStamp(tb testing.TB, c rueidis.Client, k string) bool {
+	tb.Helper()
+	if !strings.HasSuffix(k, keys.OwnerSuffix) {
+		return false
+	}
+	v, err := c.Do(context.Background(), c.B().Get().Key(k).Build()).ToString()
+	if err != nil {
+		return false
+	}
+	return keys.Aliasable(v, true) && keys.OwnerKey(v, true) == k
+}
+
+// OwnerStamps returns the owner stamps (SPEC C104) that runs in
+// Generations mode of lives leave: on a cluster, one for each live key
+// whose base another key can have (keys.Aliasable); none on a standalone
+// server, nor for a key with a hash tag of its own.
+func OwnerStamps(cluster bool, lives ...string) []string {
+	var out []string
+	for _, l := range lives {
+		if keys.Aliasable(l, cluster) {
+			out = append(out, keys.OwnerKey(l, cluster))
 		}
 	}
 	return out

@@ -21,12 +21,23 @@
 --
 -- KEYS[1] the index's pointer without a group (keys.PointerKey)
 -- KEYS[2] its registry without a group (keys.RegistryKey)
+-- KEYS[3] the owner stamp of its base without a group (keys.OwnerKey,
+--         SPEC C104), on a cluster when another live key can have that
+--         base (keys.Aliasable); absent elsewhere: no stamp read or written
 -- ARGV[1] the marker: 'group:' .. the group
 -- ARGV[2] '1' to check only: the checks, then {OK, claimed, next} without
 --         a write
 -- ARGV[3] the group's floor (digits): the generation the group's
 --         registry would allocate (genalloc.lua, mode 'peek') less one,
 --         read under the run's locks, which keep it
+-- ARGV[4] the index's live key (or family prefix), for the stamp, with
+--         KEYS[3]
+--
+-- The stamp first: on a cluster the untagged X and the tagged {X} share
+-- the base {X}, so X's claim and reservation would be {X}'s pointer and
+-- registry. A base stamped with another live key, or a stamp of another
+-- type, is refused before anything else; an absent stamp is set with the
+-- claim (acquire.lua stamps the base of a run without a group).
 --
 -- Claiming, the floor is the larger of the field next of the registry
 -- without a group ('0' when absent: the last generation a run without the
@@ -39,7 +50,9 @@
 -- rerun (the script is retried) raises next once more: a number is
 -- skipped, none shared.
 --
--- Returns {OK, 1, floor}: the pointer holds the marker (set before).
+-- Returns {OWNED, 1, kind, value}: the stamp is another live key's (kind
+--           'string', value its name) or of type kind; nothing written.
+--         {OK, 1, floor}: the pointer holds the marker (set before).
 --         {OK, 0, floor}: the pointer did not, and holds it now (or,
 --           checking only, would).
 --         {BAD_REGISTRY, key, why}: the field next of the registry (key)
@@ -51,6 +64,19 @@
 --           or the keys hold what no run writes: key (the pointer or the
 --           registry) is or holds what; nothing written.
 local ptrKey, reg, marker, check = KEYS[1], KEYS[2], ARGV[1], ARGV[2] == '1'
+local stamp, live = KEYS[3], ARGV[4]
+local stampKind = 'string'
+if stamp then
+  stampKind = redis.call('TYPE', stamp)['ok']
+end
+if stampKind ~= 'string' and stampKind ~= 'none' then
+  return {OWNED, 1, stampKind, ''}
+elseif stamp and stampKind == 'string' then
+  local owner = redis.call('GET', stamp)
+  if owner ~= live then
+    return {OWNED, 1, 'string', owner}
+  end
+end
 local kind = redis.call('TYPE', ptrKey)['ok']
 if kind ~= 'string' and kind ~= 'none' then
   return {UNGROUPED, ptrKey, 'is a ' .. kind}
@@ -97,5 +123,8 @@ end
 local floor = reserve()
 if was == 0 then
   redis.call('SET', ptrKey, marker)
+end
+if stampKind == 'none' then
+  redis.call('SET', stamp, live)
 end
 return {OK, was, floor}

@@ -1,0 +1,66 @@
+package keys
+
+import (
+	"fmt"
+	"strings"
+)
+
+// OwnerKey returns the key of the owner stamp of live's base: the live
+// key (or family prefix) whose base it is (SPEC C104).
+func OwnerKey[S Space](live string, s S) string { return Base(live, s) + OwnerSuffix }
+
+// Aliasable reports whether another live key (or family prefix) can have
+// the base live has outside a group (SPEC C104). Only on a cluster, and
+// for three shapes: a key without a valid hash tag, whose base ("{X}", or
+// "{rbN}X" for a key with a '}') is itself a tagged key whose base it is;
+// a key that is exactly "{T}", the base of the untagged T; and a key
+// "{rbN}rest", the base of rest when rest has a '}' and no valid tag. A
+// tagged key of any other shape, "{T}rest" with a normal tag, is its own
+// base and no other key's. On a standalone server the base is the key
+// itself: never.
+func Aliasable(live string, cluster bool) bool {
+	if !cluster {
+		return false
+	}
+	if Base(live, true) != live {
+		return true
+	}
+	// live is tagged. Only a base that starts with its tag can be another
+	// key's: "{" + T + "}" or "{rbN}" + rest.
+	tag, _ := HashTag(live)
+	if !strings.HasPrefix(live, "{"+tag+"}") {
+		return false
+	}
+	rest := live[len(tag)+2:]
+	for _, other := range []string{tag, rest} {
+		if other != live && Base(other, true) == live {
+			return true
+		}
+	}
+	return false
+}
+
+// OwnerConflict returns an error matching ErrGroupConflict for the index
+// live, whose base's owner stamp, stamp, names the index owner: the two
+// share every key derived from the base. It says how to part them.
+func OwnerConflict(live, owner, stamp string) error {
+	base := strings.TrimSuffix(stamp, OwnerSuffix)
+	advice := "rename one of them"
+	tagged, untagged := live, owner
+	if _, ok := HashTag(tagged); !ok {
+		tagged, untagged = owner, live
+	}
+	if _, ok := HashTag(tagged); ok && tagged != untagged {
+		if _, ok := HashTag(untagged); !ok {
+			advice = fmt.Sprintf("rename one of them: give %s a hash tag of its own, or move %s to %q (its own base, in the same slot)", untagged, tagged, tagged+":idx")
+		}
+	}
+	return fmt.Errorf("%w: index %s and index %s have the same base %s, which is %s's (%s holds %q): the lock, log, pointer, registry, previous values and temp keys of one would be the other's; nothing written. To run both, %s",
+		ErrGroupConflict, live, owner, base, owner, stamp, owner, advice)
+}
+
+// OwnerTampered returns the words of an error for the owner stamp stamp
+// found of type kind: keyswap writes only a string there.
+func OwnerTampered(stamp, kind, live string) string {
+	return fmt.Sprintf("%s is a %s, a state no run leaves (written by hand): it names the live key whose base it is; nothing written. If it is %s's, SET %s %s", stamp, kind, live, stamp, live)
+}
