@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/keyswap/keyswap/builders"
-	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/reader"
@@ -315,47 +314,6 @@ func TestOwnerStampWhereLeft(t *testing.T) {
 			t.Fatalf("second Generations run of %s: %v", gen, err)
 		}
 		wantStamps(t, d, want)
-	})
-}
-
-func TestOwnerStampApplyDuringRun(t *testing.T) {
-	// C104, C95: Apply of "{X}" while X's run holds the shared lock finds
-	// in its record keys that are not "{X}"'s, and is refused with
-	// ErrInProgress, writing and logging nothing; X's run publishes only
-	// X's data.
-	forEachDeployment(t, func(t *testing.T, d deployment) {
-		ctx := redistest.Ctx(t)
-		x := genPrefix(d) + "aliasapply"
-		y := "{" + x + "}"
-		if _, err := genRebuilder(t, d, x, rebuild.Options{}).Run(ctx, sources.Slice(genUsers(10, 3))); err != nil {
-			t.Fatal(err)
-		}
-		us := genUsers(30, 3)
-		ry := genRebuilder(t, d, y, rebuild.Options{})
-		var applyErr error
-		src := genSource(us, 10, func() error {
-			u := genUsers(1, 1)[0]
-			applyErr = ry.Apply(ctx, index.Change[user]{New: &u})
-			return nil
-		})
-		if _, err := genRebuilder(t, d, x, rebuild.Options{}).Run(ctx, src); err != nil {
-			t.Fatal(err)
-		}
-		if d.Cluster {
-			redistest.WantErr(t, applyErr, rebuild.ErrInProgress)
-		} else if applyErr != nil {
-			t.Errorf("Apply of %s on a standalone server: %v", y, applyErr)
-		}
-		redistest.WantString(t, d.Other, keys.PointerKey(x, d.Cluster), "2")
-		wantBuckets(t, d, x, 2, us)
-		if d.Cluster {
-			// Nothing of "{X}"'s data: neither in a generation nor plain.
-			for _, p := range []string{y + keys.GenInfix, y + ":b"} {
-				if left := redistest.Keys(t, d.Other, p); len(left) > 0 {
-					t.Errorf("Apply of %s wrote %v", y, left)
-				}
-			}
-		}
 	})
 }
 
