@@ -40,7 +40,7 @@ func (s *sweeper) listed(ctx context.Context, g int64, st State, sameSlot bool) 
 
 // byManifest deletes the keys of generation g that its manifest lists:
 // its list (keys.ManifestListKey, the run's writes) read with LRANGE,
-// opts.Unlink members a call, then its set (keys.ManifestKey, Apply's
+// manifestPage chunks of opts.Unlink members a call, then its set (keys.ManifestKey, Apply's
 // writes) read with SSCAN COUNT opts.ScanCount, in chunks of opts.Unlink.
 // A member is deleted only if it has the shape of a key of g
 // (keys.GenPrefix): the manifest is a list and a set that anyone may
@@ -56,7 +56,7 @@ func (s *sweeper) listed(ctx context.Context, g int64, st State, sameSlot bool) 
 func (s *sweeper) byManifest(ctx context.Context, g int64, st State) (int64, Reason, error) {
 	m := &manifestRead{s: s, g: g, st: st, prefix: keys.GenPrefix(s.idx.Live, g)}
 	list, set := keys.ManifestListKey(s.idx.Live, s.names(), g), keys.ManifestKey(s.idx.Live, s.names(), g)
-	step := int64(s.opts.Unlink)
+	step := int64(s.opts.Unlink) * manifestPage
 	n, err := s.client.Do(ctx, s.client.B().Llen().Key(list).Build()).AsInt64()
 	if err != nil {
 		return 0, "", fmt.Errorf("LLEN %s: %w", list, err)
@@ -90,6 +90,11 @@ func (s *sweeper) byManifest(ctx context.Context, g int64, st State) (int64, Rea
 	s.opts.Logger.Debug("keyswap: generation's manifest read", "index", s.idx.Live, "generation", g, "members", m.members, "deleted", m.total)
 	return m.total, reason, err
 }
+
+// manifestPage is how many chunks of opts.Unlink keys one LRANGE of a
+// manifest's list reads: a round trip saved for each chunk but the first,
+// for a server time of about 20 µs per chunk's members.
+const manifestPage = 16
 
 // manifestRead is the reading of one generation's manifest by byManifest.
 type manifestRead struct {

@@ -2,6 +2,7 @@ package gens_test
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"strconv"
 	"strings"
@@ -213,8 +214,9 @@ func TestSweepWatchedChunkRaced(t *testing.T) {
 			if err := f.c.Do(ctx, f.c.B().Hset().Key(f.registryKey()).FieldValue().FieldValue(keys.RegNext, "2").Build()).Error(); err != nil {
 				t.Error(err)
 			}
+			exec := slices.IndexFunc(multi, func(cmd rueidis.Completed) bool { return strings.EqualFold(cmd.Commands()[0], "EXEC") })
 			res := c.DoMulti(ctx, multi...)
-			if rueidis.IsRedisNil(res[len(res)-1].Error()) {
+			if rueidis.IsRedisNil(res[exec].Error()) {
 				aborted.Add(1)
 			}
 			return res
@@ -231,3 +233,62 @@ func TestSweepWatchedChunkRaced(t *testing.T) {
 		f.wantOneRemoved(res, old)
 	})
 }
+
+// TestSweepLeavesNoWatch: the WATCH a family's removal sends behind each
+// chunk's EXEC, for the next chunk, is ended before the connection goes
+// back to the client's pool, where another caller's transaction would
+// otherwise fail for a key the sweep watched: when the removal ends, and
+// when its context is cancelled after a chunk.
+func TestSweepLeavesNoWatch(t *testing.T) {
+	for _, cancel := range []bool{false, true} {
+		t.Run(map[bool]string{false: "done", true: "cancelled"}[cancel], func(t *testing.T) {
+			forShapes(t, func(t *testing.T, f *fixture) {
+				old := f.retiredOne(retired(time.Unix(1, 0)), 300)
+				f.manifest(1, true, old...)
+				ctx, stop := context.WithCancel(redistest.Ctx(t))
+				defer stop()
+				var execs atomic.Int32
+				c := rueidishook.WithHook(f.c, redistest.Hook{OnDoMulti: func(c rueidis.Client, ctx context.Context, multi ...rueidis.Completed) []rueidis.RedisResult {
+					watched := strings.EqualFold(multi[0].Commands()[0], "MULTI")
+					res := c.DoMulti(ctx, multi...)
+					if watched && execs.Add(1) == 1 && cancel {
+						stop()
+					}
+					return res
+				}})
+				_, err := gens.Sweep(ctx, c, f.idx, gens.Options{Unlink: 100})
+				switch {
+				case cancel && f.trusts() && !errors.Is(err, context.Canceled):
+					t.Fatalf("sweep cancelled after a chunk: %v, want context.Canceled", err)
+				case (!cancel || !f.trusts()) && err != nil:
+					t.Fatal(err)
+				}
+				if f.trusts() != (execs.Load() > 0) {
+					t.Fatalf("%d chunks in WATCH ... EXEC; want them exactly for a family in the registry's slot", execs.Load())
+				}
+				// The connection the chunks went on, from the pool again:
+				// a WATCH left on it fails this EXEC once the registry
+				// changes.
+				ctx = redistest.Ctx(t)
+				dc, release := f.c.Dedicate()
+				defer release()
+				ping := dc.Do(ctx, dc.B().Get().Key(f.registryKey()).Build()) // picks the registry's master
+				if err := ping.Error(); err != nil && !rueidis.IsRedisNil(err) && !isWrongType(err) {
+					t.Fatal(err)
+				}
+				redistest.Cmd(t, f.c, "HSET", f.registryKey(), keys.RegNext, "9")
+				res := dc.DoMulti(ctx, dc.B().Multi().Build(), dc.B().Hget().Key(f.registryKey()).Field(keys.RegNext).Build(), dc.B().Exec().Build())
+				got, err := res[2].ToArray()
+				if err != nil {
+					t.Fatalf("EXEC on the sweep's connection after it: %v (a WATCH the sweep sent is still on it)", err)
+				}
+				if v, _ := got[0].ToString(); v != "9" {
+					t.Fatalf("EXEC read next %q, want 9", v)
+				}
+			})
+		})
+	}
+}
+
+// isWrongType reports whether err is Redis's WRONGTYPE reply.
+func isWrongType(err error) bool { return err != nil && strings.HasPrefix(err.Error(), "WRONGTYPE") }

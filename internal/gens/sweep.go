@@ -378,6 +378,9 @@ type sweeper struct {
 	// dc is the connection of the removal of a family's generation whose
 	// keys share the registry's slot (see watchedUnlink), nil otherwise.
 	dc rueidis.DedicatedClient
+	// armed is the WATCH watchedUnlink sent for its next chunk on dc, nil
+	// when none is.
+	armed *armedWatch
 	// listLen is the length of the manifest's list byManifest read, which
 	// the last step checks; -1 when not reading a manifest.
 	listLen int64
@@ -487,15 +490,25 @@ func (s *sweeper) remove(ctx context.Context, g int64, st State) (int64, Reason,
 	if !s.idx.Family {
 		return s.removePlain(ctx, g, st)
 	}
-	sameSlot := s.sameSlot()
-	if sameSlot {
-		// The chunks go on one connection, in WATCH ... EXEC (see
-		// watchedUnlink).
-		dc, release := s.client.Dedicate()
-		defer release()
-		s.dc = dc
-		defer func() { s.dc = nil }()
+	if !s.sameSlot() {
+		return s.removeFamily(ctx, g, st, false)
 	}
+	// The chunks go on one connection, in WATCH ... EXEC (see
+	// watchedUnlink).
+	dc, release := s.client.Dedicate()
+	defer release()
+	s.dc = dc
+	total, reason, err := s.removeFamily(ctx, g, st, true)
+	if derr := s.disarm(ctx); err == nil {
+		err = derr
+	}
+	s.dc = nil
+	return total, reason, err
+}
+
+// removeFamily is remove for a family, whose keys share the registry's
+// slot when sameSlot.
+func (s *sweeper) removeFamily(ctx context.Context, g int64, st State, sameSlot bool) (int64, Reason, error) {
 	listed, err := s.listed(ctx, g, st, sameSlot)
 	if err != nil {
 		return 0, "", err
@@ -660,14 +673,18 @@ func (s *sweeper) chunk(ctx context.Context, g int64, st State, ks []string, sam
 // between the WATCH and the EXEC (another index's run allocating, a flip
 // of another generation) makes the EXEC run nothing: the chunk then goes
 // by the script, which a registry that keeps changing cannot delay.
+//
+// The WATCH and the checks of the next chunk go behind the EXEC, in the
+// same round trip (EXEC ends every WATCH, so the next one starts after
+// it): a chunk costs one round trip, not two. Their replies wait in
+// s.armed for the next call, which checks them as it would its own;
+// disarm sends UNWATCH for a WATCH no chunk used.
 func (s *sweeper) watchedUnlink(ctx context.Context, g int64, st State, ks []string) (int64, Reason, error) {
 	cb := s.dc.B()
-	field := strconv.FormatInt(g, 10)
-	res := s.dc.DoMulti(ctx,
-		cb.Watch().Key(s.snap.Registry.Key, s.snap.LockKey, s.snap.PointerKey).Build(),
-		cb.Hget().Key(s.snap.Registry.Key).Field(field).Build(),
-		cb.Get().Key(s.snap.LockKey).Build(),
-		cb.Get().Key(s.snap.PointerKey).Build())
+	res := s.takeArmed(g, st)
+	if res == nil {
+		res = s.dc.DoMulti(ctx, s.watch(g)...)
+	}
 	if err := res[0].Error(); err != nil {
 		return 0, "", fmt.Errorf("WATCH: %w", err)
 	}
@@ -678,7 +695,8 @@ func (s *sweeper) watchedUnlink(ctx context.Context, g int64, st State, ks []str
 		}
 		return 0, reason, err
 	}
-	res = s.dc.DoMulti(ctx, cb.Multi().Build(), cb.Unlink().Key(ks...).Build(), cb.Exec().Build())
+	res = s.dc.DoMulti(ctx, append(rueidis.Commands{cb.Multi().Build(), cb.Unlink().Key(ks...).Build(), cb.Exec().Build()}, s.watch(g)...)...)
+	s.armed = &armedWatch{g: g, st: st.Raw, res: res[3:]}
 	for _, r := range res[:2] {
 		if err := r.Error(); err != nil {
 			return 0, "", fmt.Errorf("MULTI UNLINK: %w", err)
@@ -696,6 +714,58 @@ func (s *sweeper) watchedUnlink(ctx context.Context, g int64, st State, ks []str
 		return 0, "", fmt.Errorf("UNLINK: %w", err)
 	}
 	return n, "", nil
+}
+
+// watch returns the commands that start a chunk of generation g in
+// watchedUnlink: WATCH of the registry, the lock and the pointer, and
+// their reads for the checks.
+func (s *sweeper) watch(g int64) rueidis.Commands {
+	cb := s.dc.B()
+	return rueidis.Commands{
+		cb.Watch().Key(s.snap.Registry.Key, s.snap.LockKey, s.snap.PointerKey).Build(),
+		cb.Hget().Key(s.snap.Registry.Key).Field(strconv.FormatInt(g, 10)).Build(),
+		cb.Get().Key(s.snap.LockKey).Build(),
+		cb.Get().Key(s.snap.PointerKey).Build()}
+}
+
+// armedWatch is the WATCH and the reads of the checks that watchedUnlink
+// sent behind a chunk of generation g in state st, for the next chunk.
+type armedWatch struct {
+	g   int64
+	st  string
+	res []rueidis.RedisResult
+}
+
+// takeArmed returns the replies of the WATCH and the reads sent for a
+// chunk of generation g in state st, nil when none wait (the caller then
+// sends its own: WATCH adds to the keys watched, so one sent for another
+// chunk only makes an EXEC fail more often, and the chunk go by the
+// script).
+func (s *sweeper) takeArmed(g int64, st State) []rueidis.RedisResult {
+	a := s.armed
+	if a == nil || a.g != g || a.st != st.Raw {
+		return nil
+	}
+	s.armed = nil
+	return a.res
+}
+
+// disarm ends a WATCH that watchedUnlink sent for a chunk that never came,
+// before the connection goes back to the client's pool, where another
+// caller's EXEC would otherwise fail for a key this sweeper watched. It
+// runs whatever ctx's state: a WATCH must not outlive the sweep.
+func (s *sweeper) disarm(ctx context.Context) error {
+	if s.armed == nil {
+		return nil
+	}
+	s.armed = nil
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	defer cancel()
+	if err := s.dc.Do(ctx, s.dc.B().Unwatch().Build()).Error(); err != nil {
+		s.dc.Close() // not back to the pool with keys watched
+		return fmt.Errorf("UNWATCH: %w", err)
+	}
+	return nil
 }
 
 // refusal applies the unlink script's checks to the replies of HGET of
