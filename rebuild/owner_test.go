@@ -3,6 +3,7 @@ package rebuild_test
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -385,5 +386,108 @@ func TestOwnerStampACL(t *testing.T) {
 			t.Errorf("Run: %v, want an *Error of op acquire naming SET on %s", err, stamp)
 		}
 		wantDumps(t, d, before)
+	})
+}
+
+func TestOwnerStampInPlaceIndexKeepsReaders(t *testing.T) {
+	// C104: an index published in RenameInPlace mode leaves no stamp, so
+	// the first Generations run of the other key of its base ("X" and
+	// "{X}" on a cluster) takes that base and flips the pointer the
+	// first index's readers resolve: they then read a generation of the
+	// first index that does not exist (an empty hash) instead of its
+	// live key. Whatever the second run does (refused, or run), the
+	// first index must stay readable as it was published.
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		ctx := redistest.Ctx(t)
+		for _, tagged := range []bool{false, true} {
+			x := genPrefix(d) + fmt.Sprintf("inplace%v", tagged)
+			first, second := x, "{"+x+"}"
+			if tagged {
+				first, second = second, first
+			}
+			us := users(5)
+			if _, err := hashRebuilder(t, d, first).Run(ctx, sources.Slice(us)); err != nil {
+				t.Fatalf("RenameInPlace run of %s: %v", first, err)
+			}
+			gen := redistest.Rebuilder(t, d.Client, rebuild.Options{Publish: rebuild.Generations},
+				builders.Hash(second, func(u user) (string, string, bool) { return u.Email, u.ID, true }))
+			_, err := gen.Run(ctx, sources.Slice(users(2)))
+			t.Logf("Generations run of %s after the RenameInPlace run of %s: %v", second, first, err)
+			rd, err := reader.New(d.Other, reader.Options{})
+			if err != nil {
+				t.Fatalf("reader.New: %v", err)
+			}
+			k, err := rd.Key(ctx, first)
+			if err != nil {
+				t.Fatalf("reader Key(%s): %v", first, err)
+			}
+			want := map[string]string{}
+			for _, u := range us {
+				want[u.Email] = u.ID
+			}
+			if got := redistest.HGetAll(t, d.Other, k); !maps.Equal(got, want) {
+				t.Errorf("reader of %s resolves %s holding %v, want %v (its live key)", first, k, got, want)
+			}
+		}
+	})
+}
+
+func TestOwnerStampSweepOfAlias(t *testing.T) {
+	// C104: the registry of X is its base's, which on a cluster is
+	// "{X}"'s too once "{X}" owns it. Rebuilder.Sweep of X must not take
+	// a generation of "{X}" out of that registry while leaving its data
+	// keys (they hang off "{X}", not X), which nothing finds again.
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		ctx := redistest.Ctx(t)
+		x := genPrefix(d) + "sweepalias"
+		owner := "{" + x + "}"
+		ry := genRebuilder(t, d, owner, rebuild.Options{})
+		for range 2 {
+			if _, err := ry.Run(ctx, sources.Slice(genUsers(20, 2))); err != nil {
+				t.Fatalf("run of %s: %v", owner, err)
+			}
+		}
+		redistest.Cmd(t, d.Other, "HSET", keys.RegistryKey(owner, d.Cluster), "1", keys.RegRetired+"1000")
+		if len(redistest.Keys(t, d.Other, keys.GenPrefix(owner, 1))) == 0 {
+			t.Fatalf("generation 1 of %s has no keys before the sweep", owner)
+		}
+		_, err := genRebuilder(t, d, x, rebuild.Options{}).Sweep(ctx)
+		t.Logf("Sweep of %s: %v", x, err)
+		reg := redistest.HGetAll(t, d.Other, keys.RegistryKey(owner, d.Cluster))
+		if left := redistest.Keys(t, d.Other, keys.GenPrefix(owner, 1)); len(left) > 0 && reg["1"] == "" {
+			t.Errorf("Sweep of %s: registry of %s %v no longer lists generation 1, whose keys %q are left", x, owner, reg, left)
+		}
+	})
+}
+
+func TestOwnerStampDropPlainOfAlias(t *testing.T) {
+	// C104: DropPlain deletes the plain key of X only while X's pointer
+	// exists, its proof that X's readers read generations. On a cluster
+	// the pointer of X's base is "{X}"'s once "{X}" runs in Generations
+	// mode: X's live key, published in RenameInPlace mode, must stay.
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		ctx := redistest.Ctx(t)
+		x := genPrefix(d) + "dropalias"
+		y := "{" + x + "}"
+		hashGen := func(live string) *rebuild.Rebuilder[user] {
+			return redistest.Rebuilder(t, d.Client, rebuild.Options{Publish: rebuild.Generations},
+				builders.Hash(live, func(u user) (string, string, bool) { return u.Email, u.ID, true }))
+		}
+		us := users(5)
+		if _, err := hashRebuilder(t, d, x).Run(ctx, sources.Slice(us)); err != nil {
+			t.Fatalf("RenameInPlace run of %s: %v", x, err)
+		}
+		_, err := hashGen(y).Run(ctx, sources.Slice(users(2)))
+		t.Logf("Generations run of %s: %v", y, err)
+		_, err = hashGen(x).DropPlain(ctx)
+		t.Logf("DropPlain of %s: %v", x, err)
+		if d.Cluster && !errors.Is(err, rebuild.ErrGroupConflict) {
+			t.Errorf("DropPlain of %s: got %v, want an error matching ErrGroupConflict", x, err)
+		}
+		want := map[string]string{}
+		for _, u := range us {
+			want[u.Email] = u.ID
+		}
+		redistest.WantHash(t, d.Other, x, want)
 	})
 }

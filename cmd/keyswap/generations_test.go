@@ -705,3 +705,41 @@ func TestSelectRegistry(t *testing.T) {
 		t.Errorf(`registryPattern("*"): got %q`, got)
 	}
 }
+
+// TestSweepGenerationsTaggedIndex: on a cluster the registry of an index
+// "{X}" (a tagged key whose base is itself) is also where the untagged X
+// would keep one (SPEC C104). The sweep must sweep the index that owns it,
+// "{X}": its retired generation's data key goes with its registry field,
+// and none is left without one.
+func TestSweepGenerationsTaggedIndex(t *testing.T) {
+	t.Parallel()
+	for _, d := range deployments(t) {
+		t.Run(d.name, func(t *testing.T) {
+			t.Parallel()
+			live := "{" + testPrefix(t, d) + "tagged}"
+			for _, ps := range [][]person{gV2, gV3} {
+				r := redistest.Rebuilder(t, d.client, genOpts(false),
+					builders.Hash(live, func(p person) (string, string, bool) { return p.Email, p.ID, true }))
+				if _, err := r.Run(t.Context(), sources.Slice(ps)); err != nil {
+					t.Fatalf("Run: %v", err)
+				}
+			}
+			do(t, d.client, "HSET", keys.RegistryKey(live, d.cluster), "1", keys.RegRetired+"1000")
+			if !exists(t, d.client, keys.GenKey(live, 1)) {
+				t.Fatalf("%s is missing before the sweep", keys.GenKey(live, 1))
+			}
+			r := keyswap(t, d.args("sweep", "-json", "--delete", "--pattern", testSweepPattern(t))...)
+			r.wantCode(t, exitOK)
+			var doc sweepJSON
+			if err := json.Unmarshal([]byte(r.stdout), &doc); err != nil {
+				t.Fatalf("%v\n%s", err, r.stdout)
+			}
+			if len(doc.Generations) != 1 || doc.Generations[0].name() != live {
+				t.Errorf("sweep -json --delete: got\n%s\nwant the generations of %s", r.stdout, live)
+			}
+			if exists(t, d.client, keys.GenKey(live, 1)) {
+				t.Errorf("%s is left, and its registry's field: %v", keys.GenKey(live, 1), registry(t, d, live))
+			}
+		})
+	}
+}
