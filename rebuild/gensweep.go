@@ -110,7 +110,10 @@ func (r *Rebuilder[T]) Sweep(ctx context.Context) (SweepStats, error) {
 // An index without a pointer is left whole and fails with an error
 // matching [ErrNoPointer]: its plain keys are its live data. So does an
 // index whose pointer a RenameInPlace publish deletes while DropPlain
-// runs (the switch back): the chunks after it are refused. The other
+// runs (the switch back): the chunks after it are refused. On a cluster an
+// index whose base another index owns (SPEC C104: X and "{X}" share one)
+// fails with an error matching [ErrGroupConflict], nothing of it deleted:
+// the pointer is the other index's. The other
 // indexes are dropped still, and the errors joined. On a cluster a family
 // without a hash tag never had plain keys (RenameInPlace needs the tag),
 // and nothing is looked for; the plain keys of an index of a group

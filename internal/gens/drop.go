@@ -77,6 +77,11 @@ return redis.call('UNLINK', unpack(doomed))
 //     buckets, deleting those it did not produce. A key of another type
 //     under the prefix is not the family's and stays.
 //
+// On a cluster the pointer of an index whose base another index owns
+// (the untagged X and "{X}" share one; SPEC C104) is that index's: with
+// the owner stamp naming another live key DropPlain deletes nothing and
+// fails with an error matching keys.ErrGroupConflict.
+//
 // On a cluster a family in the plain shape always had a hash tag (the
 // rename-in-place mode requires one): for an untagged prefix DropPlain
 // deletes nothing and says so in Note, because keyswap never wrote such
@@ -103,15 +108,18 @@ func DropPlain(ctx context.Context, client rueidis.Client, idx Index, opts Optio
 			idx.Live, keys.Slot(idx.Live), keys.Slot(snap.PointerKey))}
 	}
 	d.opts, d.pointer = o, snap.PointerKey
+	if idx.Family && isCluster(client) && !tagged {
+		d.res.Note = "the prefix has no hash tag, so on a cluster keyswap never published this family in the plain shape: nothing of it to delete"
+		return d.res, nil
+	}
+	if err := owned(ctx, client, idx); err != nil {
+		return d.res, protocol.Fail(ctx, op, idx.Live, err)
+	}
 	if !idx.Family {
 		if err := d.drop(ctx, []string{idx.Live}, ""); err != nil {
 			return d.res, protocol.Fail(ctx, op, idx.Live, err)
 		}
 		o.Logger.Info("keyswap: plain key dropped", "index", idx.Live, "keys", d.res.Keys)
-		return d.res, nil
-	}
-	if isCluster(client) && !tagged {
-		d.res.Note = "the prefix has no hash tag, so on a cluster keyswap never published this family in the plain shape: nothing of it to delete"
 		return d.res, nil
 	}
 	if err := d.family(ctx); err != nil {
@@ -209,4 +217,30 @@ func pace(ctx context.Context, opts Options, n int) error {
 		return nil
 	}
 	return opts.Pace(ctx, n)
+}
+
+// owned returns an error matching keys.ErrGroupConflict when, on a
+// cluster and outside a group, the owner stamp of idx's base names
+// another live key (SPEC C104): the pointer DropPlain takes for its proof
+// that idx's readers read generations is then that index's, and idx's
+// plain keys may be its live data. A stamp of another type is a
+// [*CorruptError]. No stamp (a base no run in Generations mode took since
+// stamps came) proves nothing either way: the drop goes on.
+func owned(ctx context.Context, client rueidis.Client, idx Index) error {
+	if idx.Group != "" || !isCluster(client) || !keys.Aliasable(idx.Live, true) {
+		return nil
+	}
+	stamp := keys.OwnerKey(idx.Live, true)
+	owner, err := client.Do(ctx, client.B().Get().Key(stamp).Build()).ToString()
+	switch {
+	case rueidis.IsRedisNil(err):
+		return nil
+	case isRedisErr(err):
+		return &CorruptError{Key: stamp, Value: err.Error(), Problem: "the reply to its GET (keyswap makes it a string naming a live key)"}
+	case err != nil:
+		return fmt.Errorf("GET %s: %w", stamp, err)
+	case owner != idx.Live:
+		return keys.OwnerConflict(idx.Live, owner, stamp)
+	}
+	return nil
 }
