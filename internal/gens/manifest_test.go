@@ -292,3 +292,61 @@ func TestSweepLeavesNoWatch(t *testing.T) {
 
 // isWrongType reports whether err is Redis's WRONGTYPE reply.
 func isWrongType(err error) bool { return err != nil && strings.HasPrefix(err.Error(), "WRONGTYPE") }
+
+// TestSweepLeavesNoWatchAfterFirstWatch: the WATCH of a removal's first
+// chunk, sent on its own connection, is ended before the connection goes
+// back to the pool also when the chunk never reaches its EXEC: its
+// replies lost to a cancelled context (the server ran the WATCH), or the
+// chunk refused by the reads (the registry's field changed) after the
+// context was cancelled, so that the refusal's own UNWATCH is not sent.
+func TestSweepLeavesNoWatchAfterFirstWatch(t *testing.T) {
+	for _, lost := range []bool{true, false} {
+		t.Run(map[bool]string{true: "reply lost", false: "refused"}[lost], func(t *testing.T) {
+			forShapes(t, func(t *testing.T, f *fixture) {
+				old := f.retiredOne(retired(time.Unix(1, 0)), 300)
+				f.manifest(1, true, old...)
+				ctx, stop := context.WithCancel(redistest.Ctx(t))
+				defer stop()
+				var watches atomic.Int32
+				c := rueidishook.WithHook(f.c, redistest.Hook{OnDoMulti: func(c rueidis.Client, ctx context.Context, multi ...rueidis.Completed) []rueidis.RedisResult {
+					if !strings.EqualFold(multi[0].Commands()[0], "WATCH") || watches.Add(1) != 1 {
+						return c.DoMulti(ctx, multi...)
+					}
+					if !lost {
+						redistest.Cmd(t, f.c, "HSET", f.registryKey(), "1", retired(time.Unix(2, 0)))
+					}
+					res := c.DoMulti(ctx, multi...)
+					stop()
+					if lost {
+						for i := range res {
+							res[i] = rueidis.NewErrorResult(ctx.Err())
+						}
+					}
+					return res
+				}})
+				_, err := gens.Sweep(ctx, c, f.idx, gens.Options{Unlink: 100})
+				if !f.trusts() {
+					if err != nil {
+						t.Fatal(err)
+					}
+					return // no chunk in WATCH ... EXEC
+				}
+				if watches.Load() == 0 || !errors.Is(err, context.Canceled) {
+					t.Fatalf("sweep with its first WATCH's context cancelled: %v (%d WATCHes), want context.Canceled", err, watches.Load())
+				}
+				ctx = redistest.Ctx(t)
+				dc, release := f.c.Dedicate()
+				defer release()
+				ping := dc.Do(ctx, dc.B().Get().Key(f.registryKey()).Build()) // picks the registry's master
+				if err := ping.Error(); err != nil && !rueidis.IsRedisNil(err) && !isWrongType(err) {
+					t.Fatal(err)
+				}
+				redistest.Cmd(t, f.c, "HSET", f.registryKey(), keys.RegNext, "9")
+				res := dc.DoMulti(ctx, dc.B().Multi().Build(), dc.B().Hget().Key(f.registryKey()).Field(keys.RegNext).Build(), dc.B().Exec().Build())
+				if _, err := res[2].ToArray(); err != nil {
+					t.Fatalf("EXEC on the sweep's connection after it: %v (a WATCH the sweep sent is still on it)", err)
+				}
+			})
+		})
+	}
+}
