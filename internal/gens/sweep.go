@@ -381,6 +381,9 @@ type sweeper struct {
 	// armed is the WATCH watchedUnlink sent for its next chunk on dc, nil
 	// when none is.
 	armed *armedWatch
+	// watched is set once watchedUnlink sent a WATCH on dc: disarm then
+	// ends it, whatever came of its replies.
+	watched bool
 	// listLen is the length of the manifest's list byManifest read, which
 	// the last step checks; -1 when not reading a manifest.
 	listLen int64
@@ -683,6 +686,7 @@ func (s *sweeper) watchedUnlink(ctx context.Context, g int64, st State, ks []str
 	cb := s.dc.B()
 	res := s.takeArmed(g, st)
 	if res == nil {
+		s.watched = true
 		res = s.dc.DoMulti(ctx, s.watch(g)...)
 	}
 	if err := res[0].Error(); err != nil {
@@ -751,14 +755,16 @@ func (s *sweeper) takeArmed(g int64, st State) []rueidis.RedisResult {
 }
 
 // disarm ends a WATCH that watchedUnlink sent for a chunk that never came,
-// before the connection goes back to the client's pool, where another
-// caller's EXEC would otherwise fail for a key this sweeper watched. It
-// runs whatever ctx's state: a WATCH must not outlive the sweep.
+// or whose EXEC never came (its replies lost to a cancelled ctx, or a
+// refusal whose UNWATCH was not sent), before the connection goes back to
+// the client's pool, where another caller's EXEC would otherwise fail for
+// a key this sweeper watched. It runs whatever ctx's state: a WATCH must
+// not outlive the sweep.
 func (s *sweeper) disarm(ctx context.Context) error {
-	if s.armed == nil {
+	if s.armed == nil && !s.watched {
 		return nil
 	}
-	s.armed = nil
+	s.armed, s.watched = nil, false
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 	defer cancel()
 	if err := s.dc.Do(ctx, s.dc.B().Unwatch().Build()).Error(); err != nil {
