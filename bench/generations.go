@@ -288,8 +288,8 @@ func (f genFamily) allKeys(ctx context.Context) ([]string, error) {
 // not be there (temp keys, locks, another generation's or shape's
 // buckets). keyswap's records that outlive a run are neither: generation
 // records, the pointer, the registry, the current generation's manifest,
-// and a cluster run's per-slot write counters, which expire with the run's
-// record.
+// a cluster run's per-slot write counters, which expire with the run's
+// record, and on a cluster the owner stamp of an untagged prefix's base.
 func familyKeys(all []string, prefix, data string) (buckets, stray []string) {
 	gen := strings.TrimSuffix(strings.TrimPrefix(data, prefix+keys.GenInfix), ":")
 	manifest := func(k string) bool {
@@ -309,7 +309,7 @@ func familyKeys(all []string, prefix, data string) (buckets, stray []string) {
 	for _, k := range all {
 		switch {
 		case isGeneration(k), strings.HasSuffix(k, keys.PointerSuffix), strings.HasSuffix(k, keys.RegistrySuffix),
-			strings.Contains(k, ":rebuild-n:"), manifest(k):
+			strings.Contains(k, ":rebuild-n:"), manifest(k), k == keys.OwnerKey(prefix, true):
 		case strings.HasPrefix(k, data) && isBucket(k[len(data):]):
 			buckets = append(buckets, k)
 		default:

@@ -32,6 +32,8 @@ func TestFamilyKeys(t *testing.T) {
 		keys.GenBucketKey(p, 6, "b000001"), // the previous generation
 		p + ":b000001",                     // the plain shape
 		keys.PointerKey(p, false), keys.RegistryKey(p, false), keys.PointerKey(p, true),
+		keys.OwnerKey(p, true),       // the owner stamp of the untagged prefix's base on a cluster
+		"{other}" + keys.OwnerSuffix, // another base's
 		p + ":b000001:rebuild-gen",
 		"{rb12}" + p + ":rebuild-n:7",
 		keys.LockKey(p, false),
@@ -41,7 +43,7 @@ func TestFamilyKeys(t *testing.T) {
 	if want := []string{gen + "b000001", gen + "b000002"}; !slices.Equal(buckets, want) {
 		t.Errorf("generation 7's buckets: got %q, want %q", buckets, want)
 	}
-	want := []string{keys.GenBucketKey(p, 6, "b000001"), p + ":b000001", keys.LockKey(p, false), keys.TempKey(p+":b000003", false, 1700000000, 1)}
+	want := []string{keys.GenBucketKey(p, 6, "b000001"), p + ":b000001", "{other}" + keys.OwnerSuffix, keys.LockKey(p, false), keys.TempKey(p+":b000003", false, 1700000000, 1)}
 	if !slices.Equal(stray, want) {
 		t.Errorf("generation 7's strays: got %q, want %q", stray, want)
 	}

@@ -252,12 +252,21 @@ func (r *core) genIndex(i int) gens.Index {
 // buckets returns, per builder, the buckets of a family the run wrote, in
 // the order it first wrote them (none for a plain builder): the removal of
 // the generation the run flipped away from deletes those first, by name
-// (gens.Options.Buckets), and SCANs only for the rest, unless it reads
-// that generation's manifest, which names exactly its keys.
+// (gens.Options.Buckets), and SCANs only for the rest. None either for a
+// family whose keys share its registry's slot: that generation's manifest
+// names exactly its keys, and the removal reads it instead (a generation
+// without one, left by a crashed run or an older keyswap, is SCANned).
 func (x *execution[T]) buckets() [][]string {
 	out := make([][]string, len(x.r.owners))
+	named := make([]bool, len(x.r.owners))
+	for b, o := range x.r.owners {
+		named[b] = o.family && !keys.SameSlot(o.key, x.r.redis.Names())
+	}
+	if !slices.Contains(named, true) {
+		return out
+	}
 	for _, t := range x.targets.all() {
-		if x.r.owners[t.builder].family {
+		if named[t.builder] {
 			out[t.builder] = append(out[t.builder], t.bucket)
 		}
 	}
