@@ -266,27 +266,33 @@ func TestSweepLeavesNoWatch(t *testing.T) {
 				if f.trusts() != (execs.Load() > 0) {
 					t.Fatalf("%d chunks in WATCH ... EXEC; want them exactly for a family in the registry's slot", execs.Load())
 				}
-				// The connection the chunks went on, from the pool again:
-				// a WATCH left on it fails this EXEC once the registry
-				// changes.
-				ctx = redistest.Ctx(t)
-				dc, release := f.c.Dedicate()
-				defer release()
-				ping := dc.Do(ctx, dc.B().Get().Key(f.registryKey()).Build()) // picks the registry's master
-				if err := ping.Error(); err != nil && !rueidis.IsRedisNil(err) && !isWrongType(err) {
-					t.Fatal(err)
-				}
-				redistest.Cmd(t, f.c, "HSET", f.registryKey(), keys.RegNext, "9")
-				res := dc.DoMulti(ctx, dc.B().Multi().Build(), dc.B().Hget().Key(f.registryKey()).Field(keys.RegNext).Build(), dc.B().Exec().Build())
-				got, err := res[2].ToArray()
-				if err != nil {
-					t.Fatalf("EXEC on the sweep's connection after it: %v (a WATCH the sweep sent is still on it)", err)
-				}
-				if v, _ := got[0].ToString(); v != "9" {
-					t.Fatalf("EXEC read next %q, want 9", v)
-				}
+				f.wantNoWatch()
 			})
 		})
+	}
+}
+
+// wantNoWatch fails unless the connection a sweep's chunks went on, from
+// the pool again, has no WATCH left: one would fail this EXEC once the
+// registry changes.
+func (f *fixture) wantNoWatch() {
+	t := f.t
+	t.Helper()
+	ctx := redistest.Ctx(t)
+	dc, release := f.c.Dedicate()
+	defer release()
+	ping := dc.Do(ctx, dc.B().Get().Key(f.registryKey()).Build()) // picks the registry's master
+	if err := ping.Error(); err != nil && !rueidis.IsRedisNil(err) && !isWrongType(err) {
+		t.Fatal(err)
+	}
+	redistest.Cmd(t, f.c, "HSET", f.registryKey(), keys.RegNext, "9")
+	res := dc.DoMulti(ctx, dc.B().Multi().Build(), dc.B().Hget().Key(f.registryKey()).Field(keys.RegNext).Build(), dc.B().Exec().Build())
+	got, err := res[2].ToArray()
+	if err != nil {
+		t.Fatalf("EXEC on the sweep's connection after it: %v (a WATCH the sweep sent is still on it)", err)
+	}
+	if v, _ := got[0].ToString(); v != "9" {
+		t.Fatalf("EXEC read next %q, want 9", v)
 	}
 }
 
@@ -334,18 +340,7 @@ func TestSweepLeavesNoWatchAfterFirstWatch(t *testing.T) {
 				if watches.Load() == 0 || !errors.Is(err, context.Canceled) {
 					t.Fatalf("sweep with its first WATCH's context cancelled: %v (%d WATCHes), want context.Canceled", err, watches.Load())
 				}
-				ctx = redistest.Ctx(t)
-				dc, release := f.c.Dedicate()
-				defer release()
-				ping := dc.Do(ctx, dc.B().Get().Key(f.registryKey()).Build()) // picks the registry's master
-				if err := ping.Error(); err != nil && !rueidis.IsRedisNil(err) && !isWrongType(err) {
-					t.Fatal(err)
-				}
-				redistest.Cmd(t, f.c, "HSET", f.registryKey(), keys.RegNext, "9")
-				res := dc.DoMulti(ctx, dc.B().Multi().Build(), dc.B().Hget().Key(f.registryKey()).Field(keys.RegNext).Build(), dc.B().Exec().Build())
-				if _, err := res[2].ToArray(); err != nil {
-					t.Fatalf("EXEC on the sweep's connection after it: %v (a WATCH the sweep sent is still on it)", err)
-				}
+				f.wantNoWatch()
 			})
 		})
 	}
