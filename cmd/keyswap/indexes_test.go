@@ -47,10 +47,10 @@ func TestLiveCandidates(t *testing.T) {
 		{"users:by-email", false, []string{"users:by-email"}},
 		{"{users:by-email}", false, []string{"{users:by-email}"}},
 		{"{users}:by-email", true, []string{"{users}:by-email"}},
-		{"a{}b", true, []string{"a{}b"}},
 		{"users:by-email", true, []string{"{users:by-email}", "users:by-email"}},
 		{"{users}", true, []string{"{users}", "users"}},
 		{"a}b", true, []string{keys.Base("a}b", true), "a}b"}},
+		{"a{}b", true, []string{keys.Base("a{}b", true), "a{}b"}}, // "{}" is no tag
 	} {
 		base := keys.Base(tc.live, tc.cluster)
 		for _, keyOf := range []func(string, bool) string{keys.MetaKey[bool], keys.RegistryKey[bool], keys.PointerKey[bool]} {
