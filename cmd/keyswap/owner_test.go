@@ -23,15 +23,15 @@ type ownedIndex struct {
 	family bool
 }
 
-// publish runs o in Generations mode from ps, leaving the generation it
-// retires to a sweep.
-func (o ownedIndex) publish(t *testing.T, d deployment, ps []person) {
+// publish runs o from ps with opts (genOpts: in Generations mode, leaving
+// the generation it retires to a sweep).
+func (o ownedIndex) publish(t *testing.T, d deployment, opts krebuild.Options, ps []person) {
 	t.Helper()
 	var r *krebuild.Rebuilder[person]
 	if o.family {
-		r = redistest.Rebuilder(t, d.client, genOpts(false), builders.SetIndex(o.live, func(p person) (string, string, bool) { return p.Country, p.ID, true }))
+		r = redistest.Rebuilder(t, d.client, opts, builders.SetIndex(o.live, func(p person) (string, string, bool) { return p.Country, p.ID, true }))
 	} else {
-		r = redistest.Rebuilder(t, d.client, genOpts(false), builders.Hash(o.live, func(p person) (string, string, bool) { return p.Email, p.ID, true }))
+		r = redistest.Rebuilder(t, d.client, opts, builders.Hash(o.live, func(p person) (string, string, bool) { return p.Email, p.ID, true }))
 	}
 	if _, err := r.Run(t.Context(), sources.Slice(ps)); err != nil {
 		t.Fatalf("Run of %s: %v", o.live, err)
@@ -98,8 +98,8 @@ func TestSweepSharedBase(t *testing.T) {
 				{live: p + "untagged-fam", family: true},
 			}
 			for _, ix := range ixs {
-				ix.publish(t, d, people(0, 4))
-				ix.publish(t, d, people(4, 3))
+				ix.publish(t, d, genOpts(false), people(0, 4))
+				ix.publish(t, d, genOpts(false), people(4, 3))
 				ix.retire(t, d, 1)
 				if len(ix.genKeys(t, d, 1)) == 0 || len(ix.genKeys(t, d, 2)) == 0 {
 					t.Fatalf("%s: want data keys in generations 1 and 2, got %q and %q", ix.live, ix.genKeys(t, d, 1), ix.genKeys(t, d, 2))
@@ -160,8 +160,8 @@ func TestSweepSharedBaseUnstamped(t *testing.T) {
 			t.Parallel()
 			p := testPrefix(t, d)
 			ix := ownedIndex{live: "{" + p + "plain}"}
-			ix.publish(t, d, people(0, 4))
-			ix.publish(t, d, people(4, 3))
+			ix.publish(t, d, genOpts(false), people(0, 4))
+			ix.publish(t, d, genOpts(false), people(4, 3))
 			ix.retire(t, d, 1)
 			stamp := keys.OwnerKey(ix.live, d.cluster)
 			if !d.cluster {
@@ -179,10 +179,7 @@ func TestSweepSharedBaseUnstamped(t *testing.T) {
 			// An index that only ever rebuilt in place keeps no stamp, and
 			// has no generation: status names it as before, untagged.
 			inPlace := p + "in-place"
-			r := redistest.Rebuilder(t, d.client, krebuild.Options{}, builders.Hash(inPlace, func(p person) (string, string, bool) { return p.Email, p.ID, true }))
-			if _, err := r.Run(t.Context(), sources.Slice(people(0, 2))); err != nil {
-				t.Fatalf("Run of %s: %v", inPlace, err)
-			}
+			ownedIndex{live: inPlace}.publish(t, d, krebuild.Options{}, people(0, 2))
 			for _, tc := range []struct {
 				name  string
 				stamp []string // the command that leaves it so
