@@ -164,6 +164,37 @@ func TestGenerationsACLPreCheck(t *testing.T) {
 	}
 }
 
+func TestGenerationsACLManifestList(t *testing.T) {
+	// C93: the removal of a family's previous generation reads its
+	// manifest's list with LLEN before its LRANGEs: a user who may not run
+	// it there fails at the acquire, nothing written, rather than
+	// publishing and then leaving the previous generation. (TYPE, which the
+	// removal sends there too, is checked on many keys; denied, it fails
+	// the acquire whatever the list.)
+	t.Parallel()
+	ctx := redistest.Ctx(t)
+	srv := redistest.OwnServer(t)
+	admin := srv.Client(t)
+	prefix := redistest.Prefix(t) + "users:by-country"
+	set := func(c rueidis.Client) *rebuild.Rebuilder[user] {
+		return redistest.Rebuilder(t, c, rebuild.Options{Publish: rebuild.Generations, Grace: -1},
+			builders.SetIndex(prefix, func(u user) (string, string, bool) { return u.Country, u.ID, true }))
+	}
+	if _, err := set(admin).Run(ctx, sources.Slice(genUsers(10, 2))); err != nil {
+		t.Fatal(err)
+	}
+	before := redistest.Snapshot(t, admin, prefix)
+	// Every right, LLEN on every key but a manifest's list.
+	c := srv.ClientAs(t, "ks-manifest-llen", "~*", "+@all", "-llen",
+		"(~*:rebuild-lock* ~*:rebuild-gens ~*:rebuild-ptr ~*:rebuild-m:* ~*:rebuild-g:* +llen)")
+	_, err := set(c).Run(ctx, sources.Slice(genUsers(12, 3)))
+	redistest.WantErr(t, err, rebuild.ErrNoPermission)
+	if list := keys.ManifestListKey(prefix, false, 0); !strings.Contains(err.Error(), "LLEN") || !strings.Contains(err.Error(), strings.TrimSuffix(list, "0")) {
+		t.Errorf("Run: %v, want it to name LLEN and the manifest's list", err)
+	}
+	redistest.WantUnchanged(t, admin, prefix, before)
+}
+
 func TestGenerationsACLCutOverMark(t *testing.T) {
 	// C93, C98: the rights the acquire checks cover the cut-over mark
 	// (<lock>:cut): GET, which every flip sends, and, for a run that may

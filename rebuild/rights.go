@@ -131,7 +131,7 @@ func (r *core) genChecks(i int, temp string, add func(key string, cmds ...string
 		// The generation's manifest: the writes add to it, the removal
 		// reads it, and deletes its chunks in WATCH ... EXEC.
 		add(keys.ManifestKey(r.lives[i], cluster, 0), "SADD", "SISMEMBER", "SSCAN", "UNLINK")
-		add(keys.ManifestListKey(r.lives[i], cluster, 0), "RPUSH", "LRANGE", "UNLINK")
+		add(keys.ManifestListKey(r.lives[i], cluster, 0), "RPUSH", "TYPE", "LLEN", "LRANGE", "UNLINK")
 		add(reg, "WATCH")
 		add("", "MULTI", "EXEC", "UNWATCH")
 	}

@@ -172,7 +172,10 @@
 // remove) and each it kept, with why; -json lists them in "generations".
 // With --plain it also deletes what indexes that switched from
 // rename-in-place left in the plain shape, while their pointer exists:
-// give it once every reader resolves the pointer.
+// give it once every reader resolves the pointer. On Redis Cluster the
+// keys X and {X} share the base {X} that names the registry: the sweep
+// takes the index from the base's owner stamp (<base>:rebuild-owner), and
+// leaves alone, exiting 1, a base whose stamp does not name one of them.
 //
 // Do not sweep during a rolling upgrade from a version without the rebuild
 // lock. Such versions hold no lock and put no TTL on their temp keys, so

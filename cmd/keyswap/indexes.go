@@ -39,6 +39,10 @@ type indexStatus struct {
 	// for an index that has neither (it was never published in that
 	// mode).
 	Gens *genStatus
+	// Ambiguous is not nil for an index found by a scan whose base two
+	// live keys share (SPEC C104) and whose owner stamp names neither:
+	// Key is then a guess.
+	Ambiguous *ambiguousBase
 }
 
 // rollbackState says whether 'keyswap rollback' of an index would roll
@@ -95,39 +99,33 @@ func (r rollbackState) String() string {
 	return "no"
 }
 
-// indexKey returns the live key (a family's prefix) whose meta is metaKey,
-// of base: base itself on a standalone server; on a cluster, base without
-// the hash tag keyswap put around the live key, when that gives metaKey
-// back ("{users:by-email}" is users:by-email's). A base such as
-// "{users:by-email}" also stands for a live key spelled with the braces,
-// which shares the meta: the name without them is given.
-func indexKey(metaKey, base string, cluster bool) string {
-	return liveOf(metaKey, base, cluster, keys.MetaKey)
-}
-
-// liveOf returns the live key (a family's prefix) whose key of one kind,
-// as keyOf names it (keys.MetaKey, keys.RegistryKey, keys.PointerKey), is
-// key, of base, as indexKey does for metas.
-func liveOf(key, base string, cluster bool, keyOf func(live string, cluster bool) string) string {
-	names := liveNames(base, cluster)
-	for i := len(names) - 1; i >= 0; i-- {
-		if keyOf(names[i].name, cluster) == key {
-			return names[i].name
-		}
-	}
-	return base
-}
-
 // describeIndexes returns the indexes of metas (meta key -> base), and of
 // genKeys (registry or pointer key -> base), sorted by key, with one
 // pipelined HGETALL per meta and, for an index with a registry or a
 // pointer, its generations read as readGenStatus does, with grace. held
 // are the lock keys held (by key). A meta that is gone since the scan, or
 // is not a hash with a generation (not keyswap's), is left out, unless
-// the index has a registry or a pointer.
+// the index has a registry or a pointer. The live key of a base that two
+// live keys share is the one its owner stamp names (resolveLive), or the
+// index is marked Ambiguous.
 func describeIndexes(ctx context.Context, client rueidis.Client, metas, genKeys map[string]string, held map[string]bool, now time.Time, grace time.Duration) ([]indexStatus, error) {
-	cluster := client.Mode() == rueidis.ClientModeCluster
 	ks := slices.Sorted(maps.Keys(metas))
+	found := make([]foundKey, 0, len(metas)+len(genKeys))
+	for _, k := range ks {
+		found = append(found, foundKey{key: k, base: metas[k], keyOf: keys.MetaKey[bool]})
+	}
+	for k, base := range genKeys {
+		found = append(found, foundKey{key: k, base: base, keyOf: genKeyOf(k)})
+	}
+	owners, err := resolveLive(ctx, client, found)
+	if err != nil {
+		return nil, err
+	}
+	// The bases of the indexes in Generations mode.
+	genBases := map[string]bool{}
+	for _, base := range genKeys {
+		genBases[base] = true
+	}
 	cmds := make(rueidis.Commands, len(ks))
 	for i, k := range ks {
 		cmds[i] = client.B().Hgetall().Key(k).Build()
@@ -135,7 +133,7 @@ func describeIndexes(ctx context.Context, client rueidis.Client, metas, genKeys 
 	out := []indexStatus{}
 	for i, res := range client.DoMulti(ctx, cmds...) {
 		m, err := res.AsStrMap()
-		if rerr, ok := rueidis.IsRedisErr(err); ok && strings.HasPrefix(rerr.Error(), "WRONGTYPE") {
+		if isWrongType(err) {
 			continue // a key of another type: not a meta of keyswap's
 		}
 		if err != nil {
@@ -149,33 +147,36 @@ func describeIndexes(ctx context.Context, client rueidis.Client, metas, genKeys 
 		if !held[lock] {
 			lock = ""
 		}
-		ix := indexStatus{Key: indexKey(ks[i], metas[ks[i]], cluster), MetaKey: ks[i], Generation: &g,
-			LockKey: lock, Rollback: rollbackOf(&g, lock, now)}
+		o := owners[ks[i]]
+		if o.Ambiguous != nil && o.Ambiguous.NoStamp && !genBases[metas[ks[i]]] {
+			// Only runs in Generations mode write a stamp: an index
+			// that only ever rebuilt in place has none, and no
+			// generation whose keys hang off its name. It is named as
+			// before the stamp, without keyswap's tag, the common
+			// spelling.
+			o.Ambiguous = nil
+		}
+		ix := indexStatus{Key: o.Live, MetaKey: ks[i], Generation: &g,
+			LockKey: lock, Rollback: rollbackOf(&g, lock, now), Ambiguous: o.Ambiguous}
 		if group, live, ok := groupOf(metas[ks[i]]); ok {
 			ix.Key, ix.Group = live, group
 		}
 		out = append(out, ix)
 	}
-	// The indexes in Generations mode: their bases, and those without a
-	// meta of keyswap's, by the registry's or the pointer's name.
-	genBases, listed := map[string]bool{}, map[string]bool{}
+	// The indexes in Generations mode without a meta of keyswap's, by the
+	// registry's or the pointer's name.
+	listed := map[string]bool{}
 	for _, ix := range out {
 		listed[metas[ix.MetaKey]] = true
 	}
 	for _, k := range slices.Sorted(maps.Keys(genKeys)) {
 		base := genKeys[k]
-		if genBases[base] {
-			continue
-		}
-		genBases[base] = true
 		if listed[base] {
 			continue
 		}
-		keyOf := keys.RegistryKey[bool]
-		if strings.HasSuffix(k, keys.PointerSuffix) {
-			keyOf = keys.PointerKey
-		}
-		live := liveOf(k, base, cluster, keyOf)
+		listed[base] = true
+		o := owners[k]
+		live := o.Live
 		var group string
 		if g, l, ok := groupOf(base); ok {
 			live, group = l, g
@@ -184,7 +185,8 @@ func describeIndexes(ctx context.Context, client rueidis.Client, metas, genKeys 
 		if !held[lock] {
 			lock = ""
 		}
-		out = append(out, indexStatus{Key: live, Group: group, MetaKey: keys.MetaKey(live, namesOf(client, group)), LockKey: lock, Rollback: rollbackOf(nil, lock, now)})
+		out = append(out, indexStatus{Key: live, Group: group, MetaKey: keys.MetaKey(live, namesOf(client, group)), LockKey: lock, Rollback: rollbackOf(nil, lock, now),
+			Ambiguous: o.Ambiguous})
 	}
 	slices.SortFunc(out, func(a, b indexStatus) int {
 		return cmp.Or(strings.Compare(a.Key, b.Key), strings.Compare(a.MetaKey, b.MetaKey))
@@ -203,12 +205,25 @@ func describeIndexes(ctx context.Context, client rueidis.Client, metas, genKeys 
 	return out, nil
 }
 
-// name returns the index's key for the output, with its group if any.
+// name returns the index's key for the output, with its group if any, or
+// why it may be another's.
 func (ix indexStatus) name() string {
-	if ix.Group == "" {
-		return displayKey(ix.Key)
+	switch {
+	case ix.Ambiguous != nil:
+		return displayKey(ix.Key) + " (" + ix.Ambiguous.note() + ")"
+	case ix.Group != "":
+		return displayKey(ix.Key) + " (group " + displayKey(ix.Group) + ")"
 	}
-	return displayKey(ix.Key) + " (group " + displayKey(ix.Group) + ")"
+	return displayKey(ix.Key)
+}
+
+// genKeyOf returns how the kind of k, a registry or a pointer of
+// Generations mode, is named from a live key.
+func genKeyOf(k string) func(live string, cluster bool) string {
+	if strings.HasSuffix(k, keys.PointerSuffix) {
+		return keys.PointerKey[bool]
+	}
+	return keys.RegistryKey[bool]
 }
 
 // groupOf returns the group and the index of base when base is that of an

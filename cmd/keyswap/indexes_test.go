@@ -1,6 +1,7 @@
 package main
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -33,27 +34,30 @@ func TestRollbackOf(t *testing.T) {
 	}
 }
 
-func TestIndexKey(t *testing.T) {
-	// The live key of a meta found by a scan: on a cluster, without the
-	// hash tag keyswap adds, when that names the same meta.
+func TestLiveCandidates(t *testing.T) {
+	// The live keys of a meta, registry or pointer found by a scan: the
+	// key itself and, on a cluster, the key without the hash tag keyswap
+	// adds, when that names the same key: then two, which share the base
+	// (SPEC C104), and only the owner stamp tells which it is.
 	for _, tc := range []struct {
 		live    string
 		cluster bool
-		want    string
+		want    []string
 	}{
-		{"users:by-email", false, "users:by-email"},
-		{"{users:by-email}", false, "{users:by-email}"},
-		{"users:by-email", true, "users:by-email"},
-		{"{users}:by-email", true, "{users}:by-email"},
-		{"a{}b", true, "a{}b"},
-		{"a}b", true, "a}b"},
-		// A key spelled with the braces shares the meta of the key without.
-		{"{users}", true, "users"},
+		{"users:by-email", false, []string{"users:by-email"}},
+		{"{users:by-email}", false, []string{"{users:by-email}"}},
+		{"{users}:by-email", true, []string{"{users}:by-email"}},
+		{"users:by-email", true, []string{"{users:by-email}", "users:by-email"}},
+		{"{users}", true, []string{"{users}", "users"}},
+		{"a}b", true, []string{keys.Base("a}b", true), "a}b"}},
+		{"a{}b", true, []string{keys.Base("a{}b", true), "a{}b"}}, // "{}" is no tag
 	} {
 		base := keys.Base(tc.live, tc.cluster)
-		meta := base + ":rebuild-gen"
-		if got := indexKey(meta, base, tc.cluster); got != tc.want {
-			t.Errorf("%q (cluster %v): base %q, got %q, want %q", tc.live, tc.cluster, base, got, tc.want)
+		for _, keyOf := range []func(string, bool) string{keys.MetaKey[bool], keys.RegistryKey[bool], keys.PointerKey[bool]} {
+			f := foundKey{key: keyOf(tc.live, tc.cluster), base: base, keyOf: keyOf}
+			if got := liveCandidates(f, tc.cluster); !slices.Equal(got, tc.want) {
+				t.Errorf("%q (cluster %v): %s, got %q, want %q", tc.live, tc.cluster, f.key, got, tc.want)
+			}
 		}
 	}
 }

@@ -66,6 +66,14 @@ Status lists what keyswap keeps in Redis right now, and changes nothing:
     registry and lock are named "{<group>}:rebuild-group:<key>:...": a
     scan shows each under its key, followed by "(group <group>)"; with
     --index, give its group with --group;
+  - on Redis Cluster, the keys X and {X} share one base, {X} (as do a}b
+    and {rbN}a}b), after which a scan finds the index: it is named after
+    the base's owner stamp (<base>:rebuild-owner), which every run in
+    Generations mode writes; an index in Generations mode without a stamp
+    naming one of the two (or any index with a stamp of another type or
+    naming neither) is shown with "(ambiguous: {X} or X, ...)" and why
+    beside its name, and one that only ever rebuilt in place, which keeps
+    no stamp, is named X;
   - temp keys (<key>:rebuild:<unix>:<16 hex>): their age, from the
     timestamp in the name; their TTL ("none" when they have none); their
     Redis type and size (entries, or bytes for a string); MEMORY USAGE;
@@ -225,7 +233,10 @@ JSON output (-json) is one object, whose fields are kept stable:
                                       a read Redis refused
         "in_group": "g"               only for mode "group": the group whose
                                       claim the pointer holds; pass --group g
-      }
+      },
+      "ambiguous": "..."              only on a cluster, for a base that two
+                                      keys share (X and {X}) whose owner stamp
+                                      names neither: "key" is then a guess
     }]
   }
 

@@ -39,6 +39,9 @@ type indexStatusJSON struct {
 	// generations' in_group names the group), else "rename".
 	Mode        string         `json:"mode"`
 	Generations *genStatusJSON `json:"generations"`
+	// Ambiguous says why the index may be another's: its base is that of
+	// two live keys (SPEC C104), and its owner stamp names neither.
+	Ambiguous string `json:"ambiguous,omitempty"`
 }
 
 // rollbackStateJSON is a rollbackState in JSON.
@@ -98,6 +101,9 @@ func (rep *statusReport) json() statusJSON {
 			Mode:     ix.Gens.mode(), Generations: ix.Gens.json()}
 		j.MetaKey, j.MetaKeyBase64 = jsonName(ix.MetaKey)
 		j.Family = ix.Generation != nil && ix.Generation.Family
+		if ix.Ambiguous != nil {
+			j.Ambiguous = ix.Ambiguous.note()
+		}
 		out.Indexes = append(out.Indexes, j)
 	}
 	out.Runs = make([]runJSON, 0, len(rep.Runs))

@@ -44,6 +44,18 @@ each chunk that the generation's state has not changed. A registry or
 pointer that holds what no run writes stops the sweep of its index, which
 keeps everything, and the sweep exits 1 after the other indexes.
 
+On Redis Cluster the untagged key X and the key {X} (likewise a}b and
+{rbN}a}b) have the same base, {X}, which names the registry, while the
+data keys of a generation hang off the index's own key (X:rebuild-g:G,
+{X}:rebuild-g:G). Every run in Generations mode stamps such a base with
+its key (<base>:rebuild-owner), and the sweep takes the index from that
+stamp. A base without a stamp (written before keyswap kept one, or by
+RenameInPlace runs only), or with one of another type or naming neither
+key, is not swept: the sweep says which base and both keys, and exits 1
+after the other indexes. Run that index once in Generations mode, which
+stamps its base, or, knowing which it is, SET <base>:rebuild-owner to its
+key.
+
 With --plain, it also deletes what an index that switched from
 rename-in-place to Generations mode left in the plain shape: its live key,
 or its family's buckets (<prefix>:<bucket>) of the type its meta records,
@@ -71,7 +83,8 @@ Go-quoted. -json prints one object instead, with the names exact:
     "count": 2,
     "grace_ms": 10000,
     "generations": [{                 the indexes in Generations mode
-      "key": "users:by-email",        a family's prefix for a family
+      "key": "users:by-email",        a family's prefix for a family; the base for
+                                      one whose stamp names neither key (see above)
       "family": false,
       "removed": [{"gen": 1, "state": "retired:1735830245123", "keys": 1}],
                                       in a dry run, what it would remove;

@@ -19,8 +19,9 @@ import (
 // genSweep is what the sweep did (or, in a dry run, would do) to the
 // generations of one index in Generations mode.
 type genSweep struct {
-	// Key is the index's live key, or its family's prefix, and Group its
-	// group (rebuild.Options.Group), empty for an index of its own.
+	// Key is the index's live key, or its family's prefix (the base of
+	// one found Ambiguous), and Group its group (rebuild.Options.Group),
+	// empty for an index of its own.
 	Key    string
 	Group  string
 	Family bool
@@ -164,13 +165,24 @@ func selectRegistry(pattern, base string) bool {
 	return globMatch(pattern, base+keys.TempInfix+"0:0000000000000000")
 }
 
+// foundIndex is an index in Generations mode that the sweep found by its
+// registry.
+type foundIndex struct {
+	gens.Index
+	// Ambiguous is not nil for a registry whose base two live keys share
+	// (SPEC C104) and whose owner stamp names neither: Live is then the
+	// base, and the sweep leaves its generations alone.
+	Ambiguous *ambiguousBase
+}
+
 // findGenIndexes scans the keyspace for the registries of generations that
 // pattern selects, and returns their indexes, sorted by group and key. A
 // registry whose base has a group's shape (keys.ParseGroupBase) is of the
-// index named after it, in that group.
-func findGenIndexes(ctx context.Context, client rueidis.Client, pattern string) ([]gens.Index, error) {
-	cluster := client.Mode() == rueidis.ClientModeCluster
-	found := map[gens.Index]bool{}
+// index named after it, in that group. One whose base two live keys share
+// is of the one the base's owner stamp names (resolveLive), or Ambiguous.
+func findGenIndexes(ctx context.Context, client rueidis.Client, pattern string) ([]foundIndex, error) {
+	seen := map[foundIndex]bool{}
+	var regs []foundKey
 	for page, err := range scan.Pages(ctx, client, scan.Options{Match: registryPattern(pattern)}) {
 		if err != nil {
 			return nil, fmt.Errorf("scanning for registries of generations: %w", err)
@@ -181,20 +193,31 @@ func findGenIndexes(ctx context.Context, client rueidis.Client, pattern string) 
 				continue
 			}
 			if group, live, ok := groupOf(base); ok {
-				found[gens.Index{Live: live, Group: group}] = true
+				seen[foundIndex{Index: gens.Index{Live: live, Group: group}}] = true
 				continue
 			}
 			if _, _, ok := keys.ParseGroupBase(base); ok {
 				continue // a group's shape around a key keyswap never rebuilds
 			}
-			live := liveOf(k, base, cluster, keys.RegistryKey)
-			if live == "" || keys.Reserved(live) {
-				continue // no index of keyswap's: gens would refuse it
-			}
-			found[gens.Index{Live: live}] = true
+			regs = append(regs, foundKey{key: k, base: base, keyOf: keys.RegistryKey[bool]})
 		}
 	}
-	return slices.SortedFunc(maps.Keys(found), func(a, b gens.Index) int {
+	owners, err := resolveLive(ctx, client, regs)
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range regs {
+		o := owners[r.key]
+		switch {
+		case o.Ambiguous != nil:
+			seen[foundIndex{Index: gens.Index{Live: r.base}, Ambiguous: o.Ambiguous}] = true
+		case o.Live == "" || keys.Reserved(o.Live):
+			// no index of keyswap's: gens would refuse it
+		default:
+			seen[foundIndex{Index: gens.Index{Live: o.Live}}] = true
+		}
+	}
+	return slices.SortedFunc(maps.Keys(seen), func(a, b foundIndex) int {
 		return cmp.Or(strings.Compare(a.Group, b.Group), strings.Compare(a.Live, b.Live))
 	}), nil
 }
@@ -230,16 +253,27 @@ func isFamily(ctx context.Context, client rueidis.Client, idx gens.Index, snap g
 // mode that pattern selects (see selectRegistry): with gens.Sweep, or, in
 // a dry run, with gens.DryRun, which applies gens.Sweep's rule and deletes
 // nothing. A
-// corrupt registry stops the sweep of its index only (its Err); any other
-// error stops the whole sweep, and is returned with what was done.
+// corrupt registry stops the sweep of its index only (its Err), and an
+// index whose base two live keys share without an owner stamp naming one
+// of them is not swept (its Err, an *ambiguousBase); any other error stops
+// the whole sweep, and is returned with what was done.
 func sweepGenerations(ctx context.Context, client rueidis.Client, pattern string, grace time.Duration, dryRun, plain bool) ([]genSweep, error) {
 	found, err := findGenIndexes(ctx, client, pattern)
 	if err != nil {
 		return nil, err
 	}
 	out := []genSweep{}
-	for _, idx := range found {
+	for _, f := range found {
+		idx := f.Index
 		s := genSweep{Key: idx.Live, Group: idx.Group, Removed: []genRemoved{}, Kept: []genKept{}}
+		if f.Ambiguous != nil {
+			// Fail closed: with the other index's key the sweep would
+			// find none of a generation's data keys and remove its
+			// registry field and manifest, leaking the keys.
+			s.Err = f.Ambiguous
+			out = append(out, s)
+			continue
+		}
 		snap, err := gens.Read(ctx, client, idx)
 		if snap.InGroup != "" && errors.Is(err, keys.ErrGroupConflict) {
 			// The pointer without a group holds a group's claim (SPEC
