@@ -3,7 +3,6 @@ package rebuild_test
 import (
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -386,49 +385,6 @@ func TestOwnerStampACL(t *testing.T) {
 			t.Errorf("Run: %v, want an *Error of op acquire naming SET on %s", err, stamp)
 		}
 		wantDumps(t, d, before)
-	})
-}
-
-func TestOwnerStampInPlaceIndexKeepsReaders(t *testing.T) {
-	// C104: an index published in RenameInPlace mode leaves no stamp, so
-	// the first Generations run of the other key of its base ("X" and
-	// "{X}" on a cluster) takes that base and flips the pointer the
-	// first index's readers resolve: they then read a generation of the
-	// first index that does not exist (an empty hash) instead of its
-	// live key. Whatever the second run does (refused, or run), the
-	// first index must stay readable as it was published.
-	forEachDeployment(t, func(t *testing.T, d deployment) {
-		ctx := redistest.Ctx(t)
-		for _, tagged := range []bool{false, true} {
-			x := genPrefix(d) + fmt.Sprintf("inplace%v", tagged)
-			first, second := x, "{"+x+"}"
-			if tagged {
-				first, second = second, first
-			}
-			us := users(5)
-			if _, err := hashRebuilder(t, d, first).Run(ctx, sources.Slice(us)); err != nil {
-				t.Fatalf("RenameInPlace run of %s: %v", first, err)
-			}
-			gen := redistest.Rebuilder(t, d.Client, rebuild.Options{Publish: rebuild.Generations},
-				builders.Hash(second, func(u user) (string, string, bool) { return u.Email, u.ID, true }))
-			_, err := gen.Run(ctx, sources.Slice(users(2)))
-			t.Logf("Generations run of %s after the RenameInPlace run of %s: %v", second, first, err)
-			rd, err := reader.New(d.Other, reader.Options{})
-			if err != nil {
-				t.Fatalf("reader.New: %v", err)
-			}
-			k, err := rd.Key(ctx, first)
-			if err != nil {
-				t.Fatalf("reader Key(%s): %v", first, err)
-			}
-			want := map[string]string{}
-			for _, u := range us {
-				want[u.Email] = u.ID
-			}
-			if got := redistest.HGetAll(t, d.Other, k); !maps.Equal(got, want) {
-				t.Errorf("reader of %s resolves %s holding %v, want %v (its live key)", first, k, got, want)
-			}
-		}
 	})
 }
 

@@ -223,7 +223,8 @@ func pace(ctx context.Context, opts Options, n int) error {
 // cluster and outside a group, the owner stamp of idx's base names
 // another live key (SPEC C104): the pointer DropPlain takes for its proof
 // that idx's readers read generations is then that index's, and idx's
-// plain keys may be its live data. A stamp of another type is a
+// plain keys may be its live data; the registry a Sweep or DryRun reads
+// is that index's too, whose generations' keys hang off its own key. A stamp of another type is a
 // [*CorruptError]. No stamp (a base no run in Generations mode took since
 // stamps came) proves nothing either way: the drop goes on.
 func owned(ctx context.Context, client rueidis.Client, idx Index) error {

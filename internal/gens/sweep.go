@@ -288,6 +288,12 @@ func begin(ctx context.Context, client rueidis.Client, idx Index, opts Options, 
 	if err != nil {
 		return o, Snapshot{}, &protocol.Error{Op: op, Key: idx.Live, Err: err}
 	}
+	// On a cluster the registry of a base another index owns (SPEC C104)
+	// is that index's: its generations' keys hang off that index's key,
+	// and removing them as idx's would find none and drop their fields.
+	if err := owned(ctx, client, idx); err != nil {
+		return o, Snapshot{}, protocol.Fail(ctx, op, idx.Live, err)
+	}
 	snap, err := Read(ctx, client, idx)
 	if err != nil {
 		return o, Snapshot{}, protocol.Fail(ctx, op, idx.Live, err)
