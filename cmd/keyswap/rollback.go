@@ -243,7 +243,7 @@ func notClaimed(ctx context.Context, client rueidis.Client, group string, lives 
 		if rueidis.IsRedisNil(err) {
 			continue
 		}
-		if rerr, ok := rueidis.IsRedisErr(err); ok && strings.HasPrefix(rerr.Error(), "WRONGTYPE") {
+		if isWrongType(err) {
 			continue // not a claim: the rollback reports the pointer
 		}
 		if err != nil {
