@@ -50,7 +50,9 @@
 // Methods return *Error, which names the operation and the live key, and
 // wraps one of the sentinels ErrInProgress, ErrLockLost (which also matches
 // ErrInProgress) and ErrTempKeyLost, a Redis or transport error, or a
-// description of bad input. Use errors.Is and errors.As.
+// description of bad input. Use errors.Is and errors.As. On Redis Cluster,
+// a key whose base another index owns (SPEC C104) is refused with
+// ErrGroupConflict, and an owner stamp written by hand with ErrTampered.
 //
 // A swap whose reply was lost (a dropped connection, a timeout) may or may
 // not have happened. A fenced swap leaves a short-lived receipt in the same

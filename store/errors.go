@@ -1,6 +1,9 @@
 package store
 
-import "github.com/keyswap/keyswap/internal/protocol"
+import (
+	"github.com/keyswap/keyswap/internal/keys"
+	"github.com/keyswap/keyswap/internal/protocol"
+)
 
 // ErrInProgress reports that another rebuild holds the key's lock. Acquire
 // never waits for it.
@@ -33,3 +36,16 @@ var ErrOutcomeUnknown = protocol.ErrOutcomeUnknown
 // working on, and Err the cause, which may be one of the sentinels above, a
 // Redis or transport error, or a description of bad input.
 type Error = protocol.Error
+
+// ErrGroupConflict reports, on Redis Cluster, that the live key shares its
+// base with another index that owns it (SPEC C104): the untagged "X" and
+// the tagged "{X}" have one lock, one meta and one owner stamp, and a run
+// of the other in Generations mode stamped the base with its name. The
+// Store refuses the key before it writes anything. It is the same error
+// as rebuild.ErrGroupConflict.
+var ErrGroupConflict = keys.ErrGroupConflict
+
+// ErrTampered reports that a key keyswap relies on holds what keyswap did
+// not write, such as an owner stamp of another type than a string. It is
+// the same error as rebuild.ErrTampered.
+var ErrTampered = protocol.ErrTampered

@@ -34,6 +34,14 @@ func (l *Lock) core() *protocol.Lock {
 // another rebuild holds the lock, Acquire returns an error matching
 // [ErrInProgress] that names live, and changes nothing.
 //
+// On Redis Cluster the untagged "X" and the tagged "{X}" share one base,
+// so one lock (SPEC C104). Once a rebuild of one of them in Generations
+// mode stamped the base with its name, Acquire of the other fails with an
+// error matching [ErrGroupConflict] that names both, and changes nothing:
+// the lock, and what it guards, are that index's. The stamp is checked in
+// the same step as the SET, only for such keys; a stamp of another type
+// fails it with [ErrTampered].
+//
 // ttl must be a positive whole number of seconds.
 func (s *Store) Acquire(ctx context.Context, live string, ttl time.Duration) (*Lock, error) {
 	rl, err := s.redis.Locks.Lock(ctx, "acquire", live, ttl)

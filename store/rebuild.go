@@ -27,6 +27,9 @@ type RebuildOptions struct {
 //
 //  1. Acquire live's lock with SET NX EX. If another rebuild holds it,
 //     return an error matching [ErrInProgress] at once; fn does not run.
+//     On Redis Cluster, if another index owns live's base (see
+//     [Store.Acquire]), return an error matching [ErrGroupConflict]; fn
+//     does not run.
 //  2. Call fn(ctx, temp, touch) with a new temp key. fn writes batches into
 //     temp and calls touch after each one; touch extends the lock, then the
 //     temp key's TTL, and returns an error matching [ErrLockLost] once the

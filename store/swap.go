@@ -86,6 +86,11 @@ type SwapOptions struct {
 //     an index-sized key, and the error is returned wrapped. A timeout
 //     can outrun a script that did run; the EXPIRE is then a no-op.
 //
+// On Redis Cluster, a live key whose base another index owns (see
+// [Store.Acquire]) is refused inside the script, before any write, with
+// an error matching [ErrGroupConflict]: the swap would advance that
+// index's meta. temp is left as it is.
+//
 // A fenced swap with a blank token is refused before anything changes.
 // Swap never acquires, extends or releases the lock. It is never
 // retried: a retried RENAME would see its own temp key gone.
@@ -149,6 +154,7 @@ func (s *Store) swap(ctx context.Context, temp, live string, opts SwapOptions, s
 	p, err := s.redis.Publisher.Publish(ctx, protocol.PublishOptions{
 		Op: op, Key: live, Locks: locks, Targets: []protocol.Target{target},
 		Metas:       []string{keys.MetaKey(live, s.redis.Cluster())},
+		Owners:      []string{live},
 		PreserveFor: preserve, Settle: settle, Now: s.now(),
 	})
 	if err != nil {

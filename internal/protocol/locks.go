@@ -37,6 +37,13 @@ func NewToken() string {
 // another rebuild holds the lock, it returns an error matching
 // [ErrInProgress] that names live. A SET whose reply was lost may have
 // taken the lock: it is released on a [CleanupContext].
+//
+// On a cluster, without a group, for a live key whose base another live
+// key can have (keys.Aliasable, SPEC C104), the SET goes in a script
+// (lock.lua) that first checks the base's owner stamp, as [StampCheck]
+// does: one naming another live key fails it with an error matching
+// keys.ErrGroupConflict, one of another type with one matching
+// [ErrTampered], nothing written either way.
 func (r Locks) Lock(ctx context.Context, op, live string, ttl time.Duration) (*Lock, error) {
 	if err := CheckKey(op, live); err != nil {
 		return nil, err
@@ -46,6 +53,9 @@ func (r Locks) Lock(ctx context.Context, op, live string, ttl time.Duration) (*L
 		return nil, err
 	}
 	l := &Lock{Live: live, Key: r.LockKey(live), Token: NewToken(), TTL: ttl}
+	if stamps, _ := r.stamps(AcquireOptions{Stamp: StampCheck}, []*Lock{l}); len(stamps) > 0 {
+		return r.lockStamped(ctx, op, l, stamps[0], secs)
+	}
 	err = r.client.Do(ctx, r.client.B().Set().Key(l.Key).Value(l.Token).Nx().ExSeconds(secs).Build()).Error()
 	switch {
 	case err == nil:
@@ -58,6 +68,31 @@ func (r Locks) Lock(ctx context.Context, op, live string, ttl time.Duration) (*L
 		_ = r.ReleaseAfter(ctx, []*Lock{l}, nil)
 	}
 	return nil, Fail(ctx, op, live, err)
+}
+
+// lockStamped is Lock for a live key whose base's owner stamp is stamp:
+// lock.lua checks the stamp and takes the lock in one step.
+func (r Locks) lockStamped(ctx context.Context, op string, l *Lock, stamp string, secs int64) (*Lock, error) {
+	res, err := parseReply(lockScript.Exec(ctx, r.client, []string{l.Key, stamp},
+		[]string{l.Token, strconv.FormatInt(secs, 10), l.Live}))
+	if err != nil {
+		if !IsServerReply(err) {
+			// The script may have run before its reply was lost: as in
+			// Lock, the token is ours alone.
+			_ = r.ReleaseAfter(ctx, []*Lock{l}, nil)
+		}
+		return nil, Fail(ctx, op, l.Live, err)
+	}
+	switch code, err := res.code(); {
+	case err != nil:
+	case code == codeOK:
+		return l, nil
+	case code == codeHeld:
+		return nil, &Error{Op: op, Key: l.Live, Err: ErrInProgress}
+	case code == codeOwned:
+		return nil, &Error{Op: op, Key: l.Live, Err: ownerError(l.Live, stamp, res)}
+	}
+	return nil, &Error{Op: op, Key: l.Live, Err: fmt.Errorf("unexpected lock script reply %v", res)}
 }
 
 // Check is one right a rebuild needs: to run Command on Key.

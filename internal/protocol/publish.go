@@ -112,6 +112,14 @@ type PublishOptions struct {
 	// clock, for a sweep to remove once readers no longer read them. An
 	// index without a pointer or a registry is left as it is.
 	Indexes []string
+	// Owners are live keys whose base's owner stamp (keys.OwnerKey, SPEC
+	// C104) the publish checks before any write, as [StampCheck] does:
+	// one naming another live key refuses it with an error matching
+	// keys.ErrGroupConflict, one of another type with [ErrTampered]. Only
+	// those whose base another live key can have (keys.Aliasable, on a
+	// cluster, without a group) are checked: elsewhere the base is the
+	// key's own.
+	Owners []string
 }
 
 // Published is what a successful publish did.
@@ -194,21 +202,21 @@ type publishPlan struct {
 // publishKeys are the publish script's KEYS, section by section, in the
 // order the script reads them.
 type publishKeys struct {
-	locks, records, receipts, temps, lives, orphans, prevs, drops, metas, logs, ctls, pointers []string
+	locks, records, receipts, temps, lives, orphans, prevs, drops, metas, logs, ctls, pointers, stamps []string
 }
 
 // all returns every key, section after section.
 func (k publishKeys) all() []string {
 	var ks []string
-	for _, section := range [][]string{k.locks, k.records, k.receipts, k.temps, k.lives, k.orphans, k.prevs, k.drops, k.metas, k.logs, k.ctls, k.pointers} {
+	for _, section := range [][]string{k.locks, k.records, k.receipts, k.temps, k.lives, k.orphans, k.prevs, k.drops, k.metas, k.logs, k.ctls, k.pointers, k.stamps} {
 		ks = append(ks, section...)
 	}
 	return ks
 }
 
 // counts returns the length of each section the script is told about: all
-// but lives, which has as many keys as temps, and pointers, which the
-// script counts by index.
+// but lives, which has as many keys as temps, and pointers and stamps,
+// which the script counts by index.
 func (k publishKeys) counts() []int {
 	return []int{len(k.locks), len(k.records), len(k.receipts), len(k.temps), len(k.orphans), len(k.prevs), len(k.drops), len(k.metas), len(k.logs), len(k.ctls)}
 }
@@ -260,7 +268,8 @@ func (r Publisher) plan(opts PublishOptions) (publishPlan, error) {
 		}
 		args = append(args, kind)
 	}
-	args = append(args, strconv.Itoa(len(opts.Indexes)))
+	args = append(args, strconv.Itoa(len(opts.Indexes)), strconv.Itoa(len(k.stamps)))
+	args = append(args, r.owners(opts)...)
 	return publishPlan{keys: ks, args: args}, nil
 }
 
@@ -321,7 +330,22 @@ func (r Publisher) derivedKeys(k *publishKeys, opts PublishOptions, keep int64) 
 	for _, l := range opts.Indexes {
 		k.pointers = append(k.pointers, keys.PointerKey(l, r.cluster), keys.RegistryKey(l, r.cluster))
 	}
+	for _, l := range r.owners(opts) {
+		k.stamps = append(k.stamps, keys.OwnerKey(l, r.cluster))
+	}
 	return nil
+}
+
+// owners returns the live keys of opts.Owners whose base's owner stamp
+// the publish checks: those another live key can share it with.
+func (r Publisher) owners(opts PublishOptions) []string {
+	var out []string
+	for _, l := range opts.Owners {
+		if r.cluster.Group == "" && keys.Aliasable(l, r.cluster.Cluster) {
+			out = append(out, l)
+		}
+	}
+	return out
 }
 
 // slicesOf returns a copy of ss, so that appending to it cannot write into
@@ -391,6 +415,12 @@ func (r Publisher) published(ctx context.Context, opts PublishOptions, res reply
 		temps, _, _, _ := targets(op, key, opts.Targets)
 		r.Discard(ctx, key, temps...)
 		return Published{}, &Error{Op: op, Key: l.Live, Err: ErrLockLost}
+	}
+	if owners := r.owners(opts); code == codeOwned {
+		if i, _ := res.int(1); names(i, len(owners)) {
+			l := owners[i-1]
+			return Published{}, &Error{Op: op, Key: l, Err: refusal{ownerError(l, keys.OwnerKey(l, r.cluster), res)}}
+		}
 	}
 	if err := publishRefusals.decode(opts, code, res); err != nil {
 		return refuse(err)

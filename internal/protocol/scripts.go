@@ -109,8 +109,10 @@ func (s script) command(cb rueidis.Builder, keys, args []string) rueidis.Complet
 // publish must never be retried: a retried RENAME would find its own temp
 // key gone and report a loss that did not happen.
 var (
-	touchScript     = newScript("touch", true)
-	acquireScript   = newScript("acquire", false)
+	touchScript   = newScript("touch", true)
+	acquireScript = newScript("acquire", false)
+	// lock is not retried, as acquire is not.
+	lockScript      = newScript("lock", false)
 	heartbeatScript = newScript("heartbeat", true)
 	refreshScript   = newScript("refresh", true)
 	releaseScript   = newScript("release", true)

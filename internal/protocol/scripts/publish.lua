@@ -36,7 +36,10 @@
 --   after the renames, for a sweep to remove (readers that find no pointer
 --   read the plain keys, which this very script publishes). A pointer
 --   that holds a group's claim ('group:<name>', SPEC C102) refuses the
---   publish: {IN_GROUP, i, name}, nothing written.
+--   publish: {IN_GROUP, i, name}, nothing written. S owner stamps
+--   (keys.OwnerKey, SPEC C104) of bases another live key can have: each
+--   must be absent or name its live key (ARGV[20+5X+G+i]), else the
+--   publish is refused, {OWNED, i, kind, value}, nothing written.
 --
 -- The changes applied to the live keys while the run was in progress (see
 -- apply.lua) are in the logs. The run replayed each log onto its temp keys
@@ -72,6 +75,7 @@
 -- ARGV[19+5X..18+5X+G] per meta, the key type of a family's keys, or ''
 --            for a plain key (recorded in the meta, for a rollback)
 -- ARGV[19+5X+G] Q (absent: 0)
+-- ARGV[20+5X+G] S (absent: 0), then the live key each stamp must name
 --
 -- Returns {OK, o1..oT, g1..gG, c}: published; oi = RENAMED, or EMPTIED: live key
 --           deleted (empty result); gi the new generation of meta i; c the
@@ -100,6 +104,8 @@
 --         {NOT_THE_RUNS, i, e, key}: entry e of log i writes key, which is not its
 --                  builder's.
 --         {WRONG_TYPE, key, type}: a change in a tail cannot write key, of type.
+--         {OWNED, i, kind, value}: stamp i names another live key (kind
+--                  'string', value its name), or is of type kind.
 -- On every reply but {OK, ...} nothing was written.
 -- #include keys
 -- #include remove
@@ -124,6 +130,8 @@ local temps, lives, orphans = section(T), section(T), section(O)
 local prevs, drops, metas, logs, ctls = section(P), section(D), section(G), section(X), section(K)
 local Q = tonumber(ARGV[19 + 5 * X + G] or '0')
 local pointers = section(2 * Q)
+local S = tonumber(ARGV[20 + 5 * X + G] or '0')
+local stamps = section(S)
 
 if redis.acl_check_cmd then
   local function refused(cmd, ...)
@@ -158,6 +166,9 @@ if redis.acl_check_cmd then
     r = r or refused('GET', ptr) or refused('DEL', ptr) or refused('TYPE', reg) or refused('HGETALL', reg)
       or refused('HSET', reg, '1', 'retired:1')
   end
+  for i = 1, S do
+    r = r or refused('TYPE', KEYS[stamps + i]) or refused('GET', KEYS[stamps + i])
+  end
   if r then return r end
   for i = 1, T do
     r = refused('RENAME', KEYS[temps + i], KEYS[lives + i])
@@ -171,6 +182,21 @@ if redis.acl_check_cmd then
     if P > 0 then
       r = refused('RENAME', KEYS[orphans + i], KEYS[prevs + T + i])
       if r then return r end
+    end
+  end
+end
+
+-- The owner stamps, before the fence: a base another live key owns is
+-- refused as such, whoever holds the lock (as acquire.lua does).
+for i = 1, S do
+  local stamp = KEYS[stamps + i]
+  local kind = redis.call('TYPE', stamp)['ok']
+  if kind ~= 'none' and kind ~= 'string' then
+    return {OWNED, i, kind, ''}
+  elseif kind == 'string' then
+    local owner = redis.call('GET', stamp)
+    if owner ~= ARGV[20 + 5 * X + G + i] then
+      return {OWNED, i, 'string', owner}
     end
   end
 end
