@@ -78,7 +78,12 @@ func (w *writes) Add(cmd, key string, args ...string) error {
 // group's claim (a Rebuilder without a group, of an index a group's run
 // claimed) fails it with ErrGroupConflict naming the group, nothing
 // applied; so does an index of a Rebuilder in another group, which has no
-// pointer of its group, and one in RenameInPlace mode. While a run of the keys is in
+// pointer of its group, and one in RenameInPlace mode. On a cluster, an
+// index whose base another index owns (the untagged X and the tagged
+// "{X}" share one, whose owner stamp the first of them to run in
+// Generations mode wrote, SPEC C104) fails it with ErrGroupConflict
+// naming both, nothing applied or logged: the pointer is the other's, and
+// so is the generation it names. While a run of the keys is in
 // progress, the same step logs the change for it, as above: the run
 // replays it onto the generation it builds, and its flip replays the last
 // changes (a bounded tail) itself, in the same atomic step as the pointer's

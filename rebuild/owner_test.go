@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/keyswap/keyswap/builders"
+	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/reader"
@@ -447,5 +448,48 @@ func TestOwnerStampDropPlainOfAlias(t *testing.T) {
 			want[u.Email] = u.ID
 		}
 		redistest.WantHash(t, d.Other, x, want)
+	})
+}
+
+func TestOwnerStampApplyOfAlias(t *testing.T) {
+	// C104: Apply of an index in Generations mode resolves the pointer of
+	// its base, which on a cluster is the other index's once that one
+	// owns it: the change would go into the other index's generation,
+	// listed in its manifest, keys that hang off this index and that
+	// nothing removes. Apply checks the stamp in the step that resolves
+	// the pointer and fails with ErrGroupConflict, nothing written or
+	// logged: for the untagged X, whose change goes across slots, and for
+	// "{X}", whose goes in one step. On a standalone server the bases
+	// differ, and Apply writes the index's own plain keys.
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		ctx := redistest.Ctx(t)
+		for _, tagged := range []bool{false, true} {
+			t.Run(fmt.Sprintf("tagged owns %v", !tagged), func(t *testing.T) {
+				x := genPrefix(d) + fmt.Sprintf("apply%v", tagged)
+				owner, other := "{"+x+"}", x
+				if tagged {
+					owner, other = other, owner
+				}
+				us := genUsers(30, 3)
+				if _, err := genRebuilder(t, d, owner, rebuild.Options{}).Run(ctx, sources.Slice(us)); err != nil {
+					t.Fatal(err)
+				}
+				before := dumps(t, d)
+				extra := user{ID: "extra", Email: "extra@example.com", Country: "b01"}
+				err := genRebuilder(t, d, other, rebuild.Options{}).Apply(ctx, index.Change[user]{New: &extra})
+				if !d.Cluster {
+					if err != nil {
+						t.Fatalf("Apply of %s on a standalone server: %v", other, err)
+					}
+					if got := redistest.SMembers(t, d.Other, other+":b01"); !slices.Equal(got, []string{"extra"}) {
+						t.Errorf("Apply of %s on a standalone server: %s:b01 holds %v, want [extra]", other, other, got)
+					}
+					return
+				}
+				wantOwned(t, "Apply of "+other, "apply", err, other, owner)
+				wantDumps(t, d, before)
+				wantReadable(t, d, owner, us)
+			})
+		}
 	})
 }

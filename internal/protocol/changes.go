@@ -513,6 +513,10 @@ type change struct {
 	lists        [][]Op
 	at           []int
 	all          int // the number of locks of the whole change
+	// owners are the lives whose base's owner stamp the change scripts of
+	// Generations mode check (see Core.aliasable), in the order of their
+	// stamps in the scripts' keys.
+	owners []string
 }
 
 // pickChange returns the part of a change that writes something: lock i
@@ -594,6 +598,10 @@ func (c change) decode(script string, res reply, extra int) (Applied, reply, err
 		return Applied{}, nil, fmt.Errorf("%w: index %s is in group %q (its pointer without a group holds %q): pass the group %q; nothing written, nothing logged", keys.ErrGroupConflict, c.lives[i-1], g, keys.GroupMarker(g), g)
 	case code == codeBadRegistry && i >= 1 && int(i) <= n:
 		return Applied{}, nil, fmt.Errorf("%w: index %q: %s, a state no run leaves; nothing written, nothing logged", ErrTampered, c.lives[i-1], res.str(2))
+	case code == codeOwned && names(i, len(c.owners)):
+		// Only a base another live key can have is stamped: on a cluster.
+		l := c.owners[i-1]
+		return Applied{}, nil, ownerError(l, keys.OwnerKey(l, true), res)
 	case code != codeOK || len(res) != 1+n+extra:
 		return Applied{}, nil, fmt.Errorf("unexpected %s script reply %v", script, res)
 	}

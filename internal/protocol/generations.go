@@ -442,7 +442,11 @@ const genApplyTries = 3
 // move (else it resolves them again). While a run holds a lock, the same
 // step logs the ops, on their plain names, for that run, as [Changes.Apply]
 // does, or refuses the change as Apply does (an error matching
-// [ErrInProgress], nothing written). On a cluster, when an index has no
+// [ErrInProgress], nothing written). On a cluster, without a group, the
+// same step first checks the owner stamp of each index's base another
+// live key can have (keys.Aliasable, SPEC C104): one naming another live
+// key fails it with an error matching keys.ErrGroupConflict, one of
+// another type with [ErrTampered], nothing written or logged. On a cluster, when an index has no
 // hash tag (its generation's keys may leave the locks' slot), the change
 // goes in three steps across slots instead: see genApplySpread.
 func (r Changes) GenApply(ctx context.Context, opts GenApplyOptions) (Applied, error) {
@@ -459,6 +463,7 @@ func (r Changes) GenApply(ctx context.Context, opts GenApplyOptions) (Applied, e
 	if err := c.check(); err != nil {
 		return fail(err)
 	}
+	c.owners = r.aliasable(c.lives)
 	if r.spreads(c.lives) {
 		return r.genApplySpread(ctx, opts, c)
 	}
@@ -539,10 +544,11 @@ func (r Changes) resolvePointers(ctx context.Context, op, key string, lives []st
 // genApplyCall returns genapply.lua's keys and arguments for change c on
 // the generations gens (as resolvePointers returns them): for each index
 // its lock, record, log, pointer, registry, cut-over mark and manifest,
-// then every key the ops write, once, in the generation's shape.
+// the owner stamps of c.owners, then every key the ops write, once, in
+// the generation's shape.
 func (r Changes) genApplyCall(c change, gens []string, maxLog int) (ks, args []string) {
 	n := len(c.locks)
-	ks = make([]string, 7*n)
+	ks = make([]string, 7*n, 7*n+len(c.owners))
 	listed := make([]string, n)
 	for i, l := range c.locks {
 		ks[i], ks[n+i], ks[2*n+i] = l, keys.RecordKey(l), keys.LogKey(l)
@@ -556,9 +562,15 @@ func (r Changes) genApplyCall(c change, gens []string, maxLog int) (ks, args []s
 			listed[i] = "1"
 		}
 	}
+	for _, l := range c.owners {
+		ks = append(ks, keys.OwnerKey(l, r.cluster))
+	}
+	head := len(ks)
 	index := map[string]int{}
 	args = append([]string{strconv.Itoa(n), strconv.Itoa(maxLog), strconv.Itoa(c.count())}, gens...)
 	args = append(args, listed...)
+	args = append(args, strconv.Itoa(len(c.owners)))
+	args = append(args, c.owners...)
 	for i, ops := range c.lists {
 		for _, o := range ops {
 			k := o.Key
@@ -569,7 +581,7 @@ func (r Changes) genApplyCall(c change, gens []string, maxLog int) (ks, args []s
 			j, ok := index[k]
 			if !ok {
 				ks = append(ks, k)
-				j = len(ks) - 7*n
+				j = len(ks) - head
 				index[k] = j
 			}
 			args = append(args, strconv.Itoa(i+1), strconv.Itoa(j), o.Key, o.Cmd, strconv.Itoa(len(o.Args)))

@@ -65,7 +65,9 @@ type slotWrite struct {
 // the step that checks the pointers and logs the change, so it goes in
 // three steps:
 //
-//  1. genlog.lua, in the locks' slot: resolve each pointer (a generation
+//  1. genlog.lua, in the locks' slot: check the owner stamps of the
+//     indexes' bases (keys.ErrGroupConflict when one names another live
+//     key, SPEC C104), resolve each pointer (a generation
 //     the registry marks current, else ErrTampered, nothing written),
 //     check this user's rights on every key the change writes in it, and
 //     log the change for the run holding a lock, as Apply does (or refuse
@@ -100,10 +102,14 @@ func (r Changes) genApplySpread(ctx context.Context, opts GenApplyOptions, c cha
 		ks[3*n+i], ks[4*n+i] = keys.PointerKey(c.lives[i], r.cluster), keys.RegistryKey(c.lives[i], r.cluster)
 		ks[5*n+i] = keys.CutOverKey(l)
 	}
+	for _, l := range c.owners {
+		ks = append(ks, keys.OwnerKey(l, r.cluster))
+	}
 	if err := r.SameSlot(op, key, ks...); err != nil {
 		return Applied{}, err
 	}
-	args := []string{strconv.Itoa(n), strconv.Itoa(opts.MaxLog), strconv.Itoa(c.count())}
+	args := []string{strconv.Itoa(n), strconv.Itoa(opts.MaxLog), strconv.Itoa(c.count()), strconv.Itoa(len(c.owners))}
+	args = append(args, c.owners...)
 	for i, ops := range c.lists {
 		for _, o := range ops {
 			head, tail := genShape(c.lives[i], c.families[i], o.Key)

@@ -338,15 +338,7 @@ func (r Publisher) derivedKeys(k *publishKeys, opts PublishOptions, keep int64) 
 
 // owners returns the live keys of opts.Owners whose base's owner stamp
 // the publish checks: those another live key can share it with.
-func (r Publisher) owners(opts PublishOptions) []string {
-	var out []string
-	for _, l := range opts.Owners {
-		if r.cluster.Group == "" && keys.Aliasable(l, r.cluster.Cluster) {
-			out = append(out, l)
-		}
-	}
-	return out
-}
+func (r Publisher) owners(opts PublishOptions) []string { return r.aliasable(opts.Owners) }
 
 // slicesOf returns a copy of ss, so that appending to it cannot write into
 // the caller's array.

@@ -158,6 +158,23 @@ func (r *Core) Names() keys.Names { return r.cluster }
 // Logger returns the logger.
 func (r *Core) Logger() *slog.Logger { return r.log }
 
+// aliasable returns the keys of lives whose base another live key can
+// have (keys.Aliasable, SPEC C104): on a cluster, without a group (whose
+// bases are the group's, one per live key). Only their bases carry an
+// owner stamp.
+func (r *Core) aliasable(lives []string) []string {
+	if r.cluster.Group != "" {
+		return nil
+	}
+	var out []string
+	for _, l := range lives {
+		if keys.Aliasable(l, r.cluster.Cluster) {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
 // LockKey returns the lock key of live.
 func (r *Core) LockKey(live string) string { return keys.LockKey(live, r.cluster) }
 

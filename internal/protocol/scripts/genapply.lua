@@ -21,7 +21,9 @@
 -- KEYS[5n+1..6n]    the locks' cut-over marks (keys.CutOverKey)
 -- KEYS[6n+1..7n]    the manifests of the generations of ARGV[4..3+n]
 --                   (keys.ManifestKey)
--- KEYS[7n+1..]      the keys the ops write
+-- KEYS[7n+1..7n+s]  s owner stamps (keys.OwnerKey, SPEC C104), as
+--                   genlog.lua takes them
+-- KEYS[7n+s+1..]    the keys the ops write
 -- ARGV[1]           n
 -- ARGV[2]           the most entries a log may hold (see apply.lua)
 -- ARGV[3]           the number of ops
@@ -30,9 +32,11 @@
 -- ARGV[4+n..3+2n]   '1' when index i is a family, whose generation's
 --                   manifest lists the keys the change writes in it (in
 --                   the same step as the writes), else '0'
--- ARGV[4+2n..]      per op: its lock's index (1..n), its key's index in
---                   KEYS after 7n, its live key, the command, the count of
---                   args, the args
+-- ARGV[4+2n]        s
+-- ARGV[5+2n..4+2n+s] the live key (or family prefix) each stamp must name
+-- ARGV[5+2n+s..]    per op: its lock's index (1..n), its key's index in
+--                   KEYS after 7n+s, its live key, the command, the count
+--                   of args, the args
 --
 -- Returns {OK, l1..ln}: applied; li as apply.lua returns them.
 --         {NO_RIGHT, cmd, key}, {UNKNOWN_CMD, cmd}: refused (an op, or the
@@ -49,13 +53,17 @@
 --         {BAD_REGISTRY, i, why}: registry i does not mark the generation
 --           pointer i names current, a state no run leaves, or manifest i
 --           is not a set; nothing written (genlog.lua checks the same).
+--         {OWNED, j, kind, value}: stamp j names another live key, or is
+--           of another type (lib/owner.lua); nothing written.
 -- #include keys
 -- #include remove
 -- #include changes
+-- #include owner
 local n, bound, count = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local s = tonumber(ARGV[4 + 2 * n])
 local listed = changes.manifests()
-local ops, perLock = changes.parse(count, 4 + 2 * n, function(at)
-  local i, key = tonumber(ARGV[at]), KEYS[7 * n + tonumber(ARGV[at + 1])]
+local ops, perLock = changes.parse(count, 5 + 2 * n + s, function(at)
+  local i, key = tonumber(ARGV[at]), KEYS[7 * n + s + tonumber(ARGV[at + 1])]
   if ARGV[3 + n + i] == '1' and ARGV[3 + i] ~= '0' then
     listed.add(i, key)
   end
@@ -65,6 +73,12 @@ end)
 for i = 1, n do
   local r = changes.canLog(KEYS[i], KEYS[n + i], KEYS[2 * n + i], KEYS[5 * n + i]) or changes.refused('GET', KEYS[3 * n + i])
     or changes.refused('HGET', KEYS[4 * n + i], 'current')
+  if r then return r end
+end
+-- The owner stamps first, as genlog.lua checks them.
+for j = 1, s do
+  local r = changes.refused('TYPE', KEYS[7 * n + j]) or changes.refused('GET', KEYS[7 * n + j])
+    or owner.refused(j, KEYS[7 * n + j], ARGV[4 + 2 * n + j])
   if r then return r end
 end
 local r = changes.unfit(ops)

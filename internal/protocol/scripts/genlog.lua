@@ -22,10 +22,16 @@
 -- KEYS[3n+1..4n]    the indexes' pointers
 -- KEYS[4n+1..5n]    the indexes' registries
 -- KEYS[5n+1..6n]    the locks' cut-over marks (keys.CutOverKey)
+-- KEYS[6n+1..6n+s]  s owner stamps (keys.OwnerKey, SPEC C104): of the
+--                   indexes whose base another live key can have (on a
+--                   cluster, without a group); each must be absent or
+--                   name its index, else nothing is written or logged
 -- ARGV[1]           n
 -- ARGV[2]           the most entries a log may hold (see apply.lua)
 -- ARGV[3]           the number of ops
--- ARGV[4..]         per op: its lock's index (1..n), its live key, the
+-- ARGV[4]           s
+-- ARGV[5..4+s]      the live key (or family prefix) each stamp must name
+-- ARGV[5+s..]       per op: its lock's index (1..n), its live key, the
 --                   head and the tail of its key in a generation (the key
 --                   of generation G is head .. G .. tail), the command, the
 --                   count of args, the args
@@ -42,15 +48,26 @@
 --           registry does not mark it current; nothing written.
 --         {IN_GROUP, i, group}: pointer i holds a group's claim (SPEC
 --           C102); nothing written.
+--         {OWNED, j, kind, value}: stamp j names another live key, or is
+--           of another type (lib/owner.lua); nothing written or logged.
 -- #include keys
 -- #include remove
 -- #include changes
+-- #include owner
 local n, bound, count = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local s = tonumber(ARGV[4])
 
 for i = 1, n do
   local r = changes.canLog(KEYS[i], KEYS[n + i], KEYS[2 * n + i], KEYS[5 * n + i])
     or changes.refused('GET', KEYS[3 * n + i]) or changes.refused('HGET', KEYS[4 * n + i], 'current')
     or changes.refused('TYPE', KEYS[3 * n + i]) or changes.refused('TYPE', KEYS[4 * n + i])
+  if r then return r end
+end
+-- The owner stamps before the pointers: a pointer of a base another
+-- index owns is that index's, and so is its generation.
+for j = 1, s do
+  local r = changes.refused('TYPE', KEYS[6 * n + j]) or changes.refused('GET', KEYS[6 * n + j])
+    or owner.refused(j, KEYS[6 * n + j], ARGV[4 + j])
   if r then return r end
 end
 local gens = {}
@@ -72,7 +89,7 @@ for i = 1, n do
 end
 
 local inGen = {} -- the keys of a generation (not plain keys)
-local ops, perLock = changes.parse(count, 4, function(at)
+local ops, perLock = changes.parse(count, 5 + s, function(at)
   local lock, live = tonumber(ARGV[at]), ARGV[at + 1]
   local key = live
   if gens[lock] ~= '0' then

@@ -15,16 +15,9 @@
 --           'string', value its name) or of another type (kind); nothing
 --           changed.
 --         {HELD, 1}: the lock is held; nothing changed.
-local kind = redis.call('TYPE', KEYS[2])['ok']
-if kind ~= 'none' then
-  if kind ~= 'string' then
-    return {OWNED, 1, kind, ''}
-  end
-  local owner = redis.call('GET', KEYS[2])
-  if owner ~= ARGV[3] then
-    return {OWNED, 1, 'string', owner}
-  end
-end
+-- #include owner
+local r = owner.refused(1, KEYS[2], ARGV[3])
+if r then return r end
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then
   return {HELD, 1}
 end

@@ -112,6 +112,7 @@
 -- #include changes
 -- #include fence
 -- #include tail
+-- #include owner
 local token = ARGV[1]
 local L, R, C, T = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local O, P, D, G = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
@@ -189,16 +190,8 @@ end
 -- The owner stamps, before the fence: a base another live key owns is
 -- refused as such, whoever holds the lock (as acquire.lua does).
 for i = 1, S do
-  local stamp = KEYS[stamps + i]
-  local kind = redis.call('TYPE', stamp)['ok']
-  if kind ~= 'none' and kind ~= 'string' then
-    return {OWNED, i, kind, ''}
-  elseif kind == 'string' then
-    local owner = redis.call('GET', stamp)
-    if owner ~= ARGV[20 + 5 * X + G + i] then
-      return {OWNED, i, 'string', owner}
-    end
-  end
+  local r = owner.refused(i, KEYS[stamps + i], ARGV[20 + 5 * X + G + i])
+  if r then return r end
 end
 
 -- The fence (lib/fence.lua): an unfenced publish has no token, and
