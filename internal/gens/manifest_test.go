@@ -272,6 +272,37 @@ func TestSweepLeavesNoWatch(t *testing.T) {
 	}
 }
 
+// TestSweepLeavesNoWatchAfterPanic: a Progress callback that panics after
+// a chunk, whose EXEC armed the next chunk's WATCH, leaves no WATCH on the
+// connection, which goes back to the pool as the panic unwinds the sweep.
+func TestSweepLeavesNoWatchAfterPanic(t *testing.T) {
+	forShapes(t, func(t *testing.T, f *fixture) {
+		old := f.retiredOne(retired(time.Unix(1, 0)), 300)
+		f.manifest(1, true, old...)
+		var execs atomic.Int32
+		c := rueidishook.WithHook(f.c, redistest.Hook{OnDoMulti: func(c rueidis.Client, ctx context.Context, multi ...rueidis.Completed) []rueidis.RedisResult {
+			if strings.EqualFold(multi[0].Commands()[0], "MULTI") {
+				execs.Add(1)
+			}
+			return c.DoMulti(ctx, multi...)
+		}})
+		const boom = "progress callback panicked"
+		got := func() (v any) {
+			defer func() { v = recover() }()
+			_, err := gens.Sweep(redistest.Ctx(t), c, f.idx, gens.Options{Unlink: 100, Progress: func(gens.Progress) { panic(boom) }})
+			t.Fatalf("Sweep returned %v, want the callback's panic", err)
+			return nil
+		}()
+		if got != boom {
+			t.Fatalf("Sweep panicked with %v, want %q", got, boom)
+		}
+		if f.trusts() != (execs.Load() > 0) {
+			t.Fatalf("%d chunks in WATCH ... EXEC; want them exactly for a family in the registry's slot", execs.Load())
+		}
+		f.wantNoWatch()
+	})
+}
+
 // wantNoWatch fails unless the connection a sweep's chunks went on, from
 // the pool again, has no WATCH left: one would fail this EXEC once the
 // registry changes.

@@ -495,7 +495,7 @@ func (s *sweeper) sameSlot() bool { return keys.SameSlot(s.idx.Live, s.names()) 
 // remove deletes generation g's keys in chunks, then its registry field
 // and its manifest. It returns the keys deleted and, when it stopped
 // before the field, why.
-func (s *sweeper) remove(ctx context.Context, g int64, st State) (int64, Reason, error) {
+func (s *sweeper) remove(ctx context.Context, g int64, st State) (total int64, reason Reason, err error) {
 	if !s.idx.Family {
 		return s.removePlain(ctx, g, st)
 	}
@@ -507,12 +507,16 @@ func (s *sweeper) remove(ctx context.Context, g int64, st State) (int64, Reason,
 	dc, release := s.client.Dedicate()
 	defer release()
 	s.dc = dc
-	total, reason, err := s.removeFamily(ctx, g, st, true)
-	if derr := s.disarm(ctx); err == nil {
-		err = derr
-	}
-	s.dc = nil
-	return total, reason, err
+	// Deferred, so that it runs before the release also when the removal
+	// panics (a Progress callback, after a chunk armed the next one's
+	// WATCH): dc would go back to the pool with keys watched.
+	defer func() {
+		if derr := s.disarm(ctx); err == nil {
+			err = derr
+		}
+		s.dc = nil
+	}()
+	return s.removeFamily(ctx, g, st, true)
 }
 
 // removeFamily is remove for a family, whose keys share the registry's
