@@ -15,8 +15,8 @@ import (
 
 // A run with Options.SkipSizeCheck does not count its keys' sizes, so it
 // cannot tell which of its keys Redis lost. It still tells that Redis
-// evicted keys during the run, coarsely: it reads evicted_keys (INFO
-// stats) and run_id (INFO server) of every master before it allocates its
+// evicted keys during the run, coarsely: it reads evicted_keys and run_id
+// (one INFO server stats) of every master before it allocates its
 // generations, and again where the size check would run, before the flip.
 // A count that changed (grew: keys were evicted, whose they were is not
 // known; went down: CONFIG RESETSTAT, which hides what was evicted
@@ -65,16 +65,16 @@ func (w *evictionWatch) read(ctx context.Context, op string) (masterStats, error
 	out := make(masterStats, len(nodes))
 	for _, n := range nodes {
 		c := n.Client
-		res := c.DoMulti(ctx, c.B().Info().Section("server").Build(), c.B().Info().Section("stats").Build())
+		// One INFO with both sections (Redis 7.0 takes several).
+		info, err := c.Do(ctx, c.B().Info().Section("server", "stats").Build()).ToString()
+		if err != nil {
+			if perr := refused(err); perr != nil {
+				err = perr
+			}
+			return nil, protocol.Fail(ctx, op, w.key, fmt.Errorf("INFO on master %s, which SkipSizeCheck needs to read its evicted_keys: %w", n.Addr, err))
+		}
 		var s masterStat
 		for i, field := range []string{"run_id", "evicted_keys"} {
-			info, err := res[i].ToString()
-			if err != nil {
-				if perr := refused(err); perr != nil {
-					err = perr
-				}
-				return nil, protocol.Fail(ctx, op, w.key, fmt.Errorf("INFO on master %s, which SkipSizeCheck needs to read its evicted_keys: %w", n.Addr, err))
-			}
 			v, ok := infoField(info, field)
 			if !ok {
 				return nil, &Error{Op: op, Key: w.key, Err: fmt.Errorf("INFO on master %s has no %s", n.Addr, field)}
