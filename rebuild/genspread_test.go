@@ -446,6 +446,9 @@ func TestGenerationsSpreadApplyNoRight(t *testing.T) {
 		lock := keys.LockKey(prefix, d.Cluster)
 		rules := []string{"~" + lock + "*", "~" + keys.PointerKey(prefix, d.Cluster), "~" + keys.RegistryKey(prefix, d.Cluster),
 			"~" + keys.ManifestKey(prefix, d.Cluster, 1), "~" + keys.ManifestListKey(prefix, d.Cluster, 1)}
+		for _, k := range redistest.OwnerStamps(d.Cluster, prefix) {
+			rules = append(rules, "~"+k) // C104: Apply checks the base's stamp
+		}
 		for _, b := range []string{"b00", "b01"} {
 			rules = append(rules, "~"+prefix+keys.GenInfix+"*:"+b)
 		}
