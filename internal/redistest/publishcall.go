@@ -11,9 +11,11 @@ import (
 type PublishCall struct {
 	Locks, Records, Receipts, Temps, Lives, Orphans, Prevs, Drops, Metas, Logs, Ctls []string
 	// Pointers holds the pairs of an index's pointer and registry (the
-	// switch from Generations mode back), sized by the last argument.
-	Pointers []string
-	Args     []string
+	// switch from Generations mode back), sized by the argument after the
+	// metas' family types; Stamps the owner stamps (SPEC C104), sized by
+	// the argument after it.
+	Pointers, Stamps []string
+	Args             []string
 }
 
 // ParsePublish takes apart the arguments of a command that runs the
@@ -48,10 +50,17 @@ func ParsePublish(cmd []string) (PublishCall, error) {
 		cut = append(cut, ks[at:at+size[s]])
 		at += size[s]
 	}
-	q, err := strconv.Atoi(args[len(args)-1])
-	if err != nil || at+2*q != len(ks) {
-		return PublishCall{}, fmt.Errorf("publish has %d keys, not those of its sections %v and %s pointer pairs", len(ks), size, args[len(args)-1])
+	// ARGV[19+5X+G] (from 1) is Q, then S.
+	qi := 18 + 5*size[8] + size[7]
+	if qi+1 >= len(args) {
+		return PublishCall{}, fmt.Errorf("publish args %q: no count of pointer pairs and stamps at %d", args, qi)
+	}
+	q, qerr := strconv.Atoi(args[qi])
+	st, serr := strconv.Atoi(args[qi+1])
+	if qerr != nil || serr != nil || at+2*q+st != len(ks) {
+		return PublishCall{}, fmt.Errorf("publish has %d keys, not those of its sections %v, %s pointer pairs and %s stamps", len(ks), size, args[qi], args[qi+1])
 	}
 	return PublishCall{Locks: cut[0], Records: cut[1], Receipts: cut[2], Temps: cut[3], Lives: cut[4],
-		Orphans: cut[5], Prevs: cut[6], Drops: cut[7], Metas: cut[8], Logs: cut[9], Ctls: cut[10], Pointers: ks[at:], Args: args}, nil
+		Orphans: cut[5], Prevs: cut[6], Drops: cut[7], Metas: cut[8], Logs: cut[9], Ctls: cut[10],
+		Pointers: ks[at : at+2*q], Stamps: ks[at+2*q:], Args: args}, nil
 }
