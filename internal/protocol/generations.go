@@ -446,9 +446,10 @@ const genApplyTries = 3
 // same step first checks the owner stamp of each index's base another
 // live key can have (keys.Aliasable, SPEC C104): one naming another live
 // key fails it with an error matching keys.ErrGroupConflict, one of
-// another type with [ErrTampered], nothing written or logged. On a cluster, when an index has no
-// hash tag (its generation's keys may leave the locks' slot), the change
-// goes in three steps across slots instead: see genApplySpread.
+// another type with [ErrTampered], nothing written or logged. On a
+// cluster, when an index has no hash tag (its generation's keys may leave
+// the locks' slot), the change goes in three steps across slots instead:
+// see genApplySpread.
 func (r Changes) GenApply(ctx context.Context, opts GenApplyOptions) (Applied, error) {
 	op, key := opts.Op, opts.Key
 	fail := func(err error) (Applied, error) { return Applied{}, &Error{Op: op, Key: key, Err: err} }

@@ -53,8 +53,8 @@ func (r Locks) Lock(ctx context.Context, op, live string, ttl time.Duration) (*L
 		return nil, err
 	}
 	l := &Lock{Live: live, Key: r.LockKey(live), Token: NewToken(), TTL: ttl}
-	if stamps, _ := r.stamps(AcquireOptions{Stamp: StampCheck}, []*Lock{l}); len(stamps) > 0 {
-		return r.lockStamped(ctx, op, l, stamps[0], secs)
+	if len(r.aliasable([]string{live})) > 0 {
+		return r.lockStamped(ctx, op, l, keys.OwnerKey(live, r.cluster), secs)
 	}
 	err = r.client.Do(ctx, r.client.B().Set().Key(l.Key).Value(l.Token).Nx().ExSeconds(secs).Build()).Error()
 	switch {
