@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,14 +20,18 @@ const DefaultCacheTTL = 5 * time.Second
 
 // ErrBadPointer reports that an index's pointer holds something other than
 // a generation: a positive decimal number without sign, spaces or leading
-// zeros, as the writer sets it. The reader does not guess: it refuses to
-// read the index until the pointer is repaired.
+// zeros, as the writer sets it. On a cluster, where two live keys share a
+// pointer (X and "{X}", SPEC C104), it also reports that the owner stamp
+// that says whose the pointer is, "<base>:rebuild-owner", is absent while
+// the pointer is set, is not a string, or names neither key: the error
+// names the stamp and how to write it. The reader does not guess: it
+// refuses to read the index until the pointer, or its stamp, is repaired.
 var ErrBadPointer = errors.New("pointer holds no generation")
 
 // Error is the error type of a [Reader]'s methods. Op names the step that
 // failed ("new", "resolve", "recheck", or the read, such as "hget"), Key
-// the key it was working on (the pointer when resolving, the data key when
-// reading), and Err the cause: [ErrBadPointer], [ErrGroupConflict], a Redis
+// the key it was working on (the pointer, or the owner stamp beside it,
+// when resolving; the data key when reading), and Err the cause: [ErrBadPointer], [ErrGroupConflict], a Redis
 // or transport error, or a description of bad options.
 type Error struct {
 	Op  string
@@ -109,11 +114,13 @@ type Reader struct {
 // serves that reply, resolves use fresh instead of stale. A cache entry is
 // told from another by its expiry time (CachePXAT, set when it is filled),
 // so an override ends when the cache catches up (an invalidation, or the
-// entry's TTL) and never lasts longer than the entry it corrects.
+// entry's TTL) and never lasts longer than the entry it corrects. Where
+// the owner stamp is read with the pointer, the reply is the pair, and a
+// new entry of either ends the override.
 type override struct {
-	pxat         int64 // CachePXAT of the cached reply it corrects
-	stale, fresh int64 // the generations the reply and the server name
-	seq          int64 // the recheck that made it
+	at           cacheAt // the cache entries of the reply it corrects
+	stale, fresh int64   // the generations the reply and the server name
+	seq          int64   // the recheck that made it
 }
 
 const (
@@ -227,7 +234,7 @@ func (r *Reader) Resolve(ctx context.Context, ref Ref) (string, error) {
 // return the generation Recheck read, until the cache drops its stale
 // reply (an invalidation, or the end of its TTL). It costs one round trip.
 func (r *Reader) Recheck(ctx context.Context, ref Ref, key string) (now string, changed bool, err error) {
-	gen, err := r.recheck(ctx, keys.PointerKey(ref.name, r.cluster))
+	gen, err := r.recheck(ctx, ref)
 	if err == nil && gen == 0 && r.cluster.Group != "" {
 		own := keys.PointerKey(ref.name, keys.Names{Cluster: r.cluster.Cluster})
 		err = r.otherGroup("recheck", own, r.client.Do(ctx, r.client.B().Get().Key(own).Build()))
@@ -239,13 +246,18 @@ func (r *Reader) Recheck(ctx context.Context, ref Ref, key string) (now string, 
 	return now, now != key, nil
 }
 
-// recheck returns the generation ptr names on the server, read without the
-// cache. When the cache serves a reply that names another generation, the
-// reply is stale, and later resolves use the server's generation instead
-// until the cache drops that reply: a read that found the stale
-// generation's data missing does not make every later read find it
-// missing too.
-func (r *Reader) recheck(ctx context.Context, ptr string) (int64, error) {
+// recheck returns the generation ref's pointer names on the server, read
+// without the cache (with the owner stamp of its base where stamped says
+// so, in the same round trip). When the cache serves a reply that names
+// another generation, the reply is stale, and later resolves use the
+// server's generation instead until the cache drops that reply: a read
+// that found the stale generation's data missing does not make every
+// later read find it missing too.
+func (r *Reader) recheck(ctx context.Context, ref Ref) (int64, error) {
+	ptr, stamp := keys.PointerKey(ref.name, r.cluster), ""
+	if r.stamped(ref.name) {
+		stamp = keys.OwnerKey(ref.name, true)
+	}
 	r.mu.Lock()
 	r.rechecks++
 	seq := r.rechecks
@@ -253,15 +265,36 @@ func (r *Reader) recheck(ctx context.Context, ptr string) (int64, error) {
 	// The cached reply first, then the server's: the cached one is then
 	// no newer than the server's. While the entry is cached (as right
 	// after the resolve of a read) this costs no round trip.
-	var pxat, stale int64 = -1, 0
+	var at cacheAt
+	var stale int64
+	b := r.client.B()
 	if r.cached.Load() == cacheOn && !r.noMulti.Load() {
-		res := r.client.DoCache(ctx, r.client.B().Get().Key(ptr).Cache(), r.ttl)
-		if g, err := parse(res, "recheck", ptr); err == nil {
-			pxat, stale = res.CachePXAT(), g
+		var g int64
+		var err error
+		if stamp != "" {
+			res := r.client.DoMultiCache(ctx, rueidis.CT(b.Get().Key(ptr).Cache(), r.ttl), rueidis.CT(b.Get().Key(stamp).Cache(), r.ttl))
+			g, err = owned(res[0], res[1], "recheck", ref.name, ptr, stamp)
+			at = cacheAt{res[0].CachePXAT(), res[1].CachePXAT()}
+		} else {
+			res := r.client.DoCache(ctx, b.Get().Key(ptr).Cache(), r.ttl)
+			g, err = parse(res, "recheck", ptr)
+			at = cacheAt{res.CachePXAT(), 1}
+		}
+		if err == nil {
+			stale = g
+		} else {
+			at = cacheAt{}
 		}
 	}
-	gen, err := parse(r.client.Do(ctx, r.client.B().Get().Key(ptr).Build()), "recheck", ptr)
-	if err != nil || pxat <= 0 {
+	var gen int64
+	var err error
+	if stamp != "" {
+		res := r.client.DoMulti(ctx, b.Get().Key(ptr).Build(), b.Get().Key(stamp).Build())
+		gen, err = owned(res[0], res[1], "recheck", ref.name, ptr, stamp)
+	} else {
+		gen, err = parse(r.client.Do(ctx, b.Get().Key(ptr).Build()), "recheck", ptr)
+	}
+	if err != nil || !at.cached() {
 		return gen, err
 	}
 	r.mu.Lock()
@@ -275,15 +308,14 @@ func (r *Reader) recheck(ctx context.Context, ptr string) (int64, error) {
 	// When the server names the cached generation (a flip back that the
 	// cache missed too), the override is kept all the same, naming that
 	// generation: an earlier recheck still on its way cannot replace it.
-	r.overrides[ptr] = override{pxat: pxat, stale: stale, fresh: gen, seq: seq}
+	r.overrides[ptr] = override{at: at, stale: stale, fresh: gen, seq: seq}
 	r.nOverrides.Store(int32(len(r.overrides)))
 	return gen, nil
 }
 
-// corrected returns gen, the generation of ptr in the cached reply that
-// expires at pxat, or the server's generation where a recheck found that
-// reply stale.
-func (r *Reader) corrected(ptr string, pxat, gen int64) int64 {
+// corrected returns gen, the generation of ptr in the cached reply at, or
+// the server's generation where a recheck found that reply stale.
+func (r *Reader) corrected(ptr string, at cacheAt, gen int64) int64 {
 	if r.nOverrides.Load() == 0 {
 		return gen
 	}
@@ -293,7 +325,7 @@ func (r *Reader) corrected(ptr string, pxat, gen int64) int64 {
 	if !ok {
 		return gen
 	}
-	if o.pxat == pxat && o.stale == gen {
+	if o.at == at && o.stale == gen {
 		return o.fresh
 	}
 	// The cache caught up: the reply it corrected is gone.
@@ -307,13 +339,26 @@ func (r *Reader) corrected(ptr string, pxat, gen int64) int64 {
 // finds no pointer of the group reads the pointer without a group too (a
 // cache hit after the first read): another group's claim there fails it
 // with ErrGroupConflict naming that group (SPEC C102), since the plain
-// keys it would read are nobody's.
+// keys it would read are nobody's. Where another live key can share ref's
+// pointer (stamped), the owner stamp of its base is read with it, in the
+// same round trip and the same cache, and decides whose it is (owned).
 func (r *Reader) generation(ctx context.Context, ref Ref) (int64, error) {
 	ptr := keys.PointerKey(ref.name, r.cluster)
-	res := r.get(ctx, ptr)
-	gen, err := parse(res, "resolve", ptr)
-	if pxat := res.CachePXAT(); err == nil && pxat > 0 {
-		gen = r.corrected(ptr, pxat, gen)
+	var gen int64
+	var err error
+	var at cacheAt
+	if r.stamped(ref.name) {
+		stamp := keys.OwnerKey(ref.name, true)
+		pres, sres := r.getStamped(ctx, ptr, stamp)
+		gen, err = owned(pres, sres, "resolve", ref.name, ptr, stamp)
+		at = cacheAt{pres.CachePXAT(), sres.CachePXAT()}
+	} else {
+		res := r.get(ctx, ptr)
+		gen, err = parse(res, "resolve", ptr)
+		at = cacheAt{res.CachePXAT(), 1}
+	}
+	if err == nil && at.cached() {
+		gen = r.corrected(ptr, at, gen)
 	}
 	if err == nil && gen == 0 && r.cluster.Group != "" {
 		own := keys.PointerKey(ref.name, keys.Names{Cluster: r.cluster.Cluster})
@@ -322,33 +367,135 @@ func (r *Reader) generation(ctx context.Context, ref Ref) (int64, error) {
 	return gen, err
 }
 
+// stamped reports whether the pointer of the index name counts as name's
+// only when the owner stamp of its base names name (SPEC C104): on a
+// cluster, outside a group, where another live key can have name's base
+// (keys.Aliasable: X and "{X}" share "{X}:rebuild-ptr"). An index that
+// rebuilds in place writes no stamp: the first Generations run of the
+// other key stamps the base with its own name and sets the pointer, which
+// the in-place index's readers would otherwise follow to the other's data.
+// The pointer of a group ("{group}:rebuild-group:" + name) is name's
+// alone, and so is every pointer on a standalone server: those resolve
+// with one cached GET, as before.
+func (r *Reader) stamped(name string) bool {
+	return r.cluster.Group == "" && keys.Aliasable(name, r.cluster.Cluster)
+}
+
+// cacheAt tells one cached reply of a pointer from another: the expiry
+// times (CachePXAT) of the cache entries of the pointer and of the owner
+// stamp read with it (1 where none is read). A value is 0 for a reply that
+// did not come through the cache.
+type cacheAt [2]int64
+
+// cached reports whether both replies came through the cache.
+func (at cacheAt) cached() bool { return at[0] > 0 && at[1] > 0 }
+
 // get reads ptr through the client-side cache, or without it when the
 // server refuses the MULTI of a cached read.
 func (r *Reader) get(ctx context.Context, ptr string) rueidis.RedisResult {
-	var res rueidis.RedisResult
 	if r.noMulti.Load() {
-		res = r.client.Do(ctx, r.client.B().Get().Key(ptr).Build())
-	} else {
-		res = r.client.DoCache(ctx, r.client.B().Get().Key(ptr).Cache(), r.ttl)
-		if errors.Is(res.Error(), rueidis.ErrDoCacheAborted) {
-			// The server refused the MULTI that wraps a cached read (a
-			// renamed or denied MULTI, say): read without the cache, from
-			// now on.
-			r.noMulti.Store(true)
-			r.cached.Store(cacheOff)
-			res = r.client.Do(ctx, r.client.B().Get().Key(ptr).Build())
-		} else if err := res.Error(); err == nil || rueidis.IsRedisNil(err) {
-			// A cached reply (hit or miss) carries the time its cache entry
-			// expires; rueidis's DoCache on a client without a cache sends
-			// a plain GET, whose reply carries none.
-			if res.CachePXAT() > 0 {
-				r.cached.Store(cacheOn)
-			} else {
-				r.cached.Store(cacheOff)
-			}
+		return r.client.Do(ctx, r.client.B().Get().Key(ptr).Build())
+	}
+	res := r.client.DoCache(ctx, r.client.B().Get().Key(ptr).Cache(), r.ttl)
+	if r.aborted(res) {
+		return r.client.Do(ctx, r.client.B().Get().Key(ptr).Build())
+	}
+	r.note(res)
+	return res
+}
+
+// getStamped reads ptr and stamp, two keys of one slot, as get reads one:
+// through the client-side cache in one DoMultiCache (one round trip on a
+// miss, none on a hit), or without it in one DoMulti.
+func (r *Reader) getStamped(ctx context.Context, ptr, stamp string) (pres, sres rueidis.RedisResult) {
+	b := r.client.B()
+	if !r.noMulti.Load() {
+		res := r.client.DoMultiCache(ctx, rueidis.CT(b.Get().Key(ptr).Cache(), r.ttl), rueidis.CT(b.Get().Key(stamp).Cache(), r.ttl))
+		if !r.aborted(res...) {
+			r.note(res[0])
+			return res[0], res[1]
 		}
 	}
-	return res
+	res := r.client.DoMulti(ctx, b.Get().Key(ptr).Build(), b.Get().Key(stamp).Build())
+	return res[0], res[1]
+}
+
+// aborted reports whether the server refused the MULTI that wraps a cached
+// read (a renamed or denied MULTI, say) in one of res; the reader then
+// reads without the cache, from now on.
+func (r *Reader) aborted(res ...rueidis.RedisResult) bool {
+	for _, one := range res {
+		if errors.Is(one.Error(), rueidis.ErrDoCacheAborted) {
+			r.noMulti.Store(true)
+			r.cached.Store(cacheOff)
+			return true
+		}
+	}
+	return false
+}
+
+// note records whether res, a reply to a read through the cache, came
+// through it. A cached reply (hit or miss) carries the time its cache
+// entry expires; rueidis's DoCache on a client without a cache sends a
+// plain GET, whose reply carries none.
+func (r *Reader) note(res rueidis.RedisResult) {
+	if err := res.Error(); err != nil && !rueidis.IsRedisNil(err) {
+		return
+	}
+	if res.CachePXAT() > 0 {
+		r.cached.Store(cacheOn)
+	} else {
+		r.cached.Store(cacheOff)
+	}
+}
+
+// owned returns the generation of the index name from pres and sres, the
+// replies to the GETs of its pointer ptr and of the owner stamp of its
+// base, stamp, read together, where another live key can share that
+// pointer (SPEC C104):
+//
+//   - the stamp names name: the pointer is name's, read as parse reads it;
+//   - it names the other live key of the base: the pointer (a generation,
+//     or a group's claim) is that index's, and name's data is at its plain
+//     key, generation 0 (name rebuilds in place);
+//   - it is absent: without a pointer, generation 0; with one, whose it is
+//     cannot be told, and the reader does not guess: an error matching
+//     ErrBadPointer that names the stamp and how to write it. Every
+//     Generations run, and every group's claim, writes the stamp before it
+//     sets the pointer, so this is a pointer written before the stamp
+//     existed, or a stamp deleted by hand;
+//   - it names a key of another base, or is not a string: an error
+//     matching ErrBadPointer naming the stamp (no run writes either).
+func owned(pres, sres rueidis.RedisResult, op, name, ptr, stamp string) (int64, error) {
+	owner, err := sres.ToString()
+	switch {
+	case rueidis.IsRedisNil(err):
+		v, err := pres.ToString()
+		if rueidis.IsRedisNil(err) {
+			return 0, nil
+		}
+		if err != nil {
+			return 0, &Error{Op: op, Key: ptr, Err: err}
+		}
+		return 0, &Error{Op: op, Key: stamp, Err: fmt.Errorf("%w: %s holds %s, but the owner stamp %s that says whose it is is absent: on a cluster %s and another live key share that pointer, and the reader does not guess which one's generation it is. A Generations run of the index whose pointer it is writes the stamp; or SET %s to its live key (%s, if it is this index's)",
+			ErrBadPointer, ptr, quote(v), stamp, name, stamp, name)}
+	case err != nil:
+		if rerr, ok := rueidis.IsRedisErr(err); ok && strings.HasPrefix(rerr.Error(), "WRONGTYPE") {
+			return 0, &Error{Op: op, Key: stamp, Err: fmt.Errorf("%w: the owner stamp %s is not a string (%w), a state no run leaves (written by hand): it names the live key whose base, and pointer %s, it is. If it is %s's, DEL %s and SET %s %s",
+				ErrBadPointer, stamp, err, ptr, name, stamp, stamp, name)}
+		}
+		return 0, &Error{Op: op, Key: stamp, Err: err}
+	case owner == name:
+		return parse(pres, op, ptr)
+	case owner != "" && keys.Base(owner, true) == keys.Base(name, true):
+		// The other index's pointer: its generations and claims are not
+		// name's, and name, which a run of its own would have found the
+		// base taken for, rebuilds in place.
+		return 0, nil
+	default:
+		return 0, &Error{Op: op, Key: stamp, Err: fmt.Errorf("%w: the owner stamp %s holds %s, which is neither %s nor the other live key of its base, a state no run leaves (written by hand). If %s is %s's, SET %s %s",
+			ErrBadPointer, stamp, quote(owner), name, ptr, name, stamp, name)}
+	}
 }
 
 // otherGroup returns an error matching ErrGroupConflict when res, the
