@@ -2,6 +2,7 @@ package reader_test
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -190,5 +191,42 @@ func TestOwnerStampCache(t *testing.T) {
 	redistest.Cmd(t, tg.other, "DEL", o.stamp)
 	if _, _, err := lost.Recheck(ctx, reader.Plain(o.x), keys.GenKey(o.x, 1)); !errors.Is(err, reader.ErrBadPointer) {
 		t.Errorf("Recheck after the stamp was deleted: %v; want ErrBadPointer", err)
+	}
+}
+
+// A server that refuses the MULTI of a cached read (here an ACL user
+// without MULTI on every node) is read without the cache: the pointer and
+// the stamp in one DoMulti, and the stamp's rule all the same.
+func TestOwnerStampWithoutMulti(t *testing.T) {
+	tg := targets(t)[1] // cluster/untagged
+	ctx := redistest.Ctx(t)
+	o := newOwners(t, tg)
+	user := "nomulti-" + strings.ReplaceAll(tg.prefix, ":", "-")
+	for _, n := range env.Cluster.Nodes {
+		admin := n.Client(t)
+		redistest.Cmd(t, admin, "ACL", "SETUSER", user, "on", ">pw", "~*", "&*", "+@all", "-multi")
+		t.Cleanup(func() { redistest.Cmd(t, admin, "ACL", "DELUSER", user) })
+	}
+	rec := &recorder{}
+	r := newReader(t, rec.wrap(tg.client(t, func(opt *rueidis.ClientOption) { opt.Username, opt.Password = user, "pw" })), reader.Options{})
+	for _, c := range []struct {
+		owner, want string // the stamp, and the key x resolves to
+	}{{o.y, o.x}, {o.x, keys.GenKey(o.x, 1)}} {
+		redistest.Cmd(t, tg.other, "SET", o.stamp, c.owner)
+		for range 2 { // the first finds MULTI refused
+			if got, err := r.Key(ctx, o.x); err != nil || got != c.want {
+				t.Errorf("stamp %s: Key = %q, %v; want %q", c.owner, got, err, c.want)
+			}
+		}
+		if got, want := rec.take(), []string{tg.get(o.x), tg.get(o.x)}; !slices.Equal(got, want) {
+			t.Errorf("stamp %s: two resolves sent %q; want %q", c.owner, got, want)
+		}
+	}
+	if r.Cached() {
+		t.Error("Cached() = true without MULTI")
+	}
+	redistest.Cmd(t, tg.other, "DEL", o.stamp)
+	if _, err := r.Key(ctx, o.x); !errors.Is(err, reader.ErrBadPointer) {
+		t.Errorf("Key with no stamp: %v; want ErrBadPointer", err)
 	}
 }
