@@ -188,6 +188,21 @@ func TestOwnerStampCache(t *testing.T) {
 		t.Errorf("Recheck after the stamp moved to X = %q, %v, %v; want %q, true", now, changed, err, keys.GenKey(o.x, 1))
 	}
 	lostKey(keys.GenKey(o.x, 1))
+	// {X} shares the pointer and the stale pair: it resolves by the stale
+	// stamp until its own recheck, and neither's override is the other's.
+	lostKeyOf := func(live, want string) {
+		t.Helper()
+		if got, err := lost.Key(ctx, live); err != nil || got != want {
+			t.Errorf("lost invalidations: Key(%s) = %q, %v; want %q", live, got, err, want)
+		}
+	}
+	lostKeyOf(o.y, keys.GenKey(o.y, 1))
+	lostKeyOf(o.x, keys.GenKey(o.x, 1))
+	if now, changed, err := lost.Recheck(ctx, reader.Plain(o.y), keys.GenKey(o.y, 1)); err != nil || !changed || now != o.y {
+		t.Errorf("Recheck of {X} after the stamp moved to X = %q, %v, %v; want %q, true", now, changed, err, o.y)
+	}
+	lostKeyOf(o.y, o.y)
+	lostKeyOf(o.x, keys.GenKey(o.x, 1))
 	redistest.Cmd(t, tg.other, "DEL", o.stamp)
 	if _, _, err := lost.Recheck(ctx, reader.Plain(o.x), keys.GenKey(o.x, 1)); !errors.Is(err, reader.ErrBadPointer) {
 		t.Errorf("Recheck after the stamp was deleted: %v; want ErrBadPointer", err)

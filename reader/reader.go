@@ -97,11 +97,11 @@ type Reader struct {
 	// resolves then send a plain GET rather than fail over on each one.
 	noMulti atomic.Bool
 
-	// overrides holds, by pointer key, the generations that rechecks read
-	// from the server where the cache holds a stale one; nOverrides is its
-	// length, read without mu on the way of every resolve, and rechecks
-	// counts the rechecks, so that an older one never replaces a newer
-	// one's override.
+	// overrides holds, by pointer key (overrideKey), the generations that
+	// rechecks read from the server where the cache holds a stale one;
+	// nOverrides is its length, read without mu on the way of every
+	// resolve, and rechecks counts the rechecks, so that an older one
+	// never replaces a newer one's override.
 	mu         sync.Mutex
 	overrides  map[string]override
 	nOverrides atomic.Int32
@@ -298,7 +298,8 @@ func (r *Reader) recheck(ctx context.Context, ref Ref) (int64, error) {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if o, ok := r.overrides[ptr]; ok && o.seq > seq {
+	key := overrideKey(ptr, stamp, ref.name)
+	if o, ok := r.overrides[key]; ok && o.seq > seq {
 		return gen, nil // a later recheck's
 	}
 	if r.overrides == nil {
@@ -307,20 +308,34 @@ func (r *Reader) recheck(ctx context.Context, ref Ref) (int64, error) {
 	// When the server names the cached generation (a flip back that the
 	// cache missed too), the override is kept all the same, naming that
 	// generation: an earlier recheck still on its way cannot replace it.
-	r.overrides[ptr] = override{at: at, stale: stale, fresh: gen, seq: seq}
+	r.overrides[key] = override{at: at, stale: stale, fresh: gen, seq: seq}
 	r.nOverrides.Store(int32(len(r.overrides)))
 	return gen, nil
 }
 
-// corrected returns gen, the generation of ptr in the cached reply at, or
-// the server's generation where a recheck found that reply stale.
-func (r *Reader) corrected(ptr string, at cacheAt, gen int64) int64 {
+// overrideKey returns the key in Reader.overrides of the pointer ptr read
+// for the index name: ptr itself, or, where the owner stamp stamp is read
+// with it, ptr and name, since the indexes that share a pointer resolve
+// it to different generations (the plain key of the one the stamp does
+// not name).
+func overrideKey(ptr, stamp, name string) string {
+	if stamp == "" {
+		return ptr
+	}
+	return ptr + "\x00" + name
+}
+
+// corrected returns gen, the generation of ptr (and stamp, "" where none
+// is read) for the index name in the cached reply at, or the server's
+// generation where a recheck found that reply stale.
+func (r *Reader) corrected(ptr, stamp, name string, at cacheAt, gen int64) int64 {
 	if r.nOverrides.Load() == 0 {
 		return gen
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	o, ok := r.overrides[ptr]
+	key := overrideKey(ptr, stamp, name)
+	o, ok := r.overrides[key]
 	if !ok {
 		return gen
 	}
@@ -328,7 +343,7 @@ func (r *Reader) corrected(ptr string, at cacheAt, gen int64) int64 {
 		return o.fresh
 	}
 	// The cache caught up: the reply it corrected is gone.
-	delete(r.overrides, ptr)
+	delete(r.overrides, key)
 	r.nOverrides.Store(int32(len(r.overrides)))
 	return gen
 }
@@ -342,12 +357,12 @@ func (r *Reader) corrected(ptr string, at cacheAt, gen int64) int64 {
 // pointer (stamped), the owner stamp of its base is read with it, in the
 // same round trip and the same cache, and decides whose it is (owned).
 func (r *Reader) generation(ctx context.Context, ref Ref) (int64, error) {
-	ptr := keys.PointerKey(ref.name, r.cluster)
+	ptr, stamp := keys.PointerKey(ref.name, r.cluster), ""
 	var gen int64
 	var err error
 	var at cacheAt
 	if r.stamped(ref.name) {
-		stamp := keys.OwnerKey(ref.name, true)
+		stamp = keys.OwnerKey(ref.name, true)
 		pres, sres := r.getStamped(ctx, ptr, stamp)
 		gen, err = owned(pres, sres, "resolve", ref.name, ptr, stamp)
 		at = cacheAt{pres.CachePXAT(), sres.CachePXAT()}
@@ -357,7 +372,7 @@ func (r *Reader) generation(ctx context.Context, ref Ref) (int64, error) {
 		at = cacheAt{res.CachePXAT(), 1}
 	}
 	if err == nil && at.cached() {
-		gen = r.corrected(ptr, at, gen)
+		gen = r.corrected(ptr, stamp, ref.name, at, gen)
 	}
 	if err == nil && gen == 0 && r.cluster.Group != "" {
 		own := keys.PointerKey(ref.name, keys.Names{Cluster: r.cluster.Cluster})
