@@ -25,11 +25,17 @@ type owners struct {
 
 func newOwners(t *testing.T, tg target) owners {
 	t.Helper()
-	o := owners{x: tg.prefix + "own"}
-	o.y = "{" + o.x + "}"
+	x := tg.prefix + "own"
 	if tg.name == "cluster/tagged" {
-		o.x, o.y = tg.prefix+"{own}:a", tg.prefix+"{own}:b"
+		return ownersOf(t, tg, tg.prefix+"{own}:a", tg.prefix+"{own}:b")
 	}
+	return ownersOf(t, tg, x, "{"+x+"}")
+}
+
+// ownersOf is newOwners of x and y.
+func ownersOf(t *testing.T, tg target, x, y string) owners {
+	t.Helper()
+	o := owners{x: x, y: y}
 	o.stamp = keys.OwnerKey(o.y, tg.cluster)
 	o.shared = tg.ptr(o.x) == tg.ptr(o.y)
 	if o.shared != (tg.name == "cluster/untagged") || o.shared != keys.Aliasable(o.x, tg.cluster) {
@@ -243,5 +249,30 @@ func TestOwnerStampWithoutMulti(t *testing.T) {
 	redistest.Cmd(t, tg.other, "DEL", o.stamp)
 	if _, err := r.Key(ctx, o.x); !errors.Is(err, reader.ErrBadPointer) {
 		t.Errorf("Key with no stamp: %v; want ErrBadPointer", err)
+	}
+}
+
+// A key with a '}' and no tag, a}b, shares its base "{rbN}a}b" with that
+// key: the stamp decides between them as between X and {X}.
+func TestOwnerStampSyntheticTag(t *testing.T) {
+	tg := targets(t)[1] // cluster/untagged
+	ctx := redistest.Ctx(t)
+	x := tg.prefix + "a}b"
+	o := ownersOf(t, tg, x, keys.Base(x, true))
+	r := newReader(t, tg.client(t, nil), reader.Options{})
+	for _, owner := range []string{o.y, o.x} {
+		redistest.Cmd(t, tg.other, "SET", o.stamp, owner)
+		for _, live := range []string{o.x, o.y} {
+			want := live
+			if live == owner {
+				want = keys.GenKey(live, 1)
+			}
+			if got, err := newReader(t, tg.other, reader.Options{}).Key(ctx, live); err != nil || got != want {
+				t.Errorf("stamp %s: uncached Key(%s) = %q, %v; want %q", owner, live, got, err, want)
+			}
+			if now, _, err := r.Recheck(ctx, reader.Plain(live), live); err != nil || now != want {
+				t.Errorf("stamp %s: Recheck(%s) = %q, %v; want %q", owner, live, now, err, want)
+			}
+		}
 	}
 }

@@ -255,7 +255,7 @@ func (r *Reader) Recheck(ctx context.Context, ref Ref, key string) (now string, 
 func (r *Reader) recheck(ctx context.Context, ref Ref) (int64, error) {
 	ptr, stamp := keys.PointerKey(ref.name, r.cluster), ""
 	if r.stamped(ref.name) {
-		stamp = keys.OwnerKey(ref.name, true)
+		stamp = stampOf(ptr)
 	}
 	r.mu.Lock()
 	r.rechecks++
@@ -362,7 +362,7 @@ func (r *Reader) generation(ctx context.Context, ref Ref) (int64, error) {
 	var err error
 	var at cacheAt
 	if r.stamped(ref.name) {
-		stamp = keys.OwnerKey(ref.name, true)
+		stamp = stampOf(ptr)
 		pres, sres := r.getStamped(ctx, ptr, stamp)
 		gen, err = owned(pres, sres, "resolve", ref.name, ptr, stamp)
 		at = cacheAt{pres.CachePXAT(), sres.CachePXAT()}
