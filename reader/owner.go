@@ -76,7 +76,7 @@ func (r *Reader) getStamped(ctx context.Context, ptr, stamp string) (pres, sres 
 //     Generations run, and every group's claim, writes the stamp before it
 //     sets the pointer, so this is a pointer written before the stamp
 //     existed, or a stamp deleted by hand;
-//   - it names a key of another base, or is not a string: an error
+//   - it names neither key, or is not a string: an error
 //     matching ErrBadPointer naming the stamp (no run writes either).
 func owned(pres, sres rueidis.RedisResult, op, name, ptr, stamp string) (int64, error) {
 	owner, err := sres.ToString()
