@@ -105,3 +105,51 @@ func BenchmarkRead(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkReadCluster is BenchmarkRead's cached reads on the cluster, for
+// a name no other live key can share a base with (a hash tag of its own)
+// and one that can (an untagged name, SPEC C104), whose resolve reads the
+// owner stamp beside the pointer. Run it with
+//
+//	go test -run '^$' -bench BenchmarkReadCluster -benchtime 20000x ./reader/
+func BenchmarkReadCluster(b *testing.B) {
+	ctx := context.Background()
+	p := redistest.Prefix(b)
+	other := env.Cluster.Client(b)
+	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: env.Cluster.Addrs})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(c.Close)
+	for _, name := range []struct{ name, live string }{
+		{"tagged", p + "{users}:by-email"},
+		{"untagged", p + "by-email"},
+	} {
+		live := name.live
+		redistest.Cmd(b, other, "HSET", keys.GenKey(live, 1), "ada", "1")
+		redistest.Cmd(b, other, "SET", keys.PointerKey(live, true), "1")
+		if keys.Aliasable(live, true) {
+			redistest.Cmd(b, other, "SET", keys.OwnerKey(live, true), live)
+		}
+		r := newReader(b, c, reader.Options{})
+		hget := func(b *testing.B) {
+			if v, ok, err := r.HGet(ctx, reader.Plain(live), "ada"); err != nil || !ok || v != "1" {
+				b.Fatalf("HGet = %q, %v, %v", v, ok, err)
+			}
+		}
+		b.Run(name.name+"/cached", func(b *testing.B) {
+			hget(b)
+			for b.Loop() {
+				hget(b)
+			}
+		})
+		b.Run(name.name+"/key-cached", func(b *testing.B) { // the resolve alone: no round trip
+			hget(b)
+			for b.Loop() {
+				if _, err := r.Key(ctx, live); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

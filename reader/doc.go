@@ -17,6 +17,27 @@
 // reader without a group refuses with an error matching
 // [ErrGroupConflict], naming the group.
 //
+// # Shared pointers on a cluster
+//
+// On Redis Cluster two live keys can share a pointer (SPEC C104): the
+// untagged X and the tagged "{X}" both have {X}:rebuild-ptr (and a}b and
+// "{rbN}a}b" share one too). A run in Generations mode stamps such a base
+// with its live key, "<base>:rebuild-owner", before it sets the pointer;
+// a run in place writes no stamp. For such a name the reader reads the
+// stamp with the pointer (one DoMultiCache: once both are cached, still no
+// round trip; a Recheck reads both in one round trip) and follows the
+// pointer only when the stamp names the index it resolves. A stamp naming
+// the other key means the pointer is that index's: the reader reads the
+// index's plain key, so an index that rebuilds in place keeps its readers
+// when the other key's Generations run takes the base. A set pointer with
+// no stamp (one written before the stamp existed, or a stamp deleted by
+// hand), a stamp of another type, or one naming neither key fails the
+// resolve with an error matching [ErrBadPointer] that names the stamp and
+// how to write it: the reader does not guess whose generation it is. A
+// Generations run of the index writes the stamp. Names with a hash tag of
+// their own ("{users}:by-email"), groups' pointers and standalone servers
+// have no shared pointer and resolve with one cached GET, as before.
+//
 // A [Reader] resolves the pointer with rueidis's client-side caching
 // (DoCache): once the pointer is cached, finding a key costs no round trip,
 // and Redis's invalidation drops the cached pointer when a flip sets it,

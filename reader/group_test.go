@@ -31,7 +31,7 @@ func TestGroup(t *testing.T) {
 		names := keys.Names{Cluster: tg.cluster, Group: group}
 		for _, live := range []string{tg.live, tg.live + "/z", tg.family} {
 			redistest.Cmd(t, tg.other, "SET", keys.PointerKey(live, names), "1")
-			redistest.Cmd(t, tg.other, "SET", keys.PointerKey(live, tg.cluster), keys.GroupMarker(group))
+			tg.setPtr(t, live, keys.GroupMarker(group)) // the claim, which stamps the base where that can be shared
 		}
 
 		grouped := newReader(t, tg.client(t, nil), reader.Options{Group: group})

@@ -19,14 +19,18 @@ const DefaultCacheTTL = 5 * time.Second
 
 // ErrBadPointer reports that an index's pointer holds something other than
 // a generation: a positive decimal number without sign, spaces or leading
-// zeros, as the writer sets it. The reader does not guess: it refuses to
-// read the index until the pointer is repaired.
+// zeros, as the writer sets it. On a cluster, where two live keys share a
+// pointer (X and "{X}", SPEC C104), it also reports that the owner stamp
+// that says whose the pointer is, "<base>:rebuild-owner", is absent while
+// the pointer is set, is not a string, or names neither key: the error
+// names the stamp and how to write it. The reader does not guess: it
+// refuses to read the index until the pointer, or its stamp, is repaired.
 var ErrBadPointer = errors.New("pointer holds no generation")
 
 // Error is the error type of a [Reader]'s methods. Op names the step that
 // failed ("new", "resolve", "recheck", or the read, such as "hget"), Key
-// the key it was working on (the pointer when resolving, the data key when
-// reading), and Err the cause: [ErrBadPointer], [ErrGroupConflict], a Redis
+// the key it was working on (the pointer, or the owner stamp beside it,
+// when resolving; the data key when reading), and Err the cause: [ErrBadPointer], [ErrGroupConflict], a Redis
 // or transport error, or a description of bad options.
 type Error struct {
 	Op  string
@@ -93,11 +97,11 @@ type Reader struct {
 	// resolves then send a plain GET rather than fail over on each one.
 	noMulti atomic.Bool
 
-	// overrides holds, by pointer key, the generations that rechecks read
-	// from the server where the cache holds a stale one; nOverrides is its
-	// length, read without mu on the way of every resolve, and rechecks
-	// counts the rechecks, so that an older one never replaces a newer
-	// one's override.
+	// overrides holds, by pointer key (overrideKey), the generations that
+	// rechecks read from the server where the cache holds a stale one;
+	// nOverrides is its length, read without mu on the way of every
+	// resolve, and rechecks counts the rechecks, so that an older one
+	// never replaces a newer one's override.
 	mu         sync.Mutex
 	overrides  map[string]override
 	nOverrides atomic.Int32
@@ -109,11 +113,13 @@ type Reader struct {
 // serves that reply, resolves use fresh instead of stale. A cache entry is
 // told from another by its expiry time (CachePXAT, set when it is filled),
 // so an override ends when the cache catches up (an invalidation, or the
-// entry's TTL) and never lasts longer than the entry it corrects.
+// entry's TTL) and never lasts longer than the entry it corrects. Where
+// the owner stamp is read with the pointer, the reply is the pair, and a
+// new entry of either ends the override.
 type override struct {
-	pxat         int64 // CachePXAT of the cached reply it corrects
-	stale, fresh int64 // the generations the reply and the server name
-	seq          int64 // the recheck that made it
+	at           cacheAt // the cache entries of the reply it corrects
+	stale, fresh int64   // the generations the reply and the server name
+	seq          int64   // the recheck that made it
 }
 
 const (
@@ -227,7 +233,7 @@ func (r *Reader) Resolve(ctx context.Context, ref Ref) (string, error) {
 // return the generation Recheck read, until the cache drops its stale
 // reply (an invalidation, or the end of its TTL). It costs one round trip.
 func (r *Reader) Recheck(ctx context.Context, ref Ref, key string) (now string, changed bool, err error) {
-	gen, err := r.recheck(ctx, keys.PointerKey(ref.name, r.cluster))
+	gen, err := r.recheck(ctx, ref)
 	if err == nil && gen == 0 && r.cluster.Group != "" {
 		own := keys.PointerKey(ref.name, keys.Names{Cluster: r.cluster.Cluster})
 		err = r.otherGroup("recheck", own, r.client.Do(ctx, r.client.B().Get().Key(own).Build()))
@@ -239,13 +245,18 @@ func (r *Reader) Recheck(ctx context.Context, ref Ref, key string) (now string, 
 	return now, now != key, nil
 }
 
-// recheck returns the generation ptr names on the server, read without the
-// cache. When the cache serves a reply that names another generation, the
-// reply is stale, and later resolves use the server's generation instead
-// until the cache drops that reply: a read that found the stale
-// generation's data missing does not make every later read find it
-// missing too.
-func (r *Reader) recheck(ctx context.Context, ptr string) (int64, error) {
+// recheck returns the generation ref's pointer names on the server, read
+// without the cache (with the owner stamp of its base where stamped says
+// so, in the same round trip). When the cache serves a reply that names
+// another generation, the reply is stale, and later resolves use the
+// server's generation instead until the cache drops that reply: a read
+// that found the stale generation's data missing does not make every
+// later read find it missing too.
+func (r *Reader) recheck(ctx context.Context, ref Ref) (int64, error) {
+	ptr, stamp := keys.PointerKey(ref.name, r.cluster), ""
+	if r.stamped(ref.name) {
+		stamp = stampOf(ptr)
+	}
 	r.mu.Lock()
 	r.rechecks++
 	seq := r.rechecks
@@ -253,20 +264,42 @@ func (r *Reader) recheck(ctx context.Context, ptr string) (int64, error) {
 	// The cached reply first, then the server's: the cached one is then
 	// no newer than the server's. While the entry is cached (as right
 	// after the resolve of a read) this costs no round trip.
-	var pxat, stale int64 = -1, 0
+	var at cacheAt
+	var stale int64
+	b := r.client.B()
 	if r.cached.Load() == cacheOn && !r.noMulti.Load() {
-		res := r.client.DoCache(ctx, r.client.B().Get().Key(ptr).Cache(), r.ttl)
-		if g, err := parse(res, "recheck", ptr); err == nil {
-			pxat, stale = res.CachePXAT(), g
+		var g int64
+		var err error
+		if stamp != "" {
+			res := r.client.DoMultiCache(ctx, rueidis.CT(b.Get().Key(ptr).Cache(), r.ttl), rueidis.CT(b.Get().Key(stamp).Cache(), r.ttl))
+			g, err = owned(res[0], res[1], "recheck", ref.name, ptr, stamp)
+			at = cacheAt{res[0].CachePXAT(), res[1].CachePXAT()}
+		} else {
+			res := r.client.DoCache(ctx, b.Get().Key(ptr).Cache(), r.ttl)
+			g, err = parse(res, "recheck", ptr)
+			at = cacheAt{res.CachePXAT(), 1}
+		}
+		if err == nil {
+			stale = g
+		} else {
+			at = cacheAt{}
 		}
 	}
-	gen, err := parse(r.client.Do(ctx, r.client.B().Get().Key(ptr).Build()), "recheck", ptr)
-	if err != nil || pxat <= 0 {
+	var gen int64
+	var err error
+	if stamp != "" {
+		res := r.client.DoMulti(ctx, b.Get().Key(ptr).Build(), b.Get().Key(stamp).Build())
+		gen, err = owned(res[0], res[1], "recheck", ref.name, ptr, stamp)
+	} else {
+		gen, err = parse(r.client.Do(ctx, b.Get().Key(ptr).Build()), "recheck", ptr)
+	}
+	if err != nil || !at.cached() {
 		return gen, err
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if o, ok := r.overrides[ptr]; ok && o.seq > seq {
+	key := overrideKey(ptr, stamp, ref.name)
+	if o, ok := r.overrides[key]; ok && o.seq > seq {
 		return gen, nil // a later recheck's
 	}
 	if r.overrides == nil {
@@ -275,29 +308,42 @@ func (r *Reader) recheck(ctx context.Context, ptr string) (int64, error) {
 	// When the server names the cached generation (a flip back that the
 	// cache missed too), the override is kept all the same, naming that
 	// generation: an earlier recheck still on its way cannot replace it.
-	r.overrides[ptr] = override{pxat: pxat, stale: stale, fresh: gen, seq: seq}
+	r.overrides[key] = override{at: at, stale: stale, fresh: gen, seq: seq}
 	r.nOverrides.Store(int32(len(r.overrides)))
 	return gen, nil
 }
 
-// corrected returns gen, the generation of ptr in the cached reply that
-// expires at pxat, or the server's generation where a recheck found that
-// reply stale.
-func (r *Reader) corrected(ptr string, pxat, gen int64) int64 {
+// overrideKey returns the key in Reader.overrides of the pointer ptr read
+// for the index name: ptr itself, or, where the owner stamp stamp is read
+// with it, ptr and name, since the indexes that share a pointer resolve
+// it to different generations (the plain key of the one the stamp does
+// not name).
+func overrideKey(ptr, stamp, name string) string {
+	if stamp == "" {
+		return ptr
+	}
+	return ptr + "\x00" + name
+}
+
+// corrected returns gen, the generation of ptr (and stamp, "" where none
+// is read) for the index name in the cached reply at, or the server's
+// generation where a recheck found that reply stale.
+func (r *Reader) corrected(ptr, stamp, name string, at cacheAt, gen int64) int64 {
 	if r.nOverrides.Load() == 0 {
 		return gen
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	o, ok := r.overrides[ptr]
+	key := overrideKey(ptr, stamp, name)
+	o, ok := r.overrides[key]
 	if !ok {
 		return gen
 	}
-	if o.pxat == pxat && o.stale == gen {
+	if o.at == at && o.stale == gen {
 		return o.fresh
 	}
 	// The cache caught up: the reply it corrected is gone.
-	delete(r.overrides, ptr)
+	delete(r.overrides, key)
 	r.nOverrides.Store(int32(len(r.overrides)))
 	return gen
 }
@@ -307,13 +353,26 @@ func (r *Reader) corrected(ptr string, pxat, gen int64) int64 {
 // finds no pointer of the group reads the pointer without a group too (a
 // cache hit after the first read): another group's claim there fails it
 // with ErrGroupConflict naming that group (SPEC C102), since the plain
-// keys it would read are nobody's.
+// keys it would read are nobody's. Where another live key can share ref's
+// pointer (stamped), the owner stamp of its base is read with it, in the
+// same round trip and the same cache, and decides whose it is (owned).
 func (r *Reader) generation(ctx context.Context, ref Ref) (int64, error) {
-	ptr := keys.PointerKey(ref.name, r.cluster)
-	res := r.get(ctx, ptr)
-	gen, err := parse(res, "resolve", ptr)
-	if pxat := res.CachePXAT(); err == nil && pxat > 0 {
-		gen = r.corrected(ptr, pxat, gen)
+	ptr, stamp := keys.PointerKey(ref.name, r.cluster), ""
+	var gen int64
+	var err error
+	var at cacheAt
+	if r.stamped(ref.name) {
+		stamp = stampOf(ptr)
+		pres, sres := r.getStamped(ctx, ptr, stamp)
+		gen, err = owned(pres, sres, "resolve", ref.name, ptr, stamp)
+		at = cacheAt{pres.CachePXAT(), sres.CachePXAT()}
+	} else {
+		res := r.get(ctx, ptr)
+		gen, err = parse(res, "resolve", ptr)
+		at = cacheAt{res.CachePXAT(), 1}
+	}
+	if err == nil && at.cached() {
+		gen = r.corrected(ptr, stamp, ref.name, at, gen)
 	}
 	if err == nil && gen == 0 && r.cluster.Group != "" {
 		own := keys.PointerKey(ref.name, keys.Names{Cluster: r.cluster.Cluster})
@@ -322,33 +381,56 @@ func (r *Reader) generation(ctx context.Context, ref Ref) (int64, error) {
 	return gen, err
 }
 
+// cacheAt tells one cached reply of a pointer from another: the expiry
+// times (CachePXAT) of the cache entries of the pointer and of the owner
+// stamp read with it (1 where none is read). A value is 0 for a reply that
+// did not come through the cache.
+type cacheAt [2]int64
+
+// cached reports whether both replies came through the cache.
+func (at cacheAt) cached() bool { return at[0] > 0 && at[1] > 0 }
+
 // get reads ptr through the client-side cache, or without it when the
 // server refuses the MULTI of a cached read.
 func (r *Reader) get(ctx context.Context, ptr string) rueidis.RedisResult {
-	var res rueidis.RedisResult
 	if r.noMulti.Load() {
-		res = r.client.Do(ctx, r.client.B().Get().Key(ptr).Build())
-	} else {
-		res = r.client.DoCache(ctx, r.client.B().Get().Key(ptr).Cache(), r.ttl)
-		if errors.Is(res.Error(), rueidis.ErrDoCacheAborted) {
-			// The server refused the MULTI that wraps a cached read (a
-			// renamed or denied MULTI, say): read without the cache, from
-			// now on.
+		return r.client.Do(ctx, r.client.B().Get().Key(ptr).Build())
+	}
+	res := r.client.DoCache(ctx, r.client.B().Get().Key(ptr).Cache(), r.ttl)
+	if r.aborted(res) {
+		return r.client.Do(ctx, r.client.B().Get().Key(ptr).Build())
+	}
+	r.note(res)
+	return res
+}
+
+// aborted reports whether the server refused the MULTI that wraps a cached
+// read (a renamed or denied MULTI, say) in one of res; the reader then
+// reads without the cache, from now on.
+func (r *Reader) aborted(res ...rueidis.RedisResult) bool {
+	for _, one := range res {
+		if errors.Is(one.Error(), rueidis.ErrDoCacheAborted) {
 			r.noMulti.Store(true)
 			r.cached.Store(cacheOff)
-			res = r.client.Do(ctx, r.client.B().Get().Key(ptr).Build())
-		} else if err := res.Error(); err == nil || rueidis.IsRedisNil(err) {
-			// A cached reply (hit or miss) carries the time its cache entry
-			// expires; rueidis's DoCache on a client without a cache sends
-			// a plain GET, whose reply carries none.
-			if res.CachePXAT() > 0 {
-				r.cached.Store(cacheOn)
-			} else {
-				r.cached.Store(cacheOff)
-			}
+			return true
 		}
 	}
-	return res
+	return false
+}
+
+// note records whether res, a reply to a read through the cache, came
+// through it. A cached reply (hit or miss) carries the time its cache
+// entry expires; rueidis's DoCache on a client without a cache sends a
+// plain GET, whose reply carries none.
+func (r *Reader) note(res rueidis.RedisResult) {
+	if err := res.Error(); err != nil && !rueidis.IsRedisNil(err) {
+		return
+	}
+	if res.CachePXAT() > 0 {
+		r.cached.Store(cacheOn)
+	} else {
+		r.cached.Store(cacheOff)
+	}
 }
 
 // otherGroup returns an error matching ErrGroupConflict when res, the

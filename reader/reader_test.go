@@ -46,7 +46,7 @@ func TestPointerNamesGeneration(t *testing.T) {
 		g7 := tg.gen(7, "seven", 70)
 		g7.write(t, tg.other)
 		for _, live := range []string{tg.live, tg.live + "/z", tg.family} {
-			redistest.Cmd(t, tg.other, "SET", tg.ptr(live), "7")
+			tg.setPtr(t, live, "7")
 		}
 		before := tg.snapshot(t)
 
@@ -99,7 +99,7 @@ func TestFollowsFlip(t *testing.T) {
 			t.Error("Cached() = false on a client with client-side caching")
 		}
 
-		redistest.Cmd(t, tg.other, "SET", tg.ptr(tg.live), "2") // the flip
+		tg.setPtr(t, tg.live, "2") // the flip
 		deadline := time.Now().Add(10 * time.Second)
 		for {
 			v, ok, err := r.HGet(ctx, hash, "ada")
@@ -142,9 +142,9 @@ func TestMissingDataRechecksPointer(t *testing.T) {
 		ctx := redistest.Ctx(t)
 		g1, g2 := tg.gen(1, "one", 1), tg.gen(2, "two", 2)
 		g1.write(t, tg.other)
-		ptrs := []string{tg.ptr(tg.live), tg.ptr(tg.live + "/z"), tg.ptr(tg.family)}
-		for _, p := range ptrs {
-			redistest.Cmd(t, tg.other, "SET", p, "1")
+		lives := []string{tg.live, tg.live + "/z", tg.family}
+		for _, live := range lives {
+			tg.setPtr(t, live, "1")
 		}
 		c := tg.client(t, func(o *rueidis.ClientOption) {
 			o.ClientTrackingOptions = []string{"PREFIX", "ks-no-such-prefix:", "BCAST"}
@@ -156,8 +156,8 @@ func TestMissingDataRechecksPointer(t *testing.T) {
 
 		// A flip the reader's cache misses, then the sweep of generation 1.
 		g2.write(t, tg.other)
-		for _, p := range ptrs {
-			redistest.Cmd(t, tg.other, "SET", p, "2")
+		for _, live := range lives {
+			tg.setPtr(t, live, "2")
 		}
 		g1.remove(t, tg.other)
 		before := tg.snapshot(t)
@@ -170,7 +170,7 @@ func TestMissingDataRechecksPointer(t *testing.T) {
 		}
 		want := []string{
 			"HGET " + g1.hash + " ada",
-			"GET " + tg.ptr(tg.live),
+			tg.get(tg.live),
 			"HGET " + g2.hash + " ada",
 		}
 		if got := rec.take(); !slices.Equal(got, want) {
@@ -204,7 +204,7 @@ func TestMissingDataRechecksPointer(t *testing.T) {
 		if v, ok, err := r.HGet(ctx, reader.Plain(tg.live), "nobody"); err != nil || ok || v != "" {
 			t.Errorf("HGet nobody = %q, %v, %v; want not found", v, ok, err)
 		}
-		want = []string{"HGET " + g2.hash + " ada", "HGET " + g2.hash + " nobody", "GET " + tg.ptr(tg.live)}
+		want = []string{"HGET " + g2.hash + " ada", "HGET " + g2.hash + " nobody", tg.get(tg.live)}
 		if got := rec.take(); !slices.Equal(got, want) {
 			t.Errorf("HGets after a recheck, the cache stale, sent %q; want %q", got, want)
 		}
@@ -219,7 +219,7 @@ func TestMissingDataRechecksPointer(t *testing.T) {
 		if v, ok, err := fresh.HGet(ctx, reader.Plain(tg.live), "nobody"); err != nil || ok || v != "" {
 			t.Errorf("HGet nobody = %q, %v, %v; want not found", v, ok, err)
 		}
-		want = []string{"HGET " + g2.hash + " nobody", "GET " + tg.ptr(tg.live)}
+		want = []string{"HGET " + g2.hash + " nobody", tg.get(tg.live)}
 		if got := rec.take(); !slices.Equal(got, want) {
 			t.Errorf("HGet of a missing field sent %q; want %q", got, want)
 		}
@@ -263,10 +263,10 @@ func TestRecheckOverrideEnds(t *testing.T) {
 		wantKey(r, g1.hash)
 		redistest.Cmd(t, tg.other, "SET", ptr, "2")
 		rec.take()
-		hget(r, "nobody", "", "HGET "+g1.hash+" nobody", "GET "+ptr, "HGET "+g2.hash+" nobody")
+		hget(r, "nobody", "", "HGET "+g1.hash+" nobody", tg.get(tg.live), "HGET "+g2.hash+" nobody")
 		wantKey(r, g2.hash)
 		redistest.Cmd(t, tg.other, "SET", ptr, "1")
-		hget(r, "nobody", "", "HGET "+g2.hash+" nobody", "GET "+ptr, "HGET "+g1.hash+" nobody")
+		hget(r, "nobody", "", "HGET "+g2.hash+" nobody", tg.get(tg.live), "HGET "+g1.hash+" nobody")
 		wantKey(r, g1.hash)
 		hget(r, "ada", "one", "HGET "+g1.hash+" ada")
 
@@ -278,7 +278,7 @@ func TestRecheckOverrideEnds(t *testing.T) {
 		wantKey(r, g1.hash)
 		redistest.Cmd(t, tg.other, "SET", ptr, "2")
 		rec.take()
-		hget(r, "nobody", "", "HGET "+g1.hash+" nobody", "GET "+ptr, "HGET "+g2.hash+" nobody")
+		hget(r, "nobody", "", "HGET "+g1.hash+" nobody", tg.get(tg.live), "HGET "+g2.hash+" nobody")
 		if v, err := c.DoCache(ctx, c.B().Get().Key(ptr).Cache(), ttl).ToString(); err != nil || v != "1" {
 			t.Fatalf("cached pointer = %q, %v; want the stale 1 (the cache must keep it for this test)", v, err)
 		}
@@ -307,6 +307,7 @@ func TestBadPointer(t *testing.T) {
 		tg.gen(0, "plain", 1).write(t, tg.other)
 		uncached := newReader(t, tg.other, reader.Options{})
 		ptr := tg.ptr(tg.live)
+		tg.setPtr(t, tg.live, "1") // the owner stamp, where there is one
 		long := strings.Repeat("9", 200)
 		for _, v := range []string{"", "0", "00", "-1", "+1", "01", " 1", "1 ", "1.5", "1e3", "0x10", "abc", "9223372036854775808", long} {
 			redistest.Cmd(t, tg.other, "SET", ptr, v)
@@ -436,7 +437,7 @@ func TestReadErrors(t *testing.T) {
 		ctx := redistest.Ctx(t)
 		g1 := tg.gen(1, "one", 1)
 		redistest.Cmd(t, tg.other, "SADD", g1.hash, "not-a-hash")
-		redistest.Cmd(t, tg.other, "SET", tg.ptr(tg.live), "1")
+		tg.setPtr(t, tg.live, "1")
 		c := tg.client(t, func(o *rueidis.ClientOption) {
 			o.ClientTrackingOptions = []string{"PREFIX", "ks-no-such-prefix:", "BCAST"}
 		})

@@ -97,6 +97,28 @@ func newReader(t testing.TB, c rueidis.Client, opts reader.Options) *reader.Read
 // ptr returns the pointer key of the index live (or family) on tg.
 func (tg target) ptr(live string) string { return keys.PointerKey(live, tg.cluster) }
 
+// setPtr sets the pointer of the index live to v, as a run of live in
+// Generations mode does: where another live key can share the pointer
+// (SPEC C104, the untagged names on the cluster), with the owner stamp of
+// its base naming live, which such a run writes first.
+func (tg target) setPtr(t *testing.T, live, v string) {
+	t.Helper()
+	if keys.Aliasable(live, tg.cluster) {
+		redistest.Cmd(t, tg.other, "SET", keys.OwnerKey(live, tg.cluster), live)
+	}
+	redistest.Cmd(t, tg.other, "SET", tg.ptr(live), v)
+}
+
+// get returns what a recorder records for a read of the pointer of the
+// index live without the cache: its GET, with the GET of the owner stamp
+// in the same DoMulti where another live key can share the pointer.
+func (tg target) get(live string) string {
+	if keys.Aliasable(live, tg.cluster) {
+		return "GET " + tg.ptr(live) + " | GET " + keys.OwnerKey(live, tg.cluster)
+	}
+	return "GET " + tg.ptr(live)
+}
+
 // snapshot returns the exact state of every key of the test, the pointers
 // of untagged names on a cluster ("{<prefix>...}") included.
 func (tg target) snapshot(t *testing.T) map[string]redistest.KeyState {
@@ -168,7 +190,7 @@ func (tg target) twoGenerations(t *testing.T) (g1, g2 data) {
 	g1, g2 = tg.gen(1, "one", 1), tg.gen(2, "two", 2)
 	g1.write(t, tg.other)
 	g2.write(t, tg.other)
-	redistest.Cmd(t, tg.other, "SET", tg.ptr(tg.live), "1")
+	tg.setPtr(t, tg.live, "1")
 	return g1, g2
 }
 
@@ -260,7 +282,8 @@ func (c *countingConn) Write(p []byte) (int, error) {
 	return c.Conn.Write(p)
 }
 
-// recorder records the commands a client sends with Do (not DoCache).
+// recorder records the commands a client sends with Do and DoMulti (not
+// DoCache): those of one DoMulti in one string, joined by " | ".
 type recorder struct {
 	mu   sync.Mutex
 	cmds []string
@@ -274,6 +297,16 @@ func (rec *recorder) wrap(c rueidis.Client) rueidis.Client {
 			rec.cmds = append(rec.cmds, strings.Join(cmd.Commands(), " "))
 			rec.mu.Unlock()
 			return c.Do(ctx, cmd)
+		},
+		OnDoMulti: func(c rueidis.Client, ctx context.Context, multi ...rueidis.Completed) []rueidis.RedisResult {
+			one := make([]string, len(multi))
+			for i, cmd := range multi {
+				one[i] = strings.Join(cmd.Commands(), " ")
+			}
+			rec.mu.Lock()
+			rec.cmds = append(rec.cmds, strings.Join(one, " | "))
+			rec.mu.Unlock()
+			return c.DoMulti(ctx, multi...)
 		},
 	})
 }

@@ -3,6 +3,7 @@ package rebuild_test
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -15,6 +16,7 @@ import (
 	"github.com/keyswap/keyswap/reader"
 	"github.com/keyswap/keyswap/rebuild"
 	"github.com/keyswap/keyswap/sources"
+	"github.com/redis/rueidis"
 )
 
 // wantOwned checks that err is the refusal, at the acquire of op, of index
@@ -492,4 +494,65 @@ func TestOwnerStampApplyOfAlias(t *testing.T) {
 			})
 		}
 	})
+}
+
+func TestOwnerStampInPlaceIndexKeepsReaders(t *testing.T) {
+	// C104: an index published in RenameInPlace mode leaves no stamp, so
+	// the first Generations run of the other key of its base ("X" and
+	// "{X}" on a cluster) takes that base, stamps it with its own name and
+	// flips the pointer the first index's readers resolve. Those readers
+	// must go on reading the first index's live key, as published, and
+	// the second index's readers its generation.
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		ctx := redistest.Ctx(t)
+		for _, tagged := range []bool{false, true} {
+			x := genPrefix(d) + fmt.Sprintf("inplace%v", tagged)
+			first, second := x, "{"+x+"}"
+			if tagged {
+				first, second = second, first
+			}
+			hash := func(us []user) map[string]string {
+				m := map[string]string{}
+				for _, u := range us {
+					m[u.Email] = u.ID
+				}
+				return m
+			}
+			us, them := users(5), users(2)
+			if _, err := hashRebuilder(t, d, first).Run(ctx, sources.Slice(us)); err != nil {
+				t.Fatalf("RenameInPlace run of %s: %v", first, err)
+			}
+			gen := redistest.Rebuilder(t, d.Client, rebuild.Options{Publish: rebuild.Generations},
+				builders.Hash(second, func(u user) (string, string, bool) { return u.Email, u.ID, true }))
+			if _, err := gen.Run(ctx, sources.Slice(them)); err != nil {
+				t.Fatalf("Generations run of %s after the RenameInPlace run of %s: %v", second, first, err)
+			}
+			if d.Cluster {
+				if got, ok := redistest.Get(t, d.Other, keys.OwnerKey(second, true)); !ok || got != second {
+					t.Fatalf("owner stamp %s = %q, %v; want %q", keys.OwnerKey(second, true), got, ok, second)
+				}
+			}
+			for _, c := range []*reader.Reader{newReaderOf(t, d.Other), newReaderOf(t, d.Client)} {
+				for live, want := range map[string]map[string]string{first: hash(us), second: hash(them)} {
+					k, err := c.Key(ctx, live)
+					if err != nil {
+						t.Fatalf("reader Key(%s): %v", live, err)
+					}
+					if got := redistest.HGetAll(t, d.Other, k); !maps.Equal(got, want) {
+						t.Errorf("reader of %s resolves %s holding %v, want %v", live, k, got, want)
+					}
+				}
+			}
+		}
+	})
+}
+
+// newReaderOf returns a reader over c, failing t on error.
+func newReaderOf(t *testing.T, c rueidis.Client) *reader.Reader {
+	t.Helper()
+	r, err := reader.New(c, reader.Options{})
+	if err != nil {
+		t.Fatalf("reader.New: %v", err)
+	}
+	return r
 }

@@ -1,6 +1,9 @@
 package keys
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 // TestOwnerKeySharedBase: on a cluster "X" and "{X}", and "a}b" and its
 // own base, have one owner stamp; the stamp is reserved.
@@ -55,4 +58,39 @@ func TestAliasable(t *testing.T) {
 			t.Errorf("Aliasable(%q, cluster %v) = %v, want %v", c.live, c.cluster, got, c.want)
 		}
 	}
+}
+
+// aliasableByDefinition is Aliasable spelled as its definition: another
+// key, the tag or the rest of live (or live's base, untagged), has live's
+// base.
+func aliasableByDefinition(live string, cluster bool) bool {
+	if !cluster {
+		return false
+	}
+	if Base(live, true) != live {
+		return true
+	}
+	tag, _ := HashTag(live)
+	if !strings.HasPrefix(live, "{"+tag+"}") {
+		return false
+	}
+	for _, other := range []string{tag, live[len(tag)+2:]} {
+		if other != live && Base(other, true) == live {
+			return true
+		}
+	}
+	return false
+}
+
+// FuzzAliasable checks Aliasable, which skips the synthetic tag's search
+// where it can, against its definition.
+func FuzzAliasable(f *testing.F) {
+	for _, s := range []string{"users:by-email", "a}b", "a{}b", "{users}", "{users}}", "{users}:x", "{" + SyntheticTag(Slot("a}b")) + "}a}b", "{rb0}a}b", "{}", "{", "}"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, live string) {
+		if got, want := Aliasable(live, true), aliasableByDefinition(live, true); got != want {
+			t.Errorf("Aliasable(%q) = %v, want %v", live, got, want)
+		}
+	})
 }
