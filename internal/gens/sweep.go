@@ -31,9 +31,13 @@ const (
 	// frees in the foreground a value of at most 64 elements (lazyfree's
 	// threshold), so a chunk costs up to 64 frees a key: 1,000 sets of 64
 	// members of 75 bytes took one UNLINK 13.6 ms on Redis 7.0, 256 keys
-	// stay near 3.5 ms. Larger chunks save little: the commands around a
-	// chunk (WATCH, its checks, MULTI, EXEC) cost the server about 20 µs,
-	// against 1.2 to 1.5 µs a key of 10 members.
+	// stay near 3.5 ms. Larger chunks save little: removing 100,000 sets
+	// of 10 members cost the server 0.140 µs of CPU per member in chunks
+	// of 256, 0.122 in chunks of 1,024 and 0.117 in chunks of 4,096,
+	// against 0.093 for pipelined UNLINKs of 1,000 keys without checks
+	// (medians of 5 rounds on Redis 7.0): a chunk's round trip and the
+	// commands around it (WATCH, its checks, MULTI, EXEC) cost about
+	// 60 µs, and each key UNLINK deletes under WATCH about 0.1 µs more.
 	MaxUnlink = 256
 	// maxPasses bounds the SCAN passes over a generation: a pass that
 	// deleted keys is followed by one that checks that none remains.
