@@ -1,0 +1,44 @@
+package rebuild_test
+
+import (
+	"maps"
+	"testing"
+
+	"github.com/keyswap/keyswap/index"
+	"github.com/keyswap/keyswap/internal/redistest"
+	"github.com/keyswap/keyswap/rebuild"
+	"github.com/keyswap/keyswap/sources"
+)
+
+func TestOwnerStampInPlaceApplyBesideGroupClaim(t *testing.T) {
+	// C104, C102: on a cluster group a's claim of the untagged X is in X's
+	// own base "{X}", the base of the tagged "{X}" without a group, and
+	// the stamp names X. "{X}" rebuilds in place: its data is its plain
+	// key, which its readers read (the stamp names the other key), and
+	// its Apply in RenameInPlace mode writes that key, with no pointer of
+	// its own. The claim in the shared pointer is X's, not "{X}"'s: the
+	// Apply must not be refused as if "{X}" were in group a.
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		ctx := redistest.Ctx(t)
+		ga, _, _ := fenceNames(d)
+		x := genPrefix(d) + "inplaceclaim"
+		tagged := "{" + x + "}"
+		if _, err := genRebuilder(t, d, x, rebuild.Options{Group: ga}).Run(ctx, sources.Slice(genUsers(30, 3))); err != nil {
+			t.Fatalf("run of %s in group %s: %v", x, ga, err)
+		}
+		extra := users(1)[0]
+		if err := hashRebuilder(t, d, tagged).Apply(ctx, index.Change[user]{New: &extra}); err != nil {
+			t.Fatalf("RenameInPlace Apply of %s beside group %s's claim of %s: %v", tagged, ga, x, err)
+		}
+		if got, want := redistest.HGetAll(t, d.Other, tagged), map[string]string{extra.Email: extra.ID}; !maps.Equal(got, want) {
+			t.Errorf("%s holds %v after its Apply, want %v", tagged, got, want)
+		}
+		k, err := newReaderOf(t, d.Other).Key(ctx, tagged)
+		if err != nil {
+			t.Fatalf("reader Key(%s): %v", tagged, err)
+		}
+		if k != tagged {
+			t.Errorf("reader of %s resolves %s, want its plain key", tagged, k)
+		}
+	})
+}
