@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"maps"
+	"strings"
 	"testing"
 
 	krebuild "github.com/keyswap/keyswap/rebuild"
@@ -28,6 +29,9 @@ func TestControlOfAlias(t *testing.T) {
 			before := ix.ctl(t, d)
 			for _, args := range [][]string{{"cancel", untagged}, {"pause", untagged}, {"throttle", untagged, "1"}} {
 				r := keyswap(t, d.args(args[0], args[1:]...)...)
+				if want := untagged + ": no rebuild in progress: its lock is held by the rebuild of " + tagged + ", "; d.cluster && r.code == exitNoRun && !strings.Contains(r.stderr, want) {
+					t.Errorf("keyswap %q: stderr %q, want it to say %q", args, r.stderr, want)
+				}
 				if r.code != exitNoRun {
 					t.Errorf("keyswap %q while the run of %s holds the shared lock: exit %d, stdout %q, stderr %q; want exit %d (no run of %s)",
 						args, tagged, r.code, r.stdout, r.stderr, exitNoRun, untagged)
