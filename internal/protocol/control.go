@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/redis/rueidis"
@@ -30,7 +32,9 @@ type RunInfo struct {
 }
 
 // FindRun returns the run holding live's lock, or an error matching
-// ErrNoRun. Another run's key leads to that run's own record.
+// ErrNoRun. Another run's key leads to that run's own record. On a cluster
+// two live keys can share a lock (X and {X}, SPEC C104): a run whose
+// record does not name live is another index's, and live has none.
 func (r Operator) FindRun(ctx context.Context, live string) (RunInfo, error) {
 	const op = "find"
 	lock := r.LockKey(live)
@@ -54,6 +58,9 @@ func (r Operator) FindRun(ctx context.Context, live string) (RunInfo, error) {
 	}
 	if record[FieldToken] != token {
 		return RunInfo{}, &Error{Op: op, Key: live, Err: fmt.Errorf("%w: the lock is held, but not by a run that keeps a record (a store lock, or a run ending)", ErrNoRun)}
+	}
+	if ks, err := DecodeKeys(record[FieldKeys]); err == nil && len(ks) > 0 && !slices.Contains(ks, live) {
+		return RunInfo{}, &Error{Op: op, Key: live, Err: fmt.Errorf("%w: its lock is held by the rebuild of %s, another index with the same base", ErrNoRun, strings.Join(ks, ", "))}
 	}
 	ctl, err := r.client.Do(ctx, r.client.B().Hgetall().Key(keys.CtlKey(first)).Build()).AsStrMap()
 	if err != nil {
