@@ -24,9 +24,7 @@ func (r *Reader) stamped(name string) bool {
 }
 
 // stampOf returns the owner stamp of the base whose pointer is ptr:
-// keys.OwnerKey, without computing the base again (on a cluster a key with
-// a '}' and no tag has a synthetic tag, whose search costs about a
-// millisecond).
+// keys.OwnerKey, without computing the base again.
 func stampOf(ptr string) string {
 	return strings.TrimSuffix(ptr, keys.PointerSuffix) + keys.OwnerSuffix
 }

@@ -393,6 +393,19 @@ func credential() (*syscall.Credential, error) {
 	if os.Geteuid() != 0 {
 		return nil, nil
 	}
+	// Test binaries of several packages start servers at once, and two
+	// useradd running together can each rewrite /etc/passwd from what they
+	// read: one binary then ran initdb as a uid the file no longer had
+	// ("could not look up effective user ID"). One lock file, taken by
+	// every binary of the machine, orders the lookups and the useradd.
+	lock, err := os.OpenFile(filepath.Join(os.TempDir(), "keyswap-pgtest-useradd.lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("pgtest: lock file for creating user %s: %w", User, err)
+	}
+	defer lock.Close() // releases the lock
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
+		return nil, fmt.Errorf("pgtest: lock %s: %w", lock.Name(), err)
+	}
 	u, err := user.Lookup(User)
 	if err != nil {
 		var unknown user.UnknownUserError
@@ -400,7 +413,6 @@ func credential() (*syscall.Credential, error) {
 			return nil, fmt.Errorf("pgtest: look up user %s: %w", User, err)
 		}
 		out, addErr := exec.Command("useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", User).CombinedOutput()
-		// Another test binary may have created it meanwhile.
 		if u, err = user.Lookup(User); err != nil {
 			return nil, fmt.Errorf("pgtest: PostgreSQL refuses to run as root, and creating the user %s failed: %v\n%s", User, addErr, out)
 		}

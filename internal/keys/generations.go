@@ -175,7 +175,8 @@ func endsInGen(key, infix string) bool {
 }
 
 // slotTags holds SyntheticTag(slot) for every slot, computed at once: a run
-// whose writes spread over a cluster needs many of them.
+// whose writes spread over a cluster needs many of them, and Base one on
+// every call for some keys.
 var slotTags = sync.OnceValue(func() []string {
 	tags := make([]string, SlotCount)
 	left := len(tags)
@@ -196,7 +197,7 @@ var slotTags = sync.OnceValue(func() []string {
 // index and gen the generation it builds of it. The key is in slot, and
 // names the run's lock base and generation, so that runs never share one.
 func CounterKey(live string, slot uint16, gen int64) string {
-	return "{" + slotTags()[slot%SlotCount] + "}" + Base(live, true) + CounterInfix + strconv.FormatInt(gen, 10)
+	return "{" + SyntheticTag(slot) + "}" + Base(live, true) + CounterInfix + strconv.FormatInt(gen, 10)
 }
 
 // IsCounterKey reports whether key has the shape of a run's per-slot

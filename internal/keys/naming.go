@@ -139,16 +139,12 @@ func Base[S Space](live string, s S) string {
 }
 
 // SyntheticTag returns "rbN" for the smallest N ≥ 0 with Slot("rbN") ==
-// slot. Every slot is reached before N = 200000; the search costs about
-// a millisecond on average.
+// slot. Every slot is reached before N = 200000: the first call computes
+// the tag of every slot at once (a few milliseconds), later calls look it
+// up, so that Base of a key such as "a}b", which borrows one, costs no
+// search on every call.
 func SyntheticTag(slot uint16) string {
-	buf := []byte("rb")
-	for n := uint64(0); ; n++ {
-		buf = strconv.AppendUint(buf[:2], n, 10)
-		if crc16(string(buf))%SlotCount == slot%SlotCount {
-			return string(buf)
-		}
-	}
+	return slotTags()[slot%SlotCount]
 }
 
 // LockKey returns the rebuild lock key of live: Base(live) + ":rebuild-lock".

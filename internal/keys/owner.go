@@ -32,8 +32,8 @@ func Aliasable(live string, cluster bool) bool {
 	// base of T (no '}' in a tag, so T is untagged and wraps whole), or
 	// "{rbN}rest", the base of a rest that has a '}' and no valid tag (an
 	// untagged rest without '}' has the base "{rest}"; a tagged one is its
-	// own). Readers ask this on every resolve: the synthetic tag's search
-	// (about a millisecond) runs only for a tag in rest's slot.
+	// own). Readers ask this on every resolve: Base(rest) runs only for a
+	// tag in rest's slot.
 	if live[0] != '{' {
 		return false
 	}
