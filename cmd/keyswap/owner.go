@@ -114,26 +114,11 @@ func resolveLive(ctx context.Context, client rueidis.Client, fs []foundKey) (map
 	}
 	owners := make(map[string]liveOwner, len(shared))
 	for i, res := range client.DoMulti(ctx, cmds...) {
-		b, c := bases[i], shared[bases[i]]
-		stamp := b + keys.OwnerSuffix
-		v, err := res.ToString()
-		var why string
-		switch {
-		case rueidis.IsRedisNil(err):
-			why = "it has no owner stamp (a base written before keyswap kept one, or by RenameInPlace runs only)"
-			owners[b] = liveOwner{Live: c[len(c)-1], Ambiguous: &ambiguousBase{Base: b, Stamp: stamp, Candidates: c, Why: why, NoStamp: true}}
-			continue
-		case isWrongType(err):
-			why = "its owner stamp is not a string, a state no run leaves (not trusted)"
-		case err != nil:
-			return nil, fmt.Errorf("GET %s: %w", displayKey(stamp), err)
-		case slices.Contains(c, v):
-			owners[b] = liveOwner{Live: v}
-			continue
-		default:
-			why = fmt.Sprintf("its owner stamp names %s, neither of them (not trusted)", displayKey(v))
+		o, err := ownerOf(bases[i], shared[bases[i]], res)
+		if err != nil {
+			return nil, err
 		}
-		owners[b] = liveOwner{Live: c[len(c)-1], Ambiguous: &ambiguousBase{Base: b, Stamp: stamp, Candidates: c, Why: why}}
+		owners[bases[i]] = o
 	}
 	for _, f := range fs {
 		if o, ok := owners[f.base]; ok {
@@ -141,6 +126,50 @@ func resolveLive(ctx context.Context, client rueidis.Client, fs []foundKey) (map
 		}
 	}
 	return out, nil
+}
+
+// ownerOf returns the live key of base, which the live keys c share
+// (liveCandidates, two), from res, the reply to the GET of its owner
+// stamp: the candidate the stamp names, or, for a stamp that is absent,
+// of another type or names neither, a guess marked Ambiguous. It returns
+// an error only for a GET that Redis failed.
+func ownerOf(base string, c []string, res rueidis.RedisResult) (liveOwner, error) {
+	stamp := base + keys.OwnerSuffix
+	v, err := res.ToString()
+	var why string
+	switch {
+	case rueidis.IsRedisNil(err):
+		why = "it has no owner stamp (a base written before keyswap kept one, or by RenameInPlace runs only)"
+		return liveOwner{Live: c[len(c)-1], Ambiguous: &ambiguousBase{Base: base, Stamp: stamp, Candidates: c, Why: why, NoStamp: true}}, nil
+	case isWrongType(err):
+		why = "its owner stamp is not a string, a state no run leaves (not trusted)"
+	case err != nil:
+		return liveOwner{}, fmt.Errorf("GET %s: %w", displayKey(stamp), err)
+	case slices.Contains(c, v):
+		return liveOwner{Live: v}, nil
+	default:
+		why = fmt.Sprintf("its owner stamp names %s, neither of them (not trusted)", displayKey(v))
+	}
+	return liveOwner{Live: c[len(c)-1], Ambiguous: &ambiguousBase{Base: base, Stamp: stamp, Candidates: c, Why: why}}, nil
+}
+
+// readOwner returns the owner of the base of live, an index outside a
+// group, read with one GET of its owner stamp, when another live key can
+// have that base (keys.Aliasable: only on a cluster); ok is false, with
+// nothing read, when the base is live's alone. The owner is as ownerOf
+// gives it: Live is live or the other key, or, with Ambiguous, a guess.
+func readOwner(ctx context.Context, client rueidis.Client, live string) (o liveOwner, ok bool, err error) {
+	cluster := client.Mode() == rueidis.ClientModeCluster
+	if !keys.Aliasable(live, cluster) {
+		return liveOwner{}, false, nil
+	}
+	base := keys.Base(live, cluster)
+	c := liveCandidates(foundKey{key: keys.PointerKey(live, cluster), base: base, keyOf: keys.PointerKey[bool]}, cluster)
+	if len(c) != 2 {
+		return liveOwner{}, false, nil // not a shape two keys share after all
+	}
+	o, err = ownerOf(base, c, client.Do(ctx, client.B().Get().Key(base+keys.OwnerSuffix).Build()))
+	return o, err == nil, err
 }
 
 // isWrongType reports whether err is Redis's WRONGTYPE error.

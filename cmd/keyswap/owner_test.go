@@ -75,6 +75,24 @@ func sweepGens(t *testing.T, d deployment, code int) (map[string]genSweepJSON, r
 	return out, r
 }
 
+// untrustedStamp is an owner stamp that says whose base it is of
+// neither of its two live keys.
+type untrustedStamp struct {
+	name  string
+	stamp []string // the command that leaves it so
+	why   string   // how the CLI says so
+}
+
+// untrustedStamps returns the stamps, at stamp, that are not trusted:
+// absent, of another type (a hash naming owner), and naming other.
+func untrustedStamps(stamp, owner, other string) []untrustedStamp {
+	return []untrustedStamp{
+		{"absent", []string{"DEL", stamp}, "it has no owner stamp"},
+		{"another type", []string{"HSET", stamp, "live", owner}, "its owner stamp is not a string"},
+		{"neither", []string{"SET", stamp, other}, "its owner stamp names " + other + ", neither of them"},
+	}
+}
+
 // TestSweepSharedBase (SPEC C104): on a cluster the tagged key "{T}" has
 // the base of the untagged T, and "{rbN}a}b" that of a}b, but the data keys
 // of their generations hang off their own names ({T}:rebuild-g:G). The
@@ -180,15 +198,7 @@ func TestSweepSharedBaseUnstamped(t *testing.T) {
 			// has no generation: status names it as before, untagged.
 			inPlace := p + "in-place"
 			ownedIndex{live: inPlace}.publish(t, d, krebuild.Options{}, people(0, 2))
-			for _, tc := range []struct {
-				name  string
-				stamp []string // the command that leaves it so
-				why   string
-			}{
-				{"absent", []string{"DEL", stamp}, "it has no owner stamp"},
-				{"another type", []string{"HSET", stamp, "live", ix.live}, "its owner stamp is not a string"},
-				{"neither", []string{"SET", stamp, p + "other"}, "its owner stamp names " + p + "other, neither of them"},
-			} {
+			for _, tc := range untrustedStamps(stamp, ix.live, p+"other") {
 				do(t, d.client, "DEL", stamp)
 				do(t, d.client, tc.stamp...)
 				before := registry(t, d, ix.live)

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/keyswap/keyswap/internal/keys"
 	krebuild "github.com/keyswap/keyswap/rebuild"
 )
 
@@ -64,13 +65,19 @@ func TestControlOfAlias(t *testing.T) {
 // TestStatusKeyOfAlias (SPEC C104): on a cluster the pointer, registry and
 // meta of the base "{T}" are the tagged {T}'s once its Generations run
 // stamped the base with its name. 'keyswap status T', by key, must not
-// report them as T's: T has no generation, and its data is its plain key.
+// report them as T's: T has no generation, and its data is its plain key;
+// it names {T} as the base's owner, and status {T} is as before. Nor may
+// it tell the user to pass --group for T when {T} is in a group and the
+// base's pointer holds the group's claim. A stamp that is absent, of
+// another type or names neither key marks T ambiguous, as a scan does.
+// On a standalone server T and {T} are two keys: T has nothing.
 func TestStatusKeyOfAlias(t *testing.T) {
 	t.Parallel()
 	for _, d := range deployments(t) {
 		t.Run(d.name, func(t *testing.T) {
 			t.Parallel()
-			untagged := testPrefix(t, d) + "t"
+			p := testPrefix(t, d)
+			untagged := p + "t"
 			tagged := ownedIndex{live: "{" + untagged + "}"}
 			tagged.publish(t, d, genOpts(true), people(0, 4))
 			tagged.publish(t, d, genOpts(true), people(4, 3))
@@ -86,6 +93,53 @@ func TestStatusKeyOfAlias(t *testing.T) {
 					t.Errorf("status %s: index %s in mode %q with generations %s, which are %s's (its stamp names it)",
 						untagged, fieldName(ix.Key, ix.KeyBase64), ix.Mode, g, tagged.live)
 				}
+			}
+			ix := statusIndexes(t, d, exitOK, untagged)[untagged]
+			if owner := fieldName(ix.BaseOwner, ix.BaseOwnerBase64); d.cluster && (owner != tagged.live || ix.Rollback.WhyNot != rollbackBaseOwned || ix.Generation != nil || ix.Ambiguous != "") {
+				t.Errorf("status %s: got base_owner %q, rollback %+v, generation %v, ambiguous %q; want base_owner %s, why_not %q, no generation, not ambiguous",
+					untagged, owner, ix.Rollback, ix.Generation, ix.Ambiguous, tagged.live, rollbackBaseOwned)
+			} else if !d.cluster && (owner != "" || ix.Rollback.WhyNot != rollbackNeverPublished) {
+				t.Errorf("status %s: got base_owner %q, rollback %+v; want none, never published", untagged, owner, ix.Rollback)
+			}
+			human := keyswap(t, d.args("status", untagged)...)
+			if want := untagged + " (rebuilt in place: its base is that of " + tagged.live + ", whose stamp it holds)"; d.cluster != strings.Contains(human.stdout, want) {
+				t.Errorf("status %s: stdout %q; want %q in it: %v", untagged, human.stdout, want, d.cluster)
+			}
+			if own := statusIndexes(t, d, exitOK, tagged.live)[tagged.live]; own.Mode != modeGenerations || own.BaseOwner != nil || own.Ambiguous != "" {
+				t.Errorf("status %s: got mode %q, base_owner %v, ambiguous %q; want its generations, as before", tagged.live, own.Mode, own.BaseOwner, own.Ambiguous)
+			}
+
+			// {T} in a group: the base's pointer holds the group's claim.
+			grouped := ownedIndex{live: "{" + p + "g}"}
+			opts := genOpts(false)
+			opts.Group = p + "grp"
+			grouped.publish(t, d, opts, people(0, 2))
+			gix := statusIndexes(t, d, exitOK, p+"g")[p+"g"]
+			if owner := fieldName(gix.BaseOwner, gix.BaseOwnerBase64); d.cluster && owner != grouped.live || gix.Mode != modeRename {
+				t.Errorf("status %s: got base_owner %q, mode %q; want base_owner %s (cluster: %v), mode %q", p+"g", owner, gix.Mode, grouped.live, d.cluster, modeRename)
+			}
+			if r := keyswap(t, d.args("status", grouped.live)...); r.code == exitOK || !strings.Contains(r.stderr, "pass --group "+opts.Group) {
+				t.Errorf("status %s without --group: exit %d, stderr %q; want a failure naming its group", grouped.live, r.code, r.stderr)
+			}
+
+			if !d.cluster {
+				return
+			}
+			stamp := keys.OwnerKey(untagged, d.cluster)
+			for _, tc := range untrustedStamps(stamp, tagged.live, p+"other") {
+				do(t, d.client, "DEL", stamp)
+				do(t, d.client, tc.stamp...)
+				ix := statusIndexes(t, d, exitOK, untagged)[untagged]
+				if want := "ambiguous: " + tagged.live + " or " + untagged + ", " + tc.why; !strings.HasPrefix(ix.Ambiguous, want) || ix.BaseOwner != nil {
+					t.Errorf("%s: status %s: got ambiguous %q, base_owner %v; want %q, none", tc.name, untagged, ix.Ambiguous, ix.BaseOwner, want)
+				}
+			}
+			// Without a stamp, a base without a pointer or a registry is
+			// of an index that only ever rebuilt in place: not ambiguous.
+			inPlace := p + "in-place"
+			ownedIndex{live: inPlace}.publish(t, d, krebuild.Options{}, people(0, 2))
+			if ix := statusIndexes(t, d, exitOK, inPlace)[inPlace]; ix.Ambiguous != "" || ix.BaseOwner != nil || ix.Generation == nil {
+				t.Errorf("status %s: got ambiguous %q, base_owner %v, generation %v; want its meta's generation, not ambiguous", inPlace, ix.Ambiguous, ix.BaseOwner, ix.Generation)
 			}
 		})
 	}
