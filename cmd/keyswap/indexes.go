@@ -43,6 +43,11 @@ type indexStatus struct {
 	// live keys share (SPEC C104) and whose owner stamp names neither:
 	// Key is then a guess.
 	Ambiguous *ambiguousBase
+	// BaseOwner is, for an index read by key, the other live key whose
+	// base the index's is, as the base's owner stamp says (SPEC C104): the
+	// index rebuilt in place, and the meta, pointer, registry and lock of
+	// the base are BaseOwner's, not read as the index's. Empty otherwise.
+	BaseOwner string
 }
 
 // rollbackState says whether 'keyswap rollback' of an index would roll
@@ -61,6 +66,7 @@ const (
 	rollbackNoneKept       = "none_kept"           // published without KeepPrevious, or rolled back to a first generation
 	rollbackExpired        = "expired"             // the kept generation's time ran out
 	rollbackLocked         = "rebuild_in_progress" // a rebuild holds the index's lock: rollback refuses
+	rollbackBaseOwned      = "base_owned"          // the base's owner stamp names another index (SPEC C104): rollback refuses
 )
 
 // rollbackOf returns whether an index of generation g (nil: never
@@ -95,6 +101,8 @@ func (r rollbackState) String() string {
 		return "no: expired"
 	case rollbackLocked:
 		return "no: rebuild in progress"
+	case rollbackBaseOwned:
+		return "no: base is another index's"
 	}
 	return "no"
 }
@@ -211,6 +219,8 @@ func (ix indexStatus) name() string {
 	switch {
 	case ix.Ambiguous != nil:
 		return displayKey(ix.Key) + " (" + ix.Ambiguous.note() + ")"
+	case ix.BaseOwner != "":
+		return displayKey(ix.Key) + " (rebuilt in place: its base is that of " + displayKey(ix.BaseOwner) + ", whose stamp it holds)"
 	case ix.Group != "":
 		return displayKey(ix.Key) + " (group " + displayKey(ix.Group) + ")"
 	}

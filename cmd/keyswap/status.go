@@ -37,7 +37,8 @@ Status lists what keyswap keeps in Redis right now, and changes nothing:
     meta (<key>:rebuild-gen), which every publish writes: the generation
     live and since when, the one kept for 'keyswap rollback' and until
     when, and whether a rollback would roll back now (ROLLBACK: yes, or no
-    and why: none kept, expired, a rebuild in progress, never published),
+    and why: none kept, expired, a rebuild in progress, never published,
+    base is another index's),
     as the rollback itself decides it;
   - the indexes published in Generations mode (rebuild.Options.Publish =
     rebuild.Generations), which have a pointer (<key>:rebuild-ptr) naming
@@ -73,7 +74,12 @@ Status lists what keyswap keeps in Redis right now, and changes nothing:
     naming one of the two (or any index with a stamp of another type or
     naming neither) is shown with "(ambiguous: {X} or X, ...)" and why
     beside its name, and one that only ever rebuilt in place, which keeps
-    no stamp, is named X;
+    no stamp, is named X; 'status X' by key reads that stamp too (one
+    GET): when it names {X}, X is shown as an index rebuilt in place,
+    "(rebuilt in place: its base is that of {X}, ...)", without the
+    base's meta, pointer or registry, which are {X}'s (even when {X} is in
+    a group), and a stamp absent beside a pointer or registry, of another
+    type, or naming neither marks it ambiguous as above;
   - temp keys (<key>:rebuild:<unix>:<16 hex>): their age, from the
     timestamp in the name; their TTL ("none" when they have none); their
     Redis type and size (entries, or bytes for a string); MEMORY USAGE;
@@ -215,7 +221,8 @@ JSON output (-json) is one object, whose fields are kept stable:
         "possible": true,             'keyswap rollback' would roll back now
         "until": "2025-01-02T15:00:00Z",  while possible; else null
         "why_not": ""                 "none_kept", "expired",
-                                      "rebuild_in_progress", "never_published"
+                                      "rebuild_in_progress", "never_published",
+                                      "base_owned" (see "base_owner")
       },
       "mode": "generations",          "generations": it has a pointer; "group":
                                       its pointer holds a group's claim;
@@ -237,6 +244,12 @@ JSON output (-json) is one object, whose fields are kept stable:
       "ambiguous": "..."              only on a cluster, for a base that two
                                       keys share (X and {X}) whose owner stamp
                                       names neither: "key" is then a guess
+      "base_owner": "{X}"             only from status by key, on a cluster:
+                                      the other index whose base this one's
+                                      is, as the base's owner stamp says;
+                                      the index rebuilt in place, and the
+                                      base's meta, pointer, registry and
+                                      lock are not read as its
     }]
   }
 
@@ -244,7 +257,8 @@ Names are exact. Redis names are bytes: a name that is valid UTF-8 is a
 JSON string, as above; any other name (a key holding the byte 0xff, say)
 is given instead as the standard base64 of its bytes, in a field named
 with "_base64" appended, and the plain field is left out: "key_base64",
-"base_base64", "lock_key_base64", "meta_key_base64", "pattern_base64".
+"base_base64", "lock_key_base64", "meta_key_base64", "pattern_base64",
+"base_owner_base64".
 
 The table of runs and the "runs" field are read from the records, which
 change every second: a run that ends between the scan and the read is left

@@ -42,6 +42,10 @@ type indexStatusJSON struct {
 	// Ambiguous says why the index may be another's: its base is that of
 	// two live keys (SPEC C104), and its owner stamp names neither.
 	Ambiguous string `json:"ambiguous,omitempty"`
+	// BaseOwner is the other index whose base the index's is, by the
+	// base's owner stamp (SPEC C104): only from status by key.
+	BaseOwner       *string `json:"base_owner,omitempty"`
+	BaseOwnerBase64 []byte  `json:"base_owner_base64,omitempty"`
 }
 
 // rollbackStateJSON is a rollbackState in JSON.
@@ -103,6 +107,9 @@ func (rep *statusReport) json() statusJSON {
 		j.Family = ix.Generation != nil && ix.Generation.Family
 		if ix.Ambiguous != nil {
 			j.Ambiguous = ix.Ambiguous.note()
+		}
+		if ix.BaseOwner != "" {
+			j.BaseOwner, j.BaseOwnerBase64 = jsonName(ix.BaseOwner)
 		}
 		out.Indexes = append(out.Indexes, j)
 	}
