@@ -134,6 +134,13 @@ func TestStatusKeyOfAlias(t *testing.T) {
 					t.Errorf("%s: status %s: got ambiguous %q, base_owner %v; want %q, none", tc.name, untagged, ix.Ambiguous, ix.BaseOwner, want)
 				}
 			}
+			// Without a stamp, a group's claim in the pointer is of either
+			// key: ambiguous, and no "pass --group" for a guess.
+			do(t, d.client, "DEL", keys.OwnerKey(grouped.live, d.cluster))
+			gix = statusIndexes(t, d, exitOK, p+"g")[p+"g"]
+			if want := "ambiguous: " + grouped.live + " or " + p + "g, it has no owner stamp"; !strings.HasPrefix(gix.Ambiguous, want) || gix.Mode != modeGroup {
+				t.Errorf("status %s, no stamp: got ambiguous %q, mode %q; want %q, mode %q", p+"g", gix.Ambiguous, gix.Mode, want, modeGroup)
+			}
 			// Without a stamp, a base without a pointer or a registry is
 			// of an index that only ever rebuilt in place: not ambiguous.
 			inPlace := p + "in-place"
