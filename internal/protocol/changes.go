@@ -469,7 +469,16 @@ func (r Changes) Apply(ctx context.Context, opts ApplyOptions) (Applied, error) 
 		ks[i], ks[n+i], ks[2*n+i] = l, keys.RecordKey(l), keys.LogKey(l)
 	}
 	index := map[string]int{}
-	args := []string{strconv.Itoa(n), strconv.Itoa(opts.MaxLog), strconv.Itoa(c.count())}
+	// The owner stamps of the bases another index can share (SPEC C104):
+	// for each, its index among the locks, then its live key.
+	var stamped []string
+	for i, l := range c.lives {
+		if len(r.aliasable([]string{l})) > 0 {
+			c.owners, stamped = append(c.owners, l), append(stamped, strconv.Itoa(i+1))
+		}
+	}
+	args := []string{strconv.Itoa(n), strconv.Itoa(opts.MaxLog), strconv.Itoa(c.count()), strconv.Itoa(len(c.owners))}
+	args = append(append(args, stamped...), c.owners...)
 	for i, ops := range c.lists {
 		for _, o := range ops {
 			k, ok := index[o.Key]
@@ -489,6 +498,9 @@ func (r Changes) Apply(ctx context.Context, opts ApplyOptions) (Applied, error) 
 	// C102).
 	for _, l := range c.lives {
 		ks = append(ks, keys.PointerKey(l, r.cluster))
+	}
+	for _, l := range c.owners {
+		ks = append(ks, keys.OwnerKey(l, r.cluster))
 	}
 	if err := r.SameSlot(op, key, ks...); err != nil {
 		return Applied{}, err
