@@ -2,9 +2,11 @@ package rebuild_test
 
 import (
 	"maps"
+	"strings"
 	"testing"
 
 	"github.com/keyswap/keyswap/index"
+	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/rebuild"
 	"github.com/keyswap/keyswap/sources"
@@ -40,5 +42,52 @@ func TestOwnerStampInPlaceApplyBesideGroupClaim(t *testing.T) {
 		if k != tagged {
 			t.Errorf("reader of %s resolves %s, want its plain key", tagged, k)
 		}
+	})
+}
+
+func TestOwnerStampInPlaceApplyOwnOrTampered(t *testing.T) {
+	// C104, C102: the stamp lets the RenameInPlace Apply of "{X}" pass a
+	// claim only when it names another live key. A stamp naming "{X}"
+	// itself keeps the pointer "{X}"'s: its claim refuses the Apply with
+	// ErrGroupConflict naming the group. A stamp of another type fails it
+	// with ErrTampered naming the stamp. Nothing written either way. A
+	// standalone server reads no stamp: the claim refuses, and without one
+	// the Apply goes on.
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		ctx := redistest.Ctx(t)
+		ga, _, _ := fenceNames(d)
+		tagged := "{" + genPrefix(d) + "inplaceown}"
+		ptr, stamp := keys.PointerKey(tagged, d.Cluster), keys.OwnerKey(tagged, true)
+		extra := users(1)[0]
+		r := hashRebuilder(t, d, tagged)
+
+		redistest.Cmd(t, d.Other, "SET", ptr, keys.GroupMarker(ga))
+		redistest.Cmd(t, d.Other, "SET", stamp, tagged)
+		before := dumps(t, d)
+		err := r.Apply(ctx, index.Change[user]{New: &extra})
+		redistest.WantErr(t, err, rebuild.ErrGroupConflict)
+		if err == nil || !strings.Contains(err.Error(), "in group") {
+			t.Errorf("Apply of %s under its own stamp and group %s's claim: %v, want it refused as in the group", tagged, ga, err)
+		}
+		wantDumps(t, d, before)
+
+		redistest.Cmd(t, d.Other, "DEL", ptr, stamp)
+		redistest.Cmd(t, d.Other, "RPUSH", stamp, tagged)
+		before = dumps(t, d)
+		err = r.Apply(ctx, index.Change[user]{New: &extra})
+		if !d.Cluster {
+			if err != nil {
+				t.Fatalf("Apply of %s on a standalone server: %v", tagged, err)
+			}
+			if got, want := redistest.HGetAll(t, d.Other, tagged), map[string]string{extra.Email: extra.ID}; !maps.Equal(got, want) {
+				t.Errorf("%s holds %v after its Apply, want %v", tagged, got, want)
+			}
+			return
+		}
+		redistest.WantErr(t, err, rebuild.ErrTampered)
+		if err == nil || !strings.Contains(err.Error(), stamp+" is a list") {
+			t.Errorf("Apply: %v, want it to name %s", err, stamp)
+		}
+		wantDumps(t, d, before)
 	})
 }
