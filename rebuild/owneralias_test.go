@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/keyswap/keyswap/builders"
 	"github.com/keyswap/keyswap/index"
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/redistest"
@@ -90,4 +91,27 @@ func TestOwnerStampInPlaceApplyOwnOrTampered(t *testing.T) {
 		}
 		wantDumps(t, d, before)
 	})
+}
+
+func TestOwnerStampInPlaceApplyNoRight(t *testing.T) {
+	// C104, C93: on a cluster the RenameInPlace Apply of "{X}" reads its
+	// base's stamp, whose TYPE is in its rights check before anything
+	// else: a user without TYPE is refused with ErrNoPermission naming
+	// TYPE and the stamp, nothing written.
+	t.Parallel()
+	ctx := redistest.Ctx(t)
+	tagged := "{" + strings.Trim(redistest.Prefix(t), "{}") + "inplaceright}"
+	admin := env.Cluster.Client(t)
+	c := env.Cluster.ClientAs(t, "ks-"+t.Name(), "~*", "+@all", "-type")
+	r := redistest.Rebuilder(t, c, rebuild.Options{},
+		builders.Hash(tagged, func(u user) (string, string, bool) { return u.Email, u.ID, true }))
+	extra := users(1)[0]
+	err := r.Apply(ctx, index.Change[user]{New: &extra})
+	redistest.WantErr(t, err, rebuild.ErrNoPermission)
+	if stamp := keys.OwnerKey(tagged, true); err == nil || !strings.Contains(err.Error(), "TYPE") || !strings.Contains(err.Error(), stamp) {
+		t.Errorf("Apply of %s without TYPE: %v, want it to name TYPE and %s", tagged, err, stamp)
+	}
+	if n, _ := redistest.Cmd(t, admin, "EXISTS", tagged).AsInt64(); n != 0 {
+		t.Errorf("%s exists after a refused Apply", tagged)
+	}
 }
