@@ -115,3 +115,44 @@ func TestOwnerStampInPlaceApplyNoRight(t *testing.T) {
 		t.Errorf("%s exists after a refused Apply", tagged)
 	}
 }
+
+func TestOwnerStampInPlaceApplyBesideRunOfOwner(t *testing.T) {
+	// C104, C95: the stamp lets the RenameInPlace Apply of "{X}" past the
+	// pointer of X, the base's owner, not past the lock the two share:
+	// while a run of X holds it, the change, none of whose keys is the
+	// run's, is refused with ErrInProgress, neither written nor logged for
+	// X's run. On a standalone server the locks differ, and the Apply
+	// writes "{X}".
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		ctx := redistest.Ctx(t)
+		x := genPrefix(d) + "inplacerun"
+		tagged := "{" + x + "}"
+		h, _, err := genRebuilder(t, d, x, rebuild.Options{}).Build(ctx, sources.Slice(genUsers(30, 3)))
+		if err != nil {
+			t.Fatalf("Build of %s: %v", x, err)
+		}
+		defer func() {
+			if err := h.Discard(ctx); err != nil {
+				t.Errorf("Discard of %s: %v", x, err)
+			}
+		}()
+		extra := users(1)[0]
+		err = hashRebuilder(t, d, tagged).Apply(ctx, index.Change[user]{New: &extra})
+		if !d.Cluster {
+			if err != nil {
+				t.Fatalf("Apply of %s on a standalone server: %v", tagged, err)
+			}
+			if got, want := redistest.HGetAll(t, d.Other, tagged), map[string]string{extra.Email: extra.ID}; !maps.Equal(got, want) {
+				t.Errorf("%s holds %v after its Apply, want %v", tagged, got, want)
+			}
+			return
+		}
+		redistest.WantErr(t, err, rebuild.ErrInProgress)
+		if n, _ := redistest.Cmd(t, d.Other, "EXISTS", tagged).AsInt64(); n != 0 {
+			t.Errorf("%s exists after a refused Apply", tagged)
+		}
+		if log := keys.LogKey(keys.LockKey(x, true)); redistest.Exists(t, d.Other, log) {
+			t.Errorf("%s holds entries after a refused Apply of %s", log, tagged)
+		}
+	})
+}
