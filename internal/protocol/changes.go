@@ -406,8 +406,9 @@ type ApplyOptions struct {
 	// Op and Key name the operation in errors.
 	Op, Key string
 	// Locks are the lock keys of the builders the change writes, Lives
-	// their live keys (for errors), and Ops the ops on each one's keys, in
-	// order: Ops[i] are logged for the run holding Locks[i], if any.
+	// their live keys (for errors and owner stamps), and Ops the ops on
+	// each one's keys, in order: Ops[i] are logged for the run holding
+	// Locks[i], if any.
 	Locks []string
 	Lives []string
 	Ops   [][]Op
@@ -444,7 +445,11 @@ const (
 // change writes. The change must be applied again once that run ends. An
 // index whose pointer holds a group's claim fails it with an error
 // matching keys.ErrGroupConflict naming the group, nothing written (SPEC
-// C102).
+// C102), unless the index's base is another index's: on a cluster, for a
+// live key another can share (keys.Aliasable), the script reads the base's
+// owner stamp, and one naming another live key leaves the pointer, and its
+// claim, to that index; a stamp of another type fails it with an error
+// matching [ErrTampered] (SPEC C104).
 //
 // A lost reply leaves the outcome unknown (an error matching
 // [ErrOutcomeUnknown]); the script is not retried, as a rerun would log the
