@@ -5,8 +5,10 @@ import (
 	"maps"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/keyswap/keyswap/internal/keys"
+	"github.com/keyswap/keyswap/internal/redistest"
 	krebuild "github.com/keyswap/keyswap/rebuild"
 )
 
@@ -148,6 +150,53 @@ func TestStatusKeyOfAlias(t *testing.T) {
 			if ix := statusIndexes(t, d, exitOK, inPlace)[inPlace]; ix.Ambiguous != "" || ix.BaseOwner != nil || ix.Generation == nil {
 				t.Errorf("status %s: got ambiguous %q, base_owner %v, generation %v; want its meta's generation, not ambiguous", inPlace, ix.Ambiguous, ix.BaseOwner, ix.Generation)
 			}
+		})
+	}
+}
+
+// TestRollbackBesideGroupClaim (SPEC C104, C102): on a cluster group a's
+// claim of the untagged T is in the pointer of the base "{T}", which the
+// tagged {T} shares, and the base's stamp names T. {T} is in the
+// rename-in-place shape: the claim is T's, not {T}'s, and 'keyswap
+// rollback {T}' must not be refused as in group a. It is refused all the
+// same, changing nothing, for the base is T's: the rollback would take
+// the lock the two share, as a run of {T} would. On a standalone server
+// the two have bases of their own, and the rollback rolls {T} back.
+func TestRollbackBesideGroupClaim(t *testing.T) {
+	t.Parallel()
+	for _, d := range deployments(t) {
+		t.Run(d.name, func(t *testing.T) {
+			t.Parallel()
+			p := testPrefix(t, d)
+			untagged, group := p+"t", p+"a"
+			tagged := "{" + untagged + "}"
+			ix := index{tag: tagged, email: tagged, country: tagged + ":by-country"}
+			v1, v2 := people(0, 3), people(3, 4)
+			ix.publish(t, d, krebuild.Options{}, v1)
+			ix.publish(t, d, krebuild.Options{KeepPrevious: time.Minute}, v2)
+			opts := genOpts(true)
+			opts.Group = group
+			ownedIndex{live: untagged}.publish(t, d, opts, people(0, 2))
+			claim := keys.PointerKey(untagged, d.cluster)
+			if v, _ := redistest.Get(t, d.client, claim); v != keys.GroupMarker(group) {
+				t.Fatalf("pointer %s: got %q, want the claim of group %s", claim, v, group)
+			}
+			before := redistest.Snapshot(t, d.client, "{"+p)
+
+			r := keyswap(t, d.args("rollback", ix.email, ix.country)...)
+			if strings.Contains(r.stderr, "in group") {
+				t.Errorf("rollback %s beside group %s's claim of %s: stderr %q, want no refusal as in the group", tagged, group, untagged, r.stderr)
+			}
+			if !d.cluster {
+				r.wantCode(t, exitOK)
+				ix.wantLive(t, d, v1)
+				return
+			}
+			if want := "have the same base " + tagged + ", which is " + untagged + "'s"; r.code != exitError || !strings.Contains(r.stderr, want) {
+				t.Errorf("rollback %s beside group %s's claim of %s: exit %d, stdout %q, stderr %q; want exit %d saying %q",
+					tagged, group, untagged, r.code, r.stdout, r.stderr, exitError, want)
+			}
+			redistest.WantUnchanged(t, d.client, "{"+p, before)
 		})
 	}
 }

@@ -111,8 +111,12 @@ func (c *cli) rollback(ctx context.Context, args []string) error {
 	defer client.Close()
 
 	what := strings.Join(lives, ", ")
+	away, err := aliasedAway(ctx, client, lives)
+	if err != nil {
+		return fmt.Errorf("rollback %s: %w; nothing changed", what, err)
+	}
 	if *group == "" {
-		if err := notClaimed(ctx, client, "", lives); err != nil {
+		if err := notClaimed(ctx, client, "", ours(lives, away)); err != nil {
 			return fmt.Errorf("rollback %s: %w; nothing changed", what, err)
 		}
 	}
@@ -124,11 +128,18 @@ func (c *cli) rollback(ctx context.Context, args []string) error {
 	if err != nil {
 		return fmt.Errorf("rollback %s: %w", what, err)
 	}
+	if *group == "" {
+		for i := range pointers {
+			// The pointer in its base is the other index's: it is in
+			// the rename-in-place shape.
+			pointers[i] = pointers[i] && !away[i]
+		}
+	}
 	if *group != "" {
 		// An index without the group's pointer may be another group's.
 		var absent []string
 		for i, p := range pointers {
-			if !p {
+			if !p && !away[i] {
 				absent = append(absent, lives[i])
 			}
 		}
@@ -257,6 +268,56 @@ func notClaimed(ctx context.Context, client rueidis.Client, group string, lives 
 		}
 	}
 	return nil
+}
+
+// aliasedAway returns, for each of lives, whether its base is another
+// index's: on a cluster, the base of a live key that another live key can
+// share (keys.Aliasable, X and "{X}") whose owner stamp names the other
+// key (SPEC C104). Such an index is in the rename-in-place shape: the
+// pointer in its base, and a group's claim there (SPEC C102), are the
+// other index's. One GET per such key, pipelined, none for the others; a
+// stamp of another type than a string is an error.
+func aliasedAway(ctx context.Context, client rueidis.Client, lives []string) ([]bool, error) {
+	cluster := namesOf(client, "")
+	out := make([]bool, len(lives))
+	var at []int
+	var cmds rueidis.Commands
+	for i, l := range lives {
+		if keys.Aliasable(l, cluster.Cluster) {
+			at = append(at, i)
+			cmds = append(cmds, client.B().Get().Key(keys.OwnerKey(l, cluster)).Build())
+		}
+	}
+	if len(cmds) == 0 {
+		return out, nil
+	}
+	for j, res := range client.DoMulti(ctx, cmds...) {
+		l := lives[at[j]]
+		stamp := keys.OwnerKey(l, cluster)
+		v, err := res.ToString()
+		switch {
+		case rueidis.IsRedisNil(err):
+		case isWrongType(err):
+			return nil, errors.New(keys.OwnerTampered(displayKey(stamp), "key of another type than a string", displayKey(l)))
+		case err != nil:
+			return nil, fmt.Errorf("GET %s: %w", displayKey(stamp), err)
+		default:
+			out[at[j]] = v != l
+		}
+	}
+	return out, nil
+}
+
+// ours returns the keys of lives whose base is their own (away, as
+// aliasedAway returns it, is not set).
+func ours(lives []string, away []bool) []string {
+	var out []string
+	for i, l := range lives {
+		if !away[i] {
+			out = append(out, l)
+		}
+	}
+	return out
 }
 
 // hasPointers returns, for each of lives, whether it has a pointer: it is

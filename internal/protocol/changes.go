@@ -406,8 +406,9 @@ type ApplyOptions struct {
 	// Op and Key name the operation in errors.
 	Op, Key string
 	// Locks are the lock keys of the builders the change writes, Lives
-	// their live keys (for errors), and Ops the ops on each one's keys, in
-	// order: Ops[i] are logged for the run holding Locks[i], if any.
+	// their live keys (for errors and owner stamps), and Ops the ops on
+	// each one's keys, in order: Ops[i] are logged for the run holding
+	// Locks[i], if any.
 	Locks []string
 	Lives []string
 	Ops   [][]Op
@@ -444,7 +445,11 @@ const (
 // change writes. The change must be applied again once that run ends. An
 // index whose pointer holds a group's claim fails it with an error
 // matching keys.ErrGroupConflict naming the group, nothing written (SPEC
-// C102).
+// C102), unless the index's base is another index's: on a cluster, for a
+// live key another can share (keys.Aliasable), the script reads the base's
+// owner stamp, and one naming another live key leaves the pointer, and its
+// claim, to that index; a stamp of another type fails it with an error
+// matching [ErrTampered] (SPEC C104).
 //
 // A lost reply leaves the outcome unknown (an error matching
 // [ErrOutcomeUnknown]); the script is not retried, as a rerun would log the
@@ -469,7 +474,16 @@ func (r Changes) Apply(ctx context.Context, opts ApplyOptions) (Applied, error) 
 		ks[i], ks[n+i], ks[2*n+i] = l, keys.RecordKey(l), keys.LogKey(l)
 	}
 	index := map[string]int{}
-	args := []string{strconv.Itoa(n), strconv.Itoa(opts.MaxLog), strconv.Itoa(c.count())}
+	// The owner stamps of the bases another index can share (SPEC C104):
+	// for each, its index among the locks, then its live key.
+	var stamped []string
+	for i, l := range c.lives {
+		if len(r.aliasable([]string{l})) > 0 {
+			c.owners, stamped = append(c.owners, l), append(stamped, strconv.Itoa(i+1))
+		}
+	}
+	args := []string{strconv.Itoa(n), strconv.Itoa(opts.MaxLog), strconv.Itoa(c.count()), strconv.Itoa(len(c.owners))}
+	args = append(append(args, stamped...), c.owners...)
 	for i, ops := range c.lists {
 		for _, o := range ops {
 			k, ok := index[o.Key]
@@ -489,6 +503,9 @@ func (r Changes) Apply(ctx context.Context, opts ApplyOptions) (Applied, error) 
 	// C102).
 	for _, l := range c.lives {
 		ks = append(ks, keys.PointerKey(l, r.cluster))
+	}
+	for _, l := range c.owners {
+		ks = append(ks, keys.OwnerKey(l, r.cluster))
 	}
 	if err := r.SameSlot(op, key, ks...); err != nil {
 		return Applied{}, err

@@ -43,9 +43,10 @@ func on(i int, cmd, key string, args ...string) lockOp {
 
 // applyCall lays out one call of apply.lua as protocol.Changes.Apply does: KEYS the
 // locks, their records, their logs, then every live key in the order of its
-// first op; ARGV n, the bound, the number of ops, then per op its lock's
-// index, its key's index after the 3n, the command, the count of args and
-// the args.
+// first op, then a pointer per lock (none holds a claim); ARGV n, the
+// bound, the number of ops, no owner stamp, then per op its lock's index,
+// its key's index after the 3n, the command, the count of args and the
+// args.
 func applyCall(locks []string, bound int, ops ...lockOp) (ks, args []string) {
 	n := len(locks)
 	ks = append(ks, locks...)
@@ -55,7 +56,7 @@ func applyCall(locks []string, bound int, ops ...lockOp) (ks, args []string) {
 	for _, l := range locks {
 		ks = append(ks, keys.LogKey(l))
 	}
-	args = []string{strconv.Itoa(n), strconv.Itoa(bound), strconv.Itoa(len(ops))}
+	args = []string{strconv.Itoa(n), strconv.Itoa(bound), strconv.Itoa(len(ops)), "0"}
 	index := map[string]int{}
 	for _, o := range ops {
 		k, ok := index[o.op.Key]
@@ -66,6 +67,9 @@ func applyCall(locks []string, bound int, ops ...lockOp) (ks, args []string) {
 		}
 		args = append(args, strconv.Itoa(o.lock), strconv.Itoa(k), o.op.Cmd, strconv.Itoa(len(o.op.Args)))
 		args = append(args, o.op.Args...)
+	}
+	for _, l := range locks {
+		ks = append(ks, keys.PointerKey(l, false))
 	}
 	return ks, args
 }

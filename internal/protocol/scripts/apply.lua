@@ -27,12 +27,18 @@
 -- KEYS[n+1..2n]     their records
 -- KEYS[2n+1..3n]    their logs
 -- KEYS[3n+1..]      the live keys the ops write, then the n indexes'
---                   pointers (keys.PointerKey), last
+--                   pointers (keys.PointerKey), then s owner stamps
+--                   (keys.OwnerKey, SPEC C104), last
 -- ARGV[1]           n
 -- ARGV[2]           the most entries a log may hold; a log that reaches it
 --                   gets the entry "!overrun", and nothing more
 -- ARGV[3]           the number of ops
--- ARGV[4..]         per op: its lock's index (1..n), its key's index in
+-- ARGV[4]           s: the stamps of the bases another index can share
+--                   (on a cluster, X and "{X}"), whose pointer may be the
+--                   other index's
+-- ARGV[5..4+s]      the index (1..n) whose base each stamp is
+-- ARGV[5+s..4+2s]   the live key (or family prefix) of that index
+-- ARGV[5+2s..]      per op: its lock's index (1..n), its key's index in
 --                   KEYS after 3n, the command, the count of args, the args
 --
 -- Returns {OK, l1..ln}: applied; li = LOGGED the change was logged for the
@@ -51,19 +57,39 @@
 --         {IN_GROUP, i, group}: index i's pointer holds 'group:<group>', a
 --           group's claim (claim.lua, SPEC C102): the index's data is the
 --           group's generations, and the live keys nobody reads; nothing
---           written.
+--           written. Not when index i's stamp names another live key: the
+--           pointer is that index's, and so is its claim.
+--         {OWNED, j, kind, ''}: stamp j is of another type than a string
+--           (lib/owner.lua); nothing written.
 -- #include keys
 -- #include remove
 -- #include changes
+-- #include owner
 local n, bound, count = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
--- pcall: a pointer of another type holds no claim.
+local s = tonumber(ARGV[4])
+local stampOf = {}
+for j = 1, s do
+  stampOf[tonumber(ARGV[4 + j])] = j
+end
 for i = 1, n do
-  local p = redis.pcall('GET', KEYS[#KEYS - n + i])
+  -- A stamp naming another live key: the shared pointer is the other
+  -- index's, whatever it holds, and this index rebuilds in place.
+  local j, theirs = stampOf[i], false
+  if j then
+    local stamp = KEYS[#KEYS - s + j]
+    local r = changes.refused('TYPE', stamp) or changes.refused('GET', stamp)
+    if r then return r end
+    r = owner.refused(j, stamp, ARGV[4 + s + j])
+    if r and r[3] ~= 'string' then return r end
+    theirs = r ~= nil
+  end
+  -- pcall: a pointer of another type holds no claim.
+  local p = not theirs and redis.pcall('GET', KEYS[#KEYS - s - n + i])
   if type(p) == 'string' and string.sub(p, 1, 6) == 'group:' then
     return {IN_GROUP, i, string.sub(p, 7)}
   end
 end
-local ops, perLock = changes.parse(count, 4, function(at)
+local ops, perLock = changes.parse(count, 5 + 2 * s, function(at)
   local key = KEYS[3 * n + tonumber(ARGV[at + 1])]
   return tonumber(ARGV[at]), key, key, at + 2
 end)
