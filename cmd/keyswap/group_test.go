@@ -112,7 +112,7 @@ func TestGroup(t *testing.T) {
 
 			// The sweep finds the group in the registries' names: the
 			// retired generation 1 goes, 2 and 3 stay.
-			r = keyswap(t, d.args("sweep", "--delete", "--grace", "1ms")...)
+			r = keyswap(t, d.args("sweep", "--delete", "--grace", "1ms", "--pattern", testSweepPattern(t))...)
 			r.wantCode(t, exitOK)
 			if !strings.Contains(r.stdout, "generation 1 of "+ix.country+" (group "+group+")") {
 				t.Errorf("sweep: got stdout %q", r.stdout)
@@ -130,7 +130,7 @@ func TestGroup(t *testing.T) {
 
 			// --plain: on the cluster the plain key of the hash is outside
 			// the group's slot, and the sweep says so rather than fail.
-			r = keyswap(t, d.args("sweep", "--delete", "--plain")...)
+			r = keyswap(t, d.args("sweep", "--delete", "--plain", "--pattern", testSweepPattern(t))...)
 			r.wantCode(t, exitOK)
 			if note := "kept the plain keys of " + ix.email + " (group " + group + "): its plain keys are outside its group's slot"; d.cluster && !strings.Contains(r.stdout, note) {
 				t.Errorf("sweep --plain: got stdout %q, want %q", r.stdout, note)
