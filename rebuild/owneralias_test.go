@@ -33,9 +33,7 @@ func TestOwnerStampInPlaceApplyBesideGroupClaim(t *testing.T) {
 		if err := hashRebuilder(t, d, tagged).Apply(ctx, index.Change[user]{New: &extra}); err != nil {
 			t.Fatalf("RenameInPlace Apply of %s beside group %s's claim of %s: %v", tagged, ga, x, err)
 		}
-		if got, want := redistest.HGetAll(t, d.Other, tagged), map[string]string{extra.Email: extra.ID}; !maps.Equal(got, want) {
-			t.Errorf("%s holds %v after its Apply, want %v", tagged, got, want)
-		}
+		wantApplied(t, d, tagged, extra)
 		k, err := newReaderOf(t, d.Other).Key(ctx, tagged)
 		if err != nil {
 			t.Fatalf("reader Key(%s): %v", tagged, err)
@@ -80,9 +78,7 @@ func TestOwnerStampInPlaceApplyOwnOrTampered(t *testing.T) {
 			if err != nil {
 				t.Fatalf("Apply of %s on a standalone server: %v", tagged, err)
 			}
-			if got, want := redistest.HGetAll(t, d.Other, tagged), map[string]string{extra.Email: extra.ID}; !maps.Equal(got, want) {
-				t.Errorf("%s holds %v after its Apply, want %v", tagged, got, want)
-			}
+			wantApplied(t, d, tagged, extra)
 			return
 		}
 		redistest.WantErr(t, err, rebuild.ErrTampered)
@@ -142,9 +138,7 @@ func TestOwnerStampInPlaceApplyBesideRunOfOwner(t *testing.T) {
 			if err != nil {
 				t.Fatalf("Apply of %s on a standalone server: %v", tagged, err)
 			}
-			if got, want := redistest.HGetAll(t, d.Other, tagged), map[string]string{extra.Email: extra.ID}; !maps.Equal(got, want) {
-				t.Errorf("%s holds %v after its Apply, want %v", tagged, got, want)
-			}
+			wantApplied(t, d, tagged, extra)
 			return
 		}
 		redistest.WantErr(t, err, rebuild.ErrInProgress)
@@ -155,4 +149,13 @@ func TestOwnerStampInPlaceApplyBesideRunOfOwner(t *testing.T) {
 			t.Errorf("%s holds entries after a refused Apply of %s", log, tagged)
 		}
 	})
+}
+
+// wantApplied fails t unless the hash live holds exactly u's entry, as
+// the Apply of u alone to an empty index in place writes it.
+func wantApplied(t *testing.T, d deployment, live string, u user) {
+	t.Helper()
+	if got, want := redistest.HGetAll(t, d.Other, live), map[string]string{u.Email: u.ID}; !maps.Equal(got, want) {
+		t.Errorf("%s holds %v after its Apply, want %v", live, got, want)
+	}
 }
