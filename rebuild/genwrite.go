@@ -63,7 +63,7 @@ func (x *writer) writeSpread(ctx context.Context, txns []*txn) error {
 	written := map[uint16][]*target{}
 	for _, t := range txns {
 		for _, tg := range t.writes {
-			written[keys.Slot(tg.Key)] = append(written[keys.Slot(tg.Key)], tg)
+			written[tg.slot] = append(written[tg.slot], tg)
 		}
 	}
 	g := errgroup.Group{}
@@ -218,7 +218,7 @@ func splitBySlot(txns []*txn) (map[uint16]*txn, []uint16) {
 			p.cmds = append(p.cmds, c)
 		}
 		for _, tg := range t.probes {
-			p := part(keys.Slot(tg.Key))
+			p := part(tg.slot)
 			// One pair of EXISTS per key and transaction: before the
 			// first write of any of txns, after the last.
 			if !slices.Contains(p.probes, tg) {
@@ -262,7 +262,7 @@ func sortBySlot(cmds []mergedCmd) []mergedCmd {
 	}
 	order := make([]uint16, len(cmds))
 	for i, c := range cmds {
-		order[i] = bits.Reverse16(keys.Slot(c.t.Key)) >> 2 // 14 bits
+		order[i] = bits.Reverse16(c.t.slot) >> 2 // 14 bits
 	}
 	if len(cmds) < 1024 {
 		idx := make([]int, len(cmds))

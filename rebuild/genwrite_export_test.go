@@ -1,6 +1,7 @@
 package rebuild
 
 import (
+	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/redis/rueidis"
 )
 
@@ -33,6 +34,7 @@ func SplitBySlot(txns []SlotTxn) []SlotPart {
 		for i, m := range st.Members {
 			tg := &target{}
 			tg.Key = st.Cmds[i].Commands()[1]
+			tg.slot = keys.Slot(tg.Key)
 			t.writes = append(t.writes, tg)
 			t.members = append(t.members, m)
 		}
@@ -40,6 +42,7 @@ func SplitBySlot(txns []SlotTxn) []SlotPart {
 			if probes[k] == nil {
 				probes[k] = &target{}
 				probes[k].Key = k
+				probes[k].slot = keys.Slot(k)
 			}
 			t.probes = append(t.probes, probes[k])
 		}
@@ -71,6 +74,7 @@ func SortBySlot(ks []string) []string {
 	for i, k := range ks {
 		t := &target{}
 		t.Key = k
+		t.slot = keys.Slot(k)
 		cmds[i] = mergedCmd{t: t, name: "SADD"}
 	}
 	var out []string

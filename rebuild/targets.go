@@ -21,7 +21,8 @@ type target struct {
 	// nil when none wait: a family of a million buckets then keeps no
 	// buffer per bucket between commands. Only the sender touches it.
 	buf  *mergeBuf
-	held bool // in the coalescer's list of targets with entries
+	held bool   // in the coalescer's list of targets with entries
+	slot uint16 // the hash slot of Key, computed once
 
 	// In Generations mode, what the writes did to the key (see
 	// sizeCheck): the kind of the additive commands that wrote it, the
@@ -117,6 +118,7 @@ func (ts *targets) get(b int, live string) (*target, error) {
 		return nil, tooManyKeys(ts.max, "the run writes more keys than that")
 	}
 	t := &target{Temp: protocol.Temp{Live: live, Key: ts.newTemp(live)}, builder: b}
+	t.slot = keys.Slot(t.Key)
 	if o := ts.owners[b]; o.family {
 		t.bucket = live[len(o.key)+1:]
 		ts.buckets[b].add(t)
