@@ -146,34 +146,13 @@ func (p *publisher) oneKeyPerMaster(ctx context.Context, lock string, ks []strin
 	if err != nil {
 		return nil, protocol.Fail(ctx, "publish", p.r.key, fmt.Errorf("CLUSTER SLOTS: %w", err))
 	}
-	type span struct {
-		from, to int64
-		master   string
-	}
-	var spans []span
-	for _, rg := range ranges {
-		f, err := rg.ToArray()
-		if err != nil || len(f) < 3 {
-			return nil, &Error{Op: "publish", Key: p.r.key, Err: fmt.Errorf("CLUSTER SLOTS: an entry %v, want [start end [host port ...] ...]", f)}
-		}
-		from, err1 := f[0].AsInt64()
-		to, err2 := f[1].AsInt64()
-		node, err3 := f[2].ToArray()
-		if err := errors.Join(err1, err2, err3); err != nil || len(node) < 2 {
-			return nil, &Error{Op: "publish", Key: p.r.key, Err: fmt.Errorf("CLUSTER SLOTS: an entry %v, want [start end [host port ...] ...]: %w", f, err)}
-		}
-		host, _ := node[0].ToString()
-		port, _ := node[1].AsInt64()
-		spans = append(spans, span{from, to, net.JoinHostPort(host, strconv.FormatInt(port, 10))})
+	spans, err := parseClusterSlots(ranges)
+	if err != nil {
+		return nil, &Error{Op: "publish", Key: p.r.key, Err: err}
 	}
 	masterOf := func(k string) string {
-		s := int64(keys.Slot(k))
-		for _, sp := range spans {
-			if sp.from <= s && s <= sp.to {
-				return sp.master
-			}
-		}
-		return "" // a slot no master serves: its key is waited for on its own
+		// A slot no master serves gives "": its key is waited for on its own.
+		return spans.master(keys.Slot(k))
 	}
 	seen := map[string]bool{masterOf(lock): true}
 	var ats []string
@@ -185,4 +164,47 @@ func (p *publisher) oneKeyPerMaster(ctx context.Context, lock string, ks []strin
 		}
 	}
 	return ats, nil
+}
+
+// slotSpans are the ranges of hash slots of a cluster and the address
+// (host:port) of the master that serves each, as CLUSTER SLOTS lists them.
+type slotSpans []slotSpan
+
+// slotSpan is a range of hash slots, from to to, and its master's address.
+type slotSpan struct {
+	from, to int64
+	master   string
+}
+
+// parseClusterSlots parses ranges, the reply to CLUSTER SLOTS.
+func parseClusterSlots(ranges []rueidis.RedisMessage) (slotSpans, error) {
+	var spans slotSpans
+	for _, rg := range ranges {
+		f, err := rg.ToArray()
+		if err != nil || len(f) < 3 {
+			return nil, fmt.Errorf("CLUSTER SLOTS: an entry %v, want [start end [host port ...] ...]", f)
+		}
+		from, err1 := f[0].AsInt64()
+		to, err2 := f[1].AsInt64()
+		node, err3 := f[2].ToArray()
+		if err := errors.Join(err1, err2, err3); err != nil || len(node) < 2 {
+			return nil, fmt.Errorf("CLUSTER SLOTS: an entry %v, want [start end [host port ...] ...]: %w", f, err)
+		}
+		host, _ := node[0].ToString()
+		port, _ := node[1].AsInt64()
+		spans = append(spans, slotSpan{from, to, net.JoinHostPort(host, strconv.FormatInt(port, 10))})
+	}
+	return spans, nil
+}
+
+// master returns the address of the master that serves slot, or "" when
+// none does.
+func (spans slotSpans) master(slot uint16) string {
+	s := int64(slot)
+	for _, sp := range spans {
+		if sp.from <= s && s <= sp.to {
+			return sp.master
+		}
+	}
+	return ""
 }

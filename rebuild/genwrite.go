@@ -6,6 +6,8 @@ import (
 	"maps"
 	"math/bits"
 	"slices"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/keyswap/keyswap/internal/keys"
@@ -28,9 +30,28 @@ const spreadWrites = 256
 // the client's shared connections: the run's own connection (protocol.Bulk)
 // serves one slot.
 //
+// The slots' transactions go by master: each master's, one after the
+// other, in one DoMulti on that master's node client (rueidis
+// Client.Nodes, on the cluster client's connections), the masters in
+// parallel, rather than one DoMulti of the cluster client per slot. The
+// masters are read with CLUSTER SLOTS once per run (slotMasters), and
+// again after a fallback; a slot of no known master goes on its own on the
+// cluster client. A node client follows no redirection: a transaction
+// that its master did not run because its slot moved (MOVED, ASK,
+// TRYAGAIN, CLUSTERDOWN, answered to a command or to EXEC, which then ran
+// nothing: see unrun) is sent again on its own on the cluster client,
+// which follows them. Nothing else is sent again: a transaction whose
+// reply is lost (a broken connection, a timeout) may have run, and fails
+// the run, as any other error does.
+//
 // Writes to one key are in one slot, so they reach Redis in the order of
-// the transactions, as they do in write; writes to different slots never
-// had an order between them: a cluster runs each master's commands apart.
+// the transactions, as they do in write: a round trip has one transaction
+// per slot, a transaction sent again had not run, and writeSpread returns
+// only once every one of the round trip's transactions is acknowledged,
+// which the sender waits for before it sends a round trip that must come
+// after. Writes to different slots never had an order between them: a
+// cluster runs each master's commands apart, and a slot's transaction
+// does not depend on the one before it in its master's DoMulti.
 //
 // Each slot's part keeps its MULTI/EXEC, which now costs four commands
 // (MULTI, INCR, EXPIRE, EXEC) per slot and round trip rather than per
@@ -38,9 +59,10 @@ const spreadWrites = 256
 // on one connection, would count on Redis replicating a prefix of that
 // connection's stream; but the cluster client redirects and retries
 // commands one by one (MOVED, ASK, TRYAGAIN), so a redirected write could
-// reach its master after the INCR that vouches for it. And the EXISTS
-// probes of a replayed change must see no other write between them and
-// the change's.
+// reach its master after the INCR that vouches for it; and a write sent
+// again after a redirection must be known not to have run, which EXEC
+// tells of a whole transaction. And the EXISTS probes of a replayed change
+// must see no other write between them and the change's.
 func (x *writer) writeSpread(ctx context.Context, txns []*txn) error {
 	r := x.r
 	client := r.redis.Client()
@@ -66,37 +88,208 @@ func (x *writer) writeSpread(ctx context.Context, txns []*txn) error {
 			written[tg.slot] = append(written[tg.slot], tg)
 		}
 	}
-	g := errgroup.Group{}
-	g.SetLimit(spreadWrites)
-	for _, slot := range slots {
+	sends := make([]slotSend, len(slots))
+	for i, slot := range slots {
 		p := parts[slot]
 		counter := x.gen.counters.key(slot)
 		listed := x.listing(cb, written[slot], int(slot))
+		cmds := make(rueidis.Commands, 0, len(p.cmds)+2*len(p.probes)+len(listed)+4)
+		cmds = append(cmds, cb.Multi().Build())
+		for _, tg := range p.probes {
+			cmds = append(cmds, cb.Exists().Key(tg.Key).Build())
+		}
+		cmds = append(cmds, p.cmds...)
+		for _, tg := range p.probes {
+			cmds = append(cmds, cb.Exists().Key(tg.Key).Build())
+		}
+		cmds = append(cmds, listed...)
+		cmds = append(cmds, cb.Incr().Key(counter).Build(),
+			cb.Expire().Key(counter).Seconds(2*r.ttlSecs).Build(), cb.Exec().Build())
+		sends[i] = slotSend{slot: slot, p: p, cmds: cmds}
+	}
+	m := x.slotMasters(wctx)
+	g := errgroup.Group{}
+	g.SetLimit(spreadWrites)
+	byNode := make([][]*slotSend, len(m.nodes))
+	for i := range sends {
+		s := &sends[i]
+		if n := m.of[s.slot]; n >= 0 {
+			byNode[n] = append(byNode[n], s)
+			continue
+		}
+		g.Go(func() error { return x.sendSlot(wctx, s) })
+	}
+	var mu sync.Mutex
+	var again []*slotSend
+	for n, ss := range byNode {
+		if len(ss) == 0 {
+			continue
+		}
 		g.Go(func() error {
-			cmds := make(rueidis.Commands, 0, len(p.cmds)+2*len(p.probes)+len(listed)+4)
-			cmds = append(cmds, cb.Multi().Build())
-			for _, tg := range p.probes {
-				cmds = append(cmds, cb.Exists().Key(tg.Key).Build())
+			size := 0
+			for _, s := range ss {
+				size += len(s.cmds)
 			}
-			cmds = append(cmds, p.cmds...)
-			for _, tg := range p.probes {
-				cmds = append(cmds, cb.Exists().Key(tg.Key).Build())
+			all := make(rueidis.Commands, 0, size)
+			for _, s := range ss {
+				for i, c := range s.cmds {
+					// A transaction its master did not run is sent
+					// again: rueidis must not recycle its commands.
+					s.cmds[i] = c.Pin()
+				}
+				all = append(all, s.cmds...)
 			}
-			cmds = append(cmds, listed...)
-			cmds = append(cmds, cb.Incr().Key(counter).Build(),
-				cb.Expire().Key(counter).Seconds(2*r.ttlSecs).Build(), cb.Exec().Build())
-			if err := x.check(p, client.DoMulti(wctx, cmds...)); err != nil {
-				return err
+			res := m.nodes[n].DoMulti(wctx, all...)
+			for _, s := range ss {
+				sr := res[:len(s.cmds)]
+				res = res[len(s.cmds):]
+				if unrun(sr) {
+					mu.Lock()
+					again = append(again, s)
+					mu.Unlock()
+					continue
+				}
+				if err := x.checkSlot(s, sr); err != nil {
+					return err
+				}
 			}
-			x.gen.counters.add(slot)
 			return nil
 		})
 	}
 	if err := g.Wait(); err != nil {
 		return err
 	}
+	if len(again) > 0 {
+		// A slot moved: read the masters again for the next round trip.
+		x.masters.CompareAndSwap(m, nil)
+		for _, s := range again {
+			g.Go(func() error { return x.sendSlot(wctx, s) })
+		}
+		if err := g.Wait(); err != nil {
+			return err
+		}
+	}
 	x.acked.Add(int64(len(txns)))
 	return nil
+}
+
+// slotSend is one slot's transaction of a round trip in writeSpread: the
+// slot's part of the round trip's transactions, and the commands of its
+// MULTI ... EXEC.
+type slotSend struct {
+	slot uint16
+	p    *txn
+	cmds rueidis.Commands
+}
+
+// sendSlot sends s on its own on the cluster client, which follows
+// redirections, and checks it.
+func (x *writer) sendSlot(ctx context.Context, s *slotSend) error {
+	return x.checkSlot(s, x.r.redis.Client().DoMulti(ctx, s.cmds...))
+}
+
+// checkSlot checks the replies to s, and counts the transaction in its
+// slot's counter once its EXEC confirmed it.
+func (x *writer) checkSlot(s *slotSend, res []rueidis.RedisResult) error {
+	if err := x.check(s.p, res); err != nil {
+		return err
+	}
+	x.gen.counters.add(s.slot)
+	return nil
+}
+
+// unrun reports whether res, the replies to a MULTI ... EXEC a node client
+// sent, tell that its master ran none of it because the slot is not (or
+// not wholly) its own: MULTI was queued, and EXEC answered a cluster's
+// error (see clusterErr), or EXECABORT after every command refused to
+// queue answered one. Any other error, and above all one that is not
+// Redis's (a broken connection, a timeout: EXEC may have run), is not.
+func unrun(res []rueidis.RedisResult) bool {
+	if res[0].Error() != nil {
+		return false
+	}
+	e, ok := rueidis.IsRedisErr(res[len(res)-1].Error())
+	if !ok {
+		return false
+	}
+	refused := 0
+	for _, q := range res[1 : len(res)-1] {
+		if err := q.Error(); err != nil {
+			if !clusterErr(err) {
+				return false
+			}
+			refused++
+		}
+	}
+	return clusterErr(e) || (refused > 0 && strings.HasPrefix(e.Error(), "EXECABORT"))
+}
+
+// clusterErr reports whether err is a cluster's refusal of a command of a
+// slot it does not serve now: MOVED, ASK, TRYAGAIN or CLUSTERDOWN. The
+// command did not run.
+func clusterErr(err error) bool {
+	e, ok := rueidis.IsRedisErr(err)
+	if !ok {
+		return false
+	}
+	_, moved := e.IsMoved()
+	_, ask := e.IsAsk()
+	return moved || ask || e.IsTryAgain() || e.IsClusterDown()
+}
+
+// slotMasters are the node clients of a cluster's masters, and the master
+// of each hash slot.
+type slotMasters struct {
+	nodes []rueidis.Client
+	of    [keys.SlotCount]int16 // each slot's index in nodes; -1 for none known
+}
+
+// slotMasters returns the masters of the cluster's slots: read with
+// CLUSTER SLOTS at the run's first round trip on a cluster, and again
+// after one whose transaction its master did not run (writeSpread). A
+// reply that cannot be read (CLUSTER SLOTS refused to the user, say)
+// leaves every slot without a known master for the run; a lost one, for
+// this round trip.
+func (x *writer) slotMasters(ctx context.Context) *slotMasters {
+	if m := x.masters.Load(); m != nil {
+		return m
+	}
+	m := &slotMasters{}
+	for i := range m.of {
+		m.of[i] = -1
+	}
+	client := x.r.redis.Client()
+	res := client.Do(ctx, client.B().ClusterSlots().Build())
+	if res.NonRedisError() != nil {
+		return m
+	}
+	ranges, err := res.ToArray()
+	var spans slotSpans
+	if err == nil {
+		spans, err = parseClusterSlots(ranges)
+	}
+	if err != nil {
+		x.r.opts.Logger.Debug("keyswap: could not read the masters of the cluster's slots; the run's writes go slot by slot", "key", x.r.key, "error", err)
+	}
+	nodes := client.Nodes()
+	index := map[string]int16{}
+	for _, sp := range spans {
+		node, ok := nodes[sp.master]
+		if !ok {
+			continue
+		}
+		n, seen := index[sp.master]
+		if !seen {
+			n = int16(len(m.nodes))
+			index[sp.master] = n
+			m.nodes = append(m.nodes, node)
+		}
+		for s := max(sp.from, 0); s <= min(sp.to, keys.SlotCount-1); s++ {
+			m.of[s] = n
+		}
+	}
+	x.masters.Store(m)
+	return m
 }
 
 // listing returns the commands that list ws, keys written by one

@@ -36,6 +36,9 @@ type writer struct {
 	gen      *generations  // nil in RenameInPlace mode
 	acked    *atomic.Int64 // the run's: transactions Redis acknowledged
 	lease    func() *lease // the run's lease now: a resumed lease replaces it
+	// masters are, on a cluster in Generations mode, the masters of the
+	// slots (see writer.slotMasters); nil until read.
+	masters atomic.Pointer[slotMasters]
 }
 
 // newWriter returns the writer of a run of r whose writes end with ctx
