@@ -29,20 +29,6 @@ func stampOf(ptr string) string {
 	return strings.TrimSuffix(ptr, keys.PointerSuffix) + keys.OwnerSuffix
 }
 
-// alias returns the other live key whose base is base, that of name, an
-// aliasable name (keys.Aliasable): the base itself when name is untagged
-// ("{X}" of X, "{rbN}a}b" of a}b), else T of "{T}" or rest of "{rbN}rest".
-func alias(name, base string) string {
-	if base != name {
-		return base
-	}
-	tag, _ := keys.HashTag(name)
-	if rest := name[len(tag)+2:]; rest != "" {
-		return rest
-	}
-	return tag
-}
-
 // getStamped reads ptr and stamp, two keys of one slot, as get reads one:
 // through the client-side cache in one DoMultiCache (one round trip on a
 // miss, none on a hit), or without it in one DoMulti.
@@ -97,7 +83,7 @@ func owned(pres, sres rueidis.RedisResult, op, name, ptr, stamp string) (int64, 
 		return 0, &Error{Op: op, Key: stamp, Err: err}
 	case owner == name:
 		return parse(pres, op, ptr)
-	case owner == alias(name, strings.TrimSuffix(ptr, keys.PointerSuffix)):
+	case owner == keys.Alias(name, strings.TrimSuffix(ptr, keys.PointerSuffix)):
 		// The other index's pointer: its generations and claims are not
 		// name's, and name, which a run of its own would have found the
 		// base taken for, rebuilds in place.

@@ -11,6 +11,7 @@ import (
 
 	"github.com/keyswap/keyswap/builders"
 	"github.com/keyswap/keyswap/index"
+	"github.com/keyswap/keyswap/internal/gens"
 	"github.com/keyswap/keyswap/internal/keys"
 	"github.com/keyswap/keyswap/internal/redistest"
 	"github.com/keyswap/keyswap/reader"
@@ -444,6 +445,15 @@ func TestOwnerStampDropPlainOfAlias(t *testing.T) {
 		t.Logf("DropPlain of %s: %v", x, err)
 		if d.Cluster && !errors.Is(err, rebuild.ErrGroupConflict) {
 			t.Errorf("DropPlain of %s: got %v, want an error matching ErrGroupConflict", x, err)
+		}
+		if d.Cluster {
+			// A stamp naming neither key of the base proves nothing.
+			stamp := keys.OwnerKey(x, true)
+			redistest.Cmd(t, d.Other, "SET", stamp, "stray")
+			_, err = hashGen(x).DropPlain(ctx)
+			if ce := (*gens.CorruptError)(nil); !errors.As(err, &ce) || ce.Key != stamp || ce.Value != "stray" {
+				t.Errorf("DropPlain of %s under a stamp naming neither key: got %v, want a *gens.CorruptError naming %s", x, err, stamp)
+			}
 		}
 		want := map[string]string{}
 		for _, u := range us {

@@ -159,3 +159,42 @@ func wantApplied(t *testing.T, d deployment, live string, u user) {
 		t.Errorf("%s holds %v after its Apply, want %v", live, got, want)
 	}
 }
+
+func TestOwnerStampStray(t *testing.T) {
+	// C104: an owner stamp that is a string naming neither live key of its
+	// base (written by hand) is not trusted. On a cluster a RenameInPlace
+	// Apply of the tagged "{X}", which would otherwise take the stamp for
+	// X's and pass the group's claim in the shared pointer, and a run of
+	// X, fail with ErrTampered naming the stamp and what it holds, nothing
+	// written. A standalone server reads no stamp: the claim refuses the
+	// Apply as in the group.
+	forEachDeployment(t, func(t *testing.T, d deployment) {
+		ctx := redistest.Ctx(t)
+		ga, _, _ := fenceNames(d)
+		x := genPrefix(d) + "stray"
+		tagged := "{" + x + "}"
+		ptr, stamp := keys.PointerKey(tagged, d.Cluster), keys.OwnerKey(tagged, true)
+		redistest.Cmd(t, d.Other, "SET", ptr, keys.GroupMarker(ga))
+		redistest.Cmd(t, d.Other, "SET", stamp, "stray")
+		before := dumps(t, d)
+		wantStray := func(what string, err error) {
+			t.Helper()
+			redistest.WantErr(t, err, rebuild.ErrTampered)
+			if err == nil || !strings.Contains(err.Error(), stamp) || !strings.Contains(err.Error(), `"stray"`) {
+				t.Errorf("%s: %v, want it to name %s and what it holds", what, err, stamp)
+			}
+			wantDumps(t, d, before)
+		}
+
+		extra := users(1)[0]
+		err := hashRebuilder(t, d, tagged).Apply(ctx, index.Change[user]{New: &extra})
+		if !d.Cluster {
+			redistest.WantErr(t, err, rebuild.ErrGroupConflict)
+			wantDumps(t, d, before)
+			return
+		}
+		wantStray("RenameInPlace Apply of "+tagged, err)
+		_, err = genRebuilder(t, d, x, rebuild.Options{}).Run(ctx, sources.Slice(genUsers(20, 2)))
+		wantStray("run of "+x, err)
+	})
+}

@@ -197,6 +197,16 @@ func TestRollbackBesideGroupClaim(t *testing.T) {
 					tagged, group, untagged, r.code, r.stdout, r.stderr, exitError, want)
 			}
 			redistest.WantUnchanged(t, d.client, "{"+p, before)
+
+			// A stamp naming neither key (written by hand) is not trusted.
+			stamp := keys.OwnerKey(tagged, d.cluster)
+			do(t, d.client, "SET", stamp, "stray")
+			before = redistest.Snapshot(t, d.client, "{"+p)
+			r = keyswap(t, d.args("rollback", ix.email, ix.country)...)
+			if want := `holds "stray", which is neither`; r.code != exitError || !strings.Contains(r.stderr, want) {
+				t.Errorf("rollback %s under a stamp naming neither key: exit %d, stderr %q; want exit %d saying %q", tagged, r.code, r.stderr, exitError, want)
+			}
+			redistest.WantUnchanged(t, d.client, "{"+p, before)
 		})
 	}
 }

@@ -276,7 +276,8 @@ func notClaimed(ctx context.Context, client rueidis.Client, group string, lives 
 // key (SPEC C104). Such an index is in the rename-in-place shape: the
 // pointer in its base, and a group's claim there (SPEC C102), are the
 // other index's. One GET per such key, pipelined, none for the others; a
-// stamp of another type than a string is an error.
+// stamp of another type than a string, or naming neither live key of the
+// base, is an error.
 func aliasedAway(ctx context.Context, client rueidis.Client, lives []string) ([]bool, error) {
 	cluster := namesOf(client, "")
 	out := make([]bool, len(lives))
@@ -301,6 +302,8 @@ func aliasedAway(ctx context.Context, client rueidis.Client, lives []string) ([]
 			return nil, errors.New(keys.OwnerTampered(displayKey(stamp), "key of another type than a string", displayKey(l)))
 		case err != nil:
 			return nil, fmt.Errorf("GET %s: %w", displayKey(stamp), err)
+		case v != l && v != keys.Alias(l, keys.Base(l, cluster)):
+			return nil, errors.New(keys.OwnerStray(displayKey(stamp), v, displayKey(l), displayKey(keys.Alias(l, keys.Base(l, cluster)))))
 		default:
 			out[at[j]] = v != l
 		}

@@ -240,7 +240,10 @@ func owned(ctx context.Context, client rueidis.Client, idx Index) error {
 		return &CorruptError{Key: stamp, Value: err.Error(), Problem: "the reply to its GET (keyswap makes it a string naming a live key)"}
 	case err != nil:
 		return fmt.Errorf("GET %s: %w", stamp, err)
-	case owner != idx.Live:
+	case owner == idx.Live:
+	case owner != keys.Alias(idx.Live, strings.TrimSuffix(stamp, keys.OwnerSuffix)):
+		return &CorruptError{Key: stamp, Value: owner, Problem: "a name that is neither " + idx.Live + " nor the other live key of its base (keyswap writes one of the two)"}
+	default:
 		return keys.OwnerConflict(idx.Live, owner, stamp)
 	}
 	return nil

@@ -47,6 +47,29 @@ func Aliasable(live string, cluster bool) bool {
 	return Base(rest, true) == live
 }
 
+// Alias returns the other live key whose base is base, that of name, an
+// aliasable name (Aliasable, on a cluster): the base itself when name is
+// untagged ("{X}" of X, "{rbN}a}b" of a}b), else T of "{T}" or rest of
+// "{rbN}rest". An owner stamp of the base names name or Alias(name, base);
+// anything else was written by hand.
+func Alias(name, base string) string {
+	if base != name {
+		return base
+	}
+	tag, _ := HashTag(name)
+	if rest := name[len(tag)+2:]; rest != "" {
+		return rest
+	}
+	return tag
+}
+
+// OwnerStray returns the words of an error for the owner stamp stamp of
+// live's base holding value, which names neither live nor alias, the other
+// live key of that base (Alias): no run writes that.
+func OwnerStray(stamp, value, live, alias string) string {
+	return fmt.Sprintf("the owner stamp %s holds %q, which is neither %s nor %s, the two live keys of its base: a state no run leaves (written by hand); nothing written. If the base is %s's, SET %s %s", stamp, value, live, alias, live, stamp, live)
+}
+
 // OwnerConflict returns an error matching ErrGroupConflict for the index
 // live, whose base's owner stamp, stamp, names the index owner: the two
 // share every key derived from the base. It says how to part them.

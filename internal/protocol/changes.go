@@ -484,6 +484,9 @@ func (r Changes) Apply(ctx context.Context, opts ApplyOptions) (Applied, error) 
 	}
 	args := []string{strconv.Itoa(n), strconv.Itoa(opts.MaxLog), strconv.Itoa(c.count()), strconv.Itoa(len(c.owners))}
 	args = append(append(args, stamped...), c.owners...)
+	for _, l := range c.owners {
+		args = append(args, keys.Alias(l, keys.Base(l, true)))
+	}
 	for i, ops := range c.lists {
 		for _, o := range ops {
 			k, ok := index[o.Key]

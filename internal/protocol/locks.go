@@ -289,13 +289,17 @@ func (r Locks) Acquire(ctx context.Context, opts AcquireOptions) ([]*Lock, error
 
 // ownerError returns the error of an OWNED reply res (acquire.lua,
 // claim.lua) for live, whose base's owner stamp is stamp: one matching
-// keys.ErrGroupConflict when another live key owns the base, or
-// ErrTampered when the stamp is of another type.
+// keys.ErrGroupConflict when the other live key of the base owns it, or
+// ErrTampered when the stamp is of another type or names neither key.
 func ownerError(live, stamp string, res reply) error {
 	if kind := res.str(2); kind != "string" {
 		return fmt.Errorf("%w: %s", ErrTampered, keys.OwnerTampered(stamp, kind, live))
 	}
-	return keys.OwnerConflict(live, res.str(3), stamp)
+	owner := res.str(3)
+	if alias := keys.Alias(live, keys.Base(live, true)); owner != alias {
+		return fmt.Errorf("%w: %s", ErrTampered, keys.OwnerStray(stamp, owner, live, alias))
+	}
+	return keys.OwnerConflict(live, owner, stamp)
 }
 
 // runKeys returns the keys of a run's locks, then their records, then their

@@ -38,7 +38,8 @@
 --                   other index's
 -- ARGV[5..4+s]      the index (1..n) whose base each stamp is
 -- ARGV[5+s..4+2s]   the live key (or family prefix) of that index
--- ARGV[5+2s..]      per op: its lock's index (1..n), its key's index in
+-- ARGV[5+2s..4+3s]  the other live key of that base (keys.Alias)
+-- ARGV[5+3s..]      per op: its lock's index (1..n), its key's index in
 --                   KEYS after 3n, the command, the count of args, the args
 --
 -- Returns {OK, l1..ln}: applied; li = LOGGED the change was logged for the
@@ -61,6 +62,8 @@
 --           pointer is that index's, and so is its claim.
 --         {OWNED, j, kind, ''}: stamp j is of another type than a string
 --           (lib/owner.lua); nothing written.
+--         {OWNED, j, 'string', value}: stamp j names neither key of its
+--           base (written by hand); nothing written.
 -- #include keys
 -- #include remove
 -- #include changes
@@ -72,15 +75,16 @@ for j = 1, s do
   stampOf[tonumber(ARGV[4 + j])] = j
 end
 for i = 1, n do
-  -- A stamp naming another live key: the shared pointer is the other
-  -- index's, whatever it holds, and this index rebuilds in place.
+  -- A stamp naming the other live key of the base: the shared pointer is
+  -- that index's, whatever it holds, and this index rebuilds in place. A
+  -- stamp naming neither key refuses the change, as it refuses a run.
   local j, theirs = stampOf[i], false
   if j then
     local stamp = KEYS[#KEYS - s + j]
     local r = changes.refused('TYPE', stamp) or changes.refused('GET', stamp)
     if r then return r end
     r = owner.refused(j, stamp, ARGV[4 + s + j])
-    if r and r[3] ~= 'string' then return r end
+    if r and (r[3] ~= 'string' or r[4] ~= ARGV[4 + 2 * s + j]) then return r end
     theirs = r ~= nil
   end
   -- pcall: a pointer of another type holds no claim.
@@ -89,7 +93,7 @@ for i = 1, n do
     return {IN_GROUP, i, string.sub(p, 7)}
   end
 end
-local ops, perLock = changes.parse(count, 5 + 2 * s, function(at)
+local ops, perLock = changes.parse(count, 5 + 3 * s, function(at)
   local key = KEYS[3 * n + tonumber(ARGV[at + 1])]
   return tonumber(ARGV[at]), key, key, at + 2
 end)
