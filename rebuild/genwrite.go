@@ -39,8 +39,9 @@ const spreadWrites = 256
 // cluster client. A node client follows no redirection: a transaction
 // that its master did not run because its slot moved (MOVED, ASK,
 // TRYAGAIN, CLUSTERDOWN, answered to a command or to EXEC, which then ran
-// nothing: see unrun) is sent again on its own on the cluster client,
-// which follows them. Nothing else is sent again: a transaction whose
+// nothing: see unrun), or whose EXEC rueidis never sent (its connection
+// past ClientOption.ConnLifetime: see unsent), is sent again on its own on
+// the cluster client, which follows them. Nothing else is sent again: a transaction whose
 // reply is lost (a broken connection, a timeout) may have run, and fails
 // the run, as any other error does.
 //
@@ -143,7 +144,7 @@ func (x *writer) writeSpread(ctx context.Context, txns []*txn) error {
 			for _, s := range ss {
 				sr := res[:len(s.cmds)]
 				res = res[len(s.cmds):]
-				if unrun(sr) {
+				if unrun(sr) || unsent(sr) {
 					mu.Lock()
 					again = append(again, s)
 					mu.Unlock()
@@ -196,6 +197,26 @@ func (x *writer) checkSlot(s *slotSend, res []rueidis.RedisResult) error {
 	}
 	x.gen.counters.add(s.slot)
 	return nil
+}
+
+// connExpired is the text of the error rueidis (v1.0.79, errConnExpired,
+// not exported) answers a command with when it was to go on a connection
+// past ClientOption.ConnLifetime: it closes such a connection once the
+// commands sent on it are answered, and answers this, without sending
+// them, to those that came after. Its cluster client then sends a
+// transaction with such a reply again from its MULTI, on a new
+// connection; a node client of Client.Nodes does not (TestGenerations
+// SpreadConnLifetime fails, on any run, if rueidis changes the text).
+const connExpired = "connection is expired"
+
+// unsent reports whether res, the replies to a MULTI ... EXEC a node client
+// sent, tell that its EXEC never went out: rueidis answered it connExpired.
+// The transaction then ran nothing (a MULTI without its EXEC ends with its
+// connection), and goes again on the cluster client, as that client would
+// have sent it again itself.
+func unsent(res []rueidis.RedisResult) bool {
+	err := res[len(res)-1].NonRedisError()
+	return err != nil && err.Error() == connExpired
 }
 
 // unrun reports whether res, the replies to a MULTI ... EXEC a node client
