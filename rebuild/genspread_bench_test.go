@@ -62,7 +62,6 @@ func BenchmarkGenerationsGroupCluster(b *testing.B) {
 	us := genUsers(n, 1000)
 	for _, shape := range []string{"one-slot", "group"} {
 		b.Run(shape, func(b *testing.B) {
-			ctx := b.Context()
 			c := env.Cluster.Client(b)
 			p := redistest.Prefix(b)
 			opts := rebuild.Options{Publish: rebuild.Generations, Grace: -1}
@@ -77,15 +76,46 @@ func BenchmarkGenerationsGroupCluster(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			for b.Loop() {
-				if _, err := r.Run(ctx, sources.Slice(us)); err != nil {
-					b.Fatal(err)
-				}
+			benchRuns(b, r, us)
+		})
+	}
+}
+
+// BenchmarkGenerationsFamilyCluster measures one run in Generations mode
+// of a SetIndex of 200,000 members in 20,000 buckets on the package's
+// 3-master cluster: "one-slot" (a hash tag: the family on one master)
+// against "spread" (no hash tag: the buckets over every master). Run:
+//
+//	go test -run '^$' -bench BenchmarkGenerationsFamilyCluster -benchtime 3x ./rebuild/
+func BenchmarkGenerationsFamilyCluster(b *testing.B) {
+	us := genUsers(200000, 20000)
+	for _, shape := range []string{"one-slot", "spread"} {
+		b.Run(shape, func(b *testing.B) {
+			p := redistest.Prefix(b) + "users:by-bucket"
+			if shape == "one-slot" {
+				p = "{" + p + "}"
 			}
-			b.ReportMetric(float64(n*b.N)/b.Elapsed().Seconds(), "items/s")
-			if _, err := r.Sweep(ctx); err != nil {
+			r, err := rebuild.New(env.Cluster.Client(b), rebuild.Options{Publish: rebuild.Generations, Grace: -1},
+				builders.SetIndex(p, func(u user) (string, string, bool) { return u.Country, u.ID, true }))
+			if err != nil {
 				b.Fatal(err)
 			}
+			benchRuns(b, r, us)
 		})
+	}
+}
+
+// benchRuns runs r over us once per iteration of b, reports the items per
+// second, and then removes the generations the runs retired.
+func benchRuns(b *testing.B, r *rebuild.Rebuilder[user], us []user) {
+	ctx := b.Context()
+	for b.Loop() {
+		if _, err := r.Run(ctx, sources.Slice(us)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(len(us)*b.N)/b.Elapsed().Seconds(), "items/s")
+	if _, err := r.Sweep(ctx); err != nil {
+		b.Fatal(err)
 	}
 }

@@ -205,8 +205,8 @@ func (x *writer) checkSlot(s *slotSend, res []rueidis.RedisResult) error {
 // commands sent on it are answered, and answers this, without sending
 // them, to those that came after. Its cluster client then sends a
 // transaction with such a reply again from its MULTI, on a new
-// connection; a node client of Client.Nodes does not (TestGenerations
-// SpreadConnLifetime fails, on any run, if rueidis changes the text).
+// connection; a node client of Client.Nodes does not. If rueidis changes
+// the text, TestGenerationsSpreadConnLifetime fails on any run.
 const connExpired = "connection is expired"
 
 // unsent reports whether res, the replies to a MULTI ... EXEC a node client
