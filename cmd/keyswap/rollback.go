@@ -295,6 +295,7 @@ func aliasedAway(ctx context.Context, client rueidis.Client, lives []string) ([]
 	for j, res := range client.DoMulti(ctx, cmds...) {
 		l := lives[at[j]]
 		stamp := keys.OwnerKey(l, cluster)
+		alias := keys.Alias(l, strings.TrimSuffix(stamp, keys.OwnerSuffix))
 		v, err := res.ToString()
 		switch {
 		case rueidis.IsRedisNil(err):
@@ -302,8 +303,8 @@ func aliasedAway(ctx context.Context, client rueidis.Client, lives []string) ([]
 			return nil, errors.New(keys.OwnerTampered(displayKey(stamp), "key of another type than a string", displayKey(l)))
 		case err != nil:
 			return nil, fmt.Errorf("GET %s: %w", displayKey(stamp), err)
-		case v != l && v != keys.Alias(l, keys.Base(l, cluster)):
-			return nil, errors.New(keys.OwnerStray(displayKey(stamp), v, displayKey(l), displayKey(keys.Alias(l, keys.Base(l, cluster)))))
+		case v != l && v != alias:
+			return nil, errors.New(keys.OwnerStray(displayKey(stamp), v, displayKey(l), displayKey(alias)))
 		default:
 			out[at[j]] = v != l
 		}
